@@ -1,0 +1,1 @@
+"""Subcommands of the `edged` CLI, one module each (see edged/cli.py)."""

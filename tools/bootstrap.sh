@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Prepare this checkout: system packages the tests use (when run as root and missing),
+# a virtual environment in .venv, and edged installed into it with its test extras.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+APT_PACKAGES=(openssl curl systemd python3-venv)
+missing=()
+for pkg in "${APT_PACKAGES[@]}"; do
+    dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+        echo "bootstrap: installing ${missing[*]}" >&2
+        apt-get update -qq
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+    else
+        echo "bootstrap: please install: ${missing[*]} (tests that need them will skip)" >&2
+    fi
+fi
+
+PY=${PYTHON:-python3}
+[ -x .venv/bin/python ] || "$PY" -m venv .venv
+.venv/bin/python -m pip install -q --upgrade pip
+.venv/bin/python -m pip install -q -e '.[test]'
