@@ -41,6 +41,7 @@ cdef extern from "forward.h" nogil:
     size_t ed_state_layout(ed_state *s, const ed_model *m, int n_ctx, int n_batch, int n_threads, uint8_t *arena)
     void ed_forward(ed_state *s, ed_pool *p, int n_tokens, int pos, int all_logits)
     void ed_types_init_generic()
+    int ed_types_init()
     const char *ED_PATH
     int ED_NTYPES
     ctypedef struct ed_traits:
@@ -48,7 +49,10 @@ cdef extern from "forward.h" nogil:
         void *dot
     ed_traits ED_TRAITS[40]
 
-ed_types_init_generic()
+import os as _os
+if ed_types_init() != 0:
+    raise ImportError(f"EDGED_KERNELS={_os.environ.get('EDGED_KERNELS')!r}: not supported on this "
+                      "CPU or unknown (generic, avx2, auto)")
 
 
 def kernel_path():
