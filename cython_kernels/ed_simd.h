@@ -185,9 +185,9 @@ ED_AVX2 static void ed_quant_q8_0_avx2(const float *x, void *vy, int k) {
 }
 #endif
 
-static int ed_types_init(void) {
+/* want: NULL/""/"auto" (best available), "generic", "avx2"; returns -1 if unsupported */
+static int ed_types_init(const char *want) {
     ed_types_init_generic();
-    const char *want = getenv("EDGED_KERNELS");
     if (want && *want && strcmp(want, "auto") != 0) {
         if (strcmp(want, "generic") == 0) return 0;
 #if defined(__x86_64__) || defined(__i386__)
