@@ -4,4 +4,5 @@
 import numpy as np
 
 include "forward.pxi"
+include "sampling.pxi"
 include "kernels.pxi"
