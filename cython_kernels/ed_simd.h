@@ -30,6 +30,26 @@ static const char *const ED_CPU_FEATURE_NAMES[] = {
     "avxvnni", "neon", "dotprod", NULL
 };
 
+/* Tiles: out[c * ldo] = dot(w_row, xq + c * xs) for c < nc <= ED_MAX_COLS, the weight row
+ * decoded once for all columns. Types without a tiled kernel fall back to repeated dots. */
+#define ED_MAX_COLS 4
+typedef void (*ed_mdot_fn)(int k, const void *w, const void *xq, size_t xs, int nc, float *out, size_t ldo);
+static ed_mdot_fn ED_MDOT[ED_NTYPES];
+
+/* out[c * ldo + r] = W[r] . xq[c] for r < nr, c < nc (any nc): the matmul inner tile */
+static void ed_mdot_rows(int type, int k, const uint8_t *w, size_t wstride, int nr,
+                         const uint8_t *xq, size_t xs, int nc, float *out, size_t ldo) {
+    const ed_mdot_fn md = ED_MDOT[type];
+    const ed_dot_fn dot = ED_TRAITS[type].dot;
+    for (int c0 = 0; c0 < nc; c0 += ED_MAX_COLS) {
+        const int cn = nc - c0 < ED_MAX_COLS ? nc - c0 : ED_MAX_COLS;
+        for (int r = 0; r < nr; r++) {
+            if (md && cn > 1) md(k, w + r * wstride, xq + c0 * xs, xs, cn, out + c0 * ldo + r, ldo);
+            else for (int c = 0; c < cn; c++) out[(c0 + c) * ldo + r] = dot(k, w + r * wstride, xq + (c0 + c) * xs);
+        }
+    }
+}
+
 #if defined(__x86_64__)
 #include <immintrin.h>
 
@@ -205,6 +225,7 @@ static int ed_path_supported(const char *name) {
 
 static int ed_types_init(const char *force) {
     ed_types_init_generic();
+    memset(ED_MDOT, 0, sizeof ED_MDOT);
     const char *want = force && *force ? force : NULL;
     if (want) {
         if (!ed_path_supported(want)) return -1;

@@ -19,7 +19,7 @@
 import os as _os
 
 from libc.stdlib cimport malloc
-from libc.stdint cimport uint32_t
+from libc.stdint cimport uint32_t, uint64_t
 
 from edged.errors import ConfigError as _ConfigError
 
@@ -35,6 +35,8 @@ cdef extern from "ed_simd.h" nogil:
         ed_quant_fn quant
     ed_act_traits ED_ACT[40]
     size_t ed_act_row_bytes(int type, int64_t k)
+    void ed_mdot_rows(int type, int k, const uint8_t *w, size_t wstride, int nr,
+                      const uint8_t *xq, size_t xs, int nc, float *out, size_t ldo)
     ctypedef void (*ed_task_fn)(void *arg, int ith, int nth) noexcept nogil
     void ed_pool_run(ed_pool *p, ed_task_fn fn, void *arg)
 
@@ -118,22 +120,19 @@ ctypedef struct _mm_args:
     const uint8_t *w
     const uint8_t *xq
     size_t row_bytes, xq_row
-    int K, N, n
-    ed_dot_fn dot
+    int K, N, n, type
 
 
 cdef void _mm_task(void *arg, int ith, int nth) noexcept nogil:
     # rows split evenly over threads; a tile of 16 rows stays in cache while every token passes
     cdef _mm_args *a = <_mm_args *>arg
     cdef int64_t per = (a.N + nth - 1) // nth
-    cdef int64_t r0 = per * ith, r1 = min(r0 + per, <int64_t>a.N), rt, r, rend
-    cdef int t
+    cdef int64_t r0 = per * ith, r1 = min(r0 + per, <int64_t>a.N), rt, rend
     rt = r0
     while rt < r1:
         rend = min(rt + 16, r1)
-        for t in range(a.n):
-            for r in range(rt, rend):
-                a.out[<size_t>t * a.N + r] = a.dot(a.K, a.w + r * a.row_bytes, a.xq + t * a.xq_row)
+        ed_mdot_rows(a.type, a.K, a.w + rt * a.row_bytes, a.row_bytes, <int>(rend - rt),
+                     a.xq, a.xq_row, a.n, a.out + rt, a.N)
         rt = rend
 
 
@@ -154,7 +153,7 @@ def matmul(float[:, ::1] out, const uint8_t[::1] w, int qtype, const float[:, ::
     cdef const uint8_t[:, ::1] xqv = xq
     cdef _mm_args a
     a.out = &out[0, 0]; a.w = &w[0]; a.xq = &xqv[0, 0]; a.row_bytes = rb
-    a.xq_row = xq.shape[1]; a.K = K; a.N = N; a.n = n; a.dot = <ed_dot_fn>ED_TRAITS[qtype].dot
+    a.xq_row = xq.shape[1]; a.K = K; a.N = N; a.n = n; a.type = qtype
     with nogil:
         if pool is None:
             _mm_task(&a, 0, 1)
@@ -187,3 +186,39 @@ def aligned_empty(shape, dtype=np.float32, int align=64):
     raw = np.empty(n + align, np.uint8)
     off = (-raw.ctypes.data) % align
     return raw[off:off + n].view(dt).reshape(shape)
+
+
+ctypedef struct _rd_args:
+    const uint64_t *p
+    size_t n
+    uint64_t sums[64]
+
+
+cdef void _read_task(void *arg, int ith, int nth) noexcept nogil:
+    cdef _rd_args *a = <_rd_args *>arg
+    cdef size_t per = (a.n + nth - 1) // nth
+    cdef size_t i0 = per * ith, i1 = min(i0 + per, a.n), i
+    cdef uint64_t s0 = 0, s1 = 0, s2 = 0, s3 = 0
+    i = i0
+    while i + 4 <= i1:
+        s0 ^= a.p[i]; s1 ^= a.p[i + 1]; s2 ^= a.p[i + 2]; s3 ^= a.p[i + 3]
+        i += 4
+    a.sums[ith % 64] = s0 ^ s1 ^ s2 ^ s3
+
+
+def read_bandwidth_pass(const uint8_t[::1] buf, Pool pool=None):
+    """Stream `buf` once (all pool threads, split evenly); returns a checksum. Time it to get
+    the machine's read bandwidth next to the kernels' weight-streaming rate."""
+    cdef _rd_args a
+    a.p = <const uint64_t *>&buf[0]
+    a.n = buf.shape[0] // 8
+    memset(a.sums, 0, sizeof(a.sums))
+    with nogil:
+        if pool is None:
+            _read_task(&a, 0, 1)
+        else:
+            ed_pool_run(pool.p, _read_task, &a)
+    cdef uint64_t s = 0
+    for i in range(64):
+        s ^= a.sums[i]
+    return s
