@@ -227,10 +227,10 @@ static void ed_matmul(ed_state *s, ed_pool *p, float *out, int ldo, const ed_ten
     const int64_t N = W->ne1;
     ed_range(N, ith, nth, &a, &b);
     for (int64_t r0 = a; r0 < b; r0 += ED_ROW_TILE) {
-        const int nr = (int)(r0 + ED_ROW_TILE < b ? ED_ROW_TILE : b - r0);
-        /* the kernels' tile: each weight row decoded once for up to 4 activation rows */
-        ed_mdot_rows(W->type, K, W->data + r0 * W->row_bytes, W->row_bytes, nr, s->xq, rb, n,
-                     out + r0, (size_t)ldo);
+        int64_t r1 = r0 + ED_ROW_TILE < b ? r0 + ED_ROW_TILE : b;
+        /* each weight row is decoded once per group of ED_MAX_COLS tokens (ed_simd.h) */
+        ed_mdot_rows(W->type, K, W->data + r0 * W->row_bytes, W->row_bytes, (int)(r1 - r0),
+                     s->xq, rb, n, out + r0, (size_t)ldo);
     }
     ed_barrier(p);
 }
