@@ -36,6 +36,13 @@ static const char *const ED_CPU_FEATURE_NAMES[] = {
 typedef void (*ed_mdot_fn)(int k, const void *w, const void *xq, size_t xs, int nc, float *out, size_t ldo);
 static ed_mdot_fn ED_MDOT[ED_NTYPES];
 
+/* y[i] += a * x[i] over an F16 row (attention's V accumulation), path-selected */
+typedef void (*ed_axpy_f16_fn)(int n, float a, const ed_half *x, float *y);
+static void ed_axpy_f16_generic(int n, float a, const ed_half *x, float *y) {
+    for (int i = 0; i < n; i++) y[i] += a * H2F(x[i]);
+}
+static ed_axpy_f16_fn ed_axpy_f16 = ed_axpy_f16_generic;
+
 /* out[c * ldo + r] = W[r] . xq[c] for r < nr, c < nc (any nc): the matmul inner tile */
 static void ed_mdot_rows(int type, int k, const uint8_t *w, size_t wstride, int nr,
                          const uint8_t *xq, size_t xs, int nc, float *out, size_t ldo) {
@@ -226,6 +233,7 @@ static int ed_path_supported(const char *name) {
 static int ed_types_init(const char *force) {
     ed_types_init_generic();
     memset(ED_MDOT, 0, sizeof ED_MDOT);
+    ed_axpy_f16 = ed_axpy_f16_generic;
     const char *want = force && *force && strcmp(force, "auto") != 0 ? force : NULL;
     if (want) {
         if (!ed_path_supported(want)) return -1;

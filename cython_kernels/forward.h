@@ -328,6 +328,7 @@ static void ed_attention(ed_state *s, const ed_model *m, int il, int ith, int nt
     uint16_t *q16 = s->qh + (size_t)ith * hd;
     float acc[1024];
     const int swa = m->layers[il].swa && m->n_swa > 0;
+    const ed_dot_fn dot_f16 = ED_TRAITS[ED_F16].dot;  /* SIMD path (ed_simd.h) */
     int64_t a, b;
     ed_range((int64_t)n * m->n_head, ith, nth, &a, &b);
     for (int64_t idx = a; idx < b; idx++) {
@@ -340,9 +341,7 @@ static void ed_attention(ed_state *s, const ed_model *m, int il, int ith, int nt
         float mx = -INFINITY;
         for (int j = j0; j <= pt; j++) {
             const uint16_t *kr = kc + (size_t)j * kvd + (size_t)kvh * hd;
-            float d = 0.0f;
-            for (int i = 0; i < hd; i++) d += H2F(q16[i]) * H2F(kr[i]);
-            d *= m->attn_scale;
+            float d = dot_f16(hd, kr, q16) * m->attn_scale;  /* f16 x f16 as ggml */
             sc[j] = d;
             if (d > mx) mx = d;
         }
@@ -353,7 +352,7 @@ static void ed_attention(ed_state *s, const ed_model *m, int il, int ith, int nt
         for (int j = j0; j <= pt; j++) {
             const float w = sc[j] * inv;
             const uint16_t *vr = vc + (size_t)j * kvd + (size_t)kvh * hd;
-            for (int i = 0; i < hd; i++) acc[i] += w * H2F(vr[i]);
+            ed_axpy_f16(hd, w, vr, acc);
         }
         float *o = s->xb + (size_t)t * Qd + (size_t)h * hd;
         for (int i = 0; i < hd; i++) o[i] = acc[i];
