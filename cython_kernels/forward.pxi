@@ -30,10 +30,14 @@ cdef extern from "forward.h" nogil:
     ctypedef struct ed_pool:
         int n_threads
     ctypedef struct ed_state:
-        int n_ctx, n_batch
+        int n_ctx, n_batch, n_tokens, pos
         uint16_t *k_cache
         uint16_t *v_cache
         float *x
+        float *xb
+        float *qkv
+        float *att
+        uint16_t *qh
         float *logits
         int32_t *tokens
     ed_pool *ed_pool_create(int n_threads)

@@ -225,3 +225,80 @@ def default_threads():
     """Physical cores in the allowed CPU set (edged.threads)."""
     from edged.threads import default_threads as _dt
     return _dt()
+
+
+# --- the forward pass's small ops (forward.h), exposed for the tests against NumPy ----------
+cdef extern from "forward.h" nogil:
+    void ed_rms_norm(float *out, const float *x, const float *w, int n, float eps)
+    void ed_rope(float *x, int n_heads, int head_dim, int n_rot, int pos, float base,
+                 float freq_scale, const float *ff, float mscale, int neox)
+    float ed_gelu(float x)
+    float ed_silu(float x)
+    void ed_attention(ed_state *s, const ed_model *m, int il, int ith, int nth, int ldqkv)
+
+
+def rmsnorm(float[:, ::1] out, const float[:, ::1] x, const float[::1] w=None, float eps=1e-6):
+    """out[t] = x[t] / rms(x[t]) * w."""
+    cdef int n = x.shape[1], t
+    if out.shape[0] != x.shape[0] or out.shape[1] != n or (w is not None and w.shape[0] != n):
+        raise ValueError("rmsnorm: shapes of out, x and w disagree")
+    cdef const float *wp = &w[0] if w is not None else NULL
+    with nogil:
+        for t in range(x.shape[0]):
+            ed_rms_norm(&out[t, 0], &x[t, 0], wp, n, eps)
+
+
+def rope(float[:, ::1] x, int pos, int n_rot, float base=10000.0, float freq_scale=1.0,
+         const float[::1] freq_factors=None, bint neox=False, float mscale=1.0):
+    """Rotate x (n_heads, head_dim) in place for position `pos` (normal or NeoX pairing)."""
+    cdef int hd = x.shape[1]
+    if n_rot > hd or n_rot % 2 or n_rot > 1024:
+        raise ValueError(f"n_rot {n_rot} must be even and <= head_dim {hd}")
+    if freq_factors is not None and freq_factors.shape[0] < n_rot // 2:
+        raise ValueError(f"freq_factors needs {n_rot // 2} values")
+    cdef const float *ff = &freq_factors[0] if freq_factors is not None else NULL
+    with nogil:
+        ed_rope(&x[0, 0], x.shape[0], hd, n_rot, pos, base, freq_scale, ff, mscale, neox)
+
+
+def activation(float[::1] x, str kind):
+    """In place: 'silu' or 'gelu' (tanh approximation)."""
+    cdef Py_ssize_t i
+    cdef bint g = kind == "gelu"
+    if kind not in ("silu", "gelu"):
+        raise ValueError(f"activation {kind!r}")
+    with nogil:
+        for i in range(x.shape[0]):
+            x[i] = ed_gelu(x[i]) if g else ed_silu(x[i])
+
+
+def attention(float[:, ::1] out, float[:, ::1] q, uint16_t[:, ::1] k_cache,
+              uint16_t[:, ::1] v_cache, int pos, int n_head, int n_head_kv, float scale,
+              int n_swa=0):
+    """Causal attention of n tokens at positions pos.. over an F16 cache (n_ctx, n_head_kv *
+    head_dim) that already holds their keys/values; q, out: (n, n_head * head_dim).
+    Grouped-query heads; n_swa > 0 masks keys older than the sliding window."""
+    cdef int n = q.shape[0], Qd = q.shape[1], hd, n_ctx = k_cache.shape[0]
+    if n_head < 1 or n_head_kv < 1 or n_head % n_head_kv or Qd % n_head:
+        raise ValueError("attention: heads do not divide")
+    hd = Qd // n_head
+    if hd > 1024 or k_cache.shape[1] != n_head_kv * hd or v_cache.shape[0] != n_ctx \
+            or v_cache.shape[1] != k_cache.shape[1] or out.shape[0] != n or out.shape[1] != Qd:
+        raise ValueError("attention: shapes of q, out and the caches disagree")
+    if pos < 0 or pos + n > n_ctx:
+        raise ValueError(f"positions [{pos}, {pos + n}) outside the cache of {n_ctx}")
+    cdef ed_model m
+    cdef ed_layer layer
+    cdef ed_state s
+    memset(&m, 0, sizeof(m)); memset(&layer, 0, sizeof(layer)); memset(&s, 0, sizeof(s))
+    att = np.empty(n_ctx, np.float32)
+    qh = np.empty(hd, np.uint16)
+    cdef float[::1] attv = att
+    cdef uint16_t[::1] qhv = qh
+    m.head_dim = hd; m.n_head = n_head; m.n_head_kv = n_head_kv; m.attn_scale = scale
+    m.n_swa = n_swa; m.n_layer = 1; layer.swa = n_swa > 0; m.layers = &layer
+    s.n_ctx = n_ctx; s.n_tokens = n; s.pos = pos
+    s.k_cache = &k_cache[0, 0]; s.v_cache = &v_cache[0, 0]
+    s.att = &attv[0]; s.qh = &qhv[0]; s.qkv = &q[0, 0]; s.xb = &out[0, 0]
+    with nogil:
+        ed_attention(&s, &m, 0, 0, 1, Qd)
