@@ -124,4 +124,4 @@ def test_attention_rejects_bad_shapes():
         core.attention(np.zeros((1, 64), np.float32), q, kv, kv, 0, 2, 2, 0.1)
     with pytest.raises(ValueError, match="outside"):
         core.attention(np.zeros((1, 64), np.float32), q, np.zeros((4, 64), np.uint16),
-                       np.zeros((4, 64), np.uint16), 4, 2, 1, 0.1)
+                       np.zeros((4, 64), np.uint16), 4, 2, 2, 0.1)
