@@ -61,7 +61,8 @@ def select_kernels(str name=None):
     Called at import with $EDGED_KERNELS; tests call it to run every path."""
     cdef bytes b = (name or "auto").encode()
     if ed_types_init(b) != 0:
-        raise ImportError(f"EDGED_KERNELS={name!r}: unknown or not supported on this CPU "
+        from edged.errors import ConfigError
+        raise ConfigError(f"EDGED_KERNELS={name!r}: unknown or not supported on this CPU "
                           f"(generic, avx2, avx512, neon, auto; `edged info` lists this CPU's)")
     return ED_PATH.decode()
 

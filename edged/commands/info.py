@@ -13,6 +13,9 @@ def register(sub):
                        "print its architecture, hyperparameters, weight types and the memory a "
                        "context needs.")
     add_load_args(p, threads=False)
+    for action in p._actions:  # without -m, `edged info` describes only the machine
+        if action.dest == "model":
+            action.required = False
     p.add_argument("-c", "--ctx-size", type=int, action="append", default=None,
                    help="context size(s) to plan memory for (default: 512, 4096, training)")
     p.add_argument("--json", action="store_true")
@@ -63,6 +66,13 @@ def machine_info():
     except ImportError:
         return {"compiled": False}
     out = {"compiled": True}
+    try:
+        from ..threads import describe
+        topo = describe()
+        out["numa_nodes"] = {n: len(c) for n, c in topo["numa_nodes"].items()}
+        out["allowed_cpus"] = topo["allowed_cpus"]
+    except Exception as e:  # report, do not fail `info`
+        out["numa_nodes"] = f"error: {e}"
     for name in ("kernel_path", "cpu_features", "default_threads"):
         fn = getattr(_core, name, None)
         if fn is not None:
@@ -74,6 +84,23 @@ def machine_info():
 
 
 def run(args):
+    if not args.model:
+        mi = machine_info()
+        if args.json:
+            json.dump({"machine": mi}, sys.stdout, indent=1, default=str)
+            print()
+            return 0
+        if not mi.get("compiled"):
+            print("compiled core: not built (python setup.py build_ext --inplace)")
+            return 0
+        print(f"kernel path:  {mi.get('kernel_path')}")
+        print(f"cpu features: {' '.join(mi.get('cpu_features') or []) or 'none'}")
+        print(f"threads:      {mi.get('default_threads')} by default (physical cores in the "
+              f"allowed set {mi.get('allowed_cpus')})")
+        nodes = mi.get("numa_nodes")
+        print("numa nodes:   " + (", ".join(f"node {n}: {c} cpus" for n, c in nodes.items())
+                                 if isinstance(nodes, dict) else str(nodes)))
+        return 0
     info = model_info(args.model, args.ctx_size)
     info["machine"] = machine_info()
     if args.json:
