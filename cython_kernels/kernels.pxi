@@ -308,3 +308,46 @@ def attention(float[:, ::1] out, float[:, ::1] q, uint16_t[:, ::1] k_cache,
     s.att = &attv[0]; s.qh = &qhv[0]; s.qkv = &q[0, 0]; s.xb = &out[0, 0]
     with nogil:
         ed_attention(&s, &m, 0, 0, 1, Qd)
+
+
+# --- compiled weight quantizers (ed_quant.h), the fast twin of edged.quants.quantize --------
+cdef extern from "ed_quant.h" nogil:
+    int ed_quantize_row(int type, const float *x, void *y, int64_t k)
+
+ctypedef struct _q_args:
+    const float *x
+    uint8_t *y
+    int64_t k, rows
+    size_t rb
+    int type
+
+
+cdef void _q_task(void *arg, int ith, int nth) noexcept nogil:
+    cdef _q_args *a = <_q_args *>arg
+    cdef int64_t per = (a.rows + nth - 1) // nth
+    cdef int64_t r0 = per * ith, r1 = min(r0 + per, a.rows), r
+    for r in range(r0, r1):
+        ed_quantize_row(a.type, a.x + r * a.k, a.y + r * a.rb, a.k)
+
+
+def quantize_rows(const float[:, ::1] x, int qtype, Pool pool=None):
+    """Float rows (n, k) -> uint8 (n, row_bytes) quantized to `qtype` with llama.cpp's reference
+    algorithms (same bytes as edged.quants.quantize); rows split over the pool's threads."""
+    cdef int64_t n = x.shape[0], k = x.shape[1]
+    if qtype < 0 or qtype >= 40 or ED_TRAITS[qtype].dot == NULL or ED_TRAITS[qtype].block == 1:
+        raise ValueError(f"no compiled quantizer for ggml type {qtype}")
+    if k % ED_TRAITS[qtype].block:
+        raise ValueError(f"row length {k} is not a multiple of the block size {ED_TRAITS[qtype].block}")
+    cdef size_t rb = <size_t>(k // ED_TRAITS[qtype].block) * ED_TRAITS[qtype].type_size
+    out = np.empty((n, rb), np.uint8)
+    if n == 0:
+        return out
+    cdef uint8_t[:, ::1] o = out
+    cdef _q_args a
+    a.x = &x[0, 0]; a.y = &o[0, 0]; a.k = k; a.rows = n; a.rb = rb; a.type = qtype
+    with nogil:
+        if pool is None:
+            _q_task(&a, 0, 1)
+        else:
+            ed_pool_run(pool.p, _q_task, &a)
+    return out
