@@ -36,3 +36,9 @@ def test_neon_path_matches_generic_under_qemu(tmp_path):
     assert r.returncode == 0, r.stdout + r.stderr
     lines = [l for l in r.stdout.splitlines() if l.startswith("neon ")]
     assert len(lines) == 13 and all(l.endswith(" ok") for l in lines), r.stdout
+    # the compiled quantizers give the same bytes on aarch64 (FMA available) as natively
+    native_cc = shutil.which("cc") or shutil.which("gcc")
+    if native_cc:
+        n = build_and_run(native_cc, tmp_path / "check")
+        quant = lambda out: [l for l in out.splitlines() if l.startswith("quant ")]  # noqa: E731
+        assert len(quant(r.stdout)) == 10 and quant(r.stdout) == quant(n.stdout)

@@ -7,6 +7,7 @@
 #define _GNU_SOURCE
 #include <stdio.h>
 #include "forward.h"
+#include "ed_quant.h"
 
 static uint64_t rng_state = 88172645463325252ull;
 static uint32_t rnd(void) { rng_state ^= rng_state << 13; rng_state ^= rng_state >> 7; rng_state ^= rng_state << 17; return (uint32_t)rng_state; }
@@ -69,6 +70,22 @@ int main(void) {
             const int ok = err <= 1e-4 * (scale + 1e-3);
             failures += !ok;
             printf("%s %s max_abs_err %.3g scale %.3g %s\n", paths[p], names[ti], err, scale, ok ? "ok" : "FAIL");
+        }
+    }
+    /* quantizer bytes must not depend on the architecture: print a hash per type */
+    {
+        static float qx[8 * QKK];
+        static uint8_t qy[8 * QKK * 2];
+        rng_state = 12345;
+        for (int i = 0; i < 8 * QKK; i++) qx[i] = rndf() * (i % 512 < 256 ? 1.0f : 0.01f);
+        static const int qt[] = {ED_Q4_0, ED_Q4_1, ED_Q5_0, ED_Q5_1, ED_Q8_0, ED_Q2_K, ED_Q3_K, ED_Q4_K, ED_Q5_K, ED_Q6_K};
+        for (int i = 0; i < 10; i++) {
+            ed_types_init("generic");
+            const size_t nb = (size_t)(8 * QKK / ED_TRAITS[qt[i]].block) * ED_TRAITS[qt[i]].type_size;
+            ed_quantize_row(qt[i], qx, qy, 8 * QKK);
+            uint64_t h = 1469598103934665603ull;
+            for (size_t j = 0; j < nb; j++) { h ^= qy[j]; h *= 1099511628211ull; }
+            printf("quant %d %016llx\n", qt[i], (unsigned long long)h);
         }
     }
     return failures ? 1 : 0;
