@@ -315,10 +315,10 @@ def _look_for_displaced_block(fd, size, name):
     tail_start = max(0, size - _TAIL_SCAN)
     tail = os.pread(fd, size - tail_start, tail_start)
     at = tail.rfind(BLOCK_MAGIC + struct.pack("<H", BLOCK_VERSION))
-    if at < 0 or at + _HEADER.size > len(tail):
+    if at < 0:
         return
     start = tail_start + at
-    sig_len = _HEADER.unpack_from(tail, at)[3]
+    sig_len = _HEADER.unpack_from(tail, at)[3] if at + _HEADER.size <= len(tail) else 0
     block_end = start + _HEADER.size + min(sig_len, MAX_SIGNATURE_BYTES) + _TRAILER.size
     if size < block_end:
         detail = f"signature block at offset {start} needs {block_end} bytes but the file has {size}: truncated"
@@ -563,7 +563,8 @@ def _verify_fd(fd, st, dfd, path, trust, require_signature, progress, cache):
         elif len(detached) * 8 < MIN_RSA_BITS:
             refusals.append((KEY_TOO_SMALL, f"{where} is {len(detached) * 8} bits, from a key under the {MIN_RSA_BITS}-bit minimum"))
         else:
-            refusals.append((UNKNOWN_KEY, f"{where} was not made by any key in the trust store {trust.source}"))
+            refusals.append((UNKNOWN_KEY, f"{where} was not made by any key in the trust store {trust.source} "
+                                          "(made by another key, or damaged)"))
     order = (BAD_SIGNATURE, REVOKED_KEY, KEY_TOO_SMALL, UNKNOWN_KEY)
     refusals.sort(key=lambda r: order.index(r[0]))
     raise _refuse(refusals[0][0], path, "; ".join(detail for _, detail in refusals))
