@@ -133,6 +133,20 @@ def test_signed_file_still_reads_with_the_gguf_package(model, keys):
     assert {k: f.parts[-1].tobytes() for k, f in after.fields.items()} == meta
 
 
+def test_verified_descriptor_maps_with_the_edged_reader(model, keys, trust):
+    from edged.gguf import GGUFFile
+
+    with GGUFFile.open(model) as f:
+        expected = {name: f.tensor_bytes(name).tobytes() for name in f.tensors}
+    sign(model, keys["operator"])
+    with signing.open_verified(model, trust, True, cache=None) as vf:
+        f = GGUFFile.from_fd(vf.fd, name=model, size=vf.signed_length)
+        try:
+            assert {name: f.tensor_bytes(name).tobytes() for name in f.tensors} == expected
+        finally:
+            f.close()
+
+
 # --- stacking and policy ---------------------------------------------------------------------
 
 def test_blocks_stack_and_either_trusted_signer_is_accepted(tmp_path, model, keys):
