@@ -132,10 +132,12 @@ def test_cache_skips_rehashing_until_anything_changes(monkeypatch, tmp_path, sig
     monkeypatch.setattr(signing, "_CACHE_SETTLE_NS", 0)
     cache = signing.VerificationCache()
     calls = []
+    n = os.path.getsize(signed) - 336
 
     def open_once(trust=trust):
         calls.clear()
         with signing.open_verified(signed, trust, True, cache=cache, progress=lambda d, t: calls.append(d)) as vf:
+            assert (vf.kind, vf.algorithm, vf.signed_length) == ("appended", "RSA-PKCS1v15-SHA256", n)
             return vf.signer, bool(calls)
 
     assert open_once() == (keys["operator"].fp, True)
