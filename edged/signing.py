@@ -659,10 +659,13 @@ def _copy_fd(src, dst, size):
 def sign_file(path, private_key, *, detached=False, pss=False, progress=None):
     """Sign a model file; returns the path written. Appended: the file is copied to a temporary
     file beside it, the copy hashed and its block appended, then renamed over the original.
-    Detached: PATH.sig is written the same way. Nothing half-written is ever left behind."""
+    Detached: PATH.sig is written the same way. Nothing half-written is ever left behind.
+    Signing through a symlink appends to the file it points to and keeps the link."""
     algorithm = PSS if pss else PKCS1V15
     _check_rsa(private_key, "signing key")
     fp = fingerprint(private_key)
+    if not detached:
+        path = os.path.realpath(path)
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     try:
         st = os.fstat(fd)
@@ -679,6 +682,8 @@ def sign_file(path, private_key, *, detached=False, pss=False, progress=None):
         tfd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{os.path.basename(path)}.", suffix=".tmp")
         try:
             _copy_fd(fd, tfd, st.st_size)
+            if _stat_key(os.fstat(fd)) != _stat_key(st):
+                raise _refuse(CHANGED, path, "the file changed while it was being copied for signing")
             digest = hash_fd(tfd, [st.st_size], progress)[st.st_size]
             block = encode_block(st.st_size, algorithm, fp, sign_digest(private_key, digest, algorithm))
             os.pwrite(tfd, block, st.st_size)

@@ -200,6 +200,17 @@ def test_sign_preserves_mode_leaves_no_temp_files_and_fails_cleanly(tmp_path, ke
     assert r.returncode == 2 and "not allowed with" in r.stderr
 
 
+def test_signing_through_a_symlink_signs_the_target_and_keeps_the_link(tmp_path, keys, trust):
+    target = copy_model(tmp_path)
+    link = tmp_path / "current.gguf"
+    os.symlink("model.gguf", link)
+    r = edged("sign", "--key", keys["operator"].private, str(link))
+    assert r.returncode == 0, r.stderr
+    assert os.readlink(link) == "model.gguf"
+    with signing.open_verified(target, trust, True, cache=None) as vf:
+        assert vf.signer == keys["operator"].fp
+
+
 def test_sign_failure_midway_removes_the_temporary_file(monkeypatch, tmp_path, keys):
     path = copy_model(tmp_path)
     before = sorted(os.listdir(tmp_path))
