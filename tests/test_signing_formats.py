@@ -6,6 +6,7 @@ import struct
 
 import numpy as np
 import pytest
+from hypothesis import given, settings, strategies as st
 
 import conftest
 from edged import signing
@@ -339,3 +340,48 @@ def test_1024_bit_key(model, keys, trust):
     with open(model, "ab") as f:
         f.write(signing.encode_block(len(data), signing.PKCS1V15, keys["small"].fp, sig))
     assert keys["small"].fp in refusal(model, trust, signing.KEY_TOO_SMALL)
+
+
+# --- the block parser reads untrusted bytes ----------------------------------------------------
+
+
+def _signed_bytes():
+    payload = b"GGUF" + bytes(range(256)) * 2
+    first = signing.encode_block(len(payload), signing.PKCS1V15, "ab" * 32, b"\x01" * 256)
+    second = signing.encode_block(len(payload) + len(first), signing.PSS, "cd" * 32, b"\x02" * 384)
+    return payload + first + second
+
+
+@settings(max_examples=300, deadline=None)
+@given(cut=st.integers(0, 900), at=st.integers(0, 1800), junk=st.binary(min_size=1, max_size=16),
+       tail=st.binary(max_size=64))
+def test_block_parser_returns_blocks_or_refuses_never_anything_else(cut, at, junk, tail):
+    data = bytearray(_signed_bytes())
+    data[at:at + len(junk)] = junk
+    data = bytes(data[:max(0, len(data) - cut)]) + tail
+    fd = os.memfd_create("blocks")
+    try:
+        os.write(fd, data)
+        try:
+            blocks = signing.read_blocks(fd, len(data), "fuzz")
+        except SignatureError as e:
+            assert e.rule == signing.MALFORMED_BLOCK
+            return
+        end = len(data)
+        for b in reversed(blocks):  # every block found is framed exactly as the format says
+            assert b.offset + b.length == end and data[b.offset:b.offset + 8] == b"EDGEDSIG"
+            end = b.offset
+    finally:
+        os.close(fd)
+
+
+def test_block_parser_finds_both_stacked_blocks():
+    data = _signed_bytes()
+    fd = os.memfd_create("blocks")
+    try:
+        os.write(fd, data)
+        blocks = signing.read_blocks(fd, len(data), "stacked")
+    finally:
+        os.close(fd)
+    assert [(b.offset, b.algorithm, b.fingerprint, len(b.signature)) for b in blocks] == [
+        (516, signing.PKCS1V15, "ab" * 32, 256), (516 + 336, signing.PSS, "cd" * 32, 384)]
