@@ -448,7 +448,7 @@ def _check_owner_and_mode(st, what, name):
 
 def _open_checked(path):
     """Open `path` read-only without following a final symlink, after checking the directory
-    that holds it; returns the descriptor and its fstat."""
+    that holds it; returns (file descriptor, its fstat, directory descriptor)."""
     directory = os.path.dirname(os.path.abspath(path))
     dfd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
@@ -481,6 +481,8 @@ def _read_detached(dfd, path):
     except FileNotFoundError:
         return None
     with os.fdopen(sfd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+            raise _refuse(BAD_SIGNATURE, path + ".sig", "is not a regular file")
         return f.read(MAX_DETACHED_BYTES + 1)
 
 
