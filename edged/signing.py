@@ -459,7 +459,7 @@ def _open_checked(path):
         except OSError as e:
             if e.errno == errno.ELOOP:
                 raise _refuse(SYMLINK, path, "is a symbolic link; open models by their real path") from None
-            raise
+            raise OSError(e.errno, e.strerror, path) from None  # name the path, not the basename
         try:
             st = os.fstat(fd)
             if not stat.S_ISREG(st.st_mode):
