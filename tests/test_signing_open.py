@@ -240,7 +240,8 @@ def test_cli_verify_output(signed, keys, trust):
 def test_cli_verify_without_a_trust_store_or_model(tmp_path, signed):
     r = edged("verify", "--trusted", str(tmp_path / "no-such-dir"), signed)
     assert r.returncode == 1 and signing.NO_TRUST_STORE in r.stderr and r.stdout == ""
-    r = edged("verify", "--trusted", str(tmp_path), str(tmp_path / "missing.gguf"))
+    (tmp_path / "empty").mkdir()
+    r = edged("verify", "--trusted", str(tmp_path / "empty"), str(tmp_path / "missing.gguf"))
     assert r.returncode == 2 and str(tmp_path / "missing.gguf") in r.stderr
 
 
