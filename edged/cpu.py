@@ -91,6 +91,8 @@ class CPUBackend(Backend):
         self._embd_rows = np.asarray(weights[spec.token_embd]).reshape(hp.n_vocab, -1)
         self.pool = core.Pool(self.n_threads)
         self.n_threads = self.pool.n_threads
+        from .threads import pin_workers
+        self.pinned_cpus = pin_workers(self.pool, numa)  # inside sched_getaffinity's set
 
     def _model_for(self, n_ctx):
         name = self.spec.rope_factors(n_ctx)

@@ -44,11 +44,9 @@ def _mib(n):
 
 
 def default_threads():
-    try:
-        from . import _core
-        return _core.default_threads()
-    except (ImportError, AttributeError):
-        return max(1, len(os.sched_getaffinity(0)))
+    """Physical cores in this process's allowed CPU set (SMT siblings counted once)."""
+    from .threads import default_threads as physical
+    return physical()
 
 
 @dataclass(frozen=True)
