@@ -115,8 +115,9 @@ class CPUBackend(Backend):
         E, F, Qd, KVd = hp.n_embd, hp.n_ff, hp.n_embd_q, hp.n_embd_k_gqa
         kv = 2 * hp.n_layer * n_ctx * KVd * 2
         widest = max(E, Qd, F)
-        per_tok = 4 * (E + max(E, Qd) + E + Qd + 2 * KVd + 2 * F + hp.n_vocab) + 4 * widest + 16
-        scratch = n_batch * per_tok + n_threads * (4 * n_ctx + 2 * hp.head_dim) + 64 * 12
+        per_tok = 4 * (E + max(E, Qd) + E + Qd + 2 * KVd + 2 * F) + 4 * widest + 16
+        logits = 4 * min(n_batch, 32) * hp.n_vocab  # ED_MAX_LOGIT_ROWS rows
+        scratch = n_batch * per_tok + logits + n_threads * (4 * n_ctx + 2 * hp.head_dim) + 64 * 12
         return BufferPlan(kv, scratch)
 
     def plan(self, n_ctx, n_batch):
@@ -129,6 +130,9 @@ class CPUBackend(Backend):
 
     def free(self, buf):
         pass  # the arena goes with the ForwardState object
+
+    def max_logit_rows(self, buf):
+        return buf.state.max_logit_rows
 
     def copy_in(self, buf, tokens, pos):
         toks = np.asarray(tokens, dtype=np.int64)
