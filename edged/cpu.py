@@ -5,6 +5,8 @@ one 64-byte aligned arena (KV cache in F16, activations, quantized activations, 
 """
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 
 from .arch import ROPE_NEOX, VECTOR_TYPES
@@ -90,6 +92,9 @@ class CPUBackend(Backend):
         self._embd = spec.tensors[spec.token_embd]
         self._embd_rows = np.asarray(weights[spec.token_embd]).reshape(hp.n_vocab, -1)
         self.pool = core.Pool(self.n_threads)
+        # one forward pass at a time on the pool: sessions of one model may live in several
+        # threads (the daemon), the workers serve one call at a time
+        self._run_lock = threading.Lock()
         self.n_threads = self.pool.n_threads
         from .threads import pin_workers
         self.pinned_cpus = pin_workers(self.pool, numa)  # inside sched_getaffinity's set
@@ -145,7 +150,8 @@ class CPUBackend(Backend):
         buf.inp[:len(toks)] = rows
 
     def forward(self, buf, n_tokens, pos, all_logits):
-        buf.state.forward(n_tokens, pos, all_logits)
+        with self._run_lock:
+            buf.state.forward(n_tokens, pos, all_logits)
 
     def copy_out(self, buf, n_rows):
         return np.array(buf.state.logits(n_rows))
