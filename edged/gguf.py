@@ -220,6 +220,9 @@ class Key:
     SEP_ID = "tokenizer.ggml.seperator_token_id"   # sic: the GGUF spelling
     PAD_ID = "tokenizer.ggml.padding_token_id"
     MASK_ID = "tokenizer.ggml.mask_token_id"
+    FIM_PAD_ID = "tokenizer.ggml.fim_pad_token_id"
+    FIM_REP_ID = "tokenizer.ggml.fim_rep_token_id"
+    FIM_SEP_ID = "tokenizer.ggml.fim_sep_token_id"
     ADD_BOS = "tokenizer.ggml.add_bos_token"
     ADD_EOS = "tokenizer.ggml.add_eos_token"
     ADD_SEP = "tokenizer.ggml.add_sep_token"
@@ -516,36 +519,27 @@ class GGUFFile:
 
 
 # --- writer ---------------------------------------------------------------------------------
+_NP_TO_VTYPE = {np.dtype(dt): vt for vt, (_, dt) in _SCALAR.items()}
+
+
 class GGUFWriter:
-    """Writes a GGUF v3 file: metadata, tensor infos, then tensor data (each tensor aligned).
+    """Streaming GGUF v3 writer: declare metadata and tensors, write the header, then each
+    tensor's bytes in declaration order (so a big model is never held in memory).
 
-    Whole model in memory (small files, synth):
-        w = GGUFWriter(path)
-        w.add(Key.ARCHITECTURE, "llama"); w.add("llama.block_count", 2, ValueType.UINT32)
-        w.add_tensor("token_embd.weight", raw_uint8, GGMLType.Q8_0, (n_embd, n_vocab))
-        w.write()
-
-    Streaming (big models, quantize): declare everything, then write tensor by tensor in
-    declaration order so only one tensor is ever in memory:
         w = GGUFWriter(alignment=32)
-        w.declare_tensor(name, shape, qtype) ...
-        w.write_header(f); w.write_tensor(f, name, data_or_chunks) ...
-
-    Values without an explicit type: str -> STRING, bool -> BOOL, int -> UINT32 (INT32 when
-    negative, UINT64/INT64 when wider), float -> FLOAT32, list of str -> ARRAY of STRING,
-    numpy arrays -> ARRAY of their dtype.
+        w.add(Key.ARCHITECTURE, "llama")                 # type inferred, or pass vtype=
+        w.add_tensor("token_embd.weight", (n_embd, n_vocab), GGMLType.Q4_K)   # ggml order
+        with open(tmp, "wb") as f:
+            w.write_header(f)
+            for name in w.tensor_names: w.write_tensor(f, name, data_uint8)
     """
 
-    _NP_TYPES = {np.dtype(v[1]): k for k, v in _SCALAR.items()}
-
-    def __init__(self, path=None, alignment=GGUF_DEFAULT_ALIGNMENT):
+    def __init__(self, alignment=GGUF_DEFAULT_ALIGNMENT):
         if alignment <= 0 or alignment & (alignment - 1):
             raise ValueError(f"alignment {alignment} is not a power of two")
-        self.path = path
         self.alignment = alignment
         self.kv = {}          # key -> (ValueType, value, element ValueType or None)
         self.tensors = {}     # name -> (shape, GGMLType, relative offset, nbytes)
-        self._data = {}       # name -> uint8 data given to add_tensor (in-memory use)
         self._data_size = 0
         self._next = 0
         if alignment != GGUF_DEFAULT_ALIGNMENT:
@@ -556,77 +550,75 @@ class GGUFWriter:
         return list(self.tensors)
 
     def add(self, key, value, vtype=None, element_type=None):
+        """Metadata entry. Without vtype: str -> STRING, bool -> BOOL, int -> INT64 if it does
+        not fit UINT32 else UINT32, float -> FLOAT32, list[str] -> STRING array, numpy arrays
+        by dtype."""
         if vtype is None:
-            vtype, element_type = self._infer(key, value)
-        elif vtype == ValueType.ARRAY and element_type is None:
-            element_type = self._infer(key, value)[1]
+            vtype, element_type = self._infer(value)
+        if vtype == ValueType.ARRAY and element_type is None:
+            element_type = self._infer(value)[1]
         self.kv[key] = (ValueType(vtype), value, element_type)
 
-    def _infer(self, key, value):
+    @staticmethod
+    def _infer(value):
         if isinstance(value, str):
             return ValueType.STRING, None
         if isinstance(value, (bool, np.bool_)):
             return ValueType.BOOL, None
         if isinstance(value, (int, np.integer)):
-            v = int(value)
-            return (ValueType.UINT32 if 0 <= v < 2**32 else ValueType.INT32 if -2**31 <= v < 0
-                    else ValueType.UINT64 if v >= 0 else ValueType.INT64), None
+            return (ValueType.UINT32 if 0 <= value < 1 << 32 else ValueType.INT64), None
         if isinstance(value, (float, np.floating)):
             return ValueType.FLOAT32, None
-        if isinstance(value, np.ndarray) and value.dtype.newbyteorder("<") in self._NP_TYPES:
-            return ValueType.ARRAY, self._NP_TYPES[value.dtype.newbyteorder("<")]
-        if isinstance(value, (list, tuple)) and all(isinstance(x, str) for x in value):
-            return ValueType.ARRAY, ValueType.STRING
-        raise TypeError(f"GGUFWriter.add({key!r}): cannot infer a GGUF type for {type(value)}")
+        if isinstance(value, np.ndarray):
+            vt = _NP_TO_VTYPE.get(value.dtype.newbyteorder("<"))
+            if vt is None:
+                raise ValueError(f"no GGUF element type for numpy dtype {value.dtype}")
+            return ValueType.ARRAY, vt
+        if isinstance(value, (list, tuple)):
+            if all(isinstance(v, str) for v in value):
+                return ValueType.ARRAY, ValueType.STRING
+            return ValueType.ARRAY, GGUFWriter._infer(np.asarray(value))[1]
+        raise ValueError(f"cannot infer a GGUF value type for {type(value).__name__}")
 
-    def declare_tensor(self, name, shape, qtype):
-        """Declare a tensor (shape in GGUF/ggml order, ne0 first); returns its byte size."""
+    def add_tensor(self, name, shape, qtype):
+        """Declare a tensor (shape in GGUF/ggml order, ne0 first)."""
         qtype = GGMLType(qtype)
         info = TYPE_INFO[qtype]
-        shape = tuple(int(x) for x in shape)
+        shape = tuple(int(s) for s in shape)
         if name in self.tensors:
             raise ValueError(f"duplicate tensor {name!r}")
         if not 1 <= len(shape) <= MAX_DIMS or shape[0] % info.block_size:
             raise ValueError(f"tensor {name!r}: bad shape {shape} for {qtype.name}")
-        nbytes = int(np.prod(shape)) // info.block_size * info.type_size
+        n = int(np.prod(shape))
+        nbytes = n // info.block_size * info.type_size
         self.tensors[name] = (shape, qtype, self._data_size, nbytes)
         self._data_size += -(-nbytes // self.alignment) * self.alignment
-        return nbytes
 
-    def add_tensor(self, name, data, qtype, shape):
-        """data: uint8 bytes of the tensor (or a float32 array for F32); shape in GGUF order."""
-        data = np.ascontiguousarray(data).reshape(-1).view(np.uint8)
-        nbytes = self.declare_tensor(name, shape, qtype)
-        if nbytes != data.nbytes:
-            del self.tensors[name]
-            raise ValueError(f"tensor {name!r}: {data.nbytes} bytes do not match "
-                             f"{GGMLType(qtype).name} {tuple(shape)}")
-        self._data[name] = data
-
+    # encoding
     @staticmethod
-    def _str(s):
-        b = s.encode("utf-8")
+    def _string(s):
+        b = s.encode("utf-8") if isinstance(s, str) else bytes(s)
         return struct.pack("<Q", len(b)) + b
 
-    def _value(self, vtype, value, sub):
+    def _value(self, vtype, value, etype):
+        if vtype in _SCALAR:
+            return struct.pack(_SCALAR[vtype][0], value)
         if vtype == ValueType.STRING:
-            return self._str(value)
-        if vtype == ValueType.ARRAY:
-            if sub == ValueType.STRING:
-                return struct.pack("<IQ", sub, len(value)) + b"".join(self._str(s) for s in value)
-            arr = np.asarray(value, dtype=_SCALAR[sub][1])
-            return struct.pack("<IQ", sub, len(arr)) + arr.tobytes()
-        return struct.pack(_SCALAR[vtype][0], value)
+            return self._string(value)
+        if etype == ValueType.STRING:
+            return struct.pack("<IQ", etype, len(value)) + b"".join(self._string(v) for v in value)
+        arr = np.asarray(value, dtype=_SCALAR[etype][1])
+        return struct.pack("<IQ", etype, arr.size) + arr.tobytes()
 
     def header_bytes(self):
-        head = [GGUF_MAGIC, struct.pack("<IQQ", 3, len(self.tensors), len(self.kv))]
-        for key, (vtype, value, sub) in self.kv.items():
-            head.append(self._str(key) + struct.pack("<I", vtype) + self._value(vtype, value, sub))
+        out = [GGUF_MAGIC, struct.pack("<IQQ", 3, len(self.tensors), len(self.kv))]
+        for key, (vt, value, et) in self.kv.items():
+            out += [self._string(key), struct.pack("<I", vt), self._value(vt, value, et)]
         for name, (shape, qtype, off, _) in self.tensors.items():
-            head.append(self._str(name) + struct.pack("<I", len(shape))
-                        + struct.pack(f"<{len(shape)}Q", *shape) + struct.pack("<IQ", qtype, off))
-        header = b"".join(head)
-        return header + b"\0" * ((-len(header)) % self.alignment)
+            out += [self._string(name), struct.pack("<I", len(shape)),
+                    struct.pack(f"<{len(shape)}Q", *shape), struct.pack("<IQ", qtype, off)]
+        head = b"".join(out)
+        return head + b"\0" * (-len(head) % self.alignment)
 
     def write_header(self, f):
         f.write(self.header_bytes())
@@ -650,10 +642,3 @@ class GGUFWriter:
             raise ValueError(f"tensor {name!r}: {n} bytes given, {nbytes} declared")
         f.write(b"\0" * (-nbytes % self.alignment))
         self._next += 1
-
-    def write(self):
-        """Write everything given to add_tensor to self.path."""
-        with open(self.path, "wb") as f:
-            self.write_header(f)
-            for name in self.tensors:
-                self.write_tensor(f, name, self._data[name])

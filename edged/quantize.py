@@ -249,7 +249,7 @@ def quantize_file(src, dst, mix, progress=None, chunk_rows=None, compiled=True, 
         w.add(Key.FILE_TYPE, int(ftype), ValueType.UINT32)
         order = tensor_order(f.tensors)
         for name in order:
-            w.declare_tensor(name, f.tensors[name].shape, types[name])
+            w.add_tensor(name, f.tensors[name].shape, types[name])
         total = sum(w.tensors[n][3] for n in w.tensors)
         d = os.path.dirname(os.path.abspath(dst))
         fd, tmp = tempfile.mkstemp(prefix=".edged-quantize-", dir=d)

@@ -70,8 +70,8 @@ def test_writer_roundtrip_with_pypi_reader(tmp_path):
     w.add("test.arr", np.arange(4, dtype=np.int32))
     w.add("test.strs", ["a", "bc", ""])
     x = np.arange(64, dtype=np.float32).reshape(2, 32)
-    w.declare_tensor("a.weight", (32, 2), GGMLType.F32)
-    w.declare_tensor("b.weight", (3,), GGMLType.F32)
+    w.add_tensor("a.weight", (32, 2), GGMLType.F32)
+    w.add_tensor("b.weight", (3,), GGMLType.F32)
     p = tmp_path / "w.gguf"
     with open(p, "wb") as f:
         w.write_header(f)

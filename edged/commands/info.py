@@ -65,15 +65,10 @@ def machine_info():
         from .. import _core
     except ImportError:
         return {"compiled": False}
+    from ..threads import describe
     out = {"compiled": True}
-    try:
-        from ..threads import describe
-        topo = describe()
-        out["numa_nodes"] = {n: len(c) for n, c in topo["numa_nodes"].items()}
-        out["allowed_cpus"] = topo["allowed_cpus"]
-    except Exception as e:  # report, do not fail `info`
-        out["numa_nodes"] = f"error: {e}"
-    for name in ("kernel_path", "cpu_features", "default_threads"):
+    out.update(describe())
+    for name in ("kernel_path", "cpu_features", "available_paths"):
         fn = getattr(_core, name, None)
         if fn is not None:
             try:
@@ -97,9 +92,8 @@ def run(args):
         print(f"cpu features: {' '.join(mi.get('cpu_features') or []) or 'none'}")
         print(f"threads:      {mi.get('default_threads')} by default (physical cores in the "
               f"allowed set {mi.get('allowed_cpus')})")
-        nodes = mi.get("numa_nodes")
-        print("numa nodes:   " + (", ".join(f"node {n}: {c} cpus" for n, c in nodes.items())
-                                 if isinstance(nodes, dict) else str(nodes)))
+        nodes = mi.get("numa_nodes") or {}
+        print("numa nodes:   " + ", ".join(f"node {n}: {len(c)} cpus" for n, c in nodes.items()))
         return 0
     info = model_info(args.model, args.ctx_size)
     info["machine"] = machine_info()
@@ -128,5 +122,9 @@ def run(args):
     if not mi.get("compiled"):
         print("machine: compiled core not built (python setup.py build_ext --inplace)")
     else:
-        print("machine: " + ", ".join(f"{k} {v}" for k, v in mi.items() if k != "compiled"))
+        print(f"machine: kernel path {mi.get('kernel_path')} (available: "
+              f"{', '.join(mi.get('available_paths', []))}), CPU features "
+              f"{' '.join(mi.get('cpu_features', []))}")
+        print(f"threads: default {mi['default_threads']} (physical cores {mi['physical_cores']} "
+              f"in allowed CPUs {mi['allowed_cpus']}), NUMA nodes {mi['numa_nodes']}")
     return 0
