@@ -40,6 +40,9 @@ int main(void) {
     static float x[COLS * K], ref[COLS * ROWS], got[COLS * ROWS];
     int failures = 0;
     for (int i = 0; i < COLS * K; i++) x[i] = rndf();
+    printf("features");
+    for (int i = 0; ED_CPU_FEATURE_NAMES[i]; i++) if (ed_cpu_features() & (1u << i)) printf(" %s", ED_CPU_FEATURE_NAMES[i]);
+    printf("\n");
     for (int p = 0; p < 3; p++) {
         if (!ed_path_supported(paths[p])) { printf("%s: not supported here\n", paths[p]); continue; }
         for (int ti = 0; ti < 13; ti++) {
