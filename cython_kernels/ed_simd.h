@@ -7,8 +7,9 @@
  *   unsigned ed_cpu_features(void)          ED_CPU_* bits of this CPU
  *   int ed_path_supported(const char *name)
  *
- * Paths: generic (plain C, any CPU); avx2 (AVX2+FMA+F16C); avx512 (AVX-512 F/BW/VL/DQ + VNNI:
- * dpbusd for the u8 x s8 sums); neon (aarch64 Advanced SIMD). Each x86 path is the same
+ * Paths: generic (plain C, any CPU); avx2 (AVX2+FMA+F16C); avx512 (AVX-512 F/BW/VL/DQ, with
+ * VNNI's dpbusd for the u8 x s8 sums where present); neon (aarch64 Advanced SIMD, with
+ * dotprod's vdotq_s32 where present). Each x86 path is the same
  * source (ed_simd_x86.inc) compiled with per-function target attributes, so the build stays
  * portable (no -march) and the generic path is what every other CPU runs.
  */
@@ -97,9 +98,18 @@ static unsigned ed_cpu_features(void) {
 #undef ED_FN
 #undef ED_VNNI
 
+/* AVX-512 without VNNI (Skylake-SP, Cascade Lake has it): maddubs + madd instead of dpbusd */
+#define ED_TARGET __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq")))
+#define ED_FN(name) ed_avx512nv_##name
+#define ED_VNNI 0
+#include "ed_simd_x86.inc"
+#undef ED_TARGET
+#undef ED_FN
+#undef ED_VNNI
+
 /* 512-bit kernels for the K-quants of Q4_K_M models (AVX-512 path only). One zmm holds 64
  * weights whose Q8_K activations are contiguous, so each activation load is one 64-byte load. */
-#define ED_T512 __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")))
+#define ED_T512 __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq")))
 
 static inline __m512i ED_T512 ed_z_scales4(int a, int b, int c, int d) {  /* i16 x 8 per 128-bit lane */
     return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set_m128i(_mm_set1_epi16((short)b), _mm_set1_epi16((short)a))),
@@ -212,7 +222,7 @@ static void ed_avx512_install_wide(void) {
 
 #define ED_NEED_AVX2 (ED_CPU_AVX2 | ED_CPU_FMA | ED_CPU_F16C)
 #define ED_NEED_AVX512 (ED_NEED_AVX2 | ED_CPU_AVX512F | ED_CPU_AVX512BW | ED_CPU_AVX512VL | \
-                        ED_CPU_AVX512DQ | ED_CPU_AVX512VNNI)
+                        ED_CPU_AVX512DQ)
 
 #elif defined(__aarch64__)
 #include <arm_neon.h>
@@ -279,7 +289,8 @@ static int ed_types_init(const char *force) {
     }
 #if defined(__x86_64__)
     if (!strcmp(want, "avx2")) { ed_avx2_install(); ED_PATH = "avx2"; }
-    if (!strcmp(want, "avx512")) { ed_avx512_install(); ed_avx512_install_wide(); ED_PATH = "avx512"; }
+    if (!strcmp(want, "avx512")) { if (ed_cpu_features() & ED_CPU_AVX512VNNI) ed_avx512_install(); else ed_avx512nv_install();
+        ed_avx512_install_wide(); ED_PATH = "avx512"; }
 #elif defined(__aarch64__)
     if (!strcmp(want, "neon")) {
         if (ed_cpu_features() & ED_CPU_DOTPROD) ed_neondp_install(); else ed_neon_install();
