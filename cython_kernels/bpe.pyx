@@ -18,7 +18,7 @@ Strings are interned once at load into a hash table (`StrTable`): a merge is the
 two integer ids, with no string built per step.
 """
 from cpython.unicode cimport PyUnicode_READ, PyUnicode_KIND, PyUnicode_DATA, PyUnicode_GET_LENGTH
-from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t, uint64_t
+from libc.stdint cimport int16_t, int32_t, int64_t, uint8_t, uint32_t, uint64_t
 from libc.stdlib cimport free, malloc, realloc
 from libc.string cimport memcmp, memcpy
 
@@ -987,3 +987,62 @@ cdef class SPMModel:
             free(sy)
             free(heap)
             free(out.d)
+
+
+# --- GPT-2 byte-level text <-> bytes (load-time helpers) ---------------------------------------
+cdef int16_t CHAR_BYTE[0x144]       # character (< U+0144) -> the byte it stands for, -1 if none
+
+
+cdef void _init_byte_chars():
+    cdef int b, n = 0
+    for b in range(0x144):
+        CHAR_BYTE[b] = -1
+    for b in range(256):
+        if 0x21 <= b <= 0x7E or 0xA1 <= b <= 0xAC or 0xAE <= b <= 0xFF:
+            CHAR_BYTE[b] = b
+        else:
+            CHAR_BYTE[256 + n] = b
+            n += 1
+
+
+_init_byte_chars()
+
+
+cdef object _byte_level(str s, Py_ssize_t a, Py_ssize_t b):
+    cdef int kind = PyUnicode_KIND(s)
+    cdef void *data = PyUnicode_DATA(s)
+    cdef Py_ssize_t i
+    cdef uint32_t c
+    cdef bytearray out = bytearray(b - a)
+    for i in range(a, b):
+        c = PyUnicode_READ(kind, data, i)
+        if c >= 0x144 or CHAR_BYTE[c] < 0:
+            return None
+        out[i - a] = CHAR_BYTE[c]
+    return bytes(out)
+
+
+def byte_level_decode(list strs):
+    """For each str of a byte-level vocabulary, the raw bytes it stands for, or None when it
+    has characters outside the 256 that stand for bytes (added tokens such as "<|im_end|>"
+    with spaces or other text)."""
+    cdef str s
+    return [_byte_level(s, 0, PyUnicode_GET_LENGTH(s)) for s in strs]
+
+
+def split_merges(list merges):
+    """"left right" strings -> (left bytes, right bytes), None where a side is not byte-level
+    text; returns (pairs, index of the first entry without a separating space or -1)."""
+    cdef str m
+    cdef Py_ssize_t i, sp, n
+    pairs = []
+    for i in range(len(merges)):
+        m = merges[i]
+        n = PyUnicode_GET_LENGTH(m)
+        sp = m.find(" ", 1) if n > 1 else -1
+        if sp < 0:
+            return pairs, i
+        left = _byte_level(m, 0, sp)
+        right = _byte_level(m, sp + 1, n)
+        pairs.append(None if left is None or right is None else (left, right))
+    return pairs, -1
