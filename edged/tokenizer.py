@@ -356,12 +356,11 @@ class Tokenizer:
             merges = md.get(Key.MERGES)
             if not isinstance(merges, list) or (merges and set(map(type, merges)) != {str}):
                 _fail(name, f"{Key.MERGES} must be an array of strings for a 'gpt2' tokenizer")
-            pairs, bad = _bpe.split_merges(merges)
+            self._bpe = _bpe.BPEModel(texts, merges, _bpe.PreTokenizer(spec.ops), spec.ignore_merges)
+            bad = self._bpe.bad_merge
             if bad >= 0:
                 _fail(name, f"{Key.MERGES}[{bad}] = {merges[bad][:40]!r} is not two tokens "
                             "separated by a space")
-            raw = _bpe.byte_level_decode(texts)
-            self._bpe = _bpe.BPEModel(raw, pairs, _bpe.PreTokenizer(spec.ops), spec.ignore_merges)
             self._spm = None
 
     # --- metadata checks ---------------------------------------------------------------------
