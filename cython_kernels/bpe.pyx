@@ -505,6 +505,9 @@ cdef inline uint64_t fnv1a(const unsigned char *p, Py_ssize_t n) noexcept nogil:
     cdef Py_ssize_t i
     for i in range(n):
         h = (h ^ p[i]) * 1099511628211ULL
+    h ^= h >> 33                                       # mix the high bits into the low ones
+    h *= 0xFF51AFD7ED558CCDULL
+    h ^= h >> 33
     return h
 
 
@@ -521,7 +524,7 @@ cdef class StrTable:
     def __cinit__(self, Py_ssize_t expected):
         cdef uint64_t size = 1024
         cdef uint64_t i
-        while size < <uint64_t> (2 * expected + 16):
+        while size < <uint64_t> (4 * expected + 16):
             size *= 2
         self.mask = size - 1
         self.slots = <int32_t *> malloc(size * sizeof(int32_t))
