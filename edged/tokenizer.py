@@ -132,11 +132,11 @@ _EOG_TEXTS = frozenset([
     "<|end_of_text|>", "<end_of_utterance>", "<eos>", "<turn|>", "<|tool_response>",
     "<\uff5cend\u2581of\u2581sentence\uff5c>", "[e~[",
 ])
-# ... the end-of-turn token when the file names none (first in id order) ...
-_EOT_TEXTS = frozenset([
+# ... the end-of-turn token when the file names none (the first of these texts it has) ...
+_EOT_TEXTS = (
     "<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<|end_of_text|>",
     "<EOT>", "_<EOT>", "[EOT]", "<\uff5cend\u2581of\u2581sentence\uff5c>", "<end_of_utterance>",
-])
+)
 # ... and fill-in-the-middle tokens that also end a generation
 _FIM_TEXTS = {
     Key.FIM_PAD_ID: ("<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", "[PAD]"),
@@ -266,7 +266,7 @@ class Tokenizer:
             attr[i] |= A_CONTROL
 
         known = {}                                     # text -> id, for the texts llama.cpp looks for
-        for t in self._id.keys() & (_EOG_TEXTS | _EOT_TEXTS | {"<|eom_id|>"}
+        for t in self._id.keys() & (_EOG_TEXTS | set(_EOT_TEXTS) | {"<|eom_id|>"}
                                     | {x for names in _FIM_TEXTS.values() for x in names}):
             known[t] = self._id[t]
 
@@ -274,9 +274,12 @@ class Tokenizer:
             ids = [known[t] for t in names if t in known]
             return min(ids) if ids else None
 
-        if special["eot"] is None and first(_EOT_TEXTS) is not None:
-            special["eot"] = first(_EOT_TEXTS)
-            mark_control(special["eot"])
+        if special["eot"] is None:
+            for t in _EOT_TEXTS:
+                if t in known:
+                    special["eot"] = known[t]
+                    mark_control(known[t])
+                    break
         if special["eom"] is None and "<|eom_id|>" in known:
             special["eom"] = known["<|eom_id|>"]
             mark_control(special["eom"])
