@@ -12,6 +12,7 @@ vocabulary is refused with a TokenizerError naming the key, the index and the va
 import codecs
 import enum
 import logging
+import re
 
 import numpy as np
 
@@ -354,6 +355,10 @@ class Tokenizer:
                 byte_tokens.append(t)
             self._spm = _bpe.SPMModel([t.encode("utf-8", "surrogateescape") for t in texts],
                                       self._scores.tolist(), byte_tokens)
+            # words can be merged one by one when no token joins a character to a following
+            # U+2581 (true of SentencePiece vocabularies split on whitespace)
+            self._spm_words = not any("\u2581" in t[1:] and re.search("[^\u2581]\u2581", t)
+                                      for t in texts)
             self._bpe = None
         else:
             merges = md.get(Key.MERGES)
@@ -477,7 +482,8 @@ class Tokenizer:
                     continue
                 if self.add_space_prefix and prev_special:
                     frag = " " + frag
-                out += self._spm.encode(frag.replace(" ", "\u2581").encode("utf-8", "surrogatepass"))
+                out += self._spm.encode(frag.replace(" ", "\u2581").encode("utf-8", "surrogatepass"),
+                                        self._spm_words)
                 prev_special = False
         else:
             for frag in frags:

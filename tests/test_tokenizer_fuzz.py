@@ -135,3 +135,13 @@ def test_lone_surrogates_are_tokenized_not_raised():
     ids = tok.encode("a\ud800b", add_special=False)
     assert ids and all(0 <= i < tok.n_vocab for i in ids)
     assert tok.decode(ids).startswith("a") and tok.decode(ids).endswith("b")
+
+
+@pytest.mark.parametrize("name", ["llama-spm", "phi-3"])
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(text=TEXT)
+def test_spm_word_by_word_equals_whole_text_merging(name, text):
+    tok = vocab(name)
+    assert tok._spm_words                      # these vocabularies allow the word-by-word path
+    data = (" " + text).replace(" ", "\u2581").encode("utf-8", "surrogatepass")
+    assert tok._spm.encode(data, True) == tok._spm.encode(data, False)
