@@ -429,14 +429,69 @@ class Tokenizer:
 
     # --- encoding ------------------------------------------------------------------------------
     def _partition(self, text, parse_special):
-        """Split text around special tokens: a list of str (raw text) and int (token ids)."""
+        """Split text around special tokens: a list of str (raw text) and int (token ids).
+
+        llama.cpp takes the special tokens one at a time, longest first, and cuts every
+        occurrence out of the text that is still raw (eating whitespace next to tokens marked
+        lstrip/rstrip). The same, over a mask of the text instead of a list of fragments:
+        0 raw, 1 taken by a token, 2 whitespace eaten. `_partition_reference` is the direct
+        transcription, kept for the tests."""
         specials = self._special_all if parse_special else self._special_user
-        frags = [text]
-        if not specials:
-            return frags
-        if len(specials) > 16:                         # only tokens that can occur at all
+        if not specials or not text:
+            return [text] if text else []
+        if len(specials) > 8:                          # only tokens that occur at all
             chars = set(text)
-            specials = [s for s in specials if s[0][0] in chars and s[0] in text]
+            specials = [s for s in specials if s[0][0] in chars]
+        specials = [s for s in specials if s[0] in text]
+        if not specials:
+            return [text]
+        n = len(text)
+        mask = bytearray(n)
+        taken = {}                                     # start -> (token id, length)
+        for tok, tid, a in specials:
+            k = len(tok)
+            block = b"\x01" * k
+            pos = text.find(tok)
+            while pos >= 0:
+                if mask.find(0x01, pos, pos + k) < 0 and mask.find(0x02, pos, pos + k) < 0:
+                    mask[pos:pos + k] = block
+                    taken[pos] = (tid, k)
+                    if a & A_LSTRIP:
+                        q = pos - 1
+                        while q >= 0 and not mask[q] and text[q] in _C_SPACE:
+                            mask[q] = 2
+                            q -= 1
+                    end = pos + k
+                    if a & A_RSTRIP:
+                        while end < n and not mask[end] and text[end] in _C_SPACE:
+                            mask[end] = 2
+                            end += 1
+                    pos = text.find(tok, end)
+                else:
+                    pos = text.find(tok, pos + 1)
+        out = []
+        pos = 0
+        while pos < n:
+            m = mask[pos]
+            if m == 1:
+                tid, k = taken[pos]
+                out.append(tid)
+                pos += k
+            elif m == 2:
+                pos += 1
+            else:
+                end = mask.find(0x01, pos)
+                end2 = mask.find(0x02, pos)
+                end = n if end < 0 else end
+                end = end if end2 < 0 else min(end, end2)
+                out.append(text[pos:end])
+                pos = end
+        return out
+
+    def _partition_reference(self, text, parse_special):
+        """llama.cpp's special-token partitioning transcribed directly (slow; for tests)."""
+        specials = self._special_all if parse_special else self._special_user
+        frags = [text] if text else []
         for tok, tid, a in specials:
             out = []
             for frag in frags:
@@ -472,7 +527,7 @@ class Tokenizer:
         out = []
         if add_special and self.add_bos:
             out.append(self.bos_id)
-        frags = self._partition(text, parse_special) if text else []
+        frags = self._partition(text, parse_special)
         if self._spm is not None:
             prev_special = True                        # a space before the first text, and after specials
             for frag in frags:
