@@ -524,14 +524,14 @@ cdef class StrTable:
     def __cinit__(self, Py_ssize_t expected):
         cdef uint64_t size = 1024
         cdef uint64_t i
-        while size < <uint64_t> (4 * expected + 16):
+        while size < <uint64_t> (2 * expected + 16):
             size *= 2
         self.mask = size - 1
         self.slots = <int32_t *> malloc(size * sizeof(int32_t))
         self.cap = <int32_t> (expected + 16)
         self.off = <int64_t *> malloc(self.cap * sizeof(int64_t))
         self.ln = <int32_t *> malloc(self.cap * sizeof(int32_t))
-        self.pool_cap = 16 * (expected + 16)
+        self.pool_cap = 8 * (expected + 16)          # grows by doubling
         self.pool = <unsigned char *> malloc(self.pool_cap)
         if self.slots == NULL or self.off == NULL or self.ln == NULL or self.pool == NULL:
             raise MemoryError()
