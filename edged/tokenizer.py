@@ -117,11 +117,11 @@ _GROUPS = [
                            (OP_RUN, CL_RANGES, CJK_HANGUL), (OP_ONE, CL_N, None)], {}),
     (("falcon",), [(OP_RUN, CL_P_FALCON, None), GPT2, (OP_DIGITS3, 0, None)], {}),
     (("gpt-2", "phi-2", "mpt", "olmo", "jais", "jina-es", "jina-de", "gigachat", "jina-v2-es",
-      "jina-v2-de", "a.x-4.0", "mellum", "trillion", "granite-docling"), [GPT2], {}),
-    (("starcoder", "refact", "command-r", "smollm", "codeshell", "exaone", "minerva-7b"),
+      "jina-v2-de", "a.x-4.0", "mellum", "trillion", "granite-docling", "exaone4"), [GPT2], {}),
+    (("starcoder", "refact", "command-r", "smollm", "codeshell", "exaone", "minerva-7b", "mellum2"),
      _STARCODER, {}),
-    (("qwen2", "deepseek-r1-qwen", "stablelm2", "hunyuan", "solar-open", "kormo", "f2llmv2"),
-     [(OP_QWEN2, 0, None)], {}),
+    (("qwen2", "deepseek-r1-qwen", "stablelm2", "hunyuan", "solar-open", "kormo", "f2llmv2",
+      "megrez", "grok-2"), [(OP_QWEN2, 0, None)], {}),
     (("qwen35",), [(OP_QWEN35, 0, None)], {}),
 ]
 PRE_TOKENIZERS = {name: PreSpec(name, ops, **kw) for names, ops, kw in _GROUPS for name in names}
