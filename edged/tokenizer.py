@@ -249,6 +249,8 @@ class Tokenizer:
                 continue
             if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
                 _fail(name, f"{key} must be an integer, not {type(v).__name__}")
+            if int(v) in (-1, 0xFFFFFFFF):             # how converters write "no token"
+                continue
             if not 0 <= int(v) < n:
                 log.warning("%s: %s = %d is outside the vocabulary (%d tokens); ignored",
                             name, key, int(v), n)
