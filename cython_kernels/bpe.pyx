@@ -779,6 +779,8 @@ cdef class BPEModel:
         cdef Py_ssize_t i, nh = 0
         cdef int32_t sid, l, r
         cdef Bigram bg
+        if n <= 0:
+            return 0
         if n == 1:
             return self.emit_sid(self.byte_sid[w[0]], out)
         if self.ignore_merges:
