@@ -96,6 +96,7 @@ DEF OP_ONE = 6         # CLASS
 DEF OP_WS_RUN = 7      # \s?CLASS+
 DEF OP_TRAIL_WS = 8    # \s+$
 DEF OP_DIGITS3 = 9     # [0-9][0-9][0-9]
+DEF OP_NEWLINES = 10   # [^\n]+|[\n]+
 # classes
 DEF CL_N = 1           # \p{N}
 DEF CL_L = 2           # \p{L}
@@ -340,6 +341,10 @@ cdef int split_regex(Text t, Py_ssize_t a, Py_ssize_t b, Vec *out, int op, int c
                 break
             p = q                                      # the trailing whitespace run
             q = b
+        elif op == OP_NEWLINES:                        # every piece matches: runs of \n or of the rest
+            q = p + 1
+            while q < b and (t.cp[q] == 0x0A) == (t.cp[p] == 0x0A):
+                q += 1
         elif op == OP_DIGITS3:
             if (p + 2 < b and 0x30 <= t.cp[p] <= 0x39 and 0x30 <= t.cp[p + 1] <= 0x39
                     and 0x30 <= t.cp[p + 2] <= 0x39):

@@ -54,7 +54,8 @@ _TYPE_ATTR = {TokenType.UNDEFINED: 0, TokenType.NORMAL: A_NORMAL, TokenType.UNKN
 
 # --- pre-tokenizers --------------------------------------------------------------------------
 # Each is a list of ops applied in turn (op, class, ranges); see cython_kernels/bpe.pyx.
-OP_GPT2, OP_LLAMA3, OP_QWEN2, OP_QWEN35, OP_RUN, OP_ONE, OP_WS_RUN, OP_TRAIL_WS, OP_DIGITS3 = range(1, 10)
+(OP_GPT2, OP_LLAMA3, OP_QWEN2, OP_QWEN35, OP_RUN, OP_ONE, OP_WS_RUN, OP_TRAIL_WS, OP_DIGITS3,
+ OP_NEWLINES) = range(1, 11)
 CL_N, CL_L, CL_P, CL_P_DEFAULT, CL_P_FALCON, CL_CRLF, CL_RANGES = range(1, 8)
 
 # literal character classes of the deepseek-llm / deepseek-coder regexes, as code point ranges
@@ -123,6 +124,7 @@ _GROUPS = [
     (("qwen2", "deepseek-r1-qwen", "stablelm2", "hunyuan", "solar-open", "kormo", "f2llmv2",
       "megrez", "grok-2"), [(OP_QWEN2, 0, None)], {}),
     (("qwen35",), [(OP_QWEN35, 0, None)], {}),
+    (("laguna",), [(OP_NEWLINES, 0, None), (OP_QWEN2, 0, None)], {}),
 ]
 PRE_TOKENIZERS = {name: PreSpec(name, ops, **kw) for names, ops, kw in _GROUPS for name in names}
 
