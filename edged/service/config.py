@@ -172,30 +172,32 @@ class Config:
         return self.max_prompt_tokens or self.ctx_size - 1
 
     def gids(self, key):
-        """allow_gids/admin_gids as a set of numbers; unknown group names are skipped."""
-        out = set()
-        for g in self.values[key]:
-            if isinstance(g, int):
-                out.add(g)
-            else:
-                try:
-                    out.add(grp.getgrnam(g).gr_gid)
-                except KeyError:
-                    pass
-        return out
+        """allow_gids/admin_gids as a set of numbers (unknown group names are skipped)."""
+        return {g for g in (_resolve(x, "group") for x in self.values[key]) if g is not None}
 
     def uids(self, key):
+        """allow_uids/admin_uids as a set of numbers (unknown user names are skipped)."""
+        return {u for u in (_resolve(x, "user") for x in self.values[key]) if u is not None}
+
+    def resolve_names(self):
+        """Look every user and group name up now (before the sandbox hides /etc)."""
+        for key in ("allow_uids", "admin_uids", "allow_gids", "admin_gids"):
+            (self.uids if "uids" in key else self.gids)(key)
+
+
+_RESOLVED = {}      # (kind, name) -> id; survives a sandbox that can no longer read /etc
+
+
+def _resolve(x, kind):
+    if isinstance(x, int):
+        return x
+    if (kind, x) not in _RESOLVED:
         import pwd
-        out = set()
-        for u in self.values[key]:
-            if isinstance(u, int):
-                out.add(u)
-            else:
-                try:
-                    out.add(pwd.getpwnam(u).pw_uid)
-                except KeyError:
-                    pass
-        return out
+        try:
+            _RESOLVED[kind, x] = (pwd.getpwnam(x).pw_uid if kind == "user" else grp.getgrnam(x).gr_gid)
+        except (KeyError, OSError):
+            return None
+    return _RESOLVED[kind, x]
 
 
 def defaults():

@@ -62,6 +62,7 @@ class Daemon:
         self.events = asyncio.Queue()
         systemd.notify("STATUS=starting")
         trust = load_trust(cfg)
+        cfg.resolve_names()
         self.prepare(trust)
         self.sock, self.how = open_socket(cfg)
         self._sandbox()
@@ -118,6 +119,7 @@ class Daemon:
         try:
             cfg = config_mod.load(self.config_path, self.overrides)
             trust = load_trust(cfg)
+            cfg.resolve_names()
         except EdgedError as e:
             log.error("reload failed, keeping the running configuration: %s", e)
         else:

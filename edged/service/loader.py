@@ -21,7 +21,7 @@ class LoadedModel:
     def __init__(self, name, path, model, signer, size, timings, n_ctx):
         self.name, self.path, self.model = name, path, model
         self.signer = signer            # fingerprint of the key that signed it, None if unsigned
-        self.size = size                # bytes of the file
+        self.size = size                # bytes it needs: the engine's memory plan (weights, KV, scratch)
         self.timings = dict(timings)    # phase -> seconds
         self.n_ctx = n_ctx
         self.tokenizer = model.tokenizer
@@ -69,7 +69,9 @@ class LoadedModel:
 
     def close(self):
         with self._lock:
-            self._sessions.clear()
+            sessions, self._sessions = self._sessions, []
+        for s in sessions:
+            s.close()
         close = getattr(self.model, "close", None)
         if close:
             close()
@@ -121,7 +123,10 @@ class Loader:
         finally:
             vf.close()
         t2 = time.monotonic()
-        size = os.fstat(model_fd(model)).st_size if model_fd(model) is not None else os.path.getsize(path)
+        plan = getattr(model, "memory_plan", None)
+        # weights once, a KV cache and scratch per slot
+        size = plan.weights + cfg.n_parallel * (plan.kv_cache + plan.scratch) if plan is not None else vf.size
+        model.path = path
         return LoadedModel(name, path, model, getattr(vf, "signer", None), size,
                            {"verify": t1 - t0, "map": t2 - t1}, cfg.ctx_size)
 
@@ -140,20 +145,19 @@ class Loader:
         lm.timings["warmup"] = time.monotonic() - t0
 
 
-def model_fd(model):
-    return getattr(model, "fd", None) if isinstance(getattr(model, "fd", None), int) else None
-
-
 def _engine_load(Model, vf, path, cfg):
-    """Load the engine Model from the verified descriptor (the bytes that were hashed)."""
-    kw = dict(n_threads=cfg.threads or None, numa=cfg.numa, mlock=cfg.mlock,
-              max_memory=cfg.memory_budget or None)
-    from_fd = getattr(Model, "from_fd", None)
-    if from_fd is not None:
-        return from_fd(vf.fd, name=path, **kw)
-    # The engine maps the very file that was verified: /proc/self/fd/N opens the same inode
-    # the signature was computed over, even if MODELS_DIR/NAME.gguf was replaced since.
-    return Model.load(f"/proc/self/fd/{vf.fd}", **kw)
+    """Load the engine Model from the verified descriptor (the bytes that were hashed).
+
+    /proc/self/fd/N opens the very inode the signature was computed over, even if
+    MODELS_DIR/NAME.gguf has been replaced since; errors are reported with the real path."""
+    proc = f"/proc/self/fd/{vf.fd}"
+    try:
+        return Model.load(proc, n_threads=cfg.threads or None, numa=cfg.numa, mlock=cfg.mlock,
+                          max_memory=cfg.memory_budget or None, n_ctx_plan=cfg.ctx_size)
+    except EdgedError as e:
+        if proc in str(e):
+            raise type(e)(str(e).replace(proc, path)) from None
+        raise
 
 
 def describe_error(e):
