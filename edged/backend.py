@@ -35,12 +35,18 @@ class Backend:
     def __init__(self, spec, weights, n_threads=1, numa="none"):  # initialise
         self.spec, self.weights, self.n_threads, self.numa = spec, weights, n_threads, numa
 
-    def weight_bytes(self) -> int:
+    @classmethod
+    def extra_weight_bytes(cls, spec) -> int:
         """Bytes the backend holds for weights beyond the mapping (repacked/dequantized copies)."""
         return 0
 
-    def plan(self, n_ctx: int, n_batch: int) -> BufferPlan:
+    @classmethod
+    def plan_for(cls, spec, n_ctx: int, n_batch: int) -> BufferPlan:
+        """KV cache + scratch bytes of one session, computable before anything is loaded."""
         raise NotImplementedError
+
+    def plan(self, n_ctx: int, n_batch: int) -> BufferPlan:
+        return self.plan_for(self.spec, n_ctx, n_batch)
 
     def alloc(self, n_ctx: int, n_batch: int):
         """Allocate one session's buffers; returns an opaque handle."""

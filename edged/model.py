@@ -159,8 +159,7 @@ class Model:
         cls = backend_class(backend)
         # weights are checked before the backend copies/dequantizes anything
         n_ctx = n_ctx_plan or 0
-        plan = self._plan(cls, n_ctx, extra_weights=cls.extra_weight_bytes(self.spec)
-                          if hasattr(cls, "extra_weight_bytes") else 0)
+        plan = self._plan(cls, n_ctx)
         if log:
             log(plan.describe())
         plan.check(f"model {os.path.basename(self.path)}")
@@ -178,9 +177,9 @@ class Model:
         self.backend_name = self.backend.name
         self.memory_plan = plan
 
-    def _plan(self, cls, n_ctx, extra_weights=0):
+    def _plan(self, cls, n_ctx):
         b = cls.plan_for(self.spec, n_ctx, min(DEFAULT_N_BATCH, max(n_ctx, 1))) if n_ctx else None
-        return MemoryPlan(weights=self.weights_bytes + extra_weights,
+        return MemoryPlan(weights=self.weights_bytes + cls.extra_weight_bytes(self.spec),
                           kv_cache=b.kv_cache if b else 0, scratch=b.scratch if b else 0,
                           budget=self.budget, n_ctx=n_ctx)
 
@@ -207,8 +206,7 @@ class Model:
 
     def plan(self, n_ctx, n_batch=DEFAULT_N_BATCH):
         """The MemoryPlan a session of n_ctx tokens needs (weights + KV cache + scratch)."""
-        return self._plan(type(self.backend), n_ctx) if hasattr(type(self.backend), "plan_for") \
-            else None
+        return self._plan(type(self.backend), n_ctx)
 
     def chat_prompt(self, messages, add_generation_prompt=True, **extra):
         from .chat import chat_template_from, render

@@ -67,22 +67,22 @@ class ReferenceBackend(Backend):
         from .quants import dequantize
 
         self._w = {}
-        self._bytes = 0
         for name, t in spec.tensors.items():
             a = dequantize(np.asarray(weights[name]), t.type, tuple(int(x) for x in t.shape))
             # GGUF shape (ne0, ne1) -> row-major (ne1, ne0): one output row per ne1
             a = np.ascontiguousarray(a, dtype=np.float32).reshape(tuple(int(x) for x in t.shape)[::-1])
             self._w[name] = a
-            self._bytes += a.nbytes
 
     def W(self, name):
         return self._w[name] if name else None
 
-    def weight_bytes(self):
-        return self._bytes
+    @classmethod
+    def extra_weight_bytes(cls, spec):
+        return sum(4 * t.n_elements for t in spec.tensors.values())  # float32 copies
 
-    def plan(self, n_ctx, n_batch):
-        hp = self.spec.hp
+    @classmethod
+    def plan_for(cls, spec, n_ctx, n_batch):
+        hp = spec.hp
         kv = 2 * hp.n_layer * n_ctx * hp.n_head_kv * hp.head_dim * 2
         scratch = 8 * n_batch * (4 * hp.n_embd + 3 * hp.n_ff + hp.n_vocab) \
             + 8 * n_batch * hp.n_head * n_ctx
