@@ -1,0 +1,455 @@
+/* The compiled forward pass: one call runs a batch of tokens through every layer.
+ *
+ * All threads of the pool execute ed_forward_worker() together; each op splits its work by
+ * thread index and a barrier separates dependent ops (ggml's model). Nothing here allocates:
+ * every buffer comes from the session arena (64-byte aligned), weights from the read-only
+ * mapping. Matrix products go through ed_matmul(), which quantizes the activations to the
+ * weight type's partner format (Q8_0 / Q8_K / F16 / F32) like llama.cpp and multiplies with
+ * the type's dot product (ed_type_traits).
+ *
+ * Shapes follow GGUF: a weight W has ne0 = K (row length, input features) and ne1 = N (rows,
+ * output features); activations are row-major (n_tokens, features).
+ */
+#ifndef EDGED_FORWARD_H
+#define EDGED_FORWARD_H
+
+#include <math.h>
+#include <stdint.h>
+#include <stddef.h>
+#include <string.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <sched.h>
+#include <stdlib.h>
+
+#include "ed_types.h"
+
+typedef struct {
+    const uint8_t *data;   /* start of the tensor in the mapping (or repacked copy) */
+    int type;              /* ggml type id */
+    int64_t ne0, ne1;      /* row length, number of rows */
+    size_t row_bytes;
+} ed_tensor;
+
+typedef struct {
+    ed_tensor attn_norm, attn_q, attn_k, attn_v, attn_qkv, attn_q_bias, attn_k_bias, attn_v_bias;
+    ed_tensor attn_q_norm, attn_k_norm, attn_output, post_attention_norm;
+    ed_tensor ffn_norm, ffn_gate, ffn_up, ffn_down, post_ffw_norm;
+    int swa;               /* this layer uses the sliding window (and the local RoPE base) */
+} ed_layer;
+
+typedef struct {
+    int n_vocab, n_embd, n_ff, n_layer, n_head, n_head_kv, head_dim, n_rot;
+    int rope_neox, act_gelu, n_swa;
+    float rope_base, rope_scale, rope_base_swa, rope_attn_factor;
+    float rms_eps, attn_scale, embd_scale, softcap;
+    ed_tensor token_embd, output_norm, output;
+    const float *rope_factors;   /* (n_rot/2) or NULL */
+    ed_layer *layers;            /* (n_layer) */
+} ed_model;
+
+/* One session's buffers, carved from one 64-byte aligned arena. */
+typedef struct {
+    int n_ctx, n_batch;
+    uint16_t *k_cache;   /* (n_layer, n_ctx, n_head_kv * head_dim) f16 */
+    uint16_t *v_cache;   /* (n_layer, n_ctx, n_head_kv * head_dim) f16 */
+    float *x;            /* (n_batch, n_embd) residual stream */
+    float *xb;           /* (n_batch, max(n_embd, n_head*head_dim)) normed input / attn out */
+    float *xb2;          /* (n_batch, n_embd) projection output */
+    float *qkv;          /* (n_batch, q + k + v dims) */
+    float *hb;           /* (n_batch, 2 * n_ff) gate|up */
+    float *att;          /* (n_threads, n_ctx) attention scores, one row per thread */
+    uint16_t *qh;        /* (n_threads, head_dim) f16 query of the current head */
+    uint8_t *xq;         /* (n_batch, quantized row of max(n_embd, n_ff, q dims) ) */
+    size_t xq_row;       /* bytes per quantized activation row */
+    float *logits;       /* (n_batch, n_vocab) */
+    int32_t *tokens;     /* (n_batch) */
+    /* per-call arguments */
+    int n_tokens, pos, all_logits;
+    const ed_model *m;
+    struct ed_pool *pool;
+    /* profiling: nanoseconds per op kind, summed by thread 0 */
+    int profile;
+    double prof_ns[ED_PROF_N];
+} ed_state;
+
+/* ---------------------------------------------------------------- thread pool ---------- */
+typedef void (*ed_task_fn)(void *arg, int ith, int nth);
+
+typedef struct ed_pool ed_pool;
+struct ed_pool {
+    int n_threads;
+    pthread_t *threads;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    atomic_int generation;     /* bumped for each task */
+    atomic_int remaining;      /* workers still running the task */
+    atomic_int barrier_count;
+    atomic_int barrier_phase;
+    ed_task_fn fn;
+    void *arg;
+    int stop;
+    void *worker_args;
+};
+
+static void ed_barrier(ed_pool *p) {
+    int nth = p->n_threads;
+    if (nth == 1) return;
+    int phase = atomic_load_explicit(&p->barrier_phase, memory_order_acquire);
+    if (atomic_fetch_add_explicit(&p->barrier_count, 1, memory_order_acq_rel) == nth - 1) {
+        atomic_store_explicit(&p->barrier_count, 0, memory_order_relaxed);
+        atomic_fetch_add_explicit(&p->barrier_phase, 1, memory_order_release);
+        return;
+    }
+    int spins = 0;
+    while (atomic_load_explicit(&p->barrier_phase, memory_order_acquire) == phase) {
+        if (++spins > 2000) { sched_yield(); spins = 0; }
+    }
+}
+
+typedef struct { ed_pool *p; int ith; } ed_worker_arg;
+
+static void *ed_worker_main(void *vp) {
+    ed_worker_arg *wa = (ed_worker_arg *)vp;
+    ed_pool *p = wa->p;
+    int ith = wa->ith;
+    int seen = 0;
+    for (;;) {
+        /* spin a little for the next task (decode loops come back quickly), then sleep */
+        int spins = 0, gen;
+        while ((gen = atomic_load_explicit(&p->generation, memory_order_acquire)) == seen) {
+            if (++spins < 20000) continue;
+            pthread_mutex_lock(&p->mu);
+            while (atomic_load(&p->generation) == seen && !p->stop) pthread_cond_wait(&p->cv, &p->mu);
+            pthread_mutex_unlock(&p->mu);
+            spins = 0;
+            if (p->stop) return NULL;
+        }
+        seen = gen;
+        if (p->stop) return NULL;
+        p->fn(p->arg, ith, p->n_threads);
+        atomic_fetch_sub_explicit(&p->remaining, 1, memory_order_acq_rel);
+    }
+}
+
+/* Run fn on all n_threads (the caller is thread 0); returns when all have finished. */
+static void ed_pool_run(ed_pool *p, ed_task_fn fn, void *arg) {
+    if (p->n_threads == 1) { fn(arg, 0, 1); return; }
+    p->fn = fn; p->arg = arg;
+    atomic_store(&p->remaining, p->n_threads - 1);
+    pthread_mutex_lock(&p->mu);
+    atomic_fetch_add_explicit(&p->generation, 1, memory_order_release);
+    pthread_cond_broadcast(&p->cv);
+    pthread_mutex_unlock(&p->mu);
+    fn(arg, 0, p->n_threads);
+    int spins = 0;
+    while (atomic_load_explicit(&p->remaining, memory_order_acquire) > 0) {
+        if (++spins > 2000) { sched_yield(); spins = 0; }
+    }
+}
+
+/* ---------------------------------------------------------------- small ops ------------ */
+static inline void ed_range(int64_t n, int ith, int nth, int64_t *a, int64_t *b) {
+    int64_t per = (n + nth - 1) / nth;
+    *a = per * ith; if (*a > n) *a = n;
+    *b = *a + per; if (*b > n) *b = n;
+}
+
+/* out = x / rms(x) * w (w may be NULL) over rows of length n; like ggml: sum in double. */
+static void ed_rms_norm(float *out, const float *x, const float *w, int n, float eps) {
+    double sum = 0.0;
+    for (int i = 0; i < n; i++) sum += (double)x[i] * x[i];
+    const float scale = 1.0f / sqrtf((float)(sum / n) + eps);
+    if (w) for (int i = 0; i < n; i++) out[i] = (x[i] * scale) * w[i];
+    else   for (int i = 0; i < n; i++) out[i] = x[i] * scale;
+}
+
+static void ed_rope(float *x, int n_heads, int head_dim, int n_rot, int pos, float base,
+                    float freq_scale, const float *ff, float mscale, int neox) {
+    const float theta_scale = powf(base, -2.0f / n_rot);
+    float cs[2 * 512];  /* n_rot <= 1024 checked at setup */
+    float theta = (float)pos;
+    for (int i0 = 0; i0 < n_rot; i0 += 2) {
+        float t = freq_scale * (ff ? theta / ff[i0 / 2] : theta);
+        cs[i0] = cosf(t) * mscale;
+        cs[i0 + 1] = sinf(t) * mscale;
+        theta *= theta_scale;
+    }
+    for (int h = 0; h < n_heads; h++) {
+        float *v = x + (size_t)h * head_dim;
+        if (neox) {
+            int half = n_rot / 2;
+            for (int i = 0; i < half; i++) {
+                float c = cs[2 * i], s = cs[2 * i + 1];
+                float a = v[i], b = v[i + half];
+                v[i] = a * c - b * s;
+                v[i + half] = a * s + b * c;
+            }
+        } else {
+            for (int i = 0; i < n_rot; i += 2) {
+                float c = cs[i], s = cs[i + 1];
+                float a = v[i], b = v[i + 1];
+                v[i] = a * c - b * s;
+                v[i + 1] = a * s + b * c;
+            }
+        }
+    }
+}
+
+static inline float ed_gelu(float x) {
+    const float c = 0.7978845608028654f; /* sqrt(2/pi) */
+    return 0.5f * x * (1.0f + tanhf(c * x * (1.0f + 0.044715f * x * x)));
+}
+
+static inline float ed_silu(float x) { return x / (1.0f + expf(-x)); }
+
+
+/* ---------------------------------------------------------------- matmul --------------- */
+#define ED_ROW_TILE 16
+
+/* out[t*ldo + r] = W[r] . x[t*ldx] for t < n, r < W->ne1. All threads call it. When reuse
+ * is set, the activations were quantized for this very x and type by the previous call. */
+static void ed_matmul(ed_state *s, ed_pool *p, float *out, int ldo, const ed_tensor *W,
+                      const float *x, int ldx, int n, int reuse, int ith, int nth) {
+    const int K = (int)W->ne0;
+    const ed_traits *tr = &ED_TRAITS[W->type];
+    const size_t rb = ed_act_row_bytes(W->type, K);
+    int64_t a, b;
+    if (!reuse) {
+        const ed_quant_fn q = ED_ACT[tr->vec_type].quant;
+        ed_range(n, ith, nth, &a, &b);
+        for (int64_t t = a; t < b; t++) q(x + t * ldx, s->xq + t * rb, K);
+        ed_barrier(p);
+    }
+    /* split rows in tiles so that threads finish together; tile of rows stays in cache
+       while all tokens pass over it */
+    const int64_t N = W->ne1;
+    ed_range(N, ith, nth, &a, &b);
+    const ed_dot_fn dot = tr->dot;
+    for (int64_t r0 = a; r0 < b; r0 += ED_ROW_TILE) {
+        int64_t r1 = r0 + ED_ROW_TILE < b ? r0 + ED_ROW_TILE : b;
+        for (int t = 0; t < n; t++) {
+            const uint8_t *xq = s->xq + t * rb;
+            float *o = out + (size_t)t * ldo;
+            for (int64_t r = r0; r < r1; r++) o[r] = dot(K, W->data + r * W->row_bytes, xq);
+        }
+    }
+    ed_barrier(p);
+}
+
+static inline const float *ed_vec(const ed_tensor *t) { return (const float *)t->data; }
+
+/* ---------------------------------------------------------------- attention ------------ */
+static void ed_attention(ed_state *s, const ed_model *m, int il, int ith, int nth, int ldqkv) {
+    const int n = s->n_tokens, hd = m->head_dim, group = m->n_head / m->n_head_kv;
+    const int kvd = m->n_head_kv * hd, Qd = m->n_head * hd;
+    const size_t lofs = (size_t)il * s->n_ctx * kvd;
+    const uint16_t *kc = s->k_cache + lofs, *vc = s->v_cache + lofs;
+    float *sc = s->att + (size_t)ith * s->n_ctx;
+    uint16_t *q16 = s->qh + (size_t)ith * hd;
+    float acc[1024];
+    const int swa = m->layers[il].swa && m->n_swa > 0;
+    int64_t a, b;
+    ed_range((int64_t)n * m->n_head, ith, nth, &a, &b);
+    for (int64_t idx = a; idx < b; idx++) {
+        const int t = (int)(idx / m->n_head), h = (int)(idx % m->n_head), kvh = h / group;
+        const int pt = s->pos + t;
+        const float *q = s->qkv + (size_t)t * ldqkv + (size_t)h * hd;
+        for (int i = 0; i < hd; i++) q16[i] = ed_fp32_to_fp16(q[i]);
+        int j0 = 0;
+        if (swa && pt - m->n_swa + 1 > 0) j0 = pt - m->n_swa + 1;
+        float mx = -INFINITY;
+        for (int j = j0; j <= pt; j++) {
+            const uint16_t *kr = kc + (size_t)j * kvd + (size_t)kvh * hd;
+            float d = 0.0f;
+            for (int i = 0; i < hd; i++) d += H2F(q16[i]) * H2F(kr[i]);
+            d *= m->attn_scale;
+            sc[j] = d;
+            if (d > mx) mx = d;
+        }
+        double sum = 0.0;
+        for (int j = j0; j <= pt; j++) { float e = expf(sc[j] - mx); sc[j] = e; sum += e; }
+        const float inv = (float)(1.0 / sum);
+        for (int i = 0; i < hd; i++) acc[i] = 0.0f;
+        for (int j = j0; j <= pt; j++) {
+            const float w = sc[j] * inv;
+            const uint16_t *vr = vc + (size_t)j * kvd + (size_t)kvh * hd;
+            for (int i = 0; i < hd; i++) acc[i] += w * H2F(vr[i]);
+        }
+        float *o = s->xb + (size_t)t * Qd + (size_t)h * hd;
+        for (int i = 0; i < hd; i++) o[i] = acc[i];
+    }
+}
+
+/* ---------------------------------------------------------------- the forward pass ----- */
+static void ed_forward_worker(void *arg, int ith, int nth) {
+    ed_state *s = (ed_state *)arg;
+    const ed_model *m = s->m;
+    ed_pool *p = s->pool;
+    const int n = s->n_tokens, E = m->n_embd, F = m->n_ff, hd = m->head_dim;
+    const int Qd = m->n_head * hd, KVd = m->n_head_kv * hd, QKV = Qd + 2 * KVd;
+    const float eps = m->rms_eps;
+    int64_t a, b;
+    ed_range(n, ith, nth, &a, &b);  /* this thread's tokens for per-row ops */
+
+    for (int il = 0; il < m->n_layer; il++) {
+        const ed_layer *L = &m->layers[il];
+        for (int64_t t = a; t < b; t++) ed_rms_norm(s->xb + t * E, s->x + t * E, ed_vec(&L->attn_norm), E, eps);
+        ed_barrier(p);
+        if (L->attn_qkv.data) {
+            ed_matmul(s, p, s->qkv, QKV, &L->attn_qkv, s->xb, E, n, 0, ith, nth);
+        } else {
+            ed_matmul(s, p, s->qkv, QKV, &L->attn_q, s->xb, E, n, 0, ith, nth);
+            ed_matmul(s, p, s->qkv + Qd, QKV, &L->attn_k, s->xb, E, n,
+                      L->attn_k.type == L->attn_q.type, ith, nth);
+            ed_matmul(s, p, s->qkv + Qd + KVd, QKV, &L->attn_v, s->xb, E, n,
+                      L->attn_v.type == L->attn_k.type, ith, nth);
+        }
+        const float base = L->swa ? m->rope_base_swa : m->rope_base;
+        const float fscale = L->swa ? 1.0f : m->rope_scale;
+        for (int64_t t = a; t < b; t++) {
+            float *q = s->qkv + t * QKV, *k = q + Qd, *v = k + KVd;
+            if (L->attn_q_bias.data) {
+                const float *bq = ed_vec(&L->attn_q_bias), *bk = ed_vec(&L->attn_k_bias), *bv = ed_vec(&L->attn_v_bias);
+                for (int i = 0; i < Qd; i++) q[i] += bq[i];
+                for (int i = 0; i < KVd; i++) { k[i] += bk[i]; v[i] += bv[i]; }
+            }
+            if (L->attn_q_norm.data) {
+                for (int h = 0; h < m->n_head; h++) ed_rms_norm(q + h * hd, q + h * hd, ed_vec(&L->attn_q_norm), hd, eps);
+                for (int h = 0; h < m->n_head_kv; h++) ed_rms_norm(k + h * hd, k + h * hd, ed_vec(&L->attn_k_norm), hd, eps);
+            }
+            const int pt = s->pos + (int)t;
+            ed_rope(q, m->n_head, hd, m->n_rot, pt, base, fscale, m->rope_factors, m->rope_attn_factor, m->rope_neox);
+            ed_rope(k, m->n_head_kv, hd, m->n_rot, pt, base, fscale, m->rope_factors, m->rope_attn_factor, m->rope_neox);
+            uint16_t *kc = s->k_cache + ((size_t)il * s->n_ctx + pt) * KVd;
+            uint16_t *vc = s->v_cache + ((size_t)il * s->n_ctx + pt) * KVd;
+            for (int i = 0; i < KVd; i++) { kc[i] = ed_fp32_to_fp16(k[i]); vc[i] = ed_fp32_to_fp16(v[i]); }
+        }
+        ed_barrier(p);
+        ed_attention(s, m, il, ith, nth, QKV);
+        ed_barrier(p);
+        ed_matmul(s, p, s->xb2, E, &L->attn_output, s->xb, Qd, n, 0, ith, nth);
+        for (int64_t t = a; t < b; t++) {
+            float *o = s->xb2 + t * E, *x = s->x + t * E;
+            if (L->post_attention_norm.data) ed_rms_norm(o, o, ed_vec(&L->post_attention_norm), E, eps);
+            for (int i = 0; i < E; i++) x[i] += o[i];
+            ed_rms_norm(s->xb + t * E, x, ed_vec(&L->ffn_norm), E, eps);
+        }
+        ed_barrier(p);
+        if (L->ffn_gate.data) {
+            ed_matmul(s, p, s->hb, 2 * F, &L->ffn_gate, s->xb, E, n, 0, ith, nth);
+            ed_matmul(s, p, s->hb + F, 2 * F, &L->ffn_up, s->xb, E, n,
+                      L->ffn_up.type == L->ffn_gate.type, ith, nth);
+        } else {
+            ed_matmul(s, p, s->hb, 2 * F, &L->ffn_up, s->xb, E, n, 0, ith, nth);
+        }
+        for (int64_t t = a; t < b; t++) {
+            float *g = s->hb + t * 2 * F, *u = g + F;
+            if (m->act_gelu) for (int i = 0; i < F; i++) g[i] = ed_gelu(g[i]) * u[i];
+            else             for (int i = 0; i < F; i++) g[i] = ed_silu(g[i]) * u[i];
+        }
+        ed_barrier(p);
+        ed_matmul(s, p, s->xb2, E, &L->ffn_down, s->hb, 2 * F, n, 0, ith, nth);
+        for (int64_t t = a; t < b; t++) {
+            float *o = s->xb2 + t * E, *x = s->x + t * E;
+            if (L->post_ffw_norm.data) ed_rms_norm(o, o, ed_vec(&L->post_ffw_norm), E, eps);
+            for (int i = 0; i < E; i++) x[i] += o[i];
+        }
+        ed_barrier(p);
+    }
+    const int rows = s->all_logits ? n : 1, first = n - rows;
+    ed_range(rows, ith, nth, &a, &b);
+    for (int64_t t = a; t < b; t++) ed_rms_norm(s->xb + t * E, s->x + (first + t) * E, ed_vec(&m->output_norm), E, eps);
+    ed_barrier(p);
+    ed_matmul(s, p, s->logits, m->n_vocab, &m->output, s->xb, E, rows, 0, ith, nth);
+    if (m->softcap > 0.0f) {
+        ed_range((int64_t)rows * m->n_vocab, ith, nth, &a, &b);
+        for (int64_t i = a; i < b; i++) s->logits[i] = tanhf(s->logits[i] / m->softcap) * m->softcap;
+        ed_barrier(p);
+    }
+}
+
+
+/* ---------------------------------------------------------------- setup ---------------- */
+static ed_pool *ed_pool_create(int n_threads) {
+    ed_pool *p = (ed_pool *)calloc(1, sizeof(ed_pool));
+    if (!p) return NULL;
+    p->n_threads = n_threads < 1 ? 1 : n_threads;
+    pthread_mutex_init(&p->mu, NULL);
+    pthread_cond_init(&p->cv, NULL);
+    atomic_init(&p->generation, 0);
+    atomic_init(&p->remaining, 0);
+    atomic_init(&p->barrier_count, 0);
+    atomic_init(&p->barrier_phase, 0);
+    p->threads = (pthread_t *)calloc(p->n_threads, sizeof(pthread_t));
+    ed_worker_arg *args = (ed_worker_arg *)calloc(p->n_threads, sizeof(ed_worker_arg));
+    p->worker_args = args;
+    for (int i = 1; i < p->n_threads; i++) {
+        args[i].p = p; args[i].ith = i;
+        if (pthread_create(&p->threads[i], NULL, ed_worker_main, &args[i]) != 0) {
+            p->n_threads = i;  /* run with the threads we got */
+            break;
+        }
+    }
+    return p;
+}
+
+static void ed_pool_destroy(ed_pool *p) {
+    if (!p) return;
+    pthread_mutex_lock(&p->mu);
+    p->stop = 1;
+    atomic_fetch_add(&p->generation, 1);
+    pthread_cond_broadcast(&p->cv);
+    pthread_mutex_unlock(&p->mu);
+    for (int i = 1; i < p->n_threads; i++) pthread_join(p->threads[i], NULL);
+    free(p->threads);
+    free(p->worker_args);
+    free(p);
+}
+
+#define ED_ALIGN(n) (((n) + 63) & ~(size_t)63)
+
+/* Carve one session's buffers out of `arena` (64-byte aligned). With arena == NULL only
+ * computes the size. Returns the bytes needed. */
+static size_t ed_state_layout(ed_state *s, const ed_model *m, int n_ctx, int n_batch,
+                              int n_threads, uint8_t *arena) {
+    const int E = m->n_embd, hd = m->head_dim, Qd = m->n_head * hd, KVd = m->n_head_kv * hd;
+    const int F = m->n_ff, XB = E > Qd ? E : Qd;
+    /* widest activation row that gets quantized: n_embd, Qd or n_ff inputs, any type */
+    size_t xq_row = 0;
+    for (int t = 0; t < ED_NTYPES; t++) {
+        if (!ED_TRAITS[t].dot) continue;
+        size_t r = ed_act_row_bytes(t, (F > XB ? F : XB));
+        if (r > xq_row) xq_row = r;
+    }
+    xq_row = xq_row + 4 * sizeof(float);  /* any type: <= 4 bytes/elem + block headers */
+    if (xq_row < (size_t)(F > XB ? F : XB) * 4) xq_row = (size_t)(F > XB ? F : XB) * 4;
+    size_t off = 0;
+#define CARVE(field, type, count) do { \
+        if (arena) s->field = (type *)(arena + off); \
+        off += ED_ALIGN(sizeof(type) * (size_t)(count)); } while (0)
+    CARVE(k_cache, uint16_t, (size_t)m->n_layer * n_ctx * KVd);
+    CARVE(v_cache, uint16_t, (size_t)m->n_layer * n_ctx * KVd);
+    CARVE(x, float, (size_t)n_batch * E);
+    CARVE(xb, float, (size_t)n_batch * XB);
+    CARVE(xb2, float, (size_t)n_batch * E);
+    CARVE(qkv, float, (size_t)n_batch * (Qd + 2 * KVd));
+    CARVE(hb, float, (size_t)n_batch * 2 * F);
+    CARVE(att, float, (size_t)n_threads * n_ctx);
+    CARVE(qh, uint16_t, (size_t)n_threads * hd);
+    CARVE(xq, uint8_t, (size_t)n_batch * xq_row);
+    CARVE(logits, float, (size_t)n_batch * m->n_vocab);
+    CARVE(tokens, int32_t, n_batch);
+#undef CARVE
+    if (arena) {
+        s->n_ctx = n_ctx; s->n_batch = n_batch; s->xq_row = xq_row; s->m = m;
+    }
+    return off;
+}
+
+static void ed_forward(ed_state *s, ed_pool *p, int n_tokens, int pos, int all_logits) {
+    s->n_tokens = n_tokens; s->pos = pos; s->all_logits = all_logits; s->pool = p;
+    ed_pool_run(p, ed_forward_worker, s);
+}
+
+#endif
