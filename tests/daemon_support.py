@@ -173,10 +173,15 @@ class Server:
             self.wait_ready()
 
     def wait_ready(self, timeout=120):
-        try:
-            self.notify.wait_for("READY=1", timeout)
-        except AssertionError:
-            raise AssertionError(f"daemon not ready; log:\n{self.logtext()}") from None
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                self.notify.wait_for("READY=1", 0.5)
+                return
+            except AssertionError:
+                if self.proc.poll() is not None or time.monotonic() > deadline:
+                    raise AssertionError(f"daemon not ready (exit {self.proc.returncode}); log:\n"
+                                         f"{self.logtext()}") from None
 
     def logtext(self):
         self.log.flush()

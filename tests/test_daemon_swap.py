@@ -3,6 +3,7 @@ against its own real daemon."""
 import asyncio
 import json
 import os
+import re
 import signal
 import threading
 import time
@@ -53,7 +54,7 @@ def test_hot_swap_under_load_no_failed_request(tmp_path, models):
             else:
                 assert json.loads(text)["model"] == name
         st, _, m = srv.request("GET", "/metrics")
-        swaps = float(m.split("edged_model_swaps_total ")[1].split()[0])
+        swaps = float(re.search(r"^edged_model_swaps_total (\S+)$", m, re.M).group(1))
         assert swaps >= 1
         listing = {x["id"]: x for x in srv.request("GET", "/v1/models")[2]["data"]}
         assert sum(x["loaded"] for x in listing.values()) == 1      # max_loaded_models = 1
@@ -106,7 +107,7 @@ def test_sigterm_drains_in_flight_stream_then_exits_0(tmp_path, models):
               headers={"Content-Type": "application/json"})
     r = c.getresponse()
     assert r.status == 200
-    assert r.fp.readline().startswith(b"data: ")
+    assert r.readline().startswith(b"data: ")
     srv.proc.send_signal(signal.SIGTERM)
     rest = r.read().decode()                       # the stream still completes
     c.close()

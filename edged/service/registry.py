@@ -11,7 +11,7 @@ import asyncio
 import os
 import time
 
-from ..errors import CapacityError, RequestError
+from ..errors import CapacityError, EdgedError, RequestError
 from .loader import LoadedModel
 from .log import log
 from .names import check_model_name, list_models, model_path
@@ -233,12 +233,18 @@ class Registry:
 
 
 def _has_signature(path):
-    """Cheap look for a signature (detached .sig or an appended block), without verifying."""
+    """Whether a signature is present (detached .sig or appended block), without verifying it:
+    only the file's tail is read. Verification happens at load."""
+    from .. import signing
+    if os.path.exists(path + ".sig"):
+        return True
     try:
-        from .. import signing
-        probe = getattr(signing, "has_signature", None)
-        if probe is not None:
-            return bool(probe(path))
-    except ImportError:
-        pass
-    return os.path.exists(path + ".sig")
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        return bool(signing.read_blocks(fd, os.fstat(fd).st_size, path))
+    except (EdgedError, EOFError, OSError):
+        return False
+    finally:
+        os.close(fd)
