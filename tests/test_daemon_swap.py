@@ -142,3 +142,60 @@ def test_sighup_rereads_trust_store(tmp_path, tmp_path_factory, models):
         assert st == 200 and srv.request("GET", "/health")[0] == 503
     finally:
         srv.stop()
+
+
+def test_idle_unload_keep_alive_and_watchdog(tmp_path, models):
+    srv = Server(tmp_path, *models, default_model="alpha", env={"WATCHDOG_USEC": "200000"},
+                 extra={"keep_alive": 1.0, "max_loaded_models": 2})
+    try:
+        srv.notify.wait_for("WATCHDOG=1", 10)
+        st, _, body = srv.request("POST", "/v1/models/load", {"model": "beta"})
+        assert st == 200 and set(srv.request("GET", "/health")[2]["models"]) == {"alpha", "beta"}
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and "beta" in srv.request("GET", "/health")[2]["models"]:
+            time.sleep(0.2)
+        # beta went idle and was unloaded; alpha is the pinned default model and stays
+        assert srv.request("GET", "/health")[2]["models"] == ["alpha"]
+        assert "idle for" in srv.logtext()
+    finally:
+        srv.stop()
+
+
+def test_over_budget_load_refused_old_model_keeps_serving(tmp_path, models):
+    srv = Server(tmp_path, *models, default_model="alpha", extra={"max_loaded_models": 2})
+    try:
+        alpha = {m["id"]: m for m in srv.request("GET", "/v1/models")[2]["data"]}["alpha"]
+        # A budget alpha fits in, but not alpha and beta together (SIGHUP re-reads it).
+        srv.config.write_text(srv.config.read_text() + f"memory_budget = {alpha['memory'] * 3 // 2}\n")
+        srv.notify.messages.clear()
+        srv.proc.send_signal(signal.SIGHUP)
+        srv.notify.wait_for("READY=1", 30)
+        st, _, body = srv.request("POST", "/v1/completions", {"model": "beta", "prompt": ONCE, "max_tokens": 2})
+        assert st == 503 and body["error"]["code"] == "model_over_budget", body
+        assert "does not fit" in body["error"]["message"] and "beta" in body["error"]["message"]
+        st, _, r = srv.request("POST", "/v1/completions", {"model": "alpha", "prompt": ONCE, "max_tokens": 2})
+        assert st == 200
+        assert srv.request("GET", "/health")[2]["models"] == ["alpha"]
+    finally:
+        srv.stop()
+
+
+def test_edged_chat_client_streams_reply(tmp_path, models):
+    import subprocess
+    import sys
+    from conftest import ROOT
+    srv = Server(tmp_path, *models, default_model="alpha")
+    try:
+        r = subprocess.run([sys.executable, "-m", "edged", "chat", "--socket", srv.socket, "--temp", "0",
+                            "-n", "8"], input="Tell me a story.\nAnd then?\n\n", capture_output=True, text=True,
+                           timeout=120, cwd=ROOT)
+        assert r.returncode == 0, r.stderr
+        replies = [line for line in r.stdout.splitlines() if line.strip()]
+        assert len(replies) >= 2
+        log = srv.logtext()
+        assert log.count("POST /v1/chat/completions 200") == 2
+        r = subprocess.run([sys.executable, "-m", "edged", "chat", "--socket", str(tmp_path / "none.sock"),
+                            "-p", "hi"], capture_output=True, text=True, timeout=60, cwd=ROOT)
+        assert r.returncode == 2 and "no daemon socket" in r.stderr
+    finally:
+        srv.stop()

@@ -155,8 +155,10 @@ def _engine_load(Model, vf, path, cfg):
         return Model.load(proc, n_threads=cfg.threads or None, numa=cfg.numa, mlock=cfg.mlock,
                           max_memory=cfg.memory_budget or None, n_ctx_plan=cfg.ctx_size)
     except EdgedError as e:
-        if proc in str(e):
-            raise type(e)(str(e).replace(proc, path)) from None
+        # The engine names the file it was given; name the model file instead.
+        msg = str(e).replace(proc, path).replace(f"model {vf.fd} ", f"model {os.path.basename(path)} ")
+        if msg != str(e):
+            raise type(e)(msg) from None
         raise
 
 
