@@ -4,3 +4,4 @@
 import numpy as np
 
 include "forward.pxi"
+include "sampling.pxi"

@@ -23,6 +23,7 @@
 #include <stdlib.h>
 
 #include "ed_types.h"
+#include "ed_simd.h"
 
 typedef struct {
     const uint8_t *data;   /* start of the tensor in the mapping (or repacked copy) */
