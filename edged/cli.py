@@ -27,13 +27,17 @@ def main(argv=None):
         return 2
     try:
         return args.func(args) or 0
+    except BrokenPipeError:
+        return 0
     except EdgedError as e:
         print(f"edged {args.command}: {e}", file=sys.stderr)
         return 2
+    except OSError as e:
+        where = f": {e.filename}" if getattr(e, "filename", None) else ""
+        print(f"edged {args.command}: {e.strerror or e}{where}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         return 130
-    except BrokenPipeError:
-        return 0
 
 
 if __name__ == "__main__":

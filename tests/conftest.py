@@ -19,3 +19,8 @@ def testdata_files(sub, suffix):
     if not os.path.isdir(d):
         return []
     return sorted(os.path.join(d, f) for f in os.listdir(d) if f.endswith(suffix))
+
+
+# Helpers, not tests: keep pytest from collecting them where test modules import them.
+testdata.__test__ = False
+testdata_files.__test__ = False
