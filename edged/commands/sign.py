@@ -1,0 +1,44 @@
+"""`edged sign`: sign a model file with an RSA private key (appended block or detached .sig)."""
+import getpass
+import sys
+
+from .. import signing
+from ..progressbar import ProgressBar
+
+
+def register(subparsers):
+    p = subparsers.add_parser("sign", help="sign a model file (appended block or detached .sig)",
+                              description="Sign MODEL with an RSA key: by default a signature block is "
+                                          "appended to the file; --detached writes MODEL.sig, the raw "
+                                          "signature `openssl dgst -sha256 -sign` makes.")
+    p.add_argument("--key", required=True, metavar="KEY.pem", help="RSA private key (PEM)")
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--append", dest="detached", action="store_false", help="append a signature block (default)")
+    mode.add_argument("--detached", dest="detached", action="store_true", help="write MODEL.sig instead")
+    p.add_argument("--pss", action="store_true", help="RSA-PSS padding instead of PKCS#1 v1.5")
+    p.add_argument("model", metavar="MODEL.gguf")
+    p.set_defaults(func=run, detached=False)
+
+
+def _load_key(path):
+    try:
+        return signing.load_private_key(path)
+    except signing.SignatureError:
+        with open(path, "rb") as f:
+            encrypted = b"ENCRYPTED" in f.read(1 << 20)
+        if not (encrypted and sys.stdin.isatty()):
+            raise
+        return signing.load_private_key(path, getpass.getpass(f"passphrase for {path}: ").encode())
+
+
+def run(args):
+    key = _load_key(args.key)
+    bar = ProgressBar(f"sign {args.model}")
+    try:
+        out = signing.sign_file(args.model, key, detached=args.detached, pss=args.pss, progress=bar)
+    finally:
+        bar.finish()
+    kind = "detached" if args.detached else "appended"
+    algorithm = signing.ALGORITHM_NAMES[signing.PSS if args.pss else signing.PKCS1V15]
+    print(f"{signing.fingerprint(key)}  {out}  ({kind}, {algorithm})")
+    return 0

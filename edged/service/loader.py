@@ -1,0 +1,176 @@
+"""Turning a model file into something the daemon can serve: verify -> map/validate -> warm up.
+
+The only module of the service that touches the engine, the text layer and signing. Each
+phase is timed separately (the swap-latency split the README records). Everything here runs
+in worker threads, never on the event loop.
+"""
+import os
+import threading
+import time
+
+from ..errors import EdgedError, RequestError
+
+# One forward pass at a time per process: the engine has one compute thread pool, so the
+# decode loop and warm-ups take turns through this lock.
+ENGINE_LOCK = threading.Lock()
+
+
+class LoadedModel:
+    """A verified, mapped engine Model plus the per-daemon state the registry keeps for it."""
+
+    def __init__(self, name, path, model, signer, size, timings, n_ctx):
+        self.name, self.path, self.model = name, path, model
+        self.signer = signer            # fingerprint of the key that signed it, None if unsigned
+        self.size = size                # bytes it needs: the engine's memory plan (weights, KV, scratch)
+        self.timings = dict(timings)    # phase -> seconds
+        self.n_ctx = n_ctx
+        self.tokenizer = model.tokenizer
+        self.loaded_at = time.time()
+        self.last_used = time.monotonic()
+        self.refs = 0                   # requests holding this model (registry, event loop only)
+        self.draining = False           # being unloaded: new requests wait for the next load
+        self.pinned = False
+        self._sessions = []             # idle Sessions (KV caches), reused for prefix caching
+        self._lock = threading.Lock()
+
+    # --- text ---------------------------------------------------------------------------
+    @property
+    def n_vocab(self):
+        return self.tokenizer.n_vocab
+
+    def encode_chat(self, messages):
+        """Chat messages -> prompt token ids, through the model's own (sandboxed) template."""
+        prompt = self.model.chat_prompt(messages, add_generation_prompt=True)
+        if isinstance(prompt, str):
+            # The rendered template spells its special tokens out (<|im_start|>...): parse them.
+            return list(self.tokenizer.encode(prompt, add_special=True, parse_special=True))
+        return list(prompt)
+
+    def encode_text(self, text, add_special=True, parse_special=False):
+        return list(self.tokenizer.encode(text, add_special=add_special, parse_special=parse_special))
+
+    # --- sessions -----------------------------------------------------------------------
+    def take_session(self, ids):
+        """An idle session sharing the longest prefix with `ids` (prompt cache), or a new one."""
+        with self._lock:
+            best, best_len = None, -1
+            for s in self._sessions:
+                n = _common_prefix(_session_tokens(s), ids)
+                if n > best_len:
+                    best, best_len = s, n
+            if best is not None:
+                self._sessions.remove(best)
+                return best
+        return self.model.session(n_ctx=self.n_ctx)
+
+    def give_back(self, session):
+        with self._lock:
+            self._sessions.append(session)
+
+    def close(self):
+        with self._lock:
+            sessions, self._sessions = self._sessions, []
+        for s in sessions:
+            s.close()
+        close = getattr(self.model, "close", None)
+        if close:
+            close()
+
+
+def _session_tokens(s):
+    for attr in ("tokens", "ids"):
+        v = getattr(s, attr, None)
+        if v is not None:
+            return v
+    return ()
+
+
+def _common_prefix(a, b):
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+class Loader:
+    """Verifies and loads models for the registry. `trust` is swapped on SIGHUP."""
+
+    def __init__(self, cfg, trust):
+        self.cfg = cfg
+        self.trust = trust
+
+    def verify_only(self, path):
+        from .. import signing
+        vf = signing.open_verified(path, self.trust, self.cfg.require_signature)
+        vf.close()
+
+    def load(self, name, path):
+        """verify + map/validate; returns a LoadedModel (not yet warm). Raises EdgedError."""
+        from .. import signing
+        from ..model import Model
+
+        cfg = self.cfg
+        t0 = time.monotonic()
+        try:
+            vf = signing.open_verified(path, self.trust, cfg.require_signature)
+        except FileNotFoundError:
+            raise RequestError(f"model {name!r} not found ({path})") from None
+        t1 = time.monotonic()
+        try:
+            model = _engine_load(Model, vf, path, cfg)
+        finally:
+            vf.close()
+        t2 = time.monotonic()
+        plan = getattr(model, "memory_plan", None)
+        # weights once, a KV cache and scratch per slot
+        size = plan.weights + cfg.n_parallel * (plan.kv_cache + plan.scratch) if plan is not None else vf.size
+        model.path = path
+        return LoadedModel(name, path, model, getattr(vf, "signer", None), size,
+                           {"verify": t1 - t0, "map": t2 - t1}, cfg.ctx_size)
+
+    def warm(self, lm):
+        """One forward pass so the first request does not pay for page faults and allocation."""
+        t0 = time.monotonic()
+        s = lm.model.session(n_ctx=lm.n_ctx)
+        if self.cfg.warmup:
+            tok = lm.tokenizer.bos_id
+            if tok is None or tok < 0:
+                tok = 0
+            with ENGINE_LOCK:
+                s.eval([tok])
+            s.reset()
+        lm.give_back(s)
+        lm.timings["warmup"] = time.monotonic() - t0
+
+
+def _engine_load(Model, vf, path, cfg):
+    """Load the engine Model from the verified descriptor (the bytes that were hashed).
+
+    /proc/self/fd/N opens the very inode the signature was computed over, even if
+    MODELS_DIR/NAME.gguf has been replaced since; errors are reported with the real path."""
+    proc = f"/proc/self/fd/{vf.fd}"
+    try:
+        return Model.load(proc, n_threads=cfg.threads or None, numa=cfg.numa, mlock=cfg.mlock,
+                          max_memory=cfg.memory_budget or None, n_ctx_plan=cfg.ctx_size)
+    except EdgedError as e:
+        if proc in str(e):
+            raise type(e)(str(e).replace(proc, path)) from None
+        raise
+
+
+def describe_error(e):
+    """(status, type, code) for an error raised while loading a model."""
+    from ..errors import CapacityError, ModelFormatError, SignatureError, UnsupportedModelError
+    if isinstance(e, SignatureError):
+        return 403, "permission_error", "model_not_trusted"
+    if isinstance(e, (ModelFormatError, UnsupportedModelError)):
+        return 422, "invalid_request_error", "model_unusable"
+    if isinstance(e, CapacityError):
+        return 503, "server_error", "model_over_budget"
+    if isinstance(e, RequestError):
+        return 400, "invalid_request_error", None
+    if isinstance(e, EdgedError):
+        return 500, "server_error", "model_load_failed"
+    return 500, "server_error", "internal_error"
