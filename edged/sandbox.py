@@ -254,33 +254,37 @@ def _landlock(abi, read_only, read_write, tsync):
     return granted
 
 
-def _last_cap():
-    try:
-        with open("/proc/sys/kernel/cap_last_cap") as f:
-            return int(f.read())
-    except OSError:
-        return 63
+def _capabilities():
+    """{"CapEff": int, "CapPrm": int, ...} of this thread, from /proc/self/status."""
+    caps = {}
+    with open("/proc/self/status") as f:
+        for line in f:
+            key, _, value = line.partition(":")
+            if key.startswith("Cap"):
+                caps[key] = int(value, 16)
+    return caps
 
 
-def _drop_capabilities(last):
-    """Drop the bounding and ambient sets, then every capability of this thread."""
-    if _libc.prctl(PR_CAPBSET_READ, CAP_SETPCAP, 0, 0, 0) == 1:
-        for cap in range(last + 1):
-            try:
-                _prctl(PR_CAPBSET_DROP, cap)
-            except OSError as e:
-                if e.errno != errno.EINVAL:   # EINVAL: a capability this kernel lacks
-                    raise
-    try:
+def _drop_capabilities(caps):
+    """Drop the bounding and ambient sets, then every capability of this thread.
+
+    `caps` was read before Landlock hid /proc. Calls that need a capability the process does
+    not hold are skipped: under the unit (no capabilities, capset filtered) there is nothing
+    to drop and nothing is attempted.
+    """
+    if caps.get("CapEff", 0) >> CAP_SETPCAP & 1:
+        for cap in range(64):
+            if _libc.prctl(PR_CAPBSET_READ, cap, 0, 0, 0) < 0:
+                break                      # EINVAL: past the last capability of this kernel
+            _prctl(PR_CAPBSET_DROP, cap)
+    if caps.get("CapAmb", 0):
         _prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL)
-    except OSError as e:
-        if e.errno != errno.EINVAL:           # kernels before 4.3 have no ambient set
-            raise
-    header = _CapHeader(_LINUX_CAPABILITY_VERSION_3, 0)
-    data = (_CapData * 2)()
-    if _libc.capset(ctypes.byref(header), data) != 0:
-        e = ctypes.get_errno()
-        raise OSError(e, f"capset: {os.strerror(e)}")
+    if caps.get("CapEff", 0) or caps.get("CapPrm", 0) or caps.get("CapInh", 0):
+        header = _CapHeader(_LINUX_CAPABILITY_VERSION_3, 0)
+        data = (_CapData * 2)()
+        if _libc.capset(ctypes.byref(header), data) != 0:
+            e = ctypes.get_errno()
+            raise OSError(e, f"capset: {os.strerror(e)}")
 
 
 def _pyseccomp():
@@ -358,7 +362,7 @@ def apply(mode="enforce", *, read_only=(), read_write=(), on_deny="eperm"):
     read_write = [os.path.abspath(p) for p in read_write]
     runtime = runtime_read_paths()
     abi = landlock_abi()
-    last_cap = _last_cap()
+    caps_before = _capabilities()
     notes = []
     _prctl(PR_SET_NO_NEW_PRIVS, 1)
 
@@ -381,9 +385,9 @@ def apply(mode="enforce", *, read_only=(), read_write=(), on_deny="eperm"):
             except OSError as e:
                 landlock = f"failed: {e.strerror}"
                 log.warning("sandbox: Landlock could not be applied: %s", e.strerror)
-        _drop_capabilities(last_cap)
+        _drop_capabilities(caps_before)
         caps = "dropped"
-        if threads_before > 1:
+        if threads_before > 1 and any(caps_before.get(k) for k in ("CapEff", "CapPrm")):
             notes.append(f"capabilities of {threads_before - 1} earlier thread(s) were not "
                          "dropped (capabilities are per thread)")
 
@@ -397,7 +401,54 @@ def apply(mode="enforce", *, read_only=(), read_write=(), on_deny="eperm"):
                   denied=denied, notes=notes)
     log.info("sandbox: %s (Landlock %s, seccomp %s, capabilities %s)", mode, landlock,
              _state["on_deny"], caps)
+    if os.environ.get("EDGED_SANDBOX_SELFTEST") == "1":      # test hook: probe from inside
+        for name, outcome in probe(read_write[0] if read_write else None).items():
+            log.info("sandbox self-test: %s %s", name, outcome)
     return describe()
+
+
+def probe(scratch_dir=None):
+    """Try what the sandbox forbids, harmlessly; {probe: "denied (EPERM)" | "allowed"}.
+
+    exec targets a path that does not exist (ENOENT when allowed, EPERM when filtered), a fork
+    that succeeds exits at once, files are only opened for reading except a scratch file in
+    the parent of `scratch_dir` (e.g. the socket directory's parent), removed again.
+    """
+    def attempt(fn):
+        try:
+            fn()
+        except OSError as e:
+            return f"denied ({errno.errorcode.get(e.errno, e.errno)})"
+        return "allowed"
+
+    def fork():
+        pid = os.fork()
+        if pid == 0:
+            os._exit(0)
+        os.waitpid(pid, 0)
+
+    def execve():
+        try:
+            os.execv("/nonexistent/edged-sandbox-probe", ["probe"])
+        except FileNotFoundError:
+            pass                          # the call got through to the filesystem: allowed
+
+    def inet():
+        socket.socket(socket.AF_INET, socket.SOCK_STREAM).close()
+
+    def read_etc():
+        with open("/etc/passwd", "rb") as f:
+            f.read(1)
+
+    def write_outside():
+        target = os.path.join(os.path.dirname(os.path.abspath(scratch_dir or "/tmp/x")),
+                              f".edged-sandbox-probe-{os.getpid()}")
+        with open(target, "w"):
+            pass
+        os.unlink(target)
+
+    return {"execve": attempt(execve), "fork": attempt(fork), "socket(AF_INET)": attempt(inet),
+            "open /etc/passwd": attempt(read_etc), "write outside allowed dirs": attempt(write_outside)}
 
 
 def _status_fields():

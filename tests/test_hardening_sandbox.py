@@ -256,3 +256,33 @@ def test_runtime_paths_never_grant_the_root():
     assert "/" not in paths
     assert any(p.endswith("lib-dynload") or "python3" in p for p in paths)
     assert "/etc/ld.so.cache" in paths or not os.path.exists("/etc/ld.so.cache")
+
+
+PRE_FILTERED = r'''
+import errno, os, sys
+import pyseccomp as sc
+# What the unit does before edged runs: no capabilities, and a filter that refuses capset
+# (SystemCallFilter=~@privileged with SystemCallErrorNumber=EPERM).
+f = sc.SyscallFilter(sc.ALLOW)
+f.add_rule(sc.ERRNO(errno.EPERM), "capset")
+f.load()
+from edged import sandbox
+d = sandbox.apply("enforce", read_only=[sys.argv[1]], read_write=[sys.argv[2]])
+print(d["capabilities"], d["kernel"]["Seccomp_filters"], d["kernel"]["CapEff"])
+try:
+    os.fork()
+except PermissionError:
+    print("fork refused")
+'''
+
+
+@pytest.mark.skipif(not shutil.which("setpriv"), reason="setpriv (util-linux) missing")
+def test_apply_under_the_units_restrictions(tmp_path):
+    """No capabilities and capset filtered out, as under edged.service: apply still succeeds."""
+    (tmp_path / "m").mkdir()
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    p = subprocess.run(["setpriv", "--bounding-set=-all", "--inh-caps=-all", "--no-new-privs",
+                        sys.executable, "-c", PRE_FILTERED, str(tmp_path / "m"), str(tmp_path)],
+                       capture_output=True, text=True, env=env, timeout=60)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.split() == ["dropped", "2", "0000000000000000", "fork", "refused"]

@@ -14,6 +14,9 @@ def register(sub):
     p.add_argument("-t", "--threads", type=int, metavar="N", help="compute threads (0 = all CPUs)")
     p.add_argument("--numa", metavar="POLICY", help="none, isolate, distribute or numactl")
     p.add_argument("--ctx-size", "-c", type=int, metavar="N", help="context length of each slot")
+    p.add_argument("--check-sandbox", action="store_true",
+                   help="apply the configured sandbox as the daemon would, print what is in force "
+                        "and what it denies, and exit (1 if 'enforce' lets a probe through)")
     p.add_argument("--print-config", action="store_true",
                    help="print the documented example configuration (every key, its default) and exit")
     p.set_defaults(func=run)
@@ -35,8 +38,30 @@ def run(args):
                  "default_model": args.model, "threads": args.threads, "numa": args.numa,
                  "ctx_size": args.ctx_size}
     cfg = config.load(path, overrides)
+    if args.check_sandbox:
+        return _check_sandbox(cfg, path)
     from ..service.daemon import serve
     return serve(cfg, path, overrides)
+
+
+def _check_sandbox(cfg, path):
+    import os
+
+    from .. import sandbox
+    from ..service.daemon import Daemon
+
+    cfg.resolve_names()
+    d = Daemon(cfg, path)
+    d.how = "bound"           # as if the daemon had bound its socket: its directory writable
+    d._sandbox()
+    print(sandbox.format_description())
+    results = sandbox.probe(os.path.dirname(cfg.socket))
+    for name, outcome in results.items():
+        print(f"probe: {name}: {outcome}")
+    leaks = [n for n, o in results.items() if o == "allowed"]
+    if cfg.sandbox == "enforce" and sandbox.landlock_abi() == 0:
+        leaks = [n for n in leaks if n not in ("open /etc/passwd", "write outside allowed dirs")]
+    return 1 if cfg.sandbox == "enforce" and leaks else 0
 
 
 def _abs(p):

@@ -250,6 +250,8 @@ def _json_body(req, limit):
         return json.loads(req.body)
     except (UnicodeDecodeError, ValueError) as e:
         raise RequestError(f"request body is not valid JSON: {e}") from None
+    except RecursionError:      # "[[[[..." deeper than the interpreter's stack
+        raise RequestError("request body is not valid JSON: nested too deeply") from None
 
 
 def _sse(obj):
