@@ -71,7 +71,16 @@ def model_dir(tmp_path, key, models):
     return str(d)
 
 
+def needs_engine():
+    """Skip when the engine's text layer or kernels have not been merged into this branch yet."""
+    import importlib.util
+    for mod in ("edged.model", "edged.tokenizer", "edged.chat", "edged.quants"):
+        if importlib.util.find_spec(mod) is None:
+            pytest.skip(f"{mod} not available on this branch yet (engine/text/kernels not merged)")
+
+
 def stories():
+    needs_engine()
     return testdata("models", "stories260K.gguf")
 
 
