@@ -164,7 +164,10 @@ def _engine_load(Model, vf, path, cfg):
 
 def describe_error(e):
     """(status, type, code) for an error raised while loading a model."""
-    from ..errors import CapacityError, ModelFormatError, SignatureError, UnsupportedModelError
+    from ..errors import (CapacityError, ModelFormatError, SignatureError, TemplateError, TokenizerError,
+                          UnsupportedModelError)
+    if isinstance(e, (TemplateError, TokenizerError)):
+        return 400, "invalid_request_error", "template_error" if isinstance(e, TemplateError) else "tokenizer_error"
     if isinstance(e, SignatureError):
         return 403, "permission_error", "model_not_trusted"
     if isinstance(e, (ModelFormatError, UnsupportedModelError)):
