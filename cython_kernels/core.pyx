@@ -5,3 +5,4 @@ import numpy as np
 
 include "forward.pxi"
 include "sampling.pxi"
+include "kernels.pxi"

@@ -1,215 +1,248 @@
-/* x86 AVX2/FMA/F16C variants of the hot dot products and the Q8 activation quantizers,
- * compiled per function with target attributes (the build stays portable) and installed in
- * the type table by ed_types_init() when the CPU has the features. EDGED_KERNELS=generic
- * keeps the generic C path. Same block layouts and sums as ed_types.h; only the summation
- * order differs (within float rounding).
+/* SIMD dot products for ED_TRAITS (ed_types.h), chosen once at start-up.
+ *
+ *   int ed_types_init(const char *force)   force: NULL/"" = best supported, or "generic",
+ *                                           "avx2", "avx512", "neon". Returns 0, or -1 when the
+ *                                           forced path is unknown or not supported here (the
+ *                                           table is then left on the generic path).
+ *   unsigned ed_cpu_features(void)          ED_CPU_* bits of this CPU
+ *   int ed_path_supported(const char *name)
+ *
+ * Paths: generic (plain C, any CPU); avx2 (AVX2+FMA+F16C); avx512 (AVX-512 F/BW/VL/DQ + VNNI:
+ * dpbusd for the u8 x s8 sums); neon (aarch64 Advanced SIMD). Each x86 path is the same
+ * source (ed_simd_x86.inc) compiled with per-function target attributes, so the build stays
+ * portable (no -march) and the generic path is what every other CPU runs.
  */
 #ifndef EDGED_ED_SIMD_H
 #define EDGED_ED_SIMD_H
 
-#include <stdlib.h>
 #include <string.h>
+#include <stdlib.h>
 #include "ed_types.h"
 
-#if defined(__x86_64__) || defined(__i386__)
-#include <immintrin.h>
-#define ED_AVX2 __attribute__((target("avx2,fma,f16c")))
+enum {
+    ED_CPU_AVX2 = 1, ED_CPU_FMA = 2, ED_CPU_F16C = 4, ED_CPU_AVX512F = 8, ED_CPU_AVX512BW = 16,
+    ED_CPU_AVX512VL = 32, ED_CPU_AVX512VNNI = 64, ED_CPU_AVX512DQ = 128, ED_CPU_AVXVNNI = 256,
+    ED_CPU_NEON = 512, ED_CPU_DOTPROD = 1024
+};
 
-ED_AVX2 static inline float ed_hsum8(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
+static const char *const ED_CPU_FEATURE_NAMES[] = {
+    "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512vnni", "avx512dq",
+    "avxvnni", "neon", "dotprod", NULL
+};
 
-ED_AVX2 static inline __m256 ed_i8dot_f(__m256i x, __m256i y) {
-    /* signed x signed bytes -> 8 x int32 sums as float */
-    const __m256i ax = _mm256_sign_epi8(x, x), sy = _mm256_sign_epi8(y, x);
-    const __m256i d16 = _mm256_maddubs_epi16(ax, sy);
-    return _mm256_cvtepi32_ps(_mm256_madd_epi16(d16, _mm256_set1_epi16(1)));
-}
+/* Tiles: out[c * ldo] = dot(w_row, xq + c * xs) for c < nc <= ED_MAX_COLS, the weight row
+ * decoded once for all columns. Types without a tiled kernel fall back to repeated dots. */
+#define ED_MAX_COLS 4
+typedef void (*ed_mdot_fn)(int k, const void *w, const void *xq, size_t xs, int nc, float *out, size_t ldo);
+static ed_mdot_fn ED_MDOT[ED_NTYPES];
 
-ED_AVX2 static float ed_dot_q4_0_avx2(int n, const void *vx, const void *vy) {
-    const blk_q4_0 *x = vx; const blk_q8_0 *y = vy;
-    const __m256i m4 = _mm256_set1_epi8(0xF), off = _mm256_set1_epi8(8);
-    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
-    const int nb = n / QK;
-    int i = 0;
-    for (; i + 1 < nb; i += 2) {
-        __m128i q0 = _mm_loadu_si128((const __m128i *)x[i].qs);
-        __m128i q1 = _mm_loadu_si128((const __m128i *)x[i + 1].qs);
-        __m256i x0 = _mm256_sub_epi8(_mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(q0, 4), q0), m4), off);
-        __m256i x1 = _mm256_sub_epi8(_mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(q1, 4), q1), m4), off);
-        __m256i y0 = _mm256_loadu_si256((const __m256i *)y[i].qs);
-        __m256i y1 = _mm256_loadu_si256((const __m256i *)y[i + 1].qs);
-        acc0 = _mm256_fmadd_ps(_mm256_set1_ps(_cvtsh_ss(x[i].d) * _cvtsh_ss(y[i].d)), ed_i8dot_f(x0, y0), acc0);
-        acc1 = _mm256_fmadd_ps(_mm256_set1_ps(_cvtsh_ss(x[i + 1].d) * _cvtsh_ss(y[i + 1].d)), ed_i8dot_f(x1, y1), acc1);
-    }
-    for (; i < nb; i++) {
-        __m128i q0 = _mm_loadu_si128((const __m128i *)x[i].qs);
-        __m256i x0 = _mm256_sub_epi8(_mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(q0, 4), q0), m4), off);
-        __m256i y0 = _mm256_loadu_si256((const __m256i *)y[i].qs);
-        acc0 = _mm256_fmadd_ps(_mm256_set1_ps(_cvtsh_ss(x[i].d) * _cvtsh_ss(y[i].d)), ed_i8dot_f(x0, y0), acc0);
-    }
-    return ed_hsum8(_mm256_add_ps(acc0, acc1));
-}
-
-ED_AVX2 static float ed_dot_q8_0_avx2(int n, const void *vx, const void *vy) {
-    const blk_q8_0 *x = vx; const blk_q8_0 *y = vy;
-    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
-    const int nb = n / QK;
-    int i = 0;
-    for (; i + 1 < nb; i += 2) {
-        __m256i x0 = _mm256_loadu_si256((const __m256i *)x[i].qs), y0 = _mm256_loadu_si256((const __m256i *)y[i].qs);
-        __m256i x1 = _mm256_loadu_si256((const __m256i *)x[i + 1].qs), y1 = _mm256_loadu_si256((const __m256i *)y[i + 1].qs);
-        acc0 = _mm256_fmadd_ps(_mm256_set1_ps(_cvtsh_ss(x[i].d) * _cvtsh_ss(y[i].d)), ed_i8dot_f(x0, y0), acc0);
-        acc1 = _mm256_fmadd_ps(_mm256_set1_ps(_cvtsh_ss(x[i + 1].d) * _cvtsh_ss(y[i + 1].d)), ed_i8dot_f(x1, y1), acc1);
-    }
-    for (; i < nb; i++) {
-        __m256i x0 = _mm256_loadu_si256((const __m256i *)x[i].qs), y0 = _mm256_loadu_si256((const __m256i *)y[i].qs);
-        acc0 = _mm256_fmadd_ps(_mm256_set1_ps(_cvtsh_ss(x[i].d) * _cvtsh_ss(y[i].d)), ed_i8dot_f(x0, y0), acc0);
-    }
-    return ed_hsum8(_mm256_add_ps(acc0, acc1));
-}
-
-ED_AVX2 static float ed_dot_q4_K_avx2(int n, const void *vx, const void *vy) {
-    const blk_q4_K *x = vx; const blk_q8_K *y = vy;
-    const __m256i m4 = _mm256_set1_epi8(0xF);
-    __m256 acc = _mm256_setzero_ps();
-    float summin = 0.0f;
-    uint8_t sc[8], mn[8];
-    for (int i = 0; i < n / QKK; i++) {
-        ed_k_scales(x[i].scales, sc, mn);
-        const float d = _cvtsh_ss(x[i].d) * y[i].d, dmin = _cvtsh_ss(x[i].dmin) * y[i].d;
-        int sm = 0;
-        for (int j = 0; j < 8; j++) sm += mn[j] * (y[i].bsums[2 * j] + y[i].bsums[2 * j + 1]);
-        summin += dmin * sm;
-        __m256i sumi = _mm256_setzero_si256();
-        const uint8_t *q4 = x[i].qs; const int8_t *q8 = y[i].qs;
-        for (int j = 0; j < 4; j++) {
-            __m256i b = _mm256_loadu_si256((const __m256i *)(q4 + 32 * j));
-            __m256i lo = _mm256_and_si256(b, m4), hi = _mm256_and_si256(_mm256_srli_epi16(b, 4), m4);
-            __m256i ylo = _mm256_loadu_si256((const __m256i *)(q8 + 64 * j));
-            __m256i yhi = _mm256_loadu_si256((const __m256i *)(q8 + 64 * j + 32));
-            __m256i plo = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, ylo), _mm256_set1_epi16(sc[2 * j]));
-            __m256i phi = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, yhi), _mm256_set1_epi16(sc[2 * j + 1]));
-            sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(plo, phi));
+/* out[c * ldo + r] = W[r] . xq[c] for r < nr, c < nc (any nc): the matmul inner tile */
+static void ed_mdot_rows(int type, int k, const uint8_t *w, size_t wstride, int nr,
+                         const uint8_t *xq, size_t xs, int nc, float *out, size_t ldo) {
+    const ed_mdot_fn md = ED_MDOT[type];
+    const ed_dot_fn dot = ED_TRAITS[type].dot;
+    for (int c0 = 0; c0 < nc; c0 += ED_MAX_COLS) {
+        const int cn = nc - c0 < ED_MAX_COLS ? nc - c0 : ED_MAX_COLS;
+        for (int r = 0; r < nr; r++) {
+            if (md && cn > 1) md(k, w + r * wstride, xq + c0 * xs, xs, cn, out + c0 * ldo + r, ldo);
+            else for (int c = 0; c < cn; c++) out[(c0 + c) * ldo + r] = dot(k, w + r * wstride, xq + (c0 + c) * xs);
         }
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
     }
-    return ed_hsum8(acc) - summin;
 }
 
-ED_AVX2 static float ed_dot_q6_K_avx2(int n, const void *vx, const void *vy) {
-    const blk_q6_K *x = vx; const blk_q8_K *y = vy;
-    const __m256i m4 = _mm256_set1_epi8(0xF), m2 = _mm256_set1_epi8(3);
-    __m256 acc = _mm256_setzero_ps();
+#if defined(__x86_64__)
+#include <immintrin.h>
+
+static unsigned ed_cpu_features(void) {
+    unsigned f = 0;
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx2")) f |= ED_CPU_AVX2;
+    if (__builtin_cpu_supports("fma")) f |= ED_CPU_FMA;
+    if (__builtin_cpu_supports("avx512f")) f |= ED_CPU_AVX512F;
+    if (__builtin_cpu_supports("avx512bw")) f |= ED_CPU_AVX512BW;
+    if (__builtin_cpu_supports("avx512vl")) f |= ED_CPU_AVX512VL;
+    if (__builtin_cpu_supports("avx512vnni")) f |= ED_CPU_AVX512VNNI;
+    if (__builtin_cpu_supports("avx512dq")) f |= ED_CPU_AVX512DQ;
+    /* F16C: CPUID.1:ECX bit 29 (not every compiler knows the builtin name) */
+    {
+        unsigned a, b, c, d;
+        __asm__ volatile("cpuid" : "=a"(a), "=b"(b), "=c"(c), "=d"(d) : "a"(1), "c"(0));
+        if (c & (1u << 29)) f |= ED_CPU_F16C;
+        __asm__ volatile("cpuid" : "=a"(a), "=b"(b), "=c"(c), "=d"(d) : "a"(7), "c"(1));
+        if (a & (1u << 4)) f |= ED_CPU_AVXVNNI;
+    }
+    return f;
+}
+
+#define ED_TARGET __attribute__((target("avx2,fma,f16c")))
+#define ED_FN(name) ed_avx2_##name
+#define ED_VNNI 0
+#include "ed_simd_x86.inc"
+#undef ED_TARGET
+#undef ED_FN
+#undef ED_VNNI
+
+#define ED_TARGET __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")))
+#define ED_FN(name) ed_avx512_##name
+#define ED_VNNI 1
+#include "ed_simd_x86.inc"
+#undef ED_TARGET
+#undef ED_FN
+#undef ED_VNNI
+
+#define ED_NEED_AVX2 (ED_CPU_AVX2 | ED_CPU_FMA | ED_CPU_F16C)
+#define ED_NEED_AVX512 (ED_NEED_AVX2 | ED_CPU_AVX512F | ED_CPU_AVX512BW | ED_CPU_AVX512VL | \
+                        ED_CPU_AVX512DQ | ED_CPU_AVX512VNNI)
+
+#elif defined(__aarch64__)
+#include <arm_neon.h>
+#include <sys/auxv.h>
+#ifndef HWCAP_ASIMDDP
+#define HWCAP_ASIMDDP (1 << 20)
+#endif
+
+static unsigned ed_cpu_features(void) {
+    unsigned long hw = getauxval(AT_HWCAP);
+    unsigned f = ED_CPU_NEON;  /* Advanced SIMD is mandatory on aarch64 */
+    if (hw & HWCAP_ASIMDDP) f |= ED_CPU_DOTPROD;
+    return f;
+}
+
+/* s8 x s8 -> i32x4 partial sums of 16 products (no dotprod needed) */
+static inline int32x4_t ed_neon_dp16(int32x4_t acc, int8x16_t a, int8x16_t b) {
+    const int16x8_t p0 = vmull_s8(vget_low_s8(a), vget_low_s8(b));
+    const int16x8_t p1 = vmull_s8(vget_high_s8(a), vget_high_s8(b));
+    return vpadalq_s16(vpadalq_s16(acc, p0), p1);
+}
+
+static float ed_neon_dot_q8_0(int n, const void *vx, const void *vy) {
+    const blk_q8_0 *x = vx; const blk_q8_0 *y = vy;
+    float32x4_t acc = vdupq_n_f32(0.0f);
+    for (int ib = 0; ib < n / QK; ib++) {
+        int32x4_t s = vdupq_n_s32(0);
+        s = ed_neon_dp16(s, vld1q_s8(x[ib].qs), vld1q_s8(y[ib].qs));
+        s = ed_neon_dp16(s, vld1q_s8(x[ib].qs + 16), vld1q_s8(y[ib].qs + 16));
+        acc = vmlaq_n_f32(acc, vcvtq_f32_s32(s), H2F(x[ib].d) * H2F(y[ib].d));
+    }
+    return vaddvq_f32(acc);
+}
+
+static float ed_neon_dot_q4_0(int n, const void *vx, const void *vy) {
+    const blk_q4_0 *x = vx; const blk_q8_0 *y = vy;
+    float32x4_t acc = vdupq_n_f32(0.0f);
+    const uint8x16_t m4 = vdupq_n_u8(0x0F);
+    const int8x16_t s8 = vdupq_n_s8(8);
+    for (int ib = 0; ib < n / QK; ib++) {
+        const uint8x16_t q = vld1q_u8(x[ib].qs);
+        const int8x16_t lo = vsubq_s8(vreinterpretq_s8_u8(vandq_u8(q, m4)), s8);
+        const int8x16_t hi = vsubq_s8(vreinterpretq_s8_u8(vshrq_n_u8(q, 4)), s8);
+        int32x4_t s = vdupq_n_s32(0);
+        s = ed_neon_dp16(s, lo, vld1q_s8(y[ib].qs));
+        s = ed_neon_dp16(s, hi, vld1q_s8(y[ib].qs + 16));
+        acc = vmlaq_n_f32(acc, vcvtq_f32_s32(s), H2F(x[ib].d) * H2F(y[ib].d));
+    }
+    return vaddvq_f32(acc);
+}
+
+static float ed_neon_dot_q4_K(int n, const void *vx, const void *vy) {
+    const blk_q4_K *x = vx; const blk_q8_K *y = vy;
+    float sumf = 0.0f;
+    const uint8x16_t m4 = vdupq_n_u8(0x0F);
+    uint8_t scales[8], mins[8];
     for (int i = 0; i < n / QKK; i++) {
-        const float d = _cvtsh_ss(x[i].d) * y[i].d;
-        int corr = 0;
-        for (int j = 0; j < 16; j++) corr += x[i].scales[j] * y[i].bsums[j];
-        __m256i sumi = _mm256_setzero_si256();
-        for (int h = 0; h < 2; h++) {
-            const uint8_t *ql = x[i].ql + 64 * h, *qh = x[i].qh + 32 * h;
-            const int8_t *q8 = y[i].qs + 128 * h;
-            const int8_t *scl = x[i].scales + 8 * h;
-            __m256i l0 = _mm256_loadu_si256((const __m256i *)ql);
-            __m256i l1 = _mm256_loadu_si256((const __m256i *)(ql + 32));
-            __m256i hb = _mm256_loadu_si256((const __m256i *)qh);
-            __m256i q[4];
-            q[0] = _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_slli_epi16(_mm256_and_si256(hb, m2), 4));
-            q[1] = _mm256_or_si256(_mm256_and_si256(l1, m4), _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 2), m2), 4));
-            q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4), _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 4), m2), 4));
-            q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4), _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 6), m2), 4));
-            for (int k = 0; k < 4; k++) {
-                __m256i yk = _mm256_loadu_si256((const __m256i *)(q8 + 32 * k));
-                __m256i p = _mm256_maddubs_epi16(q[k], yk);
-                __m256i s = _mm256_set_m128i(_mm_set1_epi16(scl[2 * k + 1]), _mm_set1_epi16(scl[2 * k]));
-                sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p, s));
+        ed_k_scales(x[i].scales, scales, mins);
+        int summs = 0;
+        for (int j = 0; j < 8; j++) summs += (y[i].bsums[2 * j] + y[i].bsums[2 * j + 1]) * mins[j];
+        int sumi = 0;
+        for (int j = 0; j < 4; j++) {
+            const uint8_t *q4 = x[i].qs + 32 * j;
+            const int8_t *q8 = y[i].qs + 64 * j;
+            int32x4_t sl = vdupq_n_s32(0), sh = vdupq_n_s32(0);
+            for (int h = 0; h < 2; h++) {
+                const uint8x16_t q = vld1q_u8(q4 + 16 * h);
+                sl = ed_neon_dp16(sl, vreinterpretq_s8_u8(vandq_u8(q, m4)), vld1q_s8(q8 + 16 * h));
+                sh = ed_neon_dp16(sh, vreinterpretq_s8_u8(vshrq_n_u8(q, 4)), vld1q_s8(q8 + 32 + 16 * h));
+            }
+            sumi += vaddvq_s32(sl) * scales[2 * j] + vaddvq_s32(sh) * scales[2 * j + 1];
+        }
+        sumf += y[i].d * H2F(x[i].d) * sumi - y[i].d * H2F(x[i].dmin) * summs;
+    }
+    return sumf;
+}
+
+static float ed_neon_dot_q6_K(int n, const void *vx, const void *vy) {
+    const blk_q6_K *x = vx; const blk_q8_K *y = vy;
+    float sumf = 0.0f;
+    const uint8x16_t m4 = vdupq_n_u8(0x0F), m3 = vdupq_n_u8(3);
+    const int8x16_t m32 = vdupq_n_s8(32);
+    for (int i = 0; i < n / QKK; i++) {
+        int sumi = 0;
+        for (int j = 0; j < 2; j++) {
+            for (int h = 0; h < 2; h++) {  /* 16 of the 32 columns at a time */
+                const uint8x16_t l0 = vld1q_u8(x[i].ql + 64 * j + 16 * h);
+                const uint8x16_t l1 = vld1q_u8(x[i].ql + 64 * j + 32 + 16 * h);
+                const uint8x16_t hb = vld1q_u8(x[i].qh + 32 * j + 16 * h);
+                int8x16_t q[4];
+                q[0] = vsubq_s8(vreinterpretq_s8_u8(vorrq_u8(vandq_u8(l0, m4), vshlq_n_u8(vandq_u8(hb, m3), 4))), m32);
+                q[1] = vsubq_s8(vreinterpretq_s8_u8(vorrq_u8(vandq_u8(l1, m4), vshlq_n_u8(vandq_u8(vshrq_n_u8(hb, 2), m3), 4))), m32);
+                q[2] = vsubq_s8(vreinterpretq_s8_u8(vorrq_u8(vshrq_n_u8(l0, 4), vshlq_n_u8(vandq_u8(vshrq_n_u8(hb, 4), m3), 4))), m32);
+                q[3] = vsubq_s8(vreinterpretq_s8_u8(vorrq_u8(vshrq_n_u8(l1, 4), vshlq_n_u8(vshrq_n_u8(hb, 6), 4))), m32);
+                for (int k = 0; k < 4; k++) {
+                    const int8x16_t q8 = vld1q_s8(y[i].qs + 128 * j + 32 * k + 16 * h);
+                    const int s = vaddvq_s32(ed_neon_dp16(vdupq_n_s32(0), q[k], q8));
+                    sumi += s * x[i].scales[8 * j + 2 * k + h];
+                }
             }
         }
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
-        acc = _mm256_add_ps(acc, _mm256_set_ps(0, 0, 0, 0, 0, 0, 0, -32.0f * d * corr));
+        sumf += y[i].d * H2F(x[i].d) * sumi;
     }
-    return ed_hsum8(acc);
+    return sumf;
 }
 
-ED_AVX2 static float ed_dot_f16_avx2(int n, const void *vx, const void *vy) {
-    const ed_half *x = vx, *y = vy;
-    __m256 acc = _mm256_setzero_ps();
-    int i = 0;
-    for (; i + 8 <= n; i += 8) {
-        __m256 a = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(x + i)));
-        __m256 b = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(y + i)));
-        acc = _mm256_fmadd_ps(a, b, acc);
-    }
-    float s = ed_hsum8(acc);
-    for (; i < n; i++) s += _cvtsh_ss(x[i]) * _cvtsh_ss(y[i]);
-    return s;
+static void ed_neon_install(void) {
+    ED_TRAITS[ED_Q4_0].dot = ed_neon_dot_q4_0;
+    ED_TRAITS[ED_Q8_0].dot = ed_neon_dot_q8_0;
+    ED_TRAITS[ED_Q4_K].dot = ed_neon_dot_q4_K;
+    ED_TRAITS[ED_Q6_K].dot = ed_neon_dot_q6_K;
 }
 
-ED_AVX2 static float ed_dot_f32_avx2(int n, const void *vx, const void *vy) {
-    const float *x = vx, *y = vy;
-    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
-    int i = 0;
-    for (; i + 16 <= n; i += 16) {
-        acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i), acc0);
-        acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(x + i + 8), _mm256_loadu_ps(y + i + 8), acc1);
-    }
-    float s = ed_hsum8(_mm256_add_ps(acc0, acc1));
-    for (; i < n; i++) s += x[i] * y[i];
-    return s;
-}
-
-ED_AVX2 static void ed_quant_q8_0_avx2(const float *x, void *vy, int k) {
-    blk_q8_0 *y = (blk_q8_0 *)vy;
-    const __m256 signbit = _mm256_set1_ps(-0.0f);
-    for (int i = 0; i < k / QK; i++) {
-        __m256 v[4], m = _mm256_setzero_ps();
-        for (int j = 0; j < 4; j++) { v[j] = _mm256_loadu_ps(x + i * QK + 8 * j); m = _mm256_max_ps(m, _mm256_andnot_ps(signbit, v[j])); }
-        __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
-        m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
-        m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
-        const float amax = _mm_cvtss_f32(m4);
-        const float d = amax / 127.0f, id = amax ? 127.0f / amax : 0.0f;
-        y[i].d = (ed_half)_cvtss_sh(d, 0);
-        const __m256 mul = _mm256_set1_ps(id);
-        __m256i q[4];
-        for (int j = 0; j < 4; j++)
-            q[j] = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v[j], mul), _MM_ROUND_NEAREST | _MM_FROUND_NO_EXC));
-        __m256i p01 = _mm256_packs_epi32(q[0], q[1]), p23 = _mm256_packs_epi32(q[2], q[3]);
-        __m256i p = _mm256_packs_epi16(p01, p23);
-        p = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
-        _mm256_storeu_si256((__m256i *)y[i].qs, p);
-    }
-}
-#endif
-
-/* want: NULL/""/"auto" (best available), "generic", "avx2"; returns -1 if unsupported */
-static int ed_types_init(const char *want) {
-    ed_types_init_generic();
-    if (want && *want && strcmp(want, "auto") != 0) {
-        if (strcmp(want, "generic") == 0) return 0;
-#if defined(__x86_64__) || defined(__i386__)
-        if (strcmp(want, "avx2") != 0 && strcmp(want, "avx512") != 0) return -1;
 #else
-        return -1;
+static unsigned ed_cpu_features(void) { return 0; }
+#endif
+
+static int ed_path_supported(const char *name) {
+    unsigned f = ed_cpu_features();
+    (void)f;
+    if (!strcmp(name, "generic")) return 1;
+#if defined(__x86_64__)
+    if (!strcmp(name, "avx2")) return (f & ED_NEED_AVX2) == ED_NEED_AVX2;
+    if (!strcmp(name, "avx512")) return (f & ED_NEED_AVX512) == ED_NEED_AVX512;
+#elif defined(__aarch64__)
+    if (!strcmp(name, "neon")) return 1;
+#endif
+    return 0;
+}
+
+static int ed_types_init(const char *force) {
+    ed_types_init_generic();
+    memset(ED_MDOT, 0, sizeof ED_MDOT);
+    const char *want = force && *force ? force : NULL;
+    if (want) {
+        if (!ed_path_supported(want)) return -1;
+    } else {
+#if defined(__x86_64__)
+        want = ed_path_supported("avx512") ? "avx512" : ed_path_supported("avx2") ? "avx2" : "generic";
+#elif defined(__aarch64__)
+        want = "neon";
+#else
+        want = "generic";
 #endif
     }
-#if defined(__x86_64__) || defined(__i386__)
-    __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c")) {
-        ED_TRAITS[ED_Q4_0].dot = ed_dot_q4_0_avx2;
-        ED_TRAITS[ED_Q8_0].dot = ed_dot_q8_0_avx2;
-        ED_TRAITS[ED_Q4_K].dot = ed_dot_q4_K_avx2;
-        ED_TRAITS[ED_Q6_K].dot = ed_dot_q6_K_avx2;
-        ED_TRAITS[ED_F16].dot = ed_dot_f16_avx2;
-        ED_TRAITS[ED_F32].dot = ed_dot_f32_avx2;
-        ED_ACT[ED_Q8_0].quant = ed_quant_q8_0_avx2;
-        ED_PATH = "avx2";
-        return 0;
-    }
-    if (want && *want && strcmp(want, "auto") != 0) return -1;
+#if defined(__x86_64__)
+    if (!strcmp(want, "avx2")) { ed_avx2_install(); ED_PATH = "avx2"; }
+    if (!strcmp(want, "avx512")) { ed_avx512_install(); ED_PATH = "avx512"; }
+#elif defined(__aarch64__)
+    if (!strcmp(want, "neon")) { ed_neon_install(); ED_PATH = "neon"; }
 #endif
     return 0;
 }
