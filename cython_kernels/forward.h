@@ -226,14 +226,11 @@ static void ed_matmul(ed_state *s, ed_pool *p, float *out, int ldo, const ed_ten
        while all tokens pass over it */
     const int64_t N = W->ne1;
     ed_range(N, ith, nth, &a, &b);
-    const ed_dot_fn dot = tr->dot;
     for (int64_t r0 = a; r0 < b; r0 += ED_ROW_TILE) {
-        int64_t r1 = r0 + ED_ROW_TILE < b ? r0 + ED_ROW_TILE : b;
-        for (int t = 0; t < n; t++) {
-            const uint8_t *xq = s->xq + t * rb;
-            float *o = out + (size_t)t * ldo;
-            for (int64_t r = r0; r < r1; r++) o[r] = dot(K, W->data + r * W->row_bytes, xq);
-        }
+        const int nr = (int)(r0 + ED_ROW_TILE < b ? ED_ROW_TILE : b - r0);
+        /* the kernels' tile: each weight row decoded once for up to 4 activation rows */
+        ed_mdot_rows(W->type, K, W->data + r0 * W->row_bytes, W->row_bytes, nr, s->xq, rb, n,
+                     out + r0, (size_t)ldo);
     }
     ed_barrier(p);
 }
