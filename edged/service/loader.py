@@ -43,8 +43,13 @@ class LoadedModel:
         prompt = self.model.chat_prompt(messages, add_generation_prompt=True)
         if isinstance(prompt, str):
             # The rendered template spells its special tokens out (<|im_start|>...): parse them.
-            return list(self.tokenizer.encode(prompt, add_special=True, parse_special=True))
-        return list(prompt)
+            ids = list(self.tokenizer.encode(prompt, add_special=True, parse_special=True))
+        else:
+            ids = list(prompt)
+        bos = self.tokenizer.bos_id
+        if len(ids) >= 2 and bos is not None and ids[0] == ids[1] == bos:
+            del ids[0]      # the template wrote {{ bos_token }} and the tokenizer added one too
+        return ids
 
     def encode_text(self, text, add_special=True, parse_special=False):
         return list(self.tokenizer.encode(text, add_special=add_special, parse_special=parse_special))
