@@ -25,9 +25,6 @@ def register(sub):
 def run(args):
     import os
 
-    # numpy's OpenBLAS pool would start its threads at import, before the in-process sandbox,
-    # and stay outside it; the engine has its own thread pool, so one BLAS thread is enough.
-    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     from ..service import config
 
     if args.print_config:
