@@ -219,3 +219,32 @@ def test_failed_swap_tampered_model_leaves_old_serving(srv, models):
     before = {m["id"]: m for m in loads_before["data"]}
     assert after["alpha"]["load_seconds"] == before["alpha"]["load_seconds"]     # not reloaded
     os.unlink(bad)
+
+
+def test_sampling_fields_reach_the_engine(srv):
+    def complete(**kw):
+        st, _, r = srv.request("POST", "/v1/completions", {"prompt": ONCE, "max_tokens": 10, **kw})
+        assert st == 200, r
+        return r["choices"][0]
+    # same seed, same text; another seed, (almost surely) another text
+    a, b = complete(temperature=1.0, seed=7), complete(temperature=1.0, seed=7)
+    assert a["text"] == b["text"]
+    assert any(complete(temperature=1.0, seed=s)["text"] != a["text"] for s in (8, 9, 10))
+    # stop string: the greedy text is ", there was a little girl named Lily"; stop at "little"
+    c = complete(temperature=0, stop=["little"])
+    assert c["text"] == ", there was a " and c["finish_reason"] == "stop"
+    # logit_bias forces a token
+    st, _, t = srv.request("POST", "/tokenize", {"content": " cat"})
+    tok = t["tokens"][-1]
+    d = complete(temperature=0, max_tokens=3, logit_bias={str(tok): 100})
+    st, _, three = srv.request("POST", "/detokenize", {"tokens": [tok] * 3})
+    assert d["text"].strip() == three["content"].strip() and d["text"].strip()
+
+
+@needs_curl
+def test_body_over_limit_is_413_over_the_socket(srv, tmp_path):
+    big = tmp_path / "big.json"
+    big.write_text(json.dumps({"prompt": "x" * (2 << 20)}))
+    code, out = curl(srv, "/v1/completions", extra=["-H", "Content-Type: application/json",
+                                                    "--data-binary", f"@{big}"])
+    assert code == 413 and json.loads(out)["error"]["code"] == "body_too_large"
