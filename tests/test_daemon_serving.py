@@ -210,6 +210,10 @@ def test_failed_swap_tampered_model_leaves_old_serving(srv, models):
     st, _, body = srv.request("POST", "/v1/chat/completions",
                               {"model": "gamma", "messages": [{"role": "user", "content": "x"}]})
     assert st == 403 and body["error"]["code"] == "model_not_trusted", body
+    # asked again: the same refusal, from memory (the unchanged file is not hashed again)
+    st, _, body2 = srv.request("POST", "/v1/completions", {"model": "gamma", "prompt": "x"})
+    assert st == 403 and body2["error"]["message"] == body["error"]["message"]
+    assert srv.logtext().count("load of model gamma failed") == 1
     st, _, h = srv.request("GET", "/health")
     assert st == 200 and h["models"] == ["alpha"]
     st, _, r = srv.request("POST", "/v1/completions", {"model": "alpha", "prompt": ONCE, "max_tokens": 3,

@@ -11,7 +11,8 @@ import asyncio
 import os
 import time
 
-from ..errors import CapacityError, EdgedError, RequestError
+from ..errors import (CapacityError, EdgedError, ModelFormatError, RequestError, SignatureError,
+                      UnsupportedModelError)
 from .loader import LoadedModel
 from .log import log
 from .names import check_model_name, list_models, model_path
@@ -42,6 +43,7 @@ class Registry:
         self.models: dict[str, LoadedModel] = {}
         self._load_lock = asyncio.Lock()
         self._waiters = []                        # futures woken whenever a lease is released
+        self._refused = {}                        # name -> (file identity, trust, error): no re-hash of a bad file
         self.loading: str | None = None           # name being loaded, for /health
 
     # --- lookup -------------------------------------------------------------------------
@@ -119,6 +121,10 @@ class Registry:
             if name in self.models and not self.models[name].draining:
                 return self.models[name]
             path = self.path(name)
+            ident = _identity(path)
+            refused = self._refused.get(name)
+            if refused and refused[0] == ident and refused[1] is self.loader.trust:
+                raise type(refused[2])(str(refused[2]))        # same file, same trust: same answer
             t_start = time.monotonic()
             self.loading = name
             try:
@@ -127,7 +133,10 @@ class Registry:
                 except BaseException as e:
                     self.metrics.loads["failed"] += 1
                     log.warning("load of model %s failed: %s", name, e)
+                    if isinstance(e, (SignatureError, ModelFormatError, UnsupportedModelError)) and ident:
+                        self._refused[name] = (ident, self.loader.trust, e)
                     raise
+                self._refused.pop(name, None)
                 victims = self._victims_for(new)
                 if victims is None:
                     await loop.run_in_executor(self.executor, new.close)
@@ -230,6 +239,14 @@ class Registry:
         for name in list(self.models):
             lm = self.models.pop(name)
             await loop.run_in_executor(self.executor, lm.close)
+
+
+def _identity(path):
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
 def _has_signature(path):
