@@ -119,3 +119,37 @@ def test_peer_policy(tmp_path):
     assert call(d, "POST", "/v1/models/load", {"model": "x"}, peer=Peer(10, 1000, 1000))[0] == 403
     assert call(d, "POST", "/v1/models/load", {"model": "x"}, peer=Peer(10, 7, 7, (3000,)))[0] == 404
     assert d.metrics.peer_refused == 2
+
+
+def test_completion_and_stream_without_a_socket(tmp_path):
+    """The whole request path (registry, scheduler, engine) driven through Api.handle alone."""
+    from daemon_support import add_chat_template, stories
+    src = stories()
+    d = make_daemon(tmp_path, default_model="tiny")
+    add_chat_template(src, str(tmp_path / "models" / "tiny.gguf"))
+    d.start_threads()
+
+    async def main():
+        body = {"prompt": "Once upon a time", "max_tokens": 6, "temperature": 0}
+        r = await d.api.handle(ApiRequest("POST", "/v1/completions", json.dumps(body).encode()))
+        assert r.status == 200 and r.body["choices"][0]["text"].startswith(", there was")
+        s = await d.api.handle(ApiRequest("POST", "/v1/completions", json.dumps({**body, "stream": True}).encode()))
+        assert isinstance(s, StreamReply)
+        chunks = [c async for c in s.chunks()]
+        await s.close()
+        assert chunks[-1] == b"data: [DONE]\n\n"
+        text = "".join(json.loads(c[6:])["choices"][0]["text"] for c in chunks[:-1])
+        assert text == r.body["choices"][0]["text"]
+        # abandoning a stream after one chunk frees the slot and the model lease
+        s = await d.api.handle(ApiRequest("POST", "/v1/completions",
+                                          json.dumps({**body, "max_tokens": 100, "stream": True}).encode()))
+        it = s.chunks().__aiter__()
+        await it.__anext__()
+        await s.close()
+        assert d.slots.busy == 0 and d.registry.models["tiny"].refs == 0
+        await d.registry.close_all()
+
+    try:
+        asyncio.run(main())
+    finally:
+        d.decoder.stop()
