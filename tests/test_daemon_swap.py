@@ -138,6 +138,8 @@ def test_sighup_rereads_trust_store(tmp_path, tmp_path_factory, models):
         srv.notify.wait_for("READY=1", 30)
         st, _, body = srv.request("POST", "/v1/models/load", {"model": "delta"})
         assert st == 200 and body["loaded"] and body["signer"] == signing.fingerprint(other)
+        srv.notify.wait_for("STATUS=loading model delta", 5)
+        srv.notify.wait_for("STATUS=serving (delta)", 5)
         st, _, body = srv.request("POST", "/v1/models/unload", {"model": "delta"})
         assert st == 200 and srv.request("GET", "/health")[0] == 503
     finally:

@@ -45,6 +45,7 @@ class Registry:
         self._waiters = []                        # futures woken whenever a lease is released
         self._refused = {}                        # name -> (file identity, trust, error): no re-hash of a bad file
         self.loading: str | None = None           # name being loaded, for /health
+        self.on_change = lambda what: None        # the daemon reports phases to systemd (STATUS=)
 
     # --- lookup -------------------------------------------------------------------------
     def path(self, name):
@@ -127,6 +128,7 @@ class Registry:
                 raise type(refused[2])(str(refused[2]))        # same file, same trust: same answer
             t_start = time.monotonic()
             self.loading = name
+            self.on_change(f"loading model {name}")
             try:
                 try:
                     new = await loop.run_in_executor(self.executor, self.loader.load, name, path)
@@ -178,6 +180,7 @@ class Registry:
                 return new
             finally:
                 self.loading = None
+                self.on_change(None)
 
     def _budget(self):
         if self.cfg.memory_budget:
