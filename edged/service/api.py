@@ -543,9 +543,10 @@ class _Generation:
                     self.job.cancel.set()
                 yield text, None
             elif kind == "done":
-                self.finish = value if value in ("stop", "length") else ("length" if value == "abort" else "stop")
-                if value == "cancelled":
-                    self.finish = "cancelled"
+                # engine: "stop"/"length"; decoder: "cancelled" (client gone), "abort" (shutdown
+                # drain timed out), None (generator ended without a reason)
+                self.finish = {"stop": "stop", "length": "length", "cancelled": "cancelled",
+                               "abort": "length"}.get(value, "stop")
                 yield "", self.finish
                 return
             else:
