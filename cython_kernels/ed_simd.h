@@ -1,6 +1,6 @@
 /* SIMD dot products for ED_TRAITS (ed_types.h), chosen once at start-up.
  *
- *   int ed_types_init(const char *force)   force: NULL/"" = best supported, or "generic",
+ *   int ed_types_init(const char *force)   force: NULL/""/"auto" = best supported, or "generic",
  *                                           "avx2", "avx512", "neon". Returns 0, or -1 when the
  *                                           forced path is unknown or not supported here (the
  *                                           table is then left on the generic path).
@@ -226,7 +226,7 @@ static int ed_path_supported(const char *name) {
 static int ed_types_init(const char *force) {
     ed_types_init_generic();
     memset(ED_MDOT, 0, sizeof ED_MDOT);
-    const char *want = force && *force ? force : NULL;
+    const char *want = force && *force && strcmp(force, "auto") != 0 ? force : NULL;
     if (want) {
         if (!ed_path_supported(want)) return -1;
     } else {

@@ -210,27 +210,108 @@ static inline float ed_silu(float x) { return x / (1.0f + expf(-x)); }
 
 /* out[t*ldo + r] = W[r] . x[t*ldx] for t < n, r < W->ne1. All threads call it. When reuse
  * is set, the activations were quantized for this very x and type by the previous call. */
+/* Quantize the activation rows x (n, K) into the format weights of `type` need. For one
+ * token every thread quantizes the row into its own slot (no barrier); for a batch the rows
+ * are split and a barrier follows. Returns the base and stride of this thread's view. */
+static const uint8_t *ed_quantize_act(ed_state *s, ed_pool *p, int type, int K, const float *x,
+                                      int ldx, int n, int ith, int nth, size_t *rb_out) {
+    const size_t rb = ed_act_row_bytes(type, K);
+    const ed_quant_fn q = ED_ACT[ED_TRAITS[type].vec_type].quant;
+    *rb_out = rb;
+    if (n == 1) {
+        uint8_t *mine = s->xq + (size_t)ith * s->xq_row;
+        q(x, mine, K);
+        return mine;
+    }
+    int64_t a, b;
+    ed_range(n, ith, nth, &a, &b);
+    for (int64_t t = a; t < b; t++) q(x + t * ldx, s->xq + t * rb, K);
+    ed_barrier(p);
+    return s->xq;
+}
+
+/* out[t*ldo + r] = W[r] . x[t] for rows r in [r0, r1) of W, all n tokens. */
+static inline void ed_rows(const ed_tensor *W, int64_t r0, int64_t r1, const uint8_t *xq,
+                           size_t rb, int n, float *out, int ldo) {
+    for (; r0 < r1; r0 += ED_ROW_TILE) {
+        const int64_t e = r0 + ED_ROW_TILE < r1 ? r0 + ED_ROW_TILE : r1;
+        /* each weight row is decoded once per group of ED_MAX_COLS tokens (ed_simd.h) */
+        ed_mdot_rows(W->type, (int)W->ne0, W->data + r0 * W->row_bytes, W->row_bytes,
+                     (int)(e - r0), xq, rb, n, out + r0, (size_t)ldo);
+    }
+}
+
+/* out[t*ldo + r] = W[r] . x[t] for t < n, r < W->ne1; all threads call it; ends in a barrier.
+ * With reuse the previous call quantized this very x for the same activation format. */
 static void ed_matmul(ed_state *s, ed_pool *p, float *out, int ldo, const ed_tensor *W,
                       const float *x, int ldx, int n, int reuse, int ith, int nth) {
-    const int K = (int)W->ne0;
-    const ed_traits *tr = &ED_TRAITS[W->type];
-    const size_t rb = ed_act_row_bytes(W->type, K);
-    int64_t a, b;
-    if (!reuse) {
-        const ed_quant_fn q = ED_ACT[tr->vec_type].quant;
-        ed_range(n, ith, nth, &a, &b);
-        for (int64_t t = a; t < b; t++) q(x + t * ldx, s->xq + t * rb, K);
-        ed_barrier(p);
+    size_t rb;
+    const uint8_t *xq;
+    if (reuse) {
+        rb = ed_act_row_bytes(W->type, (int)W->ne0);
+        xq = n == 1 ? s->xq + (size_t)ith * s->xq_row : s->xq;
+    } else {
+        xq = ed_quantize_act(s, p, W->type, (int)W->ne0, x, ldx, n, ith, nth, &rb);
     }
-    /* split rows in tiles so that threads finish together; tile of rows stays in cache
-       while all tokens pass over it */
-    const int64_t N = W->ne1;
-    ed_range(N, ith, nth, &a, &b);
-    for (int64_t r0 = a; r0 < b; r0 += ED_ROW_TILE) {
-        const int nr = (int)(r0 + ED_ROW_TILE < b ? ED_ROW_TILE : b - r0);
-        /* the kernels' tile: each weight row decoded once for up to 4 activation rows */
-        ed_mdot_rows(W->type, K, W->data + r0 * W->row_bytes, W->row_bytes, nr, s->xq, rb, n,
-                     out + r0, (size_t)ldo);
+    int64_t a, b;
+    ed_range(W->ne1, ith, nth, &a, &b);
+    ed_rows(W, a, b, xq, rb, n, out, ldo);
+    ed_barrier(p);
+}
+
+/* Several matrices over the same input (q|k|v): one quantization, one row split over all
+ * their rows, one barrier. The matrices must share the activation format. */
+static int ed_same_act(const ed_tensor *a, const ed_tensor *b) {
+    return ED_TRAITS[a->type].vec_type == ED_TRAITS[b->type].vec_type;
+}
+
+static void ed_matmul3(ed_state *s, ed_pool *p, const ed_tensor *W[3], float *out[3], int ldo,
+                       const float *x, int ldx, int n, int ith, int nth) {
+    size_t rb;
+    const uint8_t *xq = ed_quantize_act(s, p, W[0]->type, (int)W[0]->ne0, x, ldx, n, ith, nth, &rb);
+    const int64_t total = W[0]->ne1 + W[1]->ne1 + W[2]->ne1;
+    int64_t a, b;
+    ed_range(total, ith, nth, &a, &b);
+    int64_t base = 0;
+    for (int i = 0; i < 3; i++) {
+        const int64_t lo = a > base ? a - base : 0;
+        const int64_t hi = b - base < W[i]->ne1 ? b - base : W[i]->ne1;
+        if (hi > lo) ed_rows(W[i], lo, hi, xq, rb, n, out[i], ldo);
+        base += W[i]->ne1;
+    }
+    ed_barrier(p);
+}
+
+/* The gated FFN's first half without a barrier between the product and the activation:
+ * each thread computes the same row range [a, b) of gate and up, then act(gate) * up there.
+ * hb (n, 2*n_ff): gate in [0, n_ff), up in [n_ff, 2*n_ff). gate == NULL: fused gate+up
+ * matrix (phi3), rows [0, n_ff) gate and [n_ff, 2*n_ff) up. */
+static void ed_ffn_gate_up(ed_state *s, ed_pool *p, const ed_model *m, const ed_layer *L,
+                           int n, int ith, int nth) {
+    const int F = m->n_ff, E = m->n_embd;
+    float *hb = s->hb;
+    const ed_tensor *G = L->ffn_gate.data ? &L->ffn_gate : &L->ffn_up;
+    const ed_tensor *U = &L->ffn_up;
+    const int64_t uofs = L->ffn_gate.data ? 0 : F;  /* up rows inside U */
+    size_t rb;
+    const uint8_t *xq;
+    int64_t a, b;
+    ed_range(F, ith, nth, &a, &b);
+    if (ed_same_act(G, U)) {
+        xq = ed_quantize_act(s, p, G->type, E, s->xb, E, n, ith, nth, &rb);
+        ed_rows(G, a, b, xq, rb, n, hb, 2 * F);
+        ed_rows(U, uofs + a, uofs + b, xq, rb, n, hb + F - uofs, 2 * F);
+    } else {  /* different activation formats (mixed quantizations): one after the other */
+        xq = ed_quantize_act(s, p, U->type, E, s->xb, E, n, ith, nth, &rb);
+        ed_rows(U, uofs + a, uofs + b, xq, rb, n, hb + F - uofs, 2 * F);
+        ed_barrier(p);
+        xq = ed_quantize_act(s, p, G->type, E, s->xb, E, n, ith, nth, &rb);
+        ed_rows(G, a, b, xq, rb, n, hb, 2 * F);
+    }
+    for (int t = 0; t < n; t++) {
+        float *g = hb + (size_t)t * 2 * F, *u = g + F;
+        if (m->act_gelu) for (int64_t i = a; i < b; i++) g[i] = ed_gelu(g[i]) * u[i];
+        else             for (int64_t i = a; i < b; i++) g[i] = ed_silu(g[i]) * u[i];
     }
     ed_barrier(p);
 }
@@ -292,10 +373,16 @@ static void ed_forward_worker(void *arg, int ith, int nth) {
 
     for (int il = 0; il < m->n_layer; il++) {
         const ed_layer *L = &m->layers[il];
-        for (int64_t t = a; t < b; t++) ed_rms_norm(s->xb + t * E, s->x + t * E, ed_vec(&L->attn_norm), E, eps);
-        ed_barrier(p);
+        if (il == 0) {  /* later layers get their attn_norm from the previous residual step */
+            for (int64_t t = a; t < b; t++) ed_rms_norm(s->xb + t * E, s->x + t * E, ed_vec(&L->attn_norm), E, eps);
+            ed_barrier(p);
+        }
         if (L->attn_qkv.data) {
             ed_matmul(s, p, s->qkv, QKV, &L->attn_qkv, s->xb, E, n, 0, ith, nth);
+        } else if (ed_same_act(&L->attn_q, &L->attn_k) && ed_same_act(&L->attn_q, &L->attn_v)) {
+            const ed_tensor *W3[3] = {&L->attn_q, &L->attn_k, &L->attn_v};
+            float *O3[3] = {s->qkv, s->qkv + Qd, s->qkv + Qd + KVd};
+            ed_matmul3(s, p, W3, O3, QKV, s->xb, E, n, ith, nth);
         } else {
             ed_matmul(s, p, s->qkv, QKV, &L->attn_q, s->xb, E, n, 0, ith, nth);
             ed_matmul(s, p, s->qkv + Qd, QKV, &L->attn_k, s->xb, E, n,
@@ -334,24 +421,14 @@ static void ed_forward_worker(void *arg, int ith, int nth) {
             ed_rms_norm(s->xb + t * E, x, ed_vec(&L->ffn_norm), E, eps);
         }
         ed_barrier(p);
-        if (L->ffn_gate.data) {
-            ed_matmul(s, p, s->hb, 2 * F, &L->ffn_gate, s->xb, E, n, 0, ith, nth);
-            ed_matmul(s, p, s->hb + F, 2 * F, &L->ffn_up, s->xb, E, n,
-                      L->ffn_up.type == L->ffn_gate.type, ith, nth);
-        } else {
-            ed_matmul(s, p, s->hb, 2 * F, &L->ffn_up, s->xb, E, n, 0, ith, nth);
-        }
-        for (int64_t t = a; t < b; t++) {
-            float *g = s->hb + t * 2 * F, *u = g + F;
-            if (m->act_gelu) for (int i = 0; i < F; i++) g[i] = ed_gelu(g[i]) * u[i];
-            else             for (int i = 0; i < F; i++) g[i] = ed_silu(g[i]) * u[i];
-        }
-        ed_barrier(p);
+        ed_ffn_gate_up(s, p, m, L, n, ith, nth);
         ed_matmul(s, p, s->xb2, E, &L->ffn_down, s->hb, 2 * F, n, 0, ith, nth);
         for (int64_t t = a; t < b; t++) {
             float *o = s->xb2 + t * E, *x = s->x + t * E;
             if (L->post_ffw_norm.data) ed_rms_norm(o, o, ed_vec(&L->post_ffw_norm), E, eps);
             for (int i = 0; i < E; i++) x[i] += o[i];
+            if (il + 1 < m->n_layer)  /* the next layer's attn_norm, while x is in cache */
+                ed_rms_norm(s->xb + t * E, x, ed_vec(&m->layers[il + 1].attn_norm), E, eps);
         }
         ed_barrier(p);
     }
@@ -435,7 +512,7 @@ static size_t ed_state_layout(ed_state *s, const ed_model *m, int n_ctx, int n_b
     CARVE(hb, float, (size_t)n_batch * 2 * F);
     CARVE(att, float, (size_t)n_threads * n_ctx);
     CARVE(qh, uint16_t, (size_t)n_threads * hd);
-    CARVE(xq, uint8_t, (size_t)n_batch * xq_row);
+    CARVE(xq, uint8_t, (size_t)(n_batch > n_threads ? n_batch : n_threads) * xq_row);
     CARVE(logits, float, (size_t)n_batch * m->n_vocab);
     CARVE(tokens, int32_t, n_batch);
 #undef CARVE

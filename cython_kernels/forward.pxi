@@ -41,6 +41,7 @@ cdef extern from "forward.h" nogil:
     size_t ed_state_layout(ed_state *s, const ed_model *m, int n_ctx, int n_batch, int n_threads, uint8_t *arena)
     void ed_forward(ed_state *s, ed_pool *p, int n_tokens, int pos, int all_logits)
     void ed_types_init_generic()
+    int ed_types_init(const char *want)
     const char *ED_PATH
     int ED_NTYPES
     ctypedef struct ed_traits:
@@ -48,7 +49,20 @@ cdef extern from "forward.h" nogil:
         void *dot
     ed_traits ED_TRAITS[40]
 
-# the kernel path (ED_TRAITS) is chosen at import by kernels.pxi from $EDGED_KERNELS
+import os as _os
+
+
+def select_kernels(str name=None):
+    """Choose the dot-product path: None/"auto" (best this CPU has), "generic", "avx2", "avx512", "neon".
+    Called at import with $EDGED_KERNELS; tests call it to run every path."""
+    cdef bytes b = (name or "auto").encode()
+    if ed_types_init(b) != 0:
+        raise ImportError(f"EDGED_KERNELS={name!r}: unknown or not supported on this CPU "
+                          f"(generic, avx2, avx512, neon, auto; `edged info` lists this CPU's)")
+    return ED_PATH.decode()
+
+
+select_kernels(_os.environ.get("EDGED_KERNELS") or None)
 
 
 def kernel_path():

@@ -13,6 +13,7 @@
 #                unsigned ed_cpu_features(void); int ed_path_supported(const char *name).
 #   ed_threads.h int ed_pool_pin(ed_pool *p, const int *cpus, int n, const cpu_set_t *initial)
 #
+# The path is chosen once at import from $EDGED_KERNELS (forward.pxi's select_kernels()).
 # Python surface (checks first, then `with nogil:`): kernel_path() (forward.pxi), cpu_features(),
 # available_paths(), set_path(name), quantize_act(x, qtype), matmul(out, w, qtype, x, pool=None),
 # pin_pool(pool, cpus), thread_cpus(), aligned_empty(shape, dtype).
@@ -24,7 +25,6 @@ from libc.stdint cimport uint32_t, uint64_t
 from edged.errors import ConfigError as _ConfigError
 
 cdef extern from "ed_simd.h" nogil:
-    int ed_types_init(const char *force)
     unsigned ed_cpu_features()
     int ed_path_supported(const char *name)
     const char *ED_CPU_FEATURE_NAMES[]
@@ -73,7 +73,7 @@ def available_paths():
 def set_path(name=None):
     """Select a kernel path (None/"" = best supported). Raises ConfigError when unsupported."""
     cdef bytes b = (name or "").encode()
-    if name and name not in PATHS:
+    if name and name not in PATHS + ("auto",):
         raise _ConfigError(f"EDGED_KERNELS={name!r}: unknown kernel path (one of {', '.join(PATHS)})")
     if ed_types_init(b) != 0:
         ed_types_init(b"generic")
@@ -82,9 +82,6 @@ def set_path(name=None):
                            f"supported paths: {', '.join(available_paths())})")
     return kernel_path()
 
-
-# the path is chosen once at start-up
-set_path(_os.environ.get("EDGED_KERNELS") or None)
 
 
 cdef int _check_type(int qtype) except -1:

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Set everything up (tools/bootstrap.sh) and run edged's main job end to end on a built-in demo:
-# make a demo model and a signing key, sign the model, start the daemon on a local socket,
-# send a chat request through the socket and print the streamed reply. No downloads.
+# Set everything up (tools/bootstrap.sh) and run edged end to end on built-in demos, no downloads:
+# first the engine alone (a random-weight model of a tiny shape: info, generate, bench), then the
+# main job: make a demo model and a signing key, sign the model, start the daemon on a local
+# socket, send a chat request through the socket and print the streamed reply.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 tools/bootstrap.sh
@@ -10,6 +11,14 @@ PY=.venv/bin/python
 
 rm -rf demo
 mkdir -p demo/models demo/keys demo/run
+
+echo "--- the engine on its own: a random-weight model of a tiny shape (info, generate, bench)"
+"$EDGED" synth --shape tiny --type Q4_K_M demo/tiny-Q4_K_M.gguf
+"$EDGED" info -m demo/tiny-Q4_K_M.gguf -c 512
+"$EDGED" generate -m demo/tiny-Q4_K_M.gguf -p "Once upon a time" -n 32 --temp 0.8 --seed 1
+"$EDGED" bench -m demo/tiny-Q4_K_M.gguf -p 64 -n 16 -r 2
+
+echo "--- the main job: a signed demo model served by the daemon over a Unix socket"
 chmod 755 demo demo/models demo/keys
 "$PY" tools/make_demo_model.py demo/models/demo.gguf
 "$EDGED" gguf-dump demo/models/demo.gguf | head -n 12
