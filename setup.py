@@ -23,7 +23,7 @@ CYTHON_DIRECTIVES = {
     "embedsignature": True,
 }
 COMPILE_ARGS = ["-O0", "-g", "-UNDEBUG"] if DEBUG else ["-O3", "-fno-math-errno", "-DNDEBUG"]
-COMPILE_ARGS += ["-std=c11", "-pthread", "-Wno-unused-function", "-Wno-unreachable-code"]
+COMPILE_ARGS += ["-std=gnu11", "-pthread", "-Wno-unused-function", "-Wno-unreachable-code"]
 LINK_ARGS = ["-pthread"]
 # --------------------------------------------------------------------------------------------
 
