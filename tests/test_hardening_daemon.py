@@ -151,3 +151,18 @@ def test_tensor_data_may_not_reach_into_an_appended_signature(tmp_path, trusted)
         assert status == 422 and "not within the file" in body["error"]["message"], body
     finally:
         srv.stop()
+
+
+def test_sandbox_on_deny_kill_kills_the_daemon_on_a_denied_call(tmp_path, trusted):
+    """sandbox_on_deny = "kill": the self-test's first denied call (execve) ends the process with
+    SIGSYS, before it ever says READY=1 (under systemd, Restart=on-failure starts it again)."""
+    _key, keys_dir = trusted
+    (tmp_path / "models").mkdir()
+    srv = Server(tmp_path, str(tmp_path / "models"), keys_dir, wait=False,
+                 extra={"sandbox": "enforce", "sandbox_on_deny": "kill"},
+                 env={"EDGED_SANDBOX_SELFTEST": "1"})
+    try:
+        assert srv.proc.wait(120) == -signal.SIGSYS, srv.logtext()
+        assert "READY=1" not in "".join(srv.notify.messages)
+    finally:
+        srv.stop()

@@ -94,6 +94,10 @@ KEYS = [
     KeySpec("sandbox", "enforce", "enum",
             "In-process seccomp + Landlock confinement after start-up: enforce, log (audit only) or off.",
             choices=("enforce", "log", "off")),
+    KeySpec("sandbox_on_deny", "eperm", "enum",
+            "What a call the sandbox denies does: fail with EPERM (the daemon reports an error and "
+            "keeps serving) or kill the daemon (systemd restarts it).",
+            choices=("eperm", "kill")),
 ]
 SPEC = {k.name: k for k in KEYS}
 

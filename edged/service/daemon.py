@@ -110,7 +110,8 @@ class Daemon:
         cfg = self.cfg
         read_only = [p for p in (cfg.models_dir, cfg.trusted_keys, cfg.revoked_keys, self.config_path) if p]
         sock_dir = os.path.dirname(cfg.socket) if self.how == "bound" else None
-        sandbox.apply(cfg.sandbox, read_only=read_only, read_write=[sock_dir] if sock_dir else [])
+        sandbox.apply(cfg.sandbox, read_only=read_only, read_write=[sock_dir] if sock_dir else [],
+                      on_deny=cfg.sandbox_on_deny)
 
     def _status(self, what=None):
         if what is None:
@@ -128,11 +129,11 @@ class Daemon:
         except EdgedError as e:
             log.error("reload failed, keeping the running configuration: %s", e)
         else:
-            for key in ("socket", "socket_mode", "socket_group", "sandbox", "n_parallel"):
+            for key in ("socket", "socket_mode", "socket_group", "sandbox", "sandbox_on_deny", "n_parallel"):
                 if getattr(cfg, key) != getattr(self.cfg, key):
                     log.warning("config key %r changed; takes effect after a restart", key)
             cfg.values.update({k: getattr(self.cfg, k) for k in ("socket", "socket_mode", "socket_group",
-                                                                  "sandbox", "n_parallel")})
+                                                                  "sandbox", "sandbox_on_deny", "n_parallel")})
             self.cfg = cfg
             self.loader.cfg, self.loader.trust = cfg, trust
             self.registry.reconfigure(cfg)

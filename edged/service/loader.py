@@ -122,6 +122,8 @@ class Loader:
             vf = signing.open_verified(path, self.trust, cfg.require_signature)
         except FileNotFoundError:
             raise RequestError(f"model {name!r} not found ({path})") from None
+        except OSError as e:        # unreadable (mode, ownership, Landlock), I/O error
+            raise EdgedError(f"model {name!r} cannot be opened ({path}): {e.strerror}") from None
         t1 = time.monotonic()
         try:
             model = _engine_load(Model, vf, path, cfg)
