@@ -71,7 +71,8 @@ typedef struct {
     struct ed_pool *pool;
     /* profiling: nanoseconds per op kind, summed by thread 0 */
     int profile;
-    double prof_ns[ED_PROF_N];
+    double prof_ns[ED_PROF_N];     /* by op kind */
+    double prof_mm[ED_NTYPES];     /* matrix products (with their activation quantization) by weight type */
 } ed_state;
 
 /* ---------------------------------------------------------------- thread pool ---------- */
@@ -319,6 +320,15 @@ static void ed_ffn_gate_up(ed_state *s, ed_pool *p, const ed_model *m, const ed_
 static inline const float *ed_vec(const ed_tensor *t) { return (const float *)t->data; }
 
 /* ---------------------------------------------------------------- attention ------------ */
+static float ED_F16_LUT[65536];  /* f16 bits -> float, for the V accumulation */
+
+static void ed_forward_init(void) {
+    for (int i = 0; i < 65536; i++) ED_F16_LUT[i] = ed_fp16_to_fp32((ed_half)i);
+}
+
+/* Causal (and sliding-window) attention over the F16 cache for this thread's (token, head)
+ * pairs: q is rounded to f16 like llama.cpp's f16 K x q product, q.k through the F16 dot of
+ * the kernel table, softmax in float, V accumulated in float. Output into xb (n, Qd). */
 static void ed_attention(ed_state *s, const ed_model *m, int il, int ith, int nth, int ldqkv) {
     const int n = s->n_tokens, hd = m->head_dim, group = m->n_head / m->n_head_kv;
     const int kvd = m->n_head_kv * hd, Qd = m->n_head * hd;
@@ -326,7 +336,7 @@ static void ed_attention(ed_state *s, const ed_model *m, int il, int ith, int nt
     const uint16_t *kc = s->k_cache + lofs, *vc = s->v_cache + lofs;
     float *sc = s->att + (size_t)ith * s->n_ctx;
     uint16_t *q16 = s->qh + (size_t)ith * hd;
-    float acc[1024];
+    const ed_dot_fn dot16 = ED_TRAITS[ED_F16].dot;
     const int swa = m->layers[il].swa && m->n_swa > 0;
     int64_t a, b;
     ed_range((int64_t)n * m->n_head, ith, nth, &a, &b);
@@ -339,28 +349,34 @@ static void ed_attention(ed_state *s, const ed_model *m, int il, int ith, int nt
         if (swa && pt - m->n_swa + 1 > 0) j0 = pt - m->n_swa + 1;
         float mx = -INFINITY;
         for (int j = j0; j <= pt; j++) {
-            const uint16_t *kr = kc + (size_t)j * kvd + (size_t)kvh * hd;
-            float d = 0.0f;
-            for (int i = 0; i < hd; i++) d += H2F(q16[i]) * H2F(kr[i]);
-            d *= m->attn_scale;
+            const float d = dot16(hd, kc + (size_t)j * kvd + (size_t)kvh * hd, q16) * m->attn_scale;
             sc[j] = d;
             if (d > mx) mx = d;
         }
         double sum = 0.0;
         for (int j = j0; j <= pt; j++) { float e = expf(sc[j] - mx); sc[j] = e; sum += e; }
         const float inv = (float)(1.0 / sum);
-        for (int i = 0; i < hd; i++) acc[i] = 0.0f;
+        float *o = s->xb + (size_t)t * Qd + (size_t)h * hd;
+        for (int i = 0; i < hd; i++) o[i] = 0.0f;
         for (int j = j0; j <= pt; j++) {
             const float w = sc[j] * inv;
             const uint16_t *vr = vc + (size_t)j * kvd + (size_t)kvh * hd;
-            for (int i = 0; i < hd; i++) acc[i] += w * H2F(vr[i]);
+            for (int i = 0; i < hd; i++) o[i] += w * ED_F16_LUT[vr[i]];
         }
-        float *o = s->xb + (size_t)t * Qd + (size_t)h * hd;
-        for (int i = 0; i < hd; i++) o[i] = acc[i];
     }
 }
 
 /* ---------------------------------------------------------------- the forward pass ----- */
+#include <time.h>
+static inline double ed_now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e9 + ts.tv_nsec;
+}
+/* thread 0 charges the time since the last mark to an op kind (ops end in barriers, so its
+   clock covers the slowest thread); off unless the session asked for a profile */
+#define ED_MARK(arr, kind) do { if (prof) { double t_ = ed_now_ns(); s->arr[kind] += t_ - t_prev; t_prev = t_; } } while (0)
+
 static void ed_forward_worker(void *arg, int ith, int nth) {
     ed_state *s = (ed_state *)arg;
     const ed_model *m = s->m;
@@ -370,12 +386,15 @@ static void ed_forward_worker(void *arg, int ith, int nth) {
     const float eps = m->rms_eps;
     int64_t a, b;
     ed_range(n, ith, nth, &a, &b);  /* this thread's tokens for per-row ops */
+    const int prof = s->profile && ith == 0;
+    double t_prev = prof ? ed_now_ns() : 0.0;
 
     for (int il = 0; il < m->n_layer; il++) {
         const ed_layer *L = &m->layers[il];
         if (il == 0) {  /* later layers get their attn_norm from the previous residual step */
             for (int64_t t = a; t < b; t++) ed_rms_norm(s->xb + t * E, s->x + t * E, ed_vec(&L->attn_norm), E, eps);
             ed_barrier(p);
+            ED_MARK(prof_ns, ED_PROF_NORM);
         }
         if (L->attn_qkv.data) {
             ed_matmul(s, p, s->qkv, QKV, &L->attn_qkv, s->xb, E, n, 0, ith, nth);
@@ -390,6 +409,7 @@ static void ed_forward_worker(void *arg, int ith, int nth) {
             ed_matmul(s, p, s->qkv + Qd + KVd, QKV, &L->attn_v, s->xb, E, n,
                       L->attn_v.type == L->attn_k.type, ith, nth);
         }
+        ED_MARK(prof_mm, L->attn_qkv.data ? L->attn_qkv.type : L->attn_q.type);
         const float base = L->swa ? m->rope_base_swa : m->rope_base;
         const float fscale = L->swa ? 1.0f : m->rope_scale;
         for (int64_t t = a; t < b; t++) {
@@ -411,9 +431,12 @@ static void ed_forward_worker(void *arg, int ith, int nth) {
             for (int i = 0; i < KVd; i++) { kc[i] = ed_fp32_to_fp16(k[i]); vc[i] = ed_fp32_to_fp16(v[i]); }
         }
         ed_barrier(p);
+        ED_MARK(prof_ns, ED_PROF_ROPE);
         ed_attention(s, m, il, ith, nth, QKV);
         ed_barrier(p);
+        ED_MARK(prof_ns, ED_PROF_ATTN);
         ed_matmul(s, p, s->xb2, E, &L->attn_output, s->xb, Qd, n, 0, ith, nth);
+        ED_MARK(prof_mm, L->attn_output.type);
         for (int64_t t = a; t < b; t++) {
             float *o = s->xb2 + t * E, *x = s->x + t * E;
             if (L->post_attention_norm.data) ed_rms_norm(o, o, ed_vec(&L->post_attention_norm), E, eps);
@@ -421,8 +444,11 @@ static void ed_forward_worker(void *arg, int ith, int nth) {
             ed_rms_norm(s->xb + t * E, x, ed_vec(&L->ffn_norm), E, eps);
         }
         ed_barrier(p);
+        ED_MARK(prof_ns, ED_PROF_NORM);
         ed_ffn_gate_up(s, p, m, L, n, ith, nth);
+        ED_MARK(prof_mm, L->ffn_up.type);
         ed_matmul(s, p, s->xb2, E, &L->ffn_down, s->hb, 2 * F, n, 0, ith, nth);
+        ED_MARK(prof_mm, L->ffn_down.type);
         for (int64_t t = a; t < b; t++) {
             float *o = s->xb2 + t * E, *x = s->x + t * E;
             if (L->post_ffw_norm.data) ed_rms_norm(o, o, ed_vec(&L->post_ffw_norm), E, eps);
@@ -431,6 +457,7 @@ static void ed_forward_worker(void *arg, int ith, int nth) {
                 ed_rms_norm(s->xb + t * E, x, ed_vec(&m->layers[il + 1].attn_norm), E, eps);
         }
         ed_barrier(p);
+        ED_MARK(prof_ns, ED_PROF_NORM);
     }
     const int rows = s->all_logits ? n : 1, first = n - rows;
     ed_range(rows, ith, nth, &a, &b);
@@ -442,6 +469,7 @@ static void ed_forward_worker(void *arg, int ith, int nth) {
         for (int64_t i = a; i < b; i++) s->logits[i] = tanhf(s->logits[i] / m->softcap) * m->softcap;
         ed_barrier(p);
     }
+    ED_MARK(prof_ns, ED_PROF_OUTPUT);
 }
 
 

@@ -36,10 +36,14 @@ cdef extern from "forward.h" nogil:
         float *x
         float *logits
         int32_t *tokens
+        int profile
+        double prof_ns[7]
+        double prof_mm[40]
     ed_pool *ed_pool_create(int n_threads)
     void ed_pool_destroy(ed_pool *p)
     size_t ed_state_layout(ed_state *s, const ed_model *m, int n_ctx, int n_batch, int n_threads, uint8_t *arena)
     void ed_forward(ed_state *s, ed_pool *p, int n_tokens, int pos, int all_logits)
+    void ed_forward_init()
     void ed_types_init_generic()
     int ed_types_init(const char *want)
     const char *ED_PATH
@@ -63,6 +67,9 @@ def select_kernels(str name=None):
 
 
 select_kernels(_os.environ.get("EDGED_KERNELS") or None)
+
+
+ed_forward_init()
 
 
 def kernel_path():
@@ -230,6 +237,23 @@ cdef class ForwardState:
         v = np.asarray(<uint16_t[:m.n_layer * self.s.n_ctx * kvd]> self.s.v_cache)
         shape = (m.n_layer, self.s.n_ctx, kvd)
         return k.reshape(shape), v.reshape(shape)
+
+    def set_profile(self, bint on):
+        """Start (and zero) or stop per-op timing by thread 0."""
+        self.s.profile = on
+        if on:
+            memset(self.s.prof_ns, 0, sizeof(self.s.prof_ns))
+            memset(self.s.prof_mm, 0, sizeof(self.s.prof_mm))
+
+    def profile(self):
+        """{op kind: ms} since set_profile(True): matmul by weight type id, attention, ..."""
+        names = ("matmul", "quantize", "attention", "norms+residual", "bias/qk-norm/rope/kv-store",
+                 "activation", "output matmul")
+        out = {names[i]: self.s.prof_ns[i] / 1e6 for i in range(7) if self.s.prof_ns[i]}
+        for t in range(40):
+            if self.s.prof_mm[t]:
+                out[f"matmul type {t}"] = self.s.prof_mm[t] / 1e6
+        return out
 
     def forward(self, int n_tokens, int pos, bint all_logits):
         if n_tokens < 1 or n_tokens > self.s.n_batch:

@@ -144,6 +144,39 @@ class CPUBackend(Backend):
     def copy_out(self, buf, n_rows):
         return np.array(buf.state.logits(n_rows))
 
+    def profile(self, n_prompt=512):
+        """Time per op kind for one prompt batch and for one token after it (ms)."""
+        import time
+        from .sampling import Sampler
+        n_prompt = max(1, n_prompt)
+        buf = self.alloc(n_prompt + 8, n_prompt)
+        rng = np.random.default_rng(0)
+        out = {}
+        for label, n, pos in ((f"prompt batch of {n_prompt}", n_prompt, 0),
+                              (f"one token at position {n_prompt}", 1, n_prompt)):
+            toks = rng.integers(0, self.spec.hp.n_vocab, n).tolist()
+            buf.state.set_profile(True)
+            t0 = time.perf_counter()
+            self.copy_in(buf, toks, pos)
+            self.forward(buf, n, pos, False)
+            logits = self.copy_out(buf, 1)
+            wall = (time.perf_counter() - t0) * 1000
+            buf.state.set_profile(False)
+            ops = {}
+            for k, v in buf.state.profile().items():
+                if k.startswith("matmul type "):
+                    k = "matmul " + GGMLType(int(k.rsplit(" ", 1)[1])).name
+                ops[k] = v
+            sampler = Sampler(self.spec.hp.n_vocab, temperature=0.8, top_k=40, top_p=0.95,
+                              min_p=0.05, seed=0)
+            t1 = time.perf_counter()
+            sampler.sample(logits[0])
+            ops["sampling"] = (time.perf_counter() - t1) * 1000
+            ops["python + embedding lookup"] = max(0.0, wall - sum(v for k, v in ops.items()
+                                                                   if k != "sampling"))
+            out[label] = ops
+        return out
+
     def close(self):
         self._models.clear()
         self.pool = None
