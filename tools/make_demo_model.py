@@ -74,7 +74,7 @@ def main(out):
         g.add_tensor(f"blk.{i}.ffn_down.weight", w(n_embd, n_ff))
     g.add_tensor("output_norm.weight", np.ones(n_embd, np.float32))
     out = w(n_vocab, n_embd, scale=0.5)
-    out[3:3 + 256] = 0.0          # byte tokens get logit 0: the random replies come out as words
+    out[:3 + 256] = 0.0           # control and byte tokens get logit 0: the random reply is words
     g.add_tensor("output.weight", out)
     g.write_header_to_file()
     g.write_kv_data_to_file()
