@@ -88,13 +88,20 @@ def test_queue_overflow_gets_429_with_retry_after(tmp_path, models):
         srv.stop()
 
 
-def test_request_time_limit_ends_with_length(tmp_path, models):
+def test_request_time_limit_ends_with_length_and_prompt_logging(tmp_path, models):
     srv = Server(tmp_path, *models, default_model="alpha", extra={"request_timeout": 0.3, "ctx_size": 2048})
     try:
         t0 = time.monotonic()
         st, _, r = srv.request("POST", "/v1/completions", {"prompt": ONCE, "max_tokens": 2000, "temperature": 0})
         assert st == 200 and r["choices"][0]["finish_reason"] == "length"
         assert r["usage"]["completion_tokens"] < 2000 and time.monotonic() - t0 < 30
+        assert ONCE not in srv.logtext()                # prompts are not logged by default
+        srv.config.write_text(srv.config.read_text() + "log_prompts = true\n")
+        srv.notify.messages.clear()
+        srv.proc.send_signal(signal.SIGHUP)
+        srv.notify.wait_for("READY=1", 30)
+        st, _, r = srv.request("POST", "/v1/completions", {"prompt": ONCE, "max_tokens": 3, "temperature": 0})
+        assert f'prompt="{ONCE}"' in srv.logtext() and 'reply=", there' in srv.logtext()
     finally:
         srv.stop()
 

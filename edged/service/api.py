@@ -440,6 +440,8 @@ class Api:
             st.slots.release()
             raise
         info["prompt_tokens"] = n_prompt
+        if cfg.log_prompts:
+            info["prompt"] = p["messages"] if chat else p.get("prompt", p.get("prompt_ids"))
         gen.start(req)
         if p["stream"]:
             return StreamReply(gen.sse(req), gen.close)

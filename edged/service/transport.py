@@ -2,6 +2,7 @@
 an ApiRequest with the peer's credentials (SO_PEERCRED, SO_PEERGROUPS), write the Reply or
 stream the StreamReply, log one line per request."""
 import errno
+import json
 import grp
 import os
 import socket
@@ -169,7 +170,8 @@ def _finish(daemon, request, route, peer, reply, info, t0, resp):
         parts.append(f"error={info['error']!r}")
     if reply.status >= 400 and isinstance(reply, Reply) and isinstance(reply.body, dict):
         parts.append(f"reason={reply.body.get('error', {}).get('message', '')!r}")
-    if "reply" in info:
-        parts.append(f"reply={info['reply']!r}")
+    for k in ("prompt", "reply"):
+        if k in info:
+            parts.append(f"{k}={json.dumps(info[k], ensure_ascii=False)}")
     log.info(" ".join(parts))
     return resp
