@@ -11,7 +11,7 @@ import json
 import secrets
 import time
 
-from ..errors import CapacityError, EdgedError, RequestError
+from ..errors import EdgedError, RequestError
 from .loader import describe_error
 from .log import log
 from .names import check_model_name
