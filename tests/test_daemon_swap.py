@@ -208,3 +208,43 @@ def test_edged_chat_client_streams_reply(tmp_path, models):
         assert r.returncode == 2 and "no daemon socket" in r.stderr
     finally:
         srv.stop()
+
+
+def test_swap_waits_for_the_old_models_in_flight_stream(tmp_path, models):
+    srv = Server(tmp_path, *models, default_model="alpha",
+                 extra={"max_loaded_models": 1, "pin_default_model": False, "n_parallel": 2})
+    try:
+        async def main():
+            async with _client(srv.socket) as s:
+                done = {}
+
+                async def alpha():
+                    body = {"model": "alpha", "prompt": ONCE, "max_tokens": 200, "temperature": 0, "stream": True}
+                    async with s.post("http://edged/v1/completions", json=body) as r:
+                        text = await r.text()
+                    done["alpha"] = time.monotonic()
+                    return r.status, text
+
+                async def beta():
+                    await asyncio.sleep(0.05)          # alpha's stream is running
+                    body = {"model": "beta", "prompt": ONCE, "max_tokens": 2, "temperature": 0}
+                    async with s.post("http://edged/v1/completions", json=body) as r:
+                        res = r.status, await r.json()
+                    done["beta"] = time.monotonic()
+                    return res
+
+                a, b = await asyncio.gather(alpha(), beta())
+                return a, b, done
+
+        (sa, ta), (sb, jb), done = asyncio.run(main())
+        assert sa == 200 and ta.endswith("data: [DONE]\n\n") and '"finish_reason": "length"' in ta
+        assert sb == 200 and jb["model"] == "beta"
+        assert done["alpha"] < done["beta"]
+        log = srv.logtext()
+        assert log.index("swap: draining alpha for beta") < log.index("unloaded model alpha")
+        alpha_line = [line for line in log.splitlines() if "model=alpha" in line and "completion_tokens=200" in line]
+        assert alpha_line, log                  # the old model's stream ran to its end
+        # beta's request arrived while alpha was streaming: the drain started before alpha ended
+        assert log.index("swap: draining alpha for beta") < log.index(alpha_line[0])
+    finally:
+        srv.stop()
