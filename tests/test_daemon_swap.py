@@ -163,7 +163,7 @@ def test_idle_unload_keep_alive_and_watchdog(tmp_path, models):
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline and "beta" in srv.request("GET", "/health")[2]["models"]:
             time.sleep(0.2)
-        # beta went idle and was unloaded; alpha is the pinned default model and stays
+        # beta went idle and was unloaded; alpha, the default model, stays
         assert srv.request("GET", "/health")[2]["models"] == ["alpha"]
         assert "idle for" in srv.logtext()
     finally:
@@ -171,7 +171,7 @@ def test_idle_unload_keep_alive_and_watchdog(tmp_path, models):
 
 
 def test_over_budget_load_refused_old_model_keeps_serving(tmp_path, models):
-    srv = Server(tmp_path, *models, default_model="alpha", extra={"max_loaded_models": 2})
+    srv = Server(tmp_path, *models, default_model="alpha", extra={"max_loaded_models": 2, "pin_default_model": True})
     try:
         alpha = {m["id"]: m for m in srv.request("GET", "/v1/models")[2]["data"]}["alpha"]
         # A budget alpha fits in, but not alpha and beta together (SIGHUP re-reads it).
