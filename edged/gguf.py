@@ -194,6 +194,9 @@ class Key:
     SEP_ID = "tokenizer.ggml.seperator_token_id"   # sic: the GGUF spelling
     PAD_ID = "tokenizer.ggml.padding_token_id"
     MASK_ID = "tokenizer.ggml.mask_token_id"
+    FIM_PAD_ID = "tokenizer.ggml.fim_pad_token_id"
+    FIM_REP_ID = "tokenizer.ggml.fim_rep_token_id"
+    FIM_SEP_ID = "tokenizer.ggml.fim_sep_token_id"
     ADD_BOS = "tokenizer.ggml.add_bos_token"
     ADD_EOS = "tokenizer.ggml.add_eos_token"
     ADD_SEP = "tokenizer.ggml.add_sep_token"
