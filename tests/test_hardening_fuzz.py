@@ -149,7 +149,8 @@ def test_chat_template_renderer(pieces, content):
 
 
 @FUZZ
-@given(text=st.text(max_size=200), raw=st.binary(max_size=64))
+# U+2581 is SPM's space marker: it decodes to " " (as in llama.cpp), so it is left out.
+@given(text=st.text(st.characters(blacklist_characters="\u2581"), max_size=200), raw=st.binary(max_size=64))
 def test_tokenizer_round_trip_and_decode(text, raw):
     Tokenizer = _tokenizer_or_skip()
     tok = _fuzz_tokenizer(Tokenizer)
