@@ -164,10 +164,11 @@ def _engine_load(Model, vf, path, cfg):
 
 def describe_error(e):
     """(status, type, code) for an error raised while loading a model."""
-    from ..errors import CapacityError, ModelFormatError, SignatureError, UnsupportedModelError
+    from ..errors import (CapacityError, ModelFormatError, SignatureError, TokenizerError,
+                          UnsupportedModelError)
     if isinstance(e, SignatureError):
         return 403, "permission_error", "model_not_trusted"
-    if isinstance(e, (ModelFormatError, UnsupportedModelError)):
+    if isinstance(e, (ModelFormatError, UnsupportedModelError, TokenizerError)):
         return 422, "invalid_request_error", "model_unusable"
     if isinstance(e, CapacityError):
         return 503, "server_error", "model_over_budget"
