@@ -216,6 +216,9 @@ ATTACKS = [
     ("huge-range", "{% for i in range(10**9) %}x{% endfor %}"),
     ("huge-string", "{{ 'x' * 10**10 }}"),
     ("deep-recursion", "{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}"),
+    # found by tools/fuzz.py chat: the parser's own recursion, before any sandbox check
+    ("deep-nesting-parse", "={" + "{" * 120 + " messages[0].content }"),
+    ("deep-parentheses", "{{ " + "(" * 5000 + "1" + ")" * 5000 + " }}"),
 ]
 
 
