@@ -73,7 +73,7 @@ MAX_SIGNATURE_BYTES = 2048  # a 16384-bit key
 MAX_BLOCKS = 16
 _TAIL_SCAN = 64 << 10  # how far back a damaged or displaced block is looked for
 MAX_DETACHED_BYTES = 64 << 10
-HASH_CHUNK = 8 << 20
+HASH_CHUNK = 1 << 20  # fits in L2: read() copies into cache, SHA-256 reads it from there
 _CACHE_SETTLE_NS = 2_000_000_000  # files changed this recently are not cached (coarse clocks)
 
 
@@ -96,9 +96,11 @@ def fingerprint(key):
 
 def _check_rsa(key, source):
     if not isinstance(key, (rsa.RSAPublicKey, rsa.RSAPrivateKey)):
-        raise _refuse(BAD_KEY, source, f"{type(key).__name__.lstrip('_')} is not an RSA key; edged accepts RSA keys only")
+        kind = type(key).__name__.lstrip("_")
+        raise _refuse(BAD_KEY, source, f"{kind} is not an RSA key; edged accepts RSA keys only")
     if key.key_size < MIN_RSA_BITS:
-        raise _refuse(KEY_TOO_SMALL, source, f"{key.key_size}-bit RSA key; at least {MIN_RSA_BITS} bits required")
+        raise _refuse(KEY_TOO_SMALL, source,
+                      f"{key.key_size}-bit RSA key; at least {MIN_RSA_BITS} bits required")
     return key
 
 
@@ -156,7 +158,8 @@ class TrustStore:
         try:
             names = sorted(os.listdir(trusted_dir))
         except OSError as e:
-            raise _refuse(NO_TRUST_STORE, trusted_dir, f"cannot read the trusted-keys directory: {e.strerror}") from None
+            raise _refuse(NO_TRUST_STORE, trusted_dir,
+                          f"cannot read the trusted-keys directory: {e.strerror}") from None
         keys = {}
         for name in names:
             path = os.path.join(trusted_dir, name)
@@ -213,7 +216,8 @@ def verify_digest(public_key, signature, digest, algorithms=(PKCS1V15, PSS)):
     """The algorithm under which `signature` verifies `digest`, or None."""
     for algorithm in algorithms:
         try:
-            public_key.verify(signature, digest, _padding(algorithm, False), utils.Prehashed(hashes.SHA256()))
+            public_key.verify(signature, digest, _padding(algorithm, False),
+                              utils.Prehashed(hashes.SHA256()))
             return algorithm
         except InvalidSignature:
             pass
@@ -221,8 +225,8 @@ def verify_digest(public_key, signature, digest, algorithms=(PKCS1V15, PSS)):
 
 
 def _mgf1_sha256(seed, length):
-    out = b"".join(hashlib.sha256(seed + i.to_bytes(4, "big")).digest() for i in range((length + 31) // 32))
-    return out[:length]
+    blocks = (hashlib.sha256(seed + i.to_bytes(4, "big")).digest() for i in range((length + 31) // 32))
+    return b"".join(blocks)[:length]
 
 
 _SHA256_DIGEST_INFO = bytes.fromhex("3031300d060960864801650304020105000420")
@@ -267,7 +271,8 @@ class SignatureBlock:
 def encode_block(offset, algorithm, fp, signature):
     """The appended block for a signature over file[0:offset] by the key with fingerprint `fp`."""
     length = _HEADER.size + len(signature) + _TRAILER.size
-    header = _HEADER.pack(BLOCK_MAGIC, BLOCK_VERSION, algorithm, len(signature), offset, bytes.fromhex(fp))
+    header = _HEADER.pack(BLOCK_MAGIC, BLOCK_VERSION, algorithm, len(signature), offset,
+                          bytes.fromhex(fp))
     return header + signature + _TRAILER.pack(length, TRAILER_MAGIC)
 
 
@@ -288,21 +293,27 @@ def read_blocks(fd, size, name):
         if magic != TRAILER_MAGIC:
             break
         start = end - length
-        if not _HEADER.size + _TRAILER.size < length <= end or length - _HEADER.size - _TRAILER.size > MAX_SIGNATURE_BYTES:
-            raise _refuse(MALFORMED_BLOCK, name, f"trailer at offset {end - _TRAILER.size} states a block length of {length}")
+        framing = _HEADER.size + _TRAILER.size
+        if not framing < length <= end or length - framing > MAX_SIGNATURE_BYTES:
+            raise _refuse(MALFORMED_BLOCK, name,
+                          f"trailer at offset {end - _TRAILER.size} states a block length of {length}")
         magic, version, algorithm, sig_len, signed, fp = _HEADER.unpack(_pread_exact(fd, _HEADER.size, start))
         where = f"block at offset {start} (trailer at {end - _TRAILER.size})"
         if magic != BLOCK_MAGIC:
-            raise _refuse(MALFORMED_BLOCK, name, f"{where}: no block header where the trailer's length {length} points")
+            raise _refuse(MALFORMED_BLOCK, name,
+                          f"{where}: no block header where the trailer's length {length} points")
         if version != BLOCK_VERSION:
             raise _refuse(MALFORMED_BLOCK, name, f"{where}: unsupported block version {version}")
         if algorithm not in ALGORITHM_NAMES:
             raise _refuse(MALFORMED_BLOCK, name, f"{where}: unknown algorithm {algorithm}")
-        if sig_len != length - _HEADER.size - _TRAILER.size:
-            raise _refuse(MALFORMED_BLOCK, name, f"{where}: signature length {sig_len} disagrees with block length {length}")
+        if sig_len != length - framing:
+            raise _refuse(MALFORMED_BLOCK, name,
+                          f"{where}: signature length {sig_len} disagrees with block length {length}")
         if signed != start:
-            raise _refuse(MALFORMED_BLOCK, name, f"{where}: signs {signed} bytes, but a block signs exactly the bytes before it")
-        blocks.append(SignatureBlock(start, algorithm, fp.hex(), _pread_exact(fd, sig_len, start + _HEADER.size)))
+            raise _refuse(MALFORMED_BLOCK, name,
+                          f"{where}: signs {signed} bytes, but a block signs exactly the bytes before it")
+        signature = _pread_exact(fd, sig_len, start + _HEADER.size)
+        blocks.append(SignatureBlock(start, algorithm, fp.hex(), signature))
         end = start
     if not blocks:
         _look_for_displaced_block(fd, size, name)
@@ -315,15 +326,16 @@ def _look_for_displaced_block(fd, size, name):
     tail_start = max(0, size - _TAIL_SCAN)
     tail = os.pread(fd, size - tail_start, tail_start)
     at = tail.rfind(BLOCK_MAGIC + struct.pack("<H", BLOCK_VERSION))
-    if at < 0 or at + _HEADER.size > len(tail):
+    if at < 0:
         return
     start = tail_start + at
-    sig_len = _HEADER.unpack_from(tail, at)[3]
+    sig_len = _HEADER.unpack_from(tail, at)[3] if at + _HEADER.size <= len(tail) else 0
     block_end = start + _HEADER.size + min(sig_len, MAX_SIGNATURE_BYTES) + _TRAILER.size
     if size < block_end:
-        detail = f"signature block at offset {start} needs {block_end} bytes but the file has {size}: truncated"
+        detail = f"signature block at offset {start} needs {block_end} bytes, the file has {size}: truncated"
     elif size > block_end:
-        detail = f"{size - block_end} bytes of data after the signature block at offset {start} (ends at {block_end})"
+        detail = (f"{size - block_end} bytes of data after the signature block at offset {start} "
+                  f"(which ends at {block_end})")
     else:
         detail = f"signature block at offset {start} has a damaged trailer"
     raise _refuse(MALFORMED_BLOCK, name, detail)
@@ -426,24 +438,28 @@ def _stat_key(st):
 
 def _check_owner_and_mode(st, what, name):
     if st.st_uid not in (0, os.geteuid()):
-        raise _refuse(UNSAFE_PERMISSIONS, name, f"{what} is owned by uid {st.st_uid}, neither root nor uid {os.geteuid()} that verifies it")
+        raise _refuse(UNSAFE_PERMISSIONS, name,
+                      f"{what} is owned by uid {st.st_uid}, neither root nor uid {os.geteuid()} "
+                      "that verifies it")
     if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-        raise _refuse(UNSAFE_PERMISSIONS, name, f"{what} is writable by group or others (mode {stat.S_IMODE(st.st_mode):04o})")
+        raise _refuse(UNSAFE_PERMISSIONS, name,
+                      f"{what} is writable by group or others (mode {stat.S_IMODE(st.st_mode):04o})")
 
 
 def _open_checked(path):
     """Open `path` read-only without following a final symlink, after checking the directory
-    that holds it; returns the descriptor and its fstat."""
+    that holds it; returns (file descriptor, its fstat, directory descriptor)."""
     directory = os.path.dirname(os.path.abspath(path))
     dfd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
         _check_owner_and_mode(os.fstat(dfd), f"directory {directory}", path)
         try:
-            fd = os.open(os.path.basename(path), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dfd)
+            flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC  # NONBLOCK: a FIFO
+            fd = os.open(os.path.basename(path), flags, dir_fd=dfd)
         except OSError as e:
             if e.errno == errno.ELOOP:
-                raise _refuse(SYMLINK, path, "is a symbolic link; models are opened only by their real path") from None
-            raise
+                raise _refuse(SYMLINK, path, "is a symbolic link; open models by their real path") from None
+            raise OSError(e.errno, e.strerror, path) from None  # name the path, not the basename
         try:
             st = os.fstat(fd)
             if not stat.S_ISREG(st.st_mode):
@@ -460,10 +476,13 @@ def _open_checked(path):
 
 def _read_detached(dfd, path):
     try:
-        sfd = os.open(os.path.basename(path) + ".sig", os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dfd)
+        sfd = os.open(os.path.basename(path) + ".sig", os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC,
+                      dir_fd=dfd)
     except FileNotFoundError:
         return None
     with os.fdopen(sfd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+            raise _refuse(BAD_SIGNATURE, path + ".sig", "is not a regular file")
         return f.read(MAX_DETACHED_BYTES + 1)
 
 
@@ -510,8 +529,8 @@ def _verify_fd(fd, st, dfd, path, trust, require_signature, progress, cache):
     key = _stat_key(st)
     hit = cache.get(key) if cache is not None else None
     if hit is not None and trust.is_trusted(hit[0]):
-        signer, kind, algorithm, signed_length = hit
-        return VerifiedFile(fd, path, size, signed_length, signer, kind, algorithm)
+        signer, kind, algorithm, payload_end = hit
+        return VerifiedFile(fd, path, size, payload_end, signer, kind, algorithm)
 
     try:
         blocks = read_blocks(fd, size, path)
@@ -520,7 +539,7 @@ def _verify_fd(fd, st, dfd, path, trust, require_signature, progress, cache):
     payload_end = blocks[0].offset if blocks else size
     detached = _read_detached(dfd, path)
     if detached is not None and len(detached) > MAX_DETACHED_BYTES:
-        raise _refuse(BAD_SIGNATURE, path + ".sig", f"larger than {MAX_DETACHED_BYTES} bytes, not a signature")
+        raise _refuse(BAD_SIGNATURE, path + ".sig", f"over {MAX_DETACHED_BYTES} bytes, not a signature")
     if not blocks and detached is None:
         if require_signature:
             raise _refuse(UNSIGNED, path, f"no appended signature block and no {os.path.basename(path)}.sig")
@@ -530,51 +549,61 @@ def _verify_fd(fd, st, dfd, path, trust, require_signature, progress, cache):
     try:
         digests = hash_fd(fd, lengths, progress)
     except EOFError as e:
-        raise _refuse(CHANGED, path, f"file ended at offset {e.args[0]}, expected {max(lengths)} bytes") from None
+        raise _refuse(CHANGED, path, f"file ended at offset {e.args[0]}, before {max(lengths)}") from None
     after = os.fstat(fd)
     if _stat_key(after) != key:
         raise _refuse(CHANGED, path, "size, modification time, change time or inode differ after hashing")
 
-    refusals = []  # (rule, detail), outermost signature first
+    signer, kind, algorithm = _judge(path, trust, blocks, detached, digests, size)
+    # A file changed within the file system's timestamp granularity of now could change again
+    # without a new timestamp: such results are not cached (as git does with "racy" entries).
+    if cache is not None and time.time_ns() - max(after.st_mtime_ns, after.st_ctime_ns) > _CACHE_SETTLE_NS:
+        cache.put(key, (signer, kind, algorithm, payload_end))
+    return VerifiedFile(fd, path, size, payload_end, signer, kind, algorithm)
+
+
+def _judge(path, trust, blocks, detached, digests, size):
+    """(signer, kind, algorithm name) of the first signature a trusted key verifies, appended
+    blocks outermost first, then the detached one; otherwise refuse with the most telling rule."""
+    refusals = []  # (rule, detail)
     for b in reversed(blocks):
         where = f"appended signature at offset {b.offset}"
         status = trust.status(b.fingerprint)
         if len(b.signature) * 8 < MIN_RSA_BITS:
-            refusals.append((KEY_TOO_SMALL, f"{where} is {len(b.signature) * 8} bits, from key {b.fingerprint} under the {MIN_RSA_BITS}-bit minimum"))
+            refusals.append((KEY_TOO_SMALL, f"{where} is {len(b.signature) * 8} bits, from key "
+                                            f"{b.fingerprint} under the {MIN_RSA_BITS}-bit minimum"))
         elif status == "trusted":
             if verify_digest(trust.keys[b.fingerprint], b.signature, digests[b.offset], (b.algorithm,)):
-                return _accept(cache, key, after, fd, path, size, payload_end, b.fingerprint, "appended", b.algorithm)
-            refusals.append((BAD_SIGNATURE, f"{where} by key {b.fingerprint} does not match the {b.offset} bytes it covers"))
+                return b.fingerprint, "appended", ALGORITHM_NAMES[b.algorithm]
+            refusals.append((BAD_SIGNATURE, f"{where} by key {b.fingerprint} does not match "
+                                            f"the {b.offset} bytes it covers"))
         elif status == REVOKED_KEY:
             refusals.append((REVOKED_KEY, f"{where} is by revoked key {b.fingerprint}"))
         else:
-            refusals.append((UNKNOWN_KEY, f"{where} is by key {b.fingerprint}, which is not in the trust store {trust.source}"))
+            refusals.append((UNKNOWN_KEY, f"{where} is by key {b.fingerprint}, "
+                                          f"which is not in the trust store {trust.source}"))
     if detached is not None:
         where = f"detached signature {os.path.basename(path)}.sig"
         for fp, public_key in trust.trusted().items():
             algorithm = verify_digest(public_key, detached, digests[size])
             if algorithm:
-                return _accept(cache, key, after, fd, path, size, payload_end, fp, "detached", algorithm)
+                return fp, "detached", ALGORITHM_NAMES[algorithm]
+        # It names no key: find out whether a known key made it (over other bytes) at all.
         makers = [fp for fp, public_key in trust.keys.items() if made_by(public_key, detached)]
         if makers and makers[0] in trust.revoked:
             refusals.append((REVOKED_KEY, f"{where} is by revoked key {makers[0]}"))
         elif makers:
-            refusals.append((BAD_SIGNATURE, f"{where} is by key {makers[0]} but does not match the file's {size} bytes"))
+            refusals.append((BAD_SIGNATURE, f"{where} is by key {makers[0]} "
+                                            f"but does not match the file's {size} bytes"))
         elif len(detached) * 8 < MIN_RSA_BITS:
-            refusals.append((KEY_TOO_SMALL, f"{where} is {len(detached) * 8} bits, from a key under the {MIN_RSA_BITS}-bit minimum"))
+            refusals.append((KEY_TOO_SMALL, f"{where} is {len(detached) * 8} bits, "
+                                            f"from a key under the {MIN_RSA_BITS}-bit minimum"))
         else:
-            refusals.append((UNKNOWN_KEY, f"{where} was not made by any key in the trust store {trust.source}"))
+            refusals.append((UNKNOWN_KEY, f"{where} was not made by any key in the trust store "
+                                          f"{trust.source} (made by another key, or damaged)"))
     order = (BAD_SIGNATURE, REVOKED_KEY, KEY_TOO_SMALL, UNKNOWN_KEY)
     refusals.sort(key=lambda r: order.index(r[0]))
     raise _refuse(refusals[0][0], path, "; ".join(detail for _, detail in refusals))
-
-
-def _accept(cache, key, st, fd, path, size, payload_end, signer, kind, algorithm):
-    # A file changed within the file system's timestamp granularity of now could change again
-    # without a new timestamp; such results are not cached (as git does with "racy" entries).
-    if cache is not None and time.time_ns() - max(st.st_mtime_ns, st.st_ctime_ns) > _CACHE_SETTLE_NS:
-        cache.put(key, (signer, kind, algorithm, payload_end))
-    return VerifiedFile(fd, path, size, payload_end, signer, kind, ALGORITHM_NAMES[algorithm])
 
 
 # --- signing ---------------------------------------------------------------------------------
@@ -632,10 +661,13 @@ def _copy_fd(src, dst, size):
 def sign_file(path, private_key, *, detached=False, pss=False, progress=None):
     """Sign a model file; returns the path written. Appended: the file is copied to a temporary
     file beside it, the copy hashed and its block appended, then renamed over the original.
-    Detached: PATH.sig is written the same way. Nothing half-written is ever left behind."""
+    Detached: PATH.sig is written the same way. Nothing half-written is ever left behind.
+    Signing through a symlink appends to the file it points to and keeps the link."""
     algorithm = PSS if pss else PKCS1V15
     _check_rsa(private_key, "signing key")
     fp = fingerprint(private_key)
+    if not detached:
+        path = os.path.realpath(path)
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     try:
         st = os.fstat(fd)
@@ -649,9 +681,11 @@ def sign_file(path, private_key, *, detached=False, pss=False, progress=None):
             write_file_atomic(out, sign_digest(private_key, digest, algorithm), 0o644)
             return out
         directory = os.path.dirname(os.path.abspath(path))
-        tfd, tmp = tempfile.mkstemp(dir=directory, prefix="." + os.path.basename(path) + ".", suffix=".tmp")
+        tfd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{os.path.basename(path)}.", suffix=".tmp")
         try:
             _copy_fd(fd, tfd, st.st_size)
+            if _stat_key(os.fstat(fd)) != _stat_key(st):
+                raise _refuse(CHANGED, path, "the file changed while it was being copied for signing")
             digest = hash_fd(tfd, [st.st_size], progress)[st.st_size]
             block = encode_block(st.st_size, algorithm, fp, sign_digest(private_key, digest, algorithm))
             os.pwrite(tfd, block, st.st_size)
