@@ -490,3 +490,90 @@ class GGUFFile:
             n, b = out.get(t.type.name, (0, 0))
             out[t.type.name] = (n + 1, b + t.nbytes)
         return out
+
+
+class GGUFWriter:
+    """Writes a GGUF v3 file: metadata, tensor infos, then tensor data (each tensor aligned).
+
+        w = GGUFWriter(path)
+        w.add(Key.ARCHITECTURE, "llama"); w.add("llama.block_count", 2, ValueType.UINT32)
+        w.add_tensor("token_embd.weight", raw_uint8, GGMLType.Q8_0, (n_embd, n_vocab))
+        w.write()
+
+    Values without an explicit type: str -> STRING, bool -> BOOL, int -> UINT32 (INT32 when
+    negative, UINT64/INT64 when wider), float -> FLOAT32, list of str -> ARRAY of STRING,
+    numpy arrays -> ARRAY of their dtype. Tensor data is written in the order added.
+    """
+
+    _NP_TYPES = {np.dtype(v[1]): k for k, v in _SCALAR.items() if k != ValueType.BOOL}
+
+    def __init__(self, path, alignment=GGUF_DEFAULT_ALIGNMENT):
+        self.path = path
+        self.alignment = alignment
+        self.kv = []        # (key, ValueType, value, element ValueType or None)
+        self.tensors = []   # (name, GGMLType, shape, data)
+
+    def add(self, key, value, vtype=None):
+        sub = None
+        if vtype is None:
+            if isinstance(value, str):
+                vtype = ValueType.STRING
+            elif isinstance(value, (bool, np.bool_)):
+                vtype = ValueType.BOOL
+            elif isinstance(value, (int, np.integer)):
+                v = int(value)
+                vtype = (ValueType.UINT32 if 0 <= v < 2**32 else ValueType.INT32
+                         if -2**31 <= v < 0 else ValueType.UINT64 if v >= 0 else ValueType.INT64)
+            elif isinstance(value, (float, np.floating)):
+                vtype = ValueType.FLOAT32
+            elif isinstance(value, np.ndarray):
+                vtype, sub = ValueType.ARRAY, self._NP_TYPES[value.dtype.newbyteorder("<")]
+            elif isinstance(value, (list, tuple)) and all(isinstance(x, str) for x in value):
+                vtype, sub = ValueType.ARRAY, ValueType.STRING
+            else:
+                raise TypeError(f"GGUFWriter.add({key!r}): cannot infer a GGUF type for {type(value)}")
+        self.kv.append((key, ValueType(vtype), value, sub))
+
+    def add_tensor(self, name, data, qtype, shape):
+        """data: uint8 bytes of the tensor (or a float32 array for F32); shape in GGUF order."""
+        qtype = GGMLType(qtype)
+        data = np.ascontiguousarray(data).reshape(-1).view(np.uint8)
+        n = int(np.prod(shape))
+        if row_bytes(qtype, int(shape[0])) * (n // int(shape[0])) != data.nbytes:
+            raise ValueError(f"tensor {name!r}: {data.nbytes} bytes do not match {qtype.name} {shape}")
+        self.tensors.append((name, qtype, tuple(int(x) for x in shape), data))
+
+    @staticmethod
+    def _str(s):
+        b = s.encode("utf-8")
+        return struct.pack("<Q", len(b)) + b
+
+    def _value(self, vtype, value, sub):
+        if vtype == ValueType.STRING:
+            return self._str(value)
+        if vtype == ValueType.ARRAY:
+            if sub == ValueType.STRING:
+                return struct.pack("<IQ", sub, len(value)) + b"".join(self._str(s) for s in value)
+            arr = np.asarray(value, dtype=_SCALAR[sub][1])
+            return struct.pack("<IQ", sub, len(arr)) + arr.tobytes()
+        return struct.pack(_SCALAR[vtype][0], value)
+
+    def write(self):
+        a = self.alignment
+        head = [GGUF_MAGIC, struct.pack("<IQQ", 3, len(self.tensors), len(self.kv))]
+        for key, vtype, value, sub in self.kv:
+            head.append(self._str(key) + struct.pack("<I", vtype) + self._value(vtype, value, sub))
+        offset = 0
+        offsets = []
+        for name, qtype, shape, data in self.tensors:
+            offsets.append(offset)
+            head.append(self._str(name) + struct.pack("<I", len(shape))
+                        + struct.pack(f"<{len(shape)}Q", *shape) + struct.pack("<IQ", qtype, offset))
+            offset += (data.nbytes + a - 1) // a * a
+        header = b"".join(head)
+        pad = (-len(header)) % a
+        with open(self.path, "wb") as f:
+            f.write(header + b"\0" * pad)
+            for (name, qtype, shape, data), off in zip(self.tensors, offsets):
+                f.write(data.tobytes() if data.nbytes < (1 << 24) else memoryview(data))
+                f.write(b"\0" * ((-data.nbytes) % a))

@@ -113,7 +113,8 @@ class Model:
             self._verified = vf
             self.signer = vf.signer
             try:
-                self.file = GGUFFile.from_fd(vf.fd, name=self.path)
+                # map the very descriptor that was hashed, up to the signed length
+                self.file = GGUFFile.from_fd(vf.fd, name=self.path, size=vf.signed_length)
             except BaseException:
                 vf.close()
                 raise

@@ -71,7 +71,16 @@ def model_dir(tmp_path, key, models):
     return str(d)
 
 
+def needs_engine():
+    """Skip when the engine's text layer or kernels have not been merged into this branch yet."""
+    import importlib.util
+    for mod in ("edged.model", "edged.tokenizer", "edged.chat", "edged.quants"):
+        if importlib.util.find_spec(mod) is None:
+            pytest.skip(f"{mod} not available on this branch yet (engine/text/kernels not merged)")
+
+
 def stories():
+    needs_engine()
     return testdata("models", "stories260K.gguf")
 
 
@@ -173,10 +182,15 @@ class Server:
             self.wait_ready()
 
     def wait_ready(self, timeout=120):
-        try:
-            self.notify.wait_for("READY=1", timeout)
-        except AssertionError:
-            raise AssertionError(f"daemon not ready; log:\n{self.logtext()}") from None
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                self.notify.wait_for("READY=1", 0.5)
+                return
+            except AssertionError:
+                if self.proc.poll() is not None or time.monotonic() > deadline:
+                    raise AssertionError(f"daemon not ready (exit {self.proc.returncode}); log:\n"
+                                         f"{self.logtext()}") from None
 
     def logtext(self):
         self.log.flush()

@@ -67,3 +67,9 @@ def test_serve_refuses_bad_config_with_the_key(tmp_path):
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 2
     assert "'max_queue'" in r.stderr and "must be >= 0" in r.stderr
+
+
+def test_readme_table_lists_every_key():
+    readme = open(f"{ROOT}/README.md").read()
+    missing = [k.name for k in config.KEYS if f"| `{k.name}` |" not in readme]
+    assert not missing, f"README's configuration table lacks {missing}"

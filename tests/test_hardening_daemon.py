@@ -135,8 +135,6 @@ def test_daemon_refuses_every_corpus_file_and_keeps_serving(tmp_path, trusted):
     assert code == 0, srv.logtext()
 
 
-@pytest.mark.xfail(strict=True, reason="the loader maps the whole file, not signed_length: tensor "
-                   "data may extend into an appended signature block (engine/daemon fix pending)")
 def test_tensor_data_may_not_reach_into_an_appended_signature(tmp_path, trusted):
     """A tensor whose data runs past the signed bytes into the appended signature block."""
     from hardening_files import one_tensor

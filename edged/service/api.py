@@ -11,7 +11,7 @@ import json
 import secrets
 import time
 
-from ..errors import CapacityError, EdgedError, RequestError
+from ..errors import EdgedError, RequestError
 from .loader import describe_error
 from .log import log
 from .names import check_model_name
@@ -440,6 +440,8 @@ class Api:
             st.slots.release()
             raise
         info["prompt_tokens"] = n_prompt
+        if cfg.log_prompts:
+            info["prompt"] = p["messages"] if chat else p.get("prompt", p.get("prompt_ids"))
         gen.start(req)
         if p["stream"]:
             return StreamReply(gen.sse(req), gen.close)
@@ -473,6 +475,7 @@ class _Generation:
         self.finish = None
         self.t_start = time.monotonic()
         self.t_first = None
+        self.stats = {}                 # filled by Session.generate: n_prompt_eval, prompt_ms, ...
 
     def start(self, req):
         loop = asyncio.get_running_loop()
@@ -485,7 +488,8 @@ class _Generation:
             return s.generate(ids, max_tokens=self.max_tokens, temperature=p["temperature"], top_k=p["top_k"],
                               top_p=p["top_p"], min_p=p["min_p"], seed=p["seed"], stop=p["stop"],
                               repeat_penalty=p["repeat_penalty"], presence_penalty=p["presence_penalty"],
-                              frequency_penalty=p["frequency_penalty"], logit_bias=p["logit_bias"] or None)
+                              frequency_penalty=p["frequency_penalty"], logit_bias=p["logit_bias"] or None,
+                              stats=self.stats)
 
         def finish():      # decode thread: the session is free again
             for s in session_box:
@@ -516,6 +520,8 @@ class _Generation:
                     break
         info = self.req.info
         info.update(completion_tokens=self.n_gen, finish=self.finish or "cancelled")
+        if "n_prompt_eval" in self.stats:
+            info["cached_tokens"] = len(self.ids) - self.stats["n_prompt_eval"]
         elapsed = time.monotonic() - self.t_start
         if self.t_first is not None:
             info["ttft_ms"] = (self.t_first - self.t_start) * 1e3
@@ -539,9 +545,10 @@ class _Generation:
                     self.job.cancel.set()
                 yield text, None
             elif kind == "done":
-                self.finish = value if value in ("stop", "length") else ("length" if value == "abort" else "stop")
-                if value == "cancelled":
-                    self.finish = "cancelled"
+                # engine: "stop"/"length"; decoder: "cancelled" (client gone), "abort" (shutdown
+                # drain timed out), None (generator ended without a reason)
+                self.finish = {"stop": "stop", "length": "length", "cancelled": "cancelled",
+                               "abort": "length"}.get(value, "stop")
                 yield "", self.finish
                 return
             else:
@@ -550,7 +557,11 @@ class _Generation:
 
     def usage(self):
         n = len(self.ids)
-        return {"prompt_tokens": n, "completion_tokens": self.n_gen, "total_tokens": n + self.n_gen}
+        u = {"prompt_tokens": n, "completion_tokens": self.n_gen, "total_tokens": n + self.n_gen}
+        if "n_prompt_eval" in self.stats:
+            # prompt tokens found in the slot's KV cache (a follow-up turn re-evaluates only the new ones)
+            u["prompt_tokens_details"] = {"cached_tokens": n - self.stats["n_prompt_eval"]}
+        return u
 
     async def collect(self, req):
         async for _text, _fin in self.events(req):

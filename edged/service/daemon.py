@@ -50,6 +50,7 @@ class Daemon:
         self.loader = Loader(self.cfg, trust)
         self.executor = concurrent.futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="edged-load")
         self.registry = Registry(self.cfg, self.loader, self.metrics, self.executor)
+        self.registry.on_change = self._status
         self.slots = Slots(self.cfg.n_parallel, self.cfg.max_queue)
         self.api = Api(self)
 
@@ -77,7 +78,6 @@ class Daemon:
         log.info("listening on %s (%s); models in %s; n_parallel=%d max_queue=%d", where, self.how,
                  cfg.models_dir, cfg.n_parallel, cfg.max_queue)
         if cfg.default_model:
-            systemd.notify(f"STATUS=loading model {cfg.default_model}")
             try:
                 await self.registry.ensure_loaded(cfg.default_model)
             except EdgedError as e:
@@ -112,6 +112,11 @@ class Daemon:
         sock_dir = os.path.dirname(cfg.socket) if self.how == "bound" else None
         sandbox.apply(cfg.sandbox, read_only=read_only, read_write=[sock_dir] if sock_dir else [],
                       on_deny=cfg.sandbox_on_deny)
+
+    def _status(self, what=None):
+        if what is None:
+            what = "serving (" + (", ".join(self.registry.models) or "no model loaded") + ")"
+        systemd.notify(f"STATUS={what}")
 
     # --- reload -----------------------------------------------------------------------
     async def reload(self):

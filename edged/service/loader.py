@@ -4,7 +4,6 @@ The only module of the service that touches the engine, the text layer and signi
 phase is timed separately (the swap-latency split the README records). Everything here runs
 in worker threads, never on the event loop.
 """
-import os
 import threading
 import time
 
@@ -43,8 +42,13 @@ class LoadedModel:
         prompt = self.model.chat_prompt(messages, add_generation_prompt=True)
         if isinstance(prompt, str):
             # The rendered template spells its special tokens out (<|im_start|>...): parse them.
-            return list(self.tokenizer.encode(prompt, add_special=True, parse_special=True))
-        return list(prompt)
+            ids = list(self.tokenizer.encode(prompt, add_special=True, parse_special=True))
+        else:
+            ids = list(prompt)
+        bos = self.tokenizer.bos_id
+        if len(ids) >= 2 and bos is not None and ids[0] == ids[1] == bos:
+            del ids[0]      # the template wrote {{ bos_token }} and the tokenizer added one too
+        return ids
 
     def encode_text(self, text, add_special=True, parse_special=False):
         return list(self.tokenizer.encode(text, add_special=add_special, parse_special=parse_special))
@@ -101,36 +105,35 @@ class Loader:
         self.cfg = cfg
         self.trust = trust
 
-    def verify_only(self, path):
-        from .. import signing
-        vf = signing.open_verified(path, self.trust, self.cfg.require_signature)
-        vf.close()
-
     def load(self, name, path):
-        """verify + map/validate; returns a LoadedModel (not yet warm). Raises EdgedError."""
+        """verify + map/validate; returns a LoadedModel (not yet warm). Raises EdgedError.
+
+        The signature check is timed on its own (open_verified hashes the file); the engine then
+        opens the model through open_verified again, which the verification cache answers
+        without re-hashing an unchanged file (a replaced file misses the cache and is verified
+        afresh), and maps that very descriptor up to the signed length."""
         from .. import signing
         from ..model import Model
 
         cfg = self.cfg
         t0 = time.monotonic()
         try:
-            vf = signing.open_verified(path, self.trust, cfg.require_signature)
+            signing.open_verified(path, self.trust, cfg.require_signature).close()
         except FileNotFoundError:
             raise RequestError(f"model {name!r} not found ({path})") from None
         except OSError as e:        # unreadable (mode, ownership, Landlock), I/O error
             raise EdgedError(f"model {name!r} cannot be opened ({path}): {e.strerror}") from None
         t1 = time.monotonic()
-        try:
-            model = _engine_load(Model, vf, path, cfg)
-        finally:
-            vf.close()
+        checked = self.trust is not None or cfg.require_signature
+        model = Model.load(path, n_threads=cfg.threads or None, numa=cfg.numa, mlock=cfg.mlock,
+                           trusted_keys=self.trust if checked else None, require_signature=cfg.require_signature,
+                           max_memory=cfg.memory_budget or None, n_ctx_plan=cfg.ctx_size)
         t2 = time.monotonic()
-        plan = getattr(model, "memory_plan", None)
+        plan = model.memory_plan
         # weights once, a KV cache and scratch per slot
-        size = plan.weights + cfg.n_parallel * (plan.kv_cache + plan.scratch) if plan is not None else vf.size
-        model.path = path
-        return LoadedModel(name, path, model, getattr(vf, "signer", None), size,
-                           {"verify": t1 - t0, "map": t2 - t1}, cfg.ctx_size)
+        size = plan.weights + cfg.n_parallel * (plan.kv_cache + plan.scratch)
+        return LoadedModel(name, path, model, model.signer, size, {"verify": t1 - t0, "map": t2 - t1},
+                           cfg.ctx_size)
 
     def warm(self, lm):
         """One forward pass so the first request does not pay for page faults and allocation."""
@@ -145,21 +148,6 @@ class Loader:
             s.reset()
         lm.give_back(s)
         lm.timings["warmup"] = time.monotonic() - t0
-
-
-def _engine_load(Model, vf, path, cfg):
-    """Load the engine Model from the verified descriptor (the bytes that were hashed).
-
-    /proc/self/fd/N opens the very inode the signature was computed over, even if
-    MODELS_DIR/NAME.gguf has been replaced since; errors are reported with the real path."""
-    proc = f"/proc/self/fd/{vf.fd}"
-    try:
-        return Model.load(proc, n_threads=cfg.threads or None, numa=cfg.numa, mlock=cfg.mlock,
-                          max_memory=cfg.memory_budget or None, n_ctx_plan=cfg.ctx_size)
-    except EdgedError as e:
-        if proc in str(e):
-            raise type(e)(str(e).replace(proc, path)) from None
-        raise
 
 
 def describe_error(e):

@@ -11,7 +11,8 @@ import asyncio
 import os
 import time
 
-from ..errors import CapacityError, RequestError
+from ..errors import (CapacityError, EdgedError, ModelFormatError, RequestError, SignatureError,
+                      UnsupportedModelError)
 from .loader import LoadedModel
 from .log import log
 from .names import check_model_name, list_models, model_path
@@ -42,7 +43,9 @@ class Registry:
         self.models: dict[str, LoadedModel] = {}
         self._load_lock = asyncio.Lock()
         self._waiters = []                        # futures woken whenever a lease is released
+        self._refused = {}                        # name -> (file identity, trust, error): no re-hash of a bad file
         self.loading: str | None = None           # name being loaded, for /health
+        self.on_change = lambda what: None        # the daemon reports phases to systemd (STATUS=)
 
     # --- lookup -------------------------------------------------------------------------
     def path(self, name):
@@ -80,7 +83,7 @@ class Registry:
                      "loaded": bool(lm and not lm.draining), "size": size,
                      "signed": bool(lm.signer) if lm else _has_signature(p)}
             if lm:
-                entry.update(signer=lm.signer, pinned=lm.pinned, in_flight=lm.refs,
+                entry.update(signer=lm.signer, pinned=lm.pinned, in_flight=lm.refs, memory=lm.size,
                              load_seconds={k: round(v, 4) for k, v in lm.timings.items()})
             out.append(entry)
         return out
@@ -119,15 +122,23 @@ class Registry:
             if name in self.models and not self.models[name].draining:
                 return self.models[name]
             path = self.path(name)
+            ident = _identity(path)
+            refused = self._refused.get(name)
+            if refused and refused[0] == ident and refused[1] is self.loader.trust:
+                raise type(refused[2])(str(refused[2]))        # same file, same trust: same answer
             t_start = time.monotonic()
             self.loading = name
+            self.on_change(f"loading model {name}")
             try:
                 try:
                     new = await loop.run_in_executor(self.executor, self.loader.load, name, path)
                 except BaseException as e:
                     self.metrics.loads["failed"] += 1
                     log.warning("load of model %s failed: %s", name, e)
+                    if isinstance(e, (SignatureError, ModelFormatError, UnsupportedModelError)) and ident:
+                        self._refused[name] = (ident, self.loader.trust, e)
                     raise
+                self._refused.pop(name, None)
                 victims = self._victims_for(new)
                 if victims is None:
                     await loop.run_in_executor(self.executor, new.close)
@@ -169,6 +180,7 @@ class Registry:
                 return new
             finally:
                 self.loading = None
+                self.on_change(None)
 
     def _budget(self):
         if self.cfg.memory_budget:
@@ -232,13 +244,27 @@ class Registry:
             await loop.run_in_executor(self.executor, lm.close)
 
 
-def _has_signature(path):
-    """Cheap look for a signature (detached .sig or an appended block), without verifying."""
+def _identity(path):
     try:
-        from .. import signing
-        probe = getattr(signing, "has_signature", None)
-        if probe is not None:
-            return bool(probe(path))
-    except ImportError:
-        pass
-    return os.path.exists(path + ".sig")
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+def _has_signature(path):
+    """Whether a signature is present (detached .sig or appended block), without verifying it:
+    only the file's tail is read. Verification happens at load."""
+    from .. import signing
+    if os.path.exists(path + ".sig"):
+        return True
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        return bool(signing.read_blocks(fd, os.fstat(fd).st_size, path))
+    except (EdgedError, EOFError, OSError):
+        return False
+    finally:
+        os.close(fd)

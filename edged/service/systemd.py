@@ -19,7 +19,8 @@ def notify(*lines):
     elif not addr.startswith("/"):
         return False                    # vsock etc.: not used on devices
     msg = "\n".join(lines).encode()
-    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC) as s:
+    # Non-blocking: a service manager that is slow to read must never stall the event loop.
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC | socket.SOCK_NONBLOCK) as s:
         try:
             s.sendto(msg, addr)
         except OSError:

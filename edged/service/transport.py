@@ -2,6 +2,7 @@
 an ApiRequest with the peer's credentials (SO_PEERCRED, SO_PEERGROUPS), write the Reply or
 stream the StreamReply, log one line per request."""
 import errno
+import json
 import grp
 import os
 import socket
@@ -156,7 +157,7 @@ def _finish(daemon, request, route, peer, reply, info, t0, resp):
     daemon.metrics.request(route, reply.status)
     ms = (time.monotonic() - t0) * 1e3
     parts = [f"{request.method} {request.path} {reply.status}"]
-    for k in ("model", "prompt_tokens", "completion_tokens", "finish"):
+    for k in ("model", "prompt_tokens", "cached_tokens", "completion_tokens", "finish"):
         if k in info:
             parts.append(f"{k}={info[k]}")
     for k in ("queue_ms", "ttft_ms", "gen_ms"):
@@ -169,7 +170,8 @@ def _finish(daemon, request, route, peer, reply, info, t0, resp):
         parts.append(f"error={info['error']!r}")
     if reply.status >= 400 and isinstance(reply, Reply) and isinstance(reply.body, dict):
         parts.append(f"reason={reply.body.get('error', {}).get('message', '')!r}")
-    if "reply" in info:
-        parts.append(f"reply={info['reply']!r}")
+    for k in ("prompt", "reply"):
+        if k in info:
+            parts.append(f"{k}={json.dumps(info[k], ensure_ascii=False)}")
     log.info(" ".join(parts))
     return resp
