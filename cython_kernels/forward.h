@@ -510,6 +510,10 @@ static void ed_pool_destroy(ed_pool *p) {
     free(p);
 }
 
+/* logits rows kept per call: a batch asking for every row's logits is at most this long
+   (a 152k vocabulary costs 0.6 MB per row; the prompt itself only needs its last row) */
+#define ED_MAX_LOGIT_ROWS 32
+
 #define ED_ALIGN(n) (((n) + 63) & ~(size_t)63)
 
 /* Carve one session's buffers out of `arena` (64-byte aligned). With arena == NULL only
@@ -541,7 +545,7 @@ static size_t ed_state_layout(ed_state *s, const ed_model *m, int n_ctx, int n_b
     CARVE(att, float, (size_t)n_threads * n_ctx);
     CARVE(qh, uint16_t, (size_t)n_threads * hd);
     CARVE(xq, uint8_t, (size_t)(n_batch > n_threads ? n_batch : n_threads) * xq_row);
-    CARVE(logits, float, (size_t)n_batch * m->n_vocab);
+    CARVE(logits, float, (size_t)(n_batch < ED_MAX_LOGIT_ROWS ? n_batch : ED_MAX_LOGIT_ROWS) * m->n_vocab);
     CARVE(tokens, int32_t, n_batch);
 #undef CARVE
     if (arena) {

@@ -44,6 +44,7 @@ cdef extern from "forward.h" nogil:
     size_t ed_state_layout(ed_state *s, const ed_model *m, int n_ctx, int n_batch, int n_threads, uint8_t *arena)
     void ed_forward(ed_state *s, ed_pool *p, int n_tokens, int pos, int all_logits)
     void ed_forward_init()
+    int ED_MAX_LOGIT_ROWS
     void ed_types_init_generic()
     int ed_types_init(const char *want)
     const char *ED_PATH
@@ -255,7 +256,13 @@ cdef class ForwardState:
                 out[f"matmul type {t}"] = self.s.prof_mm[t] / 1e6
         return out
 
+    @property
+    def max_logit_rows(self):
+        return min(self.s.n_batch, ED_MAX_LOGIT_ROWS)
+
     def forward(self, int n_tokens, int pos, bint all_logits):
+        if all_logits and n_tokens > min(self.s.n_batch, ED_MAX_LOGIT_ROWS):
+            raise ValueError(f"all logits of {n_tokens} rows: at most {ED_MAX_LOGIT_ROWS} per call")
         if n_tokens < 1 or n_tokens > self.s.n_batch:
             raise ValueError(f"n_tokens {n_tokens} not in [1, {self.s.n_batch}]")
         if pos < 0 or pos + n_tokens > self.s.n_ctx:

@@ -219,3 +219,9 @@ def read_bandwidth_pass(const uint8_t[::1] buf, Pool pool=None):
     for i in range(64):
         s ^= a.sums[i]
     return s
+
+
+def default_threads():
+    """Physical cores in the allowed CPU set (edged.threads)."""
+    from edged.threads import default_threads as _dt
+    return _dt()

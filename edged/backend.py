@@ -55,6 +55,10 @@ class Backend:
     def free(self, buf) -> None:
         raise NotImplementedError
 
+    def max_logit_rows(self, buf) -> int:
+        """Most rows one forward step can return logits for (eval splits longer batches)."""
+        return 1 << 30
+
     def copy_in(self, buf, tokens, pos: int) -> None:
         """Stage a batch of token ids that will sit at positions pos, pos+1, ..."""
         raise NotImplementedError

@@ -5,6 +5,8 @@ one 64-byte aligned arena (KV cache in F16, activations, quantized activations, 
 """
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 
 from .arch import ROPE_NEOX, VECTOR_TYPES
@@ -90,7 +92,12 @@ class CPUBackend(Backend):
         self._embd = spec.tensors[spec.token_embd]
         self._embd_rows = np.asarray(weights[spec.token_embd]).reshape(hp.n_vocab, -1)
         self.pool = core.Pool(self.n_threads)
+        # one forward pass at a time on the pool: sessions of one model may live in several
+        # threads (the daemon), the workers serve one call at a time
+        self._run_lock = threading.Lock()
         self.n_threads = self.pool.n_threads
+        from .threads import pin_workers
+        self.pinned_cpus = pin_workers(self.pool, numa)  # inside sched_getaffinity's set
 
     def _model_for(self, n_ctx):
         name = self.spec.rope_factors(n_ctx)
@@ -113,8 +120,9 @@ class CPUBackend(Backend):
         E, F, Qd, KVd = hp.n_embd, hp.n_ff, hp.n_embd_q, hp.n_embd_k_gqa
         kv = 2 * hp.n_layer * n_ctx * KVd * 2
         widest = max(E, Qd, F)
-        per_tok = 4 * (E + max(E, Qd) + E + Qd + 2 * KVd + 2 * F + hp.n_vocab) + 4 * widest + 16
-        scratch = n_batch * per_tok + n_threads * (4 * n_ctx + 2 * hp.head_dim) + 64 * 12
+        per_tok = 4 * (E + max(E, Qd) + E + Qd + 2 * KVd + 2 * F) + 4 * widest + 16
+        logits = 4 * min(n_batch, 32) * hp.n_vocab  # ED_MAX_LOGIT_ROWS rows
+        scratch = n_batch * per_tok + logits + n_threads * (4 * n_ctx + 2 * hp.head_dim) + 64 * 12
         return BufferPlan(kv, scratch)
 
     def plan(self, n_ctx, n_batch):
@@ -128,6 +136,9 @@ class CPUBackend(Backend):
     def free(self, buf):
         pass  # the arena goes with the ForwardState object
 
+    def max_logit_rows(self, buf):
+        return buf.state.max_logit_rows
+
     def copy_in(self, buf, tokens, pos):
         toks = np.asarray(tokens, dtype=np.int64)
         t = self._embd
@@ -139,7 +150,8 @@ class CPUBackend(Backend):
         buf.inp[:len(toks)] = rows
 
     def forward(self, buf, n_tokens, pos, all_logits):
-        buf.state.forward(n_tokens, pos, all_logits)
+        with self._run_lock:
+            buf.state.forward(n_tokens, pos, all_logits)
 
     def copy_out(self, buf, n_rows):
         return np.array(buf.state.logits(n_rows))

@@ -44,11 +44,9 @@ def _mib(n):
 
 
 def default_threads():
-    try:
-        from . import _core
-        return _core.default_threads()
-    except (ImportError, AttributeError):
-        return max(1, len(os.sched_getaffinity(0)))
+    """Physical cores in this process's allowed CPU set (SMT siblings counted once)."""
+    from .threads import default_threads as physical
+    return physical()
 
 
 @dataclass(frozen=True)
@@ -310,10 +308,11 @@ class Session:
         be, buf = self.model.backend, self._buf
         t0 = time.perf_counter()
         rows = []
-        for i in range(0, len(ids), self.n_batch):
-            chunk = ids[i:i + self.n_batch]
-            last = i + self.n_batch >= len(ids)
-            want_all = logits == "all"
+        want_all = logits == "all"
+        step = min(self.n_batch, be.max_logit_rows(buf)) if want_all else self.n_batch
+        for i in range(0, len(ids), step):
+            chunk = ids[i:i + step]
+            last = i + step >= len(ids)
             be.copy_in(buf, chunk, self.n_past)
             be.forward(buf, len(chunk), self.n_past, want_all)
             self.tokens.extend(chunk)

@@ -8,6 +8,8 @@ one of the real size (bytes, characters, pairs, fillers), so tokenizing and deto
 """
 from __future__ import annotations
 
+import os
+
 import numpy as np
 
 from .errors import ConfigError
@@ -44,9 +46,7 @@ MIXES = {
 }
 
 # llama.cpp's fallbacks when a row length is not a multiple of the K-quant super-block
-FALLBACK = {GGMLType.Q2_K: GGMLType.Q4_0, GGMLType.Q3_K: GGMLType.Q4_0,
-            GGMLType.Q4_K: GGMLType.Q5_0, GGMLType.Q5_K: GGMLType.Q5_1,
-            GGMLType.Q6_K: GGMLType.Q8_0}
+from .quantize import FALLBACK  # noqa: E402
 
 
 def _more_bits(il, n_layer):
@@ -121,7 +121,8 @@ def synth(shape, ftype, out, seed=0, progress=None):
     arch, E, F, L, V = s["arch"], s["n_embd"], s["n_ff"], s["n_layer"], s["n_vocab"]
     H, KV = s["n_head"], s["n_head_kv"]
     hd = E // H
-    w = GGUFWriter(out)
+    w = GGUFWriter()
+    data = {}  # name -> bytes, written after the header in declaration order
     A = lambda k: Key.arch(k, arch)  # noqa: E731
     w.add(Key.ARCHITECTURE, arch)
     w.add(Key.NAME, f"edged-synth-{shape}-{ftype}")
@@ -149,12 +150,14 @@ def synth(shape, ftype, out, seed=0, progress=None):
     def mat(name, role, n_in, n_out, il=0):
         nonlocal n_params
         t = tensor_type(role, n_in, ftype, il, L)
-        w.add_tensor(name, pool.rows(t, n_in, n_out), t, (n_in, n_out))
+        w.add_tensor(name, (n_in, n_out), t)
+        data[name] = pool.rows(t, n_in, n_out)
         n_params += n_in * n_out
 
     def vec(name, n, value=1.0):
         nonlocal n_params
-        w.add_tensor(name, np.full(n, value, np.float32), GGMLType.F32, (n,))
+        w.add_tensor(name, (n,), GGMLType.F32)
+        data[name] = np.full(n, value, np.float32)
         n_params += n
 
     mat("token_embd.weight", "output" if s["tied"] else "token_embd", E, V)
@@ -178,5 +181,10 @@ def synth(shape, ftype, out, seed=0, progress=None):
         mat(p + "ffn_down.weight", "ffn_down", F, E, il)
         if progress:
             progress(il + 1, L)
-    w.write()
+    tmp = out + ".tmp"
+    with open(tmp, "wb") as f:
+        w.write_header(f)
+        for name in w.tensor_names:
+            w.write_tensor(f, name, data.pop(name))
+    os.replace(tmp, out)
     return n_params

@@ -107,3 +107,24 @@ def test_eog_stops_generation(stories):
     eos = stories.tokenizer.eos_id
     outs = list(stories.session(128).generate(prompt, max_tokens=50, logit_bias={eos: 100.0}))
     assert len(outs) == 1 and outs[0].finish_reason == "stop" and outs[0].text == ""
+
+
+def test_sessions_in_threads_share_one_model():
+    """The Model is immutable and shared; sessions in parallel threads give the same tokens
+    as one after the other."""
+    import threading
+    from edged import Model
+    prompt, want = golden_stories()
+    m = Model.load(testdata("models", "stories260K.gguf"), n_threads=2)
+    results = [None] * 4
+
+    def work(i):
+        results[i] = [o.token for o in m.session(128).generate(prompt, max_tokens=30)]
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    m.close()
+    assert all(r == want[:30] for r in results)

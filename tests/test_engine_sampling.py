@@ -103,11 +103,11 @@ def test_compiled_sampler_is_fast_on_152k_vocab():
                 repeat_penalty=1.1)
     s.accept_many(list(range(64)))
     s.sample(x)
-    t0 = time.perf_counter()
+    t0 = time.process_time()  # CPU time: the test machine is shared
     for _ in range(50):
         s.sample(x)
-    per = (time.perf_counter() - t0) / 50
-    assert per < 0.002, f"{per * 1000:.2f} ms per token"
+    per = (time.process_time() - t0) / 50
+    assert per < 0.002, f"{per * 1000:.2f} ms CPU per token"
 
 
 @pytest.mark.parametrize("pieces,stop,want_text,hit", [

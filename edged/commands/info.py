@@ -62,8 +62,10 @@ def machine_info():
         from .. import _core
     except ImportError:
         return {"compiled": False}
+    from ..threads import describe
     out = {"compiled": True}
-    for name in ("kernel_path", "cpu_features", "default_threads"):
+    out.update(describe())
+    for name in ("kernel_path", "cpu_features", "available_paths"):
         fn = getattr(_core, name, None)
         if fn is not None:
             try:
@@ -101,5 +103,9 @@ def run(args):
     if not mi.get("compiled"):
         print("machine: compiled core not built (python setup.py build_ext --inplace)")
     else:
-        print("machine: " + ", ".join(f"{k} {v}" for k, v in mi.items() if k != "compiled"))
+        print(f"machine: kernel path {mi.get('kernel_path')} (available: "
+              f"{', '.join(mi.get('available_paths', []))}), CPU features "
+              f"{' '.join(mi.get('cpu_features', []))}")
+        print(f"threads: default {mi['default_threads']} (physical cores {mi['physical_cores']} "
+              f"in allowed CPUs {mi['allowed_cpus']}), NUMA nodes {mi['numa_nodes']}")
     return 0
