@@ -188,12 +188,20 @@ def test_tokenizer_refuses(tmp_path, name, kw, pattern):
         Tokenizer.from_gguf(path)
 
 
-def test_tokenizer_bos_id_out_of_range(tmp_path):
+def test_tokenizer_bos_id_out_of_range(tmp_path, caplog):
+    """An out-of-range special id is refused or ignored with a warning (llama.cpp ignores it);
+    it never reaches the token stream."""
     Tokenizer = tokenizer_or_skip()
     kvs = [k for k in tokenizer_kvs() if not k.startswith(gb.s(Key.BOS_ID))] + [kv_u32(Key.BOS_ID, 2**31)]
     path = write(tmp_path, "bos", llama_file(tok_kvs=kvs))
-    with pytest.raises(TokenizerError, match=str(2**31)):
-        Tokenizer.from_gguf(path)
+    try:
+        tok = Tokenizer.from_gguf(path)
+    except TokenizerError as e:
+        assert str(2**31) in str(e)
+        return
+    assert str(2**31) in caplog.text                    # the warning names the value
+    assert tok.bos_id is None or 0 <= tok.bos_id < tok.n_vocab
+    assert all(0 <= i < tok.n_vocab for i in tok.encode("a a", add_special=True))
 
 
 # --- chat templates: untrusted code from the file -----------------------------------------------
@@ -208,6 +216,9 @@ ATTACKS = [
     ("huge-range", "{% for i in range(10**9) %}x{% endfor %}"),
     ("huge-string", "{{ 'x' * 10**10 }}"),
     ("deep-recursion", "{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}"),
+    # found by tools/fuzz.py chat: the parser's own recursion, before any sandbox check
+    ("deep-nesting-parse", "={" + "{" * 120 + " messages[0].content }"),
+    ("deep-parentheses", "{{ " + "(" * 5000 + "1" + ")" * 5000 + " }}"),
 ]
 
 

@@ -7,6 +7,7 @@ signature proves origin, not well-formedness), is refused by a load request whil
 keeps serving.
 """
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -16,7 +17,7 @@ import pytest
 from conftest import ROOT
 from daemon_support import Server, signing_key, to_toml
 from edged import sandbox
-from test_hardening_corpus import READER_CASES
+from test_hardening_corpus import READER_CASES, TOKENIZER_CASES
 
 pytest.importorskip("pyseccomp")
 LANDLOCK = sandbox.landlock_abi()
@@ -164,3 +165,30 @@ def test_sandbox_on_deny_kill_kills_the_daemon_on_a_denied_call(tmp_path, truste
         assert "READY=1" not in "".join(srv.notify.messages)
     finally:
         srv.stop()
+
+
+def test_daemon_refuses_engine_and_tokenizer_corpus_files(tmp_path, trusted):
+    """Files the reader accepts but the model load must refuse: block_count over 512 and bad
+    tokenizer arrays. Each answers 422 naming the problem; the daemon keeps serving."""
+    pytest.importorskip("edged.tokenizer")
+    from hardening_files import llama_file, tokenizer_kvs
+    key, keys_dir = trusted
+    models = tmp_path / "models"
+    models.mkdir()
+    cases = [("blocks-513", llama_file(block_count=513), "block_count"),
+             ("blocks-2pow40", llama_file(block_count=2**40), "block_count")]
+    for name, kw, pattern in TOKENIZER_CASES:
+        safe = re.sub(r"[^A-Za-z0-9_-]", "", name)
+        cases.append((safe, llama_file(tok_kvs=tokenizer_kvs(**kw)), re.escape(pattern)))
+    for name, data, _ in cases:
+        (models / f"{name}.gguf").write_bytes(data)
+        sign(models / f"{name}.gguf", key)
+    srv = Server(tmp_path, str(models), keys_dir, extra={"sandbox": "enforce"})
+    try:
+        for name, _, pattern in cases:
+            status, _, body = srv.request("POST", "/v1/models/load", {"model": name})
+            assert status == 422 and body["error"]["code"] == "model_unusable", (name, status, body)
+            assert re.search(pattern, body["error"]["message"]), (name, body)
+            assert srv.request("GET", "/v1/models")[0] == 200
+    finally:
+        assert srv.stop() == 0, srv.logtext()

@@ -148,14 +148,18 @@ def test_chat_template_renderer(pieces, content):
     assert isinstance(out, str)
 
 
+# U+2581 is SPM's space marker: it decodes to " " (as in llama.cpp), so it is left out. Lone
+# surrogates (which JSON can carry) cannot be UTF-8: they must encode without error, but need
+# not round-trip.
 @FUZZ
-@given(text=st.text(max_size=200), raw=st.binary(max_size=64))
+@given(text=st.text(st.characters(blacklist_characters="\u2581"), max_size=200), raw=st.binary(max_size=64))
 def test_tokenizer_round_trip_and_decode(text, raw):
     Tokenizer = _tokenizer_or_skip()
     tok = _fuzz_tokenizer(Tokenizer)
     ids = tok.encode(text, add_special=False)
     assert all(0 <= i < tok.n_vocab for i in ids)
-    assert tok.decode(ids) == text
+    if not any("\ud800" <= c <= "\udfff" for c in text):
+        assert tok.decode(ids) == text
     # arbitrary ids: any valid id decodes, without exceptions
     tok.decode([b % tok.n_vocab for b in raw])
 

@@ -195,3 +195,19 @@ def test_slow_clients_do_not_starve_the_daemon(daemon):
         for s in slow:
             s.close()
     still_serving(daemon)
+
+
+def test_template_errors_are_not_server_errors():
+    """A model's template that refuses the conversation is the request's problem (400); one
+    that fails or tries to escape is the model's (422); neither is a 500."""
+    from edged import chat
+    from edged.errors import TemplateError
+    from edged.service.api import error_for
+    with pytest.raises(chat.TemplateRaised) as raised:
+        chat.render("{{ raise_exception('roles must alternate') }}", [{"role": "user", "content": "x"}])
+    reply = error_for(raised.value)
+    assert reply.status == 400 and reply.body["error"]["code"] == "template_refused"
+    with pytest.raises(TemplateError) as hostile:
+        chat.render("{{ cycler.__init__.__globals__ }}", [{"role": "user", "content": "x"}])
+    reply = error_for(hostile.value)
+    assert reply.status == 422 and "unsafe" in reply.body["error"]["message"]

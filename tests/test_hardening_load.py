@@ -7,6 +7,7 @@ Faults: a model file that vanished, is unreadable, was tampered with in place or
 rename while loaded; the daemon killed with SIGKILL and started again. Each case: a clear
 error to the requester, and the daemon keeps serving.
 """
+import collections
 import json
 import os
 import signal
@@ -19,6 +20,9 @@ from daemon_support import Server, UnixHTTPConnection, add_chat_template, signin
 
 CLIENTS = 64
 SECONDS = float(os.environ.get("EDGED_LOAD_SECONDS", "8"))
+# EDGED_LOAD_MODEL=FILE: serve this model instead of the tiny test model (e.g. the output of
+# `edged synth --shape qwen2.5-0.5b --type Q4_K_M`), for the figures in SECURITY.md.
+LOAD_MODEL = os.environ.get("EDGED_LOAD_MODEL")
 
 
 def rss_kib(pid):
@@ -29,12 +33,28 @@ def rss_kib(pid):
     raise AssertionError("no VmRSS")
 
 
-def can_generate():
+def engine_env():
+    """The compiled CPU backend when it is built, else the NumPy reference backend."""
     try:
-        import edged.tokenizer  # noqa: F401
+        import edged.cpu  # noqa: F401
     except ImportError:
-        return False
-    return True
+        return {"EDGED_BACKEND": "reference"}
+    return {}
+
+
+_CAN = {}
+
+
+def can_generate():
+    """True when this checkout can load and run the test model (text layer and a backend)."""
+    if "v" not in _CAN:
+        try:
+            from edged.model import Model
+            Model.load(stories(), backend=engine_env().get("EDGED_BACKEND")).close()
+            _CAN["v"] = True
+        except (Exception, pytest.skip.Exception):  # noqa: BLE001 - any missing piece: no
+            _CAN["v"] = False
+    return _CAN["v"]
 
 
 @pytest.fixture
@@ -75,6 +95,7 @@ def hammer(srv, requests, seconds):
     """CLIENTS threads, each sending requests in turn until the deadline; returns (count, errors)."""
     deadline = time.monotonic() + seconds
     counts, errors, lock = [0], [], threading.Lock()
+    by_status = collections.Counter()
 
     def client(i):
         n = i
@@ -96,6 +117,7 @@ def hammer(srv, requests, seconds):
                 c.close()
             with lock:
                 counts[0] += 1
+                by_status[(path.rsplit("/", 1)[-1], getattr(r, "status", None))] += 1
                 if not good:
                     errors.append((method, path, getattr(r, "status", None), data[:200]))
 
@@ -104,6 +126,7 @@ def hammer(srv, requests, seconds):
         t.start()
     for t in threads:
         t.join()
+    hammer.by_status = by_status
     return counts[0], errors
 
 
@@ -114,10 +137,10 @@ def test_64_clients_rss_flat(tmp_path, trusted):
     requests = list(REQUESTS)
     extra = {"sandbox": "enforce", "max_queue": 8, "queue_timeout": 30.0}
     if can_generate():
-        signed_model(models, "demo", key, stories())
+        signed_model(models, "demo", key, LOAD_MODEL or stories())
         requests += GENERATE
         extra["default_model"] = "demo"
-    srv = Server(tmp_path, str(models), keys_dir, extra=extra)
+    srv = Server(tmp_path, str(models), keys_dir, extra=extra, env=engine_env())
     try:
         hammer(srv, requests, 2)                          # warm-up: imports, caches, arenas
         before = rss_kib(srv.proc.pid)
@@ -127,7 +150,8 @@ def test_64_clients_rss_flat(tmp_path, trusted):
         assert not errors, f"{len(errors)} of {n} failed, e.g. {errors[:3]}"
         # flat: growth under 8 MiB (allocator noise) over >= 1,000 requests
         assert after - before < 8 * 1024, (before, after, n)
-        print(f"\n{n} requests from {CLIENTS} clients in {SECONDS:.0f}s; RSS {before} -> {after} KiB")
+        print(f"\n{n} requests from {CLIENTS} clients in {SECONDS:.0f}s; RSS {before} -> {after} KiB; "
+              + ", ".join(f"{p} {st}: {c}" for (p, st), c in sorted(hammer.by_status.items())))
         status, _, _ = srv.request("GET", "/v1/models")
         assert status == 200
     finally:
@@ -194,7 +218,8 @@ def test_rename_while_loaded_and_client_killed_mid_stream(tmp_path, trusted):
     models = tmp_path / "models"
     models.mkdir()
     path = signed_model(models, "demo", key, stories())
-    srv = Server(tmp_path, str(models), keys_dir, default_model="demo", extra={"sandbox": "enforce"})
+    srv = Server(tmp_path, str(models), keys_dir, default_model="demo", extra={"sandbox": "enforce"},
+                 env=engine_env())
     try:
         # a client that goes away mid-stream
         c = UnixHTTPConnection(srv.socket)

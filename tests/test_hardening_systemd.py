@@ -83,7 +83,7 @@ def _copy_site(dst):
 
 
 def _model(payload, tmp_path):
-    """A signed model the guest can serve when the text layer exists; else an unloadable one."""
+    """A signed model the guest can serve when this checkout can run one; else an unloadable one."""
     from edged import signing
     key = signing.generate_key(2048)
     keys = payload / "keys"
@@ -91,16 +91,16 @@ def _model(payload, tmp_path):
     (keys / "vmtest.pem").write_bytes(signing.public_pem(key))
     models = payload / "models"
     models.mkdir()
-    try:
-        import edged.tokenizer  # noqa: F401
+    from test_hardening_load import can_generate, engine_env
+    if can_generate():
         from daemon_support import add_chat_template, stories
         add_chat_template(stories(), str(models / "demo.gguf"))
-        can_generate = True
-    except (ImportError, pytest.skip.Exception):
+        for k, v in engine_env().items():           # e.g. the reference backend
+            (payload / "backend.conf").write_text(f"[Service]\nEnvironment={k}={v}\n")
+    else:
         (models / "demo.gguf").write_bytes(b"GGUF")
-        can_generate = False
     signing.sign_file(str(models / "demo.gguf"), key)
-    return can_generate
+    return can_generate()
 
 
 RUN_SH = r'''
@@ -112,6 +112,7 @@ cp -a $P/site/. $SITE/
 install -m 0755 $P/edged-launcher /opt/edged/bin/edged
 # install as README says
 install -m 0644 $P/systemd/edged.service $P/systemd/edged.socket /etc/systemd/system/
+if [ -f $P/backend.conf ]; then install -D -m 0644 $P/backend.conf /etc/systemd/system/edged.service.d/backend.conf; fi
 install -D -m 0644 $P/systemd/sysusers.d/edged.conf /usr/lib/sysusers.d/edged.conf
 install -D -m 0644 $P/systemd/tmpfiles.d/edged.conf /usr/lib/tmpfiles.d/edged.conf
 systemd-sysusers edged.conf
