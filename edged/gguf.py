@@ -93,6 +93,31 @@ class GGMLType(enum.IntEnum):
     MXFP4 = 39
 
 
+class FileType(enum.IntEnum):
+    """general.file_type: llama.cpp's llama_ftype (the quantization mix of a whole file)."""
+    ALL_F32 = 0
+    MOSTLY_F16 = 1
+    MOSTLY_Q4_0 = 2
+    MOSTLY_Q4_1 = 3
+    MOSTLY_Q8_0 = 7
+    MOSTLY_Q5_0 = 8
+    MOSTLY_Q5_1 = 9
+    MOSTLY_Q2_K = 10
+    MOSTLY_Q3_K_S = 11
+    MOSTLY_Q3_K_M = 12
+    MOSTLY_Q3_K_L = 13
+    MOSTLY_Q4_K_S = 14
+    MOSTLY_Q4_K_M = 15
+    MOSTLY_Q5_K_S = 16
+    MOSTLY_Q5_K_M = 17
+    MOSTLY_Q6_K = 18
+    MOSTLY_Q2_K_S = 21
+    MOSTLY_BF16 = 32
+
+
+QUANTIZATION_VERSION = 2   # general.quantization_version written by current llama.cpp
+
+
 @dataclass(frozen=True)
 class TypeInfo:
     block_size: int     # elements per block
@@ -158,6 +183,7 @@ class Key:
     CONTEXT_LENGTH = "{arch}.context_length"
     EMBEDDING_LENGTH = "{arch}.embedding_length"
     BLOCK_COUNT = "{arch}.block_count"
+    EXPERT_COUNT = "{arch}.expert_count"
     FEED_FORWARD_LENGTH = "{arch}.feed_forward_length"
     HEAD_COUNT = "{arch}.attention.head_count"
     HEAD_COUNT_KV = "{arch}.attention.head_count_kv"
@@ -490,3 +516,129 @@ class GGUFFile:
             n, b = out.get(t.type.name, (0, 0))
             out[t.type.name] = (n + 1, b + t.nbytes)
         return out
+
+
+# --- writer ---------------------------------------------------------------------------------
+_NP_TO_VTYPE = {np.dtype(dt): vt for vt, (_, dt) in _SCALAR.items()}
+
+
+class GGUFWriter:
+    """Streaming GGUF v3 writer: declare metadata and tensors, write the header, then each
+    tensor's bytes in declaration order (so a big model is never held in memory).
+
+        w = GGUFWriter(alignment=32)
+        w.add(Key.ARCHITECTURE, "llama")                 # type inferred, or pass vtype=
+        w.add_tensor("token_embd.weight", (n_embd, n_vocab), GGMLType.Q4_K)   # ggml order
+        with open(tmp, "wb") as f:
+            w.write_header(f)
+            for name in w.tensor_names: w.write_tensor(f, name, data_uint8)
+    """
+
+    def __init__(self, alignment=GGUF_DEFAULT_ALIGNMENT):
+        if alignment <= 0 or alignment & (alignment - 1):
+            raise ValueError(f"alignment {alignment} is not a power of two")
+        self.alignment = alignment
+        self.kv = {}          # key -> (ValueType, value, element ValueType or None)
+        self.tensors = {}     # name -> (shape, GGMLType, relative offset, nbytes)
+        self._data_size = 0
+        self._next = 0
+        if alignment != GGUF_DEFAULT_ALIGNMENT:
+            self.add(Key.ALIGNMENT, alignment, ValueType.UINT32)
+
+    @property
+    def tensor_names(self):
+        return list(self.tensors)
+
+    def add(self, key, value, vtype=None, element_type=None):
+        """Metadata entry. Without vtype: str -> STRING, bool -> BOOL, int -> INT64 if it does
+        not fit UINT32 else UINT32, float -> FLOAT32, list[str] -> STRING array, numpy arrays
+        by dtype."""
+        if vtype is None:
+            vtype, element_type = self._infer(value)
+        if vtype == ValueType.ARRAY and element_type is None:
+            element_type = self._infer(value)[1]
+        self.kv[key] = (ValueType(vtype), value, element_type)
+
+    @staticmethod
+    def _infer(value):
+        if isinstance(value, str):
+            return ValueType.STRING, None
+        if isinstance(value, (bool, np.bool_)):
+            return ValueType.BOOL, None
+        if isinstance(value, (int, np.integer)):
+            return (ValueType.UINT32 if 0 <= value < 1 << 32 else ValueType.INT64), None
+        if isinstance(value, (float, np.floating)):
+            return ValueType.FLOAT32, None
+        if isinstance(value, np.ndarray):
+            vt = _NP_TO_VTYPE.get(value.dtype.newbyteorder("<"))
+            if vt is None:
+                raise ValueError(f"no GGUF element type for numpy dtype {value.dtype}")
+            return ValueType.ARRAY, vt
+        if isinstance(value, (list, tuple)):
+            if all(isinstance(v, str) for v in value):
+                return ValueType.ARRAY, ValueType.STRING
+            return ValueType.ARRAY, GGUFWriter._infer(np.asarray(value))[1]
+        raise ValueError(f"cannot infer a GGUF value type for {type(value).__name__}")
+
+    def add_tensor(self, name, shape, qtype):
+        """Declare a tensor (shape in GGUF/ggml order, ne0 first)."""
+        qtype = GGMLType(qtype)
+        info = TYPE_INFO[qtype]
+        shape = tuple(int(s) for s in shape)
+        if name in self.tensors:
+            raise ValueError(f"duplicate tensor {name!r}")
+        if not 1 <= len(shape) <= MAX_DIMS or shape[0] % info.block_size:
+            raise ValueError(f"tensor {name!r}: bad shape {shape} for {qtype.name}")
+        n = int(np.prod(shape))
+        nbytes = n // info.block_size * info.type_size
+        self.tensors[name] = (shape, qtype, self._data_size, nbytes)
+        self._data_size += -(-nbytes // self.alignment) * self.alignment
+
+    # encoding
+    @staticmethod
+    def _string(s):
+        b = s.encode("utf-8") if isinstance(s, str) else bytes(s)
+        return struct.pack("<Q", len(b)) + b
+
+    def _value(self, vtype, value, etype):
+        if vtype in _SCALAR:
+            return struct.pack(_SCALAR[vtype][0], value)
+        if vtype == ValueType.STRING:
+            return self._string(value)
+        if etype == ValueType.STRING:
+            return struct.pack("<IQ", etype, len(value)) + b"".join(self._string(v) for v in value)
+        arr = np.asarray(value, dtype=_SCALAR[etype][1])
+        return struct.pack("<IQ", etype, arr.size) + arr.tobytes()
+
+    def header_bytes(self):
+        out = [GGUF_MAGIC, struct.pack("<IQQ", 3, len(self.tensors), len(self.kv))]
+        for key, (vt, value, et) in self.kv.items():
+            out += [self._string(key), struct.pack("<I", vt), self._value(vt, value, et)]
+        for name, (shape, qtype, off, _) in self.tensors.items():
+            out += [self._string(name), struct.pack("<I", len(shape)),
+                    struct.pack(f"<{len(shape)}Q", *shape), struct.pack("<IQ", qtype, off)]
+        head = b"".join(out)
+        return head + b"\0" * (-len(head) % self.alignment)
+
+    def write_header(self, f):
+        f.write(self.header_bytes())
+        self._next = 0
+
+    def write_tensor(self, f, name, data):
+        """Write the bytes of the next declared tensor (order is checked), padded. `data` is
+        an array / bytes, or an iterable of arrays written one after the other."""
+        names = list(self.tensors)
+        if self._next >= len(names) or names[self._next] != name:
+            want = names[self._next] if self._next < len(names) else None
+            raise ValueError(f"tensor {name!r} written out of order (expected {want!r})")
+        nbytes = self.tensors[name][3]
+        parts = [data] if isinstance(data, (bytes, bytearray, memoryview, np.ndarray)) else data
+        n = 0
+        for part in parts:
+            buf = memoryview(np.ascontiguousarray(part)).cast("B")
+            f.write(buf)
+            n += buf.nbytes
+        if n != nbytes:
+            raise ValueError(f"tensor {name!r}: {n} bytes given, {nbytes} declared")
+        f.write(b"\0" * (-nbytes % self.alignment))
+        self._next += 1

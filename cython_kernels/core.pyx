@@ -1,0 +1,8 @@
+# edged's compiled core: one module, one thread pool per process. Each concern lives in its
+# own .pxi (kernels.pxi: weight kernels and threads; forward.pxi: the forward pass;
+# sampling.pxi: the sampler).
+import numpy as np
+
+include "forward.pxi"
+include "sampling.pxi"
+include "kernels.pxi"

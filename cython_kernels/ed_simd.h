@@ -1,0 +1,371 @@
+/* SIMD dot products for ED_TRAITS (ed_types.h), chosen once at start-up.
+ *
+ *   int ed_types_init(const char *force)   force: NULL/""/"auto" = best supported, or "generic",
+ *                                           "avx2", "avx512", "neon". Returns 0, or -1 when the
+ *                                           forced path is unknown or not supported here (the
+ *                                           table is then left on the generic path).
+ *   unsigned ed_cpu_features(void)          ED_CPU_* bits of this CPU
+ *   int ed_path_supported(const char *name)
+ *
+ * Paths: generic (plain C, any CPU); avx2 (AVX2+FMA+F16C); avx512 (AVX-512 F/BW/VL/DQ + VNNI:
+ * dpbusd for the u8 x s8 sums); neon (aarch64 Advanced SIMD). Each x86 path is the same
+ * source (ed_simd_x86.inc) compiled with per-function target attributes, so the build stays
+ * portable (no -march) and the generic path is what every other CPU runs.
+ */
+#ifndef EDGED_ED_SIMD_H
+#define EDGED_ED_SIMD_H
+
+#include <string.h>
+#include <stdlib.h>
+#include "ed_types.h"
+
+enum {
+    ED_CPU_AVX2 = 1, ED_CPU_FMA = 2, ED_CPU_F16C = 4, ED_CPU_AVX512F = 8, ED_CPU_AVX512BW = 16,
+    ED_CPU_AVX512VL = 32, ED_CPU_AVX512VNNI = 64, ED_CPU_AVX512DQ = 128, ED_CPU_AVXVNNI = 256,
+    ED_CPU_NEON = 512, ED_CPU_DOTPROD = 1024
+};
+
+static const char *const ED_CPU_FEATURE_NAMES[] = {
+    "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512vnni", "avx512dq",
+    "avxvnni", "neon", "dotprod", NULL
+};
+
+/* Tiles: out[c * ldo] = dot(w_row, xq + c * xs) for c < nc <= ED_MAX_COLS, the weight row
+ * decoded once for all columns. Types without a tiled kernel fall back to repeated dots. */
+#define ED_MAX_COLS 4
+typedef void (*ed_mdot_fn)(int k, const void *w, const void *xq, size_t xs, int nc, float *out, size_t ldo);
+static ed_mdot_fn ED_MDOT[ED_NTYPES];
+
+/* y[i] += a * x[i] over an F16 row (attention's V accumulation), path-selected */
+typedef void (*ed_axpy_f16_fn)(int n, float a, const ed_half *x, float *y);
+static void ed_axpy_f16_generic(int n, float a, const ed_half *x, float *y) {
+    for (int i = 0; i < n; i++) y[i] += a * H2F(x[i]);
+}
+static ed_axpy_f16_fn ed_axpy_f16 = ed_axpy_f16_generic;
+
+/* out[c * ldo + r] = W[r] . xq[c] for r < nr, c < nc (any nc): the matmul inner tile */
+static void ed_mdot_rows(int type, int k, const uint8_t *w, size_t wstride, int nr,
+                         const uint8_t *xq, size_t xs, int nc, float *out, size_t ldo) {
+    const ed_mdot_fn md = ED_MDOT[type];
+    const ed_dot_fn dot = ED_TRAITS[type].dot;
+    for (int c0 = 0; c0 < nc; c0 += ED_MAX_COLS) {
+        const int cn = nc - c0 < ED_MAX_COLS ? nc - c0 : ED_MAX_COLS;
+        for (int r = 0; r < nr; r++) {
+            if (md && cn > 1) md(k, w + r * wstride, xq + c0 * xs, xs, cn, out + c0 * ldo + r, ldo);
+            else for (int c = 0; c < cn; c++) out[(c0 + c) * ldo + r] = dot(k, w + r * wstride, xq + (c0 + c) * xs);
+        }
+    }
+}
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+
+static unsigned ed_cpu_features(void) {
+    unsigned f = 0;
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx2")) f |= ED_CPU_AVX2;
+    if (__builtin_cpu_supports("fma")) f |= ED_CPU_FMA;
+    if (__builtin_cpu_supports("avx512f")) f |= ED_CPU_AVX512F;
+    if (__builtin_cpu_supports("avx512bw")) f |= ED_CPU_AVX512BW;
+    if (__builtin_cpu_supports("avx512vl")) f |= ED_CPU_AVX512VL;
+    if (__builtin_cpu_supports("avx512vnni")) f |= ED_CPU_AVX512VNNI;
+    if (__builtin_cpu_supports("avx512dq")) f |= ED_CPU_AVX512DQ;
+    /* F16C: CPUID.1:ECX bit 29 (not every compiler knows the builtin name) */
+    {
+        unsigned a, b, c, d;
+        __asm__ volatile("cpuid" : "=a"(a), "=b"(b), "=c"(c), "=d"(d) : "a"(1), "c"(0));
+        if (c & (1u << 29)) f |= ED_CPU_F16C;
+        __asm__ volatile("cpuid" : "=a"(a), "=b"(b), "=c"(c), "=d"(d) : "a"(7), "c"(1));
+        if (a & (1u << 4)) f |= ED_CPU_AVXVNNI;
+    }
+    return f;
+}
+
+#define ED_TARGET __attribute__((target("avx2,fma,f16c")))
+#define ED_FN(name) ed_avx2_##name
+#define ED_VNNI 0
+#include "ed_simd_x86.inc"
+#undef ED_TARGET
+#undef ED_FN
+#undef ED_VNNI
+
+#define ED_TARGET __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")))
+#define ED_FN(name) ed_avx512_##name
+#define ED_VNNI 1
+#include "ed_simd_x86.inc"
+#undef ED_TARGET
+#undef ED_FN
+#undef ED_VNNI
+
+/* 512-bit kernels for the K-quants of Q4_K_M models (AVX-512 path only). One zmm holds 64
+ * weights whose Q8_K activations are contiguous, so each activation load is one 64-byte load. */
+#define ED_T512 __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")))
+
+static inline __m512i ED_T512 ed_z_scales4(int a, int b, int c, int d) {  /* i16 x 8 per 128-bit lane */
+    return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set_m128i(_mm_set1_epi16((short)b), _mm_set1_epi16((short)a))),
+                              _mm256_set_m128i(_mm_set1_epi16((short)d), _mm_set1_epi16((short)c)), 1);
+}
+
+static inline __m512i ED_T512 ed_z_scales2(int a, int b) {  /* i16 x 16 per 256-bit half */
+    return _mm512_inserti64x4(_mm512_set1_epi16((short)a), _mm256_set1_epi16((short)b), 1);
+}
+
+static inline float ED_T512 ed_z_hsum(__m512 v) { return _mm512_reduce_add_ps(v); }
+
+/* Q4_K: chunk c (32 bytes) -> zmm [low nibbles = elements 64c.. | high nibbles = 64c+32..] */
+static void ED_T512 ed_z_mdot_q4_K(int n, const void *vx, const void *vy, size_t ys, int nc, float *out, size_t lo) {
+    const blk_q4_K *x = vx;
+    __m512 acc[ED_MAX_COLS];
+    float accm[ED_MAX_COLS];
+    for (int c = 0; c < nc; c++) { acc[c] = _mm512_setzero_ps(); accm[c] = 0.0f; }
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    uint8_t scales[8], mins[8];
+    for (int i = 0; i < n / QKK; i++) {
+        ed_k_scales(x[i].scales, scales, mins);
+        __m512i sumi[ED_MAX_COLS];
+        for (int c = 0; c < nc; c++) sumi[c] = _mm512_setzero_si512();
+        for (int j = 0; j < 4; j++) {
+            const __m256i q4 = _mm256_loadu_si256((const __m256i *)(x[i].qs + 32 * j));
+            const __m512i w = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_and_si256(q4, m4)),
+                                                 _mm256_and_si256(_mm256_srli_epi16(q4, 4), m4), 1);
+            const __m512i sc = ed_z_scales2(scales[2 * j], scales[2 * j + 1]);
+            for (int c = 0; c < nc; c++) {
+                const int8_t *q8 = ((const blk_q8_K *)((const uint8_t *)vy + c * ys) + i)->qs + 64 * j;
+                const __m512i p = _mm512_maddubs_epi16(w, _mm512_loadu_si512((const void *)q8));
+                sumi[c] = _mm512_add_epi32(sumi[c], _mm512_madd_epi16(p, sc));
+            }
+        }
+        const float dx = _cvtsh_ss(x[i].d), mx = _cvtsh_ss(x[i].dmin);
+        for (int c = 0; c < nc; c++) {
+            const blk_q8_K *y = (const blk_q8_K *)((const uint8_t *)vy + c * ys) + i;
+            int summs = 0;
+            for (int j = 0; j < 8; j++) summs += (y->bsums[2 * j] + y->bsums[2 * j + 1]) * mins[j];
+            acc[c] = _mm512_fmadd_ps(_mm512_set1_ps(y->d * dx), _mm512_cvtepi32_ps(sumi[c]), acc[c]);
+            accm[c] -= y->d * mx * summs;
+        }
+    }
+    for (int c = 0; c < nc; c++) out[c * lo] = ed_z_hsum(acc[c]) + accm[c];
+}
+
+static float ED_T512 ed_z_dot_q4_K(int n, const void *vx, const void *vy) {
+    float r;
+    ed_z_mdot_q4_K(n, vx, vy, 0, 1, &r, 1);
+    return r;
+}
+
+/* Q6_K: per 128 elements, 64 ql bytes in one zmm: low nibbles = elements +0..63, high nibbles
+ * = +64..127 (each 32-element quarter gets its 2 high bits from qh >> 2k); values 0..63 are
+ * multiplied unsigned and the -32 offset is taken off with the activation block sums. */
+static void ED_T512 ed_z_mdot_q6_K(int n, const void *vx, const void *vy, size_t ys, int nc, float *out, size_t lo) {
+    const blk_q6_K *x = vx;
+    __m512 acc[ED_MAX_COLS];
+    for (int c = 0; c < nc; c++) acc[c] = _mm512_setzero_ps();
+    const __m512i m4 = _mm512_set1_epi8(0x0F), m3 = _mm512_set1_epi8(3);
+    const __m512i sh_lo = _mm512_inserti64x4(_mm512_set1_epi16(0), _mm256_set1_epi16(2), 1);
+    const __m512i sh_hi = _mm512_inserti64x4(_mm512_set1_epi16(4), _mm256_set1_epi16(6), 1);
+    for (int i = 0; i < n / QKK; i++) {
+        const int8_t *sc = x[i].scales;
+        __m512i sumi[ED_MAX_COLS];
+        for (int c = 0; c < nc; c++) sumi[c] = _mm512_setzero_si512();
+        for (int j = 0; j < 2; j++) {
+            const __m512i l = _mm512_loadu_si512((const void *)(x[i].ql + 64 * j));
+            const __m512i h = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(x[i].qh + 32 * j)));
+            const __m512i w0 = _mm512_or_si512(_mm512_and_si512(l, m4),
+                                               _mm512_slli_epi16(_mm512_and_si512(_mm512_srlv_epi16(h, sh_lo), m3), 4));
+            const __m512i w1 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l, 4), m4),
+                                               _mm512_slli_epi16(_mm512_and_si512(_mm512_srlv_epi16(h, sh_hi), m3), 4));
+            const __m512i s0 = ed_z_scales4(sc[8 * j], sc[8 * j + 1], sc[8 * j + 2], sc[8 * j + 3]);
+            const __m512i s1 = ed_z_scales4(sc[8 * j + 4], sc[8 * j + 5], sc[8 * j + 6], sc[8 * j + 7]);
+            for (int c = 0; c < nc; c++) {
+                const int8_t *q8 = ((const blk_q8_K *)((const uint8_t *)vy + c * ys) + i)->qs + 128 * j;
+                const __m512i p0 = _mm512_maddubs_epi16(w0, _mm512_loadu_si512((const void *)q8));
+                const __m512i p1 = _mm512_maddubs_epi16(w1, _mm512_loadu_si512((const void *)(q8 + 64)));
+                sumi[c] = _mm512_add_epi32(sumi[c], _mm512_add_epi32(_mm512_madd_epi16(p0, s0), _mm512_madd_epi16(p1, s1)));
+            }
+        }
+        const float dx = _cvtsh_ss(x[i].d);
+        for (int c = 0; c < nc; c++) {
+            const blk_q8_K *y = (const blk_q8_K *)((const uint8_t *)vy + c * ys) + i;
+            int corr = 0;
+            for (int j = 0; j < 16; j++) corr += sc[j] * y->bsums[j];
+            const __m512i off = _mm512_castsi128_si512(_mm_cvtsi32_si128(-32 * corr));
+            acc[c] = _mm512_fmadd_ps(_mm512_set1_ps(y->d * dx), _mm512_cvtepi32_ps(_mm512_add_epi32(sumi[c], off)), acc[c]);
+        }
+    }
+    for (int c = 0; c < nc; c++) out[c * lo] = ed_z_hsum(acc[c]);
+}
+
+static float ED_T512 ed_z_dot_q6_K(int n, const void *vx, const void *vy) {
+    float r;
+    ed_z_mdot_q6_K(n, vx, vy, 0, 1, &r, 1);
+    return r;
+}
+
+/* Chosen by measurement on Sapphire Rapids (best of 30, tools/bench_kernels.py-like runs):
+ * 512-bit wins for Q4_K tiles (+20%) and the Q6_K single dot (+20%); the 256-bit VNNI build
+ * stays faster for the Q4_K single dot and the Q6_K tiles (512-bit uops share fewer ports). */
+static void ed_avx512_install_wide(void) {
+    ED_TRAITS[ED_Q6_K].dot = ed_z_dot_q6_K;
+    ED_MDOT[ED_Q4_K] = ed_z_mdot_q4_K;
+    (void)ed_z_dot_q4_K; (void)ed_z_mdot_q6_K;  /* kept: checked by tests/c/kernels_check.c */
+}
+
+#define ED_NEED_AVX2 (ED_CPU_AVX2 | ED_CPU_FMA | ED_CPU_F16C)
+#define ED_NEED_AVX512 (ED_NEED_AVX2 | ED_CPU_AVX512F | ED_CPU_AVX512BW | ED_CPU_AVX512VL | \
+                        ED_CPU_AVX512DQ | ED_CPU_AVX512VNNI)
+
+#elif defined(__aarch64__)
+#include <arm_neon.h>
+#include <sys/auxv.h>
+#ifndef HWCAP_ASIMDDP
+#define HWCAP_ASIMDDP (1 << 20)
+#endif
+
+static unsigned ed_cpu_features(void) {
+    unsigned long hw = getauxval(AT_HWCAP);
+    unsigned f = ED_CPU_NEON;  /* Advanced SIMD is mandatory on aarch64 */
+    if (hw & HWCAP_ASIMDDP) f |= ED_CPU_DOTPROD;
+    return f;
+}
+
+/* s8 x s8 -> i32x4 partial sums of 16 products (no dotprod needed) */
+static inline int32x4_t ed_neon_dp16(int32x4_t acc, int8x16_t a, int8x16_t b) {
+    const int16x8_t p0 = vmull_s8(vget_low_s8(a), vget_low_s8(b));
+    const int16x8_t p1 = vmull_s8(vget_high_s8(a), vget_high_s8(b));
+    return vpadalq_s16(vpadalq_s16(acc, p0), p1);
+}
+
+static float ed_neon_dot_q8_0(int n, const void *vx, const void *vy) {
+    const blk_q8_0 *x = vx; const blk_q8_0 *y = vy;
+    float32x4_t acc = vdupq_n_f32(0.0f);
+    for (int ib = 0; ib < n / QK; ib++) {
+        int32x4_t s = vdupq_n_s32(0);
+        s = ed_neon_dp16(s, vld1q_s8(x[ib].qs), vld1q_s8(y[ib].qs));
+        s = ed_neon_dp16(s, vld1q_s8(x[ib].qs + 16), vld1q_s8(y[ib].qs + 16));
+        acc = vmlaq_n_f32(acc, vcvtq_f32_s32(s), H2F(x[ib].d) * H2F(y[ib].d));
+    }
+    return vaddvq_f32(acc);
+}
+
+static float ed_neon_dot_q4_0(int n, const void *vx, const void *vy) {
+    const blk_q4_0 *x = vx; const blk_q8_0 *y = vy;
+    float32x4_t acc = vdupq_n_f32(0.0f);
+    const uint8x16_t m4 = vdupq_n_u8(0x0F);
+    const int8x16_t s8 = vdupq_n_s8(8);
+    for (int ib = 0; ib < n / QK; ib++) {
+        const uint8x16_t q = vld1q_u8(x[ib].qs);
+        const int8x16_t lo = vsubq_s8(vreinterpretq_s8_u8(vandq_u8(q, m4)), s8);
+        const int8x16_t hi = vsubq_s8(vreinterpretq_s8_u8(vshrq_n_u8(q, 4)), s8);
+        int32x4_t s = vdupq_n_s32(0);
+        s = ed_neon_dp16(s, lo, vld1q_s8(y[ib].qs));
+        s = ed_neon_dp16(s, hi, vld1q_s8(y[ib].qs + 16));
+        acc = vmlaq_n_f32(acc, vcvtq_f32_s32(s), H2F(x[ib].d) * H2F(y[ib].d));
+    }
+    return vaddvq_f32(acc);
+}
+
+static float ed_neon_dot_q4_K(int n, const void *vx, const void *vy) {
+    const blk_q4_K *x = vx; const blk_q8_K *y = vy;
+    float sumf = 0.0f;
+    const uint8x16_t m4 = vdupq_n_u8(0x0F);
+    uint8_t scales[8], mins[8];
+    for (int i = 0; i < n / QKK; i++) {
+        ed_k_scales(x[i].scales, scales, mins);
+        int summs = 0;
+        for (int j = 0; j < 8; j++) summs += (y[i].bsums[2 * j] + y[i].bsums[2 * j + 1]) * mins[j];
+        int sumi = 0;
+        for (int j = 0; j < 4; j++) {
+            const uint8_t *q4 = x[i].qs + 32 * j;
+            const int8_t *q8 = y[i].qs + 64 * j;
+            int32x4_t sl = vdupq_n_s32(0), sh = vdupq_n_s32(0);
+            for (int h = 0; h < 2; h++) {
+                const uint8x16_t q = vld1q_u8(q4 + 16 * h);
+                sl = ed_neon_dp16(sl, vreinterpretq_s8_u8(vandq_u8(q, m4)), vld1q_s8(q8 + 16 * h));
+                sh = ed_neon_dp16(sh, vreinterpretq_s8_u8(vshrq_n_u8(q, 4)), vld1q_s8(q8 + 32 + 16 * h));
+            }
+            sumi += vaddvq_s32(sl) * scales[2 * j] + vaddvq_s32(sh) * scales[2 * j + 1];
+        }
+        sumf += y[i].d * H2F(x[i].d) * sumi - y[i].d * H2F(x[i].dmin) * summs;
+    }
+    return sumf;
+}
+
+static float ed_neon_dot_q6_K(int n, const void *vx, const void *vy) {
+    const blk_q6_K *x = vx; const blk_q8_K *y = vy;
+    float sumf = 0.0f;
+    const uint8x16_t m4 = vdupq_n_u8(0x0F), m3 = vdupq_n_u8(3);
+    const int8x16_t m32 = vdupq_n_s8(32);
+    for (int i = 0; i < n / QKK; i++) {
+        int sumi = 0;
+        for (int j = 0; j < 2; j++) {
+            for (int h = 0; h < 2; h++) {  /* 16 of the 32 columns at a time */
+                const uint8x16_t l0 = vld1q_u8(x[i].ql + 64 * j + 16 * h);
+                const uint8x16_t l1 = vld1q_u8(x[i].ql + 64 * j + 32 + 16 * h);
+                const uint8x16_t hb = vld1q_u8(x[i].qh + 32 * j + 16 * h);
+                int8x16_t q[4];
+                q[0] = vsubq_s8(vreinterpretq_s8_u8(vorrq_u8(vandq_u8(l0, m4), vshlq_n_u8(vandq_u8(hb, m3), 4))), m32);
+                q[1] = vsubq_s8(vreinterpretq_s8_u8(vorrq_u8(vandq_u8(l1, m4), vshlq_n_u8(vandq_u8(vshrq_n_u8(hb, 2), m3), 4))), m32);
+                q[2] = vsubq_s8(vreinterpretq_s8_u8(vorrq_u8(vshrq_n_u8(l0, 4), vshlq_n_u8(vandq_u8(vshrq_n_u8(hb, 4), m3), 4))), m32);
+                q[3] = vsubq_s8(vreinterpretq_s8_u8(vorrq_u8(vshrq_n_u8(l1, 4), vshlq_n_u8(vshrq_n_u8(hb, 6), 4))), m32);
+                for (int k = 0; k < 4; k++) {
+                    const int8x16_t q8 = vld1q_s8(y[i].qs + 128 * j + 32 * k + 16 * h);
+                    const int s = vaddvq_s32(ed_neon_dp16(vdupq_n_s32(0), q[k], q8));
+                    sumi += s * x[i].scales[8 * j + 2 * k + h];
+                }
+            }
+        }
+        sumf += y[i].d * H2F(x[i].d) * sumi;
+    }
+    return sumf;
+}
+
+static void ed_neon_install(void) {
+    ED_TRAITS[ED_Q4_0].dot = ed_neon_dot_q4_0;
+    ED_TRAITS[ED_Q8_0].dot = ed_neon_dot_q8_0;
+    ED_TRAITS[ED_Q4_K].dot = ed_neon_dot_q4_K;
+    ED_TRAITS[ED_Q6_K].dot = ed_neon_dot_q6_K;
+}
+
+#else
+static unsigned ed_cpu_features(void) { return 0; }
+#endif
+
+static int ed_path_supported(const char *name) {
+    unsigned f = ed_cpu_features();
+    (void)f;
+    if (!strcmp(name, "generic")) return 1;
+#if defined(__x86_64__)
+    if (!strcmp(name, "avx2")) return (f & ED_NEED_AVX2) == ED_NEED_AVX2;
+    if (!strcmp(name, "avx512")) return (f & ED_NEED_AVX512) == ED_NEED_AVX512;
+#elif defined(__aarch64__)
+    if (!strcmp(name, "neon")) return 1;
+#endif
+    return 0;
+}
+
+static int ed_types_init(const char *force) {
+    ed_types_init_generic();
+    memset(ED_MDOT, 0, sizeof ED_MDOT);
+    ed_axpy_f16 = ed_axpy_f16_generic;
+    const char *want = force && *force && strcmp(force, "auto") != 0 ? force : NULL;
+    if (want) {
+        if (!ed_path_supported(want)) return -1;
+    } else {
+#if defined(__x86_64__)
+        want = ed_path_supported("avx512") ? "avx512" : ed_path_supported("avx2") ? "avx2" : "generic";
+#elif defined(__aarch64__)
+        want = "neon";
+#else
+        want = "generic";
+#endif
+    }
+#if defined(__x86_64__)
+    if (!strcmp(want, "avx2")) { ed_avx2_install(); ED_PATH = "avx2"; }
+    if (!strcmp(want, "avx512")) { ed_avx512_install(); ed_avx512_install_wide(); ED_PATH = "avx512"; }
+#elif defined(__aarch64__)
+    if (!strcmp(want, "neon")) { ed_neon_install(); ED_PATH = "neon"; }
+#endif
+    return 0;
+}
+
+#endif

@@ -1,0 +1,462 @@
+/* Weight-type traits for the forward pass: block layouts (llama.cpp's, as stored in GGUF),
+ * activation quantizers (Q8_0, Q8_1, Q8_K, F16, BF16) and one dot product per weight type
+ * against its activation format. Generic C here; SIMD variants in ed_simd.h are chosen once
+ * at start-up (ed_types_init). One table binds each type to its functions, so the forward
+ * pass never branches on the quantization type.
+ */
+#ifndef EDGED_ED_TYPES_H
+#define EDGED_ED_TYPES_H
+
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+/* ggml type ids (the GGUF tensor-info type field) */
+enum {
+    ED_F32 = 0, ED_F16 = 1, ED_Q4_0 = 2, ED_Q4_1 = 3, ED_Q5_0 = 6, ED_Q5_1 = 7, ED_Q8_0 = 8,
+    ED_Q8_1 = 9, ED_Q2_K = 10, ED_Q3_K = 11, ED_Q4_K = 12, ED_Q5_K = 13, ED_Q6_K = 14,
+    ED_Q8_K = 15, ED_BF16 = 30, ED_NTYPES = 40
+};
+
+enum { ED_PROF_MATMUL, ED_PROF_QUANT, ED_PROF_ATTN, ED_PROF_NORM, ED_PROF_ROPE, ED_PROF_ACT,
+       ED_PROF_OUTPUT, ED_PROF_N };
+
+#define QK 32
+#define QKK 256
+
+typedef uint16_t ed_half;
+
+typedef struct { ed_half d; uint8_t qs[QK / 2]; } blk_q4_0;
+typedef struct { ed_half d, m; uint8_t qs[QK / 2]; } blk_q4_1;
+typedef struct { ed_half d; uint8_t qh[4]; uint8_t qs[QK / 2]; } blk_q5_0;
+typedef struct { ed_half d, m; uint8_t qh[4]; uint8_t qs[QK / 2]; } blk_q5_1;
+typedef struct { ed_half d; int8_t qs[QK]; } blk_q8_0;
+typedef struct { ed_half d, s; int8_t qs[QK]; } blk_q8_1;
+typedef struct { uint8_t scales[QKK / 16]; uint8_t qs[QKK / 4]; ed_half d, dmin; } blk_q2_K;
+typedef struct { uint8_t hmask[QKK / 8]; uint8_t qs[QKK / 4]; uint8_t scales[12]; ed_half d; } blk_q3_K;
+typedef struct { ed_half d, dmin; uint8_t scales[12]; uint8_t qs[QKK / 2]; } blk_q4_K;
+typedef struct { ed_half d, dmin; uint8_t scales[12]; uint8_t qh[QKK / 8]; uint8_t qs[QKK / 2]; } blk_q5_K;
+typedef struct { uint8_t ql[QKK / 2]; uint8_t qh[QKK / 4]; int8_t scales[QKK / 16]; ed_half d; } blk_q6_K;
+typedef struct { float d; int8_t qs[QKK]; int16_t bsums[QKK / 16]; } blk_q8_K;
+
+/* ---------------------------------------------------------------- f16 / bf16 ------------ */
+static inline float ed_fp16_to_fp32(ed_half h) {
+    uint32_t sign = (uint32_t)(h & 0x8000) << 16;
+    uint32_t exp = (h >> 10) & 0x1f, man = h & 0x3ff, bits;
+    if (exp == 0) {
+        if (man == 0) bits = sign;
+        else {  /* subnormal: renormalise */
+            exp = 127 - 15 + 1;
+            while (!(man & 0x400)) { man <<= 1; exp--; }
+            man &= 0x3ff;
+            bits = sign | (exp << 23) | (man << 13);
+        }
+    } else if (exp == 31) bits = sign | 0x7f800000 | (man << 13);
+    else bits = sign | ((exp + 127 - 15) << 23) | (man << 13);
+    float f; memcpy(&f, &bits, 4); return f;
+}
+
+static inline ed_half ed_fp32_to_fp16(float f) {  /* round to nearest even */
+    uint32_t x; memcpy(&x, &f, 4);
+    uint32_t sign = (x >> 16) & 0x8000;
+    uint32_t ax = x & 0x7fffffff;
+    if (ax >= 0x7f800000) return (ed_half)(sign | 0x7c00 | (ax > 0x7f800000 ? 0x200 : 0));
+    if (ax >= 0x477ff000) return (ed_half)(sign | 0x7c00);          /* overflow -> inf */
+    if (ax < 0x38800000) {                                          /* subnormal / zero */
+        if (ax < 0x33000000) return (ed_half)sign;
+        /* value = m * 2^(e-150); in units of 2^-24 (the f16 subnormal step): m >> (126-e) */
+        uint32_t e = ax >> 23, m = (ax & 0x7fffff) | 0x800000;
+        int s = (int)(126 - e);
+        uint32_t r = m >> s, rem = m & ((1u << s) - 1), mid = 1u << (s - 1);
+        if (rem > mid || (rem == mid && (r & 1))) r++;
+        return (ed_half)(sign | r);
+    }
+    uint32_t r = ((ax - 0x38000000) >> 13);
+    uint32_t rem = ax & 0x1fff;
+    if (rem > 0x1000 || (rem == 0x1000 && (r & 1))) r++;
+    return (ed_half)(sign | r);
+}
+
+static inline float ed_bf16_to_fp32(uint16_t h) {
+    uint32_t bits = (uint32_t)h << 16; float f; memcpy(&f, &bits, 4); return f;
+}
+
+static inline uint16_t ed_fp32_to_bf16(float f) {
+    uint32_t x; memcpy(&x, &f, 4);
+    if ((x & 0x7fffffff) > 0x7f800000) return (uint16_t)((x >> 16) | 64);  /* quiet nan */
+    return (uint16_t)((x + (0x7fff + ((x >> 16) & 1))) >> 16);
+}
+
+#define H2F(h) ed_fp16_to_fp32(h)
+
+/* ---------------------------------------------------------------- activation quantizers -- */
+static void ed_quant_f32(const float *x, void *y, int k) { memcpy(y, x, sizeof(float) * k); }
+
+static void ed_quant_f16(const float *x, void *vy, int k) {
+    ed_half *y = (ed_half *)vy;
+    for (int i = 0; i < k; i++) y[i] = ed_fp32_to_fp16(x[i]);
+}
+
+static void ed_quant_bf16(const float *x, void *vy, int k) {
+    uint16_t *y = (uint16_t *)vy;
+    for (int i = 0; i < k; i++) y[i] = ed_fp32_to_bf16(x[i]);
+}
+
+static void ed_quant_q8_0(const float *x, void *vy, int k) {
+    blk_q8_0 *y = (blk_q8_0 *)vy;
+    for (int i = 0; i < k / QK; i++) {
+        float amax = 0.0f;
+        for (int j = 0; j < QK; j++) { float v = fabsf(x[i * QK + j]); if (v > amax) amax = v; }
+        const float d = amax / 127.0f, id = d ? 1.0f / d : 0.0f;
+        y[i].d = ed_fp32_to_fp16(d);
+        for (int j = 0; j < QK; j++) y[i].qs[j] = (int8_t)roundf(x[i * QK + j] * id);
+    }
+}
+
+static void ed_quant_q8_1(const float *x, void *vy, int k) {
+    blk_q8_1 *y = (blk_q8_1 *)vy;
+    for (int i = 0; i < k / QK; i++) {
+        float amax = 0.0f;
+        for (int j = 0; j < QK; j++) { float v = fabsf(x[i * QK + j]); if (v > amax) amax = v; }
+        const float d = amax / 127.0f, id = d ? 1.0f / d : 0.0f;
+        y[i].d = ed_fp32_to_fp16(d);
+        int sum = 0;
+        for (int j = 0; j < QK; j++) { y[i].qs[j] = (int8_t)roundf(x[i * QK + j] * id); sum += y[i].qs[j]; }
+        y[i].s = ed_fp32_to_fp16(sum * d);
+    }
+}
+
+static inline int ed_nearest_int(float fval) {
+    float val = fval + 12582912.f; int i; memcpy(&i, &val, sizeof(int));
+    return (i & 0x007fffff) - 0x00400000;
+}
+
+static void ed_quant_q8_K(const float *x, void *vy, int k) {
+    blk_q8_K *y = (blk_q8_K *)vy;
+    for (int i = 0; i < k / QKK; i++, x += QKK) {
+        float max = 0, amax = 0;
+        for (int j = 0; j < QKK; j++) { float ax = fabsf(x[j]); if (ax > amax) { amax = ax; max = x[j]; } }
+        if (!amax) { y[i].d = 0; memset(y[i].qs, 0, QKK); memset(y[i].bsums, 0, sizeof y[i].bsums); continue; }
+        const float iscale = -127.f / max;
+        for (int j = 0; j < QKK; j++) { int v = ed_nearest_int(iscale * x[j]); y[i].qs[j] = (int8_t)(v < 127 ? v : 127); }
+        for (int j = 0; j < QKK / 16; j++) {
+            int sum = 0;
+            for (int l = 0; l < 16; l++) sum += y[i].qs[j * 16 + l];
+            y[i].bsums[j] = (int16_t)sum;
+        }
+        y[i].d = 1 / iscale;
+    }
+}
+
+/* ---------------------------------------------------------------- dot products ---------- */
+static float ed_dot_f32(int n, const void *vx, const void *vy) {
+    const float *x = (const float *)vx, *y = (const float *)vy;
+    double s = 0.0;
+    for (int i = 0; i < n; i++) s += (double)(x[i] * y[i]);
+    return (float)s;
+}
+
+static float ed_dot_f16(int n, const void *vx, const void *vy) {
+    const ed_half *x = (const ed_half *)vx, *y = (const ed_half *)vy;
+    double s = 0.0;
+    for (int i = 0; i < n; i++) s += (double)(H2F(x[i]) * H2F(y[i]));
+    return (float)s;
+}
+
+static float ed_dot_bf16(int n, const void *vx, const void *vy) {
+    const uint16_t *x = (const uint16_t *)vx, *y = (const uint16_t *)vy;
+    double s = 0.0;
+    for (int i = 0; i < n; i++) s += (double)(ed_bf16_to_fp32(x[i]) * ed_bf16_to_fp32(y[i]));
+    return (float)s;
+}
+
+static float ed_dot_q4_0(int n, const void *vx, const void *vy) {
+    const blk_q4_0 *x = vx; const blk_q8_0 *y = vy;
+    float sumf = 0;
+    for (int ib = 0; ib < n / QK; ib++) {
+        int s = 0;
+        for (int j = 0; j < QK / 2; j++)
+            s += ((x[ib].qs[j] & 0xF) - 8) * y[ib].qs[j] + ((x[ib].qs[j] >> 4) - 8) * y[ib].qs[j + QK / 2];
+        sumf += s * H2F(x[ib].d) * H2F(y[ib].d);
+    }
+    return sumf;
+}
+
+static float ed_dot_q4_1(int n, const void *vx, const void *vy) {
+    const blk_q4_1 *x = vx; const blk_q8_1 *y = vy;
+    float sumf = 0;
+    for (int ib = 0; ib < n / QK; ib++) {
+        int s = 0;
+        for (int j = 0; j < QK / 2; j++)
+            s += (x[ib].qs[j] & 0xF) * y[ib].qs[j] + (x[ib].qs[j] >> 4) * y[ib].qs[j + QK / 2];
+        sumf += (H2F(x[ib].d) * H2F(y[ib].d)) * s + H2F(x[ib].m) * H2F(y[ib].s);
+    }
+    return sumf;
+}
+
+static float ed_dot_q5_0(int n, const void *vx, const void *vy) {
+    const blk_q5_0 *x = vx; const blk_q8_0 *y = vy;
+    float sumf = 0;
+    for (int ib = 0; ib < n / QK; ib++) {
+        uint32_t qh; memcpy(&qh, x[ib].qh, 4);
+        int s = 0;
+        for (int j = 0; j < QK / 2; j++) {
+            int x0 = (int)((x[ib].qs[j] & 0xF) | (((qh >> j) & 1) << 4)) - 16;
+            int x1 = (int)((x[ib].qs[j] >> 4) | (((qh >> (j + 16)) & 1) << 4)) - 16;
+            s += x0 * y[ib].qs[j] + x1 * y[ib].qs[j + QK / 2];
+        }
+        sumf += (H2F(x[ib].d) * H2F(y[ib].d)) * s;
+    }
+    return sumf;
+}
+
+static float ed_dot_q5_1(int n, const void *vx, const void *vy) {
+    const blk_q5_1 *x = vx; const blk_q8_1 *y = vy;
+    float sumf = 0;
+    for (int ib = 0; ib < n / QK; ib++) {
+        uint32_t qh; memcpy(&qh, x[ib].qh, 4);
+        int s = 0;
+        for (int j = 0; j < QK / 2; j++) {
+            int x0 = (x[ib].qs[j] & 0xF) | (((qh >> j) & 1) << 4);
+            int x1 = (x[ib].qs[j] >> 4) | (((qh >> (j + 16)) & 1) << 4);
+            s += x0 * y[ib].qs[j] + x1 * y[ib].qs[j + QK / 2];
+        }
+        sumf += (H2F(x[ib].d) * H2F(y[ib].d)) * s + H2F(x[ib].m) * H2F(y[ib].s);
+    }
+    return sumf;
+}
+
+static float ed_dot_q8_0(int n, const void *vx, const void *vy) {
+    const blk_q8_0 *x = vx; const blk_q8_0 *y = vy;
+    float sumf = 0;
+    for (int ib = 0; ib < n / QK; ib++) {
+        int s = 0;
+        for (int j = 0; j < QK; j++) s += x[ib].qs[j] * y[ib].qs[j];
+        sumf += s * (H2F(x[ib].d) * H2F(y[ib].d));
+    }
+    return sumf;
+}
+
+static float ed_dot_q2_K(int n, const void *vx, const void *vy) {
+    const blk_q2_K *x = vx; const blk_q8_K *y = vy;
+    float sumf = 0;
+    for (int i = 0; i < n / QKK; i++) {
+        const uint8_t *q2 = x[i].qs, *sc = x[i].scales;
+        const int8_t *q8 = y[i].qs;
+        int summs = 0;
+        for (int j = 0; j < 16; j++) summs += y[i].bsums[j] * (sc[j] >> 4);
+        const float dall = y[i].d * H2F(x[i].d), dmin = y[i].d * H2F(x[i].dmin);
+        int isum = 0, is = 0;
+        for (int k = 0; k < QKK / 128; k++) {
+            int shift = 0;
+            for (int j = 0; j < 4; j++) {
+                int d = sc[is++] & 0xF, s = 0;
+                for (int l = 0; l < 16; l++) s += q8[l] * ((q2[l] >> shift) & 3);
+                isum += d * s;
+                d = sc[is++] & 0xF; s = 0;
+                for (int l = 16; l < 32; l++) s += q8[l] * ((q2[l] >> shift) & 3);
+                isum += d * s;
+                shift += 2; q8 += 32;
+            }
+            q2 += 32;
+        }
+        sumf += dall * isum - dmin * summs;
+    }
+    return sumf;
+}
+
+static float ed_dot_q3_K(int n, const void *vx, const void *vy) {
+    const blk_q3_K *x = vx; const blk_q8_K *y = vy;
+    const uint32_t kmask1 = 0x03030303, kmask2 = 0x0f0f0f0f;
+    int8_t aux8[QKK]; int32_t aux32[8]; float sums[8] = {0};
+    uint32_t auxs[4]; const int8_t *scales = (const int8_t *)auxs;
+    for (int i = 0; i < n / QKK; i++) {
+        const uint8_t *q3 = x[i].qs, *hm = x[i].hmask;
+        const int8_t *q8 = y[i].qs;
+        memset(aux32, 0, sizeof aux32);
+        int8_t *a = aux8; uint8_t m = 1;
+        for (int j = 0; j < QKK; j += 128) {
+            for (int sh = 0; sh < 8; sh += 2) {
+                for (int l = 0; l < 32; l++) a[l] = (int8_t)(((q3[l] >> sh) & 3) - (hm[l] & m ? 0 : 4));
+                a += 32; m <<= 1;
+            }
+            q3 += 32;
+        }
+        a = aux8;
+        memcpy(auxs, x[i].scales, 12);
+        uint32_t tmp = auxs[2];
+        auxs[2] = ((auxs[0] >> 4) & kmask2) | (((tmp >> 4) & kmask1) << 4);
+        auxs[3] = ((auxs[1] >> 4) & kmask2) | (((tmp >> 6) & kmask1) << 4);
+        auxs[0] = (auxs[0] & kmask2) | (((tmp >> 0) & kmask1) << 4);
+        auxs[1] = (auxs[1] & kmask2) | (((tmp >> 2) & kmask1) << 4);
+        for (int j = 0; j < QKK / 16; j++) {
+            for (int h = 0; h < 2; h++) {
+                for (int l = 0; l < 8; l++) aux32[l] += (scales[j] - 32) * (int16_t)(q8[l] * a[l]);
+                q8 += 8; a += 8;
+            }
+        }
+        const float d = H2F(x[i].d) * y[i].d;
+        for (int l = 0; l < 8; l++) sums[l] += d * aux32[l];
+    }
+    float sumf = 0; for (int l = 0; l < 8; l++) sumf += sums[l];
+    return sumf;
+}
+
+static inline void ed_k_scales(const uint8_t *s12, uint8_t *scales, uint8_t *mins) {
+    const uint32_t kmask1 = 0x3f3f3f3f, kmask2 = 0x0f0f0f0f, kmask3 = 0x03030303;
+    uint32_t utmp[4];
+    memcpy(utmp, s12, 12);
+    utmp[3] = ((utmp[2] >> 4) & kmask2) | (((utmp[1] >> 6) & kmask3) << 4);
+    const uint32_t uaux = utmp[1] & kmask1;
+    utmp[1] = (utmp[2] & kmask2) | (((utmp[0] >> 6) & kmask3) << 4);
+    utmp[2] = uaux;
+    utmp[0] &= kmask1;
+    memcpy(scales, &utmp[0], 8);
+    memcpy(mins, &utmp[2], 8);
+}
+
+static float ed_dot_q4_K(int n, const void *vx, const void *vy) {
+    const blk_q4_K *x = vx; const blk_q8_K *y = vy;
+    int8_t aux8[QKK]; int32_t aux32[8]; float sums[8] = {0}; float sumf = 0;
+    uint8_t scales[8], mins[8];
+    for (int i = 0; i < n / QKK; i++) {
+        const uint8_t *q4 = x[i].qs; const int8_t *q8 = y[i].qs;
+        memset(aux32, 0, sizeof aux32);
+        int8_t *a = aux8;
+        for (int j = 0; j < QKK / 64; j++) {
+            for (int l = 0; l < 32; l++) a[l] = (int8_t)(q4[l] & 0xF);
+            a += 32;
+            for (int l = 0; l < 32; l++) a[l] = (int8_t)(q4[l] >> 4);
+            a += 32; q4 += 32;
+        }
+        ed_k_scales(x[i].scales, scales, mins);
+        int sumi = 0;
+        for (int j = 0; j < QKK / 16; j++) sumi += y[i].bsums[j] * mins[j / 2];
+        a = aux8;
+        for (int j = 0; j < QKK / 32; j++) {
+            int32_t scale = scales[j];
+            for (int h = 0; h < 4; h++) {
+                for (int l = 0; l < 8; l++) aux32[l] += scale * (int16_t)(q8[l] * a[l]);
+                q8 += 8; a += 8;
+            }
+        }
+        const float d = H2F(x[i].d) * y[i].d;
+        for (int l = 0; l < 8; l++) sums[l] += d * aux32[l];
+        sumf -= H2F(x[i].dmin) * y[i].d * sumi;
+    }
+    for (int l = 0; l < 8; l++) sumf += sums[l];
+    return sumf;
+}
+
+static float ed_dot_q5_K(int n, const void *vx, const void *vy) {
+    const blk_q5_K *x = vx; const blk_q8_K *y = vy;
+    int8_t aux8[QKK]; int32_t aux32[8]; float sums[8] = {0}; float sumf = 0;
+    uint8_t scales[8], mins[8];
+    for (int i = 0; i < n / QKK; i++) {
+        const uint8_t *q4 = x[i].qs, *hm = x[i].qh; const int8_t *q8 = y[i].qs;
+        memset(aux32, 0, sizeof aux32);
+        int8_t *a = aux8; uint8_t m = 1;
+        for (int j = 0; j < QKK / 64; j++) {
+            for (int l = 0; l < 32; l++) a[l] = (int8_t)((q4[l] & 0xF) + (hm[l] & m ? 16 : 0));
+            a += 32; m <<= 1;
+            for (int l = 0; l < 32; l++) a[l] = (int8_t)((q4[l] >> 4) + (hm[l] & m ? 16 : 0));
+            a += 32; m <<= 1; q4 += 32;
+        }
+        ed_k_scales(x[i].scales, scales, mins);
+        int sumi = 0;
+        for (int j = 0; j < QKK / 16; j++) sumi += y[i].bsums[j] * mins[j / 2];
+        a = aux8;
+        for (int j = 0; j < QKK / 32; j++) {
+            int32_t scale = scales[j];
+            for (int h = 0; h < 4; h++) {
+                for (int l = 0; l < 8; l++) aux32[l] += scale * (int16_t)(q8[l] * a[l]);
+                q8 += 8; a += 8;
+            }
+        }
+        const float d = H2F(x[i].d) * y[i].d;
+        for (int l = 0; l < 8; l++) sums[l] += d * aux32[l];
+        sumf -= H2F(x[i].dmin) * y[i].d * sumi;
+    }
+    for (int l = 0; l < 8; l++) sumf += sums[l];
+    return sumf;
+}
+
+static float ed_dot_q6_K(int n, const void *vx, const void *vy) {
+    const blk_q6_K *x = vx; const blk_q8_K *y = vy;
+    int8_t aux8[QKK]; int32_t aux32[8]; float sums[8] = {0};
+    for (int i = 0; i < n / QKK; i++) {
+        const uint8_t *q4 = x[i].ql, *qh = x[i].qh; const int8_t *q8 = y[i].qs;
+        memset(aux32, 0, sizeof aux32);
+        int8_t *a = aux8;
+        for (int j = 0; j < QKK; j += 128) {
+            for (int l = 0; l < 32; l++) {
+                a[l + 0] = (int8_t)((q4[l + 0] & 0xF) | (((qh[l] >> 0) & 3) << 4)) - 32;
+                a[l + 32] = (int8_t)((q4[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)) - 32;
+                a[l + 64] = (int8_t)((q4[l + 0] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32;
+                a[l + 96] = (int8_t)((q4[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32;
+            }
+            a += 128; q4 += 64; qh += 32;
+        }
+        a = aux8;
+        for (int j = 0; j < QKK / 16; j++) {
+            int scale = x[i].scales[j];
+            for (int h = 0; h < 2; h++) {
+                for (int l = 0; l < 8; l++) aux32[l] += scale * (int16_t)(q8[l] * a[l]);
+                q8 += 8; a += 8;
+            }
+        }
+        const float d = H2F(x[i].d) * y[i].d;
+        for (int l = 0; l < 8; l++) sums[l] += d * aux32[l];
+    }
+    float sumf = 0; for (int l = 0; l < 8; l++) sumf += sums[l];
+    return sumf;
+}
+
+/* ---------------------------------------------------------------- the table ------------- */
+typedef float (*ed_dot_fn)(int n, const void *w, const void *xq);
+typedef void (*ed_quant_fn)(const float *x, void *y, int k);
+
+typedef struct {
+    int block;            /* elements per block of the weight type */
+    int type_size;        /* bytes per block */
+    int vec_type;         /* activation format */
+    ed_dot_fn dot;
+} ed_traits;
+
+typedef struct { int block, type_size; ed_quant_fn quant; } ed_act_traits;
+
+static ed_traits ED_TRAITS[ED_NTYPES];
+static ed_act_traits ED_ACT[ED_NTYPES];
+static const char *ED_PATH = "generic";
+
+static void ed_types_init_generic(void) {
+    memset(ED_TRAITS, 0, sizeof ED_TRAITS);
+    ED_TRAITS[ED_F32] = (ed_traits){1, 4, ED_F32, ed_dot_f32};
+    ED_TRAITS[ED_F16] = (ed_traits){1, 2, ED_F16, ed_dot_f16};
+    ED_TRAITS[ED_BF16] = (ed_traits){1, 2, ED_BF16, ed_dot_bf16};
+    ED_TRAITS[ED_Q4_0] = (ed_traits){QK, sizeof(blk_q4_0), ED_Q8_0, ed_dot_q4_0};
+    ED_TRAITS[ED_Q4_1] = (ed_traits){QK, sizeof(blk_q4_1), ED_Q8_1, ed_dot_q4_1};
+    ED_TRAITS[ED_Q5_0] = (ed_traits){QK, sizeof(blk_q5_0), ED_Q8_0, ed_dot_q5_0};
+    ED_TRAITS[ED_Q5_1] = (ed_traits){QK, sizeof(blk_q5_1), ED_Q8_1, ed_dot_q5_1};
+    ED_TRAITS[ED_Q8_0] = (ed_traits){QK, sizeof(blk_q8_0), ED_Q8_0, ed_dot_q8_0};
+    ED_TRAITS[ED_Q2_K] = (ed_traits){QKK, sizeof(blk_q2_K), ED_Q8_K, ed_dot_q2_K};
+    ED_TRAITS[ED_Q3_K] = (ed_traits){QKK, sizeof(blk_q3_K), ED_Q8_K, ed_dot_q3_K};
+    ED_TRAITS[ED_Q4_K] = (ed_traits){QKK, sizeof(blk_q4_K), ED_Q8_K, ed_dot_q4_K};
+    ED_TRAITS[ED_Q5_K] = (ed_traits){QKK, sizeof(blk_q5_K), ED_Q8_K, ed_dot_q5_K};
+    ED_TRAITS[ED_Q6_K] = (ed_traits){QKK, sizeof(blk_q6_K), ED_Q8_K, ed_dot_q6_K};
+    ED_ACT[ED_F32] = (ed_act_traits){1, 4, ed_quant_f32};
+    ED_ACT[ED_F16] = (ed_act_traits){1, 2, ed_quant_f16};
+    ED_ACT[ED_BF16] = (ed_act_traits){1, 2, ed_quant_bf16};
+    ED_ACT[ED_Q8_0] = (ed_act_traits){QK, sizeof(blk_q8_0), ed_quant_q8_0};
+    ED_ACT[ED_Q8_1] = (ed_act_traits){QK, sizeof(blk_q8_1), ed_quant_q8_1};
+    ED_ACT[ED_Q8_K] = (ed_act_traits){QKK, sizeof(blk_q8_K), ed_quant_q8_K};
+    ED_PATH = "generic";
+}
+
+/* bytes of one activation row of k elements in the format a weight of `type` needs */
+static size_t ed_act_row_bytes(int type, int64_t k) {
+    int vt = ED_TRAITS[type].vec_type;
+    return (size_t)(k / ED_ACT[vt].block) * ED_ACT[vt].type_size;
+}
+
+#endif

@@ -1,0 +1,562 @@
+/* The compiled forward pass: one call runs a batch of tokens through every layer.
+ *
+ * All threads of the pool execute ed_forward_worker() together; each op splits its work by
+ * thread index and a barrier separates dependent ops (ggml's model). Nothing here allocates:
+ * every buffer comes from the session arena (64-byte aligned), weights from the read-only
+ * mapping. Matrix products go through ed_matmul(), which quantizes the activations to the
+ * weight type's partner format (Q8_0 / Q8_K / F16 / F32) like llama.cpp and multiplies with
+ * the type's dot product (ed_type_traits).
+ *
+ * Shapes follow GGUF: a weight W has ne0 = K (row length, input features) and ne1 = N (rows,
+ * output features); activations are row-major (n_tokens, features).
+ */
+#ifndef EDGED_FORWARD_H
+#define EDGED_FORWARD_H
+
+#include <math.h>
+#include <stdint.h>
+#include <stddef.h>
+#include <string.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <sched.h>
+#include <stdlib.h>
+
+#include "ed_types.h"
+#include "ed_simd.h"
+
+typedef struct {
+    const uint8_t *data;   /* start of the tensor in the mapping (or repacked copy) */
+    int type;              /* ggml type id */
+    int64_t ne0, ne1;      /* row length, number of rows */
+    size_t row_bytes;
+} ed_tensor;
+
+typedef struct {
+    ed_tensor attn_norm, attn_q, attn_k, attn_v, attn_qkv, attn_q_bias, attn_k_bias, attn_v_bias;
+    ed_tensor attn_q_norm, attn_k_norm, attn_output, post_attention_norm;
+    ed_tensor ffn_norm, ffn_gate, ffn_up, ffn_down, post_ffw_norm;
+    int swa;               /* this layer uses the sliding window (and the local RoPE base) */
+} ed_layer;
+
+typedef struct {
+    int n_vocab, n_embd, n_ff, n_layer, n_head, n_head_kv, head_dim, n_rot;
+    int rope_neox, act_gelu, n_swa;
+    float rope_base, rope_scale, rope_base_swa, rope_attn_factor;
+    float rms_eps, attn_scale, embd_scale, softcap;
+    ed_tensor token_embd, output_norm, output;
+    const float *rope_factors;   /* (n_rot/2) or NULL */
+    ed_layer *layers;            /* (n_layer) */
+} ed_model;
+
+/* One session's buffers, carved from one 64-byte aligned arena. */
+typedef struct {
+    int n_ctx, n_batch;
+    uint16_t *k_cache;   /* (n_layer, n_ctx, n_head_kv * head_dim) f16 */
+    uint16_t *v_cache;   /* (n_layer, n_ctx, n_head_kv * head_dim) f16 */
+    float *x;            /* (n_batch, n_embd) residual stream */
+    float *xb;           /* (n_batch, max(n_embd, n_head*head_dim)) normed input / attn out */
+    float *xb2;          /* (n_batch, n_embd) projection output */
+    float *qkv;          /* (n_batch, q + k + v dims) */
+    float *hb;           /* (n_batch, 2 * n_ff) gate|up */
+    float *att;          /* (n_threads, n_ctx) attention scores, one row per thread */
+    uint16_t *qh;        /* (n_threads, head_dim) f16 query of the current head */
+    uint8_t *xq;         /* (n_batch, quantized row of max(n_embd, n_ff, q dims) ) */
+    size_t xq_row;       /* bytes per quantized activation row */
+    float *logits;       /* (n_batch, n_vocab) */
+    int32_t *tokens;     /* (n_batch) */
+    /* per-call arguments */
+    int n_tokens, pos, all_logits;
+    const ed_model *m;
+    struct ed_pool *pool;
+    /* profiling: nanoseconds per op kind, summed by thread 0 */
+    int profile;
+    double prof_ns[ED_PROF_N];     /* by op kind */
+    double prof_mm[ED_NTYPES];     /* matrix products (with their activation quantization) by weight type */
+} ed_state;
+
+/* ---------------------------------------------------------------- thread pool ---------- */
+typedef void (*ed_task_fn)(void *arg, int ith, int nth);
+
+typedef struct ed_pool ed_pool;
+struct ed_pool {
+    int n_threads;
+    pthread_t *threads;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    atomic_int generation;     /* bumped for each task */
+    atomic_int remaining;      /* workers still running the task */
+    atomic_int barrier_count;
+    atomic_int barrier_phase;
+    ed_task_fn fn;
+    void *arg;
+    int stop;
+    void *worker_args;
+};
+
+static void ed_barrier(ed_pool *p) {
+    int nth = p->n_threads;
+    if (nth == 1) return;
+    int phase = atomic_load_explicit(&p->barrier_phase, memory_order_acquire);
+    if (atomic_fetch_add_explicit(&p->barrier_count, 1, memory_order_acq_rel) == nth - 1) {
+        atomic_store_explicit(&p->barrier_count, 0, memory_order_relaxed);
+        atomic_fetch_add_explicit(&p->barrier_phase, 1, memory_order_release);
+        return;
+    }
+    int spins = 0;
+    while (atomic_load_explicit(&p->barrier_phase, memory_order_acquire) == phase) {
+        if (++spins > 2000) { sched_yield(); spins = 0; }
+    }
+}
+
+typedef struct { ed_pool *p; int ith; } ed_worker_arg;
+
+static void *ed_worker_main(void *vp) {
+    ed_worker_arg *wa = (ed_worker_arg *)vp;
+    ed_pool *p = wa->p;
+    int ith = wa->ith;
+    int seen = 0;
+    for (;;) {
+        /* spin a little for the next task (decode loops come back quickly), then sleep */
+        int spins = 0, gen;
+        while ((gen = atomic_load_explicit(&p->generation, memory_order_acquire)) == seen) {
+            if (++spins < 20000) continue;
+            pthread_mutex_lock(&p->mu);
+            while (atomic_load(&p->generation) == seen && !p->stop) pthread_cond_wait(&p->cv, &p->mu);
+            pthread_mutex_unlock(&p->mu);
+            spins = 0;
+            if (p->stop) return NULL;
+        }
+        seen = gen;
+        if (p->stop) return NULL;
+        p->fn(p->arg, ith, p->n_threads);
+        atomic_fetch_sub_explicit(&p->remaining, 1, memory_order_acq_rel);
+    }
+}
+
+/* Run fn on all n_threads (the caller is thread 0); returns when all have finished. */
+static void ed_pool_run(ed_pool *p, ed_task_fn fn, void *arg) {
+    if (p->n_threads == 1) { fn(arg, 0, 1); return; }
+    p->fn = fn; p->arg = arg;
+    atomic_store(&p->remaining, p->n_threads - 1);
+    pthread_mutex_lock(&p->mu);
+    atomic_fetch_add_explicit(&p->generation, 1, memory_order_release);
+    pthread_cond_broadcast(&p->cv);
+    pthread_mutex_unlock(&p->mu);
+    fn(arg, 0, p->n_threads);
+    int spins = 0;
+    while (atomic_load_explicit(&p->remaining, memory_order_acquire) > 0) {
+        if (++spins > 2000) { sched_yield(); spins = 0; }
+    }
+}
+
+/* ---------------------------------------------------------------- small ops ------------ */
+static inline void ed_range(int64_t n, int ith, int nth, int64_t *a, int64_t *b) {
+    int64_t per = (n + nth - 1) / nth;
+    *a = per * ith; if (*a > n) *a = n;
+    *b = *a + per; if (*b > n) *b = n;
+}
+
+/* out = x / rms(x) * w (w may be NULL) over rows of length n; like ggml: sum in double. */
+static void ed_rms_norm(float *out, const float *x, const float *w, int n, float eps) {
+    double sum = 0.0;
+    for (int i = 0; i < n; i++) sum += (double)x[i] * x[i];
+    const float scale = 1.0f / sqrtf((float)(sum / n) + eps);
+    if (w) for (int i = 0; i < n; i++) out[i] = (x[i] * scale) * w[i];
+    else   for (int i = 0; i < n; i++) out[i] = x[i] * scale;
+}
+
+static void ed_rope(float *x, int n_heads, int head_dim, int n_rot, int pos, float base,
+                    float freq_scale, const float *ff, float mscale, int neox) {
+    const float theta_scale = powf(base, -2.0f / n_rot);
+    float cs[2 * 512];  /* n_rot <= 1024 checked at setup */
+    float theta = (float)pos;
+    for (int i0 = 0; i0 < n_rot; i0 += 2) {
+        float t = freq_scale * (ff ? theta / ff[i0 / 2] : theta);
+        cs[i0] = cosf(t) * mscale;
+        cs[i0 + 1] = sinf(t) * mscale;
+        theta *= theta_scale;
+    }
+    for (int h = 0; h < n_heads; h++) {
+        float *v = x + (size_t)h * head_dim;
+        if (neox) {
+            int half = n_rot / 2;
+            for (int i = 0; i < half; i++) {
+                float c = cs[2 * i], s = cs[2 * i + 1];
+                float a = v[i], b = v[i + half];
+                v[i] = a * c - b * s;
+                v[i + half] = a * s + b * c;
+            }
+        } else {
+            for (int i = 0; i < n_rot; i += 2) {
+                float c = cs[i], s = cs[i + 1];
+                float a = v[i], b = v[i + 1];
+                v[i] = a * c - b * s;
+                v[i + 1] = a * s + b * c;
+            }
+        }
+    }
+}
+
+static inline float ed_gelu(float x) {
+    const float c = 0.7978845608028654f; /* sqrt(2/pi) */
+    return 0.5f * x * (1.0f + tanhf(c * x * (1.0f + 0.044715f * x * x)));
+}
+
+static inline float ed_silu(float x) { return x / (1.0f + expf(-x)); }
+
+
+/* ---------------------------------------------------------------- matmul --------------- */
+#define ED_ROW_TILE 16
+
+/* out[t*ldo + r] = W[r] . x[t*ldx] for t < n, r < W->ne1. All threads call it. When reuse
+ * is set, the activations were quantized for this very x and type by the previous call. */
+/* Quantize the activation rows x (n, K) into the format weights of `type` need. For one
+ * token every thread quantizes the row into its own slot (no barrier); for a batch the rows
+ * are split and a barrier follows. Returns the base and stride of this thread's view. */
+static const uint8_t *ed_quantize_act(ed_state *s, ed_pool *p, int type, int K, const float *x,
+                                      int ldx, int n, int ith, int nth, size_t *rb_out) {
+    const size_t rb = ed_act_row_bytes(type, K);
+    const ed_quant_fn q = ED_ACT[ED_TRAITS[type].vec_type].quant;
+    *rb_out = rb;
+    if (n == 1) {
+        uint8_t *mine = s->xq + (size_t)ith * s->xq_row;
+        q(x, mine, K);
+        return mine;
+    }
+    int64_t a, b;
+    ed_range(n, ith, nth, &a, &b);
+    for (int64_t t = a; t < b; t++) q(x + t * ldx, s->xq + t * rb, K);
+    ed_barrier(p);
+    return s->xq;
+}
+
+/* out[t*ldo + r] = W[r] . x[t] for rows r in [r0, r1) of W, all n tokens. */
+static inline void ed_rows(const ed_tensor *W, int64_t r0, int64_t r1, const uint8_t *xq,
+                           size_t rb, int n, float *out, int ldo) {
+    for (; r0 < r1; r0 += ED_ROW_TILE) {
+        const int64_t e = r0 + ED_ROW_TILE < r1 ? r0 + ED_ROW_TILE : r1;
+        /* each weight row is decoded once per group of ED_MAX_COLS tokens (ed_simd.h) */
+        ed_mdot_rows(W->type, (int)W->ne0, W->data + r0 * W->row_bytes, W->row_bytes,
+                     (int)(e - r0), xq, rb, n, out + r0, (size_t)ldo);
+    }
+}
+
+/* out[t*ldo + r] = W[r] . x[t] for t < n, r < W->ne1; all threads call it; ends in a barrier.
+ * With reuse the previous call quantized this very x for the same activation format. */
+static void ed_matmul(ed_state *s, ed_pool *p, float *out, int ldo, const ed_tensor *W,
+                      const float *x, int ldx, int n, int reuse, int ith, int nth) {
+    size_t rb;
+    const uint8_t *xq;
+    if (reuse) {
+        rb = ed_act_row_bytes(W->type, (int)W->ne0);
+        xq = n == 1 ? s->xq + (size_t)ith * s->xq_row : s->xq;
+    } else {
+        xq = ed_quantize_act(s, p, W->type, (int)W->ne0, x, ldx, n, ith, nth, &rb);
+    }
+    int64_t a, b;
+    ed_range(W->ne1, ith, nth, &a, &b);
+    ed_rows(W, a, b, xq, rb, n, out, ldo);
+    ed_barrier(p);
+}
+
+/* Several matrices over the same input (q|k|v): one quantization, one row split over all
+ * their rows, one barrier. The matrices must share the activation format. */
+static int ed_same_act(const ed_tensor *a, const ed_tensor *b) {
+    return ED_TRAITS[a->type].vec_type == ED_TRAITS[b->type].vec_type;
+}
+
+static void ed_matmul3(ed_state *s, ed_pool *p, const ed_tensor *W[3], float *out[3], int ldo,
+                       const float *x, int ldx, int n, int ith, int nth) {
+    size_t rb;
+    const uint8_t *xq = ed_quantize_act(s, p, W[0]->type, (int)W[0]->ne0, x, ldx, n, ith, nth, &rb);
+    const int64_t total = W[0]->ne1 + W[1]->ne1 + W[2]->ne1;
+    int64_t a, b;
+    ed_range(total, ith, nth, &a, &b);
+    int64_t base = 0;
+    for (int i = 0; i < 3; i++) {
+        const int64_t lo = a > base ? a - base : 0;
+        const int64_t hi = b - base < W[i]->ne1 ? b - base : W[i]->ne1;
+        if (hi > lo) ed_rows(W[i], lo, hi, xq, rb, n, out[i], ldo);
+        base += W[i]->ne1;
+    }
+    ed_barrier(p);
+}
+
+/* The gated FFN's first half without a barrier between the product and the activation:
+ * each thread computes the same row range [a, b) of gate and up, then act(gate) * up there.
+ * hb (n, 2*n_ff): gate in [0, n_ff), up in [n_ff, 2*n_ff). gate == NULL: fused gate+up
+ * matrix (phi3), rows [0, n_ff) gate and [n_ff, 2*n_ff) up. */
+static void ed_ffn_gate_up(ed_state *s, ed_pool *p, const ed_model *m, const ed_layer *L,
+                           int n, int ith, int nth) {
+    const int F = m->n_ff, E = m->n_embd;
+    float *hb = s->hb;
+    const ed_tensor *G = L->ffn_gate.data ? &L->ffn_gate : &L->ffn_up;
+    const ed_tensor *U = &L->ffn_up;
+    const int64_t uofs = L->ffn_gate.data ? 0 : F;  /* up rows inside U */
+    size_t rb;
+    const uint8_t *xq;
+    int64_t a, b;
+    ed_range(F, ith, nth, &a, &b);
+    if (ed_same_act(G, U)) {
+        xq = ed_quantize_act(s, p, G->type, E, s->xb, E, n, ith, nth, &rb);
+        ed_rows(G, a, b, xq, rb, n, hb, 2 * F);
+        ed_rows(U, uofs + a, uofs + b, xq, rb, n, hb + F - uofs, 2 * F);
+    } else {  /* different activation formats (mixed quantizations): one after the other */
+        xq = ed_quantize_act(s, p, U->type, E, s->xb, E, n, ith, nth, &rb);
+        ed_rows(U, uofs + a, uofs + b, xq, rb, n, hb + F - uofs, 2 * F);
+        ed_barrier(p);
+        xq = ed_quantize_act(s, p, G->type, E, s->xb, E, n, ith, nth, &rb);
+        ed_rows(G, a, b, xq, rb, n, hb, 2 * F);
+    }
+    for (int t = 0; t < n; t++) {
+        float *g = hb + (size_t)t * 2 * F, *u = g + F;
+        if (m->act_gelu) for (int64_t i = a; i < b; i++) g[i] = ed_gelu(g[i]) * u[i];
+        else             for (int64_t i = a; i < b; i++) g[i] = ed_silu(g[i]) * u[i];
+    }
+    ed_barrier(p);
+}
+
+static inline const float *ed_vec(const ed_tensor *t) { return (const float *)t->data; }
+
+/* ---------------------------------------------------------------- attention ------------ */
+static float ED_F16_LUT[65536];  /* f16 bits -> float, for the V accumulation */
+
+static void ed_forward_init(void) {
+    for (int i = 0; i < 65536; i++) ED_F16_LUT[i] = ed_fp16_to_fp32((ed_half)i);
+}
+
+/* Causal (and sliding-window) attention over the F16 cache for this thread's (token, head)
+ * pairs: q is rounded to f16 like llama.cpp's f16 K x q product, q.k through the F16 dot of
+ * the kernel table, softmax in float, V accumulated in float. Output into xb (n, Qd). */
+static void ed_attention(ed_state *s, const ed_model *m, int il, int ith, int nth, int ldqkv) {
+    const int n = s->n_tokens, hd = m->head_dim, group = m->n_head / m->n_head_kv;
+    const int kvd = m->n_head_kv * hd, Qd = m->n_head * hd;
+    const size_t lofs = (size_t)il * s->n_ctx * kvd;
+    const uint16_t *kc = s->k_cache + lofs, *vc = s->v_cache + lofs;
+    float *sc = s->att + (size_t)ith * s->n_ctx;
+    uint16_t *q16 = s->qh + (size_t)ith * hd;
+    const ed_dot_fn dot16 = ED_TRAITS[ED_F16].dot;
+    const int swa = m->layers[il].swa && m->n_swa > 0;
+    int64_t a, b;
+    ed_range((int64_t)n * m->n_head, ith, nth, &a, &b);
+    for (int64_t idx = a; idx < b; idx++) {
+        const int t = (int)(idx / m->n_head), h = (int)(idx % m->n_head), kvh = h / group;
+        const int pt = s->pos + t;
+        const float *q = s->qkv + (size_t)t * ldqkv + (size_t)h * hd;
+        for (int i = 0; i < hd; i++) q16[i] = ed_fp32_to_fp16(q[i]);
+        int j0 = 0;
+        if (swa && pt - m->n_swa + 1 > 0) j0 = pt - m->n_swa + 1;
+        float mx = -INFINITY;
+        for (int j = j0; j <= pt; j++) {
+            const float d = dot16(hd, kc + (size_t)j * kvd + (size_t)kvh * hd, q16) * m->attn_scale;
+            sc[j] = d;
+            if (d > mx) mx = d;
+        }
+        double sum = 0.0;
+        for (int j = j0; j <= pt; j++) { float e = expf(sc[j] - mx); sc[j] = e; sum += e; }
+        const float inv = (float)(1.0 / sum);
+        float *o = s->xb + (size_t)t * Qd + (size_t)h * hd;
+        for (int i = 0; i < hd; i++) o[i] = 0.0f;
+        for (int j = j0; j <= pt; j++) {
+            const float w = sc[j] * inv;
+            const uint16_t *vr = vc + (size_t)j * kvd + (size_t)kvh * hd;
+            ed_axpy_f16(hd, w, vr, o);  /* SIMD path (ed_simd.h) */
+        }
+    }
+}
+
+/* ---------------------------------------------------------------- the forward pass ----- */
+#include <time.h>
+static inline double ed_now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e9 + ts.tv_nsec;
+}
+/* thread 0 charges the time since the last mark to an op kind (ops end in barriers, so its
+   clock covers the slowest thread); off unless the session asked for a profile */
+#define ED_MARK(arr, kind) do { if (prof) { double t_ = ed_now_ns(); s->arr[kind] += t_ - t_prev; t_prev = t_; } } while (0)
+
+static void ed_forward_worker(void *arg, int ith, int nth) {
+    ed_state *s = (ed_state *)arg;
+    const ed_model *m = s->m;
+    ed_pool *p = s->pool;
+    const int n = s->n_tokens, E = m->n_embd, F = m->n_ff, hd = m->head_dim;
+    const int Qd = m->n_head * hd, KVd = m->n_head_kv * hd, QKV = Qd + 2 * KVd;
+    const float eps = m->rms_eps;
+    int64_t a, b;
+    ed_range(n, ith, nth, &a, &b);  /* this thread's tokens for per-row ops */
+    const int prof = s->profile && ith == 0;
+    double t_prev = prof ? ed_now_ns() : 0.0;
+
+    for (int il = 0; il < m->n_layer; il++) {
+        const ed_layer *L = &m->layers[il];
+        if (il == 0) {  /* later layers get their attn_norm from the previous residual step */
+            for (int64_t t = a; t < b; t++) ed_rms_norm(s->xb + t * E, s->x + t * E, ed_vec(&L->attn_norm), E, eps);
+            ed_barrier(p);
+            ED_MARK(prof_ns, ED_PROF_NORM);
+        }
+        if (L->attn_qkv.data) {
+            ed_matmul(s, p, s->qkv, QKV, &L->attn_qkv, s->xb, E, n, 0, ith, nth);
+        } else if (ed_same_act(&L->attn_q, &L->attn_k) && ed_same_act(&L->attn_q, &L->attn_v)) {
+            const ed_tensor *W3[3] = {&L->attn_q, &L->attn_k, &L->attn_v};
+            float *O3[3] = {s->qkv, s->qkv + Qd, s->qkv + Qd + KVd};
+            ed_matmul3(s, p, W3, O3, QKV, s->xb, E, n, ith, nth);
+        } else {
+            ed_matmul(s, p, s->qkv, QKV, &L->attn_q, s->xb, E, n, 0, ith, nth);
+            ed_matmul(s, p, s->qkv + Qd, QKV, &L->attn_k, s->xb, E, n,
+                      L->attn_k.type == L->attn_q.type, ith, nth);
+            ed_matmul(s, p, s->qkv + Qd + KVd, QKV, &L->attn_v, s->xb, E, n,
+                      L->attn_v.type == L->attn_k.type, ith, nth);
+        }
+        ED_MARK(prof_mm, L->attn_qkv.data ? L->attn_qkv.type : L->attn_q.type);
+        const float base = L->swa ? m->rope_base_swa : m->rope_base;
+        const float fscale = L->swa ? 1.0f : m->rope_scale;
+        for (int64_t t = a; t < b; t++) {
+            float *q = s->qkv + t * QKV, *k = q + Qd, *v = k + KVd;
+            if (L->attn_q_bias.data) {
+                const float *bq = ed_vec(&L->attn_q_bias), *bk = ed_vec(&L->attn_k_bias), *bv = ed_vec(&L->attn_v_bias);
+                for (int i = 0; i < Qd; i++) q[i] += bq[i];
+                for (int i = 0; i < KVd; i++) { k[i] += bk[i]; v[i] += bv[i]; }
+            }
+            if (L->attn_q_norm.data) {
+                for (int h = 0; h < m->n_head; h++) ed_rms_norm(q + h * hd, q + h * hd, ed_vec(&L->attn_q_norm), hd, eps);
+                for (int h = 0; h < m->n_head_kv; h++) ed_rms_norm(k + h * hd, k + h * hd, ed_vec(&L->attn_k_norm), hd, eps);
+            }
+            const int pt = s->pos + (int)t;
+            ed_rope(q, m->n_head, hd, m->n_rot, pt, base, fscale, m->rope_factors, m->rope_attn_factor, m->rope_neox);
+            ed_rope(k, m->n_head_kv, hd, m->n_rot, pt, base, fscale, m->rope_factors, m->rope_attn_factor, m->rope_neox);
+            uint16_t *kc = s->k_cache + ((size_t)il * s->n_ctx + pt) * KVd;
+            uint16_t *vc = s->v_cache + ((size_t)il * s->n_ctx + pt) * KVd;
+            for (int i = 0; i < KVd; i++) { kc[i] = ed_fp32_to_fp16(k[i]); vc[i] = ed_fp32_to_fp16(v[i]); }
+        }
+        ed_barrier(p);
+        ED_MARK(prof_ns, ED_PROF_ROPE);
+        ed_attention(s, m, il, ith, nth, QKV);
+        ed_barrier(p);
+        ED_MARK(prof_ns, ED_PROF_ATTN);
+        ed_matmul(s, p, s->xb2, E, &L->attn_output, s->xb, Qd, n, 0, ith, nth);
+        ED_MARK(prof_mm, L->attn_output.type);
+        for (int64_t t = a; t < b; t++) {
+            float *o = s->xb2 + t * E, *x = s->x + t * E;
+            if (L->post_attention_norm.data) ed_rms_norm(o, o, ed_vec(&L->post_attention_norm), E, eps);
+            for (int i = 0; i < E; i++) x[i] += o[i];
+            ed_rms_norm(s->xb + t * E, x, ed_vec(&L->ffn_norm), E, eps);
+        }
+        ed_barrier(p);
+        ED_MARK(prof_ns, ED_PROF_NORM);
+        ed_ffn_gate_up(s, p, m, L, n, ith, nth);
+        ED_MARK(prof_mm, L->ffn_up.type);
+        ed_matmul(s, p, s->xb2, E, &L->ffn_down, s->hb, 2 * F, n, 0, ith, nth);
+        ED_MARK(prof_mm, L->ffn_down.type);
+        for (int64_t t = a; t < b; t++) {
+            float *o = s->xb2 + t * E, *x = s->x + t * E;
+            if (L->post_ffw_norm.data) ed_rms_norm(o, o, ed_vec(&L->post_ffw_norm), E, eps);
+            for (int i = 0; i < E; i++) x[i] += o[i];
+            if (il + 1 < m->n_layer)  /* the next layer's attn_norm, while x is in cache */
+                ed_rms_norm(s->xb + t * E, x, ed_vec(&m->layers[il + 1].attn_norm), E, eps);
+        }
+        ed_barrier(p);
+        ED_MARK(prof_ns, ED_PROF_NORM);
+    }
+    const int rows = s->all_logits ? n : 1, first = n - rows;
+    ed_range(rows, ith, nth, &a, &b);
+    for (int64_t t = a; t < b; t++) ed_rms_norm(s->xb + t * E, s->x + (first + t) * E, ed_vec(&m->output_norm), E, eps);
+    ed_barrier(p);
+    ed_matmul(s, p, s->logits, m->n_vocab, &m->output, s->xb, E, rows, 0, ith, nth);
+    if (m->softcap > 0.0f) {
+        ed_range((int64_t)rows * m->n_vocab, ith, nth, &a, &b);
+        for (int64_t i = a; i < b; i++) s->logits[i] = tanhf(s->logits[i] / m->softcap) * m->softcap;
+        ed_barrier(p);
+    }
+    ED_MARK(prof_ns, ED_PROF_OUTPUT);
+}
+
+
+/* ---------------------------------------------------------------- setup ---------------- */
+static ed_pool *ed_pool_create(int n_threads) {
+    ed_pool *p = (ed_pool *)calloc(1, sizeof(ed_pool));
+    if (!p) return NULL;
+    p->n_threads = n_threads < 1 ? 1 : n_threads;
+    pthread_mutex_init(&p->mu, NULL);
+    pthread_cond_init(&p->cv, NULL);
+    atomic_init(&p->generation, 0);
+    atomic_init(&p->remaining, 0);
+    atomic_init(&p->barrier_count, 0);
+    atomic_init(&p->barrier_phase, 0);
+    p->threads = (pthread_t *)calloc(p->n_threads, sizeof(pthread_t));
+    ed_worker_arg *args = (ed_worker_arg *)calloc(p->n_threads, sizeof(ed_worker_arg));
+    p->worker_args = args;
+    for (int i = 1; i < p->n_threads; i++) {
+        args[i].p = p; args[i].ith = i;
+        if (pthread_create(&p->threads[i], NULL, ed_worker_main, &args[i]) != 0) {
+            p->n_threads = i;  /* run with the threads we got */
+            break;
+        }
+    }
+    return p;
+}
+
+static void ed_pool_destroy(ed_pool *p) {
+    if (!p) return;
+    pthread_mutex_lock(&p->mu);
+    p->stop = 1;
+    atomic_fetch_add(&p->generation, 1);
+    pthread_cond_broadcast(&p->cv);
+    pthread_mutex_unlock(&p->mu);
+    for (int i = 1; i < p->n_threads; i++) pthread_join(p->threads[i], NULL);
+    free(p->threads);
+    free(p->worker_args);
+    free(p);
+}
+
+/* logits rows kept per call: a batch asking for every row's logits is at most this long
+   (a 152k vocabulary costs 0.6 MB per row; the prompt itself only needs its last row) */
+#define ED_MAX_LOGIT_ROWS 32
+
+#define ED_ALIGN(n) (((n) + 63) & ~(size_t)63)
+
+/* Carve one session's buffers out of `arena` (64-byte aligned). With arena == NULL only
+ * computes the size. Returns the bytes needed. */
+static size_t ed_state_layout(ed_state *s, const ed_model *m, int n_ctx, int n_batch,
+                              int n_threads, uint8_t *arena) {
+    const int E = m->n_embd, hd = m->head_dim, Qd = m->n_head * hd, KVd = m->n_head_kv * hd;
+    const int F = m->n_ff, XB = E > Qd ? E : Qd;
+    /* widest activation row that gets quantized: n_embd, Qd or n_ff inputs, any type */
+    size_t xq_row = 0;
+    for (int t = 0; t < ED_NTYPES; t++) {
+        if (!ED_TRAITS[t].dot) continue;
+        size_t r = ed_act_row_bytes(t, (F > XB ? F : XB));
+        if (r > xq_row) xq_row = r;
+    }
+    xq_row = xq_row + 4 * sizeof(float);  /* any type: <= 4 bytes/elem + block headers */
+    if (xq_row < (size_t)(F > XB ? F : XB) * 4) xq_row = (size_t)(F > XB ? F : XB) * 4;
+    size_t off = 0;
+#define CARVE(field, type, count) do { \
+        if (arena) s->field = (type *)(arena + off); \
+        off += ED_ALIGN(sizeof(type) * (size_t)(count)); } while (0)
+    CARVE(k_cache, uint16_t, (size_t)m->n_layer * n_ctx * KVd);
+    CARVE(v_cache, uint16_t, (size_t)m->n_layer * n_ctx * KVd);
+    CARVE(x, float, (size_t)n_batch * E);
+    CARVE(xb, float, (size_t)n_batch * XB);
+    CARVE(xb2, float, (size_t)n_batch * E);
+    CARVE(qkv, float, (size_t)n_batch * (Qd + 2 * KVd));
+    CARVE(hb, float, (size_t)n_batch * 2 * F);
+    CARVE(att, float, (size_t)n_threads * n_ctx);
+    CARVE(qh, uint16_t, (size_t)n_threads * hd);
+    CARVE(xq, uint8_t, (size_t)(n_batch > n_threads ? n_batch : n_threads) * xq_row);
+    CARVE(logits, float, (size_t)(n_batch < ED_MAX_LOGIT_ROWS ? n_batch : ED_MAX_LOGIT_ROWS) * m->n_vocab);
+    CARVE(tokens, int32_t, n_batch);
+#undef CARVE
+    if (arena) {
+        s->n_ctx = n_ctx; s->n_batch = n_batch; s->xq_row = xq_row; s->m = m;
+    }
+    return off;
+}
+
+static void ed_forward(ed_state *s, ed_pool *p, int n_tokens, int pos, int all_logits) {
+    s->n_tokens = n_tokens; s->pos = pos; s->all_logits = all_logits; s->pool = p;
+    ed_pool_run(p, ed_forward_worker, s);
+}
+
+#endif

@@ -1,0 +1,276 @@
+# The compiled forward pass (included from core.pyx). C in forward.h / ed_types.h; this file
+# binds a validated model (arch.Spec + mapped weights) to the C structs and runs one batch per
+# call with the GIL released: no Python per layer or per op.
+from libc.stdint cimport uint8_t, uint16_t, int32_t, int64_t, uintptr_t
+from libc.stdlib cimport calloc, free
+
+cdef extern from "stdlib.h" nogil:
+    int posix_memalign(void **memptr, size_t alignment, size_t size)
+from libc.string cimport memcpy, memset
+
+cdef extern from "forward.h" nogil:
+    ctypedef struct ed_tensor:
+        const uint8_t *data
+        int type
+        int64_t ne0, ne1
+        size_t row_bytes
+    ctypedef struct ed_layer:
+        ed_tensor attn_norm, attn_q, attn_k, attn_v, attn_qkv, attn_q_bias, attn_k_bias, attn_v_bias
+        ed_tensor attn_q_norm, attn_k_norm, attn_output, post_attention_norm
+        ed_tensor ffn_norm, ffn_gate, ffn_up, ffn_down, post_ffw_norm
+        int swa
+    ctypedef struct ed_model:
+        int n_vocab, n_embd, n_ff, n_layer, n_head, n_head_kv, head_dim, n_rot
+        int rope_neox, act_gelu, n_swa
+        float rope_base, rope_scale, rope_base_swa, rope_attn_factor
+        float rms_eps, attn_scale, embd_scale, softcap
+        ed_tensor token_embd, output_norm, output
+        const float *rope_factors
+        ed_layer *layers
+    ctypedef struct ed_pool:
+        int n_threads
+    ctypedef struct ed_state:
+        int n_ctx, n_batch, n_tokens, pos
+        uint16_t *k_cache
+        uint16_t *v_cache
+        float *x
+        float *xb
+        float *qkv
+        float *att
+        uint16_t *qh
+        float *logits
+        int32_t *tokens
+        int profile
+        double prof_ns[7]
+        double prof_mm[40]
+    ed_pool *ed_pool_create(int n_threads)
+    void ed_pool_destroy(ed_pool *p)
+    size_t ed_state_layout(ed_state *s, const ed_model *m, int n_ctx, int n_batch, int n_threads, uint8_t *arena)
+    void ed_forward(ed_state *s, ed_pool *p, int n_tokens, int pos, int all_logits)
+    void ed_forward_init()
+    int ED_MAX_LOGIT_ROWS
+    void ed_types_init_generic()
+    int ed_types_init(const char *want)
+    const char *ED_PATH
+    int ED_NTYPES
+    ctypedef struct ed_traits:
+        int block, type_size, vec_type
+        void *dot
+    ed_traits ED_TRAITS[40]
+
+import os as _os
+
+
+def select_kernels(str name=None):
+    """Choose the dot-product path: None/"auto" (best this CPU has), "generic", "avx2", "avx512", "neon".
+    Called at import with $EDGED_KERNELS; tests call it to run every path."""
+    cdef bytes b = (name or "auto").encode()
+    if ed_types_init(b) != 0:
+        from edged.errors import ConfigError
+        raise ConfigError(f"EDGED_KERNELS={name!r}: unknown or not supported on this CPU "
+                          f"(generic, avx2, avx512, neon, auto; `edged info` lists this CPU's)")
+    return ED_PATH.decode()
+
+
+select_kernels(_os.environ.get("EDGED_KERNELS") or None)
+
+
+ed_forward_init()
+
+
+def kernel_path():
+    """The dot-product path chosen at start-up (generic, avx2, ...)."""
+    return ED_PATH.decode()
+
+
+def supported_types():
+    return [t for t in range(40) if ED_TRAITS[t].dot != NULL]
+
+
+cdef class Pool:
+    """The persistent worker threads; the calling thread is worker 0."""
+    cdef ed_pool *p
+
+    def __cinit__(self, int n_threads):
+        self.p = ed_pool_create(n_threads)
+        if self.p == NULL:
+            raise MemoryError("thread pool")
+
+    @property
+    def n_threads(self):
+        return self.p.n_threads
+
+    def __dealloc__(self):
+        if self.p != NULL:
+            ed_pool_destroy(self.p)
+            self.p = NULL
+
+
+cdef class ForwardModel:
+    """C view of a validated model. Holds references to every array it points into."""
+    cdef ed_model m
+    cdef ed_layer *layers
+    cdef list keep
+
+    def __cinit__(self):
+        self.layers = NULL
+        self.keep = []
+
+    def __dealloc__(self):
+        free(self.layers)
+
+    cdef void _set(self, ed_tensor *t, tuple spec) except *:
+        cdef const uint8_t[::1] view
+        if spec is None:
+            memset(t, 0, sizeof(ed_tensor))
+            return
+        arr, gtype, shape, row_bytes = spec
+        view = arr
+        self.keep.append(arr)
+        t.data = &view[0]
+        t.type = gtype
+        t.ne0 = shape[0]
+        t.ne1 = shape[1] if len(shape) > 1 else 1
+        t.row_bytes = row_bytes
+
+    def setup(self, dict hp, list layers, dict globals_):
+        """hp: scalar hyperparameters; layers: per layer a dict role -> (uint8 array, type,
+        shape, row_bytes) or None, plus 'swa'; globals_: token_embd/output_norm/output/rope."""
+        cdef int i
+        m = &self.m
+        m.n_vocab = hp["n_vocab"]; m.n_embd = hp["n_embd"]; m.n_ff = hp["n_ff"]
+        m.n_layer = hp["n_layer"]; m.n_head = hp["n_head"]; m.n_head_kv = hp["n_head_kv"]
+        m.head_dim = hp["head_dim"]; m.n_rot = hp["n_rot"]; m.rope_neox = hp["rope_neox"]
+        m.act_gelu = hp["act_gelu"]; m.n_swa = hp["n_swa"]
+        m.rope_base = hp["rope_freq_base"]; m.rope_scale = hp["rope_freq_scale"]
+        m.rope_base_swa = hp["rope_freq_base_swa"]; m.rope_attn_factor = hp["rope_attn_factor"]
+        m.rms_eps = hp["rms_eps"]; m.attn_scale = hp["attn_scale"]; m.embd_scale = hp["embd_scale"]
+        m.softcap = hp["final_logit_softcap"]
+        if m.head_dim > 1024 or m.n_rot > 1024:
+            raise ValueError(f"head_dim {m.head_dim} > 1024 not supported by the compiled path")
+        self.layers = <ed_layer *>calloc(m.n_layer, sizeof(ed_layer))
+        if self.layers == NULL:
+            raise MemoryError()
+        m.layers = self.layers
+        for name in ("token_embd", "output_norm", "output"):
+            g = globals_[name]
+            if name == "token_embd":
+                self._set(&m.token_embd, g)
+            elif name == "output_norm":
+                self._set(&m.output_norm, g)
+            else:
+                self._set(&m.output, g)
+        cdef const float[::1] rf
+        if globals_.get("rope_factors") is not None:
+            rf = globals_["rope_factors"]
+            self.keep.append(globals_["rope_factors"])
+            m.rope_factors = &rf[0]
+        else:
+            m.rope_factors = NULL
+        for i, L in enumerate(layers):
+            l = &self.layers[i]
+            l.swa = L["swa"]
+            for role, spec in L.items():
+                if role == "swa":
+                    continue
+                if spec is None:
+                    continue
+                self._set(self._field(l, role), spec)
+
+    cdef ed_tensor *_field(self, ed_layer *l, str role) except NULL:
+        if role == "attn_norm": return &l.attn_norm
+        if role == "attn_q": return &l.attn_q
+        if role == "attn_k": return &l.attn_k
+        if role == "attn_v": return &l.attn_v
+        if role == "attn_qkv": return &l.attn_qkv
+        if role == "attn_q_bias": return &l.attn_q_bias
+        if role == "attn_k_bias": return &l.attn_k_bias
+        if role == "attn_v_bias": return &l.attn_v_bias
+        if role == "attn_q_norm": return &l.attn_q_norm
+        if role == "attn_k_norm": return &l.attn_k_norm
+        if role == "attn_output": return &l.attn_output
+        if role == "post_attention_norm": return &l.post_attention_norm
+        if role == "ffn_norm": return &l.ffn_norm
+        if role == "ffn_gate": return &l.ffn_gate
+        if role == "ffn_up": return &l.ffn_up
+        if role == "ffn_down": return &l.ffn_down
+        if role == "post_ffw_norm": return &l.post_ffw_norm
+        raise KeyError(role)
+
+    def arena_bytes(self, int n_ctx, int n_batch, int n_threads):
+        return ed_state_layout(NULL, &self.m, n_ctx, n_batch, n_threads, NULL)
+
+
+cdef class ForwardState:
+    """One session's arena (KV cache, activations, scratch): one 64-byte aligned block."""
+    cdef ed_state s
+    cdef uint8_t *arena
+    cdef readonly size_t nbytes
+    cdef ForwardModel model
+    cdef Pool pool
+
+    def __cinit__(self, ForwardModel model, Pool pool, int n_ctx, int n_batch):
+        cdef void *mem = NULL
+        memset(&self.s, 0, sizeof(ed_state))
+        self.model, self.pool = model, pool
+        self.nbytes = ed_state_layout(NULL, &model.m, n_ctx, n_batch, pool.p.n_threads, NULL)
+        if posix_memalign(&mem, 64, self.nbytes) != 0:
+            raise MemoryError(f"session arena of {self.nbytes} bytes")
+        self.arena = <uint8_t *>mem
+        memset(self.arena, 0, self.nbytes)
+        ed_state_layout(&self.s, &model.m, n_ctx, n_batch, pool.p.n_threads, self.arena)
+
+    def __dealloc__(self):
+        free(self.arena)
+        self.arena = NULL
+
+    @property
+    def address(self):
+        return <uintptr_t>self.arena
+
+    def input_rows(self):
+        """float32 (n_batch, n_embd) view of the input rows (embeddings go here)."""
+        return np.asarray(<float[:self.s.n_batch, :self.model.m.n_embd]> self.s.x)
+
+    def logits(self, int rows):
+        return np.asarray(<float[:rows, :self.model.m.n_vocab]> self.s.logits)
+
+    def kv_cache(self):
+        """(k, v) uint16 views (n_layer, n_ctx, n_head_kv * head_dim) of the f16 cache."""
+        m = &self.model.m
+        kvd = m.n_head_kv * m.head_dim
+        k = np.asarray(<uint16_t[:m.n_layer * self.s.n_ctx * kvd]> self.s.k_cache)
+        v = np.asarray(<uint16_t[:m.n_layer * self.s.n_ctx * kvd]> self.s.v_cache)
+        shape = (m.n_layer, self.s.n_ctx, kvd)
+        return k.reshape(shape), v.reshape(shape)
+
+    def set_profile(self, bint on):
+        """Start (and zero) or stop per-op timing by thread 0."""
+        self.s.profile = on
+        if on:
+            memset(self.s.prof_ns, 0, sizeof(self.s.prof_ns))
+            memset(self.s.prof_mm, 0, sizeof(self.s.prof_mm))
+
+    def profile(self):
+        """{op kind: ms} since set_profile(True): matmul by weight type id, attention, ..."""
+        names = ("matmul", "quantize", "attention", "norms+residual", "bias/qk-norm/rope/kv-store",
+                 "activation", "output matmul")
+        out = {names[i]: self.s.prof_ns[i] / 1e6 for i in range(7) if self.s.prof_ns[i]}
+        for t in range(40):
+            if self.s.prof_mm[t]:
+                out[f"matmul type {t}"] = self.s.prof_mm[t] / 1e6
+        return out
+
+    @property
+    def max_logit_rows(self):
+        return min(self.s.n_batch, ED_MAX_LOGIT_ROWS)
+
+    def forward(self, int n_tokens, int pos, bint all_logits):
+        if all_logits and n_tokens > min(self.s.n_batch, ED_MAX_LOGIT_ROWS):
+            raise ValueError(f"all logits of {n_tokens} rows: at most {ED_MAX_LOGIT_ROWS} per call")
+        if n_tokens < 1 or n_tokens > self.s.n_batch:
+            raise ValueError(f"n_tokens {n_tokens} not in [1, {self.s.n_batch}]")
+        if pos < 0 or pos + n_tokens > self.s.n_ctx:
+            raise ValueError(f"positions [{pos}, {pos + n_tokens}) outside the context {self.s.n_ctx}")
+        with nogil:
+            ed_forward(&self.s, self.pool.p, n_tokens, pos, all_logits)

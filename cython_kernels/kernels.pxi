@@ -1,0 +1,353 @@
+# Weight kernels, SIMD path selection, thread pinning and aligned buffers (included from core.pyx
+# after forward.pxi, whose Pool / ed_pool this file uses).
+#
+# C-level API for the forward pass (all noexcept nogil, raw pointers, caller owns buffers):
+#   ed_types.h   ED_TRAITS[ggml type] = {block, type_size, vec_type, dot}: the weight type's
+#                activation format (vec_type: ED_F32/ED_F16/ED_BF16/ED_Q8_0/ED_Q8_1/ED_Q8_K) and
+#                float dot(int k, const void *w_row, const void *x_quantized_row);
+#                ED_ACT[vec_type].quant(const float *x, void *xq, int k) quantizes activations;
+#                ed_act_row_bytes(type, k): bytes of one quantized activation row.
+#   ed_simd.h    int ed_types_init(const char *force): fills ED_TRAITS with the best path this
+#                CPU supports (or the forced one; -1 if unsupported). Called at import from
+#                EDGED_KERNELS; the engine never branches on the path or the type.
+#                unsigned ed_cpu_features(void); int ed_path_supported(const char *name).
+#   ed_threads.h int ed_pool_pin(ed_pool *p, const int *cpus, int n, const cpu_set_t *initial)
+#
+# The path is chosen once at import from $EDGED_KERNELS (forward.pxi's select_kernels()).
+# Python surface (checks first, then `with nogil:`): kernel_path() (forward.pxi), cpu_features(),
+# available_paths(), set_path(name), quantize_act(x, qtype), matmul(out, w, qtype, x, pool=None),
+# pin_pool(pool, cpus), thread_cpus(), aligned_empty(shape, dtype).
+import os as _os
+
+from libc.stdlib cimport malloc
+from libc.stdint cimport uint32_t, uint64_t
+
+from edged.errors import ConfigError as _ConfigError
+
+cdef extern from "ed_simd.h" nogil:
+    unsigned ed_cpu_features()
+    int ed_path_supported(const char *name)
+    const char *ED_CPU_FEATURE_NAMES[]
+    ctypedef void (*ed_quant_fn)(const float *x, void *y, int k) noexcept nogil
+    ctypedef float (*ed_dot_fn)(int n, const void *w, const void *xq) noexcept nogil
+    ctypedef struct ed_act_traits:
+        int block, type_size
+        ed_quant_fn quant
+    ed_act_traits ED_ACT[40]
+    size_t ed_act_row_bytes(int type, int64_t k)
+    void ed_mdot_rows(int type, int k, const uint8_t *w, size_t wstride, int nr,
+                      const uint8_t *xq, size_t xs, int nc, float *out, size_t ldo)
+    ctypedef void (*ed_task_fn)(void *arg, int ith, int nth) noexcept nogil
+    void ed_pool_run(ed_pool *p, ed_task_fn fn, void *arg)
+
+cdef extern from "sched.h" nogil:
+    ctypedef struct cpu_set_t:
+        pass
+    int sched_getaffinity(int pid, size_t size, cpu_set_t *mask)
+
+cdef extern from "ed_threads.h" nogil:
+    int ed_pool_pin(ed_pool *p, const int *cpus, int n, const cpu_set_t *initial)
+
+PATHS = ("generic", "avx2", "avx512", "neon")
+cdef cpu_set_t _initial_affinity
+sched_getaffinity(0, sizeof(cpu_set_t), &_initial_affinity)
+
+
+def cpu_features():
+    """Names of the SIMD features this CPU has (those the kernels care about)."""
+    cdef unsigned f = ed_cpu_features()
+    cdef int i = 0
+    out = []
+    while ED_CPU_FEATURE_NAMES[i] != NULL:
+        if f & (1u << i):
+            out.append(ED_CPU_FEATURE_NAMES[i].decode())
+        i += 1
+    return out
+
+
+def available_paths():
+    """The kernel paths this CPU can run, slowest first."""
+    return [p for p in PATHS if ed_path_supported(p.encode())]
+
+
+def set_path(name=None):
+    """Select a kernel path (None/"" = best supported). Raises ConfigError when unsupported."""
+    cdef bytes b = (name or "").encode()
+    if name and name not in PATHS + ("auto",):
+        raise _ConfigError(f"EDGED_KERNELS={name!r}: unknown kernel path (one of {', '.join(PATHS)})")
+    if ed_types_init(b) != 0:
+        ed_types_init(b"generic")
+        raise _ConfigError(f"EDGED_KERNELS={name!r}: not supported on this CPU "
+                           f"(features: {' '.join(cpu_features()) or 'none'}; "
+                           f"supported paths: {', '.join(available_paths())})")
+    return kernel_path()
+
+
+
+cdef int _check_type(int qtype) except -1:
+    if qtype < 0 or qtype >= 40 or ED_TRAITS[qtype].dot == NULL:
+        raise ValueError(f"no kernel for ggml type {qtype}")
+    return 0
+
+
+def act_row_bytes(int qtype, int k):
+    """Bytes of one activation row of k elements in the format weights of `qtype` multiply with."""
+    _check_type(qtype)
+    return ed_act_row_bytes(qtype, k)
+
+
+def quantize_act(const float[:, ::1] x, int qtype):
+    """Activation rows (n, k) -> uint8 (n, act_row_bytes) in the weight type's partner format."""
+    _check_type(qtype)
+    cdef int n = x.shape[0], k = x.shape[1], t
+    if k % ED_TRAITS[qtype].block:
+        raise ValueError(f"row length {k} is not a multiple of the block size {ED_TRAITS[qtype].block}")
+    cdef size_t rb = ed_act_row_bytes(qtype, k)
+    out = np.empty((n, rb), np.uint8)
+    cdef uint8_t[:, ::1] o = out
+    cdef ed_quant_fn q = ED_ACT[ED_TRAITS[qtype].vec_type].quant
+    with nogil:
+        for t in range(n):
+            q(&x[t, 0], &o[t, 0], k)
+    return out
+
+
+ctypedef struct _mm_args:
+    float *out
+    const uint8_t *w
+    const uint8_t *xq
+    size_t row_bytes, xq_row
+    int K, N, n, type
+
+
+cdef void _mm_task(void *arg, int ith, int nth) noexcept nogil:
+    # rows split evenly over threads; a tile of 16 rows stays in cache while every token passes
+    cdef _mm_args *a = <_mm_args *>arg
+    cdef int64_t per = (a.N + nth - 1) // nth
+    cdef int64_t r0 = per * ith, r1 = min(r0 + per, <int64_t>a.N), rt, rend
+    rt = r0
+    while rt < r1:
+        rend = min(rt + 16, r1)
+        ed_mdot_rows(a.type, a.K, a.w + rt * a.row_bytes, a.row_bytes, <int>(rend - rt),
+                     a.xq, a.xq_row, a.n, a.out + rt, a.N)
+        rt = rend
+
+
+def matmul(float[:, ::1] out, const uint8_t[::1] w, int qtype, const float[:, ::1] x, Pool pool=None):
+    """out[t, r] = W[r] . x[t] with W (N rows of K) in ggml type `qtype`; activations are
+    quantized to the type's partner format first, as in the forward pass."""
+    _check_type(qtype)
+    cdef int n = x.shape[0], K = x.shape[1], N = out.shape[1]
+    if out.shape[0] != n:
+        raise ValueError(f"out has {out.shape[0]} rows, x has {n}")
+    cdef int blk = ED_TRAITS[qtype].block
+    if K % blk:
+        raise ValueError(f"row length {K} is not a multiple of the block size {blk}")
+    cdef size_t rb = <size_t>(K // blk) * ED_TRAITS[qtype].type_size
+    if <size_t>w.shape[0] != rb * N:
+        raise ValueError(f"weights: expected {rb * N} bytes for {N} rows of {K}, got {w.shape[0]}")
+    xq = quantize_act(x, qtype)
+    cdef const uint8_t[:, ::1] xqv = xq
+    cdef _mm_args a
+    a.out = &out[0, 0]; a.w = &w[0]; a.xq = &xqv[0, 0]; a.row_bytes = rb
+    a.xq_row = xq.shape[1]; a.K = K; a.N = N; a.n = n; a.type = qtype
+    with nogil:
+        if pool is None:
+            _mm_task(&a, 0, 1)
+        else:
+            ed_pool_run(pool.p, _mm_task, &a)
+    return out
+
+
+def pin_pool(Pool pool, cpus):
+    """Pin worker i of `pool` (worker 0 = the calling thread) to cpus[i % len(cpus)];
+    an empty list restores the affinity the process started with."""
+    cdef int n = len(cpus), i
+    cdef int *c = <int *>malloc(sizeof(int) * max(n, 1))
+    if c == NULL:
+        raise MemoryError()
+    for i in range(n):
+        c[i] = int(cpus[i])
+    cdef int failed
+    with nogil:
+        failed = ed_pool_pin(pool.p, c, n, &_initial_affinity)
+    free(c)
+    if failed:
+        raise OSError(f"could not pin {failed} worker thread(s) to CPUs {list(cpus)}")
+
+
+def aligned_empty(shape, dtype=np.float32, int align=64):
+    """A numpy array whose data starts on an `align`-byte boundary (over-allocate and slice)."""
+    dt = np.dtype(dtype)
+    n = int(np.prod(shape)) * dt.itemsize
+    raw = np.empty(n + align, np.uint8)
+    off = (-raw.ctypes.data) % align
+    return raw[off:off + n].view(dt).reshape(shape)
+
+
+ctypedef struct _rd_args:
+    const uint64_t *p
+    size_t n
+    uint64_t sums[64]
+
+
+cdef void _read_task(void *arg, int ith, int nth) noexcept nogil:
+    # 8 independent xor chains over 64-byte lines: the compiler vectorises it (SSE2 at least)
+    cdef _rd_args *a = <_rd_args *>arg
+    cdef size_t per = ((a.n + nth - 1) // nth + 7) // 8 * 8
+    cdef size_t i0 = per * ith, i1 = min(i0 + per, a.n), i, j
+    cdef uint64_t acc[8]
+    for j in range(8):
+        acc[j] = 0
+    i = i0
+    while i + 8 <= i1:
+        for j in range(8):
+            acc[j] ^= a.p[i + j]
+        i += 8
+    for j in range(1, 8):
+        acc[0] ^= acc[j]
+    a.sums[ith % 64] = acc[0]
+
+
+def read_bandwidth_pass(const uint8_t[::1] buf, Pool pool=None):
+    """Stream `buf` once (all pool threads, split evenly); returns a checksum. Time it to get
+    the machine's read bandwidth next to the kernels' weight-streaming rate."""
+    cdef _rd_args a
+    a.p = <const uint64_t *>&buf[0]
+    a.n = buf.shape[0] // 8
+    memset(a.sums, 0, sizeof(a.sums))
+    with nogil:
+        if pool is None:
+            _read_task(&a, 0, 1)
+        else:
+            ed_pool_run(pool.p, _read_task, &a)
+    cdef uint64_t s = 0
+    for i in range(64):
+        s ^= a.sums[i]
+    return s
+
+
+def default_threads():
+    """Physical cores in the allowed CPU set (edged.threads)."""
+    from edged.threads import default_threads as _dt
+    return _dt()
+
+
+# --- the forward pass's small ops (forward.h), exposed for the tests against NumPy ----------
+cdef extern from "forward.h" nogil:
+    void ed_rms_norm(float *out, const float *x, const float *w, int n, float eps)
+    void ed_rope(float *x, int n_heads, int head_dim, int n_rot, int pos, float base,
+                 float freq_scale, const float *ff, float mscale, int neox)
+    float ed_gelu(float x)
+    float ed_silu(float x)
+    void ed_attention(ed_state *s, const ed_model *m, int il, int ith, int nth, int ldqkv)
+
+
+def rmsnorm(float[:, ::1] out, const float[:, ::1] x, const float[::1] w=None, float eps=1e-6):
+    """out[t] = x[t] / rms(x[t]) * w."""
+    cdef int n = x.shape[1], t
+    if out.shape[0] != x.shape[0] or out.shape[1] != n or (w is not None and w.shape[0] != n):
+        raise ValueError("rmsnorm: shapes of out, x and w disagree")
+    cdef const float *wp = &w[0] if w is not None else NULL
+    with nogil:
+        for t in range(x.shape[0]):
+            ed_rms_norm(&out[t, 0], &x[t, 0], wp, n, eps)
+
+
+def rope(float[:, ::1] x, int pos, int n_rot, float base=10000.0, float freq_scale=1.0,
+         const float[::1] freq_factors=None, bint neox=False, float mscale=1.0):
+    """Rotate x (n_heads, head_dim) in place for position `pos` (normal or NeoX pairing)."""
+    cdef int hd = x.shape[1]
+    if n_rot > hd or n_rot % 2 or n_rot > 1024:
+        raise ValueError(f"n_rot {n_rot} must be even and <= head_dim {hd}")
+    if freq_factors is not None and freq_factors.shape[0] < n_rot // 2:
+        raise ValueError(f"freq_factors needs {n_rot // 2} values")
+    cdef const float *ff = &freq_factors[0] if freq_factors is not None else NULL
+    with nogil:
+        ed_rope(&x[0, 0], x.shape[0], hd, n_rot, pos, base, freq_scale, ff, mscale, neox)
+
+
+def activation(float[::1] x, str kind):
+    """In place: 'silu' or 'gelu' (tanh approximation)."""
+    cdef Py_ssize_t i
+    cdef bint g = kind == "gelu"
+    if kind not in ("silu", "gelu"):
+        raise ValueError(f"activation {kind!r}")
+    with nogil:
+        for i in range(x.shape[0]):
+            x[i] = ed_gelu(x[i]) if g else ed_silu(x[i])
+
+
+def attention(float[:, ::1] out, float[:, ::1] q, uint16_t[:, ::1] k_cache,
+              uint16_t[:, ::1] v_cache, int pos, int n_head, int n_head_kv, float scale,
+              int n_swa=0):
+    """Causal attention of n tokens at positions pos.. over an F16 cache (n_ctx, n_head_kv *
+    head_dim) that already holds their keys/values; q, out: (n, n_head * head_dim).
+    Grouped-query heads; n_swa > 0 masks keys older than the sliding window."""
+    cdef int n = q.shape[0], Qd = q.shape[1], hd, n_ctx = k_cache.shape[0]
+    if n_head < 1 or n_head_kv < 1 or n_head % n_head_kv or Qd % n_head:
+        raise ValueError("attention: heads do not divide")
+    hd = Qd // n_head
+    if hd > 1024 or k_cache.shape[1] != n_head_kv * hd or v_cache.shape[0] != n_ctx \
+            or v_cache.shape[1] != k_cache.shape[1] or out.shape[0] != n or out.shape[1] != Qd:
+        raise ValueError("attention: shapes of q, out and the caches disagree")
+    if pos < 0 or pos + n > n_ctx:
+        raise ValueError(f"positions [{pos}, {pos + n}) outside the cache of {n_ctx}")
+    cdef ed_model m
+    cdef ed_layer layer
+    cdef ed_state s
+    memset(&m, 0, sizeof(m)); memset(&layer, 0, sizeof(layer)); memset(&s, 0, sizeof(s))
+    att = np.empty(n_ctx, np.float32)
+    qh = np.empty(hd, np.uint16)
+    cdef float[::1] attv = att
+    cdef uint16_t[::1] qhv = qh
+    m.head_dim = hd; m.n_head = n_head; m.n_head_kv = n_head_kv; m.attn_scale = scale
+    m.n_swa = n_swa; m.n_layer = 1; layer.swa = n_swa > 0; m.layers = &layer
+    s.n_ctx = n_ctx; s.n_tokens = n; s.pos = pos
+    s.k_cache = &k_cache[0, 0]; s.v_cache = &v_cache[0, 0]
+    s.att = &attv[0]; s.qh = &qhv[0]; s.qkv = &q[0, 0]; s.xb = &out[0, 0]
+    with nogil:
+        ed_attention(&s, &m, 0, 0, 1, Qd)
+
+
+# --- compiled weight quantizers (ed_quant.h), the fast twin of edged.quants.quantize --------
+cdef extern from "ed_quant.h" nogil:
+    int ed_quantize_row(int type, const float *x, void *y, int64_t k)
+
+ctypedef struct _q_args:
+    const float *x
+    uint8_t *y
+    int64_t k, rows
+    size_t rb
+    int type
+
+
+cdef void _q_task(void *arg, int ith, int nth) noexcept nogil:
+    cdef _q_args *a = <_q_args *>arg
+    cdef int64_t per = (a.rows + nth - 1) // nth
+    cdef int64_t r0 = per * ith, r1 = min(r0 + per, a.rows), r
+    for r in range(r0, r1):
+        ed_quantize_row(a.type, a.x + r * a.k, a.y + r * a.rb, a.k)
+
+
+def quantize_rows(const float[:, ::1] x, int qtype, Pool pool=None):
+    """Float rows (n, k) -> uint8 (n, row_bytes) quantized to `qtype` with llama.cpp's reference
+    algorithms (same bytes as edged.quants.quantize); rows split over the pool's threads."""
+    cdef int64_t n = x.shape[0], k = x.shape[1]
+    if qtype < 0 or qtype >= 40 or ED_TRAITS[qtype].dot == NULL or ED_TRAITS[qtype].block == 1:
+        raise ValueError(f"no compiled quantizer for ggml type {qtype}")
+    if k % ED_TRAITS[qtype].block:
+        raise ValueError(f"row length {k} is not a multiple of the block size {ED_TRAITS[qtype].block}")
+    cdef size_t rb = <size_t>(k // ED_TRAITS[qtype].block) * ED_TRAITS[qtype].type_size
+    out = np.empty((n, rb), np.uint8)
+    if n == 0:
+        return out
+    cdef uint8_t[:, ::1] o = out
+    cdef _q_args a
+    a.x = &x[0, 0]; a.y = &o[0, 0]; a.k = k; a.rows = n; a.rb = rb; a.type = qtype
+    with nogil:
+        if pool is None:
+            _q_task(&a, 0, 1)
+        else:
+            ed_pool_run(pool.p, _q_task, &a)
+    return out

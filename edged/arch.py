@@ -1,0 +1,386 @@
+"""Architecture knowledge: a table per architecture plus one validation pass at load.
+
+`validate(metadata, tensors, n_vocab_tokenizer)` turns a GGUF file's metadata and tensor table
+into a `Spec` (hyperparameters + the tensor of every weight role), or raises
+UnsupportedModelError naming the key, tensor, shape or type that is wrong. Nothing here reads
+tensor data: the backends get a validated Spec and trust it.
+
+Adding an architecture is a table entry (`ARCHS`) and, at most, a small forward variant keyed
+by one of the feature flags below.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from .errors import UnsupportedModelError
+from .gguf import GGMLType, Key
+
+# Weight types the kernels run (llama.cpp block layouts). Anything else fails the load by name.
+SUPPORTED_TYPES = frozenset({
+    GGMLType.F32, GGMLType.F16, GGMLType.BF16, GGMLType.Q8_0, GGMLType.Q4_0, GGMLType.Q4_1,
+    GGMLType.Q5_0, GGMLType.Q5_1, GGMLType.Q2_K, GGMLType.Q3_K, GGMLType.Q4_K, GGMLType.Q5_K,
+    GGMLType.Q6_K,
+})
+# Norm weights, biases and rope factors are read as float vectors.
+VECTOR_TYPES = frozenset({GGMLType.F32, GGMLType.F16, GGMLType.BF16})
+
+ROPE_NORM, ROPE_NEOX = 0, 2
+# llama.cpp's LLAMA_MAX_LAYERS. A larger block_count is refused before anything is sized by
+# it (a crafted 2**40 would otherwise build per-layer tables until memory runs out).
+MAX_LAYERS = 512  # llama.cpp's rope modes: adjacent pairs vs. halves
+
+
+@dataclass(frozen=True)
+class Arch:
+    """What distinguishes one architecture's forward pass from plain llama."""
+    name: str
+    rope_type: int
+    qkv_bias: bool = False        # optional attn_{q,k,v}.bias (qwen2)
+    qk_norm: bool = False         # per-head RMSNorm of q and k before RoPE (qwen3, gemma3)
+    fused_qkv: bool = False       # one attn_qkv matrix (phi3); separate q/k/v also accepted
+    fused_gate_up: bool = False   # ffn_up holds [gate; up], 2*n_ff rows (phi3)
+    sandwich_norm: bool = False   # post_attention_norm / post_ffw_norm (gemma3)
+    embd_scale: bool = False      # embeddings * sqrt(n_embd) (gemma3)
+    act: str = "silu"             # gate activation: "silu" or "gelu" (tanh approximation)
+    swa_pattern: int = 0          # with a sliding window: every n-th layer is global (gemma3: 6)
+    rope_factors: bool = False    # rope_factors_long/short (phi3 LongRoPE)
+    rope_n_rot_must_equal_head: bool = False  # llama.cpp refuses n_rot != head_dim for llama
+
+
+ARCHS = {
+    "llama": Arch("llama", ROPE_NORM, qkv_bias=True, rope_n_rot_must_equal_head=True),
+    "qwen2": Arch("qwen2", ROPE_NEOX, qkv_bias=True),
+    "qwen3": Arch("qwen3", ROPE_NEOX, qk_norm=True),
+    "phi3": Arch("phi3", ROPE_NEOX, fused_qkv=True, fused_gate_up=True, rope_factors=True),
+    "gemma3": Arch("gemma3", ROPE_NEOX, qk_norm=True, sandwich_norm=True, embd_scale=True,
+                   act="gelu", swa_pattern=6),
+}
+
+
+@dataclass(frozen=True)
+class HParams:
+    """Hyperparameters with llama.cpp's short names."""
+    n_vocab: int
+    n_ctx_train: int
+    n_embd: int
+    n_ff: int
+    n_layer: int
+    n_head: int
+    n_head_kv: int
+    head_dim: int                 # n_embd_head_k (attention.key_length)
+    head_dim_v: int               # n_embd_head_v (attention.value_length)
+    n_rot: int                    # rope.dimension_count
+    rope_freq_base: float
+    rope_freq_scale: float        # 1 / rope.scaling.factor (linear scaling)
+    rope_freq_base_swa: float     # local layers' RoPE base (gemma3)
+    rope_attn_factor: float       # rope.scaling.attn_factor (multiplies cos/sin)
+    n_ctx_orig: int               # rope.scaling.original_context_length (phi3 long/short factors)
+    rms_eps: float
+    n_swa: int                    # sliding window (0: none)
+    swa_layers: tuple             # per layer: True when the layer uses the sliding window
+    attn_scale: float             # multiplies q.k
+    embd_scale: float             # multiplies the input embeddings
+    final_logit_softcap: float    # 0: off
+
+    @property
+    def n_embd_q(self):
+        return self.n_head * self.head_dim
+
+    @property
+    def n_embd_k_gqa(self):
+        return self.n_head_kv * self.head_dim
+
+    @property
+    def n_embd_v_gqa(self):
+        return self.n_head_kv * self.head_dim_v
+
+
+@dataclass(frozen=True)
+class LayerTensors:
+    """Tensor names of one block; None where the architecture or file has none."""
+    attn_norm: str
+    attn_q: str | None
+    attn_k: str | None
+    attn_v: str | None
+    attn_qkv: str | None
+    attn_q_bias: str | None
+    attn_k_bias: str | None
+    attn_v_bias: str | None
+    attn_q_norm: str | None
+    attn_k_norm: str | None
+    attn_output: str
+    post_attention_norm: str | None
+    ffn_norm: str
+    ffn_gate: str | None
+    ffn_up: str
+    ffn_down: str
+    post_ffw_norm: str | None
+
+
+@dataclass(frozen=True)
+class Spec:
+    arch: Arch
+    hp: HParams
+    token_embd: str
+    output_norm: str
+    output: str                   # == token_embd when the embeddings are tied
+    rope_freqs: str | None        # per-dimension frequency factors (n_rot/2), if any
+    rope_long: str | None         # phi3 LongRoPE factors for contexts > n_ctx_orig
+    rope_short: str | None        # ... and for contexts <= n_ctx_orig
+    layers: tuple                 # LayerTensors per block
+    tensors: dict = field(repr=False)  # name -> TensorInfo of every tensor the model uses
+
+    @property
+    def tied_embeddings(self):
+        return self.output == self.token_embd
+
+    def rope_factors(self, n_ctx):
+        """Name of the per-dimension RoPE frequency factors for a context of n_ctx, or None."""
+        if self.rope_freqs:
+            return self.rope_freqs
+        if n_ctx > self.hp.n_ctx_orig and self.rope_long:
+            return self.rope_long
+        return self.rope_short
+
+
+def _refuse(msg):
+    raise UnsupportedModelError(msg)
+
+
+class _Meta:
+    """Typed reads of `<arch>.*` keys with the key name in every error."""
+
+    def __init__(self, metadata, arch):
+        self.md, self.arch = metadata, arch
+
+    def name(self, key):
+        return Key.arch(key, self.arch)
+
+    def get(self, key, kind, default=None, required=False, arch=True):
+        name = self.name(key) if arch else key
+        if name not in self.md:
+            if required:
+                _refuse(f"missing required key {name!r} for architecture {self.arch!r}")
+            return default
+        v = self.md[name]
+        if kind is int:
+            if hasattr(v, "__len__") and not isinstance(v, str):  # per-layer array
+                vals = {int(x) for x in v}
+                if len(vals) != 1:
+                    _refuse(f"{name} differs per layer ({sorted(vals)}); not supported")
+                v = vals.pop()
+            if isinstance(v, bool) or not isinstance(v, (int,)) and not hasattr(v, "__index__"):
+                _refuse(f"key {name!r} must be an integer, got {v!r}")
+            v = int(v)
+            if v < 0:
+                _refuse(f"key {name!r} is negative ({v})")
+            return v
+        if kind is float:
+            if isinstance(v, bool) or not isinstance(v, (int, float)):
+                _refuse(f"key {name!r} must be a number, got {v!r}")
+            v = float(v)
+            if not math.isfinite(v):
+                _refuse(f"key {name!r} is not finite ({v})")
+            return v
+        if kind is str:
+            if not isinstance(v, str):
+                _refuse(f"key {name!r} must be a string, got {v!r}")
+            return v
+        raise AssertionError(kind)
+
+
+def hparams(metadata, arch_name, n_vocab):
+    a = ARCHS[arch_name]
+    m = _Meta(metadata, arch_name)
+    n_embd = m.get(Key.EMBEDDING_LENGTH, int, required=True)
+    n_layer = m.get(Key.BLOCK_COUNT, int, required=True)
+    n_head = m.get(Key.HEAD_COUNT, int, required=True)
+    n_ff = m.get(Key.FEED_FORWARD_LENGTH, int, required=True)
+    n_head_kv = m.get(Key.HEAD_COUNT_KV, int, default=n_head)
+    for k, v in (("embedding_length", n_embd), ("block_count", n_layer), ("head_count", n_head),
+                 ("feed_forward_length", n_ff), ("head_count_kv", n_head_kv)):
+        if v <= 0:
+            _refuse(f"{arch_name}.{k} must be positive, got {v}")
+    if n_layer > MAX_LAYERS:
+        _refuse(f"{arch_name}.block_count {n_layer} is over the limit of {MAX_LAYERS} layers")
+    if n_head % n_head_kv:
+        _refuse(f"{arch_name}: head_count {n_head} is not a multiple of head_count_kv {n_head_kv}")
+    head_dim = m.get(Key.KEY_LENGTH, int, default=n_embd // n_head)
+    head_dim_v = m.get(Key.VALUE_LENGTH, int, default=n_embd // n_head)
+    if head_dim <= 0 or head_dim_v != head_dim:
+        _refuse(f"{arch_name}: key_length {head_dim} / value_length {head_dim_v} not supported "
+                "(must be equal and positive)")
+    if head_dim % 2:
+        _refuse(f"{arch_name}: key_length {head_dim} is odd")
+    n_rot = m.get(Key.ROPE_DIMENSION_COUNT, int, default=head_dim)
+    if n_rot > head_dim or n_rot % 2 or n_rot <= 0:
+        _refuse(f"{arch_name}.rope.dimension_count {n_rot} invalid for head dim {head_dim}")
+    if a.rope_n_rot_must_equal_head and n_rot != head_dim:
+        _refuse(f"{arch_name}.rope.dimension_count {n_rot} != head dim {head_dim}")
+
+    scaling = m.get(Key.ROPE_SCALING_TYPE, str, default="linear" if not a.rope_factors else "none")
+    if scaling not in ("none", "linear", "longrope"):
+        _refuse(f"{m.name(Key.ROPE_SCALING_TYPE)} = {scaling!r} (YaRN and other RoPE scaling "
+                "types are not supported; only none/linear)")
+    if scaling == "longrope" and not a.rope_factors:
+        _refuse(f"{m.name(Key.ROPE_SCALING_TYPE)} = 'longrope' is not supported for {arch_name}")
+    factor = m.get(Key.ROPE_SCALING_FACTOR, float)
+    if factor is None:
+        factor = m.get(Key.ROPE_SCALE_LINEAR, float, default=0.0)
+    if factor < 0:
+        _refuse(f"{m.name(Key.ROPE_SCALING_FACTOR)} is negative ({factor})")
+    freq_scale = 1.0 if factor == 0.0 or scaling == "none" else 1.0 / factor
+    n_ctx_train = m.get(Key.CONTEXT_LENGTH, int, default=2048)
+
+    n_swa = m.get(Key.SLIDING_WINDOW, int, default=0)
+    if a.swa_pattern and n_swa > 0:
+        pattern = m.get(Key.SLIDING_WINDOW_PATTERN, int, default=a.swa_pattern)
+        swa = tuple(pattern == 0 or (il % pattern < pattern - 1) for il in range(n_layer))
+    else:
+        n_swa = 0  # phi3: llama.cpp ignores the window; others have none
+        swa = (False,) * n_layer
+    rope_base = m.get(Key.ROPE_FREQ_BASE, float, default=10000.0)
+    if arch_name == "gemma3":
+        attn_scale = 1.0 / math.sqrt(head_dim)
+        if n_layer == 62:  # gemma3 27B scales by n_embd / n_head (llama.cpp, gemma_pytorch)
+            attn_scale = 1.0 / math.sqrt(n_embd // n_head)
+    else:
+        attn_scale = 1.0 / math.sqrt(head_dim)
+    return HParams(
+        n_vocab=n_vocab, n_ctx_train=n_ctx_train, n_embd=n_embd, n_ff=n_ff, n_layer=n_layer,
+        n_head=n_head, n_head_kv=n_head_kv, head_dim=head_dim, head_dim_v=head_dim_v, n_rot=n_rot,
+        rope_freq_base=rope_base, rope_freq_scale=freq_scale,
+        rope_freq_base_swa=m.get(Key.ROPE_FREQ_BASE_SWA, float, default=10000.0),
+        rope_attn_factor=m.get(Key.ROPE_SCALING_ATTN_FACTOR, float, default=1.0),
+        n_ctx_orig=m.get(Key.ROPE_SCALING_ORIG_CTX_LEN, int, default=n_ctx_train),
+        rms_eps=m.get(Key.LAYERNORM_RMS_EPS, float, required=True),
+        n_swa=n_swa, swa_layers=swa, attn_scale=attn_scale,
+        embd_scale=math.sqrt(n_embd) if a.embd_scale else 1.0,
+        final_logit_softcap=m.get(Key.FINAL_LOGIT_SOFTCAPPING, float, default=0.0),
+    )
+
+
+class _Tensors:
+    """Looks tensors up, checks their shape and type, and remembers what was used."""
+
+    def __init__(self, tensors, log=None):
+        self.all, self.used, self.log = tensors, {}, log
+
+    def get(self, name, shape, required=True, vector=False):
+        t = self.all.get(name)
+        if t is None:
+            if required:
+                _refuse(f"missing tensor {name!r}")
+            return None
+        if tuple(int(x) for x in t.shape) != tuple(shape):
+            _refuse(f"tensor {name!r} has shape {tuple(int(x) for x in t.shape)}, "
+                    f"expected {tuple(shape)} from the hyperparameters")
+        allowed = VECTOR_TYPES if vector else SUPPORTED_TYPES
+        if t.type not in allowed:
+            tname = getattr(t.type, "name", t.type)
+            _refuse(f"tensor {name!r} has type {tname}, which edged does not support"
+                    + (" for a norm/bias vector" if vector and t.type in SUPPORTED_TYPES else ""))
+        if shape and not vector:
+            from .gguf import TYPE_INFO
+            bs = TYPE_INFO[t.type].block_size
+            if shape[0] % bs:
+                _refuse(f"tensor {name!r}: row length {shape[0]} is not a multiple of the "
+                        f"{getattr(t.type, 'name', t.type)} block size {bs}")
+        self.used[name] = t
+        if self.log:
+            self.log(t)
+        return name
+
+
+def validate(metadata, tensors, n_vocab_tokenizer=None, log=None):
+    """One validation pass: architecture, hyperparameters, every tensor's presence/shape/type.
+
+    metadata: dict of GGUF key -> value; tensors: dict name -> TensorInfo (type, shape);
+    n_vocab_tokenizer: the tokenizer's size (must equal the embedding rows);
+    log: optional callable(TensorInfo) for each tensor as it is validated (--verbose).
+    """
+    arch_name = metadata.get(Key.ARCHITECTURE)
+    if arch_name is None:
+        _refuse(f"missing key {Key.ARCHITECTURE!r}")
+    if arch_name not in ARCHS:
+        _refuse(f"unknown architecture {arch_name!r} (supported: {', '.join(sorted(ARCHS))})")
+    a = ARCHS[arch_name]
+    embd = tensors.get("token_embd.weight")
+    if embd is None:
+        _refuse("missing tensor 'token_embd.weight'")
+    if len(embd.shape) != 2:
+        _refuse(f"tensor 'token_embd.weight' has shape {tuple(embd.shape)}, expected 2 dimensions")
+    n_vocab = int(embd.shape[1])
+    if n_vocab_tokenizer is not None and n_vocab_tokenizer != n_vocab:
+        _refuse(f"tokenizer has {n_vocab_tokenizer} tokens but token_embd.weight has "
+                f"{n_vocab} rows")
+    hp = hparams(metadata, arch_name, n_vocab)
+    if int(embd.shape[0]) != hp.n_embd:
+        _refuse(f"tensor 'token_embd.weight' has shape {tuple(int(x) for x in embd.shape)}, "
+                f"expected ({hp.n_embd}, {n_vocab}) from {Key.arch(Key.EMBEDDING_LENGTH, arch_name)}")
+    vocab_key = Key.arch(Key.VOCAB_SIZE, arch_name)
+    if vocab_key in metadata and int(metadata[vocab_key]) != n_vocab:
+        _refuse(f"{vocab_key} = {metadata[vocab_key]} contradicts token_embd.weight rows {n_vocab}")
+
+    T = _Tensors(tensors, log)
+    E, V = hp.n_embd, n_vocab
+    token_embd = T.get("token_embd.weight", (E, V))
+    output_norm = T.get("output_norm.weight", (E,), vector=True)
+    output = T.get("output.weight", (E, V), required=False) or token_embd
+
+    R = (hp.n_rot // 2,)
+    rope_freqs = T.get("rope_freqs.weight", R, required=False, vector=True)
+    rope_long = rope_short = None
+    if a.rope_factors and rope_freqs is None:
+        # like llama.cpp: a session longer than n_ctx_orig uses the long factors
+        rope_long = T.get("rope_factors_long.weight", R, required=False, vector=True)
+        rope_short = T.get("rope_factors_short.weight", R, required=False, vector=True)
+
+    Q, K, Vv, D = hp.n_embd_q, hp.n_embd_k_gqa, hp.n_embd_v_gqa, hp.head_dim
+    layers = []
+    for i in range(hp.n_layer):
+        p = f"blk.{i}."
+        has = lambda n: (p + n) in tensors  # noqa: E731
+        qkv = q = k = v = None
+        if a.fused_qkv and has("attn_qkv.weight"):
+            qkv = T.get(p + "attn_qkv.weight", (E, Q + K + Vv))
+        else:
+            q = T.get(p + "attn_q.weight", (E, Q))
+            k = T.get(p + "attn_k.weight", (E, K))
+            v = T.get(p + "attn_v.weight", (E, Vv))
+        bias = (None, None, None)
+        if a.qkv_bias and q is not None:
+            bias = (T.get(p + "attn_q.bias", (Q,), required=arch_name == "qwen2", vector=True),
+                    T.get(p + "attn_k.bias", (K,), required=arch_name == "qwen2", vector=True),
+                    T.get(p + "attn_v.bias", (Vv,), required=arch_name == "qwen2", vector=True))
+        qn = kn = None
+        if a.qk_norm:
+            qn = T.get(p + "attn_q_norm.weight", (D,), vector=True)
+            kn = T.get(p + "attn_k_norm.weight", (D,), vector=True)
+        if a.fused_gate_up:
+            gate, up = None, T.get(p + "ffn_up.weight", (E, 2 * hp.n_ff))
+        else:
+            gate = T.get(p + "ffn_gate.weight", (E, hp.n_ff))
+            up = T.get(p + "ffn_up.weight", (E, hp.n_ff))
+        layers.append(LayerTensors(
+            attn_norm=T.get(p + "attn_norm.weight", (E,), vector=True),
+            attn_q=q, attn_k=k, attn_v=v, attn_qkv=qkv,
+            attn_q_bias=bias[0], attn_k_bias=bias[1], attn_v_bias=bias[2],
+            attn_q_norm=qn, attn_k_norm=kn,
+            attn_output=T.get(p + "attn_output.weight", (Q, E)),
+            post_attention_norm=T.get(p + "post_attention_norm.weight", (E,), vector=True)
+            if a.sandwich_norm else None,
+            ffn_norm=T.get(p + "ffn_norm.weight", (E,), vector=True),
+            ffn_gate=gate, ffn_up=up,
+            ffn_down=T.get(p + "ffn_down.weight", (hp.n_ff, E)),
+            post_ffw_norm=T.get(p + "post_ffw_norm.weight", (E,), vector=True)
+            if a.sandwich_norm else None,
+        ))
+    extra = [n for n in tensors if n.startswith(f"blk.{hp.n_layer}.")]
+    if extra:
+        _refuse(f"tensor {extra[0]!r} belongs to a block beyond {Key.arch(Key.BLOCK_COUNT, arch_name)}"
+                f" = {hp.n_layer}")
+    return Spec(arch=a, hp=hp, token_embd=token_embd, output_norm=output_norm, output=output,
+                rope_freqs=rope_freqs, rope_long=rope_long, rope_short=rope_short,
+                layers=tuple(layers), tensors=dict(T.used))

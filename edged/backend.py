@@ -1,0 +1,86 @@
+"""The seam between the engine and the hardware that runs the forward pass.
+
+A backend is initialised once per Model from the validated Spec and the mapped weights; it
+allocates and frees per-session buffers (KV cache + scratch), takes a batch of tokens in,
+runs one forward step and hands logits back. The Session drives exactly these calls, so an
+accelerator backend (an NPU vendor's) plugs in here without touching the engine.
+
+Backends: "cpu" (compiled, default) and "reference" (NumPy, for tests and debugging),
+chosen with EDGED_BACKEND or Model.load(backend=...).
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from .errors import ConfigError
+
+
+@dataclass(frozen=True)
+class BufferPlan:
+    """Bytes one session needs on top of the weights."""
+    kv_cache: int
+    scratch: int
+
+    @property
+    def total(self):
+        return self.kv_cache + self.scratch
+
+
+class Backend:
+    """Interface. `weights` maps tensor name -> read-only uint8 view of the mapped file."""
+
+    name = "abstract"
+
+    def __init__(self, spec, weights, n_threads=1, numa="none"):  # initialise
+        self.spec, self.weights, self.n_threads, self.numa = spec, weights, n_threads, numa
+
+    @classmethod
+    def extra_weight_bytes(cls, spec) -> int:
+        """Bytes the backend holds for weights beyond the mapping (repacked/dequantized copies)."""
+        return 0
+
+    @classmethod
+    def plan_for(cls, spec, n_ctx: int, n_batch: int) -> BufferPlan:
+        """KV cache + scratch bytes of one session, computable before anything is loaded."""
+        raise NotImplementedError
+
+    def plan(self, n_ctx: int, n_batch: int) -> BufferPlan:
+        return self.plan_for(self.spec, n_ctx, n_batch)
+
+    def alloc(self, n_ctx: int, n_batch: int):
+        """Allocate one session's buffers; returns an opaque handle."""
+        raise NotImplementedError
+
+    def free(self, buf) -> None:
+        raise NotImplementedError
+
+    def max_logit_rows(self, buf) -> int:
+        """Most rows one forward step can return logits for (eval splits longer batches)."""
+        return 1 << 30
+
+    def copy_in(self, buf, tokens, pos: int) -> None:
+        """Stage a batch of token ids that will sit at positions pos, pos+1, ..."""
+        raise NotImplementedError
+
+    def forward(self, buf, n_tokens: int, pos: int, all_logits: bool) -> None:
+        """Run the model over the staged batch, writing K/V at [pos, pos+n_tokens)."""
+        raise NotImplementedError
+
+    def copy_out(self, buf, n_rows: int):
+        """float32 (n_rows, n_vocab) logits of the last forward step (all rows or the last)."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        pass
+
+
+def backend_class(name=None):
+    name = name or os.environ.get("EDGED_BACKEND", "") or "cpu"
+    if name == "reference":
+        from .reference import ReferenceBackend
+        return ReferenceBackend
+    if name == "cpu":
+        from .cpu import CPUBackend
+        return CPUBackend
+    raise ConfigError(f"EDGED_BACKEND={name!r}: unknown backend (cpu, reference)")

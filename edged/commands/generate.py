@@ -1,0 +1,102 @@
+"""`edged generate`: complete a prompt; text on stdout, llama.cpp-style timings on stderr."""
+import json
+import sys
+import time
+
+from ..loadargs import add_load_args, load_model
+
+
+def register(sub):
+    p = sub.add_parser("generate", help="generate text from a prompt",
+                       description="Generate a continuation of a prompt. The generated text "
+                       "(not the prompt) goes to stdout as it is produced; timings to stderr.")
+    add_load_args(p)
+    p.add_argument("-p", "--prompt", required=True, help="prompt text")
+    p.add_argument("-n", "--n-predict", type=int, default=128, help="tokens to generate")
+    p.add_argument("-c", "--ctx-size", type=int, default=0,
+                   help="context size (default: prompt + n, at least 512, at most the model's)")
+    p.add_argument("--temp", type=float, default=0.0, help="temperature (0: greedy)")
+    p.add_argument("--top-k", type=int, default=40)
+    p.add_argument("--top-p", type=float, default=0.95)
+    p.add_argument("--min-p", type=float, default=0.05)
+    p.add_argument("--repeat-penalty", type=float, default=1.0)
+    p.add_argument("--repeat-last-n", type=int, default=64)
+    p.add_argument("--presence-penalty", type=float, default=0.0)
+    p.add_argument("--frequency-penalty", type=float, default=0.0)
+    p.add_argument("--seed", type=int, default=None, help="RNG seed (same seed, same output)")
+    p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    p.add_argument("--chat", action="store_true",
+                   help="wrap the prompt as a user message in the model's chat template")
+    p.add_argument("--json", action="store_true",
+                   help="print one JSON object (text, tokens, finish_reason, timings) at the end")
+    p.set_defaults(func=run)
+
+
+def run(args):
+    t_start = time.perf_counter()
+    m = load_model(args)
+    try:
+        tok = m.tokenizer
+        if args.chat:
+            prompt = tok.encode(m.chat_prompt([{"role": "user", "content": args.prompt}]),
+                                add_special=False, parse_special=True)
+        else:
+            prompt = tok.encode(args.prompt, add_special=True)
+        n_ctx = args.ctx_size or min(m.n_ctx_train, max(512, len(prompt) + max(args.n_predict, 0)))
+        s = m.session(n_ctx=n_ctx)
+        stats = {}
+        pieces, tokens, finish = [], [], None
+        for out in s.generate(prompt, max_tokens=args.n_predict, temperature=args.temp,
+                              top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
+                              seed=args.seed, stop=args.stop, repeat_penalty=args.repeat_penalty,
+                              penalty_last_n=args.repeat_last_n,
+                              presence_penalty=args.presence_penalty,
+                              frequency_penalty=args.frequency_penalty, stats=stats):
+            if out.token is not None and out.finish_reason != "stop":
+                tokens.append(out.token)
+            if out.text:
+                pieces.append(out.text)
+                if not args.json:
+                    sys.stdout.write(out.text)
+                    sys.stdout.flush()
+            finish = out.finish_reason
+        if not args.json:
+            sys.stdout.write("\n")
+            sys.stdout.flush()
+        timings = _timings(m, stats, t_start)
+        if args.json:
+            json.dump({"text": "".join(pieces), "tokens": tokens, "finish_reason": finish,
+                       "n_prompt": stats.get("n_prompt", len(prompt)), "timings": timings},
+                      sys.stdout)
+            sys.stdout.write("\n")
+        _print_timings(timings, m)
+        s.close()
+    finally:
+        m.close()
+    return 0
+
+
+def _timings(m, st, t_start):
+    np_, pms = st.get("n_prompt_eval", 0), st.get("prompt_ms", 0.0)
+    ng, gms = st.get("n_gen", 0), st.get("gen_ms", 0.0)
+    return {"load_ms": round(m.load_ms, 2), "prompt_tokens": np_, "prompt_ms": round(pms, 2),
+            "prompt_tps": round(np_ / pms * 1000, 2) if pms else 0.0,
+            "gen_tokens": ng, "gen_ms": round(gms, 2),
+            "gen_tps": round(ng / gms * 1000, 2) if gms else 0.0,
+            "sample_ms": round(st.get("sample_ms", 0.0), 2),
+            "total_ms": round((time.perf_counter() - t_start) * 1000, 2)}
+
+
+def _print_timings(t, m):
+    def line(name, ms, n, unit):
+        per = ms / n if n else 0.0
+        tps = n / ms * 1000 if ms else 0.0
+        print(f"edged: {name:>16} = {ms:10.2f} ms / {n:5d} {unit} ({per:8.2f} ms per token, "
+              f"{tps:8.2f} tokens per second)", file=sys.stderr)
+
+    print(f"edged: {'load time':>16} = {t['load_ms']:10.2f} ms ({m.backend_name} backend, "
+          f"{m.n_threads} threads)", file=sys.stderr)
+    line("prompt eval time", t["prompt_ms"], t["prompt_tokens"], "tokens")
+    line("eval time", t["gen_ms"], t["gen_tokens"], "runs  ")
+    print(f"edged: {'sampling time':>16} = {t['sample_ms']:10.2f} ms", file=sys.stderr)
+    print(f"edged: {'total time':>16} = {t['total_ms']:10.2f} ms", file=sys.stderr)

@@ -1,0 +1,130 @@
+"""`edged info`: what a model needs (architecture, hyperparameters, types, memory per context),
+and what this machine offers (compiled path, threads)."""
+import collections
+import json
+import sys
+
+from ..loadargs import add_load_args
+
+
+def register(sub):
+    p = sub.add_parser("info", help="model requirements and the machine's compute setup",
+                       description="Validate a model as a load would (without allocating) and "
+                       "print its architecture, hyperparameters, weight types and the memory a "
+                       "context needs.")
+    add_load_args(p, threads=False)
+    for action in p._actions:  # without -m, `edged info` describes only the machine
+        if action.dest == "model":
+            action.required = False
+    p.add_argument("-c", "--ctx-size", type=int, action="append", default=None,
+                   help="context size(s) to plan memory for (default: 512, 4096, training)")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=run)
+
+
+def model_info(path, ctx_sizes=None):
+    """Dict of facts about a model file, validated like a load, without backend buffers."""
+    from .. import arch as _arch
+    from ..backend import backend_class
+    from ..gguf import GGUFFile
+    from ..tokenizer import Tokenizer
+
+    with GGUFFile.open(path) as f:
+        tok = Tokenizer.from_gguf_file(f)
+        spec = _arch.validate(f.metadata, f.tensors, tok.n_vocab)
+        hp = spec.hp
+        types = collections.Counter()
+        type_bytes = collections.Counter()
+        for t in spec.tensors.values():
+            n = getattr(t.type, "name", str(t.type))
+            types[n] += 1
+            type_bytes[n] += t.nbytes
+        weights = sum(t.nbytes for t in spec.tensors.values())
+        cls = backend_class()
+        ctxs = ctx_sizes or sorted({512, 4096, hp.n_ctx_train})
+        mem = []
+        for n in ctxs:
+            bp = cls.plan_for(spec, n, min(512, n))
+            mem.append({"n_ctx": n, "weights": weights, "kv_cache": bp.kv_cache,
+                        "scratch": bp.scratch, "total": weights + bp.kv_cache + bp.scratch})
+        params = sum(t.n_elements for t in spec.tensors.values())
+        return {
+            "file": path, "architecture": spec.arch.name,
+            "hparams": {k: (list(v) if isinstance(v, tuple) else v)
+                        for k, v in vars(hp).items() if k != "swa_layers"},
+            "swa_layers": [i for i, s in enumerate(hp.swa_layers) if s],
+            "tied_embeddings": spec.tied_embeddings, "parameters": params,
+            "weight_types": {k: {"tensors": types[k], "bytes": type_bytes[k]} for k in types},
+            "vocabulary": tok.n_vocab, "bos_id": tok.bos_id, "eos_id": tok.eos_id,
+            "memory": mem,
+        }
+
+
+def machine_info():
+    try:
+        from .. import _core
+    except ImportError:
+        return {"compiled": False}
+    from ..threads import describe
+    out = {"compiled": True}
+    out.update(describe())
+    for name in ("kernel_path", "cpu_features", "available_paths"):
+        fn = getattr(_core, name, None)
+        if fn is not None:
+            try:
+                out[name] = fn()
+            except Exception as e:  # report, do not fail `info`
+                out[name] = f"error: {e}"
+    return out
+
+
+def run(args):
+    if not args.model:
+        mi = machine_info()
+        if args.json:
+            json.dump({"machine": mi}, sys.stdout, indent=1, default=str)
+            print()
+            return 0
+        if not mi.get("compiled"):
+            print("compiled core: not built (python setup.py build_ext --inplace)")
+            return 0
+        print(f"kernel path:  {mi.get('kernel_path')}")
+        print(f"cpu features: {' '.join(mi.get('cpu_features') or []) or 'none'}")
+        print(f"threads:      {mi.get('default_threads')} by default (physical cores in the "
+              f"allowed set {mi.get('allowed_cpus')})")
+        nodes = mi.get("numa_nodes") or {}
+        print("numa nodes:   " + ", ".join(f"node {n}: {len(c)} cpus" for n, c in nodes.items()))
+        return 0
+    info = model_info(args.model, args.ctx_size)
+    info["machine"] = machine_info()
+    if args.json:
+        json.dump(info, sys.stdout, indent=1, default=str)
+        print()
+        return 0
+    hp = info["hparams"]
+    mib = lambda n: f"{n / 2**20:.1f} MiB"  # noqa: E731
+    print(f"model:        {info['file']}")
+    print(f"architecture: {info['architecture']}  ({info['parameters'] / 1e6:.2f} M parameters, "
+          f"vocabulary {info['vocabulary']}, tied embeddings: {info['tied_embeddings']})")
+    print(f"layers {hp['n_layer']}, n_embd {hp['n_embd']}, n_ff {hp['n_ff']}, heads "
+          f"{hp['n_head']}/{hp['n_head_kv']} kv, head_dim {hp['head_dim']}, n_rot {hp['n_rot']}, "
+          f"rope base {hp['rope_freq_base']:g} scale {hp['rope_freq_scale']:g}, "
+          f"rms eps {hp['rms_eps']:g}, trained context {hp['n_ctx_train']}")
+    if hp["n_swa"]:
+        print(f"sliding window {hp['n_swa']} on layers {info['swa_layers']} "
+              f"(local rope base {hp['rope_freq_base_swa']:g})")
+    print("weight types: " + ", ".join(f"{k} x{v['tensors']} ({mib(v['bytes'])})"
+                                       for k, v in info["weight_types"].items()))
+    for r in info["memory"]:
+        print(f"memory at n_ctx {r['n_ctx']:>6}: weights {mib(r['weights'])} + KV cache "
+              f"{mib(r['kv_cache'])} + scratch {mib(r['scratch'])} = {mib(r['total'])}")
+    mi = info["machine"]
+    if not mi.get("compiled"):
+        print("machine: compiled core not built (python setup.py build_ext --inplace)")
+    else:
+        print(f"machine: kernel path {mi.get('kernel_path')} (available: "
+              f"{', '.join(mi.get('available_paths', []))}), CPU features "
+              f"{' '.join(mi.get('cpu_features', []))}")
+        print(f"threads: default {mi['default_threads']} (physical cores {mi['physical_cores']} "
+              f"in allowed CPUs {mi['allowed_cpus']}), NUMA nodes {mi['numa_nodes']}")
+    return 0

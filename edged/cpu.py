@@ -1,0 +1,194 @@
+"""The compiled CPU backend (default): binds the validated Spec and the mapped weights to the C
+forward pass in edged._core (cython_kernels/forward.pxi). Weights are passed as zero-copy views
+of the read-only mapping; norm/bias vectors are converted once to float32. Each session gets
+one 64-byte aligned arena (KV cache in F16, activations, quantized activations, logits).
+"""
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+
+from .arch import ROPE_NEOX, VECTOR_TYPES
+from .backend import Backend, BufferPlan
+from .errors import UnsupportedModelError
+from .gguf import GGMLType, TYPE_INFO
+
+try:
+    from . import _core
+except ImportError as e:  # the service must not fall back silently to the reference path
+    _core = None
+    _IMPORT_ERROR = e
+
+_ROLES = ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_qkv", "attn_q_bias", "attn_k_bias",
+          "attn_v_bias", "attn_q_norm", "attn_k_norm", "attn_output", "post_attention_norm",
+          "ffn_norm", "ffn_gate", "ffn_up", "ffn_down", "post_ffw_norm")
+
+
+def _require_core():
+    if _core is None:
+        raise UnsupportedModelError(
+            f"the compiled core edged._core is not built ({_IMPORT_ERROR}); run `python setup.py "
+            "build_ext --inplace` or select EDGED_BACKEND=reference explicitly")
+    return _core
+
+
+class _Buffers:
+    def __init__(self, state):
+        self.state = state
+        self.inp = state.input_rows()  # (n_batch, n_embd) float32 view into the arena
+
+
+class CPUBackend(Backend):
+    name = "cpu"
+
+    def __init__(self, spec, weights, n_threads=1, numa="none"):
+        super().__init__(spec, weights, n_threads, numa)
+        core = _require_core()
+        from .quants import dequantize
+        self._dequantize = dequantize
+        supported = set(core.supported_types())
+        hp = spec.hp
+
+        def matrix(name):
+            if name is None:
+                return None
+            t = spec.tensors[name]
+            if int(t.type) not in supported:
+                raise UnsupportedModelError(f"tensor {name!r}: type {t.type.name} has no kernel")
+            shape = tuple(int(x) for x in t.shape)
+            info = TYPE_INFO[t.type]
+            row_bytes = shape[0] // info.block_size * info.type_size
+            return (np.asarray(weights[name]).reshape(-1), int(t.type), shape, row_bytes)
+
+        self._vectors = {}
+
+        def vector(name):
+            if name is None:
+                return None
+            t = spec.tensors[name]
+            shape = tuple(int(x) for x in t.shape)
+            v = np.ascontiguousarray(
+                dequantize(np.asarray(weights[name]), t.type, shape), dtype=np.float32).reshape(-1)
+            self._vectors[name] = v
+            return (v.view(np.uint8), int(GGMLType.F32), shape, 4 * shape[0])
+
+        layers = []
+        for il, L in enumerate(spec.layers):
+            d = {"swa": int(hp.swa_layers[il])}
+            for role in _ROLES:
+                name = getattr(L, role)
+                d[role] = vector(name) if role.endswith(("norm", "bias")) else matrix(name)
+            layers.append(d)
+        fm = core.ForwardModel()
+        hpd = dict(vars(hp))
+        hpd.update(rope_neox=int(spec.arch.rope_type == ROPE_NEOX),
+                   act_gelu=int(spec.arch.act == "gelu"))
+        self._factors_ctx = {}
+        g = {"token_embd": matrix(spec.token_embd), "output_norm": vector(spec.output_norm),
+             "output": matrix(spec.output), "rope_factors": None}
+        self._hpd, self._layers, self._globals = hpd, layers, g
+        self._models = {}  # rope-factor choice -> ForwardModel (phi3 long/short by n_ctx)
+        self._embd = spec.tensors[spec.token_embd]
+        self._embd_rows = np.asarray(weights[spec.token_embd]).reshape(hp.n_vocab, -1)
+        self.pool = core.Pool(self.n_threads)
+        # one forward pass at a time on the pool: sessions of one model may live in several
+        # threads (the daemon), the workers serve one call at a time
+        self._run_lock = threading.Lock()
+        self.n_threads = self.pool.n_threads
+        from .threads import pin_workers
+        self.pinned_cpus = pin_workers(self.pool, numa)  # inside sched_getaffinity's set
+
+    def _model_for(self, n_ctx):
+        name = self.spec.rope_factors(n_ctx)
+        fm = self._models.get(name)
+        if fm is None:
+            fm = _core.ForwardModel()
+            g = dict(self._globals)
+            if name:
+                t = self.spec.tensors[name]
+                g["rope_factors"] = np.ascontiguousarray(self._dequantize(
+                    np.asarray(self.weights[name]), t.type, tuple(int(x) for x in t.shape)),
+                    dtype=np.float32).reshape(-1)
+            fm.setup(self._hpd, self._layers, g)
+            self._models[name] = fm
+        return fm
+
+    @classmethod
+    def plan_for(cls, spec, n_ctx, n_batch, n_threads=4):
+        hp = spec.hp
+        E, F, Qd, KVd = hp.n_embd, hp.n_ff, hp.n_embd_q, hp.n_embd_k_gqa
+        kv = 2 * hp.n_layer * n_ctx * KVd * 2
+        widest = max(E, Qd, F)
+        per_tok = 4 * (E + max(E, Qd) + E + Qd + 2 * KVd + 2 * F) + 4 * widest + 16
+        logits = 4 * min(n_batch, 32) * hp.n_vocab  # ED_MAX_LOGIT_ROWS rows
+        scratch = n_batch * per_tok + logits + n_threads * (4 * n_ctx + 2 * hp.head_dim) + 64 * 12
+        return BufferPlan(kv, scratch)
+
+    def plan(self, n_ctx, n_batch):
+        kv = 2 * self.spec.hp.n_layer * n_ctx * self.spec.hp.n_embd_k_gqa * 2
+        total = self._model_for(n_ctx).arena_bytes(n_ctx, n_batch, self.n_threads)
+        return BufferPlan(kv, total - kv)
+
+    def alloc(self, n_ctx, n_batch):
+        return _Buffers(_core.ForwardState(self._model_for(n_ctx), self.pool, n_ctx, n_batch))
+
+    def free(self, buf):
+        pass  # the arena goes with the ForwardState object
+
+    def max_logit_rows(self, buf):
+        return buf.state.max_logit_rows
+
+    def copy_in(self, buf, tokens, pos):
+        toks = np.asarray(tokens, dtype=np.int64)
+        t = self._embd
+        raw = self._embd_rows[toks]  # (n, row_bytes) gathered quantized rows
+        rows = self._dequantize(raw.reshape(-1), t.type, (int(t.shape[0]), len(toks)))
+        rows = rows.reshape(len(toks), -1)
+        if self.spec.hp.embd_scale != 1.0:
+            rows = rows * np.float32(self.spec.hp.embd_scale)
+        buf.inp[:len(toks)] = rows
+
+    def forward(self, buf, n_tokens, pos, all_logits):
+        with self._run_lock:
+            buf.state.forward(n_tokens, pos, all_logits)
+
+    def copy_out(self, buf, n_rows):
+        return np.array(buf.state.logits(n_rows))
+
+    def profile(self, n_prompt=512):
+        """Time per op kind for one prompt batch and for one token after it (ms)."""
+        import time
+        from .sampling import Sampler
+        n_prompt = max(1, n_prompt)
+        buf = self.alloc(n_prompt + 8, n_prompt)
+        rng = np.random.default_rng(0)
+        out = {}
+        for label, n, pos in ((f"prompt batch of {n_prompt}", n_prompt, 0),
+                              (f"one token at position {n_prompt}", 1, n_prompt)):
+            toks = rng.integers(0, self.spec.hp.n_vocab, n).tolist()
+            buf.state.set_profile(True)
+            t0 = time.perf_counter()
+            self.copy_in(buf, toks, pos)
+            self.forward(buf, n, pos, False)
+            logits = self.copy_out(buf, 1)
+            wall = (time.perf_counter() - t0) * 1000
+            buf.state.set_profile(False)
+            ops = {}
+            for k, v in buf.state.profile().items():
+                if k.startswith("matmul type "):
+                    k = "matmul " + GGMLType(int(k.rsplit(" ", 1)[1])).name
+                ops[k] = v
+            sampler = Sampler(self.spec.hp.n_vocab, temperature=0.8, top_k=40, top_p=0.95,
+                              min_p=0.05, seed=0)
+            t1 = time.perf_counter()
+            sampler.sample(logits[0])
+            ops["sampling"] = (time.perf_counter() - t1) * 1000
+            ops["python + embedding lookup"] = max(0.0, wall - sum(v for k, v in ops.items()
+                                                                   if k != "sampling"))
+            out[label] = ops
+        return out
+
+    def close(self):
+        self._models.clear()
+        self.pool = None

@@ -1,0 +1,43 @@
+"""Flags shared by the commands that load a model (generate, bench, info)."""
+import re
+
+from .errors import ConfigError
+
+_UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+
+
+def parse_size(text):
+    """'512M', '2G', '1.5G', '123456' -> bytes."""
+    m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([KMGT]?)(?:i?B)?\s*", str(text), re.I)
+    if not m:
+        raise ConfigError(f"--max-memory {text!r}: expected a size like 512M or 2G")
+    return int(float(m.group(1)) * _UNITS[m.group(2).upper()])
+
+
+def add_load_args(p, threads=True):
+    p.add_argument("-m", "--model", required=True, metavar="FILE", help="GGUF model file")
+    if threads:
+        p.add_argument("-t", "--threads", type=int, default=None,
+                       help="worker threads (default: physical cores allowed to this process)")
+        p.add_argument("--numa", choices=["none", "isolate", "distribute", "numactl"],
+                       default="none", help="NUMA policy, as llama.cpp's --numa")
+    p.add_argument("--no-mmap", action="store_true", help="read the weights into memory "
+                   "instead of mapping the file")
+    p.add_argument("--mlock", action="store_true", help="lock weights and buffers in RAM")
+    p.add_argument("--max-memory", type=parse_size, default=None, metavar="SIZE",
+                   help="memory budget (default: available memory), e.g. 2G")
+    p.add_argument("--trusted-keys", metavar="DIR", default=None,
+                   help="directory of trusted public keys; the model must verify against one")
+    p.add_argument("--require-signature", action="store_true",
+                   help="refuse unsigned models")
+    p.add_argument("--verbose", action="store_true",
+                   help="log each tensor and the memory plan while loading")
+
+
+def load_model(args, n_ctx_plan=None):
+    from .model import Model
+    return Model.load(args.model, n_threads=getattr(args, "threads", None),
+                      numa=getattr(args, "numa", "none"), mmap=not args.no_mmap,
+                      mlock=args.mlock, trusted_keys=args.trusted_keys,
+                      require_signature=args.require_signature, max_memory=args.max_memory,
+                      verbose=args.verbose, n_ctx_plan=n_ctx_plan)

@@ -1,0 +1,284 @@
+"""Quantize a GGUF model file into one of llama.cpp's mixes (Q4_K_M, Q8_0, ...).
+
+Which tensor gets which type follows llama.cpp's llama_tensor_get_type (no importance matrix):
+1-D tensors and norms stay as they are; `output.weight` (and tied `token_embd.weight`) get Q6_K
+unless the mix is Q8_0; attn_v / ffn_down get more bits on "use_more_bits" layers in the _M
+mixes; shapes a type's block does not divide fall back (Q4_K -> Q5_0, Q6_K -> Q8_0, ..., F16).
+The rows themselves are quantized by edged.quants (llama.cpp's reference algorithms).
+
+    quantize_file(src, dst, mix, progress=None)   writes dst atomically (temp file + rename)
+"""
+from __future__ import annotations
+
+import os
+import re
+import tempfile
+
+import numpy as np
+
+from . import quants
+from .errors import ConfigError, UnsupportedModelError
+from .gguf import (FileType, GGMLType, GGUFFile, GGUFWriter, Key, QUANTIZATION_VERSION,
+                   TYPE_INFO, ValueType)
+
+F = FileType
+MIXES = {
+    "F32": F.ALL_F32, "F16": F.MOSTLY_F16, "BF16": F.MOSTLY_BF16, "Q8_0": F.MOSTLY_Q8_0,
+    "Q4_0": F.MOSTLY_Q4_0, "Q4_1": F.MOSTLY_Q4_1, "Q5_0": F.MOSTLY_Q5_0, "Q5_1": F.MOSTLY_Q5_1,
+    "Q2_K": F.MOSTLY_Q2_K, "Q2_K_S": F.MOSTLY_Q2_K_S, "Q3_K_S": F.MOSTLY_Q3_K_S,
+    "Q3_K_M": F.MOSTLY_Q3_K_M, "Q3_K_L": F.MOSTLY_Q3_K_L, "Q4_K_S": F.MOSTLY_Q4_K_S,
+    "Q4_K_M": F.MOSTLY_Q4_K_M, "Q5_K_S": F.MOSTLY_Q5_K_S, "Q5_K_M": F.MOSTLY_Q5_K_M,
+    "Q6_K": F.MOSTLY_Q6_K,
+}
+ALIASES = {"Q3_K": "Q3_K_M", "Q4_K": "Q4_K_M", "Q5_K": "Q5_K_M"}
+
+G = GGMLType
+DEFAULT_TYPE = {
+    F.ALL_F32: G.F32, F.MOSTLY_F16: G.F16, F.MOSTLY_BF16: G.BF16, F.MOSTLY_Q8_0: G.Q8_0,
+    F.MOSTLY_Q4_0: G.Q4_0, F.MOSTLY_Q4_1: G.Q4_1, F.MOSTLY_Q5_0: G.Q5_0, F.MOSTLY_Q5_1: G.Q5_1,
+    F.MOSTLY_Q2_K: G.Q2_K, F.MOSTLY_Q2_K_S: G.Q2_K, F.MOSTLY_Q3_K_S: G.Q3_K,
+    F.MOSTLY_Q3_K_M: G.Q3_K, F.MOSTLY_Q3_K_L: G.Q3_K, F.MOSTLY_Q4_K_S: G.Q4_K,
+    F.MOSTLY_Q4_K_M: G.Q4_K, F.MOSTLY_Q5_K_S: G.Q5_K, F.MOSTLY_Q5_K_M: G.Q5_K,
+    F.MOSTLY_Q6_K: G.Q6_K,
+}
+_LAYER = re.compile(r"blk\.(\d+)\.")
+FLOAT_TYPES = (G.F32, G.F16, G.BF16)
+FALLBACK = {G.Q2_K: G.Q4_0, G.Q3_K: G.Q4_0, G.Q4_K: G.Q5_0, G.Q5_K: G.Q5_1, G.Q6_K: G.Q8_0}
+
+
+def parse_mix(name):
+    key = ALIASES.get(name.upper(), name.upper())
+    if key not in MIXES:
+        raise ConfigError(f"unknown quantization type {name!r} (one of {', '.join(MIXES)})")
+    return MIXES[key]
+
+
+def _category(name):
+    if name == "output.weight":
+        return "output"
+    if name == "token_embd.weight":
+        return "token_embd"
+    for part, cat in (("attn_qkv.weight", "attn_qkv"), ("attn_kv_b.weight", "attn_v"),
+                      ("attn_v.weight", "attn_v"), ("attn_k.weight", "attn_k"),
+                      ("attn_q.weight", "attn_q"), ("attn_output.weight", "attn_output"),
+                      ("ffn_up", "ffn_up"), ("ffn_gate", "ffn_gate"), ("ffn_down", "ffn_down")):
+        if part in name:
+            return cat
+    return "other"
+
+
+def _quantizable(name, shape):
+    return (len(shape) >= 2 and name.endswith("weight") and "_norm.weight" not in name
+            and "ffn_gate_inp.weight" not in name)
+
+
+def tensor_order(names):
+    """llama.cpp's order for quantizing and writing: non-layer tensors first, then by layer
+    number, by name within a layer (its weights map)."""
+    def key(name):
+        m = _LAYER.match(name)
+        return (int(m.group(1)) if m else -1, name)
+    return sorted(names, key=key)
+
+
+def _use_more_bits(i, n):
+    return i < n // 8 or i >= 7 * n // 8 or (i - n // 8) % 3 == 2
+
+
+def choose_types(f, ftype):
+    """name -> target GGMLType for every tensor of `f` under llama.cpp's rules for `ftype`."""
+    ftype = FileType(ftype)
+    default = DEFAULT_TYPE[ftype]
+    md = f.metadata
+    arch = md.get(Key.ARCHITECTURE, "")
+    n_layer = int(md.get(Key.arch(Key.BLOCK_COUNT, arch), 0))
+    n_head = md.get(Key.arch(Key.HEAD_COUNT, arch), 1)
+    n_head_kv = md.get(Key.arch(Key.HEAD_COUNT_KV, arch), n_head)
+    n_head = int(np.max(n_head)) if np.ndim(n_head) else int(n_head)
+    n_head_kv = int(np.max(n_head_kv)) if np.ndim(n_head_kv) else int(n_head_kv)
+    n_gqa = n_head // max(1, n_head_kv)
+    n_expert = int(md.get(Key.arch(Key.EXPERT_COUNT, arch), 0) or 0)
+    falcon = arch == "falcon"
+    cats = {name: _category(name) for name in f.tensors}
+    tied = "output.weight" not in f.tensors
+    n_attn_v = sum(1 for c in cats.values() if c in ("attn_v", "attn_qkv"))
+    i_attn_v = i_ffn_down = 0
+    out = {}
+    for name in tensor_order(f.tensors):
+        ti = f.tensors[name]
+        if not _quantizable(name, ti.shape):
+            out[name] = ti.type
+            continue
+        t = default
+        if default not in FLOAT_TYPES:
+            cat = cats[name]
+            if cat == "output" or (tied and cat == "token_embd"):
+                qk = TYPE_INFO[t].block_size
+                if falcon or ti.shape[0] % qk:
+                    t = G.Q8_0
+                elif t != G.Q8_0:
+                    t = G.Q6_K
+            elif cat in ("attn_v", "attn_qkv"):  # llama.cpp treats fused qkv like attn_v
+                t = _attn_v_type(t, ftype, n_gqa, n_expert, i_attn_v, n_attn_v)
+                i_attn_v += 1
+            elif cat == "attn_k":
+                if n_expert == 8:
+                    t = G.Q8_0
+            elif cat == "ffn_down":
+                t = _ffn_down_type(t, ftype, i_ffn_down, n_layer, falcon)
+                i_ffn_down += 1
+            elif cat == "attn_output":
+                if not falcon:
+                    if n_expert == 8:
+                        if ftype in (F.MOSTLY_Q2_K, F.MOSTLY_Q3_K_S, F.MOSTLY_Q3_K_M,
+                                     F.MOSTLY_Q4_K_S, F.MOSTLY_Q4_K_M):
+                            t = G.Q5_K
+                    elif ftype == F.MOSTLY_Q2_K:
+                        t = G.Q3_K
+                    elif ftype == F.MOSTLY_Q3_K_M:
+                        t = G.Q4_K
+                    elif ftype == F.MOSTLY_Q3_K_L:
+                        t = G.Q5_K
+                elif ftype == F.MOSTLY_Q3_K_L:
+                    t = G.Q4_K
+            t = _fallback(name, ti.shape[0], t)
+        elif t != ti.type:
+            t = _fallback(name, ti.shape[0], t)
+        out[name] = t
+    return out
+
+
+def _attn_v_type(t, ftype, n_gqa, n_expert, i, n):
+    if ftype == F.MOSTLY_Q2_K:
+        t = G.Q4_K if n_gqa >= 4 else G.Q3_K
+    elif ftype == F.MOSTLY_Q2_K_S and n_gqa >= 4:
+        t = G.Q4_K
+    elif ftype == F.MOSTLY_Q3_K_M:
+        t = G.Q5_K if i < 2 else G.Q4_K
+    elif ftype == F.MOSTLY_Q3_K_L:
+        t = G.Q5_K
+    elif ftype in (F.MOSTLY_Q4_K_M, F.MOSTLY_Q5_K_M) and _use_more_bits(i, n):
+        t = G.Q6_K
+    elif ftype == F.MOSTLY_Q4_K_S and i < 4:
+        t = G.Q5_K
+    if n_expert == 8:
+        t = G.Q8_0
+    return t
+
+
+def _ffn_down_type(t, ftype, i, n, falcon):
+    if ftype == F.MOSTLY_Q2_K:
+        return G.Q3_K
+    if ftype == F.MOSTLY_Q2_K_S:
+        return G.Q4_K if i < n // 8 else t
+    if ftype == F.MOSTLY_Q3_K_M:
+        if i < n // 16:
+            return G.Q5_K
+        return G.Q4_K if (not falcon or _use_more_bits(i, n)) else G.Q3_K
+    if ftype == F.MOSTLY_Q3_K_L:
+        return G.Q4_K if falcon else G.Q5_K
+    if ftype == F.MOSTLY_Q4_K_M:
+        if falcon:
+            return G.Q6_K if i < n // 16 else G.Q5_K if _use_more_bits(i, n) else G.Q4_K
+        return G.Q6_K if _use_more_bits(i, n) else t
+    if ftype == F.MOSTLY_Q5_K_M and _use_more_bits(i, n):
+        return G.Q6_K
+    if ftype == F.MOSTLY_Q4_K_S and not falcon and i < n // 8:
+        return G.Q5_K
+    return t
+
+
+def _fallback(name, ncols, t):
+    bs = TYPE_INFO[t].block_size
+    if ncols % bs == 0:
+        return t
+    t2 = FALLBACK.get(t, t)
+    if ncols % TYPE_INFO[t2].block_size:
+        t2 = G.F16
+    return t2
+
+
+def _rows_as_float(f, name, r0, r1):
+    ti = f.tensors[name]
+    k = ti.shape[0]
+    info = TYPE_INFO[ti.type]
+    rb = k // info.block_size * info.type_size
+    raw = f.tensor_bytes(name)[r0 * rb:r1 * rb]
+    return quants.dequantize(raw, ti.type, (r1 - r0, k))
+
+
+def _row_quantizer(compiled, n_threads):
+    """rows (n, k) float32 -> bytes: the compiled quantizer on a thread pool when built (same
+    bytes as the NumPy reference, tested), else edged.quants."""
+    if compiled:
+        try:
+            from . import _core
+        except ImportError:
+            _core = None
+        if _core is not None and hasattr(_core, "quantize_rows"):
+            from .threads import default_threads
+            pool = _core.Pool(n_threads or default_threads())
+
+            def q(x, t):
+                if t in FLOAT_TYPES:
+                    return quants.quantize(x, t)
+                return _core.quantize_rows(np.ascontiguousarray(x, dtype=np.float32), int(t), pool)
+            return q
+    return quants.quantize
+
+
+def quantize_file(src, dst, mix, progress=None, chunk_rows=None, compiled=True, n_threads=None):
+    """Quantize `src` into `dst` with the mix name or FileType `mix`. `progress(i, n, name,
+    qtype, done_bytes, total_bytes)` is called after each tensor. compiled=False uses only the
+    NumPy reference quantizers."""
+    ftype = parse_mix(mix) if isinstance(mix, str) else FileType(mix)
+    quantize_rows = _row_quantizer(compiled, n_threads)
+    with GGUFFile.open(src) as f:
+        for name, ti in f.tensors.items():
+            if ti.type not in quants.SUPPORTED:
+                raise UnsupportedModelError(f"{src}: tensor {name!r} has type {ti.type.name}, "
+                                            "which edged cannot dequantize")
+        types = choose_types(f, ftype)
+        w = GGUFWriter(alignment=f.alignment)
+        for key, value in f.metadata.items():
+            if key in (Key.ALIGNMENT, Key.FILE_TYPE, Key.QUANTIZATION_VERSION):
+                continue
+            vt = f.value_types[key]
+            w.add(key, value, vt if vt != ValueType.ARRAY else None)
+        w.add(Key.QUANTIZATION_VERSION, QUANTIZATION_VERSION, ValueType.UINT32)
+        w.add(Key.FILE_TYPE, int(ftype), ValueType.UINT32)
+        order = tensor_order(f.tensors)
+        for name in order:
+            w.add_tensor(name, f.tensors[name].shape, types[name])
+        total = sum(w.tensors[n][3] for n in w.tensors)
+        d = os.path.dirname(os.path.abspath(dst))
+        fd, tmp = tempfile.mkstemp(prefix=".edged-quantize-", dir=d)
+        try:
+            with os.fdopen(fd, "wb") as out:
+                w.write_header(out)
+                done = 0
+                for i, name in enumerate(order):
+                    ti, t = f.tensors[name], types[name]
+                    if t == ti.type:
+                        out_bytes = [np.asarray(f.tensor_bytes(name))]
+                    else:
+                        k = ti.shape[0]
+                        rows = ti.n_elements // k
+                        step = chunk_rows or max(1, (1 << 22) // k)
+                        out_bytes = (quantize_rows(_rows_as_float(f, name, r, min(rows, r + step)), t)
+                                     for r in range(0, rows, step))
+                    w.write_tensor(out, name, out_bytes)
+                    done += w.tensors[name][3]
+                    if progress:
+                        progress(i + 1, len(f.tensors), name, t, done, total)
+                out.flush()
+                os.fsync(out.fileno())
+            os.replace(tmp, dst)
+        except BaseException:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+            raise
+    return types
+

@@ -1,0 +1,644 @@
+"""Readable NumPy reference for ggml's weight types: dequantization and llama.cpp's reference
+quantizers (no importance matrix).
+
+Block layouts are llama.cpp's (as stored in GGUF). Every function works on whole blocks at once
+(vectorised over blocks); loops run only over positions inside a block where llama.cpp's
+algorithm is sequential, so float32 rounding happens in the same order as in C.
+
+    dequantize(raw_uint8, qtype, shape) -> float32 array of `shape` (GGUF order reversed, i.e.
+        shape[-1] is the row length)
+    quantize(x_f32, qtype) -> uint8 array (rows, row_bytes)
+    quantize_q8_K(x_f32) -> uint8 array: the Q8_K activation blocks the K-quant dot products use
+
+This is the slow twin of the compiled kernels and the oracle the tests compare them with;
+dequantize is itself checked bit for bit against the PyPI gguf package.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .errors import UnsupportedModelError
+from .gguf import GGMLType, TYPE_INFO
+
+QK = 32      # elements per block of the 32-block types
+QK_K = 256   # elements per super-block of the K-quants
+GROUP_MAX_EPS = np.float32(1e-15)
+
+F32 = np.float32
+
+
+# ------------------------------------------------------------------------------ helpers ---
+def _f16(raw):
+    """(n, 2) uint8 -> (n, 1) float32 from IEEE half."""
+    return np.ascontiguousarray(raw).view(np.float16).astype(F32)
+
+
+def _to_f16_bytes(x):
+    """(n,) or (n, 1) float32 -> (n, 2) uint8 half bytes (round to nearest even, as ggml)."""
+    return np.asarray(x, dtype=F32).reshape(-1, 1).astype(np.float16).view(np.uint8)
+
+
+def _nibbles(qs):
+    """(n, 16) packed nibbles -> (n, 32): low nibbles first, then high nibbles."""
+    return np.concatenate([qs & 0x0F, qs >> 4], axis=-1)
+
+
+def _bits(packed, n_bits):
+    """(n, m) uint8 -> (n, m*8) uint8 of single bits, little-endian within each byte."""
+    return np.unpackbits(packed, axis=-1, bitorder="little")[..., :n_bits]
+
+
+def nearest_int(v):
+    """llama.cpp's nearest_int: round half to even (float32 magic-number trick)."""
+    return np.rint(np.asarray(v, dtype=F32)).astype(np.int32)
+
+
+def roundf(v):
+    """C roundf: half away from zero."""
+    v = np.asarray(v, dtype=F32)
+    return (np.sign(v) * np.floor(np.abs(v) + F32(0.5))).astype(F32)
+
+
+def k_scale_min(scales12):
+    """Q4_K/Q5_K packed 6-bit scales: (n, 12) -> (sc (n, 8), m (n, 8)) as uint8."""
+    s = scales12
+    sc = np.empty(s.shape[:-1] + (8,), np.uint8)
+    mn = np.empty_like(sc)
+    sc[..., :4] = s[..., 0:4] & 63
+    mn[..., :4] = s[..., 4:8] & 63
+    sc[..., 4:] = (s[..., 8:12] & 0x0F) | ((s[..., 0:4] >> 6) << 4)
+    mn[..., 4:] = (s[..., 8:12] >> 4) | ((s[..., 4:8] >> 6) << 4)
+    return sc, mn
+
+
+def q3_k_scales(scales12):
+    """Q3_K packed 6-bit scales: (n, 12) -> (n, 16) int8 with the -32 offset applied."""
+    s = scales12
+    low = np.concatenate([s[..., 0:8] & 0x0F, s[..., 0:8] >> 4], axis=-1)
+    high = np.concatenate([(s[..., 8:12] >> (2 * k)) & 3 for k in range(4)], axis=-1)
+    return ((low | (high << 4)).astype(np.int16) - 32).astype(np.int8)
+
+
+# ----------------------------------------------------------------- dequantize per type ----
+def _dq_q4_0(b):
+    d = _f16(b[:, 0:2])
+    q = _nibbles(b[:, 2:18]).astype(np.int8) - np.int8(8)
+    return d * q.astype(F32)
+
+
+def _dq_q4_1(b):
+    d, m = _f16(b[:, 0:2]), _f16(b[:, 2:4])
+    return d * _nibbles(b[:, 4:20]).astype(F32) + m
+
+
+def _q5_values(qh4, qs16):
+    return _nibbles(qs16) | (_bits(qh4, 32) << 4)
+
+
+def _dq_q5_0(b):
+    d = _f16(b[:, 0:2])
+    q = _q5_values(b[:, 2:6], b[:, 6:22]).astype(np.int8) - np.int8(16)
+    return d * q.astype(F32)
+
+
+def _dq_q5_1(b):
+    d, m = _f16(b[:, 0:2]), _f16(b[:, 2:4])
+    return d * _q5_values(b[:, 4:8], b[:, 8:24]).astype(F32) + m
+
+
+def _dq_q8_0(b):
+    return np.ascontiguousarray(b[:, 2:34]).view(np.int8).astype(F32) * _f16(b[:, 0:2])
+
+
+def _crumbs(qs64):
+    """Q2_K/Q3_K 2-bit fields: (n, 64) -> (n, 256) in element order: for each half of 128,
+    shifts 0, 2, 4, 6 over 32 bytes."""
+    n = qs64.shape[0]
+    q = qs64.reshape(n, 2, 1, 32) >> np.array([0, 2, 4, 6], np.uint8).reshape(1, 1, 4, 1)
+    return (q & 3).reshape(n, QK_K)
+
+
+def _dq_q2_K(b):
+    n = b.shape[0]
+    scales, qs = b[:, 0:16], b[:, 16:80]
+    d, dmin = _f16(b[:, 80:82]), _f16(b[:, 82:84])
+    dl = (d * (scales & 0x0F).astype(F32)).reshape(n, 16, 1)
+    ml = (dmin * (scales >> 4).astype(F32)).reshape(n, 16, 1)
+    q = _crumbs(qs).reshape(n, 16, 16).astype(F32)
+    return (dl * q - ml).reshape(n, QK_K)
+
+
+def _dq_q3_K(b):
+    n = b.shape[0]
+    hmask, qs, scales = b[:, 0:32], b[:, 32:96], b[:, 96:108]
+    d = _f16(b[:, 108:110])
+    dl = (d * q3_k_scales(scales).astype(F32)).reshape(n, 16, 1)
+    # high bit j*32+l of element order lives in bit j of hmask[l]
+    hbit = (hmask.reshape(n, 1, 32) >> np.arange(8, dtype=np.uint8).reshape(1, 8, 1)) & 1
+    q = _crumbs(qs).astype(np.int8) - ((hbit.reshape(n, QK_K) ^ 1) << 2).astype(np.int8)
+    return (dl * q.reshape(n, 16, 16).astype(F32)).reshape(n, QK_K)
+
+
+def _k4_values(qs128):
+    """Q4_K/Q5_K low nibbles: (n, 128) -> (n, 256): per 32 bytes, 32 low then 32 high."""
+    n = qs128.shape[0]
+    q = qs128.reshape(n, 4, 1, 32) >> np.array([0, 4], np.uint8).reshape(1, 1, 2, 1)
+    return (q & 0x0F).reshape(n, QK_K)
+
+
+def _dq_q4_K(b):
+    n = b.shape[0]
+    d, dmin = _f16(b[:, 0:2]), _f16(b[:, 2:4])
+    sc, m = k_scale_min(b[:, 4:16])
+    dl = (d * sc.astype(F32)).reshape(n, 8, 1)
+    ml = (dmin * m.astype(F32)).reshape(n, 8, 1)
+    q = _k4_values(b[:, 16:144]).reshape(n, 8, 32).astype(F32)
+    return (dl * q - ml).reshape(n, QK_K)
+
+
+def _dq_q5_K(b):
+    n = b.shape[0]
+    d, dmin = _f16(b[:, 0:2]), _f16(b[:, 2:4])
+    sc, m = k_scale_min(b[:, 4:16])
+    qh = b[:, 16:48]
+    hbit = (qh.reshape(n, 1, 32) >> np.arange(8, dtype=np.uint8).reshape(1, 8, 1)) & 1
+    q = _k4_values(b[:, 48:176]) | (hbit.reshape(n, QK_K) << 4)
+    dl = (d * sc.astype(F32)).reshape(n, 8, 1)
+    ml = (dmin * m.astype(F32)).reshape(n, 8, 1)
+    return (dl * q.reshape(n, 8, 32).astype(F32) - ml).reshape(n, QK_K)
+
+
+def _dq_q6_K(b):
+    n = b.shape[0]
+    ql, qh = b[:, 0:128], b[:, 128:192]
+    scales = np.ascontiguousarray(b[:, 192:208]).view(np.int8)
+    d = _f16(b[:, 208:210])
+    # per half of 128: ql[0:32] low, ql[32:64] low, ql[0:32] high, ql[32:64] high
+    low = ql.reshape(n, 2, 1, 64) >> np.array([0, 4], np.uint8).reshape(1, 1, 2, 1)
+    low = (low & 0x0F).reshape(n, 2, 4, 32)
+    high = qh.reshape(n, 2, 1, 32) >> np.array([0, 2, 4, 6], np.uint8).reshape(1, 1, 4, 1)
+    high = (high & 3).reshape(n, 2, 4, 32)
+    q = (low | (high << 4)).astype(np.int8) - np.int8(32)
+    dl = (d * scales.astype(F32)).reshape(n, 16, 1)
+    return (dl * q.reshape(n, 16, 16).astype(F32)).reshape(n, QK_K)
+
+
+_DEQUANT = {
+    GGMLType.Q4_0: _dq_q4_0, GGMLType.Q4_1: _dq_q4_1, GGMLType.Q5_0: _dq_q5_0,
+    GGMLType.Q5_1: _dq_q5_1, GGMLType.Q8_0: _dq_q8_0, GGMLType.Q2_K: _dq_q2_K,
+    GGMLType.Q3_K: _dq_q3_K, GGMLType.Q4_K: _dq_q4_K, GGMLType.Q5_K: _dq_q5_K,
+    GGMLType.Q6_K: _dq_q6_K,
+}
+
+SUPPORTED = (GGMLType.F32, GGMLType.F16, GGMLType.BF16) + tuple(_DEQUANT)
+
+
+def _type(qtype):
+    try:
+        t = GGMLType(int(qtype))
+    except ValueError:
+        raise UnsupportedModelError(f"unknown ggml type id {int(qtype)}") from None
+    if t not in SUPPORTED:
+        raise UnsupportedModelError(f"ggml type {t.name} is not supported")
+    return t
+
+
+def row_bytes(qtype, n):
+    info = TYPE_INFO[_type(qtype)]
+    if n % info.block_size:
+        raise UnsupportedModelError(
+            f"row length {n} is not a multiple of the {GGMLType(qtype).name} block size {info.block_size}")
+    return n // info.block_size * info.type_size
+
+
+def dequantize(raw, qtype, shape):
+    """raw uint8 bytes of a tensor -> float32 array of `shape` (numpy order: last axis = row).
+
+    `shape` may also be given in GGUF order as a tuple whose product matches; only the element
+    count and the row length (shape[-1]) matter for decoding.
+    """
+    t = _type(qtype)
+    shape = tuple(int(s) for s in shape)
+    n = int(np.prod(shape)) if shape else 1
+    raw = np.ascontiguousarray(raw, dtype=np.uint8).reshape(-1)
+    info = TYPE_INFO[t]
+    need = n // info.block_size * info.type_size
+    if n % info.block_size or raw.size != need:
+        raise UnsupportedModelError(
+            f"{t.name} tensor of shape {shape}: expected {need} bytes, got {raw.size}")
+    if t == GGMLType.F32:
+        out = raw.view(F32).copy()
+    elif t == GGMLType.F16:
+        out = raw.view(np.float16).astype(F32)
+    elif t == GGMLType.BF16:
+        out = (raw.view(np.uint16).astype(np.uint32) << 16).view(F32)
+    else:
+        out = _DEQUANT[t](raw.reshape(-1, info.type_size)).astype(F32, copy=False)
+    return out.reshape(shape)
+
+
+# ================================================================ quantization ============
+# 32-blocks: byte-identical to llama.cpp's quantize_row_*_ref.
+def _abs_max_signed(x):
+    """Per row of x (n, k): the value with the largest magnitude (first one on ties)."""
+    idx = np.argmax(np.abs(x), axis=-1)
+    return np.take_along_axis(x, idx[:, None], axis=-1)  # (n, 1)
+
+
+def _inv(d):
+    with np.errstate(divide="ignore"):
+        return np.where(d == 0, F32(0), F32(1) / d).astype(F32)
+
+
+def _trunc_u8(v):
+    """C's (int8_t)(float) then uint8: truncation toward zero."""
+    return np.trunc(v).astype(np.int32)
+
+
+def _pack_nibbles(q):
+    """(n, 32) values < 16 -> (n, 16): element j low nibble, element j+16 high nibble."""
+    q = q.astype(np.uint8)
+    return q[:, :16] | (q[:, 16:] << 4)
+
+
+def _pack_qh(q):
+    """(n, 32) 5-bit values -> (n, 4) bytes of the 5th bits (bit j = element j)."""
+    return np.packbits(((q >> 4) & 1).astype(np.uint8), axis=-1, bitorder="little")
+
+
+def _q_q4_0(x):
+    mx = _abs_max_signed(x)
+    d = (mx / F32(-8)).astype(F32)
+    q = np.minimum(15, _trunc_u8(x * _inv(d) + F32(8.5)))
+    return np.concatenate([_to_f16_bytes(d), _pack_nibbles(q)], axis=-1)
+
+
+def _q_q4_1(x):
+    mn, mx = x.min(axis=-1, keepdims=True), x.max(axis=-1, keepdims=True)
+    d = ((mx - mn) / F32(15)).astype(F32)
+    q = np.minimum(15, _trunc_u8((x - mn) * _inv(d) + F32(0.5)))
+    return np.concatenate([_to_f16_bytes(d), _to_f16_bytes(mn), _pack_nibbles(q)], axis=-1)
+
+
+def _q_q5_0(x):
+    mx = _abs_max_signed(x)
+    d = (mx / F32(-16)).astype(F32)
+    q = np.minimum(31, _trunc_u8(x * _inv(d) + F32(16.5)))
+    return np.concatenate([_to_f16_bytes(d), _pack_qh(q), _pack_nibbles(q & 0x0F)], axis=-1)
+
+
+def _q_q5_1(x):
+    mn, mx = x.min(axis=-1, keepdims=True), x.max(axis=-1, keepdims=True)
+    d = ((mx - mn) / F32(31)).astype(F32)
+    q = _trunc_u8((x - mn) * _inv(d) + F32(0.5)) & 0xFF
+    return np.concatenate([_to_f16_bytes(d), _to_f16_bytes(mn), _pack_qh(q),
+                           _pack_nibbles(q & 0x0F)], axis=-1)
+
+
+def _q_q8_0(x):
+    d = (np.abs(x).max(axis=-1, keepdims=True) / F32(127)).astype(F32)
+    q = roundf(x * _inv(d)).astype(np.int8).view(np.uint8)
+    return np.concatenate([_to_f16_bytes(d), q], axis=-1)
+
+
+# K-quants: llama.cpp's quantize_row_*_ref (make_qkx2_quants, make_q3_quants, make_qx_quants).
+def _imax_min(a, lo, hi):
+    return np.clip(a, lo, hi)
+
+
+def make_qkx2_quants(x, w, nmax, rmin, rdelta, nstep, use_mad):
+    """Scale + min fit of groups x (n, k) with weights w: -> (scale (n,), the_min (n,), L (n, k)).
+
+    Sequential float32 accumulation over k, as in C."""
+    n, k = x.shape
+    mn = x.min(axis=-1).astype(F32)
+    mx = x.max(axis=-1).astype(F32)
+    sum_w = w[:, 0].copy()
+    sum_x = (sum_w * x[:, 0]).astype(F32)
+    for i in range(1, k):
+        sum_w = (sum_w + w[:, i]).astype(F32)
+        sum_x = (sum_x + w[:, i] * x[:, i]).astype(F32)
+    mn = np.minimum(mn, F32(0))
+    flat = mx == mn
+    rng = np.where(flat, F32(1), mx - mn).astype(F32)
+    iscale = (F32(nmax) / rng).astype(F32)
+    scale = (F32(1) / iscale).astype(F32)
+    L = np.clip(nearest_int(iscale[:, None] * (x - mn[:, None])), 0, nmax)
+    best = np.zeros(n, F32)
+    for i in range(k):
+        diff = (scale * L[:, i].astype(F32) + mn - x[:, i]).astype(F32)
+        diff = np.abs(diff) if use_mad else diff * diff
+        best = (best + w[:, i] * diff).astype(F32)
+    for step in range(nstep + 1):
+        # llama.cpp moves `min` when a step wins, and later steps use the moved min
+        rng = np.where(flat, F32(1), mx - mn).astype(F32)
+        isc = ((F32(rmin) + F32(rdelta) * F32(step) + F32(nmax)) / rng).astype(F32)
+        La = np.clip(nearest_int(isc[:, None] * (x - mn[:, None])), 0, nmax)
+        Lf = La.astype(F32)
+        sl = np.zeros(n, F32); sl2 = np.zeros(n, F32); sxl = np.zeros(n, F32)
+        for i in range(k):
+            wl = (w[:, i] * Lf[:, i]).astype(F32)
+            sl = (sl + wl).astype(F32)
+            sl2 = (sl2 + wl * Lf[:, i]).astype(F32)
+            sxl = (sxl + wl * x[:, i]).astype(F32)
+        D = (sum_w * sl2 - sl * sl).astype(F32)
+        ok = D > 0
+        Ds = np.where(ok, D, F32(1)).astype(F32)
+        this_scale = ((sum_w * sxl - sum_x * sl) / Ds).astype(F32)
+        this_min = ((sl2 * sum_x - sl * sxl) / Ds).astype(F32)
+        pos = this_min > 0
+        sl2s = np.where(sl2 == 0, F32(1), sl2)
+        this_scale = np.where(pos, sxl / sl2s, this_scale).astype(F32)
+        this_min = np.where(pos, F32(0), this_min).astype(F32)
+        cur = np.zeros(n, F32)
+        for i in range(k):
+            diff = (this_scale * Lf[:, i] + this_min - x[:, i]).astype(F32)
+            diff = np.abs(diff) if use_mad else diff * diff
+            cur = (cur + w[:, i] * diff).astype(F32)
+        better = ok & (cur < best) & ~flat
+        L = np.where(better[:, None], La, L)
+        best = np.where(better, cur, best)
+        scale = np.where(better, this_scale, scale)
+        mn = np.where(better, this_min, mn)
+    scale = np.where(flat, F32(0), scale).astype(F32)
+    L = np.where(flat[:, None], 0, L)
+    return scale, (-mn).astype(F32), L
+
+
+def make_q3_quants(x, nmax):
+    """Signed scale fit with rmse iteration (do_rmse=true): x (n, k) -> (scale (n,), L (n, k))
+    with L in [0, 2*nmax)."""
+    n, k = x.shape
+    idx = np.argmax(np.abs(x), axis=-1)
+    mx = np.take_along_axis(x, idx[:, None], axis=-1)[:, 0]
+    zero = np.abs(mx) < GROUP_MAX_EPS
+    iscale = (F32(-nmax) / np.where(zero, F32(1), mx)).astype(F32)
+    L = np.clip(nearest_int(iscale[:, None] * x), -nmax, nmax - 1)
+    w = (x * x).astype(F32)
+    sumlx = np.zeros(n, F32); suml2 = np.zeros(n, F32)
+    for i in range(k):
+        li = L[:, i].astype(F32)
+        sumlx = (sumlx + w[:, i] * x[:, i] * li).astype(F32)
+        suml2 = (suml2 + w[:, i] * li * li).astype(F32)
+    active = ~zero
+    for _ in range(5):
+        changed = np.zeros(n, bool)
+        for i in range(k):
+            wi, xi, li = w[:, i], x[:, i], L[:, i].astype(F32)
+            slx = (sumlx - wi * xi * li).astype(F32)
+            cand = active & (slx > 0)
+            sl2 = (suml2 - wi * li * li).astype(F32)
+            new_l = np.clip(nearest_int(xi * sl2 / np.where(slx > 0, slx, F32(1))), -nmax, nmax - 1)
+            nlf = new_l.astype(F32)
+            cand &= new_l != L[:, i]
+            slx2 = (slx + wi * xi * nlf).astype(F32)
+            sl22 = (sl2 + wi * nlf * nlf).astype(F32)
+            accept = cand & (sl22 > 0) & (slx2 * slx2 * suml2 > sumlx * sumlx * sl22)
+            L[:, i] = np.where(accept, new_l, L[:, i])
+            sumlx = np.where(accept, slx2, sumlx)
+            suml2 = np.where(accept, sl22, suml2)
+            changed |= accept
+        active &= changed
+        if not active.any():
+            break
+    scale = np.where(suml2 > 0, sumlx / np.where(suml2 > 0, suml2, F32(1)), F32(0)).astype(F32)
+    scale = np.where(zero, F32(0), scale)
+    L = np.where(zero[:, None], 0, L + nmax)
+    return scale, L
+
+
+def make_qx_quants_rmse1(x, nmax):
+    """make_qx_quants with rmse_type 1 (weights x^2), no quant weights: -> (scale, L in [0, 2nmax))."""
+    n, k = x.shape
+    idx = np.argmax(np.abs(x), axis=-1)
+    mx = np.take_along_axis(x, idx[:, None], axis=-1)[:, 0]
+    zero = np.abs(mx) < GROUP_MAX_EPS
+    mxs = np.where(zero, F32(1), mx).astype(F32)
+    w = (x * x).astype(F32)
+
+    def fit(iscale):
+        l = np.clip(nearest_int(iscale[:, None] * x), -nmax, nmax - 1)
+        lf = l.astype(F32)
+        sumlx = np.zeros(n, F32); suml2 = np.zeros(n, F32)
+        for i in range(k):
+            sumlx = (sumlx + w[:, i] * x[:, i] * lf[:, i]).astype(F32)
+            suml2 = (suml2 + w[:, i] * lf[:, i] * lf[:, i]).astype(F32)
+        return l, sumlx, suml2
+
+    L, sumlx, suml2 = fit((F32(-nmax) / mxs).astype(F32))
+    scale = np.where(suml2 != 0, sumlx / np.where(suml2 != 0, suml2, F32(1)), F32(0)).astype(F32)
+    best = (scale * sumlx).astype(F32)
+    for s in range(-9, 10):
+        if s == 0:
+            continue
+        isc = (-(F32(nmax) + F32(0.1) * F32(s)) / mxs).astype(F32)
+        l, slx, sl2 = fit(isc)
+        better = (sl2 > 0) & (slx * slx > best * sl2)
+        L = np.where(better[:, None], l, L)
+        scale = np.where(better, slx / np.where(sl2 > 0, sl2, F32(1)), scale).astype(F32)
+        best = np.where(better, scale * slx, best).astype(F32)
+    scale = np.where(zero, F32(0), scale)
+    L = np.where(zero[:, None], 0, L + nmax)
+    return scale, L
+
+
+def _pack_k_scales(ls, lm):
+    """6-bit scales/mins (n, 8) -> Q4_K/Q5_K packed (n, 12)."""
+    ls = ls.astype(np.uint8); lm = lm.astype(np.uint8)
+    out = np.zeros((ls.shape[0], 12), np.uint8)
+    out[:, 0:4] = ls[:, 0:4] | ((ls[:, 4:8] >> 4) << 6)
+    out[:, 4:8] = lm[:, 0:4] | ((lm[:, 4:8] >> 4) << 6)
+    out[:, 8:12] = (ls[:, 4:8] & 0x0F) | ((lm[:, 4:8] & 0x0F) << 4)
+    return out
+
+
+def _pack_crumbs(L):
+    """(n, 256) 2-bit values -> (n, 64) in Q2_K/Q3_K order."""
+    n = L.shape[0]
+    L = L.astype(np.uint8).reshape(n, 2, 4, 32)
+    return (L[:, :, 0] | (L[:, :, 1] << 2) | (L[:, :, 2] << 4) | (L[:, :, 3] << 6)).reshape(n, 64)
+
+
+def _requant(x, d, dm, lo, hi):
+    """Final per-element quantization: nearest_int((x + dm) / d) clipped, d may be 0 (then L=0)."""
+    ok = d != 0
+    ds = np.where(ok, d, F32(1)).astype(F32)
+    return np.where(ok, np.clip(nearest_int((x + dm) / ds), lo, hi), -1)
+
+
+def _q_q2_K(x):
+    nb = x.shape[0]
+    g = x.reshape(nb * 16, 16)
+    scales, mins, L = make_qkx2_quants(g, np.abs(g).astype(F32), 3, -0.5, 0.1, 15, True)
+    scales = scales.reshape(nb, 16); mins = mins.reshape(nb, 16); L = L.reshape(nb, 16, 16)
+    max_scale = np.maximum(scales.max(axis=-1), F32(0)); max_min = np.maximum(mins.max(axis=-1), F32(0))
+    q4 = F32(15)
+    has_s, has_m = max_scale > 0, max_min > 0
+    isc = (q4 / np.where(has_s, max_scale, F32(1))).astype(F32)
+    ls = np.where(has_s[:, None], nearest_int(isc[:, None] * scales), 0)
+    imn = (q4 / np.where(has_m, max_min, F32(1))).astype(F32)
+    lm = np.where(has_m[:, None], nearest_int(imn[:, None] * mins), 0)
+    sc_byte = ((ls & 0xFF) | ((lm << 4) & 0xFF)).astype(np.uint8)  # C stores into uint8
+    d16 = _to_f16_bytes(np.where(has_s, max_scale / q4, F32(0)).astype(F32))
+    m16 = _to_f16_bytes(np.where(has_m, max_min / q4, F32(0)).astype(F32))
+    d = (_f16(d16) * (sc_byte & 0x0F).astype(F32)).astype(F32)[:, :, None]
+    dm = (_f16(m16) * (sc_byte >> 4).astype(F32)).astype(F32)[:, :, None]
+    Lr = _requant(x.reshape(nb, 16, 16), d, dm, 0, 3)
+    L = np.where(Lr >= 0, Lr, L).reshape(nb, QK_K)
+    return np.concatenate([sc_byte, _pack_crumbs(L), d16, m16], axis=-1)
+
+
+def _q_q3_K(x):
+    nb = x.shape[0]
+    scales, L = make_q3_quants(x.reshape(nb * 16, 16), 4)
+    scales = scales.reshape(nb, 16); L = L.reshape(nb, 16, 16)
+    idx = np.argmax(np.abs(scales), axis=-1)
+    max_scale = np.take_along_axis(scales, idx[:, None], axis=-1)[:, 0]
+    has = max_scale != 0
+    iscale = (F32(-32) / np.where(has, max_scale, F32(1))).astype(F32)
+    l = np.clip(nearest_int(iscale[:, None] * scales), -32, 31) + 32
+    l = np.where(has[:, None], l, 0).astype(np.uint8)
+    packed = np.zeros((nb, 12), np.uint8)
+    packed[:, 0:8] = (l[:, 0:8] & 0x0F) | ((l[:, 8:16] & 0x0F) << 4)
+    for j in range(16):
+        packed[:, 8 + j % 4] |= (l[:, j] >> 4) << (2 * (j // 4))
+    d16 = _to_f16_bytes(np.where(has, F32(1) / iscale, F32(0)).astype(F32))
+    sc = q3_k_scales(packed).astype(F32)
+    d = (_f16(d16) * sc).astype(F32)[:, :, None]
+    ok = d != 0
+    L = np.where(ok, np.clip(nearest_int(x.reshape(nb, 16, 16) / np.where(ok, d, F32(1))), -4, 3) + 4, L)
+    L = L.reshape(nb, QK_K)
+    high = L > 3
+    low = np.where(high, L - 4, L)
+    hbits = high.reshape(nb, 8, 32).astype(np.uint8)
+    hmask = np.zeros((nb, 32), np.uint8)
+    for j in range(8):
+        hmask |= hbits[:, j] << j
+    return np.concatenate([hmask, _pack_crumbs(low), packed, d16], axis=-1)
+
+
+def _q_k4_common(x, nmax, rmin, rdelta, nstep):
+    nb = x.shape[0]
+    g = x.reshape(nb * 8, 32)
+    sum_x2 = np.zeros(g.shape[0], F32)
+    for i in range(32):
+        sum_x2 = (sum_x2 + g[:, i] * g[:, i]).astype(F32)
+    av_x = np.sqrt(sum_x2 / F32(32)).astype(F32)
+    w = (av_x[:, None] + np.abs(g)).astype(F32)
+    scales, mins, L = make_qkx2_quants(g, w, nmax, rmin, rdelta, nstep, False)
+    scales = scales.reshape(nb, 8); mins = mins.reshape(nb, 8)
+    max_scale = np.maximum(scales.max(axis=-1), F32(0)); max_min = np.maximum(mins.max(axis=-1), F32(0))
+    inv_s = np.where(max_scale > 0, F32(63) / np.where(max_scale > 0, max_scale, F32(1)), F32(0)).astype(F32)
+    inv_m = np.where(max_min > 0, F32(63) / np.where(max_min > 0, max_min, F32(1)), F32(0)).astype(F32)
+    ls = np.minimum(63, nearest_int(inv_s[:, None] * scales) & 0xFF)
+    lm = np.minimum(63, nearest_int(inv_m[:, None] * mins) & 0xFF)
+    packed = _pack_k_scales(ls, lm)
+    d16 = _to_f16_bytes((max_scale / F32(63)).astype(F32))
+    m16 = _to_f16_bytes((max_min / F32(63)).astype(F32))
+    sc, m = k_scale_min(packed)
+    d = (_f16(d16) * sc.astype(F32)).astype(F32)[:, :, None]
+    dm = (_f16(m16) * m.astype(F32)).astype(F32)[:, :, None]
+    Lr = _requant(x.reshape(nb, 8, 32), d, dm, 0, nmax)
+    L = np.where(Lr >= 0, Lr, L.reshape(nb, 8, 32)).reshape(nb, QK_K)
+    return d16, m16, packed, L
+
+
+def _q_q4_K(x):
+    d16, m16, packed, L = _q_k4_common(x, 15, -1.0, 0.1, 20)
+    nb = x.shape[0]
+    L = L.astype(np.uint8).reshape(nb, 4, 2, 32)
+    qs = (L[:, :, 0] | (L[:, :, 1] << 4)).reshape(nb, 128)
+    return np.concatenate([d16, m16, packed, qs], axis=-1)
+
+
+def _q_q5_K(x):
+    d16, m16, packed, L = _q_k4_common(x, 31, -0.5, 0.1, 15)
+    nb = x.shape[0]
+    L = L.astype(np.uint8).reshape(nb, 4, 2, 32)
+    qs = ((L[:, :, 0] & 0x0F) | ((L[:, :, 1] & 0x0F) << 4)).reshape(nb, 128)
+    qh = np.zeros((nb, 32), np.uint8)
+    for j in range(4):
+        qh |= ((L[:, j, 0] >> 4) & 1) << (2 * j)
+        qh |= ((L[:, j, 1] >> 4) & 1) << (2 * j + 1)
+    return np.concatenate([d16, m16, packed, qh, qs], axis=-1)
+
+
+def _q_q6_K(x):
+    nb = x.shape[0]
+    scales, L = make_qx_quants_rmse1(x.reshape(nb * 16, 16), 32)
+    scales = scales.reshape(nb, 16); L = L.reshape(nb, 16, 16)
+    idx = np.argmax(np.abs(scales), axis=-1)
+    max_scale = np.take_along_axis(scales, idx[:, None], axis=-1)[:, 0]
+    zero = np.abs(max_scale) < GROUP_MAX_EPS
+    iscale = (F32(-128) / np.where(zero, F32(1), max_scale)).astype(F32)
+    d16 = _to_f16_bytes(np.where(zero, F32(0), F32(1) / iscale).astype(F32))
+    sc = np.minimum(127, nearest_int(iscale[:, None] * scales)).astype(np.int8)
+    sc = np.where(zero[:, None], np.int8(0), sc)
+    d = (_f16(d16) * sc.astype(F32)).astype(F32)[:, :, None]
+    ok = d != 0
+    Lr = np.clip(nearest_int(x.reshape(nb, 16, 16) / np.where(ok, d, F32(1))), -32, 31) + 32
+    L = np.where(ok, Lr, L).reshape(nb, QK_K)
+    L = np.where(zero[:, None], 0, L).astype(np.uint8).reshape(nb, 2, 4, 32)
+    ql = np.concatenate([L[:, :, 0] & 0x0F | ((L[:, :, 2] & 0x0F) << 4),
+                         L[:, :, 1] & 0x0F | ((L[:, :, 3] & 0x0F) << 4)], axis=-1).reshape(nb, 128)
+    qh = ((L[:, :, 0] >> 4) | ((L[:, :, 1] >> 4) << 2) | ((L[:, :, 2] >> 4) << 4)
+          | ((L[:, :, 3] >> 4) << 6)).reshape(nb, 64)
+    out = np.concatenate([ql, qh, sc.view(np.uint8), d16], axis=-1)
+    out[zero] = 0
+    return out
+
+
+_QUANT = {
+    GGMLType.Q4_0: _q_q4_0, GGMLType.Q4_1: _q_q4_1, GGMLType.Q5_0: _q_q5_0,
+    GGMLType.Q5_1: _q_q5_1, GGMLType.Q8_0: _q_q8_0, GGMLType.Q2_K: _q_q2_K,
+    GGMLType.Q3_K: _q_q3_K, GGMLType.Q4_K: _q_q4_K, GGMLType.Q5_K: _q_q5_K,
+    GGMLType.Q6_K: _q_q6_K,
+}
+
+
+def quantize(x, qtype):
+    """float rows (..., k) -> uint8 (rows, row_bytes) in `qtype`, llama.cpp's reference algorithm."""
+    t = _type(qtype)
+    x = np.asarray(x, dtype=F32)
+    k = x.shape[-1] if x.ndim else 1
+    x2 = x.reshape(-1, k)
+    rb = row_bytes(t, k)
+    if t == GGMLType.F32:
+        return x2.copy().view(np.uint8)
+    if t == GGMLType.F16:
+        return x2.astype(np.float16).view(np.uint8)
+    if t == GGMLType.BF16:
+        return _to_bf16(x2).view(np.uint8)
+    info = TYPE_INFO[t]
+    blocks = np.ascontiguousarray(x2.reshape(-1, info.block_size))
+    out = np.empty((blocks.shape[0], info.type_size), np.uint8)
+    step = 4096  # bound the temporaries
+    for i in range(0, blocks.shape[0], step):
+        out[i:i + step] = _QUANT[t](blocks[i:i + step])
+    return out.reshape(x2.shape[0], rb)
+
+
+def _to_bf16(x):
+    """float32 -> bf16 bits, round to nearest even, NaN kept quiet (ggml's rule)."""
+    u = np.ascontiguousarray(x, dtype=F32).view(np.uint32)
+    nan = (u & 0x7FFFFFFF) > 0x7F800000
+    r = ((u + (0x7FFF + ((u >> 16) & 1))) >> 16).astype(np.uint16)
+    return np.where(nan, ((u >> 16) | 64).astype(np.uint16), r)
+
+
+def quantize_q8_K(x):
+    """Activation rows (n, k) -> Q8_K blocks (n, k/256*292): float d, int8 qs[256], int16 bsums[16]."""
+    x = np.asarray(x, dtype=F32)
+    k = x.shape[-1]
+    b = x.reshape(-1, QK_K)
+    idx = np.argmax(np.abs(b), axis=-1)
+    mx = np.take_along_axis(b, idx[:, None], axis=-1)[:, 0]
+    zero = mx == 0
+    iscale = (F32(-127) / np.where(zero, F32(1), mx)).astype(F32)
+    q = np.minimum(127, nearest_int(iscale[:, None] * b)).astype(np.int8)
+    q[zero] = 0
+    bsums = q.reshape(-1, 16, 16).astype(np.int16).sum(axis=-1, dtype=np.int16)
+    d = np.where(zero, F32(0), F32(1) / iscale).astype(F32)
+    out = np.concatenate([d.reshape(-1, 1).view(np.uint8), q.view(np.uint8),
+                          bsums.view(np.uint8)], axis=-1)
+    return out.reshape(x.reshape(-1, k).shape[0], -1)

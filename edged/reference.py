@@ -1,0 +1,177 @@
+"""The NumPy reference forward pass: slow, obvious, and the twin of the compiled one.
+
+Weights are dequantized once to float32 (edged.quants, itself checked against the PyPI gguf
+package); matrix products run in float32, everything else (norms, RoPE, softmax) in float64.
+The KV cache is float16 like the compiled backend's. Selected with EDGED_BACKEND=reference.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from .arch import ROPE_NEOX
+from .backend import Backend, BufferPlan
+
+
+def rms_norm(x, w, eps):
+    # x: (n, d) float64; w: (d,)
+    return x / np.sqrt((x * x).mean(-1, keepdims=True) + eps) * w
+
+
+def gelu_tanh(x):
+    return 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x ** 3)))
+
+
+def silu(x):
+    return x / (1.0 + np.exp(-x))
+
+
+def rope(x, pos, n_rot, base, scale, neox, factors=None, attn_factor=1.0):
+    """Rotate the first n_rot dims of each head. x: (n, n_heads, head_dim); pos: (n,)."""
+    half = n_rot // 2
+    inv = base ** (-np.arange(half, dtype=np.float64) * 2.0 / n_rot)  # (half,)
+    theta = pos[:, None].astype(np.float64) * inv[None, :] * scale     # (n, half)
+    if factors is not None:
+        theta = theta / factors[None, :]
+    cos = (np.cos(theta) * attn_factor)[:, None, :]
+    sin = (np.sin(theta) * attn_factor)[:, None, :]
+    out = x.copy()
+    if neox:  # pairs (i, i + n_rot/2)
+        a, b = x[..., :half], x[..., half:n_rot]
+        out[..., :half] = a * cos - b * sin
+        out[..., half:n_rot] = a * sin + b * cos
+    else:     # adjacent pairs (2i, 2i+1)
+        a, b = x[..., 0:n_rot:2], x[..., 1:n_rot:2]
+        out[..., 0:n_rot:2] = a * cos - b * sin
+        out[..., 1:n_rot:2] = a * sin + b * cos
+    return out
+
+
+class _Session:
+    def __init__(self, hp, n_ctx):
+        # k, v: (n_layer, n_ctx, n_head_kv, head_dim) float16, like llama.cpp's F16 cache
+        shape = (hp.n_layer, n_ctx, hp.n_head_kv, hp.head_dim)
+        self.k = np.zeros(shape, np.float16)
+        self.v = np.zeros(shape, np.float16)
+        self.n_ctx = n_ctx
+        self.tokens = None
+        self.logits = None
+
+
+class ReferenceBackend(Backend):
+    name = "reference"
+
+    def __init__(self, spec, weights, n_threads=1, numa="none"):
+        super().__init__(spec, weights, n_threads, numa)
+        from .quants import dequantize
+
+        self._w = {}
+        for name, t in spec.tensors.items():
+            a = dequantize(np.asarray(weights[name]), t.type, tuple(int(x) for x in t.shape))
+            # GGUF shape (ne0, ne1) -> row-major (ne1, ne0): one output row per ne1
+            a = np.ascontiguousarray(a, dtype=np.float32).reshape(tuple(int(x) for x in t.shape)[::-1])
+            self._w[name] = a
+
+    def W(self, name):
+        return self._w[name] if name else None
+
+    @classmethod
+    def extra_weight_bytes(cls, spec):
+        return sum(4 * t.n_elements for t in spec.tensors.values())  # float32 copies
+
+    @classmethod
+    def plan_for(cls, spec, n_ctx, n_batch):
+        hp = spec.hp
+        kv = 2 * hp.n_layer * n_ctx * hp.n_head_kv * hp.head_dim * 2
+        scratch = 8 * n_batch * (4 * hp.n_embd + 3 * hp.n_ff + hp.n_vocab) \
+            + 8 * n_batch * hp.n_head * n_ctx
+        return BufferPlan(kv, scratch)
+
+    def alloc(self, n_ctx, n_batch):
+        return _Session(self.spec.hp, n_ctx)
+
+    def free(self, buf):
+        buf.k = buf.v = None
+
+    def copy_in(self, buf, tokens, pos):
+        buf.tokens = np.asarray(tokens, dtype=np.int64)
+
+    def copy_out(self, buf, n_rows):
+        return np.ascontiguousarray(buf.logits[-n_rows:], dtype=np.float32)
+
+    def _mm(self, x, name):
+        # x: (n, in) float64 -> (n, out) float64; weight (out, in) float32
+        return (x.astype(np.float32) @ self._w[name].T).astype(np.float64)
+
+    def forward(self, buf, n_tokens, pos, all_logits):
+        sp, hp, a = self.spec, self.spec.hp, self.spec.arch
+        toks = buf.tokens[:n_tokens]
+        n = len(toks)
+        positions = np.arange(pos, pos + n)
+        x = self._w[sp.token_embd][toks].astype(np.float64) * hp.embd_scale  # (n, n_embd)
+        neox = a.rope_type == ROPE_NEOX
+        factors_name = sp.rope_factors(buf.n_ctx)
+        factors = self._w[factors_name].astype(np.float64) if factors_name else None
+        group = hp.n_head // hp.n_head_kv
+        for il, L in enumerate(sp.layers):
+            h = rms_norm(x, self._w[L.attn_norm], hp.rms_eps)
+            if L.attn_qkv:
+                qkv = self._mm(h, L.attn_qkv)
+                q, k, v = np.split(qkv, [hp.n_embd_q, hp.n_embd_q + hp.n_embd_k_gqa], axis=1)
+            else:
+                q, k, v = self._mm(h, L.attn_q), self._mm(h, L.attn_k), self._mm(h, L.attn_v)
+            if L.attn_q_bias:
+                q = q + self._w[L.attn_q_bias]
+                k = k + self._w[L.attn_k_bias]
+                v = v + self._w[L.attn_v_bias]
+            q = q.reshape(n, hp.n_head, hp.head_dim)
+            k = k.reshape(n, hp.n_head_kv, hp.head_dim)
+            v = v.reshape(n, hp.n_head_kv, hp.head_dim)
+            if L.attn_q_norm:
+                q = rms_norm(q, self._w[L.attn_q_norm], hp.rms_eps)
+                k = rms_norm(k, self._w[L.attn_k_norm], hp.rms_eps)
+            swa = hp.swa_layers[il]
+            base = hp.rope_freq_base_swa if swa else hp.rope_freq_base
+            scale = 1.0 if swa else hp.rope_freq_scale
+            q = rope(q, positions, hp.n_rot, base, scale, neox, factors, hp.rope_attn_factor)
+            k = rope(k, positions, hp.n_rot, base, scale, neox, factors, hp.rope_attn_factor)
+            buf.k[il, pos:pos + n] = k
+            buf.v[il, pos:pos + n] = v
+            K = buf.k[il, :pos + n].astype(np.float64)  # (n_kv, n_head_kv, hd)
+            V = buf.v[il, :pos + n].astype(np.float64)
+            # mask (n, n_kv): causal, and the sliding window on SWA layers
+            kpos = np.arange(pos + n)
+            masked = kpos[None, :] > positions[:, None]
+            if swa and hp.n_swa:
+                masked |= positions[:, None] - kpos[None, :] >= hp.n_swa
+            out = np.empty((n, hp.n_head, hp.head_dim))
+            for hh in range(hp.n_head):
+                kv = hh // group
+                s = (q[:, hh, :] @ K[:, kv, :].T) * hp.attn_scale  # (n, n_kv)
+                s[masked] = -np.inf
+                s = np.exp(s - s.max(-1, keepdims=True))
+                s /= s.sum(-1, keepdims=True)
+                out[:, hh, :] = s @ V[:, kv, :]
+            o = self._mm(out.reshape(n, -1), L.attn_output)
+            if L.post_attention_norm:
+                o = rms_norm(o, self._w[L.post_attention_norm], hp.rms_eps)
+            x = x + o
+            h = rms_norm(x, self._w[L.ffn_norm], hp.rms_eps)
+            if L.ffn_gate:
+                g, u = self._mm(h, L.ffn_gate), self._mm(h, L.ffn_up)
+            else:
+                g, u = np.split(self._mm(h, L.ffn_up), 2, axis=1)
+            act = gelu_tanh(g) if a.act == "gelu" else silu(g)
+            d = self._mm(act * u, L.ffn_down)
+            if L.post_ffw_norm:
+                d = rms_norm(d, self._w[L.post_ffw_norm], hp.rms_eps)
+            x = x + d
+        if not all_logits:
+            x = x[-1:]
+        x = rms_norm(x, self._w[sp.output_norm], hp.rms_eps)
+        logits = self._mm(x, sp.output)
+        if hp.final_logit_softcap:
+            c = hp.final_logit_softcap
+            logits = np.tanh(logits / c) * c
+        buf.logits = logits

@@ -1,0 +1,163 @@
+"""Token sampling and stop strings.
+
+Sampler applies, in llama.cpp's order: logit bias, repetition/presence/frequency penalties
+over the last `penalty_last_n` tokens, then greedy (temperature <= 0) or top-k -> top-p ->
+min-p -> temperature -> a draw from a seeded RNG (same seed, same tokens). The per-token work
+runs in compiled code (edged._core.sample) when the extension is built, else in NumPy.
+"""
+from __future__ import annotations
+
+import collections
+
+import numpy as np
+
+from .errors import RequestError
+
+try:
+    from ._core import sample_logits as _compiled_sample
+except ImportError:  # reference build without the compiled core
+    _compiled_sample = None
+
+
+def _check(name, v, lo, hi):
+    if not (lo <= v <= hi):
+        raise RequestError(f"{name}={v}: must be in [{lo}, {hi}]")
+
+
+class Sampler:
+    def __init__(self, n_vocab, temperature=0.0, top_k=0, top_p=1.0, min_p=0.0, seed=None,
+                 repeat_penalty=1.0, presence_penalty=0.0, frequency_penalty=0.0,
+                 penalty_last_n=64, logit_bias=None):
+        temperature = float(temperature)
+        top_p, min_p = float(top_p), float(min_p)
+        _check("temperature", temperature, 0.0, 100.0)
+        _check("top_p", top_p, 0.0, 1.0)
+        _check("min_p", min_p, 0.0, 1.0)
+        _check("repeat_penalty", float(repeat_penalty), 0.0, 100.0)
+        _check("presence_penalty", float(presence_penalty), -100.0, 100.0)
+        _check("frequency_penalty", float(frequency_penalty), -100.0, 100.0)
+        if int(top_k) < 0:
+            raise RequestError(f"top_k={top_k}: must be >= 0")
+        if int(penalty_last_n) < 0:
+            raise RequestError(f"penalty_last_n={penalty_last_n}: must be >= 0")
+        self.n_vocab = n_vocab
+        self.temperature, self.top_k, self.top_p, self.min_p = temperature, int(top_k), top_p, min_p
+        self.repeat_penalty = float(repeat_penalty)
+        self.presence_penalty = float(presence_penalty)
+        self.frequency_penalty = float(frequency_penalty)
+        self.penalty_last_n = int(penalty_last_n)
+        self.history = collections.deque(maxlen=max(self.penalty_last_n, 1))
+        self.bias_ids = np.zeros(0, np.int32)
+        self.bias_vals = np.zeros(0, np.float32)
+        if logit_bias:
+            items = [(int(k), float(v)) for k, v in dict(logit_bias).items()]
+            for k, _ in items:
+                if not 0 <= k < n_vocab:
+                    raise RequestError(f"logit_bias: token id {k} out of range [0, {n_vocab})")
+            self.bias_ids = np.array([k for k, _ in items], np.int32)
+            self.bias_vals = np.array([v for _, v in items], np.float32)
+        if seed is None:
+            seed = int.from_bytes(np.random.SeedSequence().entropy.to_bytes(16, "little")[:8],
+                                  "little")
+        self.seed = int(seed) & 0xFFFFFFFFFFFFFFFF
+        self.rng = np.random.Generator(np.random.PCG64(self.seed))
+
+    def accept(self, token):
+        if self.penalty_last_n:
+            self.history.append(int(token))
+
+    def accept_many(self, tokens):
+        for t in tokens[-self.penalty_last_n:] if self.penalty_last_n else ():
+            self.history.append(int(t))
+
+    def _penalties(self):
+        if not self.history or (self.repeat_penalty == 1.0 and self.presence_penalty == 0.0
+                                and self.frequency_penalty == 0.0):
+            return np.zeros(0, np.int32), np.zeros(0, np.int32)
+        ids, counts = np.unique(np.fromiter(self.history, np.int32), return_counts=True)
+        return ids.astype(np.int32), counts.astype(np.int32)
+
+    def sample(self, logits):
+        """logits: float32 (n_vocab,). Returns the chosen token id."""
+        logits = np.ascontiguousarray(logits, dtype=np.float32)
+        pen_ids, pen_counts = self._penalties()
+        u = float(self.rng.random()) if self.temperature > 0 else 0.0
+        if _compiled_sample is not None:
+            return int(_compiled_sample(logits, self.bias_ids, self.bias_vals, pen_ids,
+                                        pen_counts, self.repeat_penalty, self.presence_penalty,
+                                        self.frequency_penalty, self.temperature, self.top_k,
+                                        self.top_p, self.min_p, u))
+        return sample_reference(logits, self.bias_ids, self.bias_vals, pen_ids, pen_counts,
+                                self.repeat_penalty, self.presence_penalty,
+                                self.frequency_penalty, self.temperature, self.top_k,
+                                self.top_p, self.min_p, u)
+
+
+def sample_reference(logits, bias_ids, bias_vals, pen_ids, pen_counts, repeat_penalty,
+                     presence_penalty, frequency_penalty, temperature, top_k, top_p, min_p, u):
+    """The NumPy twin of the compiled sampler; u is the uniform draw in [0, 1)."""
+    x = logits.astype(np.float32, copy=True)
+    if len(bias_ids):
+        np.add.at(x, bias_ids, bias_vals)
+    if len(pen_ids):
+        v = x[pen_ids]
+        v = np.where(v > 0, v / repeat_penalty, v * repeat_penalty)
+        v -= pen_counts * frequency_penalty + (pen_counts > 0) * presence_penalty
+        x[pen_ids] = v
+    if temperature <= 0:
+        return int(np.argmax(x))
+    # candidates sorted by logit, descending (ties: lower id first)
+    idx = np.argsort(-x, kind="stable")
+    if top_k > 0:
+        idx = idx[:top_k]
+    lg = x[idx].astype(np.float64)
+    p = np.exp(lg - lg[0])
+    p /= p.sum()
+    if top_p < 1.0:
+        keep = int(np.searchsorted(np.cumsum(p), top_p) + 1)
+        idx, lg = idx[:keep], lg[:keep]
+        p = p[:keep]
+    if min_p > 0.0:
+        keep = int((p >= min_p * p[0]).sum())
+        idx, lg = idx[:keep], lg[:keep]
+    p = np.exp((lg - lg[0]) / temperature)
+    c = np.cumsum(p)
+    j = int(np.searchsorted(c, u * c[-1], side="right"))
+    return int(idx[min(j, len(idx) - 1)])
+
+
+class StopMatcher:
+    """Finds stop strings in streamed text, holding back what could be the start of one."""
+
+    def __init__(self, stops):
+        if isinstance(stops, str):
+            stops = [stops]
+        self.stops = [s for s in (stops or ()) if s]
+        self.pending = ""
+
+    def push(self, text):
+        """Returns (text safe to emit, hit). On a hit the text is everything before the stop."""
+        if not self.stops:
+            return text, False
+        self.pending += text
+        hits = [i for i in (self.pending.find(s) for s in self.stops) if i >= 0]
+        if hits:
+            out = self.pending[:min(hits)]
+            self.pending = ""
+            return out, True
+        hold = 0
+        for s in self.stops:
+            for n in range(min(len(s) - 1, len(self.pending)), hold, -1):
+                if self.pending.endswith(s[:n]):
+                    hold = n
+                    break
+        out = self.pending[:len(self.pending) - hold]
+        self.pending = self.pending[len(self.pending) - hold:]
+        return out, False
+
+    def flush(self, text=""):
+        out, hit = self.push(text)
+        if not hit:
+            out += self.pending
+        self.pending = ""
+        return out

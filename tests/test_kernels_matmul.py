@@ -1,0 +1,139 @@
+"""Compiled dot products / matmul on every SIMD path this CPU supports, against the NumPy
+reference (edged.quants): W dequantized, activations quantized to the weight type's partner
+format (Q8_0 / Q8_1 / Q8_K / F16 / BF16) and dequantized, product in float64."""
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from edged import quants
+from edged.gguf import GGMLType, TYPE_INFO
+
+core = pytest.importorskip("edged._core")
+
+TYPES = [GGMLType.F32, GGMLType.F16, GGMLType.BF16, GGMLType.Q8_0, GGMLType.Q4_0, GGMLType.Q4_1,
+         GGMLType.Q5_0, GGMLType.Q5_1, GGMLType.Q2_K, GGMLType.Q3_K, GGMLType.Q4_K, GGMLType.Q5_K,
+         GGMLType.Q6_K]
+PATHS = core.available_paths()
+ROWS = (1, 31, 33, 255, 257)
+
+# named tolerances: |edged - reference| <= TOL * sum_i |w_i * x_i| (float32 accumulation order;
+# Q4_1/Q5_1 also carry llama.cpp's f16-rounded activation block sum `s`)
+TOL_EXACT_INT = 2e-5
+TOL_Q8_1_SUM = 2e-3
+TOL = {GGMLType.Q4_1: TOL_Q8_1_SUM, GGMLType.Q5_1: TOL_Q8_1_SUM}
+
+
+def partner_activations(x, t):
+    """The activations exactly as the kernel sees them, back in float64."""
+    if t == GGMLType.F32:
+        return x.astype(np.float64)
+    if t == GGMLType.F16:
+        return x.astype(np.float16).astype(np.float64)
+    if t == GGMLType.BF16:
+        return quants.dequantize(quants.quantize(x, t), t, x.shape).astype(np.float64)
+    if TYPE_INFO[t].block_size == 256:
+        b = quants.quantize_q8_K(x).reshape(-1, 292)
+        d = b[:, :4].copy().view(np.float32)
+        return (d.astype(np.float64) * b[:, 4:260].view(np.int8)).reshape(x.shape)
+    return quants.dequantize(quants.quantize(x, GGMLType.Q8_0), GGMLType.Q8_0, x.shape).astype(np.float64)
+
+
+def random_weights(t, n, k, rng):
+    w = rng.standard_normal((n, k)).astype(np.float32) * np.float32(0.1)
+    raw = quants.quantize(w, t)
+    return raw.reshape(-1), quants.dequantize(raw, t, (n, k)).astype(np.float64)
+
+
+@pytest.fixture(params=PATHS)
+def path(request):
+    old = core.kernel_path()
+    core.set_path(request.param)
+    yield request.param
+    core.set_path(old)
+
+
+@pytest.mark.parametrize("t", TYPES, ids=lambda t: t.name)
+def test_matmul_matches_reference(path, t):
+    assert core.kernel_path() == path
+    rng = np.random.default_rng(int(t) * 7 + 1)
+    blk = TYPE_INFO[t].block_size
+    ks = (256, 512) if blk == 256 else ((32, 96, 288) if blk == 32 else (31, 33, 256))
+    for k in ks:
+        for n_rows in ROWS:
+            raw, wd = random_weights(t, n_rows, k, rng)
+            for n_tok in (1, 3):
+                x = rng.standard_normal((n_tok, k)).astype(np.float32)
+                out = np.full((n_tok, n_rows), np.nan, np.float32)
+                core.matmul(out, raw, int(t), x)
+                xa = partner_activations(x, t)
+                ref = xa @ wd.T
+                scale = np.abs(xa) @ np.abs(wd).T
+                err = np.abs(out - ref)
+                tol = TOL.get(t, TOL_EXACT_INT) * scale + 1e-6
+                assert np.all(err <= tol), (path, t.name, k, n_rows, n_tok, float((err / (scale + 1e-9)).max()))
+
+
+def test_matmul_threads_equal_single(path):
+    rng = np.random.default_rng(5)
+    raw, _ = random_weights(GGMLType.Q4_K, 257, 512, rng)
+    x = rng.standard_normal((5, 512)).astype(np.float32)
+    a = np.zeros((5, 257), np.float32)
+    b = np.zeros((5, 257), np.float32)
+    core.matmul(a, raw, int(GGMLType.Q4_K), x)
+    core.matmul(b, raw, int(GGMLType.Q4_K), x, pool=core.Pool(2))
+    assert np.array_equal(a, b)
+
+
+def test_quantize_act_matches_reference():
+    rng = np.random.default_rng(11)
+    x = rng.standard_normal((3, 512)).astype(np.float32)
+    x[1, :256] = 0  # an all-zero block
+    assert np.array_equal(core.quantize_act(x, int(GGMLType.Q8_0)), quants.quantize(x, GGMLType.Q8_0))
+    ours = core.quantize_act(x, int(GGMLType.Q4_K)).reshape(-1, 292)
+    ref = quants.quantize_q8_K(x).reshape(-1, 292)
+    assert np.array_equal(ours[:, :260], ref[:, :260])
+    assert np.array_equal(ours[:, 260:], ref[:, 260:])
+
+
+def test_bad_arguments_raise_before_nogil():
+    x = np.zeros((1, 33), np.float32)
+    with pytest.raises(ValueError, match="block size"):
+        core.matmul(np.zeros((1, 1), np.float32), np.zeros(18, np.uint8), int(GGMLType.Q4_0), x)
+    with pytest.raises(ValueError, match="expected 36 bytes"):
+        core.matmul(np.zeros((1, 2), np.float32), np.zeros(18, np.uint8), int(GGMLType.Q4_0), np.zeros((1, 32), np.float32))
+    with pytest.raises(ValueError, match="no kernel"):
+        core.matmul(np.zeros((1, 1), np.float32), np.zeros(66, np.uint8), int(GGMLType.IQ2_XXS), np.zeros((1, 256), np.float32))
+
+
+def _run(env_value):
+    env = dict(os.environ, EDGED_KERNELS=env_value)
+    code = "import edged._core as c; print(c.kernel_path())"
+    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+
+
+def test_env_forces_each_supported_path():
+    for p in PATHS:
+        r = _run(p)
+        assert r.returncode == 0 and r.stdout.strip() == p, r.stderr
+
+
+def test_env_unsupported_or_unknown_path_is_an_error():
+    unsupported = [p for p in core.PATHS if p not in PATHS]
+    for bad in unsupported + ["sse9"]:
+        r = _run(bad)
+        assert r.returncode != 0
+        assert "EDGED_KERNELS" in r.stderr and bad in r.stderr
+
+
+def test_default_is_best_supported():
+    r = _run("")
+    assert r.stdout.strip() == PATHS[-1]
+
+
+def test_aligned_empty_is_64_byte_aligned():
+    for shape in [(1,), (3, 5), (7, 33)]:
+        a = core.aligned_empty(shape, np.float32)
+        assert a.ctypes.data % 64 == 0 and a.shape == shape
