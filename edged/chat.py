@@ -113,6 +113,10 @@ def compile_template(source):
         return _ENV.from_string(source)
     except jinja2.TemplateSyntaxError as e:
         raise TemplateError(f"chat template syntax error at line {e.lineno}: {e.message}") from None
+    except RecursionError:          # "{{{{{{..." deeper than the parser's recursion
+        raise TemplateError("chat template is nested too deeply to parse") from None
+    except Exception as e:  # noqa: BLE001 - the compiler on untrusted input: never escape
+        raise TemplateError(f"chat template cannot be compiled: {type(e).__name__}: {e}") from None
 
 
 def render(template, messages, add_generation_prompt=True, tools=None,
@@ -195,5 +199,20 @@ def load_template_file(path):
     """An operator-configured template from a file (for models without one)."""
     with open(path, encoding="utf-8") as fh:
         source = fh.read()
+    compile_template(source)
+    return source
+
+
+def template_for(f, name=None, template_file=None):
+    """The template chat requests to this model use: the operator's file when one is
+    configured, else the model's own (`name` picks `tokenizer.chat_template.NAME`). A model
+    with neither cannot chat (plain completion still works): TemplateError saying so."""
+    if template_file is not None:
+        return load_template_file(template_file)
+    source = chat_template_from(f, name)
+    if source is None:
+        key = Key.CHAT_TEMPLATE if name is None else Key.CHAT_TEMPLATE_N.format(name=name)
+        raise TemplateError(f"{getattr(f, 'name', 'model')} has no chat template ({key}); use "
+                            "plain completion, or configure a template file for this model")
     compile_template(source)
     return source
