@@ -66,7 +66,7 @@ setup(
         "jinja2>=3.1",
     ],
     extras_require={
-        "test": ["pytest>=7", "hypothesis>=6", "gguf>=0.10"],
+        "test": ["pytest>=7", "hypothesis>=6", "gguf>=0.10", "httpx>=0.27", "openai>=1.30"],
     },
     entry_points={"console_scripts": ["edged = edged.cli:main"]},
     zip_safe=False,

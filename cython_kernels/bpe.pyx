@@ -18,7 +18,7 @@ Strings are interned once at load into a hash table (`StrTable`): a merge is the
 two integer ids, with no string built per step.
 """
 from cpython.unicode cimport PyUnicode_READ, PyUnicode_KIND, PyUnicode_DATA, PyUnicode_GET_LENGTH
-from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t, uint64_t
+from libc.stdint cimport int16_t, int32_t, int64_t, uint8_t, uint32_t, uint64_t
 from libc.stdlib cimport free, malloc, realloc
 from libc.string cimport memcmp, memcpy
 
@@ -505,6 +505,9 @@ cdef inline uint64_t fnv1a(const unsigned char *p, Py_ssize_t n) noexcept nogil:
     cdef Py_ssize_t i
     for i in range(n):
         h = (h ^ p[i]) * 1099511628211ULL
+    h ^= h >> 33                                       # mix the high bits into the low ones
+    h *= 0xFF51AFD7ED558CCDULL
+    h ^= h >> 33
     return h
 
 
@@ -521,7 +524,7 @@ cdef class StrTable:
     def __cinit__(self, Py_ssize_t expected):
         cdef uint64_t size = 1024
         cdef uint64_t i
-        while size < <uint64_t> (2 * expected + 16):
+        while size < <uint64_t> (4 * expected + 16):
             size *= 2
         self.mask = size - 1
         self.slots = <int32_t *> malloc(size * sizeof(int32_t))
@@ -648,8 +651,9 @@ cdef inline Bigram heap_pop(Bigram *h, Py_ssize_t *n) noexcept nogil:
 cdef class BPEModel:
     """Byte-level BPE over raw bytes.
 
-    vocab: list indexed by token id of the token's raw bytes (None: never produced by BPE);
-    merges: list in rank order of (left bytes, right bytes) or None (unusable merge).
+    vocab: the token strings by id (GPT-2 byte-level text; tokens with other characters are
+    never produced by merging); merges: "left right" strings in rank order. After
+    construction, `bad_merge` is the index of the first merge without a separating space, or -1.
     """
     cdef StrTable strs
     cdef int32_t *sid_token          # sid -> token id or -1
@@ -659,53 +663,74 @@ cdef class BPEModel:
     cdef uint64_t mmask
     cdef bint ignore_merges
     cdef PreTokenizer pre
+    cdef readonly Py_ssize_t bad_merge
 
     def __cinit__(self, list vocab, list merges, PreTokenizer pre, bint ignore_merges=False):
-        cdef Py_ssize_t i
+        cdef Py_ssize_t i, n, sp, maxlen = 1
         cdef int32_t s, sl, sr, sm
         cdef uint64_t size = 1024, h, key
-        cdef bytes b
+        cdef str t
+        cdef unsigned char *buf = NULL
+        cdef unsigned char one
         self.pre = pre
         self.ignore_merges = ignore_merges
-        self.strs = StrTable(len(vocab) + 3 * len(merges) + 256)
+        self.bad_merge = -1
         self.sid_token = NULL
         self.mslots = NULL
-        ids = {}
-        for i in range(len(vocab)):
-            if vocab[i] is not None and len(vocab[i]) > 0:
-                s = self.strs.intern_bytes(vocab[i])
-                ids[s] = i                              # the last of equal strings wins
-        for i in range(256):
-            self.byte_sid[i] = self.strs.intern_bytes(bytes((i,)))
-        while size < <uint64_t> (2 * len(merges) + 16):
-            size *= 2
-        self.mmask = size - 1
-        self.mslots = <MergeSlot *> malloc(size * sizeof(MergeSlot))
-        if self.mslots == NULL:
-            raise MemoryError()
-        for h in range(size):
-            self.mslots[h].key = 0
-        for i in range(len(merges)):
-            m = merges[i]
-            if m is None:
-                continue
-            sl = self.strs.intern_bytes(m[0])
-            sr = self.strs.intern_bytes(m[1])
-            sm = self.strs.intern_bytes(m[0] + m[1])
-            key = ((<uint64_t> sl + 1) << 32) | (<uint64_t> sr + 1)
-            h = (key * 0x9E3779B97F4A7C15ULL) >> 20 & self.mmask
-            while self.mslots[h].key != 0 and self.mslots[h].key != key:
-                h = (h + 1) & self.mmask
-            if self.mslots[h].key == key:
-                continue                                # the first (lowest) rank wins
-            self.mslots[h].key = key
-            self.mslots[h].rank = <int32_t> i
-            self.mslots[h].merged = sm
-        self.sid_token = <int32_t *> malloc((self.strs.n + 1) * sizeof(int32_t))
+        self.strs = StrTable(len(vocab) + 3 * len(merges) + 256)
+        self.sid_token = <int32_t *> malloc((self.strs.cap + 1) * sizeof(int32_t))
         if self.sid_token == NULL:
             raise MemoryError()
-        for i in range(self.strs.n):
-            self.sid_token[i] = ids.get(i, -1)
+        for i in range(self.strs.cap + 1):
+            self.sid_token[i] = -1
+        for t in vocab:
+            maxlen = max(maxlen, PyUnicode_GET_LENGTH(t))
+        for t in merges:
+            maxlen = max(maxlen, PyUnicode_GET_LENGTH(t))
+        buf = <unsigned char *> malloc(maxlen + 1)
+        if buf == NULL:
+            raise MemoryError()
+        try:
+            for i in range(len(vocab)):
+                t = vocab[i]
+                n = PyUnicode_GET_LENGTH(t)
+                if n > 0 and _decode_byte_level(t, 0, n, buf):
+                    s = self.strs.intern(buf, n)
+                    self.sid_token[s] = <int32_t> i    # the last of equal strings wins
+            for i in range(256):
+                one = <unsigned char> i
+                self.byte_sid[i] = self.strs.intern(&one, 1)
+            while size < <uint64_t> (2 * len(merges) + 16):
+                size *= 2
+            self.mmask = size - 1
+            self.mslots = <MergeSlot *> malloc(size * sizeof(MergeSlot))
+            if self.mslots == NULL:
+                raise MemoryError()
+            for h in range(size):
+                self.mslots[h].key = 0
+            for i in range(len(merges)):
+                t = merges[i]
+                n = PyUnicode_GET_LENGTH(t)
+                sp = t.find(" ", 1) if n > 1 else -1
+                if sp < 0:
+                    self.bad_merge = i
+                    return
+                if not (_decode_byte_level(t, 0, sp, buf) and _decode_byte_level(t, sp + 1, n, buf + sp)):
+                    continue                            # a side that is not byte-level text
+                sl = self.strs.intern(buf, sp)
+                sr = self.strs.intern(buf + sp, n - sp - 1)
+                sm = self.strs.intern(buf, n - 1)
+                key = ((<uint64_t> sl + 1) << 32) | (<uint64_t> sr + 1)
+                h = (key * 0x9E3779B97F4A7C15ULL) >> 20 & self.mmask
+                while self.mslots[h].key != 0 and self.mslots[h].key != key:
+                    h = (h + 1) & self.mmask
+                if self.mslots[h].key == key:
+                    continue                            # the first (lowest) rank wins
+                self.mslots[h].key = key
+                self.mslots[h].rank = <int32_t> i
+                self.mslots[h].merged = sm
+        finally:
+            free(buf)
         for i in range(256):
             self.byte_token[i] = self.sid_token[self.byte_sid[i]]
 
@@ -926,64 +951,145 @@ cdef class SPMModel:
         bg.size = sy[l].n + sy[r].n
         sheap_push(heap, nh, bg)
 
-    def encode(self, bytes text):
-        """Token ids of one whitespace-escaped UTF-8 fragment."""
-        cdef const unsigned char *t = text
-        cdef Py_ssize_t n = len(text), nsym = 0, off = 0, nh = 0, i
+    cdef int encode_chunk(self, const unsigned char *t, Py_ssize_t n, SSym *sy, SBigram *heap,
+                          Vec *out) except -1 nogil:
+        cdef Py_ssize_t nsym = 0, off = 0, nh = 0, i
         cdef int32_t clen, l, r, tok, k
+        cdef SBigram bg
+        cdef unsigned char c
+        while off < n:                                  # one symbol per UTF-8 character
+            c = t[off]
+            clen = 1 if c < 0xC0 else (2 if c < 0xE0 else (3 if c < 0xF0 else 4))
+            if clen > n - off:
+                clen = <int32_t> (n - off)
+            sy[nsym].start = <int32_t> off
+            sy[nsym].n = clen
+            sy[nsym].prev = <int32_t> nsym - 1
+            off += clen
+            sy[nsym].next = -1 if off == n else <int32_t> nsym + 1
+            nsym += 1
+        for i in range(1, nsym):
+            self.try_bigram(t, sy, heap, &nh, <int32_t> i - 1, <int32_t> i)
+        while nh > 0:                                   # best score first, leftmost among equals
+            bg = sheap_pop(heap, &nh)
+            l = bg.left
+            r = bg.right
+            if sy[l].n == 0 or sy[r].n == 0 or sy[l].n + sy[r].n != bg.size:
+                continue
+            sy[l].n += sy[r].n
+            sy[r].n = 0
+            sy[l].next = sy[r].next
+            if sy[r].next >= 0:
+                sy[sy[r].next].prev = l
+            self.try_bigram(t, sy, heap, &nh, sy[l].prev, l)
+            self.try_bigram(t, sy, heap, &nh, l, sy[l].next)
+        i = 0
+        while nsym and i >= 0:
+            tok = self.token_of(t + sy[i].start, sy[i].n)
+            if tok >= 0:
+                vec_push(out, tok)
+            else:                                       # byte fallback
+                for k in range(sy[i].n):
+                    if self.byte_token[t[sy[i].start + k]] >= 0:
+                        vec_push(out, self.byte_token[t[sy[i].start + k]])
+            i = sy[i].next
+        return 0
+
+    def encode(self, bytes text, bint split_words=False):
+        """Token ids of one whitespace-escaped UTF-8 fragment.
+
+        split_words: the text may be cut before every U+2581 that follows another character,
+        and each word merged on its own. That gives the same ids when no token has U+2581
+        after another character (the caller checks the vocabulary) and keeps the merge queue
+        small and in cache."""
+        cdef const unsigned char *t = text
+        cdef Py_ssize_t n = len(text), i, start = 0, maxw = 0
         cdef SSym *sy = NULL
         cdef SBigram *heap = NULL
-        cdef SBigram bg
-        cdef Vec out
-        cdef unsigned char c
+        cdef Vec out, cuts
         out.d = NULL; out.n = 0; out.cap = 0
+        cuts.d = NULL; cuts.n = 0; cuts.cap = 0
         if n == 0:
             return []
         try:
             with nogil:
-                sy = <SSym *> malloc((n + 1) * sizeof(SSym))
-                heap = <SBigram *> malloc((3 * n + 1) * sizeof(SBigram))
+                if split_words:                         # word starts: "\xe2\x96\x81" after a non-U+2581
+                    for i in range(3, n - 2):
+                        if t[i] == 0xE2 and t[i + 1] == 0x96 and t[i + 2] == 0x81 and not (
+                                t[i - 3] == 0xE2 and t[i - 2] == 0x96 and t[i - 1] == 0x81):
+                            vec_push(&cuts, i)
+                vec_push(&cuts, n)
+                for i in range(cuts.n):
+                    if cuts.d[i] - start > maxw:
+                        maxw = cuts.d[i] - start
+                    start = cuts.d[i]
+                sy = <SSym *> malloc((maxw + 1) * sizeof(SSym))
+                heap = <SBigram *> malloc((3 * maxw + 1) * sizeof(SBigram))
                 if sy == NULL or heap == NULL:
                     with gil:
                         raise MemoryError()
-                while off < n:                          # one symbol per UTF-8 character
-                    c = t[off]
-                    clen = 1 if c < 0xC0 else (2 if c < 0xE0 else (3 if c < 0xF0 else 4))
-                    if clen > n - off:
-                        clen = <int32_t> (n - off)
-                    sy[nsym].start = <int32_t> off
-                    sy[nsym].n = clen
-                    sy[nsym].prev = <int32_t> nsym - 1
-                    off += clen
-                    sy[nsym].next = -1 if off == n else <int32_t> nsym + 1
-                    nsym += 1
-                for i in range(1, nsym):
-                    self.try_bigram(t, sy, heap, &nh, <int32_t> i - 1, <int32_t> i)
-                while nh > 0:
-                    bg = sheap_pop(heap, &nh)
-                    l = bg.left
-                    r = bg.right
-                    if sy[l].n == 0 or sy[r].n == 0 or sy[l].n + sy[r].n != bg.size:
-                        continue
-                    sy[l].n += sy[r].n
-                    sy[r].n = 0
-                    sy[l].next = sy[r].next
-                    if sy[r].next >= 0:
-                        sy[sy[r].next].prev = l
-                    self.try_bigram(t, sy, heap, &nh, sy[l].prev, l)
-                    self.try_bigram(t, sy, heap, &nh, l, sy[l].next)
-                i = 0
-                while i >= 0:
-                    tok = self.token_of(t + sy[i].start, sy[i].n)
-                    if tok >= 0:
-                        vec_push(&out, tok)
-                    else:                               # byte fallback
-                        for k in range(sy[i].n):
-                            if self.byte_token[t[sy[i].start + k]] >= 0:
-                                vec_push(&out, self.byte_token[t[sy[i].start + k]])
-                    i = sy[i].next
+                start = 0
+                for i in range(cuts.n):
+                    self.encode_chunk(t + start, cuts.d[i] - start, sy, heap, &out)
+                    start = cuts.d[i]
             return [out.d[i] for i in range(out.n)]
         finally:
             free(sy)
             free(heap)
             free(out.d)
+            free(cuts.d)
+
+
+# --- GPT-2 byte-level text <-> bytes (load-time helpers) ---------------------------------------
+cdef int16_t CHAR_BYTE[0x144]       # character (< U+0144) -> the byte it stands for, -1 if none
+
+
+cdef void _init_byte_chars():
+    cdef int b, n = 0
+    for b in range(0x144):
+        CHAR_BYTE[b] = -1
+    for b in range(256):
+        if 0x21 <= b <= 0x7E or 0xA1 <= b <= 0xAC or 0xAE <= b <= 0xFF:
+            CHAR_BYTE[b] = b
+        else:
+            CHAR_BYTE[256 + n] = b
+            n += 1
+
+
+_init_byte_chars()
+
+
+cdef bint _decode_byte_level(str s, Py_ssize_t a, Py_ssize_t b, unsigned char *out):
+    """s[a:b] as the bytes its characters stand for, into out; False if it has other characters."""
+    cdef int kind = PyUnicode_KIND(s)
+    cdef void *data = PyUnicode_DATA(s)
+    cdef Py_ssize_t i
+    cdef uint32_t c
+    for i in range(a, b):
+        c = PyUnicode_READ(kind, data, i)
+        if c >= 0x144 or CHAR_BYTE[c] < 0:
+            return False
+        out[i - a] = <unsigned char> CHAR_BYTE[c]
+    return True
+
+
+cdef object _byte_level(str s, Py_ssize_t a, Py_ssize_t b):
+    cdef int kind = PyUnicode_KIND(s)
+    cdef void *data = PyUnicode_DATA(s)
+    cdef Py_ssize_t i
+    cdef uint32_t c
+    cdef bytearray out = bytearray(b - a)
+    for i in range(a, b):
+        c = PyUnicode_READ(kind, data, i)
+        if c >= 0x144 or CHAR_BYTE[c] < 0:
+            return None
+        out[i - a] = CHAR_BYTE[c]
+    return bytes(out)
+
+
+def byte_level_decode(list strs):
+    """For each str of a byte-level vocabulary, the raw bytes it stands for, or None when it
+    has characters outside the 256 that stand for bytes (added tokens such as "<|im_end|>"
+    with spaces or other text)."""
+    cdef str s
+    return [_byte_level(s, 0, PyUnicode_GET_LENGTH(s)) for s in strs]

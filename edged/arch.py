@@ -25,7 +25,10 @@ SUPPORTED_TYPES = frozenset({
 # Norm weights, biases and rope factors are read as float vectors.
 VECTOR_TYPES = frozenset({GGMLType.F32, GGMLType.F16, GGMLType.BF16})
 
-ROPE_NORM, ROPE_NEOX = 0, 2  # llama.cpp's rope modes: adjacent pairs vs. halves
+ROPE_NORM, ROPE_NEOX = 0, 2
+# llama.cpp's LLAMA_MAX_LAYERS. A larger block_count is refused before anything is sized by
+# it (a crafted 2**40 would otherwise build per-layer tables until memory runs out).
+MAX_LAYERS = 512  # llama.cpp's rope modes: adjacent pairs vs. halves
 
 
 @dataclass(frozen=True)
@@ -199,6 +202,8 @@ def hparams(metadata, arch_name, n_vocab):
                  ("feed_forward_length", n_ff), ("head_count_kv", n_head_kv)):
         if v <= 0:
             _refuse(f"{arch_name}.{k} must be positive, got {v}")
+    if n_layer > MAX_LAYERS:
+        _refuse(f"{arch_name}.block_count {n_layer} is over the limit of {MAX_LAYERS} layers")
     if n_head % n_head_kv:
         _refuse(f"{arch_name}: head_count {n_head} is not a multiple of head_count_kv {n_head_kv}")
     head_dim = m.get(Key.KEY_LENGTH, int, default=n_embd // n_head)

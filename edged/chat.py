@@ -113,6 +113,10 @@ def compile_template(source):
         return _ENV.from_string(source)
     except jinja2.TemplateSyntaxError as e:
         raise TemplateError(f"chat template syntax error at line {e.lineno}: {e.message}") from None
+    except RecursionError:          # "{{{{{{..." deeper than the parser's recursion
+        raise TemplateError("chat template is nested too deeply to parse") from None
+    except Exception as e:  # noqa: BLE001 - the compiler on untrusted input: never escape
+        raise TemplateError(f"chat template cannot be compiled: {type(e).__name__}: {e}") from None
 
 
 def render(template, messages, add_generation_prompt=True, tools=None,

@@ -12,6 +12,7 @@ vocabulary is refused with a TokenizerError naming the key, the index and the va
 import codecs
 import enum
 import logging
+import re
 
 import numpy as np
 
@@ -125,31 +126,6 @@ _GROUPS = [
 ]
 PRE_TOKENIZERS = {name: PreSpec(name, ops, **kw) for names, ops, kw in _GROUPS for name in names}
 
-# --- byte-level BPE's byte <-> character table (GPT-2) -----------------------------------------
-def _byte_chars():
-    keep = list(range(0x21, 0x7F)) + list(range(0xA1, 0xAD)) + list(range(0xAE, 0x100))
-    table, n = {}, 0
-    for b in range(256):
-        if b in keep:
-            table[b] = chr(b)
-        else:
-            table[b] = chr(256 + n)
-            n += 1
-    return table
-
-
-BYTE_TO_CHAR = _byte_chars()
-CHAR_TO_BYTE = {c: b for b, c in BYTE_TO_CHAR.items()}
-
-
-def _bytes_of_chars(s):
-    """The raw bytes a byte-level token stands for, or None if it has other characters."""
-    try:
-        return bytes(CHAR_TO_BYTE[c] for c in s)
-    except KeyError:
-        return None
-
-
 # llama.cpp recognises these by their text (its issue 9606): tokens that end a generation ...
 _EOG_TEXTS = frozenset([
     "<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<|flush|>", "<|calls|>",
@@ -157,11 +133,11 @@ _EOG_TEXTS = frozenset([
     "<|end_of_text|>", "<end_of_utterance>", "<eos>", "<turn|>", "<|tool_response>",
     "<\uff5cend\u2581of\u2581sentence\uff5c>", "[e~[",
 ])
-# ... the end-of-turn token when the file names none (first in id order) ...
-_EOT_TEXTS = frozenset([
+# ... the end-of-turn token when the file names none (the first of these texts it has) ...
+_EOT_TEXTS = (
     "<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<|end_of_text|>",
     "<EOT>", "_<EOT>", "[EOT]", "<\uff5cend\u2581of\u2581sentence\uff5c>", "<end_of_utterance>",
-])
+)
 # ... and fill-in-the-middle tokens that also end a generation
 _FIM_TEXTS = {
     Key.FIM_PAD_ID: ("<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", "[PAD]"),
@@ -200,19 +176,23 @@ class Tokenizer:
                         "(supported: 'llama' SentencePiece BPE, 'gpt2' byte-level BPE)")
         self.model = model
         tokens = md.get(Key.TOKENS)
-        if not isinstance(tokens, list) or not tokens or not all(isinstance(t, str) for t in tokens):
+        if not isinstance(tokens, list) or not tokens or set(map(type, tokens)) != {str}:
             _fail(name, f"{Key.TOKENS} must be a non-empty array of strings")
         n = len(tokens)
         if n >= 1 << 31:
             _fail(name, f"{Key.TOKENS} has {n} entries (limit 2^31 - 1)")
-        texts = [t if t else f"[EMPTY_{i}]" for i, t in enumerate(tokens)]
+        texts = tokens
+        if "" in tokens:                               # llama.cpp names empty tokens like this
+            texts = [t if t else f"[EMPTY_{i}]" for i, t in enumerate(tokens)]
         self._text = texts
         self.n_vocab = n
-        self._id = {}
-        for i, t in enumerate(texts):
-            if t in self._id:
-                _fail(name, f"{Key.TOKENS}[{i}] {t!r} duplicates token {self._id[t]}")
-            self._id[t] = i
+        self._id = dict(zip(texts, range(n)))
+        if len(self._id) != n:
+            seen = {}
+            for i, t in enumerate(texts):
+                if t in seen:
+                    _fail(name, f"{Key.TOKENS}[{i}] {t[:40]!r} duplicates token {seen[t]}")
+                seen[t] = i
 
         scores = self._array(md, Key.SCORES, n, ("f", "i"))
         self._scores = (np.zeros(n, np.float32) if scores is None else scores.astype(np.float32))
@@ -223,7 +203,7 @@ class Tokenizer:
         if len(bad):
             _fail(name, f"{Key.TOKEN_TYPE}[{bad[0]}] = {types[bad[0]]} is not a token type (0..6)")
         self._types = types.astype(np.int32)
-        attr = [_TYPE_ATTR[TokenType(t)] for t in self._types.tolist()]
+        attr = np.array([_TYPE_ATTR[TokenType(t)] for t in range(7)], np.int32)[self._types].tolist()
 
         # vocabulary settings, as llama.cpp derives them from the model and pre-tokenizer
         special = {"bos": None, "eos": None, "unk": None, "sep": None, "pad": None, "mask": None,
@@ -286,30 +266,36 @@ class Tokenizer:
         def mark_control(i):
             attr[i] |= A_CONTROL
 
+        known = {}                                     # text -> id, for the texts llama.cpp looks for
+        for t in self._id.keys() & (_EOG_TEXTS | set(_EOT_TEXTS) | {"<|eom_id|>"}
+                                    | {x for names in _FIM_TEXTS.values() for x in names}):
+            known[t] = self._id[t]
+
+        def first(names):                              # lowest id among these texts
+            ids = [known[t] for t in names if t in known]
+            return min(ids) if ids else None
+
         if special["eot"] is None:
-            for i, t in enumerate(texts):
-                if t in _EOT_TEXTS:
-                    special["eot"] = i
-                    mark_control(i)
+            for t in _EOT_TEXTS:
+                if t in known:
+                    special["eot"] = known[t]
+                    mark_control(known[t])
                     break
-        if special["eom"] is None and "<|eom_id|>" in self._id:
-            special["eom"] = self._id["<|eom_id|>"]
+        if special["eom"] is None and "<|eom_id|>" in known:
+            special["eom"] = known["<|eom_id|>"]
             mark_control(special["eom"])
         for key, names in _FIM_TEXTS.items():
-            if special[key] is None:
-                for i, t in enumerate(texts):
-                    if t in names:
-                        special[key] = i
-                        mark_control(i)
-                        break
-        for i, t in enumerate(texts):
-            if attr[i] & A_CONTROL and "unused" in t:
+            if special[key] is None and first(names) is not None:
+                special[key] = first(names)
+                mark_control(special[key])
+        for i in np.nonzero(self._types == TokenType.CONTROL)[0].tolist() + list(known.values()):
+            if attr[i] & A_CONTROL and "unused" in texts[i]:
                 attr[i] |= A_UNUSED
         eog = {special[k] for k in _FIM_TEXTS if special[k] is not None}
-        for i, t in enumerate(texts):
-            if t in _EOG_TEXTS:
-                eog.add(i)
-                mark_control(i)
+        for t in _EOG_TEXTS:
+            if t in known:
+                eog.add(known[t])
+                mark_control(known[t])
         for t in _ALWAYS_RENDERED:
             if t in self._id:
                 attr[self._id[t]] = A_USER_DEFINED
@@ -343,6 +329,8 @@ class Tokenizer:
         self._attr = attr
         self._special_all = [(texts[i], i, attr[i]) for i in order]
         self._special_user = [s for s in self._special_all if not s[2] & (A_CONTROL | A_UNKNOWN)]
+        self._groups_all = self._group(self._special_all)
+        self._groups_user = self._group(self._special_user)
 
         if add_bos and special["bos"] is None:
             _fail(name, f"{Key.ADD_BOS} is set but the vocabulary has no BOS token")
@@ -354,8 +342,10 @@ class Tokenizer:
         self.sep_id, self.mask_id = special["sep"], special["mask"]
         self.eog_ids = frozenset(eog)
 
-        # pieces (token -> bytes) and the compiled model
-        self._pieces = [self._make_piece(i) for i in range(n)]
+        # pieces (token -> bytes), made on first use; byte tokens checked now
+        self._pieces = [None] * n
+        for i in np.nonzero(self._types == TokenType.BYTE)[0].tolist():
+            self._make_piece(i)
         if model == "llama":
             byte_tokens = []
             for b in range(256):
@@ -367,21 +357,29 @@ class Tokenizer:
                 byte_tokens.append(t)
             self._spm = _bpe.SPMModel([t.encode("utf-8", "surrogateescape") for t in texts],
                                       self._scores.tolist(), byte_tokens)
+            # words can be merged one by one when no token joins a character to a following
+            # U+2581 (true of SentencePiece vocabularies split on whitespace)
+            self._spm_words = not any("\u2581" in t[1:] and re.search("[^\u2581]\u2581", t)
+                                      for t in texts)
             self._bpe = None
         else:
             merges = md.get(Key.MERGES)
-            if not isinstance(merges, list) or not all(isinstance(m, str) for m in merges):
+            if not isinstance(merges, list) or (merges and set(map(type, merges)) != {str}):
                 _fail(name, f"{Key.MERGES} must be an array of strings for a 'gpt2' tokenizer")
-            pairs = []
-            for i, m in enumerate(merges):
-                sp = m.find(" ", 1)
-                if sp < 0:
-                    _fail(name, f"{Key.MERGES}[{i}] = {m[:40]!r} is not two tokens separated by a space")
-                left, right = _bytes_of_chars(m[:sp]), _bytes_of_chars(m[sp + 1:])
-                pairs.append(None if left is None or right is None else (left, right))
-            raw = [_bytes_of_chars(t) for t in texts]
-            self._bpe = _bpe.BPEModel(raw, pairs, _bpe.PreTokenizer(spec.ops), spec.ignore_merges)
+            self._bpe = _bpe.BPEModel(texts, merges, _bpe.PreTokenizer(spec.ops), spec.ignore_merges)
+            bad = self._bpe.bad_merge
+            if bad >= 0:
+                _fail(name, f"{Key.MERGES}[{bad}] = {merges[bad][:40]!r} is not two tokens "
+                            "separated by a space")
             self._spm = None
+
+    @staticmethod
+    def _group(specials):
+        """Special tokens by their first two characters: {prefix: [(rank, text, id, attr)]}."""
+        groups = {}
+        for rank, (tok, tid, a) in enumerate(specials):
+            groups.setdefault(tok[:2], []).append((rank, tok, tid, a))
+        return groups
 
     # --- metadata checks ---------------------------------------------------------------------
     def _str(self, md, key, required=False):
@@ -418,13 +416,19 @@ class Tokenizer:
 
     def _make_piece(self, i):
         """The bytes token i stands for (special tokens as their text)."""
+        p = self._pieces[i]
+        if p is None:
+            p = self._pieces[i] = self._piece_uncached(i)
+        return p
+
+    def _piece_uncached(self, i):
         t, a = self._text[i], self._attr[i]
         if a & (A_UNKNOWN | A_CONTROL | A_USER_DEFINED):
             return t.encode("utf-8", "surrogateescape")
         if a & A_NORMAL:
             if self.model == "llama":
                 return t.replace("\u2581", " ").encode("utf-8", "surrogateescape")
-            raw = _bytes_of_chars(t)
+            raw = _bpe.byte_level_decode([t])[0]
             return raw if raw is not None else t.encode("utf-8", "surrogateescape")
         if a & A_BYTE:
             if len(t) != 6 or not t.startswith("<0x") or t[5] != ">" or \
@@ -435,14 +439,72 @@ class Tokenizer:
 
     # --- encoding ------------------------------------------------------------------------------
     def _partition(self, text, parse_special):
-        """Split text around special tokens: a list of str (raw text) and int (token ids)."""
+        """Split text around special tokens: a list of str (raw text) and int (token ids).
+
+        llama.cpp takes the special tokens one at a time, longest first, and cuts every
+        occurrence out of the text that is still raw (eating whitespace next to tokens marked
+        lstrip/rstrip). The same, over a mask of the text instead of a list of fragments:
+        0 raw, 1 taken by a token, 2 whitespace eaten. `_partition_reference` is the direct
+        transcription, kept for the tests."""
         specials = self._special_all if parse_special else self._special_user
-        frags = [text]
+        if not specials or not text:
+            return [text] if text else []
+        # only tokens that occur at all: one scan per group of tokens sharing their first two
+        # characters, then one per token of a group that occurs
+        found = []
+        for key, members in (self._groups_all if parse_special else self._groups_user).items():
+            if key in text:
+                found += [m for m in members if len(m[1]) <= 2 or m[1] in text]
+        specials = [m[1:] for m in sorted(found)]
         if not specials:
-            return frags
-        if len(specials) > 16:                         # only tokens that can occur at all
-            chars = set(text)
-            specials = [s for s in specials if s[0][0] in chars and s[0] in text]
+            return [text]
+        n = len(text)
+        mask = bytearray(n)
+        taken = {}                                     # start -> (token id, length)
+        for tok, tid, a in specials:
+            k = len(tok)
+            block = b"\x01" * k
+            pos = text.find(tok)
+            while pos >= 0:
+                if mask.find(0x01, pos, pos + k) < 0 and mask.find(0x02, pos, pos + k) < 0:
+                    mask[pos:pos + k] = block
+                    taken[pos] = (tid, k)
+                    if a & A_LSTRIP:
+                        q = pos - 1
+                        while q >= 0 and not mask[q] and text[q] in _C_SPACE:
+                            mask[q] = 2
+                            q -= 1
+                    end = pos + k
+                    if a & A_RSTRIP:
+                        while end < n and not mask[end] and text[end] in _C_SPACE:
+                            mask[end] = 2
+                            end += 1
+                    pos = text.find(tok, end)
+                else:
+                    pos = text.find(tok, pos + 1)
+        out = []
+        pos = 0
+        while pos < n:
+            m = mask[pos]
+            if m == 1:
+                tid, k = taken[pos]
+                out.append(tid)
+                pos += k
+            elif m == 2:
+                pos += 1
+            else:
+                end = mask.find(0x01, pos)
+                end2 = mask.find(0x02, pos)
+                end = n if end < 0 else end
+                end = end if end2 < 0 else min(end, end2)
+                out.append(text[pos:end])
+                pos = end
+        return out
+
+    def _partition_reference(self, text, parse_special):
+        """llama.cpp's special-token partitioning transcribed directly (slow; for tests)."""
+        specials = self._special_all if parse_special else self._special_user
+        frags = [text] if text else []
         for tok, tid, a in specials:
             out = []
             for frag in frags:
@@ -478,7 +540,7 @@ class Tokenizer:
         out = []
         if add_special and self.add_bos:
             out.append(self.bos_id)
-        frags = self._partition(text, parse_special) if text else []
+        frags = self._partition(text, parse_special)
         if self._spm is not None:
             prev_special = True                        # a space before the first text, and after specials
             for frag in frags:
@@ -488,7 +550,8 @@ class Tokenizer:
                     continue
                 if self.add_space_prefix and prev_special:
                     frag = " " + frag
-                out += self._spm.encode(frag.replace(" ", "\u2581").encode("utf-8", "surrogatepass"))
+                out += self._spm.encode(frag.replace(" ", "\u2581").encode("utf-8", "surrogatepass"),
+                                        self._spm_words)
                 prev_special = False
         else:
             for frag in frags:
@@ -508,7 +571,7 @@ class Tokenizer:
     def token_piece(self, i):
         """The bytes of token i (control tokens as their text, e.g. b"<|im_end|>")."""
         self._check_id(i)
-        return self._pieces[i]
+        return self._make_piece(i)
 
     def token_text(self, i):
         """Token i as written in the vocabulary (e.g. "\u2581Hello", "\u0120world", "<0x0A>")."""
@@ -531,7 +594,7 @@ class Tokenizer:
         self._check_id(i)
         if not special and self._attr[i] & (A_CONTROL | A_UNKNOWN):
             return b""
-        return self._pieces[i]
+        return self._make_piece(i)
 
     def decode_bytes(self, ids, special=False):
         """The bytes of `ids` concatenated; SPM's added leading space is removed at the start."""

@@ -1,0 +1,12 @@
+"""The daemon behind `edged serve`, in three layers (STYLE.md §9):
+
+- transport.py: the Unix socket (systemd activation or bound here), HTTP framing by aiohttp,
+  the peer-credential check;
+- api.py: routing and handlers, pure coroutines from an `ApiRequest` to a `Reply` or a
+  `StreamReply`, testable without a socket;
+- registry.py / scheduler.py: models by name (verify, load, warm, swap, pin, idle unload)
+  and the bounded FIFO of requests over `n_parallel` generation slots.
+
+config.py reads edged.toml; systemd.py is sd_notify/listen_fds; log.py journald-friendly
+stderr logging; metrics.py the Prometheus counters; daemon.py wires it all together.
+"""

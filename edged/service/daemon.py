@@ -1,0 +1,190 @@
+"""The daemon's life: start (socket, trust store, sandbox, default model, READY=1), serve,
+reload on SIGHUP (RELOADING=1 ... READY=1), stop on SIGTERM/SIGINT (STOPPING=1, drain, exit 0).
+
+Signal handlers only put an event on a queue; the main coroutine acts on it.
+"""
+import asyncio
+import concurrent.futures
+import os
+import signal
+import time
+
+from aiohttp import web
+
+from ..errors import ConfigError, EdgedError
+from . import config as config_mod
+from . import systemd
+from .api import Api
+from .loader import Loader
+from .log import log, setup as setup_log
+from .metrics import Metrics
+from .registry import Registry
+from .scheduler import Decoder, Slots
+from .transport import make_app, open_socket
+
+
+def load_trust(cfg):
+    """The trust store from cfg.trusted_keys / cfg.revoked_keys (None when signatures are optional
+    and no key directory exists)."""
+    from .. import signing
+    if not os.path.isdir(cfg.trusted_keys):
+        if cfg.require_signature:
+            raise ConfigError(f"config key 'trusted_keys': {cfg.trusted_keys} is not a directory "
+                              "(require_signature is on, so trusted keys are needed)")
+        return None
+    return signing.TrustStore.load(cfg.trusted_keys, cfg.revoked_keys or None)
+
+
+class Daemon:
+    def __init__(self, cfg, config_path=None, overrides=None):
+        self.cfg, self.config_path, self.overrides = cfg, config_path, overrides or {}
+        self.metrics = Metrics()
+        self.stopping = False
+        self.events = None
+        self.sock = self.how = None
+        self.loader = self.registry = self.slots = self.decoder = self.api = None
+
+    # --- start ------------------------------------------------------------------------
+    def prepare(self, trust):
+        """Everything but the socket and the threads; used by tests that drive the Api directly."""
+        self.loader = Loader(self.cfg, trust)
+        self.executor = concurrent.futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="edged-load")
+        self.registry = Registry(self.cfg, self.loader, self.metrics, self.executor)
+        self.registry.on_change = self._status
+        self.slots = Slots(self.cfg.n_parallel, self.cfg.max_queue)
+        self.api = Api(self)
+
+    def start_threads(self):
+        self.decoder = Decoder()
+
+    async def run(self):
+        cfg = self.cfg
+        loop = asyncio.get_running_loop()
+        self.events = asyncio.Queue()
+        systemd.notify("STATUS=starting")
+        trust = load_trust(cfg)
+        cfg.resolve_names()
+        self.prepare(trust)
+        self.sock, self.how = open_socket(cfg)
+        self._sandbox()
+        self.start_threads()
+        for sig, what in ((signal.SIGTERM, "stop"), (signal.SIGINT, "stop"), (signal.SIGHUP, "reload")):
+            loop.add_signal_handler(sig, self.events.put_nowait, what)
+        runner = web.AppRunner(make_app(self), handle_signals=False, access_log=None,
+                               shutdown_timeout=1.0)
+        await runner.setup()
+        await web.SockSite(runner, self.sock).start()
+        where = self.sock.getsockname() or "(socket from systemd)"
+        log.info("listening on %s (%s); models in %s; n_parallel=%d max_queue=%d", where, self.how,
+                 cfg.models_dir, cfg.n_parallel, cfg.max_queue)
+        if cfg.default_model:
+            try:
+                await self.registry.ensure_loaded(cfg.default_model)
+            except EdgedError as e:
+                # Stay up: other models may still be served, /health says why (503).
+                log.error("default model %s failed to load: %s", cfg.default_model, e)
+        loaded = ", ".join(self.registry.models) or "no model loaded"
+        systemd.notify("READY=1", f"STATUS=serving ({loaded})")
+        tasks = [loop.create_task(self._watchdog()), loop.create_task(self._idle())]
+        try:
+            while True:
+                what = await self.events.get()
+                if what == "reload":
+                    await self.reload()
+                elif what == "stop":
+                    break
+        finally:
+            await self._stop(runner)
+            for t in tasks:
+                t.cancel()
+        return 0
+
+    def _sandbox(self):
+        if self.cfg.sandbox == "off":
+            return
+        try:
+            from .. import sandbox
+        except ImportError:
+            log.warning("sandbox = %r but this build has no sandbox module; running unconfined", self.cfg.sandbox)
+            return
+        cfg = self.cfg
+        read_only = [p for p in (cfg.models_dir, cfg.trusted_keys, cfg.revoked_keys, self.config_path) if p]
+        sock_dir = os.path.dirname(cfg.socket) if self.how == "bound" else None
+        sandbox.apply(cfg.sandbox, read_only=read_only, read_write=[sock_dir] if sock_dir else [],
+                      on_deny=cfg.sandbox_on_deny)
+
+    def _status(self, what=None):
+        if what is None:
+            what = "serving (" + (", ".join(self.registry.models) or "no model loaded") + ")"
+        systemd.notify(f"STATUS={what}")
+
+    # --- reload -----------------------------------------------------------------------
+    async def reload(self):
+        systemd.notify("RELOADING=1", f"MONOTONIC_USEC={time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1000}",
+                       "STATUS=reloading configuration")
+        try:
+            cfg = config_mod.load(self.config_path, self.overrides)
+            trust = load_trust(cfg)
+            cfg.resolve_names()
+        except EdgedError as e:
+            log.error("reload failed, keeping the running configuration: %s", e)
+        else:
+            for key in ("socket", "socket_mode", "socket_group", "sandbox", "sandbox_on_deny", "n_parallel"):
+                if getattr(cfg, key) != getattr(self.cfg, key):
+                    log.warning("config key %r changed; takes effect after a restart", key)
+            cfg.values.update({k: getattr(self.cfg, k) for k in ("socket", "socket_mode", "socket_group",
+                                                                  "sandbox", "sandbox_on_deny", "n_parallel")})
+            self.cfg = cfg
+            self.loader.cfg, self.loader.trust = cfg, trust
+            self.registry.reconfigure(cfg)
+            self.slots.resize(cfg.n_parallel, cfg.max_queue)
+            setup_log(cfg.log_level)
+            log.info("reloaded configuration%s and trust store", f" from {self.config_path}" if self.config_path else "")
+        loaded = ", ".join(self.registry.models) or "no model loaded"
+        systemd.notify("READY=1", f"STATUS=serving ({loaded})")
+
+    # --- background -------------------------------------------------------------------
+    async def _watchdog(self):
+        interval = systemd.watchdog_interval()
+        if interval is None:
+            return
+        while True:
+            if self.decoder._thread.is_alive():
+                systemd.notify("WATCHDOG=1")
+            await asyncio.sleep(interval)
+
+    async def _idle(self):
+        while True:
+            ka = self.cfg.keep_alive
+            await asyncio.sleep(min(max(ka / 4, 0.5), 10) if ka > 0 else 5)
+            try:
+                await self.registry.idle_sweep()
+            except Exception as e:  # noqa: BLE001
+                log.error("idle unload failed: %s", e)
+
+    # --- stop -------------------------------------------------------------------------
+    async def _stop(self, runner):
+        self.stopping = True
+        systemd.notify("STOPPING=1", "STATUS=stopping: draining requests")
+        busy = self.slots.busy + self.slots.waiting
+        log.info("stopping: draining %d request(s) (drain_timeout %gs)", busy, self.cfg.drain_timeout)
+        deadline = time.monotonic() + self.cfg.drain_timeout
+        while (self.slots.busy or self.slots.waiting) and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        if self.slots.busy or self.slots.waiting:
+            log.warning("drain timeout: aborting %d request(s)", self.slots.busy + self.slots.waiting)
+        self.decoder.stop()
+        await runner.cleanup()
+        if self.how == "bound":
+            try:
+                os.unlink(self.cfg.socket)
+            except OSError:
+                pass
+        await self.registry.close_all()
+        self.executor.shutdown(wait=False)
+        log.info("stopped")
+
+
+def serve(cfg, config_path=None, overrides=None):
+    setup_log(cfg.log_level)
+    return asyncio.run(Daemon(cfg, config_path, overrides).run())

@@ -1,0 +1,193 @@
+"""Turning a model file into something the daemon can serve: verify -> map/validate -> warm up.
+
+The only module of the service that touches the engine, the text layer and signing. Each
+phase is timed separately (the swap-latency split the README records). Everything here runs
+in worker threads, never on the event loop.
+"""
+import threading
+import time
+
+from ..errors import EdgedError, RequestError
+
+# One forward pass at a time per process: the engine has one compute thread pool, so the
+# decode loop and warm-ups take turns through this lock.
+ENGINE_LOCK = threading.Lock()
+PREFILL_CHUNK = 128     # prompt tokens per decode-loop step
+
+
+class LoadedModel:
+    """A verified, mapped engine Model plus the per-daemon state the registry keeps for it."""
+
+    def __init__(self, name, path, model, signer, size, timings, n_ctx):
+        self.name, self.path, self.model = name, path, model
+        self.signer = signer            # fingerprint of the key that signed it, None if unsigned
+        self.size = size                # bytes it needs: the engine's memory plan (weights, KV, scratch)
+        self.timings = dict(timings)    # phase -> seconds
+        self.n_ctx = n_ctx
+        self.tokenizer = model.tokenizer
+        self.loaded_at = time.time()
+        self.last_used = time.monotonic()
+        self.refs = 0                   # requests holding this model (registry, event loop only)
+        self.draining = False           # being unloaded: new requests wait for the next load
+        self.pinned = False
+        self._sessions = []             # idle Sessions (KV caches), reused for prefix caching
+        self._lock = threading.Lock()
+
+    # --- text ---------------------------------------------------------------------------
+    @property
+    def n_vocab(self):
+        return self.tokenizer.n_vocab
+
+    def encode_chat(self, messages):
+        """Chat messages -> prompt token ids, through the model's own (sandboxed) template."""
+        prompt = self.model.chat_prompt(messages, add_generation_prompt=True)
+        if isinstance(prompt, str):
+            # The rendered template spells its special tokens out (<|im_start|>...): parse them.
+            ids = list(self.tokenizer.encode(prompt, add_special=True, parse_special=True))
+        else:
+            ids = list(prompt)
+        bos = self.tokenizer.bos_id
+        if len(ids) >= 2 and bos is not None and ids[0] == ids[1] == bos:
+            del ids[0]      # the template wrote {{ bos_token }} and the tokenizer added one too
+        return ids
+
+    def encode_text(self, text, add_special=True, parse_special=False):
+        return list(self.tokenizer.encode(text, add_special=add_special, parse_special=parse_special))
+
+    # --- sessions -----------------------------------------------------------------------
+    def take_session(self, ids):
+        """An idle session sharing the longest prefix with `ids` (prompt cache), or a new one."""
+        with self._lock:
+            best, best_len = None, -1
+            for s in self._sessions:
+                n = _common_prefix(_session_tokens(s), ids)
+                if n > best_len:
+                    best, best_len = s, n
+            if best is not None:
+                self._sessions.remove(best)
+                return best
+        return self.model.session(n_ctx=self.n_ctx)
+
+    def steps(self, session, ids, info, **sampling):
+        """Generation as steps for the decode loop: None for each PREFILL_CHUNK tokens of the
+        prompt (so other streams and cancellation get a turn during a long prompt), then the
+        engine's outputs. The prompt prefix already in the session's KV cache is not evaluated
+        again; info["cached"] gets its length, info["evaluated"] the prompt tokens evaluated."""
+        cached = min(_common_prefix(_session_tokens(session), ids), len(ids) - 1)
+        info["cached"] = cached
+        if cached < len(session.tokens):
+            session.truncate(cached)
+        pos, last = cached, len(ids) - 1         # the last prompt token is left to generate()
+        while last - pos > PREFILL_CHUNK:
+            session.eval(ids[pos:pos + PREFILL_CHUNK])
+            pos += PREFILL_CHUNK
+            yield None
+        stats = {}
+        for out in session.generate(ids, stats=stats, **sampling):
+            if "evaluated" not in info:
+                info["evaluated"] = pos - cached + stats.get("n_prompt_eval", 0)
+            yield out
+
+    def give_back(self, session):
+        with self._lock:
+            self._sessions.append(session)
+
+    def close(self):
+        with self._lock:
+            sessions, self._sessions = self._sessions, []
+        for s in sessions:
+            s.close()
+        close = getattr(self.model, "close", None)
+        if close:
+            close()
+
+
+def _session_tokens(s):
+    for attr in ("tokens", "ids"):
+        v = getattr(s, attr, None)
+        if v is not None:
+            return v
+    return ()
+
+
+def _common_prefix(a, b):
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+class Loader:
+    """Verifies and loads models for the registry. `trust` is swapped on SIGHUP."""
+
+    def __init__(self, cfg, trust):
+        self.cfg = cfg
+        self.trust = trust
+
+    def load(self, name, path):
+        """verify + map/validate; returns a LoadedModel (not yet warm). Raises EdgedError.
+
+        The signature check is timed on its own (open_verified hashes the file); the engine then
+        opens the model through open_verified again, which the verification cache answers
+        without re-hashing an unchanged file (a replaced file misses the cache and is verified
+        afresh), and maps that very descriptor up to the signed length."""
+        from .. import signing
+        from ..model import Model
+
+        cfg = self.cfg
+        t0 = time.monotonic()
+        try:
+            signing.open_verified(path, self.trust, cfg.require_signature).close()
+        except FileNotFoundError:
+            raise RequestError(f"model {name!r} not found ({path})") from None
+        except OSError as e:        # unreadable (mode, ownership, Landlock), I/O error
+            raise EdgedError(f"model {name!r} cannot be opened ({path}): {e.strerror}") from None
+        t1 = time.monotonic()
+        checked = self.trust is not None or cfg.require_signature
+        model = Model.load(path, n_threads=cfg.threads or None, numa=cfg.numa, mlock=cfg.mlock,
+                           trusted_keys=self.trust if checked else None, require_signature=cfg.require_signature,
+                           max_memory=cfg.memory_budget or None, n_ctx_plan=cfg.ctx_size)
+        t2 = time.monotonic()
+        plan = model.memory_plan
+        # weights once, a KV cache and scratch per slot
+        size = plan.weights + cfg.n_parallel * (plan.kv_cache + plan.scratch)
+        return LoadedModel(name, path, model, model.signer, size, {"verify": t1 - t0, "map": t2 - t1},
+                           cfg.ctx_size)
+
+    def warm(self, lm):
+        """One forward pass so the first request does not pay for page faults and allocation."""
+        t0 = time.monotonic()
+        s = lm.model.session(n_ctx=lm.n_ctx)
+        if self.cfg.warmup:
+            tok = lm.tokenizer.bos_id
+            if tok is None or tok < 0:
+                tok = 0
+            with ENGINE_LOCK:
+                s.eval([tok])
+            s.reset()
+        lm.give_back(s)
+        lm.timings["warmup"] = time.monotonic() - t0
+
+
+def describe_error(e):
+    """(status, type, code) for an error raised while loading a model."""
+    from ..chat import TemplateRaised
+    from ..errors import (CapacityError, ModelFormatError, SignatureError, TemplateError,
+                          TokenizerError, UnsupportedModelError)
+    if isinstance(e, TemplateRaised):       # the model's template refused this conversation
+        return 400, "invalid_request_error", "template_refused"
+    if isinstance(e, TemplateError):        # a broken or hostile template in the model file
+        return 422, "invalid_request_error", "model_unusable"
+    if isinstance(e, SignatureError):
+        return 403, "permission_error", "model_not_trusted"
+    if isinstance(e, (ModelFormatError, UnsupportedModelError, TokenizerError)):
+        return 422, "invalid_request_error", "model_unusable"
+    if isinstance(e, CapacityError):
+        return 503, "server_error", "model_over_budget"
+    if isinstance(e, RequestError):
+        return 400, "invalid_request_error", None
+    if isinstance(e, EdgedError):
+        return 500, "server_error", "model_load_failed"
+    return 500, "server_error", "internal_error"

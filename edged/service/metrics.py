@@ -1,0 +1,72 @@
+"""Counters and gauges for GET /metrics, in the Prometheus text exposition format (0.0.4)."""
+import collections
+import time
+
+
+def _esc(v):
+    return str(v).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+class Metrics:
+    def __init__(self):
+        self.started = time.time()
+        self.requests = collections.Counter()          # (route, status) -> n
+        self.prompt_tokens = 0
+        self.generated_tokens = 0
+        self.generation_seconds = 0.0                  # wall time spent decoding (sum over requests)
+        self.last_tokens_per_second = 0.0
+        self.loads = collections.Counter()             # outcome -> n
+        self.load_seconds = {"verify": 0.0, "map": 0.0, "warmup": 0.0, "total": 0.0}
+        self.swap_count = 0
+        self.swap_seconds = 0.0
+        self.last_swap_seconds = 0.0
+        self.peer_refused = 0
+
+    def request(self, route, status):
+        self.requests[(route, int(status))] += 1
+
+    def tokens(self, n_prompt, n_gen, seconds):
+        self.prompt_tokens += n_prompt
+        self.generated_tokens += n_gen
+        self.generation_seconds += seconds
+        if seconds > 0 and n_gen:
+            self.last_tokens_per_second = n_gen / seconds
+
+    def render(self, queue_depth, in_flight, loaded, slots):
+        out = []
+
+        def metric(name, kind, help_, samples):
+            out.append(f"# HELP {name} {help_}")
+            out.append(f"# TYPE {name} {kind}")
+            for labels, value in samples:
+                lab = ",".join(f'{k}="{_esc(v)}"' for k, v in labels.items())
+                out.append(f"{name}{{{lab}}} {value:g}" if lab else f"{name} {value:g}")
+
+        metric("edged_requests_total", "counter", "HTTP requests by route and status.",
+               [({"route": r, "status": s}, n) for (r, s), n in sorted(self.requests.items())])
+        metric("edged_prompt_tokens_total", "counter", "Prompt tokens processed.", [({}, self.prompt_tokens)])
+        metric("edged_generated_tokens_total", "counter", "Tokens generated.", [({}, self.generated_tokens)])
+        metric("edged_generation_seconds_total", "counter", "Seconds spent generating (sum over requests).",
+               [({}, self.generation_seconds)])
+        metric("edged_tokens_per_second", "gauge", "Generation speed of the last finished request.",
+               [({}, self.last_tokens_per_second)])
+        metric("edged_queue_depth", "gauge", "Requests waiting for a generation slot.", [({}, queue_depth)])
+        metric("edged_requests_in_flight", "gauge", "Requests holding a generation slot.", [({}, in_flight)])
+        metric("edged_slots", "gauge", "Generation slots (n_parallel).", [({}, slots)])
+        metric("edged_model_loads_total", "counter", "Model loads by outcome.",
+               [({"outcome": k}, v) for k, v in sorted(self.loads.items())])
+        metric("edged_model_load_seconds_total", "counter",
+               "Seconds spent loading models, by phase (verify = signature check, map = mapping and "
+               "validation, warmup).",
+               [({"phase": k}, v) for k, v in self.load_seconds.items()])
+        metric("edged_model_swaps_total", "counter", "Model swaps (an unload to make room for a load).",
+               [({}, self.swap_count)])
+        metric("edged_model_swap_seconds_total", "counter", "Seconds from swap start to the new model ready.",
+               [({}, self.swap_seconds)])
+        metric("edged_model_last_swap_seconds", "gauge", "Duration of the last swap.", [({}, self.last_swap_seconds)])
+        metric("edged_model_loaded", "gauge", "1 for each loaded model.",
+               [({"model": name}, 1) for name in loaded])
+        metric("edged_peer_refused_total", "counter", "Connections refused by the peer-credential check.",
+               [({}, self.peer_refused)])
+        metric("edged_uptime_seconds", "gauge", "Seconds since start.", [({}, time.time() - self.started)])
+        return "\n".join(out) + "\n"

@@ -1,0 +1,194 @@
+"""Handlers without a socket (STYLE.md §9): ApiRequest in, Reply out."""
+import asyncio
+import json
+
+import pytest
+
+from edged.service import config
+from edged.service.api import ApiRequest, Peer, StreamReply, parse_params
+from edged.service.daemon import Daemon
+from edged.errors import RequestError
+
+
+def make_daemon(tmp_path, **over):
+    models = tmp_path / "models"
+    models.mkdir(exist_ok=True)
+    values = {"models_dir": str(models), "require_signature": False, "trusted_keys": str(tmp_path / "none"),
+              "ctx_size": 128, "max_body_bytes": 4096}
+    values.update(over)
+    d = Daemon(config.load(None, values))
+    d.prepare(None)
+    return d
+
+
+def call(d, method, path, body=None, raw=None, peer=None):
+    data = raw if raw is not None else (json.dumps(body).encode() if body is not None else b"")
+    req = ApiRequest(method, path, data, peer)
+    reply = asyncio.run(d.api.handle(req))
+    assert not isinstance(reply, StreamReply)
+    return reply.status, reply.body, reply.headers
+
+
+CHAT = {"messages": [{"role": "user", "content": "hi"}]}
+
+
+@pytest.mark.parametrize("body, needle", [
+    ({**CHAT, "n": 2}, "'n' must be 1"),
+    ({**CHAT, "functions": []}, "unsupported field(s): functions"),
+    ({**CHAT, "logprobs": True}, "logprobs"),
+    ({**CHAT, "tools": [{"type": "function"}]}, "tools"),
+    ({**CHAT, "response_format": {"type": "json_object"}}, "response_format"),
+    ({**CHAT, "temperature": 3}, "'temperature' must be between"),
+    ({**CHAT, "temperature": "hot"}, "'temperature' must be a number"),
+    ({**CHAT, "max_tokens": 0}, "'max_tokens' must be a positive integer"),
+    ({**CHAT, "max_tokens": 1.5}, "'max_tokens'"),
+    ({**CHAT, "top_k": 2.5}, "'top_k' must be an integer"),
+    ({**CHAT, "stop": ["a", "b", "c", "d", "e"]}, "'stop'"),
+    ({**CHAT, "logit_bias": {"x": 1}}, "logit_bias"),
+    ({**CHAT, "logit_bias": {"5": 1000}}, "logit_bias"),
+    ({**CHAT, "seed": "42"}, "'seed'"),
+    ({**CHAT, "stream": "yes"}, "'stream'"),
+    ({"messages": []}, "'messages' must be a non-empty list"),
+    ({"messages": [{"role": "wizard", "content": "x"}]}, "role"),
+    ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "only text parts"),
+    ({**CHAT, "model": "../../etc/passwd"}, "invalid model name"),
+    ({**CHAT, "model": ".hidden"}, "invalid model name"),
+    ({**CHAT, "model": "a/b"}, "invalid model name"),
+])
+def test_chat_validation_400(tmp_path, body, needle):
+    d = make_daemon(tmp_path)
+    status, reply, _ = call(d, "POST", "/v1/chat/completions", body)
+    assert status == 400, reply
+    assert needle in reply["error"]["message"]
+    assert reply["error"]["type"] == "invalid_request_error"
+
+
+def test_completion_validation_and_accepted_fields():
+    p = parse_params({"prompt": "x", "max_tokens": 5, "stop": "\n", "seed": 1, "top_k": 4, "user": "u",
+                      "stream": True, "stream_options": {"include_usage": True}, "logit_bias": {"7": -100}},
+                     chat=False)
+    assert p["prompt"] == "x" and p["stop"] == ["\n"] and p["include_usage"] and p["logit_bias"] == {7: -100.0}
+    assert parse_params({"prompt": [1, 2, 3]}, chat=False)["prompt_ids"] == [1, 2, 3]
+    with pytest.raises(RequestError, match="'echo'"):
+        parse_params({"prompt": "x", "echo": True}, chat=False)
+    with pytest.raises(RequestError, match="one prompt per request"):
+        parse_params({"prompt": ["a", "b"]}, chat=False)
+    with pytest.raises(RequestError, match="messages"):
+        parse_params({"prompt": "x", "messages": []}, chat=False)
+
+
+def test_bad_json_body_too_large_unknown_model_and_route(tmp_path):
+    d = make_daemon(tmp_path)
+    st, body, _ = call(d, "POST", "/v1/chat/completions", raw=b"{not json")
+    assert st == 400 and "not valid JSON" in body["error"]["message"]
+    st, body, _ = call(d, "POST", "/v1/chat/completions", raw=b"[1, 2]")
+    assert st == 400 and "JSON object" in body["error"]["message"]
+    st, body, _ = call(d, "POST", "/v1/chat/completions", raw=b" " * 5000)
+    assert st == 413 and body["error"]["code"] == "body_too_large"
+    st, body, _ = call(d, "POST", "/v1/chat/completions", {**CHAT, "model": "missing"})
+    assert st == 404 and body["error"]["code"] == "model_not_found"
+    st, body, _ = call(d, "POST", "/v1/chat/completions", CHAT)
+    assert st == 400 and "no default model" in body["error"]["message"]
+    st, body, _ = call(d, "GET", "/v1/nothing")
+    assert st == 404
+    st, body, _ = call(d, "GET", "/v1/chat/completions")
+    assert st == 405
+
+
+def test_health_models_metrics_without_models(tmp_path):
+    d = make_daemon(tmp_path)
+    (tmp_path / "models" / "tiny.gguf").write_bytes(b"GGUF")
+    (tmp_path / "models" / "tiny.gguf.sig").write_bytes(b"x")
+    (tmp_path / "models" / ".hidden.gguf").write_bytes(b"GGUF")
+    st, body, _ = call(d, "GET", "/health")
+    assert st == 503 and body["error"]["message"] == "no model loaded"
+    st, body, _ = call(d, "GET", "/v1/models")
+    assert st == 200 and [m["id"] for m in body["data"]] == ["tiny"]
+    assert body["data"][0]["loaded"] is False and body["data"][0]["signed"] is True
+    status, text, _ = call(d, "GET", "/metrics")
+    assert status == 200 and "edged_queue_depth 0" in text and "# TYPE edged_requests_total counter" in text
+
+
+def test_peer_policy(tmp_path):
+    d = make_daemon(tmp_path, allow_uids=[1000], allow_gids=[2000], admin_uids=[0], admin_gids=[3000])
+    assert call(d, "GET", "/v1/models", peer=Peer(10, 1000, 1000))[0] == 200
+    assert call(d, "GET", "/v1/models", peer=Peer(10, 1001, 2000))[0] == 200          # primary group
+    assert call(d, "GET", "/v1/models", peer=Peer(10, 1001, 1001, (5, 2000)))[0] == 200  # supplementary
+    st, body, _ = call(d, "GET", "/v1/models", peer=Peer(10, 1001, 1001, (5,)))
+    assert st == 403 and body["error"]["type"] == "permission_error"
+    assert call(d, "POST", "/v1/models/load", {"model": "x"}, peer=Peer(10, 1000, 1000))[0] == 403
+    assert call(d, "POST", "/v1/models/load", {"model": "x"}, peer=Peer(10, 7, 7, (3000,)))[0] == 404
+    assert d.metrics.peer_refused == 2
+
+
+def test_completion_and_stream_without_a_socket(tmp_path):
+    """The whole request path (registry, scheduler, engine) driven through Api.handle alone."""
+    from daemon_support import add_chat_template, stories
+    src = stories()
+    d = make_daemon(tmp_path, default_model="tiny")
+    add_chat_template(src, str(tmp_path / "models" / "tiny.gguf"))
+    d.start_threads()
+
+    async def main():
+        body = {"prompt": "Once upon a time", "max_tokens": 6, "temperature": 0}
+        r = await d.api.handle(ApiRequest("POST", "/v1/completions", json.dumps(body).encode()))
+        assert r.status == 200 and r.body["choices"][0]["text"].startswith(", there was")
+        s = await d.api.handle(ApiRequest("POST", "/v1/completions", json.dumps({**body, "stream": True}).encode()))
+        assert isinstance(s, StreamReply)
+        chunks = [c async for c in s.chunks()]
+        await s.close()
+        assert chunks[-1] == b"data: [DONE]\n\n"
+        text = "".join(json.loads(c[6:])["choices"][0]["text"] for c in chunks[:-1])
+        assert text == r.body["choices"][0]["text"]
+        # abandoning a stream after one chunk frees the slot and the model lease
+        s = await d.api.handle(ApiRequest("POST", "/v1/completions",
+                                          json.dumps({**body, "max_tokens": 100, "stream": True}).encode()))
+        it = s.chunks().__aiter__()
+        await it.__anext__()
+        await s.close()
+        assert d.slots.busy == 0 and d.registry.models["tiny"].refs == 0
+        await d.registry.close_all()
+
+    try:
+        asyncio.run(main())
+    finally:
+        d.decoder.stop()
+
+
+def test_long_prompt_chunked_prefill_matches_the_engine(tmp_path):
+    """A prompt of several PREFILL_CHUNKs is evaluated chunk by chunk between decode rounds;
+    the greedy text must be what the engine gives for the whole prompt at once."""
+    from daemon_support import add_chat_template, stories
+    from edged.model import Model
+    from edged.service.loader import PREFILL_CHUNK
+    src = stories()
+    d = make_daemon(tmp_path, default_model="tiny", ctx_size=1024, max_body_bytes=1 << 20)
+    add_chat_template(src, str(tmp_path / "models" / "tiny.gguf"))
+    prompt = "Once upon a time, there was a little girl named Lily." + " She liked to play in the park." * 40
+    m = Model.load(src)
+    ids = m.tokenizer.encode(prompt)
+    assert len(ids) > 2 * PREFILL_CHUNK
+    want = "".join(o.text for o in m.session(1024).generate(ids, max_tokens=12, temperature=0))
+    m.close()
+    d.start_threads()
+
+    async def main():
+        body = {"prompt": prompt, "max_tokens": 12, "temperature": 0}
+        req = ApiRequest("POST", "/v1/completions", json.dumps(body).encode())
+        r = await d.api.handle(req)
+        assert r.status == 200, r.body
+        assert r.body["usage"]["prompt_tokens"] == len(ids)
+        assert r.body["choices"][0]["text"] == want
+        # evaluated once, chunk by chunk: the engine's own prefill found the chunks in the cache
+        assert (req.info["cached_tokens"], req.info["prompt_eval"]) == (0, len(ids))
+        body["prompt"] = prompt + " The end."
+        req2 = ApiRequest("POST", "/v1/completions", json.dumps(body).encode())
+        r2 = await d.api.handle(req2)
+        n2, cached = r2.body["usage"]["prompt_tokens"], r2.body["usage"]["prompt_tokens_details"]["cached_tokens"]
+        assert cached >= len(ids) - 2 and req2.info["prompt_eval"] == n2 - cached
+        await d.registry.close_all()
+
+    try:
+        asyncio.run(main())
+    finally:
+        d.decoder.stop()

@@ -1,0 +1,55 @@
+"""llama.cpp's own tokenizer suites (../shared/testdata/vocab) through edged.Tokenizer, and the
+round trip decode(encode(t)) == t on the same inputs."""
+import functools
+import os
+
+import pytest
+
+from conftest import testdata_files
+from edged import Tokenizer
+
+VOCABS = [p for p in testdata_files("vocab", ".gguf") if os.path.exists(p + ".inp")]
+needs_vocabs = pytest.mark.skipif(not VOCABS, reason="shared test data missing: ../shared/testdata/vocab")
+
+
+@functools.lru_cache(maxsize=None)
+def tokenizer(path):
+    return Tokenizer.from_gguf(path)
+
+
+def cases(path):
+    texts = open(path + ".inp", encoding="utf-8", newline="").read().split("\n__ggml_vocab_test__\n")[:-1]
+    outs = open(path + ".out", encoding="utf-8", newline="").read().split("\n")
+    return [(t, [int(x) for x in line.split()]) for t, line in zip(texts, outs)]
+
+
+@needs_vocabs
+@pytest.mark.parametrize("path", VOCABS, ids=os.path.basename)
+def test_llama_cpp_suite_passes_completely(path):
+    tok = tokenizer(path)
+    got = [(text, tok.encode(text, add_special=False, parse_special=False)) for text, _ in cases(path)]
+    bad = [(text, ids, want) for (text, ids), (_, want) in zip(got, cases(path)) if ids != want]
+    assert len(cases(path)) == 46
+    assert not bad, f"{len(bad)} of 46 differ, first: {bad[0]!r}"
+
+
+@needs_vocabs
+@pytest.mark.parametrize("path", VOCABS, ids=os.path.basename)
+def test_round_trip_on_suite_inputs(path):
+    tok = tokenizer(path)
+    for text, _ in cases(path):
+        for add_special in (False, True):
+            ids = tok.encode(text, add_special=add_special)
+            assert tok.decode(ids) == text, (text, ids)
+
+
+@needs_vocabs
+@pytest.mark.parametrize("path", VOCABS, ids=os.path.basename)
+def test_streaming_decoder_matches_decode_and_emits_whole_characters(path):
+    tok = tokenizer(path)
+    for text, _ in cases(path):
+        ids = tok.encode(text, add_special=False)
+        dec = tok.stream_decoder(strip_leading_space=tok.add_space_prefix)
+        parts = [dec.push(i) for i in ids] + [dec.flush()]
+        assert "".join(parts) == text
+        assert all("\ufffd" not in p for p in parts)
