@@ -122,8 +122,11 @@ def raw(srv, data, timeout=10):
     s.settimeout(timeout)
     s.connect(srv.socket)
     try:
-        s.sendall(data)
-        s.shutdown(socket.SHUT_WR)
+        try:
+            s.sendall(data)
+            s.shutdown(socket.SHUT_WR)
+        except (BrokenPipeError, ConnectionResetError):
+            pass                  # the server answered and closed before reading it all: fine
         out = b""
         while True:
             try:
