@@ -951,67 +951,93 @@ cdef class SPMModel:
         bg.size = sy[l].n + sy[r].n
         sheap_push(heap, nh, bg)
 
-    def encode(self, bytes text):
-        """Token ids of one whitespace-escaped UTF-8 fragment."""
-        cdef const unsigned char *t = text
-        cdef Py_ssize_t n = len(text), nsym = 0, off = 0, nh = 0, i
+    cdef int encode_chunk(self, const unsigned char *t, Py_ssize_t n, SSym *sy, SBigram *heap,
+                          Vec *out) except -1 nogil:
+        cdef Py_ssize_t nsym = 0, off = 0, nh = 0, i
         cdef int32_t clen, l, r, tok, k
+        cdef SBigram bg
+        cdef unsigned char c
+        while off < n:                                  # one symbol per UTF-8 character
+            c = t[off]
+            clen = 1 if c < 0xC0 else (2 if c < 0xE0 else (3 if c < 0xF0 else 4))
+            if clen > n - off:
+                clen = <int32_t> (n - off)
+            sy[nsym].start = <int32_t> off
+            sy[nsym].n = clen
+            sy[nsym].prev = <int32_t> nsym - 1
+            off += clen
+            sy[nsym].next = -1 if off == n else <int32_t> nsym + 1
+            nsym += 1
+        for i in range(1, nsym):
+            self.try_bigram(t, sy, heap, &nh, <int32_t> i - 1, <int32_t> i)
+        while nh > 0:                                   # best score first, leftmost among equals
+            bg = sheap_pop(heap, &nh)
+            l = bg.left
+            r = bg.right
+            if sy[l].n == 0 or sy[r].n == 0 or sy[l].n + sy[r].n != bg.size:
+                continue
+            sy[l].n += sy[r].n
+            sy[r].n = 0
+            sy[l].next = sy[r].next
+            if sy[r].next >= 0:
+                sy[sy[r].next].prev = l
+            self.try_bigram(t, sy, heap, &nh, sy[l].prev, l)
+            self.try_bigram(t, sy, heap, &nh, l, sy[l].next)
+        i = 0
+        while nsym and i >= 0:
+            tok = self.token_of(t + sy[i].start, sy[i].n)
+            if tok >= 0:
+                vec_push(out, tok)
+            else:                                       # byte fallback
+                for k in range(sy[i].n):
+                    if self.byte_token[t[sy[i].start + k]] >= 0:
+                        vec_push(out, self.byte_token[t[sy[i].start + k]])
+            i = sy[i].next
+        return 0
+
+    def encode(self, bytes text, bint split_words=False):
+        """Token ids of one whitespace-escaped UTF-8 fragment.
+
+        split_words: the text may be cut before every U+2581 that follows another character,
+        and each word merged on its own. That gives the same ids when no token has U+2581
+        after another character (the caller checks the vocabulary) and keeps the merge queue
+        small and in cache."""
+        cdef const unsigned char *t = text
+        cdef Py_ssize_t n = len(text), i, start = 0, maxw = 0
         cdef SSym *sy = NULL
         cdef SBigram *heap = NULL
-        cdef SBigram bg
-        cdef Vec out
-        cdef unsigned char c
+        cdef Vec out, cuts
         out.d = NULL; out.n = 0; out.cap = 0
+        cuts.d = NULL; cuts.n = 0; cuts.cap = 0
         if n == 0:
             return []
         try:
             with nogil:
-                sy = <SSym *> malloc((n + 1) * sizeof(SSym))
-                heap = <SBigram *> malloc((3 * n + 1) * sizeof(SBigram))
+                if split_words:                         # word starts: "\xe2\x96\x81" after a non-U+2581
+                    for i in range(3, n - 2):
+                        if t[i] == 0xE2 and t[i + 1] == 0x96 and t[i + 2] == 0x81 and not (
+                                t[i - 3] == 0xE2 and t[i - 2] == 0x96 and t[i - 1] == 0x81):
+                            vec_push(&cuts, i)
+                vec_push(&cuts, n)
+                for i in range(cuts.n):
+                    if cuts.d[i] - start > maxw:
+                        maxw = cuts.d[i] - start
+                    start = cuts.d[i]
+                sy = <SSym *> malloc((maxw + 1) * sizeof(SSym))
+                heap = <SBigram *> malloc((3 * maxw + 1) * sizeof(SBigram))
                 if sy == NULL or heap == NULL:
                     with gil:
                         raise MemoryError()
-                while off < n:                          # one symbol per UTF-8 character
-                    c = t[off]
-                    clen = 1 if c < 0xC0 else (2 if c < 0xE0 else (3 if c < 0xF0 else 4))
-                    if clen > n - off:
-                        clen = <int32_t> (n - off)
-                    sy[nsym].start = <int32_t> off
-                    sy[nsym].n = clen
-                    sy[nsym].prev = <int32_t> nsym - 1
-                    off += clen
-                    sy[nsym].next = -1 if off == n else <int32_t> nsym + 1
-                    nsym += 1
-                for i in range(1, nsym):
-                    self.try_bigram(t, sy, heap, &nh, <int32_t> i - 1, <int32_t> i)
-                while nh > 0:
-                    bg = sheap_pop(heap, &nh)
-                    l = bg.left
-                    r = bg.right
-                    if sy[l].n == 0 or sy[r].n == 0 or sy[l].n + sy[r].n != bg.size:
-                        continue
-                    sy[l].n += sy[r].n
-                    sy[r].n = 0
-                    sy[l].next = sy[r].next
-                    if sy[r].next >= 0:
-                        sy[sy[r].next].prev = l
-                    self.try_bigram(t, sy, heap, &nh, sy[l].prev, l)
-                    self.try_bigram(t, sy, heap, &nh, l, sy[l].next)
-                i = 0
-                while i >= 0:
-                    tok = self.token_of(t + sy[i].start, sy[i].n)
-                    if tok >= 0:
-                        vec_push(&out, tok)
-                    else:                               # byte fallback
-                        for k in range(sy[i].n):
-                            if self.byte_token[t[sy[i].start + k]] >= 0:
-                                vec_push(&out, self.byte_token[t[sy[i].start + k]])
-                    i = sy[i].next
+                start = 0
+                for i in range(cuts.n):
+                    self.encode_chunk(t + start, cuts.d[i] - start, sy, heap, &out)
+                    start = cuts.d[i]
             return [out.d[i] for i in range(out.n)]
         finally:
             free(sy)
             free(heap)
             free(out.d)
+            free(cuts.d)
 
 
 # --- GPT-2 byte-level text <-> bytes (load-time helpers) ---------------------------------------

@@ -12,6 +12,7 @@ vocabulary is refused with a TokenizerError naming the key, the index and the va
 import codecs
 import enum
 import logging
+import re
 
 import numpy as np
 
@@ -328,6 +329,8 @@ class Tokenizer:
         self._attr = attr
         self._special_all = [(texts[i], i, attr[i]) for i in order]
         self._special_user = [s for s in self._special_all if not s[2] & (A_CONTROL | A_UNKNOWN)]
+        self._groups_all = self._group(self._special_all)
+        self._groups_user = self._group(self._special_user)
 
         if add_bos and special["bos"] is None:
             _fail(name, f"{Key.ADD_BOS} is set but the vocabulary has no BOS token")
@@ -354,6 +357,10 @@ class Tokenizer:
                 byte_tokens.append(t)
             self._spm = _bpe.SPMModel([t.encode("utf-8", "surrogateescape") for t in texts],
                                       self._scores.tolist(), byte_tokens)
+            # words can be merged one by one when no token joins a character to a following
+            # U+2581 (true of SentencePiece vocabularies split on whitespace)
+            self._spm_words = not any("\u2581" in t[1:] and re.search("[^\u2581]\u2581", t)
+                                      for t in texts)
             self._bpe = None
         else:
             merges = md.get(Key.MERGES)
@@ -365,6 +372,14 @@ class Tokenizer:
                 _fail(name, f"{Key.MERGES}[{bad}] = {merges[bad][:40]!r} is not two tokens "
                             "separated by a space")
             self._spm = None
+
+    @staticmethod
+    def _group(specials):
+        """Special tokens by their first two characters: {prefix: [(rank, text, id, attr)]}."""
+        groups = {}
+        for rank, (tok, tid, a) in enumerate(specials):
+            groups.setdefault(tok[:2], []).append((rank, tok, tid, a))
+        return groups
 
     # --- metadata checks ---------------------------------------------------------------------
     def _str(self, md, key, required=False):
@@ -424,14 +439,72 @@ class Tokenizer:
 
     # --- encoding ------------------------------------------------------------------------------
     def _partition(self, text, parse_special):
-        """Split text around special tokens: a list of str (raw text) and int (token ids)."""
+        """Split text around special tokens: a list of str (raw text) and int (token ids).
+
+        llama.cpp takes the special tokens one at a time, longest first, and cuts every
+        occurrence out of the text that is still raw (eating whitespace next to tokens marked
+        lstrip/rstrip). The same, over a mask of the text instead of a list of fragments:
+        0 raw, 1 taken by a token, 2 whitespace eaten. `_partition_reference` is the direct
+        transcription, kept for the tests."""
         specials = self._special_all if parse_special else self._special_user
-        frags = [text]
+        if not specials or not text:
+            return [text] if text else []
+        # only tokens that occur at all: one scan per group of tokens sharing their first two
+        # characters, then one per token of a group that occurs
+        found = []
+        for key, members in (self._groups_all if parse_special else self._groups_user).items():
+            if key in text:
+                found += [m for m in members if len(m[1]) <= 2 or m[1] in text]
+        specials = [m[1:] for m in sorted(found)]
         if not specials:
-            return frags
-        if len(specials) > 16:                         # only tokens that can occur at all
-            chars = set(text)
-            specials = [s for s in specials if s[0][0] in chars and s[0] in text]
+            return [text]
+        n = len(text)
+        mask = bytearray(n)
+        taken = {}                                     # start -> (token id, length)
+        for tok, tid, a in specials:
+            k = len(tok)
+            block = b"\x01" * k
+            pos = text.find(tok)
+            while pos >= 0:
+                if mask.find(0x01, pos, pos + k) < 0 and mask.find(0x02, pos, pos + k) < 0:
+                    mask[pos:pos + k] = block
+                    taken[pos] = (tid, k)
+                    if a & A_LSTRIP:
+                        q = pos - 1
+                        while q >= 0 and not mask[q] and text[q] in _C_SPACE:
+                            mask[q] = 2
+                            q -= 1
+                    end = pos + k
+                    if a & A_RSTRIP:
+                        while end < n and not mask[end] and text[end] in _C_SPACE:
+                            mask[end] = 2
+                            end += 1
+                    pos = text.find(tok, end)
+                else:
+                    pos = text.find(tok, pos + 1)
+        out = []
+        pos = 0
+        while pos < n:
+            m = mask[pos]
+            if m == 1:
+                tid, k = taken[pos]
+                out.append(tid)
+                pos += k
+            elif m == 2:
+                pos += 1
+            else:
+                end = mask.find(0x01, pos)
+                end2 = mask.find(0x02, pos)
+                end = n if end < 0 else end
+                end = end if end2 < 0 else min(end, end2)
+                out.append(text[pos:end])
+                pos = end
+        return out
+
+    def _partition_reference(self, text, parse_special):
+        """llama.cpp's special-token partitioning transcribed directly (slow; for tests)."""
+        specials = self._special_all if parse_special else self._special_user
+        frags = [text] if text else []
         for tok, tid, a in specials:
             out = []
             for frag in frags:
@@ -467,7 +540,7 @@ class Tokenizer:
         out = []
         if add_special and self.add_bos:
             out.append(self.bos_id)
-        frags = self._partition(text, parse_special) if text else []
+        frags = self._partition(text, parse_special)
         if self._spm is not None:
             prev_special = True                        # a space before the first text, and after specials
             for frag in frags:
@@ -477,7 +550,8 @@ class Tokenizer:
                     continue
                 if self.add_space_prefix and prev_special:
                     frag = " " + frag
-                out += self._spm.encode(frag.replace(" ", "\u2581").encode("utf-8", "surrogatepass"))
+                out += self._spm.encode(frag.replace(" ", "\u2581").encode("utf-8", "surrogatepass"),
+                                        self._spm_words)
                 prev_special = False
         else:
             for frag in frags:

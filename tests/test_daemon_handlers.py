@@ -153,3 +153,42 @@ def test_completion_and_stream_without_a_socket(tmp_path):
         asyncio.run(main())
     finally:
         d.decoder.stop()
+
+
+def test_long_prompt_chunked_prefill_matches_the_engine(tmp_path):
+    """A prompt of several PREFILL_CHUNKs is evaluated chunk by chunk between decode rounds;
+    the greedy text must be what the engine gives for the whole prompt at once."""
+    from daemon_support import add_chat_template, stories
+    from edged.model import Model
+    from edged.service.loader import PREFILL_CHUNK
+    src = stories()
+    d = make_daemon(tmp_path, default_model="tiny", ctx_size=1024, max_body_bytes=1 << 20)
+    add_chat_template(src, str(tmp_path / "models" / "tiny.gguf"))
+    prompt = "Once upon a time, there was a little girl named Lily." + " She liked to play in the park." * 40
+    m = Model.load(src)
+    ids = m.tokenizer.encode(prompt)
+    assert len(ids) > 2 * PREFILL_CHUNK
+    want = "".join(o.text for o in m.session(1024).generate(ids, max_tokens=12, temperature=0))
+    m.close()
+    d.start_threads()
+
+    async def main():
+        body = {"prompt": prompt, "max_tokens": 12, "temperature": 0}
+        req = ApiRequest("POST", "/v1/completions", json.dumps(body).encode())
+        r = await d.api.handle(req)
+        assert r.status == 200, r.body
+        assert r.body["usage"]["prompt_tokens"] == len(ids)
+        assert r.body["choices"][0]["text"] == want
+        # evaluated once, chunk by chunk: the engine's own prefill found the chunks in the cache
+        assert (req.info["cached_tokens"], req.info["prompt_eval"]) == (0, len(ids))
+        body["prompt"] = prompt + " The end."
+        req2 = ApiRequest("POST", "/v1/completions", json.dumps(body).encode())
+        r2 = await d.api.handle(req2)
+        n2, cached = r2.body["usage"]["prompt_tokens"], r2.body["usage"]["prompt_tokens_details"]["cached_tokens"]
+        assert cached >= len(ids) - 2 and req2.info["prompt_eval"] == n2 - cached
+        await d.registry.close_all()
+
+    try:
+        asyncio.run(main())
+    finally:
+        d.decoder.stop()

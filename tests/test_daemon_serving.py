@@ -25,7 +25,8 @@ def models(tmp_path_factory):
 @pytest.fixture(scope="module")
 def srv(models, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("daemon")
-    s = Server(tmp, *models, default_model="alpha", extra={"max_queue": 32, "n_parallel": 2})
+    s = Server(tmp, *models, default_model="alpha", extra={"max_queue": 32, "n_parallel": 2,
+                                                           "pin_default_model": True, "max_loaded_models": 2})
     yield s
     assert s.stop() == 0, s.logtext()
 

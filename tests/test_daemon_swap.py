@@ -163,7 +163,7 @@ def test_idle_unload_keep_alive_and_watchdog(tmp_path, models):
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline and "beta" in srv.request("GET", "/health")[2]["models"]:
             time.sleep(0.2)
-        # beta went idle and was unloaded; alpha is the pinned default model and stays
+        # beta went idle and was unloaded; alpha, the default model, stays
         assert srv.request("GET", "/health")[2]["models"] == ["alpha"]
         assert "idle for" in srv.logtext()
     finally:
@@ -171,7 +171,7 @@ def test_idle_unload_keep_alive_and_watchdog(tmp_path, models):
 
 
 def test_over_budget_load_refused_old_model_keeps_serving(tmp_path, models):
-    srv = Server(tmp_path, *models, default_model="alpha", extra={"max_loaded_models": 2})
+    srv = Server(tmp_path, *models, default_model="alpha", extra={"max_loaded_models": 2, "pin_default_model": True})
     try:
         alpha = {m["id"]: m for m in srv.request("GET", "/v1/models")[2]["data"]}["alpha"]
         # A budget alpha fits in, but not alpha and beta together (SIGHUP re-reads it).
@@ -206,5 +206,45 @@ def test_edged_chat_client_streams_reply(tmp_path, models):
         r = subprocess.run([sys.executable, "-m", "edged", "chat", "--socket", str(tmp_path / "none.sock"),
                             "-p", "hi"], capture_output=True, text=True, timeout=60, cwd=ROOT)
         assert r.returncode == 2 and "no daemon socket" in r.stderr
+    finally:
+        srv.stop()
+
+
+def test_swap_waits_for_the_old_models_in_flight_stream(tmp_path, models):
+    srv = Server(tmp_path, *models, default_model="alpha",
+                 extra={"max_loaded_models": 1, "pin_default_model": False, "n_parallel": 2})
+    try:
+        async def main():
+            async with _client(srv.socket) as s:
+                done = {}
+
+                async def alpha():
+                    body = {"model": "alpha", "prompt": ONCE, "max_tokens": 200, "temperature": 0, "stream": True}
+                    async with s.post("http://edged/v1/completions", json=body) as r:
+                        text = await r.text()
+                    done["alpha"] = time.monotonic()
+                    return r.status, text
+
+                async def beta():
+                    await asyncio.sleep(0.05)          # alpha's stream is running
+                    body = {"model": "beta", "prompt": ONCE, "max_tokens": 2, "temperature": 0}
+                    async with s.post("http://edged/v1/completions", json=body) as r:
+                        res = r.status, await r.json()
+                    done["beta"] = time.monotonic()
+                    return res
+
+                a, b = await asyncio.gather(alpha(), beta())
+                return a, b, done
+
+        (sa, ta), (sb, jb), done = asyncio.run(main())
+        assert sa == 200 and ta.endswith("data: [DONE]\n\n") and '"finish_reason": "length"' in ta
+        assert sb == 200 and jb["model"] == "beta"
+        assert done["alpha"] < done["beta"]
+        log = srv.logtext()
+        assert log.index("swap: draining alpha for beta") < log.index("unloaded model alpha")
+        alpha_line = [line for line in log.splitlines() if "model=alpha" in line and "completion_tokens=200" in line]
+        assert alpha_line, log                  # the old model's stream ran to its end
+        # beta's request arrived while alpha was streaming: the drain started before alpha ended
+        assert log.index("swap: draining alpha for beta") < log.index(alpha_line[0])
     finally:
         srv.stop()

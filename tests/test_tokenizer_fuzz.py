@@ -135,3 +135,46 @@ def test_lone_surrogates_are_tokenized_not_raised():
     ids = tok.encode("a\ud800b", add_special=False)
     assert ids and all(0 <= i < tok.n_vocab for i in ids)
     assert tok.decode(ids).startswith("a") and tok.decode(ids).endswith("b")
+
+
+@pytest.mark.parametrize("name", ["llama-spm", "phi-3"])
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(text=TEXT)
+def test_spm_word_by_word_equals_whole_text_merging(name, text):
+    tok = vocab(name)
+    assert tok._spm_words                      # these vocabularies allow the word-by-word path
+    data = (" " + text).replace(" ", "\u2581").encode("utf-8", "surrogatepass")
+    assert tok._spm.encode(data, True) == tok._spm.encode(data, False)
+
+
+SPECIAL_PARTS = st.lists(st.one_of(
+    st.text(alphabet="ab \t\n\u00e9\u00f8<>|", max_size=6),
+    st.sampled_from(["<|user|>", "</s>", "<s>", "<|end|>", "\u00f8", "\u00e9", "<a>", "<a><b>", "<b>",
+                     "[PAD151650]", "<|im_start|>", "  ", "\n"])), max_size=12)
+
+
+@pytest.mark.parametrize("name", ["phi-3", "deepseek-llm", "qwen2"])
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(parts=SPECIAL_PARTS)
+def test_partition_equals_llama_cpp_transcription(name, parts):
+    tok = vocab(name)
+    text = "".join(parts)
+    for parse in (False, True):
+        assert tok._partition(text, parse) == tok._partition_reference(text, parse)
+
+
+@settings(max_examples=150, deadline=None)
+@given(parts=SPECIAL_PARTS)
+def test_partition_with_lstrip_and_rstrip_equals_transcription(parts):
+    from edged.tokenizer import A_LSTRIP, A_RSTRIP
+    from test_tokenizer_behaviour import bpe_metadata
+    from edged.tokenizer import TokenType
+    tok = Tokenizer(bpe_metadata(extra=[("<a>", TokenType.CONTROL), ("<a><b>", TokenType.USER_DEFINED),
+                                        ("<b>", TokenType.CONTROL), ("</s>", TokenType.USER_DEFINED)]))
+    flags = [A_LSTRIP, A_RSTRIP, A_LSTRIP | A_RSTRIP, 0]
+    tok._special_all = [(t, i, a | flags[k % 4]) for k, (t, i, a) in enumerate(tok._special_all)]
+    tok._special_user = [(t, i, a | flags[(k + 1) % 4]) for k, (t, i, a) in enumerate(tok._special_user)]
+    tok._groups_all, tok._groups_user = tok._group(tok._special_all), tok._group(tok._special_user)
+    text = "".join(parts)
+    for parse in (False, True):
+        assert tok._partition(text, parse) == tok._partition_reference(text, parse)

@@ -16,6 +16,7 @@ import argparse
 import json
 import os
 import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -72,7 +73,10 @@ def llama_run(py, model, t, p, n):
 
 
 def time_v(cmd, cwd=None):
-    r = subprocess.run(["/usr/bin/time", "-v"] + cmd, cwd=cwd, capture_output=True, text=True)
+    gnu_time = shutil.which("time")  # GNU time (the `time` package), not the shell keyword
+    if not gnu_time:
+        raise RuntimeError("--startup needs GNU time (apt-get install time)")
+    r = subprocess.run([gnu_time, "-v"] + cmd, cwd=cwd, capture_output=True, text=True)
     if r.returncode != 0:
         raise RuntimeError(f"{cmd[:4]} failed: {r.stderr[-2000:]}")
     rss = int(re.search(r"Maximum resident set size \(kbytes\): (\d+)", r.stderr).group(1))

@@ -478,7 +478,7 @@ class _Generation:
         self.finish = None
         self.t_start = time.monotonic()
         self.t_first = None
-        self.stats = {}                 # filled by Session.generate: n_prompt_eval, prompt_ms, ...
+        self.prefill = {}               # "cached": prompt tokens found in the slot's KV cache
 
     def start(self, req):
         loop = asyncio.get_running_loop()
@@ -488,11 +488,10 @@ class _Generation:
         def make_gen():
             s = lm.take_session(ids)
             session_box.append(s)
-            return s.generate(ids, max_tokens=self.max_tokens, temperature=p["temperature"], top_k=p["top_k"],
-                              top_p=p["top_p"], min_p=p["min_p"], seed=p["seed"], stop=p["stop"],
-                              repeat_penalty=p["repeat_penalty"], presence_penalty=p["presence_penalty"],
-                              frequency_penalty=p["frequency_penalty"], logit_bias=p["logit_bias"] or None,
-                              stats=self.stats)
+            return lm.steps(s, ids, self.prefill, max_tokens=self.max_tokens, temperature=p["temperature"],
+                            top_k=p["top_k"], top_p=p["top_p"], min_p=p["min_p"], seed=p["seed"], stop=p["stop"],
+                            repeat_penalty=p["repeat_penalty"], presence_penalty=p["presence_penalty"],
+                            frequency_penalty=p["frequency_penalty"], logit_bias=p["logit_bias"] or None)
 
         def finish():      # decode thread: the session is free again
             for s in session_box:
@@ -523,8 +522,10 @@ class _Generation:
                     break
         info = self.req.info
         info.update(completion_tokens=self.n_gen, finish=self.finish or "cancelled")
-        if "n_prompt_eval" in self.stats:
-            info["cached_tokens"] = len(self.ids) - self.stats["n_prompt_eval"]
+        if "cached" in self.prefill:
+            info["cached_tokens"] = self.prefill["cached"]
+        if "evaluated" in self.prefill:
+            info["prompt_eval"] = self.prefill["evaluated"]
         elapsed = time.monotonic() - self.t_start
         if self.t_first is not None:
             info["ttft_ms"] = (self.t_first - self.t_start) * 1e3
@@ -561,9 +562,9 @@ class _Generation:
     def usage(self):
         n = len(self.ids)
         u = {"prompt_tokens": n, "completion_tokens": self.n_gen, "total_tokens": n + self.n_gen}
-        if "n_prompt_eval" in self.stats:
-            # prompt tokens found in the slot's KV cache (a follow-up turn re-evaluates only the new ones)
-            u["prompt_tokens_details"] = {"cached_tokens": n - self.stats["n_prompt_eval"]}
+        if "cached" in self.prefill:
+            # prompt tokens found in the slot's KV cache (a follow-up turn evaluates only the new ones)
+            u["prompt_tokens_details"] = {"cached_tokens": self.prefill["cached"]}
         return u
 
     async def collect(self, req):

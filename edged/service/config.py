@@ -53,8 +53,9 @@ KEYS = [
             "Refuse models without a valid signature from a trusted key. Turn off only for development."),
     KeySpec("default_model", "", "str",
             "Model loaded and warmed at start-up and used when a request names no model; \"\" for none."),
-    KeySpec("pin_default_model", True, "bool",
-            "Never evict or idle-unload the default model."),
+    KeySpec("pin_default_model", False, "bool",
+            "Never unload the default model to make room for another (with max_loaded_models = 1 "
+            "that means no other model can be loaded). The default model is never idle-unloaded."),
     KeySpec("max_loaded_models", 1, "int",
             "Models kept loaded at once; loading one more first drains and unloads the least recently used.",
             minimum=1),
@@ -62,7 +63,8 @@ KEYS = [
             "Memory for models (weights + KV cache + scratch), bytes or \"512M\"/\"2G\"; 0 = available memory.",
             minimum=0),
     KeySpec("keep_alive", 300.0, "float",
-            "Seconds an idle, unpinned model stays loaded; negative = forever, 0 = unload after each request."),
+            "Seconds an idle model other than the default stays loaded; negative = forever, 0 = unload "
+            "after each request."),
     # --- engine ----------------------------------------------------------------------------
     KeySpec("threads", 0, "int", "Compute threads per model; 0 = all CPUs the daemon may use.", minimum=0),
     KeySpec("numa", "none", "enum", "NUMA policy of the worker threads.",

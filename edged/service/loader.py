@@ -12,6 +12,7 @@ from ..errors import EdgedError, RequestError
 # One forward pass at a time per process: the engine has one compute thread pool, so the
 # decode loop and warm-ups take turns through this lock.
 ENGINE_LOCK = threading.Lock()
+PREFILL_CHUNK = 128     # prompt tokens per decode-loop step
 
 
 class LoadedModel:
@@ -66,6 +67,26 @@ class LoadedModel:
                 self._sessions.remove(best)
                 return best
         return self.model.session(n_ctx=self.n_ctx)
+
+    def steps(self, session, ids, info, **sampling):
+        """Generation as steps for the decode loop: None for each PREFILL_CHUNK tokens of the
+        prompt (so other streams and cancellation get a turn during a long prompt), then the
+        engine's outputs. The prompt prefix already in the session's KV cache is not evaluated
+        again; info["cached"] gets its length, info["evaluated"] the prompt tokens evaluated."""
+        cached = min(_common_prefix(_session_tokens(session), ids), len(ids) - 1)
+        info["cached"] = cached
+        if cached < len(session.tokens):
+            session.truncate(cached)
+        pos, last = cached, len(ids) - 1         # the last prompt token is left to generate()
+        while last - pos > PREFILL_CHUNK:
+            session.eval(ids[pos:pos + PREFILL_CHUNK])
+            pos += PREFILL_CHUNK
+            yield None
+        stats = {}
+        for out in session.generate(ids, stats=stats, **sampling):
+            if "evaluated" not in info:
+                info["evaluated"] = pos - cached + stats.get("n_prompt_eval", 0)
+            yield out
 
     def give_back(self, session):
         with self._lock:

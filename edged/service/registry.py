@@ -106,7 +106,8 @@ class Registry:
         for f in waiters:
             if not f.done():
                 f.set_result(None)
-        if lm.refs == 0 and self.cfg.keep_alive == 0 and not lm.pinned and not lm.draining:
+        if (lm.refs == 0 and self.cfg.keep_alive == 0 and not lm.pinned and not lm.draining
+                and lm.name != self.cfg.default_model):
             asyncio.get_running_loop().create_task(self.unload(lm.name, only_if_idle=True))
 
     async def _wait_until(self, predicate):
@@ -144,7 +145,8 @@ class Registry:
                     await loop.run_in_executor(self.executor, new.close)
                     self.metrics.loads["failed"] += 1
                     raise CapacityError(
-                        f"model {name!r} does not fit: {len(self.models)} model(s) loaded and pinned "
+                        f"model {name!r} does not fit beside the pinned model(s) "
+                        f"{', '.join(m.name for m in self.models.values() if m.pinned) or '(none)'} "
                         f"(max_loaded_models={self.cfg.max_loaded_models}, memory_budget="
                         f"{self._budget()} bytes, model {new.size} bytes)")
                 if victims:
@@ -228,6 +230,8 @@ class Registry:
             return
         now = time.monotonic()
         for lm in list(self.models.values()):
+            if lm.name == self.cfg.default_model:
+                continue
             if not lm.pinned and lm.refs == 0 and not lm.draining and now - lm.last_used >= ka:
                 log.info("model %s idle for %.0fs (keep_alive %gs): unloading", lm.name, now - lm.last_used, ka)
                 await self.unload(lm.name, only_if_idle=True)

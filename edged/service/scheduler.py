@@ -8,7 +8,8 @@ longer than `queue_timeout` -> 503.
 Decoding (one thread): the engine has one compute thread pool per process, so forward passes
 are issued from one thread. Each round gives every active job one step of its Session's
 generator (the first step is its prompt's prefill), checks cancellation (client gone, time
-limit) between tokens, and posts the token to the job's asyncio queue. With n_parallel > 1
+limit) between tokens, and posts the token to the job's asyncio queue. A long prompt is
+evaluated in chunks of PREFILL_CHUNK tokens, one chunk per round. With n_parallel > 1
 the streams are interleaved token by token; they are not yet decoded in one batched forward
 pass (the engine has no batched multi-session decode), so aggregate tokens/s stays that of
 one stream.
@@ -170,6 +171,8 @@ class Decoder:
                 except Exception as e:  # noqa: BLE001 - one bad request must not stop the others
                     self._active.remove(job)
                     self._end(job, "error", e)
+                    continue
+                if out is None:                  # a chunk of the prompt was evaluated
                     continue
                 job.post("token", out)
                 if getattr(out, "finish_reason", None):
