@@ -5,6 +5,9 @@
  *       (each worker gets `initial`, the set the process started with). Runs as one pool task, so
  *       every worker pins itself. Returns the number of workers whose pinning failed.
  *
+ * Needs _GNU_SOURCE in the translation unit (Python.h defines it before anything else) for
+ * CPU_SET and pthread_setaffinity_np.
+ *
  * The CPU list comes from edged/threads.py, which only ever picks CPUs inside the process's
  * sched_getaffinity set (numactl / taskset / cgroup / CPUAffinity=).
  */

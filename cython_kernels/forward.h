@@ -361,7 +361,7 @@ static void ed_attention(ed_state *s, const ed_model *m, int il, int ith, int nt
         for (int j = j0; j <= pt; j++) {
             const float w = sc[j] * inv;
             const uint16_t *vr = vc + (size_t)j * kvd + (size_t)kvh * hd;
-            for (int i = 0; i < hd; i++) o[i] += w * ED_F16_LUT[vr[i]];
+            ed_axpy_f16(hd, w, vr, o);  /* SIMD path (ed_simd.h) */
         }
     }
 }

@@ -30,10 +30,14 @@ cdef extern from "forward.h" nogil:
     ctypedef struct ed_pool:
         int n_threads
     ctypedef struct ed_state:
-        int n_ctx, n_batch
+        int n_ctx, n_batch, n_tokens, pos
         uint16_t *k_cache
         uint16_t *v_cache
         float *x
+        float *xb
+        float *qkv
+        float *att
+        uint16_t *qh
         float *logits
         int32_t *tokens
         int profile
@@ -62,7 +66,8 @@ def select_kernels(str name=None):
     Called at import with $EDGED_KERNELS; tests call it to run every path."""
     cdef bytes b = (name or "auto").encode()
     if ed_types_init(b) != 0:
-        raise ImportError(f"EDGED_KERNELS={name!r}: unknown or not supported on this CPU "
+        from edged.errors import ConfigError
+        raise ConfigError(f"EDGED_KERNELS={name!r}: unknown or not supported on this CPU "
                           f"(generic, avx2, avx512, neon, auto; `edged info` lists this CPU's)")
     return ED_PATH.decode()
 

@@ -192,15 +192,21 @@ ctypedef struct _rd_args:
 
 
 cdef void _read_task(void *arg, int ith, int nth) noexcept nogil:
+    # 8 independent xor chains over 64-byte lines: the compiler vectorises it (SSE2 at least)
     cdef _rd_args *a = <_rd_args *>arg
-    cdef size_t per = (a.n + nth - 1) // nth
-    cdef size_t i0 = per * ith, i1 = min(i0 + per, a.n), i
-    cdef uint64_t s0 = 0, s1 = 0, s2 = 0, s3 = 0
+    cdef size_t per = ((a.n + nth - 1) // nth + 7) // 8 * 8
+    cdef size_t i0 = per * ith, i1 = min(i0 + per, a.n), i, j
+    cdef uint64_t acc[8]
+    for j in range(8):
+        acc[j] = 0
     i = i0
-    while i + 4 <= i1:
-        s0 ^= a.p[i]; s1 ^= a.p[i + 1]; s2 ^= a.p[i + 2]; s3 ^= a.p[i + 3]
-        i += 4
-    a.sums[ith % 64] = s0 ^ s1 ^ s2 ^ s3
+    while i + 8 <= i1:
+        for j in range(8):
+            acc[j] ^= a.p[i + j]
+        i += 8
+    for j in range(1, 8):
+        acc[0] ^= acc[j]
+    a.sums[ith % 64] = acc[0]
 
 
 def read_bandwidth_pass(const uint8_t[::1] buf, Pool pool=None):
@@ -225,3 +231,123 @@ def default_threads():
     """Physical cores in the allowed CPU set (edged.threads)."""
     from edged.threads import default_threads as _dt
     return _dt()
+
+
+# --- the forward pass's small ops (forward.h), exposed for the tests against NumPy ----------
+cdef extern from "forward.h" nogil:
+    void ed_rms_norm(float *out, const float *x, const float *w, int n, float eps)
+    void ed_rope(float *x, int n_heads, int head_dim, int n_rot, int pos, float base,
+                 float freq_scale, const float *ff, float mscale, int neox)
+    float ed_gelu(float x)
+    float ed_silu(float x)
+    void ed_attention(ed_state *s, const ed_model *m, int il, int ith, int nth, int ldqkv)
+
+
+def rmsnorm(float[:, ::1] out, const float[:, ::1] x, const float[::1] w=None, float eps=1e-6):
+    """out[t] = x[t] / rms(x[t]) * w."""
+    cdef int n = x.shape[1], t
+    if out.shape[0] != x.shape[0] or out.shape[1] != n or (w is not None and w.shape[0] != n):
+        raise ValueError("rmsnorm: shapes of out, x and w disagree")
+    cdef const float *wp = &w[0] if w is not None else NULL
+    with nogil:
+        for t in range(x.shape[0]):
+            ed_rms_norm(&out[t, 0], &x[t, 0], wp, n, eps)
+
+
+def rope(float[:, ::1] x, int pos, int n_rot, float base=10000.0, float freq_scale=1.0,
+         const float[::1] freq_factors=None, bint neox=False, float mscale=1.0):
+    """Rotate x (n_heads, head_dim) in place for position `pos` (normal or NeoX pairing)."""
+    cdef int hd = x.shape[1]
+    if n_rot > hd or n_rot % 2 or n_rot > 1024:
+        raise ValueError(f"n_rot {n_rot} must be even and <= head_dim {hd}")
+    if freq_factors is not None and freq_factors.shape[0] < n_rot // 2:
+        raise ValueError(f"freq_factors needs {n_rot // 2} values")
+    cdef const float *ff = &freq_factors[0] if freq_factors is not None else NULL
+    with nogil:
+        ed_rope(&x[0, 0], x.shape[0], hd, n_rot, pos, base, freq_scale, ff, mscale, neox)
+
+
+def activation(float[::1] x, str kind):
+    """In place: 'silu' or 'gelu' (tanh approximation)."""
+    cdef Py_ssize_t i
+    cdef bint g = kind == "gelu"
+    if kind not in ("silu", "gelu"):
+        raise ValueError(f"activation {kind!r}")
+    with nogil:
+        for i in range(x.shape[0]):
+            x[i] = ed_gelu(x[i]) if g else ed_silu(x[i])
+
+
+def attention(float[:, ::1] out, float[:, ::1] q, uint16_t[:, ::1] k_cache,
+              uint16_t[:, ::1] v_cache, int pos, int n_head, int n_head_kv, float scale,
+              int n_swa=0):
+    """Causal attention of n tokens at positions pos.. over an F16 cache (n_ctx, n_head_kv *
+    head_dim) that already holds their keys/values; q, out: (n, n_head * head_dim).
+    Grouped-query heads; n_swa > 0 masks keys older than the sliding window."""
+    cdef int n = q.shape[0], Qd = q.shape[1], hd, n_ctx = k_cache.shape[0]
+    if n_head < 1 or n_head_kv < 1 or n_head % n_head_kv or Qd % n_head:
+        raise ValueError("attention: heads do not divide")
+    hd = Qd // n_head
+    if hd > 1024 or k_cache.shape[1] != n_head_kv * hd or v_cache.shape[0] != n_ctx \
+            or v_cache.shape[1] != k_cache.shape[1] or out.shape[0] != n or out.shape[1] != Qd:
+        raise ValueError("attention: shapes of q, out and the caches disagree")
+    if pos < 0 or pos + n > n_ctx:
+        raise ValueError(f"positions [{pos}, {pos + n}) outside the cache of {n_ctx}")
+    cdef ed_model m
+    cdef ed_layer layer
+    cdef ed_state s
+    memset(&m, 0, sizeof(m)); memset(&layer, 0, sizeof(layer)); memset(&s, 0, sizeof(s))
+    att = np.empty(n_ctx, np.float32)
+    qh = np.empty(hd, np.uint16)
+    cdef float[::1] attv = att
+    cdef uint16_t[::1] qhv = qh
+    m.head_dim = hd; m.n_head = n_head; m.n_head_kv = n_head_kv; m.attn_scale = scale
+    m.n_swa = n_swa; m.n_layer = 1; layer.swa = n_swa > 0; m.layers = &layer
+    s.n_ctx = n_ctx; s.n_tokens = n; s.pos = pos
+    s.k_cache = &k_cache[0, 0]; s.v_cache = &v_cache[0, 0]
+    s.att = &attv[0]; s.qh = &qhv[0]; s.qkv = &q[0, 0]; s.xb = &out[0, 0]
+    with nogil:
+        ed_attention(&s, &m, 0, 0, 1, Qd)
+
+
+# --- compiled weight quantizers (ed_quant.h), the fast twin of edged.quants.quantize --------
+cdef extern from "ed_quant.h" nogil:
+    int ed_quantize_row(int type, const float *x, void *y, int64_t k)
+
+ctypedef struct _q_args:
+    const float *x
+    uint8_t *y
+    int64_t k, rows
+    size_t rb
+    int type
+
+
+cdef void _q_task(void *arg, int ith, int nth) noexcept nogil:
+    cdef _q_args *a = <_q_args *>arg
+    cdef int64_t per = (a.rows + nth - 1) // nth
+    cdef int64_t r0 = per * ith, r1 = min(r0 + per, a.rows), r
+    for r in range(r0, r1):
+        ed_quantize_row(a.type, a.x + r * a.k, a.y + r * a.rb, a.k)
+
+
+def quantize_rows(const float[:, ::1] x, int qtype, Pool pool=None):
+    """Float rows (n, k) -> uint8 (n, row_bytes) quantized to `qtype` with llama.cpp's reference
+    algorithms (same bytes as edged.quants.quantize); rows split over the pool's threads."""
+    cdef int64_t n = x.shape[0], k = x.shape[1]
+    if qtype < 0 or qtype >= 40 or ED_TRAITS[qtype].dot == NULL or ED_TRAITS[qtype].block == 1:
+        raise ValueError(f"no compiled quantizer for ggml type {qtype}")
+    if k % ED_TRAITS[qtype].block:
+        raise ValueError(f"row length {k} is not a multiple of the block size {ED_TRAITS[qtype].block}")
+    cdef size_t rb = <size_t>(k // ED_TRAITS[qtype].block) * ED_TRAITS[qtype].type_size
+    out = np.empty((n, rb), np.uint8)
+    if n == 0:
+        return out
+    cdef uint8_t[:, ::1] o = out
+    cdef _q_args a
+    a.x = &x[0, 0]; a.y = &o[0, 0]; a.k = k; a.rows = n; a.rb = rb; a.type = qtype
+    with nogil:
+        if pool is None:
+            _q_task(&a, 0, 1)
+        else:
+            ed_pool_run(pool.p, _q_task, &a)
+    return out

@@ -329,6 +329,8 @@ class Tokenizer:
         self._attr = attr
         self._special_all = [(texts[i], i, attr[i]) for i in order]
         self._special_user = [s for s in self._special_all if not s[2] & (A_CONTROL | A_UNKNOWN)]
+        self._groups_all = self._group(self._special_all)
+        self._groups_user = self._group(self._special_user)
 
         if add_bos and special["bos"] is None:
             _fail(name, f"{Key.ADD_BOS} is set but the vocabulary has no BOS token")
@@ -370,6 +372,14 @@ class Tokenizer:
                 _fail(name, f"{Key.MERGES}[{bad}] = {merges[bad][:40]!r} is not two tokens "
                             "separated by a space")
             self._spm = None
+
+    @staticmethod
+    def _group(specials):
+        """Special tokens by their first two characters: {prefix: [(rank, text, id, attr)]}."""
+        groups = {}
+        for rank, (tok, tid, a) in enumerate(specials):
+            groups.setdefault(tok[:2], []).append((rank, tok, tid, a))
+        return groups
 
     # --- metadata checks ---------------------------------------------------------------------
     def _str(self, md, key, required=False):
@@ -439,10 +449,13 @@ class Tokenizer:
         specials = self._special_all if parse_special else self._special_user
         if not specials or not text:
             return [text] if text else []
-        if len(specials) > 8:                          # only tokens that occur at all
-            chars = set(text)
-            specials = [s for s in specials if s[0][0] in chars]
-        specials = [s for s in specials if s[0] in text]
+        # only tokens that occur at all: one scan per group of tokens sharing their first two
+        # characters, then one per token of a group that occurs
+        found = []
+        for key, members in (self._groups_all if parse_special else self._groups_user).items():
+            if key in text:
+                found += [m for m in members if len(m[1]) <= 2 or m[1] in text]
+        specials = [m[1:] for m in sorted(found)]
         if not specials:
             return [text]
         n = len(text)

@@ -98,6 +98,7 @@ def test_unit_settings_that_the_daemon_relies_on():
 
 @pytest.mark.skipif(not shutil.which("systemd-sysusers") or not shutil.which("systemd-tmpfiles"),
                     reason="systemd-sysusers/systemd-tmpfiles missing")
+@pytest.mark.skipif(os.geteuid() != 0, reason="creating files owned by another user needs root")
 def test_sysusers_and_tmpfiles_create_the_layout(tmp_path):
     for kind in ("sysusers.d", "tmpfiles.d"):
         d = tmp_path / "usr" / "lib" / kind

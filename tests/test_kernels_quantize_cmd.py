@@ -20,13 +20,14 @@ def run_cli(*args):
     return subprocess.run([sys.executable, "-m", "edged", *args], cwd=ROOT, capture_output=True, text=True)
 
 
+@pytest.mark.parametrize("compiled", [True, False], ids=["compiled", "numpy"])
 @pytest.mark.parametrize("mix", MIXES)
-def test_quantize_equals_llama_quantize(mix, tmp_path):
+def test_quantize_equals_llama_quantize(mix, compiled, tmp_path):
     src = testdata("models", "synthetic-llama-f32.gguf")
     ref = GGUFFile.open(testdata("models", f"synthetic-llama-{mix}.gguf"))
     out = tmp_path / "out.gguf"
     from edged.quantize import quantize_file
-    quantize_file(src, str(out), mix)
+    quantize_file(src, str(out), mix, compiled=compiled)
     got = GGUFFile.open(str(out))
     assert list(got.tensors) == list(ref.tensors)
     for name, ti in ref.tensors.items():
@@ -84,3 +85,20 @@ def test_writer_roundtrip_with_pypi_reader(tmp_path):
     rd = gguf.GGUFReader(str(p))
     assert [t.name for t in rd.tensors] == ["a.weight", "b.weight"]
     assert np.array_equal(rd.tensors[1].data, np.ones(3, np.float32))
+
+
+@pytest.mark.parametrize("t", [GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0, GGMLType.Q5_1,
+                               GGMLType.Q8_0, GGMLType.Q2_K, GGMLType.Q3_K, GGMLType.Q4_K,
+                               GGMLType.Q5_K, GGMLType.Q6_K], ids=lambda t: t.name)
+def test_compiled_quantizer_equals_numpy_reference(t):
+    core = pytest.importorskip("edged._core")
+    from edged import quants
+    rng = np.random.default_rng(int(t))
+    for rows in (1, 31, 33):
+        x = (rng.standard_normal((rows, 512)) * rng.choice([1e-3, 1.0, 50.0], (rows, 1))).astype(np.float32)
+        x[0, :256] = 0                       # an all-zero block
+        if rows > 1:
+            x[1, 256:] = np.float32(1e-20)   # a block below GROUP_MAX_EPS
+            x[-1, :32] = 7.0                 # a flat block
+        ours = core.quantize_rows(x, int(t), core.Pool(2))
+        assert np.array_equal(ours, quants.quantize(x, t)), (t.name, rows)

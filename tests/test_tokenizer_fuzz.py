@@ -174,6 +174,7 @@ def test_partition_with_lstrip_and_rstrip_equals_transcription(parts):
     flags = [A_LSTRIP, A_RSTRIP, A_LSTRIP | A_RSTRIP, 0]
     tok._special_all = [(t, i, a | flags[k % 4]) for k, (t, i, a) in enumerate(tok._special_all)]
     tok._special_user = [(t, i, a | flags[(k + 1) % 4]) for k, (t, i, a) in enumerate(tok._special_user)]
+    tok._groups_all, tok._groups_user = tok._group(tok._special_all), tok._group(tok._special_user)
     text = "".join(parts)
     for parse in (False, True):
         assert tok._partition(text, parse) == tok._partition_reference(text, parse)

@@ -13,6 +13,9 @@ def register(sub):
                        "print its architecture, hyperparameters, weight types and the memory a "
                        "context needs.")
     add_load_args(p, threads=False)
+    for action in p._actions:  # without -m, `edged info` describes only the machine
+        if action.dest == "model":
+            action.required = False
     p.add_argument("-c", "--ctx-size", type=int, action="append", default=None,
                    help="context size(s) to plan memory for (default: 512, 4096, training)")
     p.add_argument("--json", action="store_true")
@@ -76,6 +79,22 @@ def machine_info():
 
 
 def run(args):
+    if not args.model:
+        mi = machine_info()
+        if args.json:
+            json.dump({"machine": mi}, sys.stdout, indent=1, default=str)
+            print()
+            return 0
+        if not mi.get("compiled"):
+            print("compiled core: not built (python setup.py build_ext --inplace)")
+            return 0
+        print(f"kernel path:  {mi.get('kernel_path')}")
+        print(f"cpu features: {' '.join(mi.get('cpu_features') or []) or 'none'}")
+        print(f"threads:      {mi.get('default_threads')} by default (physical cores in the "
+              f"allowed set {mi.get('allowed_cpus')})")
+        nodes = mi.get("numa_nodes") or {}
+        print("numa nodes:   " + ", ".join(f"node {n}: {len(c)} cpus" for n, c in nodes.items()))
+        return 0
     info = model_info(args.model, args.ctx_size)
     info["machine"] = machine_info()
     if args.json:

@@ -1,0 +1,396 @@
+/* Compiled weight quantizers: llama.cpp's reference algorithms (no importance matrix), the
+ * fast twin of edged/quants.py (tests check both produce the same bytes). Single rows of k
+ * floats (k a multiple of the block size) in, blocks out:
+ *
+ *   int ed_quantize_row(int type, const float *x, void *y, int64_t k)   0, or -1 if no quantizer
+ *
+ * Float operations run in the reference's order; contraction into FMA is disabled so every
+ * architecture rounds the same way.
+ */
+#ifndef EDGED_ED_QUANT_H
+#define EDGED_ED_QUANT_H
+
+#include <float.h>
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+#include "ed_types.h"
+
+#define ED_NOFMA __attribute__((optimize("fp-contract=off")))
+#define ED_GROUP_MAX_EPS 1e-15f
+
+static inline int ed_qmax(int a, int b) { return a > b ? a : b; }
+static inline int ed_qmin(int a, int b) { return a < b ? a : b; }
+
+/* ----------------------------------------------------------------- 32-blocks --------- */
+static ED_NOFMA void ed_q_q4_0(const float *x, blk_q4_0 *y) {
+    float amax = 0.0f, max = 0.0f;
+    for (int j = 0; j < QK; j++) if (amax < fabsf(x[j])) { amax = fabsf(x[j]); max = x[j]; }
+    const float d = max / -8, id = d ? 1.0f / d : 0.0f;
+    y->d = ed_fp32_to_fp16(d);
+    for (int j = 0; j < QK / 2; j++) {
+        const uint8_t a = (uint8_t)ed_qmin(15, (int8_t)(x[j] * id + 8.5f));
+        const uint8_t b = (uint8_t)ed_qmin(15, (int8_t)(x[j + QK / 2] * id + 8.5f));
+        y->qs[j] = a | (uint8_t)(b << 4);
+    }
+}
+
+static ED_NOFMA void ed_q_q4_1(const float *x, blk_q4_1 *y) {
+    float min = FLT_MAX, max = -FLT_MAX;
+    for (int j = 0; j < QK; j++) { if (x[j] < min) min = x[j]; if (x[j] > max) max = x[j]; }
+    const float d = (max - min) / 15, id = d ? 1.0f / d : 0.0f;
+    y->d = ed_fp32_to_fp16(d); y->m = ed_fp32_to_fp16(min);
+    for (int j = 0; j < QK / 2; j++) {
+        const uint8_t a = (uint8_t)ed_qmin(15, (int8_t)((x[j] - min) * id + 0.5f));
+        const uint8_t b = (uint8_t)ed_qmin(15, (int8_t)((x[j + QK / 2] - min) * id + 0.5f));
+        y->qs[j] = a | (uint8_t)(b << 4);
+    }
+}
+
+static ED_NOFMA void ed_q_q5_0(const float *x, blk_q5_0 *y) {
+    float amax = 0.0f, max = 0.0f;
+    for (int j = 0; j < QK; j++) if (amax < fabsf(x[j])) { amax = fabsf(x[j]); max = x[j]; }
+    const float d = max / -16, id = d ? 1.0f / d : 0.0f;
+    y->d = ed_fp32_to_fp16(d);
+    uint32_t qh = 0;
+    for (int j = 0; j < QK / 2; j++) {
+        const uint8_t a = (uint8_t)ed_qmin(31, (int8_t)(x[j] * id + 16.5f));
+        const uint8_t b = (uint8_t)ed_qmin(31, (int8_t)(x[j + QK / 2] * id + 16.5f));
+        y->qs[j] = (a & 0x0F) | (uint8_t)((b & 0x0F) << 4);
+        qh |= ((uint32_t)(a >> 4) & 1u) << j;
+        qh |= ((uint32_t)(b >> 4) & 1u) << (j + QK / 2);
+    }
+    memcpy(y->qh, &qh, 4);
+}
+
+static ED_NOFMA void ed_q_q5_1(const float *x, blk_q5_1 *y) {
+    float min = FLT_MAX, max = -FLT_MAX;
+    for (int j = 0; j < QK; j++) { if (x[j] < min) min = x[j]; if (x[j] > max) max = x[j]; }
+    const float d = (max - min) / 31, id = d ? 1.0f / d : 0.0f;
+    y->d = ed_fp32_to_fp16(d); y->m = ed_fp32_to_fp16(min);
+    uint32_t qh = 0;
+    for (int j = 0; j < QK / 2; j++) {
+        const uint8_t a = (uint8_t)((x[j] - min) * id + 0.5f);
+        const uint8_t b = (uint8_t)((x[j + QK / 2] - min) * id + 0.5f);
+        y->qs[j] = (a & 0x0F) | (uint8_t)((b & 0x0F) << 4);
+        qh |= ((uint32_t)(a >> 4) & 1u) << j;
+        qh |= ((uint32_t)(b >> 4) & 1u) << (j + QK / 2);
+    }
+    memcpy(y->qh, &qh, 4);
+}
+
+static ED_NOFMA void ed_q_q8_0(const float *x, blk_q8_0 *y) {
+    float amax = 0.0f;
+    for (int j = 0; j < QK; j++) { const float v = fabsf(x[j]); if (v > amax) amax = v; }
+    const float d = amax / 127, id = d ? 1.0f / d : 0.0f;
+    y->d = ed_fp32_to_fp16(d);
+    for (int j = 0; j < QK; j++) y->qs[j] = (int8_t)roundf(x[j] * id);
+}
+
+/* ----------------------------------------------------------------- K-quant helpers --- */
+static ED_NOFMA float ed_make_qkx2(int n, int nmax, const float *x, const float *w, uint8_t *L,
+                                   float *the_min, uint8_t *Laux, float rmin, float rdelta,
+                                   int nstep, int use_mad) {
+    float min = x[0], max = x[0], sum_w = w[0], sum_x = sum_w * x[0];
+    for (int i = 1; i < n; i++) {
+        if (x[i] < min) min = x[i];
+        if (x[i] > max) max = x[i];
+        sum_w += w[i]; sum_x += w[i] * x[i];
+    }
+    if (min > 0) min = 0;
+    if (max == min) { for (int i = 0; i < n; i++) L[i] = 0; *the_min = -min; return 0.0f; }
+    float iscale = nmax / (max - min), scale = 1 / iscale, best = 0;
+    for (int i = 0; i < n; i++) {
+        const int l = ed_nearest_int(iscale * (x[i] - min));
+        L[i] = (uint8_t)ed_qmax(0, ed_qmin(nmax, l));
+        float diff = scale * L[i] + min - x[i];
+        diff = use_mad ? fabsf(diff) : diff * diff;
+        best += w[i] * diff;
+    }
+    for (int is = 0; is <= nstep; is++) {
+        iscale = (rmin + rdelta * is + nmax) / (max - min);
+        float sl = 0, sl2 = 0, sxl = 0;
+        for (int i = 0; i < n; i++) {
+            const int l = ed_qmax(0, ed_qmin(nmax, ed_nearest_int(iscale * (x[i] - min))));
+            Laux[i] = (uint8_t)l;
+            sl += w[i] * l; sl2 += w[i] * l * l; sxl += w[i] * l * x[i];
+        }
+        const float D = sum_w * sl2 - sl * sl;
+        if (D > 0) {
+            float ts = (sum_w * sxl - sum_x * sl) / D, tm = (sl2 * sum_x - sl * sxl) / D;
+            if (tm > 0) { tm = 0; ts = sxl / sl2; }
+            float cur = 0;
+            for (int i = 0; i < n; i++) {
+                float diff = ts * Laux[i] + tm - x[i];
+                diff = use_mad ? fabsf(diff) : diff * diff;
+                cur += w[i] * diff;
+            }
+            if (cur < best) { memcpy(L, Laux, (size_t)n); best = cur; scale = ts; min = tm; }
+        }
+    }
+    *the_min = -min;
+    return scale;
+}
+
+static ED_NOFMA float ed_make_q3(int n, int nmax, const float *x, int8_t *L) {
+    float max = 0, amax = 0;
+    for (int i = 0; i < n; i++) { const float ax = fabsf(x[i]); if (ax > amax) { amax = ax; max = x[i]; } }
+    if (amax < ED_GROUP_MAX_EPS) { for (int i = 0; i < n; i++) L[i] = 0; return 0.0f; }
+    const float iscale = -nmax / max;
+    float sumlx = 0, suml2 = 0;
+    for (int i = 0; i < n; i++) {
+        const int l = ed_qmax(-nmax, ed_qmin(nmax - 1, ed_nearest_int(iscale * x[i])));
+        L[i] = (int8_t)l;
+        const float w = x[i] * x[i];
+        sumlx += w * x[i] * l; suml2 += w * l * l;
+    }
+    for (int itry = 0; itry < 5; itry++) {
+        int changed = 0;
+        for (int i = 0; i < n; i++) {
+            const float w = x[i] * x[i];
+            float slx = sumlx - w * x[i] * L[i];
+            if (slx > 0) {
+                float sl2 = suml2 - w * L[i] * L[i];
+                int nl = ed_qmax(-nmax, ed_qmin(nmax - 1, ed_nearest_int(x[i] * sl2 / slx)));
+                if (nl != L[i]) {
+                    slx += w * x[i] * nl; sl2 += w * nl * nl;
+                    if (sl2 > 0 && slx * slx * suml2 > sumlx * sumlx * sl2) {
+                        L[i] = (int8_t)nl; sumlx = slx; suml2 = sl2; changed++;
+                    }
+                }
+            }
+        }
+        if (!changed) break;
+    }
+    for (int i = 0; i < n; i++) L[i] = (int8_t)(L[i] + nmax);
+    return suml2 > 0.0f ? sumlx / suml2 : 0.0f;
+}
+
+/* make_qx_quants with rmse_type 1 and no quant weights (Q6_K) */
+static ED_NOFMA float ed_make_qx1(int n, int nmax, const float *x, int8_t *L) {
+    float max = 0, amax = 0;
+    for (int i = 0; i < n; i++) { const float ax = fabsf(x[i]); if (ax > amax) { amax = ax; max = x[i]; } }
+    if (amax < ED_GROUP_MAX_EPS) { for (int i = 0; i < n; i++) L[i] = 0; return 0.0f; }
+    float iscale = -nmax / max, sumlx = 0, suml2 = 0;
+    for (int i = 0; i < n; i++) {
+        const int l = ed_qmax(-nmax, ed_qmin(nmax - 1, ed_nearest_int(iscale * x[i])));
+        L[i] = (int8_t)(l + nmax);
+        const float w = x[i] * x[i];
+        sumlx += w * x[i] * l; suml2 += w * l * l;
+    }
+    float scale = suml2 ? sumlx / suml2 : 0.0f, best = scale * sumlx;
+    for (int is = -9; is <= 9; is++) {
+        if (is == 0) continue;
+        iscale = -(nmax + 0.1f * is) / max;
+        sumlx = suml2 = 0;
+        for (int i = 0; i < n; i++) {
+            const int l = ed_qmax(-nmax, ed_qmin(nmax - 1, ed_nearest_int(iscale * x[i])));
+            const float w = x[i] * x[i];
+            sumlx += w * x[i] * l; suml2 += w * l * l;
+        }
+        if (suml2 > 0 && sumlx * sumlx > best * suml2) {
+            for (int i = 0; i < n; i++)
+                L[i] = (int8_t)(nmax + ed_qmax(-nmax, ed_qmin(nmax - 1, ed_nearest_int(iscale * x[i]))));
+            scale = sumlx / suml2; best = scale * sumlx;
+        }
+    }
+    return scale;
+}
+
+static void ed_scale_min_k4(int j, const uint8_t *q, uint8_t *d, uint8_t *m) {
+    if (j < 4) { *d = q[j] & 63; *m = q[j + 4] & 63; }
+    else { *d = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4); *m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4); }
+}
+
+/* ----------------------------------------------------------------- K-quants ---------- */
+static ED_NOFMA void ed_q_q2_K(const float *x, blk_q2_K *y) {
+    uint8_t L[QKK], Laux[16];
+    float w[16], mins[16], scales[16], max_scale = 0, max_min = 0;
+    for (int j = 0; j < 16; j++) {
+        for (int l = 0; l < 16; l++) w[l] = fabsf(x[16 * j + l]);
+        scales[j] = ed_make_qkx2(16, 3, x + 16 * j, w, L + 16 * j, &mins[j], Laux, -0.5f, 0.1f, 15, 1);
+        if (scales[j] > max_scale) max_scale = scales[j];
+        if (mins[j] > max_min) max_min = mins[j];
+    }
+    if (max_scale > 0) {
+        const float is = 15.f / max_scale;
+        for (int j = 0; j < 16; j++) y->scales[j] = (uint8_t)ed_nearest_int(is * scales[j]);
+        y->d = ed_fp32_to_fp16(max_scale / 15.f);
+    } else {
+        memset(y->scales, 0, 16);
+        y->d = ed_fp32_to_fp16(0.f);
+    }
+    if (max_min > 0) {
+        const float im = 15.f / max_min;
+        for (int j = 0; j < 16; j++) y->scales[j] |= (uint8_t)(ed_nearest_int(im * mins[j]) << 4);
+        y->dmin = ed_fp32_to_fp16(max_min / 15.f);
+    } else {
+        y->dmin = ed_fp32_to_fp16(0.f);
+    }
+    for (int j = 0; j < 16; j++) {
+        const float d = ed_fp16_to_fp32(y->d) * (y->scales[j] & 0xF);
+        if (!d) continue;
+        const float dm = ed_fp16_to_fp32(y->dmin) * (y->scales[j] >> 4);
+        for (int i = 0; i < 16; i++)
+            L[16 * j + i] = (uint8_t)ed_qmax(0, ed_qmin(3, ed_nearest_int((x[16 * j + i] + dm) / d)));
+    }
+    for (int j = 0; j < QKK; j += 128)
+        for (int l = 0; l < 32; l++)
+            y->qs[j / 4 + l] = L[j + l] | (L[j + l + 32] << 2) | (L[j + l + 64] << 4) | (L[j + l + 96] << 6);
+}
+
+static ED_NOFMA void ed_q_q3_K(const float *x, blk_q3_K *y) {
+    int8_t L[QKK];
+    float scales[16], max_scale = 0, amax = 0;
+    for (int j = 0; j < 16; j++) {
+        scales[j] = ed_make_q3(16, 4, x + 16 * j, L + 16 * j);
+        const float s = fabsf(scales[j]);
+        if (s > amax) { amax = s; max_scale = scales[j]; }
+    }
+    memset(y->scales, 0, 12);
+    if (max_scale) {
+        const float iscale = -32.f / max_scale;
+        for (int j = 0; j < 16; j++) {
+            int8_t l = (int8_t)ed_nearest_int(iscale * scales[j]);
+            l = (int8_t)(ed_qmax(-32, ed_qmin(31, l)) + 32);
+            if (j < 8) y->scales[j] = l & 0xF;
+            else y->scales[j - 8] |= (uint8_t)((l & 0xF) << 4);
+            l >>= 4;
+            y->scales[j % 4 + 8] |= (uint8_t)(l << (2 * (j / 4)));
+        }
+        y->d = ed_fp32_to_fp16(1 / iscale);
+    } else {
+        y->d = ed_fp32_to_fp16(0.f);
+    }
+    for (int j = 0; j < 16; j++) {
+        int8_t sc = j < 8 ? (int8_t)(y->scales[j] & 0xF) : (int8_t)(y->scales[j - 8] >> 4);
+        sc = (int8_t)((sc | (((y->scales[8 + j % 4] >> (2 * (j / 4))) & 3) << 4)) - 32);
+        const float d = ed_fp16_to_fp32(y->d) * sc;
+        if (!d) continue;
+        for (int i = 0; i < 16; i++)
+            L[16 * j + i] = (int8_t)(ed_qmax(-4, ed_qmin(3, ed_nearest_int(x[16 * j + i] / d))) + 4);
+    }
+    memset(y->hmask, 0, 32);
+    int m = 0; uint8_t hm = 1;
+    for (int j = 0; j < QKK; j++) {
+        if (L[j] > 3) { y->hmask[m] |= hm; L[j] -= 4; }
+        if (++m == 32) { m = 0; hm <<= 1; }
+    }
+    for (int j = 0; j < QKK; j += 128)
+        for (int l = 0; l < 32; l++)
+            y->qs[j / 4 + l] = (uint8_t)(L[j + l] | (L[j + l + 32] << 2) | (L[j + l + 64] << 4) | (L[j + l + 96] << 6));
+}
+
+/* shared by Q4_K and Q5_K: 8 groups of 32 with 6-bit scales and mins */
+static ED_NOFMA void ed_q_k4_scales(const float *x, int nmax, float rmin, float rdelta, int nstep,
+                                    uint8_t *L, uint8_t *packed, ed_half *dd, ed_half *dmin) {
+    uint8_t Laux[32];
+    float w[32], mins[8], scales[8], max_scale = 0, max_min = 0;
+    for (int j = 0; j < 8; j++) {
+        float sum_x2 = 0;
+        for (int l = 0; l < 32; l++) sum_x2 += x[32 * j + l] * x[32 * j + l];
+        const float av_x = sqrtf(sum_x2 / 32);
+        for (int l = 0; l < 32; l++) w[l] = av_x + fabsf(x[32 * j + l]);
+        scales[j] = ed_make_qkx2(32, nmax, x + 32 * j, w, L + 32 * j, &mins[j], Laux, rmin, rdelta, nstep, 0);
+        if (scales[j] > max_scale) max_scale = scales[j];
+        if (mins[j] > max_min) max_min = mins[j];
+    }
+    const float inv_s = max_scale > 0 ? 63.f / max_scale : 0.f, inv_m = max_min > 0 ? 63.f / max_min : 0.f;
+    for (int j = 0; j < 8; j++) {
+        uint8_t ls = (uint8_t)ed_nearest_int(inv_s * scales[j]), lm = (uint8_t)ed_nearest_int(inv_m * mins[j]);
+        ls = ls < 63 ? ls : 63; lm = lm < 63 ? lm : 63;
+        if (j < 4) { packed[j] = ls; packed[j + 4] = lm; }
+        else {
+            packed[j + 4] = (ls & 0xF) | (uint8_t)((lm & 0xF) << 4);
+            packed[j - 4] |= (uint8_t)((ls >> 4) << 6);
+            packed[j] |= (uint8_t)((lm >> 4) << 6);
+        }
+    }
+    *dd = ed_fp32_to_fp16(max_scale / 63.f);
+    *dmin = ed_fp32_to_fp16(max_min / 63.f);
+    for (int j = 0; j < 8; j++) {
+        uint8_t sc, m;
+        ed_scale_min_k4(j, packed, &sc, &m);
+        const float d = ed_fp16_to_fp32(*dd) * sc;
+        if (!d) continue;
+        const float dm = ed_fp16_to_fp32(*dmin) * m;
+        for (int i = 0; i < 32; i++)
+            L[32 * j + i] = (uint8_t)ed_qmax(0, ed_qmin(nmax, ed_nearest_int((x[32 * j + i] + dm) / d)));
+    }
+}
+
+static void ed_q_q4_K(const float *x, blk_q4_K *y) {
+    uint8_t L[QKK];
+    memset(y->scales, 0, 12);
+    ed_q_k4_scales(x, 15, -1.f, 0.1f, 20, L, y->scales, &y->d, &y->dmin);
+    for (int j = 0; j < 4; j++)
+        for (int l = 0; l < 32; l++) y->qs[32 * j + l] = L[64 * j + l] | (uint8_t)(L[64 * j + l + 32] << 4);
+}
+
+static void ed_q_q5_K(const float *x, blk_q5_K *y) {
+    uint8_t L[QKK];
+    memset(y->scales, 0, 12);
+    ed_q_k4_scales(x, 31, -0.5f, 0.1f, 15, L, y->scales, &y->d, &y->dmin);
+    memset(y->qh, 0, 32);
+    uint8_t m1 = 1, m2 = 2;
+    for (int n = 0; n < QKK; n += 64) {
+        for (int j = 0; j < 32; j++) {
+            int l1 = L[n + j], l2 = L[n + j + 32];
+            if (l1 > 15) { l1 -= 16; y->qh[j] |= m1; }
+            if (l2 > 15) { l2 -= 16; y->qh[j] |= m2; }
+            y->qs[n / 2 + j] = (uint8_t)(l1 | (l2 << 4));
+        }
+        m1 <<= 2; m2 <<= 2;
+    }
+}
+
+static ED_NOFMA void ed_q_q6_K(const float *x, blk_q6_K *y) {
+    int8_t L[QKK];
+    float scales[16], max_scale = 0, max_abs = 0;
+    for (int ib = 0; ib < 16; ib++) {
+        scales[ib] = ed_make_qx1(16, 32, x + 16 * ib, L + 16 * ib);
+        const float a = fabsf(scales[ib]);
+        if (a > max_abs) { max_abs = a; max_scale = scales[ib]; }
+    }
+    if (max_abs < ED_GROUP_MAX_EPS) { memset(y, 0, sizeof *y); return; }
+    const float iscale = -128.f / max_scale;
+    y->d = ed_fp32_to_fp16(1 / iscale);
+    for (int ib = 0; ib < 16; ib++) y->scales[ib] = (int8_t)ed_qmin(127, ed_nearest_int(iscale * scales[ib]));
+    for (int j = 0; j < 16; j++) {
+        const float d = ed_fp16_to_fp32(y->d) * y->scales[j];
+        if (!d) continue;
+        for (int i = 0; i < 16; i++)
+            L[16 * j + i] = (int8_t)(ed_qmax(-32, ed_qmin(31, ed_nearest_int(x[16 * j + i] / d))) + 32);
+    }
+    uint8_t *ql = y->ql, *qh = y->qh;
+    for (int j = 0; j < QKK; j += 128) {
+        for (int l = 0; l < 32; l++) {
+            const uint8_t q1 = L[j + l] & 0xF, q2 = L[j + l + 32] & 0xF, q3 = L[j + l + 64] & 0xF, q4 = L[j + l + 96] & 0xF;
+            ql[l] = q1 | (uint8_t)(q3 << 4);
+            ql[l + 32] = q2 | (uint8_t)(q4 << 4);
+            qh[l] = (uint8_t)((L[j + l] >> 4) | ((L[j + l + 32] >> 4) << 2) | ((L[j + l + 64] >> 4) << 4) | ((L[j + l + 96] >> 4) << 6));
+        }
+        ql += 64; qh += 32;
+    }
+}
+
+static int ed_quantize_row(int type, const float *x, void *vy, int64_t k) {
+    uint8_t *y = (uint8_t *)vy;
+    switch (type) {
+#define ED_QCASE(T, fn, blk, bs) case T: for (int64_t i = 0; i < k / (bs); i++) fn(x + i * (bs), (blk *)y + i); return 0;
+    ED_QCASE(ED_Q4_0, ed_q_q4_0, blk_q4_0, QK)
+    ED_QCASE(ED_Q4_1, ed_q_q4_1, blk_q4_1, QK)
+    ED_QCASE(ED_Q5_0, ed_q_q5_0, blk_q5_0, QK)
+    ED_QCASE(ED_Q5_1, ed_q_q5_1, blk_q5_1, QK)
+    ED_QCASE(ED_Q8_0, ed_q_q8_0, blk_q8_0, QK)
+    ED_QCASE(ED_Q2_K, ed_q_q2_K, blk_q2_K, QKK)
+    ED_QCASE(ED_Q3_K, ed_q_q3_K, blk_q3_K, QKK)
+    ED_QCASE(ED_Q4_K, ed_q_q4_K, blk_q4_K, QKK)
+    ED_QCASE(ED_Q5_K, ed_q_q5_K, blk_q5_K, QKK)
+    ED_QCASE(ED_Q6_K, ed_q_q6_K, blk_q6_K, QKK)
+#undef ED_QCASE
+    default: return -1;
+    }
+}
+
+#endif

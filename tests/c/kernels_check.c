@@ -1,0 +1,92 @@
+/* Standalone check of every kernel path this CPU (or emulator) supports against the generic C
+ * path: random valid weight blocks of every type x random activations, odd row counts, single
+ * dots and the tiled ed_mdot_rows. Prints one line per path/type and exits non-zero on a
+ * mismatch. Built and run by tests/test_kernels_cross.py (natively, and for aarch64 under
+ * qemu when a cross compiler is installed), so the NEON path is exercised on an x86 machine.
+ */
+#define _GNU_SOURCE
+#include <stdio.h>
+#include "forward.h"
+#include "ed_quant.h"
+
+static uint64_t rng_state = 88172645463325252ull;
+static uint32_t rnd(void) { rng_state ^= rng_state << 13; rng_state ^= rng_state >> 7; rng_state ^= rng_state << 17; return (uint32_t)rng_state; }
+static float rndf(void) { return (float)(rnd() % 2000001) / 1000000.0f - 1.0f; }
+
+/* byte offsets of half-float fields per block, so random blocks carry sane scales */
+static void fix_halves(int type, uint8_t *blk) {
+    int offs[2] = {-1, -1};
+    switch (type) {
+    case ED_Q4_0: case ED_Q5_0: case ED_Q8_0: offs[0] = 0; break;
+    case ED_Q4_1: case ED_Q5_1: case ED_Q4_K: case ED_Q5_K: offs[0] = 0; offs[1] = 2; break;
+    case ED_Q2_K: offs[0] = 80; offs[1] = 82; break;
+    case ED_Q3_K: offs[0] = 108; break;
+    case ED_Q6_K: offs[0] = 208; break;
+    }
+    for (int i = 0; i < 2; i++) if (offs[i] >= 0) {
+        ed_half h = ed_fp32_to_fp16(rndf() * 0.05f);
+        memcpy(blk + offs[i], &h, 2);
+    }
+}
+
+int main(void) {
+    static const int types[] = {ED_F32, ED_F16, ED_BF16, ED_Q4_0, ED_Q4_1, ED_Q5_0, ED_Q5_1,
+                                ED_Q8_0, ED_Q2_K, ED_Q3_K, ED_Q4_K, ED_Q5_K, ED_Q6_K};
+    static const char *names[] = {"F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0",
+                                  "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"};
+    static const char *paths[] = {"avx2", "avx512", "neon"};
+    enum { K = 512, ROWS = 33, COLS = 5 };
+    static uint8_t w[ROWS * K * 4], xq[COLS * K * 4];
+    static float x[COLS * K], ref[COLS * ROWS], got[COLS * ROWS];
+    int failures = 0;
+    for (int i = 0; i < COLS * K; i++) x[i] = rndf();
+    for (int p = 0; p < 3; p++) {
+        if (!ed_path_supported(paths[p])) { printf("%s: not supported here\n", paths[p]); continue; }
+        for (int ti = 0; ti < 13; ti++) {
+            const int t = types[ti];
+            ed_types_init("generic");
+            const ed_traits tr = ED_TRAITS[t];
+            const size_t rb = (size_t)(K / tr.block) * tr.type_size, xr = ed_act_row_bytes(t, K);
+            if (t == ED_F32) for (int i = 0; i < ROWS * K; i++) ((float *)w)[i] = rndf();
+            else if (t == ED_F16) for (int i = 0; i < ROWS * K; i++) ((ed_half *)w)[i] = ed_fp32_to_fp16(rndf());
+            else if (t == ED_BF16) for (int i = 0; i < ROWS * K; i++) ((uint16_t *)w)[i] = ed_fp32_to_bf16(rndf());
+            else {
+                for (size_t i = 0; i < ROWS * rb; i++) w[i] = (uint8_t)rnd();
+                for (size_t b = 0; b < ROWS * rb / tr.type_size; b++) fix_halves(t, w + b * tr.type_size);
+            }
+            for (int c = 0; c < COLS; c++) ED_ACT[tr.vec_type].quant(x + c * K, xq + c * xr, K);
+            for (int c = 0; c < COLS; c++)
+                for (int r = 0; r < ROWS; r++) ref[c * ROWS + r] = tr.dot(K, w + r * rb, xq + c * xr);
+            double scale = 0;
+            for (int i = 0; i < COLS * ROWS; i++) scale = fmax(scale, fabs(ref[i]));
+            ed_types_init(paths[p]);
+            /* the activation quantizer may be path-specific too: quantize again */
+            for (int c = 0; c < COLS; c++) ED_ACT[tr.vec_type].quant(x + c * K, xq + c * xr, K);
+            double err = 0;
+            for (int c = 0; c < COLS; c++)
+                for (int r = 0; r < ROWS; r++) err = fmax(err, fabs(ED_TRAITS[t].dot(K, w + r * rb, xq + c * xr) - ref[c * ROWS + r]));
+            ed_mdot_rows(t, K, w, rb, ROWS, xq, xr, COLS, got, ROWS);
+            for (int i = 0; i < COLS * ROWS; i++) err = fmax(err, fabs(got[i] - ref[i]));
+            const int ok = err <= 1e-4 * (scale + 1e-3);
+            failures += !ok;
+            printf("%s %s max_abs_err %.3g scale %.3g %s\n", paths[p], names[ti], err, scale, ok ? "ok" : "FAIL");
+        }
+    }
+    /* quantizer bytes must not depend on the architecture: print a hash per type */
+    {
+        static float qx[8 * QKK];
+        static uint8_t qy[8 * QKK * 2];
+        rng_state = 12345;
+        for (int i = 0; i < 8 * QKK; i++) qx[i] = rndf() * (i % 512 < 256 ? 1.0f : 0.01f);
+        static const int qt[] = {ED_Q4_0, ED_Q4_1, ED_Q5_0, ED_Q5_1, ED_Q8_0, ED_Q2_K, ED_Q3_K, ED_Q4_K, ED_Q5_K, ED_Q6_K};
+        for (int i = 0; i < 10; i++) {
+            ed_types_init("generic");
+            const size_t nb = (size_t)(8 * QKK / ED_TRAITS[qt[i]].block) * ED_TRAITS[qt[i]].type_size;
+            ed_quantize_row(qt[i], qx, qy, 8 * QKK);
+            uint64_t h = 1469598103934665603ull;
+            for (size_t j = 0; j < nb; j++) { h ^= qy[j]; h *= 1099511628211ull; }
+            printf("quant %d %016llx\n", qt[i], (unsigned long long)h);
+        }
+    }
+    return failures ? 1 : 0;
+}

@@ -1,0 +1,127 @@
+"""The forward pass's small ops (RMSNorm, RoPE, SiLU/GELU, attention over an F16 cache) against
+plain NumPy, on every SIMD path this CPU supports, over odd shapes."""
+import numpy as np
+import pytest
+
+core = pytest.importorskip("edged._core")
+PATHS = core.available_paths()
+
+# named tolerances
+TOL_NORM = 1e-6        # relative, float32 arithmetic vs float64
+TOL_ROPE = 2e-5        # absolute on unit-scale values; float32 angle and cos/sin
+TOL_ACT = 1e-6         # relative
+TOL_ATTN = 2e-3        # absolute on unit-scale values: q rounded to F16 like llama.cpp
+
+
+@pytest.fixture(params=PATHS)
+def path(request):
+    old = core.kernel_path()
+    core.set_path(request.param)
+    yield request.param
+    core.set_path(old)
+
+
+@pytest.mark.parametrize("n", [1, 31, 33, 255, 257])
+def test_rmsnorm(n):
+    rng = np.random.default_rng(n)
+    x = rng.standard_normal((3, n)).astype(np.float32)
+    w = rng.standard_normal(n).astype(np.float32)
+    out = np.empty_like(x)
+    core.rmsnorm(out, x, w, 1e-5)
+    x64 = x.astype(np.float64)
+    ref = x64 / np.sqrt((x64 ** 2).mean(1, keepdims=True) + 1e-5) * w
+    np.testing.assert_allclose(out, ref, rtol=TOL_NORM * 10, atol=TOL_NORM)
+    core.rmsnorm(out, x, None, 1e-5)
+    np.testing.assert_allclose(out, ref / w, rtol=TOL_NORM * 10, atol=TOL_NORM)
+
+
+def rope_ref(x, pos, n_rot, base, freq_scale, ff, neox):
+    x = x.astype(np.float64).copy()
+    i = np.arange(n_rot // 2)
+    theta = pos * base ** (-2.0 * i / n_rot)
+    if ff is not None:
+        theta = theta / ff[:n_rot // 2]
+    theta = theta * freq_scale
+    c, s = np.cos(theta), np.sin(theta)
+    if neox:
+        a, b = x[:, i].copy(), x[:, i + n_rot // 2].copy()
+        x[:, i], x[:, i + n_rot // 2] = a * c - b * s, a * s + b * c
+    else:
+        a, b = x[:, 2 * i].copy(), x[:, 2 * i + 1].copy()
+        x[:, 2 * i], x[:, 2 * i + 1] = a * c - b * s, a * s + b * c
+    return x
+
+
+@pytest.mark.parametrize("neox", [False, True])
+@pytest.mark.parametrize("hd,n_rot", [(64, 64), (64, 32), (128, 128), (2, 2)])
+def test_rope(neox, hd, n_rot):
+    rng = np.random.default_rng(hd + n_rot)
+    for pos, base, scale, with_ff in [(0, 10000.0, 1.0, False), (1, 10000.0, 1.0, False),
+                                      (37, 1e6, 1.0, True), (300, 500000.0, 0.25, True)]:
+        x = rng.standard_normal((3, hd)).astype(np.float32)
+        ff = (1.0 + rng.random(n_rot // 2) * 4).astype(np.float32) if with_ff else None
+        y = x.copy()
+        core.rope(y, pos, n_rot, base, scale, ff, neox)
+        np.testing.assert_allclose(y, rope_ref(x, pos, n_rot, base, scale, ff, neox), atol=TOL_ROPE * max(1, pos / 10))
+        assert np.array_equal(y[:, n_rot:], x[:, n_rot:])
+
+
+def test_activations():
+    x = np.linspace(-8, 8, 257).astype(np.float32)
+    s = x.copy(); core.activation(s, "silu")
+    g = x.copy(); core.activation(g, "gelu")
+    x64 = x.astype(np.float64)
+    np.testing.assert_allclose(s, x64 / (1 + np.exp(-x64)), rtol=TOL_ACT * 10, atol=TOL_ACT)
+    gref = 0.5 * x64 * (1 + np.tanh(np.sqrt(2 / np.pi) * (x64 + 0.044715 * x64 ** 3)))
+    np.testing.assert_allclose(g, gref, rtol=TOL_ACT * 10, atol=TOL_ACT)
+
+
+def attention_ref(q, k, v, pos, n_head, n_head_kv, scale, n_swa):
+    n, Qd = q.shape
+    hd = Qd // n_head
+    group = n_head // n_head_kv
+    q16 = q.astype(np.float16).astype(np.float64)
+    k64, v64 = k.view(np.float16).astype(np.float64), v.view(np.float16).astype(np.float64)
+    out = np.zeros((n, Qd))
+    for t in range(n):
+        p = pos + t
+        j0 = max(0, p - n_swa + 1) if n_swa > 0 else 0
+        for h in range(n_head):
+            kvh = h // group
+            kk = k64[j0:p + 1, kvh * hd:(kvh + 1) * hd]
+            vv = v64[j0:p + 1, kvh * hd:(kvh + 1) * hd]
+            s = kk @ q16[t, h * hd:(h + 1) * hd] * scale
+            w = np.exp(s - s.max())
+            out[t, h * hd:(h + 1) * hd] = (w / w.sum()) @ vv
+    return out
+
+
+@pytest.mark.parametrize("n_head,n_head_kv,hd", [(4, 2, 64), (8, 1, 32), (3, 3, 16)])
+@pytest.mark.parametrize("n_swa", [0, 5])
+def test_attention(path, n_head, n_head_kv, hd, n_swa):
+    rng = np.random.default_rng(n_head * 100 + hd + n_swa)
+    n_ctx = 33
+    for pos, n in [(0, 1), (0, 7), (20, 1), (25, 8)]:
+        k = rng.standard_normal((n_ctx, n_head_kv * hd)).astype(np.float16).view(np.uint16)
+        v = rng.standard_normal((n_ctx, n_head_kv * hd)).astype(np.float16).view(np.uint16)
+        q = rng.standard_normal((n, n_head * hd)).astype(np.float32)
+        out = np.full_like(q, np.nan)
+        scale = 1 / np.sqrt(hd)
+        core.attention(out, q, k, v, pos, n_head, n_head_kv, scale, n_swa)
+        ref = attention_ref(q, k, v, pos, n_head, n_head_kv, scale, n_swa)
+        np.testing.assert_allclose(out, ref, atol=TOL_ATTN)
+        # keys beyond the causal limit must not matter
+        k2 = k.copy(); k2[pos + n:] = 0x7c00  # +inf in f16
+        out2 = np.empty_like(out)
+        core.attention(out2, q, k2, v, pos, n_head, n_head_kv, scale, n_swa)
+        assert np.array_equal(out, out2)
+
+
+def test_attention_rejects_bad_shapes():
+    q = np.zeros((1, 64), np.float32)
+    kv = np.zeros((4, 32), np.uint16)
+    with pytest.raises(ValueError):
+        core.attention(np.zeros((1, 64), np.float32), q, kv, kv, 0, 2, 2, 0.1)
+    with pytest.raises(ValueError, match="outside"):
+        core.attention(np.zeros((1, 64), np.float32), q, np.zeros((4, 64), np.uint16),
+                       np.zeros((4, 64), np.uint16), 4, 2, 2, 0.1)
