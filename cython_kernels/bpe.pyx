@@ -96,6 +96,7 @@ DEF OP_ONE = 6         # CLASS
 DEF OP_WS_RUN = 7      # \s?CLASS+
 DEF OP_TRAIL_WS = 8    # \s+$
 DEF OP_DIGITS3 = 9     # [0-9][0-9][0-9]
+DEF OP_NEWLINES = 10   # [^\n]+|[\n]+
 # classes
 DEF CL_N = 1           # \p{N}
 DEF CL_L = 2           # \p{L}
@@ -340,6 +341,10 @@ cdef int split_regex(Text t, Py_ssize_t a, Py_ssize_t b, Vec *out, int op, int c
                 break
             p = q                                      # the trailing whitespace run
             q = b
+        elif op == OP_NEWLINES:                        # every piece matches: runs of \n or of the rest
+            q = p + 1
+            while q < b and (t.cp[q] == 0x0A) == (t.cp[p] == 0x0A):
+                q += 1
         elif op == OP_DIGITS3:
             if (p + 2 < b and 0x30 <= t.cp[p] <= 0x39 and 0x30 <= t.cp[p + 1] <= 0x39
                     and 0x30 <= t.cp[p + 2] <= 0x39):
@@ -524,14 +529,14 @@ cdef class StrTable:
     def __cinit__(self, Py_ssize_t expected):
         cdef uint64_t size = 1024
         cdef uint64_t i
-        while size < <uint64_t> (4 * expected + 16):
+        while size < <uint64_t> (2 * expected + 16):
             size *= 2
         self.mask = size - 1
         self.slots = <int32_t *> malloc(size * sizeof(int32_t))
         self.cap = <int32_t> (expected + 16)
         self.off = <int64_t *> malloc(self.cap * sizeof(int64_t))
         self.ln = <int32_t *> malloc(self.cap * sizeof(int32_t))
-        self.pool_cap = 16 * (expected + 16)
+        self.pool_cap = 8 * (expected + 16)          # grows by doubling
         self.pool = <unsigned char *> malloc(self.pool_cap)
         if self.slots == NULL or self.off == NULL or self.ln == NULL or self.pool == NULL:
             raise MemoryError()
@@ -779,6 +784,8 @@ cdef class BPEModel:
         cdef Py_ssize_t i, nh = 0
         cdef int32_t sid, l, r
         cdef Bigram bg
+        if n <= 0:
+            return 0
         if n == 1:
             return self.emit_sid(self.byte_sid[w[0]], out)
         if self.ignore_merges:

@@ -201,3 +201,18 @@ def load_template_file(path):
         source = fh.read()
     compile_template(source)
     return source
+
+
+def template_for(f, name=None, template_file=None):
+    """The template chat requests to this model use: the operator's file when one is
+    configured, else the model's own (`name` picks `tokenizer.chat_template.NAME`). A model
+    with neither cannot chat (plain completion still works): TemplateError saying so."""
+    if template_file is not None:
+        return load_template_file(template_file)
+    source = chat_template_from(f, name)
+    if source is None:
+        key = Key.CHAT_TEMPLATE if name is None else Key.CHAT_TEMPLATE_N.format(name=name)
+        raise TemplateError(f"{getattr(f, 'name', 'model')} has no chat template ({key}); use "
+                            "plain completion, or configure a template file for this model")
+    compile_template(source)
+    return source

@@ -54,7 +54,8 @@ _TYPE_ATTR = {TokenType.UNDEFINED: 0, TokenType.NORMAL: A_NORMAL, TokenType.UNKN
 
 # --- pre-tokenizers --------------------------------------------------------------------------
 # Each is a list of ops applied in turn (op, class, ranges); see cython_kernels/bpe.pyx.
-OP_GPT2, OP_LLAMA3, OP_QWEN2, OP_QWEN35, OP_RUN, OP_ONE, OP_WS_RUN, OP_TRAIL_WS, OP_DIGITS3 = range(1, 10)
+(OP_GPT2, OP_LLAMA3, OP_QWEN2, OP_QWEN35, OP_RUN, OP_ONE, OP_WS_RUN, OP_TRAIL_WS, OP_DIGITS3,
+ OP_NEWLINES) = range(1, 11)
 CL_N, CL_L, CL_P, CL_P_DEFAULT, CL_P_FALCON, CL_CRLF, CL_RANGES = range(1, 8)
 
 # literal character classes of the deepseek-llm / deepseek-coder regexes, as code point ranges
@@ -117,12 +118,13 @@ _GROUPS = [
                            (OP_RUN, CL_RANGES, CJK_HANGUL), (OP_ONE, CL_N, None)], {}),
     (("falcon",), [(OP_RUN, CL_P_FALCON, None), GPT2, (OP_DIGITS3, 0, None)], {}),
     (("gpt-2", "phi-2", "mpt", "olmo", "jais", "jina-es", "jina-de", "gigachat", "jina-v2-es",
-      "jina-v2-de", "a.x-4.0", "mellum", "trillion", "granite-docling"), [GPT2], {}),
-    (("starcoder", "refact", "command-r", "smollm", "codeshell", "exaone", "minerva-7b"),
+      "jina-v2-de", "a.x-4.0", "mellum", "trillion", "granite-docling", "exaone4"), [GPT2], {}),
+    (("starcoder", "refact", "command-r", "smollm", "codeshell", "exaone", "minerva-7b", "mellum2"),
      _STARCODER, {}),
-    (("qwen2", "deepseek-r1-qwen", "stablelm2", "hunyuan", "solar-open", "kormo", "f2llmv2"),
-     [(OP_QWEN2, 0, None)], {}),
+    (("qwen2", "deepseek-r1-qwen", "stablelm2", "hunyuan", "solar-open", "kormo", "f2llmv2",
+      "megrez", "grok-2"), [(OP_QWEN2, 0, None)], {}),
     (("qwen35",), [(OP_QWEN35, 0, None)], {}),
+    (("laguna",), [(OP_NEWLINES, 0, None), (OP_QWEN2, 0, None)], {}),
 ]
 PRE_TOKENIZERS = {name: PreSpec(name, ops, **kw) for names, ops, kw in _GROUPS for name in names}
 
@@ -249,6 +251,8 @@ class Tokenizer:
                 continue
             if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
                 _fail(name, f"{key} must be an integer, not {type(v).__name__}")
+            if int(v) in (-1, 0xFFFFFFFF):             # how converters write "no token"
+                continue
             if not 0 <= int(v) < n:
                 log.warning("%s: %s = %d is outside the vocabulary (%d tokens); ignored",
                             name, key, int(v), n)

@@ -168,3 +168,22 @@ def test_operator_template_file(tmp_path):
     p.write_text("{% for %}")
     with pytest.raises(TemplateError):
         load_template_file(p)
+
+
+def test_model_without_template_gets_a_clear_error_or_the_operator_file(tmp_path):
+    from edged.chat import template_for
+    gguf = pytest.importorskip("gguf")
+    path = tmp_path / "plain.gguf"
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    op = tmp_path / "op.jinja"
+    op.write_text("{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}")
+    with GGUFFile.open(path) as f:
+        with pytest.raises(TemplateError, match=r"no chat template \(tokenizer.chat_template\)"):
+            template_for(f)
+        with pytest.raises(TemplateError, match="tokenizer.chat_template.tool_use"):
+            template_for(f, "tool_use")
+        assert render(template_for(f, template_file=op), CONVERSATION[1:2]) == "<user>Hello!"

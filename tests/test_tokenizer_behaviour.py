@@ -250,3 +250,12 @@ def test_out_of_range_special_id_is_ignored(caplog):
 
 def test_pre_tokenizer_table_names_every_required_value():
     assert PRE_TOKENIZERS["llama-bpe"].ignore_merges and PRE_TOKENIZERS["llama-bpe"].add_bos
+
+
+def test_stories260k_prompt_matches_llama_cpp_golden():
+    np_ = pytest.importorskip("numpy")
+    golden = np_.load(testdata("golden", "stories260K.golden.npz"))
+    tok = Tokenizer.from_gguf(testdata("models", "stories260K.gguf"))
+    prompt = golden["tokens"][: int(golden["n_prompt"])].tolist()
+    assert tok.encode("Once upon a time") == prompt
+    assert tok.decode(prompt) == "Once upon a time"

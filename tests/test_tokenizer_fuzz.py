@@ -13,7 +13,7 @@ from conftest import testdata
 from edged import Tokenizer, _bpe
 from edged.tokenizer import (CJK_HANGUL, CL_CRLF, CL_L, CL_N, CL_P, CL_P_DEFAULT, CL_P_FALCON, CL_RANGES,
                              DEEPSEEK_LETTERS, DEEPSEEK_PUNCT, OP_DIGITS3, OP_ONE, OP_QWEN2, OP_QWEN35,
-                             OP_RUN, OP_TRAIL_WS, OP_WS_RUN)
+                             OP_NEWLINES, OP_RUN, OP_TRAIL_WS, OP_WS_RUN)
 
 # llama.cpp's whitespace: Unicode White_Space without U+001C..U+001F
 WS_CHARS = "\t\n\x0b\x0c\r \x85\xa0\u1680" + "".join(map(chr, range(0x2000, 0x200B))) + \
@@ -69,6 +69,7 @@ def op_cases():
         ((OP_RUN, CL_RANGES, CJK_HANGUL), f"(?:{nows}[{ranges_class(CJK_HANGUL)}])+"),
         ((OP_TRAIL_WS, 0, None), f"{WS}+\\Z"),
         ((OP_DIGITS3, 0, None), "[0-9][0-9][0-9]"),
+        ((OP_NEWLINES, 0, None), "[^\\n]+|[\\n]+"),
     ]
 
 
