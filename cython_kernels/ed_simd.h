@@ -7,8 +7,9 @@
  *   unsigned ed_cpu_features(void)          ED_CPU_* bits of this CPU
  *   int ed_path_supported(const char *name)
  *
- * Paths: generic (plain C, any CPU); avx2 (AVX2+FMA+F16C); avx512 (AVX-512 F/BW/VL/DQ + VNNI:
- * dpbusd for the u8 x s8 sums); neon (aarch64 Advanced SIMD). Each x86 path is the same
+ * Paths: generic (plain C, any CPU); avx2 (AVX2+FMA+F16C); avx512 (AVX-512 F/BW/VL/DQ, with
+ * VNNI's dpbusd for the u8 x s8 sums where present); neon (aarch64 Advanced SIMD, with
+ * dotprod's vdotq_s32 where present). Each x86 path is the same
  * source (ed_simd_x86.inc) compiled with per-function target attributes, so the build stays
  * portable (no -march) and the generic path is what every other CPU runs.
  */
@@ -97,9 +98,18 @@ static unsigned ed_cpu_features(void) {
 #undef ED_FN
 #undef ED_VNNI
 
+/* AVX-512 without VNNI (Skylake-SP, Cascade Lake has it): maddubs + madd instead of dpbusd */
+#define ED_TARGET __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq")))
+#define ED_FN(name) ed_avx512nv_##name
+#define ED_VNNI 0
+#include "ed_simd_x86.inc"
+#undef ED_TARGET
+#undef ED_FN
+#undef ED_VNNI
+
 /* 512-bit kernels for the K-quants of Q4_K_M models (AVX-512 path only). One zmm holds 64
  * weights whose Q8_K activations are contiguous, so each activation load is one 64-byte load. */
-#define ED_T512 __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")))
+#define ED_T512 __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq")))
 
 static inline __m512i ED_T512 ed_z_scales4(int a, int b, int c, int d) {  /* i16 x 8 per 128-bit lane */
     return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set_m128i(_mm_set1_epi16((short)b), _mm_set1_epi16((short)a))),
@@ -164,6 +174,8 @@ static void ED_T512 ed_z_mdot_q6_K(int n, const void *vx, const void *vy, size_t
     const __m512i sh_lo = _mm512_inserti64x4(_mm512_set1_epi16(0), _mm256_set1_epi16(2), 1);
     const __m512i sh_hi = _mm512_inserti64x4(_mm512_set1_epi16(4), _mm256_set1_epi16(6), 1);
     for (int i = 0; i < n / QKK; i++) {
+        for (int p = 0; p < (int)sizeof(blk_q6_K); p += 64)  /* stream ahead (matvec) */
+            _mm_prefetch((const char *)(x + i) + 1024 + p, _MM_HINT_T0);
         const int8_t *sc = x[i].scales;
         __m512i sumi[ED_MAX_COLS];
         for (int c = 0; c < nc; c++) sumi[c] = _mm512_setzero_si512();
@@ -212,7 +224,7 @@ static void ed_avx512_install_wide(void) {
 
 #define ED_NEED_AVX2 (ED_CPU_AVX2 | ED_CPU_FMA | ED_CPU_F16C)
 #define ED_NEED_AVX512 (ED_NEED_AVX2 | ED_CPU_AVX512F | ED_CPU_AVX512BW | ED_CPU_AVX512VL | \
-                        ED_CPU_AVX512DQ | ED_CPU_AVX512VNNI)
+                        ED_CPU_AVX512DQ)
 
 #elif defined(__aarch64__)
 #include <arm_neon.h>
@@ -228,103 +240,21 @@ static unsigned ed_cpu_features(void) {
     return f;
 }
 
-/* s8 x s8 -> i32x4 partial sums of 16 products (no dotprod needed) */
-static inline int32x4_t ed_neon_dp16(int32x4_t acc, int8x16_t a, int8x16_t b) {
-    const int16x8_t p0 = vmull_s8(vget_low_s8(a), vget_low_s8(b));
-    const int16x8_t p1 = vmull_s8(vget_high_s8(a), vget_high_s8(b));
-    return vpadalq_s16(vpadalq_s16(acc, p0), p1);
-}
+#define ED_TARGET
+#define ED_FN(name) ed_neon_##name
+#define ED_DOTPROD 0
+#include "ed_simd_neon.inc"
+#undef ED_TARGET
+#undef ED_FN
+#undef ED_DOTPROD
 
-static float ed_neon_dot_q8_0(int n, const void *vx, const void *vy) {
-    const blk_q8_0 *x = vx; const blk_q8_0 *y = vy;
-    float32x4_t acc = vdupq_n_f32(0.0f);
-    for (int ib = 0; ib < n / QK; ib++) {
-        int32x4_t s = vdupq_n_s32(0);
-        s = ed_neon_dp16(s, vld1q_s8(x[ib].qs), vld1q_s8(y[ib].qs));
-        s = ed_neon_dp16(s, vld1q_s8(x[ib].qs + 16), vld1q_s8(y[ib].qs + 16));
-        acc = vmlaq_n_f32(acc, vcvtq_f32_s32(s), H2F(x[ib].d) * H2F(y[ib].d));
-    }
-    return vaddvq_f32(acc);
-}
-
-static float ed_neon_dot_q4_0(int n, const void *vx, const void *vy) {
-    const blk_q4_0 *x = vx; const blk_q8_0 *y = vy;
-    float32x4_t acc = vdupq_n_f32(0.0f);
-    const uint8x16_t m4 = vdupq_n_u8(0x0F);
-    const int8x16_t s8 = vdupq_n_s8(8);
-    for (int ib = 0; ib < n / QK; ib++) {
-        const uint8x16_t q = vld1q_u8(x[ib].qs);
-        const int8x16_t lo = vsubq_s8(vreinterpretq_s8_u8(vandq_u8(q, m4)), s8);
-        const int8x16_t hi = vsubq_s8(vreinterpretq_s8_u8(vshrq_n_u8(q, 4)), s8);
-        int32x4_t s = vdupq_n_s32(0);
-        s = ed_neon_dp16(s, lo, vld1q_s8(y[ib].qs));
-        s = ed_neon_dp16(s, hi, vld1q_s8(y[ib].qs + 16));
-        acc = vmlaq_n_f32(acc, vcvtq_f32_s32(s), H2F(x[ib].d) * H2F(y[ib].d));
-    }
-    return vaddvq_f32(acc);
-}
-
-static float ed_neon_dot_q4_K(int n, const void *vx, const void *vy) {
-    const blk_q4_K *x = vx; const blk_q8_K *y = vy;
-    float sumf = 0.0f;
-    const uint8x16_t m4 = vdupq_n_u8(0x0F);
-    uint8_t scales[8], mins[8];
-    for (int i = 0; i < n / QKK; i++) {
-        ed_k_scales(x[i].scales, scales, mins);
-        int summs = 0;
-        for (int j = 0; j < 8; j++) summs += (y[i].bsums[2 * j] + y[i].bsums[2 * j + 1]) * mins[j];
-        int sumi = 0;
-        for (int j = 0; j < 4; j++) {
-            const uint8_t *q4 = x[i].qs + 32 * j;
-            const int8_t *q8 = y[i].qs + 64 * j;
-            int32x4_t sl = vdupq_n_s32(0), sh = vdupq_n_s32(0);
-            for (int h = 0; h < 2; h++) {
-                const uint8x16_t q = vld1q_u8(q4 + 16 * h);
-                sl = ed_neon_dp16(sl, vreinterpretq_s8_u8(vandq_u8(q, m4)), vld1q_s8(q8 + 16 * h));
-                sh = ed_neon_dp16(sh, vreinterpretq_s8_u8(vshrq_n_u8(q, 4)), vld1q_s8(q8 + 32 + 16 * h));
-            }
-            sumi += vaddvq_s32(sl) * scales[2 * j] + vaddvq_s32(sh) * scales[2 * j + 1];
-        }
-        sumf += y[i].d * H2F(x[i].d) * sumi - y[i].d * H2F(x[i].dmin) * summs;
-    }
-    return sumf;
-}
-
-static float ed_neon_dot_q6_K(int n, const void *vx, const void *vy) {
-    const blk_q6_K *x = vx; const blk_q8_K *y = vy;
-    float sumf = 0.0f;
-    const uint8x16_t m4 = vdupq_n_u8(0x0F), m3 = vdupq_n_u8(3);
-    const int8x16_t m32 = vdupq_n_s8(32);
-    for (int i = 0; i < n / QKK; i++) {
-        int sumi = 0;
-        for (int j = 0; j < 2; j++) {
-            for (int h = 0; h < 2; h++) {  /* 16 of the 32 columns at a time */
-                const uint8x16_t l0 = vld1q_u8(x[i].ql + 64 * j + 16 * h);
-                const uint8x16_t l1 = vld1q_u8(x[i].ql + 64 * j + 32 + 16 * h);
-                const uint8x16_t hb = vld1q_u8(x[i].qh + 32 * j + 16 * h);
-                int8x16_t q[4];
-                q[0] = vsubq_s8(vreinterpretq_s8_u8(vorrq_u8(vandq_u8(l0, m4), vshlq_n_u8(vandq_u8(hb, m3), 4))), m32);
-                q[1] = vsubq_s8(vreinterpretq_s8_u8(vorrq_u8(vandq_u8(l1, m4), vshlq_n_u8(vandq_u8(vshrq_n_u8(hb, 2), m3), 4))), m32);
-                q[2] = vsubq_s8(vreinterpretq_s8_u8(vorrq_u8(vshrq_n_u8(l0, 4), vshlq_n_u8(vandq_u8(vshrq_n_u8(hb, 4), m3), 4))), m32);
-                q[3] = vsubq_s8(vreinterpretq_s8_u8(vorrq_u8(vshrq_n_u8(l1, 4), vshlq_n_u8(vshrq_n_u8(hb, 6), 4))), m32);
-                for (int k = 0; k < 4; k++) {
-                    const int8x16_t q8 = vld1q_s8(y[i].qs + 128 * j + 32 * k + 16 * h);
-                    const int s = vaddvq_s32(ed_neon_dp16(vdupq_n_s32(0), q[k], q8));
-                    sumi += s * x[i].scales[8 * j + 2 * k + h];
-                }
-            }
-        }
-        sumf += y[i].d * H2F(x[i].d) * sumi;
-    }
-    return sumf;
-}
-
-static void ed_neon_install(void) {
-    ED_TRAITS[ED_Q4_0].dot = ed_neon_dot_q4_0;
-    ED_TRAITS[ED_Q8_0].dot = ed_neon_dot_q8_0;
-    ED_TRAITS[ED_Q4_K].dot = ed_neon_dot_q4_K;
-    ED_TRAITS[ED_Q6_K].dot = ed_neon_dot_q6_K;
-}
+#define ED_TARGET __attribute__((target("arch=armv8.2-a+dotprod")))
+#define ED_FN(name) ed_neondp_##name
+#define ED_DOTPROD 1
+#include "ed_simd_neon.inc"
+#undef ED_TARGET
+#undef ED_FN
+#undef ED_DOTPROD
 
 #else
 static unsigned ed_cpu_features(void) { return 0; }
@@ -361,9 +291,13 @@ static int ed_types_init(const char *force) {
     }
 #if defined(__x86_64__)
     if (!strcmp(want, "avx2")) { ed_avx2_install(); ED_PATH = "avx2"; }
-    if (!strcmp(want, "avx512")) { ed_avx512_install(); ed_avx512_install_wide(); ED_PATH = "avx512"; }
+    if (!strcmp(want, "avx512")) { if (ed_cpu_features() & ED_CPU_AVX512VNNI) ed_avx512_install(); else ed_avx512nv_install();
+        ed_avx512_install_wide(); ED_PATH = "avx512"; }
 #elif defined(__aarch64__)
-    if (!strcmp(want, "neon")) { ed_neon_install(); ED_PATH = "neon"; }
+    if (!strcmp(want, "neon")) {
+        if (ed_cpu_features() & ED_CPU_DOTPROD) ed_neondp_install(); else ed_neon_install();
+        ED_PATH = "neon";
+    }
 #endif
     return 0;
 }

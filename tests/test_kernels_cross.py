@@ -32,10 +32,16 @@ def test_neon_path_matches_generic_under_qemu(tmp_path):
     qemu = shutil.which("qemu-aarch64-static") or shutil.which("qemu-aarch64")
     if not cc or not qemu:
         pytest.skip("aarch64-linux-gnu-gcc / qemu-aarch64 not installed")
-    r = build_and_run(cc, tmp_path / "check-arm64", runner=(qemu,), extra=("-static",))
+    r = build_and_run(cc, tmp_path / "check-arm64", runner=(qemu, "-cpu", "max"), extra=("-static",))
     assert r.returncode == 0, r.stdout + r.stderr
+    assert "dotprod" in r.stdout.splitlines()[0]  # the dotprod variant ran
     lines = [l for l in r.stdout.splitlines() if l.startswith("neon ")]
     assert len(lines) == 13 and all(l.endswith(" ok") for l in lines), r.stdout
+    # baseline Advanced SIMD (Cortex-A72, Raspberry Pi 4: no dotprod)
+    a72 = subprocess.run([qemu, "-cpu", "cortex-a72", str(tmp_path / "check-arm64")],
+                         capture_output=True, text=True, timeout=600)
+    assert a72.returncode == 0 and "dotprod" not in a72.stdout.splitlines()[0], a72.stdout
+    assert sum(l.startswith("neon ") and l.endswith(" ok") for l in a72.stdout.splitlines()) == 13
     # the compiled quantizers give the same bytes on aarch64 (FMA available) as natively
     native_cc = shutil.which("cc") or shutil.which("gcc")
     if native_cc:

@@ -102,3 +102,31 @@ def test_compiled_quantizer_equals_numpy_reference(t):
             x[-1, :32] = 7.0                 # a flat block
         ours = core.quantize_rows(x, int(t), core.Pool(2))
         assert np.array_equal(ours, quants.quantize(x, t)), (t.name, rows)
+
+
+@pytest.mark.parametrize("mix", ["Q8_0", "Q4_K_M"])
+def test_quantized_stories_loads_and_tracks_f32(mix, tmp_path):
+    """stories260K (n_embd 64: no K-quant block fits, so llama.cpp's fallbacks apply) quantized
+    by edged loads in edged and keeps the F32 model's greedy choices on the golden tokens."""
+    from edged import Model
+    from edged.quantize import quantize_file
+    src = testdata("models", "stories260K.gguf")
+    out = tmp_path / f"stories-{mix}.gguf"
+    types = quantize_file(src, str(out), mix)
+    if mix == "Q4_K_M":
+        assert types["blk.0.attn_q.weight"] == GGMLType.Q5_0      # Q4_K -> Q5_0 fallback
+        assert types["blk.0.ffn_down.weight"] == GGMLType.F16    # rows of n_ff 172 fit no block
+        assert types["output.weight"] == GGMLType.Q8_0           # n_embd 64: not Q6_K
+    g = np.load(testdata("golden", "stories260K.golden.npz"))
+    ids = [int(t) for t in g["tokens"][:24]]
+    logits = {}
+    for name, path in (("f32", src), ("q", str(out))):
+        m = Model.load(path, n_threads=2)
+        try:
+            s = m.session(n_ctx=64)
+            logits[name] = s.eval(ids, logits="all")
+        finally:
+            m.close()
+    agree = np.mean(logits["f32"].argmax(1) == logits["q"].argmax(1))
+    assert agree >= 0.9, agree
+    assert np.abs(logits["f32"] - logits["q"]).max() < (0.5 if mix == "Q8_0" else 3.0)

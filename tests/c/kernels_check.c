@@ -34,14 +34,20 @@ int main(void) {
                                 ED_Q8_0, ED_Q2_K, ED_Q3_K, ED_Q4_K, ED_Q5_K, ED_Q6_K};
     static const char *names[] = {"F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0",
                                   "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"};
-    static const char *paths[] = {"avx2", "avx512", "neon"};
+    /* avx512nv: the AVX-512 path as a CPU without VNNI gets it */
+    static const char *paths[] = {"avx2", "avx512", "avx512nv", "neon"};
     enum { K = 512, ROWS = 33, COLS = 5 };
     static uint8_t w[ROWS * K * 4], xq[COLS * K * 4];
     static float x[COLS * K], ref[COLS * ROWS], got[COLS * ROWS];
     int failures = 0;
     for (int i = 0; i < COLS * K; i++) x[i] = rndf();
-    for (int p = 0; p < 3; p++) {
-        if (!ed_path_supported(paths[p])) { printf("%s: not supported here\n", paths[p]); continue; }
+    printf("features");
+    for (int i = 0; ED_CPU_FEATURE_NAMES[i]; i++) if (ed_cpu_features() & (1u << i)) printf(" %s", ED_CPU_FEATURE_NAMES[i]);
+    printf("\n");
+    for (int p = 0; p < 4; p++) {
+        const int nv = !strcmp(paths[p], "avx512nv");
+        const char *base = nv ? "avx512" : paths[p];
+        if (!ed_path_supported(base)) { printf("%s: not supported here\n", paths[p]); continue; }
         for (int ti = 0; ti < 13; ti++) {
             const int t = types[ti];
             ed_types_init("generic");
@@ -59,7 +65,10 @@ int main(void) {
                 for (int r = 0; r < ROWS; r++) ref[c * ROWS + r] = tr.dot(K, w + r * rb, xq + c * xr);
             double scale = 0;
             for (int i = 0; i < COLS * ROWS; i++) scale = fmax(scale, fabs(ref[i]));
-            ed_types_init(paths[p]);
+            ed_types_init(base);
+#if defined(__x86_64__)
+            if (nv) { ed_avx512nv_install(); ed_avx512_install_wide(); }
+#endif
             /* the activation quantizer may be path-specific too: quantize again */
             for (int c = 0; c < COLS; c++) ED_ACT[tr.vec_type].quant(x + c * K, xq + c * xr, K);
             double err = 0;

@@ -1,0 +1,31 @@
+"""Every buffer the kernels write comes from one 64-byte aligned arena per session."""
+import numpy as np
+import pytest
+
+from conftest import testdata
+
+core = pytest.importorskip("edged._core")
+
+
+def test_session_arena_and_its_buffers_are_64_byte_aligned():
+    from edged import Model
+    m = Model.load(testdata("models", "stories260K.gguf"), n_threads=2)
+    try:
+        for n_ctx, n_batch in [(64, 8), (33, 7), (257, 31)]:
+            buf = m.backend.alloc(n_ctx, n_batch)
+            st = buf.state
+            assert st.address % 64 == 0 and st.nbytes > 0
+            k, v = st.kv_cache()
+            views = [k, v, st.input_rows(), st.logits(1), buf.inp]
+            for a in views:
+                assert a.ctypes.data % 64 == 0, (n_ctx, n_batch, a.shape)
+                assert st.address <= a.ctypes.data < st.address + st.nbytes  # inside the arena
+            assert k.dtype == np.uint16 and v.dtype == np.uint16  # F16 KV cache by default
+    finally:
+        m.close()
+
+
+def test_aligned_empty_helper():
+    for shape, dt in [((1,), np.float32), ((3, 5), np.uint16), ((7, 33), np.uint8)]:
+        a = core.aligned_empty(shape, dt)
+        assert a.ctypes.data % 64 == 0 and a.shape == shape and a.dtype == dt
