@@ -41,6 +41,10 @@ cdef int _sample(float *x, int n, int top_k, float top_p, float min_p, float tem
             mx = x[i]; am = i
     if temp <= 0:
         return am
+    if mx == INFINITY:
+        # a +inf logit (a bias or a penalty overflowed float: repeat_penalty 1e-300 is 0.0f)
+        # takes all the probability mass; the windowing below would never converge on it
+        return am
     if top_k > 0 and top_k < n:
         k = top_k
         c = <_cand *>malloc(k * sizeof(_cand))
@@ -71,7 +75,8 @@ cdef int _sample(float *x, int n, int top_k, float top_p, float min_p, float tem
                 if x[i] >= mx - thr:
                     c[m].logit = x[i]; c[m].id = i; m += 1
                     cum += exp(<double>x[i] - mx)
-            if m == n or cum / total >= top_p:
+            # thr >= 1e30: stop even when NaN logits or top_p > 1 keep the mass from adding up
+            if m == n or cum / total >= top_p or thr >= 1e30:
                 if top_p >= 1.0 and m < n and thr < 1e30:
                     # no nucleus cut: min-p alone bounds the candidates, else take them all
                     thr = (-log(min_p) + 1e-3) if min_p > 0.0 else 1e38
@@ -83,7 +88,7 @@ cdef int _sample(float *x, int n, int top_k, float top_p, float min_p, float tem
                         if x[i] >= mx - thr:
                             c[m].logit = x[i]; c[m].id = i; m += 1
                 break
-            thr += 2.0
+            thr *= 2.0           # any window holding the nucleus gives the same result
     qsort(c, m, sizeof(_cand), _cand_cmp)
     keep = m
     if top_p < 1.0:

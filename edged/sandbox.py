@@ -215,6 +215,26 @@ def runtime_read_paths():
     return sorted(p for p in paths if os.path.realpath(p) != "/" and os.path.exists(p))
 
 
+# Directories shared with the rest of the system: a file in one of them is granted by itself,
+# never the whole directory.
+_SHARED_DIRS = frozenset(["/", "/etc", "/usr", "/usr/local", "/usr/local/etc", "/var", "/var/lib",
+                          "/opt", "/srv", "/home", "/root", "/tmp", "/var/tmp", "/run", "/dev"])
+
+
+def reloadable(path):
+    """What to grant so that `path` (a file re-read on reload) stays readable when it is
+    replaced by rename, as editors and configuration management do: Landlock rules follow
+    inodes, so a rule on the file itself would not cover its replacement. Its directory is
+    granted instead, unless that directory is shared with the rest of the system (/etc, /var,
+    a home ...): then the file alone, and a replaced file needs a restart."""
+    path = os.path.abspath(path)
+    parent = os.path.dirname(path)
+    if os.path.isdir(path) or os.path.realpath(parent) in _SHARED_DIRS \
+            or parent in _SHARED_DIRS or parent.startswith("/home/") and parent.count("/") == 2:
+        return path
+    return parent
+
+
 def _landlock(abi, read_only, read_write, tsync):
     handled = _handled_fs(abi)
     attr = _RulesetAttr(handled_access_fs=handled)

@@ -90,7 +90,8 @@ def test_check_sandbox_reports_enforce(tmp_path):
     assert p.returncode == 0, p.stdout + p.stderr
     out = p.stdout
     assert "sandbox mode: enforce" in out and "seccomp: 2" in out and "no_new_privs: 1" in out
-    assert f"read-only: {tmp_path}/models, {tmp_path}/keys, {tmp_path}/edged.toml" in out
+    # the config's directory, so that a config replaced by rename can be re-read
+    assert f"read-only: {tmp_path}/models, {tmp_path}/keys, {tmp_path}\n" in out
     assert f"read-write: {tmp_path}/run" in out
     assert "probe: fork: denied (EPERM)" in out and "probe: execve: denied (EPERM)" in out
     if LANDLOCK:
@@ -190,5 +191,26 @@ def test_daemon_refuses_engine_and_tokenizer_corpus_files(tmp_path, trusted):
             assert status == 422 and body["error"]["code"] == "model_unusable", (name, status, body)
             assert re.search(pattern, body["error"]["message"]), (name, body)
             assert srv.request("GET", "/v1/models")[0] == 200
+    finally:
+        assert srv.stop() == 0, srv.logtext()
+
+
+def test_reload_reads_a_config_replaced_by_rename(tmp_path, trusted):
+    """Editors and configuration management replace files by rename (a new inode): the
+    sandboxed daemon must still read the new config on SIGHUP."""
+    _key, keys_dir = trusted
+    (tmp_path / "models").mkdir()
+    srv = Server(tmp_path, str(tmp_path / "models"), keys_dir, extra={"sandbox": "enforce", "max_queue": 16})
+    try:
+        new = tmp_path / "edged.toml.new"
+        new.write_text(srv.config.read_text().replace("max_queue = 16", "max_queue = 3"))
+        os.replace(new, srv.config)
+        srv.notify.messages.clear()
+        srv.proc.send_signal(signal.SIGHUP)
+        srv.notify.wait_for("READY=1", 60)
+        log = srv.logtext()
+        assert "reload failed" not in log and "reloaded configuration" in log, log
+        status, _, text = srv.request("GET", "/metrics")
+        assert status == 200
     finally:
         assert srv.stop() == 0, srv.logtext()

@@ -287,3 +287,11 @@ def test_apply_under_the_units_restrictions(tmp_path):
                        capture_output=True, text=True, env=env, timeout=60)
     assert p.returncode == 0, p.stderr
     assert p.stdout.split() == ["dropped", "2", "0000000000000000", "fork", "refused"]
+
+
+def test_reloadable_grants_a_dedicated_directory_never_a_shared_one(tmp_path):
+    assert sandbox.reloadable("/etc/edged/edged.toml") == "/etc/edged"
+    assert sandbox.reloadable(str(tmp_path / "edged.toml")) == str(tmp_path)
+    for shared in ("/etc/edged.toml", "/edged.toml", "/var/revoked", "/home/u/edged.toml",
+                   "/tmp/edged.toml", "/root/edged.toml"):
+        assert sandbox.reloadable(shared) == shared

@@ -167,6 +167,9 @@ def parse_params(body, chat):
     p["presence_penalty"] = float(_num(body, "presence_penalty", -2.0, 2.0, 0.0))
     p["frequency_penalty"] = float(_num(body, "frequency_penalty", -2.0, 2.0, 0.0))
     p["repeat_penalty"] = float(_num(body, "repeat_penalty", 0.0, 10.0, 1.0))
+    if p["repeat_penalty"] < 1e-3:      # it divides logits: 0 (or a float32 underflow) is +inf
+        raise RequestError(f"'repeat_penalty' must be at least 0.001 (got {body['repeat_penalty']!r}); "
+                           "1 disables it")
     seed = body.get("seed")
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not -(1 << 63) <= seed < 1 << 64):
         raise RequestError(f"'seed' must be an integer (got {seed!r})")

@@ -108,7 +108,10 @@ class Daemon:
             log.warning("sandbox = %r but this build has no sandbox module; running unconfined", self.cfg.sandbox)
             return
         cfg = self.cfg
-        read_only = [p for p in (cfg.models_dir, cfg.trusted_keys, cfg.revoked_keys, self.config_path) if p]
+        # The config and revocation list are re-read on SIGHUP, possibly after being replaced
+        # by rename: grant their directory where that is safe (sandbox.reloadable).
+        read_only = [cfg.models_dir, cfg.trusted_keys] + [
+            sandbox.reloadable(p) for p in (cfg.revoked_keys, self.config_path) if p]
         sock_dir = os.path.dirname(cfg.socket) if self.how == "bound" else None
         sandbox.apply(cfg.sandbox, read_only=read_only, read_write=[sock_dir] if sock_dir else [],
                       on_deny=cfg.sandbox_on_deny)
