@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Build, once, the Debian 12 guest that tests/test_hardening_systemd.py boots with qemu/KVM to
-# run edged under a real systemd (PID 1). Needs root, debootstrap, e2fsprogs and network
-# access to a Debian mirror; the result is cached in $EDGED_VM_DIR (default /var/tmp/edged-vm):
+# run edged under a real systemd (PID 1). Needs root, debootstrap, e2fsprogs and the Debian
+# archive this machine's apt already uses (or DEBIAN_MIRROR); the result is cached in $EDGED_VM_DIR (default /var/tmp/edged-vm):
 #   vmlinuz, initrd.img   the guest's kernel and initramfs (Debian's linux-image-amd64)
 #   base.img              raw ext4 root filesystem (the test boots it with snapshot=on)
 # The guest runs /payload/run.sh from a second disk (label "payload") that each test run
@@ -9,7 +9,16 @@
 # downloaded: the test copies the host's installed distributions into the guest.
 set -euo pipefail
 VM=${EDGED_VM_DIR:-/var/tmp/edged-vm}
-MIRROR=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
+# The archive apt is configured with: first "URIs:" of a deb822 source, else a sources.list line.
+apt_mirror() {
+    local f
+    for f in /etc/apt/sources.list.d/*.sources; do
+        [ -f "$f" ] || continue
+        awk '/^URIs:/ && $2 !~ /security/ {print $2; exit}' "$f"
+    done | head -n 1
+    [ -f /etc/apt/sources.list ] && awk '$1 == "deb" && $2 !~ /security/ {print $2; exit}' /etc/apt/sources.list
+}
+MIRROR=${DEBIAN_MIRROR:-$(apt_mirror | head -n 1)}
 if [ -f "$VM/base.img" ] && [ -f "$VM/vmlinuz" ] && [ -f "$VM/initrd.img" ]; then
     echo "build-test-vm: $VM is ready"; exit 0
 fi
@@ -17,6 +26,7 @@ fi
 for tool in debootstrap mkfs.ext4; do
     command -v "$tool" >/dev/null || { echo "build-test-vm: $tool missing (apt install debootstrap e2fsprogs)" >&2; exit 1; }
 done
+[ -n "$MIRROR" ] || { echo "build-test-vm: no Debian archive in apt's sources; set DEBIAN_MIRROR" >&2; exit 1; }
 mkdir -p "$VM"
 ROOTFS="$VM/rootfs"
 rm -rf "$ROOTFS"
