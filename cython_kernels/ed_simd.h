@@ -177,6 +177,8 @@ static void ED_T512 ed_z_mdot_q6_K(int n, const void *vx, const void *vy, size_t
     const __m512i sh_lo = _mm512_inserti64x4(_mm512_set1_epi16(0), _mm256_set1_epi16(2), 1);
     const __m512i sh_hi = _mm512_inserti64x4(_mm512_set1_epi16(4), _mm256_set1_epi16(6), 1);
     for (int i = 0; i < n / QKK; i++) {
+        for (int p = 0; p < (int)sizeof(blk_q6_K); p += 64)  /* stream ahead (matvec) */
+            _mm_prefetch((const char *)(x + i) + 1024 + p, _MM_HINT_T0);
         const int8_t *sc = x[i].scales;
         __m512i sumi[ED_MAX_COLS];
         for (int c = 0; c < nc; c++) sumi[c] = _mm512_setzero_si512();

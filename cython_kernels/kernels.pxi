@@ -18,13 +18,16 @@
 #                unsigned ed_cpu_features(void); int ed_path_supported(const char *name).
 #   ed_quant.h   int ed_quantize_row(int type, const float *x, void *y, int64_t k): llama.cpp's
 #                reference weight quantizers (same bytes as edged/quants.py).
+#   ed_dequant.h int ed_dequantize_row(int type, const void *x, float *y, int64_t k): weight rows
+#                back to float (embedding lookup), same bits as edged/quants.py and gguf-py.
 #   ed_threads.h int ed_pool_pin(ed_pool *p, const int *cpus, int n, const cpu_set_t *initial)
 #   forward.h    (engine) ed_rms_norm, ed_rope, ed_gelu, ed_silu, ed_attention use the above.
 #
 # The path is chosen once at import from $EDGED_KERNELS (forward.pxi's select_kernels()).
 # Python surface (checks first, then `with nogil:`): kernel_path() (forward.pxi), cpu_features(),
 # available_paths(), set_path(name), act_row_bytes(qtype, k), quantize_act(x, qtype),
-# matmul(out, w, qtype, x, pool=None), quantize_rows(x, qtype, pool=None), pin_pool(pool, cpus),
+# matmul(out, w, qtype, x, pool=None), quantize_rows(x, qtype, pool=None),
+# dequantize_rows(out, w, qtype, rows=None), pin_pool(pool, cpus),
 # default_threads(), aligned_empty(shape, dtype), read_bandwidth_pass(buf, pool=None), and the
 # forward pass's ops for tests: rmsnorm, rope, activation, attention.
 import os as _os
@@ -360,4 +363,39 @@ def quantize_rows(const float[:, ::1] x, int qtype, Pool pool=None):
             _q_task(&a, 0, 1)
         else:
             ed_pool_run(pool.p, _q_task, &a)
+    return out
+
+
+# --- dequantization (ed_dequant.h): embedding row lookup ------------------------------------
+cdef extern from "ed_dequant.h" nogil:
+    int ed_dequantize_row(int type, const void *x, float *y, int64_t k)
+
+
+def dequantize_rows(float[:, ::1] out, const uint8_t[::1] w, int qtype, const int64_t[::1] rows=None):
+    """out[i] = row rows[i] (or row i) of the weight matrix W (rows of out.shape[1] elements
+    of ggml type `qtype`), dequantized: the embedding lookup. Same bits as edged.quants."""
+    _check_type(qtype)
+    cdef int64_t k = out.shape[1], n = out.shape[0], i, r
+    cdef int blk = ED_TRAITS[qtype].block
+    if k % blk:
+        raise ValueError(f"row length {k} is not a multiple of the block size {blk}")
+    cdef size_t rb = <size_t>(k // blk) * ED_TRAITS[qtype].type_size
+    cdef int64_t n_rows = w.shape[0] // rb
+    if <size_t>w.shape[0] % rb:
+        raise ValueError(f"weights: {w.shape[0]} bytes are not whole rows of {rb}")
+    if rows is None:
+        if n > n_rows:
+            raise ValueError(f"{n} rows asked, the matrix has {n_rows}")
+    else:
+        if rows.shape[0] != n:
+            raise ValueError(f"{rows.shape[0]} row indices for {n} output rows")
+        for i in range(n):
+            if rows[i] < 0 or rows[i] >= n_rows:
+                raise IndexError(f"row {rows[i]} outside the matrix of {n_rows} rows")
+    if n == 0:
+        return out
+    with nogil:
+        for i in range(n):
+            r = i if rows is None else rows[i]
+            ed_dequantize_row(qtype, &w[0] + r * rb, &out[i, 0], k)
     return out

@@ -25,10 +25,10 @@ SUPPORTED_TYPES = frozenset({
 # Norm weights, biases and rope factors are read as float vectors.
 VECTOR_TYPES = frozenset({GGMLType.F32, GGMLType.F16, GGMLType.BF16})
 
-ROPE_NORM, ROPE_NEOX = 0, 2
+ROPE_NORM, ROPE_NEOX = 0, 2  # llama.cpp's rope modes: adjacent pairs vs. halves
 # llama.cpp's LLAMA_MAX_LAYERS. A larger block_count is refused before anything is sized by
 # it (a crafted 2**40 would otherwise build per-layer tables until memory runs out).
-MAX_LAYERS = 512  # llama.cpp's rope modes: adjacent pairs vs. halves
+MAX_LAYERS = 512
 
 
 @dataclass(frozen=True)

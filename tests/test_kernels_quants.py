@@ -132,3 +132,24 @@ def test_q8_K_activation_blocks():
     assert np.array_equal(bs, qs.reshape(-1, 16, 16).sum(-1))
     np.testing.assert_allclose(d[:, None] * qs, x.reshape(-1, 256), atol=np.abs(x).max() / 127 * 0.51)
     assert np.abs(qs).max() <= 127
+
+
+@pytest.mark.parametrize("t", ALL, ids=lambda t: t.name)
+def test_compiled_dequantize_rows_bit_exact(t):
+    """The compiled embedding lookup gives the same bits as gguf's dequantize (and ours)."""
+    core = pytest.importorskip("edged._core")
+    rng = np.random.default_rng(int(t) + 100)
+    info = TYPE_INFO[t]
+    k = 2 * max(info.block_size, 32)
+    n_rows = 33
+    raw = random_blocks(t, n_rows * k // info.block_size, rng)
+    ref = gguf.quants.dequantize(raw.reshape(n_rows, -1), gguf.GGMLQuantizationType(int(t))).astype(np.float32)
+    ids = np.array([0, 32, 5, 5, 17], np.int64)
+    out = np.full((len(ids), k), np.nan, np.float32)
+    core.dequantize_rows(out, raw, int(t), ids)
+    np.testing.assert_array_equal(out.view(np.uint32), ref[ids].view(np.uint32))
+    allrows = np.empty((n_rows, k), np.float32)
+    core.dequantize_rows(allrows, raw, int(t))
+    np.testing.assert_array_equal(allrows.view(np.uint32), ref.view(np.uint32))
+    with pytest.raises(IndexError):
+        core.dequantize_rows(out, raw, int(t), np.array([0, 1, 2, 3, n_rows], np.int64))

@@ -20,12 +20,13 @@ from edged.threads import default_threads  # noqa: E402
 
 
 def best(fn, reps):
+    """(best wall seconds, CPU seconds of that run summed over the process's threads)"""
     fn()
     t = []
     for _ in range(reps):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         fn()
-        t.append(time.perf_counter() - t0)
+        t.append((time.perf_counter() - t0, time.process_time() - c0))
     return min(t)
 
 
@@ -51,11 +52,16 @@ def main():
     print(f"kernel path {_core.kernel_path()}, features {' '.join(_core.cpu_features())}, "
           f"load average {os.getloadavg()[0]:.1f}")
     buf = np.frombuffer(rng.bytes(args.mib << 20), np.uint8)
-    bw = {n: buf.nbytes / best(lambda: _core.read_bandwidth_pass(buf, p), args.reps) / 1e9
-          for n, p in pools.items()}
+    bw, bw_cpu = {}, {}
+    for n, p in pools.items():
+        wall, cpu = best(lambda: _core.read_bandwidth_pass(buf, p), args.reps)
+        bw[n], bw_cpu[n] = buf.nbytes / wall / 1e9, buf.nbytes / max(cpu, 1e-9) / 1e9
     del buf
-    print("| type | threads | read GB/s | matvec GB/s | % of read | matmul GOPS |")
-    print("| --- | ---: | ---: | ---: | ---: | ---: |")
+    # wall-clock figures, and per CPU-second (bytes / CPU time summed over the threads): on a
+    # shared machine the second pair shows the kernels' efficiency however little CPU we got
+    print("| type | threads | read GB/s | matvec GB/s | % of read | read GB/cpu-s | matvec GB/cpu-s "
+          "| % | matmul GOPS | matmul GOP/cpu-s |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for name in args.types.split(","):
         t = GGMLType[name]
         info = TYPE_INFO[t]
@@ -69,11 +75,13 @@ def main():
         xm = rng.standard_normal((args.tokens, k)).astype(np.float32)
         om = np.empty((args.tokens, mm_rows), np.float32)
         for n, p in pools.items():
-            tv = best(lambda: _core.matmul(o1, w, int(t), x1, p), args.reps)
-            tm = best(lambda: _core.matmul(om, wm, int(t), xm, p), max(1, args.reps // 2))
-            gbs = w.nbytes / tv / 1e9
-            gops = 2.0 * mm_rows * k * args.tokens / tm / 1e9
-            print(f"| {name} | {n} | {bw[n]:.1f} | {gbs:.1f} | {100 * gbs / bw[n]:.0f}% | {gops:.1f} |")
+            tv, cv = best(lambda: _core.matmul(o1, w, int(t), x1, p), args.reps)
+            tm, cm = best(lambda: _core.matmul(om, wm, int(t), xm, p), max(1, args.reps // 2))
+            gbs, gbc = w.nbytes / tv / 1e9, w.nbytes / max(cv, 1e-9) / 1e9
+            ops = 2.0 * mm_rows * k * args.tokens
+            print(f"| {name} | {n} | {bw[n]:.1f} | {gbs:.1f} | {100 * gbs / bw[n]:.0f}% | "
+                  f"{bw_cpu[n]:.1f} | {gbc:.1f} | {100 * gbc / bw_cpu[n]:.0f}% | {ops / tm / 1e9:.1f} | "
+                  f"{ops / max(cm, 1e-9) / 1e9:.1f} |")
         sys.stdout.flush()
 
 
