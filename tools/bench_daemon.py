@@ -66,9 +66,9 @@ async def post(sock, path, body):
         return r.status, await r.json()
 
 
-async def stream(s, model, n, seed):
+async def stream(s, model, n, seed, temperature=0.8):
     """(seconds to first token, tokens, seconds of generation after the first token)."""
-    body = {"model": model, "prompt": "Once upon a time", "max_tokens": n, "temperature": 0.8,
+    body = {"model": model, "prompt": "Once upon a time", "max_tokens": n, "temperature": temperature,
             "seed": seed, "stream": True, "stream_options": {"include_usage": True}}
     t0 = time.perf_counter()
     first = None
@@ -124,7 +124,8 @@ def bench_parallel(tmp, models_dir, keys, args):
             async with session(sock) as s:
                 await stream(s, "a", 4, 99)                   # warm
                 t0 = time.perf_counter()
-                res = await asyncio.gather(*(stream(s, "a", args.tokens, i) for i in range(k)))
+                res = await asyncio.gather(*(stream(s, "a", args.tokens, i, args.temperature)
+                                             for i in range(k)))
                 wall = time.perf_counter() - t0
             return sum(r[1] for r in res) / wall, res
 
@@ -156,6 +157,8 @@ def main():
     ap.add_argument("-r", "--repeats", type=int, default=3)
     ap.add_argument("-n", "--tokens", type=int, default=32)
     ap.add_argument("--only", choices=("swap", "parallel"))
+    ap.add_argument("--temperature", type=float, default=0.8,
+                    help="of the throughput requests (0: greedy, no sampling cost)")
     args = ap.parse_args()
     sys.path.insert(0, ROOT)
     from edged import signing
