@@ -47,11 +47,20 @@ static void ed_axpy_f16_generic(int n, float a, const ed_half *x, float *y) {
 }
 static ed_axpy_f16_fn ed_axpy_f16 = ed_axpy_f16_generic;
 
+/* Matrix-vector rows: out[r] = W[r] . xq for r < nr <= 4, the activation block read once. */
+typedef void (*ed_mrows_fn)(int k, const void *w, size_t wstride, int nr, const void *xq, float *out);
+static ed_mrows_fn ED_MROWS[ED_NTYPES];
+
 /* out[c * ldo + r] = W[r] . xq[c] for r < nr, c < nc (any nc): the matmul inner tile */
 static void ed_mdot_rows(int type, int k, const uint8_t *w, size_t wstride, int nr,
                          const uint8_t *xq, size_t xs, int nc, float *out, size_t ldo) {
     const ed_mdot_fn md = ED_MDOT[type];
     const ed_dot_fn dot = ED_TRAITS[type].dot;
+    if (nc == 1 && ED_MROWS[type]) {  /* one token: 4 rows at a time */
+        for (int r = 0; r < nr; r += 4)
+            ED_MROWS[type](k, w + r * wstride, wstride, nr - r < 4 ? nr - r : 4, xq, out + r);
+        return;
+    }
     for (int c0 = 0; c0 < nc; c0 += ED_MAX_COLS) {
         const int cn = nc - c0 < ED_MAX_COLS ? nc - c0 : ED_MAX_COLS;
         for (int r = 0; r < nr; r++) {
@@ -280,6 +289,7 @@ static int ed_types_init(const char *force) {
     ed_types_init_generic();
     memset(ED_MDOT, 0, sizeof ED_MDOT);
     memset(ED_MDOT_SAME, 0, sizeof ED_MDOT_SAME);
+    memset(ED_MROWS, 0, sizeof ED_MROWS);
     ed_axpy_f16 = ed_axpy_f16_generic;
     const char *want = force && *force && strcmp(force, "auto") != 0 ? force : NULL;
     if (want) {

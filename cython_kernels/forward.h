@@ -242,21 +242,27 @@ static const uint8_t *ed_quantize_act(ed_state *s, ed_pool *p, int type, int K, 
 }
 
 /* out[t*ldo + r] = W[r] . x[t] for rows r in [r0, r1) of W, all n tokens. In a decode batch
- * of several sessions (s->batched) every row goes through the one-token dot product (or a
- * tile equal to it bit for bit, ED_MDOT_SAME), so a session's logits do not depend on which
- * others share its batch (the other tiles sum in another order); each weight row is still
- * read once for all of them. */
+ * of several sessions (s->batched) every row goes through the one-token path (or a tile
+ * equal to it bit for bit, ED_MDOT_SAME), so a session's logits do not depend on which
+ * others share its batch (the other tiles sum in another order); each tile of weight rows
+ * is read from memory once for all of them. */
 static inline void ed_rows(const ed_state *s, const ed_tensor *W, int64_t r0, int64_t r1,
                            const uint8_t *xq, size_t rb, int n, float *out, int ldo) {
     if (s->batched) {
-        const ed_dot_fn dot = ED_TRAITS[W->type].dot;
-        const ed_mdot_fn same = ED_MDOT_SAME[W->type];
-        for (int64_t r = r0; r < r1; r++) {
-            const uint8_t *w = W->data + r * W->row_bytes;
-            for (int c0 = 0; c0 < n; c0 += ED_MAX_COLS) {
-                const int cn = n - c0 < ED_MAX_COLS ? n - c0 : ED_MAX_COLS;
-                if (same && cn > 1) same((int)W->ne0, w, xq + c0 * rb, rb, cn, out + (size_t)c0 * ldo + r, ldo);
-                else for (int c = c0; c < c0 + cn; c++) out[(size_t)c * ldo + r] = dot((int)W->ne0, w, xq + c * rb);
+        /* a tile equal to the one-token path (which has no row kernel for this type), else
+           the one-token path itself per column, over a tile of rows that stays in cache */
+        const ed_mdot_fn same = ED_MROWS[W->type] ? NULL : ED_MDOT_SAME[W->type];
+        for (; r0 < r1; r0 += ED_ROW_TILE) {
+            const int64_t e = r0 + ED_ROW_TILE < r1 ? r0 + ED_ROW_TILE : r1;
+            if (same && n > 1) {
+                for (int64_t r = r0; r < e; r++)
+                    for (int c0 = 0; c0 < n; c0 += ED_MAX_COLS)
+                        same((int)W->ne0, W->data + r * W->row_bytes, xq + c0 * rb, rb,
+                             n - c0 < ED_MAX_COLS ? n - c0 : ED_MAX_COLS, out + (size_t)c0 * ldo + r, ldo);
+            } else {
+                for (int c = 0; c < n; c++)
+                    ed_mdot_rows(W->type, (int)W->ne0, W->data + r0 * W->row_bytes, W->row_bytes,
+                                 (int)(e - r0), xq + c * rb, rb, 1, out + (size_t)c * ldo + r0, (size_t)ldo);
             }
         }
         return;

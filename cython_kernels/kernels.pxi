@@ -13,7 +13,8 @@
 #                void ed_mdot_rows(int type, int k, const uint8_t *w, size_t w_row_bytes, int nr,
 #                    const uint8_t *xq, size_t xq_row_bytes, int nc, float *out, size_t ldo):
 #                    out[c*ldo + r] = W[r] . xq[c] for r < nr, c < nc; the matmul tile (each
-#                    weight row decoded once per 4 activation rows where a tile kernel exists).
+#                    weight row decoded once per 4 activation rows where a tile kernel exists;
+#                    for one activation row, Q8_0 reads it once per 4 weight rows).
 #                void ed_axpy_f16(int n, float a, const ed_half *x, float *y): y += a * x (F16).
 #                unsigned ed_cpu_features(void); int ed_path_supported(const char *name).
 #   ed_quant.h   int ed_quantize_row(int type, const float *x, void *y, int64_t k): llama.cpp's

@@ -12,7 +12,7 @@ TOL = 0.0
 
 MODELS = ["stories260K.gguf", "synthetic-qwen2-Q4_K_M.gguf", "synthetic-llama-Q4_K_M.gguf",
           "synthetic-gemma3-Q4_K_M.gguf", "synthetic-phi3-Q4_K_M.gguf",
-          "synthetic-llama-Q5_0.gguf"]
+          "synthetic-llama-Q5_0.gguf", "synthetic-qwen3-Q8_0.gguf"]
 
 
 @pytest.fixture(params=["auto", "generic", "avx2"])

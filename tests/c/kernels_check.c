@@ -76,6 +76,8 @@ int main(void) {
                 for (int r = 0; r < ROWS; r++) err = fmax(err, fabs(ED_TRAITS[t].dot(K, w + r * rb, xq + c * xr) - ref[c * ROWS + r]));
             ed_mdot_rows(t, K, w, rb, ROWS, xq, xr, COLS, got, ROWS);
             for (int i = 0; i < COLS * ROWS; i++) err = fmax(err, fabs(got[i] - ref[i]));
+            ed_mdot_rows(t, K, w, rb, ROWS, xq, xr, 1, got, ROWS);  /* matrix-vector rows */
+            for (int i = 0; i < ROWS; i++) err = fmax(err, fabs(got[i] - ref[i]));
             const int ok = err <= 1e-4 * (scale + 1e-3);
             failures += !ok;
             printf("%s %s max_abs_err %.3g scale %.3g %s\n", paths[p], names[ti], err, scale, ok ? "ok" : "FAIL");
