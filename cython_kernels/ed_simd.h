@@ -36,8 +36,10 @@ static const char *const ED_CPU_FEATURE_NAMES[] = {
 #define ED_MAX_COLS 4
 typedef void (*ed_mdot_fn)(int k, const void *w, const void *xq, size_t xs, int nc, float *out, size_t ldo);
 static ed_mdot_fn ED_MDOT[ED_NTYPES];
-/* Tiles whose every column equals the type's single dot bit for bit (same operations in the
- * same order): a decode batch of several sessions uses only these (forward.h, ed_rows). */
+/* Tiles whose every column equals the type's one-token path bit for bit (its row kernel
+ * ED_MROWS if it has one, else its dot: the same operations in the same order). A decode
+ * batch of several sessions uses only these (forward.h, ed_rows); tests/test_engine_batch.py
+ * checks the equality on every path. */
 static ed_mdot_fn ED_MDOT_SAME[ED_NTYPES];
 
 /* y[i] += a * x[i] over an F16 row (attention's V accumulation), path-selected */

@@ -249,9 +249,9 @@ static const uint8_t *ed_quantize_act(ed_state *s, ed_pool *p, int type, int K, 
 static inline void ed_rows(const ed_state *s, const ed_tensor *W, int64_t r0, int64_t r1,
                            const uint8_t *xq, size_t rb, int n, float *out, int ldo) {
     if (s->batched) {
-        /* a tile equal to the one-token path (which has no row kernel for this type), else
-           the one-token path itself per column, over a tile of rows that stays in cache */
-        const ed_mdot_fn same = ED_MROWS[W->type] ? NULL : ED_MDOT_SAME[W->type];
+        /* a tile equal to the one-token path (ED_MDOT_SAME), else the one-token path itself
+           per column, over a tile of rows that stays in cache */
+        const ed_mdot_fn same = ED_MDOT_SAME[W->type];
         for (; r0 < r1; r0 += ED_ROW_TILE) {
             const int64_t e = r0 + ED_ROW_TILE < r1 ? r0 + ED_ROW_TILE : r1;
             if (same && n > 1) {
