@@ -36,6 +36,11 @@ static const char *const ED_CPU_FEATURE_NAMES[] = {
 #define ED_MAX_COLS 4
 typedef void (*ed_mdot_fn)(int k, const void *w, const void *xq, size_t xs, int nc, float *out, size_t ldo);
 static ed_mdot_fn ED_MDOT[ED_NTYPES];
+/* Tiles whose every column equals the type's one-token path bit for bit (its row kernel
+ * ED_MROWS if it has one, else its dot: the same operations in the same order). A decode
+ * batch of several sessions uses only these (forward.h, ed_rows); tests/test_engine_batch.py
+ * checks the equality on every path. */
+static ed_mdot_fn ED_MDOT_SAME[ED_NTYPES];
 
 /* y[i] += a * x[i] over an F16 row (attention's V accumulation), path-selected */
 typedef void (*ed_axpy_f16_fn)(int n, float a, const ed_half *x, float *y);
@@ -285,6 +290,7 @@ static int ed_path_supported(const char *name) {
 static int ed_types_init(const char *force) {
     ed_types_init_generic();
     memset(ED_MDOT, 0, sizeof ED_MDOT);
+    memset(ED_MDOT_SAME, 0, sizeof ED_MDOT_SAME);
     memset(ED_MROWS, 0, sizeof ED_MROWS);
     ed_axpy_f16 = ed_axpy_f16_generic;
     const char *want = force && *force && strcmp(force, "auto") != 0 ? force : NULL;

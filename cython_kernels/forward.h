@@ -49,6 +49,10 @@ typedef struct {
     ed_layer *layers;            /* (n_layer) */
 } ed_model;
 
+/* logits rows kept per call: a batch asking for every row's logits is at most this long
+   (a 152k vocabulary costs 0.6 MB per row; the prompt itself only needs its last row) */
+#define ED_MAX_LOGIT_ROWS 32
+
 /* One session's buffers, carved from one 64-byte aligned arena. */
 typedef struct {
     int n_ctx, n_batch;
@@ -67,6 +71,12 @@ typedef struct {
     int32_t *tokens;     /* (n_batch) */
     /* per-call arguments */
     int n_tokens, pos, all_logits;
+    /* a decode batch over several sessions (ed_forward_rows): row t is one token at position
+       row_pos[t] with the KV cache of another state (row_k/row_v/row_nctx); this state only
+       lends its scratch. 0 for an ordinary batch of this session's own tokens. */
+    int batched;
+    int row_pos[ED_MAX_LOGIT_ROWS], row_nctx[ED_MAX_LOGIT_ROWS];
+    uint16_t *row_k[ED_MAX_LOGIT_ROWS], *row_v[ED_MAX_LOGIT_ROWS];
     const ed_model *m;
     struct ed_pool *pool;
     /* profiling: nanoseconds per op kind, summed by thread 0 */
@@ -231,9 +241,32 @@ static const uint8_t *ed_quantize_act(ed_state *s, ed_pool *p, int type, int K, 
     return s->xq;
 }
 
-/* out[t*ldo + r] = W[r] . x[t] for rows r in [r0, r1) of W, all n tokens. */
-static inline void ed_rows(const ed_tensor *W, int64_t r0, int64_t r1, const uint8_t *xq,
-                           size_t rb, int n, float *out, int ldo) {
+/* out[t*ldo + r] = W[r] . x[t] for rows r in [r0, r1) of W, all n tokens. In a decode batch
+ * of several sessions (s->batched) every row goes through the one-token path (or a tile
+ * equal to it bit for bit, ED_MDOT_SAME), so a session's logits do not depend on which
+ * others share its batch (the other tiles sum in another order); each tile of weight rows
+ * is read from memory once for all of them. */
+static inline void ed_rows(const ed_state *s, const ed_tensor *W, int64_t r0, int64_t r1,
+                           const uint8_t *xq, size_t rb, int n, float *out, int ldo) {
+    if (s->batched) {
+        /* a tile equal to the one-token path (ED_MDOT_SAME), else the one-token path itself
+           per column, over a tile of rows that stays in cache */
+        const ed_mdot_fn same = ED_MDOT_SAME[W->type];
+        for (; r0 < r1; r0 += ED_ROW_TILE) {
+            const int64_t e = r0 + ED_ROW_TILE < r1 ? r0 + ED_ROW_TILE : r1;
+            if (same && n > 1) {
+                for (int64_t r = r0; r < e; r++)
+                    for (int c0 = 0; c0 < n; c0 += ED_MAX_COLS)
+                        same((int)W->ne0, W->data + r * W->row_bytes, xq + c0 * rb, rb,
+                             n - c0 < ED_MAX_COLS ? n - c0 : ED_MAX_COLS, out + (size_t)c0 * ldo + r, ldo);
+            } else {
+                for (int c = 0; c < n; c++)
+                    ed_mdot_rows(W->type, (int)W->ne0, W->data + r0 * W->row_bytes, W->row_bytes,
+                                 (int)(e - r0), xq + c * rb, rb, 1, out + (size_t)c * ldo + r0, (size_t)ldo);
+            }
+        }
+        return;
+    }
     for (; r0 < r1; r0 += ED_ROW_TILE) {
         const int64_t e = r0 + ED_ROW_TILE < r1 ? r0 + ED_ROW_TILE : r1;
         /* each weight row is decoded once per group of ED_MAX_COLS tokens (ed_simd.h) */
@@ -256,7 +289,7 @@ static void ed_matmul(ed_state *s, ed_pool *p, float *out, int ldo, const ed_ten
     }
     int64_t a, b;
     ed_range(W->ne1, ith, nth, &a, &b);
-    ed_rows(W, a, b, xq, rb, n, out, ldo);
+    ed_rows(s, W, a, b, xq, rb, n, out, ldo);
     ed_barrier(p);
 }
 
@@ -277,7 +310,7 @@ static void ed_matmul3(ed_state *s, ed_pool *p, const ed_tensor *W[3], float *ou
     for (int i = 0; i < 3; i++) {
         const int64_t lo = a > base ? a - base : 0;
         const int64_t hi = b - base < W[i]->ne1 ? b - base : W[i]->ne1;
-        if (hi > lo) ed_rows(W[i], lo, hi, xq, rb, n, out[i], ldo);
+        if (hi > lo) ed_rows(s, W[i], lo, hi, xq, rb, n, out[i], ldo);
         base += W[i]->ne1;
     }
     ed_barrier(p);
@@ -300,14 +333,14 @@ static void ed_ffn_gate_up(ed_state *s, ed_pool *p, const ed_model *m, const ed_
     ed_range(F, ith, nth, &a, &b);
     if (ed_same_act(G, U)) {
         xq = ed_quantize_act(s, p, G->type, E, s->xb, E, n, ith, nth, &rb);
-        ed_rows(G, a, b, xq, rb, n, hb, 2 * F);
-        ed_rows(U, uofs + a, uofs + b, xq, rb, n, hb + F - uofs, 2 * F);
+        ed_rows(s, G, a, b, xq, rb, n, hb, 2 * F);
+        ed_rows(s, U, uofs + a, uofs + b, xq, rb, n, hb + F - uofs, 2 * F);
     } else {  /* different activation formats (mixed quantizations): one after the other */
         xq = ed_quantize_act(s, p, U->type, E, s->xb, E, n, ith, nth, &rb);
-        ed_rows(U, uofs + a, uofs + b, xq, rb, n, hb + F - uofs, 2 * F);
+        ed_rows(s, U, uofs + a, uofs + b, xq, rb, n, hb + F - uofs, 2 * F);
         ed_barrier(p);
         xq = ed_quantize_act(s, p, G->type, E, s->xb, E, n, ith, nth, &rb);
-        ed_rows(G, a, b, xq, rb, n, hb, 2 * F);
+        ed_rows(s, G, a, b, xq, rb, n, hb, 2 * F);
     }
     for (int t = 0; t < n; t++) {
         float *g = hb + (size_t)t * 2 * F, *u = g + F;
@@ -318,6 +351,17 @@ static void ed_ffn_gate_up(ed_state *s, ed_pool *p, const ed_model *m, const ed_
 }
 
 static inline const float *ed_vec(const ed_tensor *t) { return (const float *)t->data; }
+
+/* Position of batch row t, and the start of layer il in the K (kv 0) or V (kv 1) cache it uses. */
+static inline int ed_row_pos(const ed_state *s, int64_t t) {
+    return s->batched ? s->row_pos[t] : s->pos + (int)t;
+}
+
+static inline uint16_t *ed_layer_cache(const ed_state *s, int kv, int64_t t, int il, int KVd) {
+    if (s->batched)
+        return (kv ? s->row_v[t] : s->row_k[t]) + (size_t)il * s->row_nctx[t] * KVd;
+    return (kv ? s->v_cache : s->k_cache) + (size_t)il * s->n_ctx * KVd;
+}
 
 /* ---------------------------------------------------------------- attention ------------ */
 static float ED_F16_LUT[65536];  /* f16 bits -> float, for the V accumulation */
@@ -332,8 +376,6 @@ static void ed_forward_init(void) {
 static void ed_attention(ed_state *s, const ed_model *m, int il, int ith, int nth, int ldqkv) {
     const int n = s->n_tokens, hd = m->head_dim, group = m->n_head / m->n_head_kv;
     const int kvd = m->n_head_kv * hd, Qd = m->n_head * hd;
-    const size_t lofs = (size_t)il * s->n_ctx * kvd;
-    const uint16_t *kc = s->k_cache + lofs, *vc = s->v_cache + lofs;
     float *sc = s->att + (size_t)ith * s->n_ctx;
     uint16_t *q16 = s->qh + (size_t)ith * hd;
     const ed_dot_fn dot16 = ED_TRAITS[ED_F16].dot;
@@ -342,7 +384,8 @@ static void ed_attention(ed_state *s, const ed_model *m, int il, int ith, int nt
     ed_range((int64_t)n * m->n_head, ith, nth, &a, &b);
     for (int64_t idx = a; idx < b; idx++) {
         const int t = (int)(idx / m->n_head), h = (int)(idx % m->n_head), kvh = h / group;
-        const int pt = s->pos + t;
+        const int pt = ed_row_pos(s, t);
+        const uint16_t *kc = ed_layer_cache(s, 0, t, il, kvd), *vc = ed_layer_cache(s, 1, t, il, kvd);
         const float *q = s->qkv + (size_t)t * ldqkv + (size_t)h * hd;
         for (int i = 0; i < hd; i++) q16[i] = ed_fp32_to_fp16(q[i]);
         int j0 = 0;
@@ -423,11 +466,11 @@ static void ed_forward_worker(void *arg, int ith, int nth) {
                 for (int h = 0; h < m->n_head; h++) ed_rms_norm(q + h * hd, q + h * hd, ed_vec(&L->attn_q_norm), hd, eps);
                 for (int h = 0; h < m->n_head_kv; h++) ed_rms_norm(k + h * hd, k + h * hd, ed_vec(&L->attn_k_norm), hd, eps);
             }
-            const int pt = s->pos + (int)t;
+            const int pt = ed_row_pos(s, t);
             ed_rope(q, m->n_head, hd, m->n_rot, pt, base, fscale, m->rope_factors, m->rope_attn_factor, m->rope_neox);
             ed_rope(k, m->n_head_kv, hd, m->n_rot, pt, base, fscale, m->rope_factors, m->rope_attn_factor, m->rope_neox);
-            uint16_t *kc = s->k_cache + ((size_t)il * s->n_ctx + pt) * KVd;
-            uint16_t *vc = s->v_cache + ((size_t)il * s->n_ctx + pt) * KVd;
+            uint16_t *kc = ed_layer_cache(s, 0, t, il, KVd) + (size_t)pt * KVd;
+            uint16_t *vc = ed_layer_cache(s, 1, t, il, KVd) + (size_t)pt * KVd;
             for (int i = 0; i < KVd; i++) { kc[i] = ed_fp32_to_fp16(k[i]); vc[i] = ed_fp32_to_fp16(v[i]); }
         }
         ed_barrier(p);
@@ -510,10 +553,6 @@ static void ed_pool_destroy(ed_pool *p) {
     free(p);
 }
 
-/* logits rows kept per call: a batch asking for every row's logits is at most this long
-   (a 152k vocabulary costs 0.6 MB per row; the prompt itself only needs its last row) */
-#define ED_MAX_LOGIT_ROWS 32
-
 #define ED_ALIGN(n) (((n) + 63) & ~(size_t)63)
 
 /* Carve one session's buffers out of `arena` (64-byte aligned). With arena == NULL only
@@ -557,6 +596,22 @@ static size_t ed_state_layout(ed_state *s, const ed_model *m, int n_ctx, int n_b
 static void ed_forward(ed_state *s, ed_pool *p, int n_tokens, int pos, int all_logits) {
     s->n_tokens = n_tokens; s->pos = pos; s->all_logits = all_logits; s->pool = p;
     ed_pool_run(p, ed_forward_worker, s);
+}
+
+/* One decode step of n sessions of the same model in one pass: row t is the token staged in
+ * s->x[t] at position pos[t] of rows[t]'s KV cache; every matrix product is shared, attention
+ * runs per row against its own cache. s lends its scratch (n <= its n_batch, n <= 32, every
+ * pos[t] < s->n_ctx: checked by the caller); logits of all n rows land in s->logits. */
+static void ed_forward_rows(ed_state *s, ed_pool *p, int n, ed_state *const *rows, const int *pos) {
+    for (int t = 0; t < n; t++) {
+        s->row_pos[t] = pos[t];
+        s->row_nctx[t] = rows[t]->n_ctx;
+        s->row_k[t] = rows[t]->k_cache;
+        s->row_v[t] = rows[t]->v_cache;
+    }
+    s->batched = 1;
+    ed_forward(s, p, n, 0, 1);
+    s->batched = 0;
 }
 
 #endif

@@ -47,6 +47,7 @@ cdef extern from "forward.h" nogil:
     void ed_pool_destroy(ed_pool *p)
     size_t ed_state_layout(ed_state *s, const ed_model *m, int n_ctx, int n_batch, int n_threads, uint8_t *arena)
     void ed_forward(ed_state *s, ed_pool *p, int n_tokens, int pos, int all_logits)
+    void ed_forward_rows(ed_state *s, ed_pool *p, int n, ed_state **rows, const int *pos)
     void ed_forward_init()
     int ED_MAX_LOGIT_ROWS
     void ed_types_init_generic()
@@ -206,7 +207,7 @@ cdef class ForwardState:
     cdef ed_state s
     cdef uint8_t *arena
     cdef readonly size_t nbytes
-    cdef ForwardModel model
+    cdef readonly ForwardModel model
     cdef Pool pool
 
     def __cinit__(self, ForwardModel model, Pool pool, int n_ctx, int n_batch):
@@ -223,6 +224,10 @@ cdef class ForwardState:
     def __dealloc__(self):
         free(self.arena)
         self.arena = NULL
+
+    @property
+    def n_ctx(self):
+        return self.s.n_ctx
 
     @property
     def address(self):
@@ -274,3 +279,27 @@ cdef class ForwardState:
             raise ValueError(f"positions [{pos}, {pos + n_tokens}) outside the context {self.s.n_ctx}")
         with nogil:
             ed_forward(&self.s, self.pool.p, n_tokens, pos, all_logits)
+
+    def forward_rows(self, list states, positions):
+        """One decode step of several sessions in one pass: row t (staged in this state's input
+        rows) is one token at positions[t] of states[t]'s KV cache. This state lends its scratch
+        and receives the logits of every row; states may include it."""
+        cdef ed_state *rows[32]
+        cdef int pos[32]
+        cdef int n = len(states), t
+        cdef ForwardState st
+        if n < 1 or n > min(self.s.n_batch, ED_MAX_LOGIT_ROWS):
+            raise ValueError(f"{n} rows: between 1 and {min(self.s.n_batch, ED_MAX_LOGIT_ROWS)} per call")
+        if len(positions) != n:
+            raise ValueError(f"{len(positions)} positions for {n} rows")
+        for t in range(n):
+            st = states[t]
+            if st.model is not self.model:
+                raise ValueError(f"row {t}: a session of another model")
+            pos[t] = positions[t]
+            if pos[t] < 0 or pos[t] >= st.s.n_ctx or pos[t] >= self.s.n_ctx:
+                raise ValueError(f"row {t}: position {pos[t]} outside the context "
+                                 f"{min(st.s.n_ctx, self.s.n_ctx)}")
+            rows[t] = &st.s
+        with nogil:
+            ed_forward_rows(&self.s, self.pool.p, n, rows, pos)

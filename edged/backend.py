@@ -13,6 +13,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+import numpy as np
+
 from .errors import ConfigError
 
 
@@ -70,6 +72,18 @@ class Backend:
     def copy_out(self, buf, n_rows: int):
         """float32 (n_rows, n_vocab) logits of the last forward step (all rows or the last)."""
         raise NotImplementedError
+
+    def decode_rows(self, bufs, tokens, positions):
+        """One decode step of several sessions: token i at positions[i] of bufs[i]'s cache.
+        Returns float32 (n, n_vocab) logits. This default runs the sessions one by one (the
+        reference backend's slow twin); a backend that can share the matrix products across
+        rows overrides it."""
+        rows = []
+        for buf, tok, pos in zip(bufs, tokens, positions):
+            self.copy_in(buf, [tok], pos)
+            self.forward(buf, 1, pos, False)
+            rows.append(self.copy_out(buf, 1))
+        return np.concatenate(rows)
 
     def close(self) -> None:
         pass

@@ -156,6 +156,20 @@ class CPUBackend(Backend):
     def copy_out(self, buf, n_rows):
         return np.array(buf.state.logits(n_rows))
 
+    def decode_rows(self, bufs, tokens, positions):
+        """All rows in one compiled pass: the matrix products are shared (one read of the
+        weights for every session), attention runs per row against its own cache. The
+        scratch of the session with the longest context is lent to the batch."""
+        n = len(bufs)
+        lead = max(bufs, key=lambda b: (b.state.n_ctx, b.state.max_logit_rows))
+        if (n == 1 or lead.state.max_logit_rows < n or max(positions) >= lead.state.n_ctx
+                or any(b.state.model is not lead.state.model for b in bufs)):
+            return super().decode_rows(bufs, tokens, positions)
+        self.copy_in(lead, tokens, 0)
+        with self._run_lock:
+            lead.state.forward_rows([b.state for b in bufs], list(positions))
+            return np.array(lead.state.logits(n))
+
     def profile(self, n_prompt=512):
         """Time per op kind for one prompt batch and for one token after it (ms)."""
         import time

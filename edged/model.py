@@ -203,6 +203,44 @@ class Model:
     def session(self, n_ctx=512, n_batch=DEFAULT_N_BATCH):
         return Session(self, n_ctx, n_batch)
 
+    def decode_batch(self, sessions, tokens):
+        """One decode step of several sessions in one forward pass: token i is appended to
+        sessions[i] and evaluated at that session's own position against its own KV cache
+        (the matrix products are shared across rows). Same effect as sessions[i].eval([t])
+        for each i; returns float32 (n, n_vocab), row i = sessions[i]'s next-token logits."""
+        sessions, tokens = list(sessions), [int(t) for t in tokens]
+        if not sessions or len(sessions) != len(tokens):
+            raise RequestError(f"decode_batch: {len(sessions)} sessions for {len(tokens)} tokens")
+        if len({id(s) for s in sessions}) != len(sessions):
+            raise RequestError("decode_batch: a session appears twice")
+        nv = self.hp.n_vocab
+        for s, t in zip(sessions, tokens):
+            if s.model is not self or s._buf is None:
+                raise RequestError("decode_batch: a session of another (or a closed) model")
+            if not 0 <= t < nv:
+                raise RequestError(f"token id {t} out of range [0, {nv})")
+            if s.n_past + 1 > s.n_ctx:
+                raise RequestError(f"{s.n_past + 1} tokens do not fit the context (n_ctx {s.n_ctx})")
+        t0 = time.perf_counter()
+        logits = self.backend.decode_rows([s._buf for s in sessions], tokens,
+                                          [s.n_past for s in sessions])
+        ms = (time.perf_counter() - t0) * 1000 / len(sessions)
+        for s, t in zip(sessions, tokens):
+            s._ahead = None
+            s.tokens.append(t)
+            s.t_eval_ms += ms
+            s.n_eval += 1
+        return logits
+
+    def decode_ahead(self, sessions, tokens):
+        """decode_batch for sessions whose own code (a running generate()) is about to call
+        eval([token]): each such next call returns the logits computed here instead of
+        running the model again. Any other call on the session discards them."""
+        logits = self.decode_batch(sessions, tokens)
+        for i, (s, t) in enumerate(zip(sessions, tokens)):
+            s.tokens.pop()
+            s._ahead = (t, s.n_past, logits[i:i + 1])
+
     def plan(self, n_ctx, n_batch=DEFAULT_N_BATCH):
         """The MemoryPlan a session of n_ctx tokens needs (weights + KV cache + scratch)."""
         return self._plan(type(self.backend), n_ctx)
@@ -276,6 +314,7 @@ class Session:
         self.memory_plan = plan
         self._buf = be.alloc(n_ctx, self.n_batch)
         self.tokens: list[int] = []
+        self._ahead = None  # (token, position, logits) from Model.decode_ahead
         self.t_eval_ms = 0.0
         self.n_eval = 0
 
@@ -284,16 +323,23 @@ class Session:
         return len(self.tokens)
 
     def reset(self):
+        self._ahead = None
         self.tokens = []
 
     def truncate(self, n):
         """Forget everything after the first n tokens (the cache beyond is overwritten)."""
+        self._ahead = None
         del self.tokens[n:]
 
     def eval(self, ids, logits="last"):
         """Append ids to the context and run them. logits: "last" -> (1, n_vocab) float32,
         "all" -> (len(ids), n_vocab)."""
         ids = [int(t) for t in ids]
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None and logits == "last" and len(ids) == 1 and \
+                (ids[0], self.n_past) == ahead[:2]:
+            self.tokens.append(ids[0])   # evaluated by Model.decode_ahead in a batch
+            return ahead[2]
         if not ids:
             raise RequestError("eval: no tokens")
         if logits not in ("last", "all"):

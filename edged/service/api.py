@@ -488,6 +488,7 @@ class _Generation:
         def make_gen():
             s = lm.take_session(ids)
             session_box.append(s)
+            self.job.session = s         # the decode loop batches it with the other streams
             return lm.steps(s, ids, self.prefill, max_tokens=self.max_tokens, temperature=p["temperature"],
                             top_k=p["top_k"], top_p=p["top_p"], min_p=p["min_p"], seed=p["seed"], stop=p["stop"],
                             repeat_penalty=p["repeat_penalty"], presence_penalty=p["presence_penalty"],

@@ -55,7 +55,7 @@ class Daemon:
         self.api = Api(self)
 
     def start_threads(self):
-        self.decoder = Decoder()
+        self.decoder = Decoder(self.metrics)
 
     async def run(self):
         cfg = self.cfg

@@ -21,6 +21,8 @@ class Metrics:
         self.swap_seconds = 0.0
         self.last_swap_seconds = 0.0
         self.peer_refused = 0
+        self.batch_steps = 0                           # batched decode passes (decode thread)
+        self.batch_rows = 0                            # tokens decoded in them
 
     def request(self, route, status):
         self.requests[(route, int(status))] += 1
@@ -53,6 +55,11 @@ class Metrics:
         metric("edged_queue_depth", "gauge", "Requests waiting for a generation slot.", [({}, queue_depth)])
         metric("edged_requests_in_flight", "gauge", "Requests holding a generation slot.", [({}, in_flight)])
         metric("edged_slots", "gauge", "Generation slots (n_parallel).", [({}, slots)])
+        metric("edged_batched_decode_steps_total", "counter",
+               "Forward passes that decoded several streams together (continuous batching).",
+               [({}, self.batch_steps)])
+        metric("edged_batched_decode_tokens_total", "counter", "Tokens decoded in those passes.",
+               [({}, self.batch_rows)])
         metric("edged_model_loads_total", "counter", "Model loads by outcome.",
                [({"outcome": k}, v) for k, v in sorted(self.loads.items())])
         metric("edged_model_load_seconds_total", "counter",

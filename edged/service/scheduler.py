@@ -9,10 +9,15 @@ Decoding (one thread): the engine has one compute thread pool per process, so fo
 are issued from one thread. Each round gives every active job one step of its Session's
 generator (the first step is its prompt's prefill), checks cancellation (client gone, time
 limit) between tokens, and posts the token to the job's asyncio queue. A long prompt is
-evaluated in chunks of PREFILL_CHUNK tokens, one chunk per round. With n_parallel > 1
-the streams are interleaved token by token; they are not yet decoded in one batched forward
-pass (the engine has no batched multi-session decode), so aggregate tokens/s stays that of
-one stream.
+evaluated in chunks of PREFILL_CHUNK tokens, one chunk per round.
+
+Continuous batching: with n_parallel > 1, each round first evaluates the next token of every
+active generation that is past its prompt in ONE forward pass per model
+(Model.decode_ahead: the matrix products read the weights once for all rows, attention runs
+per row against the row's own KV cache); each generator then finds its logits ready and only
+samples (sampling stays per request). A job that finishes, is cancelled or fails leaves the
+batch at the next round; a new one joins once its prompt is in. A batch row equals the
+session's own single step exactly, so a reply does not depend on what it was batched with.
 """
 import asyncio
 import collections
@@ -97,6 +102,8 @@ class Job:
         self.cancel = threading.Event()
         self.events = asyncio.Queue()
         self.gen = None
+        self.session = None             # the engine Session, once make_gen() took one
+        self.next_token = None          # the token the generator evaluates on its next step
 
     def post(self, kind, value=None):
         self.loop.call_soon_threadsafe(self.events.put_nowait, (kind, value))
@@ -105,7 +112,8 @@ class Job:
 class Decoder:
     """The decode thread. submit() from the event loop; events come back through Job.events."""
 
-    def __init__(self):
+    def __init__(self, metrics=None):
+        self.metrics = metrics
         self._pending = collections.deque()
         self._active = []
         self._cv = threading.Condition()
@@ -126,6 +134,29 @@ class Decoder:
             self._stop = True
             self._cv.notify()
         self._thread.join(timeout=5)
+
+    def _decode_batch(self):
+        """The next token of every job past its prompt, one forward pass per model."""
+        groups = {}
+        now = time.monotonic()
+        for job in self._active:
+            s = job.session
+            if (job.next_token is None or s is None or job.cancel.is_set() or now >= job.deadline
+                    or not hasattr(getattr(s, "model", None), "decode_ahead")):
+                continue
+            groups.setdefault(id(s.model), []).append(job)
+        for jobs in groups.values():
+            if len(jobs) < 2:
+                continue                         # one stream: its generator evaluates as before
+            try:
+                with ENGINE_LOCK:
+                    jobs[0].session.model.decode_ahead([j.session for j in jobs],
+                                                       [j.next_token for j in jobs])
+                if self.metrics is not None:
+                    self.metrics.batch_steps += 1
+                    self.metrics.batch_rows += len(jobs)
+            except Exception as e:  # noqa: BLE001 - the generators then evaluate one by one
+                log.error("batched decode of %d streams failed: %s", len(jobs), e)
 
     def _end(self, job, kind, value):
         if job.gen is not None:
@@ -150,6 +181,7 @@ class Decoder:
                     return
                 while self._pending:
                     self._active.append(self._pending.popleft())
+            self._decode_batch()
             for job in list(self._active):
                 if job.cancel.is_set():
                     self._active.remove(job)
@@ -173,7 +205,9 @@ class Decoder:
                     self._end(job, "error", e)
                     continue
                 if out is None:                  # a chunk of the prompt was evaluated
+                    job.next_token = None
                     continue
+                job.next_token = out.token if getattr(out, "finish_reason", None) is None else None
                 job.post("token", out)
                 if getattr(out, "finish_reason", None):
                     self._active.remove(job)

@@ -1,0 +1,49 @@
+#!/usr/bin/env python3
+"""Engine-level continuous batching: tokens/s of one session's decode steps vs Model.decode_batch
+over 4 sessions, in interleaved rounds (the daemon adds HTTP, sampling and prefill on top).
+
+    tools/bench_batch.py MODEL.gguf [-t THREADS] [-r ROUNDS] [-n STEPS] [-b SESSIONS]
+"""
+import argparse
+import os
+import statistics
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("model")
+    ap.add_argument("-t", "--threads", type=int, default=0)
+    ap.add_argument("-r", "--rounds", type=int, default=5)
+    ap.add_argument("-n", "--steps", type=int, default=8)
+    ap.add_argument("-b", "--batch", type=int, default=4)
+    args = ap.parse_args()
+    sys.path.insert(0, ROOT)
+    from edged import Model
+    m = Model.load(args.model, n_threads=args.threads or None)
+    ss = [m.session(512) for _ in range(args.batch)]
+    for i, s in enumerate(ss):
+        s.eval([1 + i, 2, 3, 4, 5][:2 + i])            # different positions per session
+    ratios = []
+    for r in range(args.rounds):
+        t0 = time.perf_counter()
+        for i in range(args.steps):
+            ss[0].eval([7 + i])
+        t1 = time.perf_counter()
+        for i in range(args.steps):
+            m.decode_batch(ss, [7 + i + j for j in range(args.batch)])
+        t2 = time.perf_counter()
+        one, many = args.steps / (t1 - t0), args.steps * args.batch / (t2 - t1)
+        ratios.append(many / one)
+        print(f"round {r}: 1 session {one:.1f} tokens/s, batch of {args.batch} {many:.1f} tokens/s "
+              f"({many / one:.2f}x)", flush=True)
+        for s in ss:
+            s.truncate(8)
+    print(f"median ratio {statistics.median(ratios):.2f}x over {args.rounds} rounds")
+
+
+if __name__ == "__main__":
+    main()
