@@ -245,12 +245,13 @@ class Model:
         """The MemoryPlan a session of n_ctx tokens needs (weights + KV cache + scratch)."""
         return self._plan(type(self.backend), n_ctx)
 
-    def chat_prompt(self, messages, add_generation_prompt=True, **extra):
-        from .chat import chat_template_from, render
-        tmpl = chat_template_from(self.file)
-        if tmpl is None:
-            from .errors import TemplateError
-            raise TemplateError(f"{self.path}: no chat template in the model ({Key.CHAT_TEMPLATE})")
+    def chat_prompt(self, messages, add_generation_prompt=True, template_file=None,
+                    template_name=None, **extra):
+        """Render `messages` with the model's chat template (or the named variant
+        `tokenizer.chat_template.NAME`), or with an operator's template file, which takes
+        precedence. A model with neither raises TemplateError; plain completion still works."""
+        from .chat import render, template_for
+        tmpl = template_for(self.file, name=template_name, template_file=template_file)
         return render(tmpl, messages, add_generation_prompt=add_generation_prompt,
                       bos_token=self.tokenizer.token_piece(self.tokenizer.bos_id).decode(
                           "utf-8", "replace") if self.tokenizer.bos_id is not None else "",

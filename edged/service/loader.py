@@ -4,6 +4,7 @@ The only module of the service that touches the engine, the text layer and signi
 phase is timed separately (the swap-latency split the README records). Everything here runs
 in worker threads, never on the event loop.
 """
+import os
 import threading
 import time
 
@@ -25,6 +26,10 @@ class LoadedModel:
         self.timings = dict(timings)    # phase -> seconds
         self.n_ctx = n_ctx
         self.tokenizer = model.tokenizer
+        # An operator's chat template beside the model (MODELS_DIR/NAME.jinja) replaces the
+        # model's own, or gives one to a model that has none.
+        jinja = os.path.splitext(path)[0] + ".jinja"
+        self.template_file = jinja if os.path.isfile(jinja) else None
         self.loaded_at = time.time()
         self.last_used = time.monotonic()
         self.refs = 0                   # requests holding this model (registry, event loop only)
@@ -40,7 +45,8 @@ class LoadedModel:
 
     def encode_chat(self, messages):
         """Chat messages -> prompt token ids, through the model's own (sandboxed) template."""
-        prompt = self.model.chat_prompt(messages, add_generation_prompt=True)
+        prompt = self.model.chat_prompt(messages, add_generation_prompt=True,
+                                        template_file=self.template_file)
         if isinstance(prompt, str):
             # The rendered template spells its special tokens out (<|im_start|>...): parse them.
             ids = list(self.tokenizer.encode(prompt, add_special=True, parse_special=True))
