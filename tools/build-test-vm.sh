@@ -16,9 +16,11 @@ apt_mirror() {
         [ -f "$f" ] || continue
         awk '/^URIs:/ && $2 !~ /security/ {print $2; exit}' "$f"
     done | head -n 1
-    [ -f /etc/apt/sources.list ] && awk '$1 == "deb" && $2 !~ /security/ {print $2; exit}' /etc/apt/sources.list
+    if [ -f /etc/apt/sources.list ]; then
+        awk '$1 == "deb" && $2 !~ /security/ {print $2; exit}' /etc/apt/sources.list
+    fi
+    return 0
 }
-MIRROR=${DEBIAN_MIRROR:-$(apt_mirror | head -n 1)}
 if [ -f "$VM/base.img" ] && [ -f "$VM/vmlinuz" ] && [ -f "$VM/initrd.img" ]; then
     echo "build-test-vm: $VM is ready"; exit 0
 fi
@@ -26,6 +28,7 @@ fi
 for tool in debootstrap mkfs.ext4; do
     command -v "$tool" >/dev/null || { echo "build-test-vm: $tool missing (apt install debootstrap e2fsprogs)" >&2; exit 1; }
 done
+MIRROR=${DEBIAN_MIRROR:-$(apt_mirror | head -n 1)}
 [ -n "$MIRROR" ] || { echo "build-test-vm: no Debian archive in apt's sources; set DEBIAN_MIRROR" >&2; exit 1; }
 mkdir -p "$VM"
 ROOTFS="$VM/rootfs"
