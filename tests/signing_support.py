@@ -48,6 +48,17 @@ def make_keys(tmp_path_factory):
     return _KEYS
 
 
+@pytest.fixture(scope="session")
+def keys(tmp_path_factory):
+    return make_keys(tmp_path_factory)
+
+
+@pytest.fixture
+def trust(tmp_path, keys):
+    """The default trust store: operator and vendor trusted, "old" trusted but revoked."""
+    return signing.TrustStore.load(*make_trust_dir(tmp_path / "trusted", keys))
+
+
 def make_trust_dir(path, keys, names=("operator", "vendor", "old"), revoked=("old",)):
     """A trusted-keys directory with `names` and a revoked-keys file listing `revoked`."""
     path.mkdir()

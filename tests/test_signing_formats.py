@@ -11,19 +11,10 @@ from hypothesis import given, settings, strategies as st
 import conftest
 from edged import signing
 from edged.errors import SignatureError
-from signing_support import copy_model, edged, make_keys, make_trust_dir, needs_openssl, openssl, refused
+from signing_support import (copy_model, edged, keys, make_trust_dir, needs_openssl,  # noqa: F401
+                             openssl, refused, trust)
 
 PSS_OPTS = ["-sigopt", "rsa_padding_mode:pss", "-sigopt", "rsa_pss_saltlen:-1"]
-
-
-@pytest.fixture(scope="session")
-def keys(tmp_path_factory):
-    return make_keys(tmp_path_factory)
-
-
-@pytest.fixture
-def trust(tmp_path, keys):
-    return signing.TrustStore.load(*make_trust_dir(tmp_path / "trusted", keys))
 
 
 @pytest.fixture

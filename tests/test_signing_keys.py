@@ -8,12 +8,7 @@ import pytest
 
 from edged import signing
 from edged.errors import SignatureError
-from signing_support import OPENSSL, edged, make_keys, make_trust_dir, needs_openssl, refused
-
-
-@pytest.fixture(scope="session")
-def keys(tmp_path_factory):
-    return make_keys(tmp_path_factory)
+from signing_support import OPENSSL, edged, keys, make_trust_dir, needs_openssl, refused  # noqa: F401
 
 
 @needs_openssl

@@ -10,17 +10,7 @@ import pytest
 from edged import signing
 from edged.errors import SignatureError
 from edged.progressbar import ProgressBar
-from signing_support import copy_model, edged, make_keys, make_trust_dir, refused
-
-
-@pytest.fixture(scope="session")
-def keys(tmp_path_factory):
-    return make_keys(tmp_path_factory)
-
-
-@pytest.fixture
-def trust(tmp_path, keys):
-    return signing.TrustStore.load(*make_trust_dir(tmp_path / "trusted", keys))
+from signing_support import copy_model, edged, keys, make_trust_dir, refused, trust  # noqa: F401
 
 
 @pytest.fixture
