@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ._gguf_scan import scan_strings   # compiled; no silent slow fallback
 from .errors import ModelFormatError
 
 GGUF_MAGIC = b"GGUF"
@@ -293,10 +294,6 @@ def _read_string_array(cur, count, what):
     if count > (cur.end - cur.pos) // 8:
         cur.fail(f"{what}: array of {count} strings cannot fit in the {cur.end - cur.pos} bytes left",
                  count, start)
-    try:
-        from ._gguf_scan import scan_strings
-    except ImportError:     # the pure-Python path (compiled module not built)
-        return [cur.string(f"{what}[{i}]") for i in range(count)]
     values, pos, err = scan_strings(cur.buf, cur.pos, cur.end, count, MAX_STRING_BYTES)
     if err is not None:
         index, at, n = err
