@@ -616,11 +616,27 @@ cdef struct Bigram:
     int32_t merged
 
 
-cdef inline bint bigram_before(Bigram *x, Bigram *y) noexcept nogil:
-    return x.rank < y.rank or (x.rank == y.rank and x.left < y.left)
+cdef struct SBigram:    # SentencePiece BPE: the best-scoring pair merges first
+    float score
+    int32_t left
+    int32_t right
+    int32_t size
 
 
-cdef inline void heap_push(Bigram *h, Py_ssize_t *n, Bigram b) noexcept nogil:
+# One binary heap serves both merge loops; only the order differs.
+ctypedef fused AnyBigram:
+    Bigram
+    SBigram
+
+
+cdef inline bint bigram_before(AnyBigram *x, AnyBigram *y) noexcept nogil:
+    if AnyBigram is Bigram:
+        return x.rank < y.rank or (x.rank == y.rank and x.left < y.left)
+    else:
+        return x.score > y.score or (x.score == y.score and x.left < y.left)
+
+
+cdef inline void heap_push(AnyBigram *h, Py_ssize_t *n, AnyBigram b) noexcept nogil:
     cdef Py_ssize_t i = n[0], p
     n[0] += 1
     while i > 0:
@@ -632,8 +648,8 @@ cdef inline void heap_push(Bigram *h, Py_ssize_t *n, Bigram b) noexcept nogil:
     h[i] = b
 
 
-cdef inline Bigram heap_pop(Bigram *h, Py_ssize_t *n) noexcept nogil:
-    cdef Bigram top = h[0], last
+cdef inline AnyBigram heap_pop(AnyBigram *h, Py_ssize_t *n) noexcept nogil:
+    cdef AnyBigram top = h[0], last
     cdef Py_ssize_t i = 0, c, m
     n[0] -= 1
     m = n[0]
@@ -855,50 +871,6 @@ cdef class BPEModel:
 
 
 # --- SentencePiece BPE ---------------------------------------------------------------------------
-cdef struct SBigram:
-    float score
-    int32_t left
-    int32_t right
-    int32_t size
-
-
-cdef inline bint sbigram_before(SBigram *x, SBigram *y) noexcept nogil:
-    return x.score > y.score or (x.score == y.score and x.left < y.left)
-
-
-cdef inline void sheap_push(SBigram *h, Py_ssize_t *n, SBigram b) noexcept nogil:
-    cdef Py_ssize_t i = n[0], p
-    n[0] += 1
-    while i > 0:
-        p = (i - 1) >> 1
-        if not sbigram_before(&b, &h[p]):
-            break
-        h[i] = h[p]
-        i = p
-    h[i] = b
-
-
-cdef inline SBigram sheap_pop(SBigram *h, Py_ssize_t *n) noexcept nogil:
-    cdef SBigram top = h[0], last
-    cdef Py_ssize_t i = 0, c, m
-    n[0] -= 1
-    m = n[0]
-    if m > 0:
-        last = h[m]
-        while True:
-            c = 2 * i + 1
-            if c >= m:
-                break
-            if c + 1 < m and sbigram_before(&h[c + 1], &h[c]):
-                c += 1
-            if not sbigram_before(&h[c], &last):
-                break
-            h[i] = h[c]
-            i = c
-        h[i] = last
-    return top
-
-
 cdef struct SSym:
     int32_t start
     int32_t n           # bytes; 0 once merged into its left neighbour
@@ -956,7 +928,7 @@ cdef class SPMModel:
         bg.left = l
         bg.right = r
         bg.size = sy[l].n + sy[r].n
-        sheap_push(heap, nh, bg)
+        heap_push(heap, nh, bg)
 
     cdef int encode_chunk(self, const unsigned char *t, Py_ssize_t n, SSym *sy, SBigram *heap,
                           Vec *out) except -1 nogil:
@@ -978,7 +950,7 @@ cdef class SPMModel:
         for i in range(1, nsym):
             self.try_bigram(t, sy, heap, &nh, <int32_t> i - 1, <int32_t> i)
         while nh > 0:                                   # best score first, leftmost among equals
-            bg = sheap_pop(heap, &nh)
+            bg = heap_pop(heap, &nh)
             l = bg.left
             r = bg.right
             if sy[l].n == 0 or sy[r].n == 0 or sy[l].n + sy[r].n != bg.size:
