@@ -16,12 +16,18 @@
  *     row . y = sum over g of  A[g] * dy_g * (sum u*q - off * sum q)  +  C[g] * dy_g * sum q.
  * The integer part is exact; types with an offset (Q4_0, Q5_0, Q8_0, Q6_K, Q3_K) have C = 0,
  * the others (Q4_1, Q5_1, Q4_K, Q5_K, Q2_K) have off = 0. A and C are the float scales the
- * reference dequantizer applies (d, d * sub-block scale, min terms).
+ * reference dequantizer applies (d, d * sub-block scale, min terms). In the panel every
+ * offset type is stored with off = 128 (u + 128 - off still fits a byte), so the activation
+ * side (per group: dy, 128 * sum q, dy * sum q) does not depend on the weight type and is
+ * computed once per batch, when the activations are quantized.
  *
- *   ed_gemm_ok(type)          1 when the selected path packs `type`
- *   ed_gemm_scratch(K, n)     bytes of one thread's scratch for rows of K and n tokens
- *   ed_gemm_rows(type, K, w, row_bytes, nr, xq, xs, n, out, ldo, scratch)
- *                             out[c*ldo + r] = W[r] . xq[c] for r < nr, c < n
+ *   ed_gemm_ok(type)            1 when the selected path packs `type`
+ *   ed_gemm_info_len(K)         ed_ginfo entries per activation row of K
+ *   ed_gemm_info(vt, K, xq, info)   one quantized activation row's group info
+ *   ed_gemm_scratch(K)          bytes of one thread's scratch for weight rows of K
+ *   ed_gemm_rows(type, K, w, row_bytes, nr, xq, xs, info, is, n, out, ldo, scratch)
+ *                               out[c*ldo + r] = W[r] . xq[c] for r < nr, c < n; token c's
+ *                               info at info + c*is
  */
 #ifndef EDGED_ED_GEMM_H
 #define EDGED_ED_GEMM_H
@@ -38,11 +44,13 @@
 /* below this many tokens the row tiles (ED_MDOT) are used: unpacking would not pay */
 static int ED_GEMM_MIN_COLS = 8;
 
-/* per token and group: the activation scale dy, and off * sum q (offset types) or dy * sum q */
-typedef struct { float dy; union { int32_t yoff; float dys; }; } ed_ginfo;
+/* per token and group: the activation scale dy, 128 * sum q (for offset types), dy * sum q */
+typedef struct { float dy; int32_t yoff; float dys; } ed_ginfo;
 
 /* unpack one weight row of K into u (K bytes) and A, C (K / G floats each) */
 typedef void (*ed_unpack_fn)(const void *row, int K, uint8_t *u, float *A, float *C);
+/* the same, with `lift` (128 - off) added to every u: the path's fast versions (ED_GEMM_UNPACK) */
+typedef void (*ed_unpack_lift_fn)(const void *row, int K, uint8_t *u, float *A, float *C, uint8_t lift);
 
 typedef struct { int G, off; ed_unpack_fn unpack; } ed_gemm_traits;
 
@@ -192,52 +200,60 @@ static const ed_gemm_traits ED_GEMM_TRAITS[ED_NTYPES] = {
 
 /* The path's panel kernel: 16 rows (panel u: ng groups of G*16 bytes; ac: per group 16 A
  * then 16 C floats) against nc tokens. Token c's group g starts at xq + c*xs + goff[g];
- * info[c*ng + g] its ed_ginfo. Writes out[c*ldo + r] for r < nr. */
+ * info[c*is + g] is its ed_ginfo. Writes out[c*ldo + r] for r < nr. */
 typedef void (*ed_gemm_kernel_fn)(int ng, int G, int has_c, const uint8_t *pu, const float *ac,
                                   const int32_t *goff, const uint8_t *xq, size_t xs,
-                                  const ed_ginfo *info, int nc, float *out, size_t ldo, int nr);
+                                  const ed_ginfo *info, size_t is, int nc, float *out, size_t ldo,
+                                  int nr);
 static ed_gemm_kernel_fn ED_GEMM_KERNEL;
-/* types the kernel may not take (its dot product could overflow, e.g. u8 = 255 with i16 pairs) */
-static unsigned ED_GEMM_SKIP;
+static ed_unpack_lift_fn ED_GEMM_UNPACK[ED_NTYPES];  /* path-specific unpackers, else NULL */
 
 static int ed_gemm_ok(int type) {
-    return ED_GEMM_KERNEL && type >= 0 && type < ED_NTYPES && ED_GEMM_TRAITS[type].unpack &&
-           !(ED_GEMM_SKIP & (1u << type));
+    return ED_GEMM_KERNEL && type >= 0 && type < ED_NTYPES && ED_GEMM_TRAITS[type].unpack;
 }
 
-static size_t ed_gemm_scratch(int64_t K, int64_t n) {
-    const size_t ng = (size_t)K / 16;  /* the most groups any type has */
-    return ED_ALIGN((size_t)K * ED_PANEL)            /* unpacked panel */
-         + ED_ALIGN(ng * 2 * ED_PANEL * sizeof(float)) /* A, C */
-         + ED_ALIGN((size_t)K + (size_t)K * 4)        /* one unpacked row + its A, C */
-         + ED_ALIGN(ng * sizeof(int32_t))             /* group offsets */
-         + ED_ALIGN(ng * (size_t)n * sizeof(ed_ginfo));
+/* the path's transpose of 16 unpacked rows (row r at u + r*K) into panel order */
+typedef void (*ed_gemm_transpose_fn)(const uint8_t *u, int K, int G, uint8_t *pu);
+static void ed_gemm_transpose_generic(const uint8_t *u, int K, int G, uint8_t *pu) {
+    for (int g = 0; g < K / G; g++)
+        for (int q = 0; q < G / 4; q++, pu += 4 * ED_PANEL)
+            for (int r = 0; r < ED_PANEL; r++) memcpy(pu + 4 * r, u + (size_t)r * K + g * G + 4 * q, 4);
 }
+static ed_gemm_transpose_fn ED_GEMM_TRANSPOSE = ed_gemm_transpose_generic;
 
-/* group sums and scales of n activation rows for weights of `type` */
-static void ed_gemm_info(int type, int K, const uint8_t *xq, size_t xs, int n, ed_ginfo *info,
-                         int32_t *goff) {
-    const int G = ED_GEMM_TRAITS[type].G, off = ED_GEMM_TRAITS[type].off, ng = K / G;
-    const int vt = ED_TRAITS[type].vec_type;
+static size_t ed_gemm_info_len(int64_t K) { return (size_t)(K / 32 + K / 16); }
+
+/* One quantized activation row (format vt, K elements): its groups of 32 (entries
+ * [0, K/32)) and of 16 (entries [K/32, K/32 + K/16)). */
+static void ed_gemm_info(int vt, int K, const uint8_t *row, ed_ginfo *info) {
     const int be = ED_ACT[vt].block, bb = ED_ACT[vt].type_size;
     const int qs_at = vt == ED_Q8_0 ? (int)offsetof(blk_q8_0, qs)
                     : vt == ED_Q8_1 ? (int)offsetof(blk_q8_1, qs) : (int)offsetof(blk_q8_K, qs);
-    for (int g = 0; g < ng; g++) goff[g] = (g * G / be) * bb + qs_at + (g * G) % be;
-    for (int c = 0; c < n; c++) {
-        const uint8_t *row = xq + (size_t)c * xs;
-        for (int g = 0; g < ng; g++) {
-            const uint8_t *blk = row + (g * G / be) * bb;
-            const float dy = vt == ED_Q8_K ? ((const blk_q8_K *)blk)->d : H2F(((const blk_q8_0 *)blk)->d);
-            const int8_t *q = (const int8_t *)(row + goff[g]);
-            int32_t s = 0;
-            for (int j = 0; j < G; j++) s += q[j];
-            ed_ginfo *gi = info + (size_t)c * ng + g;
-            gi->dy = dy;
-            if (off) gi->yoff = off * s;
-            else if (vt == ED_Q8_1) gi->dys = H2F(((const blk_q8_1 *)blk)->s);  /* its stored d * sum, as the dot uses */
-            else gi->dys = dy * (float)s;
-        }
+    ed_ginfo *i16 = info + K / 32;
+    for (int g = 0; g < K / 16; g++) {
+        const uint8_t *blk = row + (g * 16 / be) * bb;
+        const float dy = vt == ED_Q8_K ? ((const blk_q8_K *)blk)->d : H2F(((const blk_q8_0 *)blk)->d);
+        const int8_t *q = (const int8_t *)(blk + qs_at + (g * 16) % be);
+        int32_t sum = 0;
+        for (int j = 0; j < 16; j++) sum += q[j];
+        i16[g] = (ed_ginfo){dy, 128 * sum, dy * (float)sum};
     }
+    for (int g = 0; g < K / 32; g++) {
+        const int32_t sum = (i16[2 * g].yoff + i16[2 * g + 1].yoff) / 128;
+        const float dy = i16[2 * g].dy;
+        float dys = dy * (float)sum;
+        if (vt == ED_Q8_1) dys = H2F(((const blk_q8_1 *)(row + g * bb))->s);  /* its stored d * sum, as the dot uses */
+        info[g] = (ed_ginfo){dy, 128 * sum, dys};
+    }
+}
+
+static size_t ed_gemm_scratch(int64_t K) {
+    const size_t ng = (size_t)K / 16;  /* the most groups any type has */
+    return ED_ALIGN((size_t)K * ED_PANEL)                /* the panel */
+         + ED_ALIGN(ng * 2 * ED_PANEL * sizeof(float))   /* its A, C */
+         + ED_ALIGN((size_t)K * ED_PANEL)                /* 16 unpacked rows */
+         + ED_ALIGN(ng * 2 * sizeof(float))              /* one row's A, C */
+         + ED_ALIGN(ng * sizeof(int32_t));               /* group offsets */
 }
 
 /* rows [0, nr) of W (nr <= 16) into the interleaved panel; rows past nr are zero */
@@ -245,37 +261,48 @@ static void ed_gemm_pack(int type, int K, const uint8_t *w, size_t row_bytes, in
                          uint8_t *pu, float *ac, uint8_t *ubuf, float *abuf) {
     const ed_gemm_traits *t = &ED_GEMM_TRAITS[type];
     const int G = t->G, ng = K / G;
+    const uint8_t lift = (uint8_t)(t->off ? 128 - t->off : 0);
     float *cbuf = abuf + ng;
     for (int r = 0; r < ED_PANEL; r++) {
-        if (r < nr) t->unpack(w + (size_t)r * row_bytes, K, ubuf, abuf, cbuf);
-        else { memset(ubuf, 0, (size_t)K); memset(abuf, 0, sizeof(float) * 2 * (size_t)ng); }
+        uint8_t *u = ubuf + (size_t)r * K;
+        if (r < nr && ED_GEMM_UNPACK[type]) {
+            ED_GEMM_UNPACK[type](w + (size_t)r * row_bytes, K, u, abuf, cbuf, lift);
+        } else if (r < nr) {
+            t->unpack(w + (size_t)r * row_bytes, K, u, abuf, cbuf);
+            if (lift) for (int k = 0; k < K; k++) u[k] += lift;
+        } else {
+            memset(u, 0, (size_t)K);
+            memset(abuf, 0, sizeof(float) * 2 * (size_t)ng);
+        }
         for (int g = 0; g < ng; g++) {
-            uint32_t *dst = (uint32_t *)(pu + (size_t)g * G * ED_PANEL) + r;
-            const uint8_t *src = ubuf + (size_t)g * G;
-            for (int q = 0; q < G / 4; q++) memcpy(dst + q * ED_PANEL, src + 4 * q, 4);
             ac[g * 2 * ED_PANEL + r] = abuf[g];
             ac[g * 2 * ED_PANEL + ED_PANEL + r] = cbuf[g];
         }
     }
+    ED_GEMM_TRANSPOSE(ubuf, K, G, pu);
 }
 
 /* out[c*ldo + r] = W[r] . xq[c] for r < nr (any), c < n: panels of 16 rows, each unpacked once */
 static void ed_gemm_rows(int type, int K, const uint8_t *w, size_t row_bytes, int nr,
-                         const uint8_t *xq, size_t xs, int n, float *out, size_t ldo,
-                         uint8_t *scratch) {
+                         const uint8_t *xq, size_t xs, const ed_ginfo *info, size_t is, int n,
+                         float *out, size_t ldo, uint8_t *scratch) {
     const int G = ED_GEMM_TRAITS[type].G, ng = K / G, has_c = ED_GEMM_TRAITS[type].off == 0;
     const size_t ngmax = (size_t)K / 16;
+    const int vt = ED_TRAITS[type].vec_type;
+    const int be = ED_ACT[vt].block, bb = ED_ACT[vt].type_size;
+    const int qs_at = vt == ED_Q8_0 ? (int)offsetof(blk_q8_0, qs)
+                    : vt == ED_Q8_1 ? (int)offsetof(blk_q8_1, qs) : (int)offsetof(blk_q8_K, qs);
     uint8_t *pu = scratch;
-    float *ac = (float *)(scratch + ED_ALIGN((size_t)K * ED_PANEL));
+    float *ac = (float *)(pu + ED_ALIGN((size_t)K * ED_PANEL));
     uint8_t *ubuf = (uint8_t *)ac + ED_ALIGN(ngmax * 2 * ED_PANEL * sizeof(float));
-    float *abuf = (float *)(ubuf + ED_ALIGN((size_t)K));
-    int32_t *goff = (int32_t *)(ubuf + ED_ALIGN((size_t)K + (size_t)K * 4));
-    ed_ginfo *info = (ed_ginfo *)((uint8_t *)goff + ED_ALIGN(ngmax * sizeof(int32_t)));
-    ed_gemm_info(type, K, xq, xs, n, info, goff);
+    float *abuf = (float *)(ubuf + ED_ALIGN((size_t)K * ED_PANEL));
+    int32_t *goff = (int32_t *)((uint8_t *)abuf + ED_ALIGN(ngmax * 2 * sizeof(float)));
+    for (int g = 0; g < ng; g++) goff[g] = (g * G / be) * bb + qs_at + (g * G) % be;
+    if (G == 16) info += K / 32;
     for (int r0 = 0; r0 < nr; r0 += ED_PANEL) {
         const int pr = nr - r0 < ED_PANEL ? nr - r0 : ED_PANEL;
         ed_gemm_pack(type, K, w + (size_t)r0 * row_bytes, row_bytes, pr, pu, ac, ubuf, abuf);
-        ED_GEMM_KERNEL(ng, G, has_c, pu, ac, goff, xq, xs, info, n, out + r0, ldo, pr);
+        ED_GEMM_KERNEL(ng, G, has_c, pu, ac, goff, xq, xs, info, is, n, out + r0, ldo, pr);
     }
 }
 

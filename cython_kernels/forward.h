@@ -69,6 +69,8 @@ typedef struct {
     size_t xq_row;       /* bytes per quantized activation row */
     uint8_t *gemm;       /* (n_threads, gemm_bytes) packed-panel scratch (ed_gemm.h) */
     size_t gemm_bytes;
+    ed_ginfo *xinfo;     /* (n_batch, xinfo_row) group sums of the quantized activations */
+    size_t xinfo_row;
     float *logits;       /* (n_batch, n_vocab) */
     int32_t *tokens;     /* (n_batch) */
     /* per-call arguments */
@@ -223,6 +225,12 @@ static inline float ed_silu(float x) { return x / (1.0f + expf(-x)); }
 
 /* out[t*ldo + r] = W[r] . x[t*ldx] for t < n, r < W->ne1. All threads call it. When reuse
  * is set, the activations were quantized for this very x and type by the previous call. */
+/* A batch of n tokens in activation format vt goes through the packed panels (ed_gemm.h) */
+static inline int ed_gemm_wanted(const ed_state *s, int n, int vt) {
+    return !s->batched && n >= ED_GEMM_MIN_COLS && ED_GEMM_KERNEL && s->gemm_bytes &&
+           (vt == ED_Q8_0 || vt == ED_Q8_1 || vt == ED_Q8_K);
+}
+
 /* Quantize the activation rows x (n, K) into the format weights of `type` need. For one
  * token every thread quantizes the row into its own slot (no barrier); for a batch the rows
  * are split and a barrier follows. Returns the base and stride of this thread's view. */
@@ -239,6 +247,9 @@ static const uint8_t *ed_quantize_act(ed_state *s, ed_pool *p, int type, int K, 
     int64_t a, b;
     ed_range(n, ith, nth, &a, &b);
     for (int64_t t = a; t < b; t++) q(x + t * ldx, s->xq + t * rb, K);
+    if (ed_gemm_wanted(s, n, ED_TRAITS[type].vec_type))  /* for the packed panels (ed_rows) */
+        for (int64_t t = a; t < b; t++)
+            ed_gemm_info(ED_TRAITS[type].vec_type, K, s->xq + t * rb, s->xinfo + t * s->xinfo_row);
     ed_barrier(p);
     return s->xq;
 }
@@ -269,9 +280,11 @@ static inline void ed_rows(const ed_state *s, const ed_tensor *W, int64_t r0, in
         }
         return;
     }
-    if (n >= ED_GEMM_MIN_COLS && r1 > r0 && ed_gemm_ok(W->type)) {  /* a prompt batch: packed panels */
+    if (r1 > r0 && ed_gemm_wanted(s, n, ED_TRAITS[W->type].vec_type) && ed_gemm_ok(W->type)) {
+        /* a prompt batch: packed panels */
         ed_gemm_rows(W->type, (int)W->ne0, W->data + r0 * W->row_bytes, W->row_bytes, (int)(r1 - r0),
-                     xq, rb, n, out + r0, (size_t)ldo, s->gemm + (size_t)ith * s->gemm_bytes);
+                     xq, rb, s->xinfo, s->xinfo_row, n, out + r0, (size_t)ldo,
+                     s->gemm + (size_t)ith * s->gemm_bytes);
         return;
     }
     for (; r0 < r1; r0 += ED_ROW_TILE) {
@@ -593,14 +606,16 @@ static size_t ed_state_layout(ed_state *s, const ed_model *m, int n_ctx, int n_b
     CARVE(att, float, (size_t)n_threads * n_ctx);
     CARVE(qh, uint16_t, (size_t)n_threads * hd);
     CARVE(xq, uint8_t, (size_t)(n_batch > n_threads ? n_batch : n_threads) * xq_row);
-    const size_t gemm_bytes = n_batch > 1 ? ed_gemm_scratch(F > XB ? F : XB, n_batch) : 0;
+    const size_t gemm_bytes = n_batch > 1 ? ed_gemm_scratch(F > XB ? F : XB) : 0;
+    const size_t xinfo_row = ed_gemm_info_len(F > XB ? F : XB);
     CARVE(gemm, uint8_t, (size_t)n_threads * gemm_bytes);
+    CARVE(xinfo, ed_ginfo, (size_t)(n_batch > 1 ? n_batch : 0) * xinfo_row);
     CARVE(logits, float, (size_t)(n_batch < ED_MAX_LOGIT_ROWS ? n_batch : ED_MAX_LOGIT_ROWS) * m->n_vocab);
     CARVE(tokens, int32_t, n_batch);
 #undef CARVE
     if (arena) {
         s->n_ctx = n_ctx; s->n_batch = n_batch; s->xq_row = xq_row; s->m = m;
-        s->gemm_bytes = gemm_bytes;
+        s->gemm_bytes = gemm_bytes; s->xinfo_row = xinfo_row;
     }
     return off;
 }
