@@ -206,10 +206,15 @@ typedef void (*ed_gemm_kernel_fn)(int ng, int G, int has_c, const uint8_t *pu, c
                                   const ed_ginfo *info, size_t is, int nc, float *out, size_t ldo,
                                   int nr);
 static ed_gemm_kernel_fn ED_GEMM_KERNEL;
+/* 1: the kernel takes offset types lifted to off = 128 (the u8 x s8 products need no i16
+ * headroom: VNNI); 0: unlifted values, each offset folded into C = -off * A, and Q8_0
+ * (u up to 255) left to the row tiles */
+static int ED_GEMM_LIFT = 1;
 static ed_unpack_lift_fn ED_GEMM_UNPACK[ED_NTYPES];  /* path-specific unpackers, else NULL */
 
 static int ed_gemm_ok(int type) {
-    return ED_GEMM_KERNEL && type >= 0 && type < ED_NTYPES && ED_GEMM_TRAITS[type].unpack;
+    return ED_GEMM_KERNEL && type >= 0 && type < ED_NTYPES && ED_GEMM_TRAITS[type].unpack &&
+           (ED_GEMM_LIFT || type != ED_Q8_0);
 }
 
 /* the path's transpose of 16 unpacked rows (row r at u + r*K) into panel order */
@@ -261,7 +266,8 @@ static void ed_gemm_pack(int type, int K, const uint8_t *w, size_t row_bytes, in
                          uint8_t *pu, float *ac, uint8_t *ubuf, float *abuf) {
     const ed_gemm_traits *t = &ED_GEMM_TRAITS[type];
     const int G = t->G, ng = K / G;
-    const uint8_t lift = (uint8_t)(t->off ? 128 - t->off : 0);
+    const uint8_t lift = (uint8_t)(t->off && ED_GEMM_LIFT ? 128 - t->off : 0);
+    const int fold = t->off && !ED_GEMM_LIFT;  /* offset into C */
     float *cbuf = abuf + ng;
     for (int r = 0; r < ED_PANEL; r++) {
         uint8_t *u = ubuf + (size_t)r * K;
@@ -276,7 +282,7 @@ static void ed_gemm_pack(int type, int K, const uint8_t *w, size_t row_bytes, in
         }
         for (int g = 0; g < ng; g++) {
             ac[g * 2 * ED_PANEL + r] = abuf[g];
-            ac[g * 2 * ED_PANEL + ED_PANEL + r] = cbuf[g];
+            ac[g * 2 * ED_PANEL + ED_PANEL + r] = fold ? -(float)t->off * abuf[g] : cbuf[g];
         }
     }
     ED_GEMM_TRANSPOSE(ubuf, K, G, pu);
@@ -286,7 +292,7 @@ static void ed_gemm_pack(int type, int K, const uint8_t *w, size_t row_bytes, in
 static void ed_gemm_rows(int type, int K, const uint8_t *w, size_t row_bytes, int nr,
                          const uint8_t *xq, size_t xs, const ed_ginfo *info, size_t is, int n,
                          float *out, size_t ldo, uint8_t *scratch) {
-    const int G = ED_GEMM_TRAITS[type].G, ng = K / G, has_c = ED_GEMM_TRAITS[type].off == 0;
+    const int G = ED_GEMM_TRAITS[type].G, ng = K / G, has_c = ED_GEMM_TRAITS[type].off == 0 || !ED_GEMM_LIFT;
     const size_t ngmax = (size_t)K / 16;
     const int vt = ED_TRAITS[type].vec_type;
     const int be = ED_ACT[vt].block, bb = ED_ACT[vt].type_size;

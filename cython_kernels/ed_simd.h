@@ -373,6 +373,7 @@ static void ed_avx512_install_wide(void) {
     (void)ed_z_dot_q4_K; (void)ed_z_mdot_q6_K;  /* kept: checked by tests/c/kernels_check.c */
     if (ed_cpu_features() & ED_CPU_AVX512VNNI) {
         ED_GEMM_KERNEL = ed_z_gemm;
+        ED_GEMM_LIFT = 1;
         ED_GEMM_TRANSPOSE = ed_z_gemm_transpose;
         ED_GEMM_UNPACK[ED_Q4_0] = ed_z_unpack_q4_0;
         ED_GEMM_UNPACK[ED_Q5_0] = ed_z_unpack_q5_0;
@@ -439,6 +440,7 @@ static int ed_types_init(const char *force) {
     memset(ED_MDOT_SAME, 0, sizeof ED_MDOT_SAME);
     memset(ED_MROWS, 0, sizeof ED_MROWS);
     ED_GEMM_KERNEL = NULL;
+    ED_GEMM_LIFT = 1;
     ED_GEMM_TRANSPOSE = ed_gemm_transpose_generic;
     memset(ED_GEMM_UNPACK, 0, sizeof ED_GEMM_UNPACK);
     ed_axpy_f16 = ed_axpy_f16_generic;
