@@ -11,6 +11,11 @@
 
 static uint64_t rng_state = 88172645463325252ull;
 static uint32_t rnd(void) { rng_state ^= rng_state << 13; rng_state ^= rng_state >> 7; rng_state ^= rng_state << 17; return (uint32_t)rng_state; }
+static uint64_t fnv(uint64_t h, const float *v, int n) {
+    const uint8_t *b = (const uint8_t *)v;
+    for (size_t i = 0; i < sizeof(float) * (size_t)n; i++) { h ^= b[i]; h *= 1099511628211ull; }
+    return h;
+}
 static float rndf(void) { return (float)(rnd() % 2000001) / 1000000.0f - 1.0f; }
 
 /* byte offsets of half-float fields per block, so random blocks carry sane scales */
@@ -38,7 +43,7 @@ int main(void) {
     static const char *paths[] = {"avx2", "avx512", "avx512nv", "neon"};
     enum { K = 512, ROWS = 33, COLS = 5 };
     static uint8_t w[ROWS * K * 4], xq[COLS * K * 4];
-    static float x[COLS * K], ref[COLS * ROWS], got[COLS * ROWS];
+    static float x[COLS * K], ref[COLS * ROWS], got[COLS * ROWS], one[COLS * ROWS];
     int failures = 0;
     for (int i = 0; i < COLS * K; i++) x[i] = rndf();
     printf("features");
@@ -72,12 +77,32 @@ int main(void) {
             /* the activation quantizer may be path-specific too: quantize again */
             for (int c = 0; c < COLS; c++) ED_ACT[tr.vec_type].quant(x + c * K, xq + c * xr, K);
             double err = 0;
+            uint64_t digest = 1469598103934665603ull;  /* of every dot and tile result (no panels) */
             for (int c = 0; c < COLS; c++)
-                for (int r = 0; r < ROWS; r++) err = fmax(err, fabs(ED_TRAITS[t].dot(K, w + r * rb, xq + c * xr) - ref[c * ROWS + r]));
+                for (int r = 0; r < ROWS; r++) {
+                    got[c * ROWS + r] = ED_TRAITS[t].dot(K, w + r * rb, xq + c * xr);
+                    err = fmax(err, fabs(got[c * ROWS + r] - ref[c * ROWS + r]));
+                }
+            digest = fnv(digest, got, COLS * ROWS);
             ed_mdot_rows(t, K, w, rb, ROWS, xq, xr, COLS, got, ROWS);
             for (int i = 0; i < COLS * ROWS; i++) err = fmax(err, fabs(got[i] - ref[i]));
-            ed_mdot_rows(t, K, w, rb, ROWS, xq, xr, 1, got, ROWS);  /* matrix-vector rows */
-            for (int i = 0; i < ROWS; i++) err = fmax(err, fabs(got[i] - ref[i]));
+            digest = fnv(digest, got, COLS * ROWS);
+            for (int c = 0; c < COLS; c++)  /* matrix-vector rows, per token */
+                ed_mdot_rows(t, K, w, rb, ROWS, xq + c * xr, xr, 1, one + c * ROWS, ROWS);
+            for (int i = 0; i < COLS * ROWS; i++) err = fmax(err, fabs(one[i] - ref[i]));
+            digest = fnv(digest, one, COLS * ROWS);
+            int same_ok = 1;  /* ED_MDOT_SAME: every column equal to the one-token path bit for bit */
+            if (ED_MDOT_SAME[t]) {
+                for (int r = 0; r < ROWS; r++)
+                    for (int c0 = 0; c0 < COLS; c0 += ED_MAX_COLS)
+                        ED_MDOT_SAME[t](K, w + r * rb, xq + c0 * xr, xr, COLS - c0 < ED_MAX_COLS ? COLS - c0 : ED_MAX_COLS,
+                                        got + c0 * ROWS + r, ROWS);
+                same_ok = !memcmp(got, one, sizeof(float) * COLS * ROWS);
+            }
+            printf("digest %s %s %016llx %s%s\n", paths[p], names[ti], (unsigned long long)digest,
+                   ED_TRAITS[t].dot == tr.dot ? "generic-dot" : "simd-dot",
+                   ED_MDOT_SAME[t] ? (same_ok ? " same-ok" : " same-FAIL") : "");
+            failures += !same_ok;
             if (ed_gemm_ok(t)) {  /* packed panels, as a prompt batch uses them */
                 static ed_ginfo info[COLS * (K / 32 + K / 16)];
                 static uint8_t scratch[K * 64 + 4096] __attribute__((aligned(64)));
