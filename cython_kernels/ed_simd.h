@@ -113,6 +113,14 @@ static unsigned ed_cpu_features(void) {
 #undef ED_FN
 #undef ED_VNNI
 
+/* AVX2 with AVX-VNNI (Alder Lake / Intel N100 and later without AVX-512): the VEX dpbusd */
+#define ED_TARGET __attribute__((target("avx2,fma,f16c,avxvnni")))
+#define ED_FN(name) ed_avx2vnni_##name
+#define ED_VNNI 2
+#include "ed_simd_x86.inc"
+#undef ED_TARGET
+#undef ED_FN
+#undef ED_VNNI
 /* AVX-512 without VNNI (Skylake-SP, Cascade Lake has it): maddubs + madd instead of dpbusd */
 #define ED_TARGET __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq")))
 #define ED_FN(name) ed_avx512nv_##name
@@ -374,6 +382,7 @@ static void ed_avx512_install_wide(void) {
     if (ed_cpu_features() & ED_CPU_AVX512VNNI) {
         ED_GEMM_KERNEL = ed_z_gemm;
         ED_GEMM_LIFT = 1;
+        ED_GEMM_I16 = 0;
         ED_GEMM_TRANSPOSE = ed_z_gemm_transpose;
         ED_GEMM_UNPACK[ED_Q4_0] = ed_z_unpack_q4_0;
         ED_GEMM_UNPACK[ED_Q5_0] = ed_z_unpack_q5_0;
@@ -441,6 +450,7 @@ static int ed_types_init(const char *force) {
     memset(ED_MROWS, 0, sizeof ED_MROWS);
     ED_GEMM_KERNEL = NULL;
     ED_GEMM_LIFT = 1;
+    ED_GEMM_I16 = 0;
     ED_GEMM_TRANSPOSE = ed_gemm_transpose_generic;
     memset(ED_GEMM_UNPACK, 0, sizeof ED_GEMM_UNPACK);
     ed_axpy_f16 = ed_axpy_f16_generic;
@@ -457,7 +467,10 @@ static int ed_types_init(const char *force) {
 #endif
     }
 #if defined(__x86_64__)
-    if (!strcmp(want, "avx2")) { ed_avx2_install(); ED_PATH = "avx2"; }
+    if (!strcmp(want, "avx2")) {
+        if (ed_cpu_features() & ED_CPU_AVXVNNI) ed_avx2vnni_install(); else ed_avx2_install();
+        ED_PATH = "avx2";
+    }
     if (!strcmp(want, "avx512")) { if (ed_cpu_features() & ED_CPU_AVX512VNNI) ed_avx512_install(); else ed_avx512nv_install();
         ed_avx512_install_wide(); ED_PATH = "avx512"; }
 #elif defined(__aarch64__)
