@@ -59,17 +59,6 @@ def test_panels_match_reference(panels, t):
                 assert np.all(err <= tol), (t.name, k, n_rows, n_tok, float((err / (scale + 1e-9)).max()))
 
 
-def test_panels_with_threads_equal_single(panels):
-    rng = np.random.default_rng(9)
-    raw, _ = random_weights(GGMLType.Q4_K, 300, 512, rng)
-    x = rng.standard_normal((40, 512)).astype(np.float32)
-    a = np.zeros((40, 300), np.float32)
-    b = np.zeros((40, 300), np.float32)
-    core.matmul(a, raw, int(GGMLType.Q4_K), x)
-    core.matmul(b, raw, int(GGMLType.Q4_K), x, pool=core.Pool(2))
-    assert np.array_equal(a, b)
-
-
 @pytest.mark.parametrize("name", ["synthetic-llama-Q4_K_M", "synthetic-qwen2-Q8_0", "synthetic-llama-Q4_0",
                                   "synthetic-phi3-Q4_K_M", "synthetic-llama-Q2_K"])
 def test_prompt_batch_panels_match_llama_cpp(panels, name):

@@ -76,12 +76,13 @@ def test_matmul_matches_reference(path, t):
                 assert np.all(err <= tol), (path, t.name, k, n_rows, n_tok, float((err / (scale + 1e-9)).max()))
 
 
-def test_matmul_threads_equal_single(path):
+@pytest.mark.parametrize("n_tok", [5, 40])  # row tiles; packed panels where the path has them
+def test_matmul_threads_equal_single(path, n_tok):
     rng = np.random.default_rng(5)
     raw, _ = random_weights(GGMLType.Q4_K, 257, 512, rng)
-    x = rng.standard_normal((5, 512)).astype(np.float32)
-    a = np.zeros((5, 257), np.float32)
-    b = np.zeros((5, 257), np.float32)
+    x = rng.standard_normal((n_tok, 512)).astype(np.float32)
+    a = np.zeros((n_tok, 257), np.float32)
+    b = np.zeros((n_tok, 257), np.float32)
     core.matmul(a, raw, int(GGMLType.Q4_K), x)
     core.matmul(b, raw, int(GGMLType.Q4_K), x, pool=core.Pool(2))
     assert np.array_equal(a, b)
