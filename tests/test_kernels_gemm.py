@@ -7,7 +7,7 @@ import pytest
 
 from conftest import testdata
 from edged.gguf import GGMLType, TYPE_INFO
-from test_kernels_matmul import TOL, TOL_EXACT_INT, partner_activations, random_weights
+from test_kernels_matmul import check_matmul, random_weights
 
 core = pytest.importorskip("edged._core")
 
@@ -49,14 +49,7 @@ def test_panels_match_reference(panels, t):
             for n_tok in (1, 5, 6, 7, 13):
                 x = rng.standard_normal((n_tok, k)).astype(np.float32)
                 x[0, :32] *= 40.0  # a block with large activations
-                out = np.full((n_tok, n_rows), np.nan, np.float32)
-                core.matmul(out, raw, int(t), x)
-                xa = partner_activations(x, t)
-                ref = xa @ wd.T
-                scale = np.abs(xa) @ np.abs(wd).T
-                err = np.abs(out - ref)
-                tol = TOL.get(t, TOL_EXACT_INT) * scale + 1e-6
-                assert np.all(err <= tol), (t.name, k, n_rows, n_tok, float((err / (scale + 1e-9)).max()))
+                check_matmul(raw, wd, t, x, panels)
 
 
 @pytest.mark.parametrize("name", ["synthetic-llama-Q4_K_M", "synthetic-qwen2-Q8_0", "synthetic-llama-Q4_0",

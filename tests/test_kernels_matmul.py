@@ -65,15 +65,20 @@ def test_matmul_matches_reference(path, t):
         for n_rows in ROWS:
             raw, wd = random_weights(t, n_rows, k, rng)
             for n_tok in (1, 3):
-                x = rng.standard_normal((n_tok, k)).astype(np.float32)
-                out = np.full((n_tok, n_rows), np.nan, np.float32)
-                core.matmul(out, raw, int(t), x)
-                xa = partner_activations(x, t)
-                ref = xa @ wd.T
-                scale = np.abs(xa) @ np.abs(wd).T
-                err = np.abs(out - ref)
-                tol = TOL.get(t, TOL_EXACT_INT) * scale + 1e-6
-                assert np.all(err <= tol), (path, t.name, k, n_rows, n_tok, float((err / (scale + 1e-9)).max()))
+                check_matmul(raw, wd, t, rng.standard_normal((n_tok, k)).astype(np.float32), path)
+
+
+def check_matmul(raw, wd, t, x, *where):
+    """core.matmul(W, x) against the float64 product of the dequantized W and the activations
+    as the kernel sees them, within the type's named tolerance."""
+    out = np.full((x.shape[0], wd.shape[0]), np.nan, np.float32)
+    core.matmul(out, raw, int(t), x)
+    xa = partner_activations(x, t)
+    ref = xa @ wd.T
+    scale = np.abs(xa) @ np.abs(wd).T
+    err = np.abs(out - ref)
+    tol = TOL.get(t, TOL_EXACT_INT) * scale + 1e-6
+    assert np.all(err <= tol), (*where, t.name, x.shape, wd.shape, float((err / (scale + 1e-9)).max()))
 
 
 @pytest.mark.parametrize("n_tok", [5, 40])  # row tiles; packed panels where the path has them
