@@ -207,14 +207,15 @@ typedef void (*ed_gemm_kernel_fn)(int ng, int G, int has_c, const uint8_t *pu, c
                                   int nr);
 static ed_gemm_kernel_fn ED_GEMM_KERNEL;
 /* 1: the kernel takes offset types lifted to off = 128 (the u8 x s8 products need no i16
- * headroom: VNNI); 0: unlifted values, each offset folded into C = -off * A, and Q8_0
- * (u up to 255) left to the row tiles */
+ * headroom: VNNI); 0: unlifted values, each offset folded into C = -off * A */
 static int ED_GEMM_LIFT = 1;
+/* 1: the kernel sums u8 x s8 pairs in i16 (no VNNI), which Q8_0's bytes would overflow */
+static int ED_GEMM_I16 = 0;
 static ed_unpack_lift_fn ED_GEMM_UNPACK[ED_NTYPES];  /* path-specific unpackers, else NULL */
 
 static int ed_gemm_ok(int type) {
     return ED_GEMM_KERNEL && type >= 0 && type < ED_NTYPES && ED_GEMM_TRAITS[type].unpack &&
-           (ED_GEMM_LIFT || type != ED_Q8_0);
+           !(ED_GEMM_I16 && type == ED_Q8_0);
 }
 
 /* the path's transpose of 16 unpacked rows (row r at u + r*K) into panel order */

@@ -113,6 +113,14 @@ static unsigned ed_cpu_features(void) {
 #undef ED_FN
 #undef ED_VNNI
 
+/* AVX2 with AVX-VNNI (Alder Lake / Intel N100 and later without AVX-512): the VEX dpbusd */
+#define ED_TARGET __attribute__((target("avx2,fma,f16c,avxvnni")))
+#define ED_FN(name) ed_avx2vnni_##name
+#define ED_VNNI 2
+#include "ed_simd_x86.inc"
+#undef ED_TARGET
+#undef ED_FN
+#undef ED_VNNI
 /* AVX-512 without VNNI (Skylake-SP, Cascade Lake has it): maddubs + madd instead of dpbusd */
 #define ED_TARGET __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq")))
 #define ED_FN(name) ed_avx512nv_##name
@@ -294,76 +302,6 @@ static void ED_T512V ed_z_gemm_transpose(const uint8_t *u, int K, int G, uint8_t
     (void)G;
 }
 
-/* Fast unpackers (ed_gemm.h's ed_unpack_* plus the lift) for the types of the usual mixes */
-static void ED_T512V ed_z_unpack_q4_0(const void *vx, int K, uint8_t *u, float *A, float *C, uint8_t lift) {
-    const blk_q4_0 *x = vx;
-    const __m128i m4 = _mm_set1_epi8(0x0F), l = _mm_set1_epi8((char)lift);
-    for (int b = 0; b < K / QK; b++, u += QK) {
-        const __m128i q = _mm_loadu_si128((const __m128i *)x[b].qs);
-        _mm_storeu_si128((__m128i *)u, _mm_add_epi8(_mm_and_si128(q, m4), l));
-        _mm_storeu_si128((__m128i *)(u + 16), _mm_add_epi8(_mm_and_si128(_mm_srli_epi16(q, 4), m4), l));
-        A[b] = _cvtsh_ss(x[b].d); C[b] = 0.0f;
-    }
-}
-static void ED_T512V ed_z_unpack_q5_0(const void *vx, int K, uint8_t *u, float *A, float *C, uint8_t lift) {
-    const blk_q5_0 *x = vx;
-    const __m128i m4 = _mm_set1_epi8(0x0F);
-    const __m256i l = _mm256_set1_epi8((char)lift);
-    for (int b = 0; b < K / QK; b++, u += QK) {
-        const __m128i q = _mm_loadu_si128((const __m128i *)x[b].qs);
-        const __m256i lo_hi = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(q, 4), m4), _mm_and_si128(q, m4));
-        uint32_t qh; memcpy(&qh, x[b].qh, 4);
-        const __m256i h = _mm256_maskz_set1_epi8((__mmask32)qh, 16);
-        _mm256_storeu_si256((__m256i *)u, _mm256_add_epi8(_mm256_or_si256(lo_hi, h), l));
-        A[b] = _cvtsh_ss(x[b].d); C[b] = 0.0f;
-    }
-}
-static void ED_T512V ed_z_unpack_q8_0(const void *vx, int K, uint8_t *u, float *A, float *C, uint8_t lift) {
-    const blk_q8_0 *x = vx;
-    const __m256i l = _mm256_set1_epi8((char)(128 + lift));
-    for (int b = 0; b < K / QK; b++, u += QK) {
-        _mm256_storeu_si256((__m256i *)u, _mm256_add_epi8(_mm256_loadu_si256((const __m256i *)x[b].qs), l));
-        A[b] = _cvtsh_ss(x[b].d); C[b] = 0.0f;
-    }
-}
-static void ED_T512V ed_z_unpack_q4_K(const void *vx, int K, uint8_t *u, float *A, float *C, uint8_t lift) {
-    const blk_q4_K *x = vx;
-    const __m256i m4 = _mm256_set1_epi8(0x0F), l = _mm256_set1_epi8((char)lift);
-    uint8_t sc[8], mn[8];
-    for (int i = 0; i < K / QKK; i++, u += QKK, A += 8, C += 8) {
-        for (int j = 0; j < 4; j++) {
-            const __m256i q = _mm256_loadu_si256((const __m256i *)(x[i].qs + 32 * j));
-            _mm256_storeu_si256((__m256i *)(u + 64 * j), _mm256_add_epi8(_mm256_and_si256(q, m4), l));
-            _mm256_storeu_si256((__m256i *)(u + 64 * j + 32), _mm256_add_epi8(_mm256_and_si256(_mm256_srli_epi16(q, 4), m4), l));
-        }
-        ed_k_scales(x[i].scales, sc, mn);
-        const float d = _cvtsh_ss(x[i].d), dmin = _cvtsh_ss(x[i].dmin);
-        for (int j = 0; j < 8; j++) { A[j] = d * sc[j]; C[j] = -dmin * mn[j]; }
-    }
-}
-static void ED_T512V ed_z_unpack_q6_K(const void *vx, int K, uint8_t *u, float *A, float *C, uint8_t lift) {
-    const blk_q6_K *x = vx;
-    const __m256i m4 = _mm256_set1_epi8(0x0F), m30 = _mm256_set1_epi8(0x30), l = _mm256_set1_epi8((char)lift);
-    for (int i = 0; i < K / QKK; i++, u += QKK, A += 16, C += 16) {
-        for (int h = 0; h < 2; h++) {
-            const __m256i q0 = _mm256_loadu_si256((const __m256i *)(x[i].ql + 64 * h));
-            const __m256i q1 = _mm256_loadu_si256((const __m256i *)(x[i].ql + 64 * h + 32));
-            const __m256i hb = _mm256_loadu_si256((const __m256i *)(x[i].qh + 32 * h));
-            uint8_t *o = u + 128 * h;
-            _mm256_storeu_si256((__m256i *)o, _mm256_add_epi8(_mm256_or_si256(_mm256_and_si256(q0, m4),
-                                _mm256_and_si256(_mm256_slli_epi16(hb, 4), m30)), l));
-            _mm256_storeu_si256((__m256i *)(o + 32), _mm256_add_epi8(_mm256_or_si256(_mm256_and_si256(q1, m4),
-                                _mm256_and_si256(_mm256_slli_epi16(hb, 2), m30)), l));
-            _mm256_storeu_si256((__m256i *)(o + 64), _mm256_add_epi8(_mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q0, 4), m4),
-                                _mm256_and_si256(hb, m30)), l));
-            _mm256_storeu_si256((__m256i *)(o + 96), _mm256_add_epi8(_mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q1, 4), m4),
-                                _mm256_and_si256(_mm256_srli_epi16(hb, 2), m30)), l));
-        }
-        const float d = _cvtsh_ss(x[i].d);
-        for (int j = 0; j < 16; j++) { A[j] = d * x[i].scales[j]; C[j] = 0.0f; }
-    }
-}
-
 /* Chosen by measurement on Sapphire Rapids (best of 30, tools/bench_kernels.py-like runs):
  * 512-bit wins for Q4_K tiles (+20%) and the Q6_K single dot (+20%); the 256-bit VNNI build
  * stays faster for the Q4_K single dot and the Q6_K tiles (512-bit uops share fewer ports). */
@@ -374,12 +312,8 @@ static void ed_avx512_install_wide(void) {
     if (ed_cpu_features() & ED_CPU_AVX512VNNI) {
         ED_GEMM_KERNEL = ed_z_gemm;
         ED_GEMM_LIFT = 1;
+        ED_GEMM_I16 = 0;
         ED_GEMM_TRANSPOSE = ed_z_gemm_transpose;
-        ED_GEMM_UNPACK[ED_Q4_0] = ed_z_unpack_q4_0;
-        ED_GEMM_UNPACK[ED_Q5_0] = ed_z_unpack_q5_0;
-        ED_GEMM_UNPACK[ED_Q8_0] = ed_z_unpack_q8_0;
-        ED_GEMM_UNPACK[ED_Q4_K] = ed_z_unpack_q4_K;
-        ED_GEMM_UNPACK[ED_Q6_K] = ed_z_unpack_q6_K;
     }
 }
 
@@ -441,6 +375,7 @@ static int ed_types_init(const char *force) {
     memset(ED_MROWS, 0, sizeof ED_MROWS);
     ED_GEMM_KERNEL = NULL;
     ED_GEMM_LIFT = 1;
+    ED_GEMM_I16 = 0;
     ED_GEMM_TRANSPOSE = ed_gemm_transpose_generic;
     memset(ED_GEMM_UNPACK, 0, sizeof ED_GEMM_UNPACK);
     ed_axpy_f16 = ed_axpy_f16_generic;
@@ -457,7 +392,10 @@ static int ed_types_init(const char *force) {
 #endif
     }
 #if defined(__x86_64__)
-    if (!strcmp(want, "avx2")) { ed_avx2_install(); ED_PATH = "avx2"; }
+    if (!strcmp(want, "avx2")) {
+        if (ed_cpu_features() & ED_CPU_AVXVNNI) ed_avx2vnni_install(); else ed_avx2_install();
+        ED_PATH = "avx2";
+    }
     if (!strcmp(want, "avx512")) { if (ed_cpu_features() & ED_CPU_AVX512VNNI) ed_avx512_install(); else ed_avx512nv_install();
         ed_avx512_install_wide(); ED_PATH = "avx512"; }
 #elif defined(__aarch64__)
