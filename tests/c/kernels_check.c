@@ -1,7 +1,8 @@
 /* Standalone check of every kernel path this CPU (or emulator) supports against the generic C
  * path: random valid weight blocks of every type x random activations, odd row counts, single
  * dots and the tiled ed_mdot_rows. Prints one line per path/type and exits non-zero on a
- * mismatch. Built and run by tests/test_kernels_cross.py (natively, and for aarch64 under
+ * mismatch; a "digest" line per path/type hashes the dot and tile results (so two builds or
+ * CPUs can be compared bit for bit), says whether the dot is SIMD, and checks ED_MDOT_SAME. Built and run by tests/test_kernels_cross.py (natively, and for aarch64 under
  * qemu when a cross compiler is installed), so the NEON path is exercised on an x86 machine.
  */
 #define _GNU_SOURCE
