@@ -227,7 +227,7 @@ static inline float ed_silu(float x) { return x / (1.0f + expf(-x)); }
  * is set, the activations were quantized for this very x and type by the previous call. */
 /* A batch of n tokens in activation format vt goes through the packed panels (ed_gemm.h) */
 static inline int ed_gemm_wanted(const ed_state *s, int n, int vt) {
-    return !s->batched && n >= ED_GEMM_MIN_COLS && ED_GEMM_KERNEL && s->gemm_bytes &&
+    return !s->batched && n > 1 && n >= ED_GEMM_MIN_COLS && ED_GEMM_KERNEL && s->gemm_bytes &&
            (vt == ED_Q8_0 || vt == ED_Q8_1 || vt == ED_Q8_K);
 }
 
