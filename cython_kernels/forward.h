@@ -67,7 +67,7 @@ typedef struct {
     float *hb;           /* (n_batch, 2 * n_ff) gate|up */
     float *att;          /* (n_threads, n_ctx) attention scores, one row per thread */
     uint16_t *qh;        /* (n_threads, head_dim) f16 query of the current head */
-    float *vacc;         /* (n_threads, 64 * head_dim) lanes of the softmax x V sums */
+    float *vacc;         /* (n_threads, 80 * head_dim) lanes of the softmax x V sums + reduction */
     uint8_t *xq;         /* (n_batch, quantized row of max(n_embd, n_ff, q dims) ) */
     size_t xq_row;       /* bytes per quantized activation row */
     float *logits;       /* (n_batch, n_vocab) */
@@ -384,10 +384,11 @@ static void ed_attention(ed_state *s, const ed_model *m, int il, int ith, int nt
     const int kvd = m->n_head_kv * hd, Qd = m->n_head * hd;
     const int batch = !s->batched && n > 1;      /* llama.cpp: tinyBLAS, else ggml_vec_dot_f16 */
     const int lanes = batch ? 16 : 64;
+    const int simd = ed_pm_simd(ED_PATH);
     const float qscale = m->scale_q ? m->attn_scale : 1.0f;
     const float kqscale = m->scale_q ? 1.0f : m->attn_scale;
     float *sc = s->att + (size_t)ith * s->n_ctx;
-    float *acc = s->vacc + (size_t)ith * 64 * hd;
+    float *acc = s->vacc + (size_t)ith * 80 * hd, *tmp = acc + (size_t)64 * hd;
     const float *lane[64];
     uint16_t *q16 = s->qh + (size_t)ith * hd;
     const int swa = m->layers[il].swa && m->n_swa > 0;
@@ -401,42 +402,33 @@ static void ed_attention(ed_state *s, const ed_model *m, int il, int ith, int nt
         for (int i = 0; i < hd; i++) q16[i] = ed_fp32_to_fp16(q[i] * qscale);
         int j0 = 0;
         if (swa && pt - m->n_swa + 1 > 0) j0 = pt - m->n_swa + 1;
+        const int nj = pt - j0 + 1;
         float mx = -INFINITY;
         for (int j = j0; j <= pt; j++) {
-            const float d = ed_pm_dot_f16(hd, kc + (size_t)j * kvd + (size_t)kvh * hd, q16, batch) * kqscale;
+            const float d = ed_pm_dot(simd, hd, kc + (size_t)j * kvd + (size_t)kvh * hd, q16, batch) * kqscale;
             sc[j] = d;
             if (d > mx) mx = d;
         }
-        /* softmax: groups of 16 cache cells summed in float, the groups in double */
+        /* softmax: ggml's expf; groups of 16 cache cells summed in float, the groups in double */
+        ed_pm_expf_sub(simd, nj, sc + j0, mx, sc + j0);
         double sum = 0.0;
         for (int g = j0 & ~15; g <= pt; g += 16) {
             float l[16];
-            for (int k = 0; k < 16; k++) {
-                const int j = g + k;
-                l[k] = j >= j0 && j <= pt ? (sc[j] = ed_pm_expf(sc[j] - mx)) : 0.0f;
-            }
+            for (int k = 0; k < 16; k++) l[k] = g + k >= j0 && g + k <= pt ? sc[g + k] : 0.0f;
             sum += ed_pm_hsum16(l);
         }
-        const float inv = (float)(1.0 / sum);
-        /* softmax row (F16) x V: cell j adds into lane j % lanes */
-        const int used = pt - j0 + 1 < lanes ? pt - j0 + 1 : lanes;
+        ed_pm_round_scale(simd, nj, sc + j0, (float)(1.0 / sum));  /* the F16 softmax row */
+        /* softmax row x V: cell j adds into lane j % lanes */
+        const int used = nj < lanes ? nj : lanes;
         for (int r = 0; r < lanes; r++) lane[r] = ED_ZERO_ROW;
         for (int j = j0; j < j0 + used; j++) {
             float *row = acc + (size_t)(j % lanes) * hd;
             memset(row, 0, sizeof(float) * hd);
             lane[j % lanes] = row;
         }
-        for (int j = j0; j <= pt; j++) {
-            const float w = ED_PM_F(ed_fp32_to_fp16(sc[j] * inv));
-            if (w != 0.0f) ed_axpy_f16(hd, w, vc + (size_t)j * kvd + (size_t)kvh * hd, acc + (size_t)(j % lanes) * hd);
-        }
-        float *o = s->xb + (size_t)t * Qd + (size_t)h * hd;
-        for (int i = 0; i < hd; i++) {
-            float r[16];
-            if (batch) for (int l = 0; l < 16; l++) r[l] = lane[l][i];
-            else for (int l = 0; l < 16; l++) r[l] = (lane[l][i] + lane[l + 32][i]) + (lane[l + 16][i] + lane[l + 48][i]);
-            o[i] = ed_pm_hsum16(r);
-        }
+        for (int j = j0; j <= pt; j++)
+            if (sc[j] != 0.0f) ed_axpy_f16(hd, sc[j], vc + (size_t)j * kvd + (size_t)kvh * hd, acc + (size_t)(j % lanes) * hd);
+        ed_pm_reduce_lanes(hd, lanes, lane, tmp, s->xb + (size_t)t * Qd + (size_t)h * hd);
     }
 }
 
@@ -614,7 +606,7 @@ static size_t ed_state_layout(ed_state *s, const ed_model *m, int n_ctx, int n_b
     CARVE(hb, float, (size_t)n_batch * 2 * F);
     CARVE(att, float, (size_t)n_threads * n_ctx);
     CARVE(qh, uint16_t, (size_t)n_threads * hd);
-    CARVE(vacc, float, (size_t)n_threads * 64 * hd);
+    CARVE(vacc, float, (size_t)n_threads * 80 * hd);
     CARVE(xq, uint8_t, (size_t)(n_batch > n_threads ? n_batch : n_threads) * xq_row);
     CARVE(logits, float, (size_t)(n_batch < ED_MAX_LOGIT_ROWS ? n_batch : ED_MAX_LOGIT_ROWS) * m->n_vocab);
     CARVE(tokens, int32_t, n_batch);
