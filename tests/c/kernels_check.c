@@ -78,6 +78,17 @@ int main(void) {
             for (int i = 0; i < COLS * ROWS; i++) err = fmax(err, fabs(got[i] - ref[i]));
             ed_mdot_rows(t, K, w, rb, ROWS, xq, xr, 1, got, ROWS);  /* matrix-vector rows */
             for (int i = 0; i < ROWS; i++) err = fmax(err, fabs(got[i] - ref[i]));
+            if (ed_gemm_ok(t)) {  /* packed panels, as a prompt batch uses them */
+                static ed_ginfo info[COLS * (K / 32 + K / 16)];
+                static uint8_t scratch[K * 64 + 4096] __attribute__((aligned(64)));
+                const size_t il = ed_gemm_info_len(K);
+                for (int c = 0; c < COLS; c++) ed_gemm_info(tr.vec_type, K, xq + c * xr, info + c * il);
+                ed_gemm_rows(t, K, w, rb, ROWS, xq, xr, info, il, COLS, got, ROWS, scratch);
+                double gerr = 0;
+                for (int i = 0; i < COLS * ROWS; i++) gerr = fmax(gerr, fabs(got[i] - ref[i]));
+                printf("%s %s panels max_abs_err %.3g\n", paths[p], names[ti], gerr);
+                err = fmax(err, gerr);
+            }
             const int ok = err <= 1e-4 * (scale + 1e-3);
             failures += !ok;
             printf("%s %s max_abs_err %.3g scale %.3g %s\n", paths[p], names[ti], err, scale, ok ? "ok" : "FAIL");
