@@ -38,6 +38,7 @@ cdef extern from "forward.h" nogil:
         float *qkv
         float *att
         uint16_t *qh
+        float *vacc
         float *logits
         int32_t *tokens
         int profile

@@ -111,8 +111,13 @@ class ReferenceBackend(Backend):
         return np.ascontiguousarray(buf.logits[-n_rows:], dtype=np.float32)
 
     def _mm(self, x, name):
-        # x: (n, in) float64 -> (n, out) float64; weight (out, in) float32
-        return (x.astype(np.float32) @ self._w[name].T).astype(np.float64)
+        # x: (n, in) float64 -> (n, out) float64; weight (out, in) float32. Row by row, so a
+        # token's result does not depend on the batch it came in (BLAS sums a matrix-matrix
+        # product in another order than a matrix-vector one, and the F16 roundings below
+        # would turn that last-bit difference into a visible one now and then).
+        w = self._w[name]
+        x32 = x.astype(np.float32)
+        return np.stack([w @ row for row in x32]).astype(np.float64)
 
     def forward(self, buf, n_tokens, pos, all_logits):
         sp, hp, a = self.spec, self.spec.hp, self.spec.arch
@@ -162,7 +167,7 @@ class ReferenceBackend(Backend):
             out = np.empty((n, hp.n_head, hp.head_dim))
             for hh in range(hp.n_head):
                 kv = hh // group
-                s = (q16[:, hh, :] @ K[:, kv, :].T) * kqs  # (n, n_kv)
+                s = np.stack([K[:, kv, :] @ row for row in q16[:, hh, :]]) * kqs  # (n, n_kv)
                 s[masked] = -np.inf
                 s = np.exp(s - s.max(-1, keepdims=True))
                 s /= s.sum(-1, keepdims=True)

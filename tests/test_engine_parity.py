@@ -3,6 +3,8 @@
 llama.cpp (the golden files' CPU build, flash attention off) rounds the query and the softmax
 row to F16 around its F16 KV cache, sums in fixed SIMD orders, uses its own vector expf and a
 F16 GELU table; cython_kernels/ed_parity.h reproduces that bit for bit on every kernel path.
+Its x86 build also quantizes Q8_0/Q8_1 activations with 127 / amax and halves to even
+(ed_types.h and the SIMD quantizers do the same).
 Before it did, every position after the first was off by ~0.1 on quantized files (the Q8
 activation rounding amplifies the last float differences) and the float files sat at the
 README's float64-reference level. The limits below are the measured values (2026-11-30) with
@@ -28,9 +30,11 @@ ALL_PATHS = {
     "synthetic-llama-Q3_K_M": (0.2, 0.004),      # 0.1009/0.0014 -> 0.2158/0.0373
 }
 # identical to llama.cpp (up to float noise in the last bits) on the x86 SIMD paths, whose
-# Q8_0/Q4_1/Q5_0/Q5_1 kernels sum like llama.cpp's: 0.0000 -> 0.14-0.19 before the mirror
+# Q8_0/Q4_1/Q5_0/Q5_1 kernels sum like llama.cpp's, with the Q8_0/Q8_1 activations quantized
+# like its x86 build (127 / amax, halves to even): 0.0000 -> 0.11-0.19 before
 SIMD_EXACT = ["synthetic-llama-Q8_0", "synthetic-llama-Q5_0", "synthetic-llama-Q4_1",
-              "synthetic-llama-Q5_1"]
+              "synthetic-llama-Q5_1", "synthetic-qwen2-Q8_0", "synthetic-phi3-Q8_0",
+              "synthetic-gemma3-Q8_0"]
 # the reference backend (float64, no activation quantization) with the F16 roundings
 REFERENCE = {
     "synthetic-llama-f32": (0.003, 0.0002),      # 0.0017/0.00012 -> 0.0029/0.00032
