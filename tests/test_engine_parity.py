@@ -37,9 +37,10 @@ SIMD_EXACT = ["synthetic-llama-Q8_0", "synthetic-llama-Q5_0", "synthetic-llama-Q
               "synthetic-gemma3-Q8_0"]
 # the reference backend (float64, no activation quantization) with the F16 roundings
 REFERENCE = {
-    "synthetic-llama-f32": (0.003, 0.0002),      # 0.0017/0.00012 -> 0.0029/0.00032
+    "stories260K": (0.012, 0.0007),              # 0.0052/0.00034 -> 0.0308/0.00168
+    "synthetic-llama-f32": (0.002, 0.0001),      # 0.0007/0.00004 -> 0.0029/0.00032
     "synthetic-qwen2-f32": (0.003, 0.00015),     # 0.0011/0.00007 -> 0.0032/0.00033
-    "synthetic-gemma3-f32": (0.003, 0.0003),     # 0.0021/0.00021 -> 0.0031/0.00052
+    "synthetic-gemma3-f32": (0.003, 0.0003),     # 0.0018/0.00018 -> 0.0031/0.00052
 }
 
 
