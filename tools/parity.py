@@ -7,7 +7,7 @@ absolute logit difference for each selected kernel path (and the reference backe
 --reference), plus the first position that differs by more than 1e-3.
 
   python tools/parity.py                          # best path and generic
-  python tools/parity.py -k avx512 avx2 generic --reference
+  python tools/parity.py -k avx512,avx2,generic --reference
   python tools/parity.py -k generic qwen2         # only files whose name contains "qwen2"
 """
 import argparse
@@ -39,8 +39,8 @@ def diff(name, backend):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("-k", "--kernels", nargs="+", default=["best", "generic"],
-                    help="kernel paths (best = the fastest this CPU supports)")
+    ap.add_argument("-k", "--kernels", default="best,generic",
+                    help="comma-separated kernel paths (best = the fastest this CPU supports)")
     ap.add_argument("--reference", action="store_true", help="also the NumPy reference backend")
     ap.add_argument("names", nargs="*", help="substrings of the golden names to run")
     args = ap.parse_args()
@@ -49,7 +49,7 @@ def main():
                     if f.endswith(".golden.npz"))
     golden = [g for g in golden if not args.names or any(w in g for w in args.names)]
     cols = []
-    for k in args.kernels:
+    for k in args.kernels.split(","):
         core.set_path(None if k == "best" else k)
         cols.append((f"cpu {core.kernel_path()}", "cpu", None if k == "best" else k))
     if args.reference:
