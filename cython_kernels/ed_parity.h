@@ -15,11 +15,15 @@
  *  - the softmax uses ggml's vector expf (a polynomial with FMAs, not libm's expf), sums
  *    16-lane groups in float and the groups in double, and multiplies by 1/sum;
  *  - SiLU is x / (1 + that expf(-x)); GELU reads a table over all F16 inputs;
- *  - RMSNorm squares in float and sums in double.
+ *  - RoPE's rotation and the GELU table use the FMAs GCC forms from ggml's a*c - b*s,
+ *    a*s + b*c and 1 + k*x*x (checked: the other pairing breaks the exact files);
+ *  - RMSNorm squares in float and sums in double (forward.h).
  *
  * Products of two F16 values are exact in float, so an FMA and a multiply-then-add agree there;
- * the only FMAs whose fusion changes results (inside expf) are explicit fmaf() calls. The
- * 16-lane tree is GCC's _mm512_reduce_add_ps: halves (8), quarters (4), pairs (2, 3, 0, 1), last two.
+ * the FMAs whose fusion changes results (expf, RoPE, the GELU table) are explicit fmaf() calls,
+ * and nothing else here is a multiply feeding an add, so a compiler that contracts (aarch64)
+ * computes the same. The 16-lane tree is GCC's _mm512_reduce_add_ps: halves (8), quarters (4),
+ * pairs (2, 3, 0, 1), last two.
  */
 #ifndef EDGED_ED_PARITY_H
 #define EDGED_ED_PARITY_H
