@@ -21,8 +21,8 @@
  *
  * Products of two F16 values are exact in float, so an FMA and a multiply-then-add agree there;
  * the FMAs whose fusion changes results (expf, RoPE, the GELU table) are explicit fmaf() calls,
- * and nothing else here is a multiply feeding an add, so a compiler that contracts (aarch64)
- * computes the same. The 16-lane tree is GCC's _mm512_reduce_add_ps: halves (8), quarters (4),
+ * and the only other multiplies feeding adds are those exact F16 products, so a compiler that
+ * contracts (aarch64) computes the same. The 16-lane tree is GCC's _mm512_reduce_add_ps: halves (8), quarters (4),
  * pairs (2, 3, 0, 1), last two.
  */
 #ifndef EDGED_ED_PARITY_H
