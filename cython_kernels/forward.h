@@ -24,6 +24,7 @@
 
 #include "ed_types.h"
 #include "ed_simd.h"
+#include "ed_parity.h"
 
 typedef struct {
     const uint8_t *data;   /* start of the tensor in the mapping (or repacked copy) */
@@ -42,6 +43,7 @@ typedef struct {
 typedef struct {
     int n_vocab, n_embd, n_ff, n_layer, n_head, n_head_kv, head_dim, n_rot;
     int rope_neox, act_gelu, n_swa;
+    int scale_q;           /* attn_scale multiplies q before attention (gemma3), not q.k */
     float rope_base, rope_scale, rope_base_swa, rope_attn_factor;
     float rms_eps, attn_scale, embd_scale, softcap;
     ed_tensor token_embd, output_norm, output;
@@ -65,6 +67,7 @@ typedef struct {
     float *hb;           /* (n_batch, 2 * n_ff) gate|up */
     float *att;          /* (n_threads, n_ctx) attention scores, one row per thread */
     uint16_t *qh;        /* (n_threads, head_dim) f16 query of the current head */
+    float *vacc;         /* (n_threads, 80 * head_dim) lanes of the softmax x V sums + reduction */
     uint8_t *xq;         /* (n_batch, quantized row of max(n_embd, n_ff, q dims) ) */
     size_t xq_row;       /* bytes per quantized activation row */
     uint8_t *gemm;       /* (n_threads, gemm_bytes) packed-panel scratch (ed_gemm.h) */
@@ -171,10 +174,11 @@ static inline void ed_range(int64_t n, int ith, int nth, int64_t *a, int64_t *b)
     *b = *a + per; if (*b > n) *b = n;
 }
 
-/* out = x / rms(x) * w (w may be NULL) over rows of length n; like ggml: sum in double. */
+/* out = x / rms(x) * w (w may be NULL) over rows of length n; like ggml: squares in float,
+   summed in double. */
 static void ed_rms_norm(float *out, const float *x, const float *w, int n, float eps) {
     double sum = 0.0;
-    for (int i = 0; i < n; i++) sum += (double)x[i] * x[i];
+    for (int i = 0; i < n; i++) sum += (double)(x[i] * x[i]);
     const float scale = 1.0f / sqrtf((float)(sum / n) + eps);
     if (w) for (int i = 0; i < n; i++) out[i] = (x[i] * scale) * w[i];
     else   for (int i = 0; i < n; i++) out[i] = x[i] * scale;
@@ -198,26 +202,24 @@ static void ed_rope(float *x, int n_heads, int head_dim, int n_rot, int pos, flo
             for (int i = 0; i < half; i++) {
                 float c = cs[2 * i], s = cs[2 * i + 1];
                 float a = v[i], b = v[i + half];
-                v[i] = a * c - b * s;
-                v[i + half] = a * s + b * c;
+                v[i] = ed_pm_rot0(a, b, c, s);
+                v[i + half] = ed_pm_rot1(a, b, c, s);
             }
         } else {
             for (int i = 0; i < n_rot; i += 2) {
                 float c = cs[i], s = cs[i + 1];
                 float a = v[i], b = v[i + 1];
-                v[i] = a * c - b * s;
-                v[i + 1] = a * s + b * c;
+                v[i] = ed_pm_rot0(a, b, c, s);
+                v[i + 1] = ed_pm_rot1(a, b, c, s);
             }
         }
     }
 }
 
-static inline float ed_gelu(float x) {
-    const float c = 0.7978845608028654f; /* sqrt(2/pi) */
-    return 0.5f * x * (1.0f + tanhf(c * x * (1.0f + 0.044715f * x * x)));
-}
+/* the activations as llama.cpp computes them (ed_parity.h) */
+static inline float ed_gelu(float x) { return ed_pm_gelu(x); }
 
-static inline float ed_silu(float x) { return x / (1.0f + expf(-x)); }
+static inline float ed_silu(float x) { return ed_pm_silu(x); }
 
 
 /* ---------------------------------------------------------------- matmul --------------- */
@@ -384,21 +386,31 @@ static inline uint16_t *ed_layer_cache(const ed_state *s, int kv, int64_t t, int
 }
 
 /* ---------------------------------------------------------------- attention ------------ */
-static float ED_F16_LUT[65536];  /* f16 bits -> float, for the V accumulation */
-
 static void ed_forward_init(void) {
-    for (int i = 0; i < 65536; i++) ED_F16_LUT[i] = ed_fp16_to_fp32((ed_half)i);
+    ed_pm_init();
 }
 
 /* Causal (and sliding-window) attention over the F16 cache for this thread's (token, head)
- * pairs: q is rounded to f16 like llama.cpp's f16 K x q product, q.k through the F16 dot of
- * the kernel table, softmax in float, V accumulated in float. Output into xb (n, Qd). */
+ * pairs, as llama.cpp computes it without flash attention (ed_parity.h): q rounded to F16,
+ * q.k in F16, softmax in float with ggml's expf, the softmax row rounded to F16, times the F16
+ * V, each sum in llama.cpp's order (tinyBLAS for a batch of >= 2 rows, else vec_dot). The V
+ * sum keeps one row of head_dim partial sums per SIMD lane of llama.cpp's dot product (16 or
+ * 64), added to with ed_axpy_f16 (exact products, so any path gives the same sums), and
+ * reduces them in its tree. Output into xb (n, Qd). */
+static const float ED_ZERO_ROW[1024];
+
 static void ed_attention(ed_state *s, const ed_model *m, int il, int ith, int nth, int ldqkv) {
     const int n = s->n_tokens, hd = m->head_dim, group = m->n_head / m->n_head_kv;
     const int kvd = m->n_head_kv * hd, Qd = m->n_head * hd;
+    const int batch = !s->batched && n > 1;      /* llama.cpp: tinyBLAS, else ggml_vec_dot_f16 */
+    const int lanes = batch ? 16 : 64;
+    const int simd = ed_pm_simd(ED_PATH);
+    const float qscale = m->scale_q ? m->attn_scale : 1.0f;
+    const float kqscale = m->scale_q ? 1.0f : m->attn_scale;
     float *sc = s->att + (size_t)ith * s->n_ctx;
+    float *acc = s->vacc + (size_t)ith * 80 * hd, *tmp = acc + (size_t)64 * hd;
+    const float *lane[64];
     uint16_t *q16 = s->qh + (size_t)ith * hd;
-    const ed_dot_fn dot16 = ED_TRAITS[ED_F16].dot;
     const int swa = m->layers[il].swa && m->n_swa > 0;
     int64_t a, b;
     ed_range((int64_t)n * m->n_head, ith, nth, &a, &b);
@@ -407,25 +419,36 @@ static void ed_attention(ed_state *s, const ed_model *m, int il, int ith, int nt
         const int pt = ed_row_pos(s, t);
         const uint16_t *kc = ed_layer_cache(s, 0, t, il, kvd), *vc = ed_layer_cache(s, 1, t, il, kvd);
         const float *q = s->qkv + (size_t)t * ldqkv + (size_t)h * hd;
-        for (int i = 0; i < hd; i++) q16[i] = ed_fp32_to_fp16(q[i]);
+        for (int i = 0; i < hd; i++) q16[i] = ed_fp32_to_fp16(q[i] * qscale);
         int j0 = 0;
         if (swa && pt - m->n_swa + 1 > 0) j0 = pt - m->n_swa + 1;
+        const int nj = pt - j0 + 1;
         float mx = -INFINITY;
         for (int j = j0; j <= pt; j++) {
-            const float d = dot16(hd, kc + (size_t)j * kvd + (size_t)kvh * hd, q16) * m->attn_scale;
+            const float d = ed_pm_dot(simd, hd, kc + (size_t)j * kvd + (size_t)kvh * hd, q16, batch) * kqscale;
             sc[j] = d;
             if (d > mx) mx = d;
         }
+        /* softmax: ggml's expf; groups of 16 cache cells summed in float, the groups in double */
+        ed_pm_expf_sub(simd, nj, sc + j0, mx, sc + j0);
         double sum = 0.0;
-        for (int j = j0; j <= pt; j++) { float e = expf(sc[j] - mx); sc[j] = e; sum += e; }
-        const float inv = (float)(1.0 / sum);
-        float *o = s->xb + (size_t)t * Qd + (size_t)h * hd;
-        for (int i = 0; i < hd; i++) o[i] = 0.0f;
-        for (int j = j0; j <= pt; j++) {
-            const float w = sc[j] * inv;
-            const uint16_t *vr = vc + (size_t)j * kvd + (size_t)kvh * hd;
-            ed_axpy_f16(hd, w, vr, o);  /* SIMD path (ed_simd.h) */
+        for (int g = j0 & ~15; g <= pt; g += 16) {
+            float l[16];
+            for (int k = 0; k < 16; k++) l[k] = g + k >= j0 && g + k <= pt ? sc[g + k] : 0.0f;
+            sum += ed_pm_hsum16(l);
         }
+        ed_pm_round_scale(simd, nj, sc + j0, (float)(1.0 / sum));  /* the F16 softmax row */
+        /* softmax row x V: cell j adds into lane j % lanes */
+        const int used = nj < lanes ? nj : lanes;
+        for (int r = 0; r < lanes; r++) lane[r] = ED_ZERO_ROW;
+        for (int j = j0; j < j0 + used; j++) {
+            float *row = acc + (size_t)(j % lanes) * hd;
+            memset(row, 0, sizeof(float) * hd);
+            lane[j % lanes] = row;
+        }
+        for (int j = j0; j <= pt; j++)
+            if (sc[j] != 0.0f) ed_axpy_f16(hd, sc[j], vc + (size_t)j * kvd + (size_t)kvh * hd, acc + (size_t)(j % lanes) * hd);
+        ed_pm_reduce_lanes(hd, lanes, lane, tmp, s->xb + (size_t)t * Qd + (size_t)h * hd);
     }
 }
 
@@ -605,6 +628,7 @@ static size_t ed_state_layout(ed_state *s, const ed_model *m, int n_ctx, int n_b
     CARVE(hb, float, (size_t)n_batch * 2 * F);
     CARVE(att, float, (size_t)n_threads * n_ctx);
     CARVE(qh, uint16_t, (size_t)n_threads * hd);
+    CARVE(vacc, float, (size_t)n_threads * 80 * hd);
     CARVE(xq, uint8_t, (size_t)(n_batch > n_threads ? n_batch : n_threads) * xq_row);
     const size_t gemm_bytes = n_batch > 1 ? ed_gemm_scratch(F > XB ? F : XB) : 0;
     const size_t xinfo_row = ed_gemm_info_len(F > XB ? F : XB);

@@ -365,13 +365,15 @@ def attention(float[:, ::1] out, float[:, ::1] q, uint16_t[:, ::1] k_cache,
     memset(&m, 0, sizeof(m)); memset(&layer, 0, sizeof(layer)); memset(&s, 0, sizeof(s))
     att = np.empty(n_ctx, np.float32)
     qh = np.empty(hd, np.uint16)
+    vacc = np.empty(80 * hd, np.float32)  # the lane rows of the V sums (forward.h)
     cdef float[::1] attv = att
     cdef uint16_t[::1] qhv = qh
+    cdef float[::1] vaccv = vacc
     m.head_dim = hd; m.n_head = n_head; m.n_head_kv = n_head_kv; m.attn_scale = scale
     m.n_swa = n_swa; m.n_layer = 1; layer.swa = n_swa > 0; m.layers = &layer
     s.n_ctx = n_ctx; s.n_tokens = n; s.pos = pos
     s.k_cache = &k_cache[0, 0]; s.v_cache = &v_cache[0, 0]
-    s.att = &attv[0]; s.qh = &qhv[0]; s.qkv = &q[0, 0]; s.xb = &out[0, 0]
+    s.att = &attv[0]; s.qh = &qhv[0]; s.qkv = &q[0, 0]; s.xb = &out[0, 0]; s.vacc = &vaccv[0]
     with nogil:
         ed_attention(&s, &m, 0, 0, 1, Qd)
 

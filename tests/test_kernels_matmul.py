@@ -38,7 +38,9 @@ def partner_activations(x, t):
         b = quants.quantize_q8_K(x).reshape(-1, 292)
         d = b[:, :4].copy().view(np.float32)
         return (d.astype(np.float64) * b[:, 4:260].view(np.int8)).reshape(x.shape)
-    return quants.dequantize(quants.quantize(x, GGMLType.Q8_0), GGMLType.Q8_0, x.shape).astype(np.float64)
+    b = q8_act_llama_x86(x).reshape(-1, 34)  # Q8_0 (and Q8_1's values): as llama.cpp's x86 build
+    d = b[:, :2].copy().view(np.float16).astype(np.float64)
+    return (d * b[:, 2:].view(np.int8)).reshape(x.shape)
 
 
 def random_weights(t, n, k, rng):
@@ -93,11 +95,31 @@ def test_matmul_threads_equal_single(path, n_tok):
     assert np.array_equal(a, b)
 
 
+def q8_act_llama_x86(x, with_sum=False):
+    """llama.cpp's x86 quantize_row_q8_0 / q8_1 for activations: multiplier 127 / amax in
+    float32, halves to even (its reference quantizer for weights uses 1 / d and rounds halves
+    away from zero; the activations of the golden logits went through this one)."""
+    b = x.reshape(-1, 32).astype(np.float32)
+    amax = np.abs(b).max(1)
+    d = amax / np.float32(127)
+    with np.errstate(divide="ignore"):
+        mul = np.where(amax != 0, np.float32(127) / amax, np.float32(0)).astype(np.float32)
+    q = np.rint(b * mul[:, None]).astype(np.int8)
+    parts = [d.astype(np.float16).view(np.uint8).reshape(-1, 2)]
+    if with_sum:
+        parts.append((q.sum(1).astype(np.float32) * d).astype(np.float16).view(np.uint8).reshape(-1, 2))
+    parts.append(q.view(np.uint8))
+    return np.concatenate(parts, axis=1).reshape(x.shape[0], -1)
+
+
 def test_quantize_act_matches_reference():
     rng = np.random.default_rng(11)
     x = rng.standard_normal((3, 512)).astype(np.float32)
     x[1, :256] = 0  # an all-zero block
-    assert np.array_equal(core.quantize_act(x, int(GGMLType.Q8_0)), quants.quantize(x, GGMLType.Q8_0))
+    x[2, :32] = np.arange(32, dtype=np.float32) - 15.5  # halves: amax 127 makes the multiplier 1
+    x[2, 0] = 127
+    assert np.array_equal(core.quantize_act(x, int(GGMLType.Q8_0)), q8_act_llama_x86(x))
+    assert np.array_equal(core.quantize_act(x, int(GGMLType.Q4_1)), q8_act_llama_x86(x, with_sum=True))
     ours = core.quantize_act(x, int(GGMLType.Q4_K)).reshape(-1, 292)
     ref = quants.quantize_q8_K(x).reshape(-1, 292)
     assert np.array_equal(ours[:, :260], ref[:, :260])
