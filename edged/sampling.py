@@ -3,7 +3,9 @@
 Sampler applies, in llama.cpp's order: logit bias, repetition/presence/frequency penalties
 over the last `penalty_last_n` tokens, then greedy (temperature <= 0) or top-k -> top-p ->
 min-p -> temperature -> a draw from a seeded RNG (same seed, same tokens). The per-token work
-runs in compiled code (edged._core.sample) when the extension is built, else in NumPy.
+runs in compiled code (edged._core.sample_logits, no full sort of the vocabulary: well under a
+millisecond on a 152k vocabulary) when the extension is built, else in NumPy
+(sample_reference, the slow obvious twin the compiled path is tested against).
 """
 from __future__ import annotations
 
