@@ -5,8 +5,9 @@
  *                                                 sum of exp(((double)x[i] - mx) * s), s > 0,
  *                                                 every x[i] <= mx; each term also stored in
  *                                                 out[i] unless out is NULL
- *   void   ed_shist(const float *x, int n, float mx, int *cnt)
- *                                                 cnt[ED_SBUCKET(x[i], mx)] += 1 (cnt zeroed)
+ *   void   ed_shist(const float *x, int n, float mx, int *cnt, uint16_t *bk)
+ *                                                 bk[i] = ED_SBUCKET(x[i], mx) and cnt[bk[i]] += 1
+ *                                                 (cnt zeroed first)
  *   int    ed_sabove(const float *x, int n, float t, int32_t *idx, float *val)
  *                                                 the i with x[i] >= t, ascending, into idx
  *                                                 and their x[i] into val; returns how many
@@ -115,7 +116,7 @@ static double ATTR ed_sexp_##SUFFIX(const float *x, int n, float mx, double s, d
     return r;                                                                                   \
 }                                                                                               \
                                                                                                 \
-static void ATTR ed_shist_##SUFFIX(const float *x, int n, float mx, int *cnt) {                 \
+static void ATTR ed_shist_##SUFFIX(const float *x, int n, float mx, int *cnt, uint16_t *bk) {   \
     const ed_vf##F lim = (ed_vf##F){} + (float)(ED_SNB - 1);                                    \
     int i = 0;                                                                                  \
     memset(cnt, 0, ED_SNB * sizeof(int));                                                       \
@@ -125,9 +126,15 @@ static void ATTR ed_shist_##SUFFIX(const float *x, int n, float mx, int *cnt) { 
         ed_vf##F d = (mx - v) * ED_SBW;                                                         \
         ed_vi##F lt = d < lim;                                                                  \
         ed_vi##F b = __builtin_convertvector((ed_vf##F)((lt & (ed_vi##F)d) | (~lt & (ed_vi##F)lim)), ed_vi##F); \
-        for (int j = 0; j < F; j++) cnt[b[j]]++;                                                \
+        for (int j = 0; j < F; j++) {                                                           \
+            bk[i + j] = (uint16_t)b[j];                                                         \
+            cnt[b[j]]++;                                                                        \
+        }                                                                                       \
     }                                                                                           \
-    for (; i < n; i++) cnt[ed_sbucket(x[i], mx)]++;                                             \
+    for (; i < n; i++) {                                                                        \
+        bk[i] = (uint16_t)ed_sbucket(x[i], mx);                                                 \
+        cnt[bk[i]]++;                                                                           \
+    }                                                                                           \
 }                                                                                               \
                                                                                                 \
 static int ATTR ed_sabove_##SUFFIX(const float *x, int n, float t, int32_t *idx, float *val) {  \
@@ -199,7 +206,7 @@ ed_sabove_avx512c(const float *x, int n, float t, int32_t *idx, float *val) {
 
 static float (*ed_smax)(const float *x, int n) = ed_smax_base;
 static double (*ed_sexp)(const float *x, int n, float mx, double s, double *out) = ed_sexp_base;
-static void (*ed_shist)(const float *x, int n, float mx, int *cnt) = ed_shist_base;
+static void (*ed_shist)(const float *x, int n, float mx, int *cnt, uint16_t *bk) = ed_shist_base;
 static int (*ed_sabove)(const float *x, int n, float t, int32_t *idx, float *val) = ed_sabove_base;
 static int (*ed_sfind)(const float *x, int n, float t) = ed_sfind_base;
 

@@ -12,7 +12,7 @@
 # leaves a cut just outside, the walk is redone over the whole vocabulary.
 from libc.math cimport exp, log, INFINITY
 from libc.stdlib cimport malloc, free, qsort
-from libc.stdint cimport int32_t
+from libc.stdint cimport int32_t, uint16_t, uint8_t
 
 cdef extern from "ed_sample.h" nogil:
     int _NB "ED_SNB"      # buckets; the last one holds everything from d >= (_NB - 1) / _BW on
@@ -20,7 +20,7 @@ cdef extern from "ed_sample.h" nogil:
     int _bucket "ed_sbucket"(float v, float mx)
     float ed_smax(const float *x, int n)
     double ed_sexp(const float *x, int n, float mx, double s, double *out)
-    void ed_shist(const float *x, int n, float mx, int *cnt)
+    void ed_shist(const float *x, int n, float mx, int *cnt, uint16_t *bk)
     int ed_sabove(const float *x, int n, float t, int32_t *idx, float *val)
     int ed_sfind(const float *x, int n, float t)
     void ed_sample_init(const char *path)
@@ -116,9 +116,20 @@ cdef int _cross(_walk *s, int m, double target, bint strict, double div) noexcep
     return -1
 
 
+cdef inline size_t _al(size_t b) noexcept nogil:
+    return (b + 63) & ~(<size_t>63)
+
+
+cdef size_t _work_bytes(size_t n) noexcept nogil:
+    # x copy, idx, xg, bk, then c, w, xs for up to n candidates
+    return (_al(n * sizeof(float)) + _al(n * sizeof(int32_t)) + _al(n * sizeof(float))
+            + _al(n * sizeof(uint16_t)) + _al(n * sizeof(_cand)) + _al(n * sizeof(double))
+            + _al(n * sizeof(float)) + 64)
+
+
 cdef int _sample(const float *x, int n, int top_k, double top_p, double min_p, double temp,
-                 double u) noexcept nogil:
-    # the token; -1: out of memory
+                 double u, uint8_t *work) noexcept nogil:
+    # the token; work: _work_bytes(n) after the x copy's share, 64-byte aligned
     cdef int i, b, j, m, g, keep, res
     cdef float mx = ed_smax(x, n)
     cdef int am = ed_sfind(x, n, mx)
@@ -128,6 +139,7 @@ cdef int _sample(const float *x, int n, int top_k, double top_p, double min_p, d
     cdef char srt[_NBMAX]
     cdef int32_t *idx
     cdef float *xg
+    cdef uint16_t *bk
     cdef const float *xv
     cdef _walk s
     cdef bint use_k = 0 < top_k < n, everything, enough, retry = False
@@ -144,10 +156,12 @@ cdef int _sample(const float *x, int n, int top_k, double top_p, double min_p, d
     # the tokens within t of the max, t growing until they surely hold every cut (min-p bounds
     # them at once: what it keeps is within -log(min_p) of the max)
     t = -log(min_p) + 1e-3 if min_p_bound else 4.0
-    idx = <int32_t *>malloc(n * (sizeof(int32_t) + sizeof(float)))
-    if idx == NULL:
-        return -1
-    xg = <float *>(idx + n)
+    idx = <int32_t *>work
+    xg = <float *>(work + _al(n * sizeof(int32_t)))
+    bk = <uint16_t *>(<uint8_t *>xg + _al(n * sizeof(float)))
+    s.c = <_cand *>(<uint8_t *>bk + _al(n * sizeof(uint16_t)))
+    s.w = <double *>(<uint8_t *>s.c + _al(n * sizeof(_cand)))
+    s.xs = <float *>(<uint8_t *>s.w + _al(n * sizeof(double)))
     while True:
         everything = t > 64.0
         if everything:
@@ -155,7 +169,7 @@ cdef int _sample(const float *x, int n, int top_k, double top_p, double min_p, d
         else:
             m = ed_sabove(x, n, <float>(<double>mx - t), idx, xg)
             xv = xg
-        ed_shist(xv, m, mx, cnt)
+        ed_shist(xv, m, mx, cnt, bk)
         g = _NB - 1       # g: the last bucket any cut can reach
         if use_k:
             j = 0
@@ -186,16 +200,10 @@ cdef int _sample(const float *x, int n, int top_k, double top_p, double min_p, d
                 j += cnt[b]
             cnt[b] = start[b]
         start[_NB] = j
-        s.c = <_cand *>malloc(j * (sizeof(_cand) + sizeof(float) + sizeof(double)))
-        if s.c == NULL:
-            free(idx)
-            return -1
-        s.w = <double *>(s.c + j)
-        s.xs = <float *>(s.w + j)
         s.start, s.sorted_, s.mx, s.m, s.wdone = start, srt, mx, j, 0
         s.scale = 1.0 / temp if all_kept else 1.0
         for j in range(m):
-            b = _bucket(xv[j], mx)
+            b = bk[j]
             if b <= g:
                 i = cnt[b]
                 cnt[b] += 1
@@ -218,7 +226,6 @@ cdef int _sample(const float *x, int n, int top_k, double top_p, double min_p, d
                 keep = j + 1
             elif not use_k and not min_p_bound and not retry:
                 t, retry = INFINITY, True  # rounding left the nucleus just outside
-                free(s.c)
                 continue
         if min_p > 0.0:   # the prefix with p >= min_p * p_max (p_max = 1 / total)
             thr = min_p * (1.0 / total)
@@ -242,29 +249,34 @@ cdef int _sample(const float *x, int n, int top_k, double top_p, double min_p, d
         j = _cross(&s, keep, u * total_t, True, 1.0)
         if j < 0 and all_kept and not retry:
             t, retry = INFINITY, True
-            free(s.c)
             continue
         if j < 0:         # rounding: the last kept candidate, as the reference clamps
             _sort_bucket(&s, keep - 1)
             j = keep - 1
-        res = s.c[j].id
-        free(s.c)
-        free(idx)
-        return res
+        return s.c[j].id
 
 
 cdef const char *_sample_path = NULL
 
 
+def sample_work_bytes(int n):
+    """Bytes of scratch sample_logits needs for n logits (pass it as `work` to reuse it)."""
+    return _work_bytes(n) + _al(n * sizeof(float))
+
+
 def sample_logits(const float[::1] logits, const int32_t[::1] bias_ids, const float[::1] bias_vals,
                   const int32_t[::1] pen_ids, const int32_t[::1] pen_counts, float repeat_penalty,
                   double presence_penalty, double frequency_penalty, double temperature, int top_k,
-                  double top_p, double min_p, double u):
-    """Bias, penalties, then greedy or top-k/top-p/min-p/temperature with the uniform draw u."""
+                  double top_p, double min_p, double u, uint8_t[::1] work=None):
+    """Bias, penalties, then greedy or top-k/top-p/min-p/temperature with the uniform draw u.
+    work: optional scratch of sample_work_bytes(len(logits)) bytes, reused across calls (a fresh
+    allocation per token costs page faults)."""
     global _sample_path
     cdef int n = logits.shape[0], i, t
     cdef float v
     cdef float *x
+    cdef uint8_t *buf
+    cdef uint8_t *own = NULL
     if n < 1:
         raise ValueError("empty logits")
     for i in range(bias_ids.shape[0]):
@@ -278,12 +290,19 @@ def sample_logits(const float[::1] logits, const int32_t[::1] bias_ids, const fl
     if _sample_path != ED_PATH:    # follow the kernels' path (EDGED_KERNELS=generic included)
         ed_sample_init(ED_PATH)
         _sample_path = ED_PATH
-    x = <float *>malloc(n * sizeof(float))
-    if x == NULL:
-        raise MemoryError()
+    if work is not None and <size_t>work.shape[0] >= _work_bytes(n) + _al(n * sizeof(float)):
+        buf = &work[0]
+    else:
+        own = <uint8_t *>malloc(_work_bytes(n) + _al(n * sizeof(float)))
+        if own == NULL:
+            raise MemoryError()
+        buf = own
+    buf = <uint8_t *>_al(<size_t>buf)
+    x = <float *>buf
     with nogil:
-        for i in range(n):
-            x[i] = logits[i]
+        for i in range(n):   # a NaN logit (a broken model) is never drawn: -inf
+            v = logits[i]
+            x[i] = v if v == v else -INFINITY
         for i in range(bias_ids.shape[0]):
             x[bias_ids[i]] += bias_vals[i]
         for i in range(pen_ids.shape[0]):
@@ -294,9 +313,6 @@ def sample_logits(const float[::1] logits, const int32_t[::1] bias_ids, const fl
             v = <float>(<double>v - (pen_counts[i] * frequency_penalty
                                      + (presence_penalty if pen_counts[i] > 0 else 0.0)))
             x[t] = v
-        t = _sample(x, n, top_k, top_p, min_p, temperature, u)
-    free(x)
-    if t < 0:
-        raise MemoryError()
+        t = _sample(x, n, top_k, top_p, min_p, temperature, u, buf + _al(n * sizeof(float)))
+    free(own)
     return t
-
