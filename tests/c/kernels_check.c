@@ -34,8 +34,9 @@ int main(void) {
                                 ED_Q8_0, ED_Q2_K, ED_Q3_K, ED_Q4_K, ED_Q5_K, ED_Q6_K};
     static const char *names[] = {"F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0",
                                   "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"};
-    /* avx512nv: the AVX-512 path as a CPU without VNNI gets it */
-    static const char *paths[] = {"avx2", "avx512", "avx512nv", "neon"};
+    /* avx512nv: the AVX-512 path as a CPU without VNNI gets it; avx2nv: the AVX2 path as a
+       CPU without AVX-VNNI gets it (the avx2 path takes AVX-VNNI where the CPU has it) */
+    static const char *paths[] = {"avx2", "avx2nv", "avx512", "avx512nv", "neon"};
     enum { K = 512, ROWS = 33, COLS = 5 };
     static uint8_t w[ROWS * K * 4], xq[COLS * K * 4];
     static float x[COLS * K], ref[COLS * ROWS], got[COLS * ROWS];
@@ -44,9 +45,9 @@ int main(void) {
     printf("features");
     for (int i = 0; ED_CPU_FEATURE_NAMES[i]; i++) if (ed_cpu_features() & (1u << i)) printf(" %s", ED_CPU_FEATURE_NAMES[i]);
     printf("\n");
-    for (int p = 0; p < 4; p++) {
-        const int nv = !strcmp(paths[p], "avx512nv");
-        const char *base = nv ? "avx512" : paths[p];
+    for (int p = 0; p < 5; p++) {
+        const int nv = !strcmp(paths[p], "avx512nv"), nv2 = !strcmp(paths[p], "avx2nv");
+        const char *base = nv ? "avx512" : nv2 ? "avx2" : paths[p];
         if (!ed_path_supported(base)) { printf("%s: not supported here\n", paths[p]); continue; }
         for (int ti = 0; ti < 13; ti++) {
             const int t = types[ti];
@@ -68,6 +69,7 @@ int main(void) {
             ed_types_init(base);
 #if defined(__x86_64__)
             if (nv) { ed_avx512nv_install(); ed_avx512_install_wide(); }
+            if (nv2) ed_avx2_install();
 #endif
             /* the activation quantizer may be path-specific too: quantize again */
             for (int c = 0; c < COLS; c++) ED_ACT[tr.vec_type].quant(x + c * K, xq + c * xr, K);
@@ -78,6 +80,17 @@ int main(void) {
             for (int i = 0; i < COLS * ROWS; i++) err = fmax(err, fabs(got[i] - ref[i]));
             ed_mdot_rows(t, K, w, rb, ROWS, xq, xr, 1, got, ROWS);  /* matrix-vector rows */
             for (int i = 0; i < ROWS; i++) err = fmax(err, fabs(got[i] - ref[i]));
+            if (ed_gemm_ok(t)) {  /* packed panels, as a prompt batch uses them */
+                static ed_ginfo info[COLS * (K / 32 + K / 16)];
+                static uint8_t scratch[K * 64 + 4096] __attribute__((aligned(64)));
+                const size_t il = ed_gemm_info_len(K);
+                for (int c = 0; c < COLS; c++) ed_gemm_info(tr.vec_type, K, xq + c * xr, info + c * il);
+                ed_gemm_rows(t, K, w, rb, ROWS, xq, xr, info, il, COLS, got, ROWS, scratch);
+                double gerr = 0;
+                for (int i = 0; i < COLS * ROWS; i++) gerr = fmax(gerr, fabs(got[i] - ref[i]));
+                printf("%s %s panels max_abs_err %.3g\n", paths[p], names[ti], gerr);
+                err = fmax(err, gerr);
+            }
             const int ok = err <= 1e-4 * (scale + 1e-3);
             failures += !ok;
             printf("%s %s max_abs_err %.3g scale %.3g %s\n", paths[p], names[ti], err, scale, ok ? "ok" : "FAIL");
