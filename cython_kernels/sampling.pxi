@@ -5,7 +5,7 @@
 # No full sort of the vocabulary. Every cut in the chain (top-k, top-p, min-p, the draw) is a
 # prefix of the vocabulary sorted by logit. So: the totals the cuts need come from one vector
 # pass (ed_sample.h: exp in double); the tokens within a distance t of the max are gathered
-# (t = -log(min_p) when min-p bounds the kept set, else 4, growing by sqrt(2) until the bucket
+# (t = -log(min_p) when min-p bounds the kept set, else 4, growing by 2 or sqrt(2) until the bucket
 # counts prove the gathered tokens hold the k-th token / the top-p mass / the drawn mass); they
 # are grouped by buckets of width 1/_BW of that distance (bucket order is sorted order); the
 # walks then sum whole buckets and sort only the one bucket a cut falls inside. If rounding
@@ -187,7 +187,8 @@ cdef int _sample(const float *x, int n, int top_k, double top_p, double min_p, d
             g = _lb_bucket(cnt, m, temp, u * total_t)
             enough = g >= 0
         if not enough and not everything:
-            t *= 1.4142135623730951   # finer steps gather fewer tokens past the cut
+            # few tokens so far: double; else finer steps gather fewer tokens past the cut
+            t *= 2.0 if m < 1024 else 1.4142135623730951
             continue
         if g < 0 or retry:
             g = _NB - 1

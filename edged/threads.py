@@ -269,6 +269,6 @@ def place_memory(mpol, ranges, what="memory"):
                      list(mpol.nodes), why.get(err, os.strerror(err)))
             return False
     if mpol.reason:
-        log.debug("numa: %s %s %s (%s: places nothing differently)", what, mpol.mode,
-                  list(mpol.nodes), mpol.reason)
+        log.info("numa: %s %s %s (%s: places nothing differently)", what, mpol.mode,
+                 list(mpol.nodes), mpol.reason)
     return True
