@@ -1,8 +1,9 @@
 # edged's compiled core: one module, one thread pool per process. Each concern lives in its
 # own .pxi (kernels.pxi: weight kernels and threads; forward.pxi: the forward pass;
-# sampling.pxi: the sampler).
+# sampling.pxi: the sampler; numa.pxi: NUMA memory placement).
 import numpy as np
 
 include "forward.pxi"
 include "sampling.pxi"
 include "kernels.pxi"
+include "numa.pxi"

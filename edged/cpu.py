@@ -96,8 +96,14 @@ class CPUBackend(Backend):
         # threads (the daemon), the workers serve one call at a time
         self._run_lock = threading.Lock()
         self.n_threads = self.pool.n_threads
-        from .threads import pin_workers
-        self.pinned_cpus = pin_workers(self.pool, numa)  # inside sched_getaffinity's set
+        from .threads import address_ranges, memory_policy, pin_workers, place_memory, read_topology
+        topo = read_topology()
+        self.pinned_cpus = pin_workers(self.pool, numa, topo)  # inside sched_getaffinity's set
+        # memory on the nodes the policy names: the weights now, each session's arena in alloc()
+        self.memory_policy = memory_policy(topo, numa, (self.pinned_cpus or [None])[0])
+        self.memory_placed = place_memory(
+            self.memory_policy, address_ranges([np.asarray(w) for w in weights.values()]),
+            "weights")
 
     def _model_for(self, n_ctx):
         name = self.spec.rope_factors(n_ctx)
@@ -131,7 +137,12 @@ class CPUBackend(Backend):
         return BufferPlan(kv, total - kv)
 
     def alloc(self, n_ctx, n_batch):
-        return _Buffers(_core.ForwardState(self._model_for(n_ctx), self.pool, n_ctx, n_batch))
+        state = _core.ForwardState(self._model_for(n_ctx), self.pool, n_ctx, n_batch)
+        if self.memory_policy is not None:
+            from .threads import place_memory
+            place_memory(self.memory_policy, [(state.address, state.address + state.nbytes)],
+                         "session arena")
+        return _Buffers(state)
 
     def free(self, buf):
         pass  # the arena goes with the ForwardState object

@@ -30,7 +30,8 @@ the directories of every shared object already mapped, and /etc/ld.so.cache stay
 None of them is writable; they hold code the process could already run, not data. Exec is
 refused by seccomp whatever Landlock allows. Also readable: this process's /proc entry (RSS,
 status for `describe()`), /proc/meminfo (memory budget) and /sys/devices/system/{cpu,node}
-(CPU and NUMA topology for the thread pool).
+(CPU and NUMA topology for the thread pool). mbind(2) stays allowed on purpose: session arenas
+and hot-swapped models get their NUMA memory policy after apply() (edged/threads.py).
 
 Threads that exist before `apply()` get the seccomp filter (TSYNC) but, before Landlock ABI 8,
 neither the Landlock domain nor the capability drop (both are per thread in Linux); `apply()`

@@ -135,3 +135,124 @@ def test_stop_matcher_holds_back_partial_match():
     m = StopMatcher(["STOP"])
     assert m.push("abcST") == ("abc", False)   # "ST" may start "STOP"
     assert m.push("x") == ("STx", False)
+
+
+# --- the compiled sampler (no full sort) against the NumPy twin, token for token ------------
+
+def _logits(kind, n, rng):
+    """Logit vectors that stress different parts of the fast path."""
+    if kind == "flat":        # the mass spread over tens of thousands of tokens
+        return (rng.standard_normal(n) * 3).astype(np.float32)
+    if kind == "peaked":      # LLM-like: a bulk far below a few leading tokens
+        x = rng.standard_normal(n).astype(np.float32) * 2
+        top = rng.choice(n, size=min(n, 20), replace=False)
+        x[top] += rng.uniform(6, 14, len(top)).astype(np.float32)
+        return x
+    if kind == "ties":        # many equal logits: order among them is by id
+        return np.round(rng.standard_normal(n) * 2).astype(np.float32)
+    if kind == "masked":      # most of the vocabulary at -inf (a grammar or a logit bias)
+        x = np.full(n, -np.inf, np.float32)
+        keep = rng.choice(n, size=max(1, n // 50), replace=False)
+        x[keep] = rng.standard_normal(len(keep)) * 2
+        return x
+    raise ValueError(kind)
+
+
+CONFIGS = [  # temperature, top_k, top_p, min_p, penalties (repeat, presence, frequency, last_n)
+    dict(temperature=0.0),
+    dict(temperature=1.0),
+    dict(temperature=0.7),
+    dict(temperature=2.5),
+    dict(temperature=0.8, top_k=40),
+    dict(temperature=1.0, top_k=1),
+    dict(temperature=1.3, top_k=5000),
+    dict(temperature=1.0, top_p=0.9),
+    dict(temperature=0.6, top_p=0.5),
+    dict(temperature=1.0, top_p=0.999),
+    dict(temperature=1.0, min_p=0.05),
+    dict(temperature=1.5, min_p=0.001),
+    dict(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05),
+    dict(temperature=0.8, top_k=40, min_p=0.1),
+    dict(temperature=1.1, top_p=0.95, min_p=0.02),
+    dict(temperature=0.9, top_k=200, top_p=0.8),
+    dict(temperature=0.8, top_p=0.95, repeat_penalty=1.3, presence_penalty=0.4,
+         frequency_penalty=0.2, penalty_last_n=16),
+    dict(temperature=1.0, logit_bias={0: 5.0, 3: -100.0, 7: 2.5}),
+]
+
+
+def _run(config, kind, n, seed, n_tokens, compiled):
+    import edged.sampling as sampling
+    rng = np.random.default_rng(seed)
+    s = Sampler(n, seed=seed, **config)
+    saved = sampling._compiled_sample
+    if not compiled:
+        sampling._compiled_sample = None   # the Sampler falls back to sample_reference
+    try:
+        out = []
+        for _ in range(n_tokens):
+            t = s.sample(_logits(kind, n, rng))
+            s.accept(t)
+            out.append(t)
+        return out
+    finally:
+        sampling._compiled_sample = saved
+
+
+@pytest.fixture(params=["generic", "avx2", "avx512", "neon"])
+def sampler_path(request):
+    core = pytest.importorskip("edged._core")
+    if request.param not in core.available_paths():
+        pytest.skip(f"{request.param} not supported here")
+    old = core.kernel_path()
+    core.set_path(request.param)
+    yield request.param
+    core.set_path(old)
+
+
+@pytest.mark.parametrize("kind", ["flat", "peaked", "ties", "masked"])
+@pytest.mark.parametrize("ci", range(len(CONFIGS)))
+def test_compiled_token_sequences_equal_reference(ci, kind):
+    pytest.importorskip("edged._core")
+    config = CONFIGS[ci]
+    for seed, n in ((ci, 2003), (100 + ci, 32000)):
+        want = _run(config, kind, n, seed, 12, compiled=False)
+        got = _run(config, kind, n, seed, 12, compiled=True)
+        assert got == want, (config, kind, n, seed)
+
+
+def test_compiled_token_sequences_equal_reference_every_path(sampler_path):
+    for ci, config in enumerate(CONFIGS):
+        for kind in ("flat", "peaked", "masked"):
+            want = _run(config, kind, 4099, ci, 6, compiled=False)
+            assert _run(config, kind, 4099, ci, 6, compiled=True) == want, (config, kind)
+
+
+@pytest.mark.parametrize("ci", [1, 2, 4, 7, 10, 12, 14])
+def test_compiled_token_sequences_equal_reference_152k(ci):
+    pytest.importorskip("edged._core")
+    for kind in ("flat", "peaked"):
+        want = _run(CONFIGS[ci], kind, 151936, 7 + ci, 4, compiled=False)
+        assert _run(CONFIGS[ci], kind, 151936, 7 + ci, 4, compiled=True) == want
+
+
+def test_compiled_tiny_and_degenerate_vocabularies():
+    core = pytest.importorskip("edged._core")
+    e32, ef = np.zeros(0, np.int32), np.zeros(0, np.float32)
+    rng = np.random.default_rng(11)
+    cases = [np.array([1.5], np.float32), np.array([0.0, 0.0], np.float32),
+             np.zeros(5000, np.float32),                          # all tied
+             np.array([np.nan, 1.0, 2.0, np.nan], np.float32),     # NaN never wins
+             np.array([-np.inf, 3.0, -np.inf], np.float32),
+             np.array([1e30, -1e30, 1e30], np.float32)]            # huge spread
+    for x in cases:
+        for args in ((1.0, 0, 1.0, 0.0), (0.7, 2, 0.9, 0.0), (1.0, 0, 0.5, 0.1)):
+            for u in (0.0, 0.3, 0.999999):
+                a = core.sample_logits(x, e32, ef, e32, e32, 1.0, 0.0, 0.0, *args, u)
+                assert a == sample_reference(x, e32, ef, e32, e32, 1.0, 0.0, 0.0, *args, u)
+                assert 0 <= a < len(x) and not np.isnan(x[a])
+    x = (rng.standard_normal(3000) * 3).astype(np.float32)
+    for u in np.linspace(0, 1, 41, endpoint=False):   # every part of the distribution
+        for args in ((1.0, 0, 1.0, 0.0), (2.0, 0, 0.97, 0.0), (0.5, 300, 1.0, 0.0)):
+            assert (core.sample_logits(x, e32, ef, e32, e32, 1.0, 0.0, 0.0, *args, float(u))
+                    == sample_reference(x, e32, ef, e32, e32, 1.0, 0.0, 0.0, *args, float(u)))
