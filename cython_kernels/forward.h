@@ -63,14 +63,14 @@ typedef struct {
     float *xb2;          /* (n_batch, n_embd) projection output */
     float *qkv;          /* (n_batch, q + k + v dims) */
     float *hb;           /* (n_batch, 2 * n_ff) gate|up */
-    float *att;          /* (n_threads, n_ctx) attention scores, one row per thread */
-    uint16_t *qh;        /* (n_threads, head_dim) f16 query of the current head */
+    float *att;          /* (n_threads, ed_attn_ws_floats(head_dim, n_ctx)) attention scratch */
     uint8_t *xq;         /* (n_batch, quantized row of max(n_embd, n_ff, q dims) ) */
     size_t xq_row;       /* bytes per quantized activation row */
     float *logits;       /* (n_batch, n_vocab) */
     int32_t *tokens;     /* (n_batch) */
     /* per-call arguments */
     int n_tokens, pos, all_logits;
+    atomic_int attn_next;  /* next attention block to take (ed_attention) */
     /* a decode batch over several sessions (ed_forward_rows): row t is one token at position
        row_pos[t] with the KV cache of another state (row_k/row_v/row_nctx); this state only
        lends its scratch. 0 for an ordinary batch of this session's own tokens. */
@@ -370,42 +370,47 @@ static void ed_forward_init(void) {
     for (int i = 0; i < 65536; i++) ED_F16_LUT[i] = ed_fp16_to_fp32((ed_half)i);
 }
 
-/* Causal (and sliding-window) attention over the F16 cache for this thread's (token, head)
- * pairs: q is rounded to f16 like llama.cpp's f16 K x q product, q.k through the F16 dot of
- * the kernel table, softmax in float, V accumulated in float. Output into xb (n, Qd). */
+/* Causal (and sliding-window) attention over the F16 cache, output into xb (n, Qd). The work
+ * is cut into blocks of query rows that share a KV head and a cache (tb tokens x hc of the
+ * heads of one KV head), which ed_attn (ed_simd.h) runs; threads take blocks from an atomic
+ * counter, latest tokens (most keys) first, so they finish together although causal rows
+ * have unequal work. s->attn_next is reset by thread 0 before the barrier that precedes. */
 static void ed_attention(ed_state *s, const ed_model *m, int il, int ith, int nth, int ldqkv) {
-    const int n = s->n_tokens, hd = m->head_dim, group = m->n_head / m->n_head_kv;
-    const int kvd = m->n_head_kv * hd, Qd = m->n_head * hd;
-    float *sc = s->att + (size_t)ith * s->n_ctx;
-    uint16_t *q16 = s->qh + (size_t)ith * hd;
-    const ed_dot_fn dot16 = ED_TRAITS[ED_F16].dot;
+    const int n = s->n_tokens, hd = m->head_dim, n_kv = m->n_head_kv, group = m->n_head / n_kv;
+    const int kvd = n_kv * hd, Qd = m->n_head * hd;
     const int swa = m->layers[il].swa && m->n_swa > 0;
-    int64_t a, b;
-    ed_range((int64_t)n * m->n_head, ith, nth, &a, &b);
-    for (int64_t idx = a; idx < b; idx++) {
-        const int t = (int)(idx / m->n_head), h = (int)(idx % m->n_head), kvh = h / group;
-        const int pt = ed_row_pos(s, t);
-        const uint16_t *kc = ed_layer_cache(s, 0, t, il, kvd), *vc = ed_layer_cache(s, 1, t, il, kvd);
-        const float *q = s->qkv + (size_t)t * ldqkv + (size_t)h * hd;
-        for (int i = 0; i < hd; i++) q16[i] = ed_fp32_to_fp16(q[i]);
-        int j0 = 0;
-        if (swa && pt - m->n_swa + 1 > 0) j0 = pt - m->n_swa + 1;
-        float mx = -INFINITY;
-        for (int j = j0; j <= pt; j++) {
-            const float d = dot16(hd, kc + (size_t)j * kvd + (size_t)kvh * hd, q16) * m->attn_scale;
-            sc[j] = d;
-            if (d > mx) mx = d;
+    /* fewer heads per block only when there are too few blocks for the threads (decode) */
+    int hc = group < ED_ATTN_ROWS ? group : ED_ATTN_ROWS, hs, tb, ntb;
+    for (;;) {
+        hs = (group + hc - 1) / hc;
+        tb = s->batched ? 1 : ED_ATTN_ROWS / hc;
+        ntb = (n + tb - 1) / tb;
+        if (hc == 1 || (int64_t)ntb * n_kv * hs >= 2 * nth) break;
+        hc--;
+    }
+    const int per_tb = n_kv * hs, n_items = ntb * per_tb;
+    float *ws = s->att + (size_t)ith * ed_attn_ws_floats(hd, s->n_ctx);
+    ed_attn_row rw[ED_ATTN_ROWS];
+    for (int next = 0;;) {
+        const int it = nth > 1 ? atomic_fetch_add_explicit(&s->attn_next, 1, memory_order_relaxed) : next++;
+        if (it >= n_items) break;
+        const int t0 = (ntb - 1 - it / per_tb) * tb, t1 = t0 + tb < n ? t0 + tb : n;
+        const int kvh = it % per_tb / hs, h0 = kvh * group + it % hs * hc;
+        const int h1 = h0 + hc < (kvh + 1) * group ? h0 + hc : (kvh + 1) * group;
+        int nr = 0;
+        for (int t = t0; t < t1; t++) {
+            const int pt = ed_row_pos(s, t);
+            const int lo = swa && pt - m->n_swa + 1 > 0 ? pt - m->n_swa + 1 : 0;
+            for (int h = h0; h < h1; h++, nr++) {
+                rw[nr].q = s->qkv + (size_t)t * ldqkv + (size_t)h * hd;
+                rw[nr].o = s->xb + (size_t)t * Qd + (size_t)h * hd;
+                rw[nr].lo = lo;
+                rw[nr].hi = pt;
+            }
         }
-        double sum = 0.0;
-        for (int j = j0; j <= pt; j++) { float e = expf(sc[j] - mx); sc[j] = e; sum += e; }
-        const float inv = (float)(1.0 / sum);
-        float *o = s->xb + (size_t)t * Qd + (size_t)h * hd;
-        for (int i = 0; i < hd; i++) o[i] = 0.0f;
-        for (int j = j0; j <= pt; j++) {
-            const float w = sc[j] * inv;
-            const uint16_t *vr = vc + (size_t)j * kvd + (size_t)kvh * hd;
-            ed_axpy_f16(hd, w, vr, o);  /* SIMD path (ed_simd.h) */
-        }
+        const size_t off = (size_t)kvh * hd;
+        ed_attn(nr, rw, ed_layer_cache(s, 0, t0, il, kvd) + off, ed_layer_cache(s, 1, t0, il, kvd) + off,
+                kvd, hd, m->attn_scale, ws);
     }
 }
 
@@ -473,6 +478,7 @@ static void ed_forward_worker(void *arg, int ith, int nth) {
             uint16_t *vc = ed_layer_cache(s, 1, t, il, KVd) + (size_t)pt * KVd;
             for (int i = 0; i < KVd; i++) { kc[i] = ed_fp32_to_fp16(k[i]); vc[i] = ed_fp32_to_fp16(v[i]); }
         }
+        if (ith == 0) atomic_store_explicit(&s->attn_next, 0, memory_order_relaxed);
         ed_barrier(p);
         ED_MARK(prof_ns, ED_PROF_ROPE);
         ed_attention(s, m, il, ith, nth, QKV);
@@ -581,8 +587,7 @@ static size_t ed_state_layout(ed_state *s, const ed_model *m, int n_ctx, int n_b
     CARVE(xb2, float, (size_t)n_batch * E);
     CARVE(qkv, float, (size_t)n_batch * (Qd + 2 * KVd));
     CARVE(hb, float, (size_t)n_batch * 2 * F);
-    CARVE(att, float, (size_t)n_threads * n_ctx);
-    CARVE(qh, uint16_t, (size_t)n_threads * hd);
+    CARVE(att, float, (size_t)n_threads * ed_attn_ws_floats(hd, n_ctx));
     CARVE(xq, uint8_t, (size_t)(n_batch > n_threads ? n_batch : n_threads) * xq_row);
     CARVE(logits, float, (size_t)(n_batch < ED_MAX_LOGIT_ROWS ? n_batch : ED_MAX_LOGIT_ROWS) * m->n_vocab);
     CARVE(tokens, int32_t, n_batch);

@@ -37,7 +37,6 @@ cdef extern from "forward.h" nogil:
         float *xb
         float *qkv
         float *att
-        uint16_t *qh
         float *logits
         int32_t *tokens
         int profile
