@@ -65,7 +65,7 @@ static inline size_t ed_attn_ws_floats(int hd, int n_ctx) {
     const size_t blocked = (size_t)ED_ATTN_ROWS * hd          /* queries, transposed */
                          + (size_t)ED_ATTN_KEYS * ED_ATTN_ROWS  /* scores of one tile */
                          + (size_t)2 * ED_ATTN_KEYS * hd        /* K and V tile as float */
-                         + (size_t)4 * ED_ATTN_ROWS;            /* max, rescale, sum (double) */
+                         + (size_t)5 * ED_ATTN_ROWS;            /* max, rescale, sums */
     const size_t rowwise = (size_t)hd + n_ctx;                  /* f16 query, one score row */
     return ((blocked > rowwise ? blocked : rowwise) + 15) & ~(size_t)15;  /* 64-byte multiple */
 }
@@ -283,6 +283,27 @@ static void ed_avx512_install_wide(void) {
     (void)ed_z_dot_q4_K; (void)ed_z_mdot_q6_K;  /* kept: checked by tests/c/kernels_check.c */
 }
 
+/* attention: 8 query rows per vector on the AVX2 path, 16 on the AVX-512 path */
+#define ED_TARGET __attribute__((target("avx2,fma,f16c")))
+#define ED_FN(name) ed_avx2_##name
+#define ED_AW 8
+#define ED_ATTN_NARROW ed_attn_rowwise
+#include "ed_attn_x86.inc"
+#undef ED_TARGET
+#undef ED_FN
+#undef ED_AW
+#undef ED_ATTN_NARROW
+
+#define ED_TARGET ED_T512
+#define ED_FN(name) ed_z_##name
+#define ED_AW 16
+#define ED_ATTN_NARROW ed_avx2_attn
+#include "ed_attn_x86.inc"
+#undef ED_TARGET
+#undef ED_FN
+#undef ED_AW
+#undef ED_ATTN_NARROW
+
 #define ED_NEED_AVX2 (ED_CPU_AVX2 | ED_CPU_FMA | ED_CPU_F16C)
 #define ED_NEED_AVX512 (ED_NEED_AVX2 | ED_CPU_AVX512F | ED_CPU_AVX512BW | ED_CPU_AVX512VL | \
                         ED_CPU_AVX512DQ)
@@ -354,9 +375,9 @@ static int ed_types_init(const char *force) {
 #endif
     }
 #if defined(__x86_64__)
-    if (!strcmp(want, "avx2")) { ed_avx2_install(); ED_PATH = "avx2"; }
+    if (!strcmp(want, "avx2")) { ed_avx2_install(); ed_attn = ed_avx2_attn; ED_PATH = "avx2"; }
     if (!strcmp(want, "avx512")) { if (ed_cpu_features() & ED_CPU_AVX512VNNI) ed_avx512_install(); else ed_avx512nv_install();
-        ed_avx512_install_wide(); ED_PATH = "avx512"; }
+        ed_avx512_install_wide(); ed_attn = ed_z_attn; ED_PATH = "avx512"; }
 #elif defined(__aarch64__)
     if (!strcmp(want, "neon")) {
         if (ed_cpu_features() & ED_CPU_DOTPROD) ed_neondp_install(); else ed_neon_install();
