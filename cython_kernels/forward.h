@@ -379,13 +379,13 @@ static void ed_attention(ed_state *s, const ed_model *m, int il, int ith, int nt
     const int n = s->n_tokens, hd = m->head_dim, n_kv = m->n_head_kv, group = m->n_head / n_kv;
     const int kvd = n_kv * hd, Qd = m->n_head * hd;
     const int swa = m->layers[il].swa && m->n_swa > 0;
-    /* fewer heads per block only when there are too few blocks for the threads (decode) */
+    /* fewer heads per block only when there are fewer blocks than threads (decode) */
     int hc = group < ED_ATTN_ROWS ? group : ED_ATTN_ROWS, hs, tb, ntb;
     for (;;) {
         hs = (group + hc - 1) / hc;
         tb = s->batched ? 1 : ED_ATTN_ROWS / hc;
         ntb = (n + tb - 1) / tb;
-        if (hc == 1 || (int64_t)ntb * n_kv * hs >= 2 * nth) break;
+        if (hc == 1 || (int64_t)ntb * n_kv * hs >= nth) break;
         hc--;
     }
     const int per_tb = n_kv * hs, n_items = ntb * per_tb;
