@@ -364,12 +364,6 @@ static inline uint16_t *ed_layer_cache(const ed_state *s, int kv, int64_t t, int
 }
 
 /* ---------------------------------------------------------------- attention ------------ */
-static float ED_F16_LUT[65536];  /* f16 bits -> float, for the V accumulation */
-
-static void ed_forward_init(void) {
-    for (int i = 0; i < 65536; i++) ED_F16_LUT[i] = ed_fp16_to_fp32((ed_half)i);
-}
-
 /* Causal (and sliding-window) attention over the F16 cache, output into xb (n, Qd). The work
  * is cut into blocks of query rows that share a KV head and a cache (tb tokens x hc of the
  * heads of one KV head), which ed_attn (ed_simd.h) runs; threads take blocks from an atomic

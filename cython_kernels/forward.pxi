@@ -47,7 +47,6 @@ cdef extern from "forward.h" nogil:
     size_t ed_state_layout(ed_state *s, const ed_model *m, int n_ctx, int n_batch, int n_threads, uint8_t *arena)
     void ed_forward(ed_state *s, ed_pool *p, int n_tokens, int pos, int all_logits)
     void ed_forward_rows(ed_state *s, ed_pool *p, int n, ed_state **rows, const int *pos)
-    void ed_forward_init()
     int ED_MAX_LOGIT_ROWS
     void ed_types_init_generic()
     int ed_types_init(const char *want)
@@ -73,9 +72,6 @@ def select_kernels(str name=None):
 
 
 select_kernels(_os.environ.get("EDGED_KERNELS") or None)
-
-
-ed_forward_init()
 
 
 def kernel_path():
