@@ -58,7 +58,7 @@ static ed_axpy_f16_fn ed_axpy_f16 = ed_axpy_f16_generic;
 typedef struct { const float *q; float *o; int lo, hi; } ed_attn_row;
 typedef void (*ed_attn_fn)(int nr, const ed_attn_row *rw, const ed_half *k, const ed_half *v,
                            size_t ld, int hd, float scale, float *ws);
-#define ED_ATTN_ROWS 64   /* query rows per block (multiple of 8) */
+#define ED_ATTN_ROWS 64   /* query rows per block (a multiple of 16: whole vectors) */
 #define ED_ATTN_KEYS 32   /* keys per tile of the blocked kernels (multiple of 4) */
 
 static inline size_t ed_attn_ws_floats(int hd, int n_ctx) {
