@@ -375,14 +375,18 @@ static int ed_types_init(const char *force) {
 #endif
     }
 #if defined(__x86_64__)
-    if (!strcmp(want, "avx2")) { ed_avx2_install(); ed_attn = ed_avx2_attn; ED_PATH = "avx2"; }
+    if (!strcmp(want, "avx2")) { ed_avx2_install(); ED_PATH = "avx2"; }
     if (!strcmp(want, "avx512")) { if (ed_cpu_features() & ED_CPU_AVX512VNNI) ed_avx512_install(); else ed_avx512nv_install();
-        ed_avx512_install_wide(); ed_attn = ed_z_attn; ED_PATH = "avx512"; }
+        ed_avx512_install_wide(); ED_PATH = "avx512"; }
 #elif defined(__aarch64__)
     if (!strcmp(want, "neon")) {
         if (ed_cpu_features() & ED_CPU_DOTPROD) ed_neondp_install(); else ed_neon_install();
         ED_PATH = "neon";
     }
+#endif
+#if defined(__x86_64__)
+    if (!strcmp(want, "avx2")) ed_attn = ed_avx2_attn;
+    if (!strcmp(want, "avx512")) ed_attn = ed_z_attn;
 #endif
     return 0;
 }
