@@ -66,6 +66,10 @@ typedef struct {
     float *att;          /* (n_threads, ed_attn_ws_floats(head_dim, n_ctx)) attention scratch */
     uint8_t *xq;         /* (n_batch, quantized row of max(n_embd, n_ff, q dims) ) */
     size_t xq_row;       /* bytes per quantized activation row */
+    uint8_t *gemm;       /* (n_threads, gemm_bytes) packed-panel scratch (ed_gemm.h) */
+    size_t gemm_bytes;
+    ed_ginfo *xinfo;     /* (n_batch, xinfo_row) group sums of the quantized activations */
+    size_t xinfo_row;
     float *logits;       /* (n_batch, n_vocab) */
     int32_t *tokens;     /* (n_batch) */
     /* per-call arguments */
@@ -221,6 +225,12 @@ static inline float ed_silu(float x) { return x / (1.0f + expf(-x)); }
 
 /* out[t*ldo + r] = W[r] . x[t*ldx] for t < n, r < W->ne1. All threads call it. When reuse
  * is set, the activations were quantized for this very x and type by the previous call. */
+/* A batch of n tokens in activation format vt goes through the packed panels (ed_gemm.h) */
+static inline int ed_gemm_wanted(const ed_state *s, int n, int vt) {
+    return !s->batched && n > 1 && n >= ED_GEMM_MIN_COLS && ED_GEMM_KERNEL && s->gemm_bytes &&
+           (vt == ED_Q8_0 || vt == ED_Q8_1 || vt == ED_Q8_K);
+}
+
 /* Quantize the activation rows x (n, K) into the format weights of `type` need. For one
  * token every thread quantizes the row into its own slot (no barrier); for a batch the rows
  * are split and a barrier follows. Returns the base and stride of this thread's view. */
@@ -237,6 +247,9 @@ static const uint8_t *ed_quantize_act(ed_state *s, ed_pool *p, int type, int K, 
     int64_t a, b;
     ed_range(n, ith, nth, &a, &b);
     for (int64_t t = a; t < b; t++) q(x + t * ldx, s->xq + t * rb, K);
+    if (ed_gemm_wanted(s, n, ED_TRAITS[type].vec_type))  /* for the packed panels (ed_rows) */
+        for (int64_t t = a; t < b; t++)
+            ed_gemm_info(ED_TRAITS[type].vec_type, K, s->xq + t * rb, s->xinfo + t * s->xinfo_row);
     ed_barrier(p);
     return s->xq;
 }
@@ -247,7 +260,7 @@ static const uint8_t *ed_quantize_act(ed_state *s, ed_pool *p, int type, int K, 
  * others share its batch (the other tiles sum in another order); each tile of weight rows
  * is read from memory once for all of them. */
 static inline void ed_rows(const ed_state *s, const ed_tensor *W, int64_t r0, int64_t r1,
-                           const uint8_t *xq, size_t rb, int n, float *out, int ldo) {
+                           const uint8_t *xq, size_t rb, int n, float *out, int ldo, int ith) {
     if (s->batched) {
         /* a tile equal to the one-token path (ED_MDOT_SAME), else the one-token path itself
            per column, over a tile of rows that stays in cache */
@@ -265,6 +278,13 @@ static inline void ed_rows(const ed_state *s, const ed_tensor *W, int64_t r0, in
                                  (int)(e - r0), xq + c * rb, rb, 1, out + (size_t)c * ldo + r0, (size_t)ldo);
             }
         }
+        return;
+    }
+    if (r1 > r0 && ed_gemm_wanted(s, n, ED_TRAITS[W->type].vec_type) && ed_gemm_ok(W->type)) {
+        /* a prompt batch: packed panels */
+        ed_gemm_rows(W->type, (int)W->ne0, W->data + r0 * W->row_bytes, W->row_bytes, (int)(r1 - r0),
+                     xq, rb, s->xinfo, s->xinfo_row, n, out + r0, (size_t)ldo,
+                     s->gemm + (size_t)ith * s->gemm_bytes);
         return;
     }
     for (; r0 < r1; r0 += ED_ROW_TILE) {
@@ -289,7 +309,7 @@ static void ed_matmul(ed_state *s, ed_pool *p, float *out, int ldo, const ed_ten
     }
     int64_t a, b;
     ed_range(W->ne1, ith, nth, &a, &b);
-    ed_rows(s, W, a, b, xq, rb, n, out, ldo);
+    ed_rows(s, W, a, b, xq, rb, n, out, ldo, ith);
     ed_barrier(p);
 }
 
@@ -310,7 +330,7 @@ static void ed_matmul3(ed_state *s, ed_pool *p, const ed_tensor *W[3], float *ou
     for (int i = 0; i < 3; i++) {
         const int64_t lo = a > base ? a - base : 0;
         const int64_t hi = b - base < W[i]->ne1 ? b - base : W[i]->ne1;
-        if (hi > lo) ed_rows(s, W[i], lo, hi, xq, rb, n, out[i], ldo);
+        if (hi > lo) ed_rows(s, W[i], lo, hi, xq, rb, n, out[i], ldo, ith);
         base += W[i]->ne1;
     }
     ed_barrier(p);
@@ -333,14 +353,14 @@ static void ed_ffn_gate_up(ed_state *s, ed_pool *p, const ed_model *m, const ed_
     ed_range(F, ith, nth, &a, &b);
     if (ed_same_act(G, U)) {
         xq = ed_quantize_act(s, p, G->type, E, s->xb, E, n, ith, nth, &rb);
-        ed_rows(s, G, a, b, xq, rb, n, hb, 2 * F);
-        ed_rows(s, U, uofs + a, uofs + b, xq, rb, n, hb + F - uofs, 2 * F);
+        ed_rows(s, G, a, b, xq, rb, n, hb, 2 * F, ith);
+        ed_rows(s, U, uofs + a, uofs + b, xq, rb, n, hb + F - uofs, 2 * F, ith);
     } else {  /* different activation formats (mixed quantizations): one after the other */
         xq = ed_quantize_act(s, p, U->type, E, s->xb, E, n, ith, nth, &rb);
-        ed_rows(s, U, uofs + a, uofs + b, xq, rb, n, hb + F - uofs, 2 * F);
+        ed_rows(s, U, uofs + a, uofs + b, xq, rb, n, hb + F - uofs, 2 * F, ith);
         ed_barrier(p);
         xq = ed_quantize_act(s, p, G->type, E, s->xb, E, n, ith, nth, &rb);
-        ed_rows(s, G, a, b, xq, rb, n, hb, 2 * F);
+        ed_rows(s, G, a, b, xq, rb, n, hb, 2 * F, ith);
     }
     for (int t = 0; t < n; t++) {
         float *g = hb + (size_t)t * 2 * F, *u = g + F;
@@ -553,7 +573,9 @@ static void ed_pool_destroy(ed_pool *p) {
     free(p);
 }
 
+#ifndef ED_ALIGN
 #define ED_ALIGN(n) (((n) + 63) & ~(size_t)63)
+#endif
 
 /* Carve one session's buffers out of `arena` (64-byte aligned). With arena == NULL only
  * computes the size. Returns the bytes needed. */
@@ -583,11 +605,16 @@ static size_t ed_state_layout(ed_state *s, const ed_model *m, int n_ctx, int n_b
     CARVE(hb, float, (size_t)n_batch * 2 * F);
     CARVE(att, float, (size_t)n_threads * ed_attn_ws_floats(hd, n_ctx));
     CARVE(xq, uint8_t, (size_t)(n_batch > n_threads ? n_batch : n_threads) * xq_row);
+    const size_t gemm_bytes = n_batch > 1 ? ed_gemm_scratch(F > XB ? F : XB) : 0;
+    const size_t xinfo_row = ed_gemm_info_len(F > XB ? F : XB);
+    CARVE(gemm, uint8_t, (size_t)n_threads * gemm_bytes);
+    CARVE(xinfo, ed_ginfo, (size_t)(n_batch > 1 ? n_batch : 0) * xinfo_row);
     CARVE(logits, float, (size_t)(n_batch < ED_MAX_LOGIT_ROWS ? n_batch : ED_MAX_LOGIT_ROWS) * m->n_vocab);
     CARVE(tokens, int32_t, n_batch);
 #undef CARVE
     if (arena) {
         s->n_ctx = n_ctx; s->n_batch = n_batch; s->xq_row = xq_row; s->m = m;
+        s->gemm_bytes = gemm_bytes; s->xinfo_row = xinfo_row;
     }
     return off;
 }

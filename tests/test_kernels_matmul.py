@@ -65,23 +65,29 @@ def test_matmul_matches_reference(path, t):
         for n_rows in ROWS:
             raw, wd = random_weights(t, n_rows, k, rng)
             for n_tok in (1, 3):
-                x = rng.standard_normal((n_tok, k)).astype(np.float32)
-                out = np.full((n_tok, n_rows), np.nan, np.float32)
-                core.matmul(out, raw, int(t), x)
-                xa = partner_activations(x, t)
-                ref = xa @ wd.T
-                scale = np.abs(xa) @ np.abs(wd).T
-                err = np.abs(out - ref)
-                tol = TOL.get(t, TOL_EXACT_INT) * scale + 1e-6
-                assert np.all(err <= tol), (path, t.name, k, n_rows, n_tok, float((err / (scale + 1e-9)).max()))
+                check_matmul(raw, wd, t, rng.standard_normal((n_tok, k)).astype(np.float32), path)
 
 
-def test_matmul_threads_equal_single(path):
+def check_matmul(raw, wd, t, x, *where):
+    """core.matmul(W, x) against the float64 product of the dequantized W and the activations
+    as the kernel sees them, within the type's named tolerance."""
+    out = np.full((x.shape[0], wd.shape[0]), np.nan, np.float32)
+    core.matmul(out, raw, int(t), x)
+    xa = partner_activations(x, t)
+    ref = xa @ wd.T
+    scale = np.abs(xa) @ np.abs(wd).T
+    err = np.abs(out - ref)
+    tol = TOL.get(t, TOL_EXACT_INT) * scale + 1e-6
+    assert np.all(err <= tol), (*where, t.name, x.shape, wd.shape, float((err / (scale + 1e-9)).max()))
+
+
+@pytest.mark.parametrize("n_tok", [5, 40])  # row tiles; packed panels where the path has them
+def test_matmul_threads_equal_single(path, n_tok):
     rng = np.random.default_rng(5)
     raw, _ = random_weights(GGMLType.Q4_K, 257, 512, rng)
-    x = rng.standard_normal((5, 512)).astype(np.float32)
-    a = np.zeros((5, 257), np.float32)
-    b = np.zeros((5, 257), np.float32)
+    x = rng.standard_normal((n_tok, 512)).astype(np.float32)
+    a = np.zeros((n_tok, 257), np.float32)
+    b = np.zeros((n_tok, 257), np.float32)
     core.matmul(a, raw, int(GGMLType.Q4_K), x)
     core.matmul(b, raw, int(GGMLType.Q4_K), x, pool=core.Pool(2))
     assert np.array_equal(a, b)
