@@ -50,6 +50,53 @@ static void ed_axpy_f16_generic(int n, float a, const ed_half *x, float *y) {
 }
 static ed_axpy_f16_fn ed_axpy_f16 = ed_axpy_f16_generic;
 
+/* Attention over an F16 KV cache for a block of query rows that share one KV head (forward.h
+ * forms the blocks: a few tokens x the query heads of one KV head). Row r reads q (hd floats),
+ * attends keys/values [lo, hi] of k and v (rows ld halves apart) and writes o (hd floats).
+ * Same numerics on every path: q rounded to f16 like llama.cpp's f16 K x q product, scores
+ * times scale, softmax in float with its sum in double, V accumulated in float.
+ * ws: ed_attn_ws_floats() floats of this thread's scratch, 64-byte aligned. */
+typedef struct { const float *q; float *o; int lo, hi; } ed_attn_row;
+typedef void (*ed_attn_fn)(int nr, const ed_attn_row *rw, const ed_half *k, const ed_half *v,
+                           size_t ld, int hd, float scale, float *ws);
+#define ED_ATTN_ROWS 64   /* query rows per block (a multiple of 16: whole vectors) */
+#define ED_ATTN_KEYS 32   /* keys per tile of the blocked kernels (multiple of 4) */
+
+static inline size_t ed_attn_ws_floats(int hd, int n_ctx) {
+    const size_t blocked = (size_t)ED_ATTN_ROWS * hd          /* queries, transposed */
+                         + (size_t)ED_ATTN_KEYS * ED_ATTN_ROWS  /* scores of one tile */
+                         + (size_t)2 * ED_ATTN_KEYS * hd        /* K and V tile as float */
+                         + (size_t)5 * ED_ATTN_ROWS;            /* max, rescale, sums */
+    const size_t rowwise = (size_t)hd + n_ctx;                  /* f16 query, one score row */
+    return ((blocked > rowwise ? blocked : rowwise) + 15) & ~(size_t)15;  /* 64-byte multiple */
+}
+
+/* The slow, obvious twin (and the path of CPUs without a blocked kernel): one row at a time,
+ * the path's F16 dot per key, an exact max before the exponentials. */
+static void ed_attn_rowwise(int nr, const ed_attn_row *rw, const ed_half *k, const ed_half *v,
+                            size_t ld, int hd, float scale, float *ws) {
+    ed_half *q16 = (ed_half *)ws;  /* (hd) */
+    float *sc = ws + hd;           /* (hi - lo + 1) scores, then weights */
+    const ed_dot_fn dot16 = ED_TRAITS[ED_F16].dot;
+    for (int r = 0; r < nr; r++) {
+        const int lo = rw[r].lo, hi = rw[r].hi;
+        float *o = rw[r].o;
+        for (int i = 0; i < hd; i++) q16[i] = ed_fp32_to_fp16(rw[r].q[i]);
+        float mx = -INFINITY;
+        for (int j = lo; j <= hi; j++) {
+            const float d = dot16(hd, k + (size_t)j * ld, q16) * scale;
+            sc[j - lo] = d;
+            if (d > mx) mx = d;
+        }
+        double sum = 0.0;
+        for (int j = 0; j <= hi - lo; j++) { const float e = expf(sc[j] - mx); sc[j] = e; sum += e; }
+        const float inv = (float)(1.0 / sum);
+        for (int i = 0; i < hd; i++) o[i] = 0.0f;
+        for (int j = lo; j <= hi; j++) ed_axpy_f16(hd, sc[j - lo] * inv, v + (size_t)j * ld, o);
+    }
+}
+static ed_attn_fn ed_attn = ed_attn_rowwise;
+
 /* Matrix-vector rows: out[r] = W[r] . xq for r < nr <= 4, the activation block read once. */
 typedef void (*ed_mrows_fn)(int k, const void *w, size_t wstride, int nr, const void *xq, float *out);
 static ed_mrows_fn ED_MROWS[ED_NTYPES];
@@ -317,6 +364,27 @@ static void ed_avx512_install_wide(void) {
     }
 }
 
+/* attention: 8 query rows per vector on the AVX2 path, 16 on the AVX-512 path */
+#define ED_TARGET __attribute__((target("avx2,fma,f16c")))
+#define ED_FN(name) ed_avx2_##name
+#define ED_AW 8
+#define ED_ATTN_NARROW ed_attn_rowwise
+#include "ed_attn_x86.inc"
+#undef ED_TARGET
+#undef ED_FN
+#undef ED_AW
+#undef ED_ATTN_NARROW
+
+#define ED_TARGET ED_T512
+#define ED_FN(name) ed_z_##name
+#define ED_AW 16
+#define ED_ATTN_NARROW ed_avx2_attn
+#include "ed_attn_x86.inc"
+#undef ED_TARGET
+#undef ED_FN
+#undef ED_AW
+#undef ED_ATTN_NARROW
+
 #define ED_NEED_AVX2 (ED_CPU_AVX2 | ED_CPU_FMA | ED_CPU_F16C)
 #define ED_NEED_AVX512 (ED_NEED_AVX2 | ED_CPU_AVX512F | ED_CPU_AVX512BW | ED_CPU_AVX512VL | \
                         ED_CPU_AVX512DQ)
@@ -379,6 +447,7 @@ static int ed_types_init(const char *force) {
     ED_GEMM_TRANSPOSE = ed_gemm_transpose_generic;
     memset(ED_GEMM_UNPACK, 0, sizeof ED_GEMM_UNPACK);
     ed_axpy_f16 = ed_axpy_f16_generic;
+    ed_attn = ed_attn_rowwise;
     const char *want = force && *force && strcmp(force, "auto") != 0 ? force : NULL;
     if (want) {
         if (!ed_path_supported(want)) return -1;
@@ -403,6 +472,10 @@ static int ed_types_init(const char *force) {
         if (ed_cpu_features() & ED_CPU_DOTPROD) ed_neondp_install(); else ed_neon_install();
         ED_PATH = "neon";
     }
+#endif
+#if defined(__x86_64__)
+    if (!strcmp(want, "avx2")) ed_attn = ed_avx2_attn;
+    if (!strcmp(want, "avx512")) ed_attn = ed_z_attn;
 #endif
     return 0;
 }

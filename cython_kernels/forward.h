@@ -65,7 +65,9 @@ typedef struct {
     float *xb2;          /* (n_batch, n_embd) projection output */
     float *qkv;          /* (n_batch, q + k + v dims) */
     float *hb;           /* (n_batch, 2 * n_ff) gate|up */
-    float *att;          /* (n_threads, n_ctx) attention scores, one row per thread */
+    float *att;          /* (n_threads, att_stride) attention scratch: scores (exact path) or
+                            the blocked kernel's work space */
+    size_t att_stride;
     uint16_t *qh;        /* (n_threads, head_dim) f16 query of the current head */
     float *vacc;         /* (n_threads, 80 * head_dim) lanes of the softmax x V sums + reduction */
     uint8_t *xq;         /* (n_batch, quantized row of max(n_embd, n_ff, q dims) ) */
@@ -78,6 +80,7 @@ typedef struct {
     int32_t *tokens;     /* (n_batch) */
     /* per-call arguments */
     int n_tokens, pos, all_logits;
+    atomic_int attn_next;  /* next attention block to take (ed_attention) */
     /* a decode batch over several sessions (ed_forward_rows): row t is one token at position
        row_pos[t] with the KV cache of another state (row_k/row_v/row_nctx); this state only
        lends its scratch. 0 for an ordinary batch of this session's own tokens. */
@@ -399,7 +402,7 @@ static void ed_forward_init(void) {
  * reduces them in its tree. Output into xb (n, Qd). */
 static const float ED_ZERO_ROW[1024];
 
-static void ed_attention(ed_state *s, const ed_model *m, int il, int ith, int nth, int ldqkv) {
+static void ed_attention_exact(ed_state *s, const ed_model *m, int il, int ith, int nth, int ldqkv) {
     const int n = s->n_tokens, hd = m->head_dim, group = m->n_head / m->n_head_kv;
     const int kvd = m->n_head_kv * hd, Qd = m->n_head * hd;
     const int batch = !s->batched && n > 1;      /* llama.cpp: tinyBLAS, else ggml_vec_dot_f16 */
@@ -407,7 +410,7 @@ static void ed_attention(ed_state *s, const ed_model *m, int il, int ith, int nt
     const int simd = ed_pm_simd(ED_PATH);
     const float qscale = m->scale_q ? m->attn_scale : 1.0f;
     const float kqscale = m->scale_q ? 1.0f : m->attn_scale;
-    float *sc = s->att + (size_t)ith * s->n_ctx;
+    float *sc = s->att + (size_t)ith * s->att_stride;
     float *acc = s->vacc + (size_t)ith * 80 * hd, *tmp = acc + (size_t)64 * hd;
     const float *lane[64];
     uint16_t *q16 = s->qh + (size_t)ith * hd;
@@ -450,6 +453,64 @@ static void ed_attention(ed_state *s, const ed_model *m, int il, int ith, int nt
             if (sc[j] != 0.0f) ed_axpy_f16(hd, sc[j], vc + (size_t)j * kvd + (size_t)kvh * hd, acc + (size_t)(j % lanes) * hd);
         ed_pm_reduce_lanes(hd, lanes, lane, tmp, s->xb + (size_t)t * Qd + (size_t)h * hd);
     }
+}
+
+/* Causal (and sliding-window) attention over the F16 cache, output into xb (n, Qd). The work
+ * is cut into blocks of query rows that share a KV head and a cache (tb tokens x hc of the
+ * heads of one KV head), which ed_attn (ed_simd.h) runs; threads take blocks from an atomic
+ * counter, latest tokens (most keys) first, so they finish together although causal rows
+ * have unequal work. s->attn_next is reset by thread 0 before the barrier that precedes. */
+static void ed_attention_blocked(ed_state *s, const ed_model *m, int il, int ith, int nth, int ldqkv) {
+    const int n = s->n_tokens, hd = m->head_dim, n_kv = m->n_head_kv, group = m->n_head / n_kv;
+    const int kvd = n_kv * hd, Qd = m->n_head * hd;
+    const int swa = m->layers[il].swa && m->n_swa > 0;
+    /* fewer heads per block only when there are fewer blocks than threads (decode) */
+    int hc = group < ED_ATTN_ROWS ? group : ED_ATTN_ROWS, hs, tb, ntb;
+    for (;;) {
+        hs = (group + hc - 1) / hc;
+        tb = s->batched ? 1 : ED_ATTN_ROWS / hc;
+        ntb = (n + tb - 1) / tb;
+        if (hc == 1 || (int64_t)ntb * n_kv * hs >= nth) break;
+        hc--;
+    }
+    const int per_tb = n_kv * hs, n_items = ntb * per_tb;
+    float *ws = s->att + (size_t)ith * s->att_stride;
+    ed_attn_row rw[ED_ATTN_ROWS];
+    for (int next = 0;;) {
+        const int it = nth > 1 ? atomic_fetch_add_explicit(&s->attn_next, 1, memory_order_relaxed) : next++;
+        if (it >= n_items) break;
+        const int t0 = (ntb - 1 - it / per_tb) * tb, t1 = t0 + tb < n ? t0 + tb : n;
+        const int kvh = it % per_tb / hs, h0 = kvh * group + it % hs * hc;
+        const int h1 = h0 + hc < (kvh + 1) * group ? h0 + hc : (kvh + 1) * group;
+        int nr = 0;
+        for (int t = t0; t < t1; t++) {
+            const int pt = ed_row_pos(s, t);
+            const int lo = swa && pt - m->n_swa + 1 > 0 ? pt - m->n_swa + 1 : 0;
+            for (int h = h0; h < h1; h++, nr++) {
+                rw[nr].q = s->qkv + (size_t)t * ldqkv + (size_t)h * hd;
+                rw[nr].o = s->xb + (size_t)t * Qd + (size_t)h * hd;
+                rw[nr].lo = lo;
+                rw[nr].hi = pt;
+            }
+        }
+        const size_t off = (size_t)kvh * hd;
+        ed_attn(nr, rw, ed_layer_cache(s, 0, t0, il, kvd) + off, ed_layer_cache(s, 1, t0, il, kvd) + off,
+                kvd, hd, m->attn_scale, ws);
+    }
+}
+
+/* Long prompt batches take the blocked kernel of the path (ed_attn: query rows of one KV head
+ * as vector lanes, online softmax; 4-15x faster); one token, decode batches and short batches
+ * take the exact mirror of llama.cpp's attention above, so generation reproduces llama.cpp's
+ * logits (tests/test_engine_parity.py). llama.cpp too changes its summation order for long
+ * batches (tinyBLAS); the blocked kernel stays within the golden tolerances. */
+#define ED_ATTN_BLOCK_MIN 32
+
+static void ed_attention(ed_state *s, const ed_model *m, int il, int ith, int nth, int ldqkv) {
+    if (!s->batched && s->n_tokens >= ED_ATTN_BLOCK_MIN && ed_attn != ed_attn_rowwise)
+        ed_attention_blocked(s, m, il, ith, nth, ldqkv);
+    else
+        ed_attention_exact(s, m, il, ith, nth, ldqkv);
 }
 
 /* ---------------------------------------------------------------- the forward pass ----- */
@@ -516,6 +577,7 @@ static void ed_forward_worker(void *arg, int ith, int nth) {
             uint16_t *vc = ed_layer_cache(s, 1, t, il, KVd) + (size_t)pt * KVd;
             for (int i = 0; i < KVd; i++) { kc[i] = ed_fp32_to_fp16(k[i]); vc[i] = ed_fp32_to_fp16(v[i]); }
         }
+        if (ith == 0) atomic_store_explicit(&s->attn_next, 0, memory_order_relaxed);
         ed_barrier(p);
         ED_MARK(prof_ns, ED_PROF_ROPE);
         ed_attention(s, m, il, ith, nth, QKV);
@@ -626,7 +688,9 @@ static size_t ed_state_layout(ed_state *s, const ed_model *m, int n_ctx, int n_b
     CARVE(xb2, float, (size_t)n_batch * E);
     CARVE(qkv, float, (size_t)n_batch * (Qd + 2 * KVd));
     CARVE(hb, float, (size_t)n_batch * 2 * F);
-    CARVE(att, float, (size_t)n_threads * n_ctx);
+    const size_t att_stride = ED_ALIGN(sizeof(float) * (ed_attn_ws_floats(hd, n_ctx) > (size_t)n_ctx
+                                                        ? ed_attn_ws_floats(hd, n_ctx) : (size_t)n_ctx)) / sizeof(float);
+    CARVE(att, float, (size_t)n_threads * att_stride);
     CARVE(qh, uint16_t, (size_t)n_threads * hd);
     CARVE(vacc, float, (size_t)n_threads * 80 * hd);
     CARVE(xq, uint8_t, (size_t)(n_batch > n_threads ? n_batch : n_threads) * xq_row);
@@ -639,7 +703,7 @@ static size_t ed_state_layout(ed_state *s, const ed_model *m, int n_ctx, int n_b
 #undef CARVE
     if (arena) {
         s->n_ctx = n_ctx; s->n_batch = n_batch; s->xq_row = xq_row; s->m = m;
-        s->gemm_bytes = gemm_bytes; s->xinfo_row = xinfo_row;
+        s->gemm_bytes = gemm_bytes; s->xinfo_row = xinfo_row; s->att_stride = att_stride;
     }
     return off;
 }

@@ -37,6 +37,7 @@ cdef extern from "forward.h" nogil:
         float *xb
         float *qkv
         float *att
+        size_t att_stride
         uint16_t *qh
         float *vacc
         float *logits
@@ -73,11 +74,9 @@ def select_kernels(str name=None):
                           f"(generic, avx2, avx512, neon, auto; `edged info` lists this CPU's)")
     return ED_PATH.decode()
 
+ed_forward_init()  # llama.cpp's tables the forward pass mirrors (ed_parity.h)
 
 select_kernels(_os.environ.get("EDGED_KERNELS") or None)
-
-
-ed_forward_init()
 
 
 def kernel_path():

@@ -49,6 +49,7 @@ cdef extern from "ed_simd.h" nogil:
         ed_quant_fn quant
     ed_act_traits ED_ACT[40]
     size_t ed_act_row_bytes(int type, int64_t k)
+    size_t ed_attn_ws_floats(int hd, int n_ctx)
     void ed_mdot_rows(int type, int k, const uint8_t *w, size_t wstride, int nr,
                       const uint8_t *xq, size_t xs, int nc, float *out, size_t ldo)
     int ED_GEMM_MIN_COLS
@@ -363,7 +364,7 @@ def attention(float[:, ::1] out, float[:, ::1] q, uint16_t[:, ::1] k_cache,
     cdef ed_layer layer
     cdef ed_state s
     memset(&m, 0, sizeof(m)); memset(&layer, 0, sizeof(layer)); memset(&s, 0, sizeof(s))
-    att = np.empty(n_ctx, np.float32)
+    att = aligned_empty(max(ed_attn_ws_floats(hd, n_ctx), <size_t>n_ctx), np.float32)
     qh = np.empty(hd, np.uint16)
     vacc = np.empty(80 * hd, np.float32)  # the lane rows of the V sums (forward.h)
     cdef float[::1] attv = att
@@ -373,7 +374,8 @@ def attention(float[:, ::1] out, float[:, ::1] q, uint16_t[:, ::1] k_cache,
     m.n_swa = n_swa; m.n_layer = 1; layer.swa = n_swa > 0; m.layers = &layer
     s.n_ctx = n_ctx; s.n_tokens = n; s.pos = pos
     s.k_cache = &k_cache[0, 0]; s.v_cache = &v_cache[0, 0]
-    s.att = &attv[0]; s.qh = &qhv[0]; s.qkv = &q[0, 0]; s.xb = &out[0, 0]; s.vacc = &vaccv[0]
+    s.att = &attv[0]; s.att_stride = att.shape[0]; s.qh = &qhv[0]; s.qkv = &q[0, 0]; s.xb = &out[0, 0]
+    s.vacc = &vaccv[0]
     with nogil:
         ed_attention(&s, &m, 0, 0, 1, Qd)
 

@@ -217,16 +217,21 @@ def test_swap_waits_for_the_old_models_in_flight_stream(tmp_path, models):
         async def main():
             async with _client(srv.socket) as s:
                 done = {}
+                streaming = asyncio.Event()
 
                 async def alpha():
                     body = {"model": "alpha", "prompt": ONCE, "max_tokens": 200, "temperature": 0, "stream": True}
                     async with s.post("http://edged/v1/completions", json=body) as r:
-                        text = await r.text()
+                        first = await r.content.readany()
+                        streaming.set()
+                        text = (first + await r.read()).decode()
                     done["alpha"] = time.monotonic()
                     return r.status, text
 
                 async def beta():
-                    await asyncio.sleep(0.05)          # alpha's stream is running
+                    # alpha's stream is running (200 tokens of this model take only tens of ms,
+                    # so a fixed delay could outlast it)
+                    await streaming.wait()
                     body = {"model": "beta", "prompt": ONCE, "max_tokens": 2, "temperature": 0}
                     async with s.post("http://edged/v1/completions", json=body) as r:
                         res = r.status, await r.json()

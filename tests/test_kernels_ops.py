@@ -100,7 +100,10 @@ def attention_ref(q, k, v, pos, n_head, n_head_kv, scale, n_swa):
     return out
 
 
-@pytest.mark.parametrize("n_head,n_head_kv,hd", [(4, 2, 64), (8, 1, 32), (3, 3, 16)])
+# head dims: multiples of 16 (every blocked kernel), 24 (AVX-512 hands it to the 8-lane kernel),
+# 12 (row by row); 72 query heads on one KV head: more rows than one block holds
+@pytest.mark.parametrize("n_head,n_head_kv,hd", [(4, 2, 64), (8, 1, 32), (3, 3, 16), (14, 2, 24),
+                                                 (2, 1, 12), (72, 1, 16)])
 @pytest.mark.parametrize("n_swa", [0, 5])
 def test_attention(path, n_head, n_head_kv, hd, n_swa):
     rng = np.random.default_rng(n_head * 100 + hd + n_swa)
@@ -119,6 +122,24 @@ def test_attention(path, n_head, n_head_kv, hd, n_swa):
         out2 = np.empty_like(out)
         core.attention(out2, q, k2, v, pos, n_head, n_head_kv, scale, n_swa)
         assert np.array_equal(out, out2)
+
+
+@pytest.mark.parametrize("n_swa", [0, 100])
+def test_attention_long(path, n_swa):
+    """A prompt over many key tiles, in two batches, with peaked scores: the running max of
+    the online softmax grows within and across tiles (and the window slides past tiles)."""
+    rng = np.random.default_rng(7 + n_swa)
+    n_head, n_head_kv, hd, n_ctx = 14, 2, 64, 300
+    k = rng.standard_normal((n_ctx, n_head_kv * hd)).astype(np.float16).view(np.uint16)
+    v = rng.standard_normal((n_ctx, n_head_kv * hd)).astype(np.float16).view(np.uint16)
+    ramp = np.linspace(0.2, 3.0, n_ctx, dtype=np.float32)[:, None]  # later keys score higher
+    k = (k.view(np.float16) * ramp.astype(np.float16)).view(np.uint16)
+    for pos, n in [(0, 150), (150, 150)]:
+        q = (4 * rng.standard_normal((n, n_head * hd))).astype(np.float32)
+        out = np.full_like(q, np.nan)
+        core.attention(out, q, k, v, pos, n_head, n_head_kv, 1 / np.sqrt(hd), n_swa)
+        ref = attention_ref(q, k, v, pos, n_head, n_head_kv, 1 / np.sqrt(hd), n_swa)
+        np.testing.assert_allclose(out, ref, atol=TOL_ATTN)
 
 
 def test_attention_rejects_bad_shapes():
