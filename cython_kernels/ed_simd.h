@@ -233,7 +233,8 @@ static float ED_T512 ed_z_dot_q6_K(int n, const void *vx, const void *vy) {
 static void ed_avx512_install_wide(void) {
     ED_TRAITS[ED_Q6_K].dot = ed_z_dot_q6_K;
     ED_MDOT[ED_Q4_K] = ed_z_mdot_q4_K;
-    (void)ed_z_dot_q4_K; (void)ed_z_mdot_q6_K;  /* kept: checked by tests/c/kernels_check.c */
+    ED_MDOT_SAME[ED_Q6_K] = ed_z_mdot_q6_K;  /* ed_z_dot_q6_K is its one-column case */
+    (void)ed_z_dot_q4_K;  /* kept: checked by tests/c/kernels_check.c */
 }
 
 #define ED_NEED_AVX2 (ED_CPU_AVX2 | ED_CPU_FMA | ED_CPU_F16C)

@@ -35,7 +35,7 @@ int main(void) {
     static const char *names[] = {"F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0",
                                   "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"};
     /* avx512nv: the AVX-512 path as a CPU without VNNI gets it */
-    static const char *paths[] = {"avx2", "avx512", "avx512nv", "neon"};
+    static const char *paths[] = {"generic", "avx2", "avx512", "avx512nv", "neon"};
     enum { K = 512, ROWS = 33, COLS = 5 };
     static uint8_t w[ROWS * K * 4], xq[COLS * K * 4];
     static float x[COLS * K], ref[COLS * ROWS], got[COLS * ROWS];
@@ -44,7 +44,7 @@ int main(void) {
     printf("features");
     for (int i = 0; ED_CPU_FEATURE_NAMES[i]; i++) if (ed_cpu_features() & (1u << i)) printf(" %s", ED_CPU_FEATURE_NAMES[i]);
     printf("\n");
-    for (int p = 0; p < 4; p++) {
+    for (int p = 0; p < 5; p++) {
         const int nv = !strcmp(paths[p], "avx512nv");
         const char *base = nv ? "avx512" : paths[p];
         if (!ed_path_supported(base)) { printf("%s: not supported here\n", paths[p]); continue; }
@@ -78,9 +78,22 @@ int main(void) {
             for (int i = 0; i < COLS * ROWS; i++) err = fmax(err, fabs(got[i] - ref[i]));
             ed_mdot_rows(t, K, w, rb, ROWS, xq, xr, 1, got, ROWS);  /* matrix-vector rows */
             for (int i = 0; i < ROWS; i++) err = fmax(err, fabs(got[i] - ref[i]));
-            const int ok = err <= 1e-4 * (scale + 1e-3);
+            /* a decode-batch tile (ED_MDOT_SAME) must give each column the one-token path's
+               float bit for bit, for every column count */
+            const char *same = "none";
+            if (ED_MDOT_SAME[t]) {
+                same = "exact";
+                for (int c = 0; c < COLS; c++)
+                    ed_mdot_rows(t, K, w, rb, ROWS, xq + c * xr, xr, 1, ref + c * ROWS, ROWS);
+                for (int nc = 1; nc <= ED_MAX_COLS; nc++) {
+                    for (int r = 0; r < ROWS; r++) ED_MDOT_SAME[t](K, w + r * rb, xq, xr, nc, got + r, ROWS);
+                    if (memcmp(got, ref, sizeof(float) * nc * ROWS)) same = "DIFFERS";
+                }
+            }
+            const int ok = err <= 1e-4 * (scale + 1e-3) && strcmp(same, "DIFFERS");
             failures += !ok;
-            printf("%s %s max_abs_err %.3g scale %.3g %s\n", paths[p], names[ti], err, scale, ok ? "ok" : "FAIL");
+            printf("%s %s max_abs_err %.3g scale %.3g same %s %s\n", paths[p], names[ti], err, scale, same,
+                   ok ? "ok" : "FAIL");
         }
     }
     /* quantizer bytes must not depend on the architecture: print a hash per type */
