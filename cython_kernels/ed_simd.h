@@ -42,6 +42,24 @@ static ed_mdot_fn ED_MDOT[ED_NTYPES];
  * checks the equality on every path. */
 static ed_mdot_fn ED_MDOT_SAME[ED_NTYPES];
 
+/* A decode batch's Q8_0 activation rows (forward.h) carry their block scales again, as floats
+ * after the blocks (4-byte aligned), so an x86 SAME tile broadcasts one float per block and
+ * column instead of converting a half each time (the same values: the conversion is exact).
+ * Row stride ed_same_act_bytes(); other activation formats keep the plain layout. */
+#define ED_SAME_DY(row, nb) ((const float *)((const uint8_t *)(row) + (((size_t)(nb) * sizeof(blk_q8_0) + 3) & ~(size_t)3)))
+
+static size_t ed_same_act_bytes(int type, int64_t k) {
+    if (ED_TRAITS[type].vec_type != ED_Q8_0) return ed_act_row_bytes(type, k);
+    return (((size_t)(k / QK) * sizeof(blk_q8_0) + 3) & ~(size_t)3) + (size_t)(k / QK) * sizeof(float);
+}
+
+static void ed_same_act_scales(int type, uint8_t *row, int64_t k) {
+    if (ED_TRAITS[type].vec_type != ED_Q8_0) return;
+    const blk_q8_0 *y = (const blk_q8_0 *)row;
+    float *dy = (float *)ED_SAME_DY(row, k / QK);
+    for (int64_t ib = 0; ib < k / QK; ib++) dy[ib] = H2F(y[ib].d);
+}
+
 /* y[i] += a * x[i] over an F16 row (attention's V accumulation), path-selected */
 typedef void (*ed_axpy_f16_fn)(int n, float a, const ed_half *x, float *y);
 static void ed_axpy_f16_generic(int n, float a, const ed_half *x, float *y) {

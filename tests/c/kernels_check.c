@@ -38,6 +38,7 @@ int main(void) {
     static const char *paths[] = {"generic", "avx2", "avx512", "avx512nv", "neon"};
     enum { K = 512, ROWS = 33, COLS = 5 };
     static uint8_t w[ROWS * K * 4], xq[COLS * K * 4];
+    static uint8_t xs[COLS * K * 4] __attribute__((aligned(64)));
     static float x[COLS * K], ref[COLS * ROWS], got[COLS * ROWS];
     int failures = 0;
     for (int i = 0; i < COLS * K; i++) x[i] = rndf();
@@ -85,8 +86,13 @@ int main(void) {
                 same = "exact";
                 for (int c = 0; c < COLS; c++)
                     ed_mdot_rows(t, K, w, rb, ROWS, xq + c * xr, xr, 1, ref + c * ROWS, ROWS);
+                const size_t sr = ed_same_act_bytes(t, K);  /* the decode batch's row layout */
+                for (int c = 0; c < COLS; c++) {
+                    memcpy(xs + c * sr, xq + c * xr, xr);
+                    ed_same_act_scales(t, xs + c * sr, K);
+                }
                 for (int nc = 1; nc <= ED_MAX_COLS; nc++) {
-                    for (int r = 0; r < ROWS; r++) ED_MDOT_SAME[t](K, w + r * rb, xq, xr, nc, got + r, ROWS);
+                    for (int r = 0; r < ROWS; r++) ED_MDOT_SAME[t](K, w + r * rb, xs, sr, nc, got + r, ROWS);
                     if (memcmp(got, ref, sizeof(float) * nc * ROWS)) same = "DIFFERS";
                 }
             }
