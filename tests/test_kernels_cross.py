@@ -1,6 +1,7 @@
 """tests/c/kernels_check.c: every SIMD path against the generic C path, all 13 types, dots and
-tiles. Native build always; an aarch64 build under qemu (NEON path) when
-aarch64-linux-gnu-gcc and qemu-aarch64(-static) are installed (tools/bootstrap.sh)."""
+tiles; decode-batch tiles (ED_MDOT_SAME) bit for bit against the one-token path. Native build
+always; an aarch64 build under qemu (NEON path) when aarch64-linux-gnu-gcc and
+qemu-aarch64(-static) are installed (tools/bootstrap.sh)."""
 import os
 import shutil
 import subprocess
@@ -25,6 +26,9 @@ def test_native_paths_match_generic(tmp_path):
     r = build_and_run(cc, tmp_path / "check")
     assert r.returncode == 0, r.stdout + r.stderr
     assert " ok" in r.stdout and "FAIL" not in r.stdout
+    # every type has a decode-batch tile equal to its one-token path on the x86 SIMD paths
+    simd = [l for l in r.stdout.splitlines() if l.split(" ", 1)[0] in ("avx2", "avx512", "avx512nv")]
+    assert all(" same exact " in l for l in simd), r.stdout
 
 
 def test_neon_path_matches_generic_under_qemu(tmp_path):
@@ -37,6 +41,7 @@ def test_neon_path_matches_generic_under_qemu(tmp_path):
     assert "dotprod" in r.stdout.splitlines()[0]  # the dotprod variant ran
     lines = [l for l in r.stdout.splitlines() if l.startswith("neon ")]
     assert len(lines) == 13 and all(l.endswith(" ok") for l in lines), r.stdout
+    assert sum(" same exact " in l for l in lines) == 3, r.stdout  # Q4_0, Q8_0, Q6_K
     # baseline Advanced SIMD (Cortex-A72, Raspberry Pi 4: no dotprod)
     a72 = subprocess.run([qemu, "-cpu", "cortex-a72", str(tmp_path / "check-arm64")],
                          capture_output=True, text=True, timeout=600)
