@@ -221,14 +221,15 @@ static inline float ed_silu(float x) { return x / (1.0f + expf(-x)); }
 
 /* out[t*ldo + r] = W[r] . x[t*ldx] for t < n, r < W->ne1. All threads call it. When reuse
  * is set, the activations were quantized for this very x and type by the previous call. */
-/* Quantize the activation rows x (n, K) into the format weights of `type` need. For one
- * token every thread quantizes the row into its own slot (no barrier); for a batch the rows
- * are split and a barrier follows. Returns the base and stride of this thread's view. */
 /* bytes between quantized activation rows: a decode batch's rows carry float block scales
    for its tiles (ED_SAME_DY) */
 static inline size_t ed_act_stride(const ed_state *s, int type, int K, int n) {
     return s->batched && n > 1 ? ed_same_act_bytes(type, K) : ed_act_row_bytes(type, K);
 }
+
+/* Quantize the activation rows x (n, K) into the format weights of `type` need. For one
+ * token every thread quantizes the row into its own slot (no barrier); for a batch the rows
+ * are split and a barrier follows. Returns the base and stride of this thread's view. */
 
 static const uint8_t *ed_quantize_act(ed_state *s, ed_pool *p, int type, int K, const float *x,
                                       int ldx, int n, int ith, int nth, size_t *rb_out) {
