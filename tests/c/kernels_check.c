@@ -82,17 +82,20 @@ int main(void) {
             /* a decode-batch tile (ED_MDOT_SAME) must give each column the one-token path's
                float bit for bit, for every column count */
             const char *same = "none";
-            if (ED_MDOT_SAME[t]) {
-                same = "exact";
-                for (int c = 0; c < COLS; c++)
-                    ed_mdot_rows(t, K, w, rb, ROWS, xq + c * xr, xr, 1, ref + c * ROWS, ROWS);
-                const size_t sr = ed_same_act_bytes(t, K);  /* the decode batch's row layout */
+            /* also over a row length whose tails differ: an odd number of 32-blocks (Q4_0's two
+               chains), a float row that is not a multiple of 16 (the scalar tail) */
+            const int k2 = tr.block == QK ? K - QK : tr.block == 1 ? K - 8 : K;
+            for (int k = K; ED_MDOT_SAME[t] && k >= k2; k -= (K - k2 ? K - k2 : 1)) {
+                if (!strcmp(same, "none")) same = "exact";
+                const size_t kr = ed_act_row_bytes(t, k), sr = ed_same_act_bytes(t, k);
                 for (int c = 0; c < COLS; c++) {
-                    memcpy(xs + c * sr, xq + c * xr, xr);
-                    ed_same_act_scales(t, xs + c * sr, K);
+                    ED_ACT[tr.vec_type].quant(x + c * K, xq + c * kr, k);
+                    ed_mdot_rows(t, k, w, rb, ROWS, xq + c * kr, kr, 1, ref + c * ROWS, ROWS);
+                    memcpy(xs + c * sr, xq + c * kr, kr);  /* the decode batch's row layout */
+                    ed_same_act_scales(t, xs + c * sr, k);
                 }
                 for (int nc = 1; nc <= ED_MAX_COLS; nc++) {
-                    for (int r = 0; r < ROWS; r++) ED_MDOT_SAME[t](K, w + r * rb, xs, sr, nc, got + r, ROWS);
+                    for (int r = 0; r < ROWS; r++) ED_MDOT_SAME[t](k, w + r * rb, xs, sr, nc, got + r, ROWS);
                     if (memcmp(got, ref, sizeof(float) * nc * ROWS)) same = "DIFFERS";
                 }
             }
