@@ -19,6 +19,7 @@
 #include <string.h>
 #include <stdlib.h>
 #include "ed_types.h"
+#include "ed_gemm.h"
 
 enum {
     ED_CPU_AVX2 = 1, ED_CPU_FMA = 2, ED_CPU_F16C = 4, ED_CPU_AVX512F = 8, ED_CPU_AVX512BW = 16,
@@ -181,6 +182,14 @@ static unsigned ed_cpu_features(void) {
 #undef ED_FN
 #undef ED_VNNI
 
+/* AVX2 with AVX-VNNI (Alder Lake / Intel N100 and later without AVX-512): the VEX dpbusd */
+#define ED_TARGET __attribute__((target("avx2,fma,f16c,avxvnni")))
+#define ED_FN(name) ed_avx2vnni_##name
+#define ED_VNNI 2
+#include "ed_simd_x86.inc"
+#undef ED_TARGET
+#undef ED_FN
+#undef ED_VNNI
 /* AVX-512 without VNNI (Skylake-SP, Cascade Lake has it): maddubs + madd instead of dpbusd */
 #define ED_TARGET __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq")))
 #define ED_FN(name) ed_avx512nv_##name
@@ -296,6 +305,72 @@ static float ED_T512 ed_z_dot_q6_K(int n, const void *vx, const void *vy) {
     return r;
 }
 
+/* The packed-panel kernel (ed_gemm.h) with AVX-512 VNNI: a 16-row panel is one zmm per 4
+ * weights, each token's 4 activation bytes are broadcast to all 16 lanes by dpbusd. */
+#define ED_T512V __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")))
+#define ED_GEMM_NC 6   /* tokens per tile */
+static inline __attribute__((always_inline)) void ED_T512V
+ed_z_gemm_tile(const int G, const int has_c, const int nc, int ng, const uint8_t *pu, const float *ac,
+               const int32_t *goff, const uint8_t *xq, size_t xs, const ed_ginfo *info, size_t is,
+               float *out, size_t ldo, __mmask16 rm) {
+    __m512 acc[ED_GEMM_NC];
+    const uint8_t *yc[ED_GEMM_NC];
+    const ed_ginfo *ic[ED_GEMM_NC];
+    for (int c = 0; c < nc; c++) { acc[c] = _mm512_setzero_ps(); yc[c] = xq + (size_t)c * xs; ic[c] = info + (size_t)c * is; }
+    for (int g = 0; g < ng; g++, pu += G * ED_PANEL) {
+        const int32_t go = goff[g];
+        __m512i s[ED_GEMM_NC];
+        for (int c = 0; c < nc; c++) s[c] = has_c ? _mm512_setzero_si512() : _mm512_set1_epi32(-ic[c][g].yoff);
+        for (int q = 0; q < G / 4; q++) {  /* the tokens' chains interleaved */
+            const __m512i w = _mm512_load_si512((const void *)(pu + 64 * q));
+            for (int c = 0; c < nc; c++) {
+                int32_t v;
+                memcpy(&v, yc[c] + go + 4 * q, 4);
+                s[c] = _mm512_dpbusd_epi32(s[c], w, _mm512_set1_epi32(v));
+            }
+        }
+        const __m512 A = _mm512_load_ps(ac + 2 * ED_PANEL * g);
+        for (int c = 0; c < nc; c++)
+            acc[c] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(s[c]), _mm512_set1_ps(ic[c][g].dy)), A, acc[c]);
+        if (has_c) {
+            const __m512 Cv = _mm512_load_ps(ac + 2 * ED_PANEL * g + ED_PANEL);
+            for (int c = 0; c < nc; c++) acc[c] = _mm512_fmadd_ps(Cv, _mm512_set1_ps(ic[c][g].dys), acc[c]);
+        }
+    }
+    for (int c = 0; c < nc; c++) _mm512_mask_storeu_ps(out + (size_t)c * ldo, rm, acc[c]);
+}
+
+#define ED_Z_GEMM(GG, HC) do { \
+        for (; c0 + ED_GEMM_NC <= nc; c0 += ED_GEMM_NC) \
+            ed_z_gemm_tile(GG, HC, ED_GEMM_NC, ng, pu, ac, goff, xq + c0 * xs, xs, info + (size_t)c0 * is, is, \
+                           out + c0 * ldo, ldo, rm); \
+        switch (nc - c0) { \
+        case 5: ed_z_gemm_tile(GG, HC, 5, ng, pu, ac, goff, xq + c0 * xs, xs, info + (size_t)c0 * is, is, out + c0 * ldo, ldo, rm); break; \
+        case 4: ed_z_gemm_tile(GG, HC, 4, ng, pu, ac, goff, xq + c0 * xs, xs, info + (size_t)c0 * is, is, out + c0 * ldo, ldo, rm); break; \
+        case 3: ed_z_gemm_tile(GG, HC, 3, ng, pu, ac, goff, xq + c0 * xs, xs, info + (size_t)c0 * is, is, out + c0 * ldo, ldo, rm); break; \
+        case 2: ed_z_gemm_tile(GG, HC, 2, ng, pu, ac, goff, xq + c0 * xs, xs, info + (size_t)c0 * is, is, out + c0 * ldo, ldo, rm); break; \
+        case 1: ed_z_gemm_tile(GG, HC, 1, ng, pu, ac, goff, xq + c0 * xs, xs, info + (size_t)c0 * is, is, out + c0 * ldo, ldo, rm); break; \
+        default: break; } } while (0)
+
+static void ED_T512V ed_z_gemm(int ng, int G, int has_c, const uint8_t *pu, const float *ac,
+                               const int32_t *goff, const uint8_t *xq, size_t xs,
+                               const ed_ginfo *info, size_t is, int nc, float *out, size_t ldo,
+                               int nr) {
+    const __mmask16 rm = (__mmask16)((1u << nr) - 1);
+    int c0 = 0;
+    if (G == 32) { if (has_c) ED_Z_GEMM(32, 1); else ED_Z_GEMM(32, 0); }
+    else         { if (has_c) ED_Z_GEMM(16, 1); else ED_Z_GEMM(16, 0); }
+}
+#undef ED_Z_GEMM
+/* 16 unpacked rows -> panel order: vector q of group g gathers bytes 4q..4q+3 of every row */
+static void ED_T512V ed_z_gemm_transpose(const uint8_t *u, int K, int G, uint8_t *pu) {
+    const __m512i idx = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                           _mm512_set1_epi32(K));
+    for (int k = 0; k < K; k += 4, pu += 64)
+        _mm512_store_si512((void *)pu, _mm512_i32gather_epi32(idx, (const void *)(u + k), 1));
+    (void)G;
+}
+
 /* Chosen by measurement on Sapphire Rapids (best of 30, tools/bench_kernels.py-like runs):
  * 512-bit wins for Q4_K tiles (+20%) and the Q6_K single dot (+20%); the 256-bit VNNI build
  * stays faster for the Q4_K single dot and the Q6_K tiles (512-bit uops share fewer ports). */
@@ -304,6 +379,12 @@ static void ed_avx512_install_wide(void) {
     ED_MDOT[ED_Q4_K] = ed_z_mdot_q4_K;
     ED_MDOT_SAME[ED_Q6_K] = ed_z_mdot_q6_K;  /* ed_z_dot_q6_K is its one-column case */
     (void)ed_z_dot_q4_K;  /* kept: checked by tests/c/kernels_check.c */
+    if (ed_cpu_features() & ED_CPU_AVX512VNNI) {
+        ED_GEMM_KERNEL = ed_z_gemm;
+        ED_GEMM_LIFT = 1;
+        ED_GEMM_I16 = 0;
+        ED_GEMM_TRANSPOSE = ed_z_gemm_transpose;
+    }
 }
 
 #define ED_NEED_AVX2 (ED_CPU_AVX2 | ED_CPU_FMA | ED_CPU_F16C)
@@ -362,6 +443,11 @@ static int ed_types_init(const char *force) {
     memset(ED_MDOT, 0, sizeof ED_MDOT);
     memset(ED_MDOT_SAME, 0, sizeof ED_MDOT_SAME);
     memset(ED_MROWS, 0, sizeof ED_MROWS);
+    ED_GEMM_KERNEL = NULL;
+    ED_GEMM_LIFT = 1;
+    ED_GEMM_I16 = 0;
+    ED_GEMM_TRANSPOSE = ed_gemm_transpose_generic;
+    memset(ED_GEMM_UNPACK, 0, sizeof ED_GEMM_UNPACK);
     ed_axpy_f16 = ed_axpy_f16_generic;
     const char *want = force && *force && strcmp(force, "auto") != 0 ? force : NULL;
     if (want) {
@@ -377,7 +463,10 @@ static int ed_types_init(const char *force) {
     }
     if (!strcmp(want, "generic")) ed_generic_install_same();
 #if defined(__x86_64__)
-    if (!strcmp(want, "avx2")) { ed_avx2_install(); ED_PATH = "avx2"; }
+    if (!strcmp(want, "avx2")) {
+        if (ed_cpu_features() & ED_CPU_AVXVNNI) ed_avx2vnni_install(); else ed_avx2_install();
+        ED_PATH = "avx2";
+    }
     if (!strcmp(want, "avx512")) { if (ed_cpu_features() & ED_CPU_AVX512VNNI) ed_avx512_install(); else ed_avx512nv_install();
         ed_avx512_install_wide(); ED_PATH = "avx512"; }
 #elif defined(__aarch64__)

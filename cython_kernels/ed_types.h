@@ -102,14 +102,20 @@ static void ed_quant_bf16(const float *x, void *vy, int k) {
     for (int i = 0; i < k; i++) y[i] = ed_fp32_to_bf16(x[i]);
 }
 
+/* Q8_0 / Q8_1 activations as llama.cpp's x86 build quantizes them (quantize_row_q8_0/_1 with
+ * AVX: 127 / amax as the multiplier, halves rounded to even), not as its reference quantizer
+ * for weights (1 / d, halves away from zero): the two differ in the last bit of the multiplier
+ * and at ties, and each differing byte moves a logit by up to ~0.1. */
+static inline int8_t ed_q8_act_round(float v) { return (int8_t)lrintf(v); }  /* to even */
+
 static void ed_quant_q8_0(const float *x, void *vy, int k) {
     blk_q8_0 *y = (blk_q8_0 *)vy;
     for (int i = 0; i < k / QK; i++) {
         float amax = 0.0f;
         for (int j = 0; j < QK; j++) { float v = fabsf(x[i * QK + j]); if (v > amax) amax = v; }
-        const float d = amax / 127.0f, id = d ? 1.0f / d : 0.0f;
+        const float d = amax / 127.0f, id = amax != 0.0f ? 127.0f / amax : 0.0f;
         y[i].d = ed_fp32_to_fp16(d);
-        for (int j = 0; j < QK; j++) y[i].qs[j] = (int8_t)roundf(x[i * QK + j] * id);
+        for (int j = 0; j < QK; j++) y[i].qs[j] = ed_q8_act_round(x[i * QK + j] * id);
     }
 }
 
@@ -118,10 +124,10 @@ static void ed_quant_q8_1(const float *x, void *vy, int k) {
     for (int i = 0; i < k / QK; i++) {
         float amax = 0.0f;
         for (int j = 0; j < QK; j++) { float v = fabsf(x[i * QK + j]); if (v > amax) amax = v; }
-        const float d = amax / 127.0f, id = d ? 1.0f / d : 0.0f;
+        const float d = amax / 127.0f, id = amax != 0.0f ? 127.0f / amax : 0.0f;
         y[i].d = ed_fp32_to_fp16(d);
         int sum = 0;
-        for (int j = 0; j < QK; j++) { y[i].qs[j] = (int8_t)roundf(x[i * QK + j] * id); sum += y[i].qs[j]; }
+        for (int j = 0; j < QK; j++) { y[i].qs[j] = ed_q8_act_round(x[i * QK + j] * id); sum += y[i].qs[j]; }
         y[i].s = ed_fp32_to_fp16(sum * d);
     }
 }

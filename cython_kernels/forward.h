@@ -24,6 +24,7 @@
 
 #include "ed_types.h"
 #include "ed_simd.h"
+#include "ed_parity.h"
 
 typedef struct {
     const uint8_t *data;   /* start of the tensor in the mapping (or repacked copy) */
@@ -42,6 +43,7 @@ typedef struct {
 typedef struct {
     int n_vocab, n_embd, n_ff, n_layer, n_head, n_head_kv, head_dim, n_rot;
     int rope_neox, act_gelu, n_swa;
+    int scale_q;           /* attn_scale multiplies q before attention (gemma3), not q.k */
     float rope_base, rope_scale, rope_base_swa, rope_attn_factor;
     float rms_eps, attn_scale, embd_scale, softcap;
     ed_tensor token_embd, output_norm, output;
@@ -65,8 +67,13 @@ typedef struct {
     float *hb;           /* (n_batch, 2 * n_ff) gate|up */
     float *att;          /* (n_threads, n_ctx) attention scores, one row per thread */
     uint16_t *qh;        /* (n_threads, head_dim) f16 query of the current head */
+    float *vacc;         /* (n_threads, 80 * head_dim) lanes of the softmax x V sums + reduction */
     uint8_t *xq;         /* (n_batch, quantized row of max(n_embd, n_ff, q dims) ) */
     size_t xq_row;       /* bytes per quantized activation row */
+    uint8_t *gemm;       /* (n_threads, gemm_bytes) packed-panel scratch (ed_gemm.h) */
+    size_t gemm_bytes;
+    ed_ginfo *xinfo;     /* (n_batch, xinfo_row) group sums of the quantized activations */
+    size_t xinfo_row;
     float *logits;       /* (n_batch, n_vocab) */
     int32_t *tokens;     /* (n_batch) */
     /* per-call arguments */
@@ -167,10 +174,11 @@ static inline void ed_range(int64_t n, int ith, int nth, int64_t *a, int64_t *b)
     *b = *a + per; if (*b > n) *b = n;
 }
 
-/* out = x / rms(x) * w (w may be NULL) over rows of length n; like ggml: sum in double. */
+/* out = x / rms(x) * w (w may be NULL) over rows of length n; like ggml: squares in float,
+   summed in double. */
 static void ed_rms_norm(float *out, const float *x, const float *w, int n, float eps) {
     double sum = 0.0;
-    for (int i = 0; i < n; i++) sum += (double)x[i] * x[i];
+    for (int i = 0; i < n; i++) sum += (double)(x[i] * x[i]);
     const float scale = 1.0f / sqrtf((float)(sum / n) + eps);
     if (w) for (int i = 0; i < n; i++) out[i] = (x[i] * scale) * w[i];
     else   for (int i = 0; i < n; i++) out[i] = x[i] * scale;
@@ -194,26 +202,24 @@ static void ed_rope(float *x, int n_heads, int head_dim, int n_rot, int pos, flo
             for (int i = 0; i < half; i++) {
                 float c = cs[2 * i], s = cs[2 * i + 1];
                 float a = v[i], b = v[i + half];
-                v[i] = a * c - b * s;
-                v[i + half] = a * s + b * c;
+                v[i] = ed_pm_rot0(a, b, c, s);
+                v[i + half] = ed_pm_rot1(a, b, c, s);
             }
         } else {
             for (int i = 0; i < n_rot; i += 2) {
                 float c = cs[i], s = cs[i + 1];
                 float a = v[i], b = v[i + 1];
-                v[i] = a * c - b * s;
-                v[i + 1] = a * s + b * c;
+                v[i] = ed_pm_rot0(a, b, c, s);
+                v[i + 1] = ed_pm_rot1(a, b, c, s);
             }
         }
     }
 }
 
-static inline float ed_gelu(float x) {
-    const float c = 0.7978845608028654f; /* sqrt(2/pi) */
-    return 0.5f * x * (1.0f + tanhf(c * x * (1.0f + 0.044715f * x * x)));
-}
+/* the activations as llama.cpp computes them (ed_parity.h) */
+static inline float ed_gelu(float x) { return ed_pm_gelu(x); }
 
-static inline float ed_silu(float x) { return x / (1.0f + expf(-x)); }
+static inline float ed_silu(float x) { return ed_pm_silu(x); }
 
 
 /* ---------------------------------------------------------------- matmul --------------- */
@@ -221,6 +227,12 @@ static inline float ed_silu(float x) { return x / (1.0f + expf(-x)); }
 
 /* out[t*ldo + r] = W[r] . x[t*ldx] for t < n, r < W->ne1. All threads call it. When reuse
  * is set, the activations were quantized for this very x and type by the previous call. */
+/* A batch of n tokens in activation format vt goes through the packed panels (ed_gemm.h) */
+static inline int ed_gemm_wanted(const ed_state *s, int n, int vt) {
+    return !s->batched && n > 1 && n >= ED_GEMM_MIN_COLS && ED_GEMM_KERNEL && s->gemm_bytes &&
+           (vt == ED_Q8_0 || vt == ED_Q8_1 || vt == ED_Q8_K);
+}
+
 /* bytes between quantized activation rows: a decode batch's rows carry float block scales
    for its tiles (ED_SAME_DY) */
 static inline size_t ed_act_stride(const ed_state *s, int type, int K, int n) {
@@ -230,7 +242,6 @@ static inline size_t ed_act_stride(const ed_state *s, int type, int K, int n) {
 /* Quantize the activation rows x (n, K) into the format weights of `type` need. For one
  * token every thread quantizes the row into its own slot (no barrier); for a batch the rows
  * are split and a barrier follows. Returns the base and stride of this thread's view. */
-
 static const uint8_t *ed_quantize_act(ed_state *s, ed_pool *p, int type, int K, const float *x,
                                       int ldx, int n, int ith, int nth, size_t *rb_out) {
     const size_t rb = ed_act_stride(s, type, K, n);
@@ -247,6 +258,9 @@ static const uint8_t *ed_quantize_act(ed_state *s, ed_pool *p, int type, int K, 
         q(x + t * ldx, s->xq + t * rb, K);
         if (s->batched) ed_same_act_scales(type, s->xq + t * rb, K);
     }
+    if (ed_gemm_wanted(s, n, ED_TRAITS[type].vec_type))  /* for the packed panels (ed_rows) */
+        for (int64_t t = a; t < b; t++)
+            ed_gemm_info(ED_TRAITS[type].vec_type, K, s->xq + t * rb, s->xinfo + t * s->xinfo_row);
     ed_barrier(p);
     return s->xq;
 }
@@ -257,7 +271,7 @@ static const uint8_t *ed_quantize_act(ed_state *s, ed_pool *p, int type, int K, 
  * others share its batch (the other tiles sum in another order); each tile of weight rows
  * is read from memory once for all of them. */
 static inline void ed_rows(const ed_state *s, const ed_tensor *W, int64_t r0, int64_t r1,
-                           const uint8_t *xq, size_t rb, int n, float *out, int ldo) {
+                           const uint8_t *xq, size_t rb, int n, float *out, int ldo, int ith) {
     if (s->batched) {
         /* a tile equal to the one-token path (ED_MDOT_SAME), else the one-token path itself
            per column, over a tile of rows that stays in cache */
@@ -275,6 +289,13 @@ static inline void ed_rows(const ed_state *s, const ed_tensor *W, int64_t r0, in
                                  (int)(e - r0), xq + c * rb, rb, 1, out + (size_t)c * ldo + r0, (size_t)ldo);
             }
         }
+        return;
+    }
+    if (r1 > r0 && ed_gemm_wanted(s, n, ED_TRAITS[W->type].vec_type) && ed_gemm_ok(W->type)) {
+        /* a prompt batch: packed panels */
+        ed_gemm_rows(W->type, (int)W->ne0, W->data + r0 * W->row_bytes, W->row_bytes, (int)(r1 - r0),
+                     xq, rb, s->xinfo, s->xinfo_row, n, out + r0, (size_t)ldo,
+                     s->gemm + (size_t)ith * s->gemm_bytes);
         return;
     }
     for (; r0 < r1; r0 += ED_ROW_TILE) {
@@ -299,7 +320,7 @@ static void ed_matmul(ed_state *s, ed_pool *p, float *out, int ldo, const ed_ten
     }
     int64_t a, b;
     ed_range(W->ne1, ith, nth, &a, &b);
-    ed_rows(s, W, a, b, xq, rb, n, out, ldo);
+    ed_rows(s, W, a, b, xq, rb, n, out, ldo, ith);
     ed_barrier(p);
 }
 
@@ -320,7 +341,7 @@ static void ed_matmul3(ed_state *s, ed_pool *p, const ed_tensor *W[3], float *ou
     for (int i = 0; i < 3; i++) {
         const int64_t lo = a > base ? a - base : 0;
         const int64_t hi = b - base < W[i]->ne1 ? b - base : W[i]->ne1;
-        if (hi > lo) ed_rows(s, W[i], lo, hi, xq, rb, n, out[i], ldo);
+        if (hi > lo) ed_rows(s, W[i], lo, hi, xq, rb, n, out[i], ldo, ith);
         base += W[i]->ne1;
     }
     ed_barrier(p);
@@ -343,14 +364,14 @@ static void ed_ffn_gate_up(ed_state *s, ed_pool *p, const ed_model *m, const ed_
     ed_range(F, ith, nth, &a, &b);
     if (ed_same_act(G, U)) {
         xq = ed_quantize_act(s, p, G->type, E, s->xb, E, n, ith, nth, &rb);
-        ed_rows(s, G, a, b, xq, rb, n, hb, 2 * F);
-        ed_rows(s, U, uofs + a, uofs + b, xq, rb, n, hb + F - uofs, 2 * F);
+        ed_rows(s, G, a, b, xq, rb, n, hb, 2 * F, ith);
+        ed_rows(s, U, uofs + a, uofs + b, xq, rb, n, hb + F - uofs, 2 * F, ith);
     } else {  /* different activation formats (mixed quantizations): one after the other */
         xq = ed_quantize_act(s, p, U->type, E, s->xb, E, n, ith, nth, &rb);
-        ed_rows(s, U, uofs + a, uofs + b, xq, rb, n, hb + F - uofs, 2 * F);
+        ed_rows(s, U, uofs + a, uofs + b, xq, rb, n, hb + F - uofs, 2 * F, ith);
         ed_barrier(p);
         xq = ed_quantize_act(s, p, G->type, E, s->xb, E, n, ith, nth, &rb);
-        ed_rows(s, G, a, b, xq, rb, n, hb, 2 * F);
+        ed_rows(s, G, a, b, xq, rb, n, hb, 2 * F, ith);
     }
     for (int t = 0; t < n; t++) {
         float *g = hb + (size_t)t * 2 * F, *u = g + F;
@@ -374,21 +395,31 @@ static inline uint16_t *ed_layer_cache(const ed_state *s, int kv, int64_t t, int
 }
 
 /* ---------------------------------------------------------------- attention ------------ */
-static float ED_F16_LUT[65536];  /* f16 bits -> float, for the V accumulation */
-
 static void ed_forward_init(void) {
-    for (int i = 0; i < 65536; i++) ED_F16_LUT[i] = ed_fp16_to_fp32((ed_half)i);
+    ed_pm_init();
 }
 
 /* Causal (and sliding-window) attention over the F16 cache for this thread's (token, head)
- * pairs: q is rounded to f16 like llama.cpp's f16 K x q product, q.k through the F16 dot of
- * the kernel table, softmax in float, V accumulated in float. Output into xb (n, Qd). */
+ * pairs, as llama.cpp computes it without flash attention (ed_parity.h): q rounded to F16,
+ * q.k in F16, softmax in float with ggml's expf, the softmax row rounded to F16, times the F16
+ * V, each sum in llama.cpp's order (tinyBLAS for a batch of >= 2 rows, else vec_dot). The V
+ * sum keeps one row of head_dim partial sums per SIMD lane of llama.cpp's dot product (16 or
+ * 64), added to with ed_axpy_f16 (exact products, so any path gives the same sums), and
+ * reduces them in its tree. Output into xb (n, Qd). */
+static const float ED_ZERO_ROW[1024];
+
 static void ed_attention(ed_state *s, const ed_model *m, int il, int ith, int nth, int ldqkv) {
     const int n = s->n_tokens, hd = m->head_dim, group = m->n_head / m->n_head_kv;
     const int kvd = m->n_head_kv * hd, Qd = m->n_head * hd;
+    const int batch = !s->batched && n > 1;      /* llama.cpp: tinyBLAS, else ggml_vec_dot_f16 */
+    const int lanes = batch ? 16 : 64;
+    const int simd = ed_pm_simd(ED_PATH);
+    const float qscale = m->scale_q ? m->attn_scale : 1.0f;
+    const float kqscale = m->scale_q ? 1.0f : m->attn_scale;
     float *sc = s->att + (size_t)ith * s->n_ctx;
+    float *acc = s->vacc + (size_t)ith * 80 * hd, *tmp = acc + (size_t)64 * hd;
+    const float *lane[64];
     uint16_t *q16 = s->qh + (size_t)ith * hd;
-    const ed_dot_fn dot16 = ED_TRAITS[ED_F16].dot;
     const int swa = m->layers[il].swa && m->n_swa > 0;
     int64_t a, b;
     ed_range((int64_t)n * m->n_head, ith, nth, &a, &b);
@@ -397,25 +428,36 @@ static void ed_attention(ed_state *s, const ed_model *m, int il, int ith, int nt
         const int pt = ed_row_pos(s, t);
         const uint16_t *kc = ed_layer_cache(s, 0, t, il, kvd), *vc = ed_layer_cache(s, 1, t, il, kvd);
         const float *q = s->qkv + (size_t)t * ldqkv + (size_t)h * hd;
-        for (int i = 0; i < hd; i++) q16[i] = ed_fp32_to_fp16(q[i]);
+        for (int i = 0; i < hd; i++) q16[i] = ed_fp32_to_fp16(q[i] * qscale);
         int j0 = 0;
         if (swa && pt - m->n_swa + 1 > 0) j0 = pt - m->n_swa + 1;
+        const int nj = pt - j0 + 1;
         float mx = -INFINITY;
         for (int j = j0; j <= pt; j++) {
-            const float d = dot16(hd, kc + (size_t)j * kvd + (size_t)kvh * hd, q16) * m->attn_scale;
+            const float d = ed_pm_dot(simd, hd, kc + (size_t)j * kvd + (size_t)kvh * hd, q16, batch) * kqscale;
             sc[j] = d;
             if (d > mx) mx = d;
         }
+        /* softmax: ggml's expf; groups of 16 cache cells summed in float, the groups in double */
+        ed_pm_expf_sub(simd, nj, sc + j0, mx, sc + j0);
         double sum = 0.0;
-        for (int j = j0; j <= pt; j++) { float e = expf(sc[j] - mx); sc[j] = e; sum += e; }
-        const float inv = (float)(1.0 / sum);
-        float *o = s->xb + (size_t)t * Qd + (size_t)h * hd;
-        for (int i = 0; i < hd; i++) o[i] = 0.0f;
-        for (int j = j0; j <= pt; j++) {
-            const float w = sc[j] * inv;
-            const uint16_t *vr = vc + (size_t)j * kvd + (size_t)kvh * hd;
-            ed_axpy_f16(hd, w, vr, o);  /* SIMD path (ed_simd.h) */
+        for (int g = j0 & ~15; g <= pt; g += 16) {
+            float l[16];
+            for (int k = 0; k < 16; k++) l[k] = g + k >= j0 && g + k <= pt ? sc[g + k] : 0.0f;
+            sum += ed_pm_hsum16(l);
         }
+        ed_pm_round_scale(simd, nj, sc + j0, (float)(1.0 / sum));  /* the F16 softmax row */
+        /* softmax row x V: cell j adds into lane j % lanes */
+        const int used = nj < lanes ? nj : lanes;
+        for (int r = 0; r < lanes; r++) lane[r] = ED_ZERO_ROW;
+        for (int j = j0; j < j0 + used; j++) {
+            float *row = acc + (size_t)(j % lanes) * hd;
+            memset(row, 0, sizeof(float) * hd);
+            lane[j % lanes] = row;
+        }
+        for (int j = j0; j <= pt; j++)
+            if (sc[j] != 0.0f) ed_axpy_f16(hd, sc[j], vc + (size_t)j * kvd + (size_t)kvh * hd, acc + (size_t)(j % lanes) * hd);
+        ed_pm_reduce_lanes(hd, lanes, lane, tmp, s->xb + (size_t)t * Qd + (size_t)h * hd);
     }
 }
 
@@ -563,7 +605,9 @@ static void ed_pool_destroy(ed_pool *p) {
     free(p);
 }
 
+#ifndef ED_ALIGN
 #define ED_ALIGN(n) (((n) + 63) & ~(size_t)63)
+#endif
 
 /* Carve one session's buffers out of `arena` (64-byte aligned). With arena == NULL only
  * computes the size. Returns the bytes needed. */
@@ -593,12 +637,18 @@ static size_t ed_state_layout(ed_state *s, const ed_model *m, int n_ctx, int n_b
     CARVE(hb, float, (size_t)n_batch * 2 * F);
     CARVE(att, float, (size_t)n_threads * n_ctx);
     CARVE(qh, uint16_t, (size_t)n_threads * hd);
+    CARVE(vacc, float, (size_t)n_threads * 80 * hd);
     CARVE(xq, uint8_t, (size_t)(n_batch > n_threads ? n_batch : n_threads) * xq_row);
+    const size_t gemm_bytes = n_batch > 1 ? ed_gemm_scratch(F > XB ? F : XB) : 0;
+    const size_t xinfo_row = ed_gemm_info_len(F > XB ? F : XB);
+    CARVE(gemm, uint8_t, (size_t)n_threads * gemm_bytes);
+    CARVE(xinfo, ed_ginfo, (size_t)(n_batch > 1 ? n_batch : 0) * xinfo_row);
     CARVE(logits, float, (size_t)(n_batch < ED_MAX_LOGIT_ROWS ? n_batch : ED_MAX_LOGIT_ROWS) * m->n_vocab);
     CARVE(tokens, int32_t, n_batch);
 #undef CARVE
     if (arena) {
         s->n_ctx = n_ctx; s->n_batch = n_batch; s->xq_row = xq_row; s->m = m;
+        s->gemm_bytes = gemm_bytes; s->xinfo_row = xinfo_row;
     }
     return off;
 }

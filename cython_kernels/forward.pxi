@@ -21,7 +21,7 @@ cdef extern from "forward.h" nogil:
         int swa
     ctypedef struct ed_model:
         int n_vocab, n_embd, n_ff, n_layer, n_head, n_head_kv, head_dim, n_rot
-        int rope_neox, act_gelu, n_swa
+        int rope_neox, act_gelu, n_swa, scale_q
         float rope_base, rope_scale, rope_base_swa, rope_attn_factor
         float rms_eps, attn_scale, embd_scale, softcap
         ed_tensor token_embd, output_norm, output
@@ -38,6 +38,7 @@ cdef extern from "forward.h" nogil:
         float *qkv
         float *att
         uint16_t *qh
+        float *vacc
         float *logits
         int32_t *tokens
         int profile
@@ -142,7 +143,7 @@ cdef class ForwardModel:
         m.n_vocab = hp["n_vocab"]; m.n_embd = hp["n_embd"]; m.n_ff = hp["n_ff"]
         m.n_layer = hp["n_layer"]; m.n_head = hp["n_head"]; m.n_head_kv = hp["n_head_kv"]
         m.head_dim = hp["head_dim"]; m.n_rot = hp["n_rot"]; m.rope_neox = hp["rope_neox"]
-        m.act_gelu = hp["act_gelu"]; m.n_swa = hp["n_swa"]
+        m.act_gelu = hp["act_gelu"]; m.n_swa = hp["n_swa"]; m.scale_q = hp.get("scale_q", 0)
         m.rope_base = hp["rope_freq_base"]; m.rope_scale = hp["rope_freq_scale"]
         m.rope_base_swa = hp["rope_freq_base_swa"]; m.rope_attn_factor = hp["rope_attn_factor"]
         m.rms_eps = hp["rms_eps"]; m.attn_scale = hp["attn_scale"]; m.embd_scale = hp["embd_scale"]

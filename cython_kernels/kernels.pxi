@@ -33,7 +33,7 @@
 # forward pass's ops for tests: rmsnorm, rope, activation, attention.
 import os as _os
 
-from libc.stdlib cimport malloc
+from libc.stdlib cimport malloc, free
 from libc.stdint cimport uint32_t, uint64_t
 
 from edged.errors import ConfigError as _ConfigError
@@ -51,6 +51,19 @@ cdef extern from "ed_simd.h" nogil:
     size_t ed_act_row_bytes(int type, int64_t k)
     void ed_mdot_rows(int type, int k, const uint8_t *w, size_t wstride, int nr,
                       const uint8_t *xq, size_t xs, int nc, float *out, size_t ldo)
+    int ED_GEMM_MIN_COLS
+    void *aligned_alloc(size_t alignment, size_t size)
+    int ed_gemm_ok(int type)
+    ctypedef struct ed_ginfo:
+        float dy
+        int32_t yoff
+        float dys
+    size_t ed_gemm_scratch(int64_t K)
+    size_t ed_gemm_info_len(int64_t K)
+    void ed_gemm_info(int vt, int K, const uint8_t *row, ed_ginfo *info)
+    void ed_gemm_rows(int type, int K, const uint8_t *w, size_t row_bytes, int nr,
+                      const uint8_t *xq, size_t xs, const ed_ginfo *info, size_t istride, int n,
+                      float *out, size_t ldo, uint8_t *scratch)
     ctypedef void (*ed_task_fn)(void *arg, int ith, int nth) noexcept nogil
     void ed_pool_run(ed_pool *p, ed_task_fn fn, void *arg)
 
@@ -132,13 +145,23 @@ ctypedef struct _mm_args:
     const uint8_t *xq
     size_t row_bytes, xq_row
     int K, N, n, type
+    const ed_ginfo *info    # group sums of xq when the product uses packed panels, else NULL
 
 
 cdef void _mm_task(void *arg, int ith, int nth) noexcept nogil:
     # rows split evenly over threads; a tile of 16 rows stays in cache while every token passes
+    # (or, for a batch of at least gemm_min_cols() tokens, packed 16-row panels: ed_gemm.h)
     cdef _mm_args *a = <_mm_args *>arg
     cdef int64_t per = (a.N + nth - 1) // nth
     cdef int64_t r0 = per * ith, r1 = min(r0 + per, <int64_t>a.N), rt, rend
+    cdef uint8_t *scratch
+    if a.info != NULL and r1 > r0:
+        scratch = <uint8_t *>aligned_alloc(64, ed_gemm_scratch(a.K))
+        if scratch != NULL:
+            ed_gemm_rows(a.type, a.K, a.w + r0 * a.row_bytes, a.row_bytes, <int>(r1 - r0),
+                         a.xq, a.xq_row, a.info, ed_gemm_info_len(a.K), a.n, a.out + r0, a.N, scratch)
+            free(scratch)
+            return
     rt = r0
     while rt < r1:
         rend = min(rt + 16, r1)
@@ -164,13 +187,42 @@ def matmul(float[:, ::1] out, const uint8_t[::1] w, int qtype, const float[:, ::
     cdef const uint8_t[:, ::1] xqv = xq
     cdef _mm_args a
     a.out = &out[0, 0]; a.w = &w[0]; a.xq = &xqv[0, 0]; a.row_bytes = rb
-    a.xq_row = xq.shape[1]; a.K = K; a.N = N; a.n = n; a.type = qtype
+    a.xq_row = xq.shape[1]; a.K = K; a.N = N; a.n = n; a.type = qtype; a.info = NULL
+    cdef size_t ilen = ed_gemm_info_len(K)
+    cdef ed_ginfo *info = NULL
+    cdef int t
+    if n >= ED_GEMM_MIN_COLS and ed_gemm_ok(qtype):
+        info = <ed_ginfo *>malloc(ilen * n * sizeof(ed_ginfo) + 64)
+        if info == NULL:
+            raise MemoryError()
     with nogil:
+        if info != NULL:
+            for t in range(n):
+                ed_gemm_info(ED_TRAITS[qtype].vec_type, K, a.xq + t * a.xq_row, info + t * ilen)
+            a.info = info
         if pool is None:
             _mm_task(&a, 0, 1)
         else:
             ed_pool_run(pool.p, _mm_task, &a)
+    free(info)
     return out
+
+
+def gemm_min_cols(n=None):
+    """Tokens from which a matrix product uses packed panels (ed_gemm.h) where the path has
+    them; with n, set it (tests use 1 to run every shape through them) and return the old."""
+    global ED_GEMM_MIN_COLS
+    old = ED_GEMM_MIN_COLS
+    if n is not None:
+        if int(n) < 1:
+            raise ValueError(f"gemm_min_cols must be >= 1, got {n}")
+        ED_GEMM_MIN_COLS = int(n)
+    return old
+
+
+def gemm_types():
+    """ggml type ids the selected path multiplies with packed panels."""
+    return [t for t in range(40) if ed_gemm_ok(t)]
 
 
 def pin_pool(Pool pool, cpus):
@@ -313,13 +365,15 @@ def attention(float[:, ::1] out, float[:, ::1] q, uint16_t[:, ::1] k_cache,
     memset(&m, 0, sizeof(m)); memset(&layer, 0, sizeof(layer)); memset(&s, 0, sizeof(s))
     att = np.empty(n_ctx, np.float32)
     qh = np.empty(hd, np.uint16)
+    vacc = np.empty(80 * hd, np.float32)  # the lane rows of the V sums (forward.h)
     cdef float[::1] attv = att
     cdef uint16_t[::1] qhv = qh
+    cdef float[::1] vaccv = vacc
     m.head_dim = hd; m.n_head = n_head; m.n_head_kv = n_head_kv; m.attn_scale = scale
     m.n_swa = n_swa; m.n_layer = 1; layer.swa = n_swa > 0; m.layers = &layer
     s.n_ctx = n_ctx; s.n_tokens = n; s.pos = pos
     s.k_cache = &k_cache[0, 0]; s.v_cache = &v_cache[0, 0]
-    s.att = &attv[0]; s.qh = &qhv[0]; s.qkv = &q[0, 0]; s.xb = &out[0, 0]
+    s.att = &attv[0]; s.qh = &qhv[0]; s.qkv = &q[0, 0]; s.xb = &out[0, 0]; s.vacc = &vaccv[0]
     with nogil:
         ed_attention(&s, &m, 0, 0, 1, Qd)
 

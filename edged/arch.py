@@ -46,15 +46,17 @@ class Arch:
     swa_pattern: int = 0          # with a sliding window: every n-th layer is global (gemma3: 6)
     rope_factors: bool = False    # rope_factors_long/short (phi3 LongRoPE)
     rope_n_rot_must_equal_head: bool = False  # llama.cpp refuses n_rot != head_dim for llama
+    scale_q: bool = False         # llama.cpp scales q by attn_scale before attention, not q.k
 
 
 ARCHS = {
     "llama": Arch("llama", ROPE_NORM, qkv_bias=True, rope_n_rot_must_equal_head=True),
     "qwen2": Arch("qwen2", ROPE_NEOX, qkv_bias=True),
     "qwen3": Arch("qwen3", ROPE_NEOX, qk_norm=True),
-    "phi3": Arch("phi3", ROPE_NEOX, fused_qkv=True, fused_gate_up=True, rope_factors=True),
+    "phi3": Arch("phi3", ROPE_NEOX, fused_qkv=True, fused_gate_up=True, rope_factors=True,
+                 scale_q=True),
     "gemma3": Arch("gemma3", ROPE_NEOX, qk_norm=True, sandwich_norm=True, embd_scale=True,
-                   act="gelu", swa_pattern=6),
+                   act="gelu", swa_pattern=6, scale_q=True),
 }
 
 

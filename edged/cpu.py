@@ -83,7 +83,7 @@ class CPUBackend(Backend):
         fm = core.ForwardModel()
         hpd = dict(vars(hp))
         hpd.update(rope_neox=int(spec.arch.rope_type == ROPE_NEOX),
-                   act_gelu=int(spec.arch.act == "gelu"))
+                   act_gelu=int(spec.arch.act == "gelu"), scale_q=int(spec.arch.scale_q))
         self._factors_ctx = {}
         g = {"token_embd": matrix(spec.token_embd), "output_norm": vector(spec.output_norm),
              "output": matrix(spec.output), "rope_factors": None}

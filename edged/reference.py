@@ -2,7 +2,10 @@
 
 Weights are dequantized once to float32 (edged.quants, itself checked against the PyPI gguf
 package); matrix products run in float32, everything else (norms, RoPE, softmax) in float64.
-The KV cache is float16 like the compiled backend's. Selected with EDGED_BACKEND=reference.
+The KV cache is float16 like the compiled backend's, and like llama.cpp (no flash attention)
+the query and the softmax row are rounded to float16 for their products with it, and GELU
+goes through float16 in and out. Activations are not quantized (the compiled backend mirrors
+that). Selected with EDGED_BACKEND=reference.
 """
 from __future__ import annotations
 
@@ -21,6 +24,13 @@ def rms_norm(x, w, eps):
 
 def gelu_tanh(x):
     return 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x ** 3)))
+
+
+def gelu_ggml(x):
+    """GELU as llama.cpp's CPU backend applies it: |x| < 10 through a table over F16 inputs
+    with F16 entries; below -10 zero, above 10 x."""
+    g = gelu_tanh(x.astype(np.float16).astype(np.float64)).astype(np.float16).astype(np.float64)
+    return np.where(x <= -10.0, 0.0, np.where(x >= 10.0, x, g))
 
 
 def silu(x):
@@ -101,8 +111,13 @@ class ReferenceBackend(Backend):
         return np.ascontiguousarray(buf.logits[-n_rows:], dtype=np.float32)
 
     def _mm(self, x, name):
-        # x: (n, in) float64 -> (n, out) float64; weight (out, in) float32
-        return (x.astype(np.float32) @ self._w[name].T).astype(np.float64)
+        # x: (n, in) float64 -> (n, out) float64; weight (out, in) float32. Row by row, so a
+        # token's result does not depend on the batch it came in (BLAS sums a matrix-matrix
+        # product in another order than a matrix-vector one, and the F16 roundings below
+        # would turn that last-bit difference into a visible one now and then).
+        w = self._w[name]
+        x32 = x.astype(np.float32)
+        return np.stack([w @ row for row in x32]).astype(np.float64)
 
     def forward(self, buf, n_tokens, pos, all_logits):
         sp, hp, a = self.spec, self.spec.hp, self.spec.arch
@@ -145,14 +160,18 @@ class ReferenceBackend(Backend):
             masked = kpos[None, :] > positions[:, None]
             if swa and hp.n_swa:
                 masked |= positions[:, None] - kpos[None, :] >= hp.n_swa
+            # llama.cpp (no flash attention) rounds q to F16 for the product with the F16 K
+            # cache (gemma3: after scaling it) and the softmax row to F16 for the one with V
+            qs, kqs = (hp.attn_scale, 1.0) if a.scale_q else (1.0, hp.attn_scale)
+            q16 = (q * qs).astype(np.float16).astype(np.float64)
             out = np.empty((n, hp.n_head, hp.head_dim))
             for hh in range(hp.n_head):
                 kv = hh // group
-                s = (q[:, hh, :] @ K[:, kv, :].T) * hp.attn_scale  # (n, n_kv)
+                s = np.stack([K[:, kv, :] @ row for row in q16[:, hh, :]]) * kqs  # (n, n_kv)
                 s[masked] = -np.inf
                 s = np.exp(s - s.max(-1, keepdims=True))
                 s /= s.sum(-1, keepdims=True)
-                out[:, hh, :] = s @ V[:, kv, :]
+                out[:, hh, :] = s.astype(np.float16).astype(np.float64) @ V[:, kv, :]
             o = self._mm(out.reshape(n, -1), L.attn_output)
             if L.post_attention_norm:
                 o = rms_norm(o, self._w[L.post_attention_norm], hp.rms_eps)
@@ -162,7 +181,7 @@ class ReferenceBackend(Backend):
                 g, u = self._mm(h, L.ffn_gate), self._mm(h, L.ffn_up)
             else:
                 g, u = np.split(self._mm(h, L.ffn_up), 2, axis=1)
-            act = gelu_tanh(g) if a.act == "gelu" else silu(g)
+            act = gelu_ggml(g) if a.act == "gelu" else silu(g)
             d = self._mm(act * u, L.ffn_down)
             if L.post_ffw_norm:
                 d = rms_norm(d, self._w[L.post_ffw_norm], hp.rms_eps)

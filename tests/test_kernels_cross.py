@@ -1,7 +1,6 @@
 """tests/c/kernels_check.c: every SIMD path against the generic C path, all 13 types, dots and
-tiles; decode-batch tiles (ED_MDOT_SAME) bit for bit against the one-token path. Native build
-always; an aarch64 build under qemu (NEON path) when aarch64-linux-gnu-gcc and
-qemu-aarch64(-static) are installed (tools/bootstrap.sh)."""
+tiles. Native build always; an aarch64 build under qemu (NEON path) when
+aarch64-linux-gnu-gcc and qemu-aarch64(-static) are installed (tools/bootstrap.sh)."""
 import os
 import shutil
 import subprocess
@@ -25,10 +24,16 @@ def test_native_paths_match_generic(tmp_path):
         pytest.skip("no C compiler")
     r = build_and_run(cc, tmp_path / "check")
     assert r.returncode == 0, r.stdout + r.stderr
-    assert " ok" in r.stdout and "FAIL" not in r.stdout
-    # every type has a decode-batch tile equal to its one-token path on the x86 SIMD paths
-    simd = [l for l in r.stdout.splitlines() if l.split(" ", 1)[0] in ("avx2", "avx512", "avx512nv")]
-    assert all(" same exact " in l for l in simd), r.stdout
+    assert " ok" in r.stdout and "FAIL" not in r.stdout  # incl. ED_MDOT_SAME bit for bit (same-ok)
+    # every type has a decode-batch tile (ED_MDOT_SAME) on the x86 SIMD paths; Q4_0 and Q5_0
+    # on the generic one
+    digests = [l.split() for l in r.stdout.splitlines() if l.startswith("digest ")]
+    x86 = [d for d in digests if d[1] in ("avx2", "avx2nv", "avx512", "avx512nv")]
+    assert all(d[-1] == "same-ok" for d in x86), r.stdout
+    assert sorted(d[2] for d in digests if d[1] == "generic" and d[-1] == "same-ok") == ["Q4_0", "Q5_0"]
+    for path in ("avx2", "avx2nv", "avx512"):  # the packed panels ran on every x86 path this CPU has
+        if f"{path}: not supported" not in r.stdout and "x86" in os.uname().machine:
+            assert sum(l.startswith(path + " ") and " panels " in l for l in r.stdout.splitlines()) >= 9, r.stdout
 
 
 def test_neon_path_matches_generic_under_qemu(tmp_path):
@@ -39,14 +44,23 @@ def test_neon_path_matches_generic_under_qemu(tmp_path):
     r = build_and_run(cc, tmp_path / "check-arm64", runner=(qemu, "-cpu", "max"), extra=("-static",))
     assert r.returncode == 0, r.stdout + r.stderr
     assert "dotprod" in r.stdout.splitlines()[0]  # the dotprod variant ran
-    lines = [l for l in r.stdout.splitlines() if l.startswith("neon ")]
+    lines = [l for l in r.stdout.splitlines() if l.startswith("neon ") and " panels " not in l]
     assert len(lines) == 13 and all(l.endswith(" ok") for l in lines), r.stdout
-    assert sum(" same exact " in l for l in lines) == 3, r.stdout  # Q4_0, Q8_0, Q6_K
+    # dotprod has the packed panels for the ten quantized types (each also checked in an ok line)
+    assert sum(" panels " in l for l in r.stdout.splitlines() if l.startswith("neon ")) == 10, r.stdout
     # baseline Advanced SIMD (Cortex-A72, Raspberry Pi 4: no dotprod)
     a72 = subprocess.run([qemu, "-cpu", "cortex-a72", str(tmp_path / "check-arm64")],
                          capture_output=True, text=True, timeout=600)
     assert a72.returncode == 0 and "dotprod" not in a72.stdout.splitlines()[0], a72.stdout
     assert sum(l.startswith("neon ") and l.endswith(" ok") for l in a72.stdout.splitlines()) == 13
+    assert " panels " not in a72.stdout  # no panel kernel without dotprod: the row tiles
+    # every type has a NEON dot (none left on the generic C loop) and a tile that is ED_MDOT_SAME
+    # (equal to the one-token dot bit for bit), and both variants give the same bits (the dots'
+    # and tiles' results, digested per type; the panels are dotprod-only and not in the digest)
+    digests = lambda out: [l for l in out.splitlines() if l.startswith("digest neon ")]  # noqa: E731
+    assert len(digests(r.stdout)) == 13 and all(" simd-dot" in l for l in digests(r.stdout)), r.stdout
+    assert all(l.endswith(" same-ok") for l in digests(r.stdout)), r.stdout
+    assert digests(a72.stdout) == digests(r.stdout), (r.stdout, a72.stdout)
     # the compiled quantizers give the same bytes on aarch64 (FMA available) as natively
     native_cc = shutil.which("cc") or shutil.which("gcc")
     if native_cc:

@@ -38,7 +38,9 @@ def partner_activations(x, t):
         b = quants.quantize_q8_K(x).reshape(-1, 292)
         d = b[:, :4].copy().view(np.float32)
         return (d.astype(np.float64) * b[:, 4:260].view(np.int8)).reshape(x.shape)
-    return quants.dequantize(quants.quantize(x, GGMLType.Q8_0), GGMLType.Q8_0, x.shape).astype(np.float64)
+    b = q8_act_llama_x86(x).reshape(-1, 34)  # Q8_0 (and Q8_1's values): as llama.cpp's x86 build
+    d = b[:, :2].copy().view(np.float16).astype(np.float64)
+    return (d * b[:, 2:].view(np.int8)).reshape(x.shape)
 
 
 def random_weights(t, n, k, rng):
@@ -65,33 +67,59 @@ def test_matmul_matches_reference(path, t):
         for n_rows in ROWS:
             raw, wd = random_weights(t, n_rows, k, rng)
             for n_tok in (1, 3):
-                x = rng.standard_normal((n_tok, k)).astype(np.float32)
-                out = np.full((n_tok, n_rows), np.nan, np.float32)
-                core.matmul(out, raw, int(t), x)
-                xa = partner_activations(x, t)
-                ref = xa @ wd.T
-                scale = np.abs(xa) @ np.abs(wd).T
-                err = np.abs(out - ref)
-                tol = TOL.get(t, TOL_EXACT_INT) * scale + 1e-6
-                assert np.all(err <= tol), (path, t.name, k, n_rows, n_tok, float((err / (scale + 1e-9)).max()))
+                check_matmul(raw, wd, t, rng.standard_normal((n_tok, k)).astype(np.float32), path)
 
 
-def test_matmul_threads_equal_single(path):
+def check_matmul(raw, wd, t, x, *where):
+    """core.matmul(W, x) against the float64 product of the dequantized W and the activations
+    as the kernel sees them, within the type's named tolerance."""
+    out = np.full((x.shape[0], wd.shape[0]), np.nan, np.float32)
+    core.matmul(out, raw, int(t), x)
+    xa = partner_activations(x, t)
+    ref = xa @ wd.T
+    scale = np.abs(xa) @ np.abs(wd).T
+    err = np.abs(out - ref)
+    tol = TOL.get(t, TOL_EXACT_INT) * scale + 1e-6
+    assert np.all(err <= tol), (*where, t.name, x.shape, wd.shape, float((err / (scale + 1e-9)).max()))
+
+
+@pytest.mark.parametrize("n_tok", [5, 40])  # row tiles; packed panels where the path has them
+def test_matmul_threads_equal_single(path, n_tok):
     rng = np.random.default_rng(5)
     raw, _ = random_weights(GGMLType.Q4_K, 257, 512, rng)
-    x = rng.standard_normal((5, 512)).astype(np.float32)
-    a = np.zeros((5, 257), np.float32)
-    b = np.zeros((5, 257), np.float32)
+    x = rng.standard_normal((n_tok, 512)).astype(np.float32)
+    a = np.zeros((n_tok, 257), np.float32)
+    b = np.zeros((n_tok, 257), np.float32)
     core.matmul(a, raw, int(GGMLType.Q4_K), x)
     core.matmul(b, raw, int(GGMLType.Q4_K), x, pool=core.Pool(2))
     assert np.array_equal(a, b)
+
+
+def q8_act_llama_x86(x, with_sum=False):
+    """llama.cpp's x86 quantize_row_q8_0 / q8_1 for activations: multiplier 127 / amax in
+    float32, halves to even (its reference quantizer for weights uses 1 / d and rounds halves
+    away from zero; the activations of the golden logits went through this one)."""
+    b = x.reshape(-1, 32).astype(np.float32)
+    amax = np.abs(b).max(1)
+    d = amax / np.float32(127)
+    with np.errstate(divide="ignore"):
+        mul = np.where(amax != 0, np.float32(127) / amax, np.float32(0)).astype(np.float32)
+    q = np.rint(b * mul[:, None]).astype(np.int8)
+    parts = [d.astype(np.float16).view(np.uint8).reshape(-1, 2)]
+    if with_sum:
+        parts.append((q.sum(1).astype(np.float32) * d).astype(np.float16).view(np.uint8).reshape(-1, 2))
+    parts.append(q.view(np.uint8))
+    return np.concatenate(parts, axis=1).reshape(x.shape[0], -1)
 
 
 def test_quantize_act_matches_reference():
     rng = np.random.default_rng(11)
     x = rng.standard_normal((3, 512)).astype(np.float32)
     x[1, :256] = 0  # an all-zero block
-    assert np.array_equal(core.quantize_act(x, int(GGMLType.Q8_0)), quants.quantize(x, GGMLType.Q8_0))
+    x[2, :32] = np.arange(32, dtype=np.float32) - 15.5  # halves: amax 127 makes the multiplier 1
+    x[2, 0] = 127
+    assert np.array_equal(core.quantize_act(x, int(GGMLType.Q8_0)), q8_act_llama_x86(x))
+    assert np.array_equal(core.quantize_act(x, int(GGMLType.Q4_1)), q8_act_llama_x86(x, with_sum=True))
     ours = core.quantize_act(x, int(GGMLType.Q4_K)).reshape(-1, 292)
     ref = quants.quantize_q8_K(x).reshape(-1, 292)
     assert np.array_equal(ours[:, :260], ref[:, :260])

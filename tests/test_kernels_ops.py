@@ -72,8 +72,12 @@ def test_activations():
     g = x.copy(); core.activation(g, "gelu")
     x64 = x.astype(np.float64)
     np.testing.assert_allclose(s, x64 / (1 + np.exp(-x64)), rtol=TOL_ACT * 10, atol=TOL_ACT)
-    gref = 0.5 * x64 * (1 + np.tanh(np.sqrt(2 / np.pi) * (x64 + 0.044715 * x64 ** 3)))
-    np.testing.assert_allclose(g, gref, rtol=TOL_ACT * 10, atol=TOL_ACT)
+    # GELU as llama.cpp's CPU backend computes it: a table over F16 inputs with F16 entries
+    gelu = lambda t: 0.5 * t * (1 + np.tanh(np.sqrt(2 / np.pi) * (t + 0.044715 * t ** 3)))
+    assert np.array_equal(g.astype(np.float16).astype(np.float32), g)
+    x16 = x.astype(np.float16).astype(np.float64)
+    np.testing.assert_allclose(g, gelu(x16).astype(np.float16), rtol=1e-3, atol=1e-7)
+    np.testing.assert_allclose(g, gelu(x64), rtol=2e-3, atol=2e-3)
 
 
 def attention_ref(q, k, v, pos, n_head, n_head_kv, scale, n_swa):

@@ -1,8 +1,11 @@
 /* Standalone check of every kernel path this CPU (or emulator) supports against the generic C
  * path: random valid weight blocks of every type x random activations, odd row counts, single
  * dots and the tiled ed_mdot_rows. Prints one line per path/type and exits non-zero on a
- * mismatch. Built and run by tests/test_kernels_cross.py (natively, and for aarch64 under
- * qemu when a cross compiler is installed), so the NEON path is exercised on an x86 machine.
+ * mismatch; a "digest" line per path/type hashes the dot and tile results (so two builds or
+ * CPUs can be compared bit for bit), says whether the dot is SIMD, and checks ED_MDOT_SAME
+ * (the decode-batch tiles) against the one-token path bit for bit. Built and run by
+ * tests/test_kernels_cross.py (natively, and for aarch64 under qemu when a cross compiler is
+ * installed), so the NEON path is exercised on an x86 machine.
  */
 #define _GNU_SOURCE
 #include <stdio.h>
@@ -11,6 +14,11 @@
 
 static uint64_t rng_state = 88172645463325252ull;
 static uint32_t rnd(void) { rng_state ^= rng_state << 13; rng_state ^= rng_state >> 7; rng_state ^= rng_state << 17; return (uint32_t)rng_state; }
+static uint64_t fnv(uint64_t h, const float *v, int n) {
+    const uint8_t *b = (const uint8_t *)v;
+    for (size_t i = 0; i < sizeof(float) * (size_t)n; i++) { h ^= b[i]; h *= 1099511628211ull; }
+    return h;
+}
 static float rndf(void) { return (float)(rnd() % 2000001) / 1000000.0f - 1.0f; }
 
 /* byte offsets of half-float fields per block, so random blocks carry sane scales */
@@ -34,20 +42,21 @@ int main(void) {
                                 ED_Q8_0, ED_Q2_K, ED_Q3_K, ED_Q4_K, ED_Q5_K, ED_Q6_K};
     static const char *names[] = {"F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0",
                                   "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"};
-    /* avx512nv: the AVX-512 path as a CPU without VNNI gets it */
-    static const char *paths[] = {"generic", "avx2", "avx512", "avx512nv", "neon"};
+    /* avx512nv: the AVX-512 path as a CPU without VNNI gets it; avx2nv: the AVX2 path as a
+       CPU without AVX-VNNI gets it (the avx2 path takes AVX-VNNI where the CPU has it) */
+    static const char *paths[] = {"generic", "avx2", "avx2nv", "avx512", "avx512nv", "neon"};
     enum { K = 512, ROWS = 33, COLS = 5 };
-    static uint8_t w[ROWS * K * 4], xq[COLS * K * 4];
+    static uint8_t w[ROWS * K * 4], xq[COLS * K * 4], xq2[COLS * K * 4];
     static uint8_t xs[COLS * K * 4] __attribute__((aligned(64)));
-    static float x[COLS * K], ref[COLS * ROWS], got[COLS * ROWS];
+    static float x[COLS * K], ref[COLS * ROWS], got[COLS * ROWS], one[COLS * ROWS], one2[COLS * ROWS];
     int failures = 0;
     for (int i = 0; i < COLS * K; i++) x[i] = rndf();
     printf("features");
     for (int i = 0; ED_CPU_FEATURE_NAMES[i]; i++) if (ed_cpu_features() & (1u << i)) printf(" %s", ED_CPU_FEATURE_NAMES[i]);
     printf("\n");
-    for (int p = 0; p < 5; p++) {
-        const int nv = !strcmp(paths[p], "avx512nv");
-        const char *base = nv ? "avx512" : paths[p];
+    for (int p = 0; p < 6; p++) {
+        const int nv = !strcmp(paths[p], "avx512nv"), nv2 = !strcmp(paths[p], "avx2nv");
+        const char *base = nv ? "avx512" : nv2 ? "avx2" : paths[p];
         if (!ed_path_supported(base)) { printf("%s: not supported here\n", paths[p]); continue; }
         for (int ti = 0; ti < 13; ti++) {
             const int t = types[ti];
@@ -69,40 +78,68 @@ int main(void) {
             ed_types_init(base);
 #if defined(__x86_64__)
             if (nv) { ed_avx512nv_install(); ed_avx512_install_wide(); }
+            if (nv2) ed_avx2_install();
 #endif
             /* the activation quantizer may be path-specific too: quantize again */
             for (int c = 0; c < COLS; c++) ED_ACT[tr.vec_type].quant(x + c * K, xq + c * xr, K);
             double err = 0;
+            uint64_t digest = 1469598103934665603ull;  /* of every dot and tile result (no panels) */
             for (int c = 0; c < COLS; c++)
-                for (int r = 0; r < ROWS; r++) err = fmax(err, fabs(ED_TRAITS[t].dot(K, w + r * rb, xq + c * xr) - ref[c * ROWS + r]));
+                for (int r = 0; r < ROWS; r++) {
+                    got[c * ROWS + r] = ED_TRAITS[t].dot(K, w + r * rb, xq + c * xr);
+                    err = fmax(err, fabs(got[c * ROWS + r] - ref[c * ROWS + r]));
+                }
+            digest = fnv(digest, got, COLS * ROWS);
             ed_mdot_rows(t, K, w, rb, ROWS, xq, xr, COLS, got, ROWS);
             for (int i = 0; i < COLS * ROWS; i++) err = fmax(err, fabs(got[i] - ref[i]));
-            ed_mdot_rows(t, K, w, rb, ROWS, xq, xr, 1, got, ROWS);  /* matrix-vector rows */
-            for (int i = 0; i < ROWS; i++) err = fmax(err, fabs(got[i] - ref[i]));
-            /* a decode-batch tile (ED_MDOT_SAME) must give each column the one-token path's
-               float bit for bit, for every column count */
-            const char *same = "none";
-            /* also over a row length whose tails differ: an odd number of 32-blocks (Q4_0's two
-               chains), a float row that is not a multiple of 16 (the scalar tail) */
+            digest = fnv(digest, got, COLS * ROWS);
+            for (int c = 0; c < COLS; c++)  /* matrix-vector rows, per token */
+                ed_mdot_rows(t, K, w, rb, ROWS, xq + c * xr, xr, 1, one + c * ROWS, ROWS);
+            for (int i = 0; i < COLS * ROWS; i++) err = fmax(err, fabs(one[i] - ref[i]));
+            digest = fnv(digest, one, COLS * ROWS);
+            /* ED_MDOT_SAME: every column equal to the one-token path bit for bit, for 1..4 columns,
+               on the decode batch's row layout (ed_same_act_bytes); also over a row length
+               whose tails differ: an odd number of 32-blocks (Q4_0's two chains), a float row
+               that is not a multiple of 16 (the scalar tail) */
+            int same_ok = 1;
             const int k2 = tr.block == QK ? K - QK : tr.block == 1 ? K - 8 : K;
             for (int k = K; ED_MDOT_SAME[t] && k >= k2; k -= (K - k2 ? K - k2 : 1)) {
-                if (!strcmp(same, "none")) same = "exact";
                 const size_t kr = ed_act_row_bytes(t, k), sr = ed_same_act_bytes(t, k);
+                const float *want = one;
+                if (k != K) {
+                    for (int c = 0; c < COLS; c++) {
+                        ED_ACT[tr.vec_type].quant(x + c * K, xq2 + c * kr, k);
+                        ed_mdot_rows(t, k, w, rb, ROWS, xq2 + c * kr, kr, 1, one2 + c * ROWS, ROWS);
+                    }
+                    want = one2;
+                }
                 for (int c = 0; c < COLS; c++) {
-                    ED_ACT[tr.vec_type].quant(x + c * K, xq + c * kr, k);
-                    ed_mdot_rows(t, k, w, rb, ROWS, xq + c * kr, kr, 1, ref + c * ROWS, ROWS);
-                    memcpy(xs + c * sr, xq + c * kr, kr);  /* the decode batch's row layout */
+                    memcpy(xs + c * sr, (k == K ? xq : xq2) + c * kr, kr);
                     ed_same_act_scales(t, xs + c * sr, k);
                 }
                 for (int nc = 1; nc <= ED_MAX_COLS; nc++) {
                     for (int r = 0; r < ROWS; r++) ED_MDOT_SAME[t](k, w + r * rb, xs, sr, nc, got + r, ROWS);
-                    if (memcmp(got, ref, sizeof(float) * nc * ROWS)) same = "DIFFERS";
+                    same_ok &= !memcmp(got, want, sizeof(float) * nc * ROWS);
                 }
             }
-            const int ok = err <= 1e-4 * (scale + 1e-3) && strcmp(same, "DIFFERS");
+            printf("digest %s %s %016llx %s%s\n", paths[p], names[ti], (unsigned long long)digest,
+                   ED_TRAITS[t].dot == tr.dot ? "generic-dot" : "simd-dot",
+                   ED_MDOT_SAME[t] ? (same_ok ? " same-ok" : " same-FAIL") : "");
+            failures += !same_ok;
+            if (ed_gemm_ok(t)) {  /* packed panels, as a prompt batch uses them */
+                static ed_ginfo info[COLS * (K / 32 + K / 16)];
+                static uint8_t scratch[K * 64 + 4096] __attribute__((aligned(64)));
+                const size_t il = ed_gemm_info_len(K);
+                for (int c = 0; c < COLS; c++) ed_gemm_info(tr.vec_type, K, xq + c * xr, info + c * il);
+                ed_gemm_rows(t, K, w, rb, ROWS, xq, xr, info, il, COLS, got, ROWS, scratch);
+                double gerr = 0;
+                for (int i = 0; i < COLS * ROWS; i++) gerr = fmax(gerr, fabs(got[i] - ref[i]));
+                printf("%s %s panels max_abs_err %.3g\n", paths[p], names[ti], gerr);
+                err = fmax(err, gerr);
+            }
+            const int ok = err <= 1e-4 * (scale + 1e-3);
             failures += !ok;
-            printf("%s %s max_abs_err %.3g scale %.3g same %s %s\n", paths[p], names[ti], err, scale, same,
-                   ok ? "ok" : "FAIL");
+            printf("%s %s max_abs_err %.3g scale %.3g %s\n", paths[p], names[ti], err, scale, ok ? "ok" : "FAIL");
         }
     }
     /* quantizer bytes must not depend on the architecture: print a hash per type */

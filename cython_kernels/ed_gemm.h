@@ -1,0 +1,316 @@
+/* Packed matrix-matrix products for prompt batches (included by ed_simd.h).
+ *
+ * A tile of one weight row against a few tokens (ED_MDOT) ends every block in a horizontal
+ * sum and a scalar scale. For a batch of many tokens edged instead unpacks a panel of
+ * ED_PANEL (16) weight rows into a scratch buffer, once per call, in an interleaved layout:
+ * for each group of G weights, G/4 vectors of 64 bytes, vector q holding weights 4q..4q+3 of
+ * all 16 rows (row r in 32-bit lane r). One u8 x s8 dot-product instruction against 4
+ * activation bytes broadcast to every lane then adds 4 products to each row's lane, so a
+ * panel's 16 outputs for one token come out in one register with no horizontal sums, and the
+ * per-block scales are applied 16 rows at a time. The panel is reused for every token of
+ * the batch, so unpacking costs little against the products.
+ *
+ * Every packable type is written in one form: in group g (G consecutive weights of a row)
+ *     w[k] = A[g] * (u[k] - off) + C[g],   u in 0..255 (unsigned), off a per-type integer,
+ * so with the activations y[k] = dy * q[k] (Q8_0 / Q8_1 / Q8_K, as for the other paths):
+ *     row . y = sum over g of  A[g] * dy_g * (sum u*q - off * sum q)  +  C[g] * dy_g * sum q.
+ * The integer part is exact; types with an offset (Q4_0, Q5_0, Q8_0, Q6_K, Q3_K) have C = 0,
+ * the others (Q4_1, Q5_1, Q4_K, Q5_K, Q2_K) have off = 0. A and C are the float scales the
+ * reference dequantizer applies (d, d * sub-block scale, min terms). In the panel every
+ * offset type is stored with off = 128 (u + 128 - off still fits a byte), so the activation
+ * side (per group: dy, 128 * sum q, dy * sum q) does not depend on the weight type and is
+ * computed once per batch, when the activations are quantized.
+ *
+ *   ed_gemm_ok(type)            1 when the selected path packs `type`
+ *   ed_gemm_info_len(K)         ed_ginfo entries per activation row of K
+ *   ed_gemm_info(vt, K, xq, info)   one quantized activation row's group info
+ *   ed_gemm_scratch(K)          bytes of one thread's scratch for weight rows of K
+ *   ed_gemm_rows(type, K, w, row_bytes, nr, xq, xs, info, is, n, out, ldo, scratch)
+ *                               out[c*ldo + r] = W[r] . xq[c] for r < nr, c < n; token c's
+ *                               info at info + c*is
+ */
+#ifndef EDGED_ED_GEMM_H
+#define EDGED_ED_GEMM_H
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+#include "ed_types.h"
+
+#ifndef ED_ALIGN
+#define ED_ALIGN(n) (((n) + 63) & ~(size_t)63)
+#endif
+
+#define ED_PANEL 16
+/* below this many tokens the row tiles (ED_MDOT) are used: unpacking would not pay */
+static int ED_GEMM_MIN_COLS = 8;
+
+/* per token and group: the activation scale dy, 128 * sum q (for offset types), dy * sum q */
+typedef struct { float dy; int32_t yoff; float dys; } ed_ginfo;
+
+/* unpack one weight row of K into u (K bytes) and A, C (K / G floats each) */
+typedef void (*ed_unpack_fn)(const void *row, int K, uint8_t *u, float *A, float *C);
+/* the same, with `lift` (128 - off) added to every u: the path's fast versions (ED_GEMM_UNPACK) */
+typedef void (*ed_unpack_lift_fn)(const void *row, int K, uint8_t *u, float *A, float *C, uint8_t lift);
+
+typedef struct { int G, off; ed_unpack_fn unpack; } ed_gemm_traits;
+
+static void ed_unpack_q4_0(const void *vx, int K, uint8_t *u, float *A, float *C) {
+    const blk_q4_0 *x = vx;
+    for (int b = 0; b < K / QK; b++, u += QK) {
+        for (int j = 0; j < QK / 2; j++) { u[j] = x[b].qs[j] & 0xF; u[j + QK / 2] = x[b].qs[j] >> 4; }
+        A[b] = H2F(x[b].d); C[b] = 0.0f;
+    }
+}
+
+static void ed_unpack_q4_1(const void *vx, int K, uint8_t *u, float *A, float *C) {
+    const blk_q4_1 *x = vx;
+    for (int b = 0; b < K / QK; b++, u += QK) {
+        for (int j = 0; j < QK / 2; j++) { u[j] = x[b].qs[j] & 0xF; u[j + QK / 2] = x[b].qs[j] >> 4; }
+        A[b] = H2F(x[b].d); C[b] = H2F(x[b].m);
+    }
+}
+
+static void ed_unpack_q5_0(const void *vx, int K, uint8_t *u, float *A, float *C) {
+    const blk_q5_0 *x = vx;
+    for (int b = 0; b < K / QK; b++, u += QK) {
+        uint32_t qh; memcpy(&qh, x[b].qh, 4);
+        for (int j = 0; j < QK / 2; j++) {
+            u[j] = (uint8_t)((x[b].qs[j] & 0xF) | (((qh >> j) & 1) << 4));
+            u[j + QK / 2] = (uint8_t)((x[b].qs[j] >> 4) | (((qh >> (j + 16)) & 1) << 4));
+        }
+        A[b] = H2F(x[b].d); C[b] = 0.0f;
+    }
+}
+
+static void ed_unpack_q5_1(const void *vx, int K, uint8_t *u, float *A, float *C) {
+    const blk_q5_1 *x = vx;
+    for (int b = 0; b < K / QK; b++, u += QK) {
+        uint32_t qh; memcpy(&qh, x[b].qh, 4);
+        for (int j = 0; j < QK / 2; j++) {
+            u[j] = (uint8_t)((x[b].qs[j] & 0xF) | (((qh >> j) & 1) << 4));
+            u[j + QK / 2] = (uint8_t)((x[b].qs[j] >> 4) | (((qh >> (j + 16)) & 1) << 4));
+        }
+        A[b] = H2F(x[b].d); C[b] = H2F(x[b].m);
+    }
+}
+
+static void ed_unpack_q8_0(const void *vx, int K, uint8_t *u, float *A, float *C) {
+    const blk_q8_0 *x = vx;
+    for (int b = 0; b < K / QK; b++, u += QK) {
+        for (int j = 0; j < QK; j++) u[j] = (uint8_t)(x[b].qs[j] + 128);
+        A[b] = H2F(x[b].d); C[b] = 0.0f;
+    }
+}
+
+/* K-quants with 8 groups of 32: element order of the dequantizer (64 per pair of groups) */
+static void ed_unpack_q4_K(const void *vx, int K, uint8_t *u, float *A, float *C) {
+    const blk_q4_K *x = vx;
+    uint8_t sc[8], mn[8];
+    for (int i = 0; i < K / QKK; i++, u += QKK, A += 8, C += 8) {
+        ed_k_scales(x[i].scales, sc, mn);
+        const float d = H2F(x[i].d), dmin = H2F(x[i].dmin);
+        for (int j = 0; j < 4; j++) {
+            const uint8_t *q = x[i].qs + 32 * j;
+            for (int l = 0; l < 32; l++) { u[64 * j + l] = q[l] & 0xF; u[64 * j + 32 + l] = q[l] >> 4; }
+        }
+        for (int j = 0; j < 8; j++) { A[j] = d * sc[j]; C[j] = -dmin * mn[j]; }
+    }
+}
+
+static void ed_unpack_q5_K(const void *vx, int K, uint8_t *u, float *A, float *C) {
+    const blk_q5_K *x = vx;
+    uint8_t sc[8], mn[8];
+    for (int i = 0; i < K / QKK; i++, u += QKK, A += 8, C += 8) {
+        ed_k_scales(x[i].scales, sc, mn);
+        const float d = H2F(x[i].d), dmin = H2F(x[i].dmin);
+        for (int j = 0; j < 4; j++) {
+            const uint8_t *q = x[i].qs + 32 * j, *h = x[i].qh;
+            const int b0 = 2 * j, b1 = 2 * j + 1;
+            for (int l = 0; l < 32; l++) {
+                u[64 * j + l] = (uint8_t)((q[l] & 0xF) | (((h[l] >> b0) & 1) << 4));
+                u[64 * j + 32 + l] = (uint8_t)((q[l] >> 4) | (((h[l] >> b1) & 1) << 4));
+            }
+        }
+        for (int j = 0; j < 8; j++) { A[j] = d * sc[j]; C[j] = -dmin * mn[j]; }
+    }
+}
+
+/* K-quants with 16 groups of 16 */
+static void ed_unpack_q6_K(const void *vx, int K, uint8_t *u, float *A, float *C) {
+    const blk_q6_K *x = vx;
+    for (int i = 0; i < K / QKK; i++, u += QKK, A += 16, C += 16) {
+        const uint8_t *ql = x[i].ql, *qh = x[i].qh;
+        for (int h = 0; h < 2; h++, ql += 64, qh += 32) {
+            uint8_t *o = u + 128 * h;
+            for (int l = 0; l < 32; l++) {
+                o[l] = (uint8_t)((ql[l] & 0xF) | (((qh[l] >> 0) & 3) << 4));
+                o[l + 32] = (uint8_t)((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4));
+                o[l + 64] = (uint8_t)((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4));
+                o[l + 96] = (uint8_t)((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4));
+            }
+        }
+        const float d = H2F(x[i].d);
+        for (int j = 0; j < 16; j++) { A[j] = d * x[i].scales[j]; C[j] = 0.0f; }
+    }
+}
+
+static void ed_unpack_q3_K(const void *vx, int K, uint8_t *u, float *A, float *C) {
+    const blk_q3_K *x = vx;
+    const uint32_t kmask1 = 0x03030303, kmask2 = 0x0f0f0f0f;
+    for (int i = 0; i < K / QKK; i++, u += QKK, A += 16, C += 16) {
+        const uint8_t *q3 = x[i].qs, *hm = x[i].hmask;
+        uint8_t *o = u, m = 1;
+        for (int j = 0; j < QKK; j += 128, q3 += 32)
+            for (int sh = 0; sh < 8; sh += 2, o += 32, m <<= 1)
+                for (int l = 0; l < 32; l++) o[l] = (uint8_t)(((q3[l] >> sh) & 3) + (hm[l] & m ? 4 : 0));
+        uint32_t a[4];
+        memcpy(a, x[i].scales, 12);
+        const uint32_t tmp = a[2];
+        a[2] = ((a[0] >> 4) & kmask2) | (((tmp >> 4) & kmask1) << 4);
+        a[3] = ((a[1] >> 4) & kmask2) | (((tmp >> 6) & kmask1) << 4);
+        a[0] = (a[0] & kmask2) | (((tmp >> 0) & kmask1) << 4);
+        a[1] = (a[1] & kmask2) | (((tmp >> 2) & kmask1) << 4);
+        const int8_t *sc = (const int8_t *)a;
+        const float d = H2F(x[i].d);
+        for (int j = 0; j < 16; j++) { A[j] = d * (sc[j] - 32); C[j] = 0.0f; }
+    }
+}
+
+static void ed_unpack_q2_K(const void *vx, int K, uint8_t *u, float *A, float *C) {
+    const blk_q2_K *x = vx;
+    for (int i = 0; i < K / QKK; i++, u += QKK, A += 16, C += 16) {
+        const uint8_t *q = x[i].qs;
+        uint8_t *o = u;
+        for (int n = 0; n < QKK; n += 128, q += 32)
+            for (int sh = 0; sh < 8; sh += 2, o += 32)
+                for (int l = 0; l < 32; l++) o[l] = (q[l] >> sh) & 3;
+        const float d = H2F(x[i].d), dmin = H2F(x[i].dmin);
+        for (int j = 0; j < 16; j++) { A[j] = d * (x[i].scales[j] & 0xF); C[j] = -dmin * (x[i].scales[j] >> 4); }
+    }
+}
+
+static const ed_gemm_traits ED_GEMM_TRAITS[ED_NTYPES] = {
+    [ED_Q4_0] = {32, 8, ed_unpack_q4_0},   [ED_Q4_1] = {32, 0, ed_unpack_q4_1},
+    [ED_Q5_0] = {32, 16, ed_unpack_q5_0},  [ED_Q5_1] = {32, 0, ed_unpack_q5_1},
+    [ED_Q8_0] = {32, 128, ed_unpack_q8_0},
+    [ED_Q2_K] = {16, 0, ed_unpack_q2_K},   [ED_Q3_K] = {16, 4, ed_unpack_q3_K},
+    [ED_Q4_K] = {32, 0, ed_unpack_q4_K},   [ED_Q5_K] = {32, 0, ed_unpack_q5_K},
+    [ED_Q6_K] = {16, 32, ed_unpack_q6_K},
+};
+
+/* The path's panel kernel: 16 rows (panel u: ng groups of G*16 bytes; ac: per group 16 A
+ * then 16 C floats) against nc tokens. Token c's group g starts at xq + c*xs + goff[g];
+ * info[c*is + g] is its ed_ginfo. Writes out[c*ldo + r] for r < nr. */
+typedef void (*ed_gemm_kernel_fn)(int ng, int G, int has_c, const uint8_t *pu, const float *ac,
+                                  const int32_t *goff, const uint8_t *xq, size_t xs,
+                                  const ed_ginfo *info, size_t is, int nc, float *out, size_t ldo,
+                                  int nr);
+static ed_gemm_kernel_fn ED_GEMM_KERNEL;
+/* 1: the kernel takes offset types lifted to off = 128 (the u8 x s8 products need no i16
+ * headroom: VNNI); 0: unlifted values, each offset folded into C = -off * A */
+static int ED_GEMM_LIFT = 1;
+/* 1: the kernel sums u8 x s8 pairs in i16 (no VNNI), which Q8_0's bytes would overflow */
+static int ED_GEMM_I16 = 0;
+static ed_unpack_lift_fn ED_GEMM_UNPACK[ED_NTYPES];  /* path-specific unpackers, else NULL */
+
+static int ed_gemm_ok(int type) {
+    return ED_GEMM_KERNEL && type >= 0 && type < ED_NTYPES && ED_GEMM_TRAITS[type].unpack &&
+           !(ED_GEMM_I16 && type == ED_Q8_0);
+}
+
+/* the path's transpose of 16 unpacked rows (row r at u + r*K) into panel order */
+typedef void (*ed_gemm_transpose_fn)(const uint8_t *u, int K, int G, uint8_t *pu);
+static void ed_gemm_transpose_generic(const uint8_t *u, int K, int G, uint8_t *pu) {
+    for (int g = 0; g < K / G; g++)
+        for (int q = 0; q < G / 4; q++, pu += 4 * ED_PANEL)
+            for (int r = 0; r < ED_PANEL; r++) memcpy(pu + 4 * r, u + (size_t)r * K + g * G + 4 * q, 4);
+}
+static ed_gemm_transpose_fn ED_GEMM_TRANSPOSE = ed_gemm_transpose_generic;
+
+static size_t ed_gemm_info_len(int64_t K) { return (size_t)(K / 32 + K / 16); }
+
+/* One quantized activation row (format vt, K elements): its groups of 32 (entries
+ * [0, K/32)) and of 16 (entries [K/32, K/32 + K/16)). */
+static void ed_gemm_info(int vt, int K, const uint8_t *row, ed_ginfo *info) {
+    const int be = ED_ACT[vt].block, bb = ED_ACT[vt].type_size;
+    const int qs_at = vt == ED_Q8_0 ? (int)offsetof(blk_q8_0, qs)
+                    : vt == ED_Q8_1 ? (int)offsetof(blk_q8_1, qs) : (int)offsetof(blk_q8_K, qs);
+    ed_ginfo *i16 = info + K / 32;
+    for (int g = 0; g < K / 16; g++) {
+        const uint8_t *blk = row + (g * 16 / be) * bb;
+        const float dy = vt == ED_Q8_K ? ((const blk_q8_K *)blk)->d : H2F(((const blk_q8_0 *)blk)->d);
+        const int8_t *q = (const int8_t *)(blk + qs_at + (g * 16) % be);
+        int32_t sum = 0;
+        for (int j = 0; j < 16; j++) sum += q[j];
+        i16[g] = (ed_ginfo){dy, 128 * sum, dy * (float)sum};
+    }
+    for (int g = 0; g < K / 32; g++) {
+        const int32_t sum = (i16[2 * g].yoff + i16[2 * g + 1].yoff) / 128;
+        const float dy = i16[2 * g].dy;
+        float dys = dy * (float)sum;
+        if (vt == ED_Q8_1) dys = H2F(((const blk_q8_1 *)(row + g * bb))->s);  /* its stored d * sum, as the dot uses */
+        info[g] = (ed_ginfo){dy, 128 * sum, dys};
+    }
+}
+
+static size_t ed_gemm_scratch(int64_t K) {
+    const size_t ng = (size_t)K / 16;  /* the most groups any type has */
+    return ED_ALIGN((size_t)K * ED_PANEL)                /* the panel */
+         + ED_ALIGN(ng * 2 * ED_PANEL * sizeof(float))   /* its A, C */
+         + ED_ALIGN((size_t)K * ED_PANEL)                /* 16 unpacked rows */
+         + ED_ALIGN(ng * 2 * sizeof(float))              /* one row's A, C */
+         + ED_ALIGN(ng * sizeof(int32_t));               /* group offsets */
+}
+
+/* rows [0, nr) of W (nr <= 16) into the interleaved panel; rows past nr are zero */
+static void ed_gemm_pack(int type, int K, const uint8_t *w, size_t row_bytes, int nr,
+                         uint8_t *pu, float *ac, uint8_t *ubuf, float *abuf) {
+    const ed_gemm_traits *t = &ED_GEMM_TRAITS[type];
+    const int G = t->G, ng = K / G;
+    const uint8_t lift = (uint8_t)(t->off && ED_GEMM_LIFT ? 128 - t->off : 0);
+    const int fold = t->off && !ED_GEMM_LIFT;  /* offset into C */
+    float *cbuf = abuf + ng;
+    for (int r = 0; r < ED_PANEL; r++) {
+        uint8_t *u = ubuf + (size_t)r * K;
+        if (r < nr && ED_GEMM_UNPACK[type]) {
+            ED_GEMM_UNPACK[type](w + (size_t)r * row_bytes, K, u, abuf, cbuf, lift);
+        } else if (r < nr) {
+            t->unpack(w + (size_t)r * row_bytes, K, u, abuf, cbuf);
+            if (lift) for (int k = 0; k < K; k++) u[k] += lift;
+        } else {
+            memset(u, 0, (size_t)K);
+            memset(abuf, 0, sizeof(float) * 2 * (size_t)ng);
+        }
+        for (int g = 0; g < ng; g++) {
+            ac[g * 2 * ED_PANEL + r] = abuf[g];
+            ac[g * 2 * ED_PANEL + ED_PANEL + r] = fold ? -(float)t->off * abuf[g] : cbuf[g];
+        }
+    }
+    ED_GEMM_TRANSPOSE(ubuf, K, G, pu);
+}
+
+/* out[c*ldo + r] = W[r] . xq[c] for r < nr (any), c < n: panels of 16 rows, each unpacked once */
+static void ed_gemm_rows(int type, int K, const uint8_t *w, size_t row_bytes, int nr,
+                         const uint8_t *xq, size_t xs, const ed_ginfo *info, size_t is, int n,
+                         float *out, size_t ldo, uint8_t *scratch) {
+    const int G = ED_GEMM_TRAITS[type].G, ng = K / G, has_c = ED_GEMM_TRAITS[type].off == 0 || !ED_GEMM_LIFT;
+    const size_t ngmax = (size_t)K / 16;
+    const int vt = ED_TRAITS[type].vec_type;
+    const int be = ED_ACT[vt].block, bb = ED_ACT[vt].type_size;
+    const int qs_at = vt == ED_Q8_0 ? (int)offsetof(blk_q8_0, qs)
+                    : vt == ED_Q8_1 ? (int)offsetof(blk_q8_1, qs) : (int)offsetof(blk_q8_K, qs);
+    uint8_t *pu = scratch;
+    float *ac = (float *)(pu + ED_ALIGN((size_t)K * ED_PANEL));
+    uint8_t *ubuf = (uint8_t *)ac + ED_ALIGN(ngmax * 2 * ED_PANEL * sizeof(float));
+    float *abuf = (float *)(ubuf + ED_ALIGN((size_t)K * ED_PANEL));
+    int32_t *goff = (int32_t *)((uint8_t *)abuf + ED_ALIGN(ngmax * 2 * sizeof(float)));
+    for (int g = 0; g < ng; g++) goff[g] = (g * G / be) * bb + qs_at + (g * G) % be;
+    if (G == 16) info += K / 32;
+    for (int r0 = 0; r0 < nr; r0 += ED_PANEL) {
+        const int pr = nr - r0 < ED_PANEL ? nr - r0 : ED_PANEL;
+        ed_gemm_pack(type, K, w + (size_t)r0 * row_bytes, row_bytes, pr, pu, ac, ubuf, abuf);
+        ED_GEMM_KERNEL(ng, G, has_c, pu, ac, goff, xq, xs, info, is, n, out + r0, ldo, pr);
+    }
+}
+
+#endif

@@ -1,0 +1,241 @@
+/* llama.cpp's floating-point details, mirrored bit for bit in portable C.
+ *
+ * The golden logits (testdata/golden) come from llama.cpp's CPU backend, x86 AVX-512 build,
+ * flash attention off. Beyond the weight kernels (Q8 activations, mirrored in ed_types.h and
+ * the SIMD paths), its results depend on a few rounding and summation-order details that are
+ * cheap to reproduce exactly, so every kernel path (generic, avx2, avx512, neon) computes the
+ * same numbers as the golden machine:
+ *
+ *  - attention without flash attention is two F16 matrix products around an F32 softmax: the
+ *    query is rounded to F16 for q.k (the K cache is F16), and the softmax row is rounded to
+ *    F16 before it multiplies the F16 V cache. The F16 products are exact in float, so only the
+ *    order of the float additions matters: one row (a decoded token) goes through
+ *    ggml_vec_dot_f16 (64 lanes: 4 registers x 16, then a fixed reduction tree), a batch of
+ *    >= 2 rows through llamafile's tinyBLAS (16 lanes per output, then the same 16-lane tree);
+ *  - the softmax uses ggml's vector expf (a polynomial with FMAs, not libm's expf), sums
+ *    16-lane groups in float and the groups in double, and multiplies by 1/sum;
+ *  - SiLU is x / (1 + that expf(-x)); GELU reads a table over all F16 inputs;
+ *  - RoPE's rotation and the GELU table use the FMAs GCC forms from ggml's a*c - b*s,
+ *    a*s + b*c and 1 + k*x*x (checked: the other pairing breaks the exact files);
+ *  - RMSNorm squares in float and sums in double (forward.h).
+ *
+ * Products of two F16 values are exact in float, so an FMA and a multiply-then-add agree there;
+ * the FMAs whose fusion changes results (expf, RoPE, the GELU table) are explicit fmaf() calls,
+ * and the only other multiplies feeding adds are those exact F16 products, so a compiler that
+ * contracts (aarch64) computes the same. The 16-lane tree is GCC's _mm512_reduce_add_ps: halves (8), quarters (4),
+ * pairs (2, 3, 0, 1), last two.
+ */
+#ifndef EDGED_ED_PARITY_H
+#define EDGED_ED_PARITY_H
+
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+#include "ed_types.h"
+
+static float ED_PM_H2F[65536];  /* F16 bits -> float */
+#define ED_PM_F(h) ED_PM_H2F[(uint16_t)(h)]
+
+/* the reduction tree of a 16-lane float register */
+static inline float ed_pm_hsum16(const float *l) {
+    float a[8], b[4];
+    for (int i = 0; i < 8; i++) a[i] = l[i + 8] + l[i];
+    for (int i = 0; i < 4; i++) b[i] = a[i + 4] + a[i];
+    return (b[0] + b[2]) + (b[1] + b[3]);
+}
+
+/* ggml's vector expf (AVX-512 form), one lane: exp(x) = 2^n * p(b), x = n ln2 + b */
+static inline float ed_pm_expf(float x) {
+    const float r = 0x1.8p23f;
+    const float z = fmaf(x, 0x1.715476p+0f, r);
+    const float n = z - r;
+    const float b = fmaf(-n, 0x1.7f7d1cp-20f, fmaf(-n, 0x1.62e4p-1f, x));
+    if (fabsf(n) > 192.0f) return n <= 0.0f ? 0.0f : INFINITY;  /* also x = -inf: 0 */
+    const float u = b * b;
+    const float j = fmaf(fmaf(fmaf(0x1.0e4020p-7f, b, 0x1.573e2ep-5f), u, fmaf(0x1.555e66p-3f, b, 0x1.fffdb6p-2f)),
+                         u, fmaf(0x1.ffffecp-1f, b, 1.0f));
+    const int e = (int)n;  /* vscalefps: j * 2^n, rounded once */
+    if (e < -126 || e > 127) return ldexpf(j, e);
+    const uint32_t bits = (uint32_t)(e + 127) << 23;
+    float p2; memcpy(&p2, &bits, 4);
+    return j * p2;
+}
+
+static inline float ed_pm_silu(float x) {
+    return x / (1.0f + ed_pm_expf(0.0f - x));
+}
+
+/* GELU (tanh form) as ggml's F32 path computes it: |x| < 10 through a table over the F16
+ * inputs, entries computed in float (the compiler fuses 1 + a*x*x into an FMA there) and
+ * stored as F16. */
+static ed_half ED_PM_GELU[65536];
+
+static void ed_pm_init(void) {
+    for (int i = 0; i < 65536; i++) {
+        const float x = ed_fp16_to_fp32((ed_half)i);
+        ED_PM_H2F[i] = x;
+        const float g = 0.5f * x * (1.0f + tanhf(0.79788456080286535587989211986876f * x *
+                                                 fmaf(0.044715f * x, x, 1.0f)));
+        ED_PM_GELU[i] = ed_fp32_to_fp16(g);
+    }
+}
+
+static inline float ed_pm_gelu(float x) {
+    if (x <= -10.0f) return 0.0f;
+    if (x >= 10.0f) return x;
+    return ED_PM_F(ED_PM_GELU[ed_fp32_to_fp16(x)]);
+}
+
+/* RoPE's rotation of (a, b) by (c, s) as GCC contracts ggml's a*c - b*s and a*s + b*c */
+static inline float ed_pm_rot0(float a, float b, float c, float s) { return fmaf(a, c, -(b * s)); }
+static inline float ed_pm_rot1(float a, float b, float c, float s) { return fmaf(a, s, b * c); }
+
+/* x . y over n F16 values: ggml_vec_dot_f16's order (one row) or tinyBLAS's (batch; it needs
+ * n % 16 == 0, else ggml falls back to the vec_dot order). */
+static inline float ed_pm_dot_f16(int n, const ed_half *x, const ed_half *y, int batch) {
+    if (batch && n % 16 == 0) {
+        float acc[16] = {0};
+        for (int i = 0; i < n; i += 16)
+            for (int l = 0; l < 16; l++) acc[l] += ED_PM_F(x[i + l]) * ED_PM_F(y[i + l]);
+        return ed_pm_hsum16(acc);
+    }
+    const int np = n & ~63;
+    float acc[64] = {0}, r[16];
+    for (int i = 0; i < np; i += 64)
+        for (int l = 0; l < 64; l++) acc[l] += ED_PM_F(x[i + l]) * ED_PM_F(y[i + l]);
+    for (int l = 0; l < 16; l++) r[l] = (acc[l] + acc[l + 32]) + (acc[l + 16] + acc[l + 48]);
+    double s = ed_pm_hsum16(r);
+    for (int i = np; i < n; i++) s += (double)(ED_PM_F(x[i]) * ED_PM_F(y[i]));
+    return (float)s;
+}
+
+/* The same three steps with AVX2/FMA/F16C, for the x86 kernel paths. Lane for lane they do
+ * the scalar code's operations (F16 -> float conversions are exact, the products of two F16
+ * values are exact so fused and unfused multiply-adds agree, the reduction trees run on the
+ * stored lanes), so the results are identical to the scalar versions above. */
+#if defined(__x86_64__)
+#include <immintrin.h>
+#define ED_PM_X86 __attribute__((target("avx2,fma,f16c")))
+
+static inline __m256 ED_PM_X86 ed_pm_h8(const ed_half *p) {
+    return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
+}
+
+/* ed_pm_hsum16 of the 16 lanes lo (0-7) and hi (8-15), in registers */
+static inline float ED_PM_X86 ed_pm_hsum16_x86(__m256 lo, __m256 hi) {
+    const __m256 a = _mm256_add_ps(hi, lo);                                   /* a[i] = l[i+8] + l[i] */
+    const __m128 b = _mm_add_ps(_mm256_extractf128_ps(a, 1), _mm256_castps256_ps128(a)); /* a[i+4] + a[i] */
+    const __m128 c = _mm_add_ps(b, _mm_movehl_ps(b, b));                      /* b0+b2, b1+b3 */
+    return _mm_cvtss_f32(_mm_add_ss(c, _mm_movehdup_ps(c)));
+}
+
+static float ED_PM_X86 ed_pm_dot_f16_x86(int n, const ed_half *x, const ed_half *y, int batch) {
+    if (batch && n % 16 == 0) {
+        __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+        for (int i = 0; i < n; i += 16) {
+            a0 = _mm256_fmadd_ps(ed_pm_h8(x + i), ed_pm_h8(y + i), a0);
+            a1 = _mm256_fmadd_ps(ed_pm_h8(x + i + 8), ed_pm_h8(y + i + 8), a1);
+        }
+        return ed_pm_hsum16_x86(a0, a1);
+    }
+    const int np = n & ~63;
+    __m256 a[8];
+    for (int k = 0; k < 8; k++) a[k] = _mm256_setzero_ps();
+    for (int i = 0; i < np; i += 64)
+        for (int k = 0; k < 8; k++) a[k] = _mm256_fmadd_ps(ed_pm_h8(x + i + 8 * k), ed_pm_h8(y + i + 8 * k), a[k]);
+    /* lanes l and l+32, l+16 and l+48: registers k and k+4, k+2 and k+6 */
+    const __m256 lo = _mm256_add_ps(_mm256_add_ps(a[0], a[4]), _mm256_add_ps(a[2], a[6]));
+    const __m256 hi = _mm256_add_ps(_mm256_add_ps(a[1], a[5]), _mm256_add_ps(a[3], a[7]));
+    double s = ed_pm_hsum16_x86(lo, hi);
+    for (int i = np; i < n; i++) s += (double)(ED_PM_F(x[i]) * ED_PM_F(y[i]));
+    return (float)s;
+}
+
+/* y[i] = ed_pm_expf(x[i] - mx) for i < n */
+static void ED_PM_X86 ed_pm_expf_sub_x86(int n, const float *x, float mx, float *y) {
+    int i = 0;
+    const __m256 r = _mm256_set1_ps(0x1.8p23f), vmx = _mm256_set1_ps(mx);
+    const __m256 lim = _mm256_set1_ps(126.0f), sign = _mm256_set1_ps(-0.0f);
+    for (; i + 8 <= n; i += 8) {
+        const __m256 v = _mm256_sub_ps(_mm256_loadu_ps(x + i), vmx);
+        const __m256 z = _mm256_fmadd_ps(v, _mm256_set1_ps(0x1.715476p+0f), r);
+        const __m256 nn = _mm256_sub_ps(z, r);
+        const __m256 b = _mm256_fnmadd_ps(nn, _mm256_set1_ps(0x1.7f7d1cp-20f),
+                                          _mm256_fnmadd_ps(nn, _mm256_set1_ps(0x1.62e4p-1f), v));
+        const __m256 u = _mm256_mul_ps(b, b);
+        const __m256 j = _mm256_fmadd_ps(
+            _mm256_fmadd_ps(_mm256_fmadd_ps(_mm256_set1_ps(0x1.0e4020p-7f), b, _mm256_set1_ps(0x1.573e2ep-5f)), u,
+                            _mm256_fmadd_ps(_mm256_set1_ps(0x1.555e66p-3f), b, _mm256_set1_ps(0x1.fffdb6p-2f))),
+            u, _mm256_fmadd_ps(_mm256_set1_ps(0x1.ffffecp-1f), b, _mm256_set1_ps(1.0f)));
+        /* 2^n built in the exponent field where -126 <= n <= 127, else the scalar code */
+        const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(nn), _mm256_set1_epi32(127)), 23);
+        const __m256 res = _mm256_mul_ps(j, _mm256_castsi256_ps(e));
+        const __m256 out = _mm256_cmp_ps(_mm256_andnot_ps(sign, nn), lim, _CMP_GT_OQ);
+        if (_mm256_movemask_ps(out) | _mm256_movemask_ps(_mm256_cmp_ps(v, v, _CMP_UNORD_Q))) {
+            for (int k = 0; k < 8; k++) y[i + k] = ed_pm_expf(x[i + k] - mx);
+        } else {
+            _mm256_storeu_ps(y + i, res);
+        }
+    }
+    for (; i < n; i++) y[i] = ed_pm_expf(x[i] - mx);
+}
+
+/* y[i] = float(f16(x[i] * s)) for i < n */
+static void ED_PM_X86 ed_pm_round_scale_x86(int n, float *x, float s) {
+    int i = 0;
+    const __m256 vs = _mm256_set1_ps(s);
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(x + i, _mm256_cvtph_ps(_mm256_cvtps_ph(_mm256_mul_ps(_mm256_loadu_ps(x + i), vs),
+                                                                _MM_FROUND_TO_NEAREST_INT)));
+    for (; i < n; i++) x[i] = ED_PM_F(ed_fp32_to_fp16(x[i] * s));
+}
+#endif
+
+/* out[i] = the reduction of lane rows L[0..lanes)[i] (16: tinyBLAS, 64: vec_dot) for i < n;
+ * tmp holds 16 rows of n. Loops over i, so the compiler vectorizes them without reordering. */
+static void ed_pm_reduce_lanes(int n, int lanes, const float *const *L, float *tmp, float *out) {
+    float *T[16];
+    for (int l = 0; l < 16; l++) {
+        T[l] = tmp + (size_t)l * n;
+        if (lanes == 16) memcpy(T[l], L[l], sizeof(float) * n);
+        else for (int i = 0; i < n; i++) T[l][i] = (L[l][i] + L[l + 32][i]) + (L[l + 16][i] + L[l + 48][i]);
+    }
+    for (int k = 0; k < 8; k++) for (int i = 0; i < n; i++) T[k][i] = T[k + 8][i] + T[k][i];
+    for (int k = 0; k < 4; k++) for (int i = 0; i < n; i++) T[k][i] = T[k + 4][i] + T[k][i];
+    for (int i = 0; i < n; i++) out[i] = (T[0][i] + T[2][i]) + (T[1][i] + T[3][i]);
+}
+
+/* Dispatch: the x86 versions on the avx2/avx512 kernel paths, the scalar ones elsewhere. */
+static inline int ed_pm_simd(const char *path) {
+#if defined(__x86_64__)
+    return path[0] == 'a';  /* "avx2", "avx512" */
+#else
+    (void)path; return 0;
+#endif
+}
+
+static inline float ed_pm_dot(int simd, int n, const ed_half *x, const ed_half *y, int batch) {
+#if defined(__x86_64__)
+    if (simd) return ed_pm_dot_f16_x86(n, x, y, batch);
+#endif
+    (void)simd;
+    return ed_pm_dot_f16(n, x, y, batch);
+}
+
+static inline void ed_pm_expf_sub(int simd, int n, const float *x, float mx, float *y) {
+#if defined(__x86_64__)
+    if (simd) { ed_pm_expf_sub_x86(n, x, mx, y); return; }
+#endif
+    (void)simd;
+    for (int i = 0; i < n; i++) y[i] = ed_pm_expf(x[i] - mx);
+}
+
+static inline void ed_pm_round_scale(int simd, int n, float *x, float s) {
+#if defined(__x86_64__)
+    if (simd) { ed_pm_round_scale_x86(n, x, s); return; }
+#endif
+    (void)simd;
+    for (int i = 0; i < n; i++) x[i] = ED_PM_F(ed_fp32_to_fp16(x[i] * s));
+}
+
+#endif

@@ -1,0 +1,101 @@
+#!/usr/bin/env python3
+"""Instructions per 32 weights of each aarch64 dot product and tile, counted under qemu (no Arm
+machine needed; qemu's timings mean nothing, its instruction counts do). Builds a small driver
+with aarch64-linux-gnu-gcc -O3 (as setup.py builds the module), runs it under qemu-aarch64 with
+an execution trace, and sums the instructions executed inside each kernel function: the generic
+C dot, the NEON dot and 4-token tile, and the same with dotprod. One row of K = 4096 weights.
+
+    python tools/neon_icount.py
+"""
+import collections
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TYPES = ["F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"]
+K, C = 4096, 4
+
+DRIVER = r"""
+#include <stdio.h>
+#include "forward.h"
+#include "ed_quant.h"
+static uint64_t s = 88172645463325252ull;
+static uint32_t rnd(void) { s ^= s << 13; s ^= s >> 7; s ^= s << 17; return (uint32_t)s; }
+static float rndf(void) { return (float)(rnd() % 2000001) / 1000000.0f - 1.0f; }
+int main(void) {
+    static const int types[] = {%(ids)s};
+    static uint8_t w[%(K)d * 4], xq[%(C)d * %(K)d * 4];
+    static float x[%(C)d * %(K)d], f[%(K)d], out[%(C)d];
+    volatile float sink = 0;
+    for (int i = 0; i < %(C)d * %(K)d; i++) x[i] = rndf();
+    for (int i = 0; i < %(K)d; i++) f[i] = rndf();
+    for (unsigned ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
+        const int t = types[ti];
+        ed_types_init("generic");
+        const ed_traits tr = ED_TRAITS[t];
+        const size_t xr = ed_act_row_bytes(t, %(K)d);
+        if (ed_quantize_row(t, f, w, %(K)d))  /* a valid weight row; float types as they are */
+            ED_ACT[t].quant(f, w, %(K)d);
+        for (int c = 0; c < %(C)d; c++) ED_ACT[tr.vec_type].quant(x + c * %(K)d, xq + c * xr, %(K)d);
+        sink += tr.dot(%(K)d, w, xq);
+        ed_neon_install();
+        sink += ED_TRAITS[t].dot(%(K)d, w, xq); ED_MDOT[t](%(K)d, w, xq, xr, %(C)d, out, 1); sink += out[0];
+        ed_neondp_install();
+        sink += ED_TRAITS[t].dot(%(K)d, w, xq); ED_MDOT[t](%(K)d, w, xq, xr, %(C)d, out, 1); sink += out[0];
+    }
+    return sink == 12345.0f;
+}
+"""
+
+
+def main():
+    cc = shutil.which("aarch64-linux-gnu-gcc")
+    qemu = shutil.which("qemu-aarch64-static") or shutil.which("qemu-aarch64")
+    if not cc or not qemu:
+        sys.exit("needs aarch64-linux-gnu-gcc and qemu-aarch64 (tools/bootstrap.sh)")
+    with tempfile.TemporaryDirectory() as tmp:
+        src, exe, log = (os.path.join(tmp, n) for n in ("icount.c", "icount", "trace.log"))
+        with open(src, "w") as fh:
+            fh.write(DRIVER.replace("%(ids)s", ", ".join("ED_" + t for t in TYPES)).replace("%(K)d", str(K))
+                     .replace("%(C)d", str(C)))
+        subprocess.run([cc, "-O3", "-fno-math-errno", "-DNDEBUG", "-std=gnu11", "-pthread", "-static",
+                        "-I" + os.path.join(ROOT, "cython_kernels"), src, "-lm", "-o", exe], check=True)
+        subprocess.run([qemu, "-cpu", "max", "-d", "in_asm,exec,nochain", "-D", log, exe], check=True)
+        syms = []  # (start, end, name) of the kernel functions
+        nm = subprocess.run([cc.replace("gcc", "nm"), "-S", "--defined-only", exe], capture_output=True, text=True)
+        for line in nm.stdout.splitlines():
+            p = line.split()
+            if len(p) == 4 and re.fullmatch(r"ed_(neon_|neondp_)?m?dot_\w+", p[3]):
+                syms.append((int(p[0], 16), int(p[0], 16) + int(p[1], 16), p[3]))
+        tb_len, runs, start, n = {}, collections.Counter(), None, 0
+        with open(log, errors="replace") as fh:  # translated blocks (IN:), then one Trace line per run
+            for line in fh:
+                if line.startswith("IN:"):
+                    start, n = None, 0
+                elif (m := re.match(r"0x([0-9a-f]+):\s", line)):
+                    start = start if start is not None else int(m.group(1), 16)
+                    n += 1
+                    tb_len[start] = max(tb_len.get(start, 0), n)  # a block may be translated again
+                elif (m := re.match(r"Trace \d+: \S+ \[[0-9a-f]+/([0-9a-f]+)/", line)):
+                    runs[int(m.group(1), 16)] += 1
+    count = collections.Counter()
+    for pc, k in runs.items():
+        for lo, hi, name in syms:
+            if lo <= pc < hi:
+                count[name] += k * tb_len.get(pc, 0)
+    g = K // 32
+    print(f"instructions per 32 weights (K = {K}; tile = {C} tokens, per token)")
+    print(f"{'type':6s} {'generic':>8s} {'neon':>7s} {'neon+dp':>8s} {'tile':>7s} {'tile+dp':>8s}")
+    for t in TYPES:
+        n = t.lower().replace("_k", "_K")
+        v = [count[f"ed_dot_{n}"] / g, count[f"ed_neon_dot_{n}"] / g, count[f"ed_neondp_dot_{n}"] / g,
+             count[f"ed_neon_mdot_{n}"] / g / C, count[f"ed_neondp_mdot_{n}"] / g / C]
+        print(f"{t:6s} {v[0]:8.1f} {v[1]:7.1f} {v[2]:8.1f} {v[3]:7.1f} {v[4]:8.1f}")
+
+
+if __name__ == "__main__":
+    main()
