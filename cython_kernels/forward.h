@@ -623,6 +623,7 @@ static size_t ed_state_layout(ed_state *s, const ed_model *m, int n_ctx, int n_b
         if (r > xq_row) xq_row = r;
     }
     xq_row = xq_row + 4 * sizeof(float);  /* any type: <= 4 bytes/elem + block headers */
+    /* >= 4 bytes per element: also holds a decode batch's rows with float scales (ed_same_act_bytes) */
     if (xq_row < (size_t)(F > XB ? F : XB) * 4) xq_row = (size_t)(F > XB ? F : XB) * 4;
     size_t off = 0;
 #define CARVE(field, type, count) do { \
