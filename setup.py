@@ -43,6 +43,8 @@ def extensions():
             include_dirs=["cython_kernels"],
             extra_compile_args=COMPILE_ARGS,
             extra_link_args=LINK_ARGS,
+            # the C headers the .pyx files include: a change to one rebuilds the module
+            depends=sorted(glob.glob("cython_kernels/*.h") + glob.glob("cython_kernels/*.inc")),
         )
         for pyx in sorted(glob.glob("cython_kernels/*.pyx"))
     ]

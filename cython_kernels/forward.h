@@ -236,12 +236,18 @@ static inline int ed_gemm_wanted(const ed_state *s, int n, int vt) {
            (vt == ED_Q8_0 || vt == ED_Q8_1 || vt == ED_Q8_K);
 }
 
+/* bytes between quantized activation rows: a decode batch's rows carry float block scales
+   for its tiles (ED_SAME_DY) */
+static inline size_t ed_act_stride(const ed_state *s, int type, int K, int n) {
+    return s->batched && n > 1 ? ed_same_act_bytes(type, K) : ed_act_row_bytes(type, K);
+}
+
 /* Quantize the activation rows x (n, K) into the format weights of `type` need. For one
  * token every thread quantizes the row into its own slot (no barrier); for a batch the rows
  * are split and a barrier follows. Returns the base and stride of this thread's view. */
 static const uint8_t *ed_quantize_act(ed_state *s, ed_pool *p, int type, int K, const float *x,
                                       int ldx, int n, int ith, int nth, size_t *rb_out) {
-    const size_t rb = ed_act_row_bytes(type, K);
+    const size_t rb = ed_act_stride(s, type, K, n);
     const ed_quant_fn q = ED_ACT[ED_TRAITS[type].vec_type].quant;
     *rb_out = rb;
     if (n == 1) {
@@ -251,7 +257,10 @@ static const uint8_t *ed_quantize_act(ed_state *s, ed_pool *p, int type, int K, 
     }
     int64_t a, b;
     ed_range(n, ith, nth, &a, &b);
-    for (int64_t t = a; t < b; t++) q(x + t * ldx, s->xq + t * rb, K);
+    for (int64_t t = a; t < b; t++) {
+        q(x + t * ldx, s->xq + t * rb, K);
+        if (s->batched) ed_same_act_scales(type, s->xq + t * rb, K);
+    }
     if (ed_gemm_wanted(s, n, ED_TRAITS[type].vec_type))  /* for the packed panels (ed_rows) */
         for (int64_t t = a; t < b; t++)
             ed_gemm_info(ED_TRAITS[type].vec_type, K, s->xq + t * rb, s->xinfo + t * s->xinfo_row);
@@ -307,7 +316,7 @@ static void ed_matmul(ed_state *s, ed_pool *p, float *out, int ldo, const ed_ten
     size_t rb;
     const uint8_t *xq;
     if (reuse) {
-        rb = ed_act_row_bytes(W->type, (int)W->ne0);
+        rb = ed_act_stride(s, W->type, (int)W->ne0, n);
         xq = n == 1 ? s->xq + (size_t)ith * s->xq_row : s->xq;
     } else {
         xq = ed_quantize_act(s, p, W->type, (int)W->ne0, x, ldx, n, ith, nth, &rb);
@@ -676,6 +685,7 @@ static size_t ed_state_layout(ed_state *s, const ed_model *m, int n_ctx, int n_b
         if (r > xq_row) xq_row = r;
     }
     xq_row = xq_row + 4 * sizeof(float);  /* any type: <= 4 bytes/elem + block headers */
+    /* >= 4 bytes per element: also holds a decode batch's rows with float scales (ed_same_act_bytes) */
     if (xq_row < (size_t)(F > XB ? F : XB) * 4) xq_row = (size_t)(F > XB ? F : XB) * 4;
     size_t off = 0;
 #define CARVE(field, type, count) do { \

@@ -5,14 +5,19 @@ import pytest
 
 from conftest import testdata
 
-# A decode batch runs every row through the one-token dot products (forward.h, ed_rows), so
-# a row equals the session's own single step exactly: a request's output does not depend on
+# A decode batch runs every row through the one-token dot products or tiles equal to them bit
+# for bit (forward.h, ed_rows; ED_MDOT_SAME), so a row equals the session's own single step exactly: a request's output does not depend on
 # which others share its batch. Tolerance 0, on every kernel path.
 TOL = 0.0
 
+# every weight type: F32 (stories260K), Q4_K + Q6_K (the Q4_K_M files), Q2_K + Q3_K, Q3_K + Q4_K
+# + Q5_K (Q3_K_M), one file per remaining type
 MODELS = ["stories260K.gguf", "synthetic-qwen2-Q4_K_M.gguf", "synthetic-llama-Q4_K_M.gguf",
           "synthetic-gemma3-Q4_K_M.gguf", "synthetic-phi3-Q4_K_M.gguf",
-          "synthetic-llama-Q5_0.gguf", "synthetic-qwen3-Q8_0.gguf"]
+          "synthetic-llama-Q5_0.gguf", "synthetic-qwen3-Q8_0.gguf", "synthetic-llama-Q4_0.gguf",
+          "synthetic-llama-Q4_1.gguf", "synthetic-llama-Q5_1.gguf", "synthetic-llama-Q2_K.gguf",
+          "synthetic-llama-Q3_K_M.gguf", "synthetic-llama-Q5_K_M.gguf", "synthetic-llama-Q6_K.gguf",
+          "synthetic-llama-F16.gguf", "synthetic-llama-BF16.gguf"]
 
 
 @pytest.fixture(params=["auto", "generic", "avx2"])

@@ -25,6 +25,12 @@ def test_native_paths_match_generic(tmp_path):
     r = build_and_run(cc, tmp_path / "check")
     assert r.returncode == 0, r.stdout + r.stderr
     assert " ok" in r.stdout and "FAIL" not in r.stdout  # incl. ED_MDOT_SAME bit for bit (same-ok)
+    # every type has a decode-batch tile (ED_MDOT_SAME) on the x86 SIMD paths; Q4_0 and Q5_0
+    # on the generic one
+    digests = [l.split() for l in r.stdout.splitlines() if l.startswith("digest ")]
+    x86 = [d for d in digests if d[1] in ("avx2", "avx2nv", "avx512", "avx512nv")]
+    assert all(d[-1] == "same-ok" for d in x86), r.stdout
+    assert sorted(d[2] for d in digests if d[1] == "generic" and d[-1] == "same-ok") == ["Q4_0", "Q5_0"]
     for path in ("avx2", "avx2nv", "avx512"):  # the packed panels ran on every x86 path this CPU has
         if f"{path}: not supported" not in r.stdout and "x86" in os.uname().machine:
             assert sum(l.startswith(path + " ") and " panels " in l for l in r.stdout.splitlines()) >= 9, r.stdout

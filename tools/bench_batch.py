@@ -1,6 +1,8 @@
 #!/usr/bin/env python3
 """Engine-level continuous batching: tokens/s of one session's decode steps vs Model.decode_batch
 over 4 sessions, in interleaved rounds (the daemon adds HTTP, sampling and prefill on top).
+Also per process CPU second: with -t 1 that ratio does not depend on what else the machine
+runs (wall-clock figures on a shared machine do), so A/B comparisons of kernels use it.
 
     tools/bench_batch.py MODEL.gguf [-t THREADS] [-r ROUNDS] [-n STEPS] [-b SESSIONS]
 """
@@ -27,22 +29,26 @@ def main():
     ss = [m.session(512) for _ in range(args.batch)]
     for i, s in enumerate(ss):
         s.eval([1 + i, 2, 3, 4, 5][:2 + i])            # different positions per session
-    ratios = []
+    ratios, cpu_ratios = [], []
     for r in range(args.rounds):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         for i in range(args.steps):
             ss[0].eval([7 + i])
-        t1 = time.perf_counter()
+        t1, c1 = time.perf_counter(), time.process_time()
         for i in range(args.steps):
             m.decode_batch(ss, [7 + i + j for j in range(args.batch)])
-        t2 = time.perf_counter()
+        t2, c2 = time.perf_counter(), time.process_time()
         one, many = args.steps / (t1 - t0), args.steps * args.batch / (t2 - t1)
+        cpu_one, cpu_many = args.steps / (c1 - c0), args.steps * args.batch / (c2 - c1)
         ratios.append(many / one)
+        cpu_ratios.append(cpu_many / cpu_one)
         print(f"round {r}: 1 session {one:.1f} tokens/s, batch of {args.batch} {many:.1f} tokens/s "
-              f"({many / one:.2f}x)", flush=True)
+              f"({many / one:.2f}x); per CPU second {cpu_one:.1f} and {cpu_many:.1f} "
+              f"({cpu_many / cpu_one:.2f}x)", flush=True)
         for s in ss:
             s.truncate(8)
-    print(f"median ratio {statistics.median(ratios):.2f}x over {args.rounds} rounds")
+    print(f"median ratio {statistics.median(ratios):.2f}x over {args.rounds} rounds "
+          f"(per CPU second {statistics.median(cpu_ratios):.2f}x)")
 
 
 if __name__ == "__main__":

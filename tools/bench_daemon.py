@@ -8,7 +8,9 @@
    (the daemon's own timings from GET /v1/models). Run cold (first verification of B) and warm
    (B verified before: the verification cache skips re-hashing an unchanged file).
 2. Aggregate generation speed: 1 stream vs 4 concurrent streams (n_parallel = 4, decoded
-   together by continuous batching), tokens/s summed over streams, in interleaved rounds.
+   together by continuous batching), tokens/s summed over streams, in interleaved rounds;
+   also tokens per CPU second of the daemon process (the figure a shared machine's load does
+   not move much, with -t 1).
 
 Both files are copied to a temporary model directory and signed with a throwaway key.
 """
@@ -120,22 +122,30 @@ def bench_parallel(tmp, models_dir, keys, args):
                                                "ctx_size": 512, "max_queue": 16})
     out = {}
     try:
+        def cpu_seconds():                  # the daemon's user + system time
+            with open(f"/proc/{proc.pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
         async def run(k):
             async with session(sock) as s:
                 await stream(s, "a", 4, 99)                   # warm
-                t0 = time.perf_counter()
+                t0, c0 = time.perf_counter(), cpu_seconds()
                 res = await asyncio.gather(*(stream(s, "a", args.tokens, i, args.temperature)
                                              for i in range(k)))
-                wall = time.perf_counter() - t0
-            return sum(r[1] for r in res) / wall, res
+                wall, cpu = time.perf_counter() - t0, cpu_seconds() - c0
+            n = sum(r[1] for r in res)
+            return n / wall, n / cpu, res
 
-        out = {1: [], 4: []}
+        out, per_cpu = {1: [], 4: []}, {1: [], 4: []}
         for i in range(args.repeats):       # interleaved: the shared machine's load hits both
             for k in (1, 4):
-                tps, res = asyncio.run(run(k))
+                tps, tpc, res = asyncio.run(run(k))
                 out[k].append(tps)
+                per_cpu[k].append(tpc)
             print(f"round {i}: 1 stream {out[1][-1]:.1f}, 4 streams {out[4][-1]:.1f} tokens/s "
-                  f"({out[4][-1] / out[1][-1]:.2f}x)", flush=True)
+                  f"({out[4][-1] / out[1][-1]:.2f}x); per daemon CPU second {per_cpu[1][-1]:.1f} "
+                  f"and {per_cpu[4][-1]:.1f} ({per_cpu[4][-1] / per_cpu[1][-1]:.2f}x)", flush=True)
         for k in (1, 4):
             print(f"{k} stream(s): aggregate {statistics.mean(out[k]):.1f} tokens/s "
                   f"(runs: {', '.join(f'{x:.1f}' for x in out[k])})", flush=True)
@@ -143,6 +153,9 @@ def bench_parallel(tmp, models_dir, keys, args):
         print(f"4 vs 1 stream aggregate ratio: {statistics.mean(out[4]) / statistics.mean(out[1]):.2f}x "
               f"(per round: {', '.join(f'{r:.2f}' for r in ratios)}; median "
               f"{statistics.median(ratios):.2f}x)")
+        cpu_ratios = [b / a for a, b in zip(per_cpu[1], per_cpu[4])]
+        print(f"per daemon CPU second (with -t 1 independent of the machine's other load): median "
+              f"{statistics.median(cpu_ratios):.2f}x ({', '.join(f'{r:.2f}' for r in cpu_ratios)})")
     finally:
         proc.terminate()
         proc.wait()

@@ -2,8 +2,10 @@
  * path: random valid weight blocks of every type x random activations, odd row counts, single
  * dots and the tiled ed_mdot_rows. Prints one line per path/type and exits non-zero on a
  * mismatch; a "digest" line per path/type hashes the dot and tile results (so two builds or
- * CPUs can be compared bit for bit), says whether the dot is SIMD, and checks ED_MDOT_SAME. Built and run by tests/test_kernels_cross.py (natively, and for aarch64 under
- * qemu when a cross compiler is installed), so the NEON path is exercised on an x86 machine.
+ * CPUs can be compared bit for bit), says whether the dot is SIMD, and checks ED_MDOT_SAME
+ * (the decode-batch tiles) against the one-token path bit for bit. Built and run by
+ * tests/test_kernels_cross.py (natively, and for aarch64 under qemu when a cross compiler is
+ * installed), so the NEON path is exercised on an x86 machine.
  */
 #define _GNU_SOURCE
 #include <stdio.h>
@@ -42,16 +44,17 @@ int main(void) {
                                   "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"};
     /* avx512nv: the AVX-512 path as a CPU without VNNI gets it; avx2nv: the AVX2 path as a
        CPU without AVX-VNNI gets it (the avx2 path takes AVX-VNNI where the CPU has it) */
-    static const char *paths[] = {"avx2", "avx2nv", "avx512", "avx512nv", "neon"};
+    static const char *paths[] = {"generic", "avx2", "avx2nv", "avx512", "avx512nv", "neon"};
     enum { K = 512, ROWS = 33, COLS = 5 };
-    static uint8_t w[ROWS * K * 4], xq[COLS * K * 4];
-    static float x[COLS * K], ref[COLS * ROWS], got[COLS * ROWS], one[COLS * ROWS];
+    static uint8_t w[ROWS * K * 4], xq[COLS * K * 4], xq2[COLS * K * 4];
+    static uint8_t xs[COLS * K * 4] __attribute__((aligned(64)));
+    static float x[COLS * K], ref[COLS * ROWS], got[COLS * ROWS], one[COLS * ROWS], one2[COLS * ROWS];
     int failures = 0;
     for (int i = 0; i < COLS * K; i++) x[i] = rndf();
     printf("features");
     for (int i = 0; ED_CPU_FEATURE_NAMES[i]; i++) if (ed_cpu_features() & (1u << i)) printf(" %s", ED_CPU_FEATURE_NAMES[i]);
     printf("\n");
-    for (int p = 0; p < 5; p++) {
+    for (int p = 0; p < 6; p++) {
         const int nv = !strcmp(paths[p], "avx512nv"), nv2 = !strcmp(paths[p], "avx2nv");
         const char *base = nv ? "avx512" : nv2 ? "avx2" : paths[p];
         if (!ed_path_supported(base)) { printf("%s: not supported here\n", paths[p]); continue; }
@@ -94,13 +97,30 @@ int main(void) {
                 ed_mdot_rows(t, K, w, rb, ROWS, xq + c * xr, xr, 1, one + c * ROWS, ROWS);
             for (int i = 0; i < COLS * ROWS; i++) err = fmax(err, fabs(one[i] - ref[i]));
             digest = fnv(digest, one, COLS * ROWS);
-            int same_ok = 1;  /* ED_MDOT_SAME: every column equal to the one-token path bit for bit */
-            if (ED_MDOT_SAME[t]) {
-                for (int r = 0; r < ROWS; r++)
-                    for (int c0 = 0; c0 < COLS; c0 += ED_MAX_COLS)
-                        ED_MDOT_SAME[t](K, w + r * rb, xq + c0 * xr, xr, COLS - c0 < ED_MAX_COLS ? COLS - c0 : ED_MAX_COLS,
-                                        got + c0 * ROWS + r, ROWS);
-                same_ok = !memcmp(got, one, sizeof(float) * COLS * ROWS);
+            /* ED_MDOT_SAME: every column equal to the one-token path bit for bit, for 1..4 columns,
+               on the decode batch's row layout (ed_same_act_bytes); also over a row length
+               whose tails differ: an odd number of 32-blocks (Q4_0's two chains), a float row
+               that is not a multiple of 16 (the scalar tail) */
+            int same_ok = 1;
+            const int k2 = tr.block == QK ? K - QK : tr.block == 1 ? K - 8 : K;
+            for (int k = K; ED_MDOT_SAME[t] && k >= k2; k -= (K - k2 ? K - k2 : 1)) {
+                const size_t kr = ed_act_row_bytes(t, k), sr = ed_same_act_bytes(t, k);
+                const float *want = one;
+                if (k != K) {
+                    for (int c = 0; c < COLS; c++) {
+                        ED_ACT[tr.vec_type].quant(x + c * K, xq2 + c * kr, k);
+                        ed_mdot_rows(t, k, w, rb, ROWS, xq2 + c * kr, kr, 1, one2 + c * ROWS, ROWS);
+                    }
+                    want = one2;
+                }
+                for (int c = 0; c < COLS; c++) {
+                    memcpy(xs + c * sr, (k == K ? xq : xq2) + c * kr, kr);
+                    ed_same_act_scales(t, xs + c * sr, k);
+                }
+                for (int nc = 1; nc <= ED_MAX_COLS; nc++) {
+                    for (int r = 0; r < ROWS; r++) ED_MDOT_SAME[t](k, w + r * rb, xs, sr, nc, got + r, ROWS);
+                    same_ok &= !memcmp(got, want, sizeof(float) * nc * ROWS);
+                }
             }
             printf("digest %s %s %016llx %s%s\n", paths[p], names[ti], (unsigned long long)digest,
                    ED_TRAITS[t].dot == tr.dot ? "generic-dot" : "simd-dot",
