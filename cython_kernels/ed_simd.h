@@ -432,7 +432,7 @@ static float ED_T512V_Q ed_z_dot_q4_0(int n, const void *vx, const void *vy) {
     __m512 acc = _mm512_setzero_ps();
     int ib = 0;
     for (; ib + 2 <= nb; ib += 2) {
-        _mm_prefetch((const char *)(x + ib) + 1024, _MM_HINT_T0);
+        _mm_prefetch((const char *)(x + ib) + 2048, _MM_HINT_T0);
         const __m256i q01 = _mm256_set_m128i(_mm_loadu_si128((const __m128i *)x[ib + 1].qs),
                                              _mm_loadu_si128((const __m128i *)x[ib].qs));
         /* [lo(q0) | lo(q1) | hi(q0) | hi(q1)] -> [lo(q0) | hi(q0) | lo(q1) | hi(q1)] */
