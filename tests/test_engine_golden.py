@@ -24,7 +24,8 @@ def limits(name):
     return 0.35, 0.06
 
 
-def run_golden(name, backend):
+def teacher_forced(name, backend):
+    """(edged's logits, llama.cpp's) for a golden file, fed the way generation runs."""
     from edged import Model
     z = np.load(testdata("golden", name + ".golden.npz"))
     toks, n_prompt, ref = z["tokens"].tolist(), int(z["n_prompt"]), z["logits"]
@@ -38,6 +39,11 @@ def run_golden(name, backend):
     finally:
         m.close()
     assert got.shape == ref.shape
+    return got, ref
+
+
+def run_golden(name, backend):
+    got, ref = teacher_forced(name, backend)
     d = np.abs(got - ref)
     lim_max, lim_mean = limits(name)
     top = np.sort(ref, 1)

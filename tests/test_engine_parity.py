@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from conftest import testdata
+from test_engine_golden import teacher_forced
 
 # (max, mean) abs logit difference on every kernel path (the attention and activation
 # mirror does not depend on the path). Measured max/mean after -> before the mirror:
@@ -46,19 +47,7 @@ REFERENCE = {
 
 def golden_diff(name, backend):
     """|edged - llama.cpp| logits, teacher-forced like the golden check (prompt as one batch)."""
-    from edged import Model
-    z = np.load(testdata("golden", name + ".golden.npz"))
-    toks, n_prompt, ref = z["tokens"].tolist(), int(z["n_prompt"]), z["logits"]
-    m = Model.load(testdata("models", name + ".gguf"), backend=backend, n_threads=2)
-    try:
-        s = m.session(n_ctx=512)
-        rows = [s.eval(toks[:n_prompt], logits="all")]
-        for t in toks[n_prompt:]:
-            rows.append(s.eval([t]))
-        got = np.concatenate(rows)
-    finally:
-        m.close()
-    assert got.shape == ref.shape
+    got, ref = teacher_forced(name, backend)
     return np.abs(got - ref)
 
 
