@@ -15,7 +15,6 @@ llama.cpp's, e.g. its repacked Q4_0/Q4_K/Q2_K kernels and the generic C path).
 import numpy as np
 import pytest
 
-from conftest import testdata
 from test_engine_golden import teacher_forced
 
 # (max, mean) abs logit difference on every kernel path (the attention and activation
