@@ -227,14 +227,19 @@ static void ed_gemm_transpose_generic(const uint8_t *u, int K, int G, uint8_t *p
 }
 static ed_gemm_transpose_fn ED_GEMM_TRANSPOSE = ed_gemm_transpose_generic;
 
+/* byte offset of the quantized values in a block of activation format vt */
+static inline int ed_act_qs_at(int vt) {
+    return vt == ED_Q8_0 ? (int)offsetof(blk_q8_0, qs)
+         : vt == ED_Q8_1 ? (int)offsetof(blk_q8_1, qs) : (int)offsetof(blk_q8_K, qs);
+}
+
 static size_t ed_gemm_info_len(int64_t K) { return (size_t)(K / 32 + K / 16); }
 
 /* One quantized activation row (format vt, K elements): its groups of 32 (entries
  * [0, K/32)) and of 16 (entries [K/32, K/32 + K/16)). */
 static void ed_gemm_info(int vt, int K, const uint8_t *row, ed_ginfo *info) {
     const int be = ED_ACT[vt].block, bb = ED_ACT[vt].type_size;
-    const int qs_at = vt == ED_Q8_0 ? (int)offsetof(blk_q8_0, qs)
-                    : vt == ED_Q8_1 ? (int)offsetof(blk_q8_1, qs) : (int)offsetof(blk_q8_K, qs);
+    const int qs_at = ed_act_qs_at(vt);
     ed_ginfo *i16 = info + K / 32;
     for (int g = 0; g < K / 16; g++) {
         const uint8_t *blk = row + (g * 16 / be) * bb;
@@ -297,8 +302,7 @@ static void ed_gemm_rows(int type, int K, const uint8_t *w, size_t row_bytes, in
     const size_t ngmax = (size_t)K / 16;
     const int vt = ED_TRAITS[type].vec_type;
     const int be = ED_ACT[vt].block, bb = ED_ACT[vt].type_size;
-    const int qs_at = vt == ED_Q8_0 ? (int)offsetof(blk_q8_0, qs)
-                    : vt == ED_Q8_1 ? (int)offsetof(blk_q8_1, qs) : (int)offsetof(blk_q8_K, qs);
+    const int qs_at = ed_act_qs_at(vt);
     uint8_t *pu = scratch;
     float *ac = (float *)(pu + ED_ALIGN((size_t)K * ED_PANEL));
     uint8_t *ubuf = (uint8_t *)ac + ED_ALIGN(ngmax * 2 * ED_PANEL * sizeof(float));

@@ -321,13 +321,33 @@ static inline void ed_k_scales(const uint8_t *s12, uint8_t *scales, uint8_t *min
     memcpy(mins, &utmp[2], 8);
 }
 
+/* Q4_K / Q5_K: one super-block whose 256 weights (without the scales) are unpacked in a:
+ * the sub-block scales times the integer sums in 8 lanes, the mins against the block sums */
+static inline void ed_dot_k_block(const int8_t *a, const uint8_t *s12, ed_half xd, ed_half xdmin,
+                                  const blk_q8_K *y, float *sums, float *sumf) {
+    uint8_t scales[8], mins[8];
+    int32_t aux32[8] = {0};
+    const int8_t *q8 = y->qs;
+    ed_k_scales(s12, scales, mins);
+    int sumi = 0;
+    for (int j = 0; j < QKK / 16; j++) sumi += y->bsums[j] * mins[j / 2];
+    for (int j = 0; j < QKK / 32; j++) {
+        int32_t scale = scales[j];
+        for (int h = 0; h < 4; h++) {
+            for (int l = 0; l < 8; l++) aux32[l] += scale * (int16_t)(q8[l] * a[l]);
+            q8 += 8; a += 8;
+        }
+    }
+    const float d = H2F(xd) * y->d;
+    for (int l = 0; l < 8; l++) sums[l] += d * aux32[l];
+    *sumf -= H2F(xdmin) * y->d * sumi;
+}
+
 static float ed_dot_q4_K(int n, const void *vx, const void *vy) {
     const blk_q4_K *x = vx; const blk_q8_K *y = vy;
-    int8_t aux8[QKK]; int32_t aux32[8]; float sums[8] = {0}; float sumf = 0;
-    uint8_t scales[8], mins[8];
+    int8_t aux8[QKK]; float sums[8] = {0}; float sumf = 0;
     for (int i = 0; i < n / QKK; i++) {
-        const uint8_t *q4 = x[i].qs; const int8_t *q8 = y[i].qs;
-        memset(aux32, 0, sizeof aux32);
+        const uint8_t *q4 = x[i].qs;
         int8_t *a = aux8;
         for (int j = 0; j < QKK / 64; j++) {
             for (int l = 0; l < 32; l++) a[l] = (int8_t)(q4[l] & 0xF);
@@ -335,20 +355,7 @@ static float ed_dot_q4_K(int n, const void *vx, const void *vy) {
             for (int l = 0; l < 32; l++) a[l] = (int8_t)(q4[l] >> 4);
             a += 32; q4 += 32;
         }
-        ed_k_scales(x[i].scales, scales, mins);
-        int sumi = 0;
-        for (int j = 0; j < QKK / 16; j++) sumi += y[i].bsums[j] * mins[j / 2];
-        a = aux8;
-        for (int j = 0; j < QKK / 32; j++) {
-            int32_t scale = scales[j];
-            for (int h = 0; h < 4; h++) {
-                for (int l = 0; l < 8; l++) aux32[l] += scale * (int16_t)(q8[l] * a[l]);
-                q8 += 8; a += 8;
-            }
-        }
-        const float d = H2F(x[i].d) * y[i].d;
-        for (int l = 0; l < 8; l++) sums[l] += d * aux32[l];
-        sumf -= H2F(x[i].dmin) * y[i].d * sumi;
+        ed_dot_k_block(aux8, x[i].scales, x[i].d, x[i].dmin, &y[i], sums, &sumf);
     }
     for (int l = 0; l < 8; l++) sumf += sums[l];
     return sumf;
@@ -356,11 +363,9 @@ static float ed_dot_q4_K(int n, const void *vx, const void *vy) {
 
 static float ed_dot_q5_K(int n, const void *vx, const void *vy) {
     const blk_q5_K *x = vx; const blk_q8_K *y = vy;
-    int8_t aux8[QKK]; int32_t aux32[8]; float sums[8] = {0}; float sumf = 0;
-    uint8_t scales[8], mins[8];
+    int8_t aux8[QKK]; float sums[8] = {0}; float sumf = 0;
     for (int i = 0; i < n / QKK; i++) {
-        const uint8_t *q4 = x[i].qs, *hm = x[i].qh; const int8_t *q8 = y[i].qs;
-        memset(aux32, 0, sizeof aux32);
+        const uint8_t *q4 = x[i].qs, *hm = x[i].qh;
         int8_t *a = aux8; uint8_t m = 1;
         for (int j = 0; j < QKK / 64; j++) {
             for (int l = 0; l < 32; l++) a[l] = (int8_t)((q4[l] & 0xF) + (hm[l] & m ? 16 : 0));
@@ -368,20 +373,7 @@ static float ed_dot_q5_K(int n, const void *vx, const void *vy) {
             for (int l = 0; l < 32; l++) a[l] = (int8_t)((q4[l] >> 4) + (hm[l] & m ? 16 : 0));
             a += 32; m <<= 1; q4 += 32;
         }
-        ed_k_scales(x[i].scales, scales, mins);
-        int sumi = 0;
-        for (int j = 0; j < QKK / 16; j++) sumi += y[i].bsums[j] * mins[j / 2];
-        a = aux8;
-        for (int j = 0; j < QKK / 32; j++) {
-            int32_t scale = scales[j];
-            for (int h = 0; h < 4; h++) {
-                for (int l = 0; l < 8; l++) aux32[l] += scale * (int16_t)(q8[l] * a[l]);
-                q8 += 8; a += 8;
-            }
-        }
-        const float d = H2F(x[i].d) * y[i].d;
-        for (int l = 0; l < 8; l++) sums[l] += d * aux32[l];
-        sumf -= H2F(x[i].dmin) * y[i].d * sumi;
+        ed_dot_k_block(aux8, x[i].scales, x[i].d, x[i].dmin, &y[i], sums, &sumf);
     }
     for (int l = 0; l < 8; l++) sumf += sums[l];
     return sumf;
