@@ -46,19 +46,43 @@ static ed_mdot_fn ED_MDOT_SAME[ED_NTYPES];
 /* A decode batch's Q8_0 activation rows (forward.h) carry their block scales again, as floats
  * after the blocks (4-byte aligned), so an x86 SAME tile broadcasts one float per block and
  * column instead of converting a half each time (the same values: the conversion is exact).
- * Row stride ed_same_act_bytes(); other activation formats keep the plain layout. */
+ * With ED_SAME_PAIRS (the AVX-512 VNNI path) an even row t also holds, 64-byte aligned after
+ * its scales, the pair area of rows t and t + 1: per block 128 bytes, row t's 32 quants, row
+ * t + 1's, then each one's float scale 8 times, so one zmm load serves two sessions (the zmm
+ * pair tiles in this file). Row stride ed_same_act_bytes(), a multiple of 64 with pairs; other
+ * activation formats keep the plain layout. */
 #define ED_SAME_DY(row, nb) ((const float *)((const uint8_t *)(row) + (((size_t)(nb) * sizeof(blk_q8_0) + 3) & ~(size_t)3)))
+#define ED_SAME_PAIR_OFF(nb) ((((((size_t)(nb) * sizeof(blk_q8_0) + 3) & ~(size_t)3) + (size_t)(nb) * sizeof(float)) + 63) & ~(size_t)63)
+#define ED_SAME_PAIR(row, nb) ((const uint8_t *)(row) + ED_SAME_PAIR_OFF(nb))
+static int ED_SAME_PAIRS = 0;
 
-static size_t ed_same_act_bytes(int type, int64_t k) {
+static size_t ed_same_act_bytes_for(int type, int64_t k, int pairs) {
     if (ED_TRAITS[type].vec_type != ED_Q8_0) return ed_act_row_bytes(type, k);
+    if (pairs) return ED_SAME_PAIR_OFF(k / QK) + (size_t)(k / QK) * 128;
     return (((size_t)(k / QK) * sizeof(blk_q8_0) + 3) & ~(size_t)3) + (size_t)(k / QK) * sizeof(float);
 }
 
-static void ed_same_act_scales(int type, uint8_t *row, int64_t k) {
+static size_t ed_same_act_bytes(int type, int64_t k) { return ed_same_act_bytes_for(type, k, ED_SAME_PAIRS); }
+
+/* Complete row t of a decode batch of n rows (base, stride rb: ed_same_act_bytes) once the
+ * quantizer has written it: its float scales and, with pairs, its half of its pair area (the
+ * other half zeroed when t is the last row and even). Rows are independent: each thread fills
+ * its own. */
+static void ed_same_act_fill(int type, uint8_t *base, size_t rb, int64_t t, int64_t n, int64_t k) {
     if (ED_TRAITS[type].vec_type != ED_Q8_0) return;
+    const int64_t nb = k / QK;
+    uint8_t *row = base + t * rb;
     const blk_q8_0 *y = (const blk_q8_0 *)row;
-    float *dy = (float *)ED_SAME_DY(row, k / QK);
-    for (int64_t ib = 0; ib < k / QK; ib++) dy[ib] = H2F(y[ib].d);
+    float *dy = (float *)ED_SAME_DY(row, nb);
+    for (int64_t ib = 0; ib < nb; ib++) dy[ib] = H2F(y[ib].d);
+    if (!ED_SAME_PAIRS) return;
+    uint8_t *pa = (uint8_t *)ED_SAME_PAIR(base + (t & ~(int64_t)1) * rb, nb);
+    const int h = (int)(t & 1);
+    for (int64_t ib = 0; ib < nb; ib++, pa += 128) {
+        memcpy(pa + 32 * h, y[ib].qs, QK);
+        for (int j = 0; j < 8; j++) memcpy(pa + 64 + 32 * h + 4 * j, dy + ib, 4);
+        if (!h && t == n - 1) memset(pa + 32, 0, 32), memset(pa + 96, 0, 32);
+    }
 }
 
 /* Generic-path decode-batch tiles: the weight block unpacked once, then per column the generic
@@ -457,6 +481,77 @@ static float ED_T512V_Q ed_z_dot_q4_0(int n, const void *vx, const void *vy) {
     return ed_avx512_hsum(_mm256_add_ps(acc0, acc1));
 }
 
+/* Decode-batch tiles (ED_MDOT_SAME) of the Q8_0-activation types on AVX-512 VNNI: two
+ * sessions per zmm, session 2p in lanes 0..7 and 2p + 1 in lanes 8..15, read from the rows'
+ * pair areas (ED_SAME_PAIR). Each lane runs the one-token kernel's operations on the same
+ * values (s8 x s8 sums as |w| x (y with w's sign), exact; the block scale dx * dy; one FMA per
+ * block into the chain that kernel uses), and each session's 8 lanes are summed by the same
+ * horizontal sum, so every column equals that kernel bit for bit: dot_q5_0 and mrows_q8_0
+ * (one chain), ed_z_dot_q4_0 (even blocks in one chain, odd blocks in a second). Per session
+ * and block that is 3 vector operations instead of 7. */
+static inline __attribute__((always_inline)) void ED_T512V
+ed_z_pair_blk(__m256i qx, ed_half d, const uint8_t *pa, size_t ps, int np, int ib, __m512 *acc) {
+    const __m512i q2 = _mm512_broadcast_i64x4(qx);
+    const __m512i a2 = _mm512_abs_epi8(q2);
+    const __mmask64 neg = _mm512_movepi8_mask(q2);
+    const __m512 dx = _mm512_set1_ps(_cvtsh_ss(d));
+    for (int p = 0; p < np; p++) {
+        const uint8_t *b = pa + p * ps + (size_t)ib * 128;
+        const __m512i y = _mm512_loadu_si512((const void *)b);
+        const __m512i sy = _mm512_mask_sub_epi8(y, neg, _mm512_setzero_si512(), y);
+        const __m512i s = _mm512_dpbusd_epi32(_mm512_setzero_si512(), a2, sy);
+        acc[p] = _mm512_fmadd_ps(_mm512_mul_ps(dx, _mm512_loadu_ps((const float *)(b + 64))), _mm512_cvtepi32_ps(s), acc[p]);
+    }
+}
+
+static inline void ED_T512V ed_z_pair_out(const __m512 *acc, int nc, float *out, size_t lo) {
+    for (int c = 0; c < nc; c++)
+        out[c * lo] = ed_avx512_hsum(c & 1 ? _mm512_extractf32x8_ps(acc[c / 2], 1) : _mm512_castps512_ps256(acc[c / 2]));
+}
+
+#define ED_Z_PAIR_BEGIN(T) \
+    const T *x = vx; \
+    const int nb = n / QK, np = (nc + 1) / 2; \
+    const uint8_t *pa = ED_SAME_PAIR(vy, nb); \
+    __m512 acc[ED_MAX_COLS / 2]; \
+    for (int p = 0; p < np; p++) acc[p] = _mm512_setzero_ps()
+
+static void ED_T512V ed_z_pair_q8_0(int n, const void *vx, const void *vy, size_t ys, int nc, float *out, size_t lo) {
+    ED_Z_PAIR_BEGIN(blk_q8_0);
+    for (int ib = 0; ib < nb; ib++) {
+        _mm_prefetch((const char *)(x + ib) + ED_PREFETCH, _MM_HINT_T0);
+        ed_z_pair_blk(_mm256_loadu_si256((const __m256i *)x[ib].qs), x[ib].d, pa, 2 * ys, np, ib, acc);
+    }
+    ed_z_pair_out(acc, nc, out, lo);
+}
+
+static void ED_T512V ed_z_pair_q5_0(int n, const void *vx, const void *vy, size_t ys, int nc, float *out, size_t lo) {
+    ED_Z_PAIR_BEGIN(blk_q5_0);
+    for (int ib = 0; ib < nb; ib++) {
+        _mm_prefetch((const char *)(x + ib) + ED_PREFETCH, _MM_HINT_T0);
+        const __m256i hi = _mm256_andnot_si256(ed_avx512_bits32(x[ib].qh), _mm256_set1_epi8((char)0xF0));
+        ed_z_pair_blk(_mm256_or_si256(ed_avx512_nibbles32(x[ib].qs), hi), x[ib].d, pa, 2 * ys, np, ib, acc);
+    }
+    ed_z_pair_out(acc, nc, out, lo);
+}
+
+static void ED_T512V ed_z_pair_q4_0(int n, const void *vx, const void *vy, size_t ys, int nc, float *out, size_t lo) {
+    ED_Z_PAIR_BEGIN(blk_q4_0);
+    __m512 acc1[ED_MAX_COLS / 2];
+    for (int p = 0; p < np; p++) acc1[p] = _mm512_setzero_ps();
+    const __m256i off = _mm256_set1_epi8(8);
+    int ib = 0;
+    for (; ib + 2 <= nb; ib += 2) {
+        _mm_prefetch((const char *)(x + ib) + 2048, _MM_HINT_T0);
+        ed_z_pair_blk(_mm256_sub_epi8(ed_avx512_nibbles32(x[ib].qs), off), x[ib].d, pa, 2 * ys, np, ib, acc);
+        ed_z_pair_blk(_mm256_sub_epi8(ed_avx512_nibbles32(x[ib + 1].qs), off), x[ib + 1].d, pa, 2 * ys, np, ib + 1, acc1);
+    }
+    if (ib < nb) ed_z_pair_blk(_mm256_sub_epi8(ed_avx512_nibbles32(x[ib].qs), off), x[ib].d, pa, 2 * ys, np, ib, acc);
+    for (int p = 0; p < np; p++) acc[p] = _mm512_add_ps(acc[p], acc1[p]);
+    ed_z_pair_out(acc, nc, out, lo);
+}
+#undef ED_Z_PAIR_BEGIN
+
 /* Chosen by measurement on Sapphire Rapids (best of 30, tools/bench_kernels.py-like runs):
  * 512-bit wins for Q4_K tiles (+20%) and the Q6_K single dot (+20%); the 256-bit VNNI build
  * stays faster for the Q4_K single dot and the Q6_K tiles (512-bit uops share fewer ports). */
@@ -471,6 +566,10 @@ static void ed_avx512_install_wide(void) {
         ED_GEMM_LIFT = 1;
         ED_GEMM_I16 = 0;
         ED_GEMM_TRANSPOSE = ed_z_gemm_transpose;
+        ED_MDOT_SAME[ED_Q8_0] = ed_z_pair_q8_0;
+        ED_MDOT_SAME[ED_Q5_0] = ed_z_pair_q5_0;
+        ED_MDOT_SAME[ED_Q4_0] = ed_z_pair_q4_0;
+        ED_SAME_PAIRS = 1;
     }
 }
 
@@ -550,6 +649,7 @@ static int ed_types_init(const char *force) {
     ed_types_init_generic();
     memset(ED_MDOT, 0, sizeof ED_MDOT);
     memset(ED_MDOT_SAME, 0, sizeof ED_MDOT_SAME);
+    ED_SAME_PAIRS = 0;
     memset(ED_MROWS, 0, sizeof ED_MROWS);
     ED_GEMM_KERNEL = NULL;
     ED_GEMM_LIFT = 1;

@@ -259,7 +259,7 @@ static const uint8_t *ed_quantize_act(ed_state *s, ed_pool *p, int type, int K, 
     ed_range(n, ith, nth, &a, &b);
     for (int64_t t = a; t < b; t++) {
         q(x + t * ldx, s->xq + t * rb, K);
-        if (s->batched) ed_same_act_scales(type, s->xq + t * rb, K);
+        if (s->batched) ed_same_act_fill(type, s->xq, rb, t, n, K);
     }
     if (ed_gemm_wanted(s, n, ED_TRAITS[type].vec_type))  /* for the packed panels (ed_rows) */
         for (int64_t t = a; t < b; t++)
@@ -685,8 +685,15 @@ static size_t ed_state_layout(ed_state *s, const ed_model *m, int n_ctx, int n_b
         if (r > xq_row) xq_row = r;
     }
     xq_row = xq_row + 4 * sizeof(float);  /* any type: <= 4 bytes/elem + block headers */
-    /* >= 4 bytes per element: also holds a decode batch's rows with float scales (ed_same_act_bytes) */
-    if (xq_row < (size_t)(F > XB ? F : XB) * 4) xq_row = (size_t)(F > XB ? F : XB) * 4;
+    /* a decode batch's rows (up to ED_MAX_LOGIT_ROWS) with their float scales and pair areas
+       (ed_same_act_bytes, on any path) */
+    size_t xq_bytes = (size_t)(n_batch > n_threads ? n_batch : n_threads) * xq_row;
+    for (int t = 0; t < ED_NTYPES; t++) {
+        if (!ED_TRAITS[t].dot) continue;
+        const size_t b = (size_t)(n_batch < ED_MAX_LOGIT_ROWS ? n_batch : ED_MAX_LOGIT_ROWS) *
+                         ed_same_act_bytes_for(t, F > XB ? F : XB, 1);
+        if (b > xq_bytes) xq_bytes = b;
+    }
     size_t off = 0;
 #define CARVE(field, type, count) do { \
         if (arena) s->field = (type *)(arena + off); \
@@ -703,7 +710,7 @@ static size_t ed_state_layout(ed_state *s, const ed_model *m, int n_ctx, int n_b
     CARVE(att, float, (size_t)n_threads * att_stride);
     CARVE(qh, uint16_t, (size_t)n_threads * hd);
     CARVE(vacc, float, (size_t)n_threads * 80 * hd);
-    CARVE(xq, uint8_t, (size_t)(n_batch > n_threads ? n_batch : n_threads) * xq_row);
+    CARVE(xq, uint8_t, xq_bytes);
     const size_t gemm_bytes = n_batch > 1 ? ed_gemm_scratch(F > XB ? F : XB) : 0;
     const size_t xinfo_row = ed_gemm_info_len(F > XB ? F : XB);
     CARVE(gemm, uint8_t, (size_t)n_threads * gemm_bytes);

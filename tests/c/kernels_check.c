@@ -47,7 +47,7 @@ int main(void) {
     static const char *paths[] = {"generic", "avx2", "avx2nv", "avx512", "avx512nv", "neon"};
     enum { K = 512, ROWS = 33, COLS = 5 };
     static uint8_t w[ROWS * K * 4], xq[COLS * K * 4], xq2[COLS * K * 4];
-    static uint8_t xs[COLS * K * 4] __attribute__((aligned(64)));
+    static uint8_t xs[COLS * K * 8] __attribute__((aligned(64)));  /* decode-batch rows with pair areas */
     static float x[COLS * K], ref[COLS * ROWS], got[COLS * ROWS], one[COLS * ROWS], one2[COLS * ROWS];
     int failures = 0;
     for (int i = 0; i < COLS * K; i++) x[i] = rndf();
@@ -115,7 +115,7 @@ int main(void) {
                 }
                 for (int c = 0; c < COLS; c++) {
                     memcpy(xs + c * sr, (k == K ? xq : xq2) + c * kr, kr);
-                    ed_same_act_scales(t, xs + c * sr, k);
+                    ed_same_act_fill(t, xs, sr, c, COLS, k);
                 }
                 for (int nc = 1; nc <= ED_MAX_COLS; nc++) {
                     for (int r = 0; r < ROWS; r++) ED_MDOT_SAME[t](k, w + r * rb, xs, sr, nc, got + r, ROWS);
