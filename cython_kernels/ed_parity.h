@@ -151,33 +151,53 @@ static float ED_PM_X86 ed_pm_dot_f16_x86(int n, const ed_half *x, const ed_half 
     return (float)s;
 }
 
+/* ed_pm_expf of 8 lanes; returns nonzero when a lane needs the scalar code (|n| > 126: 2^n
+ * outside the exponent field, or NaN), whose result *res then does not hold */
+static inline int ED_PM_X86 ed_pm_expf8_x86(__m256 v, __m256 *res) {
+    const __m256 r = _mm256_set1_ps(0x1.8p23f);
+    const __m256 z = _mm256_fmadd_ps(v, _mm256_set1_ps(0x1.715476p+0f), r);
+    const __m256 nn = _mm256_sub_ps(z, r);
+    const __m256 b = _mm256_fnmadd_ps(nn, _mm256_set1_ps(0x1.7f7d1cp-20f),
+                                      _mm256_fnmadd_ps(nn, _mm256_set1_ps(0x1.62e4p-1f), v));
+    const __m256 u = _mm256_mul_ps(b, b);
+    const __m256 j = _mm256_fmadd_ps(
+        _mm256_fmadd_ps(_mm256_fmadd_ps(_mm256_set1_ps(0x1.0e4020p-7f), b, _mm256_set1_ps(0x1.573e2ep-5f)), u,
+                        _mm256_fmadd_ps(_mm256_set1_ps(0x1.555e66p-3f), b, _mm256_set1_ps(0x1.fffdb6p-2f))),
+        u, _mm256_fmadd_ps(_mm256_set1_ps(0x1.ffffecp-1f), b, _mm256_set1_ps(1.0f)));
+    /* 2^n built in the exponent field where -126 <= n <= 127, else the scalar code */
+    const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(nn), _mm256_set1_epi32(127)), 23);
+    *res = _mm256_mul_ps(j, _mm256_castsi256_ps(e));
+    const __m256 out = _mm256_cmp_ps(_mm256_andnot_ps(_mm256_set1_ps(-0.0f), nn), _mm256_set1_ps(126.0f), _CMP_GT_OQ);
+    return _mm256_movemask_ps(out) | _mm256_movemask_ps(_mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+}
+
 /* y[i] = ed_pm_expf(x[i] - mx) for i < n */
 static void ED_PM_X86 ed_pm_expf_sub_x86(int n, const float *x, float mx, float *y) {
     int i = 0;
-    const __m256 r = _mm256_set1_ps(0x1.8p23f), vmx = _mm256_set1_ps(mx);
-    const __m256 lim = _mm256_set1_ps(126.0f), sign = _mm256_set1_ps(-0.0f);
+    const __m256 vmx = _mm256_set1_ps(mx);
     for (; i + 8 <= n; i += 8) {
-        const __m256 v = _mm256_sub_ps(_mm256_loadu_ps(x + i), vmx);
-        const __m256 z = _mm256_fmadd_ps(v, _mm256_set1_ps(0x1.715476p+0f), r);
-        const __m256 nn = _mm256_sub_ps(z, r);
-        const __m256 b = _mm256_fnmadd_ps(nn, _mm256_set1_ps(0x1.7f7d1cp-20f),
-                                          _mm256_fnmadd_ps(nn, _mm256_set1_ps(0x1.62e4p-1f), v));
-        const __m256 u = _mm256_mul_ps(b, b);
-        const __m256 j = _mm256_fmadd_ps(
-            _mm256_fmadd_ps(_mm256_fmadd_ps(_mm256_set1_ps(0x1.0e4020p-7f), b, _mm256_set1_ps(0x1.573e2ep-5f)), u,
-                            _mm256_fmadd_ps(_mm256_set1_ps(0x1.555e66p-3f), b, _mm256_set1_ps(0x1.fffdb6p-2f))),
-            u, _mm256_fmadd_ps(_mm256_set1_ps(0x1.ffffecp-1f), b, _mm256_set1_ps(1.0f)));
-        /* 2^n built in the exponent field where -126 <= n <= 127, else the scalar code */
-        const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(nn), _mm256_set1_epi32(127)), 23);
-        const __m256 res = _mm256_mul_ps(j, _mm256_castsi256_ps(e));
-        const __m256 out = _mm256_cmp_ps(_mm256_andnot_ps(sign, nn), lim, _CMP_GT_OQ);
-        if (_mm256_movemask_ps(out) | _mm256_movemask_ps(_mm256_cmp_ps(v, v, _CMP_UNORD_Q))) {
+        __m256 res;
+        if (ed_pm_expf8_x86(_mm256_sub_ps(_mm256_loadu_ps(x + i), vmx), &res))
             for (int k = 0; k < 8; k++) y[i + k] = ed_pm_expf(x[i + k] - mx);
-        } else {
+        else
             _mm256_storeu_ps(y + i, res);
-        }
     }
     for (; i < n; i++) y[i] = ed_pm_expf(x[i] - mx);
+}
+
+/* g[i] = ed_pm_silu(g[i]) * u[i] for i < n (the division is IEEE's, as the scalar one) */
+static void ED_PM_X86 ed_pm_silu_mul_x86(int n, float *g, const float *u) {
+    int i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m256 x = _mm256_loadu_ps(g + i);
+        __m256 e;
+        if (ed_pm_expf8_x86(_mm256_sub_ps(_mm256_setzero_ps(), x), &e))
+            for (int k = 0; k < 8; k++) g[i + k] = ed_pm_silu(g[i + k]) * u[i + k];
+        else
+            _mm256_storeu_ps(g + i, _mm256_mul_ps(_mm256_div_ps(x, _mm256_add_ps(_mm256_set1_ps(1.0f), e)),
+                                                  _mm256_loadu_ps(u + i)));
+    }
+    for (; i < n; i++) g[i] = ed_pm_silu(g[i]) * u[i];
 }
 
 /* y[i] = float(f16(x[i] * s)) for i < n */
@@ -228,6 +248,14 @@ static inline void ed_pm_expf_sub(int simd, int n, const float *x, float mx, flo
 #endif
     (void)simd;
     for (int i = 0; i < n; i++) y[i] = ed_pm_expf(x[i] - mx);
+}
+
+static inline void ed_pm_silu_mul(int simd, int n, float *g, const float *u) {
+#if defined(__x86_64__)
+    if (simd) { ed_pm_silu_mul_x86(n, g, u); return; }
+#endif
+    (void)simd;
+    for (int i = 0; i < n; i++) g[i] = ed_pm_silu(g[i]) * u[i];
 }
 
 static inline void ed_pm_round_scale(int simd, int n, float *x, float s) {

@@ -379,7 +379,7 @@ static void ed_ffn_gate_up(ed_state *s, ed_pool *p, const ed_model *m, const ed_
     for (int t = 0; t < n; t++) {
         float *g = hb + (size_t)t * 2 * F, *u = g + F;
         if (m->act_gelu) for (int64_t i = a; i < b; i++) g[i] = ed_gelu(g[i]) * u[i];
-        else             for (int64_t i = a; i < b; i++) g[i] = ed_silu(g[i]) * u[i];
+        else             ed_pm_silu_mul(ed_pm_simd(ED_PATH), (int)(b - a), g + a, u + a);
     }
     ed_barrier(p);
 }

@@ -307,6 +307,8 @@ cdef extern from "forward.h" nogil:
                  float freq_scale, const float *ff, float mscale, int neox)
     float ed_gelu(float x)
     float ed_silu(float x)
+    void ed_pm_silu_mul(int simd, int n, float *g, const float *u)
+    int ed_pm_simd(const char *path)
     void ed_attention(ed_state *s, const ed_model *m, int il, int ith, int nth, int ldqkv)
 
 
@@ -334,15 +336,24 @@ def rope(float[:, ::1] x, int pos, int n_rot, float base=10000.0, float freq_sca
         ed_rope(&x[0, 0], x.shape[0], hd, n_rot, pos, base, freq_scale, ff, mscale, neox)
 
 
-def activation(float[::1] x, str kind):
-    """In place: 'silu' or 'gelu' (tanh approximation)."""
+def activation(float[::1] x, str kind, const float[::1] up=None):
+    """In place: 'silu' or 'gelu' (tanh approximation); with `up`, x = act(x) * up, the gated
+    FFN's form (for SiLU the forward pass's path-selected code)."""
     cdef Py_ssize_t i
     cdef bint g = kind == "gelu"
     if kind not in ("silu", "gelu"):
         raise ValueError(f"activation {kind!r}")
+    if up is not None and up.shape[0] != x.shape[0]:
+        raise ValueError(f"up has {up.shape[0]} values, x {x.shape[0]}")
+    if up is not None and not g:
+        with nogil:
+            ed_pm_silu_mul(ed_pm_simd(ED_PATH), <int>x.shape[0], &x[0], &up[0])
+        return
     with nogil:
         for i in range(x.shape[0]):
             x[i] = ed_gelu(x[i]) if g else ed_silu(x[i])
+            if up is not None:
+                x[i] = x[i] * up[i]
 
 
 def attention(float[:, ::1] out, float[:, ::1] q, uint16_t[:, ::1] k_cache,
