@@ -47,18 +47,22 @@ static ed_mdot_fn ED_MDOT_SAME[ED_NTYPES];
  * after the blocks (4-byte aligned), so an x86 SAME tile broadcasts one float per block and
  * column instead of converting a half each time (the same values: the conversion is exact).
  * With ED_SAME_PAIRS (the AVX-512 VNNI path) an even row t also holds, 64-byte aligned after
- * its scales, the pair area of rows t and t + 1: per block 128 bytes, row t's 32 quants, row
- * t + 1's, then each one's float scale 8 times, so one zmm load serves two sessions (the zmm
- * pair tiles in this file). Row stride ed_same_act_bytes(), a multiple of 64 with pairs; other
+ * its scales, the pair area of rows t and t + 1: per block ED_PAIR_BLK bytes, row t's 32 quants
+ * then row t + 1's; each one's float scale 8 times; each one's 8 sums of 4 quants (one per
+ * 32-bit lane) times -128, as int32. One zmm load then serves two sessions, and a weight
+ * block lifted to unsigned bytes (w + 128) multiplies them with dpbusd starting from those
+ * sums (the zmm pair tiles in this file). Row stride ed_same_act_bytes(), a multiple of 64
+ * with pairs; other
  * activation formats keep the plain layout. */
 #define ED_SAME_DY(row, nb) ((const float *)((const uint8_t *)(row) + (((size_t)(nb) * sizeof(blk_q8_0) + 3) & ~(size_t)3)))
 #define ED_SAME_PAIR_OFF(nb) ((((((size_t)(nb) * sizeof(blk_q8_0) + 3) & ~(size_t)3) + (size_t)(nb) * sizeof(float)) + 63) & ~(size_t)63)
 #define ED_SAME_PAIR(row, nb) ((const uint8_t *)(row) + ED_SAME_PAIR_OFF(nb))
+#define ED_PAIR_BLK 192
 static int ED_SAME_PAIRS = 0;
 
 static size_t ed_same_act_bytes_for(int type, int64_t k, int pairs) {
     if (ED_TRAITS[type].vec_type != ED_Q8_0) return ed_act_row_bytes(type, k);
-    if (pairs) return ED_SAME_PAIR_OFF(k / QK) + (size_t)(k / QK) * 128;
+    if (pairs) return ED_SAME_PAIR_OFF(k / QK) + (size_t)(k / QK) * ED_PAIR_BLK;
     return (((size_t)(k / QK) * sizeof(blk_q8_0) + 3) & ~(size_t)3) + (size_t)(k / QK) * sizeof(float);
 }
 
@@ -78,10 +82,15 @@ static void ed_same_act_fill(int type, uint8_t *base, size_t rb, int64_t t, int6
     if (!ED_SAME_PAIRS) return;
     uint8_t *pa = (uint8_t *)ED_SAME_PAIR(base + (t & ~(int64_t)1) * rb, nb);
     const int h = (int)(t & 1);
-    for (int64_t ib = 0; ib < nb; ib++, pa += 128) {
+    for (int64_t ib = 0; ib < nb; ib++, pa += ED_PAIR_BLK) {
         memcpy(pa + 32 * h, y[ib].qs, QK);
-        for (int j = 0; j < 8; j++) memcpy(pa + 64 + 32 * h + 4 * j, dy + ib, 4);
-        if (!h && t == n - 1) memset(pa + 32, 0, 32), memset(pa + 96, 0, 32);
+        for (int j = 0; j < 8; j++) {
+            memcpy(pa + 64 + 32 * h + 4 * j, dy + ib, 4);
+            const int8_t *q = y[ib].qs + 4 * j;
+            const int32_t c = -128 * (q[0] + q[1] + q[2] + q[3]);
+            memcpy(pa + 128 + 32 * h + 4 * j, &c, 4);
+        }
+        if (!h && t == n - 1) memset(pa + 32, 0, 32), memset(pa + 96, 0, 32), memset(pa + 160, 0, 32);
     }
 }
 
@@ -285,8 +294,17 @@ static inline __m512i ED_T512 ed_z_scales2(int a, int b) {  /* i16 x 16 per 256-
 
 static inline float ED_T512 ed_z_hsum(__m512 v) { return _mm512_reduce_add_ps(v); }
 
+/* nc as a constant in each call of the body (see ED_TILE in ed_simd_x86.inc) */
+#define ED_Z_TILE(name) \
+    static void ED_T512 name(int n, const void *vx, const void *vy, size_t ys, int nc, float *out, size_t lo) { \
+        switch (nc) { \
+        case 1: name##_body(n, vx, vy, ys, 1, out, lo); break; \
+        case 2: name##_body(n, vx, vy, ys, 2, out, lo); break; \
+        case 3: name##_body(n, vx, vy, ys, 3, out, lo); break; \
+        default: name##_body(n, vx, vy, ys, 4, out, lo); break; } }
+
 /* Q4_K: chunk c (32 bytes) -> zmm [low nibbles = elements 64c.. | high nibbles = 64c+32..] */
-static void ED_T512 ed_z_mdot_q4_K(int n, const void *vx, const void *vy, size_t ys, int nc, float *out, size_t lo) {
+static inline __attribute__((always_inline)) void ED_T512 ed_z_mdot_q4_K_body(int n, const void *vx, const void *vy, size_t ys, int nc, float *out, size_t lo) {
     const blk_q4_K *x = vx;
     __m512 acc[ED_MAX_COLS];
     float accm[ED_MAX_COLS];
@@ -319,6 +337,7 @@ static void ED_T512 ed_z_mdot_q4_K(int n, const void *vx, const void *vy, size_t
     }
     for (int c = 0; c < nc; c++) out[c * lo] = ed_z_hsum(acc[c]) + accm[c];
 }
+ED_Z_TILE(ed_z_mdot_q4_K)
 
 static float ED_T512 ed_z_dot_q4_K(int n, const void *vx, const void *vy) {
     float r;
@@ -329,7 +348,7 @@ static float ED_T512 ed_z_dot_q4_K(int n, const void *vx, const void *vy) {
 /* Q6_K: per 128 elements, 64 ql bytes in one zmm: low nibbles = elements +0..63, high nibbles
  * = +64..127 (each 32-element quarter gets its 2 high bits from qh >> 2k); values 0..63 are
  * multiplied unsigned and the -32 offset is taken off with the activation block sums. */
-static void ED_T512 ed_z_mdot_q6_K(int n, const void *vx, const void *vy, size_t ys, int nc, float *out, size_t lo) {
+static inline __attribute__((always_inline)) void ED_T512 ed_z_mdot_q6_K_body(int n, const void *vx, const void *vy, size_t ys, int nc, float *out, size_t lo) {
     const blk_q6_K *x = vx;
     __m512 acc[ED_MAX_COLS];
     for (int c = 0; c < nc; c++) acc[c] = _mm512_setzero_ps();
@@ -369,6 +388,7 @@ static void ED_T512 ed_z_mdot_q6_K(int n, const void *vx, const void *vy, size_t
     }
     for (int c = 0; c < nc; c++) out[c * lo] = ed_z_hsum(acc[c]);
 }
+ED_Z_TILE(ed_z_mdot_q6_K)
 
 static float ED_T512 ed_z_dot_q6_K(int n, const void *vx, const void *vy) {
     float r;
@@ -483,25 +503,31 @@ static float ED_T512V_Q ed_z_dot_q4_0(int n, const void *vx, const void *vy) {
 
 /* Decode-batch tiles (ED_MDOT_SAME) of the Q8_0-activation types on AVX-512 VNNI: two
  * sessions per zmm, session 2p in lanes 0..7 and 2p + 1 in lanes 8..15, read from the rows'
- * pair areas (ED_SAME_PAIR). Each lane runs the one-token kernel's operations on the same
- * values (s8 x s8 sums as |w| x (y with w's sign), exact; the block scale dx * dy; one FMA per
- * block into the chain that kernel uses), and each session's 8 lanes are summed by the same
+ * pair areas (ED_SAME_PAIR). Each lane gets the one-token kernel's integer sum of its 4
+ * products (formed as (w + 128) x y - 128 x sum(y): exact, the same number), then that
+ * kernel's float operations on the same values (the block scale dx * dy; one FMA per block
+ * into the chain that kernel uses), and each session's 8 lanes are summed by the same
  * horizontal sum, so every column equals that kernel bit for bit: dot_q5_0 and mrows_q8_0
- * (one chain), ed_z_dot_q4_0 (even blocks in one chain, odd blocks in a second). Per session
- * and block that is 3 vector operations instead of 7. */
+ * (one chain), ed_z_dot_q4_0 (even blocks in one chain, odd blocks in a second). A weight
+ * block is unpacked once, already lifted and doubled to 64 bytes; each pair then costs four
+ * vector operations per block. */
 static inline __attribute__((always_inline)) void ED_T512V
-ed_z_pair_blk(__m256i qx, ed_half d, const uint8_t *pa, size_t ps, int np, int ib, __m512 *acc) {
-    const __m512i q2 = _mm512_broadcast_i64x4(qx);
-    const __m512i a2 = _mm512_abs_epi8(q2);
-    const __mmask64 neg = _mm512_movepi8_mask(q2);
+ed_z_pair_blk(__m512i u2, ed_half d, const uint8_t *pa, size_t ps, int np, int ib, __m512 *acc) {
     const __m512 dx = _mm512_set1_ps(_cvtsh_ss(d));
     for (int p = 0; p < np; p++) {
-        const uint8_t *b = pa + p * ps + (size_t)ib * 128;
-        const __m512i y = _mm512_loadu_si512((const void *)b);
-        const __m512i sy = _mm512_mask_sub_epi8(y, neg, _mm512_setzero_si512(), y);
-        const __m512i s = _mm512_dpbusd_epi32(_mm512_setzero_si512(), a2, sy);
+        const uint8_t *b = pa + p * ps + (size_t)ib * ED_PAIR_BLK;
+        const __m512i s = _mm512_dpbusd_epi32(_mm512_loadu_si512((const void *)(b + 128)), u2,
+                                              _mm512_loadu_si512((const void *)b));
         acc[p] = _mm512_fmadd_ps(_mm512_mul_ps(dx, _mm512_loadu_ps((const float *)(b + 64))), _mm512_cvtepi32_ps(s), acc[p]);
     }
+}
+
+/* the 16 quant bytes of a 32-block as [low nibbles | high nibbles] twice, masked to 0..15 */
+static inline __m512i ED_T512V ed_z_pair_nibbles(const uint8_t *qs) {
+    const __m512i sh = _mm512_setr_epi64(0, 0, 0x0004000400040004, 0x0004000400040004, 0, 0,
+                                         0x0004000400040004, 0x0004000400040004);
+    return _mm512_and_si512(_mm512_srlv_epi16(_mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)qs)), sh),
+                            _mm512_set1_epi8(0x0F));
 }
 
 static inline void ED_T512V ed_z_pair_out(const __m512 *acc, int nc, float *out, size_t lo) {
@@ -509,48 +535,65 @@ static inline void ED_T512V ed_z_pair_out(const __m512 *acc, int nc, float *out,
         out[c * lo] = ed_avx512_hsum(c & 1 ? _mm512_extractf32x8_ps(acc[c / 2], 1) : _mm512_castps512_ps256(acc[c / 2]));
 }
 
-#define ED_Z_PAIR_BEGIN(T) \
-    const T *x = vx; \
-    const int nb = n / QK, np = (nc + 1) / 2; \
-    const uint8_t *pa = ED_SAME_PAIR(vy, nb); \
-    __m512 acc[ED_MAX_COLS / 2]; \
-    for (int p = 0; p < np; p++) acc[p] = _mm512_setzero_ps()
-
-static void ED_T512V ed_z_pair_q8_0(int n, const void *vx, const void *vy, size_t ys, int nc, float *out, size_t lo) {
-    ED_Z_PAIR_BEGIN(blk_q8_0);
-    for (int ib = 0; ib < nb; ib++) {
-        _mm_prefetch((const char *)(x + ib) + ED_PREFETCH, _MM_HINT_T0);
-        ed_z_pair_blk(_mm256_loadu_si256((const __m256i *)x[ib].qs), x[ib].d, pa, 2 * ys, np, ib, acc);
+/* The tiles' bodies take the pair count as a constant (ED_Z_PAIR_FN instantiates 1 and 2), so
+ * the accumulators stay in registers. */
+#define ED_Z_PAIR_FN(name) \
+    static void ED_T512V ed_z_pair_##name(int n, const void *vx, const void *vy, size_t ys, int nc, float *out, size_t lo) { \
+        __m512 acc[ED_MAX_COLS / 2]; \
+        const uint8_t *pa = ED_SAME_PAIR(vy, n / QK); \
+        if (nc > 2) ed_z_pair_##name##_body(n, vx, pa, 2 * ys, 2, acc); \
+        else        ed_z_pair_##name##_body(n, vx, pa, 2 * ys, 1, acc); \
+        ed_z_pair_out(acc, nc, out, lo); \
     }
-    ed_z_pair_out(acc, nc, out, lo);
-}
+#define ED_Z_PAIR_BODY(name) static inline __attribute__((always_inline)) void ED_T512V \
+    ed_z_pair_##name##_body(int n, const void *vx, const uint8_t *pa, size_t ps, const int np, __m512 *acc)
 
-static void ED_T512V ed_z_pair_q5_0(int n, const void *vx, const void *vy, size_t ys, int nc, float *out, size_t lo) {
-    ED_Z_PAIR_BEGIN(blk_q5_0);
-    for (int ib = 0; ib < nb; ib++) {
+ED_Z_PAIR_BODY(q8_0) {
+    const blk_q8_0 *x = vx;
+    const __m512i lift = _mm512_set1_epi8((char)0x80);
+    for (int p = 0; p < np; p++) acc[p] = _mm512_setzero_ps();
+    for (int ib = 0; ib < n / QK; ib++) {
         _mm_prefetch((const char *)(x + ib) + ED_PREFETCH, _MM_HINT_T0);
-        const __m256i hi = _mm256_andnot_si256(ed_avx512_bits32(x[ib].qh), _mm256_set1_epi8((char)0xF0));
-        ed_z_pair_blk(_mm256_or_si256(ed_avx512_nibbles32(x[ib].qs), hi), x[ib].d, pa, 2 * ys, np, ib, acc);
+        const __m512i w = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)x[ib].qs));
+        ed_z_pair_blk(_mm512_xor_si512(w, lift), x[ib].d, pa, ps, np, ib, acc);
     }
-    ed_z_pair_out(acc, nc, out, lo);
 }
+ED_Z_PAIR_FN(q8_0)
 
-static void ED_T512V ed_z_pair_q4_0(int n, const void *vx, const void *vy, size_t ys, int nc, float *out, size_t lo) {
-    ED_Z_PAIR_BEGIN(blk_q4_0);
+/* Q5_0: nibble + 16 * bit - 16 + 128 = (nibble | 0x70) + (bit ? 16 : 0) */
+ED_Z_PAIR_BODY(q5_0) {
+    const blk_q5_0 *x = vx;
+    const __m512i c70 = _mm512_set1_epi8(0x70), c16 = _mm512_set1_epi8(16);
+    for (int p = 0; p < np; p++) acc[p] = _mm512_setzero_ps();
+    for (int ib = 0; ib < n / QK; ib++) {
+        _mm_prefetch((const char *)(x + ib) + ED_PREFETCH, _MM_HINT_T0);
+        uint32_t qh; memcpy(&qh, x[ib].qh, 4);
+        const __mmask64 hb = _cvtu64_mask64((uint64_t)qh | (uint64_t)qh << 32);
+        const __m512i u = _mm512_or_si512(ed_z_pair_nibbles(x[ib].qs), c70);
+        ed_z_pair_blk(_mm512_mask_add_epi8(u, hb, u, c16), x[ib].d, pa, ps, np, ib, acc);
+    }
+}
+ED_Z_PAIR_FN(q5_0)
+
+/* Q4_0: nibble - 8 + 128; two chains as ed_z_dot_q4_0 */
+ED_Z_PAIR_BODY(q4_0) {
+    const blk_q4_0 *x = vx;
+    const int nb = n / QK;
     __m512 acc1[ED_MAX_COLS / 2];
-    for (int p = 0; p < np; p++) acc1[p] = _mm512_setzero_ps();
-    const __m256i off = _mm256_set1_epi8(8);
+    for (int p = 0; p < np; p++) acc[p] = acc1[p] = _mm512_setzero_ps();
+    const __m512i c120 = _mm512_set1_epi8(120);
     int ib = 0;
     for (; ib + 2 <= nb; ib += 2) {
         _mm_prefetch((const char *)(x + ib) + 2048, _MM_HINT_T0);
-        ed_z_pair_blk(_mm256_sub_epi8(ed_avx512_nibbles32(x[ib].qs), off), x[ib].d, pa, 2 * ys, np, ib, acc);
-        ed_z_pair_blk(_mm256_sub_epi8(ed_avx512_nibbles32(x[ib + 1].qs), off), x[ib + 1].d, pa, 2 * ys, np, ib + 1, acc1);
+        ed_z_pair_blk(_mm512_add_epi8(ed_z_pair_nibbles(x[ib].qs), c120), x[ib].d, pa, ps, np, ib, acc);
+        ed_z_pair_blk(_mm512_add_epi8(ed_z_pair_nibbles(x[ib + 1].qs), c120), x[ib + 1].d, pa, ps, np, ib + 1, acc1);
     }
-    if (ib < nb) ed_z_pair_blk(_mm256_sub_epi8(ed_avx512_nibbles32(x[ib].qs), off), x[ib].d, pa, 2 * ys, np, ib, acc);
+    if (ib < nb) ed_z_pair_blk(_mm512_add_epi8(ed_z_pair_nibbles(x[ib].qs), c120), x[ib].d, pa, ps, np, ib, acc);
     for (int p = 0; p < np; p++) acc[p] = _mm512_add_ps(acc[p], acc1[p]);
-    ed_z_pair_out(acc, nc, out, lo);
 }
-#undef ED_Z_PAIR_BEGIN
+ED_Z_PAIR_FN(q4_0)
+#undef ED_Z_PAIR_FN
+#undef ED_Z_PAIR_BODY
 
 /* Chosen by measurement on Sapphire Rapids (best of 30, tools/bench_kernels.py-like runs):
  * 512-bit wins for Q4_K tiles (+20%) and the Q6_K single dot (+20%); the 256-bit VNNI build
