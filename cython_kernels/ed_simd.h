@@ -46,23 +46,36 @@ static ed_mdot_fn ED_MDOT_SAME[ED_NTYPES];
 /* A decode batch's Q8_0 activation rows (forward.h) carry their block scales again, as floats
  * after the blocks (4-byte aligned), so an x86 SAME tile broadcasts one float per block and
  * column instead of converting a half each time (the same values: the conversion is exact).
- * With ED_SAME_PAIRS (the AVX-512 VNNI path) an even row t also holds, 64-byte aligned after
- * its scales, the pair area of rows t and t + 1: per block ED_PAIR_BLK bytes, row t's 32 quants
- * then row t + 1's; each one's float scale 8 times; each one's 8 sums of 4 quants (one per
- * 32-bit lane) times -128, as int32. One zmm load then serves two sessions, and a weight
- * block lifted to unsigned bytes (w + 128) multiplies them with dpbusd starting from those
- * sums (the zmm pair tiles in this file). Row stride ed_same_act_bytes(), a multiple of 64
- * with pairs; other
- * activation formats keep the plain layout. */
+ *
+ * With ED_SAME_PAIRS (the AVX-512 VNNI path) an even row t of a Q8_0 or Q8_K batch also holds,
+ * 64-byte aligned after its own data, the pair area of rows t and t + 1, which the zmm pair
+ * tiles (in this file) read: one zmm load then serves two sessions, row t in the low half.
+ *   Q8_0, per 32-block (ED_PAIR_BLK_Q8_0 bytes): row t's 32 quants, row t + 1's; each one's
+ *     float scale 8 times; each one's 8 sums of 4 quants (one per 32-bit lane) times -128, as
+ *     int32, so a weight block lifted to unsigned bytes (w + 128) multiplies them with
+ *     dpbusd starting from those sums.
+ *   Q8_K, per 256-block (ED_PAIR_BLK_Q8_K bytes): for each 32-quant chunk, row t's then row
+ *     t + 1's; then each one's scale 8 times.
+ * Row stride ed_same_act_bytes(), a multiple of 64 with pairs; other activation formats keep
+ * the plain layout. */
 #define ED_SAME_DY(row, nb) ((const float *)((const uint8_t *)(row) + (((size_t)(nb) * sizeof(blk_q8_0) + 3) & ~(size_t)3)))
-#define ED_SAME_PAIR_OFF(nb) ((((((size_t)(nb) * sizeof(blk_q8_0) + 3) & ~(size_t)3) + (size_t)(nb) * sizeof(float)) + 63) & ~(size_t)63)
-#define ED_SAME_PAIR(row, nb) ((const uint8_t *)(row) + ED_SAME_PAIR_OFF(nb))
-#define ED_PAIR_BLK 192
+#define ED_PAIR_BLK_Q8_0 192
+#define ED_PAIR_BLK_Q8_K 576
 static int ED_SAME_PAIRS = 0;
 
+/* bytes of a plain row (with the Q8_0 float scales) before the pair area, 64-aligned */
+static inline size_t ed_same_pair_off(int vt, int64_t nb) {
+    const size_t own = vt == ED_Q8_0 ? (((size_t)nb * sizeof(blk_q8_0) + 3) & ~(size_t)3) + (size_t)nb * sizeof(float)
+                                     : (size_t)nb * sizeof(blk_q8_K);
+    return (own + 63) & ~(size_t)63;
+}
+#define ED_SAME_PAIR(vt, row, nb) ((const uint8_t *)(row) + ed_same_pair_off(vt, nb))
+
 static size_t ed_same_act_bytes_for(int type, int64_t k, int pairs) {
-    if (ED_TRAITS[type].vec_type != ED_Q8_0) return ed_act_row_bytes(type, k);
-    if (pairs) return ED_SAME_PAIR_OFF(k / QK) + (size_t)(k / QK) * ED_PAIR_BLK;
+    const int vt = ED_TRAITS[type].vec_type;
+    if (vt == ED_Q8_K && pairs) return ed_same_pair_off(vt, k / QKK) + (size_t)(k / QKK) * ED_PAIR_BLK_Q8_K;
+    if (vt != ED_Q8_0) return ed_act_row_bytes(type, k);
+    if (pairs) return ed_same_pair_off(vt, k / QK) + (size_t)(k / QK) * ED_PAIR_BLK_Q8_0;
     return (((size_t)(k / QK) * sizeof(blk_q8_0) + 3) & ~(size_t)3) + (size_t)(k / QK) * sizeof(float);
 }
 
@@ -73,16 +86,31 @@ static size_t ed_same_act_bytes(int type, int64_t k) { return ed_same_act_bytes_
  * other half zeroed when t is the last row and even). Rows are independent: each thread fills
  * its own. */
 static void ed_same_act_fill(int type, uint8_t *base, size_t rb, int64_t t, int64_t n, int64_t k) {
-    if (ED_TRAITS[type].vec_type != ED_Q8_0) return;
-    const int64_t nb = k / QK;
+    const int vt = ED_TRAITS[type].vec_type;
     uint8_t *row = base + t * rb;
+    const int h = (int)(t & 1), zero = !h && t == n - 1;
+    if (vt == ED_Q8_K && ED_SAME_PAIRS) {
+        const int64_t nb = k / QKK;
+        const blk_q8_K *y = (const blk_q8_K *)row;
+        uint8_t *pa = (uint8_t *)ED_SAME_PAIR(vt, base + (t & ~(int64_t)1) * rb, nb);
+        for (int64_t ib = 0; ib < nb; ib++, pa += ED_PAIR_BLK_Q8_K) {
+            for (int c = 0; c < QKK / 32; c++) {
+                memcpy(pa + 64 * c + 32 * h, y[ib].qs + 32 * c, 32);
+                if (zero) memset(pa + 64 * c + 32, 0, 32);
+            }
+            for (int j = 0; j < 8; j++) memcpy(pa + 512 + 32 * h + 4 * j, &y[ib].d, 4);
+            if (zero) memset(pa + 512 + 32, 0, 32);
+        }
+        return;
+    }
+    if (vt != ED_Q8_0) return;
+    const int64_t nb = k / QK;
     const blk_q8_0 *y = (const blk_q8_0 *)row;
     float *dy = (float *)ED_SAME_DY(row, nb);
     for (int64_t ib = 0; ib < nb; ib++) dy[ib] = H2F(y[ib].d);
     if (!ED_SAME_PAIRS) return;
-    uint8_t *pa = (uint8_t *)ED_SAME_PAIR(base + (t & ~(int64_t)1) * rb, nb);
-    const int h = (int)(t & 1);
-    for (int64_t ib = 0; ib < nb; ib++, pa += ED_PAIR_BLK) {
+    uint8_t *pa = (uint8_t *)ED_SAME_PAIR(vt, base + (t & ~(int64_t)1) * rb, nb);
+    for (int64_t ib = 0; ib < nb; ib++, pa += ED_PAIR_BLK_Q8_0) {
         memcpy(pa + 32 * h, y[ib].qs, QK);
         for (int j = 0; j < 8; j++) {
             memcpy(pa + 64 + 32 * h + 4 * j, dy + ib, 4);
@@ -90,7 +118,7 @@ static void ed_same_act_fill(int type, uint8_t *base, size_t rb, int64_t t, int6
             const int32_t c = -128 * (q[0] + q[1] + q[2] + q[3]);
             memcpy(pa + 128 + 32 * h + 4 * j, &c, 4);
         }
-        if (!h && t == n - 1) memset(pa + 32, 0, 32), memset(pa + 96, 0, 32), memset(pa + 160, 0, 32);
+        if (zero) memset(pa + 32, 0, 32), memset(pa + 96, 0, 32), memset(pa + 160, 0, 32);
     }
 }
 
@@ -515,7 +543,7 @@ static inline __attribute__((always_inline)) void ED_T512V
 ed_z_pair_blk(__m512i u2, ed_half d, const uint8_t *pa, size_t ps, int np, int ib, __m512 *acc) {
     const __m512 dx = _mm512_set1_ps(_cvtsh_ss(d));
     for (int p = 0; p < np; p++) {
-        const uint8_t *b = pa + p * ps + (size_t)ib * ED_PAIR_BLK;
+        const uint8_t *b = pa + p * ps + (size_t)ib * ED_PAIR_BLK_Q8_0;
         const __m512i s = _mm512_dpbusd_epi32(_mm512_loadu_si512((const void *)(b + 128)), u2,
                                               _mm512_loadu_si512((const void *)b));
         acc[p] = _mm512_fmadd_ps(_mm512_mul_ps(dx, _mm512_loadu_ps((const float *)(b + 64))), _mm512_cvtepi32_ps(s), acc[p]);
@@ -540,7 +568,7 @@ static inline void ED_T512V ed_z_pair_out(const __m512 *acc, int nc, float *out,
 #define ED_Z_PAIR_FN(name) \
     static void ED_T512V ed_z_pair_##name(int n, const void *vx, const void *vy, size_t ys, int nc, float *out, size_t lo) { \
         __m512 acc[ED_MAX_COLS / 2]; \
-        const uint8_t *pa = ED_SAME_PAIR(vy, n / QK); \
+        const uint8_t *pa = ED_SAME_PAIR(ED_Q8_0, vy, n / QK); \
         if (nc > 2) ed_z_pair_##name##_body(n, vx, pa, 2 * ys, 2, acc); \
         else        ed_z_pair_##name##_body(n, vx, pa, 2 * ys, 1, acc); \
         ed_z_pair_out(acc, nc, out, lo); \
@@ -595,6 +623,62 @@ ED_Z_PAIR_FN(q4_0)
 #undef ED_Z_PAIR_FN
 #undef ED_Z_PAIR_BODY
 
+/* Q4_K on Q8_K pair areas: dot_q4_K's 8 lanes per session (the sub-block scales times the
+ * sums of 4 products, exact; dpwssd is madd + add in one), one FMA per super-block with
+ * y.d * x.d, the mins through dot_q4_K's 4-lane sum per session, subtracted at the end. */
+static inline __attribute__((always_inline)) void ED_T512V
+ed_z_pair_q4_K_body(int n, const void *vx, const void *vy, size_t ys, const int nc, float *out, size_t lo) {
+    const blk_q4_K *x = vx;
+    const int nb = n / QKK, np = (nc + 1) / 2;
+    const uint8_t *pa = ED_SAME_PAIR(ED_Q8_K, vy, nb);
+    __m512 acc[ED_MAX_COLS / 2];
+    __m128 accm[ED_MAX_COLS];
+    for (int p = 0; p < np; p++) acc[p] = _mm512_setzero_ps();
+    for (int c = 0; c < nc; c++) accm[c] = _mm_setzero_ps();
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    for (int i = 0; i < nb; i++) {
+        for (int p = 0; p < (int)sizeof(blk_q4_K); p += 64)
+            _mm_prefetch((const char *)(x + i) + ED_PREFETCH + p, _MM_HINT_T0);
+        const __m256i sm = ed_avx512_k4_scales_mins(x[i].scales);
+        const __m512i scales = _mm512_broadcast_i32x4(_mm256_castsi256_si128(sm));
+        const float mx = _cvtsh_ss(x[i].dmin);
+        for (int c = 0; c < nc; c++) {
+            const blk_q8_K *y = (const blk_q8_K *)((const uint8_t *)vy + c * ys) + i;
+            accm[c] = _mm_fmadd_ps(_mm_set1_ps(y->d * mx), _mm_cvtepi32_ps(ed_avx512_k4_min_sums(sm, y->bsums)), accm[c]);
+        }
+        const uint8_t *b = pa + (size_t)i * ED_PAIR_BLK_Q8_K;
+        __m512i sumi[ED_MAX_COLS / 2];
+        for (int p = 0; p < np; p++) sumi[p] = _mm512_setzero_si512();
+        for (int j = 0; j < 4; j++) {
+            const __m512i sl = _mm512_shuffle_epi8(scales, _mm512_set1_epi16((short)((4 * j + 1) << 8 | (4 * j))));
+            const __m512i sh = _mm512_shuffle_epi8(scales, _mm512_set1_epi16((short)((4 * j + 3) << 8 | (4 * j + 2))));
+            const __m512i q4 = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(x[i].qs + 32 * j)));
+            const __m512i l = _mm512_and_si512(q4, m4), h = _mm512_and_si512(_mm512_srli_epi16(q4, 4), m4);
+            for (int p = 0; p < np; p++) {
+                const uint8_t *bp = b + p * 2 * ys + 128 * j;
+                sumi[p] = _mm512_dpwssd_epi32(sumi[p], _mm512_maddubs_epi16(l, _mm512_loadu_si512((const void *)bp)), sl);
+                sumi[p] = _mm512_dpwssd_epi32(sumi[p], _mm512_maddubs_epi16(h, _mm512_loadu_si512((const void *)(bp + 64))), sh);
+            }
+        }
+        const __m512 dx = _mm512_set1_ps(_cvtsh_ss(x[i].d));
+        for (int p = 0; p < np; p++)
+            acc[p] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_loadu_ps((const float *)(b + p * 2 * ys + 512)), dx),
+                                     _mm512_cvtepi32_ps(sumi[p]), acc[p]);
+    }
+    for (int c = 0; c < nc; c++)
+        out[c * lo] = ed_avx512_hsum(c & 1 ? _mm512_extractf32x8_ps(acc[c / 2], 1) : _mm512_castps512_ps256(acc[c / 2]))
+                      - ed_avx512_hsum128(accm[c]);
+}
+
+static void ED_T512V ed_z_pair_q4_K(int n, const void *vx, const void *vy, size_t ys, int nc, float *out, size_t lo) {
+    switch (nc) {
+    case 1: ed_z_pair_q4_K_body(n, vx, vy, ys, 1, out, lo); break;
+    case 2: ed_z_pair_q4_K_body(n, vx, vy, ys, 2, out, lo); break;
+    case 3: ed_z_pair_q4_K_body(n, vx, vy, ys, 3, out, lo); break;
+    default: ed_z_pair_q4_K_body(n, vx, vy, ys, 4, out, lo); break;
+    }
+}
+
 /* Chosen by measurement on Sapphire Rapids (best of 30, tools/bench_kernels.py-like runs):
  * 512-bit wins for Q4_K tiles (+20%) and the Q6_K single dot (+20%); the 256-bit VNNI build
  * stays faster for the Q4_K single dot and the Q6_K tiles (512-bit uops share fewer ports). */
@@ -612,6 +696,7 @@ static void ed_avx512_install_wide(void) {
         ED_MDOT_SAME[ED_Q8_0] = ed_z_pair_q8_0;
         ED_MDOT_SAME[ED_Q5_0] = ed_z_pair_q5_0;
         ED_MDOT_SAME[ED_Q4_0] = ed_z_pair_q4_0;
+        ED_MDOT_SAME[ED_Q4_K] = ed_z_pair_q4_K;
         ED_SAME_PAIRS = 1;
     }
 }
