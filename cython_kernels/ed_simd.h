@@ -310,6 +310,7 @@ static unsigned ed_cpu_features(void) {
 /* 512-bit kernels for the K-quants of Q4_K_M models (AVX-512 path only). One zmm holds 64
  * weights whose Q8_K activations are contiguous, so each activation load is one 64-byte load. */
 #define ED_T512 __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq")))
+#define ED_T512V __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")))
 
 static inline __m512i ED_T512 ed_z_scales4(int a, int b, int c, int d) {  /* i16 x 8 per 128-bit lane */
     return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set_m128i(_mm_set1_epi16((short)b), _mm_set1_epi16((short)a))),
@@ -323,8 +324,9 @@ static inline __m512i ED_T512 ed_z_scales2(int a, int b) {  /* i16 x 16 per 256-
 static inline float ED_T512 ed_z_hsum(__m512 v) { return _mm512_reduce_add_ps(v); }
 
 /* nc as a constant in each call of the body (see ED_TILE in ed_simd_x86.inc) */
-#define ED_Z_TILE(name) \
-    static void ED_T512 name(int n, const void *vx, const void *vy, size_t ys, int nc, float *out, size_t lo) { \
+#define ED_Z_TILE(name) ED_Z_TILE_T(name, ED_T512)
+#define ED_Z_TILE_T(name, target) \
+    static void target name(int n, const void *vx, const void *vy, size_t ys, int nc, float *out, size_t lo) { \
         switch (nc) { \
         case 1: name##_body(n, vx, vy, ys, 1, out, lo); break; \
         case 2: name##_body(n, vx, vy, ys, 2, out, lo); break; \
@@ -375,8 +377,9 @@ static float ED_T512 ed_z_dot_q4_K(int n, const void *vx, const void *vy) {
 
 /* Q6_K: per 128 elements, 64 ql bytes in one zmm: low nibbles = elements +0..63, high nibbles
  * = +64..127 (each 32-element quarter gets its 2 high bits from qh >> 2k); values 0..63 are
- * multiplied unsigned and the -32 offset is taken off with the activation block sums. */
-static inline __attribute__((always_inline)) void ED_T512 ed_z_mdot_q6_K_body(int n, const void *vx, const void *vy, size_t ys, int nc, float *out, size_t lo) {
+ * multiplied unsigned and the -32 offset is taken off with the activation block sums. VNNI:
+ * dpwssd adds the scaled pair sums in one instruction (the same integers as madd + add). */
+static inline __attribute__((always_inline)) void ED_T512V ed_z_mdot_q6_K_body(int n, const void *vx, const void *vy, size_t ys, int nc, float *out, size_t lo) {
     const blk_q6_K *x = vx;
     __m512 acc[ED_MAX_COLS];
     for (int c = 0; c < nc; c++) acc[c] = _mm512_setzero_ps();
@@ -402,7 +405,7 @@ static inline __attribute__((always_inline)) void ED_T512 ed_z_mdot_q6_K_body(in
                 const int8_t *q8 = ((const blk_q8_K *)((const uint8_t *)vy + c * ys) + i)->qs + 128 * j;
                 const __m512i p0 = _mm512_maddubs_epi16(w0, _mm512_loadu_si512((const void *)q8));
                 const __m512i p1 = _mm512_maddubs_epi16(w1, _mm512_loadu_si512((const void *)(q8 + 64)));
-                sumi[c] = _mm512_add_epi32(sumi[c], _mm512_add_epi32(_mm512_madd_epi16(p0, s0), _mm512_madd_epi16(p1, s1)));
+                sumi[c] = _mm512_dpwssd_epi32(_mm512_dpwssd_epi32(sumi[c], p0, s0), p1, s1);
             }
         }
         const float dx = _cvtsh_ss(x[i].d);
@@ -416,9 +419,9 @@ static inline __attribute__((always_inline)) void ED_T512 ed_z_mdot_q6_K_body(in
     }
     for (int c = 0; c < nc; c++) out[c * lo] = ed_z_hsum(acc[c]);
 }
-ED_Z_TILE(ed_z_mdot_q6_K)
+ED_Z_TILE_T(ed_z_mdot_q6_K, ED_T512V)
 
-static float ED_T512 ed_z_dot_q6_K(int n, const void *vx, const void *vy) {
+static float ED_T512V ed_z_dot_q6_K(int n, const void *vx, const void *vy) {
     float r;
     ed_z_mdot_q6_K(n, vx, vy, 0, 1, &r, 1);
     return r;
@@ -426,7 +429,6 @@ static float ED_T512 ed_z_dot_q6_K(int n, const void *vx, const void *vy) {
 
 /* The packed-panel kernel (ed_gemm.h) with AVX-512 VNNI: a 16-row panel is one zmm per 4
  * weights, each token's 4 activation bytes are broadcast to all 16 lanes by dpbusd. */
-#define ED_T512V __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")))
 #define ED_GEMM_NC 6   /* tokens per tile */
 static inline __attribute__((always_inline)) void ED_T512V
 ed_z_gemm_tile(const int G, const int has_c, const int nc, int ng, const uint8_t *pu, const float *ac,
@@ -681,13 +683,15 @@ static void ED_T512V ed_z_pair_q4_K(int n, const void *vx, const void *vy, size_
 
 /* Chosen by measurement on Sapphire Rapids (best of 30, tools/bench_kernels.py-like runs):
  * 512-bit wins for Q4_K tiles (+20%) and the Q6_K single dot (+20%); the 256-bit VNNI build
- * stays faster for the Q4_K single dot and the Q6_K tiles (512-bit uops share fewer ports). */
+ * stays faster for the Q4_K single dot and the Q6_K prompt tiles (512-bit uops share fewer
+ * ports). The 512-bit Q6_K dot and its decode-batch tile need VNNI (dpwssd); without it the
+ * 256-bit ones stay. */
 static void ed_avx512_install_wide(void) {
-    ED_TRAITS[ED_Q6_K].dot = ed_z_dot_q6_K;
     ED_MDOT[ED_Q4_K] = ed_z_mdot_q4_K;
-    ED_MDOT_SAME[ED_Q6_K] = ed_z_mdot_q6_K;  /* ed_z_dot_q6_K is its one-column case */
     (void)ed_z_dot_q4_K;  /* kept: checked by tests/c/kernels_check.c */
     if (ed_cpu_features() & ED_CPU_AVX512VNNI) {
+        ED_TRAITS[ED_Q6_K].dot = ed_z_dot_q6_K;
+        ED_MDOT_SAME[ED_Q6_K] = ed_z_mdot_q6_K;  /* ed_z_dot_q6_K is its one-column case */
         ED_TRAITS[ED_Q4_0].dot = ed_z_dot_q4_0;
         ED_GEMM_KERNEL = ed_z_gemm;
         ED_GEMM_LIFT = 1;
