@@ -1,0 +1,72 @@
+/* Decode-batch tiles against the one-token kernel, one thread: the cost of 2 and 4 sessions'
+ * columns over weights larger than the caches, relative to one token.
+ *
+ *   gcc -O3 -std=gnu11 -pthread -Icython_kernels tools/bench_tiles.c -lm -o /tmp/bench_tiles
+ *   /tmp/bench_tiles TYPE K [MIB] [PATH]      e.g. /tmp/bench_tiles Q5_0 896 256 avx512
+ *
+ * TYPE: Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 Q2_K Q3_K Q4_K Q5_K Q6_K; PATH: generic, avx2, avx512, neon
+ * (default: the best this CPU runs); MIB of weights (default 256). One token goes through ed_mdot_rows (the engine's
+ * one-token path: row kernels or the dot), the batch through ED_MDOT_SAME on the decode
+ * batch's row layout, as forward.h calls them. Best of 9 passes each, interleaved.
+ */
+#define _GNU_SOURCE
+#include <stdio.h>
+#include <time.h>
+#include "forward.h"
+#include "ed_quant.h"
+
+static double now(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec + t.tv_nsec * 1e-9;
+}
+
+int main(int argc, char **argv) {
+    static const char *names[] = {"Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"};
+    static const int types[] = {ED_Q4_0, ED_Q4_1, ED_Q5_0, ED_Q5_1, ED_Q8_0, ED_Q2_K, ED_Q3_K, ED_Q4_K, ED_Q5_K, ED_Q6_K};
+    if (argc < 3) { fprintf(stderr, "usage: %s TYPE K [MIB] [PATH]\n", argv[0]); return 2; }
+    int type = -1;
+    for (int i = 0; i < 10; i++) if (!strcmp(argv[1], names[i])) type = types[i];
+    const int K = atoi(argv[2]), mib = argc > 3 ? atoi(argv[3]) : 256;
+    if (type < 0 || K <= 0 || mib <= 0) { fprintf(stderr, "bad TYPE, K or MIB\n"); return 2; }
+    if (ed_types_init(argc > 4 ? argv[4] : NULL) != 0) { fprintf(stderr, "path %s not supported here\n", argv[4]); return 2; }
+    if (K % ED_TRAITS[type].block) { fprintf(stderr, "K must be a multiple of %d\n", ED_TRAITS[type].block); return 2; }
+    ed_pm_init();
+    const size_t rb = (size_t)K / ED_TRAITS[type].block * ED_TRAITS[type].type_size;
+    const int R = (int)((size_t)mib * 1048576 / rb / 16 * 16);  /* weights larger than the caches */
+    uint8_t *w = aligned_alloc(64, (rb * R + 63) & ~(size_t)63);
+    float *xf = malloc(sizeof(float) * K * 4);
+    srand(1);
+    for (int r = 0; r < R; r++) {  /* really quantized rows, a few different ones */
+        if (r < 8) for (int i = 0; i < K; i++) xf[i] = rand() / (float)RAND_MAX - 0.5f;
+        if (r < 8) ed_quantize_row(type, xf, w + r * rb, K);
+        else memcpy(w + r * rb, w + (r % 8) * rb, rb);
+    }
+    for (int i = 0; i < K * 4; i++) xf[i] = rand() / (float)RAND_MAX - 0.5f;
+    const int vt = ED_TRAITS[type].vec_type;
+    const size_t sr = ed_same_act_bytes(type, K), kr = ed_act_row_bytes(type, K);
+    uint8_t *xs = aligned_alloc(64, (sr * 4 + 63) & ~(size_t)63), *xq = aligned_alloc(64, (kr * 4 + 63) & ~(size_t)63);
+    for (int c = 0; c < 4; c++) {
+        ED_ACT[vt].quant(xf + c * K, xq + c * kr, K);
+        memcpy(xs + c * sr, xq + c * kr, kr);
+    }
+    for (int c = 0; c < 4; c++) ed_same_act_fill(type, xs, sr, c, 4, K);
+    if (!ED_MDOT_SAME[type]) { printf("%s: no decode-batch tile on %s\n", argv[1], ED_PATH); return 0; }
+    float *out = malloc(sizeof(float) * R * 4);
+    double b1 = 1e9, b2 = 1e9, b4 = 1e9;
+    for (int it = 0; it < 9; it++) {
+        const double t0 = now();
+        for (int r = 0; r < R; r += 16) ed_mdot_rows(type, K, w + r * rb, rb, 16, xq, kr, 1, out + r, 1);
+        const double t1 = now();
+        for (int r = 0; r < R; r++) ED_MDOT_SAME[type](K, w + r * rb, xs, sr, 2, out + r, R);
+        const double t2 = now();
+        for (int r = 0; r < R; r++) ED_MDOT_SAME[type](K, w + r * rb, xs, sr, 4, out + r, R);
+        const double t3 = now();
+        if (t1 - t0 < b1) b1 = t1 - t0;
+        if (t2 - t1 < b2) b2 = t2 - t1;
+        if (t3 - t2 < b4) b4 = t3 - t2;
+    }
+    printf("%s %s K=%d, %.0f MiB: one token %.2f ms (%.1f GB/s); 2 sessions %.2fx; 4 sessions %.2fx of one token\n",
+           ED_PATH, argv[1], K, rb * R / 1048576.0, b1 * 1e3, rb * R / b1 / 1e9, b2 / b1, b4 / b1);
+    return 0;
+}
