@@ -531,6 +531,51 @@ static float ED_T512V_Q ed_z_dot_q4_0(int n, const void *vx, const void *vy) {
     return ed_avx512_hsum(_mm256_add_ps(acc0, acc1));
 }
 
+/* Q5_0 single-row dot, 512-bit: two blocks per step, block ib in lanes 0..7 and ib + 1 in
+ * 8..15. The integer sums are exact (values lifted to unsigned bytes, u = v + 128, summed by
+ * dpbusd less 128 x sum(y)); then dot_q5_0's one FMA chain in block order, block ib's lanes
+ * and then block ib + 1's, so the result equals ed_avx512_dot_q5_0 bit for bit (the decode-
+ * batch tile replays that one). VNNI only. */
+static float ED_T512V ed_z_dot_q5_0(int n, const void *vx, const void *vy) {
+    const blk_q5_0 *x = vx; const blk_q8_0 *y = vy;
+    const int nb = n / QK;
+    const __m512i sh = _mm512_setr_epi64(0, 0, 0x0004000400040004, 0x0004000400040004, 0, 0,
+                                         0x0004000400040004, 0x0004000400040004);
+    const __m512i m4 = _mm512_set1_epi8(0x0F), c70 = _mm512_set1_epi8(0x70), c16 = _mm512_set1_epi8(16);
+    const __m512i c128 = _mm512_set1_epi8((char)0x80);
+    __m256 acc = _mm256_setzero_ps();
+    int ib = 0;
+    for (; ib + 2 <= nb; ib += 2) {
+        _mm_prefetch((const char *)(x + ib) + ED_PREFETCH, _MM_HINT_T0);
+        const __m512i q = _mm512_inserti64x4(
+            _mm512_castsi256_si512(_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)x[ib].qs))),
+            _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)x[ib + 1].qs)), 1);
+        /* (nibble | 0x70) + 16 * bit = value + 128 */
+        const __m512i u0 = _mm512_ternarylogic_epi32(_mm512_srlv_epi16(q, sh), m4, c70, 0xEA);
+        uint32_t h0, h1;
+        memcpy(&h0, x[ib].qh, 4);
+        memcpy(&h1, x[ib + 1].qh, 4);
+        const __m512i u = _mm512_mask_add_epi8(u0, _cvtu64_mask64((uint64_t)h0 | (uint64_t)h1 << 32), u0, c16);
+        const __m512i yv = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)y[ib].qs)),
+                                              _mm256_loadu_si256((const __m256i *)y[ib + 1].qs), 1);
+        const __m512 p = _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), u, yv),
+                                                             _mm512_dpbusd_epi32(_mm512_setzero_si512(), c128, yv)));
+        const __m128 hd = _mm_cvtph_ps(_mm_setr_epi16((short)x[ib].d, (short)x[ib + 1].d, (short)y[ib].d,
+                                                       (short)y[ib + 1].d, 0, 0, 0, 0));
+        const __m128 d = _mm_mul_ps(hd, _mm_movehl_ps(hd, hd));  /* x.d * y.d of both blocks */
+        acc = _mm256_fmadd_ps(_mm256_broadcastss_ps(d), _mm512_castps512_ps256(p), acc);
+        acc = _mm256_fmadd_ps(_mm256_permutevar8x32_ps(_mm256_castps128_ps256(d), _mm256_set1_epi32(1)),
+                              _mm512_extractf32x8_ps(p, 1), acc);
+    }
+    if (ib < nb) {  /* a last odd block: dot_q5_0's operations */
+        const __m256i hi = _mm256_andnot_si256(ed_avx512_bits32(x[ib].qh), _mm256_set1_epi8((char)0xF0));
+        const __m256i qx = _mm256_or_si256(ed_avx512_nibbles32(x[ib].qs), hi);
+        const __m256i pq = ed_avx512_dp_ss(_mm256_setzero_si256(), qx, _mm256_loadu_si256((const __m256i *)y[ib].qs));
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(_cvtsh_ss(x[ib].d) * _cvtsh_ss(y[ib].d)), _mm256_cvtepi32_ps(pq), acc);
+    }
+    return ed_avx512_hsum(acc);
+}
+
 /* Decode-batch tiles (ED_MDOT_SAME) of the Q8_0-activation types on AVX-512 VNNI: two
  * sessions per zmm, session 2p in lanes 0..7 and 2p + 1 in lanes 8..15, read from the rows'
  * pair areas (ED_SAME_PAIR). Each lane gets the one-token kernel's integer sum of its 4
@@ -693,6 +738,7 @@ static void ed_avx512_install_wide(void) {
         ED_TRAITS[ED_Q6_K].dot = ed_z_dot_q6_K;
         ED_MDOT_SAME[ED_Q6_K] = ed_z_mdot_q6_K;  /* ed_z_dot_q6_K is its one-column case */
         ED_TRAITS[ED_Q4_0].dot = ed_z_dot_q4_0;
+        ED_TRAITS[ED_Q5_0].dot = ed_z_dot_q5_0;
         ED_GEMM_KERNEL = ed_z_gemm;
         ED_GEMM_LIFT = 1;
         ED_GEMM_I16 = 0;
