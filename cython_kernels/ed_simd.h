@@ -47,9 +47,10 @@ static ed_mdot_fn ED_MDOT_SAME[ED_NTYPES];
  * after the blocks (4-byte aligned), so an x86 SAME tile broadcasts one float per block and
  * column instead of converting a half each time (the same values: the conversion is exact).
  *
- * With ED_SAME_PAIRS (the AVX-512 VNNI path) an even row t of a Q8_0 or Q8_K batch also holds,
- * 64-byte aligned after its own data, the pair area of rows t and t + 1, which the zmm pair
- * tiles (in this file) read: one zmm load then serves two sessions, row t in the low half.
+ * With pairs (ED_SAME_PAIRS: Q8_0 on the VNNI paths, Q8_K too on AVX-512 VNNI) an even row t
+ * of a Q8_0 or Q8_K batch also holds, 64-byte aligned after its own data, the pair area of
+ * rows t and t + 1. The zmm pair tiles (in this file) read it: one zmm load then serves two
+ * sessions, row t in the low half; the 256-bit VNNI tiles (ed_simd_x86.inc) read one half.
  *   Q8_0, per 32-block (ED_PAIR_BLK_Q8_0 bytes): row t's 32 quants, row t + 1's; each one's
  *     float scale 8 times; each one's 8 sums of 4 quants (one per 32-bit lane) times -128, as
  *     int32, so a weight block lifted to unsigned bytes (w + 128) multiplies them with
@@ -61,7 +62,8 @@ static ed_mdot_fn ED_MDOT_SAME[ED_NTYPES];
 #define ED_SAME_DY(row, nb) ((const float *)((const uint8_t *)(row) + (((size_t)(nb) * sizeof(blk_q8_0) + 3) & ~(size_t)3)))
 #define ED_PAIR_BLK_Q8_0 192
 #define ED_PAIR_BLK_Q8_K 576
-static int ED_SAME_PAIRS = 0;
+enum { ED_PAIRS_Q8_0 = 1, ED_PAIRS_Q8_K = 2 };
+static int ED_SAME_PAIRS = 0;  /* which formats carry pair areas on this path */
 
 /* bytes of a plain row (with the Q8_0 float scales) before the pair area, 64-aligned */
 static inline size_t ed_same_pair_off(int vt, int64_t nb) {
@@ -73,9 +75,9 @@ static inline size_t ed_same_pair_off(int vt, int64_t nb) {
 
 static size_t ed_same_act_bytes_for(int type, int64_t k, int pairs) {
     const int vt = ED_TRAITS[type].vec_type;
-    if (vt == ED_Q8_K && pairs) return ed_same_pair_off(vt, k / QKK) + (size_t)(k / QKK) * ED_PAIR_BLK_Q8_K;
+    if (vt == ED_Q8_K && (pairs & ED_PAIRS_Q8_K)) return ed_same_pair_off(vt, k / QKK) + (size_t)(k / QKK) * ED_PAIR_BLK_Q8_K;
     if (vt != ED_Q8_0) return ed_act_row_bytes(type, k);
-    if (pairs) return ed_same_pair_off(vt, k / QK) + (size_t)(k / QK) * ED_PAIR_BLK_Q8_0;
+    if (pairs & ED_PAIRS_Q8_0) return ed_same_pair_off(vt, k / QK) + (size_t)(k / QK) * ED_PAIR_BLK_Q8_0;
     return (((size_t)(k / QK) * sizeof(blk_q8_0) + 3) & ~(size_t)3) + (size_t)(k / QK) * sizeof(float);
 }
 
@@ -89,7 +91,7 @@ static void ed_same_act_fill(int type, uint8_t *base, size_t rb, int64_t t, int6
     const int vt = ED_TRAITS[type].vec_type;
     uint8_t *row = base + t * rb;
     const int h = (int)(t & 1), zero = !h && t == n - 1;
-    if (vt == ED_Q8_K && ED_SAME_PAIRS) {
+    if (vt == ED_Q8_K && (ED_SAME_PAIRS & ED_PAIRS_Q8_K)) {
         const int64_t nb = k / QKK;
         const blk_q8_K *y = (const blk_q8_K *)row;
         uint8_t *pa = (uint8_t *)ED_SAME_PAIR(vt, base + (t & ~(int64_t)1) * rb, nb);
@@ -108,7 +110,7 @@ static void ed_same_act_fill(int type, uint8_t *base, size_t rb, int64_t t, int6
     const blk_q8_0 *y = (const blk_q8_0 *)row;
     float *dy = (float *)ED_SAME_DY(row, nb);
     for (int64_t ib = 0; ib < nb; ib++) dy[ib] = H2F(y[ib].d);
-    if (!ED_SAME_PAIRS) return;
+    if (!(ED_SAME_PAIRS & ED_PAIRS_Q8_0)) return;
     uint8_t *pa = (uint8_t *)ED_SAME_PAIR(vt, base + (t & ~(int64_t)1) * rb, nb);
     for (int64_t ib = 0; ib < nb; ib++, pa += ED_PAIR_BLK_Q8_0) {
         memcpy(pa + 32 * h, y[ib].qs, QK);
@@ -747,7 +749,7 @@ static void ed_avx512_install_wide(void) {
         ED_MDOT_SAME[ED_Q5_0] = ed_z_pair_q5_0;
         ED_MDOT_SAME[ED_Q4_0] = ed_z_pair_q4_0;
         ED_MDOT_SAME[ED_Q4_K] = ed_z_pair_q4_K;
-        ED_SAME_PAIRS = 1;
+        ED_SAME_PAIRS = ED_PAIRS_Q8_0 | ED_PAIRS_Q8_K;
     }
 }
 

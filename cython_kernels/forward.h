@@ -691,7 +691,7 @@ static size_t ed_state_layout(ed_state *s, const ed_model *m, int n_ctx, int n_b
     for (int t = 0; t < ED_NTYPES; t++) {
         if (!ED_TRAITS[t].dot) continue;
         const size_t b = (size_t)(n_batch < ED_MAX_LOGIT_ROWS ? n_batch : ED_MAX_LOGIT_ROWS) *
-                         ed_same_act_bytes_for(t, F > XB ? F : XB, 1);
+                         ed_same_act_bytes_for(t, F > XB ? F : XB, ED_PAIRS_Q8_0 | ED_PAIRS_Q8_K);
         if (b > xq_bytes) xq_bytes = b;
     }
     size_t off = 0;
