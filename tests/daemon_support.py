@@ -1,9 +1,13 @@
-"""Helpers for tests/test_daemon_*.py: a real `edged serve` subprocess on a socket in a temp dir,
-a real sd_notify datagram socket, signed model directories, and a tiny stdlib HTTP client."""
+"""Helpers for tests/test_daemon_*.py and tests/test_hardening_*.py: a real `edged serve`
+subprocess on a socket in a temp dir, a real sd_notify datagram socket, signed model directories,
+a tiny stdlib HTTP client, and the concurrent aiohttp client and SSE parsing the tests share."""
+import asyncio
+import contextlib
 import http.client
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -117,6 +121,41 @@ def request(sock_path, method, path, body=None, timeout=120, raw=None):
         c.close()
 
 
+def open_stream(sock_path, body, path="/v1/completions"):
+    """POST `body` (a streaming request) and return (connection, response) with only the status
+    and headers read: for tests that read part of a stream, then drop or drain it."""
+    c = UnixHTTPConnection(sock_path)
+    c.request("POST", path, body=json.dumps(body), headers={"Content-Type": "application/json"})
+    return c, c.getresponse()
+
+
+def sse_events(text):
+    """The JSON events of a complete SSE body, which must end with `data: [DONE]`."""
+    assert text.endswith("data: [DONE]\n\n"), text[-200:]
+    events = [line[6:] for line in text.split("\n\n") if line.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    return [json.loads(e) for e in events[:-1]]
+
+
+def aiohttp_session(sock_path, timeout=600):
+    """An aiohttp session over the daemon's Unix socket, with no limit on open connections."""
+    aiohttp = pytest.importorskip("aiohttp")
+    return aiohttp.ClientSession(connector=aiohttp.UnixConnector(path=sock_path, limit=0),
+                                 timeout=aiohttp.ClientTimeout(total=timeout))
+
+
+def gather(sock_path, one, items, timeout=600):
+    """Run the coroutine `one(session, item)` for every item at once over one aiohttp session;
+    returns their results in the order of `items`."""
+    pytest.importorskip("aiohttp")
+
+    async def main():
+        async with aiohttp_session(sock_path, timeout) as s:
+            return await asyncio.gather(*(one(s, item) for item in items))
+
+    return asyncio.run(main())
+
+
 class Notify:
     """A real AF_UNIX datagram socket given to the daemon as NOTIFY_SOCKET."""
 
@@ -199,6 +238,13 @@ class Server:
     def request(self, method, path, body=None, **kw):
         return request(self.socket, method, path, body, **kw)
 
+    def reload(self, timeout=60):
+        """SIGHUP, then wait for the READY=1 that ends the reload (self.notify.messages then holds
+        only what the daemon said since the signal)."""
+        self.notify.messages.clear()
+        self.proc.send_signal(signal.SIGHUP)
+        self.notify.wait_for("READY=1", timeout)
+
     def stop(self, sig=15, timeout=60):
         if self.proc.poll() is None:
             self.proc.send_signal(sig)
@@ -210,6 +256,20 @@ class Server:
         self.notify.close()
         self.log.close()
         return self.proc.returncode
+
+
+@contextlib.contextmanager
+def running(*args, **kw):
+    """Server(*args, **kw) for a with-block; when the block passes, the daemon must then stop
+    with exit status 0 (when it fails, the daemon is stopped and the failure reported)."""
+    srv = Server(*args, **kw)
+    try:
+        yield srv
+    except BaseException:
+        srv.stop()
+        raise
+    code = srv.stop()
+    assert code == 0, srv.logtext()
 
 
 def to_toml(d):
