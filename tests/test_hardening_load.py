@@ -16,7 +16,8 @@ import time
 
 import pytest
 
-from daemon_support import Server, UnixHTTPConnection, add_chat_template, signing_key, stories
+from daemon_support import (Server, UnixHTTPConnection, add_chat_template, open_stream, running, signing_key,
+                            stories)
 
 CLIENTS = 64
 SECONDS = float(os.environ.get("EDGED_LOAD_SECONDS", "8"))
@@ -140,8 +141,7 @@ def test_64_clients_rss_flat(tmp_path, trusted):
         signed_model(models, "demo", key, LOAD_MODEL or stories())
         requests += GENERATE
         extra["default_model"] = "demo"
-    srv = Server(tmp_path, str(models), keys_dir, extra=extra, env=engine_env())
-    try:
+    with running(tmp_path, str(models), keys_dir, extra=extra, env=engine_env()) as srv:
         hammer(srv, requests, 2)                          # warm-up: imports, caches, arenas
         before = rss_kib(srv.proc.pid)
         n, errors = hammer(srv, requests, SECONDS)
@@ -154,9 +154,6 @@ def test_64_clients_rss_flat(tmp_path, trusted):
               + ", ".join(f"{p} {st}: {c}" for (p, st), c in sorted(hammer.by_status.items())))
         status, _, _ = srv.request("GET", "/v1/models")
         assert status == 200
-    finally:
-        code = srv.stop()
-    assert code == 0, srv.logtext()
 
 
 def test_faults_get_clear_errors_and_the_daemon_keeps_serving(tmp_path, trusted):
@@ -166,8 +163,7 @@ def test_faults_get_clear_errors_and_the_daemon_keeps_serving(tmp_path, trusted)
     vanish = signed_model(models, "vanish", key)
     locked = signed_model(models, "locked", key)
     tampered = signed_model(models, "tampered", key)
-    srv = Server(tmp_path, str(models), keys_dir, extra={"sandbox": "enforce"})
-    try:
+    with running(tmp_path, str(models), keys_dir, extra={"sandbox": "enforce"}) as srv:
         status, _, listing = srv.request("GET", "/v1/models")
         assert {m["id"] for m in listing["data"]} == {"vanish", "locked", "tampered"}
         # vanished between listing and load
@@ -188,9 +184,6 @@ def test_faults_get_clear_errors_and_the_daemon_keeps_serving(tmp_path, trusted)
         assert status == 403 and body["error"]["code"] == "model_not_trusted", body
         status, _, _ = srv.request("GET", "/v1/models")
         assert status == 200
-    finally:
-        code = srv.stop()
-    assert code == 0, srv.logtext()
 
 
 def test_sigkill_and_restart(tmp_path, trusted):
@@ -204,12 +197,9 @@ def test_sigkill_and_restart(tmp_path, trusted):
     srv.proc.wait()
     srv.stop()
     assert os.path.exists(srv.socket)                  # left behind by the crash
-    again = Server(tmp_path, str(models), keys_dir, extra={"sandbox": "enforce"})
-    try:
+    with running(tmp_path, str(models), keys_dir, extra={"sandbox": "enforce"}) as again:
         status, _, listing = again.request("GET", "/v1/models")
         assert status == 200 and [m["id"] for m in listing["data"]] == ["m"]
-    finally:
-        assert again.stop() == 0, again.logtext()
 
 
 @pytest.mark.skipif(not can_generate(), reason="needs the text layer to load a model")
@@ -218,15 +208,10 @@ def test_rename_while_loaded_and_client_killed_mid_stream(tmp_path, trusted):
     models = tmp_path / "models"
     models.mkdir()
     path = signed_model(models, "demo", key, stories())
-    srv = Server(tmp_path, str(models), keys_dir, default_model="demo", extra={"sandbox": "enforce"},
-                 env=engine_env())
-    try:
+    with running(tmp_path, str(models), keys_dir, default_model="demo", extra={"sandbox": "enforce"},
+                 env=engine_env()) as srv:
         # a client that goes away mid-stream
-        c = UnixHTTPConnection(srv.socket)
-        c.request("POST", "/v1/completions", body=json.dumps(
-            {"model": "demo", "prompt": "Once", "max_tokens": 200, "stream": True}),
-            headers={"Content-Type": "application/json"})
-        r = c.getresponse()
+        c, r = open_stream(srv.socket, {"model": "demo", "prompt": "Once", "max_tokens": 200, "stream": True})
         r.read(64)
         c.sock.close()
         # replace the file by rename with garbage: the loaded model keeps serving
@@ -240,5 +225,3 @@ def test_rename_while_loaded_and_client_killed_mid_stream(tmp_path, trusted):
         srv.request("POST", "/v1/models/unload", {"model": "demo"})
         status, _, body = srv.request("POST", "/v1/models/load", {"model": "demo"})
         assert status in (403, 422), body
-    finally:
-        assert srv.stop() == 0, srv.logtext()
