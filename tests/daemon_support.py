@@ -19,6 +19,7 @@ from conftest import ROOT, testdata
 
 TEMPLATE = ("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
             "{% if add_generation_prompt %}assistant:{% endif %}")
+ONCE = "Once upon a time"     # stories260K's greedy continuation is ", there was a little girl named Lily"
 _KEY = {}
 
 
@@ -73,6 +74,21 @@ def model_dir(tmp_path, key, models):
         if key is not None:
             signing.sign_file(str(dst), key)
     return str(d)
+
+
+def alpha_beta_models(tmp_path_factory, name):
+    """(models dir, trusted-keys dir) in a new temp dir `name`: alpha = stories260K and beta = the
+    synthetic llama Q8_0 model, each with a chat template and signed by the session's test key."""
+    key, trusted = signing_key(tmp_path_factory)
+    tmp = tmp_path_factory.mktemp(name)
+    return model_dir(tmp, key, {"alpha": stories(), "beta": synthetic("llama", "Q8_0")}), trusted
+
+
+def empty_models_dir(tmp_path):
+    """tmp_path/models, created empty, for tests that put their own (often hostile) files in it."""
+    d = tmp_path / "models"
+    d.mkdir()
+    return d
 
 
 def needs_engine():
@@ -237,6 +253,11 @@ class Server:
 
     def request(self, method, path, body=None, **kw):
         return request(self.socket, method, path, body, **kw)
+
+    def assert_serving(self, path="/v1/models"):
+        """The daemon still answers GET `path` with 200."""
+        status, _, body = self.request("GET", path)
+        assert status == 200, (path, status, body)
 
     def reload(self, timeout=60):
         """SIGHUP, then wait for the READY=1 that ends the reload (self.notify.messages then holds

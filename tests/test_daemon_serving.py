@@ -8,18 +8,12 @@ import time
 
 import pytest
 
-from daemon_support import (Server, gather, model_dir, needs_curl, open_stream, signing_key, sse_events, stories,
-                            synthetic)
-
-ONCE = "Once upon a time"
+from daemon_support import ONCE, Server, alpha_beta_models, gather, needs_curl, open_stream, sse_events
 
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
-    key, trusted = signing_key(tmp_path_factory)
-    tmp = tmp_path_factory.mktemp("serving")
-    d = model_dir(tmp, key, {"alpha": stories(), "beta": synthetic("llama", "Q8_0")})
-    return d, trusted
+    return alpha_beta_models(tmp_path_factory, "serving")
 
 
 @pytest.fixture(scope="module")

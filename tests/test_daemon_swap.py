@@ -9,17 +9,13 @@ import time
 
 import pytest
 
-from daemon_support import (Server, aiohttp_session, gather, model_dir, open_stream, running, signing_key,
-                            sse_events, stories, synthetic)
-
-ONCE = "Once upon a time"
+from daemon_support import (ONCE, Server, aiohttp_session, alpha_beta_models, gather, model_dir, open_stream, running,
+                            sse_events, stories)
 
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
-    key, trusted = signing_key(tmp_path_factory)
-    tmp = tmp_path_factory.mktemp("swap")
-    return model_dir(tmp, key, {"alpha": stories(), "beta": synthetic("llama", "Q8_0")}), trusted
+    return alpha_beta_models(tmp_path_factory, "swap")
 
 
 def test_hot_swap_under_load_no_failed_request(tmp_path, models):

@@ -16,8 +16,8 @@ import time
 
 import pytest
 
-from daemon_support import (Server, UnixHTTPConnection, add_chat_template, open_stream, running, signing_key,
-                            stories)
+from daemon_support import (Server, UnixHTTPConnection, add_chat_template, empty_models_dir, open_stream, running,
+                            signing_key, stories)
 
 CLIENTS = 64
 SECONDS = float(os.environ.get("EDGED_LOAD_SECONDS", "8"))
@@ -133,8 +133,7 @@ def hammer(srv, requests, seconds):
 
 def test_64_clients_rss_flat(tmp_path, trusted):
     key, keys_dir = trusted
-    models = tmp_path / "models"
-    models.mkdir()
+    models = empty_models_dir(tmp_path)
     requests = list(REQUESTS)
     extra = {"sandbox": "enforce", "max_queue": 8, "queue_timeout": 30.0}
     if can_generate():
@@ -152,14 +151,12 @@ def test_64_clients_rss_flat(tmp_path, trusted):
         assert after - before < 8 * 1024, (before, after, n)
         print(f"\n{n} requests from {CLIENTS} clients in {SECONDS:.0f}s; RSS {before} -> {after} KiB; "
               + ", ".join(f"{p} {st}: {c}" for (p, st), c in sorted(hammer.by_status.items())))
-        status, _, _ = srv.request("GET", "/v1/models")
-        assert status == 200
+        srv.assert_serving()
 
 
 def test_faults_get_clear_errors_and_the_daemon_keeps_serving(tmp_path, trusted):
     key, keys_dir = trusted
-    models = tmp_path / "models"
-    models.mkdir()
+    models = empty_models_dir(tmp_path)
     vanish = signed_model(models, "vanish", key)
     locked = signed_model(models, "locked", key)
     tampered = signed_model(models, "tampered", key)
@@ -182,15 +179,13 @@ def test_faults_get_clear_errors_and_the_daemon_keeps_serving(tmp_path, trusted)
             f.write(b"XX")
         status, _, body = srv.request("POST", "/v1/models/load", {"model": "tampered"})
         assert status == 403 and body["error"]["code"] == "model_not_trusted", body
-        status, _, _ = srv.request("GET", "/v1/models")
-        assert status == 200
+        srv.assert_serving()
 
 
 def test_sigkill_and_restart(tmp_path, trusted):
     """The daemon keeps no state a crash can break: a stale socket file is replaced."""
     key, keys_dir = trusted
-    models = tmp_path / "models"
-    models.mkdir()
+    models = empty_models_dir(tmp_path)
     signed_model(models, "m", key)
     srv = Server(tmp_path, str(models), keys_dir, extra={"sandbox": "enforce"})
     srv.proc.send_signal(signal.SIGKILL)
@@ -205,8 +200,7 @@ def test_sigkill_and_restart(tmp_path, trusted):
 @pytest.mark.skipif(not can_generate(), reason="needs the text layer to load a model")
 def test_rename_while_loaded_and_client_killed_mid_stream(tmp_path, trusted):
     key, keys_dir = trusted
-    models = tmp_path / "models"
-    models.mkdir()
+    models = empty_models_dir(tmp_path)
     path = signed_model(models, "demo", key, stories())
     with running(tmp_path, str(models), keys_dir, default_model="demo", extra={"sandbox": "enforce"},
                  env=engine_env()) as srv:
