@@ -248,7 +248,8 @@ class Server:
                                          f"{self.logtext()}") from None
 
     def logtext(self):
-        self.log.flush()
+        if not self.log.closed:           # after stop() too, for `assert srv.stop() == 0, srv.logtext()`
+            self.log.flush()
         return self.log_path.read_text()
 
     def request(self, method, path, body=None, **kw):
