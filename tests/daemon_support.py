@@ -1,9 +1,13 @@
-"""Helpers for tests/test_daemon_*.py: a real `edged serve` subprocess on a socket in a temp dir,
-a real sd_notify datagram socket, signed model directories, and a tiny stdlib HTTP client."""
+"""Helpers for tests/test_daemon_*.py and tests/test_hardening_*.py: a real `edged serve`
+subprocess on a socket in a temp dir, a real sd_notify datagram socket, signed model directories,
+a tiny stdlib HTTP client, and the concurrent aiohttp client and SSE parsing the tests share."""
+import asyncio
+import contextlib
 import http.client
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -15,6 +19,7 @@ from conftest import ROOT, testdata
 
 TEMPLATE = ("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
             "{% if add_generation_prompt %}assistant:{% endif %}")
+ONCE = "Once upon a time"     # stories260K's greedy continuation is ", there was a little girl named Lily"
 _KEY = {}
 
 
@@ -71,6 +76,21 @@ def model_dir(tmp_path, key, models):
     return str(d)
 
 
+def alpha_beta_models(tmp_path_factory, name):
+    """(models dir, trusted-keys dir) in a new temp dir `name`: alpha = stories260K and beta = the
+    synthetic llama Q8_0 model, each with a chat template and signed by the session's test key."""
+    key, trusted = signing_key(tmp_path_factory)
+    tmp = tmp_path_factory.mktemp(name)
+    return model_dir(tmp, key, {"alpha": stories(), "beta": synthetic("llama", "Q8_0")}), trusted
+
+
+def empty_models_dir(tmp_path):
+    """tmp_path/models, created empty, for tests that put their own (often hostile) files in it."""
+    d = tmp_path / "models"
+    d.mkdir()
+    return d
+
+
 def needs_engine():
     """Skip when the engine's text layer or kernels have not been merged into this branch yet."""
     import importlib.util
@@ -115,6 +135,41 @@ def request(sock_path, method, path, body=None, timeout=120, raw=None):
         return r.status, dict(r.getheaders()), parsed
     finally:
         c.close()
+
+
+def open_stream(sock_path, body, path="/v1/completions"):
+    """POST `body` (a streaming request) and return (connection, response) with only the status
+    and headers read: for tests that read part of a stream, then drop or drain it."""
+    c = UnixHTTPConnection(sock_path)
+    c.request("POST", path, body=json.dumps(body), headers={"Content-Type": "application/json"})
+    return c, c.getresponse()
+
+
+def sse_events(text):
+    """The JSON events of a complete SSE body, which must end with `data: [DONE]`."""
+    assert text.endswith("data: [DONE]\n\n"), text[-200:]
+    events = [line[6:] for line in text.split("\n\n") if line.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    return [json.loads(e) for e in events[:-1]]
+
+
+def aiohttp_session(sock_path, timeout=600):
+    """An aiohttp session over the daemon's Unix socket, with no limit on open connections."""
+    aiohttp = pytest.importorskip("aiohttp")
+    return aiohttp.ClientSession(connector=aiohttp.UnixConnector(path=sock_path, limit=0),
+                                 timeout=aiohttp.ClientTimeout(total=timeout))
+
+
+def gather(sock_path, one, items, timeout=600):
+    """Run the coroutine `one(session, item)` for every item at once over one aiohttp session;
+    returns their results in the order of `items`."""
+    pytest.importorskip("aiohttp")
+
+    async def main():
+        async with aiohttp_session(sock_path, timeout) as s:
+            return await asyncio.gather(*(one(s, item) for item in items))
+
+    return asyncio.run(main())
 
 
 class Notify:
@@ -193,11 +248,24 @@ class Server:
                                          f"{self.logtext()}") from None
 
     def logtext(self):
-        self.log.flush()
+        if not self.log.closed:           # after stop() too, for `assert srv.stop() == 0, srv.logtext()`
+            self.log.flush()
         return self.log_path.read_text()
 
     def request(self, method, path, body=None, **kw):
         return request(self.socket, method, path, body, **kw)
+
+    def assert_serving(self, path="/v1/models"):
+        """The daemon still answers GET `path` with 200."""
+        status, _, body = self.request("GET", path)
+        assert status == 200, (path, status, body)
+
+    def reload(self, timeout=60):
+        """SIGHUP, then wait for the READY=1 that ends the reload (self.notify.messages then holds
+        only what the daemon said since the signal)."""
+        self.notify.messages.clear()
+        self.proc.send_signal(signal.SIGHUP)
+        self.notify.wait_for("READY=1", timeout)
 
     def stop(self, sig=15, timeout=60):
         if self.proc.poll() is None:
@@ -210,6 +278,20 @@ class Server:
         self.notify.close()
         self.log.close()
         return self.proc.returncode
+
+
+@contextlib.contextmanager
+def running(*args, **kw):
+    """Server(*args, **kw) for a with-block; when the block passes, the daemon must then stop
+    with exit status 0 (when it fails, the daemon is stopped and the failure reported)."""
+    srv = Server(*args, **kw)
+    try:
+        yield srv
+    except BaseException:
+        srv.stop()
+        raise
+    code = srv.stop()
+    assert code == 0, srv.logtext()
 
 
 def to_toml(d):

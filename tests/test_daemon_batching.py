@@ -1,11 +1,8 @@
 """Continuous batching: with n_parallel=4, concurrent streams are decoded together in one
 forward pass per step, and each reply is exactly what the request gets when served alone."""
-import asyncio
-import json
-
 import pytest
 
-from daemon_support import Server, model_dir, signing_key, stories
+from daemon_support import Server, gather, model_dir, open_stream, signing_key, sse_events, stories
 
 PROMPTS = ["Once upon a time", "The little dog", "Lily and Ben went to the park",
            "One day, a big bird"]
@@ -31,23 +28,15 @@ def metric(srv, name):
 
 
 def _stream(srv, bodies):
-    aiohttp = pytest.importorskip("aiohttp")
-
     async def one(session, body):
         async with session.post("http://edged/v1/completions", json=dict(body, stream=True)) as r:
             text = await r.text()
             assert r.status == 200, text
-        events = [json.loads(e[6:]) for e in text.split("\n\n")
-                  if e.startswith("data: ") and e != "data: [DONE]"]
+        events = sse_events(text)
         return ("".join(e["choices"][0]["text"] for e in events),
                 events[-1]["choices"][0]["finish_reason"])
 
-    async def main():
-        conn = aiohttp.UnixConnector(path=srv.socket, limit=0)
-        async with aiohttp.ClientSession(connector=conn, timeout=aiohttp.ClientTimeout(total=300)) as s:
-            return await asyncio.gather(*(one(s, b) for b in bodies))
-
-    return asyncio.run(main())
+    return gather(srv.socket, one, bodies, timeout=300)
 
 
 def test_four_concurrent_streams_equal_one_at_a_time(srv):
@@ -67,14 +56,10 @@ def test_four_concurrent_streams_equal_one_at_a_time(srv):
 
 
 def test_a_stream_leaving_early_does_not_disturb_the_others(srv):
-    from daemon_support import UnixHTTPConnection
     bodies = [{"prompt": p, "max_tokens": 40, "temperature": 0} for p in PROMPTS[1:]]
     alone = [_stream(srv, [b])[0] for b in bodies]
-    c = UnixHTTPConnection(srv.socket)     # a fourth stream, dropped after its first token
-    c.request("POST", "/v1/completions", body=json.dumps({"prompt": PROMPTS[0], "max_tokens": 200,
-                                                          "stream": True, "temperature": 0}),
-              headers={"Content-Type": "application/json"})
-    r = c.getresponse()
+    # a fourth stream, dropped after its first token
+    c, r = open_stream(srv.socket, {"prompt": PROMPTS[0], "max_tokens": 200, "stream": True, "temperature": 0})
     assert r.status == 200 and r.readline().startswith(b"data: ")
     together = _stream(srv, bodies)
     c.sock.shutdown(2)

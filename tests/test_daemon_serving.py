@@ -1,6 +1,5 @@
 """A real daemon serving real (small, signed) models: curl, aiohttp, httpx and the openai client
 over the Unix socket; streaming; concurrency; queue overflow; disconnects; hot-swap; refusals."""
-import asyncio
 import json
 import os
 import shutil
@@ -9,17 +8,12 @@ import time
 
 import pytest
 
-from daemon_support import Server, model_dir, needs_curl, signing_key, stories, synthetic
-
-ONCE = "Once upon a time"
+from daemon_support import ONCE, Server, alpha_beta_models, gather, needs_curl, open_stream, sse_events
 
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
-    key, trusted = signing_key(tmp_path_factory)
-    tmp = tmp_path_factory.mktemp("serving")
-    d = model_dir(tmp, key, {"alpha": stories(), "beta": synthetic("llama", "Q8_0")})
-    return d, trusted
+    return alpha_beta_models(tmp_path_factory, "serving")
 
 
 @pytest.fixture(scope="module")
@@ -29,13 +23,6 @@ def srv(models, tmp_path_factory):
                                                            "pin_default_model": True, "max_loaded_models": 2})
     yield s
     assert s.stop() == 0, s.logtext()
-
-
-def sse_events(text):
-    assert text.endswith("data: [DONE]\n\n"), text[-200:]
-    events = [line[6:] for line in text.split("\n\n") if line.startswith("data: ")]
-    assert events[-1] == "[DONE]"
-    return [json.loads(e) for e in events[:-1]]
 
 
 def curl(srv, path, body=None, extra=()):
@@ -147,8 +134,6 @@ def test_prompt_cache_follow_up_turn_evaluates_only_new_tokens(srv):
 
 
 def test_twenty_concurrent_clients_over_aiohttp(srv):
-    aiohttp = pytest.importorskip("aiohttp")
-
     async def one(session, i):
         body = {"messages": [{"role": "user", "content": f"Story number {i}"}], "max_tokens": 6,
                 "temperature": 0.8, "seed": i, "stream": bool(i % 2)}
@@ -162,22 +147,11 @@ def test_twenty_concurrent_clients_over_aiohttp(srv):
                 assert json.loads(text)["choices"][0]["finish_reason"] in ("stop", "length")
             return i
 
-    async def main():
-        conn = aiohttp.UnixConnector(path=srv.socket, limit=0)
-        async with aiohttp.ClientSession(connector=conn, timeout=aiohttp.ClientTimeout(total=600)) as s:
-            return await asyncio.gather(*(one(s, i) for i in range(20)))
-
-    assert sorted(asyncio.run(main())) == list(range(20))
+    assert sorted(gather(srv.socket, one, range(20))) == list(range(20))
 
 
 def test_disconnect_mid_stream_stops_generation(srv):
-    import http.client
-    from daemon_support import UnixHTTPConnection
-    c = UnixHTTPConnection(srv.socket)
-    c.request("POST", "/v1/completions", body=json.dumps({"prompt": ONCE, "max_tokens": 200, "stream": True,
-                                                          "temperature": 0}),
-              headers={"Content-Type": "application/json"})
-    r = c.getresponse()
+    c, r = open_stream(srv.socket, {"prompt": ONCE, "max_tokens": 200, "stream": True, "temperature": 0})
     assert r.status == 200
     first = r.readline()
     assert first.startswith(b"data: ")

@@ -5,33 +5,22 @@ import json
 import os
 import re
 import signal
-import threading
 import time
 
 import pytest
 
-from daemon_support import Server, UnixHTTPConnection, model_dir, signing_key, stories, synthetic
-
-ONCE = "Once upon a time"
+from daemon_support import (ONCE, Server, aiohttp_session, alpha_beta_models, gather, model_dir, open_stream, running,
+                            sse_events, stories)
 
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
-    key, trusted = signing_key(tmp_path_factory)
-    tmp = tmp_path_factory.mktemp("swap")
-    return model_dir(tmp, key, {"alpha": stories(), "beta": synthetic("llama", "Q8_0")}), trusted
-
-
-def _client(sock):
-    aiohttp = pytest.importorskip("aiohttp")
-    return aiohttp.ClientSession(connector=aiohttp.UnixConnector(path=sock, limit=0),
-                                 timeout=aiohttp.ClientTimeout(total=600))
+    return alpha_beta_models(tmp_path_factory, "swap")
 
 
 def test_hot_swap_under_load_no_failed_request(tmp_path, models):
-    srv = Server(tmp_path, *models, default_model="alpha",
-                 extra={"max_loaded_models": 1, "pin_default_model": False, "max_queue": 64, "n_parallel": 2})
-    try:
+    with running(tmp_path, *models, default_model="alpha", extra={"max_loaded_models": 1, "pin_default_model": False,
+                                                                  "max_queue": 64, "n_parallel": 2}) as srv:
         async def one(s, i):
             name = "alpha" if i % 3 else "beta"
             body = {"model": name, "prompt": ONCE, "max_tokens": 4, "temperature": 0, "stream": bool(i % 2)}
@@ -39,18 +28,12 @@ def test_hot_swap_under_load_no_failed_request(tmp_path, models):
                 text = await r.text()
                 return name, r.status, text
 
-        async def main():
-            async with _client(srv.socket) as s:
-                return await asyncio.gather(*(one(s, i) for i in range(24)))
-
-        results = asyncio.run(main())
+        results = gather(srv.socket, one, range(24))
         failed = [(n, st, t[:200]) for n, st, t in results if st != 200]
         assert not failed, failed
         for name, _, text in results:
             if text.startswith("data: "):
-                assert text.endswith("data: [DONE]\n\n")
-                body = [json.loads(x[6:]) for x in text.split("\n\n") if x.startswith("data: {")]
-                assert body[0]["model"] == name
+                assert sse_events(text)[0]["model"] == name
             else:
                 assert json.loads(text)["model"] == name
         st, _, m = srv.request("GET", "/metrics")
@@ -59,8 +42,6 @@ def test_hot_swap_under_load_no_failed_request(tmp_path, models):
         listing = {x["id"]: x for x in srv.request("GET", "/v1/models")[2]["data"]}
         assert sum(x["loaded"] for x in listing.values()) == 1      # max_loaded_models = 1
         assert "swap: draining" in srv.logtext()
-    finally:
-        assert srv.stop() == 0
 
 
 def test_queue_overflow_gets_429_with_retry_after(tmp_path, models):
@@ -71,11 +52,7 @@ def test_queue_overflow_gets_429_with_retry_after(tmp_path, models):
             async with s.post("http://edged/v1/completions", json=body) as r:
                 return r.status, r.headers.get("Retry-After"), await r.json()
 
-        async def main():
-            async with _client(srv.socket) as s:
-                return await asyncio.gather(*(one(s, i) for i in range(6)))
-
-        results = asyncio.run(main())
+        results = gather(srv.socket, one, range(6))
         codes = sorted(st for st, _, _ in results)
         assert codes.count(200) >= 2 and codes.count(429) >= 1, results
         assert set(codes) <= {200, 429}
@@ -97,9 +74,7 @@ def test_request_time_limit_ends_with_length_and_prompt_logging(tmp_path, models
         assert r["usage"]["completion_tokens"] < 2000 and time.monotonic() - t0 < 30
         assert ONCE not in srv.logtext()                # prompts are not logged by default
         srv.config.write_text(srv.config.read_text() + "log_prompts = true\n")
-        srv.notify.messages.clear()
-        srv.proc.send_signal(signal.SIGHUP)
-        srv.notify.wait_for("READY=1", 30)
+        srv.reload(30)
         st, _, r = srv.request("POST", "/v1/completions", {"prompt": ONCE, "max_tokens": 3, "temperature": 0})
         assert f'prompt="{ONCE}"' in srv.logtext() and 'reply=", there' in srv.logtext()
     finally:
@@ -108,11 +83,7 @@ def test_request_time_limit_ends_with_length_and_prompt_logging(tmp_path, models
 
 def test_sigterm_drains_in_flight_stream_then_exits_0(tmp_path, models):
     srv = Server(tmp_path, *models, default_model="alpha")
-    c = UnixHTTPConnection(srv.socket)
-    c.request("POST", "/v1/completions", body=json.dumps({"prompt": ONCE, "max_tokens": 40, "stream": True,
-                                                          "temperature": 0}),
-              headers={"Content-Type": "application/json"})
-    r = c.getresponse()
+    c, r = open_stream(srv.socket, {"prompt": ONCE, "max_tokens": 40, "stream": True, "temperature": 0})
     assert r.status == 200
     assert r.readline().startswith(b"data: ")
     srv.proc.send_signal(signal.SIGTERM)
@@ -140,9 +111,7 @@ def test_sighup_rereads_trust_store(tmp_path, tmp_path_factory, models):
         st, _, body = srv.request("POST", "/v1/models/load", {"model": "delta"})
         assert st == 403 and body["error"]["code"] == "model_not_trusted"
         (keys / "other.pem").write_bytes(signing.public_pem(other))
-        srv.notify.messages.clear()
-        srv.proc.send_signal(signal.SIGHUP)
-        srv.notify.wait_for("READY=1", 30)
+        srv.reload(30)
         st, _, body = srv.request("POST", "/v1/models/load", {"model": "delta"})
         assert st == 200 and body["loaded"] and body["signer"] == signing.fingerprint(other)
         srv.notify.wait_for("STATUS=loading model delta", 5)
@@ -176,9 +145,7 @@ def test_over_budget_load_refused_old_model_keeps_serving(tmp_path, models):
         alpha = {m["id"]: m for m in srv.request("GET", "/v1/models")[2]["data"]}["alpha"]
         # A budget alpha fits in, but not alpha and beta together (SIGHUP re-reads it).
         srv.config.write_text(srv.config.read_text() + f"memory_budget = {alpha['memory'] * 3 // 2}\n")
-        srv.notify.messages.clear()
-        srv.proc.send_signal(signal.SIGHUP)
-        srv.notify.wait_for("READY=1", 30)
+        srv.reload(30)
         st, _, body = srv.request("POST", "/v1/completions", {"model": "beta", "prompt": ONCE, "max_tokens": 2})
         assert st == 503 and body["error"]["code"] == "model_over_budget", body
         assert "does not fit" in body["error"]["message"] and "beta" in body["error"]["message"]
@@ -215,7 +182,7 @@ def test_swap_waits_for_the_old_models_in_flight_stream(tmp_path, models):
                  extra={"max_loaded_models": 1, "pin_default_model": False, "n_parallel": 2})
     try:
         async def main():
-            async with _client(srv.socket) as s:
+            async with aiohttp_session(srv.socket) as s:
                 done = {}
                 streaming = asyncio.Event()
 

@@ -69,9 +69,7 @@ def test_daemon_lifecycle_ready_reload_stop(tmp_path, empty_dirs):
         assert oct(os.stat(srv.socket).st_mode & 0o777) == "0o660"
         # SIGHUP: RELOADING=1 then READY=1, the new config is in force
         srv.config.write_text(srv.config.read_text().replace("max_queue = 5", "max_queue = 7"))
-        srv.notify.messages.clear()
-        srv.proc.send_signal(signal.SIGHUP)
-        srv.notify.wait_for("READY=1", 30)
+        srv.reload(30)
         assert "RELOADING=1" in srv.notify.messages[0].split("\n")
         assert any(line.startswith("MONOTONIC_USEC=") for line in srv.notify.messages[0].split("\n"))
         assert "reloaded configuration" in srv.logtext()
@@ -79,9 +77,7 @@ def test_daemon_lifecycle_ready_reload_stop(tmp_path, empty_dirs):
         assert st == 200 and 'edged_requests_total{route="/health",status="503"} 1' in m
         # a broken config on SIGHUP keeps the running one
         srv.config.write_text(srv.config.read_text() + "n_parallel = 0\n")
-        srv.notify.messages.clear()
-        srv.proc.send_signal(signal.SIGHUP)
-        srv.notify.wait_for("READY=1", 30)
+        srv.reload(30)
         assert "reload failed, keeping the running configuration" in srv.logtext()
         assert "'n_parallel'" in srv.logtext()
         assert srv.request("GET", "/v1/models")[0] == 200

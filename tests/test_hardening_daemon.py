@@ -15,7 +15,7 @@ import sys
 import pytest
 
 from conftest import ROOT
-from daemon_support import Server, signing_key, to_toml
+from daemon_support import Server, empty_models_dir, running, signing_key, to_toml
 from edged import sandbox
 from test_hardening_corpus import READER_CASES, TOKENIZER_CASES
 
@@ -40,11 +40,9 @@ def sign(path, key, detached=True):
 
 def test_sandboxed_daemon_serves_reloads_and_stops(tmp_path, trusted):
     key, keys_dir = trusted
-    models = tmp_path / "models"
-    models.mkdir()
-    srv = Server(tmp_path, str(models), keys_dir, extra={"sandbox": "enforce"},
-                 env={"EDGED_SANDBOX_SELFTEST": "1"})
-    try:
+    models = empty_models_dir(tmp_path)
+    with running(tmp_path, str(models), keys_dir, extra={"sandbox": "enforce"},
+                 env={"EDGED_SANDBOX_SELFTEST": "1"}) as srv:
         st = status_of(srv.proc.pid)
         assert st["Seccomp"] == "2" and st["NoNewPrivs"] == "1"
         assert int(st["CapEff"], 16) == 0
@@ -62,15 +60,9 @@ def test_sandboxed_daemon_serves_reloads_and_stops(tmp_path, trusted):
         status, _, body = srv.request("GET", "/v1/models")
         assert [m["id"] for m in body["data"]] == ["late"]
         # reload: re-reads the config and trust store from inside the sandbox
-        srv.notify.messages.clear()
-        srv.proc.send_signal(signal.SIGHUP)
-        srv.notify.wait_for("READY=1", 60)
+        srv.reload(60)
         assert "reload failed" not in srv.logtext()
-        status, _, _ = srv.request("GET", "/v1/models")
-        assert status == 200
-    finally:
-        code = srv.stop()
-    assert code == 0, srv.logtext()
+        srv.assert_serving()
 
 
 def run_check(tmp_path, mode):
@@ -109,8 +101,7 @@ def test_check_sandbox_log_mode_shows_what_would_be_denied(tmp_path):
 
 def test_daemon_refuses_every_corpus_file_and_keeps_serving(tmp_path, trusted):
     key, keys_dir = trusted
-    models = tmp_path / "models"
-    models.mkdir()
+    models = empty_models_dir(tmp_path)
     names = []
     for name, data, _pattern in READER_CASES:
         safe = name.replace("^", "pow").replace("<", "").replace(">", "")
@@ -118,8 +109,7 @@ def test_daemon_refuses_every_corpus_file_and_keeps_serving(tmp_path, trusted):
         path.write_bytes(data)
         sign(path, key)
         names.append(safe)
-    srv = Server(tmp_path, str(models), keys_dir, extra={"sandbox": "enforce"})
-    try:
+    with running(tmp_path, str(models), keys_dir, extra={"sandbox": "enforce"}) as srv:
         for (name, _data, pattern), safe in zip(READER_CASES, names):
             status, _, body = srv.request("POST", "/v1/models/load", {"model": safe})
             assert status == 422, (name, status, body)
@@ -129,19 +119,14 @@ def test_daemon_refuses_every_corpus_file_and_keeps_serving(tmp_path, trusted):
             status, _, listing = srv.request("GET", "/v1/models")
             assert status == 200 and len(listing["data"]) == len(names)
         assert srv.proc.poll() is None
-        status, _, text = srv.request("GET", "/metrics")
-        assert status == 200
-    finally:
-        code = srv.stop()
-    assert code == 0, srv.logtext()
+        srv.assert_serving("/metrics")
 
 
 def test_tensor_data_may_not_reach_into_an_appended_signature(tmp_path, trusted):
     """A tensor whose data runs past the signed bytes into the appended signature block."""
     from hardening_files import one_tensor
     key, keys_dir = trusted
-    models = tmp_path / "models"
-    models.mkdir()
+    models = empty_models_dir(tmp_path)
     path = models / "short.gguf"
     path.write_bytes(one_tensor([64], data=b"\0" * 100))     # needs 256 data bytes, has 100
     sign(path, key, detached=False)
@@ -157,8 +142,8 @@ def test_sandbox_on_deny_kill_kills_the_daemon_on_a_denied_call(tmp_path, truste
     """sandbox_on_deny = "kill": the self-test's first denied call (execve) ends the process with
     SIGSYS, before it ever says READY=1 (under systemd, Restart=on-failure starts it again)."""
     _key, keys_dir = trusted
-    (tmp_path / "models").mkdir()
-    srv = Server(tmp_path, str(tmp_path / "models"), keys_dir, wait=False,
+    models = empty_models_dir(tmp_path)
+    srv = Server(tmp_path, str(models), keys_dir, wait=False,
                  extra={"sandbox": "enforce", "sandbox_on_deny": "kill"},
                  env={"EDGED_SANDBOX_SELFTEST": "1"})
     try:
@@ -174,8 +159,7 @@ def test_daemon_refuses_engine_and_tokenizer_corpus_files(tmp_path, trusted):
     pytest.importorskip("edged.tokenizer")
     from hardening_files import llama_file, tokenizer_kvs
     key, keys_dir = trusted
-    models = tmp_path / "models"
-    models.mkdir()
+    models = empty_models_dir(tmp_path)
     cases = [("blocks-513", llama_file(block_count=513), "block_count"),
              ("blocks-2pow40", llama_file(block_count=2**40), "block_count")]
     for name, kw, pattern in TOKENIZER_CASES:
@@ -184,33 +168,25 @@ def test_daemon_refuses_engine_and_tokenizer_corpus_files(tmp_path, trusted):
     for name, data, _ in cases:
         (models / f"{name}.gguf").write_bytes(data)
         sign(models / f"{name}.gguf", key)
-    srv = Server(tmp_path, str(models), keys_dir, extra={"sandbox": "enforce"})
-    try:
+    with running(tmp_path, str(models), keys_dir, extra={"sandbox": "enforce"}) as srv:
         for name, _, pattern in cases:
             status, _, body = srv.request("POST", "/v1/models/load", {"model": name})
             assert status == 422 and body["error"]["code"] == "model_unusable", (name, status, body)
             assert re.search(pattern, body["error"]["message"]), (name, body)
-            assert srv.request("GET", "/v1/models")[0] == 200
-    finally:
-        assert srv.stop() == 0, srv.logtext()
+            srv.assert_serving()
 
 
 def test_reload_reads_a_config_replaced_by_rename(tmp_path, trusted):
     """Editors and configuration management replace files by rename (a new inode): the
     sandboxed daemon must still read the new config on SIGHUP."""
     _key, keys_dir = trusted
-    (tmp_path / "models").mkdir()
-    srv = Server(tmp_path, str(tmp_path / "models"), keys_dir, extra={"sandbox": "enforce", "max_queue": 16})
-    try:
+    models = empty_models_dir(tmp_path)
+    with running(tmp_path, str(models), keys_dir,
+                 extra={"sandbox": "enforce", "max_queue": 16}) as srv:
         new = tmp_path / "edged.toml.new"
         new.write_text(srv.config.read_text().replace("max_queue = 16", "max_queue = 3"))
         os.replace(new, srv.config)
-        srv.notify.messages.clear()
-        srv.proc.send_signal(signal.SIGHUP)
-        srv.notify.wait_for("READY=1", 60)
+        srv.reload(60)
         log = srv.logtext()
         assert "reload failed" not in log and "reloaded configuration" in log, log
-        status, _, text = srv.request("GET", "/metrics")
-        assert status == 200
-    finally:
-        assert srv.stop() == 0, srv.logtext()
+        srv.assert_serving("/metrics")

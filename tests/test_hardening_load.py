@@ -16,7 +16,8 @@ import time
 
 import pytest
 
-from daemon_support import Server, UnixHTTPConnection, add_chat_template, signing_key, stories
+from daemon_support import (Server, UnixHTTPConnection, add_chat_template, empty_models_dir, open_stream, running,
+                            signing_key, stories)
 
 CLIENTS = 64
 SECONDS = float(os.environ.get("EDGED_LOAD_SECONDS", "8"))
@@ -132,16 +133,14 @@ def hammer(srv, requests, seconds):
 
 def test_64_clients_rss_flat(tmp_path, trusted):
     key, keys_dir = trusted
-    models = tmp_path / "models"
-    models.mkdir()
+    models = empty_models_dir(tmp_path)
     requests = list(REQUESTS)
     extra = {"sandbox": "enforce", "max_queue": 8, "queue_timeout": 30.0}
     if can_generate():
         signed_model(models, "demo", key, LOAD_MODEL or stories())
         requests += GENERATE
         extra["default_model"] = "demo"
-    srv = Server(tmp_path, str(models), keys_dir, extra=extra, env=engine_env())
-    try:
+    with running(tmp_path, str(models), keys_dir, extra=extra, env=engine_env()) as srv:
         hammer(srv, requests, 2)                          # warm-up: imports, caches, arenas
         before = rss_kib(srv.proc.pid)
         n, errors = hammer(srv, requests, SECONDS)
@@ -152,22 +151,16 @@ def test_64_clients_rss_flat(tmp_path, trusted):
         assert after - before < 8 * 1024, (before, after, n)
         print(f"\n{n} requests from {CLIENTS} clients in {SECONDS:.0f}s; RSS {before} -> {after} KiB; "
               + ", ".join(f"{p} {st}: {c}" for (p, st), c in sorted(hammer.by_status.items())))
-        status, _, _ = srv.request("GET", "/v1/models")
-        assert status == 200
-    finally:
-        code = srv.stop()
-    assert code == 0, srv.logtext()
+        srv.assert_serving()
 
 
 def test_faults_get_clear_errors_and_the_daemon_keeps_serving(tmp_path, trusted):
     key, keys_dir = trusted
-    models = tmp_path / "models"
-    models.mkdir()
+    models = empty_models_dir(tmp_path)
     vanish = signed_model(models, "vanish", key)
     locked = signed_model(models, "locked", key)
     tampered = signed_model(models, "tampered", key)
-    srv = Server(tmp_path, str(models), keys_dir, extra={"sandbox": "enforce"})
-    try:
+    with running(tmp_path, str(models), keys_dir, extra={"sandbox": "enforce"}) as srv:
         status, _, listing = srv.request("GET", "/v1/models")
         assert {m["id"] for m in listing["data"]} == {"vanish", "locked", "tampered"}
         # vanished between listing and load
@@ -186,47 +179,33 @@ def test_faults_get_clear_errors_and_the_daemon_keeps_serving(tmp_path, trusted)
             f.write(b"XX")
         status, _, body = srv.request("POST", "/v1/models/load", {"model": "tampered"})
         assert status == 403 and body["error"]["code"] == "model_not_trusted", body
-        status, _, _ = srv.request("GET", "/v1/models")
-        assert status == 200
-    finally:
-        code = srv.stop()
-    assert code == 0, srv.logtext()
+        srv.assert_serving()
 
 
 def test_sigkill_and_restart(tmp_path, trusted):
     """The daemon keeps no state a crash can break: a stale socket file is replaced."""
     key, keys_dir = trusted
-    models = tmp_path / "models"
-    models.mkdir()
+    models = empty_models_dir(tmp_path)
     signed_model(models, "m", key)
     srv = Server(tmp_path, str(models), keys_dir, extra={"sandbox": "enforce"})
     srv.proc.send_signal(signal.SIGKILL)
     srv.proc.wait()
     srv.stop()
     assert os.path.exists(srv.socket)                  # left behind by the crash
-    again = Server(tmp_path, str(models), keys_dir, extra={"sandbox": "enforce"})
-    try:
+    with running(tmp_path, str(models), keys_dir, extra={"sandbox": "enforce"}) as again:
         status, _, listing = again.request("GET", "/v1/models")
         assert status == 200 and [m["id"] for m in listing["data"]] == ["m"]
-    finally:
-        assert again.stop() == 0, again.logtext()
 
 
 @pytest.mark.skipif(not can_generate(), reason="needs the text layer to load a model")
 def test_rename_while_loaded_and_client_killed_mid_stream(tmp_path, trusted):
     key, keys_dir = trusted
-    models = tmp_path / "models"
-    models.mkdir()
+    models = empty_models_dir(tmp_path)
     path = signed_model(models, "demo", key, stories())
-    srv = Server(tmp_path, str(models), keys_dir, default_model="demo", extra={"sandbox": "enforce"},
-                 env=engine_env())
-    try:
+    with running(tmp_path, str(models), keys_dir, default_model="demo", extra={"sandbox": "enforce"},
+                 env=engine_env()) as srv:
         # a client that goes away mid-stream
-        c = UnixHTTPConnection(srv.socket)
-        c.request("POST", "/v1/completions", body=json.dumps(
-            {"model": "demo", "prompt": "Once", "max_tokens": 200, "stream": True}),
-            headers={"Content-Type": "application/json"})
-        r = c.getresponse()
+        c, r = open_stream(srv.socket, {"model": "demo", "prompt": "Once", "max_tokens": 200, "stream": True})
         r.read(64)
         c.sock.close()
         # replace the file by rename with garbage: the loaded model keeps serving
@@ -240,5 +219,3 @@ def test_rename_while_loaded_and_client_killed_mid_stream(tmp_path, trusted):
         srv.request("POST", "/v1/models/unload", {"model": "demo"})
         status, _, body = srv.request("POST", "/v1/models/load", {"model": "demo"})
         assert status in (403, 422), body
-    finally:
-        assert srv.stop() == 0, srv.logtext()
