@@ -209,12 +209,13 @@ static void ed_scale_min_k4(int j, const uint8_t *q, uint8_t *d, uint8_t *m) {
 }
 
 /* The K-quants' last pass: the n levels of a group again, against the scale d and min dm as
- * stored (f16-rounded, 6- or 4-bit): L = clamp(nearest_int((x + dm) / d), lo, hi) + off. A
- * zero scale keeps the levels of the fit. */
+ * stored (f16-rounded, 6- or 4-bit): L = clamp(nearest_int((x + dm) / d), lo, hi) - lo. A zero
+ * scale keeps the levels of the fit. (x + 0) / d differs from x / d only in the sign of a zero,
+ * which nearest_int drops. */
 static inline ED_NOFMA void ed_requant_group(int n, const float *x, float d, float dm, int lo, int hi,
-                                             int off, uint8_t *L) {
+                                             uint8_t *L) {
     if (!d) return;
-    for (int i = 0; i < n; i++) L[i] = (uint8_t)(ed_qmax(lo, ed_qmin(hi, ed_nearest_int((x[i] + dm) / d))) + off);
+    for (int i = 0; i < n; i++) L[i] = (uint8_t)(ed_qmax(lo, ed_qmin(hi, ed_nearest_int((x[i] + dm) / d))) - lo);
 }
 
 /* Q2_K/Q3_K 2-bit fields: per 128 levels, 32 bytes holding levels l, l+32, l+64, l+96 */
@@ -251,7 +252,7 @@ static ED_NOFMA void ed_q_q2_K(const float *x, blk_q2_K *y) {
     }
     for (int j = 0; j < 16; j++)
         ed_requant_group(16, x + 16 * j, ed_fp16_to_fp32(y->d) * (y->scales[j] & 0xF),
-                         ed_fp16_to_fp32(y->dmin) * (y->scales[j] >> 4), 0, 3, 0, L + 16 * j);
+                         ed_fp16_to_fp32(y->dmin) * (y->scales[j] >> 4), 0, 3, L + 16 * j);
     ed_pack_crumbs(L, y->qs);
 }
 
@@ -278,7 +279,7 @@ static ED_NOFMA void ed_q_q3_K(const float *x, blk_q3_K *y) {
     for (int j = 0; j < 16; j++) {
         int8_t sc = j < 8 ? (int8_t)(y->scales[j] & 0xF) : (int8_t)(y->scales[j - 8] >> 4);
         sc = (int8_t)((sc | (((y->scales[8 + j % 4] >> (2 * (j / 4))) & 3) << 4)) - 32);
-        ed_requant_group(16, x + 16 * j, ed_fp16_to_fp32(y->d) * sc, 0.0f, -4, 3, 4, (uint8_t *)L + 16 * j);
+        ed_requant_group(16, x + 16 * j, ed_fp16_to_fp32(y->d) * sc, 0.0f, -4, 3, (uint8_t *)L + 16 * j);
     }
     memset(y->hmask, 0, 32);
     int m = 0; uint8_t hm = 1;
@@ -319,7 +320,7 @@ static ED_NOFMA void ed_q_k4_scales(const float *x, int nmax, float rmin, float 
     for (int j = 0; j < 8; j++) {
         uint8_t sc, m;
         ed_scale_min_k4(j, packed, &sc, &m);
-        ed_requant_group(32, x + 32 * j, ed_fp16_to_fp32(*dd) * sc, ed_fp16_to_fp32(*dmin) * m, 0, nmax, 0, L + 32 * j);
+        ed_requant_group(32, x + 32 * j, ed_fp16_to_fp32(*dd) * sc, ed_fp16_to_fp32(*dmin) * m, 0, nmax, L + 32 * j);
     }
 }
 
@@ -358,7 +359,7 @@ static ED_NOFMA void ed_q_q6_K(const float *x, blk_q6_K *y) {
     y->d = ed_fp32_to_fp16(1 / iscale);
     for (int ib = 0; ib < 16; ib++) y->scales[ib] = (int8_t)ed_qmin(127, ed_nearest_int(iscale * scales[ib]));
     for (int j = 0; j < 16; j++)
-        ed_requant_group(16, x + 16 * j, ed_fp16_to_fp32(y->d) * y->scales[j], 0.0f, -32, 31, 32, (uint8_t *)L + 16 * j);
+        ed_requant_group(16, x + 16 * j, ed_fp16_to_fp32(y->d) * y->scales[j], 0.0f, -32, 31, (uint8_t *)L + 16 * j);
     uint8_t *ql = y->ql, *qh = y->qh;
     for (int j = 0; j < QKK; j += 128) {
         for (int l = 0; l < 32; l++) {
