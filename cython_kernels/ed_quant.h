@@ -51,39 +51,49 @@ static inline ED_NOFMA void ed_min_max(const float *x, int n, float *pmin, float
     *pmin = min; *pmax = max;
 }
 
+/* Levels of the symmetric types (Q4_0: half 8, Q5_0: half 16): d = the value of largest
+ * magnitude / -half, q = (int8)(x / d + half + 0.5) capped at 2 half - 1. Returns d. */
+static inline ED_NOFMA float ed_q32_levels_sym(const float *x, int half, uint8_t *q) {
+    const float d = ed_abs_max_signed(x, QK) / -half, id = d ? 1.0f / d : 0.0f;
+    for (int j = 0; j < QK; j++) q[j] = (uint8_t)ed_qmin(2 * half - 1, (int8_t)(x[j] * id + (half + 0.5f)));
+    return d;
+}
+
+/* Levels of the types with a min (Q4_1: nmax 15, Q5_1: nmax 31): d = (max - min) / nmax,
+ * q = (x - min) / d + 0.5 truncated; llama.cpp caps (through int8) the 4-bit ones only. */
+static inline ED_NOFMA void ed_q32_levels_min(const float *x, int nmax, int cap, ed_half *dd,
+                                              ed_half *dmin, uint8_t *q) {
+    float min, max;
+    ed_min_max(x, QK, &min, &max);
+    const float d = (max - min) / nmax, id = d ? 1.0f / d : 0.0f;
+    *dd = ed_fp32_to_fp16(d); *dmin = ed_fp32_to_fp16(min);
+    for (int j = 0; j < QK; j++) {
+        const float v = (x[j] - min) * id + 0.5f;
+        q[j] = cap ? (uint8_t)ed_qmin(nmax, (int8_t)v) : (uint8_t)v;
+    }
+}
+
 static ED_NOFMA void ed_q_q4_0(const float *x, blk_q4_0 *y) {
     uint8_t q[QK];
-    const float d = ed_abs_max_signed(x, QK) / -8, id = d ? 1.0f / d : 0.0f;
-    y->d = ed_fp32_to_fp16(d);
-    for (int j = 0; j < QK; j++) q[j] = (uint8_t)ed_qmin(15, (int8_t)(x[j] * id + 8.5f));
+    y->d = ed_fp32_to_fp16(ed_q32_levels_sym(x, 8, q));
     ed_pack_nibbles(q, y->qs);
 }
 
 static ED_NOFMA void ed_q_q5_0(const float *x, blk_q5_0 *y) {
     uint8_t q[QK];
-    const float d = ed_abs_max_signed(x, QK) / -16, id = d ? 1.0f / d : 0.0f;
-    y->d = ed_fp32_to_fp16(d);
-    for (int j = 0; j < QK; j++) q[j] = (uint8_t)ed_qmin(31, (int8_t)(x[j] * id + 16.5f));
+    y->d = ed_fp32_to_fp16(ed_q32_levels_sym(x, 16, q));
     ed_pack_q5(q, y->qh, y->qs);
 }
 
 static ED_NOFMA void ed_q_q4_1(const float *x, blk_q4_1 *y) {
     uint8_t q[QK];
-    float min, max;
-    ed_min_max(x, QK, &min, &max);
-    const float d = (max - min) / 15, id = d ? 1.0f / d : 0.0f;
-    y->d = ed_fp32_to_fp16(d); y->m = ed_fp32_to_fp16(min);
-    for (int j = 0; j < QK; j++) q[j] = (uint8_t)ed_qmin(15, (int8_t)((x[j] - min) * id + 0.5f));
+    ed_q32_levels_min(x, 15, 1, &y->d, &y->m, q);
     ed_pack_nibbles(q, y->qs);
 }
 
 static ED_NOFMA void ed_q_q5_1(const float *x, blk_q5_1 *y) {
     uint8_t q[QK];
-    float min, max;
-    ed_min_max(x, QK, &min, &max);
-    const float d = (max - min) / 31, id = d ? 1.0f / d : 0.0f;
-    y->d = ed_fp32_to_fp16(d); y->m = ed_fp32_to_fp16(min);
-    for (int j = 0; j < QK; j++) q[j] = (uint8_t)((x[j] - min) * id + 0.5f);
+    ed_q32_levels_min(x, 31, 0, &y->d, &y->m, q);
     ed_pack_q5(q, y->qh, y->qs);
 }
 
