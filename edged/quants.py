@@ -313,6 +313,20 @@ def _sums_wxl_wll(x, w, L):
     return sumlx, suml2
 
 
+def _group_max(x):
+    """Per row of x (n, k): the value of largest magnitude as a divisor (n,), 1 in the rows whose
+    values all lie below GROUP_MAX_EPS, and those rows (n,) bool, which llama.cpp sets to 0."""
+    mx = _abs_max_signed(x)[:, 0]
+    zero = np.abs(mx) < GROUP_MAX_EPS
+    return np.where(zero, F32(1), mx).astype(F32), zero
+
+
+def _signed_fit_result(scale, L, zero, nmax):
+    """make_q3/make_qx's result: levels in [-nmax, nmax) moved to [0, 2 nmax); scale and levels 0
+    in the rows below GROUP_MAX_EPS."""
+    return np.where(zero, F32(0), scale), np.where(zero[:, None], 0, L + nmax)
+
+
 def make_qkx2_quants(x, w, nmax, rmin, rdelta, nstep, use_mad):
     """Scale + min fit of groups x (n, k) with weights w: -> (scale (n,), the_min (n,), L (n, k)).
 
@@ -368,9 +382,8 @@ def make_q3_quants(x, nmax):
     """Signed scale fit with rmse iteration (do_rmse=true): x (n, k) -> (scale (n,), L (n, k))
     with L in [0, 2*nmax)."""
     n, k = x.shape
-    mx = _abs_max_signed(x)[:, 0]
-    zero = np.abs(mx) < GROUP_MAX_EPS
-    iscale = (F32(-nmax) / np.where(zero, F32(1), mx)).astype(F32)
+    mxs, zero = _group_max(x)
+    iscale = (F32(-nmax) / mxs).astype(F32)
     L = np.clip(nearest_int(iscale[:, None] * x), -nmax, nmax - 1)
     w = (x * x).astype(F32)
     sumlx, suml2 = _sums_wxl_wll(x, w, L)
@@ -396,16 +409,12 @@ def make_q3_quants(x, nmax):
         if not active.any():
             break
     scale = np.where(suml2 > 0, sumlx / np.where(suml2 > 0, suml2, F32(1)), F32(0)).astype(F32)
-    scale = np.where(zero, F32(0), scale)
-    L = np.where(zero[:, None], 0, L + nmax)
-    return scale, L
+    return _signed_fit_result(scale, L, zero, nmax)
 
 
 def make_qx_quants_rmse1(x, nmax):
     """make_qx_quants with rmse_type 1 (weights x^2), no quant weights: -> (scale, L in [0, 2nmax))."""
-    mx = _abs_max_signed(x)[:, 0]
-    zero = np.abs(mx) < GROUP_MAX_EPS
-    mxs = np.where(zero, F32(1), mx).astype(F32)
+    mxs, zero = _group_max(x)
     w = (x * x).astype(F32)
 
     def fit(iscale):
@@ -424,9 +433,7 @@ def make_qx_quants_rmse1(x, nmax):
         L = np.where(better[:, None], l, L)
         scale = np.where(better, slx / np.where(sl2 > 0, sl2, F32(1)), scale).astype(F32)
         best = np.where(better, scale * slx, best).astype(F32)
-    scale = np.where(zero, F32(0), scale)
-    L = np.where(zero[:, None], 0, L + nmax)
-    return scale, L
+    return _signed_fit_result(scale, L, zero, nmax)
 
 
 def _pack_k_scales(ls, lm):
@@ -546,9 +553,8 @@ def _q_q6_K(x):
     nb = x.shape[0]
     scales, L = make_qx_quants_rmse1(x.reshape(nb * 16, 16), 32)
     scales = scales.reshape(nb, 16); L = L.reshape(nb, 16, 16)
-    max_scale = _abs_max_signed(scales)[:, 0]
-    zero = np.abs(max_scale) < GROUP_MAX_EPS
-    iscale = (F32(-128) / np.where(zero, F32(1), max_scale)).astype(F32)
+    max_scale, zero = _group_max(scales)
+    iscale = (F32(-128) / max_scale).astype(F32)
     d16 = _to_f16_bytes(np.where(zero, F32(0), F32(1) / iscale).astype(F32))
     sc = np.minimum(127, nearest_int(iscale[:, None] * scales)).astype(np.int8)
     sc = np.where(zero[:, None], np.int8(0), sc)
