@@ -182,11 +182,12 @@ def _dq_q6_K(b):
     return _k_groups(q.reshape(n, QK_K), d, scales)
 
 
+# the 32-block types of one layout family: (bits per level, with a min)
+_BLOCK32 = {GGMLType.Q4_0: (4, False), GGMLType.Q4_1: (4, True), GGMLType.Q5_0: (5, False),
+            GGMLType.Q5_1: (5, True)}
+
 _DEQUANT = {
-    GGMLType.Q4_0: partial(_dq_block32, bits=4, with_min=False),
-    GGMLType.Q4_1: partial(_dq_block32, bits=4, with_min=True),
-    GGMLType.Q5_0: partial(_dq_block32, bits=5, with_min=False),
-    GGMLType.Q5_1: partial(_dq_block32, bits=5, with_min=True),
+    **{t: partial(_dq_block32, bits=b, with_min=m) for t, (b, m) in _BLOCK32.items()},
     GGMLType.Q8_0: _dq_q8_0, GGMLType.Q2_K: _dq_q2_K, GGMLType.Q3_K: _dq_q3_K,
     GGMLType.Q4_K: partial(_dq_k4, with_qh=False), GGMLType.Q5_K: partial(_dq_k4, with_qh=True),
     GGMLType.Q6_K: _dq_q6_K,
@@ -571,10 +572,7 @@ def _q_q6_K(x):
 
 
 _QUANT = {
-    GGMLType.Q4_0: partial(_q_block32, bits=4, with_min=False),
-    GGMLType.Q4_1: partial(_q_block32, bits=4, with_min=True),
-    GGMLType.Q5_0: partial(_q_block32, bits=5, with_min=False),
-    GGMLType.Q5_1: partial(_q_block32, bits=5, with_min=True),
+    **{t: partial(_q_block32, bits=b, with_min=m) for t, (b, m) in _BLOCK32.items()},
     GGMLType.Q8_0: _q_q8_0, GGMLType.Q2_K: _q_q2_K,
     GGMLType.Q3_K: _q_q3_K, GGMLType.Q4_K: _q_q4_K, GGMLType.Q5_K: _q_q5_K,
     GGMLType.Q6_K: _q_q6_K,
