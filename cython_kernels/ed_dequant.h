@@ -89,6 +89,9 @@ static ED_DQ void ed_dq_k4(const uint8_t *s12, float d, float dmin, const uint8_
     }
 }
 
+static ED_DQ void ed_dq_q4_K(const blk_q4_K *x, float *y) { ed_dq_k4(x->scales, H2F(x->d), H2F(x->dmin), x->qs, NULL, y); }
+static ED_DQ void ed_dq_q5_K(const blk_q5_K *x, float *y) { ed_dq_k4(x->scales, H2F(x->d), H2F(x->dmin), x->qs, x->qh, y); }
+
 static ED_DQ void ed_dq_q6_K(const blk_q6_K *x, float *y) {
     const float d = H2F(x->d);
     for (int e = 0; e < QKK; e++) {
@@ -106,28 +109,10 @@ static int ed_dequantize_row(int type, const void *vx, float *y, int64_t k) {
     case ED_F32: memcpy(y, x, (size_t)k * 4); return 0;
     case ED_F16: for (int64_t i = 0; i < k; i++) y[i] = H2F(((const ed_half *)x)[i]); return 0;
     case ED_BF16: for (int64_t i = 0; i < k; i++) y[i] = ed_bf16_to_fp32(((const uint16_t *)x)[i]); return 0;
-#define ED_DQCASE(T, fn, blk, bs) case T: for (int64_t i = 0; i < k / (bs); i++) fn((const blk *)x + i, y + i * (bs)); return 0;
-    ED_DQCASE(ED_Q4_0, ed_dq_q4_0, blk_q4_0, QK)
-    ED_DQCASE(ED_Q4_1, ed_dq_q4_1, blk_q4_1, QK)
-    ED_DQCASE(ED_Q5_0, ed_dq_q5_0, blk_q5_0, QK)
-    ED_DQCASE(ED_Q5_1, ed_dq_q5_1, blk_q5_1, QK)
-    ED_DQCASE(ED_Q8_0, ed_dq_q8_0, blk_q8_0, QK)
-    ED_DQCASE(ED_Q2_K, ed_dq_q2_K, blk_q2_K, QKK)
-    ED_DQCASE(ED_Q3_K, ed_dq_q3_K, blk_q3_K, QKK)
-    ED_DQCASE(ED_Q6_K, ed_dq_q6_K, blk_q6_K, QKK)
+#define ED_DQCASE(T, name, bs) \
+    case T: for (int64_t i = 0; i < k / (bs); i++) ed_dq_##name((const blk_##name *)x + i, y + i * (bs)); return 0;
+    ED_WEIGHT_BLOCK_TYPES(ED_DQCASE)
 #undef ED_DQCASE
-    case ED_Q4_K:
-        for (int64_t i = 0; i < k / QKK; i++) {
-            const blk_q4_K *b = (const blk_q4_K *)x + i;
-            ed_dq_k4(b->scales, H2F(b->d), H2F(b->dmin), b->qs, NULL, y + i * QKK);
-        }
-        return 0;
-    case ED_Q5_K:
-        for (int64_t i = 0; i < k / QKK; i++) {
-            const blk_q5_K *b = (const blk_q5_K *)x + i;
-            ed_dq_k4(b->scales, H2F(b->d), H2F(b->dmin), b->qs, b->qh, y + i * QKK);
-        }
-        return 0;
     default: return -1;
     }
 }

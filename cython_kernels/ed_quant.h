@@ -22,61 +22,79 @@
 static inline int ed_qmax(int a, int b) { return a > b ? a : b; }
 static inline int ed_qmin(int a, int b) { return a < b ? a : b; }
 
-/* ----------------------------------------------------------------- 32-blocks --------- */
-static ED_NOFMA void ed_q_q4_0(const float *x, blk_q4_0 *y) {
+/* The value of largest magnitude among x[0..n) (the first on ties; 0 if all are 0): the sign
+ * of the scale of the symmetric types follows it. */
+static inline ED_NOFMA float ed_abs_max_signed(const float *x, int n) {
     float amax = 0.0f, max = 0.0f;
-    for (int j = 0; j < QK; j++) if (amax < fabsf(x[j])) { amax = fabsf(x[j]); max = x[j]; }
-    const float d = max / -8, id = d ? 1.0f / d : 0.0f;
-    y->d = ed_fp32_to_fp16(d);
-    for (int j = 0; j < QK / 2; j++) {
-        const uint8_t a = (uint8_t)ed_qmin(15, (int8_t)(x[j] * id + 8.5f));
-        const uint8_t b = (uint8_t)ed_qmin(15, (int8_t)(x[j + QK / 2] * id + 8.5f));
-        y->qs[j] = a | (uint8_t)(b << 4);
+    for (int i = 0; i < n; i++) { const float ax = fabsf(x[i]); if (ax > amax) { amax = ax; max = x[i]; } }
+    return max;
+}
+
+/* ----------------------------------------------------------------- 32-blocks --------- */
+/* Each type computes its 32 levels q[j] (its own rounding, as llama.cpp's), then packs them:
+ * q[j] in the low and q[j + 16] in the high nibble of qs[j]; the 5-bit types first move bit 4
+ * of q[j] to bit j of qh. */
+static inline ED_NOFMA void ed_pack_nibbles(const uint8_t *q, uint8_t *qs) {
+    for (int j = 0; j < QK / 2; j++) qs[j] = q[j] | (uint8_t)(q[j + QK / 2] << 4);
+}
+
+static inline ED_NOFMA void ed_pack_q5(uint8_t *q, uint8_t *qh, uint8_t *qs) {
+    uint32_t h = 0;
+    for (int j = 0; j < QK; j++) { h |= ((uint32_t)(q[j] >> 4) & 1u) << j; q[j] &= 0x0F; }
+    memcpy(qh, &h, 4);
+    ed_pack_nibbles(q, qs);
+}
+
+static inline ED_NOFMA void ed_min_max(const float *x, int n, float *pmin, float *pmax) {
+    float min = FLT_MAX, max = -FLT_MAX;
+    for (int j = 0; j < n; j++) { if (x[j] < min) min = x[j]; if (x[j] > max) max = x[j]; }
+    *pmin = min; *pmax = max;
+}
+
+/* Levels of the symmetric types (Q4_0: half 8, Q5_0: half 16): d = the value of largest
+ * magnitude / -half, q = (int8)(x / d + half + 0.5) capped at 2 half - 1. Returns d. */
+static inline ED_NOFMA float ed_q32_levels_sym(const float *x, int half, uint8_t *q) {
+    const float d = ed_abs_max_signed(x, QK) / -half, id = d ? 1.0f / d : 0.0f;
+    for (int j = 0; j < QK; j++) q[j] = (uint8_t)ed_qmin(2 * half - 1, (int8_t)(x[j] * id + (half + 0.5f)));
+    return d;
+}
+
+/* Levels of the types with a min (Q4_1: nmax 15, Q5_1: nmax 31): d = (max - min) / nmax,
+ * q = (x - min) / d + 0.5 truncated; llama.cpp caps (through int8) the 4-bit ones only. */
+static inline ED_NOFMA void ed_q32_levels_min(const float *x, int nmax, int cap, ed_half *dd,
+                                              ed_half *dmin, uint8_t *q) {
+    float min, max;
+    ed_min_max(x, QK, &min, &max);
+    const float d = (max - min) / nmax, id = d ? 1.0f / d : 0.0f;
+    *dd = ed_fp32_to_fp16(d); *dmin = ed_fp32_to_fp16(min);
+    for (int j = 0; j < QK; j++) {
+        const float v = (x[j] - min) * id + 0.5f;
+        q[j] = cap ? (uint8_t)ed_qmin(nmax, (int8_t)v) : (uint8_t)v;
     }
 }
 
-static ED_NOFMA void ed_q_q4_1(const float *x, blk_q4_1 *y) {
-    float min = FLT_MAX, max = -FLT_MAX;
-    for (int j = 0; j < QK; j++) { if (x[j] < min) min = x[j]; if (x[j] > max) max = x[j]; }
-    const float d = (max - min) / 15, id = d ? 1.0f / d : 0.0f;
-    y->d = ed_fp32_to_fp16(d); y->m = ed_fp32_to_fp16(min);
-    for (int j = 0; j < QK / 2; j++) {
-        const uint8_t a = (uint8_t)ed_qmin(15, (int8_t)((x[j] - min) * id + 0.5f));
-        const uint8_t b = (uint8_t)ed_qmin(15, (int8_t)((x[j + QK / 2] - min) * id + 0.5f));
-        y->qs[j] = a | (uint8_t)(b << 4);
-    }
+static ED_NOFMA void ed_q_q4_0(const float *x, blk_q4_0 *y) {
+    uint8_t q[QK];
+    y->d = ed_fp32_to_fp16(ed_q32_levels_sym(x, 8, q));
+    ed_pack_nibbles(q, y->qs);
 }
 
 static ED_NOFMA void ed_q_q5_0(const float *x, blk_q5_0 *y) {
-    float amax = 0.0f, max = 0.0f;
-    for (int j = 0; j < QK; j++) if (amax < fabsf(x[j])) { amax = fabsf(x[j]); max = x[j]; }
-    const float d = max / -16, id = d ? 1.0f / d : 0.0f;
-    y->d = ed_fp32_to_fp16(d);
-    uint32_t qh = 0;
-    for (int j = 0; j < QK / 2; j++) {
-        const uint8_t a = (uint8_t)ed_qmin(31, (int8_t)(x[j] * id + 16.5f));
-        const uint8_t b = (uint8_t)ed_qmin(31, (int8_t)(x[j + QK / 2] * id + 16.5f));
-        y->qs[j] = (a & 0x0F) | (uint8_t)((b & 0x0F) << 4);
-        qh |= ((uint32_t)(a >> 4) & 1u) << j;
-        qh |= ((uint32_t)(b >> 4) & 1u) << (j + QK / 2);
-    }
-    memcpy(y->qh, &qh, 4);
+    uint8_t q[QK];
+    y->d = ed_fp32_to_fp16(ed_q32_levels_sym(x, 16, q));
+    ed_pack_q5(q, y->qh, y->qs);
+}
+
+static ED_NOFMA void ed_q_q4_1(const float *x, blk_q4_1 *y) {
+    uint8_t q[QK];
+    ed_q32_levels_min(x, 15, 1, &y->d, &y->m, q);
+    ed_pack_nibbles(q, y->qs);
 }
 
 static ED_NOFMA void ed_q_q5_1(const float *x, blk_q5_1 *y) {
-    float min = FLT_MAX, max = -FLT_MAX;
-    for (int j = 0; j < QK; j++) { if (x[j] < min) min = x[j]; if (x[j] > max) max = x[j]; }
-    const float d = (max - min) / 31, id = d ? 1.0f / d : 0.0f;
-    y->d = ed_fp32_to_fp16(d); y->m = ed_fp32_to_fp16(min);
-    uint32_t qh = 0;
-    for (int j = 0; j < QK / 2; j++) {
-        const uint8_t a = (uint8_t)((x[j] - min) * id + 0.5f);
-        const uint8_t b = (uint8_t)((x[j + QK / 2] - min) * id + 0.5f);
-        y->qs[j] = (a & 0x0F) | (uint8_t)((b & 0x0F) << 4);
-        qh |= ((uint32_t)(a >> 4) & 1u) << j;
-        qh |= ((uint32_t)(b >> 4) & 1u) << (j + QK / 2);
-    }
-    memcpy(y->qh, &qh, 4);
+    uint8_t q[QK];
+    ed_q32_levels_min(x, 31, 0, &y->d, &y->m, q);
+    ed_pack_q5(q, y->qh, y->qs);
 }
 
 static ED_NOFMA void ed_q_q8_0(const float *x, blk_q8_0 *y) {
@@ -133,9 +151,8 @@ static ED_NOFMA float ed_make_qkx2(int n, int nmax, const float *x, const float 
 }
 
 static ED_NOFMA float ed_make_q3(int n, int nmax, const float *x, int8_t *L) {
-    float max = 0, amax = 0;
-    for (int i = 0; i < n; i++) { const float ax = fabsf(x[i]); if (ax > amax) { amax = ax; max = x[i]; } }
-    if (amax < ED_GROUP_MAX_EPS) { for (int i = 0; i < n; i++) L[i] = 0; return 0.0f; }
+    const float max = ed_abs_max_signed(x, n);
+    if (fabsf(max) < ED_GROUP_MAX_EPS) { memset(L, 0, (size_t)n); return 0.0f; }
     const float iscale = -nmax / max;
     float sumlx = 0, suml2 = 0;
     for (int i = 0; i < n; i++) {
@@ -168,9 +185,8 @@ static ED_NOFMA float ed_make_q3(int n, int nmax, const float *x, int8_t *L) {
 
 /* make_qx_quants with rmse_type 1 and no quant weights (Q6_K) */
 static ED_NOFMA float ed_make_qx1(int n, int nmax, const float *x, int8_t *L) {
-    float max = 0, amax = 0;
-    for (int i = 0; i < n; i++) { const float ax = fabsf(x[i]); if (ax > amax) { amax = ax; max = x[i]; } }
-    if (amax < ED_GROUP_MAX_EPS) { for (int i = 0; i < n; i++) L[i] = 0; return 0.0f; }
+    const float max = ed_abs_max_signed(x, n);
+    if (fabsf(max) < ED_GROUP_MAX_EPS) { memset(L, 0, (size_t)n); return 0.0f; }
     float iscale = -nmax / max, sumlx = 0, suml2 = 0;
     for (int i = 0; i < n; i++) {
         const int l = ed_qmax(-nmax, ed_qmin(nmax - 1, ed_nearest_int(iscale * x[i])));
@@ -202,6 +218,23 @@ static void ed_scale_min_k4(int j, const uint8_t *q, uint8_t *d, uint8_t *m) {
     else { *d = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4); *m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4); }
 }
 
+/* The K-quants' last pass: the n levels of a group again, against the scale d and min dm as
+ * stored (f16-rounded, 6- or 4-bit): L = clamp(nearest_int((x + dm) / d), lo, hi) - lo. A zero
+ * scale keeps the levels of the fit. (x + 0) / d differs from x / d only in the sign of a zero,
+ * which nearest_int drops. */
+static inline ED_NOFMA void ed_requant_group(int n, const float *x, float d, float dm, int lo, int hi,
+                                             uint8_t *L) {
+    if (!d) return;
+    for (int i = 0; i < n; i++) L[i] = (uint8_t)(ed_qmax(lo, ed_qmin(hi, ed_nearest_int((x[i] + dm) / d))) - lo);
+}
+
+/* Q2_K/Q3_K 2-bit fields: per 128 levels, 32 bytes holding levels l, l+32, l+64, l+96 */
+static inline ED_NOFMA void ed_pack_crumbs(const uint8_t *L, uint8_t *qs) {
+    for (int j = 0; j < QKK; j += 128)
+        for (int l = 0; l < 32; l++)
+            qs[j / 4 + l] = (uint8_t)(L[j + l] | (L[j + l + 32] << 2) | (L[j + l + 64] << 4) | (L[j + l + 96] << 6));
+}
+
 /* ----------------------------------------------------------------- K-quants ---------- */
 static ED_NOFMA void ed_q_q2_K(const float *x, blk_q2_K *y) {
     uint8_t L[QKK], Laux[16];
@@ -227,26 +260,17 @@ static ED_NOFMA void ed_q_q2_K(const float *x, blk_q2_K *y) {
     } else {
         y->dmin = ed_fp32_to_fp16(0.f);
     }
-    for (int j = 0; j < 16; j++) {
-        const float d = ed_fp16_to_fp32(y->d) * (y->scales[j] & 0xF);
-        if (!d) continue;
-        const float dm = ed_fp16_to_fp32(y->dmin) * (y->scales[j] >> 4);
-        for (int i = 0; i < 16; i++)
-            L[16 * j + i] = (uint8_t)ed_qmax(0, ed_qmin(3, ed_nearest_int((x[16 * j + i] + dm) / d)));
-    }
-    for (int j = 0; j < QKK; j += 128)
-        for (int l = 0; l < 32; l++)
-            y->qs[j / 4 + l] = L[j + l] | (L[j + l + 32] << 2) | (L[j + l + 64] << 4) | (L[j + l + 96] << 6);
+    for (int j = 0; j < 16; j++)
+        ed_requant_group(16, x + 16 * j, ed_fp16_to_fp32(y->d) * (y->scales[j] & 0xF),
+                         ed_fp16_to_fp32(y->dmin) * (y->scales[j] >> 4), 0, 3, L + 16 * j);
+    ed_pack_crumbs(L, y->qs);
 }
 
 static ED_NOFMA void ed_q_q3_K(const float *x, blk_q3_K *y) {
     int8_t L[QKK];
-    float scales[16], max_scale = 0, amax = 0;
-    for (int j = 0; j < 16; j++) {
-        scales[j] = ed_make_q3(16, 4, x + 16 * j, L + 16 * j);
-        const float s = fabsf(scales[j]);
-        if (s > amax) { amax = s; max_scale = scales[j]; }
-    }
+    float scales[16];
+    for (int j = 0; j < 16; j++) scales[j] = ed_make_q3(16, 4, x + 16 * j, L + 16 * j);
+    const float max_scale = ed_abs_max_signed(scales, 16);
     memset(y->scales, 0, 12);
     if (max_scale) {
         const float iscale = -32.f / max_scale;
@@ -265,10 +289,7 @@ static ED_NOFMA void ed_q_q3_K(const float *x, blk_q3_K *y) {
     for (int j = 0; j < 16; j++) {
         int8_t sc = j < 8 ? (int8_t)(y->scales[j] & 0xF) : (int8_t)(y->scales[j - 8] >> 4);
         sc = (int8_t)((sc | (((y->scales[8 + j % 4] >> (2 * (j / 4))) & 3) << 4)) - 32);
-        const float d = ed_fp16_to_fp32(y->d) * sc;
-        if (!d) continue;
-        for (int i = 0; i < 16; i++)
-            L[16 * j + i] = (int8_t)(ed_qmax(-4, ed_qmin(3, ed_nearest_int(x[16 * j + i] / d))) + 4);
+        ed_requant_group(16, x + 16 * j, ed_fp16_to_fp32(y->d) * sc, 0.0f, -4, 3, (uint8_t *)L + 16 * j);
     }
     memset(y->hmask, 0, 32);
     int m = 0; uint8_t hm = 1;
@@ -276,9 +297,7 @@ static ED_NOFMA void ed_q_q3_K(const float *x, blk_q3_K *y) {
         if (L[j] > 3) { y->hmask[m] |= hm; L[j] -= 4; }
         if (++m == 32) { m = 0; hm <<= 1; }
     }
-    for (int j = 0; j < QKK; j += 128)
-        for (int l = 0; l < 32; l++)
-            y->qs[j / 4 + l] = (uint8_t)(L[j + l] | (L[j + l + 32] << 2) | (L[j + l + 64] << 4) | (L[j + l + 96] << 6));
+    ed_pack_crumbs((const uint8_t *)L, y->qs);
 }
 
 /* shared by Q4_K and Q5_K: 8 groups of 32 with 6-bit scales and mins */
@@ -311,11 +330,7 @@ static ED_NOFMA void ed_q_k4_scales(const float *x, int nmax, float rmin, float 
     for (int j = 0; j < 8; j++) {
         uint8_t sc, m;
         ed_scale_min_k4(j, packed, &sc, &m);
-        const float d = ed_fp16_to_fp32(*dd) * sc;
-        if (!d) continue;
-        const float dm = ed_fp16_to_fp32(*dmin) * m;
-        for (int i = 0; i < 32; i++)
-            L[32 * j + i] = (uint8_t)ed_qmax(0, ed_qmin(nmax, ed_nearest_int((x[32 * j + i] + dm) / d)));
+        ed_requant_group(32, x + 32 * j, ed_fp16_to_fp32(*dd) * sc, ed_fp16_to_fp32(*dmin) * m, 0, nmax, L + 32 * j);
     }
 }
 
@@ -346,22 +361,15 @@ static void ed_q_q5_K(const float *x, blk_q5_K *y) {
 
 static ED_NOFMA void ed_q_q6_K(const float *x, blk_q6_K *y) {
     int8_t L[QKK];
-    float scales[16], max_scale = 0, max_abs = 0;
-    for (int ib = 0; ib < 16; ib++) {
-        scales[ib] = ed_make_qx1(16, 32, x + 16 * ib, L + 16 * ib);
-        const float a = fabsf(scales[ib]);
-        if (a > max_abs) { max_abs = a; max_scale = scales[ib]; }
-    }
-    if (max_abs < ED_GROUP_MAX_EPS) { memset(y, 0, sizeof *y); return; }
+    float scales[16];
+    for (int ib = 0; ib < 16; ib++) scales[ib] = ed_make_qx1(16, 32, x + 16 * ib, L + 16 * ib);
+    const float max_scale = ed_abs_max_signed(scales, 16);
+    if (fabsf(max_scale) < ED_GROUP_MAX_EPS) { memset(y, 0, sizeof *y); return; }
     const float iscale = -128.f / max_scale;
     y->d = ed_fp32_to_fp16(1 / iscale);
     for (int ib = 0; ib < 16; ib++) y->scales[ib] = (int8_t)ed_qmin(127, ed_nearest_int(iscale * scales[ib]));
-    for (int j = 0; j < 16; j++) {
-        const float d = ed_fp16_to_fp32(y->d) * y->scales[j];
-        if (!d) continue;
-        for (int i = 0; i < 16; i++)
-            L[16 * j + i] = (int8_t)(ed_qmax(-32, ed_qmin(31, ed_nearest_int(x[16 * j + i] / d))) + 32);
-    }
+    for (int j = 0; j < 16; j++)
+        ed_requant_group(16, x + 16 * j, ed_fp16_to_fp32(y->d) * y->scales[j], 0.0f, -32, 31, (uint8_t *)L + 16 * j);
     uint8_t *ql = y->ql, *qh = y->qh;
     for (int j = 0; j < QKK; j += 128) {
         for (int l = 0; l < 32; l++) {
@@ -377,17 +385,9 @@ static ED_NOFMA void ed_q_q6_K(const float *x, blk_q6_K *y) {
 static int ed_quantize_row(int type, const float *x, void *vy, int64_t k) {
     uint8_t *y = (uint8_t *)vy;
     switch (type) {
-#define ED_QCASE(T, fn, blk, bs) case T: for (int64_t i = 0; i < k / (bs); i++) fn(x + i * (bs), (blk *)y + i); return 0;
-    ED_QCASE(ED_Q4_0, ed_q_q4_0, blk_q4_0, QK)
-    ED_QCASE(ED_Q4_1, ed_q_q4_1, blk_q4_1, QK)
-    ED_QCASE(ED_Q5_0, ed_q_q5_0, blk_q5_0, QK)
-    ED_QCASE(ED_Q5_1, ed_q_q5_1, blk_q5_1, QK)
-    ED_QCASE(ED_Q8_0, ed_q_q8_0, blk_q8_0, QK)
-    ED_QCASE(ED_Q2_K, ed_q_q2_K, blk_q2_K, QKK)
-    ED_QCASE(ED_Q3_K, ed_q_q3_K, blk_q3_K, QKK)
-    ED_QCASE(ED_Q4_K, ed_q_q4_K, blk_q4_K, QKK)
-    ED_QCASE(ED_Q5_K, ed_q_q5_K, blk_q5_K, QKK)
-    ED_QCASE(ED_Q6_K, ed_q_q6_K, blk_q6_K, QKK)
+#define ED_QCASE(T, name, bs) \
+    case T: for (int64_t i = 0; i < k / (bs); i++) ed_q_##name(x + i * (bs), (blk_##name *)y + i); return 0;
+    ED_WEIGHT_BLOCK_TYPES(ED_QCASE)
 #undef ED_QCASE
     default: return -1;
     }

@@ -39,6 +39,14 @@ typedef struct { ed_half d, dmin; uint8_t scales[12]; uint8_t qh[QKK / 8]; uint8
 typedef struct { uint8_t ql[QKK / 2]; uint8_t qh[QKK / 4]; int8_t scales[QKK / 16]; ed_half d; } blk_q6_K;
 typedef struct { float d; int8_t qs[QKK]; int16_t bsums[QKK / 16]; } blk_q8_K;
 
+/* The block weight types, one X(type id, name, elements per block) each: the per-type code of
+ * ed_quant.h (ed_q_NAME) and ed_dequant.h (ed_dq_NAME), block type blk_NAME, is dispatched from
+ * this one list. */
+#define ED_WEIGHT_BLOCK_TYPES(X) \
+    X(ED_Q4_0, q4_0, QK) X(ED_Q4_1, q4_1, QK) X(ED_Q5_0, q5_0, QK) X(ED_Q5_1, q5_1, QK) \
+    X(ED_Q8_0, q8_0, QK) X(ED_Q2_K, q2_K, QKK) X(ED_Q3_K, q3_K, QKK) X(ED_Q4_K, q4_K, QKK) \
+    X(ED_Q5_K, q5_K, QKK) X(ED_Q6_K, q6_K, QKK)
+
 /* ---------------------------------------------------------------- f16 / bf16 ------------ */
 static inline float ed_fp16_to_fp32(ed_half h) {
     uint32_t sign = (uint32_t)(h & 0x8000) << 16;

@@ -15,6 +15,8 @@ dequantize is itself checked bit for bit against the PyPI gguf package.
 """
 from __future__ import annotations
 
+from functools import partial
+
 import numpy as np
 
 from .errors import UnsupportedModelError
@@ -46,6 +48,25 @@ def _nibbles(qs):
 def _bits(packed, n_bits):
     """(n, m) uint8 -> (n, m*8) uint8 of single bits, little-endian within each byte."""
     return np.unpackbits(packed, axis=-1, bitorder="little")[..., :n_bits]
+
+
+def _bit_planes(h32):
+    """Q3_K hmask / Q5_K qh: (n, 32) -> (n, 256): element 32*j + l is bit j of h32[l]."""
+    n = h32.shape[0]
+    return ((h32.reshape(n, 1, 32) >> np.arange(8, dtype=np.uint8).reshape(1, 8, 1)) & 1).reshape(n, QK_K)
+
+
+def _pack_bit_planes(bits):
+    """Inverse of _bit_planes: (n, 256) of 0/1 -> (n, 32)."""
+    n = bits.shape[0]
+    planes = bits.astype(np.uint8).reshape(n, 8, 32).transpose(0, 2, 1)
+    return np.packbits(planes, axis=-1, bitorder="little").reshape(n, 32)
+
+
+def _abs_max_signed(x):
+    """Per row of x (n, k): the value with the largest magnitude (first one on ties)."""
+    idx = np.argmax(np.abs(x), axis=-1)
+    return np.take_along_axis(x, idx[:, None], axis=-1)  # (n, 1)
 
 
 def nearest_int(v):
@@ -80,30 +101,19 @@ def q3_k_scales(scales12):
 
 
 # ----------------------------------------------------------------- dequantize per type ----
-def _dq_q4_0(b):
+def _dq_block32(b, bits, with_min):
+    """Q4_0/Q4_1/Q5_0/Q5_1 blocks: f16 d, [f16 m,] [qh[4] (5 bits),] qs[16]. Without a min the
+    levels are centred on 2^(bits-1)."""
     d = _f16(b[:, 0:2])
-    q = _nibbles(b[:, 2:18]).astype(np.int8) - np.int8(8)
+    o = 4 if with_min else 2
+    if bits == 5:
+        q = _nibbles(b[:, o + 4:o + 20]) | (_bits(b[:, o:o + 4], 32) << 4)
+    else:
+        q = _nibbles(b[:, o:o + 16])
+    if with_min:
+        return d * q.astype(F32) + _f16(b[:, 2:4])
+    q = q.astype(np.int8) - np.int8(1 << (bits - 1))
     return d * q.astype(F32)
-
-
-def _dq_q4_1(b):
-    d, m = _f16(b[:, 0:2]), _f16(b[:, 2:4])
-    return d * _nibbles(b[:, 4:20]).astype(F32) + m
-
-
-def _q5_values(qh4, qs16):
-    return _nibbles(qs16) | (_bits(qh4, 32) << 4)
-
-
-def _dq_q5_0(b):
-    d = _f16(b[:, 0:2])
-    q = _q5_values(b[:, 2:6], b[:, 6:22]).astype(np.int8) - np.int8(16)
-    return d * q.astype(F32)
-
-
-def _dq_q5_1(b):
-    d, m = _f16(b[:, 0:2]), _f16(b[:, 2:4])
-    return d * _q5_values(b[:, 4:8], b[:, 8:24]).astype(F32) + m
 
 
 def _dq_q8_0(b):
@@ -118,25 +128,27 @@ def _crumbs(qs64):
     return (q & 3).reshape(n, QK_K)
 
 
+def _k_groups(q, d, sc, dmin=None, mn=None):
+    """K-quant values from levels q (n, 256) in G groups: d*sc[g] * q, minus dmin*mn[g] for the
+    types with mins; d, dmin (n, 1), sc, mn (n, G)."""
+    n, g = sc.shape
+    dl = (d * sc.astype(F32)).reshape(n, g, 1)
+    v = dl * q.reshape(n, g, QK_K // g).astype(F32)
+    if dmin is not None:
+        v = v - (dmin * mn.astype(F32)).reshape(n, g, 1)
+    return v.reshape(n, QK_K)
+
+
 def _dq_q2_K(b):
-    n = b.shape[0]
     scales, qs = b[:, 0:16], b[:, 16:80]
     d, dmin = _f16(b[:, 80:82]), _f16(b[:, 82:84])
-    dl = (d * (scales & 0x0F).astype(F32)).reshape(n, 16, 1)
-    ml = (dmin * (scales >> 4).astype(F32)).reshape(n, 16, 1)
-    q = _crumbs(qs).reshape(n, 16, 16).astype(F32)
-    return (dl * q - ml).reshape(n, QK_K)
+    return _k_groups(_crumbs(qs), d, scales & 0x0F, dmin, scales >> 4)
 
 
 def _dq_q3_K(b):
-    n = b.shape[0]
     hmask, qs, scales = b[:, 0:32], b[:, 32:96], b[:, 96:108]
-    d = _f16(b[:, 108:110])
-    dl = (d * q3_k_scales(scales).astype(F32)).reshape(n, 16, 1)
-    # high bit j*32+l of element order lives in bit j of hmask[l]
-    hbit = (hmask.reshape(n, 1, 32) >> np.arange(8, dtype=np.uint8).reshape(1, 8, 1)) & 1
-    q = _crumbs(qs).astype(np.int8) - ((hbit.reshape(n, QK_K) ^ 1) << 2).astype(np.int8)
-    return (dl * q.reshape(n, 16, 16).astype(F32)).reshape(n, QK_K)
+    q = _crumbs(qs).astype(np.int8) - ((_bit_planes(hmask) ^ 1) << 2).astype(np.int8)
+    return _k_groups(q, _f16(b[:, 108:110]), q3_k_scales(scales))
 
 
 def _k4_values(qs128):
@@ -146,26 +158,14 @@ def _k4_values(qs128):
     return (q & 0x0F).reshape(n, QK_K)
 
 
-def _dq_q4_K(b):
-    n = b.shape[0]
-    d, dmin = _f16(b[:, 0:2]), _f16(b[:, 2:4])
+def _dq_k4(b, with_qh):
+    """Q4_K, Q5_K (with_qh): f16 d, f16 dmin, scales[12], [qh[32],] qs[128]."""
     sc, m = k_scale_min(b[:, 4:16])
-    dl = (d * sc.astype(F32)).reshape(n, 8, 1)
-    ml = (dmin * m.astype(F32)).reshape(n, 8, 1)
-    q = _k4_values(b[:, 16:144]).reshape(n, 8, 32).astype(F32)
-    return (dl * q - ml).reshape(n, QK_K)
-
-
-def _dq_q5_K(b):
-    n = b.shape[0]
-    d, dmin = _f16(b[:, 0:2]), _f16(b[:, 2:4])
-    sc, m = k_scale_min(b[:, 4:16])
-    qh = b[:, 16:48]
-    hbit = (qh.reshape(n, 1, 32) >> np.arange(8, dtype=np.uint8).reshape(1, 8, 1)) & 1
-    q = _k4_values(b[:, 48:176]) | (hbit.reshape(n, QK_K) << 4)
-    dl = (d * sc.astype(F32)).reshape(n, 8, 1)
-    ml = (dmin * m.astype(F32)).reshape(n, 8, 1)
-    return (dl * q.reshape(n, 8, 32).astype(F32) - ml).reshape(n, QK_K)
+    if with_qh:
+        q = _k4_values(b[:, 48:176]) | (_bit_planes(b[:, 16:48]) << 4)
+    else:
+        q = _k4_values(b[:, 16:144])
+    return _k_groups(q, _f16(b[:, 0:2]), sc, _f16(b[:, 2:4]), m)
 
 
 def _dq_q6_K(b):
@@ -179,14 +179,17 @@ def _dq_q6_K(b):
     high = qh.reshape(n, 2, 1, 32) >> np.array([0, 2, 4, 6], np.uint8).reshape(1, 1, 4, 1)
     high = (high & 3).reshape(n, 2, 4, 32)
     q = (low | (high << 4)).astype(np.int8) - np.int8(32)
-    dl = (d * scales.astype(F32)).reshape(n, 16, 1)
-    return (dl * q.reshape(n, 16, 16).astype(F32)).reshape(n, QK_K)
+    return _k_groups(q.reshape(n, QK_K), d, scales)
 
+
+# the 32-block types of one layout family: (bits per level, with a min)
+_BLOCK32 = {GGMLType.Q4_0: (4, False), GGMLType.Q4_1: (4, True), GGMLType.Q5_0: (5, False),
+            GGMLType.Q5_1: (5, True)}
 
 _DEQUANT = {
-    GGMLType.Q4_0: _dq_q4_0, GGMLType.Q4_1: _dq_q4_1, GGMLType.Q5_0: _dq_q5_0,
-    GGMLType.Q5_1: _dq_q5_1, GGMLType.Q8_0: _dq_q8_0, GGMLType.Q2_K: _dq_q2_K,
-    GGMLType.Q3_K: _dq_q3_K, GGMLType.Q4_K: _dq_q4_K, GGMLType.Q5_K: _dq_q5_K,
+    **{t: partial(_dq_block32, bits=b, with_min=m) for t, (b, m) in _BLOCK32.items()},
+    GGMLType.Q8_0: _dq_q8_0, GGMLType.Q2_K: _dq_q2_K, GGMLType.Q3_K: _dq_q3_K,
+    GGMLType.Q4_K: partial(_dq_k4, with_qh=False), GGMLType.Q5_K: partial(_dq_k4, with_qh=True),
     GGMLType.Q6_K: _dq_q6_K,
 }
 
@@ -239,12 +242,6 @@ def dequantize(raw, qtype, shape):
 
 # ================================================================ quantization ============
 # 32-blocks: byte-identical to llama.cpp's quantize_row_*_ref.
-def _abs_max_signed(x):
-    """Per row of x (n, k): the value with the largest magnitude (first one on ties)."""
-    idx = np.argmax(np.abs(x), axis=-1)
-    return np.take_along_axis(x, idx[:, None], axis=-1)  # (n, 1)
-
-
 def _inv(d):
     with np.errstate(divide="ignore"):
         return np.where(d == 0, F32(0), F32(1) / d).astype(F32)
@@ -266,33 +263,26 @@ def _pack_qh(q):
     return np.packbits(((q >> 4) & 1).astype(np.uint8), axis=-1, bitorder="little")
 
 
-def _q_q4_0(x):
-    mx = _abs_max_signed(x)
-    d = (mx / F32(-8)).astype(F32)
-    q = np.minimum(15, _trunc_u8(x * _inv(d) + F32(8.5)))
-    return np.concatenate([_to_f16_bytes(d), _pack_nibbles(q)], axis=-1)
-
-
-def _q_q4_1(x):
-    mn, mx = x.min(axis=-1, keepdims=True), x.max(axis=-1, keepdims=True)
-    d = ((mx - mn) / F32(15)).astype(F32)
-    q = np.minimum(15, _trunc_u8((x - mn) * _inv(d) + F32(0.5)))
-    return np.concatenate([_to_f16_bytes(d), _to_f16_bytes(mn), _pack_nibbles(q)], axis=-1)
-
-
-def _q_q5_0(x):
-    mx = _abs_max_signed(x)
-    d = (mx / F32(-16)).astype(F32)
-    q = np.minimum(31, _trunc_u8(x * _inv(d) + F32(16.5)))
-    return np.concatenate([_to_f16_bytes(d), _pack_qh(q), _pack_nibbles(q & 0x0F)], axis=-1)
-
-
-def _q_q5_1(x):
-    mn, mx = x.min(axis=-1, keepdims=True), x.max(axis=-1, keepdims=True)
-    d = ((mx - mn) / F32(31)).astype(F32)
-    q = _trunc_u8((x - mn) * _inv(d) + F32(0.5)) & 0xFF
-    return np.concatenate([_to_f16_bytes(d), _to_f16_bytes(mn), _pack_qh(q),
-                           _pack_nibbles(q & 0x0F)], axis=-1)
+def _q_block32(x, bits, with_min):
+    """Q4_0/Q4_1/Q5_0/Q5_1 blocks (n, 32) -> (n, type_size): f16 d, [f16 min,] [qh,] qs."""
+    nmax = (1 << bits) - 1
+    if with_min:
+        mn, mx = x.min(axis=-1, keepdims=True), x.max(axis=-1, keepdims=True)
+        d = ((mx - mn) / F32(nmax)).astype(F32)
+        q = _trunc_u8((x - mn) * _inv(d) + F32(0.5))
+        head = [_to_f16_bytes(d), _to_f16_bytes(mn)]
+    else:
+        half = 1 << (bits - 1)
+        d = (_abs_max_signed(x) / F32(-half)).astype(F32)
+        q = _trunc_u8(x * _inv(d) + F32(half + 0.5))
+        head = [_to_f16_bytes(d)]
+    # llama.cpp does not clamp Q5_1; there (x - min) * id + 0.5 stays below 32 on finite input,
+    # and the out-of-range casts of inf/NaN keep the same stored bits either way
+    q = np.minimum(nmax, q)
+    if bits == 5:
+        head.append(_pack_qh(q))
+        q = q & 0x0F
+    return np.concatenate(head + [_pack_nibbles(q)], axis=-1)
 
 
 def _q_q8_0(x):
@@ -302,8 +292,40 @@ def _q_q8_0(x):
 
 
 # K-quants: llama.cpp's quantize_row_*_ref (make_qkx2_quants, make_q3_quants, make_qx_quants).
-def _imax_min(a, lo, hi):
-    return np.clip(a, lo, hi)
+def _fit_error(x, w, L, scale, mn, use_mad):
+    """sum_i w_i * err(scale * L_i + mn - x_i), err = |.| (use_mad) or squared; x, w, L (n, k),
+    scale, mn (n,). Sequential float32 accumulation over k, as in C."""
+    Lf = L.astype(F32)
+    err = np.zeros(x.shape[0], F32)
+    for i in range(x.shape[1]):
+        diff = (scale * Lf[:, i] + mn - x[:, i]).astype(F32)
+        diff = np.abs(diff) if use_mad else diff * diff
+        err = (err + w[:, i] * diff).astype(F32)
+    return err
+
+
+def _sums_wxl_wll(x, w, L):
+    """(sum_i w_i x_i L_i, sum_i w_i L_i^2) per row, sequential float32 as in C."""
+    Lf = L.astype(F32)
+    sumlx = np.zeros(x.shape[0], F32); suml2 = np.zeros(x.shape[0], F32)
+    for i in range(x.shape[1]):
+        sumlx = (sumlx + w[:, i] * x[:, i] * Lf[:, i]).astype(F32)
+        suml2 = (suml2 + w[:, i] * Lf[:, i] * Lf[:, i]).astype(F32)
+    return sumlx, suml2
+
+
+def _group_max(x):
+    """Per row of x (n, k): the value of largest magnitude as a divisor (n,), 1 in the rows whose
+    values all lie below GROUP_MAX_EPS, and those rows (n,) bool, which llama.cpp sets to 0."""
+    mx = _abs_max_signed(x)[:, 0]
+    zero = np.abs(mx) < GROUP_MAX_EPS
+    return np.where(zero, F32(1), mx).astype(F32), zero
+
+
+def _signed_fit_result(scale, L, zero, nmax):
+    """make_q3/make_qx's result: levels in [-nmax, nmax) moved to [0, 2 nmax); scale and levels 0
+    in the rows below GROUP_MAX_EPS."""
+    return np.where(zero, F32(0), scale), np.where(zero[:, None], 0, L + nmax)
 
 
 def make_qkx2_quants(x, w, nmax, rmin, rdelta, nstep, use_mad):
@@ -324,11 +346,7 @@ def make_qkx2_quants(x, w, nmax, rmin, rdelta, nstep, use_mad):
     iscale = (F32(nmax) / rng).astype(F32)
     scale = (F32(1) / iscale).astype(F32)
     L = np.clip(nearest_int(iscale[:, None] * (x - mn[:, None])), 0, nmax)
-    best = np.zeros(n, F32)
-    for i in range(k):
-        diff = (scale * L[:, i].astype(F32) + mn - x[:, i]).astype(F32)
-        diff = np.abs(diff) if use_mad else diff * diff
-        best = (best + w[:, i] * diff).astype(F32)
+    best = _fit_error(x, w, L, scale, mn, use_mad)
     for step in range(nstep + 1):
         # llama.cpp moves `min` when a step wins, and later steps use the moved min
         rng = np.where(flat, F32(1), mx - mn).astype(F32)
@@ -350,11 +368,7 @@ def make_qkx2_quants(x, w, nmax, rmin, rdelta, nstep, use_mad):
         sl2s = np.where(sl2 == 0, F32(1), sl2)
         this_scale = np.where(pos, sxl / sl2s, this_scale).astype(F32)
         this_min = np.where(pos, F32(0), this_min).astype(F32)
-        cur = np.zeros(n, F32)
-        for i in range(k):
-            diff = (this_scale * Lf[:, i] + this_min - x[:, i]).astype(F32)
-            diff = np.abs(diff) if use_mad else diff * diff
-            cur = (cur + w[:, i] * diff).astype(F32)
+        cur = _fit_error(x, w, La, this_scale, this_min, use_mad)
         better = ok & (cur < best) & ~flat
         L = np.where(better[:, None], La, L)
         best = np.where(better, cur, best)
@@ -369,17 +383,11 @@ def make_q3_quants(x, nmax):
     """Signed scale fit with rmse iteration (do_rmse=true): x (n, k) -> (scale (n,), L (n, k))
     with L in [0, 2*nmax)."""
     n, k = x.shape
-    idx = np.argmax(np.abs(x), axis=-1)
-    mx = np.take_along_axis(x, idx[:, None], axis=-1)[:, 0]
-    zero = np.abs(mx) < GROUP_MAX_EPS
-    iscale = (F32(-nmax) / np.where(zero, F32(1), mx)).astype(F32)
+    mxs, zero = _group_max(x)
+    iscale = (F32(-nmax) / mxs).astype(F32)
     L = np.clip(nearest_int(iscale[:, None] * x), -nmax, nmax - 1)
     w = (x * x).astype(F32)
-    sumlx = np.zeros(n, F32); suml2 = np.zeros(n, F32)
-    for i in range(k):
-        li = L[:, i].astype(F32)
-        sumlx = (sumlx + w[:, i] * x[:, i] * li).astype(F32)
-        suml2 = (suml2 + w[:, i] * li * li).astype(F32)
+    sumlx, suml2 = _sums_wxl_wll(x, w, L)
     active = ~zero
     for _ in range(5):
         changed = np.zeros(n, bool)
@@ -402,28 +410,17 @@ def make_q3_quants(x, nmax):
         if not active.any():
             break
     scale = np.where(suml2 > 0, sumlx / np.where(suml2 > 0, suml2, F32(1)), F32(0)).astype(F32)
-    scale = np.where(zero, F32(0), scale)
-    L = np.where(zero[:, None], 0, L + nmax)
-    return scale, L
+    return _signed_fit_result(scale, L, zero, nmax)
 
 
 def make_qx_quants_rmse1(x, nmax):
     """make_qx_quants with rmse_type 1 (weights x^2), no quant weights: -> (scale, L in [0, 2nmax))."""
-    n, k = x.shape
-    idx = np.argmax(np.abs(x), axis=-1)
-    mx = np.take_along_axis(x, idx[:, None], axis=-1)[:, 0]
-    zero = np.abs(mx) < GROUP_MAX_EPS
-    mxs = np.where(zero, F32(1), mx).astype(F32)
+    mxs, zero = _group_max(x)
     w = (x * x).astype(F32)
 
     def fit(iscale):
         l = np.clip(nearest_int(iscale[:, None] * x), -nmax, nmax - 1)
-        lf = l.astype(F32)
-        sumlx = np.zeros(n, F32); suml2 = np.zeros(n, F32)
-        for i in range(k):
-            sumlx = (sumlx + w[:, i] * x[:, i] * lf[:, i]).astype(F32)
-            suml2 = (suml2 + w[:, i] * lf[:, i] * lf[:, i]).astype(F32)
-        return l, sumlx, suml2
+        return (l,) + _sums_wxl_wll(x, w, l)
 
     L, sumlx, suml2 = fit((F32(-nmax) / mxs).astype(F32))
     scale = np.where(suml2 != 0, sumlx / np.where(suml2 != 0, suml2, F32(1)), F32(0)).astype(F32)
@@ -437,9 +434,7 @@ def make_qx_quants_rmse1(x, nmax):
         L = np.where(better[:, None], l, L)
         scale = np.where(better, slx / np.where(sl2 > 0, sl2, F32(1)), scale).astype(F32)
         best = np.where(better, scale * slx, best).astype(F32)
-    scale = np.where(zero, F32(0), scale)
-    L = np.where(zero[:, None], 0, L + nmax)
-    return scale, L
+    return _signed_fit_result(scale, L, zero, nmax)
 
 
 def _pack_k_scales(ls, lm):
@@ -459,11 +454,14 @@ def _pack_crumbs(L):
     return (L[:, :, 0] | (L[:, :, 1] << 2) | (L[:, :, 2] << 4) | (L[:, :, 3] << 6)).reshape(n, 64)
 
 
-def _requant(x, d, dm, lo, hi):
-    """Final per-element quantization: nearest_int((x + dm) / d) clipped, d may be 0 (then L=0)."""
+def _requant(x, d, dm, lo, hi, L):
+    """The K-quants' last pass: groups x (n, G, g) quantized again against their stored scales d
+    and mins dm (n, G, 1; dm None for the symmetric types): clip(nearest_int((x + dm) / d), lo,
+    hi) - lo; a group whose scale is 0 keeps the levels L (n, G, g) of the fit."""
     ok = d != 0
     ds = np.where(ok, d, F32(1)).astype(F32)
-    return np.where(ok, np.clip(nearest_int((x + dm) / ds), lo, hi), -1)
+    v = x if dm is None else x + dm
+    return np.where(ok, np.clip(nearest_int(v / ds), lo, hi) - lo, L)
 
 
 def _q_q2_K(x):
@@ -483,8 +481,7 @@ def _q_q2_K(x):
     m16 = _to_f16_bytes(np.where(has_m, max_min / q4, F32(0)).astype(F32))
     d = (_f16(d16) * (sc_byte & 0x0F).astype(F32)).astype(F32)[:, :, None]
     dm = (_f16(m16) * (sc_byte >> 4).astype(F32)).astype(F32)[:, :, None]
-    Lr = _requant(x.reshape(nb, 16, 16), d, dm, 0, 3)
-    L = np.where(Lr >= 0, Lr, L).reshape(nb, QK_K)
+    L = _requant(x.reshape(nb, 16, 16), d, dm, 0, 3, L).reshape(nb, QK_K)
     return np.concatenate([sc_byte, _pack_crumbs(L), d16, m16], axis=-1)
 
 
@@ -492,8 +489,7 @@ def _q_q3_K(x):
     nb = x.shape[0]
     scales, L = make_q3_quants(x.reshape(nb * 16, 16), 4)
     scales = scales.reshape(nb, 16); L = L.reshape(nb, 16, 16)
-    idx = np.argmax(np.abs(scales), axis=-1)
-    max_scale = np.take_along_axis(scales, idx[:, None], axis=-1)[:, 0]
+    max_scale = _abs_max_signed(scales)[:, 0]
     has = max_scale != 0
     iscale = (F32(-32) / np.where(has, max_scale, F32(1))).astype(F32)
     l = np.clip(nearest_int(iscale[:, None] * scales), -32, 31) + 32
@@ -505,16 +501,10 @@ def _q_q3_K(x):
     d16 = _to_f16_bytes(np.where(has, F32(1) / iscale, F32(0)).astype(F32))
     sc = q3_k_scales(packed).astype(F32)
     d = (_f16(d16) * sc).astype(F32)[:, :, None]
-    ok = d != 0
-    L = np.where(ok, np.clip(nearest_int(x.reshape(nb, 16, 16) / np.where(ok, d, F32(1))), -4, 3) + 4, L)
-    L = L.reshape(nb, QK_K)
+    L = _requant(x.reshape(nb, 16, 16), d, None, -4, 3, L).reshape(nb, QK_K)
     high = L > 3
     low = np.where(high, L - 4, L)
-    hbits = high.reshape(nb, 8, 32).astype(np.uint8)
-    hmask = np.zeros((nb, 32), np.uint8)
-    for j in range(8):
-        hmask |= hbits[:, j] << j
-    return np.concatenate([hmask, _pack_crumbs(low), packed, d16], axis=-1)
+    return np.concatenate([_pack_bit_planes(high), _pack_crumbs(low), packed, d16], axis=-1)
 
 
 def _q_k4_common(x, nmax, rmin, rdelta, nstep):
@@ -538,8 +528,7 @@ def _q_k4_common(x, nmax, rmin, rdelta, nstep):
     sc, m = k_scale_min(packed)
     d = (_f16(d16) * sc.astype(F32)).astype(F32)[:, :, None]
     dm = (_f16(m16) * m.astype(F32)).astype(F32)[:, :, None]
-    Lr = _requant(x.reshape(nb, 8, 32), d, dm, 0, nmax)
-    L = np.where(Lr >= 0, Lr, L.reshape(nb, 8, 32)).reshape(nb, QK_K)
+    L = _requant(x.reshape(nb, 8, 32), d, dm, 0, nmax, L.reshape(nb, 8, 32)).reshape(nb, QK_K)
     return d16, m16, packed, L
 
 
@@ -554,12 +543,10 @@ def _q_q4_K(x):
 def _q_q5_K(x):
     d16, m16, packed, L = _q_k4_common(x, 31, -0.5, 0.1, 15)
     nb = x.shape[0]
-    L = L.astype(np.uint8).reshape(nb, 4, 2, 32)
+    L = L.astype(np.uint8)
+    qh = _pack_bit_planes((L >> 4) & 1)
+    L = L.reshape(nb, 4, 2, 32)
     qs = ((L[:, :, 0] & 0x0F) | ((L[:, :, 1] & 0x0F) << 4)).reshape(nb, 128)
-    qh = np.zeros((nb, 32), np.uint8)
-    for j in range(4):
-        qh |= ((L[:, j, 0] >> 4) & 1) << (2 * j)
-        qh |= ((L[:, j, 1] >> 4) & 1) << (2 * j + 1)
     return np.concatenate([d16, m16, packed, qh, qs], axis=-1)
 
 
@@ -567,17 +554,13 @@ def _q_q6_K(x):
     nb = x.shape[0]
     scales, L = make_qx_quants_rmse1(x.reshape(nb * 16, 16), 32)
     scales = scales.reshape(nb, 16); L = L.reshape(nb, 16, 16)
-    idx = np.argmax(np.abs(scales), axis=-1)
-    max_scale = np.take_along_axis(scales, idx[:, None], axis=-1)[:, 0]
-    zero = np.abs(max_scale) < GROUP_MAX_EPS
-    iscale = (F32(-128) / np.where(zero, F32(1), max_scale)).astype(F32)
+    max_scale, zero = _group_max(scales)
+    iscale = (F32(-128) / max_scale).astype(F32)
     d16 = _to_f16_bytes(np.where(zero, F32(0), F32(1) / iscale).astype(F32))
     sc = np.minimum(127, nearest_int(iscale[:, None] * scales)).astype(np.int8)
     sc = np.where(zero[:, None], np.int8(0), sc)
     d = (_f16(d16) * sc.astype(F32)).astype(F32)[:, :, None]
-    ok = d != 0
-    Lr = np.clip(nearest_int(x.reshape(nb, 16, 16) / np.where(ok, d, F32(1))), -32, 31) + 32
-    L = np.where(ok, Lr, L).reshape(nb, QK_K)
+    L = _requant(x.reshape(nb, 16, 16), d, None, -32, 31, L).reshape(nb, QK_K)
     L = np.where(zero[:, None], 0, L).astype(np.uint8).reshape(nb, 2, 4, 32)
     ql = np.concatenate([L[:, :, 0] & 0x0F | ((L[:, :, 2] & 0x0F) << 4),
                          L[:, :, 1] & 0x0F | ((L[:, :, 3] & 0x0F) << 4)], axis=-1).reshape(nb, 128)
@@ -589,8 +572,8 @@ def _q_q6_K(x):
 
 
 _QUANT = {
-    GGMLType.Q4_0: _q_q4_0, GGMLType.Q4_1: _q_q4_1, GGMLType.Q5_0: _q_q5_0,
-    GGMLType.Q5_1: _q_q5_1, GGMLType.Q8_0: _q_q8_0, GGMLType.Q2_K: _q_q2_K,
+    **{t: partial(_q_block32, bits=b, with_min=m) for t, (b, m) in _BLOCK32.items()},
+    GGMLType.Q8_0: _q_q8_0, GGMLType.Q2_K: _q_q2_K,
     GGMLType.Q3_K: _q_q3_K, GGMLType.Q4_K: _q_q4_K, GGMLType.Q5_K: _q_q5_K,
     GGMLType.Q6_K: _q_q6_K,
 }
@@ -631,8 +614,7 @@ def quantize_q8_K(x):
     x = np.asarray(x, dtype=F32)
     k = x.shape[-1]
     b = x.reshape(-1, QK_K)
-    idx = np.argmax(np.abs(b), axis=-1)
-    mx = np.take_along_axis(b, idx[:, None], axis=-1)[:, 0]
+    mx = _abs_max_signed(b)[:, 0]
     zero = mx == 0
     iscale = (F32(-127) / np.where(zero, F32(1), mx)).astype(F32)
     q = np.minimum(127, nearest_int(iscale[:, None] * b)).astype(np.int8)
