@@ -33,8 +33,7 @@
 #include <string.h>
 #include "ed_types.h"
 
-static float ED_PM_H2F[65536];  /* F16 bits -> float */
-#define ED_PM_F(h) ED_PM_H2F[(uint16_t)(h)]
+#define ED_PM_F(h) ED_H2F_TABLE[(uint16_t)(h)]  /* F16 bits -> float (ed_types.h) */
 
 /* the reduction tree of a 16-lane float register */
 static inline float ed_pm_hsum16(const float *l) {
@@ -73,7 +72,6 @@ static ed_half ED_PM_GELU[65536];
 static void ed_pm_init(void) {
     for (int i = 0; i < 65536; i++) {
         const float x = ed_fp16_to_fp32((ed_half)i);
-        ED_PM_H2F[i] = x;
         const float g = 0.5f * x * (1.0f + tanhf(0.79788456080286535587989211986876f * x *
                                                  fmaf(0.044715f * x, x, 1.0f)));
         ED_PM_GELU[i] = ed_fp32_to_fp16(g);

@@ -590,7 +590,7 @@ static float ED_T512V ed_z_dot_q5_0(int n, const void *vx, const void *vy) {
  * vector operations per block. */
 static inline __attribute__((always_inline)) void ED_T512V
 ed_z_pair_blk(__m512i u2, ed_half d, const uint8_t *pa, size_t ps, int np, int ib, __m512 *acc) {
-    const __m512 dx = _mm512_set1_ps(_cvtsh_ss(d));
+    const __m512 dx = _mm512_set1_ps(ED_H2F_TABLE[d]);  /* a load, not a conversion */
     for (int p = 0; p < np; p++) {
         const uint8_t *b = pa + p * ps + (size_t)ib * ED_PAIR_BLK_Q8_0;
         const __m512i s = _mm512_dpbusd_epi32(_mm512_loadu_si512((const void *)(b + 128)), u2,

@@ -435,7 +435,13 @@ static ed_traits ED_TRAITS[ED_NTYPES];
 static ed_act_traits ED_ACT[ED_NTYPES];
 static const char *ED_PATH = "generic";
 
+/* F16 bits -> float for every half (the exact conversion), for kernels that would rather load
+ * a float than convert; filled by ed_types_init_generic */
+static float ED_H2F_TABLE[65536];
+
 static void ed_types_init_generic(void) {
+    if (ED_H2F_TABLE[0x3C00] != 1.0f)
+        for (int i = 0; i < 65536; i++) ED_H2F_TABLE[i] = ed_fp16_to_fp32((ed_half)i);
     memset(ED_TRAITS, 0, sizeof ED_TRAITS);
     ED_TRAITS[ED_F32] = (ed_traits){1, 4, ED_F32, ed_dot_f32};
     ED_TRAITS[ED_F16] = (ed_traits){1, 2, ED_F16, ed_dot_f16};
