@@ -70,7 +70,8 @@ typedef struct {
     size_t att_stride;
     uint16_t *qh;        /* (n_threads, head_dim) f16 query of the current head */
     float *vacc;         /* (n_threads, 80 * head_dim) lanes of the softmax x V sums + reduction */
-    uint8_t *xq;         /* (n_batch, quantized row of max(n_embd, n_ff, q dims) ) */
+    uint8_t *xq;         /* (n_batch, quantized row of max(n_embd, n_ff, q dims)), or a decode
+                            batch's rows with their pair areas (ed_same_act_bytes) */
     size_t xq_row;       /* bytes per quantized activation row */
     uint8_t *gemm;       /* (n_threads, gemm_bytes) packed-panel scratch (ed_gemm.h) */
     size_t gemm_bytes;
