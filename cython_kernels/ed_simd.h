@@ -682,44 +682,54 @@ ED_Z_PAIR_FN(q4_0)
 #undef ED_Z_PAIR_FN
 #undef ED_Z_PAIR_BODY
 
-/* Q4_K on Q8_K pair areas: dot_q4_K's 8 lanes per session (the sub-block scales times the
- * sums of 4 products, exact; dpwssd is madd + add in one), one FMA per super-block with
- * y.d * x.d, the mins through dot_q4_K's 4-lane sum per session, subtracted at the end. */
+/* Q4_K and Q5_K on Q8_K pair areas: dot_q4_K's / dot_q5_K's 8 lanes per session (the
+ * sub-block scales times the sums of 4 products, exact; dpwssd is madd + add in one), one FMA
+ * per super-block with y.d * x.d, the mins through the dot's 4-lane sum per session,
+ * subtracted at the end. `five` (a constant) selects Q5_K: each value's fifth bit from qh. */
 static inline __attribute__((always_inline)) void ED_T512V
-ed_z_pair_q4_K_body(int n, const void *vx, const void *vy, size_t ys, const int nc, float *out, size_t lo) {
-    const blk_q4_K *x = vx;
+ed_z_pair_k45_body(int n, const void *vx, const void *vy, size_t ys, const int nc, float *out, size_t lo, const int five) {
     const int nb = n / QKK, np = (nc + 1) / 2;
     const uint8_t *pa = ED_SAME_PAIR(ED_Q8_K, vy, nb);
     __m512 acc[ED_MAX_COLS / 2];
     __m128 accm[ED_MAX_COLS];
     for (int p = 0; p < np; p++) acc[p] = _mm512_setzero_ps();
     for (int c = 0; c < nc; c++) accm[c] = _mm_setzero_ps();
-    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    const __m512i m4 = _mm512_set1_epi8(0x0F), one = _mm512_set1_epi8(1);
     for (int i = 0; i < nb; i++) {
-        for (int p = 0; p < (int)sizeof(blk_q4_K); p += 64)
-            _mm_prefetch((const char *)(x + i) + ED_PREFETCH + p, _MM_HINT_T0);
-        const __m256i sm = ed_avx512_k4_scales_mins(x[i].scales);
+        const blk_q4_K *x4 = (const blk_q4_K *)vx + i;
+        const blk_q5_K *x5 = (const blk_q5_K *)vx + i;
+        const uint8_t *xs = five ? x5->scales : x4->scales, *qs = five ? x5->qs : x4->qs;
+        const ed_half xd = five ? x5->d : x4->d, xdmin = five ? x5->dmin : x4->dmin;
+        const int bsz = five ? (int)sizeof(blk_q5_K) : (int)sizeof(blk_q4_K);
+        for (int p = 0; p < bsz; p += 64)
+            _mm_prefetch((const char *)vx + (size_t)i * bsz + ED_PREFETCH + p, _MM_HINT_T0);
+        const __m256i sm = ed_avx512_k4_scales_mins(xs);
         const __m512i scales = _mm512_broadcast_i32x4(_mm256_castsi256_si128(sm));
-        const float mx = _cvtsh_ss(x[i].dmin);
+        const float mx = ED_H2F_TABLE[xdmin];
         for (int c = 0; c < nc; c++) {
             const blk_q8_K *y = (const blk_q8_K *)((const uint8_t *)vy + c * ys) + i;
             accm[c] = _mm_fmadd_ps(_mm_set1_ps(y->d * mx), _mm_cvtepi32_ps(ed_avx512_k4_min_sums(sm, y->bsums)), accm[c]);
         }
+        const __m512i hb = five ? _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)x5->qh)) : _mm512_setzero_si512();
         const uint8_t *b = pa + (size_t)i * ED_PAIR_BLK_Q8_K;
         __m512i sumi[ED_MAX_COLS / 2];
         for (int p = 0; p < np; p++) sumi[p] = _mm512_setzero_si512();
         for (int j = 0; j < 4; j++) {
             const __m512i sl = _mm512_shuffle_epi8(scales, _mm512_set1_epi16((short)((4 * j + 1) << 8 | (4 * j))));
             const __m512i sh = _mm512_shuffle_epi8(scales, _mm512_set1_epi16((short)((4 * j + 3) << 8 | (4 * j + 2))));
-            const __m512i q4 = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(x[i].qs + 32 * j)));
-            const __m512i l = _mm512_and_si512(q4, m4), h = _mm512_and_si512(_mm512_srli_epi16(q4, 4), m4);
+            const __m512i q4 = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(qs + 32 * j)));
+            __m512i l = _mm512_and_si512(q4, m4), h = _mm512_and_si512(_mm512_srli_epi16(q4, 4), m4);
+            if (five) {
+                l = _mm512_or_si512(l, _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(hb, 2 * j), one), 4));
+                h = _mm512_or_si512(h, _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(hb, 2 * j + 1), one), 4));
+            }
             for (int p = 0; p < np; p++) {
                 const uint8_t *bp = b + p * 2 * ys + 128 * j;
                 sumi[p] = _mm512_dpwssd_epi32(sumi[p], _mm512_maddubs_epi16(l, _mm512_loadu_si512((const void *)bp)), sl);
                 sumi[p] = _mm512_dpwssd_epi32(sumi[p], _mm512_maddubs_epi16(h, _mm512_loadu_si512((const void *)(bp + 64))), sh);
             }
         }
-        const __m512 dx = _mm512_set1_ps(_cvtsh_ss(x[i].d));
+        const __m512 dx = _mm512_set1_ps(ED_H2F_TABLE[xd]);
         for (int p = 0; p < np; p++)
             acc[p] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_loadu_ps((const float *)(b + p * 2 * ys + 512)), dx),
                                      _mm512_cvtepi32_ps(sumi[p]), acc[p]);
@@ -729,14 +739,16 @@ ed_z_pair_q4_K_body(int n, const void *vx, const void *vy, size_t ys, const int 
                       - ed_avx512_hsum128(accm[c]);
 }
 
-static void ED_T512V ed_z_pair_q4_K(int n, const void *vx, const void *vy, size_t ys, int nc, float *out, size_t lo) {
-    switch (nc) {
-    case 1: ed_z_pair_q4_K_body(n, vx, vy, ys, 1, out, lo); break;
-    case 2: ed_z_pair_q4_K_body(n, vx, vy, ys, 2, out, lo); break;
-    case 3: ed_z_pair_q4_K_body(n, vx, vy, ys, 3, out, lo); break;
-    default: ed_z_pair_q4_K_body(n, vx, vy, ys, 4, out, lo); break;
-    }
-}
+#define ED_Z_PAIR_K(name, five) \
+    static void ED_T512V ed_z_pair_##name(int n, const void *vx, const void *vy, size_t ys, int nc, float *out, size_t lo) { \
+        switch (nc) { \
+        case 1: ed_z_pair_k45_body(n, vx, vy, ys, 1, out, lo, five); break; \
+        case 2: ed_z_pair_k45_body(n, vx, vy, ys, 2, out, lo, five); break; \
+        case 3: ed_z_pair_k45_body(n, vx, vy, ys, 3, out, lo, five); break; \
+        default: ed_z_pair_k45_body(n, vx, vy, ys, 4, out, lo, five); break; } }
+ED_Z_PAIR_K(q4_K, 0)
+ED_Z_PAIR_K(q5_K, 1)
+#undef ED_Z_PAIR_K
 
 /* Chosen by measurement on Sapphire Rapids (best of 30, tools/bench_kernels.py-like runs):
  * 512-bit wins for Q4_K tiles (+20%) and the Q6_K single dot (+20%); the 256-bit VNNI build
@@ -759,6 +771,7 @@ static void ed_avx512_install_wide(void) {
         ED_MDOT_SAME[ED_Q5_0] = ed_z_pair_q5_0;
         ED_MDOT_SAME[ED_Q4_0] = ed_z_pair_q4_0;
         ED_MDOT_SAME[ED_Q4_K] = ed_z_pair_q4_K;
+        ED_MDOT_SAME[ED_Q5_K] = ed_z_pair_q5_K;
         ED_SAME_PAIRS = ED_PAIRS_Q8_0 | ED_PAIRS_Q8_K;
     }
 }
