@@ -232,28 +232,34 @@ def _mgf1_sha256(seed, length):
 _SHA256_DIGEST_INFO = bytes.fromhex("3031300d060960864801650304020105000420")
 
 
+MADE_PKCS1, MADE_PSS = 2, 1   # made_by's answers: certain, probable
+
+
 def made_by(public_key, signature):
-    """True when `signature` was made with this key's private half over *some* SHA-256 digest
-    (its PKCS#1 v1.5 or PSS encoding opens correctly). Tells "right key, wrong bytes" (bad
-    signature) from "another key" (unknown key) for detached signatures, which name no key."""
+    """Whether `signature` was made with this key's private half over *some* SHA-256 digest:
+    MADE_PKCS1 when its PKCS#1 v1.5 encoding opens (a fixed 200-odd-byte pattern: certain),
+    MADE_PSS when its PSS encoding does (the 0xbc trailer and the 0x01 separator: about 1 in
+    32768 signatures by another key pass this too, with a maximal salt), else 0. Tells "right
+    key, wrong bytes" (bad signature) from "another key" (unknown key) for detached
+    signatures, which name no key."""
     numbers = public_key.public_numbers()
     k = (public_key.key_size + 7) // 8
     s = int.from_bytes(signature, "big")
     if len(signature) != k or s >= numbers.n:
-        return False
+        return 0
     em = pow(s, numbers.e, numbers.n).to_bytes(k, "big")
     if em == b"\x00\x01" + b"\xff" * (k - 54) + b"\x00" + _SHA256_DIGEST_INFO + em[-32:]:
-        return True
+        return MADE_PKCS1
     em_bits = public_key.key_size - 1  # RFC 8017 9.1.2: EM = maskedDB || H || 0xbc
     em_len = (em_bits + 7) // 8
     if em[: k - em_len].strip(b"\x00") or em[-1] != 0xBC:
-        return False
+        return 0
     em = em[k - em_len:]
     h = em[-33:-1]
     db = bytearray(a ^ b for a, b in zip(em[: em_len - 33], _mgf1_sha256(h, em_len - 33)))
     db[0] &= 0xFF >> (8 * em_len - em_bits)
     rest = bytes(db).lstrip(b"\x00")
-    return rest[:1] == b"\x01"
+    return MADE_PSS if rest[:1] == b"\x01" else 0
 
 
 @dataclass(frozen=True)
@@ -590,7 +596,10 @@ def _judge(path, trust, blocks, detached, digests, size):
             if algorithm:
                 return fp, "detached", ALGORITHM_NAMES[algorithm]
         # It names no key: find out whether a known key made it (over other bytes) at all.
-        makers = [fp for fp, public_key in trust.keys.items() if made_by(public_key, detached)]
+        # certain answers first: a PSS-shaped opening by another key must not outrank the key
+        # whose PKCS#1 v1.5 encoding opened
+        made = {fp: made_by(public_key, detached) for fp, public_key in trust.keys.items()}
+        makers = sorted((fp for fp in made if made[fp]), key=lambda fp: -made[fp])
         if makers and makers[0] in trust.revoked:
             refusals.append((REVOKED_KEY, f"{where} is by revoked key {makers[0]}"))
         elif makers:

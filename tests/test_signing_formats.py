@@ -376,3 +376,35 @@ def test_block_parser_finds_both_stacked_blocks():
         os.close(fd)
     assert [(b.offset, b.algorithm, b.fingerprint, len(b.signature)) for b in blocks] == [
         (516, signing.PKCS1V15, "ab" * 32, 256), (516 + 336, signing.PSS, "cd" * 32, 384)]
+
+
+def test_made_by_tells_certain_from_probable(keys):
+    """A detached signature names no key, so a refusal finds its maker by opening it with every
+    known key: a PKCS#1 v1.5 opening is certain, a PSS-shaped one only probable (about 1 in
+    32768 signatures by another key have that shape), and the certain maker is named first."""
+    from cryptography.hazmat.primitives import hashes
+    from cryptography.hazmat.primitives.asymmetric import padding
+
+    op, other = keys["operator"], keys["vendor"]
+    pkcs = op.key.sign(b"some bytes", padding.PKCS1v15(), hashes.SHA256())
+    pss = op.key.sign(b"some bytes", padding.PSS(padding.MGF1(hashes.SHA256()), padding.PSS.MAX_LENGTH),
+                      hashes.SHA256())
+    assert signing.made_by(op.key.public_key(), pkcs) == signing.MADE_PKCS1
+    assert signing.made_by(op.key.public_key(), pss) == signing.MADE_PSS
+    assert signing.made_by(other.key.public_key(), pkcs) == 0
+    assert signing.made_by(op.key.public_key(), b"\x00" * len(pkcs)) == 0
+    assert signing.made_by(op.key.public_key(), pkcs[:-1]) == 0
+
+
+def test_certain_maker_outranks_a_pss_shaped_match(tmp_path, model, keys, trust, monkeypatch):
+    """If another trusted (or revoked) key also opens a detached signature as PSS-shaped, the
+    key whose PKCS#1 v1.5 encoding opened is the one the refusal names."""
+    real = signing.made_by
+    op = keys["operator"].key.public_key().public_numbers()
+    monkeypatch.setattr(signing, "made_by", lambda pk, sig: real(pk, sig) if pk.public_numbers() == op
+                        else signing.MADE_PSS)
+    other = copy_model(tmp_path, "synthetic-llama-Q4_0.gguf", "other.gguf")
+    sign(other, keys["operator"], detached=True)
+    os.replace(other + ".sig", model + ".sig")
+    msg = refusal(model, trust, signing.BAD_SIGNATURE)
+    assert f"by key {keys['operator'].fp} but does not match" in msg
