@@ -59,7 +59,10 @@ static ed_mdot_fn ED_MDOT_SAME[ED_NTYPES];
  *     t + 1's; then each one's scale 8 times.
  * Row stride ed_same_act_bytes(), a multiple of 64 with pairs; other activation formats keep
  * the plain layout. */
-#define ED_SAME_DY(row, nb) ((const float *)((const uint8_t *)(row) + (((size_t)(nb) * sizeof(blk_q8_0) + 3) & ~(size_t)3)))
+#define ED_SAME_DY_OFF(nb) ((((size_t)(nb) * sizeof(blk_q8_0) + 3) & ~(size_t)3))
+#define ED_SAME_DY(row, nb) ((const float *)((const uint8_t *)(row) + ED_SAME_DY_OFF(nb)))
+/* bytes of a decode batch's Q8_0 row of nb blocks with its float scales (no pair area) */
+#define ED_SAME_Q8_0_BYTES(nb) (ED_SAME_DY_OFF(nb) + (size_t)(nb) * sizeof(float))
 #define ED_PAIR_BLK_Q8_0 192
 #define ED_PAIR_BLK_Q8_K 576
 enum { ED_PAIRS_Q8_0 = 1, ED_PAIRS_Q8_K = 2 };
@@ -67,8 +70,7 @@ static int ED_SAME_PAIRS = 0;  /* which formats carry pair areas on this path */
 
 /* bytes of a plain row (with the Q8_0 float scales) before the pair area, 64-aligned */
 static inline size_t ed_same_pair_off(int vt, int64_t nb) {
-    const size_t own = vt == ED_Q8_0 ? (((size_t)nb * sizeof(blk_q8_0) + 3) & ~(size_t)3) + (size_t)nb * sizeof(float)
-                                     : (size_t)nb * sizeof(blk_q8_K);
+    const size_t own = vt == ED_Q8_0 ? ED_SAME_Q8_0_BYTES(nb) : (size_t)nb * sizeof(blk_q8_K);
     return (own + 63) & ~(size_t)63;
 }
 #define ED_SAME_PAIR(vt, row, nb) ((const uint8_t *)(row) + ed_same_pair_off(vt, nb))
@@ -78,7 +80,7 @@ static size_t ed_same_act_bytes_for(int type, int64_t k, int pairs) {
     if (vt == ED_Q8_K && (pairs & ED_PAIRS_Q8_K)) return ed_same_pair_off(vt, k / QKK) + (size_t)(k / QKK) * ED_PAIR_BLK_Q8_K;
     if (vt != ED_Q8_0) return ed_act_row_bytes(type, k);
     if (pairs & ED_PAIRS_Q8_0) return ed_same_pair_off(vt, k / QK) + (size_t)(k / QK) * ED_PAIR_BLK_Q8_0;
-    return (((size_t)(k / QK) * sizeof(blk_q8_0) + 3) & ~(size_t)3) + (size_t)(k / QK) * sizeof(float);
+    return ED_SAME_Q8_0_BYTES(k / QK);
 }
 
 static size_t ed_same_act_bytes(int type, int64_t k) { return ed_same_act_bytes_for(type, k, ED_SAME_PAIRS); }
@@ -739,16 +741,16 @@ ed_z_pair_k45_body(int n, const void *vx, const void *vy, size_t ys, const int n
                       - ed_avx512_hsum128(accm[c]);
 }
 
-#define ED_Z_PAIR_K(name, five) \
-    static void ED_T512V ed_z_pair_##name(int n, const void *vx, const void *vy, size_t ys, int nc, float *out, size_t lo) { \
-        switch (nc) { \
-        case 1: ed_z_pair_k45_body(n, vx, vy, ys, 1, out, lo, five); break; \
-        case 2: ed_z_pair_k45_body(n, vx, vy, ys, 2, out, lo, five); break; \
-        case 3: ed_z_pair_k45_body(n, vx, vy, ys, 3, out, lo, five); break; \
-        default: ed_z_pair_k45_body(n, vx, vy, ys, 4, out, lo, five); break; } }
-ED_Z_PAIR_K(q4_K, 0)
-ED_Z_PAIR_K(q5_K, 1)
-#undef ED_Z_PAIR_K
+static inline __attribute__((always_inline)) void ED_T512V
+ed_z_pair_q4_K_body(int n, const void *vx, const void *vy, size_t ys, int nc, float *out, size_t lo) {
+    ed_z_pair_k45_body(n, vx, vy, ys, nc, out, lo, 0);
+}
+static inline __attribute__((always_inline)) void ED_T512V
+ed_z_pair_q5_K_body(int n, const void *vx, const void *vy, size_t ys, int nc, float *out, size_t lo) {
+    ed_z_pair_k45_body(n, vx, vy, ys, nc, out, lo, 1);
+}
+ED_Z_TILE_T(ed_z_pair_q4_K, ED_T512V)
+ED_Z_TILE_T(ed_z_pair_q5_K, ED_T512V)
 
 /* Chosen by measurement on Sapphire Rapids (best of 30, tools/bench_kernels.py-like runs):
  * 512-bit wins for Q4_K tiles (+20%) and the Q6_K single dot (+20%); the 256-bit VNNI build
