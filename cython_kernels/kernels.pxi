@@ -295,8 +295,8 @@ def read_bandwidth_pass(const uint8_t[::1] buf, Pool pool=None):
 
 
 def default_threads():
-    """Physical cores in the allowed CPU set (edged.threads)."""
-    from edged.threads import default_threads as _dt
+    """Physical cores in the allowed CPU set (edged.engine.threads)."""
+    from edged.engine.threads import default_threads as _dt
     return _dt()
 
 
@@ -391,7 +391,7 @@ def attention(float[:, ::1] out, float[:, ::1] q, uint16_t[:, ::1] k_cache,
         ed_attention(&s, &m, 0, 0, 1, Qd)
 
 
-# --- compiled weight quantizers (ed_quant.h), the fast twin of edged.quants.quantize --------
+# --- compiled weight quantizers (ed_quant.h), the fast twin of edged.format.quants.quantize --------
 cdef extern from "ed_quant.h" nogil:
     int ed_quantize_row(int type, const float *x, void *y, int64_t k)
 
@@ -413,7 +413,7 @@ cdef void _q_task(void *arg, int ith, int nth) noexcept nogil:
 
 def quantize_rows(const float[:, ::1] x, int qtype, Pool pool=None):
     """Float rows (n, k) -> uint8 (n, row_bytes) quantized to `qtype` with llama.cpp's reference
-    algorithms (same bytes as edged.quants.quantize); rows split over the pool's threads."""
+    algorithms (same bytes as edged.format.quants.quantize); rows split over the pool's threads."""
     cdef int64_t n = x.shape[0], k = x.shape[1]
     if qtype < 0 or qtype >= 40 or ED_TRAITS[qtype].dot == NULL or ED_TRAITS[qtype].block == 1:
         raise ValueError(f"no compiled quantizer for ggml type {qtype}")
@@ -441,7 +441,7 @@ cdef extern from "ed_dequant.h" nogil:
 
 def dequantize_rows(float[:, ::1] out, const uint8_t[::1] w, int qtype, const int64_t[::1] rows=None):
     """out[i] = row rows[i] (or row i) of the weight matrix W (rows of out.shape[1] elements
-    of ggml type `qtype`), dequantized: the embedding lookup. Same bits as edged.quants."""
+    of ggml type `qtype`), dequantized: the embedding lookup. Same bits as edged.format.quants."""
     _check_type(qtype)
     cdef int64_t k = out.shape[1], n = out.shape[0], i, r
     cdef int blk = ED_TRAITS[qtype].block

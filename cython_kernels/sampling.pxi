@@ -1,5 +1,5 @@
 # The sampler's per-token work in compiled code (included from core.pyx, after forward.pxi). The
-# NumPy twin is edged.sampling.sample_reference; both take the same arguments and give the same
+# NumPy twin is edged.text.sampling.sample_reference; both take the same arguments and give the same
 # token (up to the rounding of a sum's order, ~1e-15).
 #
 # No full sort of the vocabulary. Every cut in the chain (top-k, top-p, min-p, the draw) is a

@@ -5,10 +5,10 @@ __version__ = "0.1.0"
 # Public names are imported lazily so that `edged --help` and the GGUF tools stay fast and
 # do not need the engine's compiled modules.
 _LAZY = {
-    "Model": "edged.model",
-    "Session": "edged.model",
-    "Tokenizer": "edged.tokenizer",
-    "GGUFFile": "edged.gguf",
+    "Model": "edged.engine.model",
+    "Session": "edged.engine.model",
+    "Tokenizer": "edged.text.tokenizer",
+    "GGUFFile": "edged.format.gguf",
 }
 
 

@@ -15,7 +15,9 @@ def build_parser():
     parser.add_argument("--version", action="version", version=f"edged {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for info in sorted(pkgutil.iter_modules(commands.__path__), key=lambda m: m.name):
-        importlib.import_module(f"{commands.__name__}.{info.name}").register(sub)
+        module = importlib.import_module(f"{commands.__name__}.{info.name}")
+        if hasattr(module, "register"):      # loadargs, progress: helpers shared by commands
+            module.register(sub)
     return parser
 
 

@@ -26,7 +26,7 @@ _KEY = {}
 def signing_key(tmp_path_factory):
     """(private key, trusted-keys dir) generated once per session."""
     if not _KEY:
-        from edged import signing
+        from edged.trust import signing
         key = signing.generate_key(2048)
         d = tmp_path_factory.mktemp("trusted")
         os.chmod(d, 0o755)
@@ -63,7 +63,7 @@ def add_chat_template(src, dst, template=TEMPLATE):
 def model_dir(tmp_path, key, models):
     """A model directory with models {NAME: source file}, each copied with a chat template
     and signed (appended signature) by `key`."""
-    from edged import signing
+    from edged.trust import signing
     d = tmp_path / "models"
     d.mkdir(exist_ok=True)
     os.chmod(d, 0o755)
@@ -94,7 +94,7 @@ def empty_models_dir(tmp_path):
 def needs_engine():
     """Skip when the engine's text layer or kernels have not been merged into this branch yet."""
     import importlib.util
-    for mod in ("edged.model", "edged.tokenizer", "edged.chat", "edged.quants"):
+    for mod in ("edged.engine.model", "edged.text.tokenizer", "edged.text.chat", "edged.format.quants"):
         if importlib.util.find_spec(mod) is None:
             pytest.skip(f"{mod} not available on this branch yet (engine/text/kernels not merged)")
 

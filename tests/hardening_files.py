@@ -4,7 +4,7 @@ import math
 import struct
 
 import gguf_bytes as gb
-from edged.gguf import Key
+from edged.format.gguf import Key
 
 ARCH = "llama"
 TOKENS = ["<unk>", "<s>", "</s>", "a"]

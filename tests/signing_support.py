@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from conftest import ROOT, testdata
-from edged import signing
+from edged.trust import signing
 
 OPENSSL = shutil.which("openssl")
 needs_openssl = pytest.mark.skipif(OPENSSL is None, reason="openssl CLI not installed")

@@ -5,9 +5,9 @@ import os
 import pytest
 
 from conftest import testdata_files
-from edged.chat import chat_template_from, load_template_file, render
+from edged.text.chat import chat_template_from, load_template_file, render
 from edged.errors import TemplateError
-from edged.gguf import GGUFFile
+from edged.format.gguf import GGUFFile
 
 TEMPLATES = testdata_files("templates", ".jinja")
 CONVERSATION = [
@@ -171,7 +171,7 @@ def test_operator_template_file(tmp_path):
 
 
 def test_model_without_template_gets_a_clear_error_or_the_operator_file(tmp_path):
-    from edged.chat import template_for
+    from edged.text.chat import template_for
     gguf = pytest.importorskip("gguf")
     path = tmp_path / "plain.gguf"
     w = gguf.GGUFWriter(str(path), "llama")

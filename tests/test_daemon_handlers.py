@@ -159,7 +159,7 @@ def test_long_prompt_chunked_prefill_matches_the_engine(tmp_path):
     """A prompt of several PREFILL_CHUNKs is evaluated chunk by chunk between decode rounds;
     the greedy text must be what the engine gives for the whole prompt at once."""
     from daemon_support import add_chat_template, stories
-    from edged.model import Model
+    from edged.engine.model import Model
     from edged.service.loader import PREFILL_CHUNK
     src = stories()
     d = make_daemon(tmp_path, default_model="tiny", ctx_size=1024, max_body_bytes=1 << 20)

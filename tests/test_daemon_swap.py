@@ -98,7 +98,7 @@ def test_sigterm_drains_in_flight_stream_then_exits_0(tmp_path, models):
 
 
 def test_sighup_rereads_trust_store(tmp_path, tmp_path_factory, models):
-    from edged import signing
+    from edged.trust import signing
     _, trusted = models
     other = signing.generate_key(2048)
     d = model_dir(tmp_path, other, {"delta": stories()})

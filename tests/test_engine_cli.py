@@ -72,8 +72,8 @@ def test_synth_makes_a_model_that_loads_and_generates(tmp_path):
 
 
 def test_synth_fallback_types_for_rows_not_multiple_of_256():
-    from edged.gguf import GGMLType
-    from edged.synth import tensor_type
+    from edged.format.gguf import GGMLType
+    from edged.format.synth import tensor_type
     assert tensor_type("attn_q", 896, "Q4_K_M") == GGMLType.Q5_0
     assert tensor_type("output", 896, "Q4_K_M") == GGMLType.Q8_0
     assert tensor_type("ffn_down", 4864, "Q4_K_M", il=0, n_layer=24) == GGMLType.Q6_K

@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 from edged.errors import RequestError
-from edged.sampling import Sampler, StopMatcher, sample_reference
+from edged.text.sampling import Sampler, StopMatcher, sample_reference
 
 
 def logits_fixture(n=1000, seed=0):
@@ -182,7 +182,7 @@ CONFIGS = [  # temperature, top_k, top_p, min_p, penalties (repeat, presence, fr
 
 
 def _run(config, kind, n, seed, n_tokens, compiled):
-    import edged.sampling as sampling
+    import edged.text.sampling as sampling
     rng = np.random.default_rng(seed)
     s = Sampler(n, seed=seed, **config)
     saved = sampling._compiled_sample

@@ -13,7 +13,7 @@ from conftest import ROOT, testdata_files
 from gguf_bytes import (ARR, BOOL, F32, STR, T_F32, T_Q4_0, U32, U64, build, kv_str, kv_u32, s,
                         tensor_info, valid_file)
 from edged.errors import ModelFormatError
-from edged.gguf import GGMLType, GGUFFile, Key
+from edged.format.gguf import GGMLType, GGUFFile, Key
 
 REAL_FILES = testdata_files("models", ".gguf") + testdata_files("vocab", ".gguf")
 

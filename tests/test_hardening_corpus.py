@@ -19,7 +19,7 @@ from hardening_files import (ARCH, TOKENS, header, kv_u32, kv_u32_array, llama_f
                              one_tensor, tokenizer_kvs)
 from edged.errors import (ModelFormatError, TemplateError, TokenizerError,
                           UnsupportedModelError)
-from edged.gguf import GGUFFile, Key
+from edged.format.gguf import GGUFFile, Key
 
 # --- the corpus: (id, bytes, error class, message pattern) -------------------------------------
 
@@ -123,7 +123,7 @@ def test_control_files_are_accepted(tmp_path):
 
 # --- engine load: hyperparameters ---------------------------------------------------------------
 
-arch = pytest.importorskip("edged.arch")
+arch = pytest.importorskip("edged.engine.arch")
 
 
 def validate(path):
@@ -165,9 +165,9 @@ def test_engine_refuses_absurd_hyperparameters(tmp_path, key, value, pattern):
 
 def tokenizer_or_skip():
     try:
-        from edged.tokenizer import Tokenizer
+        from edged.text.tokenizer import Tokenizer
     except ImportError:
-        pytest.skip("edged.tokenizer is not on this branch yet (text)")
+        pytest.skip("edged.text.tokenizer is not on this branch yet (text)")
     return Tokenizer
 
 
@@ -225,9 +225,9 @@ ATTACKS = [
 @pytest.mark.parametrize("name,template", ATTACKS, ids=[a[0] for a in ATTACKS])
 def test_chat_template_attack_is_refused(tmp_path, name, template):
     try:
-        from edged import chat
+        from edged.text import chat
     except ImportError:
-        pytest.skip("edged.chat is not on this branch yet (text)")
+        pytest.skip("edged.text.chat is not on this branch yet (text)")
     marker = tmp_path / "pwned"
     template = template.replace("'id'", f"'touch {marker}'")
     t0 = time.perf_counter()
@@ -239,9 +239,9 @@ def test_chat_template_attack_is_refused(tmp_path, name, template):
 
 def test_chat_template_from_the_file_is_sandboxed(tmp_path):
     try:
-        from edged import chat
+        from edged.text import chat
     except ImportError:
-        pytest.skip("edged.chat is not on this branch yet (text)")
+        pytest.skip("edged.text.chat is not on this branch yet (text)")
     marker = tmp_path / "pwned"
     evil = "{{ cycler.__init__.__globals__.os.popen('touch %s').read() }}" % marker
     path = write(tmp_path, "evil-template", llama_file(extra_kvs=[gb.kv_str(Key.CHAT_TEMPLATE, evil)]))

@@ -16,7 +16,7 @@ import pytest
 
 from conftest import ROOT
 from daemon_support import Server, empty_models_dir, running, signing_key, to_toml
-from edged import sandbox
+from edged.service import sandbox
 from test_hardening_corpus import READER_CASES, TOKENIZER_CASES
 
 pytest.importorskip("pyseccomp")
@@ -34,7 +34,7 @@ def trusted(tmp_path_factory):
 
 
 def sign(path, key, detached=True):
-    from edged import signing
+    from edged.trust import signing
     signing.sign_file(str(path), key, detached=detached)
 
 
@@ -156,7 +156,7 @@ def test_sandbox_on_deny_kill_kills_the_daemon_on_a_denied_call(tmp_path, truste
 def test_daemon_refuses_engine_and_tokenizer_corpus_files(tmp_path, trusted):
     """Files the reader accepts but the model load must refuse: block_count over 512 and bad
     tokenizer arrays. Each answers 422 naming the problem; the daemon keeps serving."""
-    pytest.importorskip("edged.tokenizer")
+    pytest.importorskip("edged.text.tokenizer")
     from hardening_files import llama_file, tokenizer_kvs
     key, keys_dir = trusted
     models = empty_models_dir(tmp_path)

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 import gguf_bytes as gb
 from hardening_files import llama_file, one_tensor
 from edged.errors import ModelFormatError, TemplateError
-from edged.gguf import GGUFFile
+from edged.format.gguf import GGUFFile
 
 EXAMPLES = int(os.environ.get("EDGED_FUZZ_EXAMPLES", "200"))
 # EDGED_FUZZ_RANDOM=1: fresh random inputs each run (default: the same inputs every run).
@@ -112,17 +112,17 @@ def test_reader_header_counts(n_kv, n_tensors, tail):
 
 def _chat_or_skip():
     try:
-        from edged import chat
+        from edged.text import chat
     except ImportError:
-        pytest.skip("edged.chat is not on this branch yet (text)")
+        pytest.skip("edged.text.chat is not on this branch yet (text)")
     return chat
 
 
 def _tokenizer_or_skip():
     try:
-        from edged.tokenizer import Tokenizer
+        from edged.text.tokenizer import Tokenizer
     except ImportError:
-        pytest.skip("edged.tokenizer is not on this branch yet (text)")
+        pytest.skip("edged.text.tokenizer is not on this branch yet (text)")
     return Tokenizer
 
 

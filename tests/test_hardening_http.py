@@ -203,7 +203,7 @@ def test_slow_clients_do_not_starve_the_daemon(daemon):
 def test_template_errors_are_not_server_errors():
     """A model's template that refuses the conversation is the request's problem (400); one
     that fails or tries to escape is the model's (422); neither is a 500."""
-    from edged import chat
+    from edged.text import chat
     from edged.errors import TemplateError
     from edged.service.api import error_for
     with pytest.raises(chat.TemplateRaised) as raised:
@@ -327,7 +327,7 @@ def test_tiny_repeat_penalty_cannot_hang_the_daemon(tmp_path_factory):
         assert reply.status == status, (value, reply.body)
     # and through the engine directly (the library API has no request validation)
     from daemon_support import stories
-    from edged.model import Model
+    from edged.engine.model import Model
     with Model.load(stories()) as m:
         out = list(m.session(64).generate("Once upon a time", max_tokens=4, temperature=1.0,
                                           repeat_penalty=1e-300, seed=1))

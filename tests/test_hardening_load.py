@@ -37,7 +37,7 @@ def rss_kib(pid):
 def engine_env():
     """The compiled CPU backend when it is built, else the NumPy reference backend."""
     try:
-        import edged.cpu  # noqa: F401
+        import edged.engine.cpu  # noqa: F401
     except ImportError:
         return {"EDGED_BACKEND": "reference"}
     return {}
@@ -50,7 +50,7 @@ def can_generate():
     """True when this checkout can load and run the test model (text layer and a backend)."""
     if "v" not in _CAN:
         try:
-            from edged.model import Model
+            from edged.engine.model import Model
             Model.load(stories(), backend=engine_env().get("EDGED_BACKEND")).close()
             _CAN["v"] = True
         except (Exception, pytest.skip.Exception):  # noqa: BLE001 - any missing piece: no
@@ -64,7 +64,7 @@ def trusted(tmp_path_factory):
 
 
 def signed_model(models, name, key, src=None):
-    from edged import signing
+    from edged.trust import signing
     path = models / f"{name}.gguf"
     if src is not None:
         add_chat_template(src, str(path))

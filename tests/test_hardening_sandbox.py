@@ -16,7 +16,7 @@ import pytest
 
 from conftest import ROOT
 
-from edged import sandbox
+from edged.service import sandbox
 
 pyseccomp = pytest.importorskip("pyseccomp")
 
@@ -25,7 +25,7 @@ LANDLOCK = sandbox.landlock_abi()
 PROBES = r'''
 import errno, json, os, socket, subprocess, sys, threading
 import numpy as np
-from edged import sandbox
+from edged.service import sandbox
 
 ro, rw, mode, on_deny = sys.argv[1:5]
 desc = sandbox.apply(mode, read_only=[ro], read_write=[rw], on_deny=on_deny)
@@ -154,7 +154,7 @@ def test_off_mode_changes_nothing(tmp_path):
 
 KILL = r'''
 import os, sys, threading
-from edged import sandbox
+from edged.service import sandbox
 sandbox.apply("enforce", read_only=[sys.argv[1]], read_write=[sys.argv[2]], on_deny="kill")
 t = threading.Thread(target=print, args=("thread ok",), kwargs={"flush": True})
 t.start(); t.join()
@@ -174,7 +174,7 @@ SERVER = r'''
 import asyncio, json, os, socket, sys
 import numpy as np
 from aiohttp import web
-from edged import sandbox
+from edged.service import sandbox
 
 ro, rw = sys.argv[1:3]
 sock = socket.socket(socket.AF_UNIX)
@@ -239,7 +239,7 @@ def test_bad_mode_and_double_apply_are_refused(tmp_path):
         sandbox.apply("enforce", on_deny="ignore")
     script = textwrap.dedent('''
         import sys
-        from edged import sandbox
+        from edged.service import sandbox
         sandbox.apply("log")
         try:
             sandbox.apply("log")
@@ -266,7 +266,7 @@ import pyseccomp as sc
 f = sc.SyscallFilter(sc.ALLOW)
 f.add_rule(sc.ERRNO(errno.EPERM), "capset")
 f.load()
-from edged import sandbox
+from edged.service import sandbox
 d = sandbox.apply("enforce", read_only=[sys.argv[1]], read_write=[sys.argv[2]])
 print(d["capabilities"], d["kernel"]["Seccomp_filters"], d["kernel"]["CapEff"])
 try:

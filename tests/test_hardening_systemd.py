@@ -84,7 +84,7 @@ def _copy_site(dst):
 
 def _model(payload, tmp_path):
     """A signed model the guest can serve when this checkout can run one; else an unloadable one."""
-    from edged import signing
+    from edged.trust import signing
     key = signing.generate_key(2048)
     keys = payload / "keys"
     keys.mkdir()

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from conftest import testdata
-from edged.gguf import GGMLType, TYPE_INFO
+from edged.format.gguf import GGMLType, TYPE_INFO
 from test_kernels_matmul import check_matmul, random_weights
 
 core = pytest.importorskip("edged._core")

@@ -1,5 +1,5 @@
 """Compiled dot products / matmul on every SIMD path this CPU supports, against the NumPy
-reference (edged.quants): W dequantized, activations quantized to the weight type's partner
+reference (edged.format.quants): W dequantized, activations quantized to the weight type's partner
 format (Q8_0 / Q8_1 / Q8_K / F16 / BF16) and dequantized, product in float64."""
 import os
 import subprocess
@@ -8,8 +8,8 @@ import sys
 import numpy as np
 import pytest
 
-from edged import quants
-from edged.gguf import GGMLType, TYPE_INFO
+from edged.format import quants
+from edged.format.gguf import GGMLType, TYPE_INFO
 
 core = pytest.importorskip("edged._core")
 

@@ -4,7 +4,7 @@ and the real thing on this machine: after a load with numa=distribute/isolate,
 import pytest
 
 from conftest import testdata
-from edged import threads
+from edged.engine import threads
 from test_kernels_threads import make_sysfs, two_nodes_smt  # noqa: F401  (fixture)
 
 
@@ -81,7 +81,7 @@ def _policy_at(maps, addr):
 @pytest.mark.parametrize("numa,policy", [("distribute", "interleave:0"), ("isolate", "prefer:")])
 def test_real_load_places_weights_and_arena(numa, policy, mmap):
     pytest.importorskip("edged._core")
-    from edged.model import Model
+    from edged.engine.model import Model
     import numpy as np
     import os
     path = testdata("models", "synthetic-llama-Q8_0.gguf")
@@ -118,7 +118,7 @@ def test_real_load_without_policy_leaves_default():
     pytest.importorskip("edged._core")
     code = """if True:
         import sys
-        from edged.model import Model
+        from edged.engine.model import Model
         m = Model.load(sys.argv[1], n_threads=1, numa="numactl", mmap=False)
         assert m.backend.memory_policy is None and not m.backend.memory_placed
         buf = m.backend.alloc(64, 8)
@@ -133,5 +133,5 @@ def test_real_load_without_policy_leaves_default():
 
 
 def test_sandbox_leaves_mbind_allowed():
-    from edged import sandbox
+    from edged.service import sandbox
     assert "mbind" not in sandbox.DENIED_SYSCALLS

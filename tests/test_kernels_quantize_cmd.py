@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from conftest import testdata
-from edged.gguf import GGUFFile, GGUFWriter, GGMLType, Key, ValueType
+from edged.format.gguf import GGUFFile, GGUFWriter, GGMLType, Key, ValueType
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MIXES = ["Q4_K_M", "Q5_K_M", "Q3_K_M", "Q2_K", "Q6_K", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1",
@@ -26,7 +26,7 @@ def test_quantize_equals_llama_quantize(mix, compiled, tmp_path):
     src = testdata("models", "synthetic-llama-f32.gguf")
     ref = GGUFFile.open(testdata("models", f"synthetic-llama-{mix}.gguf"))
     out = tmp_path / "out.gguf"
-    from edged.quantize import quantize_file
+    from edged.format.quantize import quantize_file
     quantize_file(src, str(out), mix, compiled=compiled)
     got = GGUFFile.open(str(out))
     assert list(got.tensors) == list(ref.tensors)
@@ -92,7 +92,7 @@ def test_writer_roundtrip_with_pypi_reader(tmp_path):
                                GGMLType.Q5_K, GGMLType.Q6_K], ids=lambda t: t.name)
 def test_compiled_quantizer_equals_numpy_reference(t):
     core = pytest.importorskip("edged._core")
-    from edged import quants
+    from edged.format import quants
     rng = np.random.default_rng(int(t))
     for rows in (1, 31, 33):
         x = (rng.standard_normal((rows, 512)) * rng.choice([1e-3, 1.0, 50.0], (rows, 1))).astype(np.float32)
@@ -109,7 +109,7 @@ def test_quantized_stories_loads_and_tracks_f32(mix, tmp_path):
     """stories260K (n_embd 64: no K-quant block fits, so llama.cpp's fallbacks apply) quantized
     by edged loads in edged and keeps the F32 model's greedy choices on the golden tokens."""
     from edged import Model
-    from edged.quantize import quantize_file
+    from edged.format.quantize import quantize_file
     src = testdata("models", "stories260K.gguf")
     out = tmp_path / f"stories-{mix}.gguf"
     types = quantize_file(src, str(out), mix)

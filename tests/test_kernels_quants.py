@@ -1,4 +1,4 @@
-"""edged.quants against independent oracles: the PyPI gguf package's dequantize (bit for bit on
+"""edged.format.quants against independent oracles: the PyPI gguf package's dequantize (bit for bit on
 random valid blocks) and llama.cpp's own quantizer output (synthetic-llama-<TYPE>.gguf made by
 llama-quantize from synthetic-llama-f32.gguf)."""
 import numpy as np
@@ -8,8 +8,8 @@ gguf = pytest.importorskip("gguf")
 import gguf.quants  # noqa: E402
 
 from conftest import testdata  # noqa: E402
-from edged import quants  # noqa: E402
-from edged.gguf import GGMLType, GGUFFile, TYPE_INFO  # noqa: E402
+from edged.format import quants  # noqa: E402
+from edged.format.gguf import GGMLType, GGUFFile, TYPE_INFO  # noqa: E402
 
 ALL = [GGMLType.F32, GGMLType.F16, GGMLType.BF16, GGMLType.Q8_0, GGMLType.Q4_0, GGMLType.Q4_1,
        GGMLType.Q5_0, GGMLType.Q5_1, GGMLType.Q2_K, GGMLType.Q3_K, GGMLType.Q4_K, GGMLType.Q5_K,

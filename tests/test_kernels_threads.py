@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from edged import threads
+from edged.engine import threads
 from edged.errors import ConfigError
 
 

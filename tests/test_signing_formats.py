@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 import conftest
-from edged import signing
+from edged.trust import signing
 from edged.errors import SignatureError
 from signing_support import (copy_model, edged, keys, make_trust_dir, needs_openssl,  # noqa: F401
                              openssl, refused, trust)
@@ -126,7 +126,7 @@ def test_signed_file_still_reads_with_the_gguf_package(model, keys):
 
 
 def test_verified_descriptor_maps_with_the_edged_reader(model, keys, trust):
-    from edged.gguf import GGUFFile
+    from edged.format.gguf import GGUFFile
 
     with GGUFFile.open(model) as f:
         expected = {name: f.tensor_bytes(name).tobytes() for name in f.tensors}

@@ -6,7 +6,7 @@ import subprocess
 
 import pytest
 
-from edged import signing
+from edged.trust import signing
 from edged.errors import SignatureError
 from signing_support import OPENSSL, edged, keys, make_trust_dir, needs_openssl, refused  # noqa: F401
 

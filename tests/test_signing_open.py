@@ -7,9 +7,9 @@ import threading
 
 import pytest
 
-from edged import signing
+from edged.trust import signing
 from edged.errors import SignatureError
-from edged.progressbar import ProgressBar
+from edged.commands.progress import ProgressBar
 from signing_support import copy_model, edged, keys, make_trust_dir, refused, trust  # noqa: F401
 
 

@@ -9,8 +9,8 @@ import pytest
 from conftest import testdata
 from edged import Tokenizer
 from edged.errors import TokenizerError
-from edged.gguf import Key
-from edged.tokenizer import PRE_TOKENIZERS, TokenType
+from edged.format.gguf import Key
+from edged.text.tokenizer import PRE_TOKENIZERS, TokenType
 
 
 @functools.lru_cache(maxsize=None)
@@ -191,7 +191,7 @@ def test_unknown_pre_tokenizer_is_refused_by_name(caplog):
     md = bpe_metadata(pre="no-such-pre")
     with pytest.raises(TokenizerError, match="'no-such-pre'"):
         Tokenizer(md)
-    with caplog.at_level(logging.WARNING, logger="edged.tokenizer"):
+    with caplog.at_level(logging.WARNING, logger="edged.text.tokenizer"):
         tok = Tokenizer(md, allow_unknown_pre=True)
     assert tok.pre == "default" and "no-such-pre" in caplog.text
 
@@ -243,7 +243,7 @@ def test_bad_merges_are_refused():
 
 
 def test_out_of_range_special_id_is_ignored(caplog):
-    with caplog.at_level(logging.WARNING, logger="edged.tokenizer"):
+    with caplog.at_level(logging.WARNING, logger="edged.text.tokenizer"):
         tok = Tokenizer(spm_metadata(**{Key.PAD_ID: 99999}))
     assert tok.pad_id is None and "99999" in caplog.text
 

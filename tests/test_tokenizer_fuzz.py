@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from conftest import testdata
 from edged import Tokenizer, _bpe
-from edged.tokenizer import (CJK_HANGUL, CL_CRLF, CL_L, CL_N, CL_P, CL_P_DEFAULT, CL_P_FALCON, CL_RANGES,
+from edged.text.tokenizer import (CJK_HANGUL, CL_CRLF, CL_L, CL_N, CL_P, CL_P_DEFAULT, CL_P_FALCON, CL_RANGES,
                              DEEPSEEK_LETTERS, DEEPSEEK_PUNCT, OP_DIGITS3, OP_ONE, OP_QWEN2, OP_QWEN35,
                              OP_NEWLINES, OP_RUN, OP_TRAIL_WS, OP_WS_RUN)
 
@@ -90,7 +90,7 @@ def test_qwen35_keeps_combining_marks_with_letters():
 
 
 def test_starcoder_splits_every_digit_and_falcon_groups_three():
-    from edged.tokenizer import PRE_TOKENIZERS
+    from edged.text.tokenizer import PRE_TOKENIZERS
     assert _bpe.PreTokenizer(PRE_TOKENIZERS["starcoder"].ops).split("abc 123") == ["abc", " ", "1", "2", "3"]
     assert _bpe.PreTokenizer(PRE_TOKENIZERS["falcon"].ops).split("x 12345") == ["x", " ", "123", "45"]
     assert _bpe.PreTokenizer(PRE_TOKENIZERS["deepseek-coder"].ops).split("a1\n") == ["a", "1", "\n"]
@@ -167,9 +167,9 @@ def test_partition_equals_llama_cpp_transcription(name, parts):
 @settings(max_examples=150, deadline=None)
 @given(parts=SPECIAL_PARTS)
 def test_partition_with_lstrip_and_rstrip_equals_transcription(parts):
-    from edged.tokenizer import A_LSTRIP, A_RSTRIP
+    from edged.text.tokenizer import A_LSTRIP, A_RSTRIP
     from test_tokenizer_behaviour import bpe_metadata
-    from edged.tokenizer import TokenType
+    from edged.text.tokenizer import TokenType
     tok = Tokenizer(bpe_metadata(extra=[("<a>", TokenType.CONTROL), ("<a><b>", TokenType.USER_DEFINED),
                                         ("<b>", TokenType.CONTROL), ("</s>", TokenType.USER_DEFINED)]))
     flags = [A_LSTRIP, A_RSTRIP, A_LSTRIP | A_RSTRIP, 0]

@@ -22,7 +22,7 @@ def vocab(name):
 def byte_level(name):
     """(rank of (left bytes, right bytes), id of bytes) from the vocabulary's own strings."""
     from edged import _bpe
-    from edged.gguf import GGUFFile, Key
+    from edged.format.gguf import GGUFFile, Key
     with GGUFFile.open(testdata("vocab", f"ggml-vocab-{name}.gguf")) as f:
         tokens, merges = f.metadata[Key.TOKENS], f.metadata[Key.MERGES]
     ranks = {}

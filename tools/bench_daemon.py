@@ -175,7 +175,7 @@ def main():
                     help="of the throughput requests (0: greedy, no sampling cost)")
     args = ap.parse_args()
     sys.path.insert(0, ROOT)
-    from edged import signing
+    from edged.trust import signing
 
     tmp = tempfile.mkdtemp(prefix="edged-bench-")
     try:

@@ -25,7 +25,7 @@ def main():
     ap.add_argument("--no-oracle", action="store_true", help="skip the (slow) PyPI gguf reader")
     args = ap.parse_args()
 
-    from edged.gguf import GGUFFile
+    from edged.format.gguf import GGUFFile
 
     def ours():
         GGUFFile.open(args.file).close()

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Benchmark model verification speed: SHA-256 over a file descriptor (edged.signing.hash_fd)
+"""Benchmark model verification speed: SHA-256 over a file descriptor (edged.trust.signing.hash_fd)
 and a whole `open_verified` of an appended-signed file, with a warm page cache.
 
     python tools/bench_hash.py [--size-mib 1024] [--repeat 3] [--dir DIR] [--file MODEL]
@@ -18,7 +18,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from edged import signing  # noqa: E402
+from edged.trust import signing  # noqa: E402
 
 
 def timed(fn, repeat):

@@ -15,8 +15,8 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 from edged import _core, quants  # noqa: E402
-from edged.gguf import GGMLType, TYPE_INFO  # noqa: E402
-from edged.threads import default_threads  # noqa: E402
+from edged.format.gguf import GGMLType, TYPE_INFO  # noqa: E402
+from edged.engine.threads import default_threads  # noqa: E402
 
 
 def best(fn, reps):

@@ -27,7 +27,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from edged import sampling  # noqa: E402
+from edged.text import sampling  # noqa: E402
 
 CONFIGS = [
     ("greedy", dict(temperature=0.0)),

@@ -22,7 +22,7 @@ import atheris  # noqa: E402
 
 with atheris.instrument_imports(include=["edged"]):
     from edged.errors import EdgedError, ModelFormatError, TemplateError, TokenizerError  # noqa: E402
-    from edged.gguf import GGUFFile  # noqa: E402
+    from edged.format.gguf import GGUFFile  # noqa: E402
 
 
 def gguf_target(data):
@@ -53,7 +53,7 @@ def gguf_seeds(corpus):
 
 def chat_target(data):
     with atheris.instrument_imports(include=["edged"]):
-        from edged import chat
+        from edged.text import chat
     fdp = atheris.FuzzedDataProvider(data)
     template = fdp.ConsumeUnicodeNoSurrogates(fdp.ConsumeIntInRange(0, 400))
     content = fdp.ConsumeUnicodeNoSurrogates(64)
@@ -89,7 +89,7 @@ def tokenizer_target(data):
 
 def tokenizer_setup():
     with atheris.instrument_imports(include=["edged"]):
-        from edged.tokenizer import Tokenizer
+        from edged.text.tokenizer import Tokenizer
     from hardening_files import llama_file, tokenizer_kvs
     tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)] + ["\u2581", "a", "\u2581a"]
     types = [2, 3, 3] + [6] * 256 + [1, 1, 1]

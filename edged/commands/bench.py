@@ -6,7 +6,7 @@ import time
 
 import numpy as np
 
-from ..loadargs import add_load_args, load_model
+from .loadargs import add_load_args, load_model
 
 
 def register(sub):

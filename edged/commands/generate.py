@@ -3,7 +3,7 @@ import json
 import sys
 import time
 
-from ..loadargs import add_load_args, load_model
+from .loadargs import add_load_args, load_model
 
 
 def register(sub):

@@ -4,7 +4,7 @@ import sys
 
 import numpy as np
 
-from ..gguf import GGUFFile
+from ..format.gguf import GGUFFile
 
 ARRAY_SHOWN = 8     # long arrays are abbreviated to their first elements and their length
 

@@ -4,7 +4,7 @@ import collections
 import json
 import sys
 
-from ..loadargs import add_load_args
+from .loadargs import add_load_args
 
 
 def register(sub):
@@ -24,10 +24,10 @@ def register(sub):
 
 def model_info(path, ctx_sizes=None):
     """Dict of facts about a model file, validated like a load, without backend buffers."""
-    from .. import arch as _arch
-    from ..backend import backend_class
-    from ..gguf import GGUFFile
-    from ..tokenizer import Tokenizer
+    from ..engine import arch as _arch
+    from ..engine.backends import backend_class
+    from ..format.gguf import GGUFFile
+    from ..text.tokenizer import Tokenizer
 
     with GGUFFile.open(path) as f:
         tok = Tokenizer.from_gguf_file(f)
@@ -65,7 +65,7 @@ def machine_info():
         from .. import _core
     except ImportError:
         return {"compiled": False}
-    from ..threads import describe
+    from ..engine.threads import describe
     out = {"compiled": True}
     out.update(describe())
     for name in ("kernel_path", "cpu_features", "available_paths"):

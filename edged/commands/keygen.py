@@ -1,7 +1,7 @@
 """`edged keygen`: make an RSA signing key pair for models."""
 import os
 
-from .. import signing
+from ..trust import signing
 from ..errors import ConfigError
 
 

@@ -4,7 +4,7 @@ import time
 
 
 def register(sub):
-    from ..quantize import ALIASES, MIXES
+    from ..format.quantize import ALIASES, MIXES
     p = sub.add_parser("quantize", help="quantize a GGUF model (Q4_K_M, Q8_0, ...)",
                        description="Quantize IN into OUT with llama.cpp's per-tensor type choices "
                        "and reference quantizers (no importance matrix). Metadata is copied; OUT "
@@ -17,7 +17,7 @@ def register(sub):
 
 
 def run(args):
-    from ..quantize import parse_mix, quantize_file
+    from ..format.quantize import parse_mix, quantize_file
     ftype = parse_mix(args.type)  # fail on a bad type before reading anything
     t0 = time.monotonic()
     tty = sys.stderr.isatty()

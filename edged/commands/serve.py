@@ -47,7 +47,7 @@ def run(args):
 def _check_sandbox(cfg, path):
     import os
 
-    from .. import sandbox
+    from ..service import sandbox
     from ..service.daemon import Daemon
 
     cfg.resolve_names()

@@ -5,7 +5,7 @@ import time
 
 
 def register(sub):
-    from ..synth import MIXES, SHAPES
+    from ..format.synth import MIXES, SHAPES
     p = sub.add_parser("synth", help="write a random-weight GGUF model of a known shape",
                        description="Random weights, real shapes and vocabulary size, quantized by "
                        "edged's own quantizer with llama.cpp's type mix. For benchmarks; the text "
@@ -18,7 +18,7 @@ def register(sub):
 
 
 def run(args):
-    from ..synth import synth
+    from ..format.synth import synth
     t0 = time.perf_counter()
 
     def progress(i, n):

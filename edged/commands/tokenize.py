@@ -3,7 +3,7 @@ tokenizer. Works on vocab-only GGUF files."""
 import json
 import sys
 
-from ..tokenizer import Tokenizer
+from ..text.tokenizer import Tokenizer
 
 
 def register(sub):

@@ -2,8 +2,8 @@
 import os
 import sys
 
-from .. import signing
-from ..progressbar import ProgressBar
+from ..trust import signing
+from .progress import ProgressBar
 
 
 def register(subparsers):

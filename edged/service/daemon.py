@@ -26,7 +26,7 @@ from .transport import make_app, open_socket
 def load_trust(cfg):
     """The trust store from cfg.trusted_keys / cfg.revoked_keys (None when signatures are optional
     and no key directory exists)."""
-    from .. import signing
+    from ..trust import signing
     if not os.path.isdir(cfg.trusted_keys):
         if cfg.require_signature:
             raise ConfigError(f"config key 'trusted_keys': {cfg.trusted_keys} is not a directory "
@@ -103,7 +103,7 @@ class Daemon:
         if self.cfg.sandbox == "off":
             return
         try:
-            from .. import sandbox
+            from . import sandbox
         except ImportError:
             log.warning("sandbox = %r but this build has no sandbox module; running unconfined", self.cfg.sandbox)
             return

@@ -139,8 +139,8 @@ class Loader:
         opens the model through open_verified again, which the verification cache answers
         without re-hashing an unchanged file (a replaced file misses the cache and is verified
         afresh), and maps that very descriptor up to the signed length."""
-        from .. import signing
-        from ..model import Model
+        from ..trust import signing
+        from ..engine.model import Model
 
         cfg = self.cfg
         t0 = time.monotonic()
@@ -179,7 +179,7 @@ class Loader:
 
 def describe_error(e):
     """(status, type, code) for an error raised while loading a model."""
-    from ..chat import TemplateRaised
+    from ..text.chat import TemplateRaised
     from ..errors import (CapacityError, ModelFormatError, SignatureError, TemplateError,
                           TokenizerError, UnsupportedModelError)
     if isinstance(e, TemplateRaised):       # the model's template refused this conversation

@@ -259,7 +259,7 @@ def _identity(path):
 def _has_signature(path):
     """Whether a signature is present (detached .sig or appended block), without verifying it:
     only the file's tail is read. Verification happens at load."""
-    from .. import signing
+    from ..trust import signing
     if os.path.exists(path + ".sig"):
         return True
     try:

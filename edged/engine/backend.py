@@ -6,16 +6,13 @@ runs one forward step and hands logits back. The Session drives exactly these ca
 accelerator backend (an NPU vendor's) plugs in here without touching the engine.
 
 Backends: "cpu" (compiled, default) and "reference" (NumPy, for tests and debugging),
-chosen with EDGED_BACKEND or Model.load(backend=...).
+chosen with EDGED_BACKEND or Model.load(backend=...) (engine/backends.py).
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import numpy as np
-
-from .errors import ConfigError
 
 
 @dataclass(frozen=True)
@@ -88,13 +85,3 @@ class Backend:
     def close(self) -> None:
         pass
 
-
-def backend_class(name=None):
-    name = name or os.environ.get("EDGED_BACKEND", "") or "cpu"
-    if name == "reference":
-        from .reference import ReferenceBackend
-        return ReferenceBackend
-    if name == "cpu":
-        from .cpu import CPUBackend
-        return CPUBackend
-    raise ConfigError(f"EDGED_BACKEND={name!r}: unknown backend (cpu, reference)")

@@ -13,10 +13,10 @@ import collections
 
 import numpy as np
 
-from .errors import RequestError
+from ..errors import RequestError
 
 try:
-    from ._core import sample_logits as _compiled_sample, sample_work_bytes as _work_bytes
+    from .._core import sample_logits as _compiled_sample, sample_work_bytes as _work_bytes
 except ImportError:  # reference build without the compiled core
     _compiled_sample = _work_bytes = None
 

@@ -16,16 +16,16 @@ import re
 
 import numpy as np
 
-from .errors import TokenizerError
-from .gguf import GGUFFile, Key
+from ..errors import TokenizerError
+from ..format.gguf import GGUFFile, Key
 
 try:
-    from . import _bpe
+    from .. import _bpe
 except ImportError as e:        # pragma: no cover - a build problem, not a runtime condition
     raise ImportError("edged's compiled tokenizer core (edged._bpe) is missing: build it with "
                       "`python setup.py build_ext --inplace`") from e
 
-log = logging.getLogger("edged.tokenizer")
+log = logging.getLogger("edged.text.tokenizer")
 
 
 class TokenType(enum.IntEnum):

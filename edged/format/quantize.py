@@ -4,7 +4,7 @@ Which tensor gets which type follows llama.cpp's llama_tensor_get_type (no impor
 1-D tensors and norms stay as they are; `output.weight` (and tied `token_embd.weight`) get Q6_K
 unless the mix is Q8_0; attn_v / ffn_down get more bits on "use_more_bits" layers in the _M
 mixes; shapes a type's block does not divide fall back (Q4_K -> Q5_0, Q6_K -> Q8_0, ..., F16).
-The rows themselves are quantized by edged.quants (llama.cpp's reference algorithms).
+The rows themselves are quantized by edged.format.quants (llama.cpp's reference algorithms).
 
     quantize_file(src, dst, mix, progress=None)   writes dst atomically (temp file + rename)
 """
@@ -17,7 +17,7 @@ import tempfile
 import numpy as np
 
 from . import quants
-from .errors import ConfigError, UnsupportedModelError
+from ..errors import ConfigError, UnsupportedModelError
 from .gguf import (FileType, GGMLType, GGUFFile, GGUFWriter, Key, QUANTIZATION_VERSION,
                    TYPE_INFO, ValueType)
 
@@ -209,14 +209,14 @@ def _rows_as_float(f, name, r0, r1):
 
 def _row_quantizer(compiled, n_threads):
     """rows (n, k) float32 -> bytes: the compiled quantizer on a thread pool when built (same
-    bytes as the NumPy reference, tested), else edged.quants."""
+    bytes as the NumPy reference, tested), else edged.format.quants."""
     if compiled:
         try:
-            from . import _core
+            from .. import _core
         except ImportError:
             _core = None
         if _core is not None and hasattr(_core, "quantize_rows"):
-            from .threads import default_threads
+            from ..engine.threads import default_threads
             pool = _core.Pool(n_threads or default_threads())
 
             def q(x, t):

@@ -1,5 +1,5 @@
 """Benchmark models without downloads: real architectures' shapes and vocabulary sizes, random
-weights quantized by edged's own quantizer (edged.quants) with llama.cpp's type mixes.
+weights quantized by edged's own quantizer (edged.format.quants) with llama.cpp's type mixes.
 
 Weights are random rows drawn from a small pool of quantized random rows per (type, row
 length), so a 0.5B-parameter file takes seconds, yet every tensor has its full size and is
@@ -12,7 +12,7 @@ import os
 
 import numpy as np
 
-from .errors import ConfigError
+from ..errors import ConfigError
 from .gguf import GGMLType, GGUFWriter, Key, TYPE_INFO, ValueType
 
 SHAPES = {

@@ -1,6 +1,6 @@
 """The NumPy reference forward pass: slow, obvious, and the twin of the compiled one.
 
-Weights are dequantized once to float32 (edged.quants, itself checked against the PyPI gguf
+Weights are dequantized once to float32 (edged.format.quants, itself checked against the PyPI gguf
 package); matrix products run in float32, everything else (norms, RoPE, softmax) in float64.
 The KV cache is float16 like the compiled backend's, and like llama.cpp (no flash attention)
 the query and the softmax row are rounded to float16 for their products with it, and GELU
@@ -74,7 +74,7 @@ class ReferenceBackend(Backend):
 
     def __init__(self, spec, weights, n_threads=1, numa="none"):
         super().__init__(spec, weights, n_threads, numa)
-        from .quants import dequantize
+        from ..format.quants import dequantize
 
         self._w = {}
         for name, t in spec.tensors.items():

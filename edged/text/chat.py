@@ -12,8 +12,8 @@ import jinja2
 import jinja2.ext
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from .errors import TemplateError
-from .gguf import Key
+from ..errors import TemplateError
+from ..format.gguf import Key
 
 MAX_OUTPUT_CHARS = 1 << 20          # a prompt larger than 1 MiB of text is not a prompt
 MAX_SEQUENCE_REPEAT = 1 << 20       # 'x' * n and [..] * n are capped at this many items

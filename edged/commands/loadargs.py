@@ -1,7 +1,7 @@
 """Flags shared by the commands that load a model (generate, bench, info)."""
 import re
 
-from .errors import ConfigError
+from ..errors import ConfigError
 
 _UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
 
@@ -35,7 +35,7 @@ def add_load_args(p, threads=True):
 
 
 def load_model(args, n_ctx_plan=None):
-    from .model import Model
+    from ..engine.model import Model
     return Model.load(args.model, n_threads=getattr(args, "threads", None),
                       numa=getattr(args, "numa", "none"), mmap=not args.no_mmap,
                       mlock=args.mlock, trusted_keys=args.trusted_keys,

@@ -13,8 +13,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from .errors import UnsupportedModelError
-from .gguf import GGMLType, Key
+from ..errors import UnsupportedModelError
+from ..format.gguf import GGMLType, Key
 
 # Weight types the kernels run (llama.cpp block layouts). Anything else fails the load by name.
 SUPPORTED_TYPES = frozenset({
@@ -284,7 +284,7 @@ class _Tensors:
             _refuse(f"tensor {name!r} has type {tname}, which edged does not support"
                     + (" for a norm/bias vector" if vector and t.type in SUPPORTED_TYPES else ""))
         if shape and not vector:
-            from .gguf import TYPE_INFO
+            from ..format.gguf import TYPE_INFO
             bs = TYPE_INFO[t.type].block_size
             if shape[0] % bs:
                 _refuse(f"tensor {name!r}: row length {shape[0]} is not a multiple of the "

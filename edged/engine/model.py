@@ -19,9 +19,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import arch as _arch
-from .backend import backend_class
-from .errors import CapacityError, ConfigError, RequestError
-from .gguf import GGUFFile, Key
+from .backends import backend_class
+from ..errors import CapacityError, ConfigError, RequestError
+from ..format.gguf import GGUFFile, Key
 
 NUMA_POLICIES = ("none", "isolate", "distribute", "numactl")
 DEFAULT_N_BATCH = 512
@@ -103,7 +103,7 @@ class Model:
         self._verified = None
         self.signer = None
         if trusted_keys is not None or require_signature:
-            from . import signing
+            from ..trust import signing
             trust = trusted_keys
             if isinstance(trust, (str, os.PathLike)):
                 trust = signing.TrustStore.load(trust)
@@ -133,7 +133,7 @@ class Model:
     def _init(self, n_threads, numa, mmap, mlock, max_memory, backend, n_ctx_plan):
         f, log = self.file, self._log
         md = f.metadata
-        from .tokenizer import Tokenizer
+        from ..text.tokenizer import Tokenizer
         self.tokenizer = Tokenizer.from_gguf_file(f)
         if log:
             log(f"GGUF v{f.version}, {len(f.tensors)} tensors, data at offset {f.data_offset}, "
@@ -250,7 +250,7 @@ class Model:
         """Render `messages` with the model's chat template (or the named variant
         `tokenizer.chat_template.NAME`), or with an operator's template file, which takes
         precedence. A model with neither raises TemplateError; plain completion still works."""
-        from .chat import render, template_for
+        from ..text.chat import render, template_for
         tmpl = template_for(self.file, name=template_name, template_file=template_file)
         return render(tmpl, messages, add_generation_prompt=add_generation_prompt,
                       bos_token=self.tokenizer.token_piece(self.tokenizer.bos_id).decode(
@@ -399,7 +399,7 @@ class Session:
         stop: strings that end generation (they may span tokens; the text before them is
         emitted, the stop string is not). stats: optional dict filled with timings.
         """
-        from .sampling import Sampler, StopMatcher
+        from ..text.sampling import Sampler, StopMatcher
         tok = self.model.tokenizer
         ids = tok.encode(prompt, add_special=add_special, parse_special=parse_special) \
             if isinstance(prompt, str) else [int(t) for t in prompt]

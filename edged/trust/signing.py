@@ -41,7 +41,7 @@ from cryptography.exceptions import InvalidSignature, UnsupportedAlgorithm
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import padding, rsa, utils
 
-from .errors import SignatureError
+from ..errors import SignatureError
 
 DEFAULT_TRUSTED_DIR = "/etc/edged/trusted-keys"
 DEFAULT_REVOKED_FILE = "/etc/edged/revoked-keys"

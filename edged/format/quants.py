@@ -19,7 +19,7 @@ from functools import partial
 
 import numpy as np
 
-from .errors import UnsupportedModelError
+from ..errors import UnsupportedModelError
 from .gguf import GGMLType, TYPE_INFO
 
 QK = 32      # elements per block of the 32-block types

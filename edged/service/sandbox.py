@@ -48,9 +48,9 @@ import sys
 import sysconfig
 import time
 
-from .errors import EdgedError
+from ..errors import EdgedError
 
-log = logging.getLogger("edged.sandbox")
+log = logging.getLogger("edged.service.sandbox")
 
 MODES = ("enforce", "log", "off")
 ON_DENY = ("eperm", "kill")

@@ -11,11 +11,11 @@ import numpy as np
 
 from .arch import ROPE_NEOX, VECTOR_TYPES
 from .backend import Backend, BufferPlan
-from .errors import UnsupportedModelError
-from .gguf import GGMLType, TYPE_INFO
+from ..errors import UnsupportedModelError
+from ..format.gguf import GGMLType, TYPE_INFO
 
 try:
-    from . import _core
+    from .. import _core
 except ImportError as e:  # the service must not fall back silently to the reference path
     _core = None
     _IMPORT_ERROR = e
@@ -45,7 +45,7 @@ class CPUBackend(Backend):
     def __init__(self, spec, weights, n_threads=1, numa="none"):
         super().__init__(spec, weights, n_threads, numa)
         core = _require_core()
-        from .quants import dequantize
+        from ..format.quants import dequantize
         self._dequantize = dequantize
         supported = set(core.supported_types())
         hp = spec.hp
@@ -184,7 +184,7 @@ class CPUBackend(Backend):
     def profile(self, n_prompt=512):
         """Time per op kind for one prompt batch and for one token after it (ms)."""
         import time
-        from .sampling import Sampler
+        from ..text.sampling import Sampler
         n_prompt = max(1, n_prompt)
         buf = self.alloc(n_prompt + 8, n_prompt)
         rng = np.random.default_rng(0)

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ._gguf_scan import scan_strings   # compiled; no silent slow fallback
-from .errors import ModelFormatError
+from .._gguf_scan import scan_strings   # compiled; no silent slow fallback
+from ..errors import ModelFormatError
 
 GGUF_MAGIC = b"GGUF"
 GGUF_VERSIONS = (2, 3)

@@ -1,0 +1,1 @@
+"""Architecture table, model, backends and worker threads."""

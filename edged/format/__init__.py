@@ -1,0 +1,1 @@
+"""GGUF container, quantization types and the quantizer (no engine, no text)."""

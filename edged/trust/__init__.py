@@ -1,0 +1,1 @@
+"""Signatures: trust store, verification, signature blocks, signing."""
