@@ -1,4 +1,8 @@
-"""Build edged: every cython_kernels/NAME.pyx becomes the compiled module edged._NAME.
+"""Build edged: every cython_kernels/**/NAME.pyx becomes the compiled module edged._NAME.
+
+cython_kernels/ is grouped by layer like edged/: kernels/ (SIMD dot products, tiles, GEMM,
+quantizers per ISA), forward/ (the forward pass, thread pool, NUMA), sampling/, text/ (BPE),
+format/ (GGUF string scan). Every folder is on the include path, so sources include by name.
 
 The build is portable (no -march=native): SIMD variants are compiled per function with
 target attributes in the C headers and chosen at run time from the CPU's features.
@@ -25,6 +29,7 @@ CYTHON_DIRECTIVES = {
 COMPILE_ARGS = ["-O0", "-g", "-UNDEBUG"] if DEBUG else ["-O3", "-fno-math-errno", "-DNDEBUG"]
 COMPILE_ARGS += ["-std=gnu11", "-pthread", "-Wno-unused-function", "-Wno-unreachable-code"]
 LINK_ARGS = ["-pthread"]
+SOURCE_DIRS = ["cython_kernels"] + sorted(glob.glob("cython_kernels/*/"))
 # --------------------------------------------------------------------------------------------
 
 
@@ -40,15 +45,16 @@ def extensions():
         Extension(
             "edged._" + os.path.splitext(os.path.basename(pyx))[0],
             [pyx],
-            include_dirs=["cython_kernels"],
+            include_dirs=SOURCE_DIRS,
             extra_compile_args=COMPILE_ARGS,
             extra_link_args=LINK_ARGS,
             # the C headers the .pyx files include: a change to one rebuilds the module
-            depends=sorted(glob.glob("cython_kernels/*.h") + glob.glob("cython_kernels/*.inc")),
+            depends=sorted(glob.glob("cython_kernels/**/*.h", recursive=True) +
+                           glob.glob("cython_kernels/**/*.inc", recursive=True)),
         )
-        for pyx in sorted(glob.glob("cython_kernels/*.pyx"))
+        for pyx in sorted(glob.glob("cython_kernels/**/*.pyx", recursive=True))
     ]
-    return cythonize(exts, compiler_directives=CYTHON_DIRECTIVES, include_path=["cython_kernels"],
+    return cythonize(exts, compiler_directives=CYTHON_DIRECTIVES, include_path=SOURCE_DIRS,
                      force=DEBUG)
 
 

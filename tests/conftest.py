@@ -24,3 +24,31 @@ def testdata_files(sub, suffix):
 # Helpers, not tests: keep pytest from collecting them where test modules import them.
 testdata.__test__ = False
 testdata_files.__test__ = False
+
+
+# EDGED_REQUIRE_ALL=1 (set by .ci/run): a test that would skip because the shared data, the
+# compiled core or a test dependency is missing fails instead, so CI cannot pass by skipping.
+REQUIRE_ALL = os.environ.get("EDGED_REQUIRE_ALL", "") not in ("", "0")
+MISSING = ("shared test data missing", "shared template missing", "could not import",
+           "compiled sampler not built", "not on this branch yet", "not available on this branch")
+
+
+def _required(report):
+    if not (REQUIRE_ALL and report.skipped and isinstance(report.longrepr, tuple)):
+        return
+    reason = str(report.longrepr[2])
+    if any(m in reason for m in MISSING):
+        report.outcome = "failed"
+        report.longrepr = f"EDGED_REQUIRE_ALL=1 and this test would skip: {reason}"
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    _required(outcome.get_result())
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_make_collect_report(collector):
+    outcome = yield
+    _required(outcome.get_result())

@@ -1,7 +1,7 @@
 /* Decode-batch tiles against the one-token kernel, one thread: the cost of 2 and 4 sessions'
  * columns over weights larger than the caches, relative to one token.
  *
- *   gcc -O3 -std=gnu11 -pthread -Icython_kernels tools/bench_tiles.c -lm -o /tmp/bench_tiles
+ *   gcc -O3 -std=gnu11 -pthread -Icython_kernels/kernels -Icython_kernels/forward tools/bench_tiles.c -lm -o /tmp/bench_tiles
  *   /tmp/bench_tiles TYPE K [MIB] [PATH]      e.g. /tmp/bench_tiles Q5_0 896 256 avx512
  *
  * TYPE: Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 Q2_K Q3_K Q4_K Q5_K Q6_K; PATH: generic, avx2, avx512, neon

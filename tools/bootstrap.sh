@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Prepare this checkout: system packages the tests use (when run as root and missing),
-# a virtual environment in .venv, and edged installed into it with its test extras.
+# a virtual environment in .venv, and edged installed into it with its test extras (rebuilt
+# only when setup.py, pyproject.toml or cython_kernels/ changed).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -22,4 +23,12 @@ fi
 PY=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip
-.venv/bin/python -m pip install -q -e '.[test]'
+# Rebuild (pip install -e) only when the build's inputs changed since the last successful one:
+# the compiled core takes minutes on a small machine.
+stamp=.venv/.edged-build-inputs
+inputs=$(cat setup.py pyproject.toml $(find cython_kernels -type f \( -name '*.pyx' -o -name '*.pxi' \
+         -o -name '*.pxd' -o -name '*.h' -o -name '*.inc' \) | sort) | sha256sum | cut -d' ' -f1)
+if [ "$(cat "$stamp" 2>/dev/null)" != "$inputs" ] || ! .venv/bin/python -c 'import edged._core, edged._bpe, edged._gguf_scan' 2>/dev/null; then
+    .venv/bin/python -m pip install -q -e '.[test]'
+    echo "$inputs" > "$stamp"
+fi

@@ -1,14 +1,14 @@
 #!/usr/bin/env python3
-"""Generate cython_kernels/unicode_ranges.h: the general category of every code point as
+"""Generate cython_kernels/text/unicode_ranges.h: the general category of every code point as
 ranges, for the tokenizer's pre-tokenizers (\\p{L}, \\p{N}, ... as llama.cpp applies them).
 
 Run with Python >= 3.13 (unicodedata 15.1, the Unicode version llama.cpp's tables use):
-    python3.13 tools/gen_unicode_ranges.py > cython_kernels/unicode_ranges.h
+    python3.13 tools/gen_unicode_ranges.py > cython_kernels/text/unicode_ranges.h
 """
 import sys
 import unicodedata
 
-# category codes shared with cython_kernels/bpe.pyx (0 means "outside the text")
+# category codes shared with cython_kernels/text/bpe.pyx (0 means "outside the text")
 CODES = {"Cn": 1, "N": 2, "L": 3, "Z": 4, "M": 5, "P": 6, "S": 7, "C": 8}
 
 

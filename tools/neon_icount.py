@@ -8,6 +8,7 @@ C dot, the NEON dot and 4-token tile, and the same with dotprod. One row of K = 
     python tools/neon_icount.py
 """
 import collections
+import glob
 import os
 import re
 import shutil
@@ -63,7 +64,7 @@ def main():
             fh.write(DRIVER.replace("%(ids)s", ", ".join("ED_" + t for t in TYPES)).replace("%(K)d", str(K))
                      .replace("%(C)d", str(C)))
         subprocess.run([cc, "-O3", "-fno-math-errno", "-DNDEBUG", "-std=gnu11", "-pthread", "-static",
-                        "-I" + os.path.join(ROOT, "cython_kernels"), src, "-lm", "-o", exe], check=True)
+                        *("-I" + d for d in glob.glob(os.path.join(ROOT, "cython_kernels", "*/"))), src, "-lm", "-o", exe], check=True)
         subprocess.run([qemu, "-cpu", "max", "-d", "in_asm,exec,nochain", "-D", log, exe], check=True)
         syms = []  # (start, end, name) of the kernel functions
         nm = subprocess.run([cc.replace("gcc", "nm"), "-S", "--defined-only", exe], capture_output=True, text=True)

@@ -1,5 +1,5 @@
 """The compiled CPU backend (default): binds the validated Spec and the mapped weights to the C
-forward pass in edged._core (cython_kernels/forward.pxi). Weights are passed as zero-copy views
+forward pass in edged._core (cython_kernels/forward/forward.pxi). Weights are passed as zero-copy views
 of the read-only mapping; norm/bias vectors are converted once to float32. Each session gets
 one 64-byte aligned arena (KV cache in F16, activations, quantized activations, logits).
 """

@@ -53,7 +53,7 @@ _TYPE_ATTR = {TokenType.UNDEFINED: 0, TokenType.NORMAL: A_NORMAL, TokenType.UNKN
               TokenType.UNUSED: A_UNUSED, TokenType.BYTE: A_BYTE}
 
 # --- pre-tokenizers --------------------------------------------------------------------------
-# Each is a list of ops applied in turn (op, class, ranges); see cython_kernels/bpe.pyx.
+# Each is a list of ops applied in turn (op, class, ranges); see cython_kernels/text/bpe.pyx.
 (OP_GPT2, OP_LLAMA3, OP_QWEN2, OP_QWEN35, OP_RUN, OP_ONE, OP_WS_RUN, OP_TRAIL_WS, OP_DIGITS3,
  OP_NEWLINES) = range(1, 11)
 CL_N, CL_L, CL_P, CL_P_DEFAULT, CL_P_FALCON, CL_CRLF, CL_RANGES = range(1, 8)

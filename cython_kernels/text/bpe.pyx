@@ -6,7 +6,7 @@ Three pieces, all over plain C arrays with the GIL released:
 - the pre-tokenizers: llama.cpp splits text into words with a list of regexes chosen by
   `tokenizer.ggml.pre`; each regex is one *op* here, applied in turn to every piece the
   previous op produced (ops in edged/tokenizer.py, `PRE_TOKENIZERS`). Unicode categories come
-  from a table generated from Unicode 15.1 (cython_kernels/unicode_ranges.h), the version
+  from a table generated from Unicode 15.1 (cython_kernels/text/unicode_ranges.h), the version
   llama.cpp's tables use; whitespace is Unicode's White_Space set (without U+001C..U+001F,
   as in llama.cpp).
 - byte-level BPE (`BPEModel`): words as raw UTF-8 bytes, merges by rank, lowest rank first and

@@ -1,4 +1,4 @@
-"""Packed 16-row panels (cython_kernels/ed_gemm.h), the prompt-batch matrix product: every
+"""Packed 16-row panels (cython_kernels/kernels/ed_gemm.h), the prompt-batch matrix product: every
 packable type against the NumPy reference on odd shapes (partial panels, token counts that
 leave every tile remainder), forced on for any batch size; and a whole model's logits with the
 panels on and off."""

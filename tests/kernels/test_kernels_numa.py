@@ -126,7 +126,7 @@ def test_real_load_without_policy_leaves_default():
             assert line.split()[1].split(":")[0] not in ("interleave", "prefer", "bind"), line
         print("ok")
     """
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     r = subprocess.run([sys.executable, "-c", code, testdata("models", "synthetic-llama-Q8_0.gguf")],
                        capture_output=True, text=True, cwd=root, timeout=120)
     assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr

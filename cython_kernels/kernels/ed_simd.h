@@ -759,7 +759,7 @@ ED_Z_TILE_T(ed_z_pair_q5_K, ED_T512V)
  * 256-bit ones stay. */
 static void ed_avx512_install_wide(void) {
     ED_MDOT[ED_Q4_K] = ed_z_mdot_q4_K;
-    (void)ed_z_dot_q4_K;  /* kept: checked by tests/c/kernels_check.c */
+    (void)ed_z_dot_q4_K;  /* kept: checked by tests/kernels/c/kernels_check.c */
     if (ed_cpu_features() & ED_CPU_AVX512VNNI) {
         ED_TRAITS[ED_Q6_K].dot = ed_z_dot_q6_K;
         ED_MDOT_SAME[ED_Q6_K] = ed_z_mdot_q6_K;  /* ed_z_dot_q6_K is its one-column case */

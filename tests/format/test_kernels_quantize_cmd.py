@@ -11,7 +11,7 @@ import pytest
 from conftest import testdata
 from edged.format.gguf import GGUFFile, GGUFWriter, GGMLType, Key, ValueType
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 MIXES = ["Q4_K_M", "Q5_K_M", "Q3_K_M", "Q2_K", "Q6_K", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1",
          "F16", "BF16"]
 

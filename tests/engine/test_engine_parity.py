@@ -2,7 +2,7 @@
 
 llama.cpp (the golden files' CPU build, flash attention off) rounds the query and the softmax
 row to F16 around its F16 KV cache, sums in fixed SIMD orders, uses its own vector expf and a
-F16 GELU table; cython_kernels/ed_parity.h reproduces that bit for bit on every kernel path.
+F16 GELU table; cython_kernels/kernels/ed_parity.h reproduces that bit for bit on every kernel path.
 Its x86 build also quantizes Q8_0/Q8_1 activations with 127 / amax and halves to even
 (ed_types.h and the SIMD quantizers do the same).
 Before it did, every position after the first was off by ~0.1 on quantized files (the Q8

@@ -1,15 +1,17 @@
-"""tests/c/kernels_check.c: every SIMD path against the generic C path, all 13 types, dots and
+"""tests/kernels/c/kernels_check.c: every SIMD path against the generic C path, all 13 types, dots and
 tiles. Native build always; an aarch64 build under qemu (NEON path) when
 aarch64-linux-gnu-gcc and qemu-aarch64(-static) are installed (tools/bootstrap.sh)."""
+import glob
 import os
 import shutil
 import subprocess
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SRC = os.path.join(ROOT, "tests", "c", "kernels_check.c")
-FLAGS = ["-O2", "-std=gnu11", "-pthread", "-I" + os.path.join(ROOT, "cython_kernels"), SRC, "-lm"]
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+SRC = os.path.join(ROOT, "tests", "kernels", "c", "kernels_check.c")
+INCLUDES = ["-I" + d for d in [os.path.join(ROOT, "cython_kernels")] + sorted(glob.glob(os.path.join(ROOT, "cython_kernels", "*/")))]
+FLAGS = ["-O2", "-std=gnu11", "-pthread", *INCLUDES, SRC, "-lm"]
 
 
 def build_and_run(cc, out, runner=(), extra=()):
