@@ -34,8 +34,8 @@ def trusted(tmp_path_factory):
 
 
 def sign(path, key, detached=True):
-    from edged.trust import signing
-    signing.sign_file(str(path), key, detached=detached)
+    from edged.trust.sign import sign_file
+    sign_file(str(path), key, detached=detached)
 
 
 def test_sandboxed_daemon_serves_reloads_and_stops(tmp_path, trusted):
