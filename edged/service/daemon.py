@@ -21,6 +21,7 @@ from .log import log, setup as setup_log
 from .metrics import Metrics
 from .policy import LoadPolicy
 from .registry import Registry
+from .renderer import RenderWorker
 from .scheduler import Decoder, Slots
 from .transport import Listener, fit_descriptor_limit, make_app, open_socket
 
@@ -49,6 +50,7 @@ class Daemon:
         self.events = None
         self.sock = self.how = None
         self.loader = self.registry = self.slots = self.decoder = self.api = self.listener = None
+        self.renderer = None
 
     # --- start ------------------------------------------------------------------------
     def prepare(self, trust):
@@ -72,6 +74,9 @@ class Daemon:
         cfg.resolve_names()
         self.prepare(trust)
         fit_descriptor_limit(cfg)
+        # Forked now: once the sandbox is applied, no process can be created.
+        self.renderer = RenderWorker(cfg.sandbox, cfg.sandbox_on_deny)
+        self.renderer.start()
         self.sock, self.how = open_socket(cfg)
         self._sandbox()
         self.start_threads()
@@ -123,6 +128,14 @@ class Daemon:
         reread = [sandbox.reloadable(p) for p in (cfg.revoked_keys, self.config_path) if p]
         read_only = [cfg.models_dir, cfg.trusted_keys] + [p for p in reread if os.path.exists(p)]
         sock_dir = os.path.dirname(cfg.socket) if self.how == "bound" else None
+        others = sandbox.other_threads()
+        if others and cfg.sandbox == "enforce" and sandbox.landlock_abi() < 8:
+            raise ConfigError(
+                f"sandbox = 'enforce': {len(others)} thread(s) started before the sandbox "
+                f"({', '.join(others)}) would stay outside Landlock and keep their capabilities "
+                "(both are per thread before Landlock ABI 8); start the daemon with `edged serve`, "
+                "which sets " + ", ".join(f"{k}=1" for k in sandbox.LIBRARY_THREAD_ENV) +
+                " before numpy starts its pools")
         sandbox.apply(cfg.sandbox, read_only=read_only, read_write=[sock_dir] if sock_dir else [],
                       on_deny=cfg.sandbox_on_deny)
 
@@ -194,6 +207,7 @@ class Daemon:
             except OSError:
                 pass
         await self.registry.close_all()
+        self.renderer.close()
         self.executor.shutdown(wait=False)
         log.info("stopped")
 
