@@ -82,8 +82,10 @@ class Daemon:
         self.start_threads()
         for sig, what in ((signal.SIGTERM, "stop"), (signal.SIGINT, "stop"), (signal.SIGHUP, "reload")):
             loop.add_signal_handler(sig, self.events.put_nowait, what)
+        # Connection deadlines are the Listener's (header_timeout, keepalive_timeout), the same
+        # with every aiohttp version; aiohttp's own keep-alive (75 s) is only a backstop.
         runner = web.AppRunner(make_app(self), handle_signals=False, access_log=None,
-                               shutdown_timeout=1.0, keepalive_timeout=cfg.keepalive_timeout)
+                               shutdown_timeout=1.0)
         await runner.setup()
         self.listener = Listener(self, self.sock, runner.server)
         self.listener.start()

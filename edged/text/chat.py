@@ -31,6 +31,7 @@ MAX_OUTPUT_CHARS = 1 << 20          # a prompt larger than 1 MiB of text is not 
 MAX_SEQUENCE_REPEAT = 1 << 20       # 'x' * n and [..] * n are capped at this many items
 MAX_SECONDS = 2.0                   # wall-clock budget for one render
 MAX_LIPSUM_WORDS = 10_000           # lipsum(n, max=...) may ask for at most n * max words
+MAX_GROUPS = 10_000                 # batch(n) / slice(n): no template needs more groups
 MAX_JSON_INDENT = 64
 _TEMPLATE_FILE = "<template>"       # jinja2's filename for templates compiled from strings
 
@@ -150,11 +151,11 @@ def _check_indent(s, width=4, first=False, blank=False):
 
 
 def _check_batch(value, linecount, fill_with=None):
-    _bound(linecount, "a batch size", MAX_SEQUENCE_REPEAT)
+    _bound(linecount, "a batch size", MAX_GROUPS)
 
 
 def _check_slice(value, slices, fill_with=None):
-    _bound(slices, "a slice count", MAX_SEQUENCE_REPEAT)
+    _bound(slices, "a slice count", MAX_GROUPS)
 
 
 def _check_lipsum(n=5, html=True, min=20, max=100):
@@ -382,6 +383,8 @@ def _render(tpl, messages, add_generation_prompt, tools, max_chars, max_seconds,
         raise TemplateError(f"chat template refused by the sandbox: {e}") from None
     except RecursionError:
         raise TemplateError("chat template recursed too deeply") from None
+    except MemoryError:         # the render process's address-space limit (or the machine's)
+        raise TemplateError("chat template needed more memory than a render may use") from None
     except Exception as e:  # undefined names, type errors, ... inside untrusted code
         raise TemplateError(f"chat template failed: {type(e).__name__}: {e}") from None
     finally:
