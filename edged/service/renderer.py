@@ -32,7 +32,7 @@ import struct
 import threading
 import time
 
-from ..errors import TemplateError
+from ..errors import TemplateError, TemplateRaised
 from ..text import chat
 from . import sandbox
 from .log import log
@@ -121,7 +121,7 @@ class RenderWorker:
                 raise TemplateError("the chat-template render worker stopped (restart the daemon)") from None
         if "text" in reply:
             return reply["text"]
-        raise (chat.TemplateRaised if reply.get("raised") else TemplateError)(reply["error"])
+        raise (TemplateRaised if reply.get("raised") else TemplateError)(reply["error"])
 
     def _close(self):
         if self.sock is not None:
@@ -244,7 +244,7 @@ def _child(req, w, limit, max_seconds, confine):
                     req["source"], req["messages"], add_generation_prompt=req["add_generation_prompt"],
                     tools=req["tools"], max_chars=req["max_chars"], max_seconds=req["max_seconds"],
                     **req["extra"])}
-        except chat.TemplateRaised as e:
+        except TemplateRaised as e:
             out = {"error": str(e), "raised": True}
         except TemplateError as e:
             out = {"error": str(e)}
