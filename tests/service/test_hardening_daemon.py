@@ -17,7 +17,7 @@ import pytest
 from conftest import ROOT
 from daemon_support import Server, empty_models_dir, running, signing_key, to_toml
 from edged.service import sandbox
-from test_hardening_corpus import READER_CASES, TOKENIZER_CASES
+from hardening_files import READER_CASES, TOKENIZER_CASES
 
 pytest.importorskip("pyseccomp")
 LANDLOCK = sandbox.landlock_abi()
