@@ -9,7 +9,6 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conftest import testdata_files
 from edged.errors import TemplateError
 from edged.service.renderer import RENDER_MEMORY, RenderWorker
 from edged.text import chat
@@ -165,20 +164,3 @@ def test_worker_gone_is_a_clear_error(tmp_path):
     finally:
         w.close()
 
-
-TEMPLATES = testdata_files("templates", ".jinja")
-CONVERSATION = [
-    {"role": "system", "content": "You are a helpful assistant."},
-    {"role": "user", "content": "Hello!"},
-    {"role": "assistant", "content": "Hi! How can I help?"},
-    {"role": "user", "content": "What is 2+2?"},
-]
-
-
-@pytest.mark.skipif(not TEMPLATES, reason="shared test data missing: ../shared/testdata/templates")
-def test_every_real_template_renders_the_same_in_the_render_process(worker):
-    for path in TEMPLATES:
-        source = open(path, encoding="utf-8").read()
-        kw = dict(add_generation_prompt=True, bos_token="<s>", eos_token="</s>")
-        here = chat.render_here(source, CONVERSATION, **kw)
-        assert chat.render(source, CONVERSATION, **kw) == here, os.path.basename(path)

@@ -132,3 +132,14 @@ except Exception as e:
     out = r.stdout + r.stderr
     assert "edged verify: revoked key" in out, out
     assert "daemon: revoked key" in out, out
+
+
+def test_the_daemon_does_not_import_key_generation_or_signing():
+    code = ("import sys, edged.service.daemon, edged.service.loader, edged.cli\n"
+            "print(sorted(m for m in sys.modules if m.startswith('edged.trust')))")
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60,
+                       env=dict(os.environ, PYTHONPATH=ROOT))
+    assert r.returncode == 0, r.stderr
+    loaded = eval(r.stdout)
+    assert "edged.trust.verify" in loaded and "edged.trust.store" in loaded
+    assert "edged.trust.sign" not in loaded, loaded
