@@ -108,7 +108,8 @@ KEYS = [
             "Open client connections at once; one more is closed right after accept (counted in "
             "/metrics). Needs this many descriptors plus 64 under LimitNOFILE.", minimum=1),
     KeySpec("max_connections_per_uid", 64, "int",
-            "Open connections of one peer uid at once, so one client cannot take them all.", minimum=1),
+            "Open connections of one peer uid at once, so one client cannot take them all "
+            "(admin_uids are bounded by max_connections only).", minimum=1),
     KeySpec("header_timeout", 10.0, "float",
             "Seconds a new connection has to send a complete request header; then it is closed.",
             minimum=0.001),

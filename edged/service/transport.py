@@ -329,7 +329,7 @@ class Listener:
         self._prune()
         if len(self.conns) >= cfg.max_connections:
             reason, what = "max_connections", f"over max_connections={cfg.max_connections}"
-        elif self.per_uid[peer.uid] >= cfg.max_connections_per_uid:
+        elif self.per_uid[peer.uid] >= cfg.max_connections_per_uid and peer.uid not in cfg.uids("admin_uids"):
             reason = "max_connections_per_uid"
             what = f"from uid {peer.uid} over max_connections_per_uid={cfg.max_connections_per_uid}"
         else:
