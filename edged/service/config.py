@@ -1,7 +1,7 @@
 """The daemon's configuration: /etc/edged/edged.toml (tomllib) plus command-line overrides.
 
 Every key has a default and a line of documentation in `KEYS`; systemd/edged.toml.example and
-docs/config.md are written from the same list, and so is the pydantic model that checks the
+docs/daemon.md are written from the same list, and so is the pydantic model that checks the
 values (types, ranges, choices). A bad file or value raises ConfigError naming the key and the
 reason, so start-up (or a SIGHUP reload) fails clearly.
 """
@@ -350,7 +350,7 @@ def example_toml():
 
 
 def markdown_table():
-    """The table of every key for docs/config.md."""
+    """The table of every key for docs/daemon.md."""
     lines = ["| key | default | meaning |", "|---|---|---|"]
     for k in KEYS:
         doc = (k.doc + (f" One of: {', '.join(k.choices)}." if k.choices else "")).replace("|", r"\|")

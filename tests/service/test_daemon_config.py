@@ -70,7 +70,7 @@ def test_serve_refuses_bad_config_with_the_key(tmp_path):
 
 
 def test_docs_table_lists_every_key():
-    docs = open(f"{ROOT}/docs/config.md").read()
+    docs = open(f"{ROOT}/docs/daemon.md").read()
     missing = [k.name for k in config.KEYS if f"| `{k.name}` |" not in docs]
-    assert not missing, f"docs/config.md's configuration table lacks {missing}"
-    assert config.markdown_table() in docs, "docs/config.md's table is not config.markdown_table()"
+    assert not missing, f"docs/daemon.md's configuration table lacks {missing}"
+    assert config.markdown_table() in docs, "docs/daemon.md's table is not config.markdown_table()"
