@@ -52,7 +52,7 @@ REQUEST_BOUNDS = {
 def greedy_temperature(temperature):
     """A temperature so small that 1/temperature overflows float32 samples exactly as greedy
     (temperature 0) would; the compiled sampler would otherwise scale logits to inf and NaN."""
-    return 0.0 if temperature < FLT_MIN else temperature
+    return 0.0 if 0.0 <= temperature < FLT_MIN else temperature
 
 
 def _check(name, v, lo, hi):
