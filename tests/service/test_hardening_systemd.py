@@ -28,7 +28,7 @@ from conftest import ROOT
 
 VM = os.environ.get("EDGED_VM_DIR", "/var/tmp/edged-vm")
 ACCEL = os.environ.get("EDGED_VM_ACCEL", "tcg")
-RUNTIME_DISTS = ("numpy", "aiohttp", "jinja2", "cryptography", "pyseccomp")
+RUNTIME_DISTS = ("numpy", "aiohttp", "jinja2", "cryptography", "pyseccomp", "pydantic")
 
 
 def _why_skip():
