@@ -28,8 +28,10 @@ from ..errors import CapacityError
 from .log import log
 
 PREFILL_CHUNK = 128     # most prompt tokens of one step (nobody decoding: every step's chunk)
-MIN_CHUNK = 16          # least prompt tokens of a step that has any (the prompt moves on)
-PROMPT_SHARE = 1.0      # a step's prompt chunk costs about this times its decode tokens
+# Least prompt tokens of a step that has any. Below 32 rows (ED_ATTN_BLOCK_MIN, forward.h) a
+# prompt batch leaves the blocked attention kernel: a smaller chunk costs nearly as much.
+MIN_CHUNK = 32
+PROMPT_SHARE = 1.5      # a step's prompt chunk costs about this times its decode tokens
 
 
 class QueueFull(CapacityError):
