@@ -19,7 +19,8 @@
    decode undisturbed, p50/p99/max while the long prompt is absorbed, and p99 (absorbing)
    over p50 (undisturbed), the figure a stalled stream shows. --root runs the daemon from
    another checkout of edged (give it several times to compare code versions in
-   interleaved rounds, so the shared machine's load hits each the same).
+   interleaved rounds, so the shared machine's load hits each the same). Then the idle
+   daemon's CPU seconds over 10 s (no spinning workers after the last request).
 
 Both files are copied to a temporary model directory and signed with a throwaway key.
 """
@@ -127,24 +128,26 @@ def bench_swap(tmp, models_dir, keys, args):
     return rows
 
 
+def cpu_seconds(pid):
+    """User + system CPU seconds of process pid so far."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def bench_parallel(tmp, models_dir, keys, args):
     proc, sock = start(tmp, models_dir, keys, {"default_model": "a", "n_parallel": 4, "threads": args.threads,
                                                "ctx_size": 512, "max_queue": 16})
     out = {}
     try:
-        def cpu_seconds():                  # the daemon's user + system time
-            with open(f"/proc/{proc.pid}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-            return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
         async def run(k):
             async with session(sock) as s:
                 # warm: every slot this run uses has had a request (its KV cache mapped)
                 await asyncio.gather(*(stream(s, "a", 4, 99) for _ in range(k)))
-                t0, c0 = time.perf_counter(), cpu_seconds()
+                t0, c0 = time.perf_counter(), cpu_seconds(proc.pid)
                 res = await asyncio.gather(*(stream(s, "a", args.tokens, i, args.temperature)
                                              for i in range(k)))
-                wall, cpu = time.perf_counter() - t0, cpu_seconds() - c0
+                wall, cpu = time.perf_counter() - t0, cpu_seconds(proc.pid) - c0
             n = sum(r[1] for r in res)
             return n / wall, n / cpu, res
 
@@ -235,14 +238,15 @@ def bench_mixed(tmp, models_dir, keys, args):
                 await asyncio.sleep(0.01)
             stop.set()
             await asyncio.gather(*tasks, return_exceptions=True)
-        steady, absorbing = [], []
+        steady, absorbing, worst = [], [], []
         for x in stamps:
             for a, b in zip(x, x[1:]):
                 if b <= t_send:
                     steady.append(b - a)
                 elif a < t_first:
                     absorbing.append(b - a)
-        return alone, t_first - t_send, steady, absorbing
+                    worst.append((b - a, a - t_send))
+        return alone, t_first - t_send, steady, absorbing, sorted(worst)[-3:]
 
     for i in range(args.repeats):
         for root in roots:
@@ -250,19 +254,25 @@ def bench_mixed(tmp, models_dir, keys, args):
                                                        "threads": args.threads, "ctx_size": args.ctx,
                                                        "max_queue": 16}, root)
             try:
-                alone, ttft, steady, absorbing = asyncio.run(scenario(sock))
+                alone, ttft, steady, absorbing, worst = asyncio.run(scenario(sock))
+                time.sleep(1)
+                c0 = cpu_seconds(proc.pid)
+                time.sleep(10)
+                idle = cpu_seconds(proc.pid) - c0
             finally:
                 proc.terminate()
                 proc.wait()
             p50s = statistics.median(steady)
             row = dict(alone=alone, ttft=ttft, p50_steady=p50s, p50=statistics.median(absorbing),
-                       p99=pct(absorbing, 99), max=max(absorbing), n=len(absorbing))
+                       p99=pct(absorbing, 99), max=max(absorbing), n=len(absorbing), idle=idle)
             results[root].append(row)
             print(f"round {i} [{root}]: {args.long}-token prompt first token after {ttft:.2f} s "
                   f"(alone {alone:.2f} s); gaps of the 3 streams: undisturbed p50 "
                   f"{p50s * 1e3:.0f} ms; while absorbing ({row['n']} gaps) p50 {row['p50'] * 1e3:.0f}, "
                   f"p99 {row['p99'] * 1e3:.0f}, max {row['max'] * 1e3:.0f} ms; p99/p50 undisturbed "
-                  f"{row['p99'] / p50s:.1f}x", flush=True)
+                  f"{row['p99'] / p50s:.1f}x; longest gaps (ms @ s after the prompt was sent) "
+                  f"{', '.join(f'{g * 1e3:.0f} @ {t:.1f}' for g, t in worst)}; idle daemon CPU "
+                  f"{idle:.2f} s in 10 s", flush=True)
     for root, rows in results.items():
         med = {k: statistics.median(r[k] for r in rows) for k in rows[0]}
         ratios = [r["p99"] / r["p50_steady"] for r in rows]
@@ -270,7 +280,8 @@ def bench_mixed(tmp, models_dir, keys, args):
               f"(alone {med['alone']:.2f} s); gap p50 undisturbed {med['p50_steady'] * 1e3:.0f} ms, "
               f"absorbing p50 {med['p50'] * 1e3:.0f} / p99 {med['p99'] * 1e3:.0f} / max "
               f"{med['max'] * 1e3:.0f} ms; p99/p50 {statistics.median(ratios):.1f}x "
-              f"(rounds: {', '.join(f'{x:.1f}' for x in ratios)})", flush=True)
+              f"(rounds: {', '.join(f'{x:.1f}' for x in ratios)}); idle daemon CPU "
+              f"{med['idle']:.2f} s in 10 s", flush=True)
     return results
 
 

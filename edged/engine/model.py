@@ -248,8 +248,7 @@ class Model:
                 rows = self._decode_rows([runs[i] for i in singles])
                 for k, i in enumerate(singles):
                     out[i] = rows[k:k + 1] if runs[i][3] else None
-            else:
-                singles = ()
+            singles = set(singles) if len(singles) > 1 else set()
             for i, (s, ids, _, logits) in enumerate(runs):
                 if i not in singles:
                     out[i] = s._run(ids, logits)
@@ -258,7 +257,7 @@ class Model:
     def _check(self, e):
         """(session, ids, pos, logits) of a BatchEntry, or RequestError naming what is wrong."""
         s, ids = e.session, list(e.tokens)
-        if getattr(s, "model", None) is not self or s._buf is None:
+        if not isinstance(s, Session) or s.model is not self or s._buf is None:
             raise RequestError("decode: a session of another (or a closed) model")
         if not ids:
             raise RequestError("decode: an entry without tokens")
