@@ -24,7 +24,7 @@ import collections
 import threading
 import time
 
-from ..errors import CapacityError
+from ..errors import QueueFull, QueueTimeout
 from .log import log
 
 PREFILL_CHUNK = 128     # most prompt tokens of one step (nobody decoding: every step's chunk)
@@ -32,14 +32,6 @@ PREFILL_CHUNK = 128     # most prompt tokens of one step (nobody decoding: every
 # prompt batch leaves the blocked attention kernel: a smaller chunk costs nearly as much.
 MIN_CHUNK = 32
 PROMPT_SHARE = 1.5      # a step's prompt chunk costs about this times its decode tokens
-
-
-class QueueFull(CapacityError):
-    """max_queue requests are already waiting; answered 429 with Retry-After."""
-
-
-class QueueTimeout(CapacityError):
-    """Waited longer than queue_timeout; answered 503."""
 
 
 class Slots:
