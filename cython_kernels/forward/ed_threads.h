@@ -27,15 +27,17 @@
  *       worker i is pinned to cpus[i % n]; n == 0 restores `initial`. Returns the failures.
  *
  * Adaptive thread count. Every barrier's last arriver adds the gap since the first arrival to
- * its own lateness; after each task the caller computes the share of the task's wall time the
- * others spent waiting (ED_LATE_SHARE of it, smoothed over tasks, means a core is taken by
- * someone else: a quiet machine waits a few percent; settable per pool). It then drops one worker (the latest; if
- * the caller was latest, the highest-numbered one): a dropped worker sleeps on its futex and
- * takes no part until a probe. Probes re-admit the last dropped worker for one task after
- * ED_PROBE_MIN_NS, doubling after each failed probe up to ED_PROBE_MAX_NS; a probe task that
- * waits less than ED_LATE_SHARE keeps the worker. Results do not depend on it: every op's
- * split (chunks of whole 16-row tiles, token ranges) gives bit-identical sums whatever the
- * thread count. Tasks shorter than ED_ADAPT_MIN_NS are not judged (wake-up latency).
+ * its own lateness; after each task the caller computes the share L/T of the task's wall time
+ * T that the others spent waiting (a quiet machine: a few percent). With n threads doing work
+ * W, T = W/n + L, and n - 1 threads would take W/(n-1): fewer threads are faster once
+ * L/T > 1/n. So when the share, smoothed over tasks, passes 1/n (or the pool's late_share when
+ * set) the pool drops one worker (the latest; if the caller was latest, the highest-numbered
+ * one): it sleeps on its futex and takes no part until a probe. Probes re-admit the last
+ * dropped worker for one task after ED_PROBE_MIN_NS, doubling after each failed probe up to
+ * ED_PROBE_MAX_NS; a probe task under the threshold keeps the worker. Results do not depend on
+ * it: every op's split (chunks of whole 16-row tiles, token ranges) gives bit-identical sums
+ * whatever the thread count. Tasks shorter than ED_ADAPT_MIN_NS are not judged (wake-up
+ * latency).
  *
  * Needs _GNU_SOURCE in the translation unit (Python.h defines it before anything else) for
  * CPU_SET and pthread_setaffinity_np. The CPU list comes from edged/engine/threads.py, which
@@ -57,7 +59,6 @@
 #include <unistd.h>
 
 #define ED_SPIN_NS 30000            /* spin this long before parking on the futex */
-#define ED_LATE_SHARE 0.20          /* default waiting share of a task that drops a worker */
 #define ED_ADAPT_MIN_NS 1000000     /* shorter tasks are not judged */
 #define ED_PROBE_MIN_NS 200000000   /* first probe of a dropped worker after 0.2 s ... */
 #define ED_PROBE_MAX_NS 3200000000LL  /* ... doubling after each failed probe, up to 3.2 s */
@@ -98,7 +99,7 @@ struct ed_pool {
     unsigned char *active;     /* (n_threads) by worker: takes part in tasks */
     int *dropped;              /* (n_threads) stack of dropped workers, last dropped on top */
     int n_dropped, probing;    /* probing: the worker re-admitted for this task, else 0 */
-    double late_share;         /* the share that drops a worker (ED_LATE_SHARE) */
+    double late_share;         /* the waiting share that drops a worker; 0: 1/n threads */
     double late_ewma, last_share;
     int64_t probe_at, backoff;
     long n_drops, n_probes, n_retakes;
@@ -259,11 +260,12 @@ static void ed_pool_adapt(ed_pool *p, int64_t t0) {
         if (p->late_ns[i] > p->late_ns[latest]) latest = i;
     }
     const double share = (double)late / (double)wall;
+    const double limit = p->late_share > 0.0 ? p->late_share : 1.0 / nth;
     p->last_share = share;
     if (p->probing) {
         const int w = p->probing;
         p->probing = 0;
-        if (share < p->late_share) {  /* quiet again: keep it */
+        if (share < limit) {  /* quiet again: keep it */
             p->n_retakes++;
             p->late_ewma = share;
             p->backoff = ED_PROBE_MIN_NS;
@@ -275,7 +277,7 @@ static void ed_pool_adapt(ed_pool *p, int64_t t0) {
         return;
     }
     p->late_ewma = 0.5 * p->late_ewma + 0.5 * share;
-    if (p->late_ewma > p->late_share) {
+    if (p->late_ewma > limit) {
         p->n_drops++;
         p->late_ewma = 0.0;
         ed_pool_drop(p, p->task_worker[latest ? latest : nth - 1], now);
@@ -336,7 +338,6 @@ static ed_pool *ed_pool_create(int n_threads) {
     p->n_active = 1;
     p->active[0] = 1;
     p->adapt = 1;
-    p->late_share = ED_LATE_SHARE;
     p->backoff = ED_PROBE_MIN_NS;
     p->slow_worker = -1;
     for (int i = 1; i < n; i++) {

@@ -131,14 +131,15 @@ cdef class Pool:
     @property
     def late_share(self):
         """The share of a task's wall time spent waiting for late threads that drops a worker
-        (and under which a probe keeps it)."""
-        return self.p.late_share
+        (and under which a probe keeps it); None: 1/n for n threads, where n - 1 threads
+        become faster."""
+        return self.p.late_share or None
 
     @late_share.setter
-    def late_share(self, double share):
-        if not 0.0 < share <= 1.0:
-            raise ValueError(f"late_share {share}: expected 0 < share <= 1")
-        self.p.late_share = share
+    def late_share(self, share):
+        if share is not None and not 0.0 < share <= 1.0:
+            raise ValueError(f"late_share {share}: expected 0 < share <= 1, or None")
+        self.p.late_share = share or 0.0
 
     def stats(self):
         """The adaptive thread count's record, and the chunks each worker took in the last task."""

@@ -87,6 +87,7 @@ def test_pool_without_adaptation_keeps_every_worker():
     import edged._core as core
     pool = core.Pool(2, adapt=False)
     assert not pool.adaptive and pool.active_threads == 2
+    assert pool.late_share is None     # 1/n: where n - 1 threads become faster
     with pytest.raises(ValueError, match="worker 5"):
         pool.debug_slow(5, 10)
     with pytest.raises(ValueError, match="late_share 0.0"):
