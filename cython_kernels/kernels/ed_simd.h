@@ -757,10 +757,11 @@ ED_Z_TILE_T(ed_z_pair_q5_K, ED_T512V)
 
 /* The avx512 rows that differ from the 256-bit build's, chosen by measurement on Sapphire
  * Rapids (best of 30, tools/bench_kernels.py-like runs): 512-bit wins for the Q4_K prompt
- * tiles (+20%), the Q6_K single dot (+20%), the Q4_0 / Q5_0 dots and the decode-batch pair
- * tiles; the 256-bit VNNI build stays faster for the Q4_K single dot and the Q6_K prompt
- * tiles (512-bit uops share fewer ports). The 512-bit Q6_K dot, its decode-batch tile and the
- * pair tiles need VNNI (dpwssd / dpbusd); without it the 256-bit ones stay. */
+ * tiles (+20%) and the Q6_K single dot (+20%); the 256-bit VNNI build stays faster for the
+ * Q4_K single dot and the Q6_K prompt tiles (512-bit uops share fewer ports). With VNNI the
+ * table also takes the 512-bit Q4_0 / Q5_0 dots, the pair tiles that replay them (and the
+ * Q8_0 row kernel, Q4_K / Q5_K / Q6_K dots) two sessions per zmm, and the 512-bit panels;
+ * without VNNI (dpwssd / dpbusd) only the Q4_K prompt tile changes. */
 static const ed_mdot_fn ED_AVX512NV_TILE[ED_NTYPES] = {
     [ED_F32] = ed_avx512nv_tile_f32, [ED_F16] = ed_avx512nv_tile_f16, [ED_BF16] = ed_avx512nv_tile_bf16,
     [ED_Q4_0] = ed_avx512nv_tile_q4_0, [ED_Q4_1] = ed_avx512nv_tile_q4_1, [ED_Q5_0] = ed_avx512nv_tile_q5_0,
