@@ -318,7 +318,7 @@ static inline __m512i ED_T512 ed_z_scales2(int a, int b) {  /* i16 x 16 per 256-
 
 static inline float ED_T512 ed_z_hsum(__m512 v) { return _mm512_reduce_add_ps(v); }
 
-/* nc as a constant in each call of the body (see ED_TILE in ed_simd_x86.inc) */
+/* nc as a constant in each call of the body (see ED_NC_SWITCH in ed_simd_x86.inc) */
 #define ED_Z_TILE(name) ED_Z_TILE_T(name, ED_T512)
 #define ED_Z_TILE_T(name, target) \
     static void target name(int n, const void *vx, const void *vy, size_t ys, int nc, float *out, size_t lo) { \
