@@ -174,7 +174,7 @@ static inline size_t ed_act_stride(const ed_state *s, int type, int K, int n) {
 static const uint8_t *ed_quantize_act(ed_state *s, ed_pool *p, int type, int K, const float *x,
                                       int ldx, int n, int ith, int nth, size_t *rb_out) {
     const size_t rb = ed_act_stride(s, type, K, n);
-    const ed_quant_fn q = ED_ACT[ED_TRAITS[type].vec_type].quant;
+    const ed_quant_fn q = ED_QUANT[ED_TRAITS[type].vec_type];
     *rb_out = rb;
     if (n == 1) {
         uint8_t *mine = s->xq + (size_t)ith * s->xq_row;
@@ -591,7 +591,7 @@ static size_t ed_state_layout(ed_state *s, const ed_model *m, int n_ctx, int n_b
     /* widest activation row that gets quantized: n_embd, Qd or n_ff inputs, any type */
     size_t xq_row = 0;
     for (int t = 0; t < ED_NTYPES; t++) {
-        if (!ED_TRAITS[t].dot) continue;
+        if (!ED_TRAITS[t].ref) continue;
         size_t r = ed_act_row_bytes(t, (F > XB ? F : XB));
         if (r > xq_row) xq_row = r;
     }
@@ -600,7 +600,7 @@ static size_t ed_state_layout(ed_state *s, const ed_model *m, int n_ctx, int n_b
        (ed_same_act_bytes, on any path) */
     size_t xq_bytes = (size_t)(n_batch > n_threads ? n_batch : n_threads) * xq_row;
     for (int t = 0; t < ED_NTYPES; t++) {
-        if (!ED_TRAITS[t].dot) continue;
+        if (!ED_TRAITS[t].ref) continue;
         const size_t b = (size_t)(n_batch < ED_MAX_LOGIT_ROWS ? n_batch : ED_MAX_LOGIT_ROWS) *
                          ed_same_act_bytes_for(t, F > XB ? F : XB, ED_PAIRS_Q8_0 | ED_PAIRS_Q8_K);
         if (b > xq_bytes) xq_bytes = b;

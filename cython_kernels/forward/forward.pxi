@@ -58,26 +58,27 @@ cdef extern from "forward.h" nogil:
     void ed_forward_rows(ed_state *s, ed_pool *p, int n, ed_state **rows, const int *pos)
     void ed_forward_init()
     int ED_MAX_LOGIT_ROWS
-    void ed_types_init_generic()
     int ed_types_init(const char *want)
     const char *ED_PATH
     int ED_NTYPES
     ctypedef struct ed_traits:
         int block, type_size, vec_type
-        void *dot
+        void *ref
     ed_traits ED_TRAITS[40]
 
 import os as _os
 
 
 def select_kernels(str name=None):
-    """Choose the dot-product path: None/"auto" (best this CPU has), "generic", "avx2", "avx512", "neon".
-    Called at import with $EDGED_KERNELS; tests call it to run every path."""
+    """Choose the dot-product path: None/"auto" (best this CPU has), "generic", "avx2", "avx512", "neon",
+    or a family less a feature ("avx2-vnni", "avx512-vnni", "neon-dotprod": the table a CPU
+    without it runs). Called at import with $EDGED_KERNELS; tests call it to run every path."""
     cdef bytes b = (name or "auto").encode()
     if ed_types_init(b) != 0:
         from edged.errors import ConfigError
         raise ConfigError(f"EDGED_KERNELS={name!r}: unknown or not supported on this CPU "
-                          f"(generic, avx2, avx512, neon, auto; `edged info` lists this CPU's)")
+                          f"(generic, avx2, avx512, neon, auto, avx2-vnni, avx512-vnni, neon-dotprod; "
+                          f"`edged info` lists this CPU's)")
     return ED_PATH.decode()
 
 ed_forward_init()  # llama.cpp's tables the forward pass mirrors (ed_parity.h)
@@ -91,7 +92,7 @@ def kernel_path():
 
 
 def supported_types():
-    return [t for t in range(40) if ED_TRAITS[t].dot != NULL]
+    return [t for t in range(40) if ED_TRAITS[t].ref != NULL]
 
 
 cdef class Pool:
