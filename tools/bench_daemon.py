@@ -305,7 +305,7 @@ def main():
     if args.only in (None, "swap") and not args.model2:
         ap.error("the swap benchmark needs --model2 (or choose --only parallel/mixed)")
     sys.path.insert(0, ROOT)
-    from edged.trust import signing
+    from edged.trust.sign import generate_key, public_pem, sign_file
 
     tmp = tempfile.mkdtemp(prefix="edged-bench-")
     try:
@@ -313,16 +313,16 @@ def main():
         models_dir, keys = os.path.join(tmp, "models"), os.path.join(tmp, "keys")
         os.mkdir(models_dir, 0o755)
         os.mkdir(keys, 0o755)
-        key = signing.generate_key(2048)
+        key = generate_key(2048)
         with open(os.path.join(keys, "bench.pem"), "wb") as f:
-            f.write(signing.public_pem(key))
+            f.write(public_pem(key))
         for name, src in (("a", args.model), ("b", args.model2)):
             if src is None:
                 continue
             dst = os.path.join(models_dir, name + ".gguf")
             shutil.copyfile(src, dst)
             os.chmod(dst, 0o644)
-            signing.sign_file(dst, key)
+            sign_file(dst, key)
         if args.only in (None, "swap"):
             bench_swap(tmp, models_dir, keys, args)
         if args.only in (None, "parallel"):

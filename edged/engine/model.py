@@ -99,7 +99,7 @@ class Model:
              n_ctx_plan=None):
         """Load and validate a GGUF model.
 
-        trusted_keys: a signing.TrustStore (or a directory of trusted public keys);
+        trusted_keys: a store.TrustStore (or a directory of trusted public keys);
         require_signature: refuse unsigned files; max_memory: byte budget (default: available
         memory); backend: "cpu" or "reference" (default: $EDGED_BACKEND or cpu);
         verbose/log: report each tensor and the memory plan as the load proceeds;
@@ -116,11 +116,11 @@ class Model:
         self._verified = None
         self.signer = None
         if trusted_keys is not None or require_signature:
-            from ..trust import signing
+            from ..trust import store, verify
             trust = trusted_keys
             if isinstance(trust, (str, os.PathLike)):
-                trust = signing.TrustStore.load(trust)
-            vf = signing.open_verified(self.path, trust, require_signature)
+                trust = store.TrustStore.load(trust)
+            vf = verify.open_verified(self.path, trust, require_signature)
             self._verified = vf
             self.signer = vf.signer
             try:

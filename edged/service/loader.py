@@ -103,13 +103,13 @@ class Loader:
         opens the model through open_verified again, which the verification cache answers
         without re-hashing an unchanged file (a replaced file misses the cache and is verified
         afresh), and maps that very descriptor up to the signed length."""
-        from ..trust import signing
+        from ..trust import verify
         from ..engine.model import Model
 
         cfg = self.cfg
         t0 = time.monotonic()
         try:
-            signing.open_verified(path, self.trust, cfg.require_signature).close()
+            verify.open_verified(path, self.trust, cfg.require_signature).close()
         except FileNotFoundError:
             raise RequestError(f"model {name!r} not found ({path})") from None
         except OSError as e:        # unreadable (mode, ownership, Landlock), I/O error

@@ -20,7 +20,7 @@ MODELS = ["stories260K.gguf", "synthetic-qwen2-Q4_K_M.gguf", "synthetic-llama-Q4
           "synthetic-llama-F16.gguf", "synthetic-llama-BF16.gguf"]
 
 
-@pytest.fixture(params=["auto", "generic", "avx2"])
+@pytest.fixture(params=["auto", "generic", "avx2", "avx2-vnni"])  # avx2-vnni: plain AVX2 anywhere
 def kernels(request):
     from edged import _core
     from edged.errors import ConfigError
