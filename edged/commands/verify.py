@@ -3,18 +3,19 @@ import os
 import sys
 
 from ..trust import signing
-from .progress import ProgressBar
+from .progress import ByteProgress
 
 
 def register(subparsers):
     p = subparsers.add_parser("verify", help="check a model's signature against trusted keys",
                               description="Verify MODEL as the daemon does before loading it. Prints the "
                                           "signer's fingerprint and exits 0, or the reason and exits 1.")
-    p.add_argument("--trusted", default=signing.DEFAULT_TRUSTED_DIR, metavar="DIR",
-                   help=f"directory of trusted PEM public keys (default {signing.DEFAULT_TRUSTED_DIR})")
-    p.add_argument("--revoked", metavar="FILE",
+    p.add_argument("--trusted-keys", "--trusted", dest="trusted", default=signing.DEFAULT_TRUSTED_DIR,
+                   metavar="DIR", help="directory of trusted PEM public keys (default "
+                   f"{signing.DEFAULT_TRUSTED_DIR}; --trusted is the old name)")
+    p.add_argument("--revoked-keys", "--revoked", dest="revoked", metavar="FILE",
                    help=f"revoked fingerprints, one a line (default {signing.DEFAULT_REVOKED_FILE} if it exists)")
-    p.add_argument("model", metavar="MODEL.gguf")
+    p.add_argument("model", metavar="MODEL.gguf", help="model file to verify")
     p.set_defaults(func=run)
 
 
@@ -22,14 +23,14 @@ def run(args):
     revoked = args.revoked
     if revoked is None and os.path.exists(signing.DEFAULT_REVOKED_FILE):
         revoked = signing.DEFAULT_REVOKED_FILE
-    bar = ProgressBar(f"verify {args.model}")
     try:
         trust = signing.TrustStore.load(args.trusted, revoked)
-        with signing.open_verified(args.model, trust, require_signature=True, progress=bar, cache=None) as vf:
-            bar.finish()
+        with ByteProgress(f"verify {args.model}") as progress:
+            vf = signing.open_verified(args.model, trust, require_signature=True, progress=progress,
+                                       cache=None)
+        with vf:
             print(f"{vf.signer}  {args.model}  ({vf.kind}, {vf.algorithm}, {vf.signed_length} bytes signed)")
         return 0
     except signing.SignatureError as e:
-        bar.finish()
         print(f"edged verify: {e}", file=sys.stderr)
         return 1

@@ -14,6 +14,7 @@ import time
 from ..errors import EdgedError, RequestError
 from .loader import describe_error
 from .log import log
+from .metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from .names import check_model_name
 from .registry import ModelNotFound, NotReady
 from .scheduler import Job, QueueFull, QueueTimeout
@@ -327,7 +328,7 @@ class Api:
         st = self.state
         text = st.metrics.render(st.slots.waiting, st.slots.busy,
                                  [n for n, m in st.registry.models.items() if not m.draining], st.slots.n)
-        return Reply(200, text, content_type="text/plain; version=0.0.4")
+        return Reply(200, text, content_type=METRICS_CONTENT_TYPE)
 
     async def models(self, req):
         return Reply(200, {"object": "list", "data": self.state.registry.listing()})

@@ -8,7 +8,11 @@ import dataclasses
 import grp
 import os
 import re
-import tomllib
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10: the same parser as the PyPI package tomli
+    import tomli as tomllib
 
 from ..errors import ConfigError
 

@@ -42,6 +42,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import padding, rsa, utils
 
 from ..errors import SignatureError
+from ..files import creation_mode
 
 DEFAULT_TRUSTED_DIR = "/etc/edged/trusted-keys"
 DEFAULT_REVOKED_FILE = "/etc/edged/revoked-keys"
@@ -688,7 +689,7 @@ def sign_file(path, private_key, *, detached=False, pss=False, progress=None):
             if _stat_key(os.fstat(fd)) != _stat_key(st):
                 raise _refuse(CHANGED, path, "the file changed while it was being signed")
             out = path + ".sig"
-            write_file_atomic(out, sign_digest(private_key, digest, algorithm), 0o644)
+            write_file_atomic(out, sign_digest(private_key, digest, algorithm), creation_mode())
             return out
         directory = os.path.dirname(os.path.abspath(path))
         tfd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{os.path.basename(path)}.", suffix=".tmp")
