@@ -1,7 +1,7 @@
 """`edged chat`: a small interactive client for the daemon; streams each reply as it comes."""
 import sys
 
-from .client import Daemon, add_socket_arg
+from .loadargs import add_socket_arg
 
 
 def register(sub):
@@ -20,6 +20,8 @@ def register(sub):
 
 def stream_chat(sock_path, body, out):
     """POST a streaming chat request; write the deltas to `out`; return the whole reply text."""
+    from ..service.client import Daemon
+
     parts = []
     with Daemon(sock_path) as daemon:
         for event in daemon.stream("/v1/chat/completions", body):

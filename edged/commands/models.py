@@ -9,7 +9,7 @@ import datetime
 import json
 import sys
 
-from .client import Daemon, add_socket_arg
+from .loadargs import add_socket_arg
 
 
 def register(sub):
@@ -55,9 +55,15 @@ def _table(rows, header):
         print("  ".join(str(x).ljust(w) for x, w in zip(row, widths)).rstrip())
 
 
-def _listing(args):
+def _request(args, method, path, body=None):
+    from ..service.client import Daemon
+
     with Daemon(args.socket) as daemon:
-        return daemon.request("GET", "/v1/models")["data"]
+        return daemon.request(method, path, body)
+
+
+def _listing(args):
+    return _request(args, "GET", "/v1/models")["data"]
 
 
 def list_models(args):
@@ -88,8 +94,7 @@ def list_loaded(args):
 
 
 def load(args):
-    with Daemon(args.socket) as daemon:
-        r = daemon.request("POST", "/v1/models/load", {"model": args.name})
+    r = _request(args, "POST", "/v1/models/load", {"model": args.name})
     total = r.get("load_seconds", {}).get("total")
     took = f" in {total:.2f} s" if total is not None else ""
     print(f"loaded {r['model']}{took} (signed by {r.get('signer') or 'nobody'})")
@@ -97,7 +102,6 @@ def load(args):
 
 
 def unload(args):
-    with Daemon(args.socket) as daemon:
-        r = daemon.request("POST", "/v1/models/unload", {"model": args.name})
+    r = _request(args, "POST", "/v1/models/unload", {"model": args.name})
     print(f"unloaded {r['model']}")
     return 0

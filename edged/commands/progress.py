@@ -7,19 +7,19 @@ from tqdm import tqdm
 DELAY = 0.5     # seconds before a bar appears: quick operations print nothing
 
 
-def bar(desc, total=None, unit="B", disable=None, **kw):
-    """A tqdm bar on stderr; bytes are shown as kB/MB/GB and B/s. disable=None: only on a
-    terminal; True: never."""
+def bar(desc, total=None, unit="B", disable=None, delay=DELAY, **kw):
+    """A tqdm bar on stderr (or file=); bytes are shown as KiB/MiB/GiB and B/s. disable=None:
+    only on a terminal; True: never."""
     return tqdm(desc=desc, total=total, unit=unit, unit_scale=unit == "B", unit_divisor=1024,
-                disable=disable, delay=DELAY, leave=False, dynamic_ncols=True, **kw)
+                disable=disable, delay=delay, leave=False, dynamic_ncols=True, **kw)
 
 
 class ByteProgress:
     """Adapter for the `progress(done, total)` callbacks of hashing and signing (cumulative
     bytes) onto one tqdm bar. Use as a context manager; the bar is removed at exit."""
 
-    def __init__(self, desc):
-        self.bar = bar(desc)
+    def __init__(self, desc, **kw):
+        self.bar = bar(desc, **kw)
 
     def __call__(self, done, total):
         if self.bar.total != total:

@@ -9,4 +9,6 @@
 
 config.py reads edged.toml; systemd.py is sd_notify/listen_fds; log.py journald-friendly
 stderr logging; metrics.py the Prometheus counters; daemon.py wires it all together.
+client.py is the other side: the httpx client of the socket that `edged chat`, `models`, `ps`,
+`load` and `unload` use.
 """

@@ -1,23 +1,17 @@
-"""The CLI's client of a running daemon: HTTP over its Unix socket through httpx's transport,
+"""A client of a running daemon: HTTP over its Unix socket through httpx's transport,
 JSON replies, OpenAI-shaped errors turned into EdgedError, and SSE streams parsed by httpx-sse.
-Used by `edged chat`, `edged models`, `edged ps`, `edged load` and `edged unload`."""
+Used by `edged chat`, `edged models`, `edged ps`, `edged load` and `edged unload`, which import
+it when they run: httpx would cost `edged --help` and every other command its import time."""
 import errno
 import json
-import os
 
 import httpx
 import httpx_sse
 
 from ..errors import EdgedError
 
-DEFAULT_SOCKET = "/run/edged/edged.sock"
 CONNECT_SECONDS = 10.0
 READ_SECONDS = 600.0           # a load verifies and maps a model; a reply may be long
-
-
-def add_socket_arg(p):
-    p.add_argument("--socket", metavar="PATH", default=os.environ.get("EDGED_SOCKET", DEFAULT_SOCKET),
-                   help=f"the daemon's socket (default $EDGED_SOCKET or {DEFAULT_SOCKET})")
 
 
 def _os_error(e):
