@@ -29,7 +29,8 @@ def register(sub):
                         "(--no-require-signature: development only)")
     p.add_argument("--model", metavar="NAME", help="default model, loaded at start-up")
     p.add_argument("--max-loaded-models", type=int, metavar="N", help="models kept loaded at once")
-    p.add_argument("--memory-budget", metavar="SIZE", help="memory for models, e.g. 1.5G (0: available memory)")
+    p.add_argument("--memory-budget", metavar="SIZE",
+                   help="memory for models in bytes or like 1536M, 2G (0: available memory)")
     p.add_argument("--keep-alive", type=float, metavar="SECONDS",
                    help="seconds an idle model stays loaded (negative: forever)")
     p.add_argument("-t", "--threads", type=int, metavar="N", help="compute threads (0 = all CPUs)")
