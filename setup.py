@@ -67,7 +67,7 @@ def extensions():
 setup(
     ext_modules=extensions(),
     cmdclass={"build_ext": BuildExt},
-    package_data={"edged": ["*.pxd"]},
+    package_data={"edged": ["*.pxd", "data/*.gguf", "data/*.LICENSE"]},
     install_requires=[
         "numpy>=1.24,<3",
         "cryptography>=41,<52",
