@@ -51,7 +51,7 @@ def test_sdist_holds_every_source_and_the_metadata(sdist):
               for f in files if f.endswith(SOURCES)}
     assert any(w.endswith("core.pyx") for w in wanted) and any(w.endswith(".h") for w in wanted)
     assert not wanted - inside, f"sources missing from the sdist: {sorted(wanted - inside)}"
-    for f in ("setup.py", "pyproject.toml", "MANIFEST.in", "LICENSE", "edged/cli.py",
+    for f in ("setup.py", "pyproject.toml", "MANIFEST.in", "LICENSE", "edged/cli.py", "edged/data/stories260K.gguf",
               "systemd/edged.service", "systemd/sysusers.d/edged.conf"):
         assert f in inside, f
     assert not [n for n in inside if n.endswith((".so", ".c")) and n.startswith("cython_kernels")]
@@ -79,7 +79,9 @@ def test_wheel_built_from_the_sdist_installs_and_runs(sdist, tmp_path):
     assert whl.endswith(f"-{tag}.whl") and "-cp3" in whl, whl     # compiled, not py3-none-any
     with zipfile.ZipFile(whl) as z:
         compiled = {n.split(".")[0] for n in z.namelist() if n.startswith("edged/_") and n.endswith(".so")}
+        data = set(z.namelist())
     assert {"edged/_core", "edged/_bpe", "edged/_gguf_scan"} <= compiled, compiled
+    assert "edged/data/stories260K.gguf" in data                  # the demo model ships too
 
     venv = tmp_path / "venv"
     _run([sys.executable, "-m", "venv", "--without-pip", str(venv)], str(tmp_path))
