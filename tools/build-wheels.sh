@@ -71,7 +71,9 @@ PYTHONPATH=$SYSCFG \
 CC=aarch64-linux-gnu-gcc LDSHARED="aarch64-linux-gnu-gcc -shared" \
 CFLAGS="-I$ARM/usr/include" \
     "$VPY" -m pip wheel -q --no-deps --no-build-isolation -w "$WORK/raw/aarch64" "$SDIST"
-"$WORK/venv/bin/auditwheel" repair --strip -w "$OUT" "$WORK"/raw/aarch64/edged-*.whl >/dev/null
+mkdir -p "$WORK/aarch64-bin"                # auditwheel --strip runs `strip`: the aarch64 one
+ln -sf "$(command -v aarch64-linux-gnu-strip)" "$WORK/aarch64-bin/strip"
+PATH=$WORK/aarch64-bin:$PATH "$WORK/venv/bin/auditwheel" repair --strip -w "$OUT" "$WORK"/raw/aarch64/edged-*.whl >/dev/null
 AWHL=$(ls "$OUT"/*aarch64.whl)
 say "aarch64 wheel $(basename "$AWHL")"
 
