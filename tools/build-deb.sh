@@ -16,6 +16,8 @@ ROOT=$PWD
 ARCH=${1:?usage: tools/build-deb.sh amd64|arm64 [LIBDIR]}
 LIBDIR=${2:-}
 case "$ARCH" in amd64) PYARCH=x86_64 ;; arm64) PYARCH=aarch64 ;; *) echo "build-deb: ARCH is amd64 or arm64" >&2; exit 2 ;; esac
+# pip --platform takes each manylinux tag it may use (edged's is 2_34, the dependencies' older)
+platforms() { for t in manylinux_2_34 manylinux_2_28 manylinux2014; do printf -- '--platform %s_%s ' "$t" "$1"; done; }
 VERSION=$(sed -n 's/^__version__ = "\(.*\)"/\1/p' edged/__init__.py)
 WORK=${EDGED_DEB_WORK:-$(mktemp -d)}
 STAGE=$WORK/edged_${VERSION}_$ARCH
@@ -27,7 +29,7 @@ if [ -n "$LIBDIR" ]; then
 else
     WHEEL=$(ls "$ROOT"/dist/edged-"$VERSION"-cp311-cp311-*manylinux*_"$PYARCH".whl 2>/dev/null | head -n 1)
     [ -n "$WHEEL" ] || { echo "build-deb: no $PYARCH wheel in dist/ (run tools/build-wheels.sh)" >&2; exit 1; }
-    python3.11 -m pip install -q --target "$STAGE/opt/edged/lib" --platform "manylinux2014_$PYARCH" \
+    python3.11 -m pip install -q --target "$STAGE/opt/edged/lib" $(platforms "$PYARCH") \
         --python-version 3.11 --implementation cp --abi cp311 --only-binary=:all: "$WHEEL"
 fi
 rm -rf "$STAGE/opt/edged/lib/bin"                       # console scripts of pip --target

@@ -80,8 +80,10 @@ say "aarch64 wheel $(basename "$AWHL")"
 # --- check the aarch64 wheel under qemu ----------------------------------------------------
 if [ "${SKIP_ARM64_CHECK:-0}" != 1 ]; then
     SITE=$WORK/arm64-site
+    # pip --platform takes each manylinux tag it may use (ours is 2_34, the dependencies' older)
+    PLATFORMS_AARCH64="--platform manylinux_2_34_aarch64 --platform manylinux_2_28_aarch64 --platform manylinux2014_aarch64"
     rm -rf "$SITE"
-    "$VPY" -m pip install -q --target "$SITE" --platform manylinux2014_aarch64 --python-version 3.11 \
+    "$VPY" -m pip install -q --target "$SITE" $PLATFORMS_AARCH64 --python-version 3.11 \
         --implementation cp --abi cp311 --only-binary=:all: "$AWHL"
     MODEL=${EDGED_CHECK_MODEL:-$ROOT/../shared/testdata/models/stories260K.gguf}
     run_arm() { PYTHONPATH=$SITE qemu-aarch64-static -L "$ARM" "$ARM/usr/bin/python3.11" -m edged "$@"; }
