@@ -73,7 +73,7 @@ def test_deb_installs_a_running_sandboxed_service(tmp_path):
     os.replace(deb, payload / os.path.basename(deb))
     signed_demo_model(payload)          # the package's compiled core runs it
     (payload / "run.sh").write_text("CAN_GENERATE=1\n" + RUN_SH)
-    log, checks = boot(payload, tmp_path)
+    log, checks = boot(payload, tmp_path, timeout=2400)   # unpacks 120 MB three times under TCG
     expected = ["apt-install", "installed", "socket-enabled", "socket-active", "service-idle", "user",
                 "conffile", "config-mode", "cli-on-path", "first-request", "service-active", "seccomp",
                 "runs-as-edged", "in-process-sandbox", "cli-models", "remove", "removed-socket-gone",
