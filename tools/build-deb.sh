@@ -10,6 +10,7 @@
 #   tools/build-deb.sh amd64 [LIBDIR]
 # LIBDIR: an already populated site (edged and its dependencies) to package instead of
 # installing the wheel with pip (which downloads the dependencies' ARCH wheels from PyPI).
+# EDGED_DEB_OUT: directory for the .deb (default dist/).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -22,7 +23,7 @@ VERSION=$(sed -n 's/^__version__ = "\(.*\)"/\1/p' edged/__init__.py)
 WORK=${EDGED_DEB_WORK:-$(mktemp -d)}
 STAGE=$WORK/edged_${VERSION}_$ARCH
 rm -rf "$STAGE"
-mkdir -p "$STAGE/opt/edged/bin" "$STAGE/usr/bin" "$STAGE/DEBIAN" "$ROOT/dist"
+mkdir -p "$STAGE/opt/edged/bin" "$STAGE/usr/bin" "$STAGE/DEBIAN" "${EDGED_DEB_OUT:-$ROOT/dist}"
 
 if [ -n "$LIBDIR" ]; then
     cp -a "$LIBDIR" "$STAGE/opt/edged/lib"
@@ -53,6 +54,6 @@ install -m 0755 packaging/deb/postinst packaging/deb/prerm packaging/deb/postrm 
 SIZE=$(du -sk --exclude=DEBIAN "$STAGE" | cut -f1)
 sed -e "s/@VERSION@/$VERSION/" -e "s/@ARCH@/$ARCH/" -e "s/@SIZE@/$SIZE/" packaging/deb/control > "$STAGE/DEBIAN/control"
 (cd "$STAGE" && find . -path ./DEBIAN -prune -o -type f -printf '%P\0' | sort -z | xargs -0 md5sum > DEBIAN/md5sums)
-OUT=$ROOT/dist/edged_${VERSION}_$ARCH.deb
+OUT=${EDGED_DEB_OUT:-$ROOT/dist}/edged_${VERSION}_$ARCH.deb
 dpkg-deb --root-owner-group -Zgzip --build "$STAGE" "$OUT" >/dev/null
 echo "$OUT"

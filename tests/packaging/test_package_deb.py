@@ -66,11 +66,10 @@ def test_deb_installs_a_running_sandboxed_service(tmp_path):
     copy_site(str(site))
     r = subprocess.run([os.path.join(ROOT, "tools", "build-deb.sh"), "amd64", str(site)], cwd=ROOT,
                        capture_output=True, text=True, timeout=600,
-                       env={**os.environ, "EDGED_DEB_WORK": str(tmp_path / "deb")})
+                       env={**os.environ, "EDGED_DEB_WORK": str(tmp_path / "deb"), "EDGED_DEB_OUT": str(payload)})
     assert r.returncode == 0, r.stderr
     deb = r.stdout.strip().splitlines()[-1]
     assert os.path.basename(deb).startswith("edged_") and deb.endswith("_amd64.deb")
-    os.replace(deb, payload / os.path.basename(deb))
     signed_demo_model(payload)          # the package's compiled core runs it
     (payload / "run.sh").write_text("CAN_GENERATE=1\n" + RUN_SH)
     log, checks = boot(payload, tmp_path, timeout=2400)   # unpacks 120 MB three times under TCG
