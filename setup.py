@@ -79,6 +79,7 @@ setup(
         "tqdm>=4.60,<5",                             # CLI progress bars
         "httpx>=0.27,<1",                            # CLI client of the daemon's Unix socket
         "httpx-sse>=0.4,<0.5",                       # its SSE stream parser (edged chat)
+        "pydantic>=2.5,<3",                          # config validation
     ],
     extras_require={
         "test": ["pytest>=7", "hypothesis>=6", "gguf>=0.10", "openai>=1.30",

@@ -5,6 +5,7 @@ environment variables (every key of edged/service/config.py: EDGED_N_PARALLEL=2,
 EDGED_REQUIRE_SIGNATURE=false, EDGED_ALLOW_GIDS=edged,video), then the flags below. Environment
 and flags also hold across a SIGHUP reload of the file."""
 import argparse
+import json
 import os
 
 from ..errors import ConfigError
@@ -82,6 +83,8 @@ def _typed(kind, text):
         return float(text)
     if kind == "size":
         return int(text) if text.isdigit() else text
+    if kind == "acl":      # JSON: {"NAME": ["uid:1000", "gid:apps"]}
+        return json.loads(text)
     if kind == "ids":      # comma-separated names or numbers
         return [int(x) if x.strip().isdigit() else x.strip() for x in text.split(",") if x.strip()]
     return text            # str, path, enum, mode ("0660"): checked by the config module

@@ -16,8 +16,8 @@ from conftest import ROOT
 
 VM = os.environ.get("EDGED_VM_DIR", "/var/tmp/edged-vm")
 ACCEL = os.environ.get("EDGED_VM_ACCEL", "tcg")
-RUNTIME_DISTS = ("numpy", "aiohttp", "jinja2", "cryptography", "pyseccomp", "prometheus_client", "tqdm",
-                 "httpx", "httpx-sse")
+RUNTIME_DISTS = ("numpy", "aiohttp", "jinja2", "cryptography", "pyseccomp", "pydantic", "prometheus_client",
+                 "tqdm", "httpx", "httpx-sse")
 
 
 def why_skip():
@@ -102,11 +102,11 @@ def assert_checks(log, checks, expected):
 def signed_demo_model(payload, runnable=True):
     """payload/keys/vmtest.pem (a new trusted key) and payload/models/demo.gguf signed by it:
     stories260K with a chat template when `runnable`, else an unloadable stub."""
-    from edged.trust import signing
-    key = signing.generate_key(2048)
+    from edged.trust.sign import generate_key, public_pem, sign_file
+    key = generate_key(2048)
     keys = payload / "keys"
     keys.mkdir()
-    (keys / "vmtest.pem").write_bytes(signing.public_pem(key))
+    (keys / "vmtest.pem").write_bytes(public_pem(key))
     models = payload / "models"
     models.mkdir()
     if runnable:
@@ -114,4 +114,4 @@ def signed_demo_model(payload, runnable=True):
         add_chat_template(stories(), str(models / "demo.gguf"))
     else:
         (models / "demo.gguf").write_bytes(b"GGUF")
-    signing.sign_file(str(models / "demo.gguf"), key)
+    sign_file(str(models / "demo.gguf"), key)
