@@ -10,11 +10,10 @@ EDGED_DEBUG_BUILD=1 gives a debug build: Cython bounds/wraparound checks on, -O0
 """
 import glob
 import os
-import re
 
-from setuptools import Extension, find_packages, setup
+from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
 
-HERE = os.path.dirname(os.path.abspath(__file__))
 DEBUG = os.environ.get("EDGED_DEBUG_BUILD", "") not in ("", "0")
 
 # --- the one build block -------------------------------------------------------------------
@@ -33,15 +32,21 @@ SOURCE_DIRS = ["cython_kernels"] + sorted(glob.glob("cython_kernels/*/"))
 # --------------------------------------------------------------------------------------------
 
 
-def version():
-    text = open(os.path.join(HERE, "edged", "__init__.py"), encoding="utf-8").read()
-    return re.search(r'^__version__ = "([^"]+)"', text, re.M).group(1)
+class BuildExt(build_ext):
+    """Cythonize when the extensions are built, not when setup.py is read: `sdist` and the
+    metadata step then need no Cython and leave no generated .c files behind."""
+
+    def finalize_options(self):
+        from Cython.Build import cythonize
+
+        self.distribution.ext_modules = cythonize(
+            self.distribution.ext_modules, compiler_directives=CYTHON_DIRECTIVES,
+            include_path=SOURCE_DIRS, force=DEBUG)
+        super().finalize_options()
 
 
 def extensions():
-    from Cython.Build import cythonize
-
-    exts = [
+    return [
         Extension(
             "edged._" + os.path.splitext(os.path.basename(pyx))[0],
             [pyx],
@@ -54,29 +59,32 @@ def extensions():
         )
         for pyx in sorted(glob.glob("cython_kernels/**/*.pyx", recursive=True))
     ]
-    return cythonize(exts, compiler_directives=CYTHON_DIRECTIVES, include_path=SOURCE_DIRS,
-                     force=DEBUG)
 
 
+# Name, version (edged/__init__.py), license, classifiers and the `edged` script are declared in
+# pyproject.toml; the dependency lists stay here. Upper bounds are the next major release (the
+# next minor for 0.x libraries): a fleet that reinstalls months later gets an API we tested.
 setup(
-    name="edged",
-    version=version(),
-    description="LLM runtime for edge Linux devices: signed GGUF models over a sandboxed Unix socket",
-    python_requires=">=3.11",
-    packages=find_packages(include=["edged", "edged.*"]),
-    package_data={"edged": ["*.pxd", "data/*.gguf", "data/*.LICENSE"]},
     ext_modules=extensions(),
+    cmdclass={"build_ext": BuildExt},
+    package_data={"edged": ["*.pxd", "data/*.gguf", "data/*.LICENSE"]},
     install_requires=[
-        "numpy>=1.24",
-        "cryptography>=41",
-        "pyseccomp>=0.1.2",
-        "aiohttp>=3.9",
-        "jinja2>=3.1",
-        "pydantic>=2.5,<3",
+        "numpy>=1.24,<3",
+        "cryptography>=41,<52",
+        "pyseccomp>=0.1.2,<0.2",
+        "aiohttp>=3.9,<4",
+        "jinja2>=3.1,<4",
+        "tomli>=1.1,<3; python_version < '3.11'",   # tomllib before 3.11
+        "prometheus-client>=0.17,<1",                # /metrics text format
+        "tqdm>=4.60,<5",                             # CLI progress bars
+        "httpx>=0.27,<1",                            # CLI client of the daemon's Unix socket
+        "httpx-sse>=0.4,<0.5",                       # its SSE stream parser (edged chat)
+        "pydantic>=2.5,<3",                          # config validation
     ],
     extras_require={
-        "test": ["pytest>=7", "hypothesis>=6", "gguf>=0.10", "httpx>=0.27", "openai>=1.30"],
+        "test": ["pytest>=7", "hypothesis>=6", "gguf>=0.10", "openai>=1.30",
+                 # the sdist -> wheel test builds without isolation, from these
+                 "build>=1", "setuptools>=77", "wheel", "Cython>=3.0,<3.4"],
     },
-    entry_points={"console_scripts": ["edged = edged.cli:main"]},
     zip_safe=False,
 )

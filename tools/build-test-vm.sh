@@ -54,7 +54,7 @@ ExecStartPre=/bin/mkdir -p /payload
 ExecStartPre=/bin/mount -o ro /dev/disk/by-label/payload /payload
 ExecStart=/bin/sh -c '/bin/sh /payload/run.sh > /dev/ttyS0 2>&1; echo "EDGED-VMTEST-EXIT $?" > /dev/ttyS0'
 ExecStopPost=/bin/systemctl --no-block poweroff
-TimeoutStartSec=600
+TimeoutStartSec=1800
 StandardOutput=journal+console
 
 [Install]

@@ -15,9 +15,12 @@ def register(sub):
                        "Generation: -n tokens one at a time from an empty context. "
                        "Each is repeated -r times after a short warm-up; mean and spread are printed.")
     add_load_args(p)
-    p.add_argument("-p", "--n-prompt", type=int, default=512)
-    p.add_argument("-n", "--n-gen", type=int, default=128)
-    p.add_argument("-r", "--repetitions", type=int, default=5)
+    p.add_argument("-p", "--n-prompt", type=int, default=512, metavar="N",
+                   help="prompt tokens evaluated in one batch (pp test; 0 skips it; default 512)")
+    p.add_argument("-n", "--n-gen", type=int, default=128, metavar="N",
+                   help="tokens generated one at a time (tg test; 0 skips it; default 128)")
+    p.add_argument("-r", "--repetitions", type=int, default=5, metavar="R",
+                   help="timed runs of each test after the warm-up (default 5)")
     p.add_argument("--json", action="store_true", help="print results as JSON")
     p.add_argument("--profile", action="store_true",
                    help="also print time per op kind for one token and for one prompt batch")

@@ -16,13 +16,19 @@ def register(sub):
     p.add_argument("-c", "--ctx-size", type=int, default=0,
                    help="context size (default: prompt + n, at least 512, at most the model's)")
     p.add_argument("--temp", type=float, default=0.0, help="temperature (0: greedy)")
-    p.add_argument("--top-k", type=int, default=40)
-    p.add_argument("--top-p", type=float, default=0.95)
-    p.add_argument("--min-p", type=float, default=0.05)
-    p.add_argument("--repeat-penalty", type=float, default=1.0)
-    p.add_argument("--repeat-last-n", type=int, default=64)
-    p.add_argument("--presence-penalty", type=float, default=0.0)
-    p.add_argument("--frequency-penalty", type=float, default=0.0)
+    p.add_argument("--top-k", type=int, default=40, help="keep the K most likely tokens (0: all; default 40)")
+    p.add_argument("--top-p", type=float, default=0.95,
+                   help="keep the most likely tokens up to this total probability (1: off; default 0.95)")
+    p.add_argument("--min-p", type=float, default=0.05,
+                   help="drop tokens less likely than P times the most likely one (0: off; default 0.05)")
+    p.add_argument("--repeat-penalty", type=float, default=1.0,
+                   help="divide the logits of recently seen tokens by this (1: off; default 1)")
+    p.add_argument("--repeat-last-n", type=int, default=64,
+                   help="how many recent tokens the penalties look at (default 64)")
+    p.add_argument("--presence-penalty", type=float, default=0.0,
+                   help="subtract from the logits of tokens seen at all (default 0)")
+    p.add_argument("--frequency-penalty", type=float, default=0.0,
+                   help="subtract this times the count of each seen token (default 0)")
     p.add_argument("--seed", type=int, default=None, help="RNG seed (same seed, same output)")
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     p.add_argument("--chat", action="store_true",

@@ -18,7 +18,7 @@ def register(sub):
             action.required = False
     p.add_argument("-c", "--ctx-size", type=int, action="append", default=None,
                    help="context size(s) to plan memory for (default: 512, 4096, training)")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="print one JSON document instead of text")
     p.set_defaults(func=run)
 
 

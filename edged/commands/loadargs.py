@@ -1,9 +1,12 @@
-"""Flags shared by the commands that load a model (generate, bench, info)."""
+"""Flags shared by several commands: loading a model (generate, bench, info) and reaching the
+daemon's socket (chat, models, ps, load, unload)."""
+import os
 import re
 
 from ..errors import ConfigError
 
 _UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+DEFAULT_SOCKET = "/run/edged/edged.sock"
 
 
 def parse_size(text):
@@ -41,3 +44,8 @@ def load_model(args, n_ctx_plan=None):
                       mlock=args.mlock, trusted_keys=args.trusted_keys,
                       require_signature=args.require_signature, max_memory=args.max_memory,
                       verbose=args.verbose, n_ctx_plan=n_ctx_plan)
+
+
+def add_socket_arg(p):
+    p.add_argument("--socket", metavar="PATH", default=os.environ.get("EDGED_SOCKET", DEFAULT_SOCKET),
+                   help=f"the daemon's socket (default $EDGED_SOCKET or {DEFAULT_SOCKET})")

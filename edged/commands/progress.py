@@ -1,37 +1,33 @@
-"""A one-line progress bar on stderr for long file operations (hashing, copying).
+"""Progress bars on stderr for long operations, drawn by tqdm (edged draws none of its own).
 
-Shown only when stderr is a terminal and the work is big enough to take a while."""
-import sys
-import time
+tqdm decides when to draw: only on a terminal (disable=None), only once an operation has run
+for a moment (delay), at a bounded rate; in a log or a pipe nothing is written."""
+from tqdm import tqdm
 
-MIN_BYTES = 256 << 20
+DELAY = 0.5     # seconds before a bar appears: quick operations print nothing
 
 
-class ProgressBar:
-    def __init__(self, label, stream=None, min_bytes=MIN_BYTES, width=30):
-        self.label, self.width, self.min_bytes = label, width, min_bytes
-        self.stream = stream if stream is not None else sys.stderr
-        self.enabled = self.stream.isatty()
-        self.start = time.monotonic()
-        self.last = 0.0
-        self.shown = False
+def bar(desc, total=None, unit="B", disable=None, delay=DELAY, **kw):
+    """A tqdm bar on stderr (or file=); bytes are shown as KiB/MiB/GiB and B/s. disable=None:
+    only on a terminal; True: never."""
+    return tqdm(desc=desc, total=total, unit=unit, unit_scale=unit == "B", unit_divisor=1024,
+                disable=disable, delay=delay, leave=False, dynamic_ncols=True, **kw)
+
+
+class ByteProgress:
+    """Adapter for the `progress(done, total)` callbacks of hashing and signing (cumulative
+    bytes) onto one tqdm bar. Use as a context manager; the bar is removed at exit."""
+
+    def __init__(self, desc, **kw):
+        self.bar = bar(desc, **kw)
 
     def __call__(self, done, total):
-        if not self.enabled or total < self.min_bytes:
-            return
-        now = time.monotonic()
-        if now - self.last < 0.1 and done < total:
-            return
-        self.last = now
-        filled = self.width * done // total
-        rate = done / max(now - self.start, 1e-9) / 1e9
-        self.stream.write(f"\r{self.label} [{'#' * filled}{'.' * (self.width - filled)}] "
-                          f"{100 * done // total:3d}% {done / 1e9:.2f}/{total / 1e9:.2f} GB {rate:.2f} GB/s")
-        self.stream.flush()
-        self.shown = True
+        if self.bar.total != total:
+            self.bar.reset(total)
+        self.bar.update(done - self.bar.n)
 
-    def finish(self):
-        if self.shown:
-            self.stream.write("\n")
-            self.stream.flush()
-            self.shown = False
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.bar.close()

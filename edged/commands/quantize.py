@@ -1,6 +1,11 @@
-"""`edged quantize IN.gguf OUT.gguf TYPE`: requantize a model into one of llama.cpp's mixes."""
+"""`edged quantize IN.gguf OUT.gguf TYPE`: quantize a model into one of llama.cpp's mixes."""
+import collections
+import os
 import sys
 import time
+
+from ..errors import ConfigError
+from .progress import bar
 
 
 def register(sub):
@@ -8,35 +13,35 @@ def register(sub):
     p = sub.add_parser("quantize", help="quantize a GGUF model (Q4_K_M, Q8_0, ...)",
                        description="Quantize IN into OUT with llama.cpp's per-tensor type choices "
                        "and reference quantizers (no importance matrix). Metadata is copied; OUT "
-                       "is written atomically.")
-    p.add_argument("input", metavar="IN.gguf")
-    p.add_argument("output", metavar="OUT.gguf")
+                       "is written atomically, with the mode your umask gives new files.")
+    p.add_argument("input", metavar="IN.gguf", help="model to quantize (F32/F16/BF16 weights)")
+    p.add_argument("output", metavar="OUT.gguf", help="file to write (refused if it exists, see --force)")
     p.add_argument("type", metavar="TYPE", help="one of " + ", ".join(list(MIXES) + list(ALIASES)))
-    p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--force", action="store_true", help="overwrite OUT if it exists")
+    p.add_argument("--allow-requantize", action="store_true",
+                   help="allow quantizing tensors that are already quantized (their rounding "
+                        "errors add up; as llama-quantize's flag of the same name)")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress bar and no summary")
     p.set_defaults(func=run)
 
 
 def run(args):
     from ..format.quantize import parse_mix, quantize_file
     ftype = parse_mix(args.type)  # fail on a bad type before reading anything
+    if os.path.lexists(args.output) and not args.force:
+        raise ConfigError(f"{args.output} exists (--force to overwrite it)")
     t0 = time.monotonic()
-    tty = sys.stderr.isatty()
+    with bar(f"quantize {os.path.basename(args.input)}", disable=True if args.quiet else None) as b:
+        def progress(i, n, name, qtype, done, total):
+            b.total = total
+            b.set_postfix_str(f"{i}/{n} {name} -> {qtype.name}", refresh=False)
+            b.update(done - b.n)
 
-    def progress(i, n, name, qtype, done, total):
-        if args.quiet:
-            return
-        width = 30
-        fill = int(width * done / max(1, total))
-        line = (f"[{'#' * fill}{'.' * (width - fill)}] {100 * done / max(1, total):5.1f}% "
-                f"{i}/{n} {name} -> {qtype.name}")
-        print(("\r" + line.ljust(100)) if tty else line, end="" if tty else "\n", file=sys.stderr)
-
-    types = quantize_file(args.input, args.output, ftype, progress=progress)
+        types = quantize_file(args.input, args.output, ftype, progress=progress,
+                              allow_requantize=args.allow_requantize)
     if not args.quiet:
-        counts = {}
-        for t in types.values():
-            counts[t.name] = counts.get(t.name, 0) + 1
-        print(("\n" if tty else "") + f"quantized {args.input} -> {args.output} as {ftype.name} in "
+        counts = collections.Counter(t.name for t in types.values())
+        print(f"quantized {args.input} -> {args.output} as {ftype.name} in "
               f"{time.monotonic() - t0:.1f} s: " + ", ".join(f"{k} x{v}" for k, v in counts.items()),
               file=sys.stderr)
     return 0

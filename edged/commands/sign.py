@@ -4,20 +4,21 @@ import sys
 
 from ..errors import SignatureError
 from ..trust import keys, sign
-from .progress import ProgressBar
+from .progress import ByteProgress
 
 
 def register(subparsers):
     p = subparsers.add_parser("sign", help="sign a model file (appended block or detached .sig)",
                               description="Sign MODEL with an RSA key: by default a signature block is "
-                                          "appended to the file; --detached writes MODEL.sig, the raw "
-                                          "signature `openssl dgst -sha256 -sign` makes.")
+                                          "appended to the file; --detached writes MODEL.gguf.sig "
+                                          "(the model's file name plus .sig), the raw signature "
+                                          "`openssl dgst -sha256 -sign` makes.")
     p.add_argument("--key", required=True, metavar="KEY.pem", help="RSA private key (PEM)")
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--append", dest="detached", action="store_false", help="append a signature block (default)")
-    mode.add_argument("--detached", dest="detached", action="store_true", help="write MODEL.sig instead")
+    mode.add_argument("--detached", dest="detached", action="store_true", help="write MODEL.gguf.sig beside the model instead")
     p.add_argument("--pss", action="store_true", help="RSA-PSS padding instead of PKCS#1 v1.5")
-    p.add_argument("model", metavar="MODEL.gguf")
+    p.add_argument("model", metavar="MODEL.gguf", help="model file to sign")
     p.set_defaults(func=run, detached=False)
 
 
@@ -34,11 +35,8 @@ def _load_key(path):
 
 def run(args):
     key = _load_key(args.key)
-    bar = ProgressBar(f"sign {args.model}")
-    try:
-        out = sign.sign_file(args.model, key, detached=args.detached, pss=args.pss, progress=bar)
-    finally:
-        bar.finish()
+    with ByteProgress(f"sign {args.model}") as progress:
+        out = sign.sign_file(args.model, key, detached=args.detached, pss=args.pss, progress=progress)
     kind = "detached" if args.detached else "appended"
     algorithm = keys.ALGORITHM_NAMES[keys.PSS if args.pss else keys.PKCS1V15]
     print(f"{keys.fingerprint(key)}  {out}  ({kind}, {algorithm})")

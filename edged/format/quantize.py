@@ -6,7 +6,8 @@ unless the mix is Q8_0; attn_v / ffn_down get more bits on "use_more_bits" layer
 mixes; shapes a type's block does not divide fall back (Q4_K -> Q5_0, Q6_K -> Q8_0, ..., F16).
 The rows themselves are quantized by edged.format.quants (llama.cpp's reference algorithms).
 
-    quantize_file(src, dst, mix, progress=None)   writes dst atomically (temp file + rename)
+    quantize_file(src, dst, mix, progress=None)   writes dst atomically (temp file + rename),
+                                                   with the mode the umask gives a new file
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ import numpy as np
 
 from . import quants
 from ..errors import ConfigError, UnsupportedModelError
+from ..files import creation_mode
 from .gguf import (FileType, GGMLType, GGUFFile, GGUFWriter, Key, QUANTIZATION_VERSION,
                    TYPE_INFO, ValueType)
 
@@ -227,10 +229,23 @@ def _row_quantizer(compiled, n_threads):
     return quants.quantize
 
 
-def quantize_file(src, dst, mix, progress=None, chunk_rows=None, compiled=True, n_threads=None):
+UNQUANTIZED = (G.F32, G.F16, G.BF16)
+
+
+def _refuse_requantize(src, tensors, types):
+    for name, ti in tensors.items():
+        if ti.type not in UNQUANTIZED and types[name] != ti.type:
+            raise ConfigError(f"{src}: tensor {name!r} is already quantized ({ti.type.name}); "
+                              f"requantizing it to {types[name].name} adds a second rounding error "
+                              "(quantize from the F32/F16/BF16 model, or allow requantizing)")
+
+
+def quantize_file(src, dst, mix, progress=None, chunk_rows=None, compiled=True, n_threads=None,
+                  allow_requantize=True):
     """Quantize `src` into `dst` with the mix name or FileType `mix`. `progress(i, n, name,
     qtype, done_bytes, total_bytes)` is called after each tensor. compiled=False uses only the
-    NumPy reference quantizers."""
+    NumPy reference quantizers. allow_requantize=False refuses (as llama-quantize does) to turn
+    an already quantized tensor into another type: the errors of both quantizations add up."""
     ftype = parse_mix(mix) if isinstance(mix, str) else FileType(mix)
     quantize_rows = _row_quantizer(compiled, n_threads)
     with GGUFFile.open(src) as f:
@@ -239,6 +254,8 @@ def quantize_file(src, dst, mix, progress=None, chunk_rows=None, compiled=True, 
                 raise UnsupportedModelError(f"{src}: tensor {name!r} has type {ti.type.name}, "
                                             "which edged cannot dequantize")
         types = choose_types(f, ftype)
+        if not allow_requantize:
+            _refuse_requantize(src, f.tensors, types)
         w = GGUFWriter(alignment=f.alignment)
         for key, value in f.metadata.items():
             if key in (Key.ALIGNMENT, Key.FILE_TYPE, Key.QUANTIZATION_VERSION):
@@ -254,6 +271,7 @@ def quantize_file(src, dst, mix, progress=None, chunk_rows=None, compiled=True, 
         d = os.path.dirname(os.path.abspath(dst))
         fd, tmp = tempfile.mkstemp(prefix=".edged-quantize-", dir=d)
         try:
+            os.fchmod(fd, creation_mode())
             with os.fdopen(fd, "wb") as out:
                 w.write_header(out)
                 done = 0

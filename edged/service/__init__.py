@@ -11,4 +11,6 @@ policy.py says which models a request may cause to be loaded and how often it ma
 renderer.py renders chat templates in a bounded child process forked before the sandbox;
 config.py reads edged.toml; systemd.py is sd_notify/listen_fds; log.py journald-friendly
 stderr logging; metrics.py the Prometheus counters; daemon.py wires it all together.
+client.py is the other side: the httpx client of the socket that `edged chat`, `models`, `ps`,
+`load` and `unload` use.
 """

@@ -15,6 +15,7 @@ from ..errors import (EdgedError, HTTPError, ModelNotFound, NotReady, QueueTimeo
                       http_error)
 from ..text.sampling import REQUEST_BOUNDS, greedy_temperature
 from .log import log
+from .metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from .names import check_model_name
 from .scheduler import Job
 
@@ -306,7 +307,7 @@ class Api:
         st = self.state
         text = st.metrics.render(st.slots.waiting, st.slots.busy,
                                  [n for n, m in st.registry.models.items() if not m.draining], st.slots.n)
-        return Reply(200, text, content_type="text/plain; version=0.0.4")
+        return Reply(200, text, content_type=METRICS_CONTENT_TYPE)
 
     async def models(self, req):
         return Reply(200, {"object": "list", "data": self.state.registry.listing()})

@@ -9,8 +9,12 @@ import dataclasses
 import grp
 import os
 import re
-import tomllib
 from typing import Annotated, Literal
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10: the same parser as the PyPI package tomli
+    import tomli as tomllib
 
 import pydantic
 from pydantic import AfterValidator, BeforeValidator, Field, StrictBool, StrictInt, StrictStr

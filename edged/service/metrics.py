@@ -1,10 +1,23 @@
-"""Counters and gauges for GET /metrics, in the Prometheus text exposition format (0.0.4)."""
+"""Counters and gauges for GET /metrics. The daemon keeps plain numbers (updated on its event
+loop and decode thread without locks); each scrape turns them into metric families that
+prometheus-client writes in the Prometheus text exposition format (version 0.0.4)."""
 import collections
 import time
 
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-def _esc(v):
-    return str(v).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+class _Scrape:
+    """A collector of one scrape's families (registered in a registry of its own)."""
+
+    def __init__(self, families):
+        self.families = families
+
+    def collect(self):
+        return self.families
 
 
 class Metrics:
@@ -37,14 +50,14 @@ class Metrics:
             self.last_tokens_per_second = n_gen / seconds
 
     def render(self, queue_depth, in_flight, loaded, slots):
-        out = []
+        families = []
 
         def metric(name, kind, help_, samples):
-            out.append(f"# HELP {name} {help_}")
-            out.append(f"# TYPE {name} {kind}")
-            for labels, value in samples:
-                lab = ",".join(f'{k}="{_esc(v)}"' for k, v in labels.items())
-                out.append(f"{name}{{{lab}}} {value:g}" if lab else f"{name} {value:g}")
+            labels = list(dict.fromkeys(k for lab, _ in samples for k in lab))
+            family = (CounterMetricFamily if kind == "counter" else GaugeMetricFamily)(name, help_, labels=labels)
+            for lab, value in samples:
+                family.add_metric([str(lab[k]) for k in labels], value)
+            families.append(family)
 
         metric("edged_requests_total", "counter", "HTTP requests by route and status.",
                [({"route": r, "status": s}, n) for (r, s), n in sorted(self.requests.items())])
@@ -83,4 +96,6 @@ class Metrics:
                [({"reason": k}, v) for k, v in sorted(self.connections_refused.items())])
         metric("edged_connections_open", "gauge", "Open client connections.", [({}, self.connections_open)])
         metric("edged_uptime_seconds", "gauge", "Seconds since start.", [({}, time.time() - self.started)])
-        return "\n".join(out) + "\n"
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(_Scrape(families))
+        return generate_latest(registry).decode()

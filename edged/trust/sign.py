@@ -10,6 +10,7 @@ from cryptography.exceptions import UnsupportedAlgorithm
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import rsa, utils
 
+from ..files import creation_mode
 from .blocks import HASH_CHUNK, encode_block, hash_fd
 from .keys import MIN_RSA_BITS, PKCS1V15, PSS, check_rsa, fingerprint, padding_for
 from .rules import BAD_KEY, CHANGED, KEY_TOO_SMALL, UNSAFE_PERMISSIONS, refuse
@@ -104,7 +105,7 @@ def sign_file(path, private_key, *, detached=False, pss=False, progress=None):
             if stat_key(os.fstat(fd)) != stat_key(st):
                 raise refuse(CHANGED, path, "the file changed while it was being signed")
             out = path + ".sig"
-            write_file_atomic(out, sign_digest(private_key, digest, algorithm), 0o644)
+            write_file_atomic(out, sign_digest(private_key, digest, algorithm), creation_mode())
             return out
         directory = os.path.dirname(os.path.abspath(path))
         tfd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{os.path.basename(path)}.", suffix=".tmp")

@@ -39,13 +39,13 @@ def test_quantize_equals_llama_quantize(mix, compiled, tmp_path):
     assert got.file_size == ref.file_size
 
 
-def test_cli_quantize_progress_and_pypi_reader(tmp_path):
+def test_cli_quantize_summary_and_pypi_reader(tmp_path):
     gguf = pytest.importorskip("gguf")
     src = testdata("models", "synthetic-llama-f32.gguf")
     out = tmp_path / "m.gguf"
     r = run_cli("quantize", src, str(out), "q4_k")
     assert r.returncode == 0, r.stderr
-    assert "MOSTLY_Q4_K_M" in r.stderr and "100.0%" in r.stderr
+    assert "MOSTLY_Q4_K_M" in r.stderr and "quantized " in r.stderr   # the bar is for terminals only
     rd = gguf.GGUFReader(str(out))
     types = {t.name: t.tensor_type.name for t in rd.tensors}
     assert types["output.weight"] == "Q6_K" and types["blk.0.attn_q.weight"] == "Q4_K"

@@ -11,95 +11,27 @@ sandbox), checks who may connect, reloads (SIGHUP), stops, and reports one EDGED
 check on the serial console.
 
 The test is opt-in (EDGED_VM_TEST=1): it boots a whole machine, about 5 minutes with TCG on 2
-cores. Acceleration: EDGED_VM_ACCEL=kvm is much faster where (nested) KVM works; the default,
-tcg, works everywhere (KVM hangs at boot on the nested-virtualisation host this was written on).
+cores (tests/support/vm_support.py). Acceleration: EDGED_VM_ACCEL=kvm is much faster where
+(nested) KVM works; the default, tcg, works everywhere (KVM hangs at boot on the
+nested-virtualisation host this was written on).
 """
-import importlib.metadata as md
 import os
-import re
 import shutil
-import subprocess
-import sys
 import textwrap
 
-import pytest
-
 from conftest import ROOT
+from vm_support import assert_checks, boot, copy_site, needs_vm, signed_demo_model
 
-VM = os.environ.get("EDGED_VM_DIR", "/var/tmp/edged-vm")
-ACCEL = os.environ.get("EDGED_VM_ACCEL", "tcg")
-RUNTIME_DISTS = ("numpy", "aiohttp", "jinja2", "cryptography", "pyseccomp", "pydantic")
-
-
-def _why_skip():
-    if os.environ.get("EDGED_VM_TEST") != "1":
-        return ("boots a qemu guest with systemd as PID 1 (~5 min): set EDGED_VM_TEST=1 "
-                "after `sudo tools/build-test-vm.sh`")
-    for tool in ("qemu-system-x86_64", "mkfs.ext4"):
-        if not shutil.which(tool):
-            return f"{tool} missing (apt install qemu-system-x86 e2fsprogs)"
-    for f in ("base.img", "vmlinuz", "initrd.img"):
-        if not os.path.exists(os.path.join(VM, f)):
-            return (f"guest image missing: {VM}/{f}; build it once with `sudo tools/build-test-vm.sh` "
-                    "(needs debootstrap and a Debian mirror)")
-    if ACCEL == "kvm" and not os.access("/dev/kvm", os.R_OK | os.W_OK):
-        return "EDGED_VM_ACCEL=kvm but /dev/kvm is not usable"
-    return None
-
-
-pytestmark = pytest.mark.skipif(_why_skip() is not None, reason=str(_why_skip()))
-
-
-def _dists(names):
-    """The named distributions and everything they require (markers evaluated here)."""
-    from packaging.markers import Marker
-    seen, todo = {}, list(names)
-    while todo:
-        name = todo.pop()
-        key = re.sub(r"[-_.]+", "-", name).lower()
-        if key in seen:
-            continue
-        dist = md.distribution(name)
-        seen[key] = dist
-        for req in dist.requires or []:
-            spec, _, marker = req.partition(";")
-            if marker and not Marker(marker).evaluate({"extra": ""}):
-                continue
-            todo.append(re.match(r"[A-Za-z0-9_.\-]+", spec.strip()).group(0))
-    return seen.values()
-
-
-def _copy_site(dst):
-    for dist in _dists(RUNTIME_DISTS):
-        for f in dist.files or []:
-            src = dist.locate_file(f)
-            rel = os.path.normpath(str(f))
-            if rel.startswith("..") or "__pycache__" in rel or not os.path.isfile(src):
-                continue                         # console scripts etc. live outside site-packages
-            os.makedirs(os.path.join(dst, os.path.dirname(rel)), exist_ok=True)
-            shutil.copy2(src, os.path.join(dst, rel))
-    shutil.copytree(os.path.join(ROOT, "edged"), os.path.join(dst, "edged"),
-                    ignore=shutil.ignore_patterns("__pycache__"))
+pytestmark = needs_vm
 
 
 def _model(payload, tmp_path):
     """A signed model the guest can serve when this checkout can run one; else an unloadable one."""
-    from edged.trust.sign import generate_key, public_pem, sign_file
-    key = generate_key(2048)
-    keys = payload / "keys"
-    keys.mkdir()
-    (keys / "vmtest.pem").write_bytes(public_pem(key))
-    models = payload / "models"
-    models.mkdir()
     from test_hardening_load import can_generate, engine_env
+    signed_demo_model(payload, can_generate())
     if can_generate():
-        from daemon_support import add_chat_template, stories
-        add_chat_template(stories(), str(models / "demo.gguf"))
         for k, v in engine_env().items():           # e.g. the reference backend
             (payload / "backend.conf").write_text(f"[Service]\nEnvironment={k}={v}\n")
-    else:
-        (models / "demo.gguf").write_bytes(b"GGUF")
-    sign_file(str(models / "demo.gguf"), key)
     return can_generate()
 
 
@@ -155,7 +87,7 @@ journalctl -u edged.service -u edged.socket --no-pager -o short-monotonic | tail
 def test_edged_under_real_systemd(tmp_path):
     payload = tmp_path / "payload"
     payload.mkdir()
-    _copy_site(str(payload / "site"))
+    copy_site(str(payload / "site"))
     shutil.copytree(os.path.join(ROOT, "systemd"), payload / "systemd")
     can_generate = _model(payload, tmp_path)
     (payload / "edged.toml").write_text(textwrap.dedent("""\
@@ -168,28 +100,11 @@ def test_edged_under_real_systemd(tmp_path):
     (payload / "edged-launcher").write_text(
         "#!/opt/edged/bin/python3\nimport sys\nfrom edged.cli import main\nsys.exit(main())\n")
     (payload / "run.sh").write_text(f"CAN_GENERATE={int(can_generate)}\n" + RUN_SH)
-    img = tmp_path / "payload.img"
-    subprocess.run(["mkfs.ext4", "-q", "-L", "payload", "-d", str(payload), str(img), "512M"],
-                   check=True, capture_output=True, timeout=300)
-    console = tmp_path / "console.log"
-    cpu = ["-cpu", "host"] if ACCEL == "kvm" else ["-cpu", "max"]
-    cmd = ["qemu-system-x86_64", "-machine", f"q35,accel={ACCEL}", *cpu, "-m", "1536", "-smp", "2",
-           "-kernel", f"{VM}/vmlinuz", "-initrd", f"{VM}/initrd.img",
-           "-append", "root=/dev/vda rw console=ttyS0 quiet",
-           "-drive", f"file={VM}/base.img,format=raw,if=virtio,snapshot=on",
-           "-drive", f"file={img},format=raw,if=virtio,readonly=on",
-           "-display", "none", "-serial", f"file:{console}", "-no-reboot", "-nic", "none"]
-    subprocess.run(cmd, capture_output=True, timeout=1200)
-    log = console.read_text(errors="replace")
-    checks = dict(re.findall(r"EDGED-CHECK (\S+) (ok|FAIL)\r?$", log, re.M))
-    tail = "\n".join(log.splitlines()[-120:])
-    assert "EDGED-VMTEST-EXIT" in log, f"guest did not finish:\n{tail}"
+    log, checks = boot(payload, tmp_path)
     expected = ["socket-start", "socket-mode", "first-request", "service-active", "seccomp",
                 "no-new-privs", "no-capabilities", "runs-as-edged", "in-process-sandbox",
                 "member-allowed", "outsider-refused", "reload", "reloaded-log", "after-reload",
                 "same-pid-after-reload", "stop", "clean-exit", "reactivated", "stop-all"]
     if can_generate:
         expected.append("completion")
-    missing = [c for c in expected if c not in checks]
-    failed = [c for c, r in checks.items() if r != "ok"]
-    assert not missing and not failed, f"missing {missing}, failed {failed}:\n{tail}"
+    assert_checks(log, checks, expected)

@@ -203,10 +203,10 @@ class Notify:
 
 
 class Server:
-    """`python -m edged serve --config FILE` with its stderr captured to a file."""
+    """`python -m edged serve --config FILE [ARGS]` with its stderr captured to a file."""
 
     def __init__(self, tmp_path, models_dir, trusted, default_model=None, extra=None, argv_prefix=(),
-                 env=None, wait=True, journal=False):
+                 env=None, wait=True, journal=False, args=()):
         self.tmp = tmp_path
         self.socket = str(tmp_path / "run" / "edged.sock")
         cfg = {"socket": self.socket, "models_dir": models_dir, "trusted_keys": trusted,
@@ -231,7 +231,7 @@ class Server:
             st = os.fstat(self.log.fileno())
             e["JOURNAL_STREAM"] = f"{st.st_dev}:{st.st_ino}"
         self.proc = subprocess.Popen(list(argv_prefix) + [sys.executable, "-m", "edged", "serve", "--config",
-                                                          str(self.config)],
+                                                          str(self.config), *args],
                                      env=e, stdout=self.log, stderr=subprocess.STDOUT, cwd=ROOT)
         if wait:
             self.wait_ready()

@@ -13,7 +13,7 @@ from edged.trust.blocks import hash_fd
 from edged.trust.verify import VerificationCache, open_verified, stat_key
 from edged.trust.sign import sign_file
 from edged.errors import SignatureError
-from edged.commands.progress import ProgressBar
+from edged.commands.progress import ByteProgress
 from signing_support import copy_model, edged, keys, make_trust_dir, refused, trust  # noqa: F401
 
 
@@ -245,13 +245,12 @@ def test_progress_bar_draws_on_a_terminal_only():
             return True
 
     out = Tty()
-    bar = ProgressBar("verify m.gguf", stream=out, min_bytes=10)
-    bar(5, 10)
-    bar(10, 10)
-    bar.finish()
-    assert "100%" in out.getvalue() and out.getvalue().endswith("\n")
+    with ByteProgress("verify m.gguf", file=out, delay=0, mininterval=0) as progress:
+        progress(5, 10)
+        progress(10, 10)
+        assert "100%" in out.getvalue() and "verify m.gguf" in out.getvalue()
+    assert out.getvalue().endswith("\r")             # the bar is removed when done
     plain = io.StringIO()
-    bar = ProgressBar("verify m.gguf", stream=plain, min_bytes=10)
-    bar(10, 10)
-    bar.finish()
+    with ByteProgress("verify m.gguf", file=plain, delay=0, mininterval=0) as progress:
+        progress(10, 10)
     assert plain.getvalue() == ""

