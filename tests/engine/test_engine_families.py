@@ -1,0 +1,171 @@
+"""Architectures and RoPE variants beyond ../shared/testdata, against llama.cpp's recorded logits.
+
+tests/data/goldens holds small random-weight files and llama.cpp's teacher-forced logits for
+them (tools/make_goldens.py has the commands): gemma2 (attention and final soft-capping,
+alternating sliding window), granite (embedding/residual/attention/logit multipliers),
+smollm3 (every fourth layer without RoPE), Phi-4-mini on phi3 (partial rotary, LongRoPE
+factors, attn_factor), YaRN on qwen2, and qwen3moe (16 experts, 4 per token). Weights are F16,
+so testdata/README.md's float tolerances apply (max 0.05, mean 0.01, top-1 where decided).
+"""
+import os
+
+import numpy as np
+import pytest
+
+from conftest import ROOT
+
+gguf = pytest.importorskip("gguf")
+
+from edged import Model  # noqa: E402
+from edged.errors import UnsupportedModelError  # noqa: E402
+
+GOLDENS = os.path.join(ROOT, "tests", "data", "goldens")
+NAMES = sorted(f[:-len(".golden.npz")] for f in os.listdir(GOLDENS) if f.endswith(".golden.npz"))
+MAX_ABS, MEAN_ABS = 0.05, 0.01   # testdata/README.md, F32/F16 weights
+MOE = os.path.join(GOLDENS, "synthetic-qwen3moe.gguf")
+
+
+def teacher_forced(path, backend, batch=True, golden=None):
+    """Logits for the golden's tokens: the prompt as one batch, then one token at a time."""
+    z = np.load(golden or path[:-len(".gguf")] + ".golden.npz")
+    toks, n_prompt, ref = z["tokens"].tolist(), int(z["n_prompt"]), z["logits"]
+    with Model.load(path, backend=backend, n_threads=2) as m:
+        s = m.session(n_ctx=512)
+        if batch:
+            rows = [s.eval(toks[:n_prompt], logits="all")]
+        else:
+            rows = [s.eval([t]) for t in toks[:n_prompt]]
+        rows += [s.eval([t]) for t in toks[n_prompt:]]
+        return np.concatenate(rows), ref, m
+
+
+def check(name, backend):
+    got, ref, _ = teacher_forced(os.path.join(GOLDENS, name + ".gguf"), backend)
+    assert got.shape == ref.shape
+    d = np.abs(got - ref)
+    top = np.sort(ref, 1)
+    decided = top[:, -1] - top[:, -2] > 0.6
+    misses = int((decided & (got.argmax(1) != ref.argmax(1))).sum())
+    assert d.max() <= MAX_ABS and d.mean() <= MEAN_ABS and misses == 0, \
+        f"{name}/{backend}: max {d.max():.4f} mean {d.mean():.5f} top-1 misses {misses}"
+
+
+@pytest.fixture(params=["best", "generic"])
+def kernels(request):
+    core = pytest.importorskip("edged._core")
+    before = core.kernel_path()
+    core.set_path(None if request.param == "best" else request.param)
+    yield request.param
+    core.set_path(before)
+
+
+def test_goldens_present():
+    assert {"synthetic-gemma2", "synthetic-granite", "synthetic-smollm3", "synthetic-phi4mini",
+            "synthetic-qwen2-yarn", "synthetic-qwen3moe"} <= set(NAMES)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_golden_compiled(name, kernels):
+    check(name, "cpu")
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_golden_reference(name):
+    check(name, "reference")
+
+
+def test_moe_batch_equals_token_by_token():
+    """A prompt batch (tokens grouped by expert) gives what one token at a time gives."""
+    pytest.importorskip("edged._core")
+    batch, _, _ = teacher_forced(MOE, "cpu", batch=True)
+    single, _, _ = teacher_forced(MOE, "cpu", batch=False)
+    assert np.abs(batch - single).max() < 2e-3
+
+
+def poison_experts(src, dst, keep):
+    """Copy src with every expert not in keep[router tensor] set to NaN."""
+    r = gguf.GGUFReader(src)
+    w = gguf.GGUFWriter(dst, r.fields["general.architecture"].contents())
+    for k, f in r.fields.items():
+        if k.startswith("GGUF.") or k == "general.architecture":
+            continue
+        vt = f.types[0]
+        if vt == gguf.GGUFValueType.ARRAY:
+            w.add_key_value(k, f.contents(), vt, sub_type=f.types[-1])
+        else:
+            w.add_key_value(k, f.contents(), vt)
+    for t in r.tensors:
+        data = np.array(t.data)
+        if t.name.endswith("_exps.weight"):
+            used = keep[t.name.rsplit(".", 2)[0] + ".ffn_gate_inp.weight"]
+            for e in range(data.shape[0]):
+                if e not in used:
+                    data[e] = np.nan
+        w.add_tensor(t.name, data, raw_dtype=t.tensor_type)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def test_moe_reads_only_the_selected_experts(tmp_path):
+    """Experts no token is routed to are never multiplied: poisoned with NaN, the logits do
+    not change (a dense evaluation of every expert times a zero weight would give NaN)."""
+    pytest.importorskip("edged._core")
+    with Model.load(MOE, backend="reference", n_threads=1) as m:
+        z = np.load(MOE[:-5] + ".golden.npz")
+        m.session(n_ctx=512).eval(z["tokens"].tolist(), logits="last")
+        routed = m.backend.routed
+    assert all(0 < len(v) < 16 for v in routed.values()), routed  # some experts unused
+    poisoned = str(tmp_path / "poisoned.gguf")
+    poison_experts(MOE, poisoned, routed)
+    clean, _, _ = teacher_forced(MOE, "cpu")
+    dirty, _, _ = teacher_forced(poisoned, "cpu", golden=MOE[:-5] + ".golden.npz")
+    assert np.isfinite(dirty).all()
+    assert np.array_equal(clean, dirty)
+
+
+def test_moe_info_reports_active_weights(capsys):
+    from edged.commands.info import model_info
+    info = model_info(MOE, [512])
+    hp = info["hparams"]
+    assert (hp["n_expert"], hp["n_expert_used"], hp["n_ff_exp"]) == (16, 4, 16)
+    with gguf_reader(MOE) as tensors:
+        experts = sum(t.n_bytes for t in tensors if t.name.endswith("_exps.weight"))
+        total = sum(t.n_bytes for t in tensors)
+    assert info["weights_bytes"] == total
+    assert info["active_weights_bytes"] == total - experts + experts * 4 // 16
+    from edged.cli import main
+    main(["info", "-m", MOE, "-c", "512"])
+    assert "experts: 4 of 16 per token" in capsys.readouterr().out
+
+
+class gguf_reader:
+    def __init__(self, path):
+        self.r = gguf.GGUFReader(path)
+
+    def __enter__(self):
+        return self.r.tensors
+
+    def __exit__(self, *exc):
+        return False
+
+
+@pytest.mark.parametrize("meta, message", [
+    ({"qwen3moe.expert_used_count": (17, gguf.GGUFValueType.UINT32)},
+     "expert_used_count 17 / expert_count 16"),
+    ({"qwen3moe.expert_count": (8, gguf.GGUFValueType.UINT32)},
+     r"tensor 'blk.0.ffn_gate_inp.weight' has shape \(64, 16\), expected \(64, 8\)"),
+])
+def test_moe_refusals(tmp_path, meta, message):
+    from test_engine_refusals import clone
+    p = clone(MOE, tmp_path / "x.gguf", meta=meta, drop_meta=list(meta))
+    with pytest.raises(UnsupportedModelError, match=message):
+        Model.load(str(p), backend="reference")
+
+
+def test_moe_missing_router_refused(tmp_path):
+    from test_engine_refusals import clone
+    p = clone(MOE, tmp_path / "x.gguf", drop=["blk.1.ffn_gate_inp.weight"])
+    with pytest.raises(UnsupportedModelError, match="missing tensor 'blk.1.ffn_gate_inp.weight'"):
+        Model.load(str(p), backend="reference")
