@@ -48,6 +48,10 @@ CASES = {
                           rope_attn_factor=1.19),
     # YaRN on qwen2: factor 4 over an original context of 32 (corrections on every dim)
     "qwen2-yarn": dict(arch="qwen2", qkv_bias=True, yarn=4.0, n_ctx_orig=32),
+    # a scaled-down Qwen1.5-MoE / Qwen2-57B-A14B: 8 experts, 2 used (weights not
+    # renormalised), a shared expert 32 wide behind a sigmoid gate, q/k/v biases
+    "qwen2moe": dict(arch="qwen2moe", qkv_bias=True, n_expert=8, n_expert_used=2,
+                     n_ff_exp=16, n_ff_shexp=32),
     # a scaled-down Qwen3-30B-A3B: 16 experts, 4 used, expert FFN 16 wide, q/k norms
     "qwen3moe": dict(arch="qwen3moe", qk_norm=True, n_expert=16, n_expert_used=4,
                      n_ff_exp=16, tied=True),
@@ -122,6 +126,8 @@ def write_gguf(name, c, path, seed):
         w.add_expert_count(c["n_expert"])
         w.add_expert_used_count(c["n_expert_used"])
         w.add_expert_feed_forward_length(c["n_ff_exp"])
+    if "n_ff_shexp" in c:
+        w.add_expert_shared_feed_forward_length(c["n_ff_shexp"])
     toks, scores, types = vocab()
     w.add_tokenizer_model("llama")
     w.add_token_list(toks)
@@ -177,6 +183,13 @@ def write_gguf(name, c, path, seed):
             mat(p + "ffn_gate_exps.weight", X, Fe, E)
             mat(p + "ffn_up_exps.weight", X, Fe, E)
             mat(p + "ffn_down_exps.weight", X, E, Fe)
+            if "n_ff_shexp" in c:
+                Fs = c["n_ff_shexp"]
+                w.add_tensor(p + "ffn_gate_inp_shexp.weight",
+                             (rng.standard_normal(E) / np.sqrt(E)).astype(np.float32))
+                mat(p + "ffn_gate_shexp.weight", Fs, E)
+                mat(p + "ffn_up_shexp.weight", Fs, E)
+                mat(p + "ffn_down_shexp.weight", E, Fs)
         elif arch == "phi3":
             mat(p + "ffn_up.weight", 2 * F, E)
             mat(p + "ffn_down.weight", E, F)

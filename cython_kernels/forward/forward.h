@@ -40,6 +40,8 @@ typedef struct {
     /* MoE: router (ne0 n_embd, ne1 n_expert) and 3-D experts: ne1 is the rows of one expert,
        expert e starts at row e * ne1 (ffn_down_exps: ne0 n_ff_exp, ne1 n_embd) */
     ed_tensor ffn_gate_inp, ffn_gate_exps, ffn_up_exps, ffn_down_exps;
+    /* shared expert (qwen2moe): gate (ne0 n_embd, one row), gate/up/down of n_ff_shexp */
+    ed_tensor ffn_gate_inp_shexp, ffn_gate_shexp, ffn_up_shexp, ffn_down_shexp;
     int swa;               /* this layer uses the sliding window (and the local RoPE base) */
     int rope;              /* this layer rotates q and k (smollm3: not every fourth) */
 } ed_layer;
@@ -57,6 +59,7 @@ typedef struct {
     float residual_scale;        /* multiplies attention and FFN outputs (granite; else 1) */
     float logit_mul;             /* multiplies the logits (granite: 1 / logit_scale; else 1) */
     int n_expert, n_expert_used, n_ff_exp, expert_norm;  /* MoE (n_expert 0: dense) */
+    int n_ff_shexp;              /* shared expert width (0: none) */
     ed_tensor token_embd, output_norm, output;
     const float *rope_factors;   /* (n_rot/2) or NULL */
     ed_layer *layers;            /* (n_layer) */
@@ -528,6 +531,22 @@ static void ed_moe_ffn(ed_state *s, ed_pool *p, const ed_model *m, const ed_laye
         }
     }
     ed_barrier(p);
+    if (L->ffn_up_shexp.data) {
+        /* the shared expert for every token, times sigmoid(x . gate_inp_shexp) computed as
+           llama.cpp does: silu(g) / g; added after the routed experts */
+        const int Fs = m->n_ff_shexp;
+        ed_matmul(s, p, s->probs, X, &L->ffn_gate_inp_shexp, s->xb, E, n, 0, ith, nth);
+        ed_gate_up(s, p, m, &L->ffn_gate_shexp, &L->ffn_up_shexp, 0, Fs, s->xb, n, ith, nth);
+        ed_matmul(s, p, s->ye, E, &L->ffn_down_shexp, s->hb, 2 * Fs, n, 0, ith, nth);
+        ed_range(n, ith, nth, &a, &b);
+        for (int64_t t = a; t < b; t++) {
+            const float g = s->probs[t * X], gate = ed_silu(g) / g;
+            float *o = s->xb2 + t * E;
+            const float *y = s->ye + (size_t)t * E;
+            for (int i = 0; i < E; i++) o[i] = o[i] + y[i] * gate;
+        }
+        ed_barrier(p);
+    }
 }
 
 static inline const float *ed_vec(const ed_tensor *t) { return (const float *)t->data; }
@@ -840,7 +859,9 @@ static void ed_pool_destroy(ed_pool *p) {
 static size_t ed_state_layout(ed_state *s, const ed_model *m, int n_ctx, int n_batch,
                               int n_threads, uint8_t *arena) {
     const int E = m->n_embd, hd = m->head_dim, Qd = m->n_head * hd, KVd = m->n_head_kv * hd;
-    const int F = m->n_ff > m->n_ff_exp ? m->n_ff : m->n_ff_exp, XB = E > Qd ? E : Qd;
+    const int F = m->n_ff > m->n_ff_exp ? (m->n_ff > m->n_ff_shexp ? m->n_ff : m->n_ff_shexp)
+                : (m->n_ff_exp > m->n_ff_shexp ? m->n_ff_exp : m->n_ff_shexp);
+    const int XB = E > Qd ? E : Qd;
     /* widest activation row that gets quantized: n_embd, Qd or n_ff inputs, any type */
     size_t xq_row = 0;
     for (int t = 0; t < ED_NTYPES; t++) {

@@ -19,6 +19,7 @@ cdef extern from "forward.h" nogil:
         ed_tensor attn_q_norm, attn_k_norm, attn_output, post_attention_norm
         ed_tensor ffn_norm, ffn_gate, ffn_up, ffn_down, post_ffw_norm
         ed_tensor ffn_gate_inp, ffn_gate_exps, ffn_up_exps, ffn_down_exps
+        ed_tensor ffn_gate_inp_shexp, ffn_gate_shexp, ffn_up_shexp, ffn_down_shexp
         int swa
         int rope
     ctypedef struct ed_model:
@@ -29,7 +30,7 @@ cdef extern from "forward.h" nogil:
         float rope_scale_swa, ext_factor, beta_fast, beta_slow
         int n_ctx_orig
         float attn_softcap, residual_scale, logit_mul
-        int n_expert, n_expert_used, n_ff_exp, expert_norm
+        int n_expert, n_expert_used, n_ff_exp, expert_norm, n_ff_shexp
         ed_tensor token_embd, output_norm, output
         const float *rope_factors
         ed_layer *layers
@@ -162,6 +163,7 @@ cdef class ForwardModel:
         m.residual_scale = hp.get("residual_scale", 1.0); m.logit_mul = hp.get("logit_mul", 1.0)
         m.n_expert = hp.get("n_expert", 0); m.n_expert_used = hp.get("n_expert_used", 0)
         m.n_ff_exp = hp.get("n_ff_exp", 0); m.expert_norm = hp.get("expert_weights_norm", False)
+        m.n_ff_shexp = hp.get("n_ff_shexp", 0)
         if m.head_dim > 1024 or m.n_rot > 1024:
             raise ValueError(f"head_dim {m.head_dim} > 1024 not supported by the compiled path")
         if m.n_expert > ED_MAX_EXPERT or m.n_expert_used > m.n_expert:
@@ -219,6 +221,10 @@ cdef class ForwardModel:
         if role == "ffn_gate_exps": return &l.ffn_gate_exps
         if role == "ffn_up_exps": return &l.ffn_up_exps
         if role == "ffn_down_exps": return &l.ffn_down_exps
+        if role == "ffn_gate_inp_shexp": return &l.ffn_gate_inp_shexp
+        if role == "ffn_gate_shexp": return &l.ffn_gate_shexp
+        if role == "ffn_up_shexp": return &l.ffn_up_shexp
+        if role == "ffn_down_shexp": return &l.ffn_down_shexp
         raise KeyError(role)
 
     def arena_bytes(self, int n_ctx, int n_batch, int n_threads):

@@ -54,6 +54,8 @@ class Arch:
     multipliers: bool = False     # embedding/residual/attention/logit scales (granite)
     no_rope_step: int = 0         # every n-th layer skips RoPE (smollm3: 4)
     moe: bool = False             # routed experts: ffn_gate_inp + *_exps (qwen3moe)
+    moe_norm_w: bool = False      # renormalise the top-k router weights (qwen3moe)
+    shared_expert: bool = False   # one always-on expert *_shexp with a sigmoid gate (qwen2moe)
 
 
 ARCHS = {
@@ -69,7 +71,8 @@ ARCHS = {
     "granite": Arch("granite", ROPE_NORM, qkv_bias=True, multipliers=True,
                     rope_n_rot_must_equal_head=True),
     "smollm3": Arch("smollm3", ROPE_NORM, no_rope_step=4, rope_n_rot_must_equal_head=True),
-    "qwen3moe": Arch("qwen3moe", ROPE_NEOX, qk_norm=True, moe=True),
+    "qwen3moe": Arch("qwen3moe", ROPE_NEOX, qk_norm=True, moe=True, moe_norm_w=True),
+    "qwen2moe": Arch("qwen2moe", ROPE_NEOX, qkv_bias=True, moe=True, shared_expert=True),
 }
 # llama.cpp's YaRN defaults (ggml_rope_yarn_corr_dims); it reads no beta keys for these archs
 YARN_BETA_FAST, YARN_BETA_SLOW = 32.0, 1.0
@@ -114,6 +117,7 @@ class HParams:
     n_expert_used: int = 0        # experts per token (top-k)
     n_ff_exp: int = 0             # rows of one expert's gate/up
     expert_weights_norm: bool = False  # renormalise the k router weights to sum 1
+    n_ff_shexp: int = 0           # rows of the shared expert's gate/up (0: none)
 
     @property
     def n_embd_q(self):
@@ -152,6 +156,10 @@ class LayerTensors:
     ffn_gate_exps: str | None = None  # (n_embd, n_ff_exp, n_expert): expert e's rows e*n_ff_exp..
     ffn_up_exps: str | None = None
     ffn_down_exps: str | None = None  # (n_ff_exp, n_embd, n_expert)
+    ffn_gate_inp_shexp: str | None = None  # (n_embd,): the shared expert's sigmoid gate
+    ffn_gate_shexp: str | None = None      # (n_embd, n_ff_shexp)
+    ffn_up_shexp: str | None = None
+    ffn_down_shexp: str | None = None      # (n_ff_shexp, n_embd)
 
 
 @dataclass(frozen=True)
@@ -172,10 +180,13 @@ class Spec:
         return self.output == self.token_embd
 
     def active_weight_bytes(self):
-        """Bytes of weights one token reads: everything but the experts it was not routed to."""
+        """Bytes of weights one token reads: one embedding row (all of them when they are also
+        the output matrix), k of n_expert experts, and every other weight."""
         hp, total = self.hp, 0
         for name, t in self.tensors.items():
-            if name.endswith("_exps.weight"):
+            if name == self.token_embd and not self.tied_embeddings:
+                total += t.nbytes // hp.n_vocab
+            elif name.endswith("_exps.weight"):
                 total += t.nbytes * hp.n_expert_used // hp.n_expert
             else:
                 total += t.nbytes
@@ -342,7 +353,9 @@ def hparams(metadata, arch_name, n_vocab):
         attn_softcap=m.get(Key.ATTN_LOGIT_SOFTCAPPING, float, default=50.0) if a.softcap else 0.0,
         residual_scale=residual_scale, logit_mul=logit_mul, rope_layers=rope_layers,
         n_expert=n_expert, n_expert_used=n_used, n_ff_exp=n_ff_exp,
-        expert_weights_norm=a.moe,  # llama.cpp: qwen3moe renormalises the top-k weights
+        expert_weights_norm=a.moe_norm_w,
+        n_ff_shexp=m.get(Key.EXPERT_SHARED_FEED_FORWARD_LENGTH, int, default=0) or n_ff
+        if a.shared_expert else 0,
     )
 
 
@@ -444,6 +457,7 @@ def validate(metadata, tensors, n_vocab_tokenizer=None, log=None):
             qn = T.get(p + "attn_q_norm.weight", (D,), vector=True)
             kn = T.get(p + "attn_k_norm.weight", (D,), vector=True)
         down = ginp = gexp = uexp = dexp = None
+        shexp = (None,) * 4
         if a.moe:
             X, Fe = hp.n_expert, hp.n_ff_exp
             gate = up = None
@@ -451,6 +465,12 @@ def validate(metadata, tensors, n_vocab_tokenizer=None, log=None):
             gexp = T.get(p + "ffn_gate_exps.weight", (E, Fe, X))
             uexp = T.get(p + "ffn_up_exps.weight", (E, Fe, X))
             dexp = T.get(p + "ffn_down_exps.weight", (Fe, E, X))
+            if a.shared_expert:
+                Fs = hp.n_ff_shexp
+                shexp = (T.get(p + "ffn_gate_inp_shexp.weight", (E,)),
+                         T.get(p + "ffn_gate_shexp.weight", (E, Fs)),
+                         T.get(p + "ffn_up_shexp.weight", (E, Fs)),
+                         T.get(p + "ffn_down_shexp.weight", (Fs, E)))
         elif a.fused_gate_up:
             gate, up = None, T.get(p + "ffn_up.weight", (E, 2 * hp.n_ff))
         else:
@@ -471,6 +491,8 @@ def validate(metadata, tensors, n_vocab_tokenizer=None, log=None):
             post_ffw_norm=T.get(p + "post_ffw_norm.weight", (E,), vector=True)
             if a.sandwich_norm else None,
             ffn_gate_inp=ginp, ffn_gate_exps=gexp, ffn_up_exps=uexp, ffn_down_exps=dexp,
+            ffn_gate_inp_shexp=shexp[0], ffn_gate_shexp=shexp[1], ffn_up_shexp=shexp[2],
+            ffn_down_shexp=shexp[3],
         ))
     extra = [n for n in tensors if n.startswith(f"blk.{hp.n_layer}.")]
     if extra:

@@ -23,7 +23,8 @@ except ImportError as e:  # the service must not fall back silently to the refer
 _ROLES = ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_qkv", "attn_q_bias", "attn_k_bias",
           "attn_v_bias", "attn_q_norm", "attn_k_norm", "attn_output", "post_attention_norm",
           "ffn_norm", "ffn_gate", "ffn_up", "ffn_down", "post_ffw_norm", "ffn_gate_inp",
-          "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")
+          "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps", "ffn_gate_inp_shexp", "ffn_gate_shexp",
+          "ffn_up_shexp", "ffn_down_shexp")
 
 
 def _require_core():
@@ -126,7 +127,7 @@ class CPUBackend(Backend):
         hp = spec.hp
         E, F, Qd, KVd = hp.n_embd, hp.n_ff, hp.n_embd_q, hp.n_embd_k_gqa
         kv = 2 * hp.n_layer * n_ctx * KVd * 2
-        F = max(F, hp.n_ff_exp)
+        F = max(F, hp.n_ff_exp, hp.n_ff_shexp)
         widest = max(E, Qd, F)
         per_tok = 4 * (E + max(E, Qd) + E + Qd + 2 * KVd + 2 * F) + 4 * widest + 16
         if hp.n_expert:  # router probabilities, choices, gathered inputs, expert outputs

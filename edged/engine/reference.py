@@ -97,7 +97,10 @@ class ReferenceBackend(Backend):
         for name, t in spec.tensors.items():
             a = dequantize(np.asarray(weights[name]), t.type, tuple(int(x) for x in t.shape))
             # GGUF shape (ne0, ne1) -> row-major (ne1, ne0): one output row per ne1
-            a = np.ascontiguousarray(a, dtype=np.float32).reshape(tuple(int(x) for x in t.shape)[::-1])
+            shape = tuple(int(x) for x in t.shape)[::-1]
+            if name.endswith("_shexp.weight") and len(shape) == 1:
+                shape = (1,) + shape  # the shared expert's gate: a matrix of one row
+            a = np.ascontiguousarray(a, dtype=np.float32).reshape(shape)
             self._w[name] = a
 
     def W(self, name):
@@ -240,4 +243,8 @@ class ReferenceBackend(Backend):
             for e, we in zip(sel, w):
                 g, u = (G[e] @ x32).astype(np.float64), (U[e] @ x32).astype(np.float64)
                 out[t] += we * (D[e] @ (silu(g) * u).astype(np.float32)).astype(np.float64)
+        if L.ffn_up_shexp:  # the shared expert, gated by sigmoid(x . gate_inp_shexp)
+            gate = 1.0 / (1.0 + np.exp(-self._mm(h, L.ffn_gate_inp_shexp)))   # (n, 1)
+            g, u = self._mm(h, L.ffn_gate_shexp), self._mm(h, L.ffn_up_shexp)
+            out += self._mm(silu(g) * u, L.ffn_down_shexp) * gate
         return out

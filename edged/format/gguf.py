@@ -187,6 +187,7 @@ class Key:
     EXPERT_COUNT = "{arch}.expert_count"
     EXPERT_USED_COUNT = "{arch}.expert_used_count"
     EXPERT_FEED_FORWARD_LENGTH = "{arch}.expert_feed_forward_length"
+    EXPERT_SHARED_FEED_FORWARD_LENGTH = "{arch}.expert_shared_feed_forward_length"
     EMBEDDING_SCALE = "{arch}.embedding_scale"
     RESIDUAL_SCALE = "{arch}.residual_scale"
     LOGIT_SCALE = "{arch}.logit_scale"

@@ -4,7 +4,8 @@ tests/data/goldens holds small random-weight files and llama.cpp's teacher-force
 them (tools/make_goldens.py has the commands): gemma2 (attention and final soft-capping,
 alternating sliding window), granite (embedding/residual/attention/logit multipliers),
 smollm3 (every fourth layer without RoPE), Phi-4-mini on phi3 (partial rotary, LongRoPE
-factors, attn_factor), YaRN on qwen2, and qwen3moe (16 experts, 4 per token). Weights are F16,
+factors, attn_factor), YaRN on qwen2, qwen3moe (16 experts, 4 per token) and qwen2moe (8
+experts, 2 per token, a gated shared expert). Weights are F16,
 so testdata/README.md's float tolerances apply (max 0.05, mean 0.01, top-1 where decided).
 """
 import os
@@ -61,7 +62,7 @@ def kernels(request):
 
 def test_goldens_present():
     assert {"synthetic-gemma2", "synthetic-granite", "synthetic-smollm3", "synthetic-phi4mini",
-            "synthetic-qwen2-yarn", "synthetic-qwen3moe"} <= set(NAMES)
+            "synthetic-qwen2-yarn", "synthetic-qwen3moe", "synthetic-qwen2moe"} <= set(NAMES)
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -134,6 +135,7 @@ def test_moe_info_reports_active_weights(capsys):
         experts = sum(t.n_bytes for t in tensors if t.name.endswith("_exps.weight"))
         total = sum(t.n_bytes for t in tensors)
     assert info["weights_bytes"] == total
+    # tied embeddings: the whole token_embd is read for the logits
     assert info["active_weights_bytes"] == total - experts + experts * 4 // 16
     from edged.cli import main
     main(["info", "-m", MOE, "-c", "512"])
@@ -169,3 +171,42 @@ def test_moe_missing_router_refused(tmp_path):
     p = clone(MOE, tmp_path / "x.gguf", drop=["blk.1.ffn_gate_inp.weight"])
     with pytest.raises(UnsupportedModelError, match="missing tensor 'blk.1.ffn_gate_inp.weight'"):
         Model.load(str(p), backend="reference")
+
+
+@pytest.mark.parametrize("name", ["synthetic-gemma2", "synthetic-qwen3moe", "synthetic-qwen2-yarn"])
+def test_long_prompt_batch(name):
+    """An 80-token prompt in one batch (soft-capped attention keeps the exact kernel; experts
+    see groups of many tokens) lands where one token at a time and the reference land."""
+    pytest.importorskip("edged._core")
+    path = os.path.join(GOLDENS, name + ".gguf")
+    toks = [1] + np.random.default_rng(5).integers(3, 512, 79).tolist()
+    out = {}
+    for backend, batch in (("cpu", True), ("cpu", False), ("reference", True)):
+        with Model.load(path, backend=backend, n_threads=2) as m:
+            s = m.session(n_ctx=128)
+            if batch:
+                out[backend, batch] = s.eval(toks)[0]
+            else:
+                for t in toks:
+                    last = s.eval([t])
+                out[backend, batch] = last[0]
+    assert np.abs(out["cpu", True] - out["cpu", False]).max() < 0.01
+    assert np.abs(out["cpu", True] - out["reference", True]).max() < MAX_ABS
+
+
+def test_moe_decode_batch_of_sessions():
+    """Several sessions' decode step in one pass (experts grouped across sessions) gives each
+    session what its own eval gives."""
+    pytest.importorskip("edged._core")
+    with Model.load(MOE, n_threads=2) as m:
+        prompts = [[1, 40, 41, 42], [1, 300, 7], [1, 99, 98, 97, 96, 95]]
+        alone, batched = [], []
+        for p in prompts:
+            s = m.session(n_ctx=64)
+            s.eval(p[:-1])
+            alone.append(s.eval(p[-1:])[0])
+        ss = [m.session(n_ctx=64) for _ in prompts]
+        for s, p in zip(ss, prompts):
+            s.eval(p[:-1])
+        batched = m.decode_batch(ss, [p[-1] for p in prompts])
+        assert np.abs(np.array(alone) - batched).max() < 1e-4
