@@ -210,3 +210,20 @@ def test_moe_decode_batch_of_sessions():
             s.eval(p[:-1])
         batched = m.decode_batch(ss, [p[-1] for p in prompts])
         assert np.abs(np.array(alone) - batched).max() < 1e-4
+
+
+def test_moe_budget_counts_unrouted_experts_as_pageable():
+    """Mapped experts a token does not read may live in the page cache: a budget below the
+    file's size but above what one token needs loads (mmap); a private copy of the weights
+    (mmap=False) must fit whole and is refused."""
+    pytest.importorskip("edged._core")
+    from edged.errors import CapacityError
+    with gguf_reader(MOE) as tensors:
+        experts = sum(t.n_bytes for t in tensors if t.name.endswith("_exps.weight"))
+        total = sum(t.n_bytes for t in tensors)
+    budget = total - (experts - experts * 4 // 16) // 2
+    with Model.load(MOE, max_memory=budget, n_threads=1) as m:
+        assert m.memory_plan.paged == experts - experts * 4 // 16
+        assert "unrouted experts may page" in m.memory_plan.describe()
+    with pytest.raises(CapacityError, match="does not fit"):
+        Model.load(MOE, max_memory=budget, mmap=False, n_threads=1)
