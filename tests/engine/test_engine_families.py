@@ -227,3 +227,21 @@ def test_moe_budget_counts_unrouted_experts_as_pageable():
         assert "unrouted experts may page" in m.memory_plan.describe()
     with pytest.raises(CapacityError, match="does not fit"):
         Model.load(MOE, max_memory=budget, mmap=False, n_threads=1)
+
+
+def test_moe_quantized_prompt_batch(tmp_path):
+    """Q8_0 experts: an 80-token batch takes the packed-panel product per expert group (each
+    group gathered from scattered tokens); it lands where one token at a time lands, up to
+    the summation-order noise this random model (logits ~50) amplifies."""
+    pytest.importorskip("edged._core")
+    from edged.format.quantize import quantize_file
+    q8 = str(tmp_path / "moe-q8.gguf")
+    quantize_file(MOE, q8, "Q8_0")
+    toks = [1] + np.random.default_rng(5).integers(3, 512, 79).tolist()
+    with Model.load(q8, n_threads=2) as m:
+        assert {t.type.name for n, t in m.spec.tensors.items() if "_exps" in n} >= {"Q8_0"}
+        batch = m.session(n_ctx=128).eval(toks)[0]
+        s = m.session(n_ctx=128)
+        for t in toks:
+            single = s.eval([t])[0]
+    assert np.abs(batch - single).max() < 0.5
