@@ -9,6 +9,7 @@ experts, 2 per token, a gated shared expert). Weights are F16,
 so testdata/README.md's float tolerances apply (max 0.05, mean 0.01, top-1 where decided).
 """
 import os
+import shutil
 
 import numpy as np
 import pytest
@@ -19,6 +20,7 @@ gguf = pytest.importorskip("gguf")
 
 from edged import Model  # noqa: E402
 from edged.errors import UnsupportedModelError  # noqa: E402
+from test_engine_golden import kernels  # noqa: E402,F401  (fixture: best and generic paths)
 
 GOLDENS = os.path.join(ROOT, "tests", "data", "goldens")
 NAMES = sorted(f[:-len(".golden.npz")] for f in os.listdir(GOLDENS) if f.endswith(".golden.npz"))
@@ -51,15 +53,6 @@ def check(name, backend):
         f"{name}/{backend}: max {d.max():.4f} mean {d.mean():.5f} top-1 misses {misses}"
 
 
-@pytest.fixture(params=["best", "generic"])
-def kernels(request):
-    core = pytest.importorskip("edged._core")
-    before = core.kernel_path()
-    core.set_path(None if request.param == "best" else request.param)
-    yield request.param
-    core.set_path(before)
-
-
 def test_goldens_present():
     assert {"synthetic-gemma2", "synthetic-granite", "synthetic-smollm3", "synthetic-phi4mini",
             "synthetic-qwen2-yarn", "synthetic-qwen3moe", "synthetic-qwen2moe"} <= set(NAMES)
@@ -84,29 +77,20 @@ def test_moe_batch_equals_token_by_token():
 
 
 def poison_experts(src, dst, keep):
-    """Copy src with every expert not in keep[router tensor] set to NaN."""
-    r = gguf.GGUFReader(src)
-    w = gguf.GGUFWriter(dst, r.fields["general.architecture"].contents())
-    for k, f in r.fields.items():
-        if k.startswith("GGUF.") or k == "general.architecture":
-            continue
-        vt = f.types[0]
-        if vt == gguf.GGUFValueType.ARRAY:
-            w.add_key_value(k, f.contents(), vt, sub_type=f.types[-1])
-        else:
-            w.add_key_value(k, f.contents(), vt)
-    for t in r.tensors:
-        data = np.array(t.data)
+    """Copy src with every expert not in keep[router tensor] filled with F16 NaNs."""
+    shutil.copyfile(src, dst)
+    out = np.memmap(dst, mode="r+")
+    for t in gguf.GGUFReader(src).tensors:
         if t.name.endswith("_exps.weight"):
+            assert t.tensor_type == gguf.GGMLQuantizationType.F16
             used = keep[t.name.rsplit(".", 2)[0] + ".ffn_gate_inp.weight"]
-            for e in range(data.shape[0]):
+            per = int(t.n_bytes) // t.data.shape[0]
+            for e in range(t.data.shape[0]):
                 if e not in used:
-                    data[e] = np.nan
-        w.add_tensor(t.name, data, raw_dtype=t.tensor_type)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+                    o = int(t.data_offset) + e * per
+                    out[o:o + per] = np.full(per // 2, 0x7E00, np.uint16).view(np.uint8)
+    out.flush()
+    del out
 
 
 def test_moe_reads_only_the_selected_experts(tmp_path):
