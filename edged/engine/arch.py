@@ -30,6 +30,7 @@ ROPE_NORM, ROPE_NEOX = 0, 2  # llama.cpp's rope modes: adjacent pairs vs. halves
 # llama.cpp's LLAMA_MAX_LAYERS. A larger block_count is refused before anything is sized by
 # it (a crafted 2**40 would otherwise build per-layer tables until memory runs out).
 MAX_LAYERS = 512
+MAX_EXPERTS = 512  # llama.cpp's LLAMA_MAX_EXPERTS; the compiled router's limit too
 
 
 @dataclass(frozen=True)
@@ -332,7 +333,7 @@ def hparams(metadata, arch_name, n_vocab):
         n_expert = m.get(Key.EXPERT_COUNT, int, required=True)
         n_used = m.get(Key.EXPERT_USED_COUNT, int, required=True)
         n_ff_exp = m.get(Key.EXPERT_FEED_FORWARD_LENGTH, int, required=True)
-        if not 0 < n_used <= n_expert or n_ff_exp <= 0:
+        if not 0 < n_used <= n_expert <= MAX_EXPERTS or n_ff_exp <= 0:
             _refuse(f"{arch_name}: expert_used_count {n_used} / expert_count {n_expert} / "
                     f"expert_feed_forward_length {n_ff_exp} invalid")
     return HParams(

@@ -140,6 +140,8 @@ class gguf_reader:
 @pytest.mark.parametrize("meta, message", [
     ({"qwen3moe.expert_used_count": (17, gguf.GGUFValueType.UINT32)},
      "expert_used_count 17 / expert_count 16"),
+    ({"qwen3moe.expert_count": (513, gguf.GGUFValueType.UINT32)},
+     "expert_used_count 4 / expert_count 513"),
     ({"qwen3moe.expert_count": (8, gguf.GGUFValueType.UINT32)},
      r"tensor 'blk.0.ffn_gate_inp.weight' has shape \(64, 16\), expected \(64, 8\)"),
 ])
