@@ -2,6 +2,7 @@
 and what this machine offers (compiled path, threads)."""
 import collections
 import json
+import math
 import sys
 
 from .loadargs import add_load_args
@@ -114,6 +115,13 @@ def run(args):
     if hp["n_swa"]:
         print(f"sliding window {hp['n_swa']} on layers {info['swa_layers']} "
               f"(local rope base {hp['rope_freq_base_swa']:g})")
+    if hp["rope_ext_factor"]:
+        factor = 1 / hp["rope_freq_scale"]
+        mscale = hp["rope_attn_factor"] * (1 + 0.1 * math.log(factor))  # as the rope applies it
+        print(f"rope scaling: YaRN, factor {factor:g} over an original context of "
+              f"{hp['n_ctx_orig']} (cos/sin x {mscale:.4f})")
+    if not all(hp["rope_layers"]):
+        print(f"layers without RoPE: {[i for i, r in enumerate(hp['rope_layers']) if not r]}")
     if hp["n_expert"]:
         print(f"experts: {hp['n_expert_used']} of {hp['n_expert']} per token "
               f"(expert FFN {hp['n_ff_exp']}); weights read per token "

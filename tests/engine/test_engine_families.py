@@ -231,3 +231,13 @@ def test_moe_quantized_prompt_batch(tmp_path):
         for t in toks:
             single = s.eval([t])[0]
     assert np.abs(batch - single).max() < 0.5
+
+
+@pytest.mark.parametrize("name, line", [
+    ("synthetic-qwen2-yarn", "rope scaling: YaRN, factor 4 over an original context of 32"),
+    ("synthetic-smollm3", "layers without RoPE: [3]"),
+])
+def test_info_names_rope_variants(name, line, capsys):
+    from edged.cli import main
+    main(["info", "-m", os.path.join(GOLDENS, name + ".gguf"), "-c", "512"])
+    assert line in capsys.readouterr().out
