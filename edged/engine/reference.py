@@ -171,8 +171,9 @@ class ReferenceBackend(Backend):
             scale = hp.rope_freq_scale_swa if swa else hp.rope_freq_scale
             if hp.rope_layers[il]:
                 yarn = (hp.rope_ext_factor, hp.n_ctx_orig, hp.yarn_beta_fast, hp.yarn_beta_slow)
-                q = rope(q, positions, hp.n_rot, base, scale, neox, factors, hp.rope_attn_factor, yarn)
-                k = rope(k, positions, hp.n_rot, base, scale, neox, factors, hp.rope_attn_factor, yarn)
+                args = (hp.n_rot, base, scale, neox, factors, hp.rope_attn_factor, yarn)
+                q = rope(q, positions, *args)
+                k = rope(k, positions, *args)
             buf.k[il, pos:pos + n] = k
             buf.v[il, pos:pos + n] = v
             K = buf.k[il, :pos + n].astype(np.float64)  # (n_kv, n_head_kv, hd)
