@@ -72,6 +72,7 @@ setup(
         "pyseccomp>=0.1.2",
         "aiohttp>=3.9",
         "jinja2>=3.1",
+        "pydantic>=2.5,<3",
     ],
     extras_require={
         "test": ["pytest>=7", "hypothesis>=6", "gguf>=0.10", "httpx>=0.27", "openai>=1.30"],

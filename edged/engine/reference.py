@@ -124,6 +124,10 @@ class ReferenceBackend(Backend):
     def free(self, buf):
         buf.k = buf.v = None
 
+    def copy_kv(self, dst, src, n):
+        dst.k[:, :n] = src.k[:, :n]
+        dst.v[:, :n] = src.v[:, :n]
+
     def copy_in(self, buf, tokens, pos):
         buf.tokens = np.asarray(tokens, dtype=np.int64)
 

@@ -13,6 +13,7 @@ import time
 
 from ..errors import (EdgedError, HTTPError, ModelNotFound, NotReady, QueueTimeout, RequestError,
                       http_error)
+from ..text.sampling import REQUEST_BOUNDS, greedy_temperature
 from .log import log
 from .names import check_model_name
 from .scheduler import Job
@@ -90,15 +91,16 @@ CHAT_FIELDS = _COMMON | {"messages"}
 COMPLETION_FIELDS = _COMMON | {"prompt", "echo", "best_of", "suffix"}
 
 
-def _num(body, key, lo, hi, default, integer=False):
+def _num(body, key):
+    b = REQUEST_BOUNDS[key]
     v = body.get(key)
     if v is None:
-        return default
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or (integer and not isinstance(v, int)):
-        raise RequestError(f"'{key}' must be {'an integer' if integer else 'a number'} (got {v!r})")
-    if v != v or not lo <= v <= hi:
-        raise RequestError(f"'{key}' must be between {lo} and {hi} (got {v!r})")
-    return v
+        return b.default
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or (b.integer and not isinstance(v, int)):
+        raise RequestError(f"'{key}' must be {'an integer' if b.integer else 'a number'} (got {v!r})")
+    if v != v or not b.lo <= v <= b.hi:
+        raise RequestError(f"'{key}' must be between {b.lo} and {b.hi} (got {v!r})")
+    return int(v) if b.integer else float(v)
 
 
 def parse_params(body, chat):
@@ -144,16 +146,9 @@ def parse_params(body, chat):
     if mt is not None and (isinstance(mt, bool) or not isinstance(mt, int) or mt < 1):
         raise RequestError(f"'max_tokens' must be a positive integer (got {mt!r})")
     p["max_tokens"] = mt
-    p["temperature"] = float(_num(body, "temperature", 0.0, 2.0, 1.0))
-    p["top_p"] = float(_num(body, "top_p", 0.0, 1.0, 1.0))
-    p["top_k"] = int(_num(body, "top_k", 0, 1 << 31, 0, integer=True))
-    p["min_p"] = float(_num(body, "min_p", 0.0, 1.0, 0.0))
-    p["presence_penalty"] = float(_num(body, "presence_penalty", -2.0, 2.0, 0.0))
-    p["frequency_penalty"] = float(_num(body, "frequency_penalty", -2.0, 2.0, 0.0))
-    p["repeat_penalty"] = float(_num(body, "repeat_penalty", 0.0, 10.0, 1.0))
-    if p["repeat_penalty"] < 1e-3:      # it divides logits: 0 (or a float32 underflow) is +inf
-        raise RequestError(f"'repeat_penalty' must be at least 0.001 (got {body['repeat_penalty']!r}); "
-                           "1 disables it")
+    for key in REQUEST_BOUNDS:
+        p[key] = _num(body, key)
+    p["temperature"] = greedy_temperature(p["temperature"])
     seed = body.get("seed")
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not -(1 << 63) <= seed < 1 << 64):
         raise RequestError(f"'seed' must be an integer (got {seed!r})")
@@ -349,7 +344,7 @@ class Api:
             raise RequestError("'add_special', 'parse_special' and 'with_pieces' must be booleans")
         name = self.state.registry.resolve(body.get("model"))
         req.info["model"] = name
-        lm = await self._acquire(name, self.state.cfg.queue_timeout)
+        lm = await self._acquire(name, self.state.cfg.queue_timeout, req.peer)
         try:
             ids = await asyncio.get_running_loop().run_in_executor(
                 None, lambda: lm.encode_text(body["content"], add_special, parse_special))
@@ -368,7 +363,7 @@ class Api:
             raise RequestError("expected {\"tokens\": [ids]}")
         name = self.state.registry.resolve(body.get("model"))
         req.info["model"] = name
-        lm = await self._acquire(name, self.state.cfg.queue_timeout)
+        lm = await self._acquire(name, self.state.cfg.queue_timeout, req.peer)
         try:
             bad = [t for t in toks if not 0 <= t < lm.n_vocab]
             if bad:
@@ -378,9 +373,12 @@ class Api:
             self.state.registry.release(lm)
         return Reply(200, {"content": text, "model": name})
 
-    async def _acquire(self, name, timeout):
+    async def _acquire(self, name, timeout, peer=None):
+        """The loaded model `name`; a request's `peer` must be allowed to cause its load."""
         if self.state.stopping:
             raise NotReady("shutting down")
+        if peer is not None:
+            self.state.policy.check(self.state.cfg, self.state.registry, peer, name)
         try:
             return await asyncio.wait_for(self.state.registry.acquire(name), timeout)
         except asyncio.TimeoutError:
@@ -405,7 +403,7 @@ class Api:
         await st.slots.acquire(cfg.queue_timeout, req.disconnected)
         gen = None
         try:
-            lm = await self._acquire(name, max(cfg.queue_timeout - (time.monotonic() - t0), 0.001))
+            lm = await self._acquire(name, max(cfg.queue_timeout - (time.monotonic() - t0), 0.001), req.peer)
             try:
                 ids = await asyncio.get_running_loop().run_in_executor(None, self._prompt_ids, lm, p, chat)
                 n_prompt = len(ids)

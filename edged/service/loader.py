@@ -10,11 +10,6 @@ import time
 
 from ..errors import EdgedError, RequestError
 
-# One forward pass at a time per process: the engine has one compute thread pool, so the
-# decode loop and warm-ups take turns through this lock.
-ENGINE_LOCK = threading.Lock()
-PREFILL_CHUNK = 128     # prompt tokens per decode-loop step
-
 
 class LoadedModel:
     """A verified, mapped engine Model plus the per-daemon state the registry keeps for it."""
@@ -64,35 +59,21 @@ class LoadedModel:
     def take_session(self, ids):
         """An idle session sharing the longest prefix with `ids` (prompt cache), or a new one."""
         with self._lock:
-            best, best_len = None, -1
-            for s in self._sessions:
-                n = _common_prefix(_session_tokens(s), ids)
-                if n > best_len:
-                    best, best_len = s, n
+            best = max(self._sessions, key=lambda s: s.common_prefix(ids), default=None)
             if best is not None:
                 self._sessions.remove(best)
                 return best
         return self.model.session(n_ctx=self.n_ctx)
 
     def steps(self, session, ids, info, **sampling):
-        """Generation as steps for the decode loop: None for each PREFILL_CHUNK tokens of the
-        prompt (so other streams and cancellation get a turn during a long prompt), then the
-        engine's outputs. The prompt prefix already in the session's KV cache is not evaluated
-        again; info["cached"] gets its length, info["evaluated"] the prompt tokens evaluated."""
-        cached = min(_common_prefix(_session_tokens(session), ids), len(ids) - 1)
-        info["cached"] = cached
-        if cached < len(session.tokens):
-            session.truncate(cached)
-        pos, last = cached, len(ids) - 1         # the last prompt token is left to generate()
-        while last - pos > PREFILL_CHUNK:
-            session.eval(ids[pos:pos + PREFILL_CHUNK])
-            pos += PREFILL_CHUNK
-            yield None
-        stats = {}
-        for out in session.generate(ids, stats=stats, **sampling):
-            if "evaluated" not in info:
-                info["evaluated"] = pos - cached + stats.get("n_prompt_eval", 0)
-            yield out
+        """The request as steps for the decode loop: the engine Generation on `session` (its
+        prompt, then one token per step; service/scheduler.py drives it). The prompt prefix
+        already in the session's KV cache is not evaluated again: info["cached"] gets its
+        length, info["evaluated"] the prompt tokens to evaluate."""
+        g = session.start(ids, **sampling)
+        info["cached"] = g.n_cached
+        info["evaluated"] = g.n_pending
+        return g
 
     def give_back(self, session):
         with self._lock:
@@ -106,23 +87,6 @@ class LoadedModel:
         close = getattr(self.model, "close", None)
         if close:
             close()
-
-
-def _session_tokens(s):
-    for attr in ("tokens", "ids"):
-        v = getattr(s, attr, None)
-        if v is not None:
-            return v
-    return ()
-
-
-def _common_prefix(a, b):
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
 
 
 class Loader:
@@ -139,13 +103,13 @@ class Loader:
         opens the model through open_verified again, which the verification cache answers
         without re-hashing an unchanged file (a replaced file misses the cache and is verified
         afresh), and maps that very descriptor up to the signed length."""
-        from ..trust import signing
+        from ..trust import verify
         from ..engine.model import Model
 
         cfg = self.cfg
         t0 = time.monotonic()
         try:
-            signing.open_verified(path, self.trust, cfg.require_signature).close()
+            verify.open_verified(path, self.trust, cfg.require_signature).close()
         except FileNotFoundError:
             raise RequestError(f"model {name!r} not found ({path})") from None
         except OSError as e:        # unreadable (mode, ownership, Landlock), I/O error
@@ -170,8 +134,7 @@ class Loader:
             tok = lm.tokenizer.bos_id
             if tok is None or tok < 0:
                 tok = 0
-            with ENGINE_LOCK:
-                s.eval([tok])
+            s.eval([tok])
             s.reset()
         lm.give_back(s)
         lm.timings["warmup"] = time.monotonic() - t0
