@@ -2,7 +2,8 @@
 """Per golden model, how far edged's logits are from llama.cpp's, per kernel path.
 
 Teacher-forced like ../shared/checks/golden_check.py (prompt as one batch, then one token at a
-time) on every file in ../shared/testdata/golden; prints a Markdown table of the max and mean
+time) on every file in ../shared/testdata/golden and tests/data/goldens (tools/make_goldens.py:
+the architectures the shared data lacks); prints a Markdown table of the max and mean
 absolute logit difference for each selected kernel path (and the reference backend with
 --reference), plus the first position that differs by more than 1e-3.
 
@@ -20,13 +21,24 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, ROOT)
 DATA = os.path.join(ROOT, "..", "shared", "testdata")
+# (directory of NAME.golden.npz, directory of NAME.gguf)
+SOURCES = [(os.path.join(DATA, "golden"), os.path.join(DATA, "models")),
+           (os.path.join(ROOT, "tests", "data", "goldens"),) * 2]
+
+
+def paths(name):
+    for gdir, mdir in SOURCES:
+        if os.path.exists(os.path.join(gdir, name + ".golden.npz")):
+            return os.path.join(gdir, name + ".golden.npz"), os.path.join(mdir, name + ".gguf")
+    raise FileNotFoundError(name)
 
 
 def diff(name, backend):
     from edged import Model
-    z = np.load(os.path.join(DATA, "golden", name + ".golden.npz"))
+    golden, model = paths(name)
+    z = np.load(golden)
     toks, n_prompt, ref = z["tokens"].tolist(), int(z["n_prompt"]), z["logits"]
-    m = Model.load(os.path.join(DATA, "models", name + ".gguf"), backend=backend, n_threads=2)
+    m = Model.load(model, backend=backend, n_threads=2)
     try:
         s = m.session(n_ctx=512)
         rows = [s.eval(toks[:n_prompt], logits="all")]
@@ -45,8 +57,8 @@ def main():
     ap.add_argument("names", nargs="*", help="substrings of the golden names to run")
     args = ap.parse_args()
     from edged import _core as core
-    golden = sorted(f[:-len(".golden.npz")] for f in os.listdir(os.path.join(DATA, "golden"))
-                    if f.endswith(".golden.npz"))
+    golden = sorted(f[:-len(".golden.npz")] for gdir, _ in SOURCES if os.path.isdir(gdir)
+                    for f in os.listdir(gdir) if f.endswith(".golden.npz"))
     golden = [g for g in golden if not args.names or any(w in g for w in args.names)]
     cols = []
     for k in args.kernels.split(","):

@@ -37,7 +37,13 @@ typedef struct {
     ed_tensor attn_norm, attn_q, attn_k, attn_v, attn_qkv, attn_q_bias, attn_k_bias, attn_v_bias;
     ed_tensor attn_q_norm, attn_k_norm, attn_output, post_attention_norm;
     ed_tensor ffn_norm, ffn_gate, ffn_up, ffn_down, post_ffw_norm;
+    /* MoE: router (ne0 n_embd, ne1 n_expert) and 3-D experts: ne1 is the rows of one expert,
+       expert e starts at row e * ne1 (ffn_down_exps: ne0 n_ff_exp, ne1 n_embd) */
+    ed_tensor ffn_gate_inp, ffn_gate_exps, ffn_up_exps, ffn_down_exps;
+    /* shared expert (qwen2moe): gate (ne0 n_embd, one row), gate/up/down of n_ff_shexp */
+    ed_tensor ffn_gate_inp_shexp, ffn_gate_shexp, ffn_up_shexp, ffn_down_shexp;
     int swa;               /* this layer uses the sliding window (and the local RoPE base) */
+    int rope;              /* this layer rotates q and k (smollm3: not every fourth) */
 } ed_layer;
 
 typedef struct {
@@ -46,6 +52,14 @@ typedef struct {
     int scale_q;           /* attn_scale multiplies q before attention (gemma3), not q.k */
     float rope_base, rope_scale, rope_base_swa, rope_attn_factor;
     float rms_eps, attn_scale, embd_scale, softcap;
+    float rope_scale_swa;        /* local layers' RoPE scale */
+    float ext_factor, beta_fast, beta_slow;  /* YaRN (ext_factor 0: off) */
+    int n_ctx_orig;              /* YaRN's original context */
+    float attn_softcap;          /* tanh cap of q.k before the softmax scale, 0: off (gemma2) */
+    float residual_scale;        /* multiplies attention and FFN outputs (granite; else 1) */
+    float logit_mul;             /* multiplies the logits (granite: 1 / logit_scale; else 1) */
+    int n_expert, n_expert_used, n_ff_exp, expert_norm;  /* MoE (n_expert 0: dense) */
+    int n_ff_shexp;              /* shared expert width (0: none) */
     ed_tensor token_embd, output_norm, output;
     const float *rope_factors;   /* (n_rot/2) or NULL */
     ed_layer *layers;            /* (n_layer) */
@@ -79,6 +93,15 @@ typedef struct {
     size_t xinfo_row;
     float *logits;       /* (n_batch, n_vocab) */
     int32_t *tokens;     /* (n_batch) */
+    /* MoE scratch (NULL for a dense model) */
+    float *probs;        /* (n_batch, n_expert) router softmax */
+    int32_t *sel;        /* (n_batch, n_expert_used) chosen experts, best first */
+    float *selw;         /* (n_batch, n_expert_used) their weights */
+    int32_t *order;      /* (n_batch * n_expert_used) t * k + slot, grouped by expert */
+    int32_t *where;      /* (n_batch * n_expert_used) index into order of t * k + slot */
+    int32_t *eoff;       /* (n_expert + 1) start of each expert's group in order */
+    float *xe;           /* (n_batch, n_embd) one expert's gathered input rows */
+    float *ye;           /* (n_batch * n_expert_used, n_embd) expert outputs, grouped */
     /* per-call arguments */
     int n_tokens, pos, all_logits;
     atomic_int attn_next;  /* next attention block to take (ed_attention) */
@@ -113,13 +136,34 @@ static void ed_rms_norm(float *out, const float *x, const float *w, int n, float
     else   for (int i = 0; i < n; i++) out[i] = x[i] * scale;
 }
 
-static void ed_rope(float *x, int n_heads, int head_dim, int n_rot, int pos, float base,
-                    float freq_scale, const float *ff, float mscale, int neox) {
+/* RoPE with YaRN as ggml computes it (ggml_rope_yarn_corr_dims, rope_yarn): each pair mixes
+ * the interpolated angle (freq_scale * theta) with the extrapolated one by a ramp over the
+ * dims between the beta_fast and beta_slow corrections; ext_factor 0 is plain scaled RoPE. */
+static float ed_yarn_corr_dim(int n_rot, int n_ctx_orig, float beta, float base) {
+    return n_rot * logf(n_ctx_orig / (beta * 2 * (float)3.14159265358979323846)) / (2 * logf(base));
+}
+
+static void ed_rope_ext(float *x, int n_heads, int head_dim, int n_rot, int pos, float base,
+                        float freq_scale, const float *ff, float mscale, int neox,
+                        float ext_factor, int n_ctx_orig, float beta_fast, float beta_slow) {
     const float theta_scale = powf(base, -2.0f / n_rot);
     float cs[2 * 512];  /* n_rot <= 1024 checked at setup */
-    float theta = (float)pos;
+    float theta = (float)pos, lo = 0.0f, hi = 0.0f;
+    if (ext_factor != 0.0f) {
+        lo = floorf(ed_yarn_corr_dim(n_rot, n_ctx_orig, beta_fast, base));
+        hi = ceilf(ed_yarn_corr_dim(n_rot, n_ctx_orig, beta_slow, base));
+        lo = lo > 0.0f ? lo : 0.0f;
+        hi = hi < n_rot - 1 ? hi : (float)(n_rot - 1);
+        mscale *= 1.0f + 0.1f * logf(1.0f / freq_scale);
+    }
     for (int i0 = 0; i0 < n_rot; i0 += 2) {
-        float t = freq_scale * (ff ? theta / ff[i0 / 2] : theta);
+        const float te = ff ? theta / ff[i0 / 2] : theta;
+        float t = freq_scale * te;
+        if (ext_factor != 0.0f) {
+            const float y = (i0 / 2 - lo) / (hi - lo > 0.001f ? hi - lo : 0.001f);
+            const float mix = (1 - (y < 0 ? 0 : y > 1 ? 1 : y)) * ext_factor;
+            t = t * (1 - mix) + te * mix;
+        }
         cs[i0] = cosf(t) * mscale;
         cs[i0 + 1] = sinf(t) * mscale;
         theta *= theta_scale;
@@ -143,6 +187,11 @@ static void ed_rope(float *x, int n_heads, int head_dim, int n_rot, int pos, flo
             }
         }
     }
+}
+
+static void ed_rope(float *x, int n_heads, int head_dim, int n_rot, int pos, float base,
+                    float freq_scale, const float *ff, float mscale, int neox) {
+    ed_rope_ext(x, n_heads, head_dim, n_rot, pos, base, freq_scale, ff, mscale, neox, 0.0f, 0, 0.0f, 0.0f);
 }
 
 /* the activations as llama.cpp computes them (ed_parity.h) */
@@ -287,8 +336,7 @@ static void ed_matmul3(ed_state *s, ed_pool *p, const ed_tensor *W[3], float *ou
  * each thread computes the same row range [a, b) of gate and up, then act(gate) * up there.
  * hb (n, 2*n_ff): gate in [0, n_ff), up in [n_ff, 2*n_ff). gate == NULL: fused gate+up
  * matrix (phi3), rows [0, n_ff) gate and [n_ff, 2*n_ff) up. */
-static void ed_gate_act(const ed_model *m, float *hb, int n, int64_t a, int64_t b) {
-    const int F = m->n_ff;
+static void ed_gate_act(const ed_model *m, float *hb, int F, int n, int64_t a, int64_t b) {
     for (int t = 0; t < n; t++) {
         float *g = hb + (size_t)t * 2 * F, *u = g + F;
         if (m->act_gelu) for (int64_t i = a; i < b; i++) g[i] = ed_gelu(g[i]) * u[i];
@@ -296,39 +344,156 @@ static void ed_gate_act(const ed_model *m, float *hb, int n, int64_t a, int64_t 
     }
 }
 
-static void ed_ffn_gate_up(ed_state *s, ed_pool *p, const ed_model *m, const ed_layer *L,
-                           int n, int ith, int nth) {
-    const int F = m->n_ff, E = m->n_embd;
+/* act(x G) * (x U) for n rows x (n, n_embd) into hb (n, 2F); U's up rows start at uofs
+   (the dense FFN and each expert of a MoE layer) */
+static void ed_gate_up(ed_state *s, ed_pool *p, const ed_model *m, const ed_tensor *G,
+                       const ed_tensor *U, int64_t uofs, int F, const float *x, int n, int ith, int nth) {
+    const int E = m->n_embd;
     float *hb = s->hb;
-    const ed_tensor *G = L->ffn_gate.data ? &L->ffn_gate : &L->ffn_up;
-    const ed_tensor *U = &L->ffn_up;
-    const int64_t uofs = L->ffn_gate.data ? 0 : F;  /* up rows inside U */
     const int64_t cr = ed_chunk_rows(p, F), nc = (F + cr - 1) / cr;
     size_t rb;
     const uint8_t *xq;
     if (ed_same_act(G, U)) {
-        xq = ed_quantize_act(s, p, G->type, E, s->xb, E, n, ith, nth, &rb);
+        xq = ed_quantize_act(s, p, G->type, E, x, E, n, ith, nth, &rb);
         for (int64_t c; (c = ed_claim(p, nc)) >= 0;) {
             const int64_t a = c * cr, b = a + cr < F ? a + cr : F;
             ed_rows(s, G, a, b, xq, rb, n, hb, 2 * F, ith);
             ed_rows(s, U, uofs + a, uofs + b, xq, rb, n, hb + F - uofs, 2 * F, ith);
-            ed_gate_act(m, hb, n, a, b);
+            ed_gate_act(m, hb, F, n, a, b);
         }
     } else {  /* different activation formats (mixed quantizations): one after the other */
-        xq = ed_quantize_act(s, p, U->type, E, s->xb, E, n, ith, nth, &rb);
+        xq = ed_quantize_act(s, p, U->type, E, x, E, n, ith, nth, &rb);
         for (int64_t c; (c = ed_claim(p, nc)) >= 0;) {
             const int64_t a = c * cr, b = a + cr < F ? a + cr : F;
             ed_rows(s, U, uofs + a, uofs + b, xq, rb, n, hb + F - uofs, 2 * F, ith);
         }
         ed_barrier(p);
-        xq = ed_quantize_act(s, p, G->type, E, s->xb, E, n, ith, nth, &rb);
+        xq = ed_quantize_act(s, p, G->type, E, x, E, n, ith, nth, &rb);
         for (int64_t c; (c = ed_claim(p, nc)) >= 0;) {
             const int64_t a = c * cr, b = a + cr < F ? a + cr : F;
             ed_rows(s, G, a, b, xq, rb, n, hb, 2 * F, ith);
-            ed_gate_act(m, hb, n, a, b);
+            ed_gate_act(m, hb, F, n, a, b);
         }
     }
     ed_barrier(p);
+}
+
+static void ed_ffn_gate_up(ed_state *s, ed_pool *p, const ed_model *m, const ed_layer *L,
+                           int n, int ith, int nth) {
+    const int64_t uofs = L->ffn_gate.data ? 0 : m->n_ff;  /* up rows inside U */
+    ed_gate_up(s, p, m, L->ffn_gate.data ? &L->ffn_gate : &L->ffn_up, &L->ffn_up, uofs, m->n_ff,
+               s->xb, n, ith, nth);
+}
+
+/* ---------------------------------------------------------------- mixture of experts ---- */
+#define ED_MAX_EXPERT 512
+
+/* Expert e of a 3-D *_exps tensor as a 2-D one: its rows are e * ne1 .. (e + 1) * ne1 - 1
+   of the mapping, so only the selected experts' pages are ever touched. */
+static inline ed_tensor ed_expert(const ed_tensor *W, int e) {
+    ed_tensor t = *W;
+    t.data = W->data + (size_t)e * (size_t)W->ne1 * W->row_bytes;
+    return t;
+}
+
+/* The routed FFN as llama.cpp's build_moe_ffn (softmax gating): router logits, softmax over
+ * the experts, the top k (best first), optionally their weights renormalised to sum 1; each
+ * selected expert's silu(gate) * up then down; the k outputs times their weights summed in
+ * slot order. Tokens are grouped by expert, so each selected expert's weights are read once
+ * per batch (llama.cpp's mul_mat_id) and one token reads only its k experts. Output in xb2. */
+static void ed_moe_ffn(ed_state *s, ed_pool *p, const ed_model *m, const ed_layer *L, int n,
+                       int ith, int nth) {
+    const int E = m->n_embd, X = m->n_expert, k = m->n_expert_used, Fe = m->n_ff_exp;
+    const int simd = ed_pm_simd(ED_PATH);
+    int64_t a, b;
+    ed_matmul(s, p, s->probs, X, &L->ffn_gate_inp, s->xb, E, n, 0, ith, nth);
+    ed_range(n, ith, nth, &a, &b);
+    for (int64_t t = a; t < b; t++) {
+        float *pr = s->probs + t * X, mx = -INFINITY;
+        for (int i = 0; i < X; i++) if (pr[i] > mx) mx = pr[i];
+        ed_pm_expf_sub(simd, X, pr, mx, pr);      /* ggml_soft_max: sum in double */
+        double sum = 0.0;
+        for (int i = 0; i < X; i++) sum += pr[i];
+        const float inv = (float)(1.0 / sum);
+        for (int i = 0; i < X; i++) pr[i] *= inv;
+        int32_t *sel = s->sel + t * k;
+        float *w = s->selw + t * k;
+        for (int j = 0; j < k; j++) {             /* top k, the lower id first on ties */
+            int best = -1;
+            for (int i = 0; i < X; i++) {
+                int taken = 0;
+                for (int q = 0; q < j; q++) taken |= sel[q] == i;
+                if (!taken && (best < 0 || pr[i] > pr[best])) best = i;
+            }
+            sel[j] = best;
+            w[j] = pr[best];
+        }
+        if (m->expert_norm) {
+            double ws = 0.0;
+            for (int j = 0; j < k; j++) ws += w[j];
+            float wsum = (float)ws;
+            if (wsum < 6.103515625e-5f) wsum = 6.103515625e-5f;
+            for (int j = 0; j < k; j++) w[j] = w[j] / wsum;
+        }
+    }
+    ed_barrier(p);
+    if (ith == 0) {  /* (token, slot) pairs grouped by expert: a counting sort */
+        int cur[ED_MAX_EXPERT + 1];
+        memset(cur, 0, sizeof(int) * (X + 1));
+        for (int i = 0; i < n * k; i++) cur[s->sel[i] + 1]++;
+        for (int e = 0; e < X; e++) cur[e + 1] += cur[e];
+        memcpy(s->eoff, cur, sizeof(int32_t) * (X + 1));
+        for (int i = 0; i < n * k; i++) {
+            const int at = cur[s->sel[i]]++;
+            s->order[at] = i;
+            s->where[i] = at;
+        }
+    }
+    ed_barrier(p);
+    for (int e = 0; e < X; e++) {
+        const int c0 = s->eoff[e], cnt = s->eoff[e + 1] - c0;
+        if (cnt == 0) continue;  /* not routed to: its weights are not read */
+        const float *xin = s->xb;
+        if (n > 1) {  /* gather the expert's tokens */
+            ed_range(cnt, ith, nth, &a, &b);
+            for (int64_t i = a; i < b; i++)
+                memcpy(s->xe + i * E, s->xb + (size_t)(s->order[c0 + i] / k) * E, sizeof(float) * E);
+            ed_barrier(p);
+            xin = s->xe;
+        }
+        const ed_tensor G = ed_expert(&L->ffn_gate_exps, e), U = ed_expert(&L->ffn_up_exps, e);
+        const ed_tensor D = ed_expert(&L->ffn_down_exps, e);
+        ed_gate_up(s, p, m, &G, &U, 0, Fe, xin, cnt, ith, nth);
+        ed_matmul(s, p, s->ye + (size_t)c0 * E, E, &D, s->hb, 2 * Fe, cnt, 0, ith, nth);
+    }
+    ed_range(n, ith, nth, &a, &b);
+    for (int64_t t = a; t < b; t++) {  /* llama.cpp: weighted outputs added in slot order */
+        float *o = s->xb2 + t * E;
+        const float *w = s->selw + t * k;
+        const float *y0 = s->ye + (size_t)s->where[t * k] * E;
+        for (int i = 0; i < E; i++) o[i] = y0[i] * w[0];
+        for (int j = 1; j < k; j++) {
+            const float *y = s->ye + (size_t)s->where[t * k + j] * E;
+            for (int i = 0; i < E; i++) o[i] = o[i] + y[i] * w[j];
+        }
+    }
+    ed_barrier(p);
+    if (L->ffn_up_shexp.data) {
+        /* the shared expert for every token, times sigmoid(x . gate_inp_shexp) computed as
+           llama.cpp does: silu(g) / g; added after the routed experts */
+        const int Fs = m->n_ff_shexp;
+        ed_matmul(s, p, s->probs, X, &L->ffn_gate_inp_shexp, s->xb, E, n, 0, ith, nth);
+        ed_gate_up(s, p, m, &L->ffn_gate_shexp, &L->ffn_up_shexp, 0, Fs, s->xb, n, ith, nth);
+        ed_matmul(s, p, s->ye, E, &L->ffn_down_shexp, s->hb, 2 * Fs, n, 0, ith, nth);
+        ed_range(n, ith, nth, &a, &b);
+        for (int64_t t = a; t < b; t++) {
+            const float g = s->probs[t * X], gate = ed_silu(g) / g;
+            float *o = s->xb2 + t * E;
+            const float *y = s->ye + (size_t)t * E;
+            for (int i = 0; i < E; i++) o[i] = o[i] + y[i] * gate;
+        }
+        ed_barrier(p);
+    }
 }
 
 static inline const float *ed_vec(const ed_tensor *t) { return (const float *)t->data; }
@@ -366,6 +531,7 @@ static void ed_attention_exact(ed_state *s, const ed_model *m, int il, int ith, 
     const int simd = ed_pm_simd(ED_PATH);
     const float qscale = m->scale_q ? m->attn_scale : 1.0f;
     const float kqscale = m->scale_q ? 1.0f : m->attn_scale;
+    const float cap = m->attn_softcap;
     float *sc = s->att + (size_t)ith * s->att_stride;
     float *acc = s->vacc + (size_t)ith * 80 * hd, *tmp = acc + (size_t)64 * hd;
     const float *lane[64];
@@ -384,7 +550,9 @@ static void ed_attention_exact(ed_state *s, const ed_model *m, int il, int ith, 
         const int nj = pt - j0 + 1;
         float mx = -INFINITY;
         for (int j = j0; j <= pt; j++) {
-            const float d = ed_pm_dot(simd, hd, kc + (size_t)j * kvd + (size_t)kvh * hd, q16, batch) * kqscale;
+            float d = ed_pm_dot(simd, hd, kc + (size_t)j * kvd + (size_t)kvh * hd, q16, batch);
+            if (cap != 0.0f) d = tanhf(d * (1.0f / cap)) * cap;  /* llama.cpp: before the scale */
+            d *= kqscale;
             sc[j] = d;
             if (d > mx) mx = d;
         }
@@ -463,7 +631,8 @@ static void ed_attention_blocked(ed_state *s, const ed_model *m, int il, int ith
 #define ED_ATTN_BLOCK_MIN 32
 
 static void ed_attention(ed_state *s, const ed_model *m, int il, int ith, int nth, int ldqkv) {
-    if (!s->batched && s->n_tokens >= ED_ATTN_BLOCK_MIN && ed_attn != ed_attn_rowwise)
+    if (!s->batched && s->n_tokens >= ED_ATTN_BLOCK_MIN && ed_attn != ed_attn_rowwise &&
+        m->attn_softcap == 0.0f)  /* the blocked kernel has no soft-capping */
         ed_attention_blocked(s, m, il, ith, nth, ldqkv);
     else
         ed_attention_exact(s, m, il, ith, nth, ldqkv);
@@ -486,7 +655,7 @@ static void ed_forward_worker(void *arg, int ith, int nth) {
     ed_pool *p = s->pool;
     const int n = s->n_tokens, E = m->n_embd, F = m->n_ff, hd = m->head_dim;
     const int Qd = m->n_head * hd, KVd = m->n_head_kv * hd, QKV = Qd + 2 * KVd;
-    const float eps = m->rms_eps;
+    const float eps = m->rms_eps, rs = m->residual_scale;
     int64_t a, b;
     ed_range(n, ith, nth, &a, &b);  /* this thread's tokens for per-row ops */
     const int prof = s->profile && ith == 0;
@@ -514,7 +683,7 @@ static void ed_forward_worker(void *arg, int ith, int nth) {
         }
         ED_MARK(prof_mm, L->attn_qkv.data ? L->attn_qkv.type : L->attn_q.type);
         const float base = L->swa ? m->rope_base_swa : m->rope_base;
-        const float fscale = L->swa ? 1.0f : m->rope_scale;
+        const float fscale = L->swa ? m->rope_scale_swa : m->rope_scale;
         for (int64_t t = a; t < b; t++) {
             float *q = s->qkv + t * QKV, *k = q + Qd, *v = k + KVd;
             if (L->attn_q_bias.data) {
@@ -527,8 +696,12 @@ static void ed_forward_worker(void *arg, int ith, int nth) {
                 for (int h = 0; h < m->n_head_kv; h++) ed_rms_norm(k + h * hd, k + h * hd, ed_vec(&L->attn_k_norm), hd, eps);
             }
             const int pt = ed_row_pos(s, t);
-            ed_rope(q, m->n_head, hd, m->n_rot, pt, base, fscale, m->rope_factors, m->rope_attn_factor, m->rope_neox);
-            ed_rope(k, m->n_head_kv, hd, m->n_rot, pt, base, fscale, m->rope_factors, m->rope_attn_factor, m->rope_neox);
+            if (L->rope) {
+                ed_rope_ext(q, m->n_head, hd, m->n_rot, pt, base, fscale, m->rope_factors, m->rope_attn_factor,
+                            m->rope_neox, m->ext_factor, m->n_ctx_orig, m->beta_fast, m->beta_slow);
+                ed_rope_ext(k, m->n_head_kv, hd, m->n_rot, pt, base, fscale, m->rope_factors, m->rope_attn_factor,
+                            m->rope_neox, m->ext_factor, m->n_ctx_orig, m->beta_fast, m->beta_slow);
+            }
             uint16_t *kc = ed_layer_cache(s, 0, t, il, KVd) + (size_t)pt * KVd;
             uint16_t *vc = ed_layer_cache(s, 1, t, il, KVd) + (size_t)pt * KVd;
             for (int i = 0; i < KVd; i++) { kc[i] = ed_fp32_to_fp16(k[i]); vc[i] = ed_fp32_to_fp16(v[i]); }
@@ -544,19 +717,24 @@ static void ed_forward_worker(void *arg, int ith, int nth) {
         for (int64_t t = a; t < b; t++) {
             float *o = s->xb2 + t * E, *x = s->x + t * E;
             if (L->post_attention_norm.data) ed_rms_norm(o, o, ed_vec(&L->post_attention_norm), E, eps);
-            for (int i = 0; i < E; i++) x[i] += o[i];
+            for (int i = 0; i < E; i++) x[i] += o[i] * rs;
             ed_rms_norm(s->xb + t * E, x, ed_vec(&L->ffn_norm), E, eps);
         }
         ed_barrier(p);
         ED_MARK(prof_ns, ED_PROF_NORM);
-        ed_ffn_gate_up(s, p, m, L, n, ith, nth);
-        ED_MARK(prof_mm, L->ffn_up.type);
-        ed_matmul(s, p, s->xb2, E, &L->ffn_down, s->hb, 2 * F, n, 0, ith, nth);
-        ED_MARK(prof_mm, L->ffn_down.type);
+        if (m->n_expert) {
+            ed_moe_ffn(s, p, m, L, n, ith, nth);
+            ED_MARK(prof_mm, L->ffn_up_exps.type);
+        } else {
+            ed_ffn_gate_up(s, p, m, L, n, ith, nth);
+            ED_MARK(prof_mm, L->ffn_up.type);
+            ed_matmul(s, p, s->xb2, E, &L->ffn_down, s->hb, 2 * F, n, 0, ith, nth);
+            ED_MARK(prof_mm, L->ffn_down.type);
+        }
         for (int64_t t = a; t < b; t++) {
             float *o = s->xb2 + t * E, *x = s->x + t * E;
             if (L->post_ffw_norm.data) ed_rms_norm(o, o, ed_vec(&L->post_ffw_norm), E, eps);
-            for (int i = 0; i < E; i++) x[i] += o[i];
+            for (int i = 0; i < E; i++) x[i] += o[i] * rs;
             if (il + 1 < m->n_layer)  /* the next layer's attn_norm, while x is in cache */
                 ed_rms_norm(s->xb + t * E, x, ed_vec(&m->layers[il + 1].attn_norm), E, eps);
         }
@@ -573,6 +751,11 @@ static void ed_forward_worker(void *arg, int ith, int nth) {
         for (int64_t i = a; i < b; i++) s->logits[i] = tanhf(s->logits[i] / m->softcap) * m->softcap;
         ed_barrier(p);
     }
+    if (m->logit_mul != 1.0f) {
+        ed_range((int64_t)rows * m->n_vocab, ith, nth, &a, &b);
+        for (int64_t i = a; i < b; i++) s->logits[i] *= m->logit_mul;
+        ed_barrier(p);
+    }
     ED_MARK(prof_ns, ED_PROF_OUTPUT);
 }
 
@@ -587,7 +770,9 @@ static void ed_forward_worker(void *arg, int ith, int nth) {
 static size_t ed_state_layout(ed_state *s, const ed_model *m, int n_ctx, int n_batch,
                               int n_threads, uint8_t *arena) {
     const int E = m->n_embd, hd = m->head_dim, Qd = m->n_head * hd, KVd = m->n_head_kv * hd;
-    const int F = m->n_ff, XB = E > Qd ? E : Qd;
+    const int F = m->n_ff > m->n_ff_exp ? (m->n_ff > m->n_ff_shexp ? m->n_ff : m->n_ff_shexp)
+                : (m->n_ff_exp > m->n_ff_shexp ? m->n_ff_exp : m->n_ff_shexp);
+    const int XB = E > Qd ? E : Qd;
     /* widest activation row that gets quantized: n_embd, Qd or n_ff inputs, any type */
     size_t xq_row = 0;
     for (int t = 0; t < ED_NTYPES; t++) {
@@ -628,6 +813,17 @@ static size_t ed_state_layout(ed_state *s, const ed_model *m, int n_ctx, int n_b
     CARVE(xinfo, ed_ginfo, (size_t)(n_batch > 1 ? n_batch : 0) * xinfo_row);
     CARVE(logits, float, (size_t)(n_batch < ED_MAX_LOGIT_ROWS ? n_batch : ED_MAX_LOGIT_ROWS) * m->n_vocab);
     CARVE(tokens, int32_t, n_batch);
+    if (m->n_expert) {
+        const size_t nk = (size_t)n_batch * m->n_expert_used;
+        CARVE(probs, float, (size_t)n_batch * m->n_expert);
+        CARVE(sel, int32_t, nk);
+        CARVE(selw, float, nk);
+        CARVE(order, int32_t, nk);
+        CARVE(where, int32_t, nk);
+        CARVE(eoff, int32_t, m->n_expert + 1);
+        CARVE(xe, float, (size_t)n_batch * E);
+        CARVE(ye, float, nk * E);
+    }
 #undef CARVE
     if (arena) {
         s->n_ctx = n_ctx; s->n_batch = n_batch; s->xq_row = xq_row; s->m = m;

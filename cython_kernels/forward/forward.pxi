@@ -18,12 +18,19 @@ cdef extern from "forward.h" nogil:
         ed_tensor attn_norm, attn_q, attn_k, attn_v, attn_qkv, attn_q_bias, attn_k_bias, attn_v_bias
         ed_tensor attn_q_norm, attn_k_norm, attn_output, post_attention_norm
         ed_tensor ffn_norm, ffn_gate, ffn_up, ffn_down, post_ffw_norm
+        ed_tensor ffn_gate_inp, ffn_gate_exps, ffn_up_exps, ffn_down_exps
+        ed_tensor ffn_gate_inp_shexp, ffn_gate_shexp, ffn_up_shexp, ffn_down_shexp
         int swa
+        int rope
     ctypedef struct ed_model:
         int n_vocab, n_embd, n_ff, n_layer, n_head, n_head_kv, head_dim, n_rot
         int rope_neox, act_gelu, n_swa, scale_q
         float rope_base, rope_scale, rope_base_swa, rope_attn_factor
         float rms_eps, attn_scale, embd_scale, softcap
+        float rope_scale_swa, ext_factor, beta_fast, beta_slow
+        int n_ctx_orig
+        float attn_softcap, residual_scale, logit_mul
+        int n_expert, n_expert_used, n_ff_exp, expert_norm, n_ff_shexp
         ed_tensor token_embd, output_norm, output
         const float *rope_factors
         ed_layer *layers
@@ -58,6 +65,7 @@ cdef extern from "forward.h" nogil:
     void ed_forward_rows(ed_state *s, ed_pool *p, int n, ed_state **rows, const int *pos)
     void ed_forward_init()
     int ED_MAX_LOGIT_ROWS
+    int ED_MAX_EXPERT
     int ed_types_init(const char *want)
     const char *ED_PATH
     int ED_NTYPES
@@ -204,8 +212,20 @@ cdef class ForwardModel:
         m.rope_base_swa = hp["rope_freq_base_swa"]; m.rope_attn_factor = hp["rope_attn_factor"]
         m.rms_eps = hp["rms_eps"]; m.attn_scale = hp["attn_scale"]; m.embd_scale = hp["embd_scale"]
         m.softcap = hp["final_logit_softcap"]
+        m.rope_scale_swa = hp.get("rope_freq_scale_swa", 1.0)
+        m.ext_factor = hp.get("rope_ext_factor", 0.0)
+        m.beta_fast = hp.get("yarn_beta_fast", 32.0); m.beta_slow = hp.get("yarn_beta_slow", 1.0)
+        m.n_ctx_orig = hp.get("n_ctx_orig", 0)
+        m.attn_softcap = hp.get("attn_softcap", 0.0)
+        m.residual_scale = hp.get("residual_scale", 1.0); m.logit_mul = hp.get("logit_mul", 1.0)
+        m.n_expert = hp.get("n_expert", 0); m.n_expert_used = hp.get("n_expert_used", 0)
+        m.n_ff_exp = hp.get("n_ff_exp", 0); m.expert_norm = hp.get("expert_weights_norm", False)
+        m.n_ff_shexp = hp.get("n_ff_shexp", 0)
         if m.head_dim > 1024 or m.n_rot > 1024:
             raise ValueError(f"head_dim {m.head_dim} > 1024 not supported by the compiled path")
+        if m.n_expert > ED_MAX_EXPERT or m.n_expert_used > m.n_expert:
+            raise ValueError(f"{m.n_expert_used} of {m.n_expert} experts: at most "
+                             f"{ED_MAX_EXPERT} experts supported by the compiled path")
         self.layers = <ed_layer *>calloc(m.n_layer, sizeof(ed_layer))
         if self.layers == NULL:
             raise MemoryError()
@@ -228,8 +248,9 @@ cdef class ForwardModel:
         for i, L in enumerate(layers):
             l = &self.layers[i]
             l.swa = L["swa"]
+            l.rope = L.get("rope", 1)
             for role, spec in L.items():
-                if role == "swa":
+                if role in ("swa", "rope"):
                     continue
                 if spec is None:
                     continue
@@ -253,6 +274,14 @@ cdef class ForwardModel:
         if role == "ffn_up": return &l.ffn_up
         if role == "ffn_down": return &l.ffn_down
         if role == "post_ffw_norm": return &l.post_ffw_norm
+        if role == "ffn_gate_inp": return &l.ffn_gate_inp
+        if role == "ffn_gate_exps": return &l.ffn_gate_exps
+        if role == "ffn_up_exps": return &l.ffn_up_exps
+        if role == "ffn_down_exps": return &l.ffn_down_exps
+        if role == "ffn_gate_inp_shexp": return &l.ffn_gate_inp_shexp
+        if role == "ffn_gate_shexp": return &l.ffn_gate_shexp
+        if role == "ffn_up_shexp": return &l.ffn_up_shexp
+        if role == "ffn_down_shexp": return &l.ffn_down_shexp
         raise KeyError(role)
 
     def arena_bytes(self, int n_ctx, int n_batch, int n_threads):

@@ -2,6 +2,7 @@
 and what this machine offers (compiled path, threads)."""
 import collections
 import json
+import math
 import sys
 
 from .loadargs import add_load_args
@@ -48,6 +49,7 @@ def model_info(path, ctx_sizes=None):
             mem.append({"n_ctx": n, "weights": weights, "kv_cache": bp.kv_cache,
                         "scratch": bp.scratch, "total": weights + bp.kv_cache + bp.scratch})
         params = sum(t.n_elements for t in spec.tensors.values())
+        active = spec.active_weight_bytes()
         return {
             "file": path, "architecture": spec.arch.name,
             "hparams": {k: (list(v) if isinstance(v, tuple) else v)
@@ -56,7 +58,7 @@ def model_info(path, ctx_sizes=None):
             "tied_embeddings": spec.tied_embeddings, "parameters": params,
             "weight_types": {k: {"tensors": types[k], "bytes": type_bytes[k]} for k in types},
             "vocabulary": tok.n_vocab, "bos_id": tok.bos_id, "eos_id": tok.eos_id,
-            "memory": mem,
+            "memory": mem, "weights_bytes": weights, "active_weights_bytes": active,
         }
 
 
@@ -115,6 +117,19 @@ def run(args):
     if hp["n_swa"]:
         print(f"sliding window {hp['n_swa']} on layers {info['swa_layers']} "
               f"(local rope base {hp['rope_freq_base_swa']:g})")
+    if hp["rope_ext_factor"]:
+        factor = 1 / hp["rope_freq_scale"]
+        mscale = hp["rope_attn_factor"] * (1 + 0.1 * math.log(factor))  # as the rope applies it
+        print(f"rope scaling: YaRN, factor {factor:g} over an original context of "
+              f"{hp['n_ctx_orig']} (cos/sin x {mscale:.4f})")
+    if not all(hp["rope_layers"]):
+        print(f"layers without RoPE: {[i for i, r in enumerate(hp['rope_layers']) if not r]}")
+    if hp["n_expert"]:
+        print(f"experts: {hp['n_expert_used']} of {hp['n_expert']} per token "
+              f"(expert FFN {hp['n_ff_exp']}); weights read per token "
+              f"{mib(info['active_weights_bytes'])} of {mib(info['weights_bytes'])} "
+              f"({100 * info['active_weights_bytes'] / info['weights_bytes']:.0f}%, "
+              "expert weights stay mapped from the file)")
     print("weight types: " + ", ".join(f"{k} x{v['tensors']} ({mib(v['bytes'])})"
                                        for k, v in info["weight_types"].items()))
     for r in info["memory"]:

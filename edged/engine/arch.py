@@ -13,6 +13,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from ..errors import UnsupportedModelError
 from ..format.gguf import GGMLType, Key
 from ..format.quants import SUPPORTED
@@ -28,6 +30,7 @@ ROPE_NORM, ROPE_NEOX = 0, 2  # llama.cpp's rope modes: adjacent pairs vs. halves
 # llama.cpp's LLAMA_MAX_LAYERS. A larger block_count is refused before anything is sized by
 # it (a crafted 2**40 would otherwise build per-layer tables until memory runs out).
 MAX_LAYERS = 512
+MAX_EXPERTS = 512  # llama.cpp's LLAMA_MAX_EXPERTS; the compiled router's limit too
 
 
 @dataclass(frozen=True)
@@ -46,6 +49,13 @@ class Arch:
     rope_factors: bool = False    # rope_factors_long/short (phi3 LongRoPE)
     rope_n_rot_must_equal_head: bool = False  # llama.cpp refuses n_rot != head_dim for llama
     scale_q: bool = False         # llama.cpp scales q by attn_scale before attention, not q.k
+    softcap: bool = False         # tanh soft-capping of q.k (default 50) and logits (30) (gemma2)
+    swa_rope_global: bool = False  # local layers keep the global RoPE base/scale by default
+    multipliers: bool = False     # embedding/residual/attention/logit scales (granite)
+    no_rope_step: int = 0         # every n-th layer skips RoPE (smollm3: 4)
+    moe: bool = False             # routed experts: ffn_gate_inp + *_exps (qwen3moe)
+    moe_norm_w: bool = False      # renormalise the top-k router weights (qwen3moe)
+    shared_expert: bool = False   # one always-on expert *_shexp with a sigmoid gate (qwen2moe)
 
 
 ARCHS = {
@@ -56,7 +66,18 @@ ARCHS = {
                  scale_q=True),
     "gemma3": Arch("gemma3", ROPE_NEOX, qk_norm=True, sandwich_norm=True, embd_scale=True,
                    act="gelu", swa_pattern=6, scale_q=True),
+    "gemma2": Arch("gemma2", ROPE_NEOX, sandwich_norm=True, embd_scale=True, act="gelu",
+                   swa_pattern=2, scale_q=True, softcap=True, swa_rope_global=True),
+    "granite": Arch("granite", ROPE_NORM, qkv_bias=True, multipliers=True,
+                    rope_n_rot_must_equal_head=True),
+    "smollm3": Arch("smollm3", ROPE_NORM, no_rope_step=4, rope_n_rot_must_equal_head=True),
+    "qwen3moe": Arch("qwen3moe", ROPE_NEOX, qk_norm=True, moe=True, moe_norm_w=True),
+    "qwen2moe": Arch("qwen2moe", ROPE_NEOX, qkv_bias=True, moe=True, shared_expert=True),
 }
+# llama.cpp's YaRN defaults (ggml_rope_yarn_corr_dims); it reads no beta keys for these archs
+YARN_BETA_FAST, YARN_BETA_SLOW = 32.0, 1.0
+# llama.cpp clamps the sum of the top-k router weights to the smallest normal F16
+EXPERT_WEIGHTS_SUM_MIN = 6.103515625e-5
 
 
 @dataclass(frozen=True)
@@ -75,7 +96,12 @@ class HParams:
     rope_freq_base: float
     rope_freq_scale: float        # 1 / rope.scaling.factor (linear scaling)
     rope_freq_base_swa: float     # local layers' RoPE base (gemma3)
-    rope_attn_factor: float       # rope.scaling.attn_factor (multiplies cos/sin)
+    rope_freq_scale_swa: float    # local layers' RoPE scale (1 for gemma3; gemma2: the global one)
+    rope_ext_factor: float        # YaRN extrapolation mix (1 with rope.scaling.type yarn, else 0)
+    yarn_beta_fast: float
+    yarn_beta_slow: float
+    rope_attn_factor: float       # multiplies cos/sin: rope.scaling.attn_factor, and with YaRN
+                                  # llama.cpp's mscale, cancelled as llama-context.cpp does
     n_ctx_orig: int               # rope.scaling.original_context_length (phi3 long/short factors)
     rms_eps: float
     n_swa: int                    # sliding window (0: none)
@@ -83,6 +109,15 @@ class HParams:
     attn_scale: float             # multiplies q.k
     embd_scale: float             # multiplies the input embeddings
     final_logit_softcap: float    # 0: off
+    attn_softcap: float = 0.0     # q.k soft-capping (gemma2), 0: off
+    residual_scale: float = 1.0   # multiplies each block's attention and FFN output (granite)
+    logit_mul: float = 1.0        # multiplies the logits: 1 / logit_scale (granite)
+    rope_layers: tuple = ()       # per layer: True when the layer applies RoPE
+    n_expert: int = 0             # routed experts (0: dense FFN)
+    n_expert_used: int = 0        # experts per token (top-k)
+    n_ff_exp: int = 0             # rows of one expert's gate/up
+    expert_weights_norm: bool = False  # renormalise the k router weights to sum 1
+    n_ff_shexp: int = 0           # rows of the shared expert's gate/up (0: none)
 
     @property
     def n_embd_q(self):
@@ -114,9 +149,17 @@ class LayerTensors:
     post_attention_norm: str | None
     ffn_norm: str
     ffn_gate: str | None
-    ffn_up: str
-    ffn_down: str
+    ffn_up: str | None            # None in a MoE layer
+    ffn_down: str | None
     post_ffw_norm: str | None
+    ffn_gate_inp: str | None = None   # router (n_embd, n_expert)
+    ffn_gate_exps: str | None = None  # (n_embd, n_ff_exp, n_expert): expert e's rows e*n_ff_exp..
+    ffn_up_exps: str | None = None
+    ffn_down_exps: str | None = None  # (n_ff_exp, n_embd, n_expert)
+    ffn_gate_inp_shexp: str | None = None  # (n_embd,): the shared expert's sigmoid gate
+    ffn_gate_shexp: str | None = None      # (n_embd, n_ff_shexp)
+    ffn_up_shexp: str | None = None
+    ffn_down_shexp: str | None = None      # (n_ff_shexp, n_embd)
 
 
 @dataclass(frozen=True)
@@ -135,6 +178,19 @@ class Spec:
     @property
     def tied_embeddings(self):
         return self.output == self.token_embd
+
+    def active_weight_bytes(self):
+        """Bytes of weights one token reads: one embedding row (all of them when they are also
+        the output matrix), k of n_expert experts, and every other weight."""
+        hp, total = self.hp, 0
+        for name, t in self.tensors.items():
+            if name == self.token_embd and not self.tied_embeddings:
+                total += t.nbytes // hp.n_vocab
+            elif name.endswith("_exps.weight"):
+                total += t.nbytes * hp.n_expert_used // hp.n_expert
+            else:
+                total += t.nbytes
+        return total
 
     def rope_factors(self, n_ctx):
         """Name of the per-dimension RoPE frequency factors for a context of n_ctx, or None."""
@@ -197,7 +253,10 @@ def hparams(metadata, arch_name, n_vocab):
     n_embd = m.get(Key.EMBEDDING_LENGTH, int, required=True)
     n_layer = m.get(Key.BLOCK_COUNT, int, required=True)
     n_head = m.get(Key.HEAD_COUNT, int, required=True)
-    n_ff = m.get(Key.FEED_FORWARD_LENGTH, int, required=True)
+    # a MoE file's dense feed_forward_length is not used (llama.cpp: optional there)
+    n_ff = m.get(Key.FEED_FORWARD_LENGTH, int, required=not a.moe, default=None)
+    if n_ff is None:
+        n_ff = m.get(Key.EXPERT_FEED_FORWARD_LENGTH, int, default=0)
     n_head_kv = m.get(Key.HEAD_COUNT_KV, int, default=n_head)
     for k, v in (("embedding_length", n_embd), ("block_count", n_layer), ("head_count", n_head),
                  ("feed_forward_length", n_ff), ("head_count_kv", n_head_kv)):
@@ -221,9 +280,9 @@ def hparams(metadata, arch_name, n_vocab):
         _refuse(f"{arch_name}.rope.dimension_count {n_rot} != head dim {head_dim}")
 
     scaling = m.get(Key.ROPE_SCALING_TYPE, str, default="linear" if not a.rope_factors else "none")
-    if scaling not in ("none", "linear", "longrope"):
-        _refuse(f"{m.name(Key.ROPE_SCALING_TYPE)} = {scaling!r} (YaRN and other RoPE scaling "
-                "types are not supported; only none/linear)")
+    if scaling not in ("none", "linear", "longrope", "yarn"):
+        _refuse(f"{m.name(Key.ROPE_SCALING_TYPE)} = {scaling!r} is not supported (none, "
+                "linear, yarn, and longrope for phi3)")
     if scaling == "longrope" and not a.rope_factors:
         _refuse(f"{m.name(Key.ROPE_SCALING_TYPE)} = 'longrope' is not supported for {arch_name}")
     factor = m.get(Key.ROPE_SCALING_FACTOR, float)
@@ -233,8 +292,19 @@ def hparams(metadata, arch_name, n_vocab):
         _refuse(f"{m.name(Key.ROPE_SCALING_FACTOR)} is negative ({factor})")
     freq_scale = 1.0 if factor == 0.0 or scaling == "none" else 1.0 / factor
     n_ctx_train = m.get(Key.CONTEXT_LENGTH, int, default=2048)
+    attn_factor = m.get(Key.ROPE_SCALING_ATTN_FACTOR, float, default=1.0)
+    ext_factor = 0.0
+    if scaling == "yarn":
+        # llama-context.cpp: mscale = 1 + 0.1 ln(factor), divided by the same term that ggml's
+        # rope multiplies in again, in float32 as there
+        ext_factor = 1.0
+        f32 = np.float32
+        fac = f32(1.0) / f32(freq_scale)
+        msc = f32(1.0) if fac <= 1.0 else f32(0.1) * np.log(fac) + f32(1.0)
+        msc = f32(msc * (f32(1.0) / (f32(1.0) + f32(0.1) * np.log(fac))))
+        attn_factor = float(f32(msc * f32(attn_factor)))
 
-    n_swa = m.get(Key.SLIDING_WINDOW, int, default=0)
+    n_swa = m.get(Key.SLIDING_WINDOW, int, default=4096 if a.name == "gemma2" else 0)
     if a.swa_pattern and n_swa > 0:
         pattern = m.get(Key.SLIDING_WINDOW_PATTERN, int, default=a.swa_pattern)
         swa = tuple(pattern == 0 or (il % pattern < pattern - 1) for il in range(n_layer))
@@ -242,7 +312,8 @@ def hparams(metadata, arch_name, n_vocab):
         n_swa = 0  # phi3: llama.cpp ignores the window; others have none
         swa = (False,) * n_layer
     rope_base = m.get(Key.ROPE_FREQ_BASE, float, default=10000.0)
-    rope_base_swa = m.get(Key.ROPE_FREQ_BASE_SWA, float, default=10000.0)
+    rope_base_swa = m.get(Key.ROPE_FREQ_BASE_SWA, float,
+                          default=rope_base if a.swa_rope_global else 10000.0)
     rms_eps = m.get(Key.LAYERNORM_RMS_EPS, float, required=True)
     # Values no trained model has: a zero or negative RoPE base gives NaN angles, an epsilon of
     # zero or less divides by zero (or a negative) on an all-zero row.
@@ -250,23 +321,49 @@ def hparams(metadata, arch_name, n_vocab):
                    (Key.LAYERNORM_RMS_EPS, rms_eps)):
         if v <= 0:
             _refuse(f"key {m.name(key)!r} must be positive, got {v!r}")
-    if arch_name == "gemma3":
-        attn_scale = 1.0 / math.sqrt(head_dim)
-        if n_layer == 62:  # gemma3 27B scales by n_embd / n_head (llama.cpp, gemma_pytorch)
-            attn_scale = 1.0 / math.sqrt(n_embd // n_head)
-    else:
-        attn_scale = 1.0 / math.sqrt(head_dim)
+    attn_scale = 1.0 / math.sqrt(head_dim)
+    # gemma 27B models scale by n_embd / n_head (llama.cpp, gemma_pytorch)
+    if (arch_name, n_layer) in (("gemma3", 62), ("gemma2", 46)):
+        attn_scale = 1.0 / math.sqrt(n_embd // n_head)
+    embd_scale = math.sqrt(n_embd) if a.embd_scale else 1.0
+    residual_scale = logit_mul = 1.0
+    if a.multipliers:  # granite: each key optional but logit_scale (llama.cpp requires it)
+        embd_scale = m.get(Key.EMBEDDING_SCALE, float, default=0.0) or 1.0
+        residual_scale = m.get(Key.RESIDUAL_SCALE, float, default=0.0) or 1.0
+        attn_scale = m.get(Key.ATTENTION_SCALE, float, default=0.0) or attn_scale
+        logit_scale = m.get(Key.LOGIT_SCALE, float, required=True)
+        if logit_scale == 0.0:
+            _refuse(f"{m.name(Key.LOGIT_SCALE)} is 0")
+        logit_mul = float(np.float32(1.0) / np.float32(logit_scale))
+    rope_layers = tuple(not a.no_rope_step or (il + 1) % a.no_rope_step != 0
+                        for il in range(n_layer))
+    n_expert = n_used = n_ff_exp = 0
+    if a.moe:
+        n_expert = m.get(Key.EXPERT_COUNT, int, required=True)
+        n_used = m.get(Key.EXPERT_USED_COUNT, int, required=True)
+        n_ff_exp = m.get(Key.EXPERT_FEED_FORWARD_LENGTH, int, required=True)
+        if not 0 < n_used <= n_expert <= MAX_EXPERTS or n_ff_exp <= 0:
+            _refuse(f"{arch_name}: expert_used_count {n_used} / expert_count {n_expert} / "
+                    f"expert_feed_forward_length {n_ff_exp} invalid")
     return HParams(
         n_vocab=n_vocab, n_ctx_train=n_ctx_train, n_embd=n_embd, n_ff=n_ff, n_layer=n_layer,
         n_head=n_head, n_head_kv=n_head_kv, head_dim=head_dim, head_dim_v=head_dim_v, n_rot=n_rot,
         rope_freq_base=rope_base, rope_freq_scale=freq_scale,
         rope_freq_base_swa=rope_base_swa,
-        rope_attn_factor=m.get(Key.ROPE_SCALING_ATTN_FACTOR, float, default=1.0),
+        rope_freq_scale_swa=freq_scale if a.swa_rope_global else 1.0,
+        rope_ext_factor=ext_factor, yarn_beta_fast=YARN_BETA_FAST, yarn_beta_slow=YARN_BETA_SLOW,
+        rope_attn_factor=attn_factor,
         n_ctx_orig=m.get(Key.ROPE_SCALING_ORIG_CTX_LEN, int, default=n_ctx_train),
         rms_eps=rms_eps,
-        n_swa=n_swa, swa_layers=swa, attn_scale=attn_scale,
-        embd_scale=math.sqrt(n_embd) if a.embd_scale else 1.0,
-        final_logit_softcap=m.get(Key.FINAL_LOGIT_SOFTCAPPING, float, default=0.0),
+        n_swa=n_swa, swa_layers=swa, attn_scale=attn_scale, embd_scale=embd_scale,
+        final_logit_softcap=m.get(Key.FINAL_LOGIT_SOFTCAPPING, float,
+                                  default=30.0 if a.softcap else 0.0),
+        attn_softcap=m.get(Key.ATTN_LOGIT_SOFTCAPPING, float, default=50.0) if a.softcap else 0.0,
+        residual_scale=residual_scale, logit_mul=logit_mul, rope_layers=rope_layers,
+        n_expert=n_expert, n_expert_used=n_used, n_ff_exp=n_ff_exp,
+        expert_weights_norm=a.moe_norm_w,
+        n_ff_shexp=m.get(Key.EXPERT_SHARED_FEED_FORWARD_LENGTH, int, default=0) or n_ff
+        if a.shared_expert else 0,
     )
 
 
@@ -367,11 +464,28 @@ def validate(metadata, tensors, n_vocab_tokenizer=None, log=None):
         if a.qk_norm:
             qn = T.get(p + "attn_q_norm.weight", (D,), vector=True)
             kn = T.get(p + "attn_k_norm.weight", (D,), vector=True)
-        if a.fused_gate_up:
+        down = ginp = gexp = uexp = dexp = None
+        shexp = (None,) * 4
+        if a.moe:
+            X, Fe = hp.n_expert, hp.n_ff_exp
+            gate = up = None
+            ginp = T.get(p + "ffn_gate_inp.weight", (E, X))
+            gexp = T.get(p + "ffn_gate_exps.weight", (E, Fe, X))
+            uexp = T.get(p + "ffn_up_exps.weight", (E, Fe, X))
+            dexp = T.get(p + "ffn_down_exps.weight", (Fe, E, X))
+            if a.shared_expert:
+                Fs = hp.n_ff_shexp
+                shexp = (T.get(p + "ffn_gate_inp_shexp.weight", (E,)),
+                         T.get(p + "ffn_gate_shexp.weight", (E, Fs)),
+                         T.get(p + "ffn_up_shexp.weight", (E, Fs)),
+                         T.get(p + "ffn_down_shexp.weight", (Fs, E)))
+        elif a.fused_gate_up:
             gate, up = None, T.get(p + "ffn_up.weight", (E, 2 * hp.n_ff))
         else:
             gate = T.get(p + "ffn_gate.weight", (E, hp.n_ff))
             up = T.get(p + "ffn_up.weight", (E, hp.n_ff))
+        if not a.moe:
+            down = T.get(p + "ffn_down.weight", (hp.n_ff, E))
         layers.append(LayerTensors(
             attn_norm=T.get(p + "attn_norm.weight", (E,), vector=True),
             attn_q=q, attn_k=k, attn_v=v, attn_qkv=qkv,
@@ -381,10 +495,12 @@ def validate(metadata, tensors, n_vocab_tokenizer=None, log=None):
             post_attention_norm=T.get(p + "post_attention_norm.weight", (E,), vector=True)
             if a.sandwich_norm else None,
             ffn_norm=T.get(p + "ffn_norm.weight", (E,), vector=True),
-            ffn_gate=gate, ffn_up=up,
-            ffn_down=T.get(p + "ffn_down.weight", (hp.n_ff, E)),
+            ffn_gate=gate, ffn_up=up, ffn_down=down,
             post_ffw_norm=T.get(p + "post_ffw_norm.weight", (E,), vector=True)
             if a.sandwich_norm else None,
+            ffn_gate_inp=ginp, ffn_gate_exps=gexp, ffn_up_exps=uexp, ffn_down_exps=dexp,
+            ffn_gate_inp_shexp=shexp[0], ffn_gate_shexp=shexp[1], ffn_up_shexp=shexp[2],
+            ffn_down_shexp=shexp[3],
         ))
     extra = [n for n in tensors if n.startswith(f"blk.{hp.n_layer}.")]
     if extra:

@@ -20,7 +20,9 @@ except ImportError as e:  # the service must not fall back silently to the refer
 
 _ROLES = ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_qkv", "attn_q_bias", "attn_k_bias",
           "attn_v_bias", "attn_q_norm", "attn_k_norm", "attn_output", "post_attention_norm",
-          "ffn_norm", "ffn_gate", "ffn_up", "ffn_down", "post_ffw_norm")
+          "ffn_norm", "ffn_gate", "ffn_up", "ffn_down", "post_ffw_norm", "ffn_gate_inp",
+          "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps", "ffn_gate_inp_shexp", "ffn_gate_shexp",
+          "ffn_up_shexp", "ffn_down_shexp")
 
 
 def _require_core():
@@ -73,7 +75,7 @@ class CPUBackend(Backend):
 
         layers = []
         for il, L in enumerate(spec.layers):
-            d = {"swa": int(hp.swa_layers[il])}
+            d = {"swa": int(hp.swa_layers[il]), "rope": int(hp.rope_layers[il])}
             for role in _ROLES:
                 name = getattr(L, role)
                 d[role] = vector(name) if role.endswith(("norm", "bias")) else matrix(name)
@@ -120,8 +122,11 @@ class CPUBackend(Backend):
         hp = spec.hp
         E, F, Qd, KVd = hp.n_embd, hp.n_ff, hp.n_embd_q, hp.n_embd_k_gqa
         kv = 2 * hp.n_layer * n_ctx * KVd * 2
+        F = max(F, hp.n_ff_exp, hp.n_ff_shexp)
         widest = max(E, Qd, F)
         per_tok = 4 * (E + max(E, Qd) + E + Qd + 2 * KVd + 2 * F) + 4 * widest + 16
+        if hp.n_expert:  # router probabilities, choices, gathered inputs, expert outputs
+            per_tok += 4 * (hp.n_expert + 4 * hp.n_expert_used + E + hp.n_expert_used * E)
         logits = 4 * min(n_batch, 32) * hp.n_vocab  # ED_MAX_LOGIT_ROWS rows
         scratch = n_batch * per_tok + logits + n_threads * (4 * n_ctx + 2 * hp.head_dim) + 64 * 12
         return BufferPlan(kv, scratch)

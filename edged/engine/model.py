@@ -69,6 +69,7 @@ class MemoryPlan:
     scratch: int
     budget: int | None
     n_ctx: int
+    paged: int = 0    # mapped expert weights a token does not read: may stay in the page cache
 
     @property
     def total(self):
@@ -76,12 +77,15 @@ class MemoryPlan:
 
     def describe(self):
         b = "unlimited" if self.budget is None else _mib(self.budget)
+        paged = f", of which {_mib(self.paged)} unrouted experts may page" if self.paged else ""
         return (f"memory plan (n_ctx {self.n_ctx}): weights {_mib(self.weights)} + KV cache "
                 f"{_mib(self.kv_cache)} + scratch {_mib(self.scratch)} = {_mib(self.total)}"
-                f" (budget {b})")
+                f"{paged} (budget {b})")
 
     def check(self, what):
-        if self.budget is not None and self.total > self.budget:
+        # a MoE model's mapped experts beyond one token's share degrade through the page cache
+        # (slower when the routing moves) instead of refusing the load
+        if self.budget is not None and self.total - self.paged > self.budget:
             raise CapacityError(
                 f"{what} does not fit: needs {self.total} bytes ({self.describe()}); "
                 f"over by {_mib(self.total - self.budget)}")
@@ -167,8 +171,14 @@ class Model:
         self.numa = numa
         self.budget = int(max_memory) if max_memory else available_memory()
         self.weights_bytes = sum(t.nbytes for t in self.spec.tensors.values())
-
+        self.active_weights_bytes = self.spec.active_weight_bytes()
+        # expert rows a token does not read, when they stay mapped from the file (not copied,
+        # not locked, not expanded by the backend)
+        experts = sum(t.nbytes for n, t in self.spec.tensors.items() if n.endswith("_exps.weight"))
+        self._paged = 0
         cls = backend_class(backend)
+        if mmap and not mlock and experts and not cls.extra_weight_bytes(self.spec):
+            self._paged = experts - experts * self.hp.n_expert_used // self.hp.n_expert
         # weights are checked before the backend copies/dequantizes anything
         n_ctx = n_ctx_plan or 0
         plan = self._plan(cls, n_ctx)
@@ -193,7 +203,7 @@ class Model:
         b = cls.plan_for(self.spec, n_ctx, min(DEFAULT_N_BATCH, max(n_ctx, 1))) if n_ctx else None
         return MemoryPlan(weights=self.weights_bytes + cls.extra_weight_bytes(self.spec),
                           kv_cache=b.kv_cache if b else 0, scratch=b.scratch if b else 0,
-                          budget=self.budget, n_ctx=n_ctx)
+                          budget=self.budget, n_ctx=n_ctx, paged=self._paged)
 
     def _mlock(self):
         import ctypes
@@ -356,7 +366,8 @@ class Session:
         self.n_batch = max(1, min(int(n_batch), n_ctx))
         be = model.backend
         bp = be.plan(n_ctx, self.n_batch)
-        plan = MemoryPlan(model.memory_plan.weights, bp.kv_cache, bp.scratch, model.budget, n_ctx)
+        plan = MemoryPlan(model.memory_plan.weights, bp.kv_cache, bp.scratch, model.budget, n_ctx,
+                          model.memory_plan.paged)
         if model._log:
             model._log(plan.describe())
         plan.check(f"a session of n_ctx {n_ctx}")

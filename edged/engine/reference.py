@@ -13,7 +13,7 @@ import math
 
 import numpy as np
 
-from .arch import ROPE_NEOX
+from .arch import EXPERT_WEIGHTS_SUM_MIN, ROPE_NEOX
 from .backend import Backend, BufferPlan
 
 
@@ -37,13 +37,29 @@ def silu(x):
     return x / (1.0 + np.exp(-x))
 
 
-def rope(x, pos, n_rot, base, scale, neox, factors=None, attn_factor=1.0):
-    """Rotate the first n_rot dims of each head. x: (n, n_heads, head_dim); pos: (n,)."""
+def yarn_corr_dims(n_rot, n_ctx_orig, base, beta_fast, beta_slow):
+    """The dims between which YaRN ramps from extrapolation to interpolation (ggml)."""
+    def dim(beta):
+        return n_rot * math.log(n_ctx_orig / (beta * 2 * math.pi)) / (2 * math.log(base))
+    return max(0.0, math.floor(dim(beta_fast))), min(n_rot - 1.0, math.ceil(dim(beta_slow)))
+
+
+def rope(x, pos, n_rot, base, scale, neox, factors=None, attn_factor=1.0, yarn=None):
+    """Rotate the first n_rot dims of each head. x: (n, n_heads, head_dim); pos: (n,).
+    yarn: None or (ext_factor, n_ctx_orig, beta_fast, beta_slow) for YaRN scaling."""
     half = n_rot // 2
     inv = base ** (-np.arange(half, dtype=np.float64) * 2.0 / n_rot)  # (half,)
-    theta = pos[:, None].astype(np.float64) * inv[None, :] * scale     # (n, half)
+    extrap = pos[:, None].astype(np.float64) * inv[None, :]            # (n, half)
     if factors is not None:
-        theta = theta / factors[None, :]
+        extrap = extrap / factors[None, :]
+    theta = extrap * scale
+    if yarn is not None and yarn[0]:
+        ext, n_ctx_orig, fast, slow = yarn
+        lo, hi = yarn_corr_dims(n_rot, n_ctx_orig, base, fast, slow)
+        ramp = 1.0 - np.clip((np.arange(half) - lo) / max(0.001, hi - lo), 0.0, 1.0)
+        mix = ramp * ext                                                # (half,)
+        theta = theta * (1.0 - mix) + extrap * mix
+        attn_factor = attn_factor * (1.0 + 0.1 * math.log(1.0 / scale))
     cos = (np.cos(theta) * attn_factor)[:, None, :]
     sin = (np.sin(theta) * attn_factor)[:, None, :]
     out = x.copy()
@@ -77,10 +93,14 @@ class ReferenceBackend(Backend):
         from ..format.quants import dequantize
 
         self._w = {}
+        self.routed = {}  # router tensor -> experts chosen so far (tests, debugging)
         for name, t in spec.tensors.items():
             a = dequantize(np.asarray(weights[name]), t.type, tuple(int(x) for x in t.shape))
             # GGUF shape (ne0, ne1) -> row-major (ne1, ne0): one output row per ne1
-            a = np.ascontiguousarray(a, dtype=np.float32).reshape(tuple(int(x) for x in t.shape)[::-1])
+            shape = tuple(int(x) for x in t.shape)[::-1]
+            if name.endswith("_shexp.weight") and len(shape) == 1:
+                shape = (1,) + shape  # the shared expert's gate: a matrix of one row
+            a = np.ascontiguousarray(a, dtype=np.float32).reshape(shape)
             self._w[name] = a
 
     def W(self, name):
@@ -152,9 +172,12 @@ class ReferenceBackend(Backend):
                 k = rms_norm(k, self._w[L.attn_k_norm], hp.rms_eps)
             swa = hp.swa_layers[il]
             base = hp.rope_freq_base_swa if swa else hp.rope_freq_base
-            scale = 1.0 if swa else hp.rope_freq_scale
-            q = rope(q, positions, hp.n_rot, base, scale, neox, factors, hp.rope_attn_factor)
-            k = rope(k, positions, hp.n_rot, base, scale, neox, factors, hp.rope_attn_factor)
+            scale = hp.rope_freq_scale_swa if swa else hp.rope_freq_scale
+            if hp.rope_layers[il]:
+                yarn = (hp.rope_ext_factor, hp.n_ctx_orig, hp.yarn_beta_fast, hp.yarn_beta_slow)
+                args = (hp.n_rot, base, scale, neox, factors, hp.rope_attn_factor, yarn)
+                q = rope(q, positions, *args)
+                k = rope(k, positions, *args)
             buf.k[il, pos:pos + n] = k
             buf.v[il, pos:pos + n] = v
             K = buf.k[il, :pos + n].astype(np.float64)  # (n_kv, n_head_kv, hd)
@@ -171,7 +194,10 @@ class ReferenceBackend(Backend):
             out = np.empty((n, hp.n_head, hp.head_dim))
             for hh in range(hp.n_head):
                 kv = hh // group
-                s = np.stack([K[:, kv, :] @ row for row in q16[:, hh, :]]) * kqs  # (n, n_kv)
+                s = np.stack([K[:, kv, :] @ row for row in q16[:, hh, :]])  # (n, n_kv)
+                if hp.attn_softcap:  # llama.cpp caps q.k before the softmax's scale
+                    s = np.tanh(s / hp.attn_softcap) * hp.attn_softcap
+                s = s * kqs
                 s[masked] = -np.inf
                 s = np.exp(s - s.max(-1, keepdims=True))
                 s /= s.sum(-1, keepdims=True)
@@ -179,17 +205,20 @@ class ReferenceBackend(Backend):
             o = self._mm(out.reshape(n, -1), L.attn_output)
             if L.post_attention_norm:
                 o = rms_norm(o, self._w[L.post_attention_norm], hp.rms_eps)
-            x = x + o
+            x = x + o * hp.residual_scale
             h = rms_norm(x, self._w[L.ffn_norm], hp.rms_eps)
-            if L.ffn_gate:
-                g, u = self._mm(h, L.ffn_gate), self._mm(h, L.ffn_up)
+            if L.ffn_gate_inp:
+                d = self._moe(h, L)
             else:
-                g, u = np.split(self._mm(h, L.ffn_up), 2, axis=1)
-            act = gelu_ggml(g) if a.act == "gelu" else silu(g)
-            d = self._mm(act * u, L.ffn_down)
+                if L.ffn_gate:
+                    g, u = self._mm(h, L.ffn_gate), self._mm(h, L.ffn_up)
+                else:
+                    g, u = np.split(self._mm(h, L.ffn_up), 2, axis=1)
+                act = gelu_ggml(g) if a.act == "gelu" else silu(g)
+                d = self._mm(act * u, L.ffn_down)
             if L.post_ffw_norm:
                 d = rms_norm(d, self._w[L.post_ffw_norm], hp.rms_eps)
-            x = x + d
+            x = x + d * hp.residual_scale
         if not all_logits:
             x = x[-1:]
         x = rms_norm(x, self._w[sp.output_norm], hp.rms_eps)
@@ -197,4 +226,30 @@ class ReferenceBackend(Backend):
         if hp.final_logit_softcap:
             c = hp.final_logit_softcap
             logits = np.tanh(logits / c) * c
-        buf.logits = logits
+        buf.logits = logits * hp.logit_mul
+
+    def _moe(self, h, L):
+        """Routed experts, token by token: softmax over the router's logits, the top k, their
+        weights renormalised (qwen3moe), sum of weight * down(silu(gate) * up) per expert."""
+        hp = self.spec.hp
+        k = hp.n_expert_used
+        logits = self._mm(h, L.ffn_gate_inp)                        # (n, n_expert)
+        p = np.exp(logits - logits.max(-1, keepdims=True))
+        p /= p.sum(-1, keepdims=True)
+        G, U, D = self._w[L.ffn_gate_exps], self._w[L.ffn_up_exps], self._w[L.ffn_down_exps]
+        out = np.zeros_like(h)
+        for t in range(len(h)):
+            sel = np.argsort(-p[t], kind="stable")[:k]
+            self.routed.setdefault(L.ffn_gate_inp, set()).update(int(e) for e in sel)
+            w = p[t, sel]
+            if hp.expert_weights_norm:
+                w = w / max(w.sum(), EXPERT_WEIGHTS_SUM_MIN)
+            x32 = h[t].astype(np.float32)
+            for e, we in zip(sel, w):
+                g, u = (G[e] @ x32).astype(np.float64), (U[e] @ x32).astype(np.float64)
+                out[t] += we * (D[e] @ (silu(g) * u).astype(np.float32)).astype(np.float64)
+        if L.ffn_up_shexp:  # the shared expert, gated by sigmoid(x . gate_inp_shexp)
+            gate = 1.0 / (1.0 + np.exp(-self._mm(h, L.ffn_gate_inp_shexp)))   # (n, 1)
+            g, u = self._mm(h, L.ffn_gate_shexp), self._mm(h, L.ffn_up_shexp)
+            out += self._mm(silu(g) * u, L.ffn_down_shexp) * gate
+        return out

@@ -26,6 +26,12 @@ SHAPES = {
     "tinyllama-1.1b": dict(arch="llama", n_embd=2048, n_head=32, n_head_kv=4, n_ff=5632,
                            n_layer=22, n_vocab=32000, rope_freq_base=10000.0, rms_eps=1e-5,
                            n_ctx_train=2048, tied=False, qkv_bias=False),
+    # Qwen3-30B-A3B's layer layout (q/k norms, 128 experts of 768, 8 per token) scaled to a
+    # 0.4B-parameter file with 56 M active per token, for MoE benchmarks
+    "qwen3moe-mini": dict(arch="qwen3moe", n_embd=1024, n_head=16, n_head_kv=4, n_ff=3072,
+                          n_layer=8, n_vocab=32000, rope_freq_base=1e6, rms_eps=1e-6,
+                          n_ctx_train=32768, tied=False, qkv_bias=False, qk_norm=True,
+                          n_expert=32, n_expert_used=4, n_ff_exp=384),
     # a small model for demos and tests (seconds to make, milliseconds per token)
     "tiny": dict(arch="llama", n_embd=256, n_head=4, n_head_kv=2, n_ff=768, n_layer=4,
                  n_vocab=4096, rope_freq_base=10000.0, rms_eps=1e-5, n_ctx_train=2048,
@@ -133,6 +139,11 @@ def synth(shape, ftype, out, seed=0, progress=None):
     w.add(A(Key.HEAD_COUNT), H)
     w.add(A(Key.HEAD_COUNT_KV), KV)
     w.add(A(Key.ROPE_FREQ_BASE), float(s["rope_freq_base"]))
+    X = s.get("n_expert", 0)
+    if X:
+        w.add(A(Key.EXPERT_COUNT), X)
+        w.add(A(Key.EXPERT_USED_COUNT), s["n_expert_used"])
+        w.add(A(Key.EXPERT_FEED_FORWARD_LENGTH), s["n_ff_exp"])
     w.add(A(Key.LAYERNORM_RMS_EPS), float(s["rms_eps"]))
     toks, scores, types = synth_vocab(V)
     w.add(Key.TOKENIZER_MODEL, "llama")
@@ -147,12 +158,13 @@ def synth(shape, ftype, out, seed=0, progress=None):
     pool = _Pool(rng)
     n_params = 0
 
-    def mat(name, role, n_in, n_out, il=0):
+    def mat(name, role, n_in, n_out, il=0, n_mat=1):
+        # n_mat > 1: a 3-D (n_in, n_out, n_mat) stack of experts
         nonlocal n_params
         t = tensor_type(role, n_in, ftype, il, L)
-        w.add_tensor(name, (n_in, n_out), t)
-        data[name] = pool.rows(t, n_in, n_out)
-        n_params += n_in * n_out
+        w.add_tensor(name, (n_in, n_out, n_mat) if n_mat > 1 else (n_in, n_out), t)
+        data[name] = pool.rows(t, n_in, n_out * n_mat)
+        n_params += n_in * n_out * n_mat
 
     def vec(name, n, value=1.0):
         nonlocal n_params
@@ -174,11 +186,23 @@ def synth(shape, ftype, out, seed=0, progress=None):
             vec(p + "attn_q.bias", H * hd, 0.0)
             vec(p + "attn_k.bias", KV * hd, 0.0)
             vec(p + "attn_v.bias", KV * hd, 0.0)
+        if s.get("qk_norm"):
+            vec(p + "attn_q_norm.weight", hd)
+            vec(p + "attn_k_norm.weight", hd)
         mat(p + "attn_output.weight", "attn_output", H * hd, E, il)
         vec(p + "ffn_norm.weight", E)
-        mat(p + "ffn_gate.weight", "ffn_gate", E, F, il)
-        mat(p + "ffn_up.weight", "ffn_up", E, F, il)
-        mat(p + "ffn_down.weight", "ffn_down", F, E, il)
+        if X:  # the router stays F32 (llama-quantize leaves ffn_gate_inp alone)
+            w.add_tensor(p + "ffn_gate_inp.weight", (E, X), GGMLType.F32)
+            data[p + "ffn_gate_inp.weight"] = rng.standard_normal((X, E), np.float32) * 0.05
+            n_params += E * X
+            Fe = s["n_ff_exp"]
+            mat(p + "ffn_gate_exps.weight", "ffn_gate", E, Fe, il, X)
+            mat(p + "ffn_up_exps.weight", "ffn_up", E, Fe, il, X)
+            mat(p + "ffn_down_exps.weight", "ffn_down", Fe, E, il, X)
+        else:
+            mat(p + "ffn_gate.weight", "ffn_gate", E, F, il)
+            mat(p + "ffn_up.weight", "ffn_up", E, F, il)
+            mat(p + "ffn_down.weight", "ffn_down", F, E, il)
         if progress:
             progress(il + 1, L)
     tmp = out + ".tmp"

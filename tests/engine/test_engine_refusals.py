@@ -77,11 +77,13 @@ def test_wrong_shape(tmp_path):
     refuse(p, r"tensor 'blk.1.attn_k.weight' has shape \(64, 64\), expected \(64, 32\)")
 
 
-def test_yarn_refused(tmp_path):
+def test_unknown_rope_scaling_refused(tmp_path):
+    # YaRN runs (tests/engine/test_engine_families.py); a scaling type llama.cpp does not
+    # know is refused by name
     p = clone(testdata("models", STORIES), tmp_path / "x.gguf",
-              meta={"{arch}.rope.scaling.type": ("yarn", gguf.GGUFValueType.STRING),
+              meta={"{arch}.rope.scaling.type": ("dynamic", gguf.GGUFValueType.STRING),
                     "{arch}.rope.scaling.factor": (4.0, gguf.GGUFValueType.FLOAT32)})
-    refuse(p, "yarn")
+    refuse(p, "'dynamic' is not supported")
 
 
 def test_tokenizer_size_must_match_embedding_rows(tmp_path):

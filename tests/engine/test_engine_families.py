@@ -1,0 +1,243 @@
+"""Architectures and RoPE variants beyond ../shared/testdata, against llama.cpp's recorded logits.
+
+tests/data/goldens holds small random-weight files and llama.cpp's teacher-forced logits for
+them (tools/make_goldens.py has the commands): gemma2 (attention and final soft-capping,
+alternating sliding window), granite (embedding/residual/attention/logit multipliers),
+smollm3 (every fourth layer without RoPE), Phi-4-mini on phi3 (partial rotary, LongRoPE
+factors, attn_factor), YaRN on qwen2, qwen3moe (16 experts, 4 per token) and qwen2moe (8
+experts, 2 per token, a gated shared expert). Weights are F16,
+so testdata/README.md's float tolerances apply (max 0.05, mean 0.01, top-1 where decided).
+"""
+import os
+import shutil
+
+import numpy as np
+import pytest
+
+from conftest import ROOT
+
+gguf = pytest.importorskip("gguf")
+
+from edged import Model  # noqa: E402
+from edged.errors import UnsupportedModelError  # noqa: E402
+from test_engine_golden import kernels  # noqa: E402,F401  (fixture: best and generic paths)
+
+GOLDENS = os.path.join(ROOT, "tests", "data", "goldens")
+NAMES = sorted(f[:-len(".golden.npz")] for f in os.listdir(GOLDENS) if f.endswith(".golden.npz"))
+MAX_ABS, MEAN_ABS = 0.05, 0.01   # testdata/README.md, F32/F16 weights
+MOE = os.path.join(GOLDENS, "synthetic-qwen3moe.gguf")
+
+
+def teacher_forced(path, backend, batch=True, golden=None):
+    """Logits for the golden's tokens: the prompt as one batch, then one token at a time."""
+    z = np.load(golden or path[:-len(".gguf")] + ".golden.npz")
+    toks, n_prompt, ref = z["tokens"].tolist(), int(z["n_prompt"]), z["logits"]
+    with Model.load(path, backend=backend, n_threads=2) as m:
+        s = m.session(n_ctx=512)
+        if batch:
+            rows = [s.eval(toks[:n_prompt], logits="all")]
+        else:
+            rows = [s.eval([t]) for t in toks[:n_prompt]]
+        rows += [s.eval([t]) for t in toks[n_prompt:]]
+        return np.concatenate(rows), ref, m
+
+
+def check(name, backend):
+    got, ref, _ = teacher_forced(os.path.join(GOLDENS, name + ".gguf"), backend)
+    assert got.shape == ref.shape
+    d = np.abs(got - ref)
+    top = np.sort(ref, 1)
+    decided = top[:, -1] - top[:, -2] > 0.6
+    misses = int((decided & (got.argmax(1) != ref.argmax(1))).sum())
+    assert d.max() <= MAX_ABS and d.mean() <= MEAN_ABS and misses == 0, \
+        f"{name}/{backend}: max {d.max():.4f} mean {d.mean():.5f} top-1 misses {misses}"
+
+
+def test_goldens_present():
+    assert {"synthetic-gemma2", "synthetic-granite", "synthetic-smollm3", "synthetic-phi4mini",
+            "synthetic-qwen2-yarn", "synthetic-qwen3moe", "synthetic-qwen2moe"} <= set(NAMES)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_golden_compiled(name, kernels):
+    check(name, "cpu")
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_golden_reference(name):
+    check(name, "reference")
+
+
+def test_moe_batch_equals_token_by_token():
+    """A prompt batch (tokens grouped by expert) gives what one token at a time gives."""
+    pytest.importorskip("edged._core")
+    batch, _, _ = teacher_forced(MOE, "cpu", batch=True)
+    single, _, _ = teacher_forced(MOE, "cpu", batch=False)
+    assert np.abs(batch - single).max() < 2e-3
+
+
+def poison_experts(src, dst, keep):
+    """Copy src with every expert not in keep[router tensor] filled with F16 NaNs."""
+    shutil.copyfile(src, dst)
+    out = np.memmap(dst, mode="r+")
+    for t in gguf.GGUFReader(src).tensors:
+        if t.name.endswith("_exps.weight"):
+            assert t.tensor_type == gguf.GGMLQuantizationType.F16
+            used = keep[t.name.rsplit(".", 2)[0] + ".ffn_gate_inp.weight"]
+            per = int(t.n_bytes) // t.data.shape[0]
+            for e in range(t.data.shape[0]):
+                if e not in used:
+                    o = int(t.data_offset) + e * per
+                    out[o:o + per] = np.full(per // 2, 0x7E00, np.uint16).view(np.uint8)
+    out.flush()
+    del out
+
+
+def test_moe_reads_only_the_selected_experts(tmp_path):
+    """Experts no token is routed to are never multiplied: poisoned with NaN, the logits do
+    not change (a dense evaluation of every expert times a zero weight would give NaN)."""
+    pytest.importorskip("edged._core")
+    with Model.load(MOE, backend="reference", n_threads=1) as m:
+        z = np.load(MOE[:-5] + ".golden.npz")
+        m.session(n_ctx=512).eval(z["tokens"].tolist(), logits="last")
+        routed = m.backend.routed
+    assert all(0 < len(v) < 16 for v in routed.values()), routed  # some experts unused
+    poisoned = str(tmp_path / "poisoned.gguf")
+    poison_experts(MOE, poisoned, routed)
+    clean, _, _ = teacher_forced(MOE, "cpu")
+    dirty, _, _ = teacher_forced(poisoned, "cpu", golden=MOE[:-5] + ".golden.npz")
+    assert np.isfinite(dirty).all()
+    assert np.array_equal(clean, dirty)
+
+
+def test_moe_info_reports_active_weights(capsys):
+    from edged.commands.info import model_info
+    info = model_info(MOE, [512])
+    hp = info["hparams"]
+    assert (hp["n_expert"], hp["n_expert_used"], hp["n_ff_exp"]) == (16, 4, 16)
+    with gguf_reader(MOE) as tensors:
+        experts = sum(t.n_bytes for t in tensors if t.name.endswith("_exps.weight"))
+        total = sum(t.n_bytes for t in tensors)
+    assert info["weights_bytes"] == total
+    # tied embeddings: the whole token_embd is read for the logits
+    assert info["active_weights_bytes"] == total - experts + experts * 4 // 16
+    from edged.cli import main
+    main(["info", "-m", MOE, "-c", "512"])
+    assert "experts: 4 of 16 per token" in capsys.readouterr().out
+
+
+class gguf_reader:
+    def __init__(self, path):
+        self.r = gguf.GGUFReader(path)
+
+    def __enter__(self):
+        return self.r.tensors
+
+    def __exit__(self, *exc):
+        return False
+
+
+@pytest.mark.parametrize("meta, message", [
+    ({"qwen3moe.expert_used_count": (17, gguf.GGUFValueType.UINT32)},
+     "expert_used_count 17 / expert_count 16"),
+    ({"qwen3moe.expert_count": (513, gguf.GGUFValueType.UINT32)},
+     "expert_used_count 4 / expert_count 513"),
+    ({"qwen3moe.expert_count": (8, gguf.GGUFValueType.UINT32)},
+     r"tensor 'blk.0.ffn_gate_inp.weight' has shape \(64, 16\), expected \(64, 8\)"),
+])
+def test_moe_refusals(tmp_path, meta, message):
+    from test_engine_refusals import clone
+    p = clone(MOE, tmp_path / "x.gguf", meta=meta, drop_meta=list(meta))
+    with pytest.raises(UnsupportedModelError, match=message):
+        Model.load(str(p), backend="reference")
+
+
+def test_moe_missing_router_refused(tmp_path):
+    from test_engine_refusals import clone
+    p = clone(MOE, tmp_path / "x.gguf", drop=["blk.1.ffn_gate_inp.weight"])
+    with pytest.raises(UnsupportedModelError, match="missing tensor 'blk.1.ffn_gate_inp.weight'"):
+        Model.load(str(p), backend="reference")
+
+
+@pytest.mark.parametrize("name", ["synthetic-gemma2", "synthetic-qwen3moe", "synthetic-qwen2-yarn"])
+def test_long_prompt_batch(name):
+    """An 80-token prompt in one batch (soft-capped attention keeps the exact kernel; experts
+    see groups of many tokens) lands where one token at a time and the reference land."""
+    pytest.importorskip("edged._core")
+    path = os.path.join(GOLDENS, name + ".gguf")
+    toks = [1] + np.random.default_rng(5).integers(3, 512, 79).tolist()
+    out = {}
+    for backend, batch in (("cpu", True), ("cpu", False), ("reference", True)):
+        with Model.load(path, backend=backend, n_threads=2) as m:
+            s = m.session(n_ctx=128)
+            if batch:
+                out[backend, batch] = s.eval(toks)[0]
+            else:
+                for t in toks:
+                    last = s.eval([t])
+                out[backend, batch] = last[0]
+    assert np.abs(out["cpu", True] - out["cpu", False]).max() < 0.01
+    assert np.abs(out["cpu", True] - out["reference", True]).max() < MAX_ABS
+
+
+def test_moe_decode_batch_of_sessions():
+    """Several sessions' decode step in one pass (experts grouped across sessions) gives each
+    session what its own eval gives."""
+    pytest.importorskip("edged._core")
+    with Model.load(MOE, n_threads=2) as m:
+        prompts = [[1, 40, 41, 42], [1, 300, 7], [1, 99, 98, 97, 96, 95]]
+        alone, batched = [], []
+        for p in prompts:
+            s = m.session(n_ctx=64)
+            s.eval(p[:-1])
+            alone.append(s.eval(p[-1:])[0])
+        ss = [m.session(n_ctx=64) for _ in prompts]
+        for s, p in zip(ss, prompts):
+            s.eval(p[:-1])
+        batched = m.decode_batch(ss, [p[-1] for p in prompts])
+        assert np.abs(np.array(alone) - batched).max() < 1e-4
+
+
+def test_moe_budget_counts_unrouted_experts_as_pageable():
+    """Mapped experts a token does not read may live in the page cache: a budget below the
+    file's size but above what one token needs loads (mmap); a private copy of the weights
+    (mmap=False) must fit whole and is refused."""
+    pytest.importorskip("edged._core")
+    from edged.errors import CapacityError
+    with gguf_reader(MOE) as tensors:
+        experts = sum(t.n_bytes for t in tensors if t.name.endswith("_exps.weight"))
+        total = sum(t.n_bytes for t in tensors)
+    budget = total - (experts - experts * 4 // 16) // 2
+    with Model.load(MOE, max_memory=budget, n_threads=1) as m:
+        assert m.memory_plan.paged == experts - experts * 4 // 16
+        assert "unrouted experts may page" in m.memory_plan.describe()
+    with pytest.raises(CapacityError, match="does not fit"):
+        Model.load(MOE, max_memory=budget, mmap=False, n_threads=1)
+
+
+def test_moe_quantized_prompt_batch(tmp_path):
+    """Q8_0 experts: an 80-token batch takes the packed-panel product per expert group (each
+    group gathered from scattered tokens); it lands where one token at a time lands, up to
+    the summation-order noise this random model (logits ~50) amplifies."""
+    pytest.importorskip("edged._core")
+    from edged.format.quantize import quantize_file
+    q8 = str(tmp_path / "moe-q8.gguf")
+    quantize_file(MOE, q8, "Q8_0")
+    toks = [1] + np.random.default_rng(5).integers(3, 512, 79).tolist()
+    with Model.load(q8, n_threads=2) as m:
+        assert {t.type.name for n, t in m.spec.tensors.items() if "_exps" in n} >= {"Q8_0"}
+        batch = m.session(n_ctx=128).eval(toks)[0]
+        s = m.session(n_ctx=128)
+        for t in toks:
+            single = s.eval([t])[0]
+    assert np.abs(batch - single).max() < 0.5
+
+
+@pytest.mark.parametrize("name, line", [
+    ("synthetic-qwen2-yarn", "rope scaling: YaRN, factor 4 over an original context of 32"),
+    ("synthetic-smollm3", "layers without RoPE: [3]"),
+])
+def test_info_names_rope_variants(name, line, capsys):
+    from edged.cli import main
+    main(["info", "-m", os.path.join(GOLDENS, name + ".gguf"), "-c", "512"])
+    assert line in capsys.readouterr().out

@@ -1,0 +1,229 @@
+#!/usr/bin/env python3
+"""Make llama.cpp goldens for architectures and RoPE variants that ../shared/testdata lacks.
+
+Each case is a small random-weight GGUF written with the PyPI `gguf` writer (independent of
+edged's own writer), F16 matrices and F32 norms, a 512-piece SentencePiece vocabulary; then
+llama.cpp (through llama-cpp-python, flash attention off, F16 KV cache, n_ctx 512) is run
+teacher-forced like ../shared/testdata/golden: the prompt as one batch, then its greedy
+continuation one token at a time. Saved next to the model as NAME.golden.npz with `tokens`,
+`n_prompt`, `logits` (float32 (n_pos, n_vocab)), the same layout the shared goldens have.
+
+  .venv/bin/python tools/make_goldens.py --llama-python /path/to/venv/bin/python
+  .venv/bin/python tools/make_goldens.py --llama-python ... gemma2 qwen3moe   # some cases
+
+The interpreter with llama_cpp installed comes from --llama-python or $EDGED_LLAMA_PYTHON.
+Output: tests/data/goldens/NAME.gguf and NAME.golden.npz (each well under 300 KB).
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+OUT = os.path.join(ROOT, "tests", "data", "goldens")
+N_VOCAB = 512
+N_PROMPT, N_GEN = 8, 24
+
+# The shape every case shares (llama.cpp's short names); cases override and add keys.
+BASE = dict(n_embd=64, n_head=4, n_head_kv=2, head_dim=16, n_ff=128, n_layer=2,
+            rope_freq_base=10000.0, rms_eps=1e-6, n_ctx_train=4096)
+
+CASES = {
+    # soft-capped attention (50) and logits (30), sliding window on even layers, sandwich norms
+    "gemma2": dict(arch="gemma2", n_swa=8, attn_softcap=50.0, final_softcap=30.0,
+                   sandwich=True, tied=True),
+    # embedding, residual, attention and logit multipliers
+    "granite": dict(arch="granite", embedding_scale=3.0, residual_scale=0.5,
+                    attention_scale=0.125, logit_scale=0.5),
+    # every fourth layer without RoPE
+    "smollm3": dict(arch="smollm3", n_layer=4, n_ff=64, tied=True),
+    # Phi-4-mini on phi3: partial rotary (12 of 16 dims), LongRoPE long/short factors,
+    # attn_factor, fused qkv and gate+up, tied embeddings; n_ctx 512 > original 32 picks the
+    # long factors. (Not named "phi3": llama.cpp would look for Phi-3's special tokens.)
+    "phi4mini": dict(arch="phi3", n_rot=12, longrope=True, n_ctx_orig=32, tied=True,
+                          rope_attn_factor=1.19),
+    # YaRN on qwen2: factor 4 over an original context of 32 (corrections on every dim)
+    "qwen2-yarn": dict(arch="qwen2", qkv_bias=True, yarn=4.0, n_ctx_orig=32),
+    # a scaled-down Qwen1.5-MoE / Qwen2-57B-A14B: 8 experts, 2 used (weights not
+    # renormalised), a shared expert 32 wide behind a sigmoid gate, q/k/v biases
+    "qwen2moe": dict(arch="qwen2moe", qkv_bias=True, n_expert=8, n_expert_used=2,
+                     n_ff_exp=16, n_ff_shexp=32),
+    # a scaled-down Qwen3-30B-A3B: 16 experts, 4 used, expert FFN 16 wide, q/k norms
+    "qwen3moe": dict(arch="qwen3moe", qk_norm=True, n_expert=16, n_expert_used=4,
+                     n_ff_exp=16, tied=True),
+}
+
+LLAMA_TEACHER = r"""
+import json, sys
+import numpy as np
+from llama_cpp import Llama
+path, out, prompt, n_gen = sys.argv[1], sys.argv[2], json.loads(sys.argv[3]), int(sys.argv[4])
+llm = Llama(model_path=path, n_ctx=512, n_batch=512, n_threads=2, logits_all=True,
+            flash_attn=False, verbose=False, seed=0)
+llm.reset()
+llm.eval(prompt)                        # the prompt as one batch
+rows = [np.array(llm.scores[:len(prompt)], dtype=np.float32)]
+toks = list(prompt)
+for _ in range(n_gen):                  # greedy continuation, one token at a time
+    t = int(np.argmax(rows[-1][-1]))
+    toks.append(t)
+    llm.eval([t])
+    rows.append(np.array(llm.scores[len(toks) - 1:len(toks)], dtype=np.float32))
+np.savez_compressed(out, tokens=np.array(toks, np.int32), n_prompt=np.int32(len(prompt)),
+                    logits=np.concatenate(rows))
+"""
+
+
+def vocab():
+    """<unk> <s> </s>, 256 byte pieces, then characters and pairs (edged's synthetic SPM)."""
+    sys.path.insert(0, ROOT)
+    from edged.format.synth import synth_vocab
+    return synth_vocab(N_VOCAB)
+
+
+def write_gguf(name, c, path, seed):
+    import gguf
+    rng = np.random.default_rng(seed)
+    c = {**BASE, **c}
+    arch, E, H, KV, D = c["arch"], c["n_embd"], c["n_head"], c["n_head_kv"], c["head_dim"]
+    F, L = c["n_ff"], c["n_layer"]
+    w = gguf.GGUFWriter(path, arch)
+    w.add_name(f"edged-golden-{name}")
+    w.add_context_length(c["n_ctx_train"])
+    w.add_embedding_length(E)
+    w.add_block_count(L)
+    w.add_feed_forward_length(F)
+    w.add_head_count(H)
+    w.add_head_count_kv(KV)
+    w.add_key_length(D)
+    w.add_value_length(D)
+    w.add_rope_dimension_count(c.get("n_rot", D))
+    w.add_rope_freq_base(c["rope_freq_base"])
+    w.add_layer_norm_rms_eps(c["rms_eps"])
+    if "n_swa" in c:
+        w.add_sliding_window(c["n_swa"])
+    if "attn_softcap" in c:
+        w.add_attn_logit_softcapping(c["attn_softcap"])
+        w.add_final_logit_softcapping(c["final_softcap"])
+    if "embedding_scale" in c:
+        w.add_embedding_scale(c["embedding_scale"])
+        w.add_residual_scale(c["residual_scale"])
+        w.add_attention_scale(c["attention_scale"])
+        w.add_logit_scale(c["logit_scale"])
+    if c.get("longrope"):
+        w.add_rope_scaling_type(gguf.RopeScalingType.LONGROPE)
+        w.add_rope_scaling_orig_ctx_len(c["n_ctx_orig"])
+        w.add_rope_scaling_attn_factors(c["rope_attn_factor"])
+    if "yarn" in c:
+        w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+        w.add_rope_scaling_factor(c["yarn"])
+        w.add_rope_scaling_orig_ctx_len(c["n_ctx_orig"])
+    if "n_expert" in c:
+        w.add_expert_count(c["n_expert"])
+        w.add_expert_used_count(c["n_expert_used"])
+        w.add_expert_feed_forward_length(c["n_ff_exp"])
+    if "n_ff_shexp" in c:
+        w.add_expert_shared_feed_forward_length(c["n_ff_shexp"])
+    toks, scores, types = vocab()
+    w.add_tokenizer_model("llama")
+    w.add_token_list(toks)
+    w.add_token_scores(scores.tolist())
+    w.add_token_types(types.tolist())
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    w.add_unk_token_id(0)
+    w.add_add_bos_token(True)
+
+    def mat(tname, *shape, scale=None):
+        # shape in numpy order (rows..., row length). F16: this llama.cpp build's quantized
+        # CPU kernels stop with SIGILL on this machine (AMX/VNNI under the sandbox)
+        s = scale if scale is not None else 1.0 / np.sqrt(shape[-1])
+        w.add_tensor(tname, (rng.standard_normal(shape) * s).astype(np.float16))
+
+    def vec(tname, n, lo=0.8, hi=1.2):
+        w.add_tensor(tname, rng.uniform(lo, hi, n).astype(np.float32))
+
+    mat("token_embd.weight", N_VOCAB, E, scale=1.0)
+    vec("output_norm.weight", E)
+    if not c.get("tied"):
+        mat("output.weight", N_VOCAB, E)
+    if c.get("longrope"):
+        half = c["n_rot"] // 2
+        w.add_tensor("rope_factors_long.weight", rng.uniform(1.0, 8.0, half).astype(np.float32))
+        w.add_tensor("rope_factors_short.weight", rng.uniform(1.0, 1.5, half).astype(np.float32))
+    for il in range(L):
+        p = f"blk.{il}."
+        vec(p + "attn_norm.weight", E)
+        if arch == "phi3":
+            mat(p + "attn_qkv.weight", H * D + 2 * KV * D, E)
+        else:
+            mat(p + "attn_q.weight", H * D, E)
+            mat(p + "attn_k.weight", KV * D, E)
+            mat(p + "attn_v.weight", KV * D, E)
+        if c.get("qkv_bias"):
+            vec(p + "attn_q.bias", H * D, -0.1, 0.1)
+            vec(p + "attn_k.bias", KV * D, -0.1, 0.1)
+            vec(p + "attn_v.bias", KV * D, -0.1, 0.1)
+        if c.get("qk_norm"):
+            vec(p + "attn_q_norm.weight", D)
+            vec(p + "attn_k_norm.weight", D)
+        mat(p + "attn_output.weight", E, H * D)
+        if c.get("sandwich"):
+            vec(p + "post_attention_norm.weight", E)
+            vec(p + "post_ffw_norm.weight", E)
+        vec(p + "ffn_norm.weight", E)
+        if "n_expert" in c:
+            X, Fe = c["n_expert"], c["n_ff_exp"]
+            w.add_tensor(p + "ffn_gate_inp.weight",
+                         (rng.standard_normal((X, E)) / np.sqrt(E)).astype(np.float32))
+            mat(p + "ffn_gate_exps.weight", X, Fe, E)
+            mat(p + "ffn_up_exps.weight", X, Fe, E)
+            mat(p + "ffn_down_exps.weight", X, E, Fe)
+            if "n_ff_shexp" in c:
+                Fs = c["n_ff_shexp"]
+                w.add_tensor(p + "ffn_gate_inp_shexp.weight",
+                             (rng.standard_normal(E) / np.sqrt(E)).astype(np.float32))
+                mat(p + "ffn_gate_shexp.weight", Fs, E)
+                mat(p + "ffn_up_shexp.weight", Fs, E)
+                mat(p + "ffn_down_shexp.weight", E, Fs)
+        elif arch == "phi3":
+            mat(p + "ffn_up.weight", 2 * F, E)
+            mat(p + "ffn_down.weight", E, F)
+        else:
+            mat(p + "ffn_gate.weight", F, E)
+            mat(p + "ffn_up.weight", F, E)
+            mat(p + "ffn_down.weight", E, F)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--llama-python", default=os.environ.get("EDGED_LLAMA_PYTHON"),
+                    help="python with llama_cpp installed (or $EDGED_LLAMA_PYTHON)")
+    ap.add_argument("--out", default=OUT)
+    ap.add_argument("cases", nargs="*", help=f"subset of: {', '.join(CASES)}")
+    a = ap.parse_args()
+    if not a.llama_python:
+        ap.error("--llama-python (or $EDGED_LLAMA_PYTHON) is required")
+    os.makedirs(a.out, exist_ok=True)
+    for i, name in enumerate(CASES):
+        if a.cases and name not in a.cases:
+            continue
+        model = os.path.join(a.out, f"synthetic-{name}.gguf")
+        golden = os.path.join(a.out, f"synthetic-{name}.golden.npz")
+        write_gguf(name, CASES[name], model, seed=1000 + i)
+        prompt = [1] + np.random.default_rng(i).integers(3, N_VOCAB, N_PROMPT - 1).tolist()
+        subprocess.run([a.llama_python, "-c", LLAMA_TEACHER, model, golden, json.dumps(prompt),
+                        str(N_GEN)], check=True)
+        print(f"{name}: {os.path.getsize(model)} + {os.path.getsize(golden)} bytes", flush=True)
+
+
+if __name__ == "__main__":
+    main()
