@@ -70,6 +70,11 @@ class Backend:
         """float32 (n_rows, n_vocab) logits of the last forward step (all rows or the last)."""
         raise NotImplementedError
 
+    def copy_cache(self, src, dst, n_tokens: int) -> None:
+        """Copy the KV cache of positions [0, n_tokens) from buffer src to dst (n > 1 choices
+        share one prompt evaluation)."""
+        raise NotImplementedError
+
     def decode_rows(self, bufs, tokens, positions):
         """One decode step of several sessions: token i at positions[i] of bufs[i]'s cache.
         Returns float32 (n, n_vocab) logits. This default runs the sessions one by one (the

@@ -167,6 +167,11 @@ class CPUBackend(Backend):
     def copy_out(self, buf, n_rows):
         return np.array(buf.state.logits(n_rows))
 
+    def copy_cache(self, src, dst, n_tokens):
+        # (n_layer, n_ctx, n_embd_k_gqa) f16 views of each arena; rows past n_tokens untouched
+        for a, b in zip(src.state.kv_cache(), dst.state.kv_cache()):
+            b[:, :n_tokens] = a[:, :n_tokens]
+
     def decode_rows(self, bufs, tokens, positions):
         """All rows in one compiled pass: the matrix products are shared (one read of the
         weights for every session), attention runs per row against its own cache. The

@@ -371,6 +371,18 @@ class Session:
         self.n_eval += len(ids)
         return rows[0] if len(rows) == 1 else np.concatenate(rows)
 
+    def copy_from(self, other, n_tokens=None):
+        """Take the first n_tokens (default: all) of another session of the same model: its
+        tokens and KV cache, copied (so both go on independently, e.g. n choices of one prompt)."""
+        n = other.n_past if n_tokens is None else int(n_tokens)
+        if other.model is not self.model or other._buf is None or self._buf is None:
+            raise RequestError("copy_from: a session of another (or a closed) model")
+        if not 0 <= n <= other.n_past or n > self.n_ctx:
+            raise RequestError(f"copy_from: {n} tokens (source has {other.n_past}, n_ctx {self.n_ctx})")
+        self.model.backend.copy_cache(other._buf, self._buf, n)
+        self._ahead = None
+        self.tokens = list(other.tokens[:n])
+
     def prefill(self, ids):
         """Evaluate ids reusing the longest cached prefix; returns the last position's logits
         (1, n_vocab) and the number of tokens actually evaluated."""
@@ -392,12 +404,14 @@ class Session:
     def generate(self, prompt, max_tokens=128, temperature=0.0, top_k=0, top_p=1.0, min_p=0.0,
                  seed=None, stop=(), repeat_penalty=1.0, presence_penalty=0.0,
                  frequency_penalty=0.0, penalty_last_n=64, logit_bias=None, add_special=True,
-                 parse_special=False, stats=None):
+                 parse_special=False, stats=None, sampler=None):
         """Yield GenerationOutput items; the last one carries finish_reason.
 
         prompt: text (tokenized with add_special/parse_special) or a list of token ids.
         stop: strings that end generation (they may span tokens; the text before them is
         emitted, the stop string is not). stats: optional dict filled with timings.
+        sampler: a text.sampling.Sampler to draw with (structured output, logprobs) instead of
+        one made from the sampling arguments.
         """
         from ..text.sampling import Sampler, StopMatcher
         tok = self.model.tokenizer
@@ -405,7 +419,7 @@ class Session:
             if isinstance(prompt, str) else [int(t) for t in prompt]
         if max_tokens is not None and max_tokens < 0:
             raise RequestError(f"max_tokens={max_tokens}: must be >= 0")
-        sampler = Sampler(self.model.hp.n_vocab, temperature=temperature, top_k=top_k,
+        sampler = sampler or Sampler(self.model.hp.n_vocab, temperature=temperature, top_k=top_k,
                           top_p=top_p, min_p=min_p, seed=seed, repeat_penalty=repeat_penalty,
                           presence_penalty=presence_penalty, frequency_penalty=frequency_penalty,
                           penalty_last_n=penalty_last_n, logit_bias=logit_bias)

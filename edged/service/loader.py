@@ -36,6 +36,7 @@ class LoadedModel:
         self.draining = False           # being unloaded: new requests wait for the next load
         self.pinned = False
         self._sessions = []             # idle Sessions (KV caches), reused for prefix caching
+        self._template = None           # chat template source, read on first use
         self._lock = threading.Lock()
 
     # --- text ---------------------------------------------------------------------------
@@ -43,10 +44,18 @@ class LoadedModel:
     def n_vocab(self):
         return self.tokenizer.n_vocab
 
-    def encode_chat(self, messages):
-        """Chat messages -> prompt token ids, through the model's own (sandboxed) template."""
+    def template_source(self):
+        """The chat template requests to this model render (operator's file or the model's)."""
+        if self._template is None:
+            from ..text.chat import template_for
+            self._template = template_for(self.model.file, template_file=self.template_file)
+        return self._template
+
+    def encode_chat(self, messages, **template_vars):
+        """Chat messages -> prompt token ids, through the model's own (sandboxed) template;
+        template_vars: `tools` and a request's chat_template_kwargs."""
         prompt = self.model.chat_prompt(messages, add_generation_prompt=True,
-                                        template_file=self.template_file)
+                                        template_file=self.template_file, **template_vars)
         if isinstance(prompt, str):
             # The rendered template spells its special tokens out (<|im_start|>...): parse them.
             ids = list(self.tokenizer.encode(prompt, add_special=True, parse_special=True))
@@ -81,18 +90,24 @@ class LoadedModel:
         again; info["cached"] gets its length, info["evaluated"] the prompt tokens evaluated."""
         cached = min(_common_prefix(_session_tokens(session), ids), len(ids) - 1)
         info["cached"] = cached
-        if cached < len(session.tokens):
-            session.truncate(cached)
-        pos, last = cached, len(ids) - 1         # the last prompt token is left to generate()
-        while last - pos > PREFILL_CHUNK:
-            session.eval(ids[pos:pos + PREFILL_CHUNK])
-            pos += PREFILL_CHUNK
-            yield None
+        pos = yield from _prefill_chunks(session, ids, cached, len(ids) - 1)
         stats = {}
         for out in session.generate(ids, stats=stats, **sampling):
             if "evaluated" not in info:
                 info["evaluated"] = pos - cached + stats.get("n_prompt_eval", 0)
             yield out
+
+    def fork(self, ids, sessions, info):
+        """Steps that evaluate all but the last prompt token once, in sessions[0] (reusing its
+        cached prefix), then copy that KV cache into the other sessions: each then generates
+        its own choice through steps() with only the last prompt token to evaluate."""
+        first = sessions[0]
+        cached = min(_common_prefix(_session_tokens(first), ids), len(ids) - 1)
+        info["cached"] = cached
+        yield from _prefill_chunks(first, ids, cached, len(ids) - 1, rest=True)
+        info["evaluated"] = len(ids) - cached
+        for s in sessions[1:]:
+            s.copy_from(first, len(ids) - 1)
 
     def give_back(self, session):
         with self._lock:
@@ -106,6 +121,20 @@ class LoadedModel:
         close = getattr(self.model, "close", None)
         if close:
             close()
+
+
+def _prefill_chunks(session, ids, start, end, rest=False):
+    """Evaluate ids[start:end] PREFILL_CHUNK tokens at a time, a step each; the last piece (up
+    to PREFILL_CHUNK tokens) is left to the caller unless `rest`. Returns the position reached."""
+    if start < len(session.tokens):
+        session.truncate(start)
+    pos = start
+    while end - pos > (0 if rest else PREFILL_CHUNK):
+        n = min(PREFILL_CHUNK, end - pos)
+        session.eval(ids[pos:pos + n])
+        pos += n
+        yield None
+    return pos
 
 
 def _session_tokens(s):

@@ -33,11 +33,23 @@ CHAT = {"messages": [{"role": "user", "content": "hi"}]}
 
 
 @pytest.mark.parametrize("body, needle", [
-    ({**CHAT, "n": 2}, "'n' must be 1"),
+    ({**CHAT, "n": 9}, "'n' must be between 1 and 8"),
     ({**CHAT, "functions": []}, "unsupported field(s): functions"),
-    ({**CHAT, "logprobs": True}, "logprobs"),
-    ({**CHAT, "tools": [{"type": "function"}]}, "tools"),
-    ({**CHAT, "response_format": {"type": "json_object"}}, "response_format"),
+    ({**CHAT, "logprobs": "yes"}, "'logprobs' must be true or false"),
+    ({**CHAT, "top_logprobs": 3}, "'top_logprobs' needs 'logprobs': true"),
+    ({**CHAT, "top_logprobs": 21, "logprobs": True}, "'top_logprobs' must be between 0 and 20"),
+    ({**CHAT, "tools": [{"type": "function"}]}, "'tools[0].function' is required"),
+    ({**CHAT, "tools": [{"type": "function", "function": {"name": "a b"}}]}, "'tools[0].function.name'"),
+    ({**CHAT, "tool_choice": "maybe"}, "'tool_choice' must be 'none', 'auto' or 'required'"),
+    ({**CHAT, "tool_choice": "required"}, "no 'tools' were given"),
+    ({**CHAT, "tool_choice": {"type": "function", "function": {"name": "f"}}}, "names function 'f'"),
+    ({**CHAT, "response_format": {"type": "xml"}}, "'response_format.type' must be"),
+    ({**CHAT, "response_format": {"type": "json_schema"}}, "'response_format.json_schema.schema' is required"),
+    ({**CHAT, "response_format": {"type": "json_object"}, "grammar": "root ::= \"a\""}, "only one of"),
+    ({**CHAT, "chat_template_kwargs": []}, "'chat_template_kwargs'"),
+    ({**CHAT, "stream_options": {"include_usage": 1}}, "'stream_options.include_usage' must be true or false"),
+    ({"messages": [{"role": "tool", "content": "42"}]}, "'messages[0].tool_call_id' is required"),
+    ({"messages": [{"role": "user", "content": "x", "audio": {}}]}, "unsupported field 'messages[0].audio'"),
     ({**CHAT, "temperature": 3}, "'temperature' must be between"),
     ({**CHAT, "temperature": "hot"}, "'temperature' must be a number"),
     ({**CHAT, "max_tokens": 0}, "'max_tokens' must be a positive integer"),
@@ -50,7 +62,7 @@ CHAT = {"messages": [{"role": "user", "content": "hi"}]}
     ({**CHAT, "stream": "yes"}, "'stream'"),
     ({"messages": []}, "'messages' must be a non-empty list"),
     ({"messages": [{"role": "wizard", "content": "x"}]}, "role"),
-    ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "only text parts"),
+    ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "'messages[0].content[0].type' must be 'text'"),
     ({**CHAT, "model": "../../etc/passwd"}, "invalid model name"),
     ({**CHAT, "model": ".hidden"}, "invalid model name"),
     ({**CHAT, "model": "a/b"}, "invalid model name"),
@@ -61,20 +73,35 @@ def test_chat_validation_400(tmp_path, body, needle):
     assert status == 400, reply
     assert needle in reply["error"]["message"]
     assert reply["error"]["type"] == "invalid_request_error"
+    if needle.startswith("'"):      # the field is named in OpenAI's error.param too
+        assert reply["error"]["param"] == needle[1:].split("'")[0], reply
+
+
+def test_fields_clients_send_are_accepted_and_ignored():
+    """What OpenAI, llama-server and common clients send beside the fields edged uses."""
+    from edged.service import requests
+    body = {**CHAT, **{k: None for k in requests.IGNORED}, "user": "u", "cache_prompt": True,
+            "parallel_tool_calls": False, "stream_options": {"include_usage": True}}
+    p = parse_params(body, chat=True)
+    assert p["messages"] == [{"role": "user", "content": "hi"}] and p["include_usage"]
 
 
 def test_completion_validation_and_accepted_fields():
     p = parse_params({"prompt": "x", "max_tokens": 5, "stop": "\n", "seed": 1, "top_k": 4, "user": "u",
                       "stream": True, "stream_options": {"include_usage": True}, "logit_bias": {"7": -100}},
                      chat=False)
-    assert p["prompt"] == "x" and p["stop"] == ["\n"] and p["include_usage"] and p["logit_bias"] == {7: -100.0}
-    assert parse_params({"prompt": [1, 2, 3]}, chat=False)["prompt_ids"] == [1, 2, 3]
+    assert p["prompts"] == ["x"] and p["stop"] == ["\n"] and p["include_usage"] and p["logit_bias"] == {7: -100.0}
+    assert parse_params({"prompt": [1, 2, 3]}, chat=False)["prompts"] == [[1, 2, 3]]
+    assert parse_params({"prompt": ["a", "b"]}, chat=False)["prompts"] == ["a", "b"]
+    assert parse_params({"prompt": [[1, 2], [3]]}, chat=False)["prompts"] == [[1, 2], [3]]
     with pytest.raises(RequestError, match="'echo'"):
         parse_params({"prompt": "x", "echo": True}, chat=False)
-    with pytest.raises(RequestError, match="one prompt per request"):
-        parse_params({"prompt": ["a", "b"]}, chat=False)
+    with pytest.raises(RequestError, match="exceed 8 choices"):
+        parse_params({"prompt": ["a", "b", "c"], "n": 3}, chat=False)
     with pytest.raises(RequestError, match="messages"):
         parse_params({"prompt": "x", "messages": []}, chat=False)
+    with pytest.raises(RequestError, match="'prompt' must be a string, a list of token ids"):
+        parse_params({"prompt": [1, "a"]}, chat=False)
 
 
 def test_bad_json_body_too_large_unknown_model_and_route(tmp_path):
