@@ -156,7 +156,7 @@ def _message(m):
     if isinstance(content, list):
         content = "".join(part.text for part in content)
     out = {"role": "system" if m.role == "developer" else m.role,
-           "content": "" if content is None and not m.tool_calls else content}
+           "content": "" if content is None else content}
     for key in ("name", "tool_call_id", "reasoning_content"):
         if getattr(m, key) is not None:
             out[key] = getattr(m, key)

@@ -32,6 +32,10 @@ LIMITS = dict(initial_lexer_fuel=400_000, step_lexer_fuel=200_000, step_max_item
               max_lexer_states=50_000, max_grammar_size=100_000, max_items_in_row=2000,
               verbose_errors=False)
 
+# JSON is written as json.dumps writes it ({"a": 1, "b": [2, 3]}): the layout models see in
+# their templates, and no room for a small model to loop on white space.
+JSON_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+
 _TOKENIZERS = weakref.WeakKeyDictionary()       # edged Tokenizer -> llguidance LLTokenizer
 _TOKENIZERS_LOCK = threading.Lock()
 
@@ -108,8 +112,7 @@ def from_json_schema(schema, what="json_schema"):
     text = json.dumps(schema)
     _check_size(what, text)
     try:
-        return llguidance.LLMatcher.grammar_from_json_schema(
-            text, defaults={"whitespace_flexible": False, "lenient": False})
+        return llguidance.LLMatcher.grammar_from_json_schema(text, defaults=JSON_LAYOUT)
     except ValueError as e:
         raise GrammarError(f"{what}: {e}") from None
 

@@ -14,7 +14,8 @@ def starts_inside(prompt):
 
 
 class ThinkSplitter:
-    """push(text) -> (reasoning delta, content delta); holds back a possible partial tag."""
+    """push(text) -> (reasoning delta, content delta); holds back a possible partial tag.
+    States: start (maybe a <think> opens) -> think -> after (white space after </think>) -> answer."""
 
     def __init__(self, inside=False):
         self.state = "think" if inside else "start"     # start -> think -> answer
@@ -41,10 +42,15 @@ class ThinkSplitter:
         if self.state == "think":
             i = self.buf.find(CLOSE)
             if i >= 0:
-                reasoning, self.buf, self.state = self.buf[:i], self.buf[i + len(CLOSE):].lstrip(), "answer"
+                reasoning, self.buf, self.state = self.buf[:i], self.buf[i + len(CLOSE):], "after"
             else:
                 reasoning, self.buf = self._hold(CLOSE)
                 return reasoning, ""
+        if self.state == "after":                          # the blank lines after </think>
+            self.buf = self.buf.lstrip()
+            if not self.buf:
+                return reasoning, ""
+            self.state = "answer"
         if self.state == "answer":
             content, self.buf = self.buf, ""
         return reasoning, content

@@ -22,6 +22,8 @@ import json
 import re
 import secrets
 
+from .grammar import JSON_LAYOUT
+
 FAMILIES = ("hermes", "llama3", "mistral", "phi4", "generic")
 
 _HERMES_OPEN, _HERMES_CLOSE = "<tool_call>", "</tool_call>"
@@ -94,18 +96,24 @@ def generic_system_prompt(tools, required=False):
 
 # --- parsing the reply ---------------------------------------------------------------------
 
-def new_call_id():
+def new_call_id(family=None):
+    """A fresh tool-call id; Mistral's templates accept only 9 letters and digits."""
+    if family == "mistral":
+        return "".join(secrets.choice(_ALNUM) for _ in range(9))
     return "call_" + secrets.token_hex(12)
 
 
-def _call(name, args, call_id=None):
+_ALNUM = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"
+
+
+def _call(name, args, call_id=None, family=None):
     if not isinstance(name, str) or not name:
         raise ValueError("a call without a name")
     if args is None:
         args = {}
     if not isinstance(args, str):
         args = json.dumps(args, ensure_ascii=False)
-    return {"id": call_id if isinstance(call_id, str) and call_id else new_call_id(),
+    return {"id": call_id if isinstance(call_id, str) and call_id else new_call_id(family),
             "type": "function", "function": {"name": name, "arguments": args}}
 
 
@@ -122,7 +130,7 @@ def _json_values(text):
         out.append(v)
 
 
-def _from_objects(values, args_keys=("arguments", "parameters")):
+def _from_objects(values, args_keys=("arguments", "parameters"), family=None):
     calls = []
     for v in values:
         for obj in (v if isinstance(v, list) else [v]):
@@ -131,7 +139,7 @@ def _from_objects(values, args_keys=("arguments", "parameters")):
             if isinstance(obj.get("function"), dict):       # {"type": "function", "function": {...}}
                 obj = obj["function"]
             args = next((obj[k] for k in args_keys if k in obj), None)
-            calls.append(_call(obj.get("name"), args, obj.get("id")))
+            calls.append(_call(obj.get("name"), args, obj.get("id"), family))
     return calls
 
 
@@ -173,7 +181,7 @@ def _mistral(text):
         if not part:
             continue
         if part.startswith("["):                            # Nemo: a JSON list
-            calls += _from_objects(_json_values(part))
+            calls += _from_objects(_json_values(part), family="mistral")
             continue
         k = part.find(_MISTRAL_ARGS)                        # name[CALL_ID]id[ARGS]{...}
         if k < 0:
@@ -182,9 +190,9 @@ def _mistral(text):
         if _MISTRAL_ID in head:
             head, call_id = head.split(_MISTRAL_ID, 1)
         values = _json_values(part[k + len(_MISTRAL_ARGS):])
-        calls.append(_call(head.strip(), values[0] if values else {}, call_id))
+        calls.append(_call(head.strip(), values[0] if values else {}, call_id, "mistral"))
         for extra in values[1:]:
-            calls += _from_objects([extra])
+            calls += _from_objects([extra], family="mistral")
     return text[:start], calls
 
 
@@ -296,6 +304,11 @@ def _call_schema(tools, args_key="arguments"):
     return alts[0] if len(alts) == 1 else {"anyOf": alts}
 
 
+def _json(schema):
+    """`%json {...}` for llguidance's Lark: the schema, laid out as JSON_LAYOUT says."""
+    return "%json " + json.dumps(dict(schema, **{"x-guidance": JSON_LAYOUT}))
+
+
 def _lit(s):
     return json.dumps(s)
 
@@ -312,22 +325,22 @@ def call_grammar(family, tools, parallel=True, args_style=False, token=None):
 
     many = "+" if parallel else ""
     if family == "hermes":
-        body = f'{mark(_HERMES_OPEN)} "\\n" %json {json.dumps(_call_schema(tools))} "\\n" {mark(_HERMES_CLOSE)}'
+        body = f'{mark(_HERMES_OPEN)} "\\n" {_json(_call_schema(tools))} "\\n" {mark(_HERMES_CLOSE)}'
         return f"start: call ({_lit(chr(10))} call)*\ncall: {body}\n" if parallel else f"start: {body}\n"
     if family == "llama3":
-        return f"start: %json {json.dumps(_call_schema(tools, 'parameters'))}\n"
+        return f"start: {_json(_call_schema(tools, 'parameters'))}\n"
     if family == "mistral" and args_style:
-        alts = " | ".join(f'{_lit(t["function"]["name"])} {mark(_MISTRAL_ARGS)} %json '
-                          f'{json.dumps(t["function"].get("parameters") or {"type": "object"})}'
+        alts = " | ".join(f'{_lit(t["function"]["name"])} {mark(_MISTRAL_ARGS)} '
+                          f'{_json(t["function"].get("parameters") or {"type": "object"})}'
                           for t in tools)
         return f"start: call{many}\ncall: {mark(_MISTRAL)} ({alts})\n"
     items = {"type": "array", "items": _call_schema(tools), "minItems": 1}
     if not parallel:
         items["maxItems"] = 1
     if family == "mistral":
-        return f"start: {mark(_MISTRAL)} %json {json.dumps(items)}\n"
+        return f"start: {mark(_MISTRAL)} {_json(items)}\n"
     if family == "phi4":
-        return f"start: {mark(_PHI_OPEN)} %json {json.dumps(items)} {mark(_PHI_CLOSE)}?\n"
+        return f"start: {mark(_PHI_OPEN)} {_json(items)} {mark(_PHI_CLOSE)}?\n"
     schema = {"type": "object", "properties": {"tool_calls": items}, "required": ["tool_calls"],
               "additionalProperties": False}
-    return f"start: %json {json.dumps(schema)}\n"
+    return f"start: {_json(schema)}\n"
