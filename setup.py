@@ -72,9 +72,12 @@ setup(
         "pyseccomp>=0.1.2",
         "aiohttp>=3.9",
         "jinja2>=3.1",
+        "pydantic>=2.5,<3",         # request validation (service/requests.py)
+        "llguidance>=0.7,<2",       # structured output (text/grammar.py)
     ],
     extras_require={
-        "test": ["pytest>=7", "hypothesis>=6", "gguf>=0.10", "httpx>=0.27", "openai>=1.30"],
+        "test": ["pytest>=7", "hypothesis>=6", "gguf>=0.10", "httpx>=0.27", "openai>=1.30",
+                 "langchain-openai>=0.2"],
     },
     entry_points={"console_scripts": ["edged = edged.cli:main"]},
     zip_safe=False,

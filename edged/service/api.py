@@ -437,8 +437,10 @@ def _prepare(lm, p, chat):
                 else:
                     messages = [{"role": "system", "content": note}] + messages
             if p["tool_choice"] != "auto":
+                # a named function is called once; "required" may call several unless told not to
+                parallel = p["parallel_tool_calls"] and p["tool_choice"] == "required"
                 constraint = ("lark", tools.call_grammar(
-                    prep.family, use, parallel=p["parallel_tool_calls"],
+                    prep.family, use, parallel=parallel,
                     args_style=tools.mistral_args_style(template), token=_special_token(tok)), "tools")
         ids = lm.encode_chat(messages, **kwargs)
         prep.prompts.append(ids)
@@ -575,7 +577,7 @@ class _Generation:
         self.id = ("chatcmpl-" if chat else "cmpl-") + secrets.token_hex(12)
         self.created = int(time.time())
         self._released = False
-        self._jobs_left = 0
+        self._jobs_left = 1             # start() holds the slot and lease until its jobs are in
         self._pumps = []
         self._merged = asyncio.Queue()
         self.t_start = time.monotonic()
@@ -614,7 +616,7 @@ class _Generation:
 
     def _job_ended(self):
         self._jobs_left -= 1
-        if self._jobs_left == 0:
+        if self._jobs_left == 0:        # every job let go of its sessions
             self._release()
 
     def _steps(self, choice, session, info):
@@ -627,18 +629,22 @@ class _Generation:
 
     async def start(self, req):
         self.req = req
-        lm, n = self.lm, self.p["n"]
-        for pi, ids in enumerate(self.prep.prompts):
-            group = self.choices[pi * n:(pi + 1) * n]
-            info = self.prefill if pi == 0 else {}
-            if n == 1:
-                self._start_single(group[0], ids, info)
-            else:
-                sessions = await self._fork(ids, n, info)
-                for j, (c, s) in enumerate(zip(group, sessions)):
-                    self._start_on(c, s, info if j == 0 else {}, keep=j == 0)
-        for c in self.choices:
-            self._pumps.append(asyncio.get_running_loop().create_task(self._pump(c)))
+        n = self.p["n"]
+        try:
+            for pi, ids in enumerate(self.prep.prompts):
+                group = self.choices[pi * n:(pi + 1) * n]
+                info = self.prefill if pi == 0 else {}
+                if n == 1:
+                    self._start_single(group[0], ids, info)
+                else:
+                    sessions = await self._fork(ids, n, info)
+                    for j, (c, s) in enumerate(zip(group, sessions)):
+                        self._start_on(c, s, info if j == 0 else {}, keep=j == 0)
+        finally:
+            for c in self.choices:
+                if c.job is not None:
+                    self._pumps.append(asyncio.get_running_loop().create_task(self._pump(c)))
+            self._job_ended()           # start()'s own hold
 
     def _start_single(self, choice, ids, info):
         lm, box = self.lm, []
@@ -663,10 +669,11 @@ class _Generation:
         """Evaluate the prompt once and copy its KV cache into n sessions (a job of its own)."""
         lm, sessions, handed = self.lm, [], []
 
-        def make_gen():
+        def make_gen():         # a generator: runs on the decode thread from its first step
             sessions.append(lm.take_session(ids))
             sessions.extend(lm.model.session(n_ctx=lm.n_ctx) for _ in range(n - 1))
-            return lm.fork(ids, sessions, info)
+            yield from lm.fork(ids, sessions, info)
+            handed.append(True)     # before finish() runs: the choices own the sessions now
 
         def finish():
             if not handed:
@@ -680,9 +687,8 @@ class _Generation:
                 raise value
             if kind == "done":
                 break
-        if value not in (None, "stop") or len(sessions) != n:
+        if not handed:
             raise NotReady(f"prompt evaluation ended early ({value})")
-        handed.append(True)
         return sessions
 
     async def _pump(self, choice):
@@ -705,9 +711,8 @@ class _Generation:
                 c.job.cancel.set()
         if self._pumps:
             await asyncio.gather(*self._pumps, return_exceptions=True)
-        if self._jobs_left == 0:
+        if self.req is None:            # never started
             self._release()
-        if self.req is None:
             return
         info = self.req.info
         n_gen = sum(c.n_gen for c in self.choices)
