@@ -219,3 +219,80 @@ def test_long_prompt_chunked_prefill_matches_the_engine(tmp_path):
         asyncio.run(main())
     finally:
         d.decoder.stop()
+
+
+THINKING = ("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+            "{% if add_generation_prompt %}assistant:{% if enable_thinking is defined and not enable_thinking %}"
+            "<think></think>{% else %}<think>{% endif %}{% endif %}")
+
+
+def test_chat_template_kwargs_and_reasoning_split(tmp_path):
+    """A template that opens <think> in the prompt unless enable_thinking is false: the reply
+    is reasoning_content, or content when chat_template_kwargs turns thinking off."""
+    from daemon_support import add_chat_template, stories
+    d = make_daemon(tmp_path, default_model="tiny")
+    add_chat_template(stories(), str(tmp_path / "models" / "tiny.gguf"), THINKING)
+    d.start_threads()
+
+    async def ask(**extra):
+        body = {"messages": [{"role": "user", "content": "Once upon a time"}], "max_tokens": 8, "temperature": 0,
+                **extra}
+        return await d.api.handle(ApiRequest("POST", "/v1/chat/completions", json.dumps(body).encode()))
+
+    async def main():
+        r = await ask()
+        msg = r.body["choices"][0]["message"]
+        assert r.status == 200 and msg["reasoning_content"] and msg["content"] == "", msg
+        off = (await ask(chat_template_kwargs={"enable_thinking": False})).body["choices"][0]["message"]
+        assert off["content"] and "reasoning_content" not in off, off
+        raw = (await ask(reasoning_format="none")).body["choices"][0]["message"]
+        assert raw["content"].strip() == msg["reasoning_content"] and "reasoning_content" not in raw
+        s = await ask(stream=True)
+        chunks = [json.loads(c[6:]) async for c in s.chunks() if c != b"data: [DONE]\n\n"]
+        await s.close()
+        deltas = [c["choices"][0]["delta"] for c in chunks]
+        assert "".join(x.get("reasoning_content", "") for x in deltas).strip() == msg["reasoning_content"]
+        assert not "".join(x.get("content") or "" for x in deltas)
+        bad = await ask(chat_template_kwargs={"messages": []})
+        assert bad.status == 400 and bad.body["error"]["param"] == "chat_template_kwargs"
+        await d.registry.close_all()
+
+    try:
+        asyncio.run(main())
+    finally:
+        d.decoder.stop()
+
+
+def test_n_choices_over_a_chunked_prompt_equal_single_requests(tmp_path):
+    """n=3 evaluates a prompt of several PREFILL_CHUNKs once and copies its KV cache: choice j
+    equals a request with n=1 and seed + j; afterwards the slot, lease and sessions are free."""
+    from daemon_support import add_chat_template, stories
+    d = make_daemon(tmp_path, default_model="tiny", ctx_size=1024, max_body_bytes=1 << 20)
+    add_chat_template(stories(), str(tmp_path / "models" / "tiny.gguf"))
+    d.start_threads()
+    prompt = "Once upon a time, there was a little girl named Lily." + " She liked to play in the park." * 40
+
+    async def complete(**extra):
+        body = {"prompt": prompt, "max_tokens": 10, "temperature": 1.0, "seed": 77, **extra}
+        r = await d.api.handle(ApiRequest("POST", "/v1/completions", json.dumps(body).encode()))
+        assert r.status == 200, r.body
+        return [c["text"] for c in sorted(r.body["choices"], key=lambda c: c["index"])]
+
+    async def main():
+        many = await complete(n=3)
+        single = [(await complete(seed=77 + j))[0] for j in range(3)]
+        assert many == single and len(set(many)) > 1
+        # an abandoned n=2 stream frees everything too
+        s = await d.api.handle(ApiRequest("POST", "/v1/completions", json.dumps(
+            {"prompt": prompt, "max_tokens": 200, "n": 2, "stream": True}).encode()))
+        it = s.chunks().__aiter__()
+        await it.__anext__()
+        await s.close()
+        lm = d.registry.models["tiny"]
+        assert d.slots.busy == 0 and lm.refs == 0 and len(lm._sessions) == 1
+        await d.registry.close_all()
+
+    try:
+        asyncio.run(main())
+    finally:
+        d.decoder.stop()
