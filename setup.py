@@ -64,7 +64,7 @@ setup(
     description="LLM runtime for edge Linux devices: signed GGUF models over a sandboxed Unix socket",
     python_requires=">=3.11",
     packages=find_packages(include=["edged", "edged.*"]),
-    package_data={"edged": ["*.pxd"]},
+    package_data={"edged": ["*.pxd", "data/*.gguf", "data/*.LICENSE"]},
     ext_modules=extensions(),
     install_requires=[
         "numpy>=1.24",

@@ -1,33 +1,51 @@
-"""One exception hierarchy for edged. Messages name the value, key, offset or file that failed."""
+"""One exception hierarchy for edged. Messages name the value, key, offset or file that failed.
+
+Every class carries what the daemon answers when it escapes a request: the HTTP `status`, the
+OpenAI error `type` and `code`, and extra `headers`; `http_error()` is the one mapping from an
+exception to those, used by the service's handlers.
+"""
 
 
 class EdgedError(Exception):
     """Root of every error edged raises on purpose."""
+    status, type, code, headers = 500, "server_error", "model_load_failed", {}
 
 
 class ModelFormatError(EdgedError):
     """A GGUF file is malformed: bad header, out-of-bounds length/offset, bad tensor table."""
+    status, type, code = 422, "invalid_request_error", "model_unusable"
 
 
 class UnsupportedModelError(EdgedError):
     """A well-formed file edged cannot run: unknown architecture or type, missing tensor, bad shape."""
+    status, type, code = 422, "invalid_request_error", "model_unusable"
 
 
 class SignatureError(EdgedError):
     """A model's signature is missing, invalid, or from a key the trust store does not accept."""
+    status, type, code = 403, "permission_error", "model_not_trusted"
 
 
 class TemplateError(EdgedError):
-    """A chat template failed to render or tried to escape its sandbox."""
+    """A chat template failed to render or tried to escape its sandbox (a broken or hostile
+    template in the model file)."""
+    status, type, code = 422, "invalid_request_error", "model_unusable"
+
+
+class TemplateRaised(TemplateError):
+    """The template itself refused the conversation (its `raise_exception`)."""
+    status, type, code = 400, "invalid_request_error", "template_refused"
 
 
 class TokenizerError(EdgedError):
     """Tokenizer metadata is missing or inconsistent (unknown pre-tokenizer, bad vocab)."""
+    status, type, code = 422, "invalid_request_error", "model_unusable"
 
 
 class RequestError(EdgedError):
     """A request is invalid (bad field, prompt too long for the context). `param` names the
     offending field (OpenAI's error.param), e.g. "messages[2].content"."""
+    status, type, code = 400, "invalid_request_error", None
 
     def __init__(self, message, param=None):
         super().__init__(message)
@@ -39,9 +57,51 @@ class GrammarError(RequestError):
     syntax, unsupported keyword, or over the time/size bounds); names what is wrong."""
 
 
+class ModelNotFound(RequestError):
+    """A request names a model that is not in the models directory (or not loaded)."""
+    status, type, code = 404, "invalid_request_error", "model_not_found"
+
+
+class HTTPError(RequestError):
+    """A request refused at the HTTP level with an explicit status (e.g. 413 body too large)."""
+
+    def __init__(self, status, message, type_="invalid_request_error", code=None, headers=None):
+        super().__init__(message)
+        self.status, self.type, self.code = status, type_, code
+        self.headers = headers or {}
+
+
 class CapacityError(EdgedError):
     """Not enough memory (or queue space) for what was asked; carries the numbers."""
+    status, type, code = 503, "server_error", "model_over_budget"
+
+
+class NotReady(CapacityError):
+    """The daemon cannot serve yet (no model, shutting down)."""
+    status, type, code, headers = 503, "server_error", "not_ready", {"Retry-After": "5"}
+
+
+class QueueFull(CapacityError):
+    """max_queue requests are already waiting."""
+    status, type, code, headers = 429, "rate_limit_error", "queue_full", {"Retry-After": "1"}
+
+
+class QueueTimeout(CapacityError):
+    """Waited longer than queue_timeout."""
+    status, type, code, headers = 503, "server_error", "not_ready", {"Retry-After": "5"}
 
 
 class ConfigError(EdgedError):
     """A configuration key or flag is invalid; names the key and the reason."""
+
+
+class SandboxError(EdgedError):
+    """The sandbox could not be applied as configured (bad mode, seccomp unavailable)."""
+
+
+def http_error(e):
+    """(status, type, code, headers) the daemon answers for exception `e`; anything that is
+    not an EdgedError is an internal error (500)."""
+    if isinstance(e, EdgedError):
+        return e.status, e.type, e.code, dict(e.headers)
+    return 500, "server_error", "internal_error", {}

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# Set everything up (tools/bootstrap.sh) and run edged end to end on built-in demos, no downloads:
-# first the engine alone (a random-weight model of a tiny shape: info, generate, bench), then the
-# main job: make a demo model and a signing key, sign the model, start the daemon on a local
-# socket, send a chat request through the socket and print the streamed reply.
+# Set everything up (tools/bootstrap.sh) and run edged end to end, no downloads: first the engine
+# alone (a random-weight model of a tiny shape: info, bench), then the main job: the built-in demo
+# model (TinyStories 260K, edged/data/), a signing key, the signed model served by the daemon on
+# a local socket, and a story streamed through the socket.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 tools/bootstrap.sh
@@ -12,27 +12,26 @@ PY=.venv/bin/python
 rm -rf demo
 mkdir -p demo/models demo/keys demo/run
 
-echo "--- the engine on its own: a random-weight model of a tiny shape (info, generate, bench)"
+echo "--- the engine on its own: a random-weight model of a tiny shape (info, bench)"
 "$EDGED" synth --shape tiny --type Q4_K_M demo/tiny-Q4_K_M.gguf
 "$EDGED" info -m demo/tiny-Q4_K_M.gguf -c 512
-"$EDGED" generate -m demo/tiny-Q4_K_M.gguf -p "Once upon a time" -n 32 --temp 0.8 --seed 1
 "$EDGED" bench -m demo/tiny-Q4_K_M.gguf -p 64 -n 16 -r 2
 
 echo "--- the main job: a signed demo model served by the daemon over a Unix socket"
 chmod 755 demo demo/models demo/keys
-"$PY" tools/make_demo_model.py demo/models/demo.gguf
-"$EDGED" gguf-dump demo/models/demo.gguf | head -n 12
+cp "$("$PY" -c 'from edged.data import DEMO_MODEL; print(DEMO_MODEL)')" demo/models/stories.gguf
+"$EDGED" gguf-dump demo/models/stories.gguf | head -n 8
 "$EDGED" keygen --out demo/operator.pem
 cp demo/operator.pub.pem demo/keys/
-"$EDGED" sign --key demo/operator.pem demo/models/demo.gguf
-"$EDGED" verify --trusted demo/keys demo/models/demo.gguf
+"$EDGED" sign --key demo/operator.pem demo/models/stories.gguf
+"$EDGED" verify --trusted demo/keys demo/models/stories.gguf
 
 cat > demo/edged.toml <<EOF
 socket = "$PWD/demo/run/edged.sock"
 socket_group = ""
 models_dir = "$PWD/demo/models"
 trusted_keys = "$PWD/demo/keys"
-default_model = "demo"
+default_model = "stories"
 ctx_size = 512
 EOF
 OPENBLAS_NUM_THREADS=1 "$EDGED" serve --config demo/edged.toml 2> demo/edged.log &
@@ -46,8 +45,17 @@ done
 
 echo "--- GET /v1/models"
 curl -sS --unix-socket demo/run/edged.sock http://edged/v1/models; echo
-echo "--- edged chat (streamed through demo/run/edged.sock; random weights, so random words)"
-"$EDGED" chat --socket demo/run/edged.sock -p "Tell me a story about a little cat." -n 40 --seed 1
+echo "--- a story streamed through demo/run/edged.sock (POST /v1/completions, \"stream\": true)"
+"$PY" - demo/run/edged.sock <<'PY'
+import json, sys, httpx
+body = {"prompt": "Once upon a time", "max_tokens": 80, "temperature": 0, "stream": True}
+with httpx.Client(transport=httpx.HTTPTransport(uds=sys.argv[1]), timeout=60) as client:
+    with client.stream("POST", "http://edged/v1/completions", json=body) as r:
+        for line in r.iter_lines():
+            if line.startswith("data: ") and line != "data: [DONE]":
+                print(json.loads(line[6:])["choices"][0]["text"], end="", flush=True)
+print()
+PY
 echo "--- daemon log"
 kill -TERM $DAEMON
 wait $DAEMON

@@ -15,13 +15,12 @@ from dataclasses import dataclass, field
 
 from ..errors import UnsupportedModelError
 from ..format.gguf import GGMLType, Key
+from ..format.quants import SUPPORTED
 
-# Weight types the kernels run (llama.cpp block layouts). Anything else fails the load by name.
-SUPPORTED_TYPES = frozenset({
-    GGMLType.F32, GGMLType.F16, GGMLType.BF16, GGMLType.Q8_0, GGMLType.Q4_0, GGMLType.Q4_1,
-    GGMLType.Q5_0, GGMLType.Q5_1, GGMLType.Q2_K, GGMLType.Q3_K, GGMLType.Q4_K, GGMLType.Q5_K,
-    GGMLType.Q6_K,
-})
+# Weight types the engine runs: the format layer's table of block layouts (edged.format.quants;
+# the compiled kernels' list, core.supported_types(), is checked against it by the tests).
+# Anything else fails the load by name.
+SUPPORTED_TYPES = frozenset(SUPPORTED)
 # Norm weights, biases and rope factors are read as float vectors.
 VECTOR_TYPES = frozenset({GGMLType.F32, GGMLType.F16, GGMLType.BF16})
 

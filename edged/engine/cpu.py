@@ -89,8 +89,8 @@ class CPUBackend(Backend):
              "output": matrix(spec.output), "rope_factors": None}
         self._hpd, self._layers, self._globals = hpd, layers, g
         self._models = {}  # rope-factor choice -> ForwardModel (phi3 long/short by n_ctx)
-        self._embd = spec.tensors[spec.token_embd]
-        self._embd_rows = np.asarray(weights[spec.token_embd]).reshape(hp.n_vocab, -1)
+        self._embd_type = int(spec.tensors[spec.token_embd].type)
+        self._embd_bytes = np.asarray(weights[spec.token_embd]).reshape(-1)  # (n_vocab * row_bytes,)
         self.pool = core.Pool(self.n_threads)
         # one forward pass at a time on the pool: sessions of one model may live in several
         # threads (the daemon), the workers serve one call at a time
@@ -152,13 +152,10 @@ class CPUBackend(Backend):
 
     def copy_in(self, buf, tokens, pos):
         toks = np.asarray(tokens, dtype=np.int64)
-        t = self._embd
-        raw = self._embd_rows[toks]  # (n, row_bytes) gathered quantized rows
-        rows = self._dequantize(raw.reshape(-1), t.type, (int(t.shape[0]), len(toks)))
-        rows = rows.reshape(len(toks), -1)
+        rows = buf.inp[:len(toks)]  # (n, n_embd) float32: the embedding lookup, compiled
+        _core.dequantize_rows(rows, self._embd_bytes, self._embd_type, toks)
         if self.spec.hp.embd_scale != 1.0:
-            rows = rows * np.float32(self.spec.hp.embd_scale)
-        buf.inp[:len(toks)] = rows
+            rows *= np.float32(self.spec.hp.embd_scale)
 
     def forward(self, buf, n_tokens, pos, all_logits):
         with self._run_lock:

@@ -12,15 +12,14 @@ import secrets
 import time
 import urllib.parse
 
-from ..errors import EdgedError, RequestError
+from ..errors import (EdgedError, HTTPError, ModelNotFound, NotReady, QueueTimeout, RequestError,
+                      http_error)
 from ..text import grammar, reasoning, tools
 from ..text.sampling import Sampler
 from . import requests
-from .loader import describe_error
 from .log import log
 from .names import check_model_name
-from .registry import ModelNotFound, NotReady
-from .scheduler import Job, QueueFull, QueueTimeout
+from .scheduler import Job
 
 
 @dataclasses.dataclass
@@ -70,13 +69,6 @@ class StreamReply:
         await self._close()
 
 
-class HTTPError(Exception):
-    def __init__(self, status, message, type_="invalid_request_error", code=None, headers=None):
-        super().__init__(message)
-        self.status, self.message, self.type, self.code = status, message, type_, code
-        self.headers = headers or {}
-
-
 def error_reply(status, message, type_="invalid_request_error", code=None, headers=None, param=None):
     return Reply(status, {"error": {"message": message, "type": type_, "param": param, "code": code}},
                  headers=dict(headers or {}))
@@ -84,19 +76,11 @@ def error_reply(status, message, type_="invalid_request_error", code=None, heade
 
 def error_for(e):
     """Map an exception to an OpenAI-shaped error reply."""
-    if isinstance(e, HTTPError):
-        return error_reply(e.status, e.message, e.type, e.code, e.headers)
-    if isinstance(e, QueueFull):
-        return error_reply(429, str(e), "rate_limit_error", "queue_full", {"Retry-After": "1"})
-    if isinstance(e, (QueueTimeout, NotReady)):
-        return error_reply(503, str(e), "server_error", "not_ready", {"Retry-After": "5"})
-    if isinstance(e, ModelNotFound):
-        return error_reply(404, str(e), "invalid_request_error", "model_not_found")
-    if isinstance(e, EdgedError):
-        status, type_, code = describe_error(e)
-        return error_reply(status, str(e), type_, code, param=getattr(e, "param", None))
-    log.exception("internal error: %s", e)
-    return error_reply(500, f"internal error: {type(e).__name__}", "server_error", "internal_error")
+    status, type_, code, headers = http_error(e)
+    if not isinstance(e, EdgedError):
+        log.exception("internal error: %s", e)
+        return error_reply(status, f"internal error: {type(e).__name__}", type_, code)
+    return error_reply(status, str(e), type_, code, headers, param=getattr(e, "param", None))
 
 
 # --- request validation --------------------------------------------------------------------

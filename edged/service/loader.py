@@ -205,24 +205,3 @@ class Loader:
         lm.give_back(s)
         lm.timings["warmup"] = time.monotonic() - t0
 
-
-def describe_error(e):
-    """(status, type, code) for an error raised while loading a model."""
-    from ..text.chat import TemplateRaised
-    from ..errors import (CapacityError, ModelFormatError, SignatureError, TemplateError,
-                          TokenizerError, UnsupportedModelError)
-    if isinstance(e, TemplateRaised):       # the model's template refused this conversation
-        return 400, "invalid_request_error", "template_refused"
-    if isinstance(e, TemplateError):        # a broken or hostile template in the model file
-        return 422, "invalid_request_error", "model_unusable"
-    if isinstance(e, SignatureError):
-        return 403, "permission_error", "model_not_trusted"
-    if isinstance(e, (ModelFormatError, UnsupportedModelError, TokenizerError)):
-        return 422, "invalid_request_error", "model_unusable"
-    if isinstance(e, CapacityError):
-        return 503, "server_error", "model_over_budget"
-    if isinstance(e, RequestError):
-        return 400, "invalid_request_error", None
-    if isinstance(e, EdgedError):
-        return 500, "server_error", "model_load_failed"
-    return 500, "server_error", "internal_error"

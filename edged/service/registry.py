@@ -11,19 +11,11 @@ import asyncio
 import os
 import time
 
-from ..errors import (CapacityError, EdgedError, ModelFormatError, RequestError, SignatureError,
-                      UnsupportedModelError)
+from ..errors import (CapacityError, EdgedError, ModelFormatError, ModelNotFound, RequestError,
+                      SignatureError, UnsupportedModelError)
 from .loader import LoadedModel
 from .log import log
 from .names import check_model_name, list_models, model_path
-
-
-class ModelNotFound(RequestError):
-    pass
-
-
-class NotReady(CapacityError):
-    """The daemon cannot serve yet (no model, shutting down); answered with 503."""
 
 
 def _available_memory():

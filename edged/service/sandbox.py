@@ -48,16 +48,12 @@ import sys
 import sysconfig
 import time
 
-from ..errors import EdgedError
+from ..errors import SandboxError
 
 log = logging.getLogger("edged.service.sandbox")
 
 MODES = ("enforce", "log", "off")
 ON_DENY = ("eperm", "kill")
-
-
-class SandboxError(EdgedError):
-    """The sandbox could not be applied as configured (bad mode, seccomp unavailable)."""
 
 
 # --- prctl / capabilities -------------------------------------------------------------------

@@ -24,17 +24,9 @@ import collections
 import threading
 import time
 
-from ..errors import CapacityError
+from ..errors import QueueFull, QueueTimeout
 from .loader import ENGINE_LOCK
 from .log import log
-
-
-class QueueFull(CapacityError):
-    """max_queue requests are already waiting; answered 429 with Retry-After."""
-
-
-class QueueTimeout(CapacityError):
-    """Waited longer than queue_timeout; answered 503."""
 
 
 class Slots:

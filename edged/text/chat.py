@@ -12,7 +12,7 @@ import jinja2
 import jinja2.ext
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from ..errors import TemplateError
+from ..errors import TemplateError, TemplateRaised
 from ..format.gguf import Key
 
 MAX_OUTPUT_CHARS = 1 << 20          # a prompt larger than 1 MiB of text is not a prompt
@@ -52,10 +52,6 @@ class _GenerationTag(jinja2.ext.Extension):
     def parse(self, parser):
         next(parser.stream)
         return parser.parse_statements(("name:endgeneration",), drop_needle=True)
-
-
-class TemplateRaised(TemplateError):
-    """The template itself refused the conversation (its `raise_exception`)."""
 
 
 def _raise_exception(message):

@@ -172,17 +172,38 @@ class Tokenizer:
     def __init__(self, metadata, name="<metadata>", allow_unknown_pre=False):
         self.name = name
         md = metadata
-        model = self._str(md, Key.TOKENIZER_MODEL, required=True)
-        if model not in ("llama", "gpt2"):
-            _fail(name, f"tokenizer model {model!r} ({Key.TOKENIZER_MODEL}) is not supported "
+        self.model = self._str(md, Key.TOKENIZER_MODEL, required=True)
+        if self.model not in ("llama", "gpt2"):
+            _fail(name, f"tokenizer model {self.model!r} ({Key.TOKENIZER_MODEL}) is not supported "
                         "(supported: 'llama' SentencePiece BPE, 'gpt2' byte-level BPE)")
-        self.model = model
+        self._read_tokens(md)
+        attr = self._read_types(md)
+        special, spec = self._read_settings(md, allow_unknown_pre)
+        eog = self._end_of_generation(special, attr)
+        self._order_specials(md, attr)
+        if self.add_bos and special["bos"] is None:
+            _fail(name, f"{Key.ADD_BOS} is set but the vocabulary has no BOS token")
+        if self.add_eos and special["eos"] is None:
+            _fail(name, f"{Key.ADD_EOS} is set but the vocabulary has no EOS token")
+        self.bos_id, self.eos_id, self.eot_id = special["bos"], special["eos"], special["eot"]
+        self.eom_id, self.unk_id, self.pad_id = special["eom"], special["unk"], special["pad"]
+        self.sep_id, self.mask_id = special["sep"], special["mask"]
+        self.eog_ids = frozenset(eog)
+        # pieces (token -> bytes), made on first use; byte tokens checked now
+        self._pieces = [None] * self.n_vocab
+        for i in np.nonzero(self._types == TokenType.BYTE)[0].tolist():
+            self._make_piece(i)
+        self._build_model(md, spec)
+
+    # --- loading, step by step (each step reads the metadata it names) -------------------------
+    def _read_tokens(self, md):
+        """tokenizer.ggml.tokens -> self._text (texts, empty ones named), n_vocab, _id."""
         tokens = md.get(Key.TOKENS)
         if not isinstance(tokens, list) or not tokens or set(map(type, tokens)) != {str}:
-            _fail(name, f"{Key.TOKENS} must be a non-empty array of strings")
+            _fail(self.name, f"{Key.TOKENS} must be a non-empty array of strings")
         n = len(tokens)
         if n >= 1 << 31:
-            _fail(name, f"{Key.TOKENS} has {n} entries (limit 2^31 - 1)")
+            _fail(self.name, f"{Key.TOKENS} has {n} entries (limit 2^31 - 1)")
         texts = tokens
         if "" in tokens:                               # llama.cpp names empty tokens like this
             texts = [t if t else f"[EMPTY_{i}]" for i, t in enumerate(tokens)]
@@ -193,9 +214,12 @@ class Tokenizer:
             seen = {}
             for i, t in enumerate(texts):
                 if t in seen:
-                    _fail(name, f"{Key.TOKENS}[{i}] {t[:40]!r} duplicates token {seen[t]}")
+                    _fail(self.name, f"{Key.TOKENS}[{i}] {t[:40]!r} duplicates token {seen[t]}")
                 seen[t] = i
 
+    def _read_types(self, md):
+        """Scores and token types -> self._scores, self._types; returns the attribute list."""
+        n = self.n_vocab
         scores = self._array(md, Key.SCORES, n, ("f", "i"))
         self._scores = (np.zeros(n, np.float32) if scores is None else scores.astype(np.float32))
         types = self._array(md, Key.TOKEN_TYPE, n, ("i", "u"))
@@ -203,16 +227,19 @@ class Tokenizer:
             types = np.full(n, int(TokenType.NORMAL), np.int32)
         bad = np.nonzero((types < 0) | (types > 6))[0]
         if len(bad):
-            _fail(name, f"{Key.TOKEN_TYPE}[{bad[0]}] = {types[bad[0]]} is not a token type (0..6)")
+            _fail(self.name, f"{Key.TOKEN_TYPE}[{bad[0]}] = {types[bad[0]]} is not a token type (0..6)")
         self._types = types.astype(np.int32)
-        attr = np.array([_TYPE_ATTR[TokenType(t)] for t in range(7)], np.int32)[self._types].tolist()
+        return np.array([_TYPE_ATTR[TokenType(t)] for t in range(7)], np.int32)[self._types].tolist()
 
-        # vocabulary settings, as llama.cpp derives them from the model and pre-tokenizer
+    def _read_settings(self, md, allow_unknown_pre):
+        """Vocabulary settings as llama.cpp derives them from the model and pre-tokenizer: sets
+        pre, add_space_prefix, add_bos, add_eos; returns (special ids by slot, PreSpec or None)."""
+        name, n = self.name, self.n_vocab
         special = {"bos": None, "eos": None, "unk": None, "sep": None, "pad": None, "mask": None,
                    "eot": None, "eom": None, Key.FIM_PAD_ID: None, Key.FIM_REP_ID: None,
                    Key.FIM_SEP_ID: None}
         pre_name = self._str(md, Key.PRE)
-        if model == "llama":
+        if self.model == "llama":
             special.update(bos=1, eos=2, unk=0)
             self.pre = "default" if pre_name is None else pre_name
             add_bos, add_eos, self.add_space_prefix = True, False, True
@@ -265,8 +292,14 @@ class Tokenizer:
                     add_bos = v
                 else:
                     add_eos = v
+        self.add_bos, self.add_eos = add_bos, add_eos
+        return special, spec
 
-        # end of turn / generation, found by text where the file does not say (llama.cpp)
+    def _end_of_generation(self, special, attr):
+        """End of turn / generation tokens, found by text where the file does not say (as
+        llama.cpp does); fills `special`'s eot/eom/FIM slots, marks `attr`; returns the EOG ids."""
+        texts = self._text
+
         def mark_control(i):
             attr[i] |= A_CONTROL
 
@@ -317,9 +350,13 @@ class Tokenizer:
             s = self._id["</s>"]
             eog.discard(s)
             attr[s] = A_NORMAL
+        return eog
 
-        # special tokens matched in text before tokenizing, longest first
-        order = sorted((i for i in range(n) if attr[i] & (A_CONTROL | A_USER_DEFINED | A_UNKNOWN)),
+    def _order_specials(self, md, attr):
+        """Special tokens matched in text before tokenizing, longest first -> self._attr,
+        _special_all/_special_user and their groups by prefix."""
+        texts = self._text
+        order = sorted((i for i in range(self.n_vocab) if attr[i] & (A_CONTROL | A_USER_DEFINED | A_UNKNOWN)),
                        key=lambda i: -len(texts[i].encode("utf-8", "surrogateescape")))
         general_name = md.get(Key.NAME)
         if isinstance(general_name, str) and ("phi-3" in general_name.lower() or "phi3" in general_name.lower()):
@@ -336,21 +373,10 @@ class Tokenizer:
         self._groups_all = self._group(self._special_all)
         self._groups_user = self._group(self._special_user)
 
-        if add_bos and special["bos"] is None:
-            _fail(name, f"{Key.ADD_BOS} is set but the vocabulary has no BOS token")
-        if add_eos and special["eos"] is None:
-            _fail(name, f"{Key.ADD_EOS} is set but the vocabulary has no EOS token")
-        self.add_bos, self.add_eos = add_bos, add_eos
-        self.bos_id, self.eos_id, self.eot_id = special["bos"], special["eos"], special["eot"]
-        self.eom_id, self.unk_id, self.pad_id = special["eom"], special["unk"], special["pad"]
-        self.sep_id, self.mask_id = special["sep"], special["mask"]
-        self.eog_ids = frozenset(eog)
-
-        # pieces (token -> bytes), made on first use; byte tokens checked now
-        self._pieces = [None] * n
-        for i in np.nonzero(self._types == TokenType.BYTE)[0].tolist():
-            self._make_piece(i)
-        if model == "llama":
+    def _build_model(self, md, spec):
+        """The compiled segmenter: SentencePiece BPE (llama) or byte-level BPE (gpt2)."""
+        texts = self._text
+        if self.model == "llama":
             byte_tokens = []
             for b in range(256):
                 t = self._id.get(f"<0x{b:02X}>")
@@ -369,12 +395,12 @@ class Tokenizer:
         else:
             merges = md.get(Key.MERGES)
             if not isinstance(merges, list) or (merges and set(map(type, merges)) != {str}):
-                _fail(name, f"{Key.MERGES} must be an array of strings for a 'gpt2' tokenizer")
+                _fail(self.name, f"{Key.MERGES} must be an array of strings for a 'gpt2' tokenizer")
             self._bpe = _bpe.BPEModel(texts, merges, _bpe.PreTokenizer(spec.ops), spec.ignore_merges)
             bad = self._bpe.bad_merge
             if bad >= 0:
-                _fail(name, f"{Key.MERGES}[{bad}] = {merges[bad][:40]!r} is not two tokens "
-                            "separated by a space")
+                _fail(self.name, f"{Key.MERGES}[{bad}] = {merges[bad][:40]!r} is not two tokens "
+                                 "separated by a space")
             self._spm = None
 
     @staticmethod

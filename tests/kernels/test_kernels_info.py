@@ -30,3 +30,12 @@ def test_info_follows_and_checks_edged_kernels():
     assert "kernel path:  generic" in r.stdout
     r = run(env={"EDGED_KERNELS": "sse9"})
     assert r.returncode == 2 and "EDGED_KERNELS='sse9'" in r.stderr
+
+
+def test_one_supported_type_table():
+    """The compiled kernels run exactly the types the format layer decodes and the engine loads
+    (edged.format.quants.SUPPORTED -> edged.engine.arch.SUPPORTED_TYPES; ED_TRAITS in C)."""
+    from edged import _core
+    from edged.engine.arch import SUPPORTED_TYPES
+    from edged.format.quants import SUPPORTED
+    assert set(SUPPORTED) == set(SUPPORTED_TYPES) == {int(t) for t in _core.supported_types()}

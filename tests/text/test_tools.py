@@ -196,7 +196,6 @@ def smol_tokenizer():
 def run(constraint, tok, text):
     """Feed text's tokens through the constraint: True if every token was allowed and the
     grammar may end there."""
-    from edged.text.grammar import Constraint  # noqa: F401 (the type)
     import numpy as np
     for t in tok.encode(text, add_special=False, parse_special=False):
         bits = np.unpackbits(constraint.mask().view(np.uint8), bitorder="little")
