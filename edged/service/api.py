@@ -520,6 +520,18 @@ class _Choice:
         return "tool_calls" if calls and self.finish == "stop" else self.finish
 
 
+def _delta(reasoning_text, content, calls=()):
+    """A chat stream delta with what is non-empty: reasoning, content, tool calls (indexed)."""
+    delta = {}
+    if reasoning_text:
+        delta["reasoning_content"] = reasoning_text
+    if content:
+        delta["content"] = content
+    if calls:
+        delta["tool_calls"] = [dict(call, index=i) for i, call in enumerate(calls)]
+    return delta
+
+
 def _piece(tok, t):
     b = tok.token_piece(t)
     return b.decode("utf-8", "replace"), list(b)
@@ -811,12 +823,7 @@ class _Generation:
                         if text:
                             yield chunk(c, text=text)
                         continue
-                    r, content = c.stream_delta(text)
-                    delta = {}
-                    if r:
-                        delta["reasoning_content"] = r
-                    if content:
-                        delta["content"] = content
+                    delta = _delta(*c.stream_delta(text))
                     if delta:
                         yield chunk(c, delta)
                 elif fin != "cancelled":
@@ -824,13 +831,7 @@ class _Generation:
                         yield chunk(c, text="", finish=fin)
                         continue
                     r, content, calls = c.stream_end()
-                    delta = {}
-                    if r:
-                        delta["reasoning_content"] = r
-                    if content:
-                        delta["content"] = content
-                    if calls:
-                        delta["tool_calls"] = [dict(call, index=i) for i, call in enumerate(calls)]
+                    delta = _delta(r, content, calls)
                     if delta:
                         yield chunk(c, delta)
                     yield chunk(c, {}, finish=c.finish_reason(calls))
