@@ -169,6 +169,10 @@ class CompletionRequest(_Common):
     suffix: str | None = None
 
 
+CHAT_FIELDS = frozenset(ChatRequest.model_fields) | IGNORED          # every field a chat request may have
+COMPLETION_FIELDS = frozenset(CompletionRequest.model_fields) | IGNORED
+
+
 # --- errors -------------------------------------------------------------------------------
 
 def _where(loc):
