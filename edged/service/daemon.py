@@ -13,7 +13,7 @@ from aiohttp import web
 
 from ..errors import ConfigError, EdgedError
 from . import config as config_mod
-from . import systemd
+from . import apikeys, systemd
 from .api import Api
 from .loader import Loader
 from .log import log, setup as setup_log
@@ -42,6 +42,7 @@ class Daemon:
         self.stopping = False
         self.events = None
         self.sock = self.how = None
+        self.tcp, self.api_keys = [], ()     # TCP listeners from systemd, their API keys
         self.loader = self.registry = self.slots = self.decoder = self.api = None
 
     # --- start ------------------------------------------------------------------------
@@ -65,7 +66,9 @@ class Daemon:
         trust = load_trust(cfg)
         cfg.resolve_names()
         self.prepare(trust)
-        self.sock, self.how = open_socket(cfg)
+        self.sock, self.how, self.tcp = open_socket(cfg)
+        if self.tcp:        # keys are read now: after the sandbox, /etc is out of reach
+            self.api_keys = apikeys.load(cfg.api_keys_file)
         self._sandbox()
         self.start_threads()
         for sig, what in ((signal.SIGTERM, "stop"), (signal.SIGINT, "stop"), (signal.SIGHUP, "reload")):
@@ -74,6 +77,9 @@ class Daemon:
                                shutdown_timeout=1.0)
         await runner.setup()
         await web.SockSite(runner, self.sock).start()
+        for s in self.tcp:
+            await web.SockSite(runner, s).start()
+            log.info("also listening on TCP %s (from systemd; API key required)", s.getsockname()[:2])
         where = self.sock.getsockname() or "(socket from systemd)"
         log.info("listening on %s (%s); models in %s; n_parallel=%d max_queue=%d", where, self.how,
                  cfg.models_dir, cfg.n_parallel, cfg.max_queue)

@@ -13,7 +13,7 @@ import time
 from aiohttp import web
 
 from ..errors import ConfigError
-from . import systemd
+from . import apikeys, systemd
 from .api import ApiRequest, Peer, Reply, error_reply
 from .log import log
 
@@ -34,13 +34,23 @@ def peer_credentials(sock):
 
 
 def open_socket(cfg):
-    """The listening socket: from systemd (LISTEN_FDS) or bound at cfg.socket. Returns (sock, how)."""
+    """The listening sockets: the Unix socket from systemd (LISTEN_FDS) or bound at cfg.socket,
+    and the TCP sockets systemd passed (edged-tcp.socket; never opened by the daemon itself).
+    Returns (unix socket, how, [tcp sockets])."""
+    unix, tcp = None, []
     for s in systemd.listen_fds():
-        if s.family == socket.AF_UNIX and s.type == socket.SOCK_STREAM:
+        if s.type == socket.SOCK_STREAM and (s.family == socket.AF_UNIX and unix is None
+                                             or s.family in (socket.AF_INET, socket.AF_INET6)):
             s.setblocking(False)
-            return s, "systemd"
-        s.close()
-    return bind_socket(cfg.socket, cfg.socket_mode, cfg.socket_group), "bound"
+            if s.family == socket.AF_UNIX:
+                unix = s
+            else:
+                tcp.append(s)
+        else:
+            s.close()
+    if unix is not None:
+        return unix, "systemd", tcp
+    return bind_socket(cfg.socket, cfg.socket_mode, cfg.socket_group), "bound", tcp
 
 
 def bind_socket(path, mode, group):
@@ -109,6 +119,12 @@ def make_app(daemon):
                 peer = peer_credentials(sock)
             except OSError:
                 peer = None
+        elif sock is not None:          # TCP (opt-in): an API key instead of credentials
+            refusal = _tcp_refusal(request, api, daemon.api_keys)
+            if refusal is not None:
+                return _finish(daemon, request, route, None, refusal, {}, t0, web.Response(
+                    status=refusal.status, body=refusal.payload(), headers=refusal.headers,
+                    content_type="application/json"))
         limit = daemon.cfg.max_body_bytes
         try:
             if request.content_length is not None and request.content_length > limit:
@@ -151,6 +167,18 @@ def make_app(daemon):
     app = web.Application(client_max_size=daemon.cfg.max_body_bytes + 1)
     app.router.add_route("*", "/{tail:.*}", handle)
     return app
+
+
+def _tcp_refusal(request, api, keys):
+    """A 401 for a TCP request without a valid API key, 403 for an admin route (those need a
+    Unix peer's credentials); None when the request may go on."""
+    if not keys or not apikeys.admitted(request.headers.get("Authorization"), keys):
+        return error_reply(401, "a request over TCP needs 'Authorization: Bearer KEY' with a key from "
+                           "api_keys_file", "authentication_error", "invalid_api_key",
+                           {"WWW-Authenticate": "Bearer"})
+    if request.path in api.ADMIN:
+        return error_reply(403, f"{request.path} is not available over TCP", "permission_error", "forbidden")
+    return None
 
 
 def _finish(daemon, request, route, peer, reply, info, t0, resp):
