@@ -77,7 +77,7 @@ setup(
     ],
     extras_require={
         "test": ["pytest>=7", "hypothesis>=6", "gguf>=0.10", "httpx>=0.27", "openai>=1.30",
-                 "langchain-openai>=0.2"],
+                 "langchain-openai>=0.2", "litellm>=1.40"],
     },
     entry_points={"console_scripts": ["edged = edged.cli:main"]},
     zip_safe=False,

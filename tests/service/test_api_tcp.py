@@ -1,7 +1,7 @@
 """The opt-in TCP listener: real systemd-socket-activate hands the daemon a Unix socket and a
 127.0.0.1 TCP socket (as edged.socket + edged-tcp.socket do); on TCP every request needs a
 Bearer key from api_keys_file, admin routes are refused, and Unix peers are still admitted by
-their credentials. curl and the openai SDK over TCP."""
+their credentials. curl, the openai SDK and litellm over TCP."""
 import json
 import os
 import shutil
@@ -98,6 +98,15 @@ def test_tcp_listener_needs_a_key_and_unix_peers_do_not(tmp_path, models):
         with pytest.raises(openai.AuthenticationError):
             openai.OpenAI(base_url=url + "/v1", api_key="x" * 20, max_retries=0).models.list()
         assert "also listening on TCP ('127.0.0.1'" in srv.logtext()
+        # litellm, as a program that only takes a URL and a key uses it
+        os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")     # no download at import
+        litellm = pytest.importorskip("litellm")
+        r = litellm.completion(model="openai/alpha", api_base=url + "/v1", api_key=KEY, max_tokens=6,
+                               temperature=0, messages=[{"role": "user", "content": "Once upon a time"}])
+        assert r.choices[0].message.content and r.usage.completion_tokens <= 6
+        with pytest.raises(litellm.AuthenticationError):
+            litellm.completion(model="openai/alpha", api_base=url + "/v1", api_key="y" * 20, max_tokens=2,
+                               messages=[{"role": "user", "content": "Hi"}], num_retries=0)
     finally:
         srv.stop()
 
