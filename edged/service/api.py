@@ -596,7 +596,7 @@ class _Generation:
                 self.choices.append(_Choice(pi * n + j, pi, sampler, prep, tok))
 
     # --- jobs --------------------------------------------------------------------------
-    def _submit(self, make_gen, finish, session_of=None):
+    def _submit(self, make_gen, finish):
         loop = asyncio.get_running_loop()
 
         def done():        # decode thread: the job's sessions are free again
@@ -635,7 +635,7 @@ class _Generation:
                 else:
                     sessions = await self._fork(ids, n, info)
                     for j, (c, s) in enumerate(zip(group, sessions)):
-                        self._start_on(c, s, info if j == 0 else {}, keep=j == 0)
+                        self._start_on(c, s, {}, keep=j == 0)     # fork() filled `info`
         finally:
             for c in self.choices:
                 if c.job is not None:
