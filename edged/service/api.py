@@ -363,7 +363,7 @@ class Api:
             raise
         info["prompt_tokens"] = sum(len(ids) for ids in prep.prompts)
         if cfg.log_prompts:
-            info["prompt"] = p["messages"] if chat else p["prompts"]
+            info["prompt"] = p["messages"] if chat else (p["prompts"] if len(p["prompts"]) > 1 else p["prompts"][0])
         try:
             await gen.start(req)
         except BaseException:
@@ -724,7 +724,8 @@ class _Generation:
         info["gen_ms"] = elapsed * 1e3
         self.st.metrics.tokens(info.get("prompt_tokens", 0), n_gen, elapsed)
         if self.st.cfg.log_prompts:
-            info["reply"] = ["".join(c.pieces) for c in self.choices]
+            replies = ["".join(c.pieces) for c in self.choices]
+            info["reply"] = replies if len(replies) > 1 else replies[0]
 
     async def events(self, req):
         """(choice, text, finish_reason) until every choice ended; cancels the jobs if the
