@@ -3,9 +3,9 @@ per-token constraint whose mask the sampler applies before it draws (edged._core
 takes the mask; the NumPy twin sample_reference too).
 
 The grammar engine is llguidance (the engine llama.cpp can use; Rust core with x86-64 and
-aarch64 wheels, ~8 MB installed; a mask over Qwen's 152k vocabulary took 0.5-0.9 ms on a loaded
-x86 machine, BENCHMARKS.md):
-an Earley parser over a lexer that walks the vocabulary's token trie. Writing our own would
+aarch64 wheels, ~8 MB installed): an Earley parser over a lexer that walks the vocabulary's
+token trie; a mask over Qwen's 152k vocabulary took 0.5-0.9 ms on a loaded x86 machine
+(BENCHMARKS.md). Writing our own would
 be a second product. Compilation is bounded: the grammar text by MAX_GRAMMAR_BYTES and the
 parser's work by llguidance's fuel limits (LIMITS), so a hostile schema fails with a
 GrammarError naming what is wrong, never a hang.
