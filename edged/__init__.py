@@ -7,6 +7,7 @@ __version__ = "0.1.0"
 _LAZY = {
     "Model": "edged.engine.model",
     "Session": "edged.engine.model",
+    "BatchEntry": "edged.engine.batch",
     "Tokenizer": "edged.text.tokenizer",
     "GGUFFile": "edged.format.gguf",
 }

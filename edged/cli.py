@@ -7,6 +7,7 @@ import sys
 
 from . import __version__, commands
 from .errors import EdgedError
+from .service.sandbox import single_thread_libraries
 
 
 def build_parser():
@@ -22,6 +23,10 @@ def build_parser():
 
 
 def main(argv=None):
+    if (sys.argv[1:] if argv is None else list(argv))[:1] == ["serve"]:
+        # Before any command module imports numpy: its BLAS/OpenMP pools must not start
+        # threads the daemon's sandbox would not cover.
+        single_thread_libraries()
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):

@@ -95,6 +95,23 @@ class ConfigError(EdgedError):
     """A configuration key or flag is invalid; names the key and the reason."""
 
 
+class ModelNotLoaded(RequestError):
+    """A non-admin request named a model that is not loaded and that it may not cause to be
+    loaded (edged/service/policy.py): HTTP 403 model_not_loaded."""
+    status, type, code = 403, "permission_error", "model_not_loaded"
+
+
+class SwapRateLimited(CapacityError):
+    """A non-admin request would swap models sooner than swap_interval allows: HTTP 429
+    swap_rate_limited, with the seconds to wait in `retry_after`."""
+    status, type, code = 429, "rate_limit_error", "swap_rate_limited"
+
+    def __init__(self, message, retry_after):
+        super().__init__(message)
+        self.retry_after = retry_after
+        self.headers = {"Retry-After": str(retry_after)}
+
+
 class SandboxError(EdgedError):
     """The sandbox could not be applied as configured (bad mode, seccomp unavailable)."""
 

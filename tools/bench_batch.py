@@ -24,8 +24,9 @@ def main():
     ap.add_argument("-b", "--batch", type=int, default=4)
     args = ap.parse_args()
     sys.path.insert(0, ROOT)
-    from edged import Model
+    from edged import Model, _core
     m = Model.load(args.model, n_threads=args.threads or None)
+    print(f"kernel path {_core.kernel_path()} ({_core.kernel_variant()}), load average {os.getloadavg()[0]:.1f}")
     ss = [m.session(512) for _ in range(args.batch)]
     for i, s in enumerate(ss):
         s.eval([1 + i, 2, 3, 4, 5][:2 + i])            # different positions per session

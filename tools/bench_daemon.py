@@ -2,6 +2,7 @@
 """Daemon benchmarks against a real `edged serve` on a temporary socket.
 
     tools/bench_daemon.py --model A.gguf --model2 B.gguf [-t THREADS] [-r REPEATS] [-n TOKENS]
+    tools/bench_daemon.py --model A.gguf --only mixed [--long 2000] [--root CHECKOUT ...]
 
 1. Swap latency: with max_loaded_models = 1 and A loaded, a streamed request for B, from
    sending it to its first token, split into signature check, mapping/validation and warm-up
@@ -12,11 +13,21 @@
    also tokens per CPU second of the daemon process (the figure a shared machine's load does
    not move much, with -t 1).
 
+3. Mixed load (--only mixed): three greedy streams decode (n_parallel = 4) while a prompt
+   of --long tokens arrives. Reports the long prompt's time to first token (and alone, with
+   no streams running), and the gaps between tokens of the three streams: p50 while they
+   decode undisturbed, p50/p99/max while the long prompt is absorbed, and p99 (absorbing)
+   over p50 (undisturbed), the figure a stalled stream shows. --root runs the daemon from
+   another checkout of edged (give it several times to compare code versions in
+   interleaved rounds, so the shared machine's load hits each the same). Then the idle
+   daemon's CPU seconds over 10 s (no spinning workers after the last request).
+
 Both files are copied to a temporary model directory and signed with a throwaway key.
 """
 import argparse
 import asyncio
 import json
+import math
 import os
 import shutil
 import statistics
@@ -29,15 +40,15 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 
 
-def start(tmp, models_dir, keys, extra):
+def start(tmp, models_dir, keys, extra, root=ROOT):
     sock = os.path.join(tmp, f"edged-{time.monotonic_ns()}.sock")
     cfg = os.path.join(tmp, "edged.toml")
     lines = {"socket": sock, "models_dir": models_dir, "trusted_keys": keys, "socket_group": "",
              "sandbox": "off", "log_level": "warning", **extra}
     with open(cfg, "w") as f:
         f.write("".join(f"{k} = {json.dumps(v)}\n" for k, v in lines.items()))
-    env = dict(os.environ, PYTHONPATH=ROOT, OPENBLAS_NUM_THREADS="1")
-    proc = subprocess.Popen([sys.executable, "-m", "edged", "serve", "--config", cfg], env=env, cwd=ROOT)
+    env = dict(os.environ, PYTHONPATH=root, OPENBLAS_NUM_THREADS="1")
+    proc = subprocess.Popen([sys.executable, "-m", "edged", "serve", "--config", cfg], env=env, cwd=root)
     deadline = time.monotonic() + 600
     while time.monotonic() < deadline:
         if os.path.exists(sock):
@@ -117,24 +128,26 @@ def bench_swap(tmp, models_dir, keys, args):
     return rows
 
 
+def cpu_seconds(pid):
+    """User + system CPU seconds of process pid so far."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def bench_parallel(tmp, models_dir, keys, args):
     proc, sock = start(tmp, models_dir, keys, {"default_model": "a", "n_parallel": 4, "threads": args.threads,
                                                "ctx_size": 512, "max_queue": 16})
     out = {}
     try:
-        def cpu_seconds():                  # the daemon's user + system time
-            with open(f"/proc/{proc.pid}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-            return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
         async def run(k):
             async with session(sock) as s:
                 # warm: every slot this run uses has had a request (its KV cache mapped)
                 await asyncio.gather(*(stream(s, "a", 4, 99) for _ in range(k)))
-                t0, c0 = time.perf_counter(), cpu_seconds()
+                t0, c0 = time.perf_counter(), cpu_seconds(proc.pid)
                 res = await asyncio.gather(*(stream(s, "a", args.tokens, i, args.temperature)
                                              for i in range(k)))
-                wall, cpu = time.perf_counter() - t0, cpu_seconds() - c0
+                wall, cpu = time.perf_counter() - t0, cpu_seconds(proc.pid) - c0
             n = sum(r[1] for r in res)
             return n / wall, n / cpu, res
 
@@ -163,19 +176,136 @@ def bench_parallel(tmp, models_dir, keys, args):
     return out
 
 
+def pct(xs, q):
+    """The q-th percentile (nearest rank) of xs."""
+    xs = sorted(xs)
+    return xs[max(0, math.ceil(q / 100 * len(xs)) - 1)]
+
+
+async def timed_stream(s, body, stamps, stop):
+    """Stream `body`, appending the arrival time of each text chunk to `stamps`, until the
+    reply ends or `stop` is set (the client then goes away: the daemon cancels the job)."""
+    async with s.post("http://edged/v1/completions", json=dict(body, stream=True)) as r:
+        assert r.status == 200, await r.text()
+        async for raw in r.content:
+            line = raw.decode().strip()
+            if line.startswith("data: {"):
+                ev = json.loads(line[6:])
+                if ev["choices"] and ev["choices"][0]["text"]:
+                    stamps.append(time.perf_counter())
+            if stop.is_set():
+                break
+
+
+def bench_mixed(tmp, models_dir, keys, args):
+    """Three streams decoding while a long prompt arrives, per checkout in --root, interleaved."""
+    from edged.format.gguf import GGUFFile
+    from edged.text.tokenizer import Tokenizer
+    with GGUFFile.open(args.model) as f:
+        tok = Tokenizer.from_gguf_file(f)
+    text = ("The old lighthouse keeper climbed the stairs every evening, counting the steps and "
+            "listening to the sea below, and wrote what he saw in a small blue book. ")
+    unit = tok.encode(text, add_special=False)
+    long_ids = (unit * (args.long // len(unit) + 1))[:args.long]
+    no_eos = {str(t): -100 for t in tok.eog_ids}      # the streams must outlast the prompt
+    shorts = ["Once upon a time", "The little dog ran", "In a small village by the sea"]
+    roots = args.root or [ROOT]
+    results = {r: [] for r in roots}
+
+    async def scenario(sock):
+        async with session(sock) as s:
+            # warm: the slots have had a request; the long prompt alone, no other stream
+            await asyncio.gather(*(stream(s, "a", 4, 99) for _ in range(3)))
+            t0 = time.perf_counter()
+            st = []
+            await timed_stream(s, {"model": "a", "prompt": long_ids, "max_tokens": 2, "temperature": 0},
+                               st, asyncio.Event())
+            alone = st[0] - t0
+            stop = asyncio.Event()
+            stamps = [[] for _ in shorts]
+            tasks = [asyncio.create_task(timed_stream(
+                s, {"model": "a", "prompt": p, "max_tokens": args.ctx - 64, "temperature": 0,
+                    "logit_bias": no_eos}, stamps[i], stop)) for i, p in enumerate(shorts)]
+            while min(len(x) for x in stamps) < args.steady:
+                await asyncio.sleep(0.01)
+            t_send = time.perf_counter()
+            lt = []
+            await timed_stream(s, {"model": "a", "prompt": long_ids, "max_tokens": 2, "temperature": 0},
+                               lt, asyncio.Event())
+            t_first = lt[0]
+            n_after = [len(x) for x in stamps]
+            while min(len(x) - n for x, n in zip(stamps, n_after)) < 8:
+                await asyncio.sleep(0.01)
+            stop.set()
+            await asyncio.gather(*tasks, return_exceptions=True)
+        steady, absorbing, worst = [], [], []
+        for x in stamps:
+            for a, b in zip(x, x[1:]):
+                if b <= t_send:
+                    steady.append(b - a)
+                elif a < t_first:
+                    absorbing.append(b - a)
+                    worst.append((b - a, a - t_send))
+        return alone, t_first - t_send, steady, absorbing, sorted(worst)[-3:]
+
+    for i in range(args.repeats):
+        for root in roots:
+            proc, sock = start(tmp, models_dir, keys, {"default_model": "a", "n_parallel": 4,
+                                                       "threads": args.threads, "ctx_size": args.ctx,
+                                                       "max_queue": 16}, root)
+            try:
+                alone, ttft, steady, absorbing, worst = asyncio.run(scenario(sock))
+                time.sleep(1)
+                c0 = cpu_seconds(proc.pid)
+                time.sleep(10)
+                idle = cpu_seconds(proc.pid) - c0
+            finally:
+                proc.terminate()
+                proc.wait()
+            p50s = statistics.median(steady)
+            row = dict(alone=alone, ttft=ttft, p50_steady=p50s, p50=statistics.median(absorbing),
+                       p99=pct(absorbing, 99), max=max(absorbing), n=len(absorbing), idle=idle)
+            results[root].append(row)
+            print(f"round {i} [{root}]: {args.long}-token prompt first token after {ttft:.2f} s "
+                  f"(alone {alone:.2f} s); gaps of the 3 streams: undisturbed p50 "
+                  f"{p50s * 1e3:.0f} ms; while absorbing ({row['n']} gaps) p50 {row['p50'] * 1e3:.0f}, "
+                  f"p99 {row['p99'] * 1e3:.0f}, max {row['max'] * 1e3:.0f} ms; p99/p50 undisturbed "
+                  f"{row['p99'] / p50s:.1f}x; longest gaps (ms @ s after the prompt was sent) "
+                  f"{', '.join(f'{g * 1e3:.0f} @ {t:.1f}' for g, t in worst)}; idle daemon CPU "
+                  f"{idle:.2f} s in 10 s", flush=True)
+    for root, rows in results.items():
+        med = {k: statistics.median(r[k] for r in rows) for k in rows[0]}
+        ratios = [r["p99"] / r["p50_steady"] for r in rows]
+        print(f"[{root}] medians of {len(rows)} rounds: time to first token {med['ttft']:.2f} s "
+              f"(alone {med['alone']:.2f} s); gap p50 undisturbed {med['p50_steady'] * 1e3:.0f} ms, "
+              f"absorbing p50 {med['p50'] * 1e3:.0f} / p99 {med['p99'] * 1e3:.0f} / max "
+              f"{med['max'] * 1e3:.0f} ms; p99/p50 {statistics.median(ratios):.1f}x "
+              f"(rounds: {', '.join(f'{x:.1f}' for x in ratios)}); idle daemon CPU "
+              f"{med['idle']:.2f} s in 10 s", flush=True)
+    return results
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", required=True)
-    ap.add_argument("--model2", required=True)
+    ap.add_argument("--model2", help="second model (swap benchmark)")
     ap.add_argument("-t", "--threads", type=int, default=0)
     ap.add_argument("-r", "--repeats", type=int, default=3)
     ap.add_argument("-n", "--tokens", type=int, default=32)
-    ap.add_argument("--only", choices=("swap", "parallel"))
+    ap.add_argument("--only", choices=("swap", "parallel", "mixed"))
+    ap.add_argument("--long", type=int, default=2000, help="mixed: tokens of the long prompt")
+    ap.add_argument("--ctx", type=int, default=2304, help="mixed: ctx_size of the slots")
+    ap.add_argument("--steady", type=int, default=12,
+                    help="mixed: tokens each stream decodes before the long prompt arrives")
+    ap.add_argument("--root", action="append",
+                    help="mixed: run the daemon from this checkout (repeat to compare, interleaved)")
     ap.add_argument("--temperature", type=float, default=0.8,
                     help="of the throughput requests (0: greedy, no sampling cost)")
     args = ap.parse_args()
+    if args.only in (None, "swap") and not args.model2:
+        ap.error("the swap benchmark needs --model2 (or choose --only parallel/mixed)")
     sys.path.insert(0, ROOT)
-    from edged.trust import signing
+    from edged.trust.sign import generate_key, public_pem, sign_file
 
     tmp = tempfile.mkdtemp(prefix="edged-bench-")
     try:
@@ -183,18 +313,22 @@ def main():
         models_dir, keys = os.path.join(tmp, "models"), os.path.join(tmp, "keys")
         os.mkdir(models_dir, 0o755)
         os.mkdir(keys, 0o755)
-        key = signing.generate_key(2048)
+        key = generate_key(2048)
         with open(os.path.join(keys, "bench.pem"), "wb") as f:
-            f.write(signing.public_pem(key))
+            f.write(public_pem(key))
         for name, src in (("a", args.model), ("b", args.model2)):
+            if src is None:
+                continue
             dst = os.path.join(models_dir, name + ".gguf")
             shutil.copyfile(src, dst)
             os.chmod(dst, 0o644)
-            signing.sign_file(dst, key)
+            sign_file(dst, key)
         if args.only in (None, "swap"):
             bench_swap(tmp, models_dir, keys, args)
         if args.only in (None, "parallel"):
             bench_parallel(tmp, models_dir, keys, args)
+        if args.only == "mixed":
+            bench_mixed(tmp, models_dir, keys, args)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 

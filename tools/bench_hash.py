@@ -18,7 +18,11 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from edged.trust import signing  # noqa: E402
+from edged.trust.keys import fingerprint  # noqa: E402
+from edged.trust.store import TrustStore  # noqa: E402
+from edged.trust.blocks import HASH_CHUNK, hash_fd  # noqa: E402
+from edged.trust.verify import open_verified  # noqa: E402
+from edged.trust.sign import generate_key, sign_file  # noqa: E402
 
 
 def timed(fn, repeat):
@@ -56,23 +60,23 @@ def main():
                 for _ in range(max(1, args.size_mib // 8)):
                     f.write(chunk)
         size = os.path.getsize(path)
-        print(f"file {path}: {size / 2**20:.0f} MiB, warm page cache, chunk {signing.HASH_CHUNK >> 20} MiB, "
+        print(f"file {path}: {size / 2**20:.0f} MiB, warm page cache, chunk {HASH_CHUNK >> 20} MiB, "
               f"{os.cpu_count()} CPUs")
 
         fd = os.open(path, os.O_RDONLY)
         try:
-            signing.hash_fd(fd, [size])  # warm the page cache
-            report("hash_fd (SHA-256 of the fd)", size, *timed(lambda: signing.hash_fd(fd, [size]), args.repeat))
+            hash_fd(fd, [size])  # warm the page cache
+            report("hash_fd (SHA-256 of the fd)", size, *timed(lambda: hash_fd(fd, [size]), args.repeat))
         finally:
             os.close(fd)
 
         if not args.file:
-            key = signing.generate_key(2048)
-            signing.sign_file(path, key)
-            trust = signing.TrustStore({signing.fingerprint(key): key.public_key()})
+            key = generate_key(2048)
+            sign_file(path, key)
+            trust = TrustStore({fingerprint(key): key.public_key()})
 
             def verify():
-                signing.open_verified(path, trust, True, cache=None).close()
+                open_verified(path, trust, True, cache=None).close()
 
             report("open_verified (appended, RSA-2048)", size, *timed(verify, args.repeat))
 

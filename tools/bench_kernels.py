@@ -14,7 +14,8 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from edged import _core, quants  # noqa: E402
+from edged import _core  # noqa: E402
+from edged.format import quants  # noqa: E402
 from edged.format.gguf import GGMLType, TYPE_INFO  # noqa: E402
 from edged.engine.threads import default_threads  # noqa: E402
 
@@ -49,7 +50,7 @@ def main():
     rng = np.random.default_rng(0)
     k = args.k
     pools = {n: _core.Pool(n) for n in range(1, args.threads + 1)}
-    print(f"kernel path {_core.kernel_path()}, features {' '.join(_core.cpu_features())}, "
+    print(f"kernel path {_core.kernel_path()} ({_core.kernel_variant()}), features {' '.join(_core.cpu_features())}, "
           f"load average {os.getloadavg()[0]:.1f}")
     buf = np.frombuffer(rng.bytes(args.mib << 20), np.uint8)
     bw, bw_cpu = {}, {}

@@ -36,17 +36,15 @@ int main(void) {
     for (int i = 0; i < %(K)d; i++) f[i] = rndf();
     for (unsigned ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
         const int t = types[ti];
-        ed_types_init("generic");
         const ed_traits tr = ED_TRAITS[t];
         const size_t xr = ed_act_row_bytes(t, %(K)d);
         if (ed_quantize_row(t, f, w, %(K)d))  /* a valid weight row; float types as they are */
-            ED_ACT[t].quant(f, w, %(K)d);
-        for (int c = 0; c < %(C)d; c++) ED_ACT[tr.vec_type].quant(x + c * %(K)d, xq + c * xr, %(K)d);
-        sink += tr.dot(%(K)d, w, xq);
-        ed_neon_install();
-        sink += ED_TRAITS[t].dot(%(K)d, w, xq); ED_MDOT[t](%(K)d, w, xq, xr, %(C)d, out, 1); sink += out[0];
-        ed_neondp_install();
-        sink += ED_TRAITS[t].dot(%(K)d, w, xq); ED_MDOT[t](%(K)d, w, xq, xr, %(C)d, out, 1); sink += out[0];
+            ED_ACT[t].ref(f, w, %(K)d);
+        for (int c = 0; c < %(C)d; c++) ED_ACT[tr.vec_type].ref(x + c * %(K)d, xq + c * xr, %(K)d);
+        sink += tr.ref(%(K)d, w, xq);
+        /* the two NEON tables' rows (ed_simd.h), without and with dotprod */
+        sink += ed_neon_dot[t](%(K)d, w, xq); ed_neon_tile[t](%(K)d, w, xq, xr, %(C)d, out, 1); sink += out[0];
+        sink += ed_neondp_dot[t](%(K)d, w, xq); ed_neondp_tile[t](%(K)d, w, xq, xr, %(C)d, out, 1); sink += out[0];
     }
     return sink == 12345.0f;
 }

@@ -1,23 +1,369 @@
-/* Pinning the persistent pool's workers (forward.h's ed_pool) to CPUs.
+/* The persistent worker pool of the forward pass: tasks, barriers, work chunks, an adaptive
+ * thread count, and pinning workers to CPUs.
  *
+ * Written here rather than taken from OpenMP: the forward pass runs hundreds of barriers per
+ * token, and what it must survive is an edge device's other software taking a core. OpenMP's
+ * barriers spin or yield for a fixed policy (GOMP_SPINCOUNT) and its team size is fixed per
+ * region; neither lets a late worker's work move to the others or the team shrink while the
+ * machine is busy and grow back when it quiets.
+ *
+ *   ed_pool *ed_pool_create(int n_threads) / void ed_pool_destroy(ed_pool *p)
+ *   void ed_pool_run(ed_pool *p, ed_task_fn fn, void *arg)
+ *       fn(arg, ith, nth) on this task's threads (the caller is ith 0; nth may be fewer than
+ *       n_threads while workers are dropped, see below); returns when all have finished.
+ *   void ed_pool_run_all(ed_pool *p, ed_task_fn fn, void *arg)
+ *       the same on every worker, ith = the worker's number (pinning).
+ *   void ed_barrier(ed_pool *p)
+ *       inside a task: all nth threads wait for each other. A waiter spins ED_SPIN_NS, then
+ *       parks on a futex (no spin-then-sched_yield storm while a descheduled thread is late);
+ *       the last arriver wakes the parked ones.
+ *   int64_t ed_claim(ed_pool *p, int64_t n)
+ *       the next of an op's n chunks (0..n-1) from the task's shared counter, or -1 when all
+ *       are taken. Every thread of the task calls it until -1, and a barrier follows before the
+ *       next op claims: a late thread takes fewer chunks and the others take the rest. The
+ *       counter is never reset inside a task: each thread knows where the op's numbers start
+ *       because every thread makes exactly one failing claim per op (n + nth numbers per op).
  *   int ed_pool_pin(ed_pool *p, const int *cpus, int n, const cpu_set_t *initial)
- *       worker i (the calling thread is worker 0) is pinned to cpus[i % n]; n == 0 unpins
- *       (each worker gets `initial`, the set the process started with). Runs as one pool task, so
- *       every worker pins itself. Returns the number of workers whose pinning failed.
+ *       worker i is pinned to cpus[i % n]; n == 0 restores `initial`. Returns the failures.
+ *
+ * Adaptive thread count. Every barrier's last arriver adds the gap since the first arrival to
+ * its own lateness; after each task the caller computes the share L/T of the task's wall time
+ * T that the others spent waiting (a quiet machine: a few percent). With n threads doing work
+ * W, T = W/n + L, and n - 1 threads would take W/(n-1): fewer threads are faster once
+ * L/T > 1/n. So when the share, smoothed over tasks, passes 1/n (or the pool's late_share when
+ * set) the pool drops one worker (the latest; if the caller was latest, the highest-numbered
+ * one): it sleeps on its futex and takes no part until a probe. Probes re-admit the last
+ * dropped worker for one task after ED_PROBE_MIN_NS, doubling after each failed probe up to
+ * ED_PROBE_MAX_NS; a probe task under the threshold keeps the worker. Results do not depend on
+ * it: every op's split (chunks of whole 16-row tiles, token ranges) gives bit-identical sums
+ * whatever the thread count. Tasks shorter than ED_ADAPT_MIN_NS are not judged (wake-up
+ * latency).
  *
  * Needs _GNU_SOURCE in the translation unit (Python.h defines it before anything else) for
- * CPU_SET and pthread_setaffinity_np.
- *
- * The CPU list comes from edged/threads.py, which only ever picks CPUs inside the process's
- * sched_getaffinity set (numactl / taskset / cgroup / CPUAffinity=).
+ * CPU_SET and pthread_setaffinity_np. The CPU list comes from edged/engine/threads.py, which
+ * only ever picks CPUs inside the process's sched_getaffinity set.
  */
 #ifndef EDGED_ED_THREADS_H
 #define EDGED_ED_THREADS_H
 
+#include <limits.h>
+#include <linux/futex.h>
 #include <pthread.h>
 #include <sched.h>
 #include <stdatomic.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
 
+#define ED_SPIN_NS 30000            /* spin this long before parking on the futex */
+#define ED_ADAPT_MIN_NS 1000000     /* shorter tasks are not judged */
+#define ED_PROBE_MIN_NS 200000000   /* first probe of a dropped worker after 0.2 s ... */
+#define ED_PROBE_MAX_NS 3200000000LL  /* ... doubling after each failed probe, up to 3.2 s */
+
+typedef void (*ed_task_fn)(void *arg, int ith, int nth);
+
+typedef struct ed_pool ed_pool;
+
+/* one worker's wake word, on its own cache line */
+typedef struct {
+    atomic_int go;         /* bumped by the caller to start this worker on the current task */
+    atomic_int parked;     /* the worker sleeps on `go` */
+    int ith;               /* its thread index in the current task */
+    int w;                 /* its worker number */
+    ed_pool *p;
+} __attribute__((aligned(64))) ed_worker;
+
+struct ed_pool {
+    int n_threads;             /* workers created, the caller included */
+    int n_active;              /* threads of the current task */
+    pthread_t *threads;        /* (n_threads) [0] unused: the caller */
+    ed_worker *workers;        /* (n_threads) */
+    ed_task_fn fn;
+    void *arg;
+    int stop;
+    atomic_int remaining;      /* workers still running the task */
+    atomic_int join_parked;
+    atomic_int barrier_count;
+    atomic_int barrier_phase;
+    atomic_int barrier_parked;
+    atomic_llong chunk_next;   /* ed_claim's counter, zeroed per task */
+    int64_t *arrive_ns;        /* (n_threads) by task index: last barrier arrival */
+    int64_t *late_ns;          /* (n_threads) by task index: gaps it closed as last arriver */
+    int *claimed;              /* (n_threads) by worker: chunks taken in the last task */
+    int *task_worker;          /* (n_threads) task index -> worker number */
+    /* adaptive thread count (the caller's, between tasks) */
+    int adapt;
+    unsigned char *active;     /* (n_threads) by worker: takes part in tasks */
+    int *dropped;              /* (n_threads) stack of dropped workers, last dropped on top */
+    int n_dropped, probing;    /* probing: the worker re-admitted for this task, else 0 */
+    double late_share;         /* the waiting share that drops a worker; 0: 1/n threads */
+    double late_ewma, last_share;
+    int64_t probe_at, backoff;
+    long n_drops, n_probes, n_retakes;
+    /* debug: worker slow_worker sleeps slow_ns before each claim (tests of uneven claiming) */
+    int slow_worker;
+    int64_t slow_ns;
+};
+
+static _Thread_local int ed_tls_ith;          /* this thread's index in the current task */
+static _Thread_local int ed_tls_worker;       /* its worker number */
+static _Thread_local int64_t ed_tls_chunk0;   /* where the current op's chunk numbers start */
+static _Thread_local int ed_tls_claimed;
+
+static inline int64_t ed_clock_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+static inline void ed_cpu_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__) || defined(__arm__)
+    __asm__ __volatile__("yield");
+#endif
+}
+
+static inline void ed_futex_wait(atomic_int *addr, int val) {
+    syscall(SYS_futex, addr, FUTEX_WAIT_PRIVATE, val, NULL, NULL, 0);
+}
+
+static inline void ed_futex_wake(atomic_int *addr) {
+    syscall(SYS_futex, addr, FUTEX_WAKE_PRIVATE, INT_MAX, NULL, NULL, 0);
+}
+
+/* Return once *w != val: spin ED_SPIN_NS, then sleep on the futex. Whoever changes *w wakes
+   the sleepers when *parked > 0 (both sides sequentially consistent: one of them sees the
+   other). */
+static void ed_wait_change(atomic_int *w, int val, atomic_int *parked) {
+    int64_t t0 = 0;
+    for (unsigned i = 1;; i++) {
+        if (atomic_load_explicit(w, memory_order_acquire) != val) return;
+        ed_cpu_relax();
+        if ((i & 63) == 0) {
+            const int64_t t = ed_clock_ns();
+            if (!t0) t0 = t;
+            else if (t - t0 > ED_SPIN_NS) break;
+        }
+    }
+    atomic_fetch_add(parked, 1);
+    while (atomic_load(w) == val) ed_futex_wait(w, val);
+    atomic_fetch_sub(parked, 1);
+}
+
+static inline void ed_wake(atomic_int *w, atomic_int *parked) {
+    if (atomic_load(parked) > 0) ed_futex_wake(w);
+}
+
+static void ed_barrier(ed_pool *p) {
+    const int nth = p->n_active;
+    if (nth == 1) return;
+    const int ith = ed_tls_ith;
+    const int64_t now = ed_clock_ns();
+    p->arrive_ns[ith] = now;
+    const int phase = atomic_load_explicit(&p->barrier_phase, memory_order_acquire);
+    if (atomic_fetch_add_explicit(&p->barrier_count, 1, memory_order_acq_rel) == nth - 1) {
+        int64_t first = now;
+        for (int j = 0; j < nth; j++) if (p->arrive_ns[j] < first) first = p->arrive_ns[j];
+        p->late_ns[ith] += now - first;
+        atomic_store_explicit(&p->barrier_count, 0, memory_order_relaxed);
+        atomic_fetch_add(&p->barrier_phase, 1);
+        ed_wake(&p->barrier_phase, &p->barrier_parked);
+        return;
+    }
+    ed_wait_change(&p->barrier_phase, phase, &p->barrier_parked);
+}
+
+static int64_t ed_claim(ed_pool *p, int64_t n) {
+    if (p->slow_ns && ed_tls_worker == p->slow_worker) {
+        struct timespec ts = {(time_t)(p->slow_ns / 1000000000), (long)(p->slow_ns % 1000000000)};
+        nanosleep(&ts, NULL);
+    }
+    const int64_t c = atomic_fetch_add_explicit(&p->chunk_next, 1, memory_order_relaxed) - ed_tls_chunk0;
+    if (c < n) { ed_tls_claimed++; return c; }
+    ed_tls_chunk0 += n + p->n_active;
+    return -1;
+}
+
+static void ed_task_enter(int ith, int w) {
+    ed_tls_ith = ith; ed_tls_worker = w; ed_tls_chunk0 = 0; ed_tls_claimed = 0;
+}
+
+static void *ed_worker_main(void *vp) {
+    ed_worker *me = (ed_worker *)vp;
+    ed_pool *p = me->p;
+    int seen = 0;
+    for (;;) {
+        ed_wait_change(&me->go, seen, &me->parked);
+        seen = atomic_load_explicit(&me->go, memory_order_acquire);
+        if (p->stop) return NULL;
+        ed_task_enter(me->ith, me->w);
+        p->fn(p->arg, me->ith, p->n_active);
+        p->claimed[me->w] = ed_tls_claimed;
+        p->arrive_ns[me->ith] = ed_clock_ns();
+        if (atomic_fetch_sub(&p->remaining, 1) == 1) ed_wake(&p->remaining, &p->join_parked);
+    }
+}
+
+/* the caller's side of a task: number the threads taking part, start them, run share 0, join */
+static void ed_pool_task(ed_pool *p, ed_task_fn fn, void *arg, int all) {
+    int nth = 1;
+    p->task_worker[0] = 0;
+    for (int w = 1; w < p->n_threads; w++)
+        if (all || p->active[w]) { p->workers[w].ith = nth; p->task_worker[nth++] = w; }
+    p->fn = fn; p->arg = arg; p->n_active = nth;
+    for (int i = 0; i < nth; i++) p->late_ns[i] = 0;
+    for (int w = 0; w < p->n_threads; w++) p->claimed[w] = 0;
+    atomic_store_explicit(&p->chunk_next, 0, memory_order_relaxed);
+    atomic_store(&p->remaining, nth - 1);
+    for (int i = 1; i < nth; i++) {
+        ed_worker *wk = &p->workers[p->task_worker[i]];
+        atomic_fetch_add(&wk->go, 1);
+        ed_wake(&wk->go, &wk->parked);
+    }
+    ed_task_enter(0, 0);
+    fn(arg, 0, nth);
+    p->claimed[0] = ed_tls_claimed;
+    const int64_t mine = ed_clock_ns();
+    int left;
+    while ((left = atomic_load(&p->remaining)) != 0) ed_wait_change(&p->remaining, left, &p->join_parked);
+    if (nth > 1) {  /* the join is a barrier too: its last arriver was late by the gap */
+        p->arrive_ns[0] = mine;
+        int64_t first = mine, last = mine;
+        int who = 0;
+        for (int i = 0; i < nth; i++) {
+            if (p->arrive_ns[i] < first) first = p->arrive_ns[i];
+            if (p->arrive_ns[i] > last) { last = p->arrive_ns[i]; who = i; }
+        }
+        p->late_ns[who] += last - first;
+    }
+}
+
+static void ed_pool_drop(ed_pool *p, int w, int64_t now) {
+    p->active[w] = 0;
+    p->dropped[p->n_dropped++] = w;
+    p->probe_at = now + p->backoff;
+}
+
+/* after a task: judge how long its threads waited for each other (see the top of the file) */
+static void ed_pool_adapt(ed_pool *p, int64_t t0) {
+    const int64_t now = ed_clock_ns(), wall = now - t0;
+    const int nth = p->n_active;
+    if (wall < ED_ADAPT_MIN_NS || nth < 2) return;
+    int64_t late = 0;
+    int latest = 0;
+    for (int i = 0; i < nth; i++) {
+        late += p->late_ns[i];
+        if (p->late_ns[i] > p->late_ns[latest]) latest = i;
+    }
+    const double share = (double)late / (double)wall;
+    const double limit = p->late_share > 0.0 ? p->late_share : 1.0 / nth;
+    p->last_share = share;
+    if (p->probing) {
+        const int w = p->probing;
+        p->probing = 0;
+        if (share < limit) {  /* quiet again: keep it */
+            p->n_retakes++;
+            p->late_ewma = share;
+            p->backoff = ED_PROBE_MIN_NS;
+            p->probe_at = now + p->backoff;
+        } else {
+            p->backoff = p->backoff * 2 < ED_PROBE_MAX_NS ? p->backoff * 2 : ED_PROBE_MAX_NS;
+            ed_pool_drop(p, w, now);
+        }
+        return;
+    }
+    p->late_ewma = 0.5 * p->late_ewma + 0.5 * share;
+    if (p->late_ewma > limit) {
+        p->n_drops++;
+        p->late_ewma = 0.0;
+        ed_pool_drop(p, p->task_worker[latest ? latest : nth - 1], now);
+    }
+}
+
+static void ed_pool_run(ed_pool *p, ed_task_fn fn, void *arg) {
+    if (p->adapt && p->n_dropped && ed_clock_ns() >= p->probe_at && !p->probing) {
+        p->probing = p->dropped[--p->n_dropped];  /* probe: one task with it back */
+        p->active[p->probing] = 1;
+        p->n_probes++;
+    }
+    const int64_t t0 = ed_clock_ns();
+    ed_pool_task(p, fn, arg, 0);
+    if (p->adapt) ed_pool_adapt(p, t0);
+}
+
+static void ed_pool_run_all(ed_pool *p, ed_task_fn fn, void *arg) {
+    ed_pool_task(p, fn, arg, 1);
+}
+
+/* Adaptive thread count on or off; off takes every dropped worker back. */
+static void ed_pool_set_adapt(ed_pool *p, int on) {
+    p->adapt = on;
+    if (!on) {
+        for (int w = 0; w < p->n_threads; w++) p->active[w] = 1;
+        p->n_dropped = 0; p->probing = 0; p->late_ewma = 0.0;
+        p->backoff = ED_PROBE_MIN_NS;
+    }
+}
+
+static int ed_pool_active(const ed_pool *p) {
+    int n = 0;
+    for (int w = 0; w < p->n_threads; w++) n += p->active[w];
+    return n;
+}
+
+static ed_pool *ed_pool_create(int n_threads) {
+    ed_pool *p = (ed_pool *)calloc(1, sizeof(ed_pool));
+    if (!p) return NULL;
+    const int n = n_threads < 1 ? 1 : n_threads;
+    p->threads = (pthread_t *)calloc(n, sizeof(pthread_t));
+    p->workers = (ed_worker *)aligned_alloc(64, sizeof(ed_worker) * n);
+    p->arrive_ns = (int64_t *)calloc(n, sizeof(int64_t));
+    p->late_ns = (int64_t *)calloc(n, sizeof(int64_t));
+    p->claimed = (int *)calloc(n, sizeof(int));
+    p->task_worker = (int *)calloc(n, sizeof(int));
+    p->active = (unsigned char *)calloc(n, 1);
+    p->dropped = (int *)calloc(n, sizeof(int));
+    if (!p->threads || !p->workers || !p->arrive_ns || !p->late_ns || !p->claimed ||
+        !p->task_worker || !p->active || !p->dropped) {
+        free(p->threads); free(p->workers); free(p->arrive_ns); free(p->late_ns);
+        free(p->claimed); free(p->task_worker); free(p->active); free(p->dropped); free(p);
+        return NULL;
+    }
+    memset(p->workers, 0, sizeof(ed_worker) * n);
+    p->n_threads = 1;
+    p->n_active = 1;
+    p->active[0] = 1;
+    p->adapt = 1;
+    p->backoff = ED_PROBE_MIN_NS;
+    p->slow_worker = -1;
+    for (int i = 1; i < n; i++) {
+        p->workers[i].p = p; p->workers[i].w = i;
+        if (pthread_create(&p->threads[i], NULL, ed_worker_main, &p->workers[i]) != 0)
+            break;  /* run with the threads we got */
+        p->active[i] = 1;
+        p->n_threads = i + 1;
+    }
+    return p;
+}
+
+static void ed_pool_destroy(ed_pool *p) {
+    if (!p) return;
+    p->stop = 1;
+    for (int w = 1; w < p->n_threads; w++) {
+        atomic_fetch_add(&p->workers[w].go, 1);
+        ed_futex_wake(&p->workers[w].go);
+    }
+    for (int w = 1; w < p->n_threads; w++) pthread_join(p->threads[w], NULL);
+    free(p->threads); free(p->workers); free(p->arrive_ns); free(p->late_ns);
+    free(p->claimed); free(p->task_worker); free(p->active); free(p->dropped);
+    free(p);
+}
+
+/* ---------------------------------------------------------------- pinning -------------- */
 typedef struct {
     const int *cpus;
     int n;
@@ -44,7 +390,7 @@ static int ed_pool_pin(ed_pool *p, const int *cpus, int n, const cpu_set_t *init
     ed_pin_req r;
     r.cpus = cpus; r.n = n; r.initial = *initial;
     atomic_init(&r.failures, 0);
-    ed_pool_run(p, ed_pin_task, &r);
+    ed_pool_run_all(p, ed_pin_task, &r);
     return atomic_load(&r.failures);
 }
 

@@ -1,11 +1,12 @@
 /* The compiled forward pass: one call runs a batch of tokens through every layer.
  *
- * All threads of the pool execute ed_forward_worker() together; each op splits its work by
- * thread index and a barrier separates dependent ops (ggml's model). Nothing here allocates:
- * every buffer comes from the session arena (64-byte aligned), weights from the read-only
- * mapping. Matrix products go through ed_matmul(), which quantizes the activations to the
- * weight type's partner format (Q8_0 / Q8_K / F16 / F32) like llama.cpp and multiplies with
- * the type's dot product (ed_type_traits).
+ * All threads of the pool (ed_threads.h) execute ed_forward_worker() together; matrix products
+ * take chunks of whole row tiles from a shared counter (ed_claim: a thread that is late takes
+ * fewer), the small per-token ops split by thread index, and a barrier separates dependent ops
+ * (ggml's model). Nothing here allocates: every buffer comes from the session arena (64-byte
+ * aligned), weights from the read-only mapping. Matrix products go through ed_matmul(), which
+ * quantizes the activations to the weight type's partner format (Q8_0 / Q8_K / F16 / F32) like
+ * llama.cpp and multiplies with the type's dot product (ed_type_traits).
  *
  * Shapes follow GGUF: a weight W has ne0 = K (row length, input features) and ne1 = N (rows,
  * output features); activations are row-major (n_tokens, features).
@@ -17,14 +18,13 @@
 #include <stdint.h>
 #include <stddef.h>
 #include <string.h>
-#include <pthread.h>
 #include <stdatomic.h>
-#include <sched.h>
 #include <stdlib.h>
 
 #include "ed_types.h"
 #include "ed_simd.h"
 #include "ed_parity.h"
+#include "ed_threads.h"
 
 typedef struct {
     const uint8_t *data;   /* start of the tensor in the mapping (or repacked copy) */
@@ -95,81 +95,6 @@ typedef struct {
     double prof_ns[ED_PROF_N];     /* by op kind */
     double prof_mm[ED_NTYPES];     /* matrix products (with their activation quantization) by weight type */
 } ed_state;
-
-/* ---------------------------------------------------------------- thread pool ---------- */
-typedef void (*ed_task_fn)(void *arg, int ith, int nth);
-
-typedef struct ed_pool ed_pool;
-struct ed_pool {
-    int n_threads;
-    pthread_t *threads;
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    atomic_int generation;     /* bumped for each task */
-    atomic_int remaining;      /* workers still running the task */
-    atomic_int barrier_count;
-    atomic_int barrier_phase;
-    ed_task_fn fn;
-    void *arg;
-    int stop;
-    void *worker_args;
-};
-
-static void ed_barrier(ed_pool *p) {
-    int nth = p->n_threads;
-    if (nth == 1) return;
-    int phase = atomic_load_explicit(&p->barrier_phase, memory_order_acquire);
-    if (atomic_fetch_add_explicit(&p->barrier_count, 1, memory_order_acq_rel) == nth - 1) {
-        atomic_store_explicit(&p->barrier_count, 0, memory_order_relaxed);
-        atomic_fetch_add_explicit(&p->barrier_phase, 1, memory_order_release);
-        return;
-    }
-    int spins = 0;
-    while (atomic_load_explicit(&p->barrier_phase, memory_order_acquire) == phase) {
-        if (++spins > 2000) { sched_yield(); spins = 0; }
-    }
-}
-
-typedef struct { ed_pool *p; int ith; } ed_worker_arg;
-
-static void *ed_worker_main(void *vp) {
-    ed_worker_arg *wa = (ed_worker_arg *)vp;
-    ed_pool *p = wa->p;
-    int ith = wa->ith;
-    int seen = 0;
-    for (;;) {
-        /* spin a little for the next task (decode loops come back quickly), then sleep */
-        int spins = 0, gen;
-        while ((gen = atomic_load_explicit(&p->generation, memory_order_acquire)) == seen) {
-            if (++spins < 20000) continue;
-            pthread_mutex_lock(&p->mu);
-            while (atomic_load(&p->generation) == seen && !p->stop) pthread_cond_wait(&p->cv, &p->mu);
-            pthread_mutex_unlock(&p->mu);
-            spins = 0;
-            if (p->stop) return NULL;
-        }
-        seen = gen;
-        if (p->stop) return NULL;
-        p->fn(p->arg, ith, p->n_threads);
-        atomic_fetch_sub_explicit(&p->remaining, 1, memory_order_acq_rel);
-    }
-}
-
-/* Run fn on all n_threads (the caller is thread 0); returns when all have finished. */
-static void ed_pool_run(ed_pool *p, ed_task_fn fn, void *arg) {
-    if (p->n_threads == 1) { fn(arg, 0, 1); return; }
-    p->fn = fn; p->arg = arg;
-    atomic_store(&p->remaining, p->n_threads - 1);
-    pthread_mutex_lock(&p->mu);
-    atomic_fetch_add_explicit(&p->generation, 1, memory_order_release);
-    pthread_cond_broadcast(&p->cv);
-    pthread_mutex_unlock(&p->mu);
-    fn(arg, 0, p->n_threads);
-    int spins = 0;
-    while (atomic_load_explicit(&p->remaining, memory_order_acquire) > 0) {
-        if (++spins > 2000) { sched_yield(); spins = 0; }
-    }
-}
 
 /* ---------------------------------------------------------------- small ops ------------ */
 static inline void ed_range(int64_t n, int ith, int nth, int64_t *a, int64_t *b) {
@@ -249,7 +174,7 @@ static inline size_t ed_act_stride(const ed_state *s, int type, int K, int n) {
 static const uint8_t *ed_quantize_act(ed_state *s, ed_pool *p, int type, int K, const float *x,
                                       int ldx, int n, int ith, int nth, size_t *rb_out) {
     const size_t rb = ed_act_stride(s, type, K, n);
-    const ed_quant_fn q = ED_ACT[ED_TRAITS[type].vec_type].quant;
+    const ed_quant_fn q = ED_QUANT[ED_TRAITS[type].vec_type];
     *rb_out = rb;
     if (n == 1) {
         uint8_t *mine = s->xq + (size_t)ith * s->xq_row;
@@ -310,6 +235,14 @@ static inline void ed_rows(const ed_state *s, const ed_tensor *W, int64_t r0, in
     }
 }
 
+/* Rows per chunk of a product with N rows: whole ED_ROW_TILE tiles (so the tiles, and every
+ * row's sums, are those of one thread doing all rows: results do not depend on who claims
+ * what), about 8 chunks per pool thread so a late thread's share is taken by the others. */
+static inline int64_t ed_chunk_rows(const ed_pool *p, int64_t N) {
+    const int64_t per = (N + 8 * p->n_threads - 1) / (8 * p->n_threads);
+    return (per + ED_ROW_TILE - 1) / ED_ROW_TILE * ED_ROW_TILE;
+}
+
 /* out[t*ldo + r] = W[r] . x[t] for t < n, r < W->ne1; all threads call it; ends in a barrier.
  * With reuse the previous call quantized this very x for the same activation format. */
 static void ed_matmul(ed_state *s, ed_pool *p, float *out, int ldo, const ed_tensor *W,
@@ -322,9 +255,9 @@ static void ed_matmul(ed_state *s, ed_pool *p, float *out, int ldo, const ed_ten
     } else {
         xq = ed_quantize_act(s, p, W->type, (int)W->ne0, x, ldx, n, ith, nth, &rb);
     }
-    int64_t a, b;
-    ed_range(W->ne1, ith, nth, &a, &b);
-    ed_rows(s, W, a, b, xq, rb, n, out, ldo, ith);
+    const int64_t N = W->ne1, cr = ed_chunk_rows(p, N);
+    for (int64_t c; (c = ed_claim(p, (N + cr - 1) / cr)) >= 0;)
+        ed_rows(s, W, c * cr, (c + 1) * cr < N ? (c + 1) * cr : N, xq, rb, n, out, ldo, ith);
     ed_barrier(p);
 }
 
@@ -338,15 +271,14 @@ static void ed_matmul3(ed_state *s, ed_pool *p, const ed_tensor *W[3], float *ou
                        const float *x, int ldx, int n, int ith, int nth) {
     size_t rb;
     const uint8_t *xq = ed_quantize_act(s, p, W[0]->type, (int)W[0]->ne0, x, ldx, n, ith, nth, &rb);
-    const int64_t total = W[0]->ne1 + W[1]->ne1 + W[2]->ne1;
-    int64_t a, b;
-    ed_range(total, ith, nth, &a, &b);
-    int64_t base = 0;
-    for (int i = 0; i < 3; i++) {
-        const int64_t lo = a > base ? a - base : 0;
-        const int64_t hi = b - base < W[i]->ne1 ? b - base : W[i]->ne1;
-        if (hi > lo) ed_rows(s, W[i], lo, hi, xq, rb, n, out[i], ldo, ith);
-        base += W[i]->ne1;
+    const int64_t cr = ed_chunk_rows(p, W[0]->ne1 + W[1]->ne1 + W[2]->ne1);
+    int64_t nc[3], total = 0;
+    for (int i = 0; i < 3; i++) total += nc[i] = (W[i]->ne1 + cr - 1) / cr;
+    for (int64_t c; (c = ed_claim(p, total)) >= 0;) {
+        int i = 0;
+        while (c >= nc[i]) c -= nc[i++];  /* chunk c of matrix i */
+        const int64_t r0 = c * cr, r1 = r0 + cr < W[i]->ne1 ? r0 + cr : W[i]->ne1;
+        ed_rows(s, W[i], r0, r1, xq, rb, n, out[i], ldo, ith);
     }
     ed_barrier(p);
 }
@@ -355,6 +287,15 @@ static void ed_matmul3(ed_state *s, ed_pool *p, const ed_tensor *W[3], float *ou
  * each thread computes the same row range [a, b) of gate and up, then act(gate) * up there.
  * hb (n, 2*n_ff): gate in [0, n_ff), up in [n_ff, 2*n_ff). gate == NULL: fused gate+up
  * matrix (phi3), rows [0, n_ff) gate and [n_ff, 2*n_ff) up. */
+static void ed_gate_act(const ed_model *m, float *hb, int n, int64_t a, int64_t b) {
+    const int F = m->n_ff;
+    for (int t = 0; t < n; t++) {
+        float *g = hb + (size_t)t * 2 * F, *u = g + F;
+        if (m->act_gelu) for (int64_t i = a; i < b; i++) g[i] = ed_gelu(g[i]) * u[i];
+        else             ed_pm_silu_mul(ed_pm_simd(ED_PATH), (int)(b - a), g + a, u + a);
+    }
+}
+
 static void ed_ffn_gate_up(ed_state *s, ed_pool *p, const ed_model *m, const ed_layer *L,
                            int n, int ith, int nth) {
     const int F = m->n_ff, E = m->n_embd;
@@ -362,25 +303,30 @@ static void ed_ffn_gate_up(ed_state *s, ed_pool *p, const ed_model *m, const ed_
     const ed_tensor *G = L->ffn_gate.data ? &L->ffn_gate : &L->ffn_up;
     const ed_tensor *U = &L->ffn_up;
     const int64_t uofs = L->ffn_gate.data ? 0 : F;  /* up rows inside U */
+    const int64_t cr = ed_chunk_rows(p, F), nc = (F + cr - 1) / cr;
     size_t rb;
     const uint8_t *xq;
-    int64_t a, b;
-    ed_range(F, ith, nth, &a, &b);
     if (ed_same_act(G, U)) {
         xq = ed_quantize_act(s, p, G->type, E, s->xb, E, n, ith, nth, &rb);
-        ed_rows(s, G, a, b, xq, rb, n, hb, 2 * F, ith);
-        ed_rows(s, U, uofs + a, uofs + b, xq, rb, n, hb + F - uofs, 2 * F, ith);
+        for (int64_t c; (c = ed_claim(p, nc)) >= 0;) {
+            const int64_t a = c * cr, b = a + cr < F ? a + cr : F;
+            ed_rows(s, G, a, b, xq, rb, n, hb, 2 * F, ith);
+            ed_rows(s, U, uofs + a, uofs + b, xq, rb, n, hb + F - uofs, 2 * F, ith);
+            ed_gate_act(m, hb, n, a, b);
+        }
     } else {  /* different activation formats (mixed quantizations): one after the other */
         xq = ed_quantize_act(s, p, U->type, E, s->xb, E, n, ith, nth, &rb);
-        ed_rows(s, U, uofs + a, uofs + b, xq, rb, n, hb + F - uofs, 2 * F, ith);
+        for (int64_t c; (c = ed_claim(p, nc)) >= 0;) {
+            const int64_t a = c * cr, b = a + cr < F ? a + cr : F;
+            ed_rows(s, U, uofs + a, uofs + b, xq, rb, n, hb + F - uofs, 2 * F, ith);
+        }
         ed_barrier(p);
         xq = ed_quantize_act(s, p, G->type, E, s->xb, E, n, ith, nth, &rb);
-        ed_rows(s, G, a, b, xq, rb, n, hb, 2 * F, ith);
-    }
-    for (int t = 0; t < n; t++) {
-        float *g = hb + (size_t)t * 2 * F, *u = g + F;
-        if (m->act_gelu) for (int64_t i = a; i < b; i++) g[i] = ed_gelu(g[i]) * u[i];
-        else             ed_pm_silu_mul(ed_pm_simd(ED_PATH), (int)(b - a), g + a, u + a);
+        for (int64_t c; (c = ed_claim(p, nc)) >= 0;) {
+            const int64_t a = c * cr, b = a + cr < F ? a + cr : F;
+            ed_rows(s, G, a, b, xq, rb, n, hb, 2 * F, ith);
+            ed_gate_act(m, hb, n, a, b);
+        }
     }
     ed_barrier(p);
 }
@@ -632,42 +578,6 @@ static void ed_forward_worker(void *arg, int ith, int nth) {
 
 
 /* ---------------------------------------------------------------- setup ---------------- */
-static ed_pool *ed_pool_create(int n_threads) {
-    ed_pool *p = (ed_pool *)calloc(1, sizeof(ed_pool));
-    if (!p) return NULL;
-    p->n_threads = n_threads < 1 ? 1 : n_threads;
-    pthread_mutex_init(&p->mu, NULL);
-    pthread_cond_init(&p->cv, NULL);
-    atomic_init(&p->generation, 0);
-    atomic_init(&p->remaining, 0);
-    atomic_init(&p->barrier_count, 0);
-    atomic_init(&p->barrier_phase, 0);
-    p->threads = (pthread_t *)calloc(p->n_threads, sizeof(pthread_t));
-    ed_worker_arg *args = (ed_worker_arg *)calloc(p->n_threads, sizeof(ed_worker_arg));
-    p->worker_args = args;
-    for (int i = 1; i < p->n_threads; i++) {
-        args[i].p = p; args[i].ith = i;
-        if (pthread_create(&p->threads[i], NULL, ed_worker_main, &args[i]) != 0) {
-            p->n_threads = i;  /* run with the threads we got */
-            break;
-        }
-    }
-    return p;
-}
-
-static void ed_pool_destroy(ed_pool *p) {
-    if (!p) return;
-    pthread_mutex_lock(&p->mu);
-    p->stop = 1;
-    atomic_fetch_add(&p->generation, 1);
-    pthread_cond_broadcast(&p->cv);
-    pthread_mutex_unlock(&p->mu);
-    for (int i = 1; i < p->n_threads; i++) pthread_join(p->threads[i], NULL);
-    free(p->threads);
-    free(p->worker_args);
-    free(p);
-}
-
 #ifndef ED_ALIGN
 #define ED_ALIGN(n) (((n) + 63) & ~(size_t)63)
 #endif
@@ -681,7 +591,7 @@ static size_t ed_state_layout(ed_state *s, const ed_model *m, int n_ctx, int n_b
     /* widest activation row that gets quantized: n_embd, Qd or n_ff inputs, any type */
     size_t xq_row = 0;
     for (int t = 0; t < ED_NTYPES; t++) {
-        if (!ED_TRAITS[t].dot) continue;
+        if (!ED_TRAITS[t].ref) continue;
         size_t r = ed_act_row_bytes(t, (F > XB ? F : XB));
         if (r > xq_row) xq_row = r;
     }
@@ -690,7 +600,7 @@ static size_t ed_state_layout(ed_state *s, const ed_model *m, int n_ctx, int n_b
        (ed_same_act_bytes, on any path) */
     size_t xq_bytes = (size_t)(n_batch > n_threads ? n_batch : n_threads) * xq_row;
     for (int t = 0; t < ED_NTYPES; t++) {
-        if (!ED_TRAITS[t].dot) continue;
+        if (!ED_TRAITS[t].ref) continue;
         const size_t b = (size_t)(n_batch < ED_MAX_LOGIT_ROWS ? n_batch : ED_MAX_LOGIT_ROWS) *
                          ed_same_act_bytes_for(t, F > XB ? F : XB, ED_PAIRS_Q8_0 | ED_PAIRS_Q8_K);
         if (b > xq_bytes) xq_bytes = b;

@@ -28,7 +28,11 @@ cdef extern from "forward.h" nogil:
         const float *rope_factors
         ed_layer *layers
     ctypedef struct ed_pool:
-        int n_threads
+        int n_threads, n_active, adapt, n_dropped, probing, slow_worker
+        int *claimed
+        double late_share, late_ewma, last_share
+        long n_drops, n_probes, n_retakes
+        int64_t slow_ns
     ctypedef struct ed_state:
         int n_ctx, n_batch, n_tokens, pos
         uint16_t *k_cache
@@ -47,31 +51,34 @@ cdef extern from "forward.h" nogil:
         double prof_mm[40]
     ed_pool *ed_pool_create(int n_threads)
     void ed_pool_destroy(ed_pool *p)
+    void ed_pool_set_adapt(ed_pool *p, int on)
+    int ed_pool_active(const ed_pool *p)
     size_t ed_state_layout(ed_state *s, const ed_model *m, int n_ctx, int n_batch, int n_threads, uint8_t *arena)
     void ed_forward(ed_state *s, ed_pool *p, int n_tokens, int pos, int all_logits)
     void ed_forward_rows(ed_state *s, ed_pool *p, int n, ed_state **rows, const int *pos)
     void ed_forward_init()
     int ED_MAX_LOGIT_ROWS
-    void ed_types_init_generic()
     int ed_types_init(const char *want)
     const char *ED_PATH
     int ED_NTYPES
     ctypedef struct ed_traits:
         int block, type_size, vec_type
-        void *dot
+        void *ref
     ed_traits ED_TRAITS[40]
 
 import os as _os
 
 
 def select_kernels(str name=None):
-    """Choose the dot-product path: None/"auto" (best this CPU has), "generic", "avx2", "avx512", "neon".
-    Called at import with $EDGED_KERNELS; tests call it to run every path."""
+    """Choose the dot-product path: None/"auto" (best this CPU has), "generic", "avx2", "avx512", "neon",
+    or a family less a feature ("avx2-vnni", "avx512-vnni", "neon-dotprod": the table a CPU
+    without it runs). Called at import with $EDGED_KERNELS; tests call it to run every path."""
     cdef bytes b = (name or "auto").encode()
     if ed_types_init(b) != 0:
         from edged.errors import ConfigError
         raise ConfigError(f"EDGED_KERNELS={name!r}: unknown or not supported on this CPU "
-                          f"(generic, avx2, avx512, neon, auto; `edged info` lists this CPU's)")
+                          f"(generic, avx2, avx512, neon, auto, avx2-vnni, avx512-vnni, neon-dotprod; "
+                          f"`edged info` lists this CPU's)")
     return ED_PATH.decode()
 
 ed_forward_init()  # llama.cpp's tables the forward pass mirrors (ed_parity.h)
@@ -85,21 +92,71 @@ def kernel_path():
 
 
 def supported_types():
-    return [t for t in range(40) if ED_TRAITS[t].dot != NULL]
+    return [t for t in range(40) if ED_TRAITS[t].ref != NULL]
 
 
 cdef class Pool:
-    """The persistent worker threads; the calling thread is worker 0."""
+    """The persistent worker threads; the calling thread is worker 0 (ed_threads.h).
+
+    adapt: drop workers that keep arriving late and take them back when the machine quiets
+    (None: on unless $EDGED_ADAPT_THREADS is "0"). Results are the same either way."""
     cdef ed_pool *p
 
-    def __cinit__(self, int n_threads):
+    def __cinit__(self, int n_threads, adapt=None):
         self.p = ed_pool_create(n_threads)
         if self.p == NULL:
             raise MemoryError("thread pool")
+        if adapt is None:
+            adapt = _os.environ.get("EDGED_ADAPT_THREADS", "1") != "0"
+        ed_pool_set_adapt(self.p, 1 if adapt else 0)
 
     @property
     def n_threads(self):
+        """Workers created (the caller included): the most a task runs on."""
         return self.p.n_threads
+
+    @property
+    def active_threads(self):
+        """Threads the next task runs on (fewer than n_threads while workers are dropped)."""
+        return ed_pool_active(self.p)
+
+    @property
+    def adaptive(self):
+        return bool(self.p.adapt)
+
+    @adaptive.setter
+    def adaptive(self, on):
+        """Off takes every dropped worker back."""
+        ed_pool_set_adapt(self.p, 1 if on else 0)
+
+    @property
+    def late_share(self):
+        """The share of a task's wall time spent waiting for late threads that drops a worker
+        (and under which a probe keeps it); None: 1/n for n threads, where n - 1 threads
+        become faster."""
+        return self.p.late_share or None
+
+    @late_share.setter
+    def late_share(self, share):
+        if share is not None and not 0.0 < share <= 1.0:
+            raise ValueError(f"late_share {share}: expected 0 < share <= 1, or None")
+        self.p.late_share = share or 0.0
+
+    def stats(self):
+        """The adaptive thread count's record, and the chunks each worker took in the last task."""
+        return {"n_threads": self.p.n_threads, "active": ed_pool_active(self.p),
+                "last_task_threads": self.p.n_active, "drops": self.p.n_drops,
+                "probes": self.p.n_probes, "retakes": self.p.n_retakes,
+                "late_share": self.p.last_share,
+                "claimed": [self.p.claimed[i] for i in range(self.p.n_threads)]}
+
+    def debug_slow(self, int worker, double usec):
+        """Tests: worker `worker` (0 = the caller) sleeps `usec` before each chunk it claims,
+        so the others take most chunks; usec 0 ends it."""
+        if not 0 <= worker < self.p.n_threads:
+            raise ValueError(f"worker {worker}: the pool has {self.p.n_threads}")
+        self.p.slow_worker = worker
+        self.p.slow_ns = <int64_t>(usec * 1000)
 
     def __dealloc__(self):
         if self.p != NULL:

@@ -205,19 +205,6 @@ typedef void (*ed_gemm_kernel_fn)(int ng, int G, int has_c, const uint8_t *pu, c
                                   const int32_t *goff, const uint8_t *xq, size_t xs,
                                   const ed_ginfo *info, size_t is, int nc, float *out, size_t ldo,
                                   int nr);
-static ed_gemm_kernel_fn ED_GEMM_KERNEL;
-/* 1: the kernel takes offset types lifted to off = 128 (the u8 x s8 products need no i16
- * headroom: VNNI); 0: unlifted values, each offset folded into C = -off * A */
-static int ED_GEMM_LIFT = 1;
-/* 1: the kernel sums u8 x s8 pairs in i16 (no VNNI), which Q8_0's bytes would overflow */
-static int ED_GEMM_I16 = 0;
-static ed_unpack_lift_fn ED_GEMM_UNPACK[ED_NTYPES];  /* path-specific unpackers, else NULL */
-
-static int ed_gemm_ok(int type) {
-    return ED_GEMM_KERNEL && type >= 0 && type < ED_NTYPES && ED_GEMM_TRAITS[type].unpack &&
-           !(ED_GEMM_I16 && type == ED_Q8_0);
-}
-
 /* the path's transpose of 16 unpacked rows (row r at u + r*K) into panel order */
 typedef void (*ed_gemm_transpose_fn)(const uint8_t *u, int K, int G, uint8_t *pu);
 static void ed_gemm_transpose_generic(const uint8_t *u, int K, int G, uint8_t *pu) {
@@ -225,7 +212,28 @@ static void ed_gemm_transpose_generic(const uint8_t *u, int K, int G, uint8_t *p
         for (int q = 0; q < G / 4; q++, pu += 4 * ED_PANEL)
             for (int r = 0; r < ED_PANEL; r++) memcpy(pu + 4 * r, u + (size_t)r * K + g * G + 4 * q, 4);
 }
-static ed_gemm_transpose_fn ED_GEMM_TRANSPOSE = ed_gemm_transpose_generic;
+
+/* A path's panels (its row of ed_kernels, ed_types.h): */
+struct ed_gemm_path {
+    ed_gemm_kernel_fn kernel;            /* NULL: no panels on this path */
+    /* 1: the kernel takes offset types lifted to off = 128 (the u8 x s8 products need no i16
+     * headroom: VNNI); 0: unlifted values, each offset folded into C = -off * A */
+    int lift;
+    int i16;  /* 1: the kernel sums u8 x s8 pairs in i16 (no VNNI), which Q8_0's bytes would overflow */
+    ed_gemm_transpose_fn transpose;
+    ed_unpack_lift_fn unpack[ED_NTYPES];  /* path-specific unpackers, else NULL */
+};
+static const struct ed_gemm_path ED_GEMM_NONE = {NULL, 1, 0, ed_gemm_transpose_generic, {NULL}};
+#define ED_GEMM_KERNEL (ed_kern->gemm->kernel)
+#define ED_GEMM_LIFT (ed_kern->gemm->lift)
+#define ED_GEMM_I16 (ed_kern->gemm->i16)
+#define ED_GEMM_UNPACK (ed_kern->gemm->unpack)
+#define ED_GEMM_TRANSPOSE (ed_kern->gemm->transpose)
+
+static int ed_gemm_ok(int type) {
+    return ED_GEMM_KERNEL && type >= 0 && type < ED_NTYPES && ED_GEMM_TRAITS[type].unpack &&
+           !(ED_GEMM_I16 && type == ED_Q8_0);
+}
 
 /* byte offset of the quantized values in a block of activation format vt */
 static inline int ed_act_qs_at(int vt) {

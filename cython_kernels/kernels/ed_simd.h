@@ -1,17 +1,23 @@
-/* SIMD dot products for ED_TRAITS (ed_types.h), chosen once at start-up.
+/* The kernel paths (ed_kernels, ed_types.h): one const table per instruction set, one chosen
+ * at start-up.
  *
- *   int ed_types_init(const char *force)   force: NULL/""/"auto" = best supported, or "generic",
- *                                           "avx2", "avx512", "neon". Returns 0, or -1 when the
- *                                           forced path is unknown or not supported here (the
- *                                           table is then left on the generic path).
+ *   int ed_types_init(const char *force)   force: NULL/""/"auto" = the best this CPU runs; a
+ *                                           family ("generic", "avx2", "avx512", "neon": its
+ *                                           best variant here); or a family less a feature
+ *                                           ("avx2-vnni", "avx512-vnni", "neon-dotprod": the
+ *                                           variant a CPU without it gets, for tests and
+ *                                           benchmarks). Returns 0, or -1 when the forced path
+ *                                           is unknown or not supported here (the generic
+ *                                           path is then selected).
  *   unsigned ed_cpu_features(void)          ED_CPU_* bits of this CPU
- *   int ed_path_supported(const char *name)
+ *   int ed_path_supported(const char *name)  the same names
  *
- * Paths: generic (plain C, any CPU); avx2 (AVX2+FMA+F16C); avx512 (AVX-512 F/BW/VL/DQ, with
- * VNNI's dpbusd for the u8 x s8 sums where present); neon (aarch64 Advanced SIMD, with
- * dotprod's vdotq_s32 where present). Each x86 path is the same
- * source (ed_simd_x86.inc) compiled with per-function target attributes, so the build stays
- * portable (no -march) and the generic path is what every other CPU runs.
+ * Tables (ed_kern->name): generic (plain C, any CPU); avx2 and avx2+vnni (AVX2+FMA+F16C, with
+ * AVX-VNNI's VEX dpbusd); avx512 and avx512+vnni (AVX-512 F/BW/VL/DQ, with VNNI's dpbusd);
+ * neon and neon+dotprod (aarch64 Advanced SIMD, with vdotq_s32). Each x86 build is the same
+ * source (ed_simd_x86.inc: one body per weight type) compiled with per-function target
+ * attributes, so the build stays portable (no -march); the 512-bit kernels below are rows of
+ * the avx512 tables where they measured faster.
  */
 #ifndef EDGED_ED_SIMD_H
 #define EDGED_ED_SIMD_H
@@ -32,16 +38,11 @@ static const char *const ED_CPU_FEATURE_NAMES[] = {
     "avxvnni", "neon", "dotprod", NULL
 };
 
-/* Tiles: out[c * ldo] = dot(w_row, xq + c * xs) for c < nc <= ED_MAX_COLS, the weight row
- * decoded once for all columns. Types without a tiled kernel fall back to repeated dots. */
-#define ED_MAX_COLS 4
-typedef void (*ed_mdot_fn)(int k, const void *w, const void *xq, size_t xs, int nc, float *out, size_t ldo);
-static ed_mdot_fn ED_MDOT[ED_NTYPES];
-/* Tiles whose every column equals the type's one-token path bit for bit (its row kernel
- * ED_MROWS if it has one, else its dot: the same operations in the same order). A decode
- * batch of several sessions uses only these (forward.h, ed_rows); tests/test_engine_batch.py
- * checks the equality on every path. */
-static ed_mdot_fn ED_MDOT_SAME[ED_NTYPES];
+/* Decode-batch tiles (ED_MDOT_SAME) have every column equal to the type's one-token path bit
+ * for bit (its row kernel ED_MROWS if it has one, else its dot: the same operations in the
+ * same order). A decode batch of several sessions uses only these (forward.h, ed_rows);
+ * tests/kernels/c/kernels_check.c and tests/engine/test_engine_batch.py check the equality
+ * on every path. */
 
 /* A decode batch's Q8_0 activation rows (forward.h) carry their block scales again, as floats
  * after the blocks (4-byte aligned), so an x86 SAME tile broadcasts one float per block and
@@ -65,8 +66,7 @@ static ed_mdot_fn ED_MDOT_SAME[ED_NTYPES];
 #define ED_SAME_Q8_0_BYTES(nb) (ED_SAME_DY_OFF(nb) + (size_t)(nb) * sizeof(float))
 #define ED_PAIR_BLK_Q8_0 192
 #define ED_PAIR_BLK_Q8_K 576
-enum { ED_PAIRS_Q8_0 = 1, ED_PAIRS_Q8_K = 2 };
-static int ED_SAME_PAIRS = 0;  /* which formats carry pair areas on this path */
+enum { ED_PAIRS_Q8_0 = 1, ED_PAIRS_Q8_K = 2 };  /* ED_SAME_PAIRS: formats with pair areas */
 
 /* bytes of a plain row (with the Q8_0 float scales) before the pair area, 64-aligned */
 static inline size_t ed_same_pair_off(int vt, int64_t nb) {
@@ -172,17 +172,9 @@ static void ed_same_q5_0(int n, const void *vx, const void *vy, size_t ys, int n
 
 #undef ED_GCOL
 
-static void ed_generic_install_same(void) {
-    ED_MDOT_SAME[ED_Q4_0] = ed_same_q4_0;
-    ED_MDOT_SAME[ED_Q5_0] = ed_same_q5_0;
-}
-
-/* y[i] += a * x[i] over an F16 row (attention's V accumulation), path-selected */
-typedef void (*ed_axpy_f16_fn)(int n, float a, const ed_half *x, float *y);
 static void ed_axpy_f16_generic(int n, float a, const ed_half *x, float *y) {
     for (int i = 0; i < n; i++) y[i] += a * H2F(x[i]);
 }
-static ed_axpy_f16_fn ed_axpy_f16 = ed_axpy_f16_generic;
 
 /* Attention over an F16 KV cache for a block of query rows that share one KV head (forward.h
  * forms the blocks: a few tokens x the query heads of one KV head). Row r reads q (hd floats),
@@ -190,9 +182,6 @@ static ed_axpy_f16_fn ed_axpy_f16 = ed_axpy_f16_generic;
  * Same numerics on every path: q rounded to f16 like llama.cpp's f16 K x q product, scores
  * times scale, softmax in float with its sum in double, V accumulated in float.
  * ws: ed_attn_ws_floats() floats of this thread's scratch, 64-byte aligned. */
-typedef struct { const float *q; float *o; int lo, hi; } ed_attn_row;
-typedef void (*ed_attn_fn)(int nr, const ed_attn_row *rw, const ed_half *k, const ed_half *v,
-                           size_t ld, int hd, float scale, float *ws);
 #define ED_ATTN_ROWS 64   /* query rows per block (a multiple of 16: whole vectors) */
 #define ED_ATTN_KEYS 32   /* keys per tile of the blocked kernels (multiple of 4) */
 
@@ -211,7 +200,7 @@ static void ed_attn_rowwise(int nr, const ed_attn_row *rw, const ed_half *k, con
                             size_t ld, int hd, float scale, float *ws) {
     ed_half *q16 = (ed_half *)ws;  /* (hd) */
     float *sc = ws + hd;           /* (hi - lo + 1) scores, then weights */
-    const ed_dot_fn dot16 = ED_TRAITS[ED_F16].dot;
+    const ed_dot_fn dot16 = ED_DOT[ED_F16];
     for (int r = 0; r < nr; r++) {
         const int lo = rw[r].lo, hi = rw[r].hi;
         float *o = rw[r].o;
@@ -229,17 +218,12 @@ static void ed_attn_rowwise(int nr, const ed_attn_row *rw, const ed_half *k, con
         for (int j = lo; j <= hi; j++) ed_axpy_f16(hd, sc[j - lo] * inv, v + (size_t)j * ld, o);
     }
 }
-static ed_attn_fn ed_attn = ed_attn_rowwise;
-
-/* Matrix-vector rows: out[r] = W[r] . xq for r < nr <= 4, the activation block read once. */
-typedef void (*ed_mrows_fn)(int k, const void *w, size_t wstride, int nr, const void *xq, float *out);
-static ed_mrows_fn ED_MROWS[ED_NTYPES];
 
 /* out[c * ldo + r] = W[r] . xq[c] for r < nr, c < nc (any nc): the matmul inner tile */
 static void ed_mdot_rows(int type, int k, const uint8_t *w, size_t wstride, int nr,
                          const uint8_t *xq, size_t xs, int nc, float *out, size_t ldo) {
     const ed_mdot_fn md = ED_MDOT[type];
-    const ed_dot_fn dot = ED_TRAITS[type].dot;
+    const ed_dot_fn dot = ED_DOT[type];
     if (nc == 1 && ED_MROWS[type]) {  /* one token: 4 rows at a time */
         for (int r = 0; r < nr; r += 4)
             ED_MROWS[type](k, w + r * wstride, wstride, nr - r < 4 ? nr - r : 4, xq, out + r);
@@ -334,7 +318,7 @@ static inline __m512i ED_T512 ed_z_scales2(int a, int b) {  /* i16 x 16 per 256-
 
 static inline float ED_T512 ed_z_hsum(__m512 v) { return _mm512_reduce_add_ps(v); }
 
-/* nc as a constant in each call of the body (see ED_TILE in ed_simd_x86.inc) */
+/* nc as a constant in each call of the body (see ED_NC_SWITCH in ed_simd_x86.inc) */
 #define ED_Z_TILE(name) ED_Z_TILE_T(name, ED_T512)
 #define ED_Z_TILE_T(name, target) \
     static void target name(int n, const void *vx, const void *vy, size_t ys, int nc, float *out, size_t lo) { \
@@ -379,12 +363,6 @@ static inline __attribute__((always_inline)) void ED_T512 ed_z_mdot_q4_K_body(in
     for (int c = 0; c < nc; c++) out[c * lo] = ed_z_hsum(acc[c]) + accm[c];
 }
 ED_Z_TILE(ed_z_mdot_q4_K)
-
-static float ED_T512 ed_z_dot_q4_K(int n, const void *vx, const void *vy) {
-    float r;
-    ed_z_mdot_q4_K(n, vx, vy, 0, 1, &r, 1);
-    return r;
-}
 
 /* Q6_K: per 128 elements, 64 ql bytes in one zmm: low nibbles = elements +0..63, high nibbles
  * = +64..127 (each 32-element quarter gets its 2 high bits from qh >> 2k); values 0..63 are
@@ -752,32 +730,6 @@ ed_z_pair_q5_K_body(int n, const void *vx, const void *vy, size_t ys, int nc, fl
 ED_Z_TILE_T(ed_z_pair_q4_K, ED_T512V)
 ED_Z_TILE_T(ed_z_pair_q5_K, ED_T512V)
 
-/* Chosen by measurement on Sapphire Rapids (best of 30, tools/bench_kernels.py-like runs):
- * 512-bit wins for Q4_K tiles (+20%) and the Q6_K single dot (+20%); the 256-bit VNNI build
- * stays faster for the Q4_K single dot and the Q6_K prompt tiles (512-bit uops share fewer
- * ports). The 512-bit Q6_K dot and its decode-batch tile need VNNI (dpwssd); without it the
- * 256-bit ones stay. */
-static void ed_avx512_install_wide(void) {
-    ED_MDOT[ED_Q4_K] = ed_z_mdot_q4_K;
-    (void)ed_z_dot_q4_K;  /* kept: checked by tests/kernels/c/kernels_check.c */
-    if (ed_cpu_features() & ED_CPU_AVX512VNNI) {
-        ED_TRAITS[ED_Q6_K].dot = ed_z_dot_q6_K;
-        ED_MDOT_SAME[ED_Q6_K] = ed_z_mdot_q6_K;  /* ed_z_dot_q6_K is its one-column case */
-        ED_TRAITS[ED_Q4_0].dot = ed_z_dot_q4_0;
-        ED_TRAITS[ED_Q5_0].dot = ed_z_dot_q5_0;
-        ED_GEMM_KERNEL = ed_z_gemm;
-        ED_GEMM_LIFT = 1;
-        ED_GEMM_I16 = 0;
-        ED_GEMM_TRANSPOSE = ed_z_gemm_transpose;
-        ED_MDOT_SAME[ED_Q8_0] = ed_z_pair_q8_0;
-        ED_MDOT_SAME[ED_Q5_0] = ed_z_pair_q5_0;
-        ED_MDOT_SAME[ED_Q4_0] = ed_z_pair_q4_0;
-        ED_MDOT_SAME[ED_Q4_K] = ed_z_pair_q4_K;
-        ED_MDOT_SAME[ED_Q5_K] = ed_z_pair_q5_K;
-        ED_SAME_PAIRS = ED_PAIRS_Q8_0 | ED_PAIRS_Q8_K;
-    }
-}
-
 /* attention: 8 query rows per vector on the AVX2 path, 16 on the AVX-512 path */
 #define ED_TARGET __attribute__((target("avx2,fma,f16c")))
 #define ED_FN(name) ed_avx2_##name
@@ -802,6 +754,42 @@ static void ed_avx512_install_wide(void) {
 #define ED_NEED_AVX2 (ED_CPU_AVX2 | ED_CPU_FMA | ED_CPU_F16C)
 #define ED_NEED_AVX512 (ED_NEED_AVX2 | ED_CPU_AVX512F | ED_CPU_AVX512BW | ED_CPU_AVX512VL | \
                         ED_CPU_AVX512DQ)
+
+/* The avx512 rows that differ from the 256-bit build's, chosen by measurement on Sapphire
+ * Rapids (best of 30, tools/bench_kernels.py-like runs): 512-bit wins for the Q4_K prompt
+ * tiles (+20%) and the Q6_K single dot (+20%); the 256-bit VNNI build stays faster for the
+ * Q4_K single dot and the Q6_K prompt tiles (512-bit uops share fewer ports). With VNNI the
+ * table also takes the 512-bit Q4_0 / Q5_0 dots, the pair tiles that replay them (and the
+ * Q8_0 row kernel, Q4_K / Q5_K / Q6_K dots) two sessions per zmm, and the 512-bit panels;
+ * without VNNI (dpwssd / dpbusd) only the Q4_K prompt tile changes. */
+static const ed_mdot_fn ED_AVX512NV_TILE[ED_NTYPES] = {
+    [ED_F32] = ed_avx512nv_tile_f32, [ED_F16] = ed_avx512nv_tile_f16, [ED_BF16] = ed_avx512nv_tile_bf16,
+    [ED_Q4_0] = ed_avx512nv_tile_q4_0, [ED_Q4_1] = ed_avx512nv_tile_q4_1, [ED_Q5_0] = ed_avx512nv_tile_q5_0,
+    [ED_Q5_1] = ed_avx512nv_tile_q5_1, [ED_Q8_0] = ed_avx512nv_tile_q8_0, [ED_Q2_K] = ed_avx512nv_tile_q2_K,
+    [ED_Q3_K] = ed_avx512nv_tile_q3_K, [ED_Q4_K] = ed_z_mdot_q4_K, [ED_Q5_K] = ed_avx512nv_tile_q5_K,
+    [ED_Q6_K] = ed_avx512nv_tile_q6_K};
+static const ed_dot_fn ED_AVX512V_DOT[ED_NTYPES] = {
+    [ED_F32] = ed_avx512_dot_f32, [ED_F16] = ed_avx512_dot_f16, [ED_BF16] = ed_avx512_dot_bf16,
+    [ED_Q4_0] = ed_z_dot_q4_0, [ED_Q4_1] = ed_avx512_dot_q4_1, [ED_Q5_0] = ed_z_dot_q5_0,
+    [ED_Q5_1] = ed_avx512_dot_q5_1, [ED_Q8_0] = ed_avx512_dot_q8_0, [ED_Q2_K] = ed_avx512_dot_q2_K,
+    [ED_Q3_K] = ed_avx512_dot_q3_K, [ED_Q4_K] = ed_avx512_dot_q4_K, [ED_Q5_K] = ed_avx512_dot_q5_K,
+    [ED_Q6_K] = ed_z_dot_q6_K};
+static const ed_mdot_fn ED_AVX512V_TILE[ED_NTYPES] = {
+    [ED_F32] = ed_avx512_tile_f32, [ED_F16] = ed_avx512_tile_f16, [ED_BF16] = ed_avx512_tile_bf16,
+    [ED_Q4_0] = ed_avx512_tile_q4_0, [ED_Q4_1] = ed_avx512_tile_q4_1, [ED_Q5_0] = ed_avx512_tile_q5_0,
+    [ED_Q5_1] = ed_avx512_tile_q5_1, [ED_Q8_0] = ed_avx512_tile_q8_0, [ED_Q2_K] = ed_avx512_tile_q2_K,
+    [ED_Q3_K] = ed_avx512_tile_q3_K, [ED_Q4_K] = ed_z_mdot_q4_K, [ED_Q5_K] = ed_avx512_tile_q5_K,
+    [ED_Q6_K] = ed_avx512_tile_q6_K};
+static const ed_mdot_fn ED_AVX512V_SAME[ED_NTYPES] = {  /* pair tiles: ed_z_dot_* as one column */
+    [ED_F32] = ed_avx512_same_f32, [ED_F16] = ed_avx512_same_f16, [ED_BF16] = ed_avx512_same_bf16,
+    [ED_Q4_0] = ed_z_pair_q4_0, [ED_Q4_1] = ed_avx512_same_q4_1, [ED_Q5_0] = ed_z_pair_q5_0,
+    [ED_Q5_1] = ed_avx512_same_q5_1, [ED_Q8_0] = ed_z_pair_q8_0, [ED_Q2_K] = ed_avx512_same_q2_K,
+    [ED_Q3_K] = ed_avx512_same_q3_K, [ED_Q4_K] = ed_z_pair_q4_K, [ED_Q5_K] = ed_z_pair_q5_K,
+    [ED_Q6_K] = ed_z_mdot_q6_K};
+static const struct ed_gemm_path ED_AVX512V_GEMM = {
+    ed_z_gemm, 1, 0, ed_z_gemm_transpose,
+    {[ED_Q4_0] = ed_avx512_unpack_q4_0, [ED_Q5_0] = ed_avx512_unpack_q5_0, [ED_Q8_0] = ed_avx512_unpack_q8_0,
+     [ED_Q4_K] = ed_avx512_unpack_q4_K, [ED_Q6_K] = ed_avx512_unpack_q6_K}};
 
 #elif defined(__aarch64__)
 #include <arm_neon.h>
@@ -837,63 +825,76 @@ static unsigned ed_cpu_features(void) {
 static unsigned ed_cpu_features(void) { return 0; }
 #endif
 
-static int ed_path_supported(const char *name) {
-    unsigned f = ed_cpu_features();
-    (void)f;
-    if (!strcmp(name, "generic")) return 1;
+/* ------------------------------------------------------------------- the paths ------- */
+static const ed_dot_fn ED_GENERIC_DOT[ED_NTYPES] = {
+    [ED_F32] = ed_dot_f32, [ED_F16] = ed_dot_f16, [ED_BF16] = ed_dot_bf16,
+    [ED_Q4_0] = ed_dot_q4_0, [ED_Q4_1] = ed_dot_q4_1, [ED_Q5_0] = ed_dot_q5_0,
+    [ED_Q5_1] = ed_dot_q5_1, [ED_Q8_0] = ed_dot_q8_0, [ED_Q2_K] = ed_dot_q2_K,
+    [ED_Q3_K] = ed_dot_q3_K, [ED_Q4_K] = ed_dot_q4_K, [ED_Q5_K] = ed_dot_q5_K,
+    [ED_Q6_K] = ed_dot_q6_K};
+static const ed_quant_fn ED_GENERIC_QUANT[ED_NTYPES] = {
+    [ED_F32] = ed_quant_f32, [ED_F16] = ed_quant_f16, [ED_BF16] = ed_quant_bf16,
+    [ED_Q8_0] = ed_quant_q8_0, [ED_Q8_1] = ed_quant_q8_1, [ED_Q8_K] = ed_quant_q8_K};
+static const ed_mdot_fn ED_NO_TILES[ED_NTYPES] = {NULL};
+static const ed_mrows_fn ED_NO_ROWS[ED_NTYPES] = {NULL};
+static const ed_mdot_fn ED_GENERIC_SAME[ED_NTYPES] = {[ED_Q4_0] = ed_same_q4_0, [ED_Q5_0] = ed_same_q5_0};
+
+/* the paths this build knows, best first (ed_types_init takes the first the CPU runs) */
+static const ed_kernels ED_PATHS[] = {
 #if defined(__x86_64__)
-    if (!strcmp(name, "avx2")) return (f & ED_NEED_AVX2) == ED_NEED_AVX2;
-    if (!strcmp(name, "avx512")) return (f & ED_NEED_AVX512) == ED_NEED_AVX512;
+    {"avx512", "avx512+vnni", ED_NEED_AVX512 | ED_CPU_AVX512VNNI, ED_AVX512V_DOT, ed_avx512_quant,
+     ED_AVX512V_TILE, ED_AVX512V_SAME, ed_avx512_rows, ED_PAIRS_Q8_0 | ED_PAIRS_Q8_K, &ED_AVX512V_GEMM,
+     ed_avx512_axpy_f16, ed_z_attn},
+    {"avx512", "avx512", ED_NEED_AVX512, ed_avx512nv_dot, ed_avx512nv_quant, ED_AVX512NV_TILE,
+     ed_avx512nv_same, ed_avx512nv_rows, 0, &ed_avx512nv_gemm_path, ed_avx512nv_axpy_f16, ed_z_attn},
+    {"avx2", "avx2+vnni", ED_NEED_AVX2 | ED_CPU_AVXVNNI, ed_avx2vnni_dot, ed_avx2vnni_quant,
+     ed_avx2vnni_tile, ed_avx2vnni_same, ed_avx2vnni_rows, ED_PAIRS_Q8_0, &ed_avx2vnni_gemm_path,
+     ed_avx2vnni_axpy_f16, ed_avx2_attn},
+    {"avx2", "avx2", ED_NEED_AVX2, ed_avx2_dot, ed_avx2_quant, ed_avx2_tile, ed_avx2_same, ed_avx2_rows, 0,
+     &ed_avx2_gemm_path, ed_avx2_axpy_f16, ed_avx2_attn},
 #elif defined(__aarch64__)
-    if (!strcmp(name, "neon")) return 1;
+    {"neon", "neon+dotprod", ED_CPU_NEON | ED_CPU_DOTPROD, ed_neondp_dot, ED_GENERIC_QUANT, ed_neondp_tile,
+     ed_neondp_tile, ED_NO_ROWS, 0, &ed_neondp_gemm_path, ed_neondp_axpy_f16, ed_attn_rowwise},
+    {"neon", "neon", ED_CPU_NEON, ed_neon_dot, ED_GENERIC_QUANT, ed_neon_tile, ed_neon_tile, ED_NO_ROWS, 0,
+     &ED_GEMM_NONE, ed_neon_axpy_f16, ed_attn_rowwise},
 #endif
-    return 0;
+    {"generic", "generic", 0, ED_GENERIC_DOT, ED_GENERIC_QUANT, ED_NO_TILES, ED_GENERIC_SAME, ED_NO_ROWS, 0,
+     &ED_GEMM_NONE, ed_axpy_f16_generic, ed_attn_rowwise},
+};
+#define ED_NPATHS (int)(sizeof ED_PATHS / sizeof ED_PATHS[0])
+static const ed_kernels *ed_kern = &ED_PATHS[ED_NPATHS - 1];
+
+static int ed_path_runs(const ed_kernels *k) { return (ed_cpu_features() & k->need) == k->need; }
+
+/* The path `name` selects on this CPU (see ed_types_init), or NULL. "F-x" is the plain
+ * variant of family F when F has a variant "F+x". */
+static const ed_kernels *ed_path_find(const char *name) {
+    const char *minus = name ? strchr(name, '-') : NULL;
+    for (int i = 0; i < ED_NPATHS; i++) {
+        const ed_kernels *k = &ED_PATHS[i];
+        if (!ed_path_runs(k)) continue;
+        if (!name || !*name || !strcmp(name, "auto") || !strcmp(name, k->family) || !strcmp(name, k->name)) return k;
+        if (minus && !strcmp(k->name, k->family) && strlen(k->family) == (size_t)(minus - name) &&
+            !strncmp(name, k->family, (size_t)(minus - name)))
+            for (int j = 0; j < ED_NPATHS; j++) {  /* "F-x" needs a variant "F+x" */
+                const char *v = ED_PATHS[j].name;
+                if (!strcmp(ED_PATHS[j].family, k->family) && v[minus - name] == '+' && !strcmp(v + (minus - name) + 1, minus + 1))
+                    return k;
+            }
+    }
+    return NULL;
 }
 
+static int ed_path_supported(const char *name) { return ed_path_find(name) != NULL; }
+
+/* Select the path `force` names (see the top of this file); -1 (and the generic path) when it
+ * is unknown or this CPU cannot run it. */
 static int ed_types_init(const char *force) {
-    ed_types_init_generic();
-    memset(ED_MDOT, 0, sizeof ED_MDOT);
-    memset(ED_MDOT_SAME, 0, sizeof ED_MDOT_SAME);
-    ED_SAME_PAIRS = 0;
-    memset(ED_MROWS, 0, sizeof ED_MROWS);
-    ED_GEMM_KERNEL = NULL;
-    ED_GEMM_LIFT = 1;
-    ED_GEMM_I16 = 0;
-    ED_GEMM_TRANSPOSE = ed_gemm_transpose_generic;
-    memset(ED_GEMM_UNPACK, 0, sizeof ED_GEMM_UNPACK);
-    ed_axpy_f16 = ed_axpy_f16_generic;
-    ed_attn = ed_attn_rowwise;
-    const char *want = force && *force && strcmp(force, "auto") != 0 ? force : NULL;
-    if (want) {
-        if (!ed_path_supported(want)) return -1;
-    } else {
-#if defined(__x86_64__)
-        want = ed_path_supported("avx512") ? "avx512" : ed_path_supported("avx2") ? "avx2" : "generic";
-#elif defined(__aarch64__)
-        want = "neon";
-#else
-        want = "generic";
-#endif
-    }
-    if (!strcmp(want, "generic")) ed_generic_install_same();
-#if defined(__x86_64__)
-    if (!strcmp(want, "avx2")) {
-        if (ed_cpu_features() & ED_CPU_AVXVNNI) ed_avx2vnni_install(); else ed_avx2_install();
-        ED_PATH = "avx2";
-    }
-    if (!strcmp(want, "avx512")) { if (ed_cpu_features() & ED_CPU_AVX512VNNI) ed_avx512_install(); else ed_avx512nv_install();
-        ed_avx512_install_wide(); ED_PATH = "avx512"; }
-#elif defined(__aarch64__)
-    if (!strcmp(want, "neon")) {
-        if (ed_cpu_features() & ED_CPU_DOTPROD) ed_neondp_install(); else ed_neon_install();
-        ED_PATH = "neon";
-    }
-#endif
-#if defined(__x86_64__)
-    if (!strcmp(want, "avx2")) ed_attn = ed_avx2_attn;
-    if (!strcmp(want, "avx512")) ed_attn = ed_z_attn;
-#endif
-    return 0;
+    if (ED_H2F_TABLE[0x3C00] != 1.0f)
+        for (int i = 0; i < 65536; i++) ED_H2F_TABLE[i] = ed_fp16_to_fp32((ed_half)i);
+    const ed_kernels *k = ed_path_find(force);
+    ed_kern = k ? k : &ED_PATHS[ED_NPATHS - 1];
+    return k ? 0 : -1;
 }
 
 #endif

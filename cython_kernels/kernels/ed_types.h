@@ -1,8 +1,8 @@
 /* Weight-type traits for the forward pass: block layouts (llama.cpp's, as stored in GGUF),
  * activation quantizers (Q8_0, Q8_1, Q8_K, F16, BF16) and one dot product per weight type
  * against its activation format. Generic C here; SIMD variants in ed_simd.h are chosen once
- * at start-up (ed_types_init). One table binds each type to its functions, so the forward
- * pass never branches on the quantization type.
+ * at start-up (ed_types_init). One const table per path binds each type to its functions
+ * (ed_kernels), so the forward pass never branches on the quantization type or the CPU.
  */
 #ifndef EDGED_ED_TYPES_H
 #define EDGED_ED_TYPES_H
@@ -418,56 +418,105 @@ static float ed_dot_q6_K(int n, const void *vx, const void *vy) {
     return sumf;
 }
 
-/* ---------------------------------------------------------------- the table ------------- */
+/* ---------------------------------------------------------------- the tables ------------ */
 typedef float (*ed_dot_fn)(int n, const void *w, const void *xq);
 typedef void (*ed_quant_fn)(const float *x, void *y, int k);
 
+/* What a weight type is, on every path (llama.cpp's type_traits): its block, its bytes per
+ * block, the activation format its dot takes, and the plain C dot above (the slow, obvious
+ * twin every path is checked against). The path's own dot is ED_DOT[type] (ed_kernels). */
 typedef struct {
     int block;            /* elements per block of the weight type */
     int type_size;        /* bytes per block */
     int vec_type;         /* activation format */
-    ed_dot_fn dot;
+    ed_dot_fn ref;        /* plain C dot (ed_types.h) */
 } ed_traits;
 
-typedef struct { int block, type_size; ed_quant_fn quant; } ed_act_traits;
+/* An activation format: its block, bytes per block and plain C quantizer; the path's own
+ * (the same bytes) is ED_QUANT[format]. */
+typedef struct { int block, type_size; ed_quant_fn ref; } ed_act_traits;
 
-static ed_traits ED_TRAITS[ED_NTYPES];
-static ed_act_traits ED_ACT[ED_NTYPES];
-static const char *ED_PATH = "generic";
+static const ed_traits ED_TRAITS[ED_NTYPES] = {
+    [ED_F32] = {1, 4, ED_F32, ed_dot_f32},
+    [ED_F16] = {1, 2, ED_F16, ed_dot_f16},
+    [ED_BF16] = {1, 2, ED_BF16, ed_dot_bf16},
+    [ED_Q4_0] = {QK, sizeof(blk_q4_0), ED_Q8_0, ed_dot_q4_0},
+    [ED_Q4_1] = {QK, sizeof(blk_q4_1), ED_Q8_1, ed_dot_q4_1},
+    [ED_Q5_0] = {QK, sizeof(blk_q5_0), ED_Q8_0, ed_dot_q5_0},
+    [ED_Q5_1] = {QK, sizeof(blk_q5_1), ED_Q8_1, ed_dot_q5_1},
+    [ED_Q8_0] = {QK, sizeof(blk_q8_0), ED_Q8_0, ed_dot_q8_0},
+    [ED_Q2_K] = {QKK, sizeof(blk_q2_K), ED_Q8_K, ed_dot_q2_K},
+    [ED_Q3_K] = {QKK, sizeof(blk_q3_K), ED_Q8_K, ed_dot_q3_K},
+    [ED_Q4_K] = {QKK, sizeof(blk_q4_K), ED_Q8_K, ed_dot_q4_K},
+    [ED_Q5_K] = {QKK, sizeof(blk_q5_K), ED_Q8_K, ed_dot_q5_K},
+    [ED_Q6_K] = {QKK, sizeof(blk_q6_K), ED_Q8_K, ed_dot_q6_K},
+};
+
+static const ed_act_traits ED_ACT[ED_NTYPES] = {
+    [ED_F32] = {1, 4, ed_quant_f32},
+    [ED_F16] = {1, 2, ed_quant_f16},
+    [ED_BF16] = {1, 2, ed_quant_bf16},
+    [ED_Q8_0] = {QK, sizeof(blk_q8_0), ed_quant_q8_0},
+    [ED_Q8_1] = {QK, sizeof(blk_q8_1), ed_quant_q8_1},
+    [ED_Q8_K] = {QKK, sizeof(blk_q8_K), ed_quant_q8_K},
+};
+
+/* Tiles: out[c * ldo] = dot(w_row, xq + c * xs) for c < nc <= ED_MAX_COLS, the weight row
+ * decoded once for all columns. Row kernels: out[r] = W[r] . xq for r < nr <= 4, the
+ * activation block read once for all rows. */
+#define ED_MAX_COLS 4
+typedef void (*ed_mdot_fn)(int k, const void *w, const void *xq, size_t xs, int nc, float *out, size_t ldo);
+typedef void (*ed_mrows_fn)(int k, const void *w, size_t wstride, int nr, const void *xq, float *out);
+/* y[i] += a * x[i] over an F16 row (attention's V accumulation) */
+typedef void (*ed_axpy_f16_fn)(int n, float a, const ed_half *x, float *y);
+/* attention over the F16 KV cache for a block of query rows (ed_simd.h) */
+typedef struct { const float *q; float *o; int lo, hi; } ed_attn_row;
+typedef void (*ed_attn_fn)(int nr, const ed_attn_row *rw, const ed_half *k, const ed_half *v,
+                           size_t ld, int hd, float scale, float *ws);
+struct ed_gemm_path;  /* the packed-panel kernel of a path (ed_gemm.h) */
+
+/* A kernel path: every function the forward pass calls that depends on the instruction set,
+ * as one const table per path (ed_simd.h defines them, ed_types_init picks one). Per weight
+ * type: the one-token dot, the tile (a few tokens of one prompt), the decode-batch tile
+ * (`same`: every column equal to the one-token path bit for bit: a batch row does not depend
+ * on its neighbours) and the row kernel (one token, 4 weight rows; optional). NULL tile:
+ * repeated dots; NULL same: the batch runs the one-token path per column. */
+typedef struct {
+    const char *family;              /* what EDGED_KERNELS names: generic, avx2, avx512, neon */
+    const char *name;                /* the variant: "avx2+vnni", "neon+dotprod", ... */
+    unsigned need;                   /* ED_CPU_* features (ed_simd.h) the CPU must have */
+    const ed_dot_fn *dot;            /* [weight type] */
+    const ed_quant_fn *quant;        /* [activation format] */
+    const ed_mdot_fn *tile;          /* [weight type] */
+    const ed_mdot_fn *same;          /* [weight type] */
+    const ed_mrows_fn *rows;         /* [weight type] */
+    int same_pairs;                  /* ED_PAIRS_*: decode-batch rows carry pair areas (ed_simd.h) */
+    const struct ed_gemm_path *gemm; /* packed panels for prompt batches */
+    ed_axpy_f16_fn axpy_f16;
+    ed_attn_fn attn;
+} ed_kernels;
+
+/* The path in use: chosen by ed_types_init (ed_simd.h, which defines it: the generic path
+ * until then). The names below read it; they are the only way the engine reaches a
+ * path-specific function. */
+static const ed_kernels *ed_kern;
+#define ED_DOT (ed_kern->dot)
+#define ED_QUANT (ed_kern->quant)
+#define ED_MDOT (ed_kern->tile)
+#define ED_MDOT_SAME (ed_kern->same)
+#define ED_MROWS (ed_kern->rows)
+#define ED_SAME_PAIRS (ed_kern->same_pairs)
+#define ED_PATH (ed_kern->family)
+#define ed_axpy_f16 (ed_kern->axpy_f16)
+#define ed_attn (ed_kern->attn)
 
 /* F16 bits -> float for every half (the exact conversion), for kernels that would rather load
- * a float than convert; filled by ed_types_init_generic */
+ * a float than convert; filled once by ed_types_init */
 static float ED_H2F_TABLE[65536];
-
-static void ed_types_init_generic(void) {
-    if (ED_H2F_TABLE[0x3C00] != 1.0f)
-        for (int i = 0; i < 65536; i++) ED_H2F_TABLE[i] = ed_fp16_to_fp32((ed_half)i);
-    memset(ED_TRAITS, 0, sizeof ED_TRAITS);
-    ED_TRAITS[ED_F32] = (ed_traits){1, 4, ED_F32, ed_dot_f32};
-    ED_TRAITS[ED_F16] = (ed_traits){1, 2, ED_F16, ed_dot_f16};
-    ED_TRAITS[ED_BF16] = (ed_traits){1, 2, ED_BF16, ed_dot_bf16};
-    ED_TRAITS[ED_Q4_0] = (ed_traits){QK, sizeof(blk_q4_0), ED_Q8_0, ed_dot_q4_0};
-    ED_TRAITS[ED_Q4_1] = (ed_traits){QK, sizeof(blk_q4_1), ED_Q8_1, ed_dot_q4_1};
-    ED_TRAITS[ED_Q5_0] = (ed_traits){QK, sizeof(blk_q5_0), ED_Q8_0, ed_dot_q5_0};
-    ED_TRAITS[ED_Q5_1] = (ed_traits){QK, sizeof(blk_q5_1), ED_Q8_1, ed_dot_q5_1};
-    ED_TRAITS[ED_Q8_0] = (ed_traits){QK, sizeof(blk_q8_0), ED_Q8_0, ed_dot_q8_0};
-    ED_TRAITS[ED_Q2_K] = (ed_traits){QKK, sizeof(blk_q2_K), ED_Q8_K, ed_dot_q2_K};
-    ED_TRAITS[ED_Q3_K] = (ed_traits){QKK, sizeof(blk_q3_K), ED_Q8_K, ed_dot_q3_K};
-    ED_TRAITS[ED_Q4_K] = (ed_traits){QKK, sizeof(blk_q4_K), ED_Q8_K, ed_dot_q4_K};
-    ED_TRAITS[ED_Q5_K] = (ed_traits){QKK, sizeof(blk_q5_K), ED_Q8_K, ed_dot_q5_K};
-    ED_TRAITS[ED_Q6_K] = (ed_traits){QKK, sizeof(blk_q6_K), ED_Q8_K, ed_dot_q6_K};
-    ED_ACT[ED_F32] = (ed_act_traits){1, 4, ed_quant_f32};
-    ED_ACT[ED_F16] = (ed_act_traits){1, 2, ed_quant_f16};
-    ED_ACT[ED_BF16] = (ed_act_traits){1, 2, ed_quant_bf16};
-    ED_ACT[ED_Q8_0] = (ed_act_traits){QK, sizeof(blk_q8_0), ed_quant_q8_0};
-    ED_ACT[ED_Q8_1] = (ed_act_traits){QK, sizeof(blk_q8_1), ed_quant_q8_1};
-    ED_ACT[ED_Q8_K] = (ed_act_traits){QKK, sizeof(blk_q8_K), ed_quant_q8_K};
-    ED_PATH = "generic";
-}
 
 /* bytes of one activation row of k elements in the format a weight of `type` needs */
 static size_t ed_act_row_bytes(int type, int64_t k) {
-    int vt = ED_TRAITS[type].vec_type;
+    const int vt = ED_TRAITS[type].vec_type;
     return (size_t)(k / ED_ACT[vt].block) * ED_ACT[vt].type_size;
 }
 

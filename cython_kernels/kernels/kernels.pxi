@@ -2,14 +2,16 @@
 # after forward.pxi, whose Pool / ed_pool this file uses).
 #
 # C-level API for the forward pass (all noexcept nogil, raw pointers, caller owns buffers):
-#   ed_types.h   ED_TRAITS[ggml type] = {block, type_size, vec_type, dot}: the weight type's
+#   ed_types.h   ED_TRAITS[ggml type] = {block, type_size, vec_type, ref}: the weight type's
 #                activation format (vec_type: ED_F32/ED_F16/ED_BF16/ED_Q8_0/ED_Q8_1/ED_Q8_K) and
-#                float dot(int k, const void *w_row, const void *x_quantized_row);
-#                ED_ACT[vec_type].quant(const float *x, void *xq, int k) quantizes activations;
+#                its plain C dot; the chosen path's (ed_kernels) float ED_DOT[type](int k,
+#                const void *w_row, const void *x_quantized_row);
+#                ED_QUANT[vec_type](const float *x, void *xq, int k) quantizes activations;
 #                ed_act_row_bytes(type, k): bytes of one quantized activation row.
-#   ed_simd.h    int ed_types_init(const char *force): fills ED_TRAITS (and ED_MDOT,
-#                ed_axpy_f16) with the best path this CPU supports, or the forced one
-#                ("generic", "avx2", "avx512", "neon", NULL/"auto"); -1 if unsupported.
+#   ed_simd.h    int ed_types_init(const char *force): selects the const table of the best
+#                path this CPU supports, or the forced one ("generic", "avx2", "avx512",
+#                "neon", NULL/"auto", or a family less a feature: "avx2-vnni", "avx512-vnni",
+#                "neon-dotprod"); -1 if unsupported.
 #                void ed_mdot_rows(int type, int k, const uint8_t *w, size_t w_row_bytes, int nr,
 #                    const uint8_t *xq, size_t xq_row_bytes, int nc, float *out, size_t ldo):
 #                    out[c*ldo + r] = W[r] . xq[c] for r < nr, c < nc; the matmul tile (each
@@ -46,8 +48,12 @@ cdef extern from "ed_simd.h" nogil:
     ctypedef float (*ed_dot_fn)(int n, const void *w, const void *xq) noexcept nogil
     ctypedef struct ed_act_traits:
         int block, type_size
-        ed_quant_fn quant
+        ed_quant_fn ref
     ed_act_traits ED_ACT[40]
+    ed_quant_fn ED_QUANT[40]
+    ctypedef struct ed_kernels:
+        const char *name
+    const ed_kernels *ed_kern
     size_t ed_act_row_bytes(int type, int64_t k)
     size_t ed_attn_ws_floats(int hd, int n_ctx)
     void ed_mdot_rows(int type, int k, const uint8_t *w, size_t wstride, int nr,
@@ -77,6 +83,8 @@ cdef extern from "ed_threads.h" nogil:
     int ed_pool_pin(ed_pool *p, const int *cpus, int n, const cpu_set_t *initial)
 
 PATHS = ("generic", "avx2", "avx512", "neon")
+# a family less a feature: the variant a CPU without it gets (to test and measure it anywhere)
+VARIANTS = ("avx2-vnni", "avx512-vnni", "neon-dotprod")
 cdef cpu_set_t _initial_affinity
 sched_getaffinity(0, sizeof(cpu_set_t), &_initial_affinity)
 
@@ -98,11 +106,17 @@ def available_paths():
     return [p for p in PATHS if ed_path_supported(p.encode())]
 
 
+def kernel_variant():
+    """The table the selected path runs: "avx2+vnni", "avx2", "neon+dotprod", ..."""
+    return ed_kern.name.decode()
+
+
 def set_path(name=None):
-    """Select a kernel path (None/"" = best supported). Raises ConfigError when unsupported."""
+    """Select a kernel path (None/"" = best supported; a family as in PATHS, or one of
+    VARIANTS). Raises ConfigError when unsupported."""
     cdef bytes b = (name or "").encode()
-    if name and name not in PATHS + ("auto",):
-        raise _ConfigError(f"EDGED_KERNELS={name!r}: unknown kernel path (one of {', '.join(PATHS)})")
+    if name and name not in PATHS + VARIANTS + ("auto",):
+        raise _ConfigError(f"EDGED_KERNELS={name!r}: unknown kernel path (one of {', '.join(PATHS + VARIANTS)})")
     if ed_types_init(b) != 0:
         ed_types_init(b"generic")
         raise _ConfigError(f"EDGED_KERNELS={name!r}: not supported on this CPU "
@@ -113,7 +127,7 @@ def set_path(name=None):
 
 
 cdef int _check_type(int qtype) except -1:
-    if qtype < 0 or qtype >= 40 or ED_TRAITS[qtype].dot == NULL:
+    if qtype < 0 or qtype >= 40 or ED_TRAITS[qtype].ref == NULL:
         raise ValueError(f"no kernel for ggml type {qtype}")
     return 0
 
@@ -133,7 +147,7 @@ def quantize_act(const float[:, ::1] x, int qtype):
     cdef size_t rb = ed_act_row_bytes(qtype, k)
     out = np.empty((n, rb), np.uint8)
     cdef uint8_t[:, ::1] o = out
-    cdef ed_quant_fn q = ED_ACT[ED_TRAITS[qtype].vec_type].quant
+    cdef ed_quant_fn q = ED_QUANT[ED_TRAITS[qtype].vec_type]
     with nogil:
         for t in range(n):
             q(&x[t, 0], &o[t, 0], k)
@@ -415,7 +429,7 @@ def quantize_rows(const float[:, ::1] x, int qtype, Pool pool=None):
     """Float rows (n, k) -> uint8 (n, row_bytes) quantized to `qtype` with llama.cpp's reference
     algorithms (same bytes as edged.format.quants.quantize); rows split over the pool's threads."""
     cdef int64_t n = x.shape[0], k = x.shape[1]
-    if qtype < 0 or qtype >= 40 or ED_TRAITS[qtype].dot == NULL or ED_TRAITS[qtype].block == 1:
+    if qtype < 0 or qtype >= 40 or ED_TRAITS[qtype].ref == NULL or ED_TRAITS[qtype].block == 1:
         raise ValueError(f"no compiled quantizer for ggml type {qtype}")
     if k % ED_TRAITS[qtype].block:
         raise ValueError(f"row length {k} is not a multiple of the block size {ED_TRAITS[qtype].block}")

@@ -90,8 +90,10 @@ def run(args):
             return 0
         print(f"kernel path:  {mi.get('kernel_path')}")
         print(f"cpu features: {' '.join(mi.get('cpu_features') or []) or 'none'}")
+        quota = mi.get("cpu_quota")
         print(f"threads:      {mi.get('default_threads')} by default (physical cores in the "
-              f"allowed set {mi.get('allowed_cpus')})")
+              f"allowed set {mi.get('allowed_cpus')}"
+              + (f", at most the cgroup CPU quota {quota:g} rounded up)" if quota else ")"))
         nodes = mi.get("numa_nodes") or {}
         print("numa nodes:   " + ", ".join(f"node {n}: {len(c)} cpus" for n, c in nodes.items()))
         return 0

@@ -1,7 +1,7 @@
 """`edged keygen`: make an RSA signing key pair for models."""
 import os
 
-from ..trust import signing
+from ..trust import keys, sign
 from ..errors import ConfigError
 
 
@@ -16,13 +16,13 @@ def register(subparsers):
 
 def run(args):
     private_path = args.out
-    public_path = signing.public_key_path(private_path)
+    public_path = sign.public_key_path(private_path)
     for path in (private_path, public_path):
         if os.path.lexists(path):
             raise ConfigError(f"{path} exists; keygen never overwrites a key")
-    key = signing.generate_key(args.bits)
-    signing.write_file_atomic(private_path, signing.private_pem(key), 0o600, overwrite=False)
-    signing.write_file_atomic(public_path, signing.public_pem(key), 0o644, overwrite=False)
-    print(f"{signing.fingerprint(key)}  {public_path}")
+    key = sign.generate_key(args.bits)
+    sign.write_file_atomic(private_path, sign.private_pem(key), 0o600, overwrite=False)
+    sign.write_file_atomic(public_path, sign.public_pem(key), 0o644, overwrite=False)
+    print(f"{keys.fingerprint(key)}  {public_path}")
     return 0
 

@@ -2,7 +2,8 @@
 import getpass
 import sys
 
-from ..trust import signing
+from ..errors import SignatureError
+from ..trust import keys, sign
 from .progress import ProgressBar
 
 
@@ -22,23 +23,23 @@ def register(subparsers):
 
 def _load_key(path):
     try:
-        return signing.load_private_key(path)
-    except signing.SignatureError:
+        return sign.load_private_key(path)
+    except SignatureError:
         with open(path, "rb") as f:
             encrypted = b"ENCRYPTED" in f.read(1 << 20)
         if not (encrypted and sys.stdin.isatty()):
             raise
-        return signing.load_private_key(path, getpass.getpass(f"passphrase for {path}: ").encode())
+        return sign.load_private_key(path, getpass.getpass(f"passphrase for {path}: ").encode())
 
 
 def run(args):
     key = _load_key(args.key)
     bar = ProgressBar(f"sign {args.model}")
     try:
-        out = signing.sign_file(args.model, key, detached=args.detached, pss=args.pss, progress=bar)
+        out = sign.sign_file(args.model, key, detached=args.detached, pss=args.pss, progress=bar)
     finally:
         bar.finish()
     kind = "detached" if args.detached else "appended"
-    algorithm = signing.ALGORITHM_NAMES[signing.PSS if args.pss else signing.PKCS1V15]
-    print(f"{signing.fingerprint(key)}  {out}  ({kind}, {algorithm})")
+    algorithm = keys.ALGORITHM_NAMES[keys.PSS if args.pss else keys.PKCS1V15]
+    print(f"{keys.fingerprint(key)}  {out}  ({kind}, {algorithm})")
     return 0

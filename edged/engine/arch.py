@@ -242,6 +242,14 @@ def hparams(metadata, arch_name, n_vocab):
         n_swa = 0  # phi3: llama.cpp ignores the window; others have none
         swa = (False,) * n_layer
     rope_base = m.get(Key.ROPE_FREQ_BASE, float, default=10000.0)
+    rope_base_swa = m.get(Key.ROPE_FREQ_BASE_SWA, float, default=10000.0)
+    rms_eps = m.get(Key.LAYERNORM_RMS_EPS, float, required=True)
+    # Values no trained model has: a zero or negative RoPE base gives NaN angles, an epsilon of
+    # zero or less divides by zero (or a negative) on an all-zero row.
+    for key, v in ((Key.ROPE_FREQ_BASE, rope_base), (Key.ROPE_FREQ_BASE_SWA, rope_base_swa),
+                   (Key.LAYERNORM_RMS_EPS, rms_eps)):
+        if v <= 0:
+            _refuse(f"key {m.name(key)!r} must be positive, got {v!r}")
     if arch_name == "gemma3":
         attn_scale = 1.0 / math.sqrt(head_dim)
         if n_layer == 62:  # gemma3 27B scales by n_embd / n_head (llama.cpp, gemma_pytorch)
@@ -252,10 +260,10 @@ def hparams(metadata, arch_name, n_vocab):
         n_vocab=n_vocab, n_ctx_train=n_ctx_train, n_embd=n_embd, n_ff=n_ff, n_layer=n_layer,
         n_head=n_head, n_head_kv=n_head_kv, head_dim=head_dim, head_dim_v=head_dim_v, n_rot=n_rot,
         rope_freq_base=rope_base, rope_freq_scale=freq_scale,
-        rope_freq_base_swa=m.get(Key.ROPE_FREQ_BASE_SWA, float, default=10000.0),
+        rope_freq_base_swa=rope_base_swa,
         rope_attn_factor=m.get(Key.ROPE_SCALING_ATTN_FACTOR, float, default=1.0),
         n_ctx_orig=m.get(Key.ROPE_SCALING_ORIG_CTX_LEN, int, default=n_ctx_train),
-        rms_eps=m.get(Key.LAYERNORM_RMS_EPS, float, required=True),
+        rms_eps=rms_eps,
         n_swa=n_swa, swa_layers=swa, attn_scale=attn_scale,
         embd_scale=math.sqrt(n_embd) if a.embd_scale else 1.0,
         final_logit_softcap=m.get(Key.FINAL_LOGIT_SOFTCAPPING, float, default=0.0),

@@ -2,7 +2,8 @@
 
 A backend is initialised once per Model from the validated Spec and the mapped weights; it
 allocates and frees per-session buffers (KV cache + scratch), takes a batch of tokens in,
-runs one forward step and hands logits back. The Session drives exactly these calls, so an
+runs one forward step and hands logits back. Model.decode (the step API) drives exactly these
+calls and holds the engine's one lock around them, so a backend runs one call at a time and an
 accelerator backend (an NPU vendor's) plugs in here without touching the engine.
 
 Backends: "cpu" (compiled, default) and "reference" (NumPy, for tests and debugging),
@@ -70,11 +71,6 @@ class Backend:
         """float32 (n_rows, n_vocab) logits of the last forward step (all rows or the last)."""
         raise NotImplementedError
 
-    def copy_cache(self, src, dst, n_tokens: int) -> None:
-        """Copy the KV cache of positions [0, n_tokens) from buffer src to dst (n > 1 choices
-        share one prompt evaluation)."""
-        raise NotImplementedError
-
     def decode_rows(self, bufs, tokens, positions):
         """One decode step of several sessions: token i at positions[i] of bufs[i]'s cache.
         Returns float32 (n, n_vocab) logits. This default runs the sessions one by one (the
@@ -86,6 +82,11 @@ class Backend:
             self.forward(buf, 1, pos, False)
             rows.append(self.copy_out(buf, 1))
         return np.concatenate(rows)
+
+    def copy_kv(self, dst, src, n: int) -> None:
+        """Copy the KV cache of positions [0, n) from session buffer src to dst (same n_ctx):
+        Session.fork."""
+        raise NotImplementedError
 
     def close(self) -> None:
         pass

@@ -5,8 +5,6 @@ one 64-byte aligned arena (KV cache in F16, activations, quantized activations, 
 """
 from __future__ import annotations
 
-import threading
-
 import numpy as np
 
 from .arch import ROPE_NEOX, VECTOR_TYPES
@@ -91,10 +89,7 @@ class CPUBackend(Backend):
         self._models = {}  # rope-factor choice -> ForwardModel (phi3 long/short by n_ctx)
         self._embd_type = int(spec.tensors[spec.token_embd].type)
         self._embd_bytes = np.asarray(weights[spec.token_embd]).reshape(-1)  # (n_vocab * row_bytes,)
-        self.pool = core.Pool(self.n_threads)
-        # one forward pass at a time on the pool: sessions of one model may live in several
-        # threads (the daemon), the workers serve one call at a time
-        self._run_lock = threading.Lock()
+        self.pool = core.Pool(self.n_threads)  # one task at a time: Model.decode holds the lock
         self.n_threads = self.pool.n_threads
         from .threads import address_ranges, memory_policy, pin_workers, place_memory, read_topology
         topo = read_topology()
@@ -158,16 +153,10 @@ class CPUBackend(Backend):
             rows *= np.float32(self.spec.hp.embd_scale)
 
     def forward(self, buf, n_tokens, pos, all_logits):
-        with self._run_lock:
-            buf.state.forward(n_tokens, pos, all_logits)
+        buf.state.forward(n_tokens, pos, all_logits)
 
     def copy_out(self, buf, n_rows):
         return np.array(buf.state.logits(n_rows))
-
-    def copy_cache(self, src, dst, n_tokens):
-        # (n_layer, n_ctx, n_embd_k_gqa) f16 views of each arena; rows past n_tokens untouched
-        for a, b in zip(src.state.kv_cache(), dst.state.kv_cache()):
-            b[:, :n_tokens] = a[:, :n_tokens]
 
     def decode_rows(self, bufs, tokens, positions):
         """All rows in one compiled pass: the matrix products are shared (one read of the
@@ -179,9 +168,12 @@ class CPUBackend(Backend):
                 or any(b.state.model is not lead.state.model for b in bufs)):
             return super().decode_rows(bufs, tokens, positions)
         self.copy_in(lead, tokens, 0)
-        with self._run_lock:
-            lead.state.forward_rows([b.state for b in bufs], list(positions))
-            return np.array(lead.state.logits(n))
+        lead.state.forward_rows([b.state for b in bufs], list(positions))
+        return np.array(lead.state.logits(n))
+
+    def copy_kv(self, dst, src, n):
+        for d, s in zip(dst.state.kv_cache(), src.state.kv_cache()):
+            d[:, :n] = s[:, :n]     # (n_layer, n_ctx, kv dims): the first n positions
 
     def profile(self, n_prompt=512):
         """Time per op kind for one prompt batch and for one token after it (ms)."""

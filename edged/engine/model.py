@@ -4,6 +4,12 @@
     s = m.session(n_ctx=512)
     logits = s.eval(ids, logits="all")          # float32 (len(ids), n_vocab)
     for out in s.generate("Once upon a time", max_tokens=32): print(out.text, end="")
+    m.decode([BatchEntry(s1, prompt_chunk, logits=None), BatchEntry(s2, [tok])])  # the step API
+
+Sessions own their KV cache (and, once start() began a Generation, its sampler state); a
+Model is shared. Model.decode is the one call that runs the model: Session.eval and
+Session.generate are thin loops over it, the daemon's scheduler fills it with the work of
+all its slots (docs/engine.md).
 
 Load order: (signature check on the open descriptor) -> map -> validate every tensor against
 the architecture table -> memory plan against the budget -> backend init. Nothing is
@@ -13,6 +19,7 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 import time
 from dataclasses import dataclass
 
@@ -20,11 +27,17 @@ import numpy as np
 
 from . import arch as _arch
 from .backends import backend_class
+from .batch import LOGITS, BatchEntry
+from .generation import Generation, GenerationOutput  # noqa: F401 - GenerationOutput: the public API
 from ..errors import CapacityError, ConfigError, RequestError
 from ..format.gguf import GGUFFile, Key
 
 NUMA_POLICIES = ("none", "isolate", "distribute", "numactl")
 DEFAULT_N_BATCH = 512
+
+# One forward pass at a time per process (Model.decode; Session.fork's copy): every model's
+# pool has a worker per core, sessions of one model may live in several threads (the daemon).
+_COMPUTE = threading.Lock()
 
 
 def available_memory():
@@ -86,7 +99,7 @@ class Model:
              n_ctx_plan=None):
         """Load and validate a GGUF model.
 
-        trusted_keys: a signing.TrustStore (or a directory of trusted public keys);
+        trusted_keys: a store.TrustStore (or a directory of trusted public keys);
         require_signature: refuse unsigned files; max_memory: byte budget (default: available
         memory); backend: "cpu" or "reference" (default: $EDGED_BACKEND or cpu);
         verbose/log: report each tensor and the memory plan as the load proceeds;
@@ -103,11 +116,11 @@ class Model:
         self._verified = None
         self.signer = None
         if trusted_keys is not None or require_signature:
-            from ..trust import signing
+            from ..trust import store, verify
             trust = trusted_keys
             if isinstance(trust, (str, os.PathLike)):
-                trust = signing.TrustStore.load(trust)
-            vf = signing.open_verified(self.path, trust, require_signature)
+                trust = store.TrustStore.load(trust)
+            vf = verify.open_verified(self.path, trust, require_signature)
             self._verified = vf
             self.signer = vf.signer
             try:
@@ -203,43 +216,87 @@ class Model:
     def session(self, n_ctx=512, n_batch=DEFAULT_N_BATCH):
         return Session(self, n_ctx, n_batch)
 
-    def decode_batch(self, sessions, tokens):
-        """One decode step of several sessions in one forward pass: token i is appended to
-        sessions[i] and evaluated at that session's own position against its own KV cache
-        (the matrix products are shared across rows). Same effect as sessions[i].eval([t])
-        for each i; returns float32 (n, n_vocab), row i = sessions[i]'s next-token logits."""
-        sessions, tokens = list(sessions), [int(t) for t in tokens]
-        if not sessions or len(sessions) != len(tokens):
-            raise RequestError(f"decode_batch: {len(sessions)} sessions for {len(tokens)} tokens")
-        if len({id(s) for s in sessions}) != len(sessions):
-            raise RequestError("decode_batch: a session appears twice")
+    def decode(self, entries):
+        """The step API: evaluate a batch of BatchEntry (session, tokens, pos, logits) in one
+        call, as llama.cpp's llama_decode(batch): prompt chunks of some sessions and single
+        decode tokens of others, mixed. Returns one item per entry: float32 logits as the
+        entry asked ("last" -> (1, n_vocab), "all" -> (len(tokens), n_vocab)) or None.
+
+        Every entry is checked before anything runs (a refused call changes no session). The
+        single tokens of several sessions go through one forward pass (the matrix products
+        read the weights once for all rows; attention runs per row against the row's own KV
+        cache; a row equals that session's own one-token step bit for bit); a prompt chunk
+        runs as its session's own batch.
+
+        The one lock of the engine: one forward pass at a time per process. Each model's
+        thread pool has a worker per core, so two passes at once would only fight over them
+        (and a pool runs one task at a time)."""
+        runs = [self._check(e) for e in entries]
+        if not runs:
+            raise RequestError("decode: an empty batch")
+        if len({id(r[0]) for r in runs}) != len(runs):
+            raise RequestError("decode: a session appears twice in the batch")
+        out = [None] * len(runs)
+        with _COMPUTE:
+            if self.backend is None:
+                raise RequestError("model is closed")
+            for s, ids, pos, _ in runs:
+                if pos < s.n_past:
+                    s.truncate(pos)         # forget the cache from pos on
+            singles = [i for i, r in enumerate(runs) if len(r[1]) == 1]
+            if len(singles) > 1:
+                rows = self._decode_rows([runs[i] for i in singles])
+                for k, i in enumerate(singles):
+                    out[i] = rows[k:k + 1] if runs[i][3] else None
+            singles = set(singles) if len(singles) > 1 else set()
+            for i, (s, ids, _, logits) in enumerate(runs):
+                if i not in singles:
+                    out[i] = s._run(ids, logits)
+        return out
+
+    def _check(self, e):
+        """(session, ids, pos, logits) of a BatchEntry, or RequestError naming what is wrong."""
+        s, ids = e.session, list(e.tokens)
+        if not isinstance(s, Session) or s.model is not self or s._buf is None:
+            raise RequestError("decode: a session of another (or a closed) model")
+        if not ids:
+            raise RequestError("decode: an entry without tokens")
+        if e.logits not in LOGITS:
+            raise RequestError(f"decode: logits={e.logits!r}, expected 'last', 'all' or None")
         nv = self.hp.n_vocab
-        for s, t in zip(sessions, tokens):
-            if s.model is not self or s._buf is None:
-                raise RequestError("decode_batch: a session of another (or a closed) model")
-            if not 0 <= t < nv:
-                raise RequestError(f"token id {t} out of range [0, {nv})")
-            if s.n_past + 1 > s.n_ctx:
-                raise RequestError(f"{s.n_past + 1} tokens do not fit the context (n_ctx {s.n_ctx})")
+        bad = [t for t in ids if not 0 <= t < nv]
+        if bad:
+            raise RequestError(f"token id {bad[0]} out of range [0, {nv})")
+        pos = s.n_past if e.pos is None else int(e.pos)
+        if not 0 <= pos <= s.n_past:
+            raise RequestError(f"decode: position {pos} outside [0, {s.n_past}] (the tokens in "
+                               "the session's cache)")
+        if pos + len(ids) > s.n_ctx:
+            raise RequestError(f"{pos + len(ids)} tokens do not fit the context "
+                               f"(n_ctx {s.n_ctx}, {pos} already in it)")
+        return s, ids, pos, e.logits
+
+    def _decode_rows(self, runs):
+        """One token of each of several sessions in one pass; (n, n_vocab) logits."""
+        sessions = [r[0] for r in runs]
+        tokens = [r[1][0] for r in runs]
         t0 = time.perf_counter()
         logits = self.backend.decode_rows([s._buf for s in sessions], tokens,
                                           [s.n_past for s in sessions])
         ms = (time.perf_counter() - t0) * 1000 / len(sessions)
         for s, t in zip(sessions, tokens):
-            s._ahead = None
             s.tokens.append(t)
             s.t_eval_ms += ms
             s.n_eval += 1
         return logits
 
-    def decode_ahead(self, sessions, tokens):
-        """decode_batch for sessions whose own code (a running generate()) is about to call
-        eval([token]): each such next call returns the logits computed here instead of
-        running the model again. Any other call on the session discards them."""
-        logits = self.decode_batch(sessions, tokens)
-        for i, (s, t) in enumerate(zip(sessions, tokens)):
-            s.tokens.pop()
-            s._ahead = (t, s.n_past, logits[i:i + 1])
+    def decode_batch(self, sessions, tokens):
+        """The next token of several sessions in one forward pass: decode() of one-token
+        entries. Returns float32 (n, n_vocab), row i = sessions[i]'s next-token logits."""
+        sessions, tokens = list(sessions), list(tokens)
+        if not sessions or len(sessions) != len(tokens):
+            raise RequestError(f"decode_batch: {len(sessions)} sessions for {len(tokens)} tokens")
+        return np.concatenate(self.decode([BatchEntry(s, (t,)) for s, t in zip(sessions, tokens)]))
 
     def plan(self, n_ctx, n_batch=DEFAULT_N_BATCH):
         """The MemoryPlan a session of n_ctx tokens needs (weights + KV cache + scratch)."""
@@ -285,15 +342,6 @@ class Model:
                 f"n_layer={self.hp.n_layer} backend={self.backend_name}>")
 
 
-@dataclass(frozen=True)
-class GenerationOutput:
-    """One step of Session.generate: the new text (complete UTF-8 only), the token id, and the
-    finish reason ("stop", "length") on the last item, else None."""
-    text: str
-    token: int | None
-    finish_reason: str | None = None
-
-
 class Session:
     """Mutable state of one conversation: KV cache, the tokens in it, sampler RNG."""
 
@@ -314,8 +362,8 @@ class Session:
         plan.check(f"a session of n_ctx {n_ctx}")
         self.memory_plan = plan
         self._buf = be.alloc(n_ctx, self.n_batch)
-        self.tokens: list[int] = []
-        self._ahead = None  # (token, position, logits) from Model.decode_ahead
+        self.tokens: list[int] = []         # the tokens in the KV cache, by position
+        self.generation = None              # the Generation start() began (sampler state)
         self.t_eval_ms = 0.0
         self.n_eval = 0
 
@@ -324,34 +372,47 @@ class Session:
         return len(self.tokens)
 
     def reset(self):
-        self._ahead = None
         self.tokens = []
 
     def truncate(self, n):
         """Forget everything after the first n tokens (the cache beyond is overwritten)."""
-        self._ahead = None
         del self.tokens[n:]
 
+    def common_prefix(self, ids):
+        """How many leading tokens of ids this session's KV cache already holds: the one home
+        of prefix reuse (Session.start and the daemon's choice of an idle session use it)."""
+        n = 0
+        for a, b in zip(self.tokens, ids):
+            if a != b:
+                break
+            n += 1
+        return n
+
+    def fork(self):
+        """A new session of the same model, n_ctx and n_batch holding a copy of this one's KV
+        cache and tokens (n_past positions are copied, nothing is evaluated). The two then go
+        their own ways: n > 1 choices of one prompt prefill it once, fork, and start() each
+        fork on the same ids (the prefix reuse then evaluates only the last prompt token,
+        which a scheduler step batches for all forks)."""
+        s = Session(self.model, self.n_ctx, self.n_batch)
+        with _COMPUTE:
+            self.model.backend.copy_kv(s._buf, self._buf, self.n_past)
+        s.tokens = list(self.tokens)
+        return s
+
     def eval(self, ids, logits="last"):
-        """Append ids to the context and run them. logits: "last" -> (1, n_vocab) float32,
-        "all" -> (len(ids), n_vocab)."""
+        """Append ids to the context and run them: Model.decode of one entry. logits: "last" ->
+        (1, n_vocab) float32, "all" -> (len(ids), n_vocab)."""
         ids = [int(t) for t in ids]
-        ahead, self._ahead = self._ahead, None
-        if ahead is not None and logits == "last" and len(ids) == 1 and \
-                (ids[0], self.n_past) == ahead[:2]:
-            self.tokens.append(ids[0])   # evaluated by Model.decode_ahead in a batch
-            return ahead[2]
         if not ids:
             raise RequestError("eval: no tokens")
         if logits not in ("last", "all"):
             raise RequestError(f"eval: logits={logits!r}, expected 'last' or 'all'")
-        nv = self.model.hp.n_vocab
-        bad = [t for t in ids if not 0 <= t < nv]
-        if bad:
-            raise RequestError(f"token id {bad[0]} out of range [0, {nv})")
-        if self.n_past + len(ids) > self.n_ctx:
-            raise RequestError(f"{self.n_past + len(ids)} tokens do not fit the context "
-                               f"(n_ctx {self.n_ctx}, {self.n_past} already in it)")
+        return self.model.decode([BatchEntry(self, ids, None, logits)])[0]
+
+    def _run(self, ids, logits):
+        """Evaluate ids at n_past as this session's own batches of at most n_batch tokens
+        (Model.decode has checked them and holds the lock)."""
         be, buf = self.model.backend, self._buf
         t0 = time.perf_counter()
         rows = []
@@ -365,41 +426,33 @@ class Session:
             self.tokens.extend(chunk)
             if want_all:
                 rows.append(be.copy_out(buf, len(chunk)))
-            elif last:
+            elif last and logits:
                 rows.append(be.copy_out(buf, 1))
         self.t_eval_ms += (time.perf_counter() - t0) * 1000
         self.n_eval += len(ids)
+        if not rows:
+            return None
         return rows[0] if len(rows) == 1 else np.concatenate(rows)
 
-    def copy_from(self, other, n_tokens=None):
-        """Take the first n_tokens (default: all) of another session of the same model: its
-        tokens and KV cache, copied (so both go on independently, e.g. n choices of one prompt)."""
-        n = other.n_past if n_tokens is None else int(n_tokens)
-        if other.model is not self.model or other._buf is None or self._buf is None:
-            raise RequestError("copy_from: a session of another (or a closed) model")
-        if not 0 <= n <= other.n_past or n > self.n_ctx:
-            raise RequestError(f"copy_from: {n} tokens (source has {other.n_past}, n_ctx {self.n_ctx})")
-        self.model.backend.copy_cache(other._buf, self._buf, n)
-        self._ahead = None
-        self.tokens = list(other.tokens[:n])
-
-    def prefill(self, ids):
-        """Evaluate ids reusing the longest cached prefix; returns the last position's logits
-        (1, n_vocab) and the number of tokens actually evaluated."""
-        ids = [int(t) for t in ids]
+    def start(self, prompt, add_special=True, parse_special=False, **sampling):
+        """Begin a generation on this session: a Generation (engine/generation.py) whose steps
+        the caller drives through Model.decode. prompt: text (tokenized with add_special /
+        parse_special) or token ids. The prefix the KV cache already holds is not evaluated
+        again (at least the last prompt token is, for its logits). sampling: max_tokens,
+        temperature, top_k, top_p, min_p, seed, stop, repeat_penalty, presence_penalty,
+        frequency_penalty, penalty_last_n, logit_bias, and sampler (a text.sampling.Sampler
+        to draw with instead of one made from the others)."""
+        ids = self.model.tokenizer.encode(prompt, add_special=add_special,
+                                          parse_special=parse_special) \
+            if isinstance(prompt, str) else [int(t) for t in prompt]
         if not ids:
             raise RequestError("empty prompt")
         if len(ids) > self.n_ctx:
             raise RequestError(f"prompt of {len(ids)} tokens is longer than the context "
                                f"(n_ctx {self.n_ctx})")
-        common = 0
-        for a, b in zip(self.tokens, ids):
-            if a != b:
-                break
-            common += 1
-        common = min(common, len(ids) - 1)  # always evaluate at least one token for logits
-        self.truncate(common)
-        return self.eval(ids[common:]), len(ids) - common
+        cached = min(self.common_prefix(ids), len(ids) - 1)
+        self.generation = Generation(self, ids, cached, **sampling)
+        return self.generation
 
     def generate(self, prompt, max_tokens=128, temperature=0.0, top_k=0, top_p=1.0, min_p=0.0,
                  seed=None, stop=(), repeat_penalty=1.0, presence_penalty=0.0,
@@ -412,62 +465,22 @@ class Session:
         emitted, the stop string is not). stats: optional dict filled with timings.
         sampler: a text.sampling.Sampler to draw with (structured output, logprobs) instead of
         one made from the sampling arguments.
-        """
-        from ..text.sampling import Sampler, StopMatcher
-        tok = self.model.tokenizer
-        ids = tok.encode(prompt, add_special=add_special, parse_special=parse_special) \
-            if isinstance(prompt, str) else [int(t) for t in prompt]
-        if max_tokens is not None and max_tokens < 0:
-            raise RequestError(f"max_tokens={max_tokens}: must be >= 0")
-        sampler = sampler or Sampler(self.model.hp.n_vocab, temperature=temperature, top_k=top_k,
-                          top_p=top_p, min_p=min_p, seed=seed, repeat_penalty=repeat_penalty,
-                          presence_penalty=presence_penalty, frequency_penalty=frequency_penalty,
-                          penalty_last_n=penalty_last_n, logit_bias=logit_bias)
-        t0 = time.perf_counter()
-        logits, n_evaluated = self.prefill(ids)
-        t1 = time.perf_counter()
-        if stats is not None:
-            stats.update(n_prompt=len(ids), n_prompt_eval=n_evaluated,
-                         prompt_ms=(t1 - t0) * 1000, n_gen=0, gen_ms=0.0, sample_ms=0.0)
-        sampler.accept_many(ids)
-        decoder = tok.stream_decoder()
-        stopper = StopMatcher(stop)
-        eog = tok.eog_ids
-        n_gen = 0
-        t_sample = 0.0
-        finish = None
+        A thin loop over start() and Model.decode, one entry per step."""
+        g = self.start(prompt, add_special=add_special, parse_special=parse_special,
+                       max_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
+                       min_p=min_p, seed=seed, stop=stop, repeat_penalty=repeat_penalty,
+                       presence_penalty=presence_penalty, frequency_penalty=frequency_penalty,
+                       penalty_last_n=penalty_last_n, logit_bias=logit_bias, sampler=sampler)
+        decode = self.model.decode
         while True:
-            if max_tokens is not None and n_gen >= max_tokens:
-                finish = "length"
-                break
-            ts = time.perf_counter()
-            t = sampler.sample(logits[-1])
-            t_sample += time.perf_counter() - ts
-            n_gen += 1
-            if t in eog:
-                finish = "stop"
-                break
-            sampler.accept(t)
-            text, hit = stopper.push(decoder.push(t))
-            if hit:  # text before the stop string; the sampled token is not evaluated
-                self._stats(stats, t1, n_gen, t_sample)
-                yield GenerationOutput(text, t, "stop")
+            out = g.accept(decode([g.entry()])[0])
+            if out is None:
+                continue
+            if stats is not None:
+                stats.update(g.stats())
+            yield out
+            if out.finish_reason:
                 return
-            if (max_tokens is not None and n_gen >= max_tokens) or self.n_past >= self.n_ctx:
-                # the last token asked for, or no room left in the context to evaluate it
-                self._stats(stats, t1, n_gen, t_sample)
-                yield GenerationOutput(text + stopper.flush(decoder.flush()), t, "length")
-                return
-            yield GenerationOutput(text, t, None)
-            logits = self.eval([t])
-        self._stats(stats, t1, n_gen, t_sample)
-        yield GenerationOutput(stopper.flush(decoder.flush()), t if finish == "stop" else None,
-                               finish)
-
-    def _stats(self, stats, t1, n_gen, t_sample):
-        if stats is not None:
-            stats.update(n_gen=n_gen, gen_ms=(time.perf_counter() - t1) * 1000,
-                         sample_ms=t_sample * 1000)
 
     def close(self):
         if self._buf is not None:

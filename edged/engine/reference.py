@@ -104,9 +104,9 @@ class ReferenceBackend(Backend):
     def free(self, buf):
         buf.k = buf.v = None
 
-    def copy_cache(self, src, dst, n_tokens):
-        dst.k[:, :n_tokens] = src.k[:, :n_tokens]
-        dst.v[:, :n_tokens] = src.v[:, :n_tokens]
+    def copy_kv(self, dst, src, n):
+        dst.k[:, :n] = src.k[:, :n]
+        dst.v[:, :n] = src.v[:, :n]
 
     def copy_in(self, buf, tokens, pos):
         buf.tokens = np.asarray(tokens, dtype=np.int64)

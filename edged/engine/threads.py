@@ -3,7 +3,10 @@
 Topology comes from sysfs (`<root>/devices/system/cpu`, `<root>/devices/system/node`; the root
 is injectable so tests can present fake machines) intersected with the process's allowed CPU
 set (sched_getaffinity: what numactl, taskset, a cgroup or systemd's CPUAffinity= allow).
-Placement never leaves that set.
+Placement never leaves that set. The default thread count is the physical cores of that set,
+and no more than the CPU quota rounded up: cgroup v2 `cpu.max` (what systemd's CPUQuota= and
+`docker --cpus` set) or cgroup v1 `cpu.cfs_quota_us` / `cpu.cfs_period_us`, of the process's
+cgroup (`<proc>/self/cgroup`) and every cgroup above it, under `<root>/fs/cgroup`.
 
 NUMA policies, as llama.cpp's --numa, for threads and for memory (the weights, and each
 session's arena: KV cache, activations, scratch):
@@ -25,6 +28,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import math
 import os
 from dataclasses import dataclass, field
 
@@ -63,6 +67,7 @@ class Topology:
     allowed: tuple          # online CPUs this process may run on, ascending
     nodes: dict             # node id -> tuple of allowed CPUs on it
     siblings: dict = field(default_factory=dict)  # cpu -> tuple of SMT siblings (incl. itself)
+    cpu_quota: float | None = None  # CPUs per period the cgroup allows (None: no limit)
 
     def node_of(self, cpu):
         for n, cpus in self.nodes.items():
@@ -90,9 +95,59 @@ class Topology:
         return [g[i] for i in range(depth) for g in cores if i < len(g)]
 
 
-def read_topology(sysfs_root="/sys", allowed=None):
+def _quota_v2(text):
+    """cpu.max "150000 100000" -> 1.5; "max 100000" -> None."""
+    parts = (text or "").split()
+    if len(parts) == 2 and parts[0] != "max" and int(parts[1]) > 0:
+        return int(parts[0]) / int(parts[1])
+    return None
+
+
+def _quota_v1(quota, period):
+    """cpu.cfs_quota_us "-1" means no limit."""
+    if quota is None or period is None or int(quota) <= 0 or int(period) <= 0:
+        return None
+    return int(quota) / int(period)
+
+
+def cpu_quota(sysfs_root="/sys", proc_root="/proc"):
+    """CPUs per period this process's cgroups allow (the smallest limit on the way up to the
+    hierarchy's root), or None without a limit (or without cgroups)."""
+    cg = os.path.join(sysfs_root, "fs", "cgroup")
+    limits = []
+    for line in (_read(os.path.join(proc_root, "self", "cgroup")) or "").splitlines():
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        _, controllers, path = parts
+        if controllers == "":  # cgroup v2 (unified): pure v2 mounts it at fs/cgroup itself
+            bases, v1 = [cg, os.path.join(cg, "unified")], False
+        elif "cpu" in controllers.split(","):  # cgroup v1's cpu controller
+            bases, v1 = [os.path.join(cg, controllers)], True
+        else:
+            continue
+        rel = path.strip("/")
+        for base in bases:
+            here = rel
+            while True:
+                d = os.path.join(base, here) if here else base
+                if v1:
+                    q = _quota_v1(_read(os.path.join(d, "cpu.cfs_quota_us")),
+                                  _read(os.path.join(d, "cpu.cfs_period_us")))
+                else:
+                    q = _quota_v2(_read(os.path.join(d, "cpu.max")))
+                if q is not None:
+                    limits.append(q)
+                if not here:
+                    break
+                here = os.path.dirname(here)
+    return min(limits) if limits else None
+
+
+def read_topology(sysfs_root="/sys", allowed=None, proc_root="/proc"):
     """Topology of this machine (or of the fake tree under sysfs_root). `allowed` defaults to
-    os.sched_getaffinity(0)."""
+    os.sched_getaffinity(0); the CPU quota comes from the cgroups of <proc_root>/self/cgroup
+    under <sysfs_root>/fs/cgroup."""
     cpu_dir = os.path.join(sysfs_root, "devices", "system", "cpu")
     node_dir = os.path.join(sysfs_root, "devices", "system", "node")
     online_text = _read(os.path.join(cpu_dir, "online"))
@@ -123,13 +178,18 @@ def read_topology(sysfs_root="/sys", allowed=None):
         nodes.setdefault(min(nodes) if nodes else 0, ())
         k = min(nodes)
         nodes[k] = tuple(sorted(set(nodes[k]) | set(rest)))
-    return Topology(allowed=usable, nodes=nodes, siblings=siblings)
+    return Topology(allowed=usable, nodes=nodes, siblings=siblings,
+                    cpu_quota=cpu_quota(sysfs_root, proc_root))
 
 
 def default_threads(topo=None):
-    """Physical cores in the allowed set (SMT siblings counted once)."""
+    """Physical cores in the allowed set (SMT siblings counted once), at most the CPU quota
+    rounded up (1.5 CPUs: 2 threads, which share the quota between them)."""
     topo = topo or read_topology()
-    return max(1, len(topo.cores()))
+    n = len(topo.cores())
+    if topo.cpu_quota is not None:
+        n = min(n, math.ceil(topo.cpu_quota - 1e-9))
+    return max(1, n)
 
 
 def current_cpu(proc_root="/proc"):
@@ -180,6 +240,7 @@ def describe(topo=None):
     """Facts for `edged info`."""
     topo = topo or read_topology()
     return {"allowed_cpus": list(topo.allowed), "physical_cores": len(topo.cores()),
+            "cpu_quota": topo.cpu_quota,
             "numa_nodes": {n: list(c) for n, c in topo.nodes.items()},
             "default_threads": default_threads(topo)}
 

@@ -7,6 +7,8 @@
 - registry.py / scheduler.py: models by name (verify, load, warm, swap, pin, idle unload)
   and the bounded FIFO of requests over `n_parallel` generation slots.
 
+policy.py says which models a request may cause to be loaded and how often it may swap;
+renderer.py renders chat templates in a bounded child process forked before the sandbox;
 config.py reads edged.toml; systemd.py is sd_notify/listen_fds; log.py journald-friendly
 stderr logging; metrics.py the Prometheus counters; daemon.py wires it all together.
 """

@@ -9,13 +9,14 @@ import asyncio
 import dataclasses
 import json
 import secrets
+import threading
 import time
 import urllib.parse
 
 from ..errors import (EdgedError, HTTPError, ModelNotFound, NotReady, QueueTimeout, RequestError,
                       http_error)
 from ..text import grammar, reasoning, tools
-from ..text.sampling import Sampler
+from ..text.sampling import Sampler, greedy_temperature
 from . import requests
 from .log import log
 from .names import check_model_name
@@ -30,6 +31,9 @@ class Peer:
     groups: tuple = ()
 
 
+TCP_PEER = Peer(0, -1, -1)      # what the load policy sees of a TCP client
+
+
 @dataclasses.dataclass
 class ApiRequest:
     method: str
@@ -38,6 +42,7 @@ class ApiRequest:
     peer: Peer | None = None                  # None: not a Unix-socket peer (tests may leave it out)
     disconnected: object = lambda: False      # () -> bool, True once the client has gone
     info: dict = dataclasses.field(default_factory=dict)   # filled by handlers for the request log line
+    tcp: bool = False                         # over the opt-in TCP listener (an API key admitted it)
 
 
 @dataclasses.dataclass
@@ -91,7 +96,7 @@ def parse_params(body, chat):
     p = {"model": r.model, "stream": r.stream,
          "include_usage": bool(r.stream_options and r.stream_options.include_usage),
          "max_tokens": r.max_completion_tokens or r.max_tokens,
-         "temperature": float(r.temperature), "top_p": float(r.top_p), "top_k": r.top_k,
+         "temperature": greedy_temperature(float(r.temperature)), "top_p": float(r.top_p), "top_k": r.top_k,
          "min_p": float(r.min_p), "presence_penalty": float(r.presence_penalty),
          "frequency_penalty": float(r.frequency_penalty), "repeat_penalty": float(r.repeat_penalty),
          "penalty_last_n": r.penalty_last_n, "seed": r.seed, "n": r.n,
@@ -283,7 +288,7 @@ class Api:
             raise RequestError("'add_special', 'parse_special' and 'with_pieces' must be booleans")
         name = self.state.registry.resolve(body.get("model"))
         req.info["model"] = name
-        lm = await self._acquire(name, self.state.cfg.queue_timeout)
+        lm = await self._acquire(name, self.state.cfg.queue_timeout, req)
         try:
             ids = await asyncio.get_running_loop().run_in_executor(
                 None, lambda: lm.encode_text(body["content"], add_special, parse_special))
@@ -302,7 +307,7 @@ class Api:
             raise RequestError("expected {\"tokens\": [ids]}")
         name = self.state.registry.resolve(body.get("model"))
         req.info["model"] = name
-        lm = await self._acquire(name, self.state.cfg.queue_timeout)
+        lm = await self._acquire(name, self.state.cfg.queue_timeout, req)
         try:
             bad = [t for t in toks if not 0 <= t < lm.n_vocab]
             if bad:
@@ -312,9 +317,14 @@ class Api:
             self.state.registry.release(lm)
         return Reply(200, {"content": text, "model": name})
 
-    async def _acquire(self, name, timeout):
+    async def _acquire(self, name, timeout, req=None):
+        """The loaded model `name`; the peer of `req` must be allowed to cause its load (a TCP
+        client counts as a peer with no uid or group: never admin, never in auto_load_allow)."""
         if self.state.stopping:
             raise NotReady("shutting down")
+        peer = None if req is None else TCP_PEER if req.tcp and req.peer is None else req.peer
+        if peer is not None:
+            self.state.policy.check(self.state.cfg, self.state.registry, peer, name)
         try:
             return await asyncio.wait_for(self.state.registry.acquire(name), timeout)
         except asyncio.TimeoutError:
@@ -339,7 +349,7 @@ class Api:
         await st.slots.acquire(cfg.queue_timeout, req.disconnected)
         gen = None
         try:
-            lm = await self._acquire(name, max(cfg.queue_timeout - (time.monotonic() - t0), 0.001))
+            lm = await self._acquire(name, max(cfg.queue_timeout - (time.monotonic() - t0), 0.001), req)
             try:
                 prep = await asyncio.get_running_loop().run_in_executor(None, _prepare, lm, p, chat)
                 limit = min(cfg.prompt_limit(), lm.n_ctx - 1)
@@ -454,6 +464,31 @@ def _special_token(tok):
 
 
 # --- one request's choices on the decode thread ---------------------------------------------
+
+class _Steps:
+    """A choice's engine Generation as the decode thread steps it (service/scheduler.py):
+    session, prefilling and entry() pass through; accept() also takes the logprob records of
+    the token just drawn, so they ride along with it."""
+    __slots__ = ("gen", "sampler")
+
+    def __init__(self, gen, sampler):
+        self.gen, self.sampler = gen, sampler
+
+    @property
+    def session(self):
+        return self.gen.session
+
+    @property
+    def prefilling(self):
+        return self.gen.prefilling
+
+    def entry(self, budget=None):
+        return self.gen.entry(budget)
+
+    def accept(self, logits):
+        out = self.gen.accept(logits)
+        return None if out is None else _Out(out, self.sampler.take_records())
+
 
 class _Out:
     """What a choice's generator posts: the engine's output plus the logprob records of its
@@ -618,10 +653,9 @@ class _Generation:
     def _steps(self, choice, session, info):
         job = choice.job
         job.session = session           # the decode loop batches it with the other streams
-        sampler = choice.sampler
-        for out in self.lm.steps(session, self.prep.prompts[choice.prompt], info,
-                                 max_tokens=self.max_tokens, stop=self.p["stop"], sampler=sampler):
-            yield None if out is None else _Out(out, sampler.take_records())
+        gen = self.lm.steps(session, self.prep.prompts[choice.prompt], info,
+                            max_tokens=self.max_tokens, stop=self.p["stop"], sampler=choice.sampler)
+        return _Steps(gen, choice.sampler)
 
     async def start(self, req):
         self.req = req
@@ -662,30 +696,46 @@ class _Generation:
                                   lambda: lm.give_back(session) if keep else session.close())
 
     async def _fork(self, ids, n, info):
-        """Evaluate the prompt once and copy its KV cache into n sessions (a job of its own)."""
-        lm, sessions, handed = self.lm, [], []
+        """Evaluate the prompt once (a job of its own), then fork its session n - 1 times (a
+        worker thread copies the KV cache): n sessions that each hold the prompt."""
+        lm, box, gens, lock = self.lm, [], [], threading.Lock()
+        state = {"ended": False, "abandoned": False}
 
-        def make_gen():         # a generator: runs on the decode thread from its first step
-            sessions.append(lm.take_session(ids))
-            sessions.extend(lm.model.session(n_ctx=lm.n_ctx) for _ in range(n - 1))
-            yield from lm.fork(ids, sessions, info)
-            handed.append(True)     # before finish() runs: the choices own the sessions now
+        def make_gen():
+            s = lm.take_session(ids)
+            box.append(s)
+            gens.append(lm.steps(s, ids, info, max_tokens=0))
+            return gens[0]
 
-        def finish():
-            if not handed:
-                for i, s in enumerate(sessions):
-                    lm.give_back(s) if i == 0 else s.close()
+        def finish():           # decode thread: the job let go of box[0]
+            with lock:
+                state["ended"] = True
+                if state["abandoned"]:
+                    for s in box:
+                        lm.give_back(s)
 
         job = self._submit(make_gen, finish)
-        while True:
-            kind, value = await job.events.get()
-            if kind == "error":
-                raise value
-            if kind == "done":
-                break
-        if not handed:
-            raise NotReady(f"prompt evaluation ended early ({value})")
-        return sessions
+        try:
+            while True:
+                kind, value = await job.events.get()
+                if kind == "error":
+                    raise value
+                if kind == "done":
+                    break
+            if not gens or gens[0].finish_reason != "length":   # max_tokens=0: the prompt is in
+                raise NotReady(f"prompt evaluation ended early ({value})")
+            s0 = box[0]
+            forks = await asyncio.get_running_loop().run_in_executor(
+                None, lambda: [s0.fork() for _ in range(n - 1)])
+        except BaseException:
+            job.cancel.set()
+            with lock:
+                state["abandoned"] = True
+                if state["ended"]:
+                    for s in box:
+                        lm.give_back(s)
+            raise
+        return [s0] + forks
 
     async def _pump(self, choice):
         while True:

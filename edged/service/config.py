@@ -1,16 +1,22 @@
 """The daemon's configuration: /etc/edged/edged.toml (tomllib) plus command-line overrides.
 
 Every key has a default and a line of documentation in `KEYS`; systemd/edged.toml.example and
-the README's table are written from the same list. A bad file or value raises ConfigError
-naming the key and the reason, so start-up (or a SIGHUP reload) fails clearly.
+docs/daemon.md are written from the same list, and so is the pydantic model that checks the
+values (types, ranges, choices). A bad file or value raises ConfigError naming the key and the
+reason, so start-up (or a SIGHUP reload) fails clearly.
 """
 import dataclasses
 import grp
 import os
 import re
 import tomllib
+from typing import Annotated, Literal
 
-from ..errors import ConfigError
+import pydantic
+from pydantic import AfterValidator, BeforeValidator, Field, StrictBool, StrictInt, StrictStr
+
+from ..errors import ConfigError, RequestError
+from ..trust.store import DEFAULT_REVOKED_FILE
 
 DEFAULT_PATH = "/etc/edged/edged.toml"
 
@@ -19,7 +25,7 @@ DEFAULT_PATH = "/etc/edged/edged.toml"
 class KeySpec:
     name: str
     default: object
-    kind: str          # "str", "path", "int", "float", "bool", "mode", "size", "ids", "enum"
+    kind: str          # "str", "path", "int", "float", "bool", "mode", "size", "ids", "enum", "acl"
     doc: str
     choices: tuple = ()
     minimum: float | None = None
@@ -50,8 +56,9 @@ KEYS = [
             "Directory of models: model NAME is the file MODELS_DIR/NAME.gguf."),
     KeySpec("trusted_keys", "/etc/edged/trusted-keys", "path",
             "Directory of trusted RSA public keys (PEM); a model must be signed by one of them."),
-    KeySpec("revoked_keys", "", "path",
-            "File listing revoked key fingerprints (one per line); \"\" for none."),
+    KeySpec("revoked_keys", DEFAULT_REVOKED_FILE, "path",
+            "File listing revoked key fingerprints (one per line); the default is used when it exists "
+            "(as by `edged verify`), another path must exist; \"\" for none."),
     KeySpec("require_signature", True, "bool",
             "Refuse models without a valid signature from a trusted key. Turn off only for development."),
     KeySpec("default_model", "", "str",
@@ -65,6 +72,16 @@ KEYS = [
     KeySpec("memory_budget", 0, "size",
             "Memory for models (weights + KV cache + scratch), bytes or \"512M\"/\"2G\"; 0 = available memory.",
             minimum=0),
+    KeySpec("auto_load", False, "bool",
+            "Let any allowed client's request load a model that is not loaded (swapping another out). "
+            "Off: a non-admin request may load only the default model and those in auto_load_allow; "
+            "others answer 403 model_not_loaded (admins load with POST /v1/models/load)."),
+    KeySpec("auto_load_allow", {}, "acl",
+            "Per model, who may cause its load by a request: {NAME = [\"uid:1000\", \"gid:apps\"]} "
+            "(names or numbers)."),
+    KeySpec("swap_interval", 10.0, "float",
+            "Minimum seconds between model swaps caused by non-admin requests; sooner is 429 "
+            "swap_rate_limited with Retry-After.", minimum=0),
     KeySpec("keep_alive", 300.0, "float",
             "Seconds an idle model other than the default stays loaded; negative = forever, 0 = unload "
             "after each request."),
@@ -90,6 +107,20 @@ KEYS = [
             minimum=1),
     KeySpec("max_body_bytes", 1 << 20, "size", "Largest request body; larger is refused with 413.",
             minimum=1024),
+    KeySpec("max_connections", 512, "int",
+            "Open client connections at once; one more is closed right after accept (counted in "
+            "/metrics). Needs this many descriptors plus 64 under LimitNOFILE.", minimum=1),
+    KeySpec("max_connections_per_uid", 64, "int",
+            "Open connections of one peer uid at once, so one client cannot take them all "
+            "(admin_uids are bounded by max_connections only).", minimum=1),
+    KeySpec("header_timeout", 10.0, "float",
+            "Seconds a new connection has to send a complete request header; then it is closed.",
+            minimum=0.001),
+    KeySpec("keepalive_timeout", 5.0, "float",
+            "Seconds a kept-alive connection may wait for its next complete request header.",
+            minimum=0.001),
+    KeySpec("body_timeout", 30.0, "float",
+            "Seconds to receive a request body once its header arrived; then 408.", minimum=0.001),
     KeySpec("drain_timeout", 30.0, "float",
             "On SIGTERM, seconds to let in-flight requests finish before exiting.", minimum=0),
     # --- operations ------------------------------------------------------------------------
@@ -108,62 +139,109 @@ SPEC = {k.name: k for k in KEYS}
 
 _SIZE = re.compile(r"^\s*(\d+)\s*([KMGT]?)i?B?\s*$", re.I)
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+_PRINCIPAL = re.compile(r"(uid|gid):(\w[\w.-]*)")
 
 
-def _coerce(spec, value, resolve_names=True):
-    """Check one value against its KeySpec; returns the normalised value or raises ConfigError."""
-    key, kind = spec.name, spec.kind
-
-    def bad(reason):
-        return ConfigError(f"config key {key!r}: {reason} (got {value!r})")
-
-    if kind in ("str", "path", "enum"):
-        if not isinstance(value, str):
-            raise bad("expected a string")
-        if kind == "enum" and value not in spec.choices:
-            raise bad(f"expected one of {', '.join(spec.choices)}")
-        if kind == "path" and value and not os.path.isabs(value):
-            raise bad("expected an absolute path")
+def _mode(value):
+    if isinstance(value, str) and re.fullmatch(r"0?[0-7]{3,4}", value):
+        return int(value, 8)
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= 0o7777:
         return value
-    if kind == "bool":
-        if not isinstance(value, bool):
-            raise bad("expected true or false")
+    raise ValueError("expected an octal mode like \"0660\"")
+
+
+def _size(value):
+    if isinstance(value, int) and not isinstance(value, bool):
         return value
-    if kind == "int":
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise bad("expected an integer")
-        out = value
-    elif kind == "float":
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise bad("expected a number")
-        out = float(value)
-    elif kind == "mode":
-        if isinstance(value, str) and re.fullmatch(r"0?[0-7]{3,4}", value):
-            out = int(value, 8)
-        elif isinstance(value, int) and not isinstance(value, bool):
-            out = value
-        else:
-            raise bad("expected an octal mode like \"0660\"")
-        if not 0 <= out <= 0o7777:
-            raise bad("mode out of range")
-        return out
-    elif kind == "size":
-        if isinstance(value, int) and not isinstance(value, bool):
-            out = value
-        elif isinstance(value, str) and (m := _SIZE.match(value)):
-            out = int(m.group(1)) * _UNITS[m.group(2).upper()]
-        else:
-            raise bad("expected a size in bytes or like \"512M\"")
-    elif kind == "ids":
-        if not isinstance(value, list) or not all(isinstance(v, (int, str)) and not isinstance(v, bool)
-                                                 for v in value):
-            raise bad("expected a list of names or numbers")
-        return list(value)
-    else:  # pragma: no cover - programming error in KEYS
-        raise AssertionError(kind)
-    if spec.minimum is not None and out < spec.minimum:
-        raise bad(f"must be >= {spec.minimum:g}")
-    return out
+    if isinstance(value, str) and (m := _SIZE.match(value)):
+        return int(m.group(1)) * _UNITS[m.group(2).upper()]
+    raise ValueError("expected a size in bytes or like \"512M\"")
+
+
+def _number(value):
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError("expected a number")
+    if value != value:
+        raise ValueError("expected a number, not NaN")
+    return float(value)
+
+
+def _ids(value):
+    if not isinstance(value, list) or not all(isinstance(v, (int, str)) and not isinstance(v, bool)
+                                             for v in value):
+        raise ValueError("expected a list of names or numbers")
+    return list(value)
+
+
+def _abs_path(value):
+    if value and not os.path.isabs(value):
+        raise ValueError("expected an absolute path")
+    return value
+
+
+def _principal(value):
+    if not _PRINCIPAL.fullmatch(value):
+        raise ValueError(f"{value!r} is not \"uid:NAME_OR_NUMBER\" or \"gid:NAME_OR_NUMBER\"")
+    return value
+
+
+def _model_names(value):
+    from .names import check_model_name
+    for name in value:
+        try:
+            check_model_name(name)
+        except RequestError as e:
+            raise ValueError(str(e)) from None
+    return value
+
+
+_KINDS = {
+    "str": lambda k: StrictStr,
+    "path": lambda k: Annotated[StrictStr, AfterValidator(_abs_path)],
+    "enum": lambda k: Literal[k.choices],
+    "bool": lambda k: StrictBool,
+    "int": lambda k: Annotated[StrictInt, Field(ge=k.minimum)],
+    "float": lambda k: Annotated[float, BeforeValidator(_number), Field(ge=k.minimum)],
+    "mode": lambda k: Annotated[int, BeforeValidator(_mode)],
+    "size": lambda k: Annotated[int, BeforeValidator(_size), Field(ge=k.minimum)],
+    "ids": lambda k: Annotated[list, BeforeValidator(_ids)],
+    "acl": lambda k: Annotated[dict[StrictStr, list[Annotated[StrictStr, AfterValidator(_principal)]]],
+                               AfterValidator(_model_names)],
+}
+# The daemon's configuration as a pydantic model, built from KEYS (which also writes the
+# documentation), so every value is checked by type and range and an error names its key.
+_Model = pydantic.create_model(
+    "DaemonConfig", __config__=pydantic.ConfigDict(extra="forbid"),
+    **{k.name: (_KINDS[k.kind](k), k.default) for k in KEYS})
+_REASONS = {
+    "int_type": "expected an integer", "int_from_float": "expected an integer",
+    "bool_type": "expected true or false", "string_type": "expected a string",
+    "list_type": "expected a list of \"uid:...\"/\"gid:...\" entries",
+    "dict_type": "expected a table of model name -> list of \"uid:...\"/\"gid:...\"",
+}
+
+
+def _reason(err):
+    kind, ctx = err["type"], err.get("ctx") or {}
+    if kind == "greater_than_equal":
+        return f"must be >= {ctx['ge']:g}"
+    if kind == "literal_error":
+        return f"expected one of {ctx['expected']}"
+    if kind == "value_error":
+        return str(ctx.get("error", err["msg"]))
+    return _REASONS.get(kind, err["msg"])
+
+
+def _validate(values):
+    """The checked, normalised values; raises ConfigError naming the first bad key."""
+    try:
+        return _Model.model_validate(values).model_dump()
+    except pydantic.ValidationError as e:
+        err = e.errors(include_url=False)[0]
+        key = str(err["loc"][0])
+        where = "".join(f"[{x!r}]" for x in err["loc"][1:])
+        value = values.get(key)
+        raise ConfigError(f"config key {key!r}{where}: {_reason(err)} (got {value!r})") from None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -188,13 +266,26 @@ class Config:
         """allow_uids/admin_uids as a set of numbers (unknown user names are skipped)."""
         return {u for u in (_resolve(x, "user") for x in self.values[key]) if u is not None}
 
+    def auto_load_ids(self, model):
+        """(uids, gids) that auto_load_allow lets cause `model` to be loaded."""
+        entries = self.values["auto_load_allow"].get(model, ())
+        uids = {_resolve(_id(e[4:]), "user") for e in entries if e.startswith("uid:")}
+        gids = {_resolve(_id(e[4:]), "group") for e in entries if e.startswith("gid:")}
+        return uids - {None}, gids - {None}
+
     def resolve_names(self):
         """Look every user and group name up now (before the sandbox hides /etc)."""
         for key in ("allow_uids", "admin_uids", "allow_gids", "admin_gids"):
             (self.uids if "uids" in key else self.gids)(key)
+        for model in self.values["auto_load_allow"]:
+            self.auto_load_ids(model)
 
 
 _RESOLVED = {}      # (kind, name) -> id; survives a sandbox that can no longer read /etc
+
+
+def _id(text):
+    return int(text) if text.isdigit() else text
 
 
 def _resolve(x, kind):
@@ -210,12 +301,12 @@ def _resolve(x, kind):
 
 
 def defaults():
-    return Config({k.name: (list(k.default) if isinstance(k.default, list) else k.default) for k in KEYS})
+    return Config(_validate({}))
 
 
 def load(path=None, overrides=None):
     """Read `path` (or nothing when None), apply `overrides` (flag values; None = not given)."""
-    values = dict(defaults().values)
+    values = {}
     if path is not None:
         try:
             with open(path, "rb") as fh:
@@ -230,18 +321,19 @@ def load(path=None, overrides=None):
             if key not in SPEC:
                 hint = "" if not isinstance(value, dict) else " (tables are not used; put keys at top level)"
                 raise ConfigError(f"config file {path}: unknown key {key!r}{hint}")
-            values[key] = _coerce(SPEC[key], value)
+        values.update(raw)
     for key, value in (overrides or {}).items():
         if value is None:
             continue
         if key not in SPEC:
             raise ConfigError(f"unknown config key {key!r}")
-        values[key] = _coerce(SPEC[key], value)
+        values[key] = value
+    values = _validate(values)
     if values["default_model"]:
         from .names import check_model_name
         try:
             check_model_name(values["default_model"])
-        except Exception as e:
+        except RequestError as e:
             raise ConfigError(f"config key 'default_model': {e}") from None
     return Config(values, source=path)
 
@@ -260,6 +352,15 @@ def example_toml():
     return "\n".join(lines)
 
 
+def markdown_table():
+    """The table of every key for docs/daemon.md."""
+    lines = ["| key | default | meaning |", "|---|---|---|"]
+    for k in KEYS:
+        doc = (k.doc + (f" One of: {', '.join(k.choices)}." if k.choices else "")).replace("|", r"\|")
+        lines.append(f"| `{k.name}` | `{_toml_value(k)}` | {doc} |")
+    return "\n".join(lines)
+
+
 def _toml_value(k):
     v = k.default
     if k.kind == "mode":
@@ -270,4 +371,6 @@ def _toml_value(k):
         return f'"{v}"'
     if isinstance(v, list):
         return "[" + ", ".join(f'"{x}"' if isinstance(x, str) else str(x) for x in v) + "]"
+    if isinstance(v, dict):
+        return "{" + ", ".join(f"{n} = {_toml_value(dataclasses.replace(k, default=x))}" for n, x in v.items()) + "}"
     return repr(v)

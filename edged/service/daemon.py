@@ -12,38 +12,46 @@ import time
 from aiohttp import web
 
 from ..errors import ConfigError, EdgedError
+from ..trust import store
 from . import config as config_mod
 from . import apikeys, systemd
 from .api import Api
 from .loader import Loader
 from .log import log, setup as setup_log
 from .metrics import Metrics
+from .policy import LoadPolicy
 from .registry import Registry
+from .renderer import RenderWorker
 from .scheduler import Decoder, Slots
-from .transport import make_app, open_socket
+from .transport import Listener, fit_descriptor_limit, make_app, open_socket
+
+# Keys read once at start-up; a reload keeps the running value and says so.
+RESTART_KEYS = ("socket", "socket_mode", "socket_group", "sandbox", "sandbox_on_deny", "n_parallel",
+                "max_connections")
 
 
 def load_trust(cfg):
     """The trust store from cfg.trusted_keys / cfg.revoked_keys (None when signatures are optional
     and no key directory exists)."""
-    from ..trust import signing
     if not os.path.isdir(cfg.trusted_keys):
         if cfg.require_signature:
             raise ConfigError(f"config key 'trusted_keys': {cfg.trusted_keys} is not a directory "
                               "(require_signature is on, so trusted keys are needed)")
         return None
-    return signing.TrustStore.load(cfg.trusted_keys, cfg.revoked_keys or None)
+    return store.TrustStore.load(cfg.trusted_keys, store.revocation_file(cfg.revoked_keys))
 
 
 class Daemon:
     def __init__(self, cfg, config_path=None, overrides=None):
         self.cfg, self.config_path, self.overrides = cfg, config_path, overrides or {}
         self.metrics = Metrics()
+        self.policy = LoadPolicy()
         self.stopping = False
         self.events = None
         self.sock = self.how = None
         self.tcp, self.api_keys = [], ()     # TCP listeners from systemd, their API keys
-        self.loader = self.registry = self.slots = self.decoder = self.api = None
+        self.loader = self.registry = self.slots = self.decoder = self.api = self.listener = None
+        self.renderer = None
 
     # --- start ------------------------------------------------------------------------
     def prepare(self, trust):
@@ -66,6 +74,10 @@ class Daemon:
         trust = load_trust(cfg)
         cfg.resolve_names()
         self.prepare(trust)
+        fit_descriptor_limit(cfg)
+        # Forked now: once the sandbox is applied, no process can be created.
+        self.renderer = RenderWorker(cfg.sandbox, cfg.sandbox_on_deny)
+        self.renderer.start()
         self.sock, self.how, self.tcp = open_socket(cfg)
         if self.tcp:        # keys are read now: after the sandbox, /etc is out of reach
             self.api_keys = apikeys.load(cfg.api_keys_file)
@@ -73,12 +85,14 @@ class Daemon:
         self.start_threads()
         for sig, what in ((signal.SIGTERM, "stop"), (signal.SIGINT, "stop"), (signal.SIGHUP, "reload")):
             loop.add_signal_handler(sig, self.events.put_nowait, what)
+        # Connection deadlines are the Listener's (header_timeout, keepalive_timeout), the same
+        # with every aiohttp version; aiohttp's own keep-alive (75 s) is only a backstop.
         runner = web.AppRunner(make_app(self), handle_signals=False, access_log=None,
                                shutdown_timeout=1.0)
         await runner.setup()
-        await web.SockSite(runner, self.sock).start()
+        self.listener = Listener(self, self.sock, runner.server, tcp=self.tcp)
+        self.listener.start()
         for s in self.tcp:
-            await web.SockSite(runner, s).start()
             log.info("also listening on TCP %s (from systemd; API key required)", s.getsockname()[:2])
         where = self.sock.getsockname() or "(socket from systemd)"
         log.info("listening on %s (%s); models in %s; n_parallel=%d max_queue=%d", where, self.how,
@@ -115,10 +129,20 @@ class Daemon:
             return
         cfg = self.cfg
         # The config and revocation list are re-read on SIGHUP, possibly after being replaced
-        # by rename: grant their directory where that is safe (sandbox.reloadable).
-        read_only = [cfg.models_dir, cfg.trusted_keys] + [
-            sandbox.reloadable(p) for p in (cfg.revoked_keys, self.config_path) if p]
+        # by rename: grant their directory where that is safe (sandbox.reloadable). The default
+        # revocation list may not exist yet: its directory is granted when that exists, so a
+        # list created for a key rotation is read on the next SIGHUP.
+        reread = [sandbox.reloadable(p) for p in (cfg.revoked_keys, self.config_path) if p]
+        read_only = [cfg.models_dir, cfg.trusted_keys] + [p for p in reread if os.path.exists(p)]
         sock_dir = os.path.dirname(cfg.socket) if self.how == "bound" else None
+        others = sandbox.other_threads()
+        if others and cfg.sandbox == "enforce" and sandbox.landlock_abi() < 8:
+            raise ConfigError(
+                f"sandbox = 'enforce': {len(others)} thread(s) started before the sandbox "
+                f"({', '.join(others)}) would stay outside Landlock and keep their capabilities "
+                "(both are per thread before Landlock ABI 8); start the daemon with `edged serve`, "
+                "which sets " + ", ".join(f"{k}=1" for k in sandbox.LIBRARY_THREAD_ENV) +
+                " before numpy starts its pools")
         sandbox.apply(cfg.sandbox, read_only=read_only, read_write=[sock_dir] if sock_dir else [],
                       on_deny=cfg.sandbox_on_deny)
 
@@ -138,11 +162,10 @@ class Daemon:
         except EdgedError as e:
             log.error("reload failed, keeping the running configuration: %s", e)
         else:
-            for key in ("socket", "socket_mode", "socket_group", "sandbox", "sandbox_on_deny", "n_parallel"):
+            for key in RESTART_KEYS:
                 if getattr(cfg, key) != getattr(self.cfg, key):
                     log.warning("config key %r changed; takes effect after a restart", key)
-            cfg.values.update({k: getattr(self.cfg, k) for k in ("socket", "socket_mode", "socket_group",
-                                                                  "sandbox", "sandbox_on_deny", "n_parallel")})
+            cfg.values.update({k: getattr(self.cfg, k) for k in RESTART_KEYS})
             self.cfg = cfg
             self.loader.cfg, self.loader.trust = cfg, trust
             self.registry.reconfigure(cfg)
@@ -183,6 +206,7 @@ class Daemon:
         if self.slots.busy or self.slots.waiting:
             log.warning("drain timeout: aborting %d request(s)", self.slots.busy + self.slots.waiting)
         self.decoder.stop()
+        self.listener.stop()
         await runner.cleanup()
         if self.how == "bound":
             try:
@@ -190,6 +214,7 @@ class Daemon:
             except OSError:
                 pass
         await self.registry.close_all()
+        self.renderer.close()
         self.executor.shutdown(wait=False)
         log.info("stopped")
 

@@ -10,11 +10,6 @@ import time
 
 from ..errors import EdgedError, RequestError
 
-# One forward pass at a time per process: the engine has one compute thread pool, so the
-# decode loop and warm-ups take turns through this lock.
-ENGINE_LOCK = threading.Lock()
-PREFILL_CHUNK = 128     # prompt tokens per decode-loop step
-
 
 class LoadedModel:
     """A verified, mapped engine Model plus the per-daemon state the registry keeps for it."""
@@ -73,41 +68,21 @@ class LoadedModel:
     def take_session(self, ids):
         """An idle session sharing the longest prefix with `ids` (prompt cache), or a new one."""
         with self._lock:
-            best, best_len = None, -1
-            for s in self._sessions:
-                n = _common_prefix(_session_tokens(s), ids)
-                if n > best_len:
-                    best, best_len = s, n
+            best = max(self._sessions, key=lambda s: s.common_prefix(ids), default=None)
             if best is not None:
                 self._sessions.remove(best)
                 return best
         return self.model.session(n_ctx=self.n_ctx)
 
     def steps(self, session, ids, info, **sampling):
-        """Generation as steps for the decode loop: None for each PREFILL_CHUNK tokens of the
-        prompt (so other streams and cancellation get a turn during a long prompt), then the
-        engine's outputs. The prompt prefix already in the session's KV cache is not evaluated
-        again; info["cached"] gets its length, info["evaluated"] the prompt tokens evaluated."""
-        cached = min(_common_prefix(_session_tokens(session), ids), len(ids) - 1)
-        info["cached"] = cached
-        pos = yield from _prefill_chunks(session, ids, cached, len(ids) - 1)
-        stats = {}
-        for out in session.generate(ids, stats=stats, **sampling):
-            if "evaluated" not in info:
-                info["evaluated"] = pos - cached + stats.get("n_prompt_eval", 0)
-            yield out
-
-    def fork(self, ids, sessions, info):
-        """Steps that evaluate all but the last prompt token once, in sessions[0] (reusing its
-        cached prefix), then copy that KV cache into the other sessions: each then generates
-        its own choice through steps() with only the last prompt token to evaluate."""
-        first = sessions[0]
-        cached = min(_common_prefix(_session_tokens(first), ids), len(ids) - 1)
-        info["cached"] = cached
-        yield from _prefill_chunks(first, ids, cached, len(ids) - 1, rest=True)
-        info["evaluated"] = len(ids) - cached
-        for s in sessions[1:]:
-            s.copy_from(first, len(ids) - 1)
+        """The request as steps for the decode loop: the engine Generation on `session` (its
+        prompt, then one token per step; service/scheduler.py drives it). The prompt prefix
+        already in the session's KV cache is not evaluated again: info["cached"] gets its
+        length, info["evaluated"] the prompt tokens to evaluate."""
+        g = session.start(ids, **sampling)
+        info["cached"] = g.n_cached
+        info["evaluated"] = g.n_pending
+        return g
 
     def give_back(self, session):
         with self._lock:
@@ -121,37 +96,6 @@ class LoadedModel:
         close = getattr(self.model, "close", None)
         if close:
             close()
-
-
-def _prefill_chunks(session, ids, start, end, rest=False):
-    """Evaluate ids[start:end] PREFILL_CHUNK tokens at a time, a step each; the last piece (up
-    to PREFILL_CHUNK tokens) is left to the caller unless `rest`. Returns the position reached."""
-    if start < len(session.tokens):
-        session.truncate(start)
-    pos = start
-    while end - pos > (0 if rest else PREFILL_CHUNK):
-        n = min(PREFILL_CHUNK, end - pos)
-        session.eval(ids[pos:pos + n])
-        pos += n
-        yield None
-    return pos
-
-
-def _session_tokens(s):
-    for attr in ("tokens", "ids"):
-        v = getattr(s, attr, None)
-        if v is not None:
-            return v
-    return ()
-
-
-def _common_prefix(a, b):
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
 
 
 class Loader:
@@ -168,13 +112,13 @@ class Loader:
         opens the model through open_verified again, which the verification cache answers
         without re-hashing an unchanged file (a replaced file misses the cache and is verified
         afresh), and maps that very descriptor up to the signed length."""
-        from ..trust import signing
+        from ..trust import verify
         from ..engine.model import Model
 
         cfg = self.cfg
         t0 = time.monotonic()
         try:
-            signing.open_verified(path, self.trust, cfg.require_signature).close()
+            verify.open_verified(path, self.trust, cfg.require_signature).close()
         except FileNotFoundError:
             raise RequestError(f"model {name!r} not found ({path})") from None
         except OSError as e:        # unreadable (mode, ownership, Landlock), I/O error
@@ -199,8 +143,7 @@ class Loader:
             tok = lm.tokenizer.bos_id
             if tok is None or tok < 0:
                 tok = 0
-            with ENGINE_LOCK:
-                s.eval([tok])
+            s.eval([tok])
             s.reset()
         lm.give_back(s)
         lm.timings["warmup"] = time.monotonic() - t0

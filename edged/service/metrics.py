@@ -21,6 +21,8 @@ class Metrics:
         self.swap_seconds = 0.0
         self.last_swap_seconds = 0.0
         self.peer_refused = 0
+        self.connections_refused = collections.Counter()   # reason -> n (closed right after accept)
+        self.connections_open = 0
         self.batch_steps = 0                           # batched decode passes (decode thread)
         self.batch_rows = 0                            # tokens decoded in them
 
@@ -75,5 +77,10 @@ class Metrics:
                [({"model": name}, 1) for name in loaded])
         metric("edged_peer_refused_total", "counter", "Connections refused by the peer-credential check.",
                [({}, self.peer_refused)])
+        metric("edged_connections_refused_total", "counter",
+               "Connections closed right after accept, by reason (max_connections, "
+               "max_connections_per_uid, accept_EMFILE, ...).",
+               [({"reason": k}, v) for k, v in sorted(self.connections_refused.items())])
+        metric("edged_connections_open", "gauge", "Open client connections.", [({}, self.connections_open)])
         metric("edged_uptime_seconds", "gauge", "Seconds since start.", [({}, time.time() - self.started)])
         return "\n".join(out) + "\n"

@@ -4,14 +4,14 @@ import re
 
 from ..errors import RequestError
 
-_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.+:@-]{0,127}$")
+_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+:@-]{0,127}")   # the whole name: fullmatch
 
 
 def check_model_name(name):
     """Refuse names that could leave the model directory: '/', '..', a leading dot, NUL, ..."""
     if not isinstance(name, str) or not name:
         raise RequestError(f"model name must be a non-empty string (got {name!r})")
-    if "/" in name or "\\" in name or ".." in name or name.startswith(".") or not _NAME.match(name):
+    if "/" in name or "\\" in name or ".." in name or name.startswith(".") or not _NAME.fullmatch(name):
         raise RequestError(f"invalid model name {name!r}: a model is a file NAME.gguf in the model directory "
                            "(letters, digits, '_', '-', '.', '+', ':', '@'; no '/', '..' or leading dot)")
     return name
@@ -31,6 +31,6 @@ def list_models(models_dir):
     for e in entries:
         if e.endswith(".gguf") and not e.startswith("."):
             name = e[:-5]
-            if _NAME.match(name) and ".." not in name:
+            if _NAME.fullmatch(name) and ".." not in name:
                 out.append(name)
     return sorted(out)

@@ -251,7 +251,7 @@ def _identity(path):
 def _has_signature(path):
     """Whether a signature is present (detached .sig or appended block), without verifying it:
     only the file's tail is read. Verification happens at load."""
-    from ..trust import signing
+    from ..trust import blocks
     if os.path.exists(path + ".sig"):
         return True
     try:
@@ -259,7 +259,7 @@ def _has_signature(path):
     except OSError:
         return False
     try:
-        return bool(signing.read_blocks(fd, os.fstat(fd).st_size, path))
+        return bool(blocks.read_blocks(fd, os.fstat(fd).st_size, path))
     except (EdgedError, EOFError, OSError):
         return False
     finally:

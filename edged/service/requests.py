@@ -12,21 +12,17 @@ import pydantic
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..errors import RequestError
+from ..text.sampling import REQUEST_BOUNDS
 from .names import check_model_name
 
 MAX_N = 8                 # choices per request (each holds a KV cache while it decodes)
 MAX_TOP_LOGPROBS = 20     # OpenAI's limit
 MAX_STOP = 4
 
-# Numeric request fields: (lowest, highest). One table: validation and docs read it.
+# Numeric request fields: (lowest, highest). One table: validation and docs read it; the
+# sampling parameters come from text.sampling.REQUEST_BOUNDS (what the compiled sampler holds).
 BOUNDS = {
-    "temperature": (0.0, 2.0),
-    "top_p": (0.0, 1.0),
-    "top_k": (0, 1 << 31),
-    "min_p": (0.0, 1.0),
-    "presence_penalty": (-2.0, 2.0),
-    "frequency_penalty": (-2.0, 2.0),
-    "repeat_penalty": (0.0, 10.0),
+    **{name: (b.lo, b.hi) for name, b in REQUEST_BOUNDS.items()},
     "penalty_last_n": (0, 1 << 16),
     "seed": (-(1 << 63), (1 << 64) - 1),
     "n": (1, MAX_N),

@@ -43,9 +43,11 @@ import errno
 import logging
 import os
 import platform
+import signal
 import socket
 import sys
 import sysconfig
+import threading
 import time
 
 from ..errors import SandboxError
@@ -57,6 +59,7 @@ ON_DENY = ("eperm", "kill")
 
 
 # --- prctl / capabilities -------------------------------------------------------------------
+PR_SET_PDEATHSIG = 1
 PR_SET_DUMPABLE = 4
 PR_CAPBSET_READ = 23
 PR_CAPBSET_DROP = 24
@@ -314,7 +317,7 @@ def _pyseccomp():
     return pyseccomp
 
 
-def _seccomp(sc, action):
+def _seccomp(sc, action, allow_fork=False):
     f = sc.SyscallFilter(sc.ALLOW)
     f.set_attr(sc.Attr.CTL_TSYNC, 1)
     f.set_attr(sc.Attr.CTL_NNP, 1)
@@ -325,6 +328,8 @@ def _seccomp(sc, action):
         log.info("sandbox: this kernel/libseccomp cannot log seccomp denials")
     denied = []
     for name in DENIED_SYSCALLS:
+        if allow_fork and name in ("fork", "vfork"):
+            continue
         nr = sc.resolve_syscall(sc.Arch.NATIVE, name)
         if nr == -1:          # unknown to libseccomp on this architecture
             continue
@@ -334,6 +339,11 @@ def _seccomp(sc, action):
             log.debug("sandbox: no rule for %s: %s", name, e.strerror)
             continue
         denied.append(name)
+    if allow_fork:            # the chat-template render worker: processes yes, exec no
+        f.add_rule(action, "socket", sc.Arg(0, sc.NE, socket.AF_UNIX))
+        f.add_rule(action, "socketpair", sc.Arg(0, sc.NE, socket.AF_UNIX))
+        f.load()
+        return denied + ["socket/socketpair other than AF_UNIX"]
     # clone: threads (CLONE_THREAD set) only. The flags are argument 0 on x86-64/arm/arm64.
     f.add_rule(action, "clone", sc.Arg(0, sc.MASKED_EQ, CLONE_THREAD, 0))
     # clone3 passes its flags in memory a filter cannot read: make glibc fall back to clone.
@@ -346,6 +356,33 @@ def _seccomp(sc, action):
                      "socket/socketpair other than AF_UNIX"]
 
 
+# Thread-pool sizes of the numeric libraries numpy may load; each read once, when the library
+# starts. `edged serve` sets them to 1 before anything imports numpy, so that no thread exists
+# when the sandbox is applied (Landlock before ABI 8 and capabilities are per thread).
+LIBRARY_THREAD_ENV = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS",
+                      "BLIS_NUM_THREADS", "VECLIB_MAXIMUM_THREADS", "NUMEXPR_NUM_THREADS",
+                      "GOTO_NUM_THREADS")
+
+
+def single_thread_libraries(environ=os.environ):
+    for name in LIBRARY_THREAD_ENV:
+        environ[name] = "1"
+
+
+def other_threads():
+    """Names (comm) of this process's threads other than the calling one."""
+    me = str(threading.get_native_id())
+    names = []
+    try:
+        for tid in os.listdir("/proc/self/task"):
+            if tid != me:
+                with open(f"/proc/self/task/{tid}/comm") as fh:
+                    names.append(f"{fh.read().strip()} ({tid})")
+    except OSError:
+        pass
+    return names
+
+
 def _threads():
     try:
         return len(os.listdir("/proc/self/task"))
@@ -353,13 +390,34 @@ def _threads():
         return 0
 
 
-def apply(mode="enforce", *, read_only=(), read_write=(), on_deny="eperm"):
+def die_with_parent():
+    """SIGKILL this process when the thread that forked it exits (PR_SET_PDEATHSIG)."""
+    _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def deny_new_tasks():
+    """One more seccomp filter: no new processes or threads (fork, vfork, clone, clone3). For a
+    process that runs untrusted code single-threaded (a chat-template render child)."""
+    sc = _pyseccomp()
+    f = sc.SyscallFilter(sc.ALLOW)
+    f.set_attr(sc.Attr.CTL_NNP, 1)
+    f.set_attr(sc.Attr.ACT_BADARCH, sc.KILL_PROCESS)
+    _prctl(PR_SET_NO_NEW_PRIVS, 1)
+    for name in ("fork", "vfork", "clone", "clone3"):
+        if sc.resolve_syscall(sc.Arch.NATIVE, name) != -1:
+            f.add_rule(sc.ERRNO(errno.EPERM), name)
+    f.load()
+
+
+def apply(mode="enforce", *, read_only=(), read_write=(), on_deny="eperm", allow_fork=False):
     """Confine this process for the rest of its life; returns `describe()`.
 
     `read_only`: directories or files the daemon reads (models, trust store, config).
     `read_write`: directories it writes (the socket directory). Resolve user and group
     names, read keys and bind sockets before calling: /etc and the network are gone after.
     Applying twice is refused (a second Landlock layer could only narrow the first).
+    `allow_fork`: processes may still be created (never exec'd): for the chat-template render
+    worker, which forks one bounded child per render (edged/service/renderer.py).
     """
     if mode not in MODES:
         raise SandboxError(f"sandbox mode {mode!r} is not one of {', '.join(MODES)}")
@@ -409,7 +467,7 @@ def apply(mode="enforce", *, read_only=(), read_write=(), on_deny="eperm"):
                          "dropped (capabilities are per thread)")
 
     action = {"eperm": sc.ERRNO(errno.EPERM), "kill": sc.KILL_PROCESS}[on_deny]
-    denied = _seccomp(sc, sc.LOG if mode == "log" else action)
+    denied = _seccomp(sc, sc.LOG if mode == "log" else action, allow_fork)
     for note in notes:
         log.warning("sandbox: %s", note)
     _state.update(mode=mode, applied=True, on_deny=on_deny if mode == "enforce" else "log",

@@ -1,23 +1,23 @@
 """Admission and decoding: a bounded FIFO of requests over `n_parallel` slots, and one decode
-thread that advances every active generation by one token per round.
+thread that owns the loop of steps.
 
 Admission (event loop): a request takes a free slot or waits, first come first served, in a
 queue of at most `max_queue` (one more -> QueueFull, answered 429 with Retry-After). Waiting
 longer than `queue_timeout` -> 503.
 
-Decoding (one thread): the engine has one compute thread pool per process, so forward passes
-are issued from one thread. Each round gives every active job one step of its Session's
-generator (the first step is its prompt's prefill), checks cancellation (client gone, time
-limit) between tokens, and posts the token to the job's asyncio queue. A long prompt is
-evaluated in chunks of PREFILL_CHUNK tokens, one chunk per round.
+Decoding (one thread): every job is an engine Generation on its own Session (KV cache, sampler
+state). Each step the decode thread ends cancelled and timed-out jobs, then gathers, per model,
+the next token of every job past its prompt and a chunk of the prompt of jobs still reading
+theirs, and evaluates them in ONE Model.decode call (the step API: the single tokens share one
+forward pass, whose matrix products read the weights once for all rows; a row equals the
+session's own single step bit for bit, so a reply does not depend on what it was batched with).
+Each job then samples from its logits and posts its token. A job that finishes, is cancelled or
+fails leaves at the next step; a new one joins at once.
 
-Continuous batching: with n_parallel > 1, each round first evaluates the next token of every
-active generation that is past its prompt in ONE forward pass per model
-(Model.decode_ahead: the matrix products read the weights once for all rows, attention runs
-per row against the row's own KV cache); each generator then finds its logits ready and only
-samples (sampling stays per request). A job that finishes, is cancelled or fails leaves the
-batch at the next round; a new one joins once its prompt is in. A batch row equals the
-session's own single step exactly, so a reply does not depend on what it was batched with.
+Mixed load: a long prompt must not stall the streams that are decoding. Its chunk per step is
+sized so that it costs about PROMPT_SHARE times what the step's decode tokens cost (measured:
+running averages of both), at least MIN_CHUNK and at most PREFILL_CHUNK tokens; with nobody
+decoding a prompt goes in PREFILL_CHUNK tokens per step (cancellation still gets a turn).
 """
 import asyncio
 import collections
@@ -25,8 +25,13 @@ import threading
 import time
 
 from ..errors import QueueFull, QueueTimeout
-from .loader import ENGINE_LOCK
 from .log import log
+
+PREFILL_CHUNK = 128     # most prompt tokens of one step (nobody decoding: every step's chunk)
+# Least prompt tokens of a step that has any. Below 32 rows (ED_ATTN_BLOCK_MIN, forward.h) a
+# prompt batch leaves the blocked attention kernel: a smaller chunk costs nearly as much.
+MIN_CHUNK = 32
+PROMPT_SHARE = 1.5      # a step's prompt chunk costs about this times its decode tokens
 
 
 class Slots:
@@ -84,21 +89,41 @@ class Slots:
 
 
 class Job:
-    """One generation: the decode thread drives `make_gen()` and posts events to `events`."""
+    """One generation: the decode thread steps what `make_gen()` returns (an engine Generation,
+    service/loader.py LoadedModel.steps) and posts events to `events`."""
 
     def __init__(self, loop, make_gen, finish, deadline):
         self.loop = loop
-        self.make_gen = make_gen        # () -> iterator of engine outputs (lazy: prefill on first next)
+        self.make_gen = make_gen        # () -> Generation (takes a session: called by the decode thread)
         self.finish = finish            # called in the decode thread when the job ends (session back)
         self.deadline = deadline        # time.monotonic() limit
         self.cancel = threading.Event()
         self.events = asyncio.Queue()
         self.gen = None
         self.session = None             # the engine Session, once make_gen() took one
-        self.next_token = None          # the token the generator evaluates on its next step
 
     def post(self, kind, value=None):
         self.loop.call_soon_threadsafe(self.events.put_nowait, (kind, value))
+
+
+class _Costs:
+    """Running averages of one model's step costs: ms of a step's decode tokens, ms per
+    prompt token of a step's chunk."""
+
+    def __init__(self):
+        self.decode_ms = None
+        self.token_ms = None
+
+    @staticmethod
+    def _avg(old, new, w=0.25):
+        return new if old is None else old + w * (new - old)
+
+    def chunk(self):
+        """Prompt tokens for a step that also decodes."""
+        if self.decode_ms is None or self.token_ms is None:
+            return MIN_CHUNK
+        n = int(PROMPT_SHARE * self.decode_ms / max(self.token_ms, 1e-6))
+        return max(MIN_CHUNK, min(PREFILL_CHUNK, n))
 
 
 class Decoder:
@@ -108,6 +133,7 @@ class Decoder:
         self.metrics = metrics
         self._pending = collections.deque()
         self._active = []
+        self._costs = {}                # id(model) -> _Costs
         self._cv = threading.Condition()
         self._stop = False
         self._thread = threading.Thread(target=self._run, name="edged-decode", daemon=True)
@@ -127,35 +153,9 @@ class Decoder:
             self._cv.notify()
         self._thread.join(timeout=5)
 
-    def _decode_batch(self):
-        """The next token of every job past its prompt, one forward pass per model."""
-        groups = {}
-        now = time.monotonic()
-        for job in self._active:
-            s = job.session
-            if (job.next_token is None or s is None or job.cancel.is_set() or now >= job.deadline
-                    or not hasattr(getattr(s, "model", None), "decode_ahead")):
-                continue
-            groups.setdefault(id(s.model), []).append(job)
-        for jobs in groups.values():
-            if len(jobs) < 2:
-                continue                         # one stream: its generator evaluates as before
-            try:
-                with ENGINE_LOCK:
-                    jobs[0].session.model.decode_ahead([j.session for j in jobs],
-                                                       [j.next_token for j in jobs])
-                if self.metrics is not None:
-                    self.metrics.batch_steps += 1
-                    self.metrics.batch_rows += len(jobs)
-            except Exception as e:  # noqa: BLE001 - the generators then evaluate one by one
-                log.error("batched decode of %d streams failed: %s", len(jobs), e)
-
     def _end(self, job, kind, value):
-        if job.gen is not None:
-            try:
-                job.gen.close()
-            except Exception:  # noqa: BLE001 - closing a broken generator must not kill the loop
-                pass
+        if job in self._active:
+            self._active.remove(job)
         try:
             job.finish()
         except Exception as e:  # noqa: BLE001
@@ -173,34 +173,73 @@ class Decoder:
                     return
                 while self._pending:
                     self._active.append(self._pending.popleft())
-            self._decode_batch()
-            for job in list(self._active):
-                if job.cancel.is_set():
-                    self._active.remove(job)
-                    self._end(job, "done", "cancelled")
-                    continue
-                if time.monotonic() >= job.deadline:
-                    self._active.remove(job)
-                    self._end(job, "done", "length")
-                    continue
+            self._step()
+
+    def _step(self):
+        """One step: leavers out, newcomers in, then one Model.decode per model."""
+        now = time.monotonic()
+        for job in list(self._active):
+            if job.cancel.is_set():
+                self._end(job, "done", "cancelled")
+            elif now >= job.deadline:
+                self._end(job, "done", "length")
+            elif job.gen is None:
                 try:
-                    with ENGINE_LOCK:
-                        if job.gen is None:
-                            job.gen = iter(job.make_gen())
-                        out = next(job.gen)
-                except StopIteration:
-                    self._active.remove(job)
-                    self._end(job, "done", None)
-                    continue
+                    job.gen = job.make_gen()      # takes a session; finds the cached prefix
                 except Exception as e:  # noqa: BLE001 - one bad request must not stop the others
-                    self._active.remove(job)
                     self._end(job, "error", e)
-                    continue
-                if out is None:                  # a chunk of the prompt was evaluated
-                    job.next_token = None
-                    continue
-                job.next_token = out.token if getattr(out, "finish_reason", None) is None else None
-                job.post("token", out)
-                if getattr(out, "finish_reason", None):
-                    self._active.remove(job)
-                    self._end(job, "done", out.finish_reason)
+        models = {}
+        for job in self._active:
+            models.setdefault(id(job.gen.session.model), []).append(job)
+        for jobs in models.values():
+            self._step_model(jobs)
+
+    def _step_model(self, jobs):
+        """The next token of every job past its prompt and a prompt chunk, in one decode call."""
+        model = jobs[0].gen.session.model
+        costs = self._costs.setdefault(id(model), _Costs())
+        decoding = [j for j in jobs if not j.gen.prefilling]
+        budget = costs.chunk() if decoding else PREFILL_CHUNK
+        work = [(j, j.gen.entry()) for j in decoding]
+        n_prompt = 0
+        for j in jobs:
+            if j.gen.prefilling and budget > n_prompt:
+                e = j.gen.entry(budget - n_prompt)
+                n_prompt += len(e.tokens)
+                work.append((j, e))
+        prompt_ms0 = sum(e.session.t_eval_ms for _, e in work[len(decoding):])
+        t0 = time.perf_counter()
+        try:
+            results = model.decode([e for _, e in work])
+        except Exception as e:  # noqa: BLE001 - find the entry at fault: each alone
+            log.error("a step of %d entries failed (%s); evaluating them one by one", len(work), e)
+            results = []
+            for j, entry in work:
+                try:
+                    results.append(model.decode([entry])[0])
+                except Exception as err:  # noqa: BLE001
+                    results.append(err)
+        else:
+            ms = (time.perf_counter() - t0) * 1000
+            prompt_ms = sum(e.session.t_eval_ms for _, e in work[len(decoding):]) - prompt_ms0
+            if decoding:
+                costs.decode_ms = costs._avg(costs.decode_ms, ms - prompt_ms)
+            if n_prompt:
+                costs.token_ms = costs._avg(costs.token_ms, prompt_ms / n_prompt)
+            if len(decoding) > 1 and self.metrics is not None:
+                self.metrics.batch_steps += 1
+                self.metrics.batch_rows += len(decoding)
+        for (job, _), logits in zip(work, results):
+            if isinstance(logits, Exception):
+                self._end(job, "error", logits)
+                continue
+            try:
+                out = job.gen.accept(logits)
+            except Exception as e:  # noqa: BLE001
+                self._end(job, "error", e)
+                continue
+            if out is None:                  # a chunk of the prompt went in
+                continue
+            job.post("token", out)
+            if out.finish_reason:
+                self._end(job, "done", out.finish_reason)

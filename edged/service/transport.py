@@ -1,10 +1,27 @@
-"""The Unix socket and HTTP framing (aiohttp): get the listening socket, read each request into
-an ApiRequest with the peer's credentials (SO_PEERCRED, SO_PEERGROUPS), write the Reply or
-stream the StreamReply, log one line per request."""
+"""The Unix socket and HTTP framing (aiohttp): get the listening socket, accept connections
+within the caps, read each request into an ApiRequest with the peer's credentials
+(SO_PEERCRED, SO_PEERGROUPS), write the Reply or stream the StreamReply, log one line per
+request.
+
+The accept loop is ours (`Listener`), not asyncio's: the peer's uid is known right after
+accept(2), so a connection over `max_connections` or `max_connections_per_uid` is closed
+before it costs more than a descriptor for a moment; descriptor exhaustion (EMFILE/ENFILE)
+backs off instead of spinning; and every connection has a deadline (a complete request
+header within `header_timeout`, the next one within `keepalive_timeout`, a body within
+`body_timeout`), so slow or stalled clients cannot hold descriptors. Refusals are counted in
+/metrics and logged once per `LOG_INTERVAL`, never once per attempt.
+
+TCP (opt-in, issue #14): sockets systemd passes (edged-tcp.socket) go through the same
+Listener, caps and deadlines; there is no peer uid, so the per-uid cap counts the remote
+address, and each request needs an API key (apikeys.py) and may not use the admin routes.
+"""
+import asyncio
+import collections
 import errno
 import json
 import grp
 import os
+import resource
 import socket
 import stat
 import struct
@@ -110,36 +127,55 @@ def make_app(daemon):
     api = daemon.api
 
     async def handle(request):
+        listener = daemon.listener
+        conn = listener.lookup(request.transport) if listener is not None else None
+        if conn is None:
+            return await serve(request, None)
+        listener.request_started(conn)
+        try:
+            return await serve(request, conn.peer)
+        finally:
+            listener.request_done(conn)
+
+    async def serve(request, peer):
         t0 = time.monotonic()
         route = request.path if (request.method, request.path) in api.routes else "other"
         sock = request.transport.get_extra_info("socket") if request.transport else None
-        peer = None
-        if sock is not None and sock.family == socket.AF_UNIX:
-            try:
-                peer = peer_credentials(sock)
-            except OSError:
-                peer = None
-        elif sock is not None:          # TCP (opt-in): an API key instead of credentials
+        if sock is not None and sock.family != socket.AF_UNIX:
+            # TCP (opt-in): an API key instead of credentials
             refusal = _tcp_refusal(request, api, daemon.api_keys)
             if refusal is not None:
                 return _finish(daemon, request, route, None, refusal, {}, t0, web.Response(
                     status=refusal.status, body=refusal.payload(), headers=refusal.headers,
                     content_type="application/json"))
-        limit = daemon.cfg.max_body_bytes
+        elif peer is None and sock is not None:
+            try:
+                peer = peer_credentials(sock)
+            except OSError:
+                peer = None
+        limit, timeout = daemon.cfg.max_body_bytes, daemon.cfg.body_timeout
         try:
             if request.content_length is not None and request.content_length > limit:
                 raise web.HTTPRequestEntityTooLarge(max_size=limit, actual_size=request.content_length)
-            body = await request.read()
+            body = await asyncio.wait_for(request.read(), timeout)
         except web.HTTPRequestEntityTooLarge:
             reply = error_reply(413, f"request body exceeds max_body_bytes={limit}", code="body_too_large")
             return _finish(daemon, request, route, peer, reply, {}, t0, web.Response(
                 status=413, body=reply.payload(), content_type="application/json"))
+        except asyncio.TimeoutError:
+            reply = error_reply(408, f"request body not received within body_timeout={timeout:g}s",
+                                code="body_timeout")
+            resp = web.Response(status=408, body=reply.payload(), content_type="application/json",
+                                headers={"Connection": "close"})
+            resp.force_close()
+            return _finish(daemon, request, route, peer, reply, {}, t0, resp)
 
         def gone():
             t = request.transport
             return t is None or t.is_closing()
 
-        areq = ApiRequest(request.method, request.path, body, peer, gone)
+        areq = ApiRequest(request.method, request.path, body, peer, gone,
+                          tcp=sock is not None and sock.family != socket.AF_UNIX)
         reply = await api.handle(areq)
         if isinstance(reply, Reply):
             ct, _, charset = reply.content_type.partition("; ")
@@ -203,3 +239,219 @@ def _finish(daemon, request, route, peer, reply, info, t0, resp):
             parts.append(f"{k}={json.dumps(info[k], ensure_ascii=False)}")
     log.info(" ".join(parts))
     return resp
+
+
+# --- accepting connections ------------------------------------------------------------------
+
+LOG_INTERVAL = 10.0            # seconds between summary lines about refused connections
+SWEEP_INTERVAL = 0.25          # how often deadlines are checked
+FD_RESERVE = 64                # descriptors kept for models, logs, the event loop, ...
+_BACKOFF_MIN, _BACKOFF_MAX = 0.01, 1.0
+_OVER_CAP_REPLY = (b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\n"
+                   b"Retry-After: 1\r\nConnection: close\r\n\r\n")
+
+
+class RateLimitedLog:
+    """Counts events by description and logs one summary line per `interval` seconds."""
+
+    def __init__(self, interval=LOG_INTERVAL, clock=time.monotonic):
+        self.interval, self.clock = interval, clock
+        self.pending = collections.Counter()
+        self.last = -interval
+
+    def note(self, what):
+        self.pending[what] += 1
+        self.flush()
+
+    def flush(self, force=False):
+        now = self.clock()
+        if self.pending and (force or now - self.last >= self.interval):
+            total = sum(self.pending.values())
+            parts = ", ".join(f"{n} {what}" for what, n in self.pending.most_common(5))
+            log.warning("refused %d connection(s) since the last report: %s", total, parts)
+            self.pending.clear()
+            self.last = now
+
+
+class Conn:
+    """One accepted connection: who, and until when it may stay without a request in progress.
+    `who` is what the per-client cap counts: the peer's uid over the Unix socket, the remote
+    address over TCP (whose peer is None: an API key, checked per request, says who it is)."""
+    __slots__ = ("sock", "peer", "who", "deadline", "busy", "transport")
+
+    def __init__(self, sock, peer, deadline, who=None):
+        self.sock, self.peer, self.deadline = sock, peer, deadline
+        self.who = peer.uid if who is None else who
+        self.busy = 0              # requests being handled (their own timeouts apply)
+        self.transport = None
+
+
+class Listener:
+    """The accept loop over the listening sockets (the Unix socket, and the TCP sockets systemd
+    passed), with the connection caps and deadlines: one count of connections for all of them."""
+
+    def __init__(self, daemon, sock, factory, tcp=()):
+        self.daemon, self.sock, self.factory = daemon, sock, factory
+        self.tcp = list(tcp)
+        self.socks = [sock] + self.tcp
+        self.conns = {}                                 # fd -> Conn
+        self.per_uid = collections.Counter()            # Conn.who -> connections
+        self.refusals = RateLimitedLog()
+        self.backoff = _BACKOFF_MIN
+        self.loop = self._sweeper = None
+        self.paused = False
+
+    @property
+    def cfg(self):
+        return self.daemon.cfg
+
+    def start(self):
+        self.loop = asyncio.get_running_loop()
+        self._watch()
+        self._sweeper = self.loop.create_task(self._sweep())
+
+    def stop(self):
+        if not self.paused:
+            self._unwatch()
+        self.paused = True
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+        self.refusals.flush(force=True)
+
+    def lookup(self, transport):
+        """The Conn of an aiohttp request's transport (None for one this listener did not accept)."""
+        s = transport.get_extra_info("socket") if transport is not None else None
+        conn = self.conns.get(s.fileno()) if s is not None else None
+        if conn is not None and conn.transport is None:
+            conn.transport = transport
+        return conn
+
+    def _watch(self):
+        for ls in self.socks:
+            self.loop.add_reader(ls.fileno(), self._accept, ls)
+
+    def _unwatch(self):
+        for ls in self.socks:
+            self.loop.remove_reader(ls.fileno())
+
+    def _accept(self, listening):
+        for _ in range(128):                            # bounded work per wake-up
+            try:
+                sock, addr = listening.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as e:
+                if e.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
+                    self._back_off(e)
+                    return
+                if e.errno == errno.ECONNABORTED:
+                    continue
+                self.refusals.note(f"accept error {errno.errorcode.get(e.errno, e.errno)}")
+                return
+            self.backoff = _BACKOFF_MIN
+            self._admit(sock, addr if listening is not self.sock else None)
+
+    def _back_off(self, e):
+        """Out of descriptors: stop accepting for a while (doubling up to a second) rather than
+        waking up for the same pending connection again and again."""
+        self.daemon.metrics.connections_refused["accept_" + errno.errorcode.get(e.errno, "error")] += 1
+        self.refusals.note(f"accept paused {self.backoff:g}s: {e.strerror}")
+        self._unwatch()
+        self.paused = True
+        self.loop.call_later(self.backoff, self._resume)
+        self.backoff = min(self.backoff * 2, _BACKOFF_MAX)
+
+    def _resume(self):
+        if self.paused and not self.daemon.stopping:
+            self.paused = False
+            self._watch()
+
+    def _admit(self, sock, addr=None):
+        """addr: the remote address of a TCP connection (None: the Unix socket)."""
+        if addr is None:
+            try:
+                peer = peer_credentials(sock)
+            except OSError:
+                sock.close()
+                return
+            who = peer.uid
+        else:
+            peer, who = None, f"tcp:{addr[0]}"
+        cfg = self.cfg
+        self._prune()
+        if len(self.conns) >= cfg.max_connections:
+            reason, what = "max_connections", f"over max_connections={cfg.max_connections}"
+        elif self.per_uid[who] >= cfg.max_connections_per_uid and (
+                peer is None or peer.uid not in cfg.uids("admin_uids")):
+            reason = "max_connections_per_uid"
+            what = (f"from uid {who}" if peer is not None else f"from {addr[0]}") + \
+                f" over max_connections_per_uid={cfg.max_connections_per_uid}"
+        else:
+            reason = None
+        if reason is not None:
+            try:
+                sock.send(_OVER_CAP_REPLY, socket.MSG_DONTWAIT | socket.MSG_NOSIGNAL)
+            except OSError:
+                pass
+            sock.close()
+            self.daemon.metrics.connections_refused[reason] += 1
+            self.refusals.note(what)
+            return
+        sock.setblocking(False)
+        conn = Conn(sock, peer, time.monotonic() + cfg.header_timeout, who)
+        self.conns[sock.fileno()] = conn
+        self.per_uid[who] += 1
+        self.loop.create_task(self._connect(conn))
+
+    async def _connect(self, conn):
+        try:
+            conn.transport, _ = await self.loop.connect_accepted_socket(self.factory, conn.sock)
+        except OSError:
+            conn.sock.close()
+
+    def _prune(self):
+        """Forget connections whose socket the transport has closed."""
+        for fd, conn in list(self.conns.items()):
+            if conn.sock.fileno() == -1:
+                del self.conns[fd]
+                self.per_uid[conn.who] -= 1
+                if not self.per_uid[conn.who]:
+                    del self.per_uid[conn.who]
+
+    async def _sweep(self):
+        """Close connections past their deadline that have no request in progress: a stalled or
+        trickling request header, an idle keep-alive connection."""
+        while True:
+            await asyncio.sleep(SWEEP_INTERVAL)
+            now = time.monotonic()
+            for conn in list(self.conns.values()):
+                if not conn.busy and now > conn.deadline and conn.transport is not None:
+                    conn.transport.abort()
+            self._prune()
+            self.daemon.metrics.connections_open = len(self.conns)
+            self.refusals.flush()
+
+    def request_started(self, conn):
+        conn.busy += 1
+
+    def request_done(self, conn):
+        conn.busy -= 1
+        conn.deadline = time.monotonic() + self.cfg.keepalive_timeout
+
+
+def fit_descriptor_limit(cfg):
+    """Raise the soft RLIMIT_NOFILE to the hard one, and refuse a max_connections that would
+    not leave FD_RESERVE descriptors for the rest of the daemon."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            soft = hard
+        except (ValueError, OSError):
+            pass
+    if soft != resource.RLIM_INFINITY and cfg.max_connections + FD_RESERVE > soft:
+        raise ConfigError(f"config key 'max_connections': {cfg.max_connections} connections and "
+                          f"{FD_RESERVE} descriptors for the daemon exceed the open-file limit of {soft} "
+                          f"(raise LimitNOFILE= in the unit, or lower max_connections to "
+                          f"{max(soft - FD_RESERVE, 1)})")
+    return soft

@@ -14,6 +14,7 @@ millisecond on a 152k vocabulary) when the extension is built, else in NumPy
 from __future__ import annotations
 
 import collections
+import dataclasses
 
 import numpy as np
 
@@ -25,6 +26,39 @@ except ImportError:  # reference build without the compiled core
     _compiled_sample = _work_bytes = None
 
 
+INT32_MAX = (1 << 31) - 1        # top_k is a C int in the compiled sampler
+FLT_MIN = 1.1754943508222875e-38  # smallest normal float32: 1 / FLT_MIN still fits a float32
+
+
+@dataclasses.dataclass(frozen=True)
+class Bound:
+    """The range a request may give a sampling parameter: inside what the compiled sampler
+    accepts (a C int, a float32 or a double), so no value reaches it that it cannot hold."""
+    lo: float
+    hi: float
+    default: float
+    integer: bool = False
+
+
+# The one table request parsing (edged/service/api.py) checks numbers against.
+REQUEST_BOUNDS = {
+    "temperature": Bound(0.0, 2.0, 1.0),
+    "top_p": Bound(0.0, 1.0, 1.0),
+    "top_k": Bound(0, INT32_MAX, 0, integer=True),
+    "min_p": Bound(0.0, 1.0, 0.0),
+    "presence_penalty": Bound(-2.0, 2.0, 0.0),
+    "frequency_penalty": Bound(-2.0, 2.0, 0.0),
+    # it divides logits (as a float32): 0, or a value that is 0 in float32, is +inf
+    "repeat_penalty": Bound(0.001, 10.0, 1.0),
+}
+
+
+def greedy_temperature(temperature):
+    """A temperature so small that 1/temperature overflows float32 samples exactly as greedy
+    (temperature 0) would; the compiled sampler would otherwise scale logits to inf and NaN."""
+    return 0.0 if temperature < FLT_MIN else temperature
+
+
 def _check(name, v, lo, hi):
     if not (lo <= v <= hi):
         raise RequestError(f"{name}={v}: must be in [{lo}, {hi}]")
@@ -34,16 +68,16 @@ class Sampler:
     def __init__(self, n_vocab, temperature=0.0, top_k=0, top_p=1.0, min_p=0.0, seed=None,
                  repeat_penalty=1.0, presence_penalty=0.0, frequency_penalty=0.0,
                  penalty_last_n=64, logit_bias=None, constraint=None, logprobs=None):
-        temperature = float(temperature)
+        _check("temperature", float(temperature), 0.0, 100.0)    # before: -1 is not greedy
+        temperature = greedy_temperature(float(temperature))
         top_p, min_p = float(top_p), float(min_p)
-        _check("temperature", temperature, 0.0, 100.0)
         _check("top_p", top_p, 0.0, 1.0)
         _check("min_p", min_p, 0.0, 1.0)
         _check("repeat_penalty", float(repeat_penalty), 0.0, 100.0)
         _check("presence_penalty", float(presence_penalty), -100.0, 100.0)
         _check("frequency_penalty", float(frequency_penalty), -100.0, 100.0)
-        if int(top_k) < 0:
-            raise RequestError(f"top_k={top_k}: must be >= 0")
+        if not 0 <= int(top_k) <= INT32_MAX:
+            raise RequestError(f"top_k={top_k}: must be in [0, {INT32_MAX}]")
         if int(penalty_last_n) < 0:
             raise RequestError(f"penalty_last_n={penalty_last_n}: must be >= 0")
         self.n_vocab = n_vocab

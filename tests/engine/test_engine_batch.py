@@ -20,7 +20,7 @@ MODELS = ["stories260K.gguf", "synthetic-qwen2-Q4_K_M.gguf", "synthetic-llama-Q4
           "synthetic-llama-F16.gguf", "synthetic-llama-BF16.gguf"]
 
 
-@pytest.fixture(params=["auto", "generic", "avx2"])
+@pytest.fixture(params=["auto", "generic", "avx2", "avx2-vnni"])  # avx2-vnni: plain AVX2 anywhere
 def kernels(request):
     from edged import _core
     from edged.errors import ConfigError
@@ -102,29 +102,25 @@ def test_small_scratch_falls_back_and_refusals():
     m.close()
 
 
-def test_decode_ahead_feeds_the_generator():
-    """decode_ahead evaluates the token a running generate() is about to eval: the generator
-    picks the logits up instead of running the model, and the text is unchanged."""
+def test_generations_stepped_together_equal_one_at_a_time():
+    """Three generations driven the way the daemon's scheduler drives them (one Model.decode
+    per step holding every generation's entry: prompts and decode tokens mixed, the single
+    tokens in one pass) give the text each gives alone."""
     from edged import Model
     m = Model.load(testdata("models", "stories260K.gguf"), n_threads=2)
     prompts = ["Once upon a time", "The cat", "Lily went to the park and"]
     want = ["".join(o.text for o in m.session(128).generate(p, max_tokens=20)) for p in prompts]
-    sessions = [m.session(128) for _ in prompts]
-    gens = [s.generate(p, max_tokens=20) for s, p in zip(sessions, prompts)]
+    gens = [m.session(128).start(p, max_tokens=20) for p in prompts]
     texts = [[] for _ in prompts]
-    last = [None] * len(prompts)
     live = list(range(len(prompts)))
-    n_eval_before = None
+    batched = 0
     while live:
-        ready = [i for i in live if last[i] is not None]
-        if len(ready) > 1:
-            m.decode_ahead([sessions[i] for i in ready], [last[i] for i in ready])
-            n_eval_before = [sessions[i].n_eval for i in ready]
-        for i in list(live):
-            out = next(gens[i])
+        entries = [gens[i].entry() for i in live]
+        batched += sum(len(e.tokens) == 1 for e in entries) > 1
+        for i, logits in zip(list(live), m.decode(entries)):
+            out = gens[i].accept(logits)
             texts[i].append(out.text)
-            last[i] = out.token if out.finish_reason is None else None
             if out.finish_reason:
                 live.remove(i)
-    assert n_eval_before is not None
+    assert batched > 10
     assert ["".join(t) for t in texts] == want

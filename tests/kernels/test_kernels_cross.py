@@ -63,6 +63,9 @@ def test_neon_path_matches_generic_under_qemu(tmp_path):
     assert len(digests(r.stdout)) == 13 and all(" simd-dot" in l for l in digests(r.stdout)), r.stdout
     assert all(l.endswith(" same-ok") for l in digests(r.stdout)), r.stdout
     assert digests(a72.stdout) == digests(r.stdout), (r.stdout, a72.stdout)
+    # forcing "neon-dotprod" on a dotprod CPU selects the table a CPU without dotprod runs
+    nd = lambda out: [l for l in out.splitlines() if l.startswith("digest neonnd ")]  # noqa: E731
+    assert len(nd(r.stdout)) == 13 and nd(r.stdout) == nd(a72.stdout), (r.stdout, a72.stdout)
     # the compiled quantizers give the same bytes on aarch64 (FMA available) as natively
     native_cc = shutil.which("cc") or shutil.which("gcc")
     if native_cc:

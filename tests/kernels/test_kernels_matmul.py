@@ -17,6 +17,8 @@ TYPES = [GGMLType.F32, GGMLType.F16, GGMLType.BF16, GGMLType.Q8_0, GGMLType.Q4_0
          GGMLType.Q5_0, GGMLType.Q5_1, GGMLType.Q2_K, GGMLType.Q3_K, GGMLType.Q4_K, GGMLType.Q5_K,
          GGMLType.Q6_K]
 PATHS = core.available_paths()
+# a family less a feature (EDGED_KERNELS=avx2-vnni, ...): the table a CPU without it runs
+VARIANTS = [v for v in core.VARIANTS if v.split("-")[0] in PATHS]
 ROWS = (1, 31, 33, 255, 257)
 
 # named tolerances: |edged - reference| <= TOL * sum_i |w_i * x_i| (float32 accumulation order;
@@ -49,7 +51,7 @@ def random_weights(t, n, k, rng):
     return raw.reshape(-1), quants.dequantize(raw, t, (n, k)).astype(np.float64)
 
 
-@pytest.fixture(params=PATHS)
+@pytest.fixture(params=PATHS + VARIANTS)
 def path(request):
     old = core.kernel_path()
     core.set_path(request.param)
@@ -59,7 +61,7 @@ def path(request):
 
 @pytest.mark.parametrize("t", TYPES, ids=lambda t: t.name)
 def test_matmul_matches_reference(path, t):
-    assert core.kernel_path() == path
+    assert core.kernel_path() == path.split("-")[0]
     rng = np.random.default_rng(int(t) * 7 + 1)
     blk = TYPE_INFO[t].block_size
     ks = (256, 512) if blk == 256 else ((32, 96, 288) if blk == 32 else (31, 33, 256))
@@ -154,6 +156,30 @@ def test_env_unsupported_or_unknown_path_is_an_error():
         r = _run(bad)
         assert r.returncode != 0
         assert "EDGED_KERNELS" in r.stderr and bad in r.stderr
+
+
+def test_variant_names_select_the_table_without_the_feature():
+    """"avx2-vnni" runs the plain AVX2 table on any AVX2 CPU (VNNI or not); the family name
+    runs the best table of the family this CPU has; `edged info`'s path stays the family."""
+    old = core.kernel_path()
+    try:
+        for v in VARIANTS:
+            family, feature = v.split("-")
+            assert core.set_path(v) == family and core.kernel_variant() == family
+            core.set_path(family)
+            best = core.kernel_variant()
+            assert best in (family, f"{family}+{feature}")
+            cpu_name = {"avx2-vnni": "avxvnni", "avx512-vnni": "avx512vnni", "neon-dotprod": "dotprod"}[v]
+            assert (best != family) == (cpu_name in core.cpu_features())
+        for bad in ("avx2-sse9", "avx2+vnni+x", "-vnni"):
+            with pytest.raises(Exception, match="EDGED_KERNELS"):
+                core.set_path(bad)
+    finally:
+        core.set_path(old)
+    for v in VARIANTS:
+        r = subprocess.run([sys.executable, "-c", "import edged._core as c; print(c.kernel_path(), c.kernel_variant())"],
+                           env=dict(os.environ, EDGED_KERNELS=v), capture_output=True, text=True)
+        assert r.returncode == 0 and r.stdout.split() == [v.split("-")[0]] * 2, r.stderr
 
 
 def test_default_is_best_supported():

@@ -137,3 +137,64 @@ def test_real_workers_are_pinned_as_the_policy_says():
     finally:
         core.pin_pool(pool, [])
     assert sorted(os.sched_getaffinity(0)) == allowed
+
+
+def fake_cgroups(root, proc, lines, files):
+    """<proc>/self/cgroup with `lines`, and files {relative path under <root>/fs/cgroup: text}."""
+    (proc / "self").mkdir(parents=True)
+    (proc / "self" / "cgroup").write_text("".join(line + "\n" for line in lines))
+    for rel, text in files.items():
+        f = root / "fs" / "cgroup" / rel
+        f.parent.mkdir(parents=True, exist_ok=True)
+        f.write_text(text + "\n")
+
+
+def test_cgroup_v2_cpu_max_limits_default_threads(tmp_path):
+    # systemd's CPUQuota=150% on edged.service writes "150000 100000" to its cpu.max
+    root = tmp_path / "sys"
+    make_sysfs(root, "0-3", {0: "0-3"})
+    fake_cgroups(root, tmp_path / "proc", ["0::/system.slice/edged.service"],
+                 {"system.slice/edged.service/cpu.max": "150000 100000",
+                  "system.slice/cpu.max": "max 100000"})
+    t = threads.read_topology(str(root), allowed=range(4), proc_root=str(tmp_path / "proc"))
+    assert t.cpu_quota == 1.5
+    assert threads.default_threads(t) == 2      # 1.5 CPUs rounded up, not the 4 cores
+    assert threads.describe(t)["cpu_quota"] == 1.5
+
+
+def test_cgroup_quota_of_a_parent_counts_and_the_smallest_wins(tmp_path):
+    root = tmp_path / "sys"
+    make_sysfs(root, "0-7", {0: "0-7"})
+    fake_cgroups(root, tmp_path / "proc", ["0::/machine.slice/box/edged"],
+                 {"machine.slice/box/edged/cpu.max": "300000 100000",
+                  "machine.slice/box/cpu.max": "50000 50000",     # docker --cpus=1 on the container
+                  "machine.slice/cpu.max": "max 100000"})
+    t = threads.read_topology(str(root), allowed=range(8), proc_root=str(tmp_path / "proc"))
+    assert t.cpu_quota == 1.0 and threads.default_threads(t) == 1
+
+
+def test_cgroup_v1_cfs_quota(tmp_path):
+    root = tmp_path / "sys"
+    make_sysfs(root, "0-3", {0: "0-3"})
+    fake_cgroups(root, tmp_path / "proc",
+                 ["4:memory:/x", "2:cpu,cpuacct:/system.slice/edged.service", "0::/"],
+                 {"cpu,cpuacct/system.slice/edged.service/cpu.cfs_quota_us": "250000",
+                  "cpu,cpuacct/system.slice/edged.service/cpu.cfs_period_us": "100000",
+                  "cpu,cpuacct/cpu.cfs_quota_us": "-1", "cpu,cpuacct/cpu.cfs_period_us": "100000"})
+    t = threads.read_topology(str(root), allowed=range(4), proc_root=str(tmp_path / "proc"))
+    assert t.cpu_quota == 2.5 and threads.default_threads(t) == 3
+
+
+def test_no_quota_leaves_the_physical_cores(tmp_path):
+    root = tmp_path / "sys"
+    make_sysfs(root, "0-3", {0: "0-3"})
+    fake_cgroups(root, tmp_path / "proc", ["0::/user.slice"], {"user.slice/cpu.max": "max 100000"})
+    t = threads.read_topology(str(root), allowed=range(4), proc_root=str(tmp_path / "proc"))
+    assert t.cpu_quota is None and threads.default_threads(t) == 4
+    # no cgroup file at all (a kernel without cgroups, or a sandbox hiding them)
+    t = threads.read_topology(str(root), allowed=range(4), proc_root=str(tmp_path / "nowhere"))
+    assert t.cpu_quota is None and threads.default_threads(t) == 4
+    # a quota larger than the allowed cores changes nothing
+    fake_cgroups(root, tmp_path / "proc2", ["0::/"], {"cpu.max": "800000 100000"})
+    t = threads.read_topology(str(root), allowed=range(4), proc_root=str(tmp_path / "proc2"))
+    assert t.cpu_quota == 8.0 and threads.default_threads(t) == 4

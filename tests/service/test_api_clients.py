@@ -27,14 +27,14 @@ ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
 
 @pytest.fixture(scope="module")
 def srv(tmp_path_factory):
-    from edged.trust import signing
+    from edged.trust.sign import sign_file
     key, trusted = signing_key(tmp_path_factory)
     tmp = tmp_path_factory.mktemp("api-clients")
     models = tmp / "models"
     models.mkdir()
     dst = models / "smol.gguf"
     shutil.copyfile(testdata("models", SMOL), dst)
-    signing.sign_file(str(dst), key)
+    sign_file(str(dst), key)
     s = Server(tmp, str(models), trusted, default_model="smol",
                extra={"n_parallel": 2, "ctx_size": 1024, "max_queue": 16, "threads": 2})
     yield s

@@ -151,3 +151,47 @@ def test_tcp_socket_unit_verifies(tmp_path):
     with open(os.path.join(units, "edged-tcp.socket")) as f:
         unit = f.read()
     assert "ListenStream=127.0.0.1:" in unit and "Service=edged.service" in unit
+
+
+def test_tcp_connections_go_through_the_listener_caps():
+    """The TCP sockets share the Unix socket's accept loop: one count of connections, and the
+    per-uid cap counts a TCP client's remote address (it has no uid)."""
+    import asyncio
+    from types import SimpleNamespace
+    from edged.service import transport
+    from edged.service.metrics import Metrics
+
+    cfg = SimpleNamespace(max_connections=8, max_connections_per_uid=1, header_timeout=30.0,
+                          keepalive_timeout=30.0, uids=lambda key: ())
+    d = SimpleNamespace(stopping=False, metrics=Metrics(), cfg=cfg)
+    tcp = socket.socket()
+    tcp.bind(("127.0.0.1", 0))
+    tcp.listen(8)
+    tcp.setblocking(False)
+    unix_l = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)    # nobody connects to it
+    unix_l.setblocking(False)
+
+    async def run():
+        loop = asyncio.get_running_loop()
+        lst = transport.Listener(d, unix_l, asyncio.Protocol, tcp=[tcp])
+        lst.start()
+        port = tcp.getsockname()[1]
+        first = socket.create_connection(("127.0.0.1", port))
+        await asyncio.sleep(0.3)
+        second = socket.create_connection(("127.0.0.1", port))
+        second.settimeout(5)
+        reply = await loop.run_in_executor(None, second.recv, 100)
+        conns = list(lst.conns.values())
+        lst.stop()
+        first.close()
+        second.close()
+        return reply, conns
+
+    try:
+        reply, conns = asyncio.run(run())
+    finally:
+        for s in (tcp, unix_l):
+            s.close()
+    assert reply.startswith(b"HTTP/1.1 503")
+    assert [(c.peer, c.who) for c in conns] == [(None, "tcp:127.0.0.1")]
+    assert d.metrics.connections_refused["max_connections_per_uid"] == 1

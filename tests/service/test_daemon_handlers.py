@@ -187,7 +187,7 @@ def test_long_prompt_chunked_prefill_matches_the_engine(tmp_path):
     the greedy text must be what the engine gives for the whole prompt at once."""
     from daemon_support import add_chat_template, stories
     from edged.engine.model import Model
-    from edged.service.loader import PREFILL_CHUNK
+    from edged.service.scheduler import PREFILL_CHUNK
     src = stories()
     d = make_daemon(tmp_path, default_model="tiny", ctx_size=1024, max_body_bytes=1 << 20)
     add_chat_template(src, str(tmp_path / "models" / "tiny.gguf"))

@@ -98,9 +98,10 @@ def test_sigterm_drains_in_flight_stream_then_exits_0(tmp_path, models):
 
 
 def test_sighup_rereads_trust_store(tmp_path, tmp_path_factory, models):
-    from edged.trust import signing
+    from edged.trust.keys import fingerprint
+    from edged.trust.sign import generate_key, public_pem
     _, trusted = models
-    other = signing.generate_key(2048)
+    other = generate_key(2048)
     d = model_dir(tmp_path, other, {"delta": stories()})
     keys = tmp_path / "keys"
     keys.mkdir()
@@ -110,10 +111,10 @@ def test_sighup_rereads_trust_store(tmp_path, tmp_path_factory, models):
     try:
         st, _, body = srv.request("POST", "/v1/models/load", {"model": "delta"})
         assert st == 403 and body["error"]["code"] == "model_not_trusted"
-        (keys / "other.pem").write_bytes(signing.public_pem(other))
+        (keys / "other.pem").write_bytes(public_pem(other))
         srv.reload(30)
         st, _, body = srv.request("POST", "/v1/models/load", {"model": "delta"})
-        assert st == 200 and body["loaded"] and body["signer"] == signing.fingerprint(other)
+        assert st == 200 and body["loaded"] and body["signer"] == fingerprint(other)
         srv.notify.wait_for("STATUS=loading model delta", 5)
         srv.notify.wait_for("STATUS=serving (delta)", 5)
         st, _, body = srv.request("POST", "/v1/models/unload", {"model": "delta"})

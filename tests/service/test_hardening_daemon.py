@@ -17,7 +17,7 @@ import pytest
 from conftest import ROOT
 from daemon_support import Server, empty_models_dir, running, signing_key, to_toml
 from edged.service import sandbox
-from test_hardening_corpus import READER_CASES, TOKENIZER_CASES
+from hardening_files import READER_CASES, TOKENIZER_CASES
 
 pytest.importorskip("pyseccomp")
 LANDLOCK = sandbox.landlock_abi()
@@ -34,8 +34,8 @@ def trusted(tmp_path_factory):
 
 
 def sign(path, key, detached=True):
-    from edged.trust import signing
-    signing.sign_file(str(path), key, detached=detached)
+    from edged.trust.sign import sign_file
+    sign_file(str(path), key, detached=detached)
 
 
 def test_sandboxed_daemon_serves_reloads_and_stops(tmp_path, trusted):

@@ -64,13 +64,13 @@ def trusted(tmp_path_factory):
 
 
 def signed_model(models, name, key, src=None):
-    from edged.trust import signing
+    from edged.trust.sign import sign_file
     path = models / f"{name}.gguf"
     if src is not None:
         add_chat_template(src, str(path))
     else:
         path.write_bytes(b"GGUF")
-    signing.sign_file(str(path), key)
+    sign_file(str(path), key)
     return path
 
 

@@ -84,11 +84,11 @@ def _copy_site(dst):
 
 def _model(payload, tmp_path):
     """A signed model the guest can serve when this checkout can run one; else an unloadable one."""
-    from edged.trust import signing
-    key = signing.generate_key(2048)
+    from edged.trust.sign import generate_key, public_pem, sign_file
+    key = generate_key(2048)
     keys = payload / "keys"
     keys.mkdir()
-    (keys / "vmtest.pem").write_bytes(signing.public_pem(key))
+    (keys / "vmtest.pem").write_bytes(public_pem(key))
     models = payload / "models"
     models.mkdir()
     from test_hardening_load import can_generate, engine_env
@@ -99,7 +99,7 @@ def _model(payload, tmp_path):
             (payload / "backend.conf").write_text(f"[Service]\nEnvironment={k}={v}\n")
     else:
         (models / "demo.gguf").write_bytes(b"GGUF")
-    signing.sign_file(str(models / "demo.gguf"), key)
+    sign_file(str(models / "demo.gguf"), key)
     return can_generate()
 
 

@@ -26,11 +26,11 @@ _KEY = {}
 def signing_key(tmp_path_factory):
     """(private key, trusted-keys dir) generated once per session."""
     if not _KEY:
-        from edged.trust import signing
-        key = signing.generate_key(2048)
+        from edged.trust.sign import generate_key, public_pem, sign_file
+        key = generate_key(2048)
         d = tmp_path_factory.mktemp("trusted")
         os.chmod(d, 0o755)
-        (d / "test.pem").write_bytes(signing.public_pem(key))
+        (d / "test.pem").write_bytes(public_pem(key))
         _KEY["key"], _KEY["dir"] = key, str(d)
     return _KEY["key"], _KEY["dir"]
 
@@ -63,7 +63,7 @@ def add_chat_template(src, dst, template=TEMPLATE):
 def model_dir(tmp_path, key, models):
     """A model directory with models {NAME: source file}, each copied with a chat template
     and signed (appended signature) by `key`."""
-    from edged.trust import signing
+    from edged.trust.sign import generate_key, public_pem, sign_file
     d = tmp_path / "models"
     d.mkdir(exist_ok=True)
     os.chmod(d, 0o755)
@@ -72,7 +72,7 @@ def model_dir(tmp_path, key, models):
         add_chat_template(src, str(dst))
         os.chmod(dst, 0o644)
         if key is not None:
-            signing.sign_file(str(dst), key)
+            sign_file(str(dst), key)
     return str(d)
 
 

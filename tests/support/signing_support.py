@@ -7,7 +7,9 @@ import sys
 import pytest
 
 from conftest import ROOT, testdata
-from edged.trust import signing
+from edged.trust.keys import fingerprint
+from edged.trust.store import TrustStore
+from edged.trust.sign import private_pem, public_pem
 
 OPENSSL = shutil.which("openssl")
 needs_openssl = pytest.mark.skipif(OPENSSL is None, reason="openssl CLI not installed")
@@ -24,7 +26,7 @@ class Key:
             from cryptography.hazmat.primitives import serialization
 
             self.key = serialization.load_pem_private_key(f.read(), password=None)
-        self.fp = signing.fingerprint(self.key)
+        self.fp = fingerprint(self.key)
 
 
 def make_keys(tmp_path_factory):
@@ -42,8 +44,8 @@ def make_keys(tmp_path_factory):
                 from cryptography.hazmat.primitives.asymmetric import rsa
 
                 k = rsa.generate_private_key(public_exponent=65537, key_size=bits)
-                private.write_bytes(signing.private_pem(k))
-                public.write_bytes(signing.public_pem(k))
+                private.write_bytes(private_pem(k))
+                public.write_bytes(public_pem(k))
             _KEYS[name] = Key(private, public)
     return _KEYS
 
@@ -56,7 +58,7 @@ def keys(tmp_path_factory):
 @pytest.fixture
 def trust(tmp_path, keys):
     """The default trust store: operator and vendor trusted, "old" trusted but revoked."""
-    return signing.TrustStore.load(*make_trust_dir(tmp_path / "trusted", keys))
+    return TrustStore.load(*make_trust_dir(tmp_path / "trusted", keys))
 
 
 def make_trust_dir(path, keys, names=("operator", "vendor", "old"), revoked=("old",)):

@@ -8,6 +8,8 @@ from conftest import testdata_files
 from edged.text.chat import chat_template_from, load_template_file, render
 from edged.errors import TemplateError
 from edged.format.gguf import GGUFFile
+from edged.service.renderer import RenderWorker
+from edged.text import chat
 
 TEMPLATES = testdata_files("templates", ".jinja")
 CONVERSATION = [
@@ -34,6 +36,20 @@ def test_every_real_template_renders_a_conversation(path):
         assert m["content"] in out, m["role"]
     # the conversation comes out in order
     assert out.index("Hello!") < out.index("Hi! How can I help?") < out.index("What is 2+2?")
+
+
+@pytest.mark.skipif(not TEMPLATES, reason="shared test data missing: ../shared/testdata/templates")
+def test_every_real_template_renders_the_same_in_the_render_process():
+    """The daemon renders in a bounded child process (edged/service/renderer.py): same text."""
+    worker = RenderWorker("off")
+    worker.start()
+    try:
+        for path in TEMPLATES:
+            source = open(path, encoding="utf-8").read()
+            kw = dict(add_generation_prompt=True, bos_token="<s>", eos_token="</s>")
+            assert render(source, CONVERSATION, **kw) == chat.render_here(source, CONVERSATION, **kw), path
+    finally:
+        worker.close()
 
 
 # Expected prompts written from each family's documented prompt format.

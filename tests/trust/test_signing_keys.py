@@ -6,7 +6,10 @@ import subprocess
 
 import pytest
 
-from edged.trust import signing
+from edged.trust.rules import BAD_KEY, BAD_REVOCATION_LIST, KEY_TOO_SMALL, NO_TRUST_STORE, REVOKED_KEY, UNKNOWN_KEY
+from edged.trust.keys import fingerprint, load_public_key
+from edged.trust.store import TrustStore
+from edged.trust.sign import load_private_key
 from edged.errors import SignatureError
 from signing_support import OPENSSL, edged, keys, make_trust_dir, needs_openssl, refused  # noqa: F401
 
@@ -17,19 +20,19 @@ def test_fingerprint_is_sha256_of_der_spki_as_openssl_computes_it(keys):
         der = subprocess.run([OPENSSL, "pkey", "-pubin", "-in", k.public, "-outform", "DER"],
                              check=True, capture_output=True).stdout
         assert k.fp == hashlib.sha256(der).hexdigest()
-    assert signing.fingerprint(signing.load_public_key(keys["operator"].public)) == keys["operator"].fp
+    assert fingerprint(load_public_key(keys["operator"].public)) == keys["operator"].fp
     assert len({k.fp for k in keys.values()}) == len(keys)
 
 
 def test_trust_store_loads_keys_and_revocations(tmp_path, keys):
     trusted, revoked = make_trust_dir(tmp_path / "trusted", keys)
     (tmp_path / "trusted" / ".hidden").write_text("ignored")
-    trust = signing.TrustStore.load(trusted, revoked)
+    trust = TrustStore.load(trusted, revoked)
     assert set(trust.keys) == {keys[n].fp for n in ("operator", "vendor", "old")}
     assert trust.revoked == {keys["old"].fp}
     assert trust.is_trusted(keys["operator"].fp) and not trust.is_trusted(keys["old"].fp)
-    assert trust.status(keys["stranger"].fp) == signing.UNKNOWN_KEY
-    assert trust.status(keys["old"].fp) == signing.REVOKED_KEY
+    assert trust.status(keys["stranger"].fp) == UNKNOWN_KEY
+    assert trust.status(keys["old"].fp) == REVOKED_KEY
 
 
 def test_revocation_list_accepts_prefix_colons_comments_and_names_a_bad_line(tmp_path, keys):
@@ -37,15 +40,15 @@ def test_revocation_list_accepts_prefix_colons_comments_and_names_a_bad_line(tmp
     fp = keys["vendor"].fp
     good = tmp_path / "revoked"
     good.write_text(f"\n# comment\nsha256:{':'.join(fp[i:i + 2] for i in range(0, 64, 2)).upper()} vendor\n")
-    assert signing.TrustStore.load(trusted, str(good)).revoked == {fp}
+    assert TrustStore.load(trusted, str(good)).revoked == {fp}
     bad = tmp_path / "revoked-bad"
     bad.write_text(f"{fp}\nnot-a-fingerprint\n")
     with pytest.raises(SignatureError) as e:
-        signing.TrustStore.load(trusted, str(bad))
-    assert f"{bad}:2" in refused(e, signing.BAD_REVOCATION_LIST)
+        TrustStore.load(trusted, str(bad))
+    assert f"{bad}:2" in refused(e, BAD_REVOCATION_LIST)
     with pytest.raises(SignatureError) as e:
-        signing.TrustStore.load(trusted, str(tmp_path / "missing"))
-    refused(e, signing.BAD_REVOCATION_LIST)
+        TrustStore.load(trusted, str(tmp_path / "missing"))
+    refused(e, BAD_REVOCATION_LIST)
 
 
 def test_small_key_in_trust_store_is_refused_naming_the_file(tmp_path, keys):
@@ -54,8 +57,8 @@ def test_small_key_in_trust_store_is_refused_naming_the_file(tmp_path, keys):
     with open(keys["small"].public, "rb") as src, open(small, "wb") as dst:
         dst.write(src.read())
     with pytest.raises(SignatureError) as e:
-        signing.TrustStore.load(trusted, revoked)
-    msg = refused(e, signing.KEY_TOO_SMALL)
+        TrustStore.load(trusted, revoked)
+    msg = refused(e, KEY_TOO_SMALL)
     assert small in msg and "1024-bit" in msg
 
 
@@ -69,8 +72,8 @@ def test_non_rsa_key_is_refused_naming_the_file(tmp_path):
     subprocess.run([OPENSSL, "pkey", "-in", str(priv), "-pubout", "-out", str(d / "ec.pub.pem")],
                    check=True, capture_output=True)
     with pytest.raises(SignatureError) as e:
-        signing.TrustStore.load(str(d))
-    msg = refused(e, signing.BAD_KEY)
+        TrustStore.load(str(d))
+    msg = refused(e, BAD_KEY)
     assert str(d / "ec.pub.pem") in msg and "RSA" in msg
 
 
@@ -85,15 +88,15 @@ def test_malformed_pem_or_private_key_is_refused_naming_the_file(tmp_path, keys,
     path = d / "broken.pem"
     path.write_bytes(content if content is not None else open(keys["operator"].private, "rb").read())
     with pytest.raises(SignatureError) as e:
-        signing.TrustStore.load(str(d))
-    msg = refused(e, signing.BAD_KEY)
+        TrustStore.load(str(d))
+    msg = refused(e, BAD_KEY)
     assert str(path) in msg and hint in msg
 
 
 def test_missing_trust_directory_is_refused(tmp_path):
     with pytest.raises(SignatureError) as e:
-        signing.TrustStore.load(str(tmp_path / "nope"))
-    assert str(tmp_path / "nope") in refused(e, signing.NO_TRUST_STORE)
+        TrustStore.load(str(tmp_path / "nope"))
+    assert str(tmp_path / "nope") in refused(e, NO_TRUST_STORE)
 
 
 def test_keygen_writes_private_0600_and_public_beside_it(tmp_path):
@@ -103,10 +106,10 @@ def test_keygen_writes_private_0600_and_public_beside_it(tmp_path):
     pub = tmp_path / "fleet.pub.pem"
     assert stat.S_IMODE(os.stat(out).st_mode) == 0o600
     assert stat.S_IMODE(os.stat(pub).st_mode) == 0o644
-    private = signing.load_private_key(str(out))
+    private = load_private_key(str(out))
     assert private.key_size == 2048
-    fp = signing.fingerprint(signing.load_public_key(str(pub)))
-    assert fp == signing.fingerprint(private)
+    fp = fingerprint(load_public_key(str(pub)))
+    assert fp == fingerprint(private)
     assert r.stdout.split()[0] == fp
     assert sorted(os.listdir(tmp_path)) == ["fleet.pem", "fleet.pub.pem"]  # no temp files left
     if OPENSSL:
@@ -126,5 +129,5 @@ def test_keygen_never_overwrites(tmp_path):
 
 def test_keygen_refuses_small_keys(tmp_path):
     r = edged("keygen", "--out", str(tmp_path / "k.pem"), "--bits", "1024")
-    assert r.returncode == 2 and signing.KEY_TOO_SMALL in r.stderr
+    assert r.returncode == 2 and KEY_TOO_SMALL in r.stderr
     assert os.listdir(tmp_path) == []

@@ -7,7 +7,11 @@ import threading
 
 import pytest
 
-from edged.trust import signing
+from edged.trust.rules import BAD_SIGNATURE, CHANGED, NO_TRUST_STORE, REVOKED_KEY, SYMLINK, UNSAFE_PERMISSIONS
+from edged.trust.store import TrustStore
+from edged.trust.blocks import hash_fd
+from edged.trust.verify import VerificationCache, open_verified, stat_key
+from edged.trust.sign import sign_file
 from edged.errors import SignatureError
 from edged.commands.progress import ProgressBar
 from signing_support import copy_model, edged, keys, make_trust_dir, refused, trust  # noqa: F401
@@ -16,13 +20,13 @@ from signing_support import copy_model, edged, keys, make_trust_dir, refused, tr
 @pytest.fixture
 def signed(tmp_path, keys):
     path = copy_model(tmp_path)
-    signing.sign_file(path, keys["operator"].key)
+    sign_file(path, keys["operator"].key)
     return path
 
 
 def refusal(path, trust, rule, **kw):
     with pytest.raises(SignatureError) as e:
-        signing.open_verified(path, trust, True, cache=None, **kw)
+        open_verified(path, trust, True, cache=None, **kw)
     return refused(e, rule)
 
 
@@ -32,16 +36,16 @@ def test_hash_fd_digests_every_prefix_in_one_pass(tmp_path):
     p.write_bytes(data)
     seen = []
     with open(p, "rb") as f:
-        got = signing.hash_fd(f.fileno(), [100_003, 7, 50_000, 7], lambda d, t: seen.append((d, t)), chunk_size=4097)
+        got = hash_fd(f.fileno(), [100_003, 7, 50_000, 7], lambda d, t: seen.append((d, t)), chunk_size=4097)
     assert got == {n: hashlib.sha256(data[:n]).digest() for n in (7, 50_000, 100_003)}
     assert seen[-1] == (100_003, 100_003) and all(a[0] < b[0] for a, b in zip(seen, seen[1:]))
     with open(p, "rb") as f, pytest.raises(EOFError):
-        signing.hash_fd(f.fileno(), [100_004])
+        hash_fd(f.fileno(), [100_004])
 
 
 def test_descriptor_is_the_verified_file_even_if_the_path_is_replaced(tmp_path, signed, keys, trust):
     original = open(signed, "rb").read()
-    with signing.open_verified(signed, trust, True, cache=None) as vf:
+    with open_verified(signed, trust, True, cache=None) as vf:
         assert vf.signer == keys["operator"].fp
         assert os.fstat(vf.fd).st_ino == os.stat(signed).st_ino
         replacement = tmp_path / "evil"
@@ -55,15 +59,15 @@ def test_descriptor_is_the_verified_file_even_if_the_path_is_replaced(tmp_path, 
 def test_symlink_is_refused(tmp_path, signed, trust):
     link = tmp_path / "link.gguf"
     os.symlink(signed, link)
-    assert "symbolic link" in refusal(str(link), trust, signing.SYMLINK)
+    assert "symbolic link" in refusal(str(link), trust, SYMLINK)
 
 
 @pytest.mark.parametrize("mode", [0o664, 0o646, 0o666])
 def test_file_writable_by_group_or_others_is_refused(signed, trust, mode):
     os.chmod(signed, mode)
-    assert f"mode {mode:04o}" in refusal(signed, trust, signing.UNSAFE_PERMISSIONS)
+    assert f"mode {mode:04o}" in refusal(signed, trust, UNSAFE_PERMISSIONS)
     os.chmod(signed, 0o644)
-    signing.open_verified(signed, trust, True, cache=None).close()
+    open_verified(signed, trust, True, cache=None).close()
 
 
 @pytest.mark.parametrize("mode", [0o775, 0o757, 0o1777])
@@ -73,21 +77,21 @@ def test_directory_writable_by_group_or_others_is_refused(tmp_path, signed, trus
     path = d / "m.gguf"
     os.replace(signed, path)
     os.chmod(d, mode)
-    assert str(d) in refusal(str(path), trust, signing.UNSAFE_PERMISSIONS)
+    assert str(d) in refusal(str(path), trust, UNSAFE_PERMISSIONS)
     os.chmod(d, 0o755)
-    signing.open_verified(str(path), trust, True, cache=None).close()
+    open_verified(str(path), trust, True, cache=None).close()
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to give the file away")
 def test_file_owned_by_another_user_is_refused(signed, trust):
     os.chown(signed, 4242, -1)
-    assert "uid 4242" in refusal(signed, trust, signing.UNSAFE_PERMISSIONS)
+    assert "uid 4242" in refusal(signed, trust, UNSAFE_PERMISSIONS)
 
 
 def test_fifo_is_refused_without_blocking(tmp_path, trust):
     fifo = tmp_path / "pipe.gguf"
     os.mkfifo(fifo, 0o644)
-    assert "not a regular file" in refusal(str(fifo), trust, signing.UNSAFE_PERMISSIONS)
+    assert "not a regular file" in refusal(str(fifo), trust, UNSAFE_PERMISSIONS)
 
 
 def _wait_for_new_timestamp():
@@ -103,30 +107,30 @@ def test_file_changed_during_verification_is_refused(signed, trust):
             f.seek(20000)
             f.write(b"\x00")
 
-    assert "after hashing" in refusal(signed, trust, signing.CHANGED, progress=tamper)
+    assert "after hashing" in refusal(signed, trust, CHANGED, progress=tamper)
 
 
 def test_file_grown_during_verification_is_refused(tmp_path, keys, trust):
     path = copy_model(tmp_path, as_name="d.gguf")
-    signing.sign_file(path, keys["operator"].key, detached=True)
+    sign_file(path, keys["operator"].key, detached=True)
     _wait_for_new_timestamp()
 
     def grow(done, total):
         with open(path, "ab") as f:
             f.write(b"more")
 
-    refusal(path, trust, signing.CHANGED, progress=grow)
+    refusal(path, trust, CHANGED, progress=grow)
 
 
 def test_cache_skips_rehashing_until_anything_changes(monkeypatch, tmp_path, signed, keys, trust):
-    monkeypatch.setattr(signing, "_CACHE_SETTLE_NS", 0)
-    cache = signing.VerificationCache()
+    monkeypatch.setattr("edged.trust.verify._CACHE_SETTLE_NS", 0)
+    cache = VerificationCache()
     calls = []
     n = os.path.getsize(signed) - 336
 
     def open_once(trust=trust):
         calls.clear()
-        with signing.open_verified(signed, trust, True, cache=cache, progress=lambda d, t: calls.append(d)) as vf:
+        with open_verified(signed, trust, True, cache=cache, progress=lambda d, t: calls.append(d)) as vf:
             assert (vf.kind, vf.algorithm, vf.signed_length) == ("appended", "RSA-PKCS1v15-SHA256", n)
             return vf.signer, bool(calls)
 
@@ -137,33 +141,33 @@ def test_cache_skips_rehashing_until_anything_changes(monkeypatch, tmp_path, sig
     assert open_once()[1] is False
     revoked = tmp_path / "revoke-operator"
     revoked.write_text(keys["operator"].fp + "\n")
-    revoking = signing.TrustStore.load(trust.source, str(revoked))
+    revoking = TrustStore.load(trust.source, str(revoked))
     with pytest.raises(SignatureError) as e:  # trust is checked on every hit
-        signing.open_verified(signed, revoking, True, cache=cache)
-    refused(e, signing.REVOKED_KEY)
+        open_verified(signed, revoking, True, cache=cache)
+    refused(e, REVOKED_KEY)
     _wait_for_new_timestamp()
     with open(signed, "r+b") as f:
         f.seek(20000)
         f.write(b"\x55")
     with pytest.raises(SignatureError) as e:
-        signing.open_verified(signed, trust, True, cache=cache)
-    refused(e, signing.BAD_SIGNATURE)
+        open_verified(signed, trust, True, cache=cache)
+    refused(e, BAD_SIGNATURE)
 
 
 def test_recently_changed_files_are_not_cached(signed, trust):
-    cache = signing.VerificationCache()
-    signing.open_verified(signed, trust, True, cache=cache).close()
-    assert cache.get(signing._stat_key(os.stat(signed))) is None
+    cache = VerificationCache()
+    open_verified(signed, trust, True, cache=cache).close()
+    assert cache.get(stat_key(os.stat(signed))) is None
 
 
 def test_verification_runs_in_threads(tmp_path, keys, trust):
     paths = [copy_model(tmp_path, as_name=f"m{i}.gguf") for i in range(3)]
     for p in paths:
-        signing.sign_file(p, keys["vendor"].key, pss=True)
+        sign_file(p, keys["vendor"].key, pss=True)
     results = [None] * len(paths)
 
     def work(i):
-        with signing.open_verified(paths[i], trust, True, cache=None) as vf:
+        with open_verified(paths[i], trust, True, cache=None) as vf:
             results[i] = vf.signer
 
     threads = [threading.Thread(target=work, args=(i,)) for i in range(len(paths))]
@@ -197,7 +201,7 @@ def test_signing_through_a_symlink_signs_the_target_and_keeps_the_link(tmp_path,
     r = edged("sign", "--key", keys["operator"].private, str(link))
     assert r.returncode == 0, r.stderr
     assert os.readlink(link) == "model.gguf"
-    with signing.open_verified(target, trust, True, cache=None) as vf:
+    with open_verified(target, trust, True, cache=None) as vf:
         assert vf.signer == keys["operator"].fp
 
 
@@ -208,13 +212,13 @@ def test_sign_failure_midway_removes_the_temporary_file(monkeypatch, tmp_path, k
     def boom(*a, **kw):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(signing.os, "pwrite", boom)
+    monkeypatch.setattr(os, "pwrite", boom)
     with pytest.raises(OSError):
-        signing.sign_file(path, keys["operator"].key)
+        sign_file(path, keys["operator"].key)
     monkeypatch.undo()
     assert sorted(os.listdir(tmp_path)) == before
     with pytest.raises(SignatureError):
-        signing.open_verified(path, signing.TrustStore({}), True)
+        open_verified(path, TrustStore({}), True)
 
 
 def test_cli_verify_output(signed, keys, trust):
@@ -224,12 +228,12 @@ def test_cli_verify_output(signed, keys, trust):
     assert "appended, RSA-PKCS1v15-SHA256" in r.stdout
     os.chmod(signed, 0o666)
     r = edged("verify", "--trusted", trust.source, signed)
-    assert r.returncode == 1 and signing.UNSAFE_PERMISSIONS in r.stderr
+    assert r.returncode == 1 and UNSAFE_PERMISSIONS in r.stderr
 
 
 def test_cli_verify_without_a_trust_store_or_model(tmp_path, signed):
     r = edged("verify", "--trusted", str(tmp_path / "no-such-dir"), signed)
-    assert r.returncode == 1 and signing.NO_TRUST_STORE in r.stderr and r.stdout == ""
+    assert r.returncode == 1 and NO_TRUST_STORE in r.stderr and r.stdout == ""
     (tmp_path / "empty").mkdir()
     r = edged("verify", "--trusted", str(tmp_path / "empty"), str(tmp_path / "missing.gguf"))
     assert r.returncode == 2 and str(tmp_path / "missing.gguf") in r.stderr

@@ -43,8 +43,10 @@ int main(void) {
     static const char *names[] = {"F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0",
                                   "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"};
     /* avx512nv: the AVX-512 path as a CPU without VNNI gets it; avx2nv: the AVX2 path as a
-       CPU without AVX-VNNI gets it (the avx2 path takes AVX-VNNI where the CPU has it) */
-    static const char *paths[] = {"generic", "avx2", "avx2nv", "avx512", "avx512nv", "neon"};
+       CPU without AVX-VNNI gets it (the avx2 path takes AVX-VNNI where the CPU has it); neonnd:
+       NEON without dotprod. Each label is the path ed_types_init selects for `force`. */
+    static const char *paths[] = {"generic", "avx2", "avx2nv", "avx512", "avx512nv", "neon", "neonnd"};
+    static const char *force[] = {"generic", "avx2", "avx2-vnni", "avx512", "avx512-vnni", "neon", "neon-dotprod"};
     enum { K = 512, ROWS = 33, COLS = 5 };
     static uint8_t w[ROWS * K * 4], xq[COLS * K * 4], xq2[COLS * K * 4];
     static uint8_t xs[COLS * K * 8] __attribute__((aligned(64)));  /* decode-batch rows with pair areas */
@@ -54,13 +56,10 @@ int main(void) {
     printf("features");
     for (int i = 0; ED_CPU_FEATURE_NAMES[i]; i++) if (ed_cpu_features() & (1u << i)) printf(" %s", ED_CPU_FEATURE_NAMES[i]);
     printf("\n");
-    for (int p = 0; p < 6; p++) {
-        const int nv = !strcmp(paths[p], "avx512nv"), nv2 = !strcmp(paths[p], "avx2nv");
-        const char *base = nv ? "avx512" : nv2 ? "avx2" : paths[p];
-        if (!ed_path_supported(base)) { printf("%s: not supported here\n", paths[p]); continue; }
+    for (int p = 0; p < 7; p++) {
+        if (!ed_path_supported(force[p])) { printf("%s: not supported here\n", paths[p]); continue; }
         for (int ti = 0; ti < 13; ti++) {
             const int t = types[ti];
-            ed_types_init("generic");
             const ed_traits tr = ED_TRAITS[t];
             const size_t rb = (size_t)(K / tr.block) * tr.type_size, xr = ed_act_row_bytes(t, K);
             if (t == ED_F32) for (int i = 0; i < ROWS * K; i++) ((float *)w)[i] = rndf();
@@ -70,23 +69,19 @@ int main(void) {
                 for (size_t i = 0; i < ROWS * rb; i++) w[i] = (uint8_t)rnd();
                 for (size_t b = 0; b < ROWS * rb / tr.type_size; b++) fix_halves(t, w + b * tr.type_size);
             }
-            for (int c = 0; c < COLS; c++) ED_ACT[tr.vec_type].quant(x + c * K, xq + c * xr, K);
+            for (int c = 0; c < COLS; c++) ED_ACT[tr.vec_type].ref(x + c * K, xq + c * xr, K);
             for (int c = 0; c < COLS; c++)
-                for (int r = 0; r < ROWS; r++) ref[c * ROWS + r] = tr.dot(K, w + r * rb, xq + c * xr);
+                for (int r = 0; r < ROWS; r++) ref[c * ROWS + r] = tr.ref(K, w + r * rb, xq + c * xr);
             double scale = 0;
             for (int i = 0; i < COLS * ROWS; i++) scale = fmax(scale, fabs(ref[i]));
-            ed_types_init(base);
-#if defined(__x86_64__)
-            if (nv) { ed_avx512nv_install(); ed_avx512_install_wide(); }
-            if (nv2) ed_avx2_install();
-#endif
+            if (ed_types_init(force[p]) != 0) return 2;
             /* the activation quantizer may be path-specific too: quantize again */
-            for (int c = 0; c < COLS; c++) ED_ACT[tr.vec_type].quant(x + c * K, xq + c * xr, K);
+            for (int c = 0; c < COLS; c++) ED_QUANT[tr.vec_type](x + c * K, xq + c * xr, K);
             double err = 0;
             uint64_t digest = 1469598103934665603ull;  /* of every dot and tile result (no panels) */
             for (int c = 0; c < COLS; c++)
                 for (int r = 0; r < ROWS; r++) {
-                    got[c * ROWS + r] = ED_TRAITS[t].dot(K, w + r * rb, xq + c * xr);
+                    got[c * ROWS + r] = ED_DOT[t](K, w + r * rb, xq + c * xr);
                     err = fmax(err, fabs(got[c * ROWS + r] - ref[c * ROWS + r]));
                 }
             digest = fnv(digest, got, COLS * ROWS);
@@ -108,7 +103,7 @@ int main(void) {
                 const float *want = one;
                 if (k != K) {
                     for (int c = 0; c < COLS; c++) {
-                        ED_ACT[tr.vec_type].quant(x + c * K, xq2 + c * kr, k);
+                        ED_QUANT[tr.vec_type](x + c * K, xq2 + c * kr, k);
                         ed_mdot_rows(t, k, w, rb, ROWS, xq2 + c * kr, kr, 1, one2 + c * ROWS, ROWS);
                     }
                     want = one2;
@@ -123,7 +118,7 @@ int main(void) {
                 }
             }
             printf("digest %s %s %016llx %s%s\n", paths[p], names[ti], (unsigned long long)digest,
-                   ED_TRAITS[t].dot == tr.dot ? "generic-dot" : "simd-dot",
+                   ED_DOT[t] == tr.ref ? "generic-dot" : "simd-dot",
                    ED_MDOT_SAME[t] ? (same_ok ? " same-ok" : " same-FAIL") : "");
             failures += !same_ok;
             if (ed_gemm_ok(t)) {  /* packed panels, as a prompt batch uses them */

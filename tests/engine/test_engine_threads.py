@@ -1,0 +1,94 @@
+"""The thread pool under contention (cython_kernels/forward/ed_threads.h): matrix products are
+split into chunks claimed from a shared counter, so a late thread's chunks are taken by the
+others, and the pool drops workers that keep arriving late. Neither may change a single bit:
+logits with one thread, with two threads whose chunk claims are made lopsided on purpose
+(Pool.debug_slow: one thread sleeps before each claim), and with the adaptive count dropping a
+worker mid-generation are compared for equality."""
+import time
+
+import numpy as np
+import pytest
+
+from conftest import testdata
+
+pytest.importorskip("edged._core")
+from edged import Model  # noqa: E402
+
+# a real model (every layer Q4_1, 49k vocabulary) and a mixed-type one (Q4_K_M: gate and up of
+# different activation formats in some layers); 40 prompt tokens take the packed-panel GEMM and
+# the blocked attention, the decode steps the one-token path
+MODELS = ["SmolLM2-135M-Instruct.Q4_1.gguf", "synthetic-qwen2-Q4_K_M.gguf"]
+PROMPT = [(7 * i + 3) % 200 + 10 for i in range(40)]
+
+
+def run(model, steps=6):
+    """Logits of the prompt's every row, then of `steps` greedy decode steps."""
+    s = model.session(128)
+    out = [s.eval(PROMPT, logits="all")]
+    for _ in range(steps):
+        out.append(s.eval([int(out[-1][-1].argmax())]))
+    s.close()
+    return np.concatenate(out)
+
+
+@pytest.fixture(scope="module", params=MODELS)
+def reference(request):
+    with Model.load(testdata("models", request.param), n_threads=1) as m:
+        return request.param, run(m)
+
+
+@pytest.mark.parametrize("slow", [0, 1])
+def test_lopsided_chunk_claims_change_no_bit(reference, slow):
+    name, want = reference
+    with Model.load(testdata("models", name), n_threads=2) as m:
+        pool = m.backend.pool
+        pool.adaptive = False          # keep both threads in every task
+        pool.debug_slow(slow, 300)     # this thread sleeps 0.3 ms before each claim
+        got = run(m, steps=2)
+        claimed = pool.stats()["claimed"]   # of the last task (a decode step)
+    # the other thread took most chunks
+    assert claimed[1 - slow] > 2 * claimed[slow], claimed
+    np.testing.assert_array_equal(got, want[:len(got)])
+
+
+def test_late_worker_is_dropped_then_taken_back_without_changing_a_bit(reference):
+    name, want = reference
+    with Model.load(testdata("models", name), n_threads=2) as m:
+        pool = m.backend.pool
+        assert pool.adaptive and pool.active_threads == 2
+        pool.debug_slow(1, 2000)       # worker 1 arrives late at every barrier: dropped
+        s = m.session(128)
+        got = [s.eval(PROMPT, logits="all")]
+        for _ in range(6):
+            got.append(s.eval([int(got[-1][-1].argmax())]))
+        assert pool.stats()["drops"] >= 1 and pool.active_threads == 1, pool.stats()
+        np.testing.assert_array_equal(np.concatenate(got), want)
+        # the machine "quiets": a probe after >= 0.2 s finds worker 1 on time and keeps it.
+        # Probes repeat with a growing interval while the machine keeps it late; so that a
+        # machine loaded by other tests cannot fail this, any probe short of waiting for the
+        # worker 95% of the time counts as on time here (tools/bench_contention.py measures the
+        # real threshold's effect)
+        pool.debug_slow(1, 0)
+        pool.late_share = 0.95
+        deadline = time.monotonic() + 30
+        while pool.active_threads < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+            s.truncate(len(PROMPT))
+            for j in range(3):
+                s.eval([int(want[39 + j].argmax())])
+        st = pool.stats()
+        assert st["probes"] >= 1 and st["retakes"] >= 1 and pool.active_threads == 2, st
+        s.truncate(len(PROMPT))
+        np.testing.assert_array_equal(s.eval([int(want[39].argmax())]), want[40:41])
+        s.close()
+
+
+def test_pool_without_adaptation_keeps_every_worker():
+    import edged._core as core
+    pool = core.Pool(2, adapt=False)
+    assert not pool.adaptive and pool.active_threads == 2
+    assert pool.late_share is None     # 1/n: where n - 1 threads become faster
+    with pytest.raises(ValueError, match="worker 5"):
+        pool.debug_slow(5, 10)
+    with pytest.raises(ValueError, match="late_share 0.0"):
+        pool.late_share = 0.0
