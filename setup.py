@@ -79,10 +79,12 @@ setup(
         "tqdm>=4.60,<5",                             # CLI progress bars
         "httpx>=0.27,<1",                            # CLI client of the daemon's Unix socket
         "httpx-sse>=0.4,<0.5",                       # its SSE stream parser (edged chat)
-        "pydantic>=2.5,<3",                          # config validation
+        "pydantic>=2.5,<3",                          # config and request validation
+        "llguidance>=0.7,<2",                        # structured output (text/grammar.py)
     ],
     extras_require={
         "test": ["pytest>=7", "hypothesis>=6", "gguf>=0.10", "openai>=1.30",
+                 "langchain-openai>=0.2", "litellm>=1.40",   # real clients in the API tests
                  # the sdist -> wheel test builds without isolation, from these
                  "build>=1", "setuptools>=77", "wheel", "Cython>=3.0,<3.4"],
     },

@@ -43,8 +43,18 @@ class TokenizerError(EdgedError):
 
 
 class RequestError(EdgedError):
-    """A request is invalid (bad field, prompt too long for the context)."""
+    """A request is invalid (bad field, prompt too long for the context). `param` names the
+    offending field (OpenAI's error.param), e.g. "messages[2].content"."""
     status, type, code = 400, "invalid_request_error", None
+
+    def __init__(self, message, param=None):
+        super().__init__(message)
+        self.param = param
+
+
+class GrammarError(RequestError):
+    """A JSON schema, grammar or tool list cannot be compiled into a token constraint (bad
+    syntax, unsupported keyword, or over the time/size bounds); names what is wrong."""
 
 
 class ModelNotFound(RequestError):

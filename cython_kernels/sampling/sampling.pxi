@@ -12,7 +12,7 @@
 # leaves a cut just outside, the walk is redone over the whole vocabulary.
 from libc.math cimport exp, log, INFINITY
 from libc.stdlib cimport malloc, free, qsort
-from libc.stdint cimport int32_t, uint16_t, uint8_t
+from libc.stdint cimport int32_t, uint16_t, uint8_t, uint32_t
 
 cdef extern from "ed_sample.h" nogil:
     int _NB "ED_SNB"      # buckets; the last one holds everything from d >= (_NB - 1) / _BW on
@@ -268,18 +268,26 @@ def sample_work_bytes(int n):
 def sample_logits(const float[::1] logits, const int32_t[::1] bias_ids, const float[::1] bias_vals,
                   const int32_t[::1] pen_ids, const int32_t[::1] pen_counts, float repeat_penalty,
                   double presence_penalty, double frequency_penalty, double temperature, int top_k,
-                  double top_p, double min_p, double u, uint8_t[::1] work=None):
+                  double top_p, double min_p, double u, uint8_t[::1] work=None,
+                  const uint32_t[::1] mask=None):
     """Bias, penalties, then greedy or top-k/top-p/min-p/temperature with the uniform draw u.
     work: optional scratch of sample_work_bytes(len(logits)) bytes, reused across calls (a fresh
-    allocation per token costs page faults)."""
+    allocation per token costs page faults). mask: optional allowed-token bitmask (structured
+    output), bit i % 32 of word i // 32 set = token i may be drawn; the others are -inf before
+    anything else."""
     global _sample_path
     cdef int n = logits.shape[0], i, t
     cdef float v
     cdef float *x
     cdef uint8_t *buf
     cdef uint8_t *own = NULL
+    cdef const uint32_t *mk = NULL
     if n < 1:
         raise ValueError("empty logits")
+    if mask is not None:
+        if mask.shape[0] < (n + 31) // 32:
+            raise ValueError(f"mask of {mask.shape[0]} words for {n} logits")
+        mk = &mask[0]
     for i in range(bias_ids.shape[0]):
         if not 0 <= bias_ids[i] < n:
             raise ValueError(f"logit_bias id {bias_ids[i]} out of range")
@@ -304,6 +312,10 @@ def sample_logits(const float[::1] logits, const int32_t[::1] bias_ids, const fl
         for i in range(n):   # a NaN logit (a broken model) is never drawn: -inf
             v = logits[i]
             x[i] = v if v == v else -INFINITY
+        if mk != NULL:       # tokens the grammar does not allow: -inf (bias cannot revive them)
+            for i in range(n):
+                if not (mk[i >> 5] >> (i & 31)) & 1:
+                    x[i] = -INFINITY
         for i in range(bias_ids.shape[0]):
             x[bias_ids[i]] += bias_vals[i]
         for i in range(pen_ids.shape[0]):

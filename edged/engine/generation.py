@@ -41,16 +41,17 @@ class Generation:
     def __init__(self, session, ids, n_cached, max_tokens=128, temperature=0.0, top_k=0,
                  top_p=1.0, min_p=0.0, seed=None, stop=(), repeat_penalty=1.0,
                  presence_penalty=0.0, frequency_penalty=0.0, penalty_last_n=64,
-                 logit_bias=None):
+                 logit_bias=None, sampler=None):
         if max_tokens is not None and max_tokens < 0:
             raise RequestError(f"max_tokens={max_tokens}: must be >= 0")
         tok = session.model.tokenizer
         self.session = session
-        self.sampler = Sampler(session.model.hp.n_vocab, temperature=temperature, top_k=top_k,
-                               top_p=top_p, min_p=min_p, seed=seed, repeat_penalty=repeat_penalty,
-                               presence_penalty=presence_penalty,
-                               frequency_penalty=frequency_penalty,
-                               penalty_last_n=penalty_last_n, logit_bias=logit_bias)
+        # a caller's own sampler (structured output, logprobs), else one from the arguments
+        self.sampler = sampler or Sampler(
+            session.model.hp.n_vocab, temperature=temperature, top_k=top_k, top_p=top_p,
+            min_p=min_p, seed=seed, repeat_penalty=repeat_penalty,
+            presence_penalty=presence_penalty, frequency_penalty=frequency_penalty,
+            penalty_last_n=penalty_last_n, logit_bias=logit_bias)
         self.sampler.accept_many(ids)
         self.max_tokens = max_tokens
         self.n_prompt, self.n_cached = len(ids), n_cached

@@ -451,7 +451,8 @@ class Session:
         parse_special) or token ids. The prefix the KV cache already holds is not evaluated
         again (at least the last prompt token is, for its logits). sampling: max_tokens,
         temperature, top_k, top_p, min_p, seed, stop, repeat_penalty, presence_penalty,
-        frequency_penalty, penalty_last_n, logit_bias."""
+        frequency_penalty, penalty_last_n, logit_bias, and sampler (a text.sampling.Sampler
+        to draw with instead of one made from the others)."""
         ids = self.model.tokenizer.encode(prompt, add_special=add_special,
                                           parse_special=parse_special) \
             if isinstance(prompt, str) else [int(t) for t in prompt]
@@ -467,18 +468,20 @@ class Session:
     def generate(self, prompt, max_tokens=128, temperature=0.0, top_k=0, top_p=1.0, min_p=0.0,
                  seed=None, stop=(), repeat_penalty=1.0, presence_penalty=0.0,
                  frequency_penalty=0.0, penalty_last_n=64, logit_bias=None, add_special=True,
-                 parse_special=False, stats=None):
+                 parse_special=False, stats=None, sampler=None):
         """Yield GenerationOutput items; the last one carries finish_reason.
 
         prompt: text (tokenized with add_special/parse_special) or a list of token ids.
         stop: strings that end generation (they may span tokens; the text before them is
         emitted, the stop string is not). stats: optional dict filled with timings.
+        sampler: a text.sampling.Sampler to draw with (structured output, logprobs) instead of
+        one made from the sampling arguments.
         A thin loop over start() and Model.decode, one entry per step."""
         g = self.start(prompt, add_special=add_special, parse_special=parse_special,
                        max_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
                        min_p=min_p, seed=seed, stop=stop, repeat_penalty=repeat_penalty,
                        presence_penalty=presence_penalty, frequency_penalty=frequency_penalty,
-                       penalty_last_n=penalty_last_n, logit_bias=logit_bias)
+                       penalty_last_n=penalty_last_n, logit_bias=logit_bias, sampler=sampler)
         decode = self.model.decode
         while True:
             out = g.accept(decode([g.entry()])[0])

@@ -9,11 +9,15 @@ import asyncio
 import dataclasses
 import json
 import secrets
+import threading
 import time
+import urllib.parse
 
 from ..errors import (EdgedError, HTTPError, ModelNotFound, NotReady, QueueTimeout, RequestError,
                       http_error)
-from ..text.sampling import REQUEST_BOUNDS, greedy_temperature
+from ..text import grammar, reasoning, tools
+from ..text.sampling import Sampler, greedy_temperature
+from . import requests
 from .log import log
 from .metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from .names import check_model_name
@@ -28,6 +32,9 @@ class Peer:
     groups: tuple = ()
 
 
+TCP_PEER = Peer(0, -1, -1)      # what the load policy sees of a TCP client
+
+
 @dataclasses.dataclass
 class ApiRequest:
     method: str
@@ -36,6 +43,7 @@ class ApiRequest:
     peer: Peer | None = None                  # None: not a Unix-socket peer (tests may leave it out)
     disconnected: object = lambda: False      # () -> bool, True once the client has gone
     info: dict = dataclasses.field(default_factory=dict)   # filled by handlers for the request log line
+    tcp: bool = False                         # over the opt-in TCP listener (an API key admitted it)
 
 
 @dataclasses.dataclass
@@ -67,8 +75,8 @@ class StreamReply:
         await self._close()
 
 
-def error_reply(status, message, type_="invalid_request_error", code=None, headers=None):
-    return Reply(status, {"error": {"message": message, "type": type_, "param": None, "code": code}},
+def error_reply(status, message, type_="invalid_request_error", code=None, headers=None, param=None):
+    return Reply(status, {"error": {"message": message, "type": type_, "param": param, "code": code}},
                  headers=dict(headers or {}))
 
 
@@ -78,148 +86,72 @@ def error_for(e):
     if not isinstance(e, EdgedError):
         log.exception("internal error: %s", e)
         return error_reply(status, f"internal error: {type(e).__name__}", type_, code)
-    return error_reply(status, str(e), type_, code, headers)
+    return error_reply(status, str(e), type_, code, headers, param=getattr(e, "param", None))
 
 
 # --- request validation --------------------------------------------------------------------
 
-_COMMON = {"model", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "min_p",
-           "seed", "stop", "presence_penalty", "frequency_penalty", "repeat_penalty", "logit_bias",
-           "stream", "stream_options", "n", "user", "metadata", "store", "service_tier",
-           "logprobs", "top_logprobs", "response_format", "parallel_tool_calls", "tools",
-           "tool_choice", "cache_prompt"}
-CHAT_FIELDS = _COMMON | {"messages"}
-COMPLETION_FIELDS = _COMMON | {"prompt", "echo", "best_of", "suffix"}
-
-
-def _num(body, key):
-    b = REQUEST_BOUNDS[key]
-    v = body.get(key)
-    if v is None:
-        return b.default
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or (b.integer and not isinstance(v, int)):
-        raise RequestError(f"'{key}' must be {'an integer' if b.integer else 'a number'} (got {v!r})")
-    if v != v or not b.lo <= v <= b.hi:
-        raise RequestError(f"'{key}' must be between {b.lo} and {b.hi} (got {v!r})")
-    return int(v) if b.integer else float(v)
-
-
 def parse_params(body, chat):
-    """Validate an OpenAI request body; returns a dict of generation parameters."""
-    if not isinstance(body, dict):
-        raise RequestError("request body must be a JSON object")
-    allowed = CHAT_FIELDS if chat else COMPLETION_FIELDS
-    unknown = sorted(set(body) - allowed)
-    if unknown:
-        raise RequestError(f"unsupported field(s): {', '.join(unknown)}")
-    n = body.get("n")
-    if n is not None and n != 1:
-        raise RequestError(f"'n' must be 1 (got {n!r}): one choice per request")
-    if body.get("best_of") not in (None, 1):
-        raise RequestError("'best_of' must be 1")
-    if body.get("logprobs") not in (None, False) or body.get("top_logprobs") not in (None, 0):
-        raise RequestError("logprobs are not supported")
-    if body.get("echo") not in (None, False):
-        raise RequestError("'echo' is not supported")
-    if body.get("suffix") not in (None, ""):
-        raise RequestError("'suffix' is not supported")
-    if body.get("tools") not in (None, []) or body.get("tool_choice") not in (None, "none", "auto"):
-        raise RequestError("tools are not supported")
-    rf = body.get("response_format")
-    if rf is not None and rf != {"type": "text"}:
-        raise RequestError(f"'response_format' {rf!r} is not supported (only {{\"type\": \"text\"}})")
-    model = body.get("model")
-    if model is not None:
-        if not isinstance(model, str):
-            raise RequestError("'model' must be a string")
-        check_model_name(model)
-    stream = body.get("stream", False)
-    if not isinstance(stream, bool):
-        raise RequestError("'stream' must be true or false")
-    so = body.get("stream_options")
-    include_usage = False
-    if so is not None:
-        if not isinstance(so, dict) or set(so) - {"include_usage", "continuous_usage_stats"}:
-            raise RequestError("'stream_options' must be an object with 'include_usage'")
-        include_usage = bool(so.get("include_usage", False))
-    p = {"model": model, "stream": stream, "include_usage": include_usage}
-    mt = body.get("max_completion_tokens", body.get("max_tokens"))
-    if mt is not None and (isinstance(mt, bool) or not isinstance(mt, int) or mt < 1):
-        raise RequestError(f"'max_tokens' must be a positive integer (got {mt!r})")
-    p["max_tokens"] = mt
-    for key in REQUEST_BOUNDS:
-        p[key] = _num(body, key)
-    p["temperature"] = greedy_temperature(p["temperature"])
-    seed = body.get("seed")
-    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not -(1 << 63) <= seed < 1 << 64):
-        raise RequestError(f"'seed' must be an integer (got {seed!r})")
-    p["seed"] = seed
-    stop = body.get("stop")
-    if stop is None:
-        stop = []
-    elif isinstance(stop, str):
-        stop = [stop]
-    if not isinstance(stop, list) or len(stop) > 4 or not all(isinstance(s, str) and s for s in stop):
-        raise RequestError("'stop' must be a non-empty string or a list of up to 4 of them")
-    p["stop"] = stop
-    lb = body.get("logit_bias")
-    bias = {}
-    if lb is not None:
-        if not isinstance(lb, dict):
-            raise RequestError("'logit_bias' must be an object of token id -> bias")
-        for k, v in lb.items():
-            try:
-                tok = int(k)
-            except ValueError:
-                raise RequestError(f"'logit_bias' key {k!r} is not a token id") from None
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not -100 <= v <= 100:
-                raise RequestError(f"'logit_bias' value for {k} must be a number in [-100, 100]")
-            bias[tok] = float(v)
-    p["logit_bias"] = bias
+    """Validate an OpenAI request body (requests.py); returns a dict of generation parameters."""
+    r = requests.validate(body, chat)
+    p = {"model": r.model, "stream": r.stream,
+         "include_usage": bool(r.stream_options and r.stream_options.include_usage),
+         "max_tokens": r.max_completion_tokens or r.max_tokens,
+         "temperature": greedy_temperature(float(r.temperature)), "top_p": float(r.top_p), "top_k": r.top_k,
+         "min_p": float(r.min_p), "presence_penalty": float(r.presence_penalty),
+         "frequency_penalty": float(r.frequency_penalty), "repeat_penalty": float(r.repeat_penalty),
+         "penalty_last_n": r.penalty_last_n, "seed": r.seed, "n": r.n,
+         "stop": [r.stop] if isinstance(r.stop, str) else list(r.stop or []),
+         "logit_bias": {int(k): float(v) for k, v in (r.logit_bias or {}).items()},
+         "constraint": _constraint_source(r)}
     if chat:
-        p["messages"] = _messages(body.get("messages"))
+        p["messages"] = [_message(m) for m in r.messages]
+        p["logprobs"] = (r.top_logprobs or 0) if r.logprobs else None
+        p["tools"] = [t.model_dump(exclude_none=True) for t in r.tools or ()]
+        tc = r.tool_choice
+        p["tool_choice"] = tc.function.name if isinstance(tc, requests.NamedToolChoice) else (
+            tc or ("auto" if p["tools"] else "none"))
+        p["parallel_tool_calls"] = r.parallel_tool_calls
+        p["template_kwargs"] = dict(r.chat_template_kwargs or {})
+        p["reasoning"] = r.reasoning_format != "none"
     else:
-        prompt = body.get("prompt")
-        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
-            prompt = prompt[0]
-        if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool)
-                                                       for t in prompt):
-            p["prompt_ids"] = list(prompt)
-        elif isinstance(prompt, str):
-            p["prompt"] = prompt
-        else:
-            raise RequestError("'prompt' must be a string or a list of token ids (one prompt per request)")
+        p["logprobs"] = r.logprobs
+        prompts = r.prompt
+        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]
+        p["prompts"] = [list(x) if isinstance(x, list) else x for x in prompts]
+        if len(p["prompts"]) * r.n > requests.MAX_N:
+            raise RequestError(f"{len(p['prompts'])} prompts x n={r.n} choices exceed {requests.MAX_N} "
+                               "choices per request", param="prompt")
     return p
 
 
-def _messages(msgs):
-    if not isinstance(msgs, list) or not msgs:
-        raise RequestError("'messages' must be a non-empty list")
-    out = []
-    for i, m in enumerate(msgs):
-        if not isinstance(m, dict):
-            raise RequestError(f"messages[{i}] must be an object")
-        extra = set(m) - {"role", "content", "name"}
-        if extra:
-            raise RequestError(f"messages[{i}]: unsupported field(s) {', '.join(sorted(extra))}")
-        role = m.get("role")
-        if role == "developer":
-            role = "system"
-        if role not in ("system", "user", "assistant"):
-            raise RequestError(f"messages[{i}].role must be system, user or assistant (got {role!r})")
-        content = m.get("content")
-        if isinstance(content, list):
-            parts = []
-            for part in content:
-                if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
-                    raise RequestError(f"messages[{i}].content: only text parts are supported")
-                parts.append(part["text"])
-            content = "".join(parts)
-        if content is None and role == "assistant":
-            content = ""
-        if not isinstance(content, str):
-            raise RequestError(f"messages[{i}].content must be a string")
-        out.append({"role": role, "content": content})
+def _constraint_source(r):
+    """("json_schema", schema) / ("grammar", text) from response_format, grammar or json_schema."""
+    rf = r.response_format
+    if rf is not None and rf.type == "json_object":
+        return ("json_schema", rf.schema_ or {"type": "object"}, "response_format")
+    if rf is not None and rf.type == "json_schema":
+        return ("json_schema", rf.json_schema.schema_, "response_format.json_schema.schema")
+    if r.json_schema is not None:
+        return ("json_schema", r.json_schema, "json_schema")
+    if r.grammar is not None:
+        return ("grammar", r.grammar, "grammar")
+    return None
+
+
+def _message(m):
+    """A validated message as the chat template gets it."""
+    content = m.content
+    if isinstance(content, list):
+        content = "".join(part.text for part in content)
+    out = {"role": "system" if m.role == "developer" else m.role,
+           "content": "" if content is None else content}
+    for key in ("name", "tool_call_id", "reasoning_content"):
+        if getattr(m, key) is not None:
+            out[key] = getattr(m, key)
+    if m.tool_calls:
+        out["tool_calls"] = [c.model_dump(exclude_none=True) for c in m.tool_calls]
     return out
 
 
@@ -247,6 +179,7 @@ class Api:
     """Routes. `state` is the daemon: .cfg, .registry, .slots, .decoder, .metrics, .stopping."""
 
     ADMIN = {"/v1/models/load", "/v1/models/unload"}
+    MODEL_PREFIX = "/v1/models/"
 
     def __init__(self, state):
         self.state = state
@@ -275,6 +208,9 @@ class Api:
 
     async def handle(self, req):
         handler = self.routes.get((req.method, req.path))
+        if handler is None and req.method == "GET" and req.path.startswith(self.MODEL_PREFIX) \
+                and req.path not in self.ADMIN:
+            handler = self.model_info
         if handler is None:
             if any(path == req.path for _, path in self.routes):
                 return error_reply(405, f"method {req.method} not allowed on {req.path}", code="method_not_allowed")
@@ -312,6 +248,14 @@ class Api:
     async def models(self, req):
         return Reply(200, {"object": "list", "data": self.state.registry.listing()})
 
+    async def model_info(self, req):
+        """GET /v1/models/{id}: the model's entry of /v1/models."""
+        name = check_model_name(urllib.parse.unquote(req.path[len(self.MODEL_PREFIX):]))
+        for entry in self.state.registry.listing():
+            if entry["id"] == name:
+                return Reply(200, entry)
+        raise ModelNotFound(f"model {name!r} not found in {self.state.cfg.models_dir}")
+
     # --- admin ------------------------------------------------------------------------
     async def load(self, req):
         body = _json_body(req, self.state.cfg.max_body_bytes)
@@ -345,7 +289,7 @@ class Api:
             raise RequestError("'add_special', 'parse_special' and 'with_pieces' must be booleans")
         name = self.state.registry.resolve(body.get("model"))
         req.info["model"] = name
-        lm = await self._acquire(name, self.state.cfg.queue_timeout, req.peer)
+        lm = await self._acquire(name, self.state.cfg.queue_timeout, req)
         try:
             ids = await asyncio.get_running_loop().run_in_executor(
                 None, lambda: lm.encode_text(body["content"], add_special, parse_special))
@@ -364,7 +308,7 @@ class Api:
             raise RequestError("expected {\"tokens\": [ids]}")
         name = self.state.registry.resolve(body.get("model"))
         req.info["model"] = name
-        lm = await self._acquire(name, self.state.cfg.queue_timeout, req.peer)
+        lm = await self._acquire(name, self.state.cfg.queue_timeout, req)
         try:
             bad = [t for t in toks if not 0 <= t < lm.n_vocab]
             if bad:
@@ -374,10 +318,12 @@ class Api:
             self.state.registry.release(lm)
         return Reply(200, {"content": text, "model": name})
 
-    async def _acquire(self, name, timeout, peer=None):
-        """The loaded model `name`; a request's `peer` must be allowed to cause its load."""
+    async def _acquire(self, name, timeout, req=None):
+        """The loaded model `name`; the peer of `req` must be allowed to cause its load (a TCP
+        client counts as a peer with no uid or group: never admin, never in auto_load_allow)."""
         if self.state.stopping:
             raise NotReady("shutting down")
+        peer = None if req is None else TCP_PEER if req.tcp and req.peer is None else req.peer
         if peer is not None:
             self.state.policy.check(self.state.cfg, self.state.registry, peer, name)
         try:
@@ -404,31 +350,36 @@ class Api:
         await st.slots.acquire(cfg.queue_timeout, req.disconnected)
         gen = None
         try:
-            lm = await self._acquire(name, max(cfg.queue_timeout - (time.monotonic() - t0), 0.001), req.peer)
+            lm = await self._acquire(name, max(cfg.queue_timeout - (time.monotonic() - t0), 0.001), req)
             try:
-                ids = await asyncio.get_running_loop().run_in_executor(None, self._prompt_ids, lm, p, chat)
-                n_prompt = len(ids)
-                limit = cfg.prompt_limit()
-                if n_prompt > min(limit, lm.n_ctx - 1):
-                    raise RequestError(f"prompt of {n_prompt} tokens exceeds the limit of "
-                                       f"{min(limit, lm.n_ctx - 1)} (max_prompt_tokens / ctx_size)")
-                bad = [t for t in list(p["logit_bias"]) + list(p.get("prompt_ids", ())) if not 0 <= t < lm.n_vocab]
+                prep = await asyncio.get_running_loop().run_in_executor(None, _prepare, lm, p, chat)
+                limit = min(cfg.prompt_limit(), lm.n_ctx - 1)
+                for ids in prep.prompts:
+                    if len(ids) > limit:
+                        raise RequestError(f"prompt of {len(ids)} tokens exceeds the limit of "
+                                           f"{limit} (max_prompt_tokens / ctx_size)")
+                bad = [t for t in list(p["logit_bias"]) + [t for ids in prep.prompts for t in ids]
+                       if not 0 <= t < lm.n_vocab]
                 if bad:
                     raise RequestError(f"token id {bad[0]} out of range (vocabulary of {lm.n_vocab})")
-                room = lm.n_ctx - n_prompt
+                room = lm.n_ctx - max(len(ids) for ids in prep.prompts)
                 max_tokens = min(p["max_tokens"] or cfg.max_output_tokens, cfg.max_output_tokens, room)
                 info["queue_ms"] = (time.monotonic() - t0) * 1e3
-                gen = _Generation(self, lm, ids, p, max_tokens, chat)
+                gen = _Generation(self, lm, prep, p, max_tokens, chat)
             except BaseException:
                 st.registry.release(lm)
                 raise
         except BaseException:
             st.slots.release()
             raise
-        info["prompt_tokens"] = n_prompt
+        info["prompt_tokens"] = sum(len(ids) for ids in prep.prompts)
         if cfg.log_prompts:
-            info["prompt"] = p["messages"] if chat else p.get("prompt", p.get("prompt_ids"))
-        gen.start(req)
+            info["prompt"] = p["messages"] if chat else (p["prompts"] if len(p["prompts"]) > 1 else p["prompts"][0])
+        try:
+            await gen.start(req)
+        except BaseException:
+            await gen.close()
+            raise
         if p["stream"]:
             return StreamReply(gen.sse(req), gen.close)
         try:
@@ -436,56 +387,363 @@ class Api:
         finally:
             await gen.close()
 
-    @staticmethod
-    def _prompt_ids(lm, p, chat):
-        if chat:
-            return lm.encode_chat(p["messages"])
-        if "prompt_ids" in p:
-            return p["prompt_ids"]
-        return lm.encode_text(p["prompt"], add_special=True, parse_special=False)
+
+# --- preparing a generation (worker thread) -------------------------------------------------
+
+@dataclasses.dataclass
+class _Prepared:
+    prompts: list                   # token ids per prompt
+    family: str | None = None       # tool-call family when tools are on
+    think: bool = False             # split <think> reasoning out
+    think_inside: bool = False      # the prompt opened the think block
+    constraint: object = None       # grammar.Constraint in its start state (each choice a copy)
+    what: str = ""                  # the field the grammar came from (errors name it)
+
+
+_RESERVED_TEMPLATE_VARS = {"messages", "tools", "add_generation_prompt", "bos_token", "eos_token",
+                           "max_chars", "max_seconds", "template_file", "template_name"}
+
+
+def _prepare(lm, p, chat):
+    """Prompt ids, tool-call family, reasoning split and grammar of a request (worker thread:
+    template rendering and grammar compilation take milliseconds to a second)."""
+    tok = lm.tokenizer
+    prep = _Prepared([])
+    constraint = p["constraint"]
+    if chat:
+        template = lm.template_source()
+        messages = tools.messages_for_template(p["messages"])
+        kwargs = p["template_kwargs"]
+        bad = sorted(k for k in kwargs if k in _RESERVED_TEMPLATE_VARS or not k.isidentifier())
+        if bad:
+            raise RequestError(f"'chat_template_kwargs' may not set {', '.join(bad)}",
+                               param="chat_template_kwargs")
+        use = p["tools"] if p["tool_choice"] != "none" else []
+        if p["tool_choice"] not in ("none", "auto", "required"):
+            use = [t for t in use if t["function"]["name"] == p["tool_choice"]]
+        if use:
+            prep.family = tools.family_of(template)
+            if tools.template_takes_tools(template):
+                kwargs = dict(kwargs, tools=use)
+            else:
+                note = tools.generic_system_prompt(use, required=p["tool_choice"] != "auto")
+                if messages[0]["role"] == "system":
+                    messages = [dict(messages[0], content=messages[0]["content"] + "\n\n" + note)] + messages[1:]
+                else:
+                    messages = [{"role": "system", "content": note}] + messages
+            if p["tool_choice"] != "auto":
+                # a named function is called once; "required" may call several unless told not to
+                parallel = p["parallel_tool_calls"] and p["tool_choice"] == "required"
+                constraint = ("lark", tools.call_grammar(
+                    prep.family, use, parallel=parallel,
+                    args_style=tools.mistral_args_style(template), token=_special_token(tok)), "tools")
+        ids = lm.encode_chat(messages, **kwargs)
+        prep.prompts.append(ids)
+        prep.think = p["reasoning"] and reasoning.OPEN in template
+        if prep.think:
+            prep.think_inside = reasoning.starts_inside(tok.decode(ids[-8:], special=True))
+    else:
+        for prompt in p["prompts"]:
+            prep.prompts.append(prompt if isinstance(prompt, list)
+                                else lm.encode_text(prompt, add_special=True, parse_special=False))
+    if constraint is not None:
+        kind, source, prep.what = constraint
+        g = (grammar.from_json_schema(source, prep.what) if kind == "json_schema" else
+             grammar.from_grammar(source, prep.what) if kind == "grammar" else
+             grammar.from_lark(source, prep.what))
+        grammar.check(g, tok, lm.model.n_vocab, prep.what)
+        prep.constraint = grammar.Constraint(g, tok, lm.model.n_vocab, prep.what)
+    return prep
+
+
+def _special_token(tok):
+    """text -> `<[id]>` (llguidance's token syntax) when text is one control token."""
+    def token(text):
+        ids = tok.encode(text, add_special=False, parse_special=True)
+        return f"<[{ids[0]}]>" if len(ids) == 1 and tok.is_control(ids[0]) else None
+    return token
+
+
+# --- one request's choices on the decode thread ---------------------------------------------
+
+class _Steps:
+    """A choice's engine Generation as the decode thread steps it (service/scheduler.py):
+    session, prefilling and entry() pass through; accept() also takes the logprob records of
+    the token just drawn, so they ride along with it."""
+    __slots__ = ("gen", "sampler")
+
+    def __init__(self, gen, sampler):
+        self.gen, self.sampler = gen, sampler
+
+    @property
+    def session(self):
+        return self.gen.session
+
+    @property
+    def prefilling(self):
+        return self.gen.prefilling
+
+    def entry(self, budget=None):
+        return self.gen.entry(budget)
+
+    def accept(self, logits):
+        out = self.gen.accept(logits)
+        return None if out is None else _Out(out, self.sampler.take_records())
+
+
+class _Out:
+    """What a choice's generator posts: the engine's output plus the logprob records of its
+    token (taken on the decode thread, right after the draw)."""
+    __slots__ = ("text", "token", "finish_reason", "records")
+
+    def __init__(self, out, records):
+        self.text, self.token, self.finish_reason = out.text, out.token, out.finish_reason
+        self.records = records
+
+
+class _Choice:
+    """One choice: its sampler, job, text so far and the streaming splitters."""
+
+    def __init__(self, index, prompt, sampler, prep, tok):
+        self.index, self.prompt, self.sampler, self.tok = index, prompt, sampler, tok
+        self.job = None
+        self.pieces = []
+        self.n_gen = 0
+        self.finish = None
+        self.records = []           # (token, logprob, top) of every generated token
+        self.unsent = []            # records not yet in a stream chunk
+        self.done = False
+        self.prep = prep
+        self.think = reasoning.ThinkSplitter(prep.think_inside) if prep.think else None
+        self.calls = tools.StreamSplitter(prep.family) if prep.family else None
+
+    def add(self, out):
+        eog = self.tok.eog_ids
+        recs = [r for r in (out.records or ()) if r[0] not in eog]
+        self.records += recs
+        self.unsent += recs
+        if out.token is not None:
+            self.n_gen += 1
+        self.pieces.append(out.text or "")
+
+    def stream_delta(self, text):
+        """(reasoning delta, content delta) of newly generated text."""
+        r, c = self.think.push(text) if self.think else ("", text)
+        if self.calls:
+            c = self.calls.push(c)
+        return r, c
+
+    def stream_end(self):
+        """(reasoning, content, calls) left at the end of a stream."""
+        r, c = self.think.flush() if self.think else ("", "")
+        calls = []
+        if self.calls:
+            c = self.calls.push(c)
+            rest, calls = self.calls.finish()
+            c += rest
+        return r, c, calls
+
+    def result(self):
+        """(reasoning or None, content, calls) of the whole reply."""
+        text = "".join(self.pieces)
+        r, c = reasoning.split(text, self.prep.think_inside) if self.think else (None, text)
+        calls = []
+        if self.calls:
+            c, calls = tools.parse(self.prep.family, c)
+        return r, c, calls
+
+    def finish_reason(self, calls):
+        return "tool_calls" if calls and self.finish == "stop" else self.finish
+
+
+def _delta(reasoning_text, content, calls=()):
+    """A chat stream delta with what is non-empty: reasoning, content, tool calls (indexed)."""
+    delta = {}
+    if reasoning_text:
+        delta["reasoning_content"] = reasoning_text
+    if content:
+        delta["content"] = content
+    if calls:
+        delta["tool_calls"] = [dict(call, index=i) for i, call in enumerate(calls)]
+    return delta
+
+
+def _piece(tok, t):
+    b = tok.token_piece(t)
+    return b.decode("utf-8", "replace"), list(b)
+
+
+def chat_logprobs(tok, records):
+    """OpenAI's chat `logprobs` object for (token, logprob, top) records."""
+    content = []
+    for t, lp, top in records:
+        text, raw = _piece(tok, t)
+        alts = []
+        for i, l in top:
+            s, b = _piece(tok, i)
+            alts.append({"token": s, "logprob": l, "bytes": b})
+        content.append({"token": text, "logprob": lp, "bytes": raw, "top_logprobs": alts})
+    return {"content": content, "refusal": None}
+
+
+def completion_logprobs(tok, records, offset=0):
+    """OpenAI's (legacy) completions `logprobs` object; text_offset counts from `offset`."""
+    out = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+    for t, lp, top in records:
+        text, _ = _piece(tok, t)
+        out["tokens"].append(text)
+        out["token_logprobs"].append(lp)
+        out["top_logprobs"].append({_piece(tok, i)[0]: l for i, l in top})
+        out["text_offset"].append(offset)
+        offset += len(text)
+    return out
 
 
 class _Generation:
-    """One admitted request: owns a slot and a model lease until the decode thread lets go."""
+    """One admitted request: owns a slot and a model lease until the decode thread let go of
+    every choice. Choices of one prompt share its evaluation (n > 1: the KV cache is copied)."""
 
-    def __init__(self, api, lm, ids, p, max_tokens, chat):
-        self.api, self.lm, self.ids, self.p, self.max_tokens, self.chat = api, lm, ids, p, max_tokens, chat
-        st = api.state
-        self.st = st
+    def __init__(self, api, lm, prep, p, max_tokens, chat):
+        self.api, self.lm, self.prep, self.p, self.max_tokens, self.chat = api, lm, prep, p, max_tokens, chat
+        self.st = api.state
         self.id = ("chatcmpl-" if chat else "cmpl-") + secrets.token_hex(12)
         self.created = int(time.time())
-        self.job = None
         self._released = False
-        self.text = []
-        self.n_gen = 0
-        self.finish = None
+        self._jobs_left = 1             # start() holds the slot and lease until its jobs are in
+        self._pumps = []
+        self._merged = asyncio.Queue()
         self.t_start = time.monotonic()
         self.t_first = None
         self.prefill = {}               # "cached": prompt tokens found in the slot's KV cache
+        self.req = None
+        tok, nv = lm.tokenizer, lm.model.n_vocab
+        self.choices = []
+        n = p["n"]
+        for pi, ids in enumerate(prep.prompts):
+            for j in range(n):
+                seed = None if p["seed"] is None else (p["seed"] + j) & 0xFFFFFFFFFFFFFFFF
+                constraint = prep.constraint.copy() if prep.constraint is not None else None
+                sampler = Sampler(nv, temperature=p["temperature"], top_k=p["top_k"], top_p=p["top_p"],
+                                  min_p=p["min_p"], seed=seed, repeat_penalty=p["repeat_penalty"],
+                                  presence_penalty=p["presence_penalty"],
+                                  frequency_penalty=p["frequency_penalty"],
+                                  penalty_last_n=p["penalty_last_n"], logit_bias=p["logit_bias"] or None,
+                                  constraint=constraint, logprobs=p["logprobs"])
+                self.choices.append(_Choice(pi * n + j, pi, sampler, prep, tok))
 
-    def start(self, req):
+    # --- jobs --------------------------------------------------------------------------
+    def _submit(self, make_gen, finish):
         loop = asyncio.get_running_loop()
-        lm, p, ids = self.lm, self.p, self.ids
-        session_box = []
+
+        def done():        # decode thread: the job's sessions are free again
+            try:
+                finish()
+            finally:
+                loop.call_soon_threadsafe(self._job_ended)
+
+        job = Job(loop, make_gen, done, time.monotonic() + self.st.cfg.request_timeout)
+        self._jobs_left += 1
+        self.st.decoder.submit(job)
+        return job
+
+    def _job_ended(self):
+        self._jobs_left -= 1
+        if self._jobs_left == 0:        # every job let go of its sessions
+            self._release()
+
+    def _steps(self, choice, session, info):
+        job = choice.job
+        job.session = session           # the decode loop batches it with the other streams
+        gen = self.lm.steps(session, self.prep.prompts[choice.prompt], info,
+                            max_tokens=self.max_tokens, stop=self.p["stop"], sampler=choice.sampler)
+        return _Steps(gen, choice.sampler)
+
+    async def start(self, req):
+        self.req = req
+        n = self.p["n"]
+        try:
+            for pi, ids in enumerate(self.prep.prompts):
+                group = self.choices[pi * n:(pi + 1) * n]
+                info = self.prefill if pi == 0 else {}
+                if n == 1:
+                    self._start_single(group[0], ids, info)
+                else:
+                    sessions = await self._fork(ids, n, info)
+                    for j, (c, s) in enumerate(zip(group, sessions)):
+                        self._start_on(c, s, {}, keep=j == 0)     # fork() filled `info`
+        finally:
+            for c in self.choices:
+                if c.job is not None:
+                    self._pumps.append(asyncio.get_running_loop().create_task(self._pump(c)))
+            self._job_ended()           # start()'s own hold
+
+    def _start_single(self, choice, ids, info):
+        lm, box = self.lm, []
 
         def make_gen():
             s = lm.take_session(ids)
-            session_box.append(s)
-            self.job.session = s         # the decode loop batches it with the other streams
-            return lm.steps(s, ids, self.prefill, max_tokens=self.max_tokens, temperature=p["temperature"],
-                            top_k=p["top_k"], top_p=p["top_p"], min_p=p["min_p"], seed=p["seed"], stop=p["stop"],
-                            repeat_penalty=p["repeat_penalty"], presence_penalty=p["presence_penalty"],
-                            frequency_penalty=p["frequency_penalty"], logit_bias=p["logit_bias"] or None)
+            box.append(s)
+            return self._steps(choice, s, info)
 
-        def finish():      # decode thread: the session is free again
-            for s in session_box:
+        def finish():
+            for s in box:
                 lm.give_back(s)
-            loop.call_soon_threadsafe(self._release)
 
-        deadline = time.monotonic() + self.st.cfg.request_timeout
-        self.job = Job(loop, make_gen, finish, deadline)
-        self.req = req
-        self.st.decoder.submit(self.job)
+        choice.job = self._submit(make_gen, finish)
+
+    def _start_on(self, choice, session, info, keep):
+        lm = self.lm
+        choice.job = self._submit(lambda: self._steps(choice, session, info),
+                                  lambda: lm.give_back(session) if keep else session.close())
+
+    async def _fork(self, ids, n, info):
+        """Evaluate the prompt once (a job of its own), then fork its session n - 1 times (a
+        worker thread copies the KV cache): n sessions that each hold the prompt."""
+        lm, box, gens, lock = self.lm, [], [], threading.Lock()
+        state = {"ended": False, "abandoned": False}
+
+        def make_gen():
+            s = lm.take_session(ids)
+            box.append(s)
+            gens.append(lm.steps(s, ids, info, max_tokens=0))
+            return gens[0]
+
+        def finish():           # decode thread: the job let go of box[0]
+            with lock:
+                state["ended"] = True
+                if state["abandoned"]:
+                    for s in box:
+                        lm.give_back(s)
+
+        job = self._submit(make_gen, finish)
+        try:
+            while True:
+                kind, value = await job.events.get()
+                if kind == "error":
+                    raise value
+                if kind == "done":
+                    break
+            if not gens or gens[0].finish_reason != "length":   # max_tokens=0: the prompt is in
+                raise NotReady(f"prompt evaluation ended early ({value})")
+            s0 = box[0]
+            forks = await asyncio.get_running_loop().run_in_executor(
+                None, lambda: [s0.fork() for _ in range(n - 1)])
+        except BaseException:
+            job.cancel.set()
+            with lock:
+                state["abandoned"] = True
+                if state["ended"]:
+                    for s in box:
+                        lm.give_back(s)
+            raise
+        return [s0] + forks
+
+    async def _pump(self, choice):
+        while True:
+            kind, value = await choice.job.events.get()
+            await self._merged.put((choice, kind, value))
+            if kind in ("done", "error"):
+                return
 
     def _release(self):
         if not self._released:
@@ -495,17 +753,18 @@ class _Generation:
 
     async def close(self):
         """Stop generating (if still running) and wait until the decode thread let go."""
-        if self.job is None:
+        for c in self.choices:
+            if c.job is not None and not c.done:
+                c.job.cancel.set()
+        if self._pumps:
+            await asyncio.gather(*self._pumps, return_exceptions=True)
+        if self.req is None:            # never started
             self._release()
             return
-        if self.finish is None:
-            self.job.cancel.set()
-            while True:
-                kind, _ = await self.job.events.get()
-                if kind in ("done", "error"):
-                    break
         info = self.req.info
-        info.update(completion_tokens=self.n_gen, finish=self.finish or "cancelled")
+        n_gen = sum(c.n_gen for c in self.choices)
+        finishes = {c.finish or "cancelled" for c in self.choices}
+        info.update(completion_tokens=n_gen, finish=",".join(sorted(finishes)))
         if "cached" in self.prefill:
             info["cached_tokens"] = self.prefill["cached"]
         if "evaluated" in self.prefill:
@@ -514,85 +773,120 @@ class _Generation:
         if self.t_first is not None:
             info["ttft_ms"] = (self.t_first - self.t_start) * 1e3
         info["gen_ms"] = elapsed * 1e3
-        self.st.metrics.tokens(len(self.ids), self.n_gen, elapsed)
+        self.st.metrics.tokens(info.get("prompt_tokens", 0), n_gen, elapsed)
         if self.st.cfg.log_prompts:
-            info["reply"] = "".join(self.text)
+            replies = ["".join(c.pieces) for c in self.choices]
+            info["reply"] = replies if len(replies) > 1 else replies[0]
 
     async def events(self, req):
-        """(text, finish_reason) pairs until the end; cancels the job if the client goes away."""
-        while True:
-            kind, value = await self.job.events.get()
+        """(choice, text, finish_reason) until every choice ended; cancels the jobs if the
+        client goes away."""
+        left = len(self.choices)
+        while left:
+            choice, kind, value = await self._merged.get()
             if kind == "token":
                 if self.t_first is None:
                     self.t_first = time.monotonic()
-                if getattr(value, "token", None) is not None:
-                    self.n_gen += 1
-                text = getattr(value, "text", "") or ""
-                self.text.append(text)
+                choice.add(value)
                 if req.disconnected():
-                    self.job.cancel.set()
-                yield text, None
+                    for c in self.choices:
+                        c.job.cancel.set()
+                yield choice, value.text or "", None
             elif kind == "done":
                 # engine: "stop"/"length"; decoder: "cancelled" (client gone), "abort" (shutdown
                 # drain timed out), None (generator ended without a reason)
-                self.finish = {"stop": "stop", "length": "length", "cancelled": "cancelled",
-                               "abort": "length"}.get(value, "stop")
-                yield "", self.finish
-                return
+                choice.done = True
+                left -= 1
+                choice.finish = {"stop": "stop", "length": "length", "cancelled": "cancelled",
+                                 "abort": "length"}.get(value, "stop")
+                yield choice, "", choice.finish
             else:
-                self.finish = "error"
+                choice.done = True
+                choice.finish = "error"
                 raise value
 
     def usage(self):
-        n = len(self.ids)
-        u = {"prompt_tokens": n, "completion_tokens": self.n_gen, "total_tokens": n + self.n_gen}
+        n = sum(len(ids) for ids in self.prep.prompts)
+        g = sum(c.n_gen for c in self.choices)
+        u = {"prompt_tokens": n, "completion_tokens": g, "total_tokens": n + g}
         if "cached" in self.prefill:
             # prompt tokens found in the slot's KV cache (a follow-up turn evaluates only the new ones)
             u["prompt_tokens_details"] = {"cached_tokens": self.prefill["cached"]}
         return u
 
+    def _logprobs(self, records, offset=0):
+        if self.p["logprobs"] is None:
+            return None
+        tok = self.lm.tokenizer
+        return chat_logprobs(tok, records) if self.chat else completion_logprobs(tok, records, offset)
+
     async def collect(self, req):
-        async for _text, _fin in self.events(req):
+        async for _ in self.events(req):
             pass
-        text = "".join(self.text)
-        if self.chat:
-            choice = {"index": 0, "message": {"role": "assistant", "content": text},
-                      "logprobs": None, "finish_reason": self.finish}
-        else:
-            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": self.finish}
+        choices = []
+        for c in self.choices:
+            r, content, calls = c.result()
+            fin = c.finish_reason(calls)
+            if self.chat:
+                msg = {"role": "assistant", "content": content if content or not calls else None}
+                if r is not None:
+                    msg["reasoning_content"] = r
+                if calls:
+                    msg["tool_calls"] = calls
+                choices.append({"index": c.index, "message": msg, "logprobs": self._logprobs(c.records),
+                                "finish_reason": fin})
+            else:
+                choices.append({"index": c.index, "text": content, "logprobs": self._logprobs(c.records),
+                                "finish_reason": fin})
         return Reply(200, {"id": self.id, "object": "chat.completion" if self.chat else "text_completion",
-                           "created": self.created, "model": self.lm.name, "choices": [choice],
+                           "created": self.created, "model": self.lm.name, "choices": choices,
                            "usage": self.usage(), "system_fingerprint": None})
 
     async def sse(self, req):
         obj = "chat.completion.chunk" if self.chat else "text_completion"
         usage = self.p["include_usage"]
+        offsets = {}
 
-        def chunk(text=None, finish=None, role=False):
+        def chunk(c, delta=None, text=None, finish=None):
+            lp = None
+            if c.unsent and (delta or text or finish):
+                off = offsets.get(c.index, 0)
+                lp = self._logprobs(c.unsent, off)
+                if lp is not None and not self.chat:
+                    offsets[c.index] = off + sum(len(s) for s in lp["tokens"])
+                c.unsent = []
             if self.chat:
-                delta = {}
-                if role:
-                    delta["role"] = "assistant"
-                if text is not None:
-                    delta["content"] = text
-                choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+                choice = {"index": c.index, "delta": delta or {}, "logprobs": lp, "finish_reason": finish}
             else:
-                choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
-            c = {"id": self.id, "object": obj, "created": self.created, "model": self.lm.name,
-                 "system_fingerprint": None, "choices": [choice]}
+                choice = {"index": c.index, "text": text or "", "logprobs": lp, "finish_reason": finish}
+            out = {"id": self.id, "object": obj, "created": self.created, "model": self.lm.name,
+                   "system_fingerprint": None, "choices": [choice]}
             if usage:
-                c["usage"] = None
-            return _sse(c)
+                out["usage"] = None
+            return _sse(out)
 
         if self.chat:
-            yield chunk("", role=True)
+            for c in self.choices:
+                yield chunk(c, {"role": "assistant", "content": ""})
         try:
-            async for text, fin in self.events(req):
+            async for c, text, fin in self.events(req):
                 if fin is None:
-                    if text:
-                        yield chunk(text)
+                    if not self.chat:
+                        if text:
+                            yield chunk(c, text=text)
+                        continue
+                    delta = _delta(*c.stream_delta(text))
+                    if delta:
+                        yield chunk(c, delta)
                 elif fin != "cancelled":
-                    yield chunk(None if self.chat else "", finish=fin)
+                    if not self.chat:
+                        yield chunk(c, text="", finish=fin)
+                        continue
+                    r, content, calls = c.stream_end()
+                    delta = _delta(r, content, calls)
+                    if delta:
+                        yield chunk(c, delta)
+                    yield chunk(c, {}, finish=c.finish_reason(calls))
         except Exception as e:  # noqa: BLE001 - the status line is gone; report in-band
             err = error_for(e).body
             yield _sse(err)

@@ -52,6 +52,9 @@ KEYS = [
             "Peer uids allowed to use the admin routes /v1/models/load and /v1/models/unload."),
     KeySpec("admin_gids", [], "ids",
             "Peer groups allowed to use the admin routes."),
+    KeySpec("api_keys_file", "/etc/edged/api-keys", "path",
+            "Keys for the opt-in TCP listener (edged-tcp.socket): one per line, file owned by root, "
+            "mode 0600/0640; every request on TCP needs `Authorization: Bearer KEY`. Read at start."),
     # --- models and trust ------------------------------------------------------------------
     KeySpec("models_dir", "/var/lib/edged/models", "path",
             "Directory of models: model NAME is the file MODELS_DIR/NAME.gguf."),

@@ -14,7 +14,7 @@ from aiohttp import web
 from ..errors import ConfigError, EdgedError
 from ..trust import store
 from . import config as config_mod
-from . import systemd
+from . import apikeys, systemd
 from .api import Api
 from .loader import Loader
 from .log import log, setup as setup_log
@@ -49,6 +49,7 @@ class Daemon:
         self.stopping = False
         self.events = None
         self.sock = self.how = None
+        self.tcp, self.api_keys = [], ()     # TCP listeners from systemd, their API keys
         self.loader = self.registry = self.slots = self.decoder = self.api = self.listener = None
         self.renderer = None
 
@@ -77,7 +78,9 @@ class Daemon:
         # Forked now: once the sandbox is applied, no process can be created.
         self.renderer = RenderWorker(cfg.sandbox, cfg.sandbox_on_deny)
         self.renderer.start()
-        self.sock, self.how = open_socket(cfg)
+        self.sock, self.how, self.tcp = open_socket(cfg)
+        if self.tcp:        # keys are read now: after the sandbox, /etc is out of reach
+            self.api_keys = apikeys.load(cfg.api_keys_file)
         self._sandbox()
         self.start_threads()
         for sig, what in ((signal.SIGTERM, "stop"), (signal.SIGINT, "stop"), (signal.SIGHUP, "reload")):
@@ -87,8 +90,10 @@ class Daemon:
         runner = web.AppRunner(make_app(self), handle_signals=False, access_log=None,
                                shutdown_timeout=1.0)
         await runner.setup()
-        self.listener = Listener(self, self.sock, runner.server)
+        self.listener = Listener(self, self.sock, runner.server, tcp=self.tcp)
         self.listener.start()
+        for s in self.tcp:
+            log.info("also listening on TCP %s (from systemd; API key required)", s.getsockname()[:2])
         where = self.sock.getsockname() or "(socket from systemd)"
         log.info("listening on %s (%s); models in %s; n_parallel=%d max_queue=%d", where, self.how,
                  cfg.models_dir, cfg.n_parallel, cfg.max_queue)

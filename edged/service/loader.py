@@ -31,6 +31,7 @@ class LoadedModel:
         self.draining = False           # being unloaded: new requests wait for the next load
         self.pinned = False
         self._sessions = []             # idle Sessions (KV caches), reused for prefix caching
+        self._template = None           # chat template source, read on first use
         self._lock = threading.Lock()
 
     # --- text ---------------------------------------------------------------------------
@@ -38,10 +39,18 @@ class LoadedModel:
     def n_vocab(self):
         return self.tokenizer.n_vocab
 
-    def encode_chat(self, messages):
-        """Chat messages -> prompt token ids, through the model's own (sandboxed) template."""
+    def template_source(self):
+        """The chat template requests to this model render (operator's file or the model's)."""
+        if self._template is None:
+            from ..text.chat import template_for
+            self._template = template_for(self.model.file, template_file=self.template_file)
+        return self._template
+
+    def encode_chat(self, messages, **template_vars):
+        """Chat messages -> prompt token ids, through the model's own (sandboxed) template;
+        template_vars: `tools` and a request's chat_template_kwargs."""
         prompt = self.model.chat_prompt(messages, add_generation_prompt=True,
-                                        template_file=self.template_file)
+                                        template_file=self.template_file, **template_vars)
         if isinstance(prompt, str):
             # The rendered template spells its special tokens out (<|im_start|>...): parse them.
             ids = list(self.tokenizer.encode(prompt, add_special=True, parse_special=True))

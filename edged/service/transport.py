@@ -10,6 +10,10 @@ backs off instead of spinning; and every connection has a deadline (a complete r
 header within `header_timeout`, the next one within `keepalive_timeout`, a body within
 `body_timeout`), so slow or stalled clients cannot hold descriptors. Refusals are counted in
 /metrics and logged once per `LOG_INTERVAL`, never once per attempt.
+
+TCP (opt-in, issue #14): sockets systemd passes (edged-tcp.socket) go through the same
+Listener, caps and deadlines; there is no peer uid, so the per-uid cap counts the remote
+address, and each request needs an API key (apikeys.py) and may not use the admin routes.
 """
 import asyncio
 import collections
@@ -26,7 +30,7 @@ import time
 from aiohttp import web
 
 from ..errors import ConfigError
-from . import systemd
+from . import apikeys, systemd
 from .api import ApiRequest, Peer, Reply, error_reply
 from .log import log
 
@@ -47,13 +51,23 @@ def peer_credentials(sock):
 
 
 def open_socket(cfg):
-    """The listening socket: from systemd (LISTEN_FDS) or bound at cfg.socket. Returns (sock, how)."""
+    """The listening sockets: the Unix socket from systemd (LISTEN_FDS) or bound at cfg.socket,
+    and the TCP sockets systemd passed (edged-tcp.socket; never opened by the daemon itself).
+    Returns (unix socket, how, [tcp sockets])."""
+    unix, tcp = None, []
     for s in systemd.listen_fds():
-        if s.family == socket.AF_UNIX and s.type == socket.SOCK_STREAM:
+        if s.type == socket.SOCK_STREAM and (s.family == socket.AF_UNIX and unix is None
+                                             or s.family in (socket.AF_INET, socket.AF_INET6)):
             s.setblocking(False)
-            return s, "systemd"
-        s.close()
-    return bind_socket(cfg.socket, cfg.socket_mode, cfg.socket_group), "bound"
+            if s.family == socket.AF_UNIX:
+                unix = s
+            else:
+                tcp.append(s)
+        else:
+            s.close()
+    if unix is not None:
+        return unix, "systemd", tcp
+    return bind_socket(cfg.socket, cfg.socket_mode, cfg.socket_group), "bound", tcp
 
 
 def bind_socket(path, mode, group):
@@ -126,13 +140,19 @@ def make_app(daemon):
     async def serve(request, peer):
         t0 = time.monotonic()
         route = request.path if (request.method, request.path) in api.routes else "other"
-        if peer is None:
-            sock = request.transport.get_extra_info("socket") if request.transport else None
-            if sock is not None and sock.family == socket.AF_UNIX:
-                try:
-                    peer = peer_credentials(sock)
-                except OSError:
-                    peer = None
+        sock = request.transport.get_extra_info("socket") if request.transport else None
+        if sock is not None and sock.family != socket.AF_UNIX:
+            # TCP (opt-in): an API key instead of credentials
+            refusal = _tcp_refusal(request, api, daemon.api_keys)
+            if refusal is not None:
+                return _finish(daemon, request, route, None, refusal, {}, t0, web.Response(
+                    status=refusal.status, body=refusal.payload(), headers=refusal.headers,
+                    content_type="application/json"))
+        elif peer is None and sock is not None:
+            try:
+                peer = peer_credentials(sock)
+            except OSError:
+                peer = None
         limit, timeout = daemon.cfg.max_body_bytes, daemon.cfg.body_timeout
         try:
             if request.content_length is not None and request.content_length > limit:
@@ -154,7 +174,8 @@ def make_app(daemon):
             t = request.transport
             return t is None or t.is_closing()
 
-        areq = ApiRequest(request.method, request.path, body, peer, gone)
+        areq = ApiRequest(request.method, request.path, body, peer, gone,
+                          tcp=sock is not None and sock.family != socket.AF_UNIX)
         reply = await api.handle(areq)
         if isinstance(reply, Reply):
             ct, _, charset = reply.content_type.partition("; ")
@@ -182,6 +203,18 @@ def make_app(daemon):
     app = web.Application(client_max_size=daemon.cfg.max_body_bytes + 1)
     app.router.add_route("*", "/{tail:.*}", handle)
     return app
+
+
+def _tcp_refusal(request, api, keys):
+    """A 401 for a TCP request without a valid API key, 403 for an admin route (those need a
+    Unix peer's credentials); None when the request may go on."""
+    if not keys or not apikeys.admitted(request.headers.get("Authorization"), keys):
+        return error_reply(401, "a request over TCP needs 'Authorization: Bearer KEY' with a key from "
+                           "api_keys_file", "authentication_error", "invalid_api_key",
+                           {"WWW-Authenticate": "Bearer"})
+    if request.path in api.ADMIN:
+        return error_reply(403, f"{request.path} is not available over TCP", "permission_error", "forbidden")
+    return None
 
 
 def _finish(daemon, request, route, peer, reply, info, t0, resp):
@@ -241,22 +274,28 @@ class RateLimitedLog:
 
 
 class Conn:
-    """One accepted connection: who, and until when it may stay without a request in progress."""
-    __slots__ = ("sock", "peer", "deadline", "busy", "transport")
+    """One accepted connection: who, and until when it may stay without a request in progress.
+    `who` is what the per-client cap counts: the peer's uid over the Unix socket, the remote
+    address over TCP (whose peer is None: an API key, checked per request, says who it is)."""
+    __slots__ = ("sock", "peer", "who", "deadline", "busy", "transport")
 
-    def __init__(self, sock, peer, deadline):
+    def __init__(self, sock, peer, deadline, who=None):
         self.sock, self.peer, self.deadline = sock, peer, deadline
+        self.who = peer.uid if who is None else who
         self.busy = 0              # requests being handled (their own timeouts apply)
         self.transport = None
 
 
 class Listener:
-    """The accept loop over the listening socket, with the connection caps and deadlines."""
+    """The accept loop over the listening sockets (the Unix socket, and the TCP sockets systemd
+    passed), with the connection caps and deadlines: one count of connections for all of them."""
 
-    def __init__(self, daemon, sock, factory):
+    def __init__(self, daemon, sock, factory, tcp=()):
         self.daemon, self.sock, self.factory = daemon, sock, factory
+        self.tcp = list(tcp)
+        self.socks = [sock] + self.tcp
         self.conns = {}                                 # fd -> Conn
-        self.per_uid = collections.Counter()
+        self.per_uid = collections.Counter()            # Conn.who -> connections
         self.refusals = RateLimitedLog()
         self.backoff = _BACKOFF_MIN
         self.loop = self._sweeper = None
@@ -268,12 +307,12 @@ class Listener:
 
     def start(self):
         self.loop = asyncio.get_running_loop()
-        self.loop.add_reader(self.sock.fileno(), self._accept)
+        self._watch()
         self._sweeper = self.loop.create_task(self._sweep())
 
     def stop(self):
         if not self.paused:
-            self.loop.remove_reader(self.sock.fileno())
+            self._unwatch()
         self.paused = True
         if self._sweeper is not None:
             self._sweeper.cancel()
@@ -287,10 +326,18 @@ class Listener:
             conn.transport = transport
         return conn
 
-    def _accept(self):
+    def _watch(self):
+        for ls in self.socks:
+            self.loop.add_reader(ls.fileno(), self._accept, ls)
+
+    def _unwatch(self):
+        for ls in self.socks:
+            self.loop.remove_reader(ls.fileno())
+
+    def _accept(self, listening):
         for _ in range(128):                            # bounded work per wake-up
             try:
-                sock, _ = self.sock.accept()
+                sock, addr = listening.accept()
             except (BlockingIOError, InterruptedError):
                 return
             except OSError as e:
@@ -302,14 +349,14 @@ class Listener:
                 self.refusals.note(f"accept error {errno.errorcode.get(e.errno, e.errno)}")
                 return
             self.backoff = _BACKOFF_MIN
-            self._admit(sock)
+            self._admit(sock, addr if listening is not self.sock else None)
 
     def _back_off(self, e):
         """Out of descriptors: stop accepting for a while (doubling up to a second) rather than
         waking up for the same pending connection again and again."""
         self.daemon.metrics.connections_refused["accept_" + errno.errorcode.get(e.errno, "error")] += 1
         self.refusals.note(f"accept paused {self.backoff:g}s: {e.strerror}")
-        self.loop.remove_reader(self.sock.fileno())
+        self._unwatch()
         self.paused = True
         self.loop.call_later(self.backoff, self._resume)
         self.backoff = min(self.backoff * 2, _BACKOFF_MAX)
@@ -317,21 +364,28 @@ class Listener:
     def _resume(self):
         if self.paused and not self.daemon.stopping:
             self.paused = False
-            self.loop.add_reader(self.sock.fileno(), self._accept)
+            self._watch()
 
-    def _admit(self, sock):
-        try:
-            peer = peer_credentials(sock)
-        except OSError:
-            sock.close()
-            return
+    def _admit(self, sock, addr=None):
+        """addr: the remote address of a TCP connection (None: the Unix socket)."""
+        if addr is None:
+            try:
+                peer = peer_credentials(sock)
+            except OSError:
+                sock.close()
+                return
+            who = peer.uid
+        else:
+            peer, who = None, f"tcp:{addr[0]}"
         cfg = self.cfg
         self._prune()
         if len(self.conns) >= cfg.max_connections:
             reason, what = "max_connections", f"over max_connections={cfg.max_connections}"
-        elif self.per_uid[peer.uid] >= cfg.max_connections_per_uid and peer.uid not in cfg.uids("admin_uids"):
+        elif self.per_uid[who] >= cfg.max_connections_per_uid and (
+                peer is None or peer.uid not in cfg.uids("admin_uids")):
             reason = "max_connections_per_uid"
-            what = f"from uid {peer.uid} over max_connections_per_uid={cfg.max_connections_per_uid}"
+            what = (f"from uid {who}" if peer is not None else f"from {addr[0]}") + \
+                f" over max_connections_per_uid={cfg.max_connections_per_uid}"
         else:
             reason = None
         if reason is not None:
@@ -344,9 +398,9 @@ class Listener:
             self.refusals.note(what)
             return
         sock.setblocking(False)
-        conn = Conn(sock, peer, time.monotonic() + cfg.header_timeout)
+        conn = Conn(sock, peer, time.monotonic() + cfg.header_timeout, who)
         self.conns[sock.fileno()] = conn
-        self.per_uid[peer.uid] += 1
+        self.per_uid[who] += 1
         self.loop.create_task(self._connect(conn))
 
     async def _connect(self, conn):
@@ -360,9 +414,9 @@ class Listener:
         for fd, conn in list(self.conns.items()):
             if conn.sock.fileno() == -1:
                 del self.conns[fd]
-                self.per_uid[conn.peer.uid] -= 1
-                if not self.per_uid[conn.peer.uid]:
-                    del self.per_uid[conn.peer.uid]
+                self.per_uid[conn.who] -= 1
+                if not self.per_uid[conn.who]:
+                    del self.per_uid[conn.who]
 
     async def _sweep(self):
         """Close connections past their deadline that have no request in progress: a stalled or

@@ -2,7 +2,11 @@
 
 Sampler applies, in llama.cpp's order: logit bias, repetition/presence/frequency penalties
 over the last `penalty_last_n` tokens, then greedy (temperature <= 0) or top-k -> top-p ->
-min-p -> temperature -> a draw from a seeded RNG (same seed, same tokens). The per-token work
+min-p -> temperature -> a draw from a seeded RNG (same seed, same tokens). A structured-output
+Constraint (text/grammar.py) masks the tokens its grammar does not allow before all of that.
+With `logprobs`, each draw also records the chosen token's log-probability and the most likely
+alternatives, from the model's own distribution: the log-softmax of the raw logits, before
+bias, penalties, grammar mask, temperature and truncation. The per-token work
 runs in compiled code (edged._core.sample_logits, no full sort of the vocabulary: well under a
 millisecond on a 152k vocabulary) when the extension is built, else in NumPy
 (sample_reference, the slow obvious twin the compiled path is tested against).
@@ -63,10 +67,10 @@ def _check(name, v, lo, hi):
 class Sampler:
     def __init__(self, n_vocab, temperature=0.0, top_k=0, top_p=1.0, min_p=0.0, seed=None,
                  repeat_penalty=1.0, presence_penalty=0.0, frequency_penalty=0.0,
-                 penalty_last_n=64, logit_bias=None):
+                 penalty_last_n=64, logit_bias=None, constraint=None, logprobs=None):
+        _check("temperature", float(temperature), 0.0, 100.0)    # before: -1 is not greedy
         temperature = greedy_temperature(float(temperature))
         top_p, min_p = float(top_p), float(min_p)
-        _check("temperature", temperature, 0.0, 100.0)
         _check("top_p", top_p, 0.0, 1.0)
         _check("min_p", min_p, 0.0, 1.0)
         _check("repeat_penalty", float(repeat_penalty), 0.0, 100.0)
@@ -98,8 +102,13 @@ class Sampler:
         self.seed = int(seed) & 0xFFFFFFFFFFFFFFFF
         self.rng = np.random.Generator(np.random.PCG64(self.seed))
         self._work = None   # the compiled sampler's scratch, reused for every token
+        self.constraint = constraint      # text.grammar.Constraint or None
+        self.n_logprobs = logprobs        # None: not recorded; k: the top k alternatives too
+        self.records = []                 # (token, logprob, [(id, logprob)] top k) per draw
 
     def accept(self, token):
+        if self.constraint is not None:
+            self.constraint.consume(token)
         if self.penalty_last_n:
             self.history.append(int(token))
 
@@ -119,24 +128,53 @@ class Sampler:
         logits = np.ascontiguousarray(logits, dtype=np.float32)
         pen_ids, pen_counts = self._penalties()
         u = float(self.rng.random()) if self.temperature > 0 else 0.0
+        mask = self.constraint.mask() if self.constraint is not None else None
         if _compiled_sample is not None:
             if self._work is None or len(self._work) < _work_bytes(len(logits)):
                 self._work = np.empty(_work_bytes(len(logits)), np.uint8)
-            return int(_compiled_sample(logits, self.bias_ids, self.bias_vals, pen_ids,
-                                        pen_counts, self.repeat_penalty, self.presence_penalty,
-                                        self.frequency_penalty, self.temperature, self.top_k,
-                                        self.top_p, self.min_p, u, self._work))
-        return sample_reference(logits, self.bias_ids, self.bias_vals, pen_ids, pen_counts,
-                                self.repeat_penalty, self.presence_penalty,
-                                self.frequency_penalty, self.temperature, self.top_k,
-                                self.top_p, self.min_p, u)
+            t = int(_compiled_sample(logits, self.bias_ids, self.bias_vals, pen_ids,
+                                     pen_counts, self.repeat_penalty, self.presence_penalty,
+                                     self.frequency_penalty, self.temperature, self.top_k,
+                                     self.top_p, self.min_p, u, self._work, mask))
+        else:
+            t = sample_reference(logits, self.bias_ids, self.bias_vals, pen_ids, pen_counts,
+                                 self.repeat_penalty, self.presence_penalty,
+                                 self.frequency_penalty, self.temperature, self.top_k,
+                                 self.top_p, self.min_p, u, mask)
+        if self.n_logprobs is not None:
+            self.records.append(token_logprobs(logits, t, self.n_logprobs))
+        return t
+
+    def take_records(self):
+        """The logprob records of the draws since the last call."""
+        out, self.records = self.records, []
+        return out
+
+
+def token_logprobs(logits, token, k):
+    """(token, its log-probability, [(id, log-probability)] of the k most likely tokens, most
+    likely first) under log-softmax(logits); NaN logits count as -inf."""
+    x = np.where(np.isnan(logits), -np.inf, logits).astype(np.float64)
+    mx = x.max()
+    lse = mx + np.log(np.exp(x - mx).sum())
+    top = []
+    if k > 0:
+        idx = np.argpartition(-x, k - 1)[:k] if k < len(x) else np.arange(len(x))
+        idx = idx[np.lexsort((idx, -x[idx]))]
+        top = [(int(i), float(x[i] - lse)) for i in idx]
+    return int(token), float(x[token] - lse), top
 
 
 def sample_reference(logits, bias_ids, bias_vals, pen_ids, pen_counts, repeat_penalty,
-                     presence_penalty, frequency_penalty, temperature, top_k, top_p, min_p, u):
-    """The NumPy twin of the compiled sampler; u is the uniform draw in [0, 1)."""
+                     presence_penalty, frequency_penalty, temperature, top_k, top_p, min_p, u,
+                     mask=None):
+    """The NumPy twin of the compiled sampler; u is the uniform draw in [0, 1); mask: the
+    allowed-token bitmask (uint32 words, bit i % 32 of word i // 32) or None."""
     x = logits.astype(np.float32, copy=True)
     x[np.isnan(x)] = -np.inf       # a NaN logit (a broken model) is never drawn
+    if mask is not None:
+        bits = np.unpackbits(np.asarray(mask, np.uint32).view(np.uint8), bitorder="little")
+        x[~bits[:len(x)].astype(bool)] = -np.inf
     if len(bias_ids):
         np.add.at(x, bias_ids, bias_vals)
     if len(pen_ids):

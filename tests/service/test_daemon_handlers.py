@@ -33,11 +33,23 @@ CHAT = {"messages": [{"role": "user", "content": "hi"}]}
 
 
 @pytest.mark.parametrize("body, needle", [
-    ({**CHAT, "n": 2}, "'n' must be 1"),
+    ({**CHAT, "n": 9}, "'n' must be between 1 and 8"),
     ({**CHAT, "functions": []}, "unsupported field(s): functions"),
-    ({**CHAT, "logprobs": True}, "logprobs"),
-    ({**CHAT, "tools": [{"type": "function"}]}, "tools"),
-    ({**CHAT, "response_format": {"type": "json_object"}}, "response_format"),
+    ({**CHAT, "logprobs": "yes"}, "'logprobs' must be true or false"),
+    ({**CHAT, "top_logprobs": 3}, "'top_logprobs' needs 'logprobs': true"),
+    ({**CHAT, "top_logprobs": 21, "logprobs": True}, "'top_logprobs' must be between 0 and 20"),
+    ({**CHAT, "tools": [{"type": "function"}]}, "'tools[0].function' is required"),
+    ({**CHAT, "tools": [{"type": "function", "function": {"name": "a b"}}]}, "'tools[0].function.name'"),
+    ({**CHAT, "tool_choice": "maybe"}, "'tool_choice' must be 'none', 'auto' or 'required'"),
+    ({**CHAT, "tool_choice": "required"}, "no 'tools' were given"),
+    ({**CHAT, "tool_choice": {"type": "function", "function": {"name": "f"}}}, "names function 'f'"),
+    ({**CHAT, "response_format": {"type": "xml"}}, "'response_format.type' must be"),
+    ({**CHAT, "response_format": {"type": "json_schema"}}, "'response_format.json_schema.schema' is required"),
+    ({**CHAT, "response_format": {"type": "json_object"}, "grammar": "root ::= \"a\""}, "only one of"),
+    ({**CHAT, "chat_template_kwargs": []}, "'chat_template_kwargs'"),
+    ({**CHAT, "stream_options": {"include_usage": 1}}, "'stream_options.include_usage' must be true or false"),
+    ({"messages": [{"role": "tool", "content": "42"}]}, "'messages[0].tool_call_id' is required"),
+    ({"messages": [{"role": "user", "content": "x", "audio": {}}]}, "unsupported field 'messages[0].audio'"),
     ({**CHAT, "temperature": 3}, "'temperature' must be between"),
     ({**CHAT, "temperature": "hot"}, "'temperature' must be a number"),
     ({**CHAT, "max_tokens": 0}, "'max_tokens' must be a positive integer"),
@@ -50,7 +62,7 @@ CHAT = {"messages": [{"role": "user", "content": "hi"}]}
     ({**CHAT, "stream": "yes"}, "'stream'"),
     ({"messages": []}, "'messages' must be a non-empty list"),
     ({"messages": [{"role": "wizard", "content": "x"}]}, "role"),
-    ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "only text parts"),
+    ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "'messages[0].content[0].type' must be 'text'"),
     ({**CHAT, "model": "../../etc/passwd"}, "invalid model name"),
     ({**CHAT, "model": ".hidden"}, "invalid model name"),
     ({**CHAT, "model": "a/b"}, "invalid model name"),
@@ -61,20 +73,35 @@ def test_chat_validation_400(tmp_path, body, needle):
     assert status == 400, reply
     assert needle in reply["error"]["message"]
     assert reply["error"]["type"] == "invalid_request_error"
+    if needle.startswith("'"):      # the field is named in OpenAI's error.param too
+        assert reply["error"]["param"] == needle[1:].split("'")[0], reply
+
+
+def test_fields_clients_send_are_accepted_and_ignored():
+    """What OpenAI, llama-server and common clients send beside the fields edged uses."""
+    from edged.service import requests
+    body = {**CHAT, **{k: None for k in requests.IGNORED}, "user": "u", "cache_prompt": True,
+            "parallel_tool_calls": False, "stream_options": {"include_usage": True}}
+    p = parse_params(body, chat=True)
+    assert p["messages"] == [{"role": "user", "content": "hi"}] and p["include_usage"]
 
 
 def test_completion_validation_and_accepted_fields():
     p = parse_params({"prompt": "x", "max_tokens": 5, "stop": "\n", "seed": 1, "top_k": 4, "user": "u",
                       "stream": True, "stream_options": {"include_usage": True}, "logit_bias": {"7": -100}},
                      chat=False)
-    assert p["prompt"] == "x" and p["stop"] == ["\n"] and p["include_usage"] and p["logit_bias"] == {7: -100.0}
-    assert parse_params({"prompt": [1, 2, 3]}, chat=False)["prompt_ids"] == [1, 2, 3]
+    assert p["prompts"] == ["x"] and p["stop"] == ["\n"] and p["include_usage"] and p["logit_bias"] == {7: -100.0}
+    assert parse_params({"prompt": [1, 2, 3]}, chat=False)["prompts"] == [[1, 2, 3]]
+    assert parse_params({"prompt": ["a", "b"]}, chat=False)["prompts"] == ["a", "b"]
+    assert parse_params({"prompt": [[1, 2], [3]]}, chat=False)["prompts"] == [[1, 2], [3]]
     with pytest.raises(RequestError, match="'echo'"):
         parse_params({"prompt": "x", "echo": True}, chat=False)
-    with pytest.raises(RequestError, match="one prompt per request"):
-        parse_params({"prompt": ["a", "b"]}, chat=False)
+    with pytest.raises(RequestError, match="exceed 8 choices"):
+        parse_params({"prompt": ["a", "b", "c"], "n": 3}, chat=False)
     with pytest.raises(RequestError, match="messages"):
         parse_params({"prompt": "x", "messages": []}, chat=False)
+    with pytest.raises(RequestError, match="'prompt' must be a string, a list of token ids"):
+        parse_params({"prompt": [1, "a"]}, chat=False)
 
 
 def test_bad_json_body_too_large_unknown_model_and_route(tmp_path):
@@ -186,6 +213,83 @@ def test_long_prompt_chunked_prefill_matches_the_engine(tmp_path):
         r2 = await d.api.handle(req2)
         n2, cached = r2.body["usage"]["prompt_tokens"], r2.body["usage"]["prompt_tokens_details"]["cached_tokens"]
         assert cached >= len(ids) - 2 and req2.info["prompt_eval"] == n2 - cached
+        await d.registry.close_all()
+
+    try:
+        asyncio.run(main())
+    finally:
+        d.decoder.stop()
+
+
+THINKING = ("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+            "{% if add_generation_prompt %}assistant:{% if enable_thinking is defined and not enable_thinking %}"
+            "<think></think>{% else %}<think>{% endif %}{% endif %}")
+
+
+def test_chat_template_kwargs_and_reasoning_split(tmp_path):
+    """A template that opens <think> in the prompt unless enable_thinking is false: the reply
+    is reasoning_content, or content when chat_template_kwargs turns thinking off."""
+    from daemon_support import add_chat_template, stories
+    d = make_daemon(tmp_path, default_model="tiny")
+    add_chat_template(stories(), str(tmp_path / "models" / "tiny.gguf"), THINKING)
+    d.start_threads()
+
+    async def ask(**extra):
+        body = {"messages": [{"role": "user", "content": "Once upon a time"}], "max_tokens": 8, "temperature": 0,
+                **extra}
+        return await d.api.handle(ApiRequest("POST", "/v1/chat/completions", json.dumps(body).encode()))
+
+    async def main():
+        r = await ask()
+        msg = r.body["choices"][0]["message"]
+        assert r.status == 200 and msg["reasoning_content"] and msg["content"] == "", msg
+        off = (await ask(chat_template_kwargs={"enable_thinking": False})).body["choices"][0]["message"]
+        assert off["content"] and "reasoning_content" not in off, off
+        raw = (await ask(reasoning_format="none")).body["choices"][0]["message"]
+        assert raw["content"].strip() == msg["reasoning_content"] and "reasoning_content" not in raw
+        s = await ask(stream=True)
+        chunks = [json.loads(c[6:]) async for c in s.chunks() if c != b"data: [DONE]\n\n"]
+        await s.close()
+        deltas = [c["choices"][0]["delta"] for c in chunks]
+        assert "".join(x.get("reasoning_content", "") for x in deltas).strip() == msg["reasoning_content"]
+        assert not "".join(x.get("content") or "" for x in deltas)
+        bad = await ask(chat_template_kwargs={"messages": []})
+        assert bad.status == 400 and bad.body["error"]["param"] == "chat_template_kwargs"
+        await d.registry.close_all()
+
+    try:
+        asyncio.run(main())
+    finally:
+        d.decoder.stop()
+
+
+def test_n_choices_over_a_chunked_prompt_equal_single_requests(tmp_path):
+    """n=3 evaluates a prompt of several PREFILL_CHUNKs once and copies its KV cache: choice j
+    equals a request with n=1 and seed + j; afterwards the slot, lease and sessions are free."""
+    from daemon_support import add_chat_template, stories
+    d = make_daemon(tmp_path, default_model="tiny", ctx_size=1024, max_body_bytes=1 << 20)
+    add_chat_template(stories(), str(tmp_path / "models" / "tiny.gguf"))
+    d.start_threads()
+    prompt = "Once upon a time, there was a little girl named Lily." + " She liked to play in the park." * 40
+
+    async def complete(**extra):
+        body = {"prompt": prompt, "max_tokens": 10, "temperature": 1.0, "seed": 77, **extra}
+        r = await d.api.handle(ApiRequest("POST", "/v1/completions", json.dumps(body).encode()))
+        assert r.status == 200, r.body
+        return [c["text"] for c in sorted(r.body["choices"], key=lambda c: c["index"])]
+
+    async def main():
+        many = await complete(n=3)
+        single = [(await complete(seed=77 + j))[0] for j in range(3)]
+        assert many == single and len(set(many)) > 1
+        # an abandoned n=2 stream frees everything too
+        s = await d.api.handle(ApiRequest("POST", "/v1/completions", json.dumps(
+            {"prompt": prompt, "max_tokens": 200, "n": 2, "stream": True}).encode()))
+        it = s.chunks().__aiter__()
+        await it.__anext__()
+        await s.close()
+        lm = d.registry.models["tiny"]
+        assert d.slots.busy == 0 and lm.refs == 0 and len(lm._sessions) == 1
         await d.registry.close_all()
 
     try:

@@ -88,8 +88,8 @@ def test_info_routes_tokenize_and_errors_over_curl(srv):
     assert code == 200 and toks == [403, 407, 261, 378]     # stories260K ids without BOS
     code, out = curl(srv, "/detokenize", {"tokens": toks})
     assert json.loads(out)["content"].strip() == ONCE
-    code, out = curl(srv, "/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "n": 3})
-    assert code == 400 and json.loads(out)["error"]["message"].startswith("'n' must be 1")
+    code, out = curl(srv, "/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "n": 9})
+    assert code == 400 and json.loads(out)["error"]["message"].startswith("'n' must be between 1 and 8")
     code, out = curl(srv, "/v1/completions", {"model": "nope", "prompt": "x"})
     assert code == 404
     code, out = curl(srv, "/v1/completions", {"prompt": "x " * 400})
@@ -116,7 +116,7 @@ def test_openai_client_through_httpx_unix_transport(srv):
     c = client.completions.create(model="alpha", prompt=ONCE, max_tokens=5, temperature=0)
     assert c.choices[0].text.startswith(", there was")
     with pytest.raises(openai.BadRequestError):
-        client.chat.completions.create(model="alpha", messages=[{"role": "user", "content": "Hi"}], n=2)
+        client.chat.completions.create(model="alpha", messages=[{"role": "user", "content": "Hi"}], n=9)
     with pytest.raises(openai.NotFoundError):
         client.chat.completions.create(model="ghost", messages=[{"role": "user", "content": "Hi"}])
 

@@ -17,7 +17,8 @@ from hypothesis import strategies as st
 
 from daemon_support import Server
 from edged.service import config
-from edged.service.api import CHAT_FIELDS, COMPLETION_FIELDS, ApiRequest, Peer
+from edged.service.api import ApiRequest, Peer
+from edged.service.requests import CHAT_FIELDS, COMPLETION_FIELDS
 from edged.service.daemon import Daemon
 
 EXAMPLES = int(os.environ.get("EDGED_FUZZ_EXAMPLES", "200"))

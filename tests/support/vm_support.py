@@ -16,7 +16,7 @@ from conftest import ROOT
 
 VM = os.environ.get("EDGED_VM_DIR", "/var/tmp/edged-vm")
 ACCEL = os.environ.get("EDGED_VM_ACCEL", "tcg")
-RUNTIME_DISTS = ("numpy", "aiohttp", "jinja2", "cryptography", "pyseccomp", "pydantic", "prometheus_client",
+RUNTIME_DISTS = ("numpy", "aiohttp", "jinja2", "cryptography", "pyseccomp", "pydantic", "llguidance", "prometheus_client",
                  "tqdm", "httpx", "httpx-sse")
 
 

@@ -1,0 +1,58 @@
+"""API keys for the opt-in TCP listener. Peers on the Unix socket are admitted by their
+credentials (SO_PEERCRED); a TCP peer has none, so every request on TCP must carry
+`Authorization: Bearer KEY` with a key from `api_keys_file`: one key per line (blank lines and
+`#` comments skipped), in a file owned by root that nobody else may write or other users read.
+Keys are compared in constant time.
+"""
+import hmac
+import os
+import stat
+
+from ..errors import ConfigError
+
+MIN_KEY_CHARS = 16
+
+
+def load(path):
+    """The keys in `path` (a tuple of bytes); ConfigError naming the file and what is wrong."""
+    where = f"config key 'api_keys_file': {path}"
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as e:
+        raise ConfigError(f"{where}: cannot open: {e.strerror}") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise ConfigError(f"{where}: not a regular file")
+        if st.st_uid != 0:
+            raise ConfigError(f"{where}: must be owned by root (owner uid {st.st_uid})")
+        if st.st_mode & 0o022 or st.st_mode & 0o004:
+            raise ConfigError(f"{where}: mode {stat.S_IMODE(st.st_mode):04o} lets others write or read "
+                              "it; use 0600 or 0640")
+        with os.fdopen(os.dup(fd), "rb") as fh:
+            text = fh.read(1 << 20)
+    finally:
+        os.close(fd)
+    keys = []
+    for n, line in enumerate(text.splitlines(), 1):
+        line = line.strip()
+        if not line or line.startswith(b"#"):
+            continue
+        if len(line) < MIN_KEY_CHARS or any(c <= 32 or c >= 127 for c in line):
+            raise ConfigError(f"{where}: line {n}: a key is at least {MIN_KEY_CHARS} printable ASCII "
+                              "characters without spaces")
+        keys.append(line)
+    if not keys:
+        raise ConfigError(f"{where}: no keys")
+    return tuple(keys)
+
+
+def admitted(authorization, keys):
+    """Whether an Authorization header value carries one of `keys` (every key is compared, in
+    constant time, whatever matches)."""
+    scheme, _, token = (authorization or "").partition(" ")
+    token = token.strip().encode("ascii", "replace")
+    ok = False
+    for k in keys:
+        ok |= hmac.compare_digest(token, k)
+    return scheme.lower() == "bearer" and ok

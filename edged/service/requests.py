@@ -1,0 +1,289 @@
+"""Request bodies of the OpenAI-compatible routes, validated by pydantic (v2) models: a field
+of the wrong type, out of its bounds or unknown gets a RequestError that names it (OpenAI's
+`error.param`), e.g. "'messages[1].role' must be one of ...".
+
+Fields that OpenAI, llama-server and common clients (openai SDK, LangChain, litellm, Home
+Assistant) send but that do not change what edged generates are accepted and ignored
+(IGNORED, listed in docs/api.md); any other unknown field is refused with 400.
+"""
+from typing import Annotated, Any, Literal, Union
+
+import pydantic
+from pydantic import BaseModel, ConfigDict, Field
+
+from ..errors import RequestError
+from ..text.sampling import REQUEST_BOUNDS
+from .names import check_model_name
+
+MAX_N = 8                 # choices per request (each holds a KV cache while it decodes)
+MAX_TOP_LOGPROBS = 20     # OpenAI's limit
+MAX_STOP = 4
+
+# Numeric request fields: (lowest, highest). One table: validation and docs read it; the
+# sampling parameters come from text.sampling.REQUEST_BOUNDS (what the compiled sampler holds).
+BOUNDS = {
+    **{name: (b.lo, b.hi) for name, b in REQUEST_BOUNDS.items()},
+    "penalty_last_n": (0, 1 << 16),
+    "seed": (-(1 << 63), (1 << 64) - 1),
+    "n": (1, MAX_N),
+    "top_logprobs": (0, MAX_TOP_LOGPROBS),
+    "logprobs": (0, MAX_TOP_LOGPROBS),            # completions: how many alternatives
+}
+
+# Accepted and ignored (see the module docstring).
+IGNORED = frozenset({
+    # OpenAI
+    "user", "metadata", "store", "service_tier", "prompt_cache_key", "safety_identifier",
+    "reasoning_effort", "verbosity", "modalities",
+    # llama-server
+    "cache_prompt", "id_slot", "n_keep", "n_indent", "t_max_predict_ms", "timings_per_token",
+    "return_tokens", "post_sampling_probs", "n_probs", "samplers", "typical_p", "tfs_z",
+    "mirostat", "mirostat_tau", "mirostat_eta", "dynatemp_range", "dynatemp_exponent",
+    "dry_multiplier", "dry_base", "dry_allowed_length", "dry_penalty_last_n",
+    "dry_sequence_breakers", "xtc_probability", "xtc_threshold", "penalize_nl", "ignore_eos",
+    "min_keep", "parse_tool_calls",
+})
+
+
+def _num(name, integer=False):
+    lo, hi = BOUNDS[name]
+    base = int if integer else float
+    return Annotated[base, Field(ge=lo, le=hi)]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid")
+
+
+class TextPart(_Strict):
+    type: Literal["text"]
+    text: str
+
+
+class FunctionCall(_Strict):
+    name: str
+    arguments: Union[str, dict] = "{}"
+
+
+class ToolCall(_Strict):
+    id: str | None = None
+    type: Literal["function"] = "function"
+    function: FunctionCall
+    index: int | None = None           # some clients echo the streaming index back
+
+
+class Message(_Strict):
+    role: Literal["system", "developer", "user", "assistant", "tool", "ipython"]
+    content: Union[str, list[TextPart], None] = None
+    name: str | None = None
+    tool_calls: list[ToolCall] | None = None
+    tool_call_id: str | None = None
+    reasoning_content: str | None = None
+    refusal: str | None = None
+
+
+class FunctionDef(_Strict):
+    name: Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.\-]+$")]
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class Tool(_Strict):
+    type: Literal["function"]
+    function: FunctionDef
+
+
+class NamedFunction(_Strict):
+    name: str
+
+
+class NamedToolChoice(_Strict):
+    type: Literal["function"]
+    function: NamedFunction
+
+
+class JsonSchemaSpec(_Strict):
+    name: Annotated[str, Field(max_length=64)] = "response"
+    schema_: dict[str, Any] | bool | None = Field(None, alias="schema")
+    strict: bool | None = None
+    description: str | None = None
+    model_config = ConfigDict(strict=True, extra="forbid", populate_by_name=True)
+
+
+class ResponseFormat(_Strict):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaSpec | None = None
+    schema_: dict[str, Any] | None = Field(None, alias="schema")     # llama-server's json_object + schema
+    model_config = ConfigDict(strict=True, extra="forbid", populate_by_name=True)
+
+
+class StreamOptions(_Strict):
+    include_usage: bool = False
+    continuous_usage_stats: bool | None = None
+
+
+class _Common(_Strict):
+    model: str | None = None
+    max_tokens: Annotated[int, Field(ge=1)] | None = None
+    max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
+    temperature: _num("temperature") = 1.0
+    top_p: _num("top_p") = 1.0
+    top_k: _num("top_k", True) = 0
+    min_p: _num("min_p") = 0.0
+    presence_penalty: _num("presence_penalty") = 0.0
+    frequency_penalty: _num("frequency_penalty") = 0.0
+    repeat_penalty: _num("repeat_penalty") = 1.0
+    penalty_last_n: _num("penalty_last_n", True) = 64
+    seed: _num("seed", True) | None = None
+    stop: Union[str, list[str], None] = None
+    logit_bias: dict[str, float] | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    n: _num("n", True) = 1
+    best_of: int | None = None
+    response_format: ResponseFormat | None = None
+    grammar: str | None = None                       # llama-server: GBNF or Lark
+    json_schema: dict[str, Any] | None = None        # llama-server
+
+
+class ChatRequest(_Common):
+    messages: list[Message]
+    logprobs: bool = False
+    top_logprobs: _num("top_logprobs", True) | None = None
+    tools: list[Tool] | None = None
+    tool_choice: Union[Literal["none", "auto", "required"], NamedToolChoice, None] = None
+    parallel_tool_calls: bool = True
+    chat_template_kwargs: dict[str, Any] | None = None
+    reasoning_format: Literal["none", "auto", "deepseek", "deepseek-legacy"] | None = None
+
+
+class CompletionRequest(_Common):
+    prompt: Union[str, list[str], list[int], list[list[int]]]
+    logprobs: _num("logprobs", True) | None = None
+    echo: bool = False
+    suffix: str | None = None
+
+
+CHAT_FIELDS = frozenset(ChatRequest.model_fields) | IGNORED          # every field a chat request may have
+COMPLETION_FIELDS = frozenset(CompletionRequest.model_fields) | IGNORED
+
+
+# --- errors -------------------------------------------------------------------------------
+
+def _where(loc):
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif part in ("str", "list[TextPart]", "list[str]", "list[int]", "list[list[int]]",
+                      "function-after", "constrained-str", "int", "float", "dict[str,any]",
+                      "literal['none','auto','required']", "NamedToolChoice", "JsonSchemaSpec",
+                      "bool", "none") or "[" in str(part) and not out:
+            continue                               # pydantic's union-member labels
+        else:
+            out += ("." if out else "") + str(part)
+    return out
+
+
+def _message(err, where):
+    kind, ctx, got = err["type"], err.get("ctx") or {}, err.get("input")
+    if kind == "extra_forbidden":
+        return f"unsupported field '{where}'"
+    if kind == "missing":
+        return f"'{where}' is required"
+    if where.startswith("prompt"):
+        return "'prompt' must be a string, a list of token ids, or a list of strings or of token-id lists"
+    leaf = where.rsplit(".", 1)[-1]
+    if kind in ("greater_than_equal", "less_than_equal") and leaf in BOUNDS:
+        lo, hi = BOUNDS[leaf]
+        return f"'{where}' must be between {lo} and {hi} (got {got!r})"
+    if kind in ("greater_than_equal", "greater_than") and leaf in ("max_tokens", "max_completion_tokens"):
+        return f"'{where}' must be a positive integer (got {got!r})"
+    if kind in ("float_type", "float_parsing", "finite_number"):
+        return f"'{where}' must be a number (got {got!r})"
+    if kind in ("int_type", "int_parsing", "int_from_float"):
+        return f"'{where}' must be an integer (got {got!r})"
+    if kind == "bool_type":
+        return f"'{where}' must be true or false (got {got!r})"
+    if kind == "literal_error":
+        return f"'{where}' must be {ctx.get('expected', 'one of the allowed values')} (got {got!r})"
+    return f"'{where}': {err['msg']} (got {got!r})"
+
+
+def _validate(cls, body):
+    extra = sorted(k for k in body if k not in cls.model_fields and k not in IGNORED
+                   and not any(f.alias == k for f in cls.model_fields.values()))
+    if extra:
+        raise RequestError(f"unsupported field(s): {', '.join(extra)}", param=extra[0])
+    try:
+        return cls.model_validate({k: v for k, v in body.items() if k not in IGNORED})
+    except pydantic.ValidationError as e:
+        errs = e.errors(include_url=False)
+        # a union reports one error per member; the member that got furthest names the field
+        err = max(errs, key=lambda x: len(x["loc"]))
+        where = _where(err["loc"])
+        raise RequestError(_message(err, where), param=where) from None
+
+
+def validate(body, chat):
+    """The request model for `body` (a parsed JSON value); RequestError naming the field."""
+    if not isinstance(body, dict):
+        raise RequestError("request body must be a JSON object")
+    req = _validate(ChatRequest if chat else CompletionRequest, body)
+    if req.model is not None:
+        check_model_name(req.model)
+    if chat and not req.messages:
+        raise RequestError("'messages' must be a non-empty list", param="messages")
+    stop = [req.stop] if isinstance(req.stop, str) else (req.stop or [])
+    if len(stop) > MAX_STOP or not all(stop):
+        raise RequestError(f"'stop' must be a non-empty string or a list of up to {MAX_STOP} of them",
+                           param="stop")
+    if req.repeat_penalty < 1e-3:      # it divides logits: 0 (or a float32 underflow) is +inf
+        raise RequestError(f"'repeat_penalty' must be at least 0.001 (got {req.repeat_penalty!r}); "
+                           "1 disables it", param="repeat_penalty")
+    for k, v in (req.logit_bias or {}).items():
+        try:
+            int(k)
+        except ValueError:
+            raise RequestError(f"'logit_bias' key {k!r} is not a token id", param="logit_bias") from None
+        if not -100 <= v <= 100:
+            raise RequestError(f"'logit_bias' value for {k} must be a number in [-100, 100]",
+                               param="logit_bias")
+    if req.best_of not in (None, 1, req.n):
+        raise RequestError("'best_of' must equal 'n' (no server-side ranking)", param="best_of")
+    if chat:
+        for i, m in enumerate(req.messages):
+            if m.role == "tool" and m.tool_call_id is None and m.name is None:
+                raise RequestError(f"'messages[{i}].tool_call_id' is required for a tool message",
+                                   param=f"messages[{i}].tool_call_id")
+            if m.content is None and m.role not in ("assistant",):
+                raise RequestError(f"'messages[{i}].content' must be a string", param=f"messages[{i}].content")
+        if req.top_logprobs and not req.logprobs:
+            raise RequestError("'top_logprobs' needs 'logprobs': true", param="top_logprobs")
+        if isinstance(req.tool_choice, NamedToolChoice):
+            names = [t.function.name for t in req.tools or ()]
+            if req.tool_choice.function.name not in names:
+                raise RequestError(f"'tool_choice' names function {req.tool_choice.function.name!r}, "
+                                   f"which is not in 'tools' ({', '.join(names) or 'none given'})",
+                                   param="tool_choice")
+        if req.tool_choice == "required" and not req.tools:
+            raise RequestError("'tool_choice' is 'required' but no 'tools' were given", param="tool_choice")
+    else:
+        if req.echo:
+            raise RequestError("'echo' is not supported", param="echo")
+        if req.suffix not in (None, ""):
+            raise RequestError("'suffix' is not supported", param="suffix")
+        if isinstance(req.prompt, list) and not req.prompt:
+            raise RequestError("'prompt' must be a string, a list of token ids, or a list of those",
+                               param="prompt")
+    constraints = sum(x is not None for x in (req.grammar, req.json_schema)) + \
+        (req.response_format is not None and req.response_format.type != "text")
+    if constraints > 1:
+        raise RequestError("give only one of 'response_format', 'grammar' and 'json_schema'",
+                           param="response_format")
+    rf = req.response_format
+    if rf is not None and rf.type == "json_schema" and (rf.json_schema is None or rf.json_schema.schema_ is None):
+        raise RequestError("'response_format.json_schema.schema' is required for type json_schema",
+                           param="response_format.json_schema.schema")
+    return req

@@ -1,0 +1,197 @@
+"""The opt-in TCP listener: real systemd-socket-activate hands the daemon a Unix socket and a
+127.0.0.1 TCP socket (as edged.socket + edged-tcp.socket do); on TCP every request needs a
+Bearer key from api_keys_file, admin routes are refused, and Unix peers are still admitted by
+their credentials. curl, the openai SDK and litellm over TCP."""
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import ROOT
+from daemon_support import Server, alpha_beta_models, needs_curl
+from edged.errors import ConfigError
+from edged.service import apikeys
+
+KEY = "edged-test-key-0123456789abcdef"
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root: api_keys_file must be owned by root")
+
+
+def keys_file(tmp_path, text=KEY + "\n", mode=0o600):
+    p = tmp_path / "api-keys"
+    p.write_text(text)
+    os.chmod(p, mode)
+    return str(p)
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def test_keys_file_rules(tmp_path):
+    assert apikeys.load(keys_file(tmp_path, "# fleet key\n\n" + KEY + "\nsecond-key-abcdefghijkl\n")) == \
+        (KEY.encode(), b"second-key-abcdefghijkl")
+    for text, mode, needle in [(KEY, 0o644, "lets others"), (KEY, 0o620, "lets others"), ("short\n", 0o600, "line 1"),
+                               ("# none\n", 0o600, "no keys"), ("has space in the key here\n", 0o600, "line 1")]:
+        with pytest.raises(ConfigError, match=needle):
+            apikeys.load(keys_file(tmp_path, text, mode))
+    with pytest.raises(ConfigError, match="cannot open"):
+        apikeys.load(str(tmp_path / "missing"))
+    keys = (KEY.encode(),)
+    assert apikeys.admitted("Bearer " + KEY, keys) and apikeys.admitted("bearer  " + KEY, keys)
+    assert not apikeys.admitted("Bearer " + KEY[:-1], keys) and not apikeys.admitted(KEY, keys)
+    assert not apikeys.admitted(None, keys) and not apikeys.admitted("Basic " + KEY, keys)
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    return alpha_beta_models(tmp_path_factory, "tcp")
+
+
+@needs_curl
+@pytest.mark.skipif(shutil.which("systemd-socket-activate") is None, reason="systemd-socket-activate missing")
+def test_tcp_listener_needs_a_key_and_unix_peers_do_not(tmp_path, models):
+    path, port = str(tmp_path / "edged.sock"), free_port()
+    srv = Server(tmp_path, *models, default_model="alpha", extra={"api_keys_file": keys_file(tmp_path)},
+                 argv_prefix=["systemd-socket-activate", "-l", path, "-l", f"127.0.0.1:{port}",
+                              "-E", "NOTIFY_SOCKET", "-E", "PYTHONPATH"], wait=False)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 10
+        while not os.path.exists(path) and time.monotonic() < deadline:
+            time.sleep(0.05)
+
+        def curl(route, *extra, body=None, unix=False):
+            cmd = ["curl", "-sS", "--max-time", "120", "-w", "\n%{http_code}"] + list(extra)
+            if body is not None:
+                cmd += ["-H", "Content-Type: application/json", "-d", json.dumps(body)]
+            cmd += (["--unix-socket", path, "http://edged" + route] if unix else [url + route])
+            r = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
+            assert r.returncode == 0, r.stderr + srv.logtext()
+            out, code = r.stdout.rsplit("\n", 1)
+            return int(code), json.loads(out) if out.startswith("{") else out
+
+        code, body = curl("/v1/models")                                   # no key
+        assert code == 401 and body["error"]["code"] == "invalid_api_key", body
+        srv.wait_ready(60)
+        assert curl("/v1/models", "-H", "Authorization: Bearer wrong-key-0123456789")[0] == 401
+        auth = ("-H", f"Authorization: Bearer {KEY}")
+        code, body = curl("/v1/models", *auth)
+        assert code == 200 and "alpha" in [m["id"] for m in body["data"]]
+        code, body = curl("/v1/completions", *auth, body={"prompt": "Once upon a time", "max_tokens": 6,
+                                                          "temperature": 0})
+        assert code == 200 and body["choices"][0]["text"].startswith(", there was"), body
+        code, body = curl("/v1/models/load", *auth, body={"model": "beta"})
+        assert code == 403 and "not available over TCP" in body["error"]["message"]
+        assert curl("/v1/models", unix=True)[0] == 200                    # Unix peer: credentials
+        openai = pytest.importorskip("openai")
+        client = openai.OpenAI(base_url=url + "/v1", api_key=KEY, max_retries=0)
+        assert client.models.retrieve("alpha").id == "alpha"
+        with pytest.raises(openai.AuthenticationError):
+            openai.OpenAI(base_url=url + "/v1", api_key="x" * 20, max_retries=0).models.list()
+        assert "also listening on TCP ('127.0.0.1'" in srv.logtext()
+        # litellm, as a program that only takes a URL and a key uses it
+        os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")     # no download at import
+        litellm = pytest.importorskip("litellm")
+        r = litellm.completion(model="openai/alpha", api_base=url + "/v1", api_key=KEY, max_tokens=6,
+                               temperature=0, messages=[{"role": "user", "content": "Once upon a time"}])
+        assert r.choices[0].message.content and r.usage.completion_tokens <= 6
+        with pytest.raises(litellm.AuthenticationError):
+            litellm.completion(model="openai/alpha", api_base=url + "/v1", api_key="y" * 20, max_tokens=2,
+                               messages=[{"role": "user", "content": "Hi"}], num_retries=0)
+    finally:
+        srv.stop()
+
+
+@pytest.mark.skipif(shutil.which("systemd-socket-activate") is None, reason="systemd-socket-activate missing")
+def test_tcp_listener_without_keys_refuses_to_start(tmp_path, models):
+    path, port = str(tmp_path / "edged.sock"), free_port()
+    srv = Server(tmp_path, *models, extra={"api_keys_file": str(tmp_path / "none")},
+                 argv_prefix=["systemd-socket-activate", "-l", path, "-l", f"127.0.0.1:{port}",
+                              "-E", "NOTIFY_SOCKET", "-E", "PYTHONPATH"], wait=False)
+    try:
+        deadline = time.monotonic() + 10
+        while not os.path.exists(path) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as c:
+            c.sendall(b"GET /health HTTP/1.0\r\n\r\n")
+            c.settimeout(60)
+            try:
+                c.recv(100)
+            except OSError:
+                pass
+        deadline = time.monotonic() + 60
+        while srv.proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert "config key 'api_keys_file'" in srv.logtext() and "cannot open" in srv.logtext()
+    finally:
+        srv.stop()
+
+
+@pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze missing")
+def test_tcp_socket_unit_verifies(tmp_path):
+    units = os.path.join(ROOT, "systemd")
+    with open(os.path.join(units, "edged.service")) as f:
+        text = f.read().replace("\nExecStart=/opt/edged/bin/edged ", f"\nExecStart={sys.executable} -m edged ")
+    (tmp_path / "edged.service").write_text(text)
+    for name in ("edged.socket", "edged-tcp.socket"):
+        shutil.copy(os.path.join(units, name), tmp_path / name)
+    p = subprocess.run(["systemd-analyze", "verify"] + [str(tmp_path / n) for n in
+                                                        ("edged.service", "edged.socket", "edged-tcp.socket")],
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0 and p.stderr.strip() == "", p.stderr
+    with open(os.path.join(units, "edged-tcp.socket")) as f:
+        unit = f.read()
+    assert "ListenStream=127.0.0.1:" in unit and "Service=edged.service" in unit
+
+
+def test_tcp_connections_go_through_the_listener_caps():
+    """The TCP sockets share the Unix socket's accept loop: one count of connections, and the
+    per-uid cap counts a TCP client's remote address (it has no uid)."""
+    import asyncio
+    from types import SimpleNamespace
+    from edged.service import transport
+    from edged.service.metrics import Metrics
+
+    cfg = SimpleNamespace(max_connections=8, max_connections_per_uid=1, header_timeout=30.0,
+                          keepalive_timeout=30.0, uids=lambda key: ())
+    d = SimpleNamespace(stopping=False, metrics=Metrics(), cfg=cfg)
+    tcp = socket.socket()
+    tcp.bind(("127.0.0.1", 0))
+    tcp.listen(8)
+    tcp.setblocking(False)
+    unix_l = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)    # nobody connects to it
+    unix_l.setblocking(False)
+
+    async def run():
+        loop = asyncio.get_running_loop()
+        lst = transport.Listener(d, unix_l, asyncio.Protocol, tcp=[tcp])
+        lst.start()
+        port = tcp.getsockname()[1]
+        first = socket.create_connection(("127.0.0.1", port))
+        await asyncio.sleep(0.3)
+        second = socket.create_connection(("127.0.0.1", port))
+        second.settimeout(5)
+        reply = await loop.run_in_executor(None, second.recv, 100)
+        conns = list(lst.conns.values())
+        lst.stop()
+        first.close()
+        second.close()
+        return reply, conns
+
+    try:
+        reply, conns = asyncio.run(run())
+    finally:
+        for s in (tcp, unix_l):
+            s.close()
+    assert reply.startswith(b"HTTP/1.1 503")
+    assert [(c.peer, c.who) for c in conns] == [(None, "tcp:127.0.0.1")]
+    assert d.metrics.connections_refused["max_connections_per_uid"] == 1
