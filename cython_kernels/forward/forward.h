@@ -24,6 +24,8 @@
 #include "ed_types.h"
 #include "ed_simd.h"
 #include "ed_parity.h"
+#include "ed_quant.h"
+#include "ed_dequant.h"
 #include "ed_threads.h"
 
 typedef struct {
@@ -72,8 +74,10 @@ typedef struct {
 /* One session's buffers, carved from one 64-byte aligned arena. */
 typedef struct {
     int n_ctx, n_batch;
-    uint16_t *k_cache;   /* (n_layer, n_ctx, n_head_kv * head_dim) f16 */
-    uint16_t *v_cache;   /* (n_layer, n_ctx, n_head_kv * head_dim) f16 */
+    int type_k, type_v;  /* cache types: ED_F16 (default), ED_Q8_0 or ED_Q4_0 (ed_kv_type_ok) */
+    size_t k_row, v_row; /* bytes of one cache row (one position, n_head_kv * head_dim values) */
+    uint8_t *k_cache;    /* (n_layer, n_ctx, k_row) rows of type_k */
+    uint8_t *v_cache;    /* (n_layer, n_ctx, v_row) rows of type_v */
     float *x;            /* (n_batch, n_embd) residual stream */
     float *xb;           /* (n_batch, max(n_embd, n_head*head_dim)) normed input / attn out */
     float *xb2;          /* (n_batch, n_embd) projection output */
@@ -82,7 +86,8 @@ typedef struct {
     float *att;          /* (n_threads, att_stride) attention scratch: scores (exact path) or
                             the blocked kernel's work space */
     size_t att_stride;
-    uint16_t *qh;        /* (n_threads, head_dim) f16 query of the current head */
+    uint16_t *qh;        /* (n_threads, head_dim) the current head's query in the K type's dot
+                            format (f16, or q8_0 blocks: fewer bytes) */
     float *vacc;         /* (n_threads, 80 * head_dim) lanes of the softmax x V sums + reduction */
     uint8_t *xq;         /* (n_batch, quantized row of max(n_embd, n_ff, q dims)), or a decode
                             batch's rows with their pair areas (ed_same_act_bytes) */
@@ -110,7 +115,7 @@ typedef struct {
        lends its scratch. 0 for an ordinary batch of this session's own tokens. */
     int batched;
     int row_pos[ED_MAX_LOGIT_ROWS], row_nctx[ED_MAX_LOGIT_ROWS];
-    uint16_t *row_k[ED_MAX_LOGIT_ROWS], *row_v[ED_MAX_LOGIT_ROWS];
+    uint8_t *row_k[ED_MAX_LOGIT_ROWS], *row_v[ED_MAX_LOGIT_ROWS];
     const ed_model *m;
     struct ed_pool *pool;
     /* profiling: nanoseconds per op kind, summed by thread 0 */
@@ -503,10 +508,88 @@ static inline int ed_row_pos(const ed_state *s, int64_t t) {
     return s->batched ? s->row_pos[t] : s->pos + (int)t;
 }
 
-static inline uint16_t *ed_layer_cache(const ed_state *s, int kv, int64_t t, int il, int KVd) {
+static inline uint8_t *ed_layer_cache(const ed_state *s, int kv, int64_t t, int il) {
+    const size_t row = kv ? s->v_row : s->k_row;
     if (s->batched)
-        return (kv ? s->row_v[t] : s->row_k[t]) + (size_t)il * s->row_nctx[t] * KVd;
-    return (kv ? s->v_cache : s->k_cache) + (size_t)il * s->n_ctx * KVd;
+        return (kv ? s->row_v[t] : s->row_k[t]) + (size_t)il * s->row_nctx[t] * row;
+    return (kv ? s->v_cache : s->k_cache) + (size_t)il * s->n_ctx * row;
+}
+
+/* ---------------------------------------------------------------- the KV cache types --- */
+/* As llama.cpp's --cache-type-k/-v: a cache row (one position, all KV heads) is stored as a
+ * row of the type, so a q8_0/q4_0 block of 32 never straddles two heads (head_dim % 32 == 0,
+ * checked at setup). A row is written once, when its token is evaluated, and every later read
+ * (one token, a prompt, a decode batch) sees those stored values. */
+static inline int ed_kv_type_ok(int type) {
+    return type == ED_F16 || type == ED_Q8_0 || type == ED_Q4_0;
+}
+
+/* bytes of n values of a cache type (n a multiple of its block) */
+static inline size_t ed_kv_bytes(int type, int64_t n) {
+    return (size_t)(n / ED_TRAITS[type].block) * ED_TRAITS[type].type_size;
+}
+
+/* Store one row of n values: f16 by conversion; q8_0 with the path's quantize_row_q8_0 and
+ * q4_0 with the reference quantizer, the from_float llama.cpp's set_rows uses for each. */
+static inline void ed_kv_store(int type, const float *x, uint8_t *dst, int n) {
+    if (type == ED_F16) {
+        uint16_t *h = (uint16_t *)dst;
+        for (int i = 0; i < n; i++) h[i] = ed_fp32_to_fp16(x[i]);
+    } else if (type == ED_Q8_0) {
+        ED_QUANT[ED_Q8_0](x, dst, n);
+    } else {
+        ed_quantize_row(type, x, dst, n);
+    }
+}
+
+/* The query of one head in the K type's dot format (q8_0 for a quantized K, as ggml converts
+   src1 of a mul_mat / flash attention's Q), scaled first; tmp: hd floats of scratch */
+static inline void ed_kq_query(int type_k, const float *q, float qscale, int hd, float *tmp, void *qk) {
+    for (int i = 0; i < hd; i++) tmp[i] = q[i] * qscale;
+    ED_QUANT[ED_TRAITS[type_k].vec_type](tmp, qk, hd);
+}
+
+/* q.k against a quantized K row: the type's integer dot product (ggml's vec_dot_q8_0_q8_0,
+   vec_dot_q4_0_q8_0) */
+static inline float ed_kq_dot_quant(int type_k, int hd, const uint8_t *k, const void *qk) {
+    return ED_DOT[type_k](hd, k, qk);
+}
+
+/* One query row against a cache whose V is quantized. llama.cpp runs such a cache only with
+ * flash attention (llama_init_from_model refuses it without), so this is ggml's flash
+ * attention loop for one row: q in the K type's dot format, each score q.k times the scale
+ * (soft-capped as ggml does: cap * tanh(s * scale / cap)), an online softmax in float (expf),
+ * each V row converted to float and added with its weight, the sum divided by the softmax
+ * total at the end. kc/vc: cell j0's K/V of this KV head; krow/vrow: bytes between cells.
+ * qk: the query's scratch, acc and v32: hd floats each. */
+static void ed_attn_flash_row(const ed_state *s, int hd, const float *q, float qscale, float scale,
+                              float cap, const uint8_t *kc, size_t krow, const uint8_t *vc,
+                              size_t vrow, int nj, void *qk, float *acc, float *v32, float *out) {
+    const int tk = s->type_k, tv = s->type_v, simd = ed_pm_simd(ED_PATH);
+    ed_kq_query(tk, q, qscale, hd, v32, qk);
+    const float sc = cap != 0.0f ? scale / cap : scale;
+    float S = 0.0f, M = -INFINITY;
+    memset(acc, 0, sizeof(float) * hd);
+    for (int j = 0; j < nj; j++) {
+        const uint8_t *k = kc + (size_t)j * krow;
+        float d = tk == ED_F16 ? ed_pm_dot(simd, hd, (const uint16_t *)k, (const uint16_t *)qk, 0)
+                               : ed_kq_dot_quant(tk, hd, k, qk);
+        d *= sc;
+        if (cap != 0.0f) d = cap * tanhf(d);
+        float ms = 1.0f, vs = 1.0f;
+        if (d > M) {  /* a new maximum: the sums so far shrink by expf(old - new) */
+            ms = expf(M - d);
+            M = d;
+            for (int i = 0; i < hd; i++) acc[i] *= ms;
+        } else {
+            vs = expf(d - M);
+        }
+        ed_dequantize_row(tv, vc + (size_t)j * vrow, v32, hd);
+        for (int i = 0; i < hd; i++) acc[i] += v32[i] * vs;
+        S = S * ms + vs;
+    }
+    const float inv = S == 0.0f ? 0.0f : 1.0f / S;
+    for (int i = 0; i < hd; i++) out[i] = acc[i] * inv;
 }
 
 /* ---------------------------------------------------------------- attention ------------ */
@@ -520,7 +603,10 @@ static void ed_forward_init(void) {
  * V, each sum in llama.cpp's order (tinyBLAS for a batch of >= 2 rows, else vec_dot). The V
  * sum keeps one row of head_dim partial sums per SIMD lane of llama.cpp's dot product (16 or
  * 64), added to with ed_axpy_f16 (exact products, so any path gives the same sums), and
- * reduces them in its tree. Output into xb (n, Qd). */
+ * reduces them in its tree. Output into xb (n, Qd).
+ * A quantized K (q8_0, q4_0): q in q8_0 and the type's integer dot (ggml's mul_mat); a
+ * quantized V: ed_attn_flash_row. Every batch reads a quantized cache here, so a prompt and
+ * the one-token path read the same stored rows the same way. */
 static const float ED_ZERO_ROW[1024];
 
 static void ed_attention_exact(ed_state *s, const ed_model *m, int il, int ith, int nth, int ldqkv) {
@@ -542,15 +628,26 @@ static void ed_attention_exact(ed_state *s, const ed_model *m, int il, int ith, 
     for (int64_t idx = a; idx < b; idx++) {
         const int t = (int)(idx / m->n_head), h = (int)(idx % m->n_head), kvh = h / group;
         const int pt = ed_row_pos(s, t);
-        const uint16_t *kc = ed_layer_cache(s, 0, t, il, kvd), *vc = ed_layer_cache(s, 1, t, il, kvd);
+        const uint8_t *kl = ed_layer_cache(s, 0, t, il), *vl = ed_layer_cache(s, 1, t, il);
+        const size_t koff = ed_kv_bytes(s->type_k, (int64_t)kvh * hd);
         const float *q = s->qkv + (size_t)t * ldqkv + (size_t)h * hd;
-        for (int i = 0; i < hd; i++) q16[i] = ed_fp32_to_fp16(q[i] * qscale);
         int j0 = 0;
         if (swa && pt - m->n_swa + 1 > 0) j0 = pt - m->n_swa + 1;
         const int nj = pt - j0 + 1;
+        if (s->type_v != ED_F16) {  /* a quantized V: flash attention, as llama.cpp requires */
+            ed_attn_flash_row(s, hd, q, qscale, kqscale, cap, kl + (size_t)j0 * s->k_row + koff, s->k_row,
+                              vl + (size_t)j0 * s->v_row + ed_kv_bytes(s->type_v, (int64_t)kvh * hd),
+                              s->v_row, nj, q16, acc, tmp, s->xb + (size_t)t * Qd + (size_t)h * hd);
+            continue;
+        }
+        const uint16_t *vc = (const uint16_t *)vl;
+        if (s->type_k == ED_F16) for (int i = 0; i < hd; i++) q16[i] = ed_fp32_to_fp16(q[i] * qscale);
+        else ed_kq_query(s->type_k, q, qscale, hd, tmp, q16);
         float mx = -INFINITY;
         for (int j = j0; j <= pt; j++) {
-            float d = ed_pm_dot(simd, hd, kc + (size_t)j * kvd + (size_t)kvh * hd, q16, batch);
+            float d = s->type_k == ED_F16
+                ? ed_pm_dot(simd, hd, (const uint16_t *)kl + (size_t)j * kvd + (size_t)kvh * hd, q16, batch)
+                : ed_kq_dot_quant(s->type_k, hd, kl + (size_t)j * s->k_row + koff, q16);
             if (cap != 0.0f) d = tanhf(d * (1.0f / cap)) * cap;  /* llama.cpp: before the scale */
             d *= kqscale;
             sc[j] = d;
@@ -618,8 +715,8 @@ static void ed_attention_blocked(ed_state *s, const ed_model *m, int il, int ith
             }
         }
         const size_t off = (size_t)kvh * hd;
-        ed_attn(nr, rw, ed_layer_cache(s, 0, t0, il, kvd) + off, ed_layer_cache(s, 1, t0, il, kvd) + off,
-                kvd, hd, m->attn_scale, ws);
+        ed_attn(nr, rw, (const uint16_t *)ed_layer_cache(s, 0, t0, il) + off,
+                (const uint16_t *)ed_layer_cache(s, 1, t0, il) + off, kvd, hd, m->attn_scale, ws);
     }
 }
 
@@ -632,7 +729,8 @@ static void ed_attention_blocked(ed_state *s, const ed_model *m, int il, int ith
 
 static void ed_attention(ed_state *s, const ed_model *m, int il, int ith, int nth, int ldqkv) {
     if (!s->batched && s->n_tokens >= ED_ATTN_BLOCK_MIN && ed_attn != ed_attn_rowwise &&
-        m->attn_softcap == 0.0f)  /* the blocked kernel has no soft-capping */
+        m->attn_softcap == 0.0f &&  /* the blocked kernel has no soft-capping */
+        s->type_k == ED_F16 && s->type_v == ED_F16)  /* nor a quantized cache: the row path reads it */
         ed_attention_blocked(s, m, il, ith, nth, ldqkv);
     else
         ed_attention_exact(s, m, il, ith, nth, ldqkv);
@@ -702,9 +800,8 @@ static void ed_forward_worker(void *arg, int ith, int nth) {
                 ed_rope_ext(k, m->n_head_kv, hd, m->n_rot, pt, base, fscale, m->rope_factors, m->rope_attn_factor,
                             m->rope_neox, m->ext_factor, m->n_ctx_orig, m->beta_fast, m->beta_slow);
             }
-            uint16_t *kc = ed_layer_cache(s, 0, t, il, KVd) + (size_t)pt * KVd;
-            uint16_t *vc = ed_layer_cache(s, 1, t, il, KVd) + (size_t)pt * KVd;
-            for (int i = 0; i < KVd; i++) { kc[i] = ed_fp32_to_fp16(k[i]); vc[i] = ed_fp32_to_fp16(v[i]); }
+            ed_kv_store(s->type_k, k, ed_layer_cache(s, 0, t, il) + (size_t)pt * s->k_row, KVd);
+            ed_kv_store(s->type_v, v, ed_layer_cache(s, 1, t, il) + (size_t)pt * s->v_row, KVd);
         }
         if (ith == 0) atomic_store_explicit(&s->attn_next, 0, memory_order_relaxed);
         ed_barrier(p);
@@ -768,7 +865,7 @@ static void ed_forward_worker(void *arg, int ith, int nth) {
 /* Carve one session's buffers out of `arena` (64-byte aligned). With arena == NULL only
  * computes the size. Returns the bytes needed. */
 static size_t ed_state_layout(ed_state *s, const ed_model *m, int n_ctx, int n_batch,
-                              int n_threads, uint8_t *arena) {
+                              int n_threads, int type_k, int type_v, uint8_t *arena) {
     const int E = m->n_embd, hd = m->head_dim, Qd = m->n_head * hd, KVd = m->n_head_kv * hd;
     const int F = m->n_ff > m->n_ff_exp ? (m->n_ff > m->n_ff_shexp ? m->n_ff : m->n_ff_shexp)
                 : (m->n_ff_exp > m->n_ff_shexp ? m->n_ff_exp : m->n_ff_shexp);
@@ -794,8 +891,9 @@ static size_t ed_state_layout(ed_state *s, const ed_model *m, int n_ctx, int n_b
 #define CARVE(field, type, count) do { \
         if (arena) s->field = (type *)(arena + off); \
         off += ED_ALIGN(sizeof(type) * (size_t)(count)); } while (0)
-    CARVE(k_cache, uint16_t, (size_t)m->n_layer * n_ctx * KVd);
-    CARVE(v_cache, uint16_t, (size_t)m->n_layer * n_ctx * KVd);
+    const size_t k_row = ed_kv_bytes(type_k, KVd), v_row = ed_kv_bytes(type_v, KVd);
+    CARVE(k_cache, uint8_t, (size_t)m->n_layer * n_ctx * k_row);
+    CARVE(v_cache, uint8_t, (size_t)m->n_layer * n_ctx * v_row);
     CARVE(x, float, (size_t)n_batch * E);
     CARVE(xb, float, (size_t)n_batch * XB);
     CARVE(xb2, float, (size_t)n_batch * E);
@@ -827,6 +925,7 @@ static size_t ed_state_layout(ed_state *s, const ed_model *m, int n_ctx, int n_b
 #undef CARVE
     if (arena) {
         s->n_ctx = n_ctx; s->n_batch = n_batch; s->xq_row = xq_row; s->m = m;
+        s->type_k = type_k; s->type_v = type_v; s->k_row = k_row; s->v_row = v_row;
         s->gemm_bytes = gemm_bytes; s->xinfo_row = xinfo_row; s->att_stride = att_stride;
     }
     return off;

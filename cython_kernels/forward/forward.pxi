@@ -42,8 +42,10 @@ cdef extern from "forward.h" nogil:
         int64_t slow_ns
     ctypedef struct ed_state:
         int n_ctx, n_batch, n_tokens, pos
-        uint16_t *k_cache
-        uint16_t *v_cache
+        int type_k, type_v
+        size_t k_row, v_row
+        uint8_t *k_cache
+        uint8_t *v_cache
         float *x
         float *xb
         float *qkv
@@ -60,7 +62,9 @@ cdef extern from "forward.h" nogil:
     void ed_pool_destroy(ed_pool *p)
     void ed_pool_set_adapt(ed_pool *p, int on)
     int ed_pool_active(const ed_pool *p)
-    size_t ed_state_layout(ed_state *s, const ed_model *m, int n_ctx, int n_batch, int n_threads, uint8_t *arena)
+    size_t ed_state_layout(ed_state *s, const ed_model *m, int n_ctx, int n_batch, int n_threads,
+                           int type_k, int type_v, uint8_t *arena)
+    int ed_kv_type_ok(int type)
     void ed_forward(ed_state *s, ed_pool *p, int n_tokens, int pos, int all_logits)
     void ed_forward_rows(ed_state *s, ed_pool *p, int n, ed_state **rows, const int *pos)
     void ed_forward_init()
@@ -284,8 +288,18 @@ cdef class ForwardModel:
         if role == "ffn_down_shexp": return &l.ffn_down_shexp
         raise KeyError(role)
 
-    def arena_bytes(self, int n_ctx, int n_batch, int n_threads):
-        return ed_state_layout(NULL, &self.m, n_ctx, n_batch, n_threads, NULL)
+    cdef void _check_cache(self, int type_k, int type_v) except *:
+        for name, t in (("cache_type_k", type_k), ("cache_type_v", type_v)):
+            if not 0 <= t < ED_NTYPES or not ed_kv_type_ok(t):
+                raise ValueError(f"{name}: ggml type {t} is not a KV cache type (f16, q8_0, q4_0)")
+            if t != 1 and self.m.head_dim % ED_TRAITS[t].block:
+                raise ValueError(f"{name}: head_dim {self.m.head_dim} is not a multiple of the "
+                                 f"type's block of {ED_TRAITS[t].block}")
+
+    def arena_bytes(self, int n_ctx, int n_batch, int n_threads, int type_k=1, int type_v=1):
+        """Bytes of one session's arena; type_k/type_v: ggml type ids of the KV cache (1: f16)."""
+        self._check_cache(type_k, type_v)
+        return ed_state_layout(NULL, &self.m, n_ctx, n_batch, n_threads, type_k, type_v, NULL)
 
 
 cdef class ForwardState:
@@ -296,16 +310,20 @@ cdef class ForwardState:
     cdef readonly ForwardModel model
     cdef Pool pool
 
-    def __cinit__(self, ForwardModel model, Pool pool, int n_ctx, int n_batch):
+    def __cinit__(self, ForwardModel model, Pool pool, int n_ctx, int n_batch, int type_k=1,
+                  int type_v=1):
         cdef void *mem = NULL
         memset(&self.s, 0, sizeof(ed_state))
         self.model, self.pool = model, pool
-        self.nbytes = ed_state_layout(NULL, &model.m, n_ctx, n_batch, pool.p.n_threads, NULL)
+        model._check_cache(type_k, type_v)
+        self.nbytes = ed_state_layout(NULL, &model.m, n_ctx, n_batch, pool.p.n_threads, type_k,
+                                      type_v, NULL)
         if posix_memalign(&mem, 64, self.nbytes) != 0:
             raise MemoryError(f"session arena of {self.nbytes} bytes")
         self.arena = <uint8_t *>mem
         memset(self.arena, 0, self.nbytes)
-        ed_state_layout(&self.s, &model.m, n_ctx, n_batch, pool.p.n_threads, self.arena)
+        ed_state_layout(&self.s, &model.m, n_ctx, n_batch, pool.p.n_threads, type_k, type_v,
+                        self.arena)
 
     def __dealloc__(self):
         free(self.arena)
@@ -326,14 +344,19 @@ cdef class ForwardState:
     def logits(self, int rows):
         return np.asarray(<float[:rows, :self.model.m.n_vocab]> self.s.logits)
 
+    @property
+    def cache_types(self):
+        """(type_k, type_v): ggml type ids of the KV cache."""
+        return self.s.type_k, self.s.type_v
+
     def kv_cache(self):
-        """(k, v) uint16 views (n_layer, n_ctx, n_head_kv * head_dim) of the f16 cache."""
+        """(k, v) uint8 views (n_layer, n_ctx, bytes of a row) of the cache: a row is one
+        position's n_head_kv * head_dim values as f16 or as q8_0/q4_0 blocks (cache_types)."""
         m = &self.model.m
-        kvd = m.n_head_kv * m.head_dim
-        k = np.asarray(<uint16_t[:m.n_layer * self.s.n_ctx * kvd]> self.s.k_cache)
-        v = np.asarray(<uint16_t[:m.n_layer * self.s.n_ctx * kvd]> self.s.v_cache)
-        shape = (m.n_layer, self.s.n_ctx, kvd)
-        return k.reshape(shape), v.reshape(shape)
+        k = np.asarray(<uint8_t[:m.n_layer * self.s.n_ctx * self.s.k_row]> self.s.k_cache)
+        v = np.asarray(<uint8_t[:m.n_layer * self.s.n_ctx * self.s.v_row]> self.s.v_cache)
+        return (k.reshape(m.n_layer, self.s.n_ctx, self.s.k_row),
+                v.reshape(m.n_layer, self.s.n_ctx, self.s.v_row))
 
     def set_profile(self, bint on):
         """Start (and zero) or stop per-op timing by thread 0."""
@@ -382,6 +405,8 @@ cdef class ForwardState:
             st = states[t]
             if st.model is not self.model:
                 raise ValueError(f"row {t}: a session of another model")
+            if st.s.type_k != self.s.type_k or st.s.type_v != self.s.type_v:
+                raise ValueError(f"row {t}: a session of other KV cache types")
             pos[t] = positions[t]
             if pos[t] < 0 or pos[t] >= st.s.n_ctx or pos[t] >= self.s.n_ctx:
                 raise ValueError(f"row {t}: position {pos[t]} outside the context "

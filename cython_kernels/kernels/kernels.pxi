@@ -398,7 +398,8 @@ def attention(float[:, ::1] out, float[:, ::1] q, uint16_t[:, ::1] k_cache,
     m.head_dim = hd; m.n_head = n_head; m.n_head_kv = n_head_kv; m.attn_scale = scale
     m.n_swa = n_swa; m.n_layer = 1; layer.swa = n_swa > 0; m.layers = &layer
     s.n_ctx = n_ctx; s.n_tokens = n; s.pos = pos
-    s.k_cache = &k_cache[0, 0]; s.v_cache = &v_cache[0, 0]
+    s.k_cache = <uint8_t *>&k_cache[0, 0]; s.v_cache = <uint8_t *>&v_cache[0, 0]
+    s.type_k = s.type_v = 1; s.k_row = s.v_row = 2 * k_cache.shape[1]  # F16 rows
     s.att = &attv[0]; s.att_stride = att.shape[0]; s.qh = &qhv[0]; s.qkv = &q[0, 0]; s.xb = &out[0, 0]
     s.vacc = &vaccv[0]
     with nogil:

@@ -6,6 +6,7 @@ import math
 import sys
 
 from .loadargs import add_load_args
+from ..engine.kvcache import DEFAULT as DEFAULT_CACHE, CacheTypes
 
 
 def register(sub):
@@ -23,8 +24,9 @@ def register(sub):
     p.set_defaults(func=run)
 
 
-def model_info(path, ctx_sizes=None):
-    """Dict of facts about a model file, validated like a load, without backend buffers."""
+def model_info(path, ctx_sizes=None, cache=DEFAULT_CACHE):
+    """Dict of facts about a model file, validated like a load, without backend buffers;
+    memory planned for a KV cache of the kvcache.CacheTypes `cache`."""
     from ..engine import arch as _arch
     from ..engine.backends import backend_class
     from ..format.gguf import GGUFFile
@@ -43,10 +45,12 @@ def model_info(path, ctx_sizes=None):
         weights = sum(t.nbytes for t in spec.tensors.values())
         cls = backend_class()
         ctxs = ctx_sizes or sorted({512, 4096, hp.n_ctx_train})
+        cache.check(hp.head_dim)
         mem = []
         for n in ctxs:
-            bp = cls.plan_for(spec, n, min(512, n))
+            bp = cls.plan_for(spec, n, min(512, n), cache)
             mem.append({"n_ctx": n, "weights": weights, "kv_cache": bp.kv_cache,
+                        "cache_type_k": cache.names[0], "cache_type_v": cache.names[1],
                         "scratch": bp.scratch, "total": weights + bp.kv_cache + bp.scratch})
         params = sum(t.n_elements for t in spec.tensors.values())
         active = spec.active_weight_bytes()
@@ -99,7 +103,7 @@ def run(args):
         nodes = mi.get("numa_nodes") or {}
         print("numa nodes:   " + ", ".join(f"node {n}: {len(c)} cpus" for n, c in nodes.items()))
         return 0
-    info = model_info(args.model, args.ctx_size)
+    info = model_info(args.model, args.ctx_size, CacheTypes.parse(args.cache_type_k, args.cache_type_v))
     info["machine"] = machine_info()
     if args.json:
         json.dump(info, sys.stdout, indent=1, default=str)
@@ -134,7 +138,7 @@ def run(args):
                                        for k, v in info["weight_types"].items()))
     for r in info["memory"]:
         print(f"memory at n_ctx {r['n_ctx']:>6}: weights {mib(r['weights'])} + KV cache "
-              f"{mib(r['kv_cache'])} + scratch {mib(r['scratch'])} = {mib(r['total'])}")
+              f"({r['cache_type_k']}/{r['cache_type_v']}) {mib(r['kv_cache'])} + scratch {mib(r['scratch'])} = {mib(r['total'])}")
     mi = info["machine"]
     if not mi.get("compiled"):
         print("machine: compiled core not built (python setup.py build_ext --inplace)")

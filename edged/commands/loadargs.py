@@ -35,6 +35,17 @@ def add_load_args(p, threads=True):
                    help="refuse unsigned models")
     p.add_argument("--verbose", action="store_true",
                    help="log each tensor and the memory plan while loading")
+    add_cache_args(p)
+
+
+def add_cache_args(p):
+    """llama.cpp's -ctk/-ctv: the KV cache's storage types (engine/kvcache.py)."""
+    from ..engine.kvcache import CACHE_TYPES
+    names = ", ".join(CACHE_TYPES)
+    p.add_argument("-ctk", "--cache-type-k", metavar="TYPE", default=None,
+                   help=f"KV cache type for K: {names} (default f16; q8_0 is 0.53x the memory)")
+    p.add_argument("-ctv", "--cache-type-v", metavar="TYPE", default=None,
+                   help=f"KV cache type for V: {names} (default f16; q4_0 is 0.28x the memory)")
 
 
 def load_model(args, n_ctx_plan=None):
@@ -43,7 +54,8 @@ def load_model(args, n_ctx_plan=None):
                       numa=getattr(args, "numa", "none"), mmap=not args.no_mmap,
                       mlock=args.mlock, trusted_keys=args.trusted_keys,
                       require_signature=args.require_signature, max_memory=args.max_memory,
-                      verbose=args.verbose, n_ctx_plan=n_ctx_plan)
+                      verbose=args.verbose, n_ctx_plan=n_ctx_plan,
+                      cache_type_k=args.cache_type_k, cache_type_v=args.cache_type_v)
 
 
 def add_socket_arg(p):

@@ -8,6 +8,7 @@ import argparse
 import json
 import os
 
+from .loadargs import add_cache_args
 from ..errors import ConfigError
 
 ENV_PREFIX = "EDGED_"
@@ -37,6 +38,7 @@ def register(sub):
     p.add_argument("-t", "--threads", type=int, metavar="N", help="compute threads (0 = all CPUs)")
     p.add_argument("--numa", metavar="POLICY", help="none, isolate, distribute or numactl")
     p.add_argument("--ctx-size", "-c", type=int, metavar="N", help="context length of each slot")
+    add_cache_args(p)
     p.add_argument("-np", "--parallel", "--n-parallel", dest="n_parallel", type=int, metavar="N",
                    help="generation slots: requests decoded at the same time")
     p.add_argument("--max-queue", type=int, metavar="N", help="requests that may wait for a slot")
@@ -105,7 +107,8 @@ def run(args):
              "max_loaded_models": args.max_loaded_models, "memory_budget": args.memory_budget,
              "keep_alive": args.keep_alive, "threads": args.threads, "numa": args.numa,
              "ctx_size": args.ctx_size, "n_parallel": args.n_parallel, "max_queue": args.max_queue,
-             "log_level": args.log_level}
+             "log_level": args.log_level, "cache_type_k": args.cache_type_k,
+             "cache_type_v": args.cache_type_v}
     overrides = {**env_overrides(), **{k: v for k, v in flags.items() if v is not None}}
     cfg = config.load(path, overrides)
     if args.check_sandbox:

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .kvcache import DEFAULT as DEFAULT_CACHE
+
 
 @dataclass(frozen=True)
 class BufferPlan:
@@ -32,8 +34,9 @@ class Backend:
 
     name = "abstract"
 
-    def __init__(self, spec, weights, n_threads=1, numa="none"):  # initialise
+    def __init__(self, spec, weights, n_threads=1, numa="none", cache=DEFAULT_CACHE):  # initialise
         self.spec, self.weights, self.n_threads, self.numa = spec, weights, n_threads, numa
+        self.cache = cache  # kvcache.CacheTypes of every session's K and V
 
     @classmethod
     def extra_weight_bytes(cls, spec) -> int:
@@ -41,12 +44,13 @@ class Backend:
         return 0
 
     @classmethod
-    def plan_for(cls, spec, n_ctx: int, n_batch: int) -> BufferPlan:
-        """KV cache + scratch bytes of one session, computable before anything is loaded."""
+    def plan_for(cls, spec, n_ctx: int, n_batch: int, cache=DEFAULT_CACHE) -> BufferPlan:
+        """KV cache (of the kvcache.CacheTypes `cache`) + scratch bytes of one session,
+        computable before anything is loaded."""
         raise NotImplementedError
 
     def plan(self, n_ctx: int, n_batch: int) -> BufferPlan:
-        return self.plan_for(self.spec, n_ctx, n_batch)
+        return self.plan_for(self.spec, n_ctx, n_batch, self.cache)
 
     def alloc(self, n_ctx: int, n_batch: int):
         """Allocate one session's buffers; returns an opaque handle."""

@@ -1,7 +1,8 @@
 """The compiled CPU backend (default): binds the validated Spec and the mapped weights to the C
 forward pass in edged._core (cython_kernels/forward/forward.pxi). Weights are passed as zero-copy views
 of the read-only mapping; norm/bias vectors are converted once to float32. Each session gets
-one 64-byte aligned arena (KV cache in F16, activations, quantized activations, logits).
+one 64-byte aligned arena (KV cache in F16 or the chosen kvcache type, activations, quantized
+activations, logits).
 """
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import numpy as np
 
 from .arch import ROPE_NEOX, VECTOR_TYPES
 from .backend import Backend, BufferPlan
+from .kvcache import DEFAULT as DEFAULT_CACHE
 from ..errors import UnsupportedModelError
 from ..format.gguf import GGMLType, TYPE_INFO
 
@@ -42,8 +44,9 @@ class _Buffers:
 class CPUBackend(Backend):
     name = "cpu"
 
-    def __init__(self, spec, weights, n_threads=1, numa="none"):
-        super().__init__(spec, weights, n_threads, numa)
+    def __init__(self, spec, weights, n_threads=1, numa="none", cache=DEFAULT_CACHE):
+        super().__init__(spec, weights, n_threads, numa, cache)
+        cache.check(spec.hp.head_dim)
         core = _require_core()
         from ..format.quants import dequantize
         self._dequantize = dequantize
@@ -118,10 +121,10 @@ class CPUBackend(Backend):
         return fm
 
     @classmethod
-    def plan_for(cls, spec, n_ctx, n_batch, n_threads=4):
+    def plan_for(cls, spec, n_ctx, n_batch, cache=DEFAULT_CACHE, n_threads=4):
         hp = spec.hp
         E, F, Qd, KVd = hp.n_embd, hp.n_ff, hp.n_embd_q, hp.n_embd_k_gqa
-        kv = 2 * hp.n_layer * n_ctx * KVd * 2
+        kv = cache.nbytes(hp, n_ctx)
         F = max(F, hp.n_ff_exp, hp.n_ff_shexp)
         widest = max(E, Qd, F)
         per_tok = 4 * (E + max(E, Qd) + E + Qd + 2 * KVd + 2 * F) + 4 * widest + 16
@@ -132,12 +135,14 @@ class CPUBackend(Backend):
         return BufferPlan(kv, scratch)
 
     def plan(self, n_ctx, n_batch):
-        kv = 2 * self.spec.hp.n_layer * n_ctx * self.spec.hp.n_embd_k_gqa * 2
-        total = self._model_for(n_ctx).arena_bytes(n_ctx, n_batch, self.n_threads)
+        kv = self.cache.nbytes(self.spec.hp, n_ctx)
+        total = self._model_for(n_ctx).arena_bytes(n_ctx, n_batch, self.n_threads,
+                                                   int(self.cache.k), int(self.cache.v))
         return BufferPlan(kv, total - kv)
 
     def alloc(self, n_ctx, n_batch):
-        state = _core.ForwardState(self._model_for(n_ctx), self.pool, n_ctx, n_batch)
+        state = _core.ForwardState(self._model_for(n_ctx), self.pool, n_ctx, n_batch,
+                                   int(self.cache.k), int(self.cache.v))
         if self.memory_policy is not None:
             from .threads import place_memory
             place_memory(self.memory_policy, [(state.address, state.address + state.nbytes)],
@@ -178,7 +183,7 @@ class CPUBackend(Backend):
 
     def copy_kv(self, dst, src, n):
         for d, s in zip(dst.state.kv_cache(), src.state.kv_cache()):
-            d[:, :n] = s[:, :n]     # (n_layer, n_ctx, kv dims): the first n positions
+            d[:, :n] = s[:, :n]     # (n_layer, n_ctx, row bytes): the first n positions
 
     def profile(self, n_prompt=512):
         """Time per op kind for one prompt batch and for one token after it (ms)."""

@@ -1,6 +1,7 @@
 """Model (immutable, shareable) and Session (KV cache, position, RNG): the engine's Python API.
 
-    m = Model.load(path, n_threads=None, numa="none", mmap=True, mlock=False)
+    m = Model.load(path, n_threads=None, numa="none", mmap=True, mlock=False,
+                   cache_type_k="f16", cache_type_v="f16")
     s = m.session(n_ctx=512)
     logits = s.eval(ids, logits="all")          # float32 (len(ids), n_vocab)
     for out in s.generate("Once upon a time", max_tokens=32): print(out.text, end="")
@@ -28,6 +29,7 @@ import numpy as np
 from . import arch as _arch
 from .backends import backend_class
 from .batch import LOGITS, BatchEntry
+from .kvcache import CacheTypes
 from .generation import Generation, GenerationOutput  # noqa: F401 - GenerationOutput: the public API
 from ..errors import CapacityError, ConfigError, RequestError
 from ..format.gguf import GGUFFile, Key
@@ -70,6 +72,7 @@ class MemoryPlan:
     budget: int | None
     n_ctx: int
     paged: int = 0    # mapped expert weights a token does not read: may stay in the page cache
+    kv_types: str = "f16/f16"  # the KV cache's K/V storage types (kvcache.CacheTypes)
 
     @property
     def total(self):
@@ -79,7 +82,7 @@ class MemoryPlan:
         b = "unlimited" if self.budget is None else _mib(self.budget)
         paged = f", of which {_mib(self.paged)} unrouted experts may page" if self.paged else ""
         return (f"memory plan (n_ctx {self.n_ctx}): weights {_mib(self.weights)} + KV cache "
-                f"{_mib(self.kv_cache)} + scratch {_mib(self.scratch)} = {_mib(self.total)}"
+                f"({self.kv_types}) {_mib(self.kv_cache)} + scratch {_mib(self.scratch)} = {_mib(self.total)}"
                 f"{paged} (budget {b})")
 
     def check(self, what):
@@ -100,16 +103,19 @@ class Model:
     @classmethod
     def load(cls, path, n_threads=None, numa="none", mmap=True, mlock=False, trusted_keys=None,
              require_signature=False, max_memory=None, backend=None, verbose=False, log=None,
-             n_ctx_plan=None):
+             n_ctx_plan=None, cache_type_k=None, cache_type_v=None):
         """Load and validate a GGUF model.
 
         trusted_keys: a store.TrustStore (or a directory of trusted public keys);
         require_signature: refuse unsigned files; max_memory: byte budget (default: available
         memory); backend: "cpu" or "reference" (default: $EDGED_BACKEND or cpu);
         verbose/log: report each tensor and the memory plan as the load proceeds;
-        n_ctx_plan: also check that a session of this many tokens fits the budget.
+        n_ctx_plan: also check that a session of this many tokens fits the budget;
+        cache_type_k / cache_type_v: the KV cache's storage, "f16" (default), "q8_0" or "q4_0"
+        (llama.cpp's -ctk/-ctv; every session of the model uses them; kvcache.py).
         """
         self = object.__new__(cls)
+        self.cache = CacheTypes.parse(cache_type_k, cache_type_v)
         if numa not in NUMA_POLICIES:
             raise ConfigError(f"numa={numa!r}: expected one of {', '.join(NUMA_POLICIES)}")
         if log is None:
@@ -165,6 +171,7 @@ class Model:
                                    log=log_tensor if log else None)
         self.hp = self.spec.hp
         self.arch = self.spec.arch.name
+        self.cache.check(self.hp.head_dim)  # before any memory is planned or taken
         self.n_threads = int(n_threads) if n_threads else default_threads()
         if self.n_threads < 1:
             raise ConfigError(f"n_threads={n_threads}: must be >= 1")
@@ -195,15 +202,18 @@ class Model:
         self.mmap, self.mlock = mmap, mlock
         if mlock:
             self._mlock()
-        self.backend = cls(self.spec, weights, n_threads=self.n_threads, numa=numa)
+        self.backend = cls(self.spec, weights, n_threads=self.n_threads, numa=numa,
+                           cache=self.cache)
         self.backend_name = self.backend.name
         self.memory_plan = plan
 
     def _plan(self, cls, n_ctx):
-        b = cls.plan_for(self.spec, n_ctx, min(DEFAULT_N_BATCH, max(n_ctx, 1))) if n_ctx else None
+        b = cls.plan_for(self.spec, n_ctx, min(DEFAULT_N_BATCH, max(n_ctx, 1)),
+                         self.cache) if n_ctx else None
         return MemoryPlan(weights=self.weights_bytes + cls.extra_weight_bytes(self.spec),
                           kv_cache=b.kv_cache if b else 0, scratch=b.scratch if b else 0,
-                          budget=self.budget, n_ctx=n_ctx, paged=self._paged)
+                          budget=self.budget, n_ctx=n_ctx, paged=self._paged,
+                          kv_types=str(self.cache))
 
     def _mlock(self):
         import ctypes
@@ -367,7 +377,7 @@ class Session:
         be = model.backend
         bp = be.plan(n_ctx, self.n_batch)
         plan = MemoryPlan(model.memory_plan.weights, bp.kv_cache, bp.scratch, model.budget, n_ctx,
-                          model.memory_plan.paged)
+                          model.memory_plan.paged, str(model.cache))
         if model._log:
             model._log(plan.describe())
         plan.check(f"a session of n_ctx {n_ctx}")

@@ -3,7 +3,9 @@
 Weights are dequantized once to float32 (edged.format.quants, itself checked against the PyPI gguf
 package); matrix products run in float32, everything else (norms, RoPE, softmax) in float64.
 The KV cache is float16 like the compiled backend's, and like llama.cpp (no flash attention)
-the query and the softmax row are rounded to float16 for their products with it, and GELU
+the query and the softmax row are rounded to float16 for their products with it (a q8_0/q4_0
+cache holds the values its rows store; the query then goes through q8_0 for K, and a quantized V
+takes float softmax weights, as llama.cpp's flash attention), and GELU
 goes through float16 in and out. Activations are not quantized (the compiled backend mirrors
 that). Selected with EDGED_BACKEND=reference.
 """
@@ -15,6 +17,9 @@ import numpy as np
 
 from .arch import EXPERT_WEIGHTS_SUM_MIN, ROPE_NEOX
 from .backend import Backend, BufferPlan
+from .kvcache import DEFAULT as DEFAULT_CACHE
+from ..format.gguf import GGMLType
+from ..format.quants import dequantize, quantize
 
 
 def rms_norm(x, w, eps):
@@ -74,12 +79,21 @@ def rope(x, pos, n_rot, base, scale, neox, factors=None, attn_factor=1.0, yarn=N
     return out
 
 
+def _stored(x, qtype):
+    """The values a cache row of type qtype holds for x (..., n_head_kv, head_dim): each
+    position's row quantized as a whole (kvcache.py) and read back."""
+    shape = x.shape
+    rows = x.reshape(-1, shape[-2] * shape[-1])
+    return dequantize(quantize(rows, qtype), qtype, rows.shape).reshape(shape)
+
+
 class _Session:
-    def __init__(self, hp, n_ctx):
-        # k, v: (n_layer, n_ctx, n_head_kv, head_dim) float16, like llama.cpp's F16 cache
+    def __init__(self, hp, n_ctx, cache):
+        # k, v: (n_layer, n_ctx, n_head_kv, head_dim) float16, like llama.cpp's F16 cache, or
+        # float32 holding what a q8_0/q4_0 row stores (kvcache.CacheTypes)
         shape = (hp.n_layer, n_ctx, hp.n_head_kv, hp.head_dim)
-        self.k = np.zeros(shape, np.float16)
-        self.v = np.zeros(shape, np.float16)
+        self.k = np.zeros(shape, np.float16 if cache.k == GGMLType.F16 else np.float32)
+        self.v = np.zeros(shape, np.float16 if cache.v == GGMLType.F16 else np.float32)
         self.n_ctx = n_ctx
         self.tokens = None
         self.logits = None
@@ -88,9 +102,9 @@ class _Session:
 class ReferenceBackend(Backend):
     name = "reference"
 
-    def __init__(self, spec, weights, n_threads=1, numa="none"):
-        super().__init__(spec, weights, n_threads, numa)
-        from ..format.quants import dequantize
+    def __init__(self, spec, weights, n_threads=1, numa="none", cache=DEFAULT_CACHE):
+        super().__init__(spec, weights, n_threads, numa, cache)
+        cache.check(spec.hp.head_dim)
 
         self._w = {}
         self.routed = {}  # router tensor -> experts chosen so far (tests, debugging)
@@ -111,15 +125,16 @@ class ReferenceBackend(Backend):
         return sum(4 * t.n_elements for t in spec.tensors.values())  # float32 copies
 
     @classmethod
-    def plan_for(cls, spec, n_ctx, n_batch):
+    def plan_for(cls, spec, n_ctx, n_batch, cache=DEFAULT_CACHE):
         hp = spec.hp
-        kv = 2 * hp.n_layer * n_ctx * hp.n_head_kv * hp.head_dim * 2
+        kv = hp.n_layer * n_ctx * hp.n_head_kv * hp.head_dim * (
+            (2 if cache.k == GGMLType.F16 else 4) + (2 if cache.v == GGMLType.F16 else 4))
         scratch = 8 * n_batch * (4 * hp.n_embd + 3 * hp.n_ff + hp.n_vocab) \
             + 8 * n_batch * hp.n_head * n_ctx
         return BufferPlan(kv, scratch)
 
     def alloc(self, n_ctx, n_batch):
-        return _Session(self.spec.hp, n_ctx)
+        return _Session(self.spec.hp, n_ctx, self.cache)
 
     def free(self, buf):
         buf.k = buf.v = None
@@ -178,8 +193,9 @@ class ReferenceBackend(Backend):
                 args = (hp.n_rot, base, scale, neox, factors, hp.rope_attn_factor, yarn)
                 q = rope(q, positions, *args)
                 k = rope(k, positions, *args)
-            buf.k[il, pos:pos + n] = k
-            buf.v[il, pos:pos + n] = v
+            ck, cv = self.cache.k, self.cache.v
+            buf.k[il, pos:pos + n] = k if ck == GGMLType.F16 else _stored(k, ck)
+            buf.v[il, pos:pos + n] = v if cv == GGMLType.F16 else _stored(v, cv)
             K = buf.k[il, :pos + n].astype(np.float64)  # (n_kv, n_head_kv, hd)
             V = buf.v[il, :pos + n].astype(np.float64)
             # mask (n, n_kv): causal, and the sliding window on SWA layers
@@ -190,7 +206,9 @@ class ReferenceBackend(Backend):
             # llama.cpp (no flash attention) rounds q to F16 for the product with the F16 K
             # cache (gemma3: after scaling it) and the softmax row to F16 for the one with V
             qs, kqs = (hp.attn_scale, 1.0) if a.scale_q else (1.0, hp.attn_scale)
-            q16 = (q * qs).astype(np.float16).astype(np.float64)
+            # (a quantized K: q in q8_0, as ggml's mul_mat / flash attention convert it)
+            q16 = (q * qs).astype(np.float16).astype(np.float64) if ck == GGMLType.F16 \
+                else _stored((q * qs).astype(np.float32), GGMLType.Q8_0).astype(np.float64)
             out = np.empty((n, hp.n_head, hp.head_dim))
             for hh in range(hp.n_head):
                 kv = hh // group
@@ -201,7 +219,10 @@ class ReferenceBackend(Backend):
                 s[masked] = -np.inf
                 s = np.exp(s - s.max(-1, keepdims=True))
                 s /= s.sum(-1, keepdims=True)
-                out[:, hh, :] = s.astype(np.float16).astype(np.float64) @ V[:, kv, :]
+                if cv == GGMLType.F16:
+                    s = s.astype(np.float16).astype(np.float64)
+                # else flash attention (llama.cpp's only way with a quantized V): float weights
+                out[:, hh, :] = s @ V[:, kv, :]
             o = self._mm(out.reshape(n, -1), L.attn_output)
             if L.post_attention_norm:
                 o = rms_norm(o, self._w[L.post_attention_norm], hp.rms_eps)

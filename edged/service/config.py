@@ -19,6 +19,7 @@ except ModuleNotFoundError:  # Python 3.10: the same parser as the PyPI package 
 import pydantic
 from pydantic import AfterValidator, BeforeValidator, Field, StrictBool, StrictInt, StrictStr
 
+from ..engine.kvcache import CACHE_TYPES
 from ..errors import ConfigError, RequestError
 from ..trust.store import DEFAULT_REVOKED_FILE
 
@@ -94,6 +95,12 @@ KEYS = [
     KeySpec("numa", "none", "enum", "NUMA policy of the worker threads.",
             choices=("none", "isolate", "distribute", "numactl")),
     KeySpec("ctx_size", 2048, "int", "Context length (tokens) of each generation slot.", minimum=16),
+    KeySpec("cache_type_k", "f16", "enum",
+            "KV cache storage of K (llama.cpp's -ctk): q8_0 needs 0.53x the memory of f16, q4_0 0.28x.",
+            choices=tuple(CACHE_TYPES)),
+    KeySpec("cache_type_v", "f16", "enum",
+            "KV cache storage of V (llama.cpp's -ctv); a quantized V is read as llama.cpp's flash "
+            "attention reads it.", choices=tuple(CACHE_TYPES)),
     KeySpec("mlock", False, "bool", "Lock model weights in memory (needs CAP_IPC_LOCK or a large LimitMEMLOCK)."),
     KeySpec("warmup", True, "bool", "Run one token through a freshly loaded model before serving it."),
     # --- scheduling and limits -------------------------------------------------------------

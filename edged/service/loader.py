@@ -127,7 +127,8 @@ class Loader:
         checked = self.trust is not None or cfg.require_signature
         model = Model.load(path, n_threads=cfg.threads or None, numa=cfg.numa, mlock=cfg.mlock,
                            trusted_keys=self.trust if checked else None, require_signature=cfg.require_signature,
-                           max_memory=cfg.memory_budget or None, n_ctx_plan=cfg.ctx_size)
+                           max_memory=cfg.memory_budget or None, n_ctx_plan=cfg.ctx_size,
+                           cache_type_k=cfg.cache_type_k, cache_type_v=cfg.cache_type_v)
         t2 = time.monotonic()
         plan = model.memory_plan
         # weights once, a KV cache and scratch per slot

@@ -1,0 +1,61 @@
+"""The KV cache's storage types, as llama.cpp's --cache-type-k / --cache-type-v (-ctk/-ctv).
+
+f16 (the default), q8_0 and q4_0: the ones llama.cpp users pick to fit a long context on a
+small device (q8_0 stores 34 bytes per 32 values, 0.53x of f16; q4_0 18 bytes, 0.28x). K and
+V are chosen separately. A row of the cache (one position, every KV head) is stored as a row
+of the type when its token is evaluated; head_dim must be a multiple of the 32-value block so
+a block never spans two heads. llama.cpp runs a quantized V only with flash attention; the
+compiled path reads it the same way (cython_kernels/forward/forward.h, ed_attn_flash_row).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..errors import ConfigError
+from ..format.gguf import GGMLType
+from ..format.quants import row_bytes
+
+CACHE_TYPES = {"f16": GGMLType.F16, "q8_0": GGMLType.Q8_0, "q4_0": GGMLType.Q4_0}
+
+
+def cache_type(name, option="cache_type_k"):
+    """'q8_0' (any case) or a GGMLType -> GGMLType; ConfigError naming the option otherwise."""
+    if isinstance(name, GGMLType) and name in CACHE_TYPES.values():
+        return name
+    t = CACHE_TYPES.get(str(name).lower()) if isinstance(name, str) else None
+    if t is None:
+        raise ConfigError(f"{option}={name!r}: expected one of {', '.join(CACHE_TYPES)}")
+    return t
+
+
+@dataclass(frozen=True)
+class CacheTypes:
+    """The storage types of a session's K and V cache."""
+    k: GGMLType = GGMLType.F16
+    v: GGMLType = GGMLType.F16
+
+    @classmethod
+    def parse(cls, k=None, v=None):
+        return cls(cache_type(k or "f16", "cache_type_k"), cache_type(v or "f16", "cache_type_v"))
+
+    @property
+    def names(self):
+        return self.k.name.lower(), self.v.name.lower()
+
+    def check(self, head_dim):
+        """ConfigError when a quantized type's 32-value blocks would span two heads."""
+        for option, t in (("cache_type_k", self.k), ("cache_type_v", self.v)):
+            if t != GGMLType.F16 and head_dim % 32:
+                raise ConfigError(f"{option}={t.name.lower()}: head_dim {head_dim} of this model "
+                                  "is not a multiple of the type's block of 32 (use f16)")
+
+    def nbytes(self, hp, n_ctx):
+        """Bytes of the K and V cache of n_ctx positions of a model with hyperparameters hp."""
+        kvd = hp.n_head_kv * hp.head_dim
+        return hp.n_layer * n_ctx * (row_bytes(self.k, kvd) + row_bytes(self.v, kvd))
+
+    def __str__(self):
+        return "/".join(self.names)
+
+
+DEFAULT = CacheTypes()
