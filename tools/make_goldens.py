@@ -5,7 +5,9 @@ Each case is a small random-weight GGUF written with the PyPI `gguf` writer (ind
 edged's own writer), F16 matrices and F32 norms, a 512-piece SentencePiece vocabulary; then
 llama.cpp (through llama-cpp-python, flash attention off, F16 KV cache, n_ctx 512) is run
 teacher-forced like ../shared/testdata/golden: the prompt as one batch, then its greedy
-continuation one token at a time. Saved next to the model as NAME.golden.npz with `tokens`,
+continuation one token at a time. The kv-* cases run llama.cpp with a quantized KV cache
+(type_k / type_v, llama.cpp's -ctk/-ctv; flash attention on when V is quantized, which
+llama.cpp requires) and record which in the golden (`cache_type_k`, `cache_type_v`). Saved next to the model as NAME.golden.npz with `tokens`,
 `n_prompt`, `logits` (float32 (n_pos, n_vocab)), the same layout the shared goldens have.
 
   .venv/bin/python tools/make_goldens.py --llama-python /path/to/venv/bin/python
@@ -55,15 +57,26 @@ CASES = {
     # a scaled-down Qwen3-30B-A3B: 16 experts, 4 used, expert FFN 16 wide, q/k norms
     "qwen3moe": dict(arch="qwen3moe", qk_norm=True, n_expert=16, n_expert_used=4,
                      n_ff_exp=16, tied=True),
+    # quantized KV caches on a llama shape whose head_dim holds whole 32-value blocks; a
+    # 40-token prompt (a batch past the blocked attention's 32) then 24 single tokens
+    "kv-q8_0": dict(arch="llama", n_head=2, n_head_kv=1, head_dim=32, tied=True,
+                    cache=("q8_0", "q8_0"), n_prompt=40),
+    "kv-q4_0": dict(arch="llama", n_head=2, n_head_kv=1, head_dim=32, tied=True,
+                    cache=("q4_0", "q4_0"), n_prompt=40),
+    # a quantized K with an F16 V: llama.cpp without flash attention (q8_0 K mul_mat)
+    "kv-q8_0-f16": dict(arch="qwen2", qkv_bias=True, n_head=2, n_head_kv=1, head_dim=32,
+                        tied=True, cache=("q8_0", "f16"), n_prompt=40),
 }
+GGML_TYPE = {"f16": 1, "q4_0": 2, "q8_0": 8}  # the ggml type ids llama.cpp's type_k/type_v take
 
 LLAMA_TEACHER = r"""
 import json, sys
 import numpy as np
 from llama_cpp import Llama
 path, out, prompt, n_gen = sys.argv[1], sys.argv[2], json.loads(sys.argv[3]), int(sys.argv[4])
+type_k, type_v = int(sys.argv[5]), int(sys.argv[6])   # ggml type ids of the KV cache
 llm = Llama(model_path=path, n_ctx=512, n_batch=512, n_threads=2, logits_all=True,
-            flash_attn=False, verbose=False, seed=0)
+            flash_attn=type_v != 1, type_k=type_k, type_v=type_v, verbose=False, seed=0)
 llm.reset()
 llm.eval(prompt)                        # the prompt as one batch
 rows = [np.array(llm.scores[:len(prompt)], dtype=np.float32)]
@@ -74,7 +87,7 @@ for _ in range(n_gen):                  # greedy continuation, one token at a ti
     llm.eval([t])
     rows.append(np.array(llm.scores[len(toks) - 1:len(toks)], dtype=np.float32))
 np.savez_compressed(out, tokens=np.array(toks, np.int32), n_prompt=np.int32(len(prompt)),
-                    logits=np.concatenate(rows))
+                    logits=np.concatenate(rows), cache_type_k=sys.argv[7], cache_type_v=sys.argv[8])
 """
 
 
@@ -219,9 +232,11 @@ def main():
         model = os.path.join(a.out, f"synthetic-{name}.gguf")
         golden = os.path.join(a.out, f"synthetic-{name}.golden.npz")
         write_gguf(name, CASES[name], model, seed=1000 + i)
-        prompt = [1] + np.random.default_rng(i).integers(3, N_VOCAB, N_PROMPT - 1).tolist()
+        n_prompt = CASES[name].get("n_prompt", N_PROMPT)
+        prompt = [1] + np.random.default_rng(i).integers(3, N_VOCAB, n_prompt - 1).tolist()
+        ck, cv = CASES[name].get("cache", ("f16", "f16"))
         subprocess.run([a.llama_python, "-c", LLAMA_TEACHER, model, golden, json.dumps(prompt),
-                        str(N_GEN)], check=True)
+                        str(N_GEN), str(GGML_TYPE[ck]), str(GGML_TYPE[cv]), ck, cv], check=True)
         print(f"{name}: {os.path.getsize(model)} + {os.path.getsize(golden)} bytes", flush=True)
 
 

@@ -5,7 +5,8 @@ them (tools/make_goldens.py has the commands): gemma2 (attention and final soft-
 alternating sliding window), granite (embedding/residual/attention/logit multipliers),
 smollm3 (every fourth layer without RoPE), Phi-4-mini on phi3 (partial rotary, LongRoPE
 factors, attn_factor), YaRN on qwen2, qwen3moe (16 experts, 4 per token) and qwen2moe (8
-experts, 2 per token, a gated shared expert). Weights are F16,
+experts, 2 per token, a gated shared expert), and quantized KV caches (kv-*: q8_0 and q4_0
+K and V through llama.cpp's flash attention, a q8_0 K with an F16 V without it). Weights are F16,
 so testdata/README.md's float tolerances apply (max 0.05, mean 0.01, top-1 where decided).
 """
 import os
@@ -25,6 +26,11 @@ from test_engine_golden import kernels  # noqa: E402,F401  (fixture: best and ge
 GOLDENS = os.path.join(ROOT, "tests", "data", "goldens")
 NAMES = sorted(f[:-len(".golden.npz")] for f in os.listdir(GOLDENS) if f.endswith(".golden.npz"))
 MAX_ABS, MEAN_ABS = 0.05, 0.01   # testdata/README.md, F32/F16 weights
+# The NumPy reference against a quantized-KV golden: its float activations differ from
+# llama.cpp's by ~1e-3, and a K/V value near a rounding boundary then lands one q8_0/q4_0 step
+# away (1/127 or 1/8 of the block's largest value); measured max 0.13 (q8_0), 0.34 (q4_0), mean
+# <= 0.022. The compiled path stores llama.cpp's values and meets MAX_ABS/MEAN_ABS.
+KVQ_REF_MAX_ABS, KVQ_REF_MEAN_ABS = 0.5, 0.03
 MOE = os.path.join(GOLDENS, "synthetic-qwen3moe.gguf")
 
 
@@ -32,7 +38,9 @@ def teacher_forced(path, backend, batch=True, golden=None):
     """Logits for the golden's tokens: the prompt as one batch, then one token at a time."""
     z = np.load(golden or path[:-len(".gguf")] + ".golden.npz")
     toks, n_prompt, ref = z["tokens"].tolist(), int(z["n_prompt"]), z["logits"]
-    with Model.load(path, backend=backend, n_threads=2) as m:
+    # the KV cache types llama.cpp ran with (the kv-* goldens), else F16
+    cache = {k: str(z[k]) for k in ("cache_type_k", "cache_type_v") if k in z.files}
+    with Model.load(path, backend=backend, n_threads=2, **cache) as m:
         s = m.session(n_ctx=512)
         if batch:
             rows = [s.eval(toks[:n_prompt], logits="all")]
@@ -49,7 +57,9 @@ def check(name, backend):
     top = np.sort(ref, 1)
     decided = top[:, -1] - top[:, -2] > 0.6
     misses = int((decided & (got.argmax(1) != ref.argmax(1))).sum())
-    assert d.max() <= MAX_ABS and d.mean() <= MEAN_ABS and misses == 0, \
+    max_abs, mean_abs = (KVQ_REF_MAX_ABS, KVQ_REF_MEAN_ABS) if backend == "reference" and \
+        name.startswith("synthetic-kv-") else (MAX_ABS, MEAN_ABS)
+    assert d.max() <= max_abs and d.mean() <= mean_abs and misses == 0, \
         f"{name}/{backend}: max {d.max():.4f} mean {d.mean():.5f} top-1 misses {misses}"
 
 

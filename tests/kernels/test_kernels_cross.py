@@ -1,5 +1,5 @@
 """tests/kernels/c/kernels_check.c: every SIMD path against the generic C path, all 13 types, dots and
-tiles. Native build always; an aarch64 build under qemu (NEON path) when
+tiles, and attention over quantized KV caches (q8_0/q4_0 K and V). Native build always; an aarch64 build under qemu (NEON path) when
 aarch64-linux-gnu-gcc and qemu-aarch64(-static) are installed (tools/bootstrap.sh)."""
 import glob
 import os
@@ -33,6 +33,11 @@ def test_native_paths_match_generic(tmp_path):
     x86 = [d for d in digests if d[1] in ("avx2", "avx2nv", "avx512", "avx512nv")]
     assert all(d[-1] == "same-ok" for d in x86), r.stdout
     assert sorted(d[2] for d in digests if d[1] == "generic" and d[-1] == "same-ok") == ["Q4_0", "Q5_0"]
+    # attention over a quantized KV cache: 4 cache type pairs on every path that ran, the same
+    # stored bytes and outputs within float rounding of the generic path's
+    kv = [l for l in r.stdout.splitlines() if l.startswith("kvcache ")]
+    ran = {l.split()[0] for l in r.stdout.splitlines() if l.endswith(" ok") and not l.startswith(("kvcache", "digest"))}
+    assert len(kv) == 4 * len(ran) and all(l.endswith(" same-bytes ok") for l in kv), r.stdout
     for path in ("avx2", "avx2nv", "avx512"):  # the packed panels ran on every x86 path this CPU has
         if f"{path}: not supported" not in r.stdout and "x86" in os.uname().machine:
             assert sum(l.startswith(path + " ") and " panels " in l for l in r.stdout.splitlines()) >= 9, r.stdout
@@ -66,6 +71,10 @@ def test_neon_path_matches_generic_under_qemu(tmp_path):
     # forcing "neon-dotprod" on a dotprod CPU selects the table a CPU without dotprod runs
     nd = lambda out: [l for l in out.splitlines() if l.startswith("digest neonnd ")]  # noqa: E731
     assert len(nd(r.stdout)) == 13 and nd(r.stdout) == nd(a72.stdout), (r.stdout, a72.stdout)
+    # attention over quantized KV caches on both NEON variants (and generic) under emulation
+    for out in (r.stdout, a72.stdout):
+        kv = [l for l in out.splitlines() if l.startswith("kvcache ")]
+        assert len(kv) == 12 and all(l.endswith(" same-bytes ok") for l in kv), out
     # the compiled quantizers give the same bytes on aarch64 (FMA available) as natively
     native_cc = shutil.which("cc") or shutil.which("gcc")
     if native_cc:

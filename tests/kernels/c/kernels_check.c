@@ -137,6 +137,57 @@ int main(void) {
             printf("%s %s max_abs_err %.3g scale %.3g %s\n", paths[p], names[ti], err, scale, ok ? "ok" : "FAIL");
         }
     }
+    /* attention over a quantized KV cache (forward.h: ed_kv_store, ed_attention_exact) on every
+       path against the generic one: the stored rows must be the same bytes, the outputs agree
+       to float rounding. One line per path and cache type pair: "kvcache PATH K/V ... ok". */
+    {
+        enum { HD = 64, NH = 4, NKV = 2, NCTX = 40, NT = 3, KVD = NKV * HD, QD = NH * HD };
+        static const int kt[] = {ED_Q8_0, ED_Q4_0, ED_Q8_0, ED_F16}, vt[] = {ED_Q8_0, ED_Q4_0, ED_F16, ED_Q8_0};
+        static float kv[2][NCTX * KVD], q[NT * (QD + 2 * KVD)], out[NT * QD], want[4][NT * QD];
+        static uint8_t kc[NCTX * KVD * 2], vc[NCTX * KVD * 2], kc0[4][NCTX * KVD * 2], vc0[4][NCTX * KVD * 2];
+        static float att[NCTX + 64 * HD], vacc[80 * HD];
+        static uint16_t qh[HD];
+        for (int i = 0; i < NCTX * KVD; i++) { kv[0][i] = rndf(); kv[1][i] = rndf(); }
+        for (int i = 0; i < NT * (QD + 2 * KVD); i++) q[i] = rndf();
+        ed_layer layer; ed_model m; ed_state s;
+        memset(&layer, 0, sizeof layer); memset(&m, 0, sizeof m); memset(&s, 0, sizeof s);
+        m.head_dim = HD; m.n_head = NH; m.n_head_kv = NKV; m.attn_scale = 0.125f; m.n_layer = 1;
+        m.layers = &layer;
+        s.n_ctx = NCTX; s.n_tokens = NT; s.pos = NCTX - NT; s.qkv = q; s.xb = out; s.att = att;
+        s.att_stride = NCTX; s.qh = qh; s.vacc = vacc; s.k_cache = kc; s.v_cache = vc;
+        for (int p = 0; p < 7; p++) {
+            if (!ed_path_supported(force[p])) continue;
+            for (int c = 0; c < 4; c++) {
+                if (ed_types_init(force[p]) != 0) return 2;
+                s.type_k = kt[c]; s.type_v = vt[c];
+                s.k_row = ed_kv_bytes(kt[c], KVD); s.v_row = ed_kv_bytes(vt[c], KVD);
+                for (int j = 0; j < NCTX; j++) {
+                    ed_kv_store(kt[c], kv[0] + j * KVD, kc + j * s.k_row, KVD);
+                    ed_kv_store(vt[c], kv[1] + j * KVD, vc + j * s.v_row, KVD);
+                }
+                ed_attention_exact(&s, &m, 0, 0, 1, QD + 2 * KVD);
+                int same = 1;
+                double err = 0, scale = 0;
+                if (p == 0) {
+                    memcpy(want[c], out, sizeof out);
+                    memcpy(kc0[c], kc, sizeof kc); memcpy(vc0[c], vc, sizeof vc);  /* generic runs first */
+                } else {
+                    same = !memcmp(kc, kc0[c], NCTX * s.k_row) && !memcmp(vc, vc0[c], NCTX * s.v_row);
+                }
+                for (int i = 0; i < NT * QD; i++) {  /* (not fmax: aarch64 gcc 13's vectorizer stops on it) */
+                    const double e = fabs((double)out[i] - want[c][i]), w = fabs((double)want[c][i]);
+                    if (e > err) err = e;
+                    if (w > scale) scale = w;
+                }
+                const int ok = same && err <= 1e-4 * (scale + 1e-3) && scale > 0;
+                failures += !ok;
+                printf("kvcache %s %s/%s max_abs_err %.3g scale %.3g %s %s\n", paths[p],
+                       kt[c] == ED_F16 ? "f16" : kt[c] == ED_Q8_0 ? "q8_0" : "q4_0",
+                       vt[c] == ED_F16 ? "f16" : vt[c] == ED_Q8_0 ? "q8_0" : "q4_0", err, scale,
+                       same ? "same-bytes" : "other-bytes", ok ? "ok" : "FAIL");
+            }
+        }
+    }
     /* quantizer bytes must not depend on the architecture: print a hash per type */
     {
         static float qx[8 * QKK];
