@@ -80,16 +80,22 @@ def list_models(args):
     return 0
 
 
+def _kv(kv):
+    """'12 MiB q8_0/q8_0': a slot's KV cache and its K/V types."""
+    return f"{_size(kv['bytes_per_slot'])} {kv['type_k']}/{kv['type_v']}" if kv else "-"
+
+
 def list_loaded(args):
     data = [m for m in _listing(args) if m.get("loaded")]
     if args.json:
         json.dump(data, sys.stdout, indent=1)
         print()
         return 0
-    rows = [(m["id"], _size(m.get("memory", 0)), m.get("in_flight", 0), "yes" if m.get("pinned") else "no",
+    rows = [(m["id"], _size(m.get("memory", 0)), _kv(m.get("kv_cache")), m.get("in_flight", 0),
+             "yes" if m.get("pinned") else "no",
              f"{m.get('load_seconds', {}).get('total', 0):.2f} s", m.get("signer") or "-")
             for m in data]
-    _table(rows, ("NAME", "MEMORY", "IN FLIGHT", "PINNED", "LOAD TIME", "SIGNER"))
+    _table(rows, ("NAME", "MEMORY", "KV CACHE/SLOT", "IN FLIGHT", "PINNED", "LOAD TIME", "SIGNER"))
     return 0
 
 

@@ -34,6 +34,11 @@ class LoadedModel:
         self._template = None           # chat template source, read on first use
         self._lock = threading.Lock()
 
+    def kv_cache(self):
+        """The KV cache of one generation slot: its K/V storage types and bytes (memory plan)."""
+        k, v = self.model.cache.names
+        return {"type_k": k, "type_v": v, "bytes_per_slot": self.model.memory_plan.kv_cache}
+
     # --- text ---------------------------------------------------------------------------
     @property
     def n_vocab(self):

@@ -49,7 +49,8 @@ class Metrics:
         if seconds > 0 and n_gen:
             self.last_tokens_per_second = n_gen / seconds
 
-    def render(self, queue_depth, in_flight, loaded, slots):
+    def render(self, queue_depth, in_flight, loaded, slots, kv_caches=None):
+        """kv_caches: {model: LoadedModel.kv_cache()} of the loaded models."""
         families = []
 
         def metric(name, kind, help_, samples):
@@ -88,6 +89,10 @@ class Metrics:
         metric("edged_model_last_swap_seconds", "gauge", "Duration of the last swap.", [({}, self.last_swap_seconds)])
         metric("edged_model_loaded", "gauge", "1 for each loaded model.",
                [({"model": name}, 1) for name in loaded])
+        metric("edged_model_kv_cache_bytes", "gauge",
+               "KV cache bytes of one generation slot, by model and K/V storage type.",
+               [({"model": n, "type_k": kv["type_k"], "type_v": kv["type_v"]}, kv["bytes_per_slot"])
+                for n, kv in sorted((kv_caches or {}).items())])
         metric("edged_peer_refused_total", "counter", "Connections refused by the peer-credential check.",
                [({}, self.peer_refused)])
         metric("edged_connections_refused_total", "counter",

@@ -76,7 +76,7 @@ class Registry:
                      "signed": bool(lm.signer) if lm else _has_signature(p)}
             if lm:
                 entry.update(signer=lm.signer, pinned=lm.pinned, in_flight=lm.refs, memory=lm.size,
-                             load_seconds={k: round(v, 4) for k, v in lm.timings.items()})
+                             kv_cache=lm.kv_cache(), load_seconds={k: round(v, 4) for k, v in lm.timings.items()})
             out.append(entry)
         return out
 

@@ -1,0 +1,159 @@
+"""Quantized KV caches (llama.cpp's -ctk/-ctv): the memory they take, the options that choose
+them and their errors, and the session operations (fork, prefix reuse, truncation, decode
+batches) on a cache of q8_0/q4_0 rows. Logits against llama.cpp run with the same cache types
+are in test_engine_families.py (the synthetic-kv-* goldens); the kernel paths, NEON included,
+in tests/kernels/test_kernels_cross.py."""
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from conftest import ROOT, testdata
+from edged import Model
+from edged.errors import ConfigError
+from edged.service import config
+
+pytest.importorskip("edged._core")
+
+KVQ = os.path.join(ROOT, "tests", "data", "goldens", "synthetic-kv-q8_0.gguf")  # head_dim 32
+GEMMA2 = os.path.join(ROOT, "tests", "data", "goldens", "synthetic-gemma2.gguf")  # head_dim 16
+# bytes per 32 values: f16 64, q8_0 34 (a half scale + 32 int8), q4_0 18 (a half + 16 nibble bytes)
+ROW32 = {"f16": 64, "q8_0": 34, "q4_0": 18}
+
+
+def load(ck, cv, **kw):
+    return Model.load(KVQ, n_threads=2, cache_type_k=ck, cache_type_v=cv, **kw)
+
+
+@pytest.mark.parametrize("ck, cv", [("q8_0", "q8_0"), ("q4_0", "q4_0"), ("q8_0", "f16"),
+                                    ("f16", "q4_0")])
+def test_memory_plan_and_arena_hold_the_smaller_cache(ck, cv):
+    n_ctx = 4096
+    with load("f16", "f16") as base, load(ck, cv) as m:
+        hp = m.hp
+        blocks = hp.n_layer * n_ctx * hp.n_head_kv * hp.head_dim // 32
+        want = blocks * (ROW32[ck] + ROW32[cv])
+        assert m.plan(n_ctx).kv_cache == want
+        assert base.plan(n_ctx).kv_cache == blocks * 128
+        if (ck, cv) == ("q8_0", "q8_0"):
+            assert m.plan(n_ctx).kv_cache / base.plan(n_ctx).kv_cache == pytest.approx(0.53125)
+        if (ck, cv) == ("q4_0", "q4_0"):
+            assert m.plan(n_ctx).kv_cache / base.plan(n_ctx).kv_cache == pytest.approx(0.28125)
+        assert f"KV cache ({ck}/{cv})" in m.plan(n_ctx).describe()
+        # the session's arena is smaller by exactly the cache difference
+        s, s0 = m.session(n_ctx=256), base.session(n_ctx=256)
+        k, v = s._buf.state.kv_cache()
+        assert k.shape == (hp.n_layer, 256, ROW32[ck] * hp.n_head_kv * hp.head_dim // 32)
+        assert v.shape == (hp.n_layer, 256, ROW32[cv] * hp.n_head_kv * hp.head_dim // 32)
+        assert s0._buf.state.nbytes - s._buf.state.nbytes == \
+            base.plan(256).kv_cache - m.plan(256).kv_cache
+        assert s.memory_plan.kv_cache == m.plan(256).kv_cache
+
+
+def test_bad_cache_types_are_refused_naming_the_option():
+    with pytest.raises(ConfigError, match=r"cache_type_k='q5_0'.*f16, q8_0, q4_0"):
+        load("q5_0", "f16")
+    with pytest.raises(ConfigError, match=r"cache_type_v='int8'.*f16, q8_0, q4_0"):
+        load("f16", "int8")
+    # a 16-wide head cannot hold a 32-value block: refused at load, before anything is allocated
+    with pytest.raises(ConfigError, match=r"cache_type_v=q8_0: head_dim 16 .* multiple of .* 32"):
+        Model.load(GEMMA2, n_threads=1, cache_type_v="q8_0")
+    # Python names and upper case are accepted as llama.cpp's are
+    with load("Q8_0", "f16") as m:
+        assert m.cache.names == ("q8_0", "f16")
+
+
+@pytest.mark.parametrize("ck, cv", [("q4_0", "q4_0"), ("q8_0", "f16")])
+def test_fork_prefix_reuse_and_truncation_read_the_stored_rows(ck, cv):
+    rng = np.random.default_rng(3)
+    a, b, c = (rng.integers(3, 500, n).tolist() for n in (37, 9, 6))
+    with load(ck, cv) as m:
+        s = m.session(n_ctx=128)
+        s.eval(a)
+        f = s.fork()                      # copies the quantized rows of a
+        k, v = s._buf.state.kv_cache()
+        fk, fv = f._buf.state.kv_cache()
+        assert np.array_equal(k[:, :len(a)], fk[:, :len(a)]) and k[:, :len(a)].any()
+        assert np.array_equal(v[:, :len(a)], fv[:, :len(a)])
+        want = np.concatenate([s.eval([t]) for t in c])
+        got = np.concatenate([f.eval([t]) for t in c])
+        assert np.array_equal(want, got)
+        # truncation: a then b, forget b, then c one by one == a then c
+        t = m.session(n_ctx=128)
+        t.eval(a)
+        t.eval(b)
+        t.truncate(len(a))
+        assert np.array_equal(np.concatenate([t.eval([x]) for x in c]), want)
+        # prefix reuse: start() evaluates only what the cache lacks
+        g = m.session(n_ctx=128)
+        g.eval(a)
+        assert g.common_prefix(a + c) == len(a)
+
+
+def test_decode_batch_rows_equal_each_sessions_own_step():
+    """Several sessions' next tokens in one pass read each row's own quantized cache, and a
+    row equals that session's one-token step bit for bit (as with the F16 cache)."""
+    rng = np.random.default_rng(5)
+    with load("q8_0", "q8_0") as m:
+        prompts = [rng.integers(3, 500, n).tolist() for n in (5, 17, 40)]
+        nxt = [7, 11, 13]
+        solo = []
+        for p, t in zip(prompts, nxt):
+            s = m.session(n_ctx=64)
+            s.eval(p)
+            solo.append(s.eval([t]))
+        ss = [m.session(n_ctx=64) for _ in prompts]
+        for s, p in zip(ss, prompts):
+            s.eval(p)
+        rows = m.decode_batch(ss, nxt)
+        assert np.array_equal(rows, np.concatenate(solo))
+
+
+def test_quantized_cache_changes_the_logits_and_q4_more_than_q8():
+    """The option reaches the attention: q8_0 stays close to F16, q4_0 moves further."""
+    ids = np.random.default_rng(9).integers(3, 500, 48).tolist()
+    out = {}
+    for ck in ("f16", "q8_0", "q4_0"):
+        with load(ck, ck) as m:
+            out[ck] = m.session(n_ctx=64).eval(ids, logits="all")
+    d8, d4 = (np.abs(out[t] - out["f16"]).mean() for t in ("q8_0", "q4_0"))
+    assert 0 < d8 < d4
+
+
+def test_cli_options_and_info_report_the_cache():
+    def edged(*args):
+        return subprocess.run([sys.executable, "-m", "edged", *args], cwd=ROOT,
+                              capture_output=True, text=True, timeout=300)
+    r = edged("info", "-m", KVQ, "-c", "4096", "-ctk", "q8_0", "-ctv", "q4_0", "--json")
+    assert r.returncode == 0, r.stderr
+    mem = json.loads(r.stdout)["memory"][0]
+    with load("q8_0", "q4_0") as m:
+        assert mem["kv_cache"] == m.plan(4096).kv_cache
+    assert (mem["cache_type_k"], mem["cache_type_v"]) == ("q8_0", "q4_0")
+    r = edged("info", "-m", KVQ, "-c", "4096", "--cache-type-k", "q8_0")
+    assert "KV cache (q8_0/f16)" in r.stdout
+    r = edged("generate", "-m", KVQ, "-p", "ab", "-n", "4", "--temp", "0", "-ctk", "q8_0",
+              "-ctv", "q8_0", "-t", "1")
+    assert r.returncode == 0, r.stderr
+    r = edged("generate", "-m", KVQ, "-p", "ab", "-n", "4", "-ctv", "q5_1")
+    assert r.returncode != 0 and "cache_type_v='q5_1'" in r.stderr and "q4_0" in r.stderr
+
+
+def test_daemon_config_keys():
+    c = config.load(None, {"cache_type_k": "q8_0", "cache_type_v": "q4_0"})
+    assert (c.cache_type_k, c.cache_type_v) == ("q8_0", "q4_0")
+    assert config.defaults().cache_type_k == "f16"
+    with pytest.raises(ConfigError, match="'cache_type_v'"):
+        config.load(None, {"cache_type_v": "q5_0"})
+
+
+def test_smollm2_q8_0_cache_is_half_the_f16_one():
+    path = testdata("models", "SmolLM2-135M-Instruct.Q4_1.gguf")
+    with Model.load(path, n_threads=1) as f16, Model.load(path, n_threads=1, cache_type_k="q8_0",
+                                                          cache_type_v="q8_0") as q8:
+        # 30 layers x 3 KV heads x 64: 11.25 MiB of F16 at n_ctx 1024, 5.98 MiB of q8_0
+        assert f16.plan(1024).kv_cache == 30 * 1024 * 192 * 2 * 2
+        assert q8.plan(1024).kv_cache == 30 * 1024 * 192 // 32 * 34 * 2
