@@ -7,6 +7,7 @@ import time
 import numpy as np
 
 from .loadargs import add_load_args, load_model
+from ..errors import ConfigError
 
 
 def register(sub):
@@ -19,6 +20,9 @@ def register(sub):
                    help="prompt tokens evaluated in one batch (pp test; 0 skips it; default 512)")
     p.add_argument("-n", "--n-gen", type=int, default=128, metavar="N",
                    help="tokens generated one at a time (tg test; 0 skips it; default 128)")
+    p.add_argument("-d", "--n-depth", type=int, default=0, metavar="N",
+                   help="tokens already in the context when each test starts (llama-bench's -d; "
+                        "evaluated once, not timed; default 0)")
     p.add_argument("-r", "--repetitions", type=int, default=5, metavar="R",
                    help="timed runs of each test after the warm-up (default 5)")
     p.add_argument("--json", action="store_true", help="print results as JSON")
@@ -31,9 +35,12 @@ def _tokens(m, n, rng):
     return rng.integers(0, m.n_vocab, size=n).tolist()
 
 
-def run_bench(m, n_prompt, n_gen, reps):
+def run_bench(m, n_prompt, n_gen, reps, n_depth=0):
     rng = np.random.default_rng(0)
-    s = m.session(n_ctx=max(n_prompt, n_gen, 1))
+    s = m.session(n_ctx=n_depth + max(n_prompt, n_gen, 1))
+    if n_depth:
+        s.eval(_tokens(m, n_depth, rng))  # the context each test starts from
+    at = f"@d{n_depth}" if n_depth else ""
     results = []
     for name, n in (("pp", n_prompt), ("tg", n_gen)):
         if n <= 0:
@@ -41,7 +48,7 @@ def run_bench(m, n_prompt, n_gen, reps):
         times = []
         for r in range(reps + 1):  # the first run is a short warm-up (pages in the weights)
             toks = _tokens(m, n if r else min(n, 16 if name == "pp" else 4), rng)
-            s.reset()
+            s.truncate(n_depth)
             t0 = time.perf_counter()
             if name == "pp":
                 s.eval(toks)
@@ -51,7 +58,7 @@ def run_bench(m, n_prompt, n_gen, reps):
             dt = time.perf_counter() - t0
             if r:
                 times.append(len(toks) / dt)
-        results.append({"test": f"{name}{n}", "n": n, "tps_mean": statistics.mean(times),
+        results.append({"test": f"{name}{n}{at}", "n": n, "tps_mean": statistics.mean(times),
                         "tps_stdev": statistics.stdev(times) if len(times) > 1 else 0.0,
                         "samples": times})
     s.close()
@@ -61,22 +68,25 @@ def run_bench(m, n_prompt, n_gen, reps):
 def run(args):
     m = load_model(args)
     try:
-        res = run_bench(m, args.n_prompt, args.n_gen, max(1, args.repetitions))
+        if args.n_depth < 0:
+            raise ConfigError(f"--n-depth {args.n_depth}: must be >= 0")
+        res = run_bench(m, args.n_prompt, args.n_gen, max(1, args.repetitions), args.n_depth)
         prof = m.backend.profile(args.n_prompt) if args.profile and hasattr(m.backend, "profile") \
             else None
         info = {"model": args.model, "arch": m.arch, "backend": m.backend_name,
-                "threads": m.n_threads, "results": res}
+                "threads": m.n_threads, "cache_type_k": m.cache.names[0],
+                "cache_type_v": m.cache.names[1], "results": res}
         if prof is not None:
             info["profile"] = prof
         if args.json:
             json.dump(info, sys.stdout, indent=1)
             print()
             return 0
-        print(f"| model | backend | threads | test | t/s |")
-        print(f"| --- | --- | ---: | ---: | ---: |")
+        print(f"| model | backend | threads | KV cache | test | t/s |")
+        print(f"| --- | --- | ---: | --- | ---: | ---: |")
         for r in res:
             print(f"| {m.arch} {m.path.rsplit('/', 1)[-1]} | {m.backend_name} | {m.n_threads} | "
-                  f"{r['test']} | {r['tps_mean']:.2f} ± {r['tps_stdev']:.2f} |")
+                  f"{m.cache} | {r['test']} | {r['tps_mean']:.2f} ± {r['tps_stdev']:.2f} |")
         if args.profile:
             if prof is None:
                 print(f"(no per-op profile from the {m.backend_name} backend)")

@@ -142,6 +142,16 @@ def test_cli_options_and_info_report_the_cache():
     assert r.returncode != 0 and "cache_type_v='q5_1'" in r.stderr and "q4_0" in r.stderr
 
 
+def test_bench_at_a_depth_with_a_quantized_cache():
+    r = subprocess.run([sys.executable, "-m", "edged", "bench", "-m", KVQ, "-p", "8", "-n", "4",
+                        "-d", "40", "-r", "1", "-t", "1", "-ctk", "q4_0", "-ctv", "q8_0", "--json"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert (out["cache_type_k"], out["cache_type_v"]) == ("q4_0", "q8_0")
+    assert sorted(x["test"] for x in out["results"]) == ["pp8@d40", "tg4@d40"]
+
+
 def test_daemon_config_keys():
     c = config.load(None, {"cache_type_k": "q8_0", "cache_type_v": "q4_0"})
     assert (c.cache_type_k, c.cache_type_v) == ("q8_0", "q4_0")
