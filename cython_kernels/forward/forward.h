@@ -25,7 +25,6 @@
 #include "ed_simd.h"
 #include "ed_parity.h"
 #include "ed_quant.h"
-#include "ed_dequant.h"
 #include "ed_threads.h"
 
 typedef struct {
@@ -555,6 +554,27 @@ static inline float ed_kq_dot_quant(int type_k, int hd, const uint8_t *k, const 
     return ED_DOT[type_k](hd, k, qk);
 }
 
+/* acc += vs * V row for a quantized row of hd values: ggml's v_to_float (dequantize_row_q8_0,
+   _q4_0: value = d * q) then vec_mad_f32, one 32-value block at a time without a float copy */
+static inline void ed_v_acc_quant(int type, int hd, const uint8_t *v, float vs, float *acc) {
+    if (type == ED_Q8_0) {
+        const blk_q8_0 *b = (const blk_q8_0 *)v;
+        for (int i = 0; i < hd / QK; i++, acc += QK) {
+            const float d = ed_fp16_to_fp32(b[i].d);
+            for (int j = 0; j < QK; j++) acc[j] += (b[i].qs[j] * d) * vs;
+        }
+    } else {  /* ED_Q4_0: low nibbles are values 0..15 of the block, high nibbles 16..31 */
+        const blk_q4_0 *b = (const blk_q4_0 *)v;
+        for (int i = 0; i < hd / QK; i++, acc += QK) {
+            const float d = ed_fp16_to_fp32(b[i].d);
+            for (int j = 0; j < QK / 2; j++) {
+                acc[j] += (((b[i].qs[j] & 0x0F) - 8) * d) * vs;
+                acc[j + QK / 2] += (((b[i].qs[j] >> 4) - 8) * d) * vs;
+            }
+        }
+    }
+}
+
 /* One query row against a cache whose V is quantized. llama.cpp runs such a cache only with
  * flash attention (llama_init_from_model refuses it without), so this is ggml's flash
  * attention loop for one row: q in the K type's dot format, each score q.k times the scale
@@ -584,8 +604,7 @@ static void ed_attn_flash_row(const ed_state *s, int hd, const float *q, float q
         } else {
             vs = expf(d - M);
         }
-        ed_dequantize_row(tv, vc + (size_t)j * vrow, v32, hd);
-        for (int i = 0; i < hd; i++) acc[i] += v32[i] * vs;
+        ed_v_acc_quant(tv, hd, vc + (size_t)j * vrow, vs, acc);
         S = S * ms + vs;
     }
     const float inv = S == 0.0f ? 0.0f : 1.0f / S;
