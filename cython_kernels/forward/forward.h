@@ -754,12 +754,24 @@ static void ed_attention_blocked(ed_state *s, const ed_model *m, int il, int ith
 
 /* A quantized cache's layer il, positions [0, pos + n), read back into F16 rows (s->kv16) for
  * the blocked prompt kernel, which reads F16: each value is the stored one (d * q, exact in
- * float) rounded to F16, a relative 2^-11 next to the q8_0 step of 2^-7. All threads; ends in
- * a barrier. */
-static void ed_kv_expand(ed_state *s, const ed_model *m, int il, int ith, int nth) {
+ * float) rounded to F16, a relative 2^-11 next to the q8_0 step of 2^-7. With a quantized K
+ * the batch's queries are replaced by their q8_0 values (in qkv, which nothing reads after
+ * attention), as the one-token path and llama.cpp multiply them. All threads; ends in a
+ * barrier. */
+static void ed_kv_expand(ed_state *s, const ed_model *m, int il, int ith, int nth, int ldqkv) {
     const int hd = m->head_dim, kvd = m->n_head_kv * hd;
     float tmp[1024];  /* head_dim <= 1024 checked at setup */
+    uint8_t qb[1024 / QK * sizeof(blk_q8_0)];
     int64_t a, b;
+    if (s->type_k != ED_F16) {
+        ed_range(s->n_tokens, ith, nth, &a, &b);
+        for (int64_t t = a; t < b; t++)
+            for (int h = 0; h < m->n_head; h++) {
+                float *q = s->qkv + t * ldqkv + (size_t)h * hd;
+                ED_QUANT[ED_Q8_0](q, qb, hd);
+                ed_dequantize_row(ED_Q8_0, qb, q, hd);
+            }
+    }
     ed_range(s->pos + s->n_tokens, ith, nth, &a, &b);
     for (int kv = 0; kv < 2; kv++) {
         const int type = kv ? s->type_v : s->type_k;
@@ -783,8 +795,8 @@ static void ed_kv_expand(ed_state *s, const ed_model *m, int il, int ith, int nt
 static void ed_attention(ed_state *s, const ed_model *m, int il, int ith, int nth, int ldqkv) {
     if (!s->batched && s->n_tokens >= ED_ATTN_BLOCK_MIN && ed_attn != ed_attn_rowwise &&
         m->attn_softcap == 0.0f &&  /* the blocked kernel has no soft-capping */
-        ((s->type_k == ED_F16 && s->type_v == ED_F16) || s->kv16)) {
-        if (s->kv16) ed_kv_expand(s, m, il, ith, nth);  /* a quantized cache, read back */
+        ((s->type_k == ED_F16 && s->type_v == ED_F16) || (s->kv16 && !m->scale_q))) {
+        if (s->kv16) ed_kv_expand(s, m, il, ith, nth, ldqkv);  /* a quantized cache, read back */
         ed_attention_blocked(s, m, il, ith, nth, ldqkv);
     } else {
         ed_attention_exact(s, m, il, ith, nth, ldqkv);

@@ -20,7 +20,10 @@ def test_session_arena_and_its_buffers_are_64_byte_aligned():
             for a in views:
                 assert a.ctypes.data % 64 == 0, (n_ctx, n_batch, a.shape)
                 assert st.address <= a.ctypes.data < st.address + st.nbytes  # inside the arena
-            assert k.dtype == np.uint16 and v.dtype == np.uint16  # F16 KV cache by default
+            # F16 KV cache by default: rows of n_head_kv * head_dim halves
+            kvd = m.hp.n_head_kv * m.hp.head_dim
+            assert st.cache_types == (1, 1) and k.dtype == np.uint8
+            assert k.shape == v.shape == (m.hp.n_layer, n_ctx, 2 * kvd)
     finally:
         m.close()
 
