@@ -119,5 +119,6 @@ def main():
             row += ["-", f"{ppl(g, toks):.3f}"]
         print("| " + " | ".join(row) + " |")
 
+
 if __name__ == "__main__":
     main()
