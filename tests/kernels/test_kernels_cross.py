@@ -1,6 +1,7 @@
 """tests/kernels/c/kernels_check.c: every SIMD path against the generic C path, all 13 types, dots and
-tiles, and attention over quantized KV caches (q8_0/q4_0 K and V). Native build always; an aarch64 build under qemu (NEON path) when
-aarch64-linux-gnu-gcc and qemu-aarch64(-static) are installed (tools/bootstrap.sh)."""
+tiles, and attention over quantized KV caches (q8_0/q4_0 K and V). Native build always; an
+aarch64 build under qemu (NEON path) when aarch64-linux-gnu-gcc and qemu-aarch64(-static) are
+installed (tools/bootstrap.sh)."""
 import glob
 import os
 import shutil
