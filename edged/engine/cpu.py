@@ -132,8 +132,6 @@ class CPUBackend(Backend):
             per_tok += 4 * (hp.n_expert + 4 * hp.n_expert_used + E + hp.n_expert_used * E)
         logits = 4 * min(n_batch, 32) * hp.n_vocab  # ED_MAX_LOGIT_ROWS rows
         scratch = n_batch * per_tok + logits + n_threads * (4 * n_ctx + 2 * hp.head_dim) + 64 * 12
-        if cache != DEFAULT_CACHE and n_batch >= 32:  # a layer read back in F16 (ed_kv_expand)
-            scratch += 2 * n_ctx * KVd * 2
         return BufferPlan(kv, scratch)
 
     def plan(self, n_ctx, n_batch):
