@@ -11,6 +11,12 @@ continuation one token at a time. Saved next to the model as NAME.golden.npz wit
   .venv/bin/python tools/make_goldens.py --llama-python /path/to/venv/bin/python
   .venv/bin/python tools/make_goldens.py --llama-python ... gemma2 qwen3moe   # some cases
 
+Quantized cases (QUANTIZED: NAME-MIX) write the base case's F16 file to a temporary directory,
+quantize it with llama.cpp's own llama-quantize (--llama-bin DIR or $EDGED_LLAMA_BIN) and
+record the goldens of the quantized file, so the weights are llama.cpp's bytes:
+
+  .venv/bin/python tools/make_goldens.py --llama-python ... --llama-bin DIR gemma2-Q4_0
+
 The interpreter with llama_cpp installed comes from --llama-python or $EDGED_LLAMA_PYTHON.
 Output: tests/data/goldens/NAME.gguf and NAME.golden.npz (each well under 300 KB).
 """
@@ -19,6 +25,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 
 import numpy as np
 
@@ -55,7 +62,18 @@ CASES = {
     # a scaled-down Qwen3-30B-A3B: 16 experts, 4 used, expert FFN 16 wide, q/k norms
     "qwen3moe": dict(arch="qwen3moe", qk_norm=True, n_expert=16, n_expert_used=4,
                      n_ff_exp=16, tied=True),
+    # rows of 256 (IQ4_XS's super-block), one layer, tied embeddings: the base of the IQ4 files
+    "llama256": dict(arch="llama", n_embd=256, head_dim=64, n_ff=256, n_layer=1, tied=True),
 }
+
+# NAME-MIX: the base case quantized by llama-quantize. The base shapes are 64 wide, so the
+# K-quant mixes would fall back to 32-block types everywhere: Q4_0 and Q8_0 stand for them.
+# qwen3moe's experts are 16 wide: MXFP4_MOE gives MXFP4 gate/up experts, F16 down experts.
+QUANTIZED = {f"{base}-{mix}": (base, mix)
+             for base in ("gemma2", "granite", "smollm3", "qwen2-yarn", "qwen2moe", "qwen3moe")
+             for mix in ("Q4_0", "Q8_0")}
+QUANTIZED.update({"llama256-IQ4_NL": ("llama256", "IQ4_NL"), "llama256-IQ4_XS": ("llama256", "IQ4_XS"),
+                  "qwen3moe-MXFP4_MOE": ("qwen3moe", "MXFP4_MOE")})
 
 LLAMA_TEACHER = r"""
 import json, sys
@@ -207,18 +225,34 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--llama-python", default=os.environ.get("EDGED_LLAMA_PYTHON"),
                     help="python with llama_cpp installed (or $EDGED_LLAMA_PYTHON)")
+    ap.add_argument("--llama-bin", default=os.environ.get("EDGED_LLAMA_BIN"),
+                    help="directory with llama.cpp's llama-quantize (or $EDGED_LLAMA_BIN), "
+                         "for the quantized cases")
     ap.add_argument("--out", default=OUT)
-    ap.add_argument("cases", nargs="*", help=f"subset of: {', '.join(CASES)}")
+    ap.add_argument("cases", nargs="*", help=f"subset of: {', '.join([*CASES, *QUANTIZED])} "
+                                             "(default: the F16 cases)")
     a = ap.parse_args()
     if not a.llama_python:
         ap.error("--llama-python (or $EDGED_LLAMA_PYTHON) is required")
     os.makedirs(a.out, exist_ok=True)
-    for i, name in enumerate(CASES):
-        if a.cases and name not in a.cases:
-            continue
+    index = {name: i for i, name in enumerate(CASES)}
+    for name in a.cases or [n for n in CASES if n != "llama256"]:
+        if name not in CASES and name not in QUANTIZED:
+            ap.error(f"unknown case {name!r}")
+        base, mix = QUANTIZED.get(name, (name, None))
+        i = index[base]
         model = os.path.join(a.out, f"synthetic-{name}.gguf")
         golden = os.path.join(a.out, f"synthetic-{name}.golden.npz")
-        write_gguf(name, CASES[name], model, seed=1000 + i)
+        if mix is None:
+            write_gguf(name, CASES[name], model, seed=1000 + i)
+        else:
+            if not a.llama_bin:
+                ap.error("--llama-bin (or $EDGED_LLAMA_BIN) is required for quantized cases")
+            with tempfile.TemporaryDirectory() as tmp:
+                f16 = os.path.join(tmp, "f16.gguf")
+                write_gguf(base, CASES[base], f16, seed=1000 + i)
+                subprocess.run([os.path.join(a.llama_bin, "llama-quantize"), f16, model, mix, "2"],
+                               check=True, capture_output=True)
         prompt = [1] + np.random.default_rng(i).integers(3, N_VOCAB, N_PROMPT - 1).tolist()
         subprocess.run([a.llama_python, "-c", LLAMA_TEACHER, model, golden, json.dumps(prompt),
                         str(N_GEN)], check=True)
