@@ -62,8 +62,9 @@ CASES = {
     # a scaled-down Qwen3-30B-A3B: 16 experts, 4 used, expert FFN 16 wide, q/k norms
     "qwen3moe": dict(arch="qwen3moe", qk_norm=True, n_expert=16, n_expert_used=4,
                      n_ff_exp=16, tied=True),
-    # rows of 256 (IQ4_XS's super-block), one layer, tied embeddings: the base of the IQ4 files
-    "llama256": dict(arch="llama", n_embd=256, head_dim=64, n_ff=256, n_layer=1, tied=True),
+    # rows of 256 (IQ4_XS's super-block), one layer, its own output matrix (logits of unit
+    # scale, as the tied 1.0-scale embeddings would not give): the base of the IQ4 files
+    "llama256": dict(arch="llama", n_embd=256, head_dim=64, n_ff=256, n_layer=1),
 }
 
 # NAME-MIX: the base case quantized by llama-quantize. The base shapes are 64 wide, so the

@@ -8,7 +8,10 @@ factors, attn_factor), YaRN on qwen2, qwen3moe (16 experts, 4 per token) and qwe
 experts, 2 per token, a gated shared expert). Their weights are F16, so testdata/README.md's
 float tolerances apply (max 0.05, mean 0.01, top-1 where decided). NAME-MIX files are the same
 models quantized by llama-quantize (Q4_0, Q8_0; IQ4_NL / IQ4_XS on a 256-wide llama; MXFP4
-experts on qwen3moe), held to the README's quantized tolerances (max 0.35, mean 0.06).
+experts on qwen3moe), held to the README's quantized tolerances (max 0.35, mean 0.06) on the
+compiled paths, which quantize activations as llama.cpp does; the float64 reference backend does
+not, and on these random models with logits of std ~8 lands up to ~2 away, so it is checked on
+the F16 files only.
 """
 import os
 import shutil
@@ -30,6 +33,7 @@ NAMES = sorted(f[:-len(".golden.npz")] for f in os.listdir(GOLDENS) if f.endswit
 MAX_ABS, MEAN_ABS = 0.05, 0.01   # testdata/README.md, F32/F16 weights
 Q_MAX_ABS, Q_MEAN_ABS = 0.35, 0.06   # testdata/README.md, any quantized type
 MOE = os.path.join(GOLDENS, "synthetic-qwen3moe.gguf")
+QUANTIZED = [n for n in NAMES if "-Q" in n or "-IQ" in n or "-MXFP4" in n]  # NAME-MIX files
 
 
 def teacher_forced(path, backend, batch=True, golden=None):
@@ -68,6 +72,8 @@ def check(name, backend):
 def test_goldens_present():
     assert {"synthetic-gemma2", "synthetic-granite", "synthetic-smollm3", "synthetic-phi4mini",
             "synthetic-qwen2-yarn", "synthetic-qwen3moe", "synthetic-qwen2moe"} <= set(NAMES)
+    assert {"synthetic-llama256-IQ4_NL", "synthetic-llama256-IQ4_XS", "synthetic-qwen3moe-MXFP4_MOE",
+            "synthetic-gemma2-Q4_0", "synthetic-qwen3moe-Q8_0"} <= set(QUANTIZED)
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -75,7 +81,7 @@ def test_golden_compiled(name, kernels):
     check(name, "cpu")
 
 
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", [n for n in NAMES if n not in QUANTIZED])
 def test_golden_reference(name):
     check(name, "reference")
 
