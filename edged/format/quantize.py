@@ -1,13 +1,13 @@
 """Quantize a GGUF model file into one of llama.cpp's mixes (Q4_K_M, Q8_0, ...).
 
-Which tensor gets which type follows llama.cpp's llama_tensor_get_type (no importance matrix):
-1-D tensors and norms stay as they are; `output.weight` (and tied `token_embd.weight`) get Q6_K
+Which tensor gets which type follows llama.cpp's llama_tensor_get_type: 1-D tensors and norms stay as they are; `output.weight` (and tied `token_embd.weight`) get Q6_K
 unless the mix is Q8_0; attn_v / ffn_down get more bits on "use_more_bits" layers in the _M
 mixes; shapes a type's block does not divide fall back (Q4_K -> Q5_0, Q6_K -> Q8_0, ..., F16).
-The rows themselves are quantized by edged.format.quants (llama.cpp's reference algorithms).
+The rows themselves are quantized by edged.format.quants (llama.cpp's reference algorithms;
+with an importance matrix from llama-imatrix, its weighted ones for the IQ4 types).
 
-    quantize_file(src, dst, mix, progress=None)   writes dst atomically (temp file + rename),
-                                                   with the mode the umask gives a new file
+    quantize_file(src, dst, mix, progress=None, imatrix=None)   writes dst atomically (temp
+        file + rename), with the mode the umask gives a new file
 """
 from __future__ import annotations
 

@@ -49,6 +49,8 @@ MIXES = {
     "Q6_K": (GGMLType.Q6_K, GGMLType.Q6_K, GGMLType.Q6_K),
     "Q4_K_M": (GGMLType.Q4_K, GGMLType.Q6_K, GGMLType.Q6_K),
     "Q5_K_M": (GGMLType.Q5_K, GGMLType.Q6_K, GGMLType.Q6_K),
+    "IQ4_NL": (GGMLType.IQ4_NL, GGMLType.IQ4_NL, GGMLType.Q6_K),
+    "IQ4_XS": (GGMLType.IQ4_XS, GGMLType.IQ4_XS, GGMLType.Q6_K),  # rows of 896 fall back to IQ4_NL
 }
 
 # llama.cpp's fallbacks when a row length is not a multiple of the K-quant super-block
