@@ -17,6 +17,7 @@ allocated before the plan fits.
 """
 from __future__ import annotations
 
+import ctypes
 import os
 import sys
 import threading
@@ -29,8 +30,10 @@ from . import arch as _arch
 from .backends import backend_class
 from .batch import LOGITS, BatchEntry
 from .generation import Generation, GenerationOutput  # noqa: F401 - GenerationOutput: the public API
+from .threads import default_threads as physical
 from ..errors import CapacityError, ConfigError, RequestError
 from ..format.gguf import GGUFFile, Key
+from ..text.tokenizer import Tokenizer
 
 NUMA_POLICIES = ("none", "isolate", "distribute", "numactl")
 DEFAULT_N_BATCH = 512
@@ -58,7 +61,6 @@ def _mib(n):
 
 def default_threads():
     """Physical cores in this process's allowed CPU set (SMT siblings counted once)."""
-    from .threads import default_threads as physical
     return physical()
 
 
@@ -150,7 +152,6 @@ class Model:
     def _init(self, n_threads, numa, mmap, mlock, max_memory, backend, n_ctx_plan):
         f, log = self.file, self._log
         md = f.metadata
-        from ..text.tokenizer import Tokenizer
         self.tokenizer = Tokenizer.from_gguf_file(f)
         if log:
             log(f"GGUF v{f.version}, {len(f.tensors)} tensors, data at offset {f.data_offset}, "
@@ -206,7 +207,6 @@ class Model:
                           budget=self.budget, n_ctx=n_ctx, paged=self._paged)
 
     def _mlock(self):
-        import ctypes
         libc = ctypes.CDLL(None, use_errno=True)
         MCL_CURRENT, MCL_FUTURE = 1, 2
         if libc.mlockall(MCL_CURRENT | MCL_FUTURE) != 0:

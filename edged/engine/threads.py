@@ -29,6 +29,7 @@ from __future__ import annotations
 import errno
 import logging
 import math
+import mmap
 import os
 from dataclasses import dataclass, field
 
@@ -299,7 +300,6 @@ def node_mask(nodes, word_bits=64):
 def address_ranges(arrays, page=None):
     """(start, end) page ranges covering the arrays' data, merged where they touch or overlap
     (the tensors of one file mapping become one range)."""
-    import mmap
     page = page or mmap.PAGESIZE
     spans = []
     for a in arrays:
