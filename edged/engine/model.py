@@ -122,7 +122,7 @@ class Model:
         self._verified = None
         self.signer = None
         if trusted_keys is not None or require_signature:
-            from ..trust import store, verify
+            from ..trust import store, verify   # only for signed loads; trust sits above the engine
             trust = trusted_keys
             if isinstance(trust, (str, os.PathLike)):
                 trust = store.TrustStore.load(trust)
@@ -317,7 +317,7 @@ class Model:
         """Render `messages` with the model's chat template (or the named variant
         `tokenizer.chat_template.NAME`), or with an operator's template file, which takes
         precedence. A model with neither raises TemplateError; plain completion still works."""
-        from ..text.chat import render, template_for
+        from ..text.chat import render, template_for   # jinja2: only when a chat is rendered
         tmpl = template_for(self.file, name=template_name, template_file=template_file)
         return render(tmpl, messages, add_generation_prompt=add_generation_prompt,
                       bos_token=self.tokenizer.token_piece(self.tokenizer.bos_id).decode(
