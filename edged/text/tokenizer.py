@@ -387,14 +387,9 @@ class Tokenizer:
                 byte_tokens.append(t)
             self._spm = _bpe.SPMModel(texts, self._scores, byte_tokens)
             # words can be merged one by one when no token joins a character to a following
-            # U+2581 (true of SentencePiece vocabularies split on whitespace); one search over
-            # the texts joined by NUL, which the pattern does not cross (unless a token holds a
-            # NUL itself: then token by token)
-            joined = "\0".join(texts)
-            if joined.count("\0") == len(texts) - 1:
-                self._spm_words = re.search("[^\u2581\0]\u2581", joined) is None
-            else:
-                self._spm_words = not any(re.search("[^\u2581]\u2581", t) for t in texts)
+            # U+2581 (true of SentencePiece vocabularies split on whitespace)
+            self._spm_words = not any("\u2581" in t[1:] and re.search("[^\u2581]\u2581", t)
+                                      for t in texts)
             self._bpe = None
         else:
             merges = md.get(Key.MERGES)

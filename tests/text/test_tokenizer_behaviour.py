@@ -229,7 +229,7 @@ def test_stories260k_prompt_matches_llama_cpp_golden():
     ((), True),                          # SentencePiece-like: U+2581 only at the start of tokens
     (("\u2581\u2581x",), True),          # a run of U+2581 is still a word start
     (("i\u2581h",), False),              # a token joins a character to a following U+2581
-    (("\0\u2581",), False),              # ... NUL being the character (the texts are joined by NUL)
+    (("\0\u2581",), False),              # ... NUL being the character
     (("a\0b", "\u2581a"), True),         # a NUL inside a token, none before U+2581
     (("a\0", "\u2581b"), True),          # a token ending in NUL, the next one starting with U+2581
 ])
