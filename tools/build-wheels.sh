@@ -91,8 +91,10 @@ CFLAGS="-I$WORK/pyinc-aarch64" \
     "$VPY" -m pip wheel -q --no-deps --no-build-isolation -w "$WORK/raw/aarch64" "$SDIST"
 mkdir -p "$WORK/aarch64-bin"                # auditwheel --strip runs `strip`: the aarch64 one
 ln -sf "$(command -v aarch64-linux-gnu-strip)" "$WORK/aarch64-bin/strip"
-PATH=$WORK/aarch64-bin:$PATH "$WORK/venv/bin/auditwheel" repair --plat manylinux2014_aarch64 --strip -w "$OUT" "$WORK"/raw/aarch64/edged-*.whl >/dev/null
+# --plat names only the host's architecture's policies: "auto" takes the oldest consistent one
+PATH=$WORK/aarch64-bin:$PATH "$WORK/venv/bin/auditwheel" repair --strip -w "$OUT" "$WORK"/raw/aarch64/edged-*.whl >/dev/null
 AWHL=$(ls "$OUT"/*aarch64.whl)
+case "$AWHL" in *manylinux2014_aarch64*) ;; *) echo "build-wheels: $AWHL is not manylinux2014" >&2; exit 1 ;; esac
 say "aarch64 wheel $(basename "$AWHL")"
 
 # --- check the aarch64 wheel under qemu ----------------------------------------------------
