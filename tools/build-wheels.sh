@@ -106,7 +106,7 @@ if [ "${SKIP_ARM64_CHECK:-0}" != 1 ]; then
     "$VPY" -m pip install -q --target "$SITE" $PLATFORMS_AARCH64 --python-version 3.11 \
         --implementation cp --abi cp311 --only-binary=:all: "$AWHL"
     MODEL=${EDGED_CHECK_MODEL:-$ROOT/../shared/testdata/models/stories260K.gguf}
-    run_arm() { PYTHONPATH=$SITE qemu-aarch64-static -L "$ARM" "$ARM/usr/bin/python3.11" -m edged "$@"; }
+    run_arm() { PYTHONPATH=$SITE qemu-aarch64-static -L "$ARM" "$ARM/usr/bin/python3.11" -P -m edged "$@"; }
     run_arm info | tee "$WORK/arm64-info.txt"
     grep -q "kernel path:  neon" "$WORK/arm64-info.txt"
     neon=$(run_arm generate -m "$MODEL" -p "Once upon a time" -n 16 -t 1 2>/dev/null)
