@@ -274,6 +274,12 @@ class Model:
     def session(self, n_ctx=512, n_batch=DEFAULT_N_BATCH):
         return Session(self, n_ctx, n_batch)
 
+    def require_decoder(self):
+        """RequestError unless this model can generate (an encoder only embeds)."""
+        if self.encoder is not None:
+            raise RequestError(f"model {os.path.basename(self.path)} is a {self.arch} encoder: "
+                               "it only embeds (Model.embed, /v1/embeddings), it cannot generate")
+
     @property
     def embed_limit(self):
         """Most tokens one input to embed() may have: an encoder's trained context (its
@@ -482,9 +488,7 @@ class Session:
     """Mutable state of one conversation: KV cache, the tokens in it, sampler RNG."""
 
     def __init__(self, model, n_ctx=512, n_batch=DEFAULT_N_BATCH):
-        if model.encoder is not None:
-            raise RequestError(f"model {os.path.basename(model.path)} is a {model.arch} encoder: "
-                               "it only embeds (Model.embed, /v1/embeddings), it cannot generate")
+        model.require_decoder()
         if model.backend is None:
             raise RequestError("model is closed")
         n_ctx = int(n_ctx)
