@@ -461,6 +461,7 @@ class Api:
 class _Prepared:
     prompts: list                   # token ids per prompt
     family: str | None = None       # tool-call family when tools are on
+    tools: list = dataclasses.field(default_factory=list)   # the tools offered (their schemas)
     think: bool = False             # split <think> reasoning out
     think_inside: bool = False      # the prompt opened the think block
     constraint: object = None       # grammar.Constraint in its start state (each choice a copy)
@@ -490,6 +491,7 @@ def _prepare(lm, p, chat):
             use = [t for t in use if t["function"]["name"] == p["tool_choice"]]
         if use:
             prep.family = tools.family_of(template)
+            prep.tools = use
             if tools.template_takes_tools(template):
                 kwargs = dict(kwargs, tools=use)
             else:
@@ -582,7 +584,7 @@ class _Choice:
         self.done = False
         self.prep = prep
         self.think = reasoning.ThinkSplitter(prep.think_inside) if prep.think else None
-        self.calls = tools.StreamSplitter(prep.family) if prep.family else None
+        self.calls = tools.StreamSplitter(prep.family, prep.tools) if prep.family else None
 
     def add(self, out):
         eog = self.tok.eog_ids
@@ -616,7 +618,7 @@ class _Choice:
         r, c = reasoning.split(text, self.prep.think_inside) if self.think else (None, text)
         calls = []
         if self.calls:
-            c, calls = tools.parse(self.prep.family, c)
+            c, calls = tools.parse(self.prep.family, c, self.prep.tools)
         return r, c, calls
 
     def finish_reason(self, calls):
