@@ -297,7 +297,7 @@ def synth_encoder(shape, ftype, out, seed=0, vocab=None, pooling=None):
     def mat(name, n_in, n_out, scale=0.08, t=None):
         nonlocal n_params
         from .quants import quantize
-        t = t or mtype
+        t = mtype if t is None else t
         x = rng.standard_normal((n_out, n_in), dtype=np.float32) * scale
         w.add_tensor(name, (n_in, n_out), t)
         data[name] = x if t == GGMLType.F32 else np.asarray(quantize(x, t))
