@@ -73,17 +73,8 @@ def tensor_type(role, row_len, ftype, il=0, n_layer=1):
     return t
 
 
-def synth_vocab(n_vocab):
-    """A SentencePiece vocabulary of n_vocab pieces: <unk> <s> </s>, 256 byte tokens, then
-    characters, '▁'-prefixed characters, letter pairs and fillers; scores prefer short pieces."""
-    toks, types = ["<unk>", "<s>", "</s>"], [2, 3, 3]
-    toks += [f"<0x{i:02X}>" for i in range(256)]
-    types += [6] * 256
-    chars = [chr(c) for c in range(33, 127)]
-    letters = "abcdefghijklmnopqrstuvwxyz"
-    pieces = ["\u2581"] + chars + ["\u2581" + c for c in chars]
-    pieces += [a + b for a in letters for b in letters]
-    pieces += ["\u2581" + a + b for a in letters for b in letters]
+def _fill(toks, types, pieces, n_vocab):
+    """Append the new `pieces` (normal tokens), then "\u2581w0", "\u2581w1", ... up to n_vocab."""
     seen = set(toks)
     for p in pieces:
         if len(toks) >= n_vocab:
@@ -97,6 +88,30 @@ def synth_vocab(n_vocab):
         toks.append(f"\u2581w{i}")
         types.append(1)
         i += 1
+
+
+def _write(w, data, out):
+    """Header and tensors (in declaration order) to out, through a temporary file."""
+    tmp = out + ".tmp"
+    with open(tmp, "wb") as f:
+        w.write_header(f)
+        for name in w.tensor_names:
+            w.write_tensor(f, name, data.pop(name))
+    os.replace(tmp, out)
+
+
+def synth_vocab(n_vocab):
+    """A SentencePiece vocabulary of n_vocab pieces: <unk> <s> </s>, 256 byte tokens, then
+    characters, '▁'-prefixed characters, letter pairs and fillers; scores prefer short pieces."""
+    toks, types = ["<unk>", "<s>", "</s>"], [2, 3, 3]
+    toks += [f"<0x{i:02X}>" for i in range(256)]
+    types += [6] * 256
+    chars = [chr(c) for c in range(33, 127)]
+    letters = "abcdefghijklmnopqrstuvwxyz"
+    pieces = ["\u2581"] + chars + ["\u2581" + c for c in chars]
+    pieces += [a + b for a in letters for b in letters]
+    pieces += ["\u2581" + a + b for a in letters for b in letters]
+    _fill(toks, types, pieces, n_vocab)
     scores = -np.arange(len(toks), dtype=np.float32) / len(toks)
     return toks[:n_vocab], scores[:n_vocab], np.array(types[:n_vocab], np.int32)
 
@@ -205,12 +220,7 @@ def synth(shape, ftype, out, seed=0, progress=None):
             mat(p + "ffn_down.weight", "ffn_down", F, E, il)
         if progress:
             progress(il + 1, L)
-    tmp = out + ".tmp"
-    with open(tmp, "wb") as f:
-        w.write_header(f)
-        for name in w.tensor_names:
-            w.write_tensor(f, name, data.pop(name))
-    os.replace(tmp, out)
+    _write(w, data, out)
     return n_params
 
 
@@ -238,19 +248,7 @@ def synth_wordpiece_vocab(n_vocab):
     letters = "abcdefghijklmnopqrstuvwxyz"
     pieces = ["\u2581" + c for c in chars] + chars
     pieces += ["\u2581" + a + b for a in letters for b in letters] + [a + b for a in letters for b in letters]
-    seen = set(toks)
-    for p in pieces:
-        if len(toks) >= n_vocab:
-            break
-        if p not in seen:
-            toks.append(p)
-            types.append(1)
-            seen.add(p)
-    i = 0
-    while len(toks) < n_vocab:
-        toks.append(f"\u2581w{i}")
-        types.append(1)
-        i += 1
+    _fill(toks, types, pieces, n_vocab)
     return toks, np.array(types, np.int32), dict(unk=1, cls=2, sep=3, pad=0, mask=4)
 
 
@@ -337,10 +335,5 @@ def synth_encoder(shape, ftype, out, seed=0, vocab=None, pooling=None):
             vec(p + "ffn_down.bias", E)
         vec(p + "layer_output_norm.weight", E, 1.0)
         vec(p + "layer_output_norm.bias", E)
-    tmp = out + ".tmp"
-    with open(tmp, "wb") as f:
-        w.write_header(f)
-        for name in w.tensor_names:
-            w.write_tensor(f, name, data.pop(name))
-    os.replace(tmp, out)
+    _write(w, data, out)
     return n_params

@@ -267,6 +267,20 @@ def _xml_value(raw, schema):
     return v
 
 
+def _xml_elements(text, opener, closer):
+    """(name, body) of each `<opener NAME>body<closer>` in text, e.g. `<function=N>...</function>`."""
+    i = 0
+    while True:
+        i = text.find(opener, i)
+        if i < 0:
+            return
+        j, end = text.find(">", i), text.find(closer, i)
+        if j < 0 or end < 0 or j > end:
+            raise ValueError(f"an unclosed {opener}...>")
+        yield text[i + len(opener):j].strip(), text[j + 1:end]
+        i = end + len(closer)
+
+
 def _qwen3coder(text, tools=None):
     """`<tool_call>\\n<function=N>\\n<parameter=A>\\nV\\n</parameter>\\n</function>\\n</tool_call>`
     blocks; Qwen3-Coder sometimes leaves out the first `<tool_call>` (llama.cpp accepts that)."""
@@ -280,33 +294,15 @@ def _qwen3coder(text, tools=None):
     for t in tools or ():
         f = t.get("function") or {}
         props[f.get("name")] = ((f.get("parameters") or {}).get("properties") or {})
-    calls, i = [], start
-    while True:
-        i = text.find(_XML_FUNCTION, i)
-        if i < 0:
-            break
-        j = text.find(">", i)
-        end = text.find(_XML_FUNCTION_CLOSE, i)
-        if j < 0 or end < 0 or j > end:
-            raise ValueError("an unclosed <function=...>")
-        name = text[i + len(_XML_FUNCTION):j].strip()
-        body, args, k = text[j + 1:end], {}, 0
-        while True:
-            k = body.find(_XML_PARAM, k)
-            if k < 0:
-                break
-            q = body.find(">", k)
-            e = body.find(_XML_PARAM_CLOSE, k)
-            if q < 0 or e < 0 or q > e:
-                raise ValueError("an unclosed <parameter=...>")
-            arg = body[k + len(_XML_PARAM):q].strip().strip("\"'")
-            raw = body[q + 1:e]
+    calls = []
+    for name, body in _xml_elements(text[start:], _XML_FUNCTION, _XML_FUNCTION_CLOSE):
+        args = {}
+        for arg, raw in _xml_elements(body, _XML_PARAM, _XML_PARAM_CLOSE):
+            arg = arg.strip("\"'")
             raw = raw[1:] if raw.startswith("\n") else raw
             raw = raw[:-1] if raw.endswith("\n") else raw
             args[arg] = _xml_value(raw, props.get(name, {}).get(arg))
-            k = e + len(_XML_PARAM_CLOSE)
         calls.append(_call(name, args))
-        i = end + len(_XML_FUNCTION_CLOSE)
     return text[:start], calls
 
 

@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 
 from conftest import testdata
-from daemon_support import Server, signing_key
+from daemon_support import Server, openai_client, signing_key, uds_httpx
 
-httpx = pytest.importorskip("httpx")
+pytest.importorskip("httpx")
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 GOLDENS = os.path.join(HERE, "..", "data", "goldens")
@@ -43,17 +43,13 @@ def srv(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def http(srv):
-    with httpx.Client(transport=httpx.HTTPTransport(uds=srv.socket), base_url="http://edged",
-                      timeout=300) as c:
+    with uds_httpx(srv.socket) as c:
         yield c
 
 
 @pytest.fixture(scope="module")
 def client(srv):
-    openai = pytest.importorskip("openai")
-    return openai.OpenAI(base_url="http://edged/v1", api_key="unused", max_retries=0,
-                         http_client=httpx.Client(transport=httpx.HTTPTransport(uds=srv.socket),
-                                                  timeout=300))
+    return openai_client(srv.socket)
 
 
 def golden(name, pooling):
@@ -87,8 +83,7 @@ def test_langchain_openai_embeddings(srv):
     lc = pytest.importorskip("langchain_openai")
     emb = lc.OpenAIEmbeddings(model="bert", base_url="http://edged/v1", api_key="unused",
                               check_embedding_ctx_length=False, max_retries=0,
-                              http_client=httpx.Client(transport=httpx.HTTPTransport(uds=srv.socket),
-                                                       timeout=300))
+                              http_client=uds_httpx(srv.socket))
     docs = emb.embed_documents(TEXTS)
     assert close_to(docs, golden("bert", "mean"))
     assert close_to([emb.embed_query(TEXTS[0])], golden("bert", "mean")[:1])

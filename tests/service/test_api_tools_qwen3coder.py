@@ -9,10 +9,10 @@ import shutil
 import pytest
 
 from conftest import testdata
-from daemon_support import Server, signing_key, sse_events
+from daemon_support import Server, openai_client, signing_key, sse_events, uds_httpx
 
 pytest.importorskip("llguidance")
-httpx = pytest.importorskip("httpx")
+pytest.importorskip("httpx")
 
 TOOL = {"type": "function", "function": {
     "name": "set_alarm", "description": "Set an alarm",
@@ -40,8 +40,7 @@ def srv(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def http(srv):
-    with httpx.Client(transport=httpx.HTTPTransport(uds=srv.socket), base_url="http://edged",
-                      timeout=300) as c:
+    with uds_httpx(srv.socket) as c:
         yield c
 
 
@@ -62,9 +61,5 @@ def test_forced_xml_call_is_parsed_typed_and_streamed(srv, http):
     assert [c["function"] for c in got] == [call["function"]]
     assert "<function=" not in "".join(e["choices"][0]["delta"].get("content") or ""
                                        for e in events if e["choices"])
-    openai = pytest.importorskip("openai")
-    client = openai.OpenAI(base_url="http://edged/v1", api_key="unused", max_retries=0,
-                           http_client=httpx.Client(transport=httpx.HTTPTransport(uds=srv.socket),
-                                                    timeout=300))
-    r2 = client.chat.completions.create(model="coder", **body)
+    r2 = openai_client(srv.socket).chat.completions.create(model="coder", **body)
     assert json.loads(r2.choices[0].message.tool_calls[0].function.arguments) == args
