@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Make llama.cpp embedding goldens: tests/data/goldens/embed-NAME.{gguf,golden.npz}.
+"""Make llama.cpp embedding goldens: tests/data/goldens/embed-NAME.{gguf,embeddings.npz}.
 
 Encoders: small random-weight `bert` and `nomic-bert` files written by edged's synthesiser
 (edged.format.synth.synth_encoder, F32, a 512-piece WordPiece vocabulary). Decoder: the
@@ -72,7 +72,7 @@ def main():
         else:
             path = os.path.join(OUT, f"embed-{name}.gguf")
             synth_encoder(src, "F32", path, seed=7)
-        out = os.path.join(OUT, f"embed-{name}.golden.npz")
+        out = os.path.join(OUT, f"embed-{name}.embeddings.npz")
         subprocess.run([a.llama_python, "-c", LLAMA_EMBED, path, out, json.dumps(TEXTS),
                         json.dumps(list(poolings))], check=True)
         print(f"{name}: {out}")

@@ -1,4 +1,4 @@
-"""Embeddings against llama.cpp's (tests/data/goldens/embed-*.golden.npz, made by
+"""Embeddings against llama.cpp's (tests/data/goldens/embed-*.embeddings.npz, made by
 tools/make_embedding_goldens.py): BERT and nomic-bert encoders (synthetic, F32) and a decoder's
 pooled final hidden states (stories260K), on the compiled and the reference backend; plus
 the encoder's load-time validation and the request errors of Model.embed."""
@@ -23,7 +23,7 @@ MAX_ABS = {"bert": 1e-4, "nomic-bert": 1e-4, "stories260K": 1e-3}
 
 
 def golden(name):
-    return np.load(os.path.join(GOLDENS, f"embed-{name}.golden.npz"))
+    return np.load(os.path.join(GOLDENS, f"embed-{name}.embeddings.npz"))
 
 
 def model_path(name):

@@ -53,7 +53,7 @@ def client(srv):
 
 
 def golden(name, pooling):
-    return np.load(os.path.join(GOLDENS, f"embed-{name}.golden.npz"))[f"emb_{pooling}"]
+    return np.load(os.path.join(GOLDENS, f"embed-{name}.embeddings.npz"))[f"emb_{pooling}"]
 
 
 def close_to(got, want):
@@ -114,7 +114,7 @@ def test_a_decoder_embeds_with_a_pooling(http):
     r = http.post("/v1/embeddings", json={"model": "stories", "input": TEXTS, "pooling": "last"})
     assert r.status_code == 200, r.text
     got = [d["embedding"] for d in r.json()["data"]]
-    want = np.load(os.path.join(GOLDENS, "embed-stories260K.golden.npz"))["emb_last"]
+    want = np.load(os.path.join(GOLDENS, "embed-stories260K.embeddings.npz"))["emb_last"]
     cos = (np.array(got) * want).sum(1) / np.linalg.norm(got, axis=1) / np.linalg.norm(want, axis=1)
     assert cos.min() >= 0.9999
     # without one: the file has no pooling type, as llama-server says
