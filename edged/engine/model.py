@@ -311,8 +311,8 @@ class Model:
         the final hidden states pooled over each input ("mean", "cls": the first token,
         "last"; "none": every token's row) and L2-normalised when `normalize`.
 
-        pooling: default the file's `<arch>.pooling_type` (llama-server's rule); a model
-        without one must be given a pooling here. Returns float32 (n_inputs, n_embd), or with
+        pooling: default the file's `<arch>.pooling_type` (llama-server's rule; a file without
+        one gives every token's row, as llama.cpp's pooling none). Returns float32 (n_inputs, n_embd), or with
         pooling "none" a list of (n_tokens, n_embd) arrays. An encoder runs all inputs in one
         pass (in groups of at most `EMBED_BATCH_TOKENS` tokens); a decoder runs them one by
         one through a session (causal attention, as llama.cpp does for it)."""
