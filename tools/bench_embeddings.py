@@ -59,8 +59,10 @@ def main():
     ap.add_argument("-r", "--reps", type=int, default=5, help="timed runs per set (default 5)")
     ap.add_argument("--llama-python", default=os.environ.get("EDGED_LLAMA_PYTHON"),
                     help="python with llama_cpp installed (default $EDGED_LLAMA_PYTHON)")
+    ap.add_argument("--sets", default="short,long", help="which sets (default short,long)")
     a = ap.parse_args()
     sets = {"short": sentences(10, 1), "long": sentences(120, 2)}
+    sets = {k: sets[k] for k in a.sets.split(",")}
     m = Model.load(a.model, n_threads=a.threads)
     ntok = {k: sum(len(ids) for ids in m.tokenize_inputs(v)) for k, v in sets.items()}
     ours = {}
