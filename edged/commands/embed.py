@@ -6,10 +6,9 @@ import sys
 from .loadargs import add_load_args, load_model
 
 
-def register(sub):
-    p = sub.add_parser("embed", help="print the embeddings of texts",
-                       description="Embed each TEXT with the model in FILE: pooled as the file's "
-                                   "pooling type says (or --pooling) and L2-normalised.")
+def configure(p):
+    p.description = ("Embed each TEXT with the model in FILE: pooled as the file's pooling type "
+                     "says (or --pooling) and L2-normalised.")
     add_load_args(p)
     p.add_argument("-p", "--prompt", action="append", metavar="TEXT",
                    help="a text to embed (repeat for several; they run as one batch)")

@@ -3,15 +3,14 @@ import os
 import sys
 import time
 
+from ..format.synth import ENCODER_SHAPES, MIXES, SHAPES, synth, synth_encoder
 from .progress import bar
 
 
-def register(sub):
-    from ..format.synth import ENCODER_SHAPES, MIXES, SHAPES
-    p = sub.add_parser("synth", help="write a random-weight GGUF model of a known shape",
-                       description="Random weights, real shapes and vocabulary size, quantized by "
-                       "edged's own quantizer with llama.cpp's type mix. For benchmarks; the text "
-                       "such a model generates is random.")
+def configure(p):
+    p.description = ("Random weights, real shapes and vocabulary size, quantized by "
+                     "edged's own quantizer with llama.cpp's type mix. For benchmarks; the text "
+                     "such a model generates is random.")
     shapes = sorted(SHAPES) + sorted(ENCODER_SHAPES)
     p.add_argument("--shape", required=True, choices=shapes,
                    help="architecture and size to imitate: " + ", ".join(shapes) + " (the "
@@ -24,7 +23,6 @@ def register(sub):
 
 
 def run(args):
-    from ..format.synth import ENCODER_SHAPES, synth, synth_encoder
     t0 = time.perf_counter()
     if args.shape in ENCODER_SHAPES:
         args.type = args.type or "F16"
