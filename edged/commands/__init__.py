@@ -30,6 +30,7 @@ COMMANDS = {
               "run the daemon: serve signed models over a Unix socket"),
     "sign": ("sign:configure",
              "sign a model file (appended block or detached .sig)"),
+    "embed": ("embed:configure", "print the embeddings of texts"),
     "synth": ("synth:configure",
               "write a random-weight GGUF model of a known shape"),
     "tokenize": ("tokenize:configure",

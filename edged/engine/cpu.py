@@ -11,6 +11,7 @@ import numpy as np
 
 from .arch import ROPE_NEOX, VECTOR_TYPES
 from .backend import Backend, BufferPlan
+from .reference import rms_norm
 from .threads import address_ranges, memory_policy, pin_workers, place_memory, read_topology
 from ..errors import UnsupportedModelError
 from ..format.gguf import GGMLType, TYPE_INFO
@@ -164,6 +165,12 @@ class CPUBackend(Backend):
 
     def copy_out(self, buf, n_rows):
         return np.array(buf.state.logits(n_rows))
+
+    def hidden_rows(self, buf, n_rows):
+        # the compiled pass leaves every row's residual stream in the input rows
+        x = buf.inp[:n_rows].astype(np.float64)
+        return rms_norm(x, self._vectors[self.spec.output_norm],
+                        self.spec.hp.rms_eps).astype(np.float32)
 
     def decode_rows(self, bufs, tokens, positions):
         """All rows in one compiled pass: the matrix products are shared (one read of the

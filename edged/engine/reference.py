@@ -131,6 +131,10 @@ class ReferenceBackend(Backend):
     def copy_in(self, buf, tokens, pos):
         buf.tokens = np.asarray(tokens, dtype=np.int64)
 
+    def hidden_rows(self, buf, n_rows):
+        return rms_norm(buf.hidden[:n_rows], self._w[self.spec.output_norm],
+                        self.spec.hp.rms_eps).astype(np.float32)
+
     def copy_out(self, buf, n_rows):
         return np.ascontiguousarray(buf.logits[-n_rows:], dtype=np.float32)
 
@@ -219,6 +223,7 @@ class ReferenceBackend(Backend):
             if L.post_ffw_norm:
                 d = rms_norm(d, self._w[L.post_ffw_norm], hp.rms_eps)
             x = x + d * hp.residual_scale
+        buf.hidden = x                                  # (n, n_embd) before output_norm
         if not all_logits:
             x = x[-1:]
         x = rms_norm(x, self._w[sp.output_norm], hp.rms_eps)

@@ -138,6 +138,11 @@ class Loader:
     def warm(self, lm):
         """One forward pass so the first request does not pay for page faults and allocation."""
         t0 = time.monotonic()
+        if lm.model.encoder is not None:        # an embedding model: no sessions
+            if self.cfg.warmup:
+                lm.model.embed([[lm.tokenizer.bos_id or 0]], pooling="cls")
+            lm.timings["warmup"] = time.monotonic() - t0
+            return
         s = lm.model.session(n_ctx=lm.n_ctx)
         if self.cfg.warmup:
             tok = lm.tokenizer.bos_id

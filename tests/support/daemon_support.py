@@ -326,3 +326,17 @@ def to_toml(d):
 
 
 needs_curl = pytest.mark.skipif(shutil.which("curl") is None, reason="curl not installed")
+
+
+def uds_httpx(sock_path, timeout=300):
+    """An httpx client (the transport the openai SDK and LangChain take) on the daemon's socket."""
+    httpx = pytest.importorskip("httpx")
+    return httpx.Client(transport=httpx.HTTPTransport(uds=sock_path), base_url="http://edged",
+                        timeout=timeout)
+
+
+def openai_client(sock_path):
+    """The openai SDK talking to the daemon over its Unix socket."""
+    openai = pytest.importorskip("openai")
+    return openai.OpenAI(base_url="http://edged/v1", api_key="unused", max_retries=0,
+                         http_client=uds_httpx(sock_path))
