@@ -240,26 +240,14 @@ static void ed_mdot_rows(int type, int k, const uint8_t *w, size_t wstride, int 
 
 #if defined(__x86_64__)
 #include <immintrin.h>
+#include "ed_cpu.h"
 
 static unsigned ed_cpu_features(void) {
-    unsigned f = 0;
-    __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx2")) f |= ED_CPU_AVX2;
-    if (__builtin_cpu_supports("fma")) f |= ED_CPU_FMA;
-    if (__builtin_cpu_supports("avx512f")) f |= ED_CPU_AVX512F;
-    if (__builtin_cpu_supports("avx512bw")) f |= ED_CPU_AVX512BW;
-    if (__builtin_cpu_supports("avx512vl")) f |= ED_CPU_AVX512VL;
-    if (__builtin_cpu_supports("avx512vnni")) f |= ED_CPU_AVX512VNNI;
-    if (__builtin_cpu_supports("avx512dq")) f |= ED_CPU_AVX512DQ;
-    /* F16C: CPUID.1:ECX bit 29 (not every compiler knows the builtin name) */
-    {
-        unsigned a, b, c, d;
-        __asm__ volatile("cpuid" : "=a"(a), "=b"(b), "=c"(c), "=d"(d) : "a"(1), "c"(0));
-        if (c & (1u << 29)) f |= ED_CPU_F16C;
-        __asm__ volatile("cpuid" : "=a"(a), "=b"(b), "=c"(c), "=d"(d) : "a"(7), "c"(1));
-        if (a & (1u << 4)) f |= ED_CPU_AVXVNNI;
-    }
-    return f;
+    const ed_x86_cpu c = ed_x86_cpu_detect();
+    return (c.avx2 ? ED_CPU_AVX2 : 0) | (c.fma ? ED_CPU_FMA : 0) | (c.f16c ? ED_CPU_F16C : 0) |
+           (c.avx512f ? ED_CPU_AVX512F : 0) | (c.avx512bw ? ED_CPU_AVX512BW : 0) |
+           (c.avx512vl ? ED_CPU_AVX512VL : 0) | (c.avx512vnni ? ED_CPU_AVX512VNNI : 0) |
+           (c.avx512dq ? ED_CPU_AVX512DQ : 0) | (c.avxvnni ? ED_CPU_AVXVNNI : 0);
 }
 
 #define ED_TARGET __attribute__((target("avx2,fma,f16c")))

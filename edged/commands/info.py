@@ -8,11 +8,10 @@ import sys
 from .loadargs import add_load_args
 
 
-def register(sub):
-    p = sub.add_parser("info", help="model requirements and the machine's compute setup",
-                       description="Validate a model as a load would (without allocating) and "
-                       "print its architecture, hyperparameters, weight types and the memory a "
-                       "context needs.")
+def configure(p):
+    p.description = ("Validate a model as a load would (without allocating) and "
+                     "print its architecture, hyperparameters, weight types and the memory a "
+                     "context needs.")
     add_load_args(p, threads=False)
     for action in p._actions:  # without -m, `edged info` describes only the machine
         if action.dest == "model":
@@ -25,13 +24,23 @@ def register(sub):
 
 def model_info(path, ctx_sizes=None):
     """Dict of facts about a model file, validated like a load, without backend buffers."""
+    # Imported here, not at the top: `edged info` without a model describes only the machine
+    # and starts without the model-loading layers.
     from ..engine import arch as _arch
+    from ..engine import encoder as _encoder
     from ..engine.backends import backend_class
-    from ..format.gguf import GGUFFile
+    from ..format.gguf import GGUFFile, Key
     from ..text.tokenizer import Tokenizer
 
     with GGUFFile.open(path) as f:
         tok = Tokenizer.from_gguf_file(f)
+        if f.metadata.get(Key.ARCHITECTURE) in _encoder.ENCODERS:
+            spec = _encoder.validate(f.metadata, f.tensors, tok.n_vocab)
+            used = [f.tensors[n] for n in spec.tensors.values() if n]
+            return {"file": path, "architecture": spec.arch.name, "encoder": True,
+                    "hparams": vars(spec.hp), "pooling": spec.hp.pooling,
+                    "parameters": sum(t.n_elements for t in used),
+                    "weights_bytes": sum(t.nbytes for t in used), "vocabulary": tok.n_vocab}
         spec = _arch.validate(f.metadata, f.tensors, tok.n_vocab)
         hp = spec.hp
         types = collections.Counter()
@@ -64,7 +73,7 @@ def model_info(path, ctx_sizes=None):
 
 def machine_info():
     try:
-        from .. import _core
+        from .. import _core    # optional: without the compiled core, info says so
     except ImportError:
         return {"compiled": False}
     from ..engine.threads import describe
@@ -108,6 +117,13 @@ def run(args):
     hp = info["hparams"]
     mib = lambda n: f"{n / 2**20:.1f} MiB"  # noqa: E731
     print(f"model:        {info['file']}")
+    if info.get("encoder"):
+        print(f"architecture: {info['architecture']} encoder, embeddings only ({info['parameters'] / 1e6:.2f} M "
+              f"parameters, vocabulary {info['vocabulary']}, {mib(info['weights_bytes'])}), pooling "
+              f"{info['pooling']}")
+        print(f"layers {hp['n_layer']}, n_embd {hp['n_embd']}, n_ff {hp['n_ff']}, heads {hp['n_head']}, "
+              f"layer norm eps {hp['norm_eps']:g}, trained context {hp['n_ctx_train']}")
+        return 0
     print(f"architecture: {info['architecture']}  ({info['parameters'] / 1e6:.2f} M parameters, "
           f"vocabulary {info['vocabulary']}, tied embeddings: {info['tied_embeddings']})")
     print(f"layers {hp['n_layer']}, n_embd {hp['n_embd']}, n_ff {hp['n_ff']}, heads "

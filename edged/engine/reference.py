@@ -15,6 +15,7 @@ import numpy as np
 
 from .arch import EXPERT_WEIGHTS_SUM_MIN, ROPE_NEOX
 from .backend import Backend, BufferPlan
+from ..format.quants import dequantize
 
 
 def rms_norm(x, w, eps):
@@ -90,7 +91,6 @@ class ReferenceBackend(Backend):
 
     def __init__(self, spec, weights, n_threads=1, numa="none"):
         super().__init__(spec, weights, n_threads, numa)
-        from ..format.quants import dequantize
 
         self._w = {}
         self.routed = {}  # router tensor -> experts chosen so far (tests, debugging)
@@ -130,6 +130,10 @@ class ReferenceBackend(Backend):
 
     def copy_in(self, buf, tokens, pos):
         buf.tokens = np.asarray(tokens, dtype=np.int64)
+
+    def hidden_rows(self, buf, n_rows):
+        return rms_norm(buf.hidden[:n_rows], self._w[self.spec.output_norm],
+                        self.spec.hp.rms_eps).astype(np.float32)
 
     def copy_out(self, buf, n_rows):
         return np.ascontiguousarray(buf.logits[-n_rows:], dtype=np.float32)
@@ -219,6 +223,7 @@ class ReferenceBackend(Backend):
             if L.post_ffw_norm:
                 d = rms_norm(d, self._w[L.post_ffw_norm], hp.rms_eps)
             x = x + d * hp.residual_scale
+        buf.hidden = x                                  # (n, n_embd) before output_norm
         if not all_logits:
             x = x[-1:]
         x = rms_norm(x, self._w[sp.output_norm], hp.rms_eps)

@@ -14,6 +14,7 @@ import numpy as np
 
 from ..errors import ConfigError
 from .gguf import GGMLType, GGUFWriter, Key, TYPE_INFO, ValueType
+from .quants import quantize
 
 SHAPES = {
     # name: architecture and hyperparameters (llama.cpp's short names)
@@ -75,17 +76,8 @@ def tensor_type(role, row_len, ftype, il=0, n_layer=1):
     return t
 
 
-def synth_vocab(n_vocab):
-    """A SentencePiece vocabulary of n_vocab pieces: <unk> <s> </s>, 256 byte tokens, then
-    characters, '▁'-prefixed characters, letter pairs and fillers; scores prefer short pieces."""
-    toks, types = ["<unk>", "<s>", "</s>"], [2, 3, 3]
-    toks += [f"<0x{i:02X}>" for i in range(256)]
-    types += [6] * 256
-    chars = [chr(c) for c in range(33, 127)]
-    letters = "abcdefghijklmnopqrstuvwxyz"
-    pieces = ["\u2581"] + chars + ["\u2581" + c for c in chars]
-    pieces += [a + b for a in letters for b in letters]
-    pieces += ["\u2581" + a + b for a in letters for b in letters]
+def _fill(toks, types, pieces, n_vocab):
+    """Append the new `pieces` (normal tokens), then "\u2581w0", "\u2581w1", ... up to n_vocab."""
     seen = set(toks)
     for p in pieces:
         if len(toks) >= n_vocab:
@@ -99,6 +91,30 @@ def synth_vocab(n_vocab):
         toks.append(f"\u2581w{i}")
         types.append(1)
         i += 1
+
+
+def _write(w, data, out):
+    """Header and tensors (in declaration order) to out, through a temporary file."""
+    tmp = out + ".tmp"
+    with open(tmp, "wb") as f:
+        w.write_header(f)
+        for name in w.tensor_names:
+            w.write_tensor(f, name, data.pop(name))
+    os.replace(tmp, out)
+
+
+def synth_vocab(n_vocab):
+    """A SentencePiece vocabulary of n_vocab pieces: <unk> <s> </s>, 256 byte tokens, then
+    characters, '▁'-prefixed characters, letter pairs and fillers; scores prefer short pieces."""
+    toks, types = ["<unk>", "<s>", "</s>"], [2, 3, 3]
+    toks += [f"<0x{i:02X}>" for i in range(256)]
+    types += [6] * 256
+    chars = [chr(c) for c in range(33, 127)]
+    letters = "abcdefghijklmnopqrstuvwxyz"
+    pieces = ["\u2581"] + chars + ["\u2581" + c for c in chars]
+    pieces += [a + b for a in letters for b in letters]
+    pieces += ["\u2581" + a + b for a in letters for b in letters]
+    _fill(toks, types, pieces, n_vocab)
     scores = -np.arange(len(toks), dtype=np.float32) / len(toks)
     return toks[:n_vocab], scores[:n_vocab], np.array(types[:n_vocab], np.int32)
 
@@ -110,7 +126,6 @@ class _Pool:
         self.rng, self.n_rows, self.cache = rng, n_rows, {}
 
     def rows(self, qtype, row_len, n, scale=0.02):
-        from .quants import quantize
         key = (qtype, row_len)
         if key not in self.cache:
             x = (self.rng.standard_normal((self.n_rows, row_len), dtype=np.float32) * scale)
@@ -207,10 +222,120 @@ def synth(shape, ftype, out, seed=0, progress=None):
             mat(p + "ffn_down.weight", "ffn_down", F, E, il)
         if progress:
             progress(il + 1, L)
-    tmp = out + ".tmp"
-    with open(tmp, "wb") as f:
-        w.write_header(f)
-        for name in w.tensor_names:
-            w.write_tensor(f, name, data.pop(name))
-    os.replace(tmp, out)
+    _write(w, data, out)
+    return n_params
+
+
+# BERT-family encoders (engine/encoder.py): shapes of real embedding models
+ENCODER_SHAPES = {
+    "bert-base": dict(arch="bert", n_embd=768, n_head=12, n_ff=3072, n_layer=12, n_vocab=30522,
+                      n_ctx_train=512, pooling=2),
+    "bge-small": dict(arch="bert", n_embd=384, n_head=12, n_ff=1536, n_layer=12, n_vocab=30522,
+                      n_ctx_train=512, pooling=2),
+    "nomic-embed-text": dict(arch="nomic-bert", n_embd=768, n_head=12, n_ff=3072, n_layer=12,
+                             n_vocab=30522, n_ctx_train=2048, pooling=1),
+    # small ones for tests and goldens
+    "bert-tiny": dict(arch="bert", n_embd=32, n_head=4, n_ff=64, n_layer=2, n_vocab=512,
+                      n_ctx_train=128, pooling=1),
+    "nomic-bert-tiny": dict(arch="nomic-bert", n_embd=32, n_head=4, n_ff=48, n_layer=2,
+                            n_vocab=512, n_ctx_train=2048, pooling=1),
+}
+
+
+def synth_wordpiece_vocab(n_vocab):
+    """A WordPiece vocabulary as llama.cpp's converter writes one: [PAD] [UNK] [CLS] [SEP]
+    [MASK], then characters and pairs as word starts ("\u2581a") and continuations ("a")."""
+    toks, types = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"], [3, 3, 3, 3, 3]
+    chars = [chr(c) for c in range(33, 127) if not chr(c).isupper()]
+    letters = "abcdefghijklmnopqrstuvwxyz"
+    pieces = ["\u2581" + c for c in chars] + chars
+    pieces += ["\u2581" + a + b for a in letters for b in letters] + [a + b for a in letters for b in letters]
+    _fill(toks, types, pieces, n_vocab)
+    return toks, np.array(types, np.int32), dict(unk=1, cls=2, sep=3, pad=0, mask=4)
+
+
+def synth_encoder(shape, ftype, out, seed=0, vocab=None, pooling=None):
+    """Write a random-weight BERT / nomic-bert GGUF (engine/encoder.py's tensors, llama.cpp's
+    names); vocab: (tokens, token types, special ids) to use instead of a synthetic one;
+    pooling: the `<arch>.pooling_type` to write (default: the shape's). Returns parameters."""
+    if shape not in ENCODER_SHAPES:
+        raise ConfigError(f"--shape {shape!r}: one of {', '.join(ENCODER_SHAPES)}")
+    if ftype not in ("F32", "F16", "Q8_0"):
+        raise ConfigError(f"--type {ftype!r} for an encoder: F32, F16 or Q8_0")
+    s = ENCODER_SHAPES[shape]
+    arch, E, F, L, H = s["arch"], s["n_embd"], s["n_ff"], s["n_layer"], s["n_head"]
+    toks, types, special = vocab or synth_wordpiece_vocab(s["n_vocab"])
+    V = len(toks)
+    w = GGUFWriter()
+    data = {}
+    A = lambda k: Key.arch(k, arch)  # noqa: E731
+    w.add(Key.ARCHITECTURE, arch)
+    w.add(Key.NAME, f"edged-synth-{shape}-{ftype}")
+    w.add(A(Key.CONTEXT_LENGTH), s["n_ctx_train"])
+    w.add(A(Key.EMBEDDING_LENGTH), E)
+    w.add(A(Key.BLOCK_COUNT), L)
+    w.add(A(Key.FEED_FORWARD_LENGTH), F)
+    w.add(A(Key.HEAD_COUNT), H)
+    w.add(A(Key.LAYERNORM_EPS), 1e-12)
+    w.add(A(Key.CAUSAL), False)
+    w.add(A(Key.POOLING_TYPE), int(s["pooling"] if pooling is None else pooling))
+    if arch == "nomic-bert":
+        w.add(A(Key.ROPE_FREQ_BASE), 1000.0)
+    w.add(Key.TOKEN_TYPE_COUNT, 2)
+    w.add(Key.TOKENIZER_MODEL, "bert")
+    w.add(Key.TOKENS, list(toks))
+    w.add(Key.TOKEN_TYPE, np.asarray(types, np.int32))
+    w.add(Key.UNK_ID, special["unk"])
+    w.add(Key.BOS_ID, special["cls"])
+    w.add(Key.SEP_ID, special["sep"])
+    w.add(Key.PAD_ID, special["pad"])
+    w.add(Key.MASK_ID, special["mask"])
+    rng = np.random.default_rng(seed)
+    n_params = 0
+    mtype = MIXES[ftype][0]
+
+    def mat(name, n_in, n_out, scale=0.08, t=None):
+        nonlocal n_params
+        from .quants import quantize
+        t = mtype if t is None else t
+        x = rng.standard_normal((n_out, n_in), dtype=np.float32) * scale
+        w.add_tensor(name, (n_in, n_out), t)
+        data[name] = x if t == GGMLType.F32 else np.asarray(quantize(x, t))
+        n_params += n_in * n_out
+
+    def vec(name, n, center=0.0, scale=0.05):
+        nonlocal n_params
+        w.add_tensor(name, (n,), GGMLType.F32)
+        data[name] = (center + rng.standard_normal(n) * scale).astype(np.float32)
+        n_params += n
+
+    mat("token_embd.weight", E, V, 0.5, GGMLType.F16 if ftype != "F32" else GGMLType.F32)
+    mat("token_types.weight", E, 2, 0.5, GGMLType.F32)
+    if arch == "bert":
+        mat("position_embd.weight", E, s["n_ctx_train"], 0.5, GGMLType.F32)
+    vec("token_embd_norm.weight", E, 1.0)
+    vec("token_embd_norm.bias", E)
+    for il in range(L):
+        p = f"blk.{il}."
+        if arch == "nomic-bert":
+            mat(p + "attn_qkv.weight", E, 3 * E)
+        else:
+            for r in ("attn_q", "attn_k", "attn_v"):
+                mat(p + r + ".weight", E, E)
+                vec(p + r + ".bias", E)
+        mat(p + "attn_output.weight", E, E)
+        if arch == "bert":
+            vec(p + "attn_output.bias", E)
+        vec(p + "attn_output_norm.weight", E, 1.0)
+        vec(p + "attn_output_norm.bias", E)
+        if arch == "nomic-bert":
+            mat(p + "ffn_gate.weight", E, F)
+        mat(p + "ffn_up.weight", E, F)
+        mat(p + "ffn_down.weight", F, E)
+        if arch == "bert":
+            vec(p + "ffn_up.bias", F)
+            vec(p + "ffn_down.bias", E)
+        vec(p + "layer_output_norm.weight", E, 1.0)
+        vec(p + "layer_output_norm.bias", E)
+    _write(w, data, out)
     return n_params

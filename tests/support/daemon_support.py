@@ -119,6 +119,30 @@ class UnixHTTPConnection(http.client.HTTPConnection):
         self.sock.connect(self.unix_path)
 
 
+def engine_env():
+    """The compiled CPU backend when it is built, else the NumPy reference backend."""
+    try:
+        import edged.engine.cpu  # noqa: F401
+    except ImportError:
+        return {"EDGED_BACKEND": "reference"}
+    return {}
+
+
+_CAN = {}
+
+
+def can_generate():
+    """True when this checkout can load and run the test model (text layer and a backend)."""
+    if "v" not in _CAN:
+        try:
+            from edged.engine.model import Model
+            Model.load(stories(), backend=engine_env().get("EDGED_BACKEND")).close()
+            _CAN["v"] = True
+        except (Exception, pytest.skip.Exception):  # noqa: BLE001 - any missing piece: no
+            _CAN["v"] = False
+    return _CAN["v"]
+
+
 def request(sock_path, method, path, body=None, timeout=120, raw=None):
     """(status, headers, parsed JSON or text)."""
     c = UnixHTTPConnection(sock_path, timeout)
@@ -302,3 +326,17 @@ def to_toml(d):
 
 
 needs_curl = pytest.mark.skipif(shutil.which("curl") is None, reason="curl not installed")
+
+
+def uds_httpx(sock_path, timeout=300):
+    """An httpx client (the transport the openai SDK and LangChain take) on the daemon's socket."""
+    httpx = pytest.importorskip("httpx")
+    return httpx.Client(transport=httpx.HTTPTransport(uds=sock_path), base_url="http://edged",
+                        timeout=timeout)
+
+
+def openai_client(sock_path):
+    """The openai SDK talking to the daemon over its Unix socket."""
+    openai = pytest.importorskip("openai")
+    return openai.OpenAI(base_url="http://edged/v1", api_key="unused", max_retries=0,
+                         http_client=uds_httpx(sock_path))
