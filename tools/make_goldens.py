@@ -55,6 +55,13 @@ CASES = {
     # a scaled-down Qwen3-30B-A3B: 16 experts, 4 used, expert FFN 16 wide, q/k norms
     "qwen3moe": dict(arch="qwen3moe", qk_norm=True, n_expert=16, n_expert_used=4,
                      n_ff_exp=16, tied=True),
+    # a scaled-down gpt-oss-20b: 8 heads of 16 over a 64-wide stream (q wider than n_embd, as
+    # 64 x 64 over 2880 there), a learned sink logit per head, q/k/v/o biases, a window of 8
+    # on even layers, YaRN (factor 4 over 32), 8 experts with 4 used, softmax over the top-4
+    # router logits, router and expert biases (large enough that the clamp at 7 of the
+    # SwiGLU acts), the FFN norm stored as post_attention_norm
+    "gpt-oss": dict(arch="gpt-oss", n_head=8, n_layer=2, n_swa=8, yarn=4.0, n_ctx_orig=32,
+                    qkv_bias=True, gptoss=True, n_expert=8, n_expert_used=4, n_ff_exp=32),
 }
 
 LLAMA_TEACHER = r"""
@@ -172,10 +179,14 @@ def write_gguf(name, c, path, seed):
             vec(p + "attn_q_norm.weight", D)
             vec(p + "attn_k_norm.weight", D)
         mat(p + "attn_output.weight", E, H * D)
+        if c.get("gptoss"):
+            w.add_tensor(p + "attn_output.bias", rng.uniform(-0.1, 0.1, E).astype(np.float32))
+            w.add_tensor(p + "attn_sinks.weight", rng.uniform(-1.0, 3.0, H).astype(np.float32))
         if c.get("sandwich"):
             vec(p + "post_attention_norm.weight", E)
             vec(p + "post_ffw_norm.weight", E)
-        vec(p + "ffn_norm.weight", E)
+        # gpt-oss names the FFN's input norm post_attention_norm
+        vec(p + ("post_attention_norm.weight" if c.get("gptoss") else "ffn_norm.weight"), E)
         if "n_expert" in c:
             X, Fe = c["n_expert"], c["n_ff_exp"]
             w.add_tensor(p + "ffn_gate_inp.weight",
@@ -183,6 +194,12 @@ def write_gguf(name, c, path, seed):
             mat(p + "ffn_gate_exps.weight", X, Fe, E)
             mat(p + "ffn_up_exps.weight", X, Fe, E)
             mat(p + "ffn_down_exps.weight", X, E, Fe)
+            if c.get("gptoss"):
+                for tname, shape, sd in (("ffn_gate_inp.bias", (X,), 0.5),
+                                         ("ffn_gate_exps.bias", (X, Fe), 4.0),
+                                         ("ffn_up_exps.bias", (X, Fe), 4.0),
+                                         ("ffn_down_exps.bias", (X, E), 0.1)):
+                    w.add_tensor(p + tname, (rng.standard_normal(shape) * sd).astype(np.float32))
             if "n_ff_shexp" in c:
                 Fs = c["n_ff_shexp"]
                 w.add_tensor(p + "ffn_gate_inp_shexp.weight",
