@@ -1,0 +1,108 @@
+"""gpt-oss's harmony through the daemon: the synthetic gpt-oss model (tests/data/goldens) with
+the harmony control tokens in its vocabulary and gpt-oss's real chat template. Its output is
+forced by a grammar (the request's Lark `grammar`, or tool_choice "required"), so the reply is
+known text: the analysis channel comes back as reasoning_content, the final channel as
+content, a call as OpenAI tool_calls, whole and streamed."""
+import asyncio
+import json
+import os
+
+import pytest
+
+from conftest import ROOT, testdata
+from edged.service.api import ApiRequest
+from test_daemon_handlers import make_daemon
+
+gguf = pytest.importorskip("gguf")
+pytest.importorskip("llguidance")
+
+GPT_OSS = os.path.join(ROOT, "tests", "data", "goldens", "synthetic-gpt-oss.gguf")
+SPECIALS = ["<|start|>", "<|channel|>", "<|message|>", "<|end|>", "<|return|>", "<|call|>", "<|constrain|>"]
+WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"enum": ["Oslo", "Paris"]}}, "required": ["city"],
+    "additionalProperties": False}}}
+
+
+def harmony_model(dst):
+    """The synthetic gpt-oss file with its last pieces replaced by harmony's control tokens
+    and gpt-oss's chat template. Returns the ids of the specials."""
+    r = gguf.GGUFReader(GPT_OSS)
+    w = gguf.GGUFWriter(dst, "gpt-oss")
+    n = len(r.fields["tokenizer.ggml.tokens"].contents())
+    ids = {s: n - len(SPECIALS) + i for i, s in enumerate(SPECIALS)}
+    for name, field in r.fields.items():
+        if name.startswith("GGUF.") or name == "general.architecture":
+            continue
+        v, vtype = field.contents(), field.types[0]
+        if name == "tokenizer.ggml.tokens":
+            v = v[:n - len(SPECIALS)] + SPECIALS
+        elif name == "tokenizer.ggml.token_type":
+            v = v[:n - len(SPECIALS)] + [3] * len(SPECIALS)           # control
+        if vtype == gguf.GGUFValueType.ARRAY:
+            w.add_key_value(name, v, vtype, sub_type=field.types[-1])
+        else:
+            w.add_key_value(name, v, vtype)
+    with open(testdata("templates", "openai-gpt-oss-120b.jinja"), encoding="utf-8") as f:
+        w.add_key_value("tokenizer.chat_template", f.read(), gguf.GGUFValueType.STRING)
+    for t in r.tensors:
+        w.add_tensor_info(t.name, t.data.shape, t.data.dtype, t.data.nbytes, t.tensor_type)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_ti_data_to_file()
+    for t in r.tensors:
+        w.write_tensor_data(t.data)
+    w.close()
+    return ids
+
+
+def test_harmony_reply_and_tool_call_through_the_daemon(tmp_path):
+    pytest.importorskip("edged._core")
+    d = make_daemon(tmp_path, default_model="oss", ctx_size=1024, max_body_bytes=65536)
+    ids = harmony_model(str(tmp_path / "models" / "oss.gguf"))
+    t = {s: f"<[{i}]>" for s, i in ids.items()}
+    forced = (f'start: {t["<|channel|>"]} "analysis" {t["<|message|>"]} "Let me think." {t["<|end|>"]} '
+              f'{t["<|start|>"]} "assistant" {t["<|channel|>"]} "final" {t["<|message|>"]} "Hi there."\n')
+    d.start_threads()
+
+    async def ask(**extra):
+        body = {"messages": [{"role": "user", "content": "Hello"}], "max_tokens": 80, "temperature": 0,
+                **extra}
+        return await d.api.handle(ApiRequest("POST", "/v1/chat/completions", json.dumps(body).encode()))
+
+    async def stream(**extra):
+        s = await ask(stream=True, **extra)
+        chunks = [json.loads(c[6:]) async for c in s.chunks() if c != b"data: [DONE]\n\n"]
+        await s.close()
+        return [c["choices"][0] for c in chunks if c["choices"]]
+
+    async def main():
+        r = await ask(grammar=forced, chat_template_kwargs={"reasoning_effort": "low"})
+        assert r.status == 200, r.body
+        ch = r.body["choices"][0]
+        assert ch["message"]["reasoning_content"] == "Let me think.", ch
+        assert ch["message"]["content"] == "Hi there." and ch["finish_reason"] == "stop", ch
+        deltas = [c["delta"] for c in await stream(grammar=forced)]
+        assert "".join(x.get("reasoning_content", "") for x in deltas) == "Let me think."
+        assert "".join(x.get("content") or "" for x in deltas) == "Hi there."
+        raw = (await ask(grammar=forced, reasoning_format="none")).body["choices"][0]["message"]
+        assert raw["content"] == "<|channel|>analysis<|message|>Let me think.<|end|>Hi there."
+        assert "reasoning_content" not in raw
+
+        r = await ask(tools=[WEATHER], tool_choice="required")
+        ch = r.body["choices"][0]
+        assert r.status == 200 and ch["finish_reason"] == "tool_calls", r.body
+        (call,) = ch["message"]["tool_calls"]
+        assert call["function"]["name"] == "get_weather"
+        assert json.loads(call["function"]["arguments"])["city"] in ("Oslo", "Paris")
+        assert ch["message"]["content"] is None
+        got = await stream(tools=[WEATHER], tool_choice="required")
+        calls = [tc for c in got for tc in c["delta"].get("tool_calls") or ()]
+        assert [(c["index"], c["function"]) for c in calls] == [(0, call["function"])]
+        assert got[-1]["finish_reason"] == "tool_calls"
+        assert not "".join(c["delta"].get("content") or "" for c in got)
+        await d.registry.close_all()
+
+    try:
+        asyncio.run(main())
+    finally:
+        d.decoder.stop()
