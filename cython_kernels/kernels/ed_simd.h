@@ -767,25 +767,29 @@ static const ed_mdot_fn ED_AVX512NV_TILE[ED_NTYPES] = {
     [ED_Q4_0] = ed_avx512nv_tile_q4_0, [ED_Q4_1] = ed_avx512nv_tile_q4_1, [ED_Q5_0] = ed_avx512nv_tile_q5_0,
     [ED_Q5_1] = ed_avx512nv_tile_q5_1, [ED_Q8_0] = ed_avx512nv_tile_q8_0, [ED_Q2_K] = ed_avx512nv_tile_q2_K,
     [ED_Q3_K] = ed_avx512nv_tile_q3_K, [ED_Q4_K] = ed_z_mdot_q4_K, [ED_Q5_K] = ed_avx512nv_tile_q5_K,
-    [ED_Q6_K] = ed_avx512nv_tile_q6_K};
+    [ED_Q6_K] = ed_avx512nv_tile_q6_K, [ED_IQ4_NL] = ed_avx512nv_tile_iq4_nl,
+    [ED_IQ4_XS] = ed_avx512nv_tile_iq4_xs, [ED_MXFP4] = ed_avx512nv_tile_mxfp4};
 static const ed_dot_fn ED_AVX512V_DOT[ED_NTYPES] = {
     [ED_F32] = ed_avx512_dot_f32, [ED_F16] = ed_avx512_dot_f16, [ED_BF16] = ed_avx512_dot_bf16,
     [ED_Q4_0] = ed_z_dot_q4_0, [ED_Q4_1] = ed_avx512_dot_q4_1, [ED_Q5_0] = ed_z_dot_q5_0,
     [ED_Q5_1] = ed_avx512_dot_q5_1, [ED_Q8_0] = ed_avx512_dot_q8_0, [ED_Q2_K] = ed_avx512_dot_q2_K,
     [ED_Q3_K] = ed_avx512_dot_q3_K, [ED_Q4_K] = ed_avx512_dot_q4_K, [ED_Q5_K] = ed_avx512_dot_q5_K,
-    [ED_Q6_K] = ed_z_dot_q6_K};
+    [ED_Q6_K] = ed_z_dot_q6_K, [ED_IQ4_NL] = ed_avx512_dot_iq4_nl, [ED_IQ4_XS] = ed_avx512_dot_iq4_xs,
+    [ED_MXFP4] = ed_avx512_dot_mxfp4};
 static const ed_mdot_fn ED_AVX512V_TILE[ED_NTYPES] = {
     [ED_F32] = ed_avx512_tile_f32, [ED_F16] = ed_avx512_tile_f16, [ED_BF16] = ed_avx512_tile_bf16,
     [ED_Q4_0] = ed_avx512_tile_q4_0, [ED_Q4_1] = ed_avx512_tile_q4_1, [ED_Q5_0] = ed_avx512_tile_q5_0,
     [ED_Q5_1] = ed_avx512_tile_q5_1, [ED_Q8_0] = ed_avx512_tile_q8_0, [ED_Q2_K] = ed_avx512_tile_q2_K,
     [ED_Q3_K] = ed_avx512_tile_q3_K, [ED_Q4_K] = ed_z_mdot_q4_K, [ED_Q5_K] = ed_avx512_tile_q5_K,
-    [ED_Q6_K] = ed_avx512_tile_q6_K};
+    [ED_Q6_K] = ed_avx512_tile_q6_K, [ED_IQ4_NL] = ed_avx512_tile_iq4_nl, [ED_IQ4_XS] = ed_avx512_tile_iq4_xs,
+    [ED_MXFP4] = ed_avx512_tile_mxfp4};
 static const ed_mdot_fn ED_AVX512V_SAME[ED_NTYPES] = {  /* pair tiles: ed_z_dot_* as one column */
     [ED_F32] = ed_avx512_same_f32, [ED_F16] = ed_avx512_same_f16, [ED_BF16] = ed_avx512_same_bf16,
     [ED_Q4_0] = ed_z_pair_q4_0, [ED_Q4_1] = ed_avx512_same_q4_1, [ED_Q5_0] = ed_z_pair_q5_0,
     [ED_Q5_1] = ed_avx512_same_q5_1, [ED_Q8_0] = ed_z_pair_q8_0, [ED_Q2_K] = ed_avx512_same_q2_K,
     [ED_Q3_K] = ed_avx512_same_q3_K, [ED_Q4_K] = ed_z_pair_q4_K, [ED_Q5_K] = ed_z_pair_q5_K,
-    [ED_Q6_K] = ed_z_mdot_q6_K};
+    [ED_Q6_K] = ed_z_mdot_q6_K, [ED_IQ4_NL] = ed_avx512_same_iq4_nl, [ED_IQ4_XS] = ed_avx512_same_iq4_xs,
+    [ED_MXFP4] = ed_avx512_same_mxfp4};
 static const struct ed_gemm_path ED_AVX512V_GEMM = {
     ed_z_gemm, 1, 0, ed_z_gemm_transpose,
     {[ED_Q4_0] = ed_avx512_unpack_q4_0, [ED_Q5_0] = ed_avx512_unpack_q5_0, [ED_Q8_0] = ed_avx512_unpack_q8_0,
@@ -831,7 +835,8 @@ static const ed_dot_fn ED_GENERIC_DOT[ED_NTYPES] = {
     [ED_Q4_0] = ed_dot_q4_0, [ED_Q4_1] = ed_dot_q4_1, [ED_Q5_0] = ed_dot_q5_0,
     [ED_Q5_1] = ed_dot_q5_1, [ED_Q8_0] = ed_dot_q8_0, [ED_Q2_K] = ed_dot_q2_K,
     [ED_Q3_K] = ed_dot_q3_K, [ED_Q4_K] = ed_dot_q4_K, [ED_Q5_K] = ed_dot_q5_K,
-    [ED_Q6_K] = ed_dot_q6_K};
+    [ED_Q6_K] = ed_dot_q6_K, [ED_IQ4_NL] = ed_dot_iq4_nl, [ED_IQ4_XS] = ed_dot_iq4_xs,
+    [ED_MXFP4] = ed_dot_mxfp4};
 static const ed_quant_fn ED_GENERIC_QUANT[ED_NTYPES] = {
     [ED_F32] = ed_quant_f32, [ED_F16] = ed_quant_f16, [ED_BF16] = ed_quant_bf16,
     [ED_Q8_0] = ed_quant_q8_0, [ED_Q8_1] = ed_quant_q8_1, [ED_Q8_K] = ed_quant_q8_K};

@@ -113,7 +113,10 @@ class FileType(enum.IntEnum):
     MOSTLY_Q5_K_M = 17
     MOSTLY_Q6_K = 18
     MOSTLY_Q2_K_S = 21
+    MOSTLY_IQ4_NL = 25
+    MOSTLY_IQ4_XS = 30
     MOSTLY_BF16 = 32
+    MOSTLY_MXFP4_MOE = 38
 
 
 QUANTIZATION_VERSION = 2   # general.quantization_version written by current llama.cpp

@@ -30,7 +30,8 @@ MIXES = {
     "Q2_K": F.MOSTLY_Q2_K, "Q2_K_S": F.MOSTLY_Q2_K_S, "Q3_K_S": F.MOSTLY_Q3_K_S,
     "Q3_K_M": F.MOSTLY_Q3_K_M, "Q3_K_L": F.MOSTLY_Q3_K_L, "Q4_K_S": F.MOSTLY_Q4_K_S,
     "Q4_K_M": F.MOSTLY_Q4_K_M, "Q5_K_S": F.MOSTLY_Q5_K_S, "Q5_K_M": F.MOSTLY_Q5_K_M,
-    "Q6_K": F.MOSTLY_Q6_K,
+    "Q6_K": F.MOSTLY_Q6_K, "IQ4_NL": F.MOSTLY_IQ4_NL, "IQ4_XS": F.MOSTLY_IQ4_XS,
+    "MXFP4_MOE": F.MOSTLY_MXFP4_MOE,
 }
 ALIASES = {"Q3_K": "Q3_K_M", "Q4_K": "Q4_K_M", "Q5_K": "Q5_K_M"}
 
@@ -41,11 +42,14 @@ DEFAULT_TYPE = {
     F.MOSTLY_Q2_K: G.Q2_K, F.MOSTLY_Q2_K_S: G.Q2_K, F.MOSTLY_Q3_K_S: G.Q3_K,
     F.MOSTLY_Q3_K_M: G.Q3_K, F.MOSTLY_Q3_K_L: G.Q3_K, F.MOSTLY_Q4_K_S: G.Q4_K,
     F.MOSTLY_Q4_K_M: G.Q4_K, F.MOSTLY_Q5_K_S: G.Q5_K, F.MOSTLY_Q5_K_M: G.Q5_K,
-    F.MOSTLY_Q6_K: G.Q6_K,
+    F.MOSTLY_Q6_K: G.Q6_K, F.MOSTLY_IQ4_NL: G.IQ4_NL, F.MOSTLY_IQ4_XS: G.IQ4_XS,
+    F.MOSTLY_MXFP4_MOE: G.MXFP4,
 }
 _LAYER = re.compile(r"blk\.(\d+)\.")
 FLOAT_TYPES = (G.F32, G.F16, G.BF16)
-FALLBACK = {G.Q2_K: G.Q4_0, G.Q3_K: G.Q4_0, G.Q4_K: G.Q5_0, G.Q5_K: G.Q5_1, G.Q6_K: G.Q8_0}
+FALLBACK = {G.Q2_K: G.Q4_0, G.Q3_K: G.Q4_0, G.Q4_K: G.Q5_0, G.Q5_K: G.Q5_1, G.Q6_K: G.Q8_0,
+            G.IQ4_XS: G.IQ4_NL}
+IQ4_MIXES = (F.MOSTLY_IQ4_NL, F.MOSTLY_IQ4_XS)
 
 
 def parse_mix(name):
@@ -87,8 +91,9 @@ def _use_more_bits(i, n):
     return i < n // 8 or i >= 7 * n // 8 or (i - n // 8) % 3 == 2
 
 
-def choose_types(f, ftype):
-    """name -> target GGMLType for every tensor of `f` under llama.cpp's rules for `ftype`."""
+def choose_types(f, ftype, has_imatrix=False):
+    """name -> target GGMLType for every tensor of `f` under llama.cpp's rules for `ftype`
+    (has_imatrix: an importance matrix is given, which changes a few choices as in llama.cpp)."""
     ftype = FileType(ftype)
     default = DEFAULT_TYPE[ftype]
     md = f.metadata
@@ -116,10 +121,12 @@ def choose_types(f, ftype):
             cat = cats[name]
             if cat == "output" or (tied and cat == "token_embd"):
                 qk = TYPE_INFO[t].block_size
-                if falcon or ti.shape[0] % qk:
+                if ftype == F.MOSTLY_MXFP4_MOE or falcon or ti.shape[0] % qk:
                     t = G.Q8_0
                 elif t != G.Q8_0:
                     t = G.Q6_K
+            elif ftype == F.MOSTLY_MXFP4_MOE:  # expert tensors (3-D) MXFP4, the rest Q8_0
+                t = G.MXFP4 if len(ti.shape) >= 3 and ti.shape[2] > 1 else G.Q8_0
             elif cat in ("attn_v", "attn_qkv"):  # llama.cpp treats fused qkv like attn_v
                 t = _attn_v_type(t, ftype, n_gqa, n_expert, i_attn_v, n_attn_v)
                 i_attn_v += 1
@@ -127,13 +134,13 @@ def choose_types(f, ftype):
                 if n_expert == 8:
                     t = G.Q8_0
             elif cat == "ffn_down":
-                t = _ffn_down_type(t, ftype, i_ffn_down, n_layer, falcon)
+                t = _ffn_down_type(t, ftype, i_ffn_down, n_layer, falcon, has_imatrix)
                 i_ffn_down += 1
             elif cat == "attn_output":
                 if not falcon:
                     if n_expert == 8:
                         if ftype in (F.MOSTLY_Q2_K, F.MOSTLY_Q3_K_S, F.MOSTLY_Q3_K_M,
-                                     F.MOSTLY_Q4_K_S, F.MOSTLY_Q4_K_M):
+                                     F.MOSTLY_Q4_K_S, F.MOSTLY_Q4_K_M) + IQ4_MIXES:
                             t = G.Q5_K
                     elif ftype == F.MOSTLY_Q2_K:
                         t = G.Q3_K
@@ -159,6 +166,8 @@ def _attn_v_type(t, ftype, n_gqa, n_expert, i, n):
         t = G.Q5_K if i < 2 else G.Q4_K
     elif ftype == F.MOSTLY_Q3_K_L:
         t = G.Q5_K
+    elif ftype in IQ4_MIXES and n_gqa >= 4:
+        t = G.Q5_K
     elif ftype in (F.MOSTLY_Q4_K_M, F.MOSTLY_Q5_K_M) and _use_more_bits(i, n):
         t = G.Q6_K
     elif ftype == F.MOSTLY_Q4_K_S and i < 4:
@@ -168,7 +177,7 @@ def _attn_v_type(t, ftype, n_gqa, n_expert, i, n):
     return t
 
 
-def _ffn_down_type(t, ftype, i, n, falcon):
+def _ffn_down_type(t, ftype, i, n, falcon, has_imatrix=False):
     if ftype == F.MOSTLY_Q2_K:
         return G.Q3_K
     if ftype == F.MOSTLY_Q2_K_S:
@@ -183,6 +192,8 @@ def _ffn_down_type(t, ftype, i, n, falcon):
         if falcon:
             return G.Q6_K if i < n // 16 else G.Q5_K if _use_more_bits(i, n) else G.Q4_K
         return G.Q6_K if _use_more_bits(i, n) else t
+    if ftype in IQ4_MIXES and i < n // 8 and not has_imatrix:
+        return G.Q5_K
     if ftype == F.MOSTLY_Q5_K_M and _use_more_bits(i, n):
         return G.Q6_K
     if ftype == F.MOSTLY_Q4_K_S and not falcon and i < n // 8:
