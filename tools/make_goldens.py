@@ -66,6 +66,10 @@ CASES = {
                     n_ctx_orig=32, qkv_bias=True, gptoss=True, n_expert=8, n_expert_used=4,
                     n_ff_exp=32),
 }
+# gpt-oss as it ships: the same file with its experts in MXFP4, quantized by the PyPI gguf
+# package (llama-quantize's MXFP4_MOE would also make the rest Q8_0, which this machine's
+# llama.cpp build cannot run)
+CASES["gpt-oss-mxfp4"] = dict(CASES["gpt-oss"], mxfp4=True)
 
 LLAMA_TEACHER = r"""
 import json, sys
@@ -154,6 +158,12 @@ def write_gguf(name, c, path, seed):
         s = scale if scale is not None else 1.0 / np.sqrt(shape[-1])
         w.add_tensor(tname, (rng.standard_normal(shape) * s).astype(np.float16))
 
+    def mxfp4(tname, *shape):
+        # the same random draw as mat(), quantized to MXFP4 by gguf-py (not by edged)
+        data = (rng.standard_normal(shape) / np.sqrt(shape[-1])).astype(np.float32)
+        q = gguf.quants.quantize(data, gguf.GGMLQuantizationType.MXFP4)
+        w.add_tensor(tname, q, raw_dtype=gguf.GGMLQuantizationType.MXFP4)
+
     def vec(tname, n, lo=0.8, hi=1.2):
         w.add_tensor(tname, rng.uniform(lo, hi, n).astype(np.float32))
 
@@ -194,9 +204,10 @@ def write_gguf(name, c, path, seed):
             X, Fe = c["n_expert"], c["n_ff_exp"]
             w.add_tensor(p + "ffn_gate_inp.weight",
                          (rng.standard_normal((X, E)) / np.sqrt(E)).astype(np.float32))
-            mat(p + "ffn_gate_exps.weight", X, Fe, E)
-            mat(p + "ffn_up_exps.weight", X, Fe, E)
-            mat(p + "ffn_down_exps.weight", X, E, Fe)
+            emat = mxfp4 if c.get("mxfp4") else mat
+            emat(p + "ffn_gate_exps.weight", X, Fe, E)
+            emat(p + "ffn_up_exps.weight", X, Fe, E)
+            emat(p + "ffn_down_exps.weight", X, E, Fe)
             if c.get("gptoss"):
                 for tname, shape, sd in (("ffn_gate_inp.bias", (X,), 0.5),
                                          ("ffn_gate_exps.bias", (X, Fe), 4.0),
