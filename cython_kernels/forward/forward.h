@@ -631,6 +631,7 @@ static void ed_attention_blocked(ed_state *s, const ed_model *m, int il, int ith
     const int n = s->n_tokens, hd = m->head_dim, n_kv = m->n_head_kv, group = m->n_head / n_kv;
     const int kvd = n_kv * hd, Qd = m->n_head * hd;
     const int swa = m->layers[il].swa && m->n_swa > 0;
+    const float *sink = m->layers[il].attn_sinks.data ? ed_vec(&m->layers[il].attn_sinks) : NULL;
     /* fewer heads per block only when there are fewer blocks than threads (decode) */
     int hc = group < ED_ATTN_ROWS ? group : ED_ATTN_ROWS, hs, tb, ntb;
     for (;;) {
@@ -658,6 +659,7 @@ static void ed_attention_blocked(ed_state *s, const ed_model *m, int il, int ith
                 rw[nr].o = s->xb + (size_t)t * Qd + (size_t)h * hd;
                 rw[nr].lo = lo;
                 rw[nr].hi = pt;
+                rw[nr].sink = sink ? sink[h] : -INFINITY;
             }
         }
         const size_t off = (size_t)kvh * hd;
@@ -675,7 +677,7 @@ static void ed_attention_blocked(ed_state *s, const ed_model *m, int il, int ith
 
 static void ed_attention(ed_state *s, const ed_model *m, int il, int ith, int nth, int ldqkv) {
     if (!s->batched && s->n_tokens >= ED_ATTN_BLOCK_MIN && ed_attn != ed_attn_rowwise &&
-        m->attn_softcap == 0.0f && !m->layers[il].attn_sinks.data)  /* nor capping, nor sinks */
+        m->attn_softcap == 0.0f)  /* the blocked kernel has no soft-capping */
         ed_attention_blocked(s, m, il, ith, nth, ldqkv);
     else
         ed_attention_exact(s, m, il, ith, nth, ldqkv);
