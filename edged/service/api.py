@@ -113,6 +113,8 @@ def parse_params(body, chat):
             tc or ("auto" if p["tools"] else "none"))
         p["parallel_tool_calls"] = r.parallel_tool_calls
         p["template_kwargs"] = dict(r.chat_template_kwargs or {})
+        if r.reasoning_effort is not None:
+            p["template_kwargs"].setdefault("reasoning_effort", r.reasoning_effort)
         p["reasoning"] = r.reasoning_format != "none"
     else:
         p["logprobs"] = r.logprobs

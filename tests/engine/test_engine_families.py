@@ -298,3 +298,17 @@ def test_gpt_oss_info_reports_active_weights(capsys):
     from edged.cli import main
     main(["info", "-m", GPT_OSS, "-c", "512"])
     assert "experts: 4 of 8 per token" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("name", ["synthetic-gpt-oss", "synthetic-gpt-oss-mxfp4"])
+def test_gpt_oss_every_kernel_path(name):
+    """gpt-oss on every path this CPU has (generic, avx2, avx512; NEON runs the same C for
+    sinks, biases, routing and the clamped SwiGLU), not only the best and generic ones."""
+    core = pytest.importorskip("edged._core")
+    before = core.kernel_path()
+    try:
+        for path in core.available_paths():
+            core.set_path(path)
+            check(name, "cpu")
+    finally:
+        core.set_path(before)

@@ -84,6 +84,14 @@ def test_harmony_reply_and_tool_call_through_the_daemon(tmp_path):
         deltas = [c["delta"] for c in await stream(grammar=forced)]
         assert "".join(x.get("reasoning_content", "") for x in deltas) == "Let me think."
         assert "".join(x.get("content") or "" for x in deltas) == "Hi there."
+        # OpenAI's reasoning_effort is the template's variable (chat_template_kwargs wins)
+        n = {e: (await ask(max_tokens=1, reasoning_effort=e)).body["usage"]["prompt_tokens"]
+             for e in ("low", "high")}
+        assert n["low"] != n["high"]
+        kw = await ask(max_tokens=1, reasoning_effort="low", chat_template_kwargs={"reasoning_effort": "high"})
+        assert kw.body["usage"]["prompt_tokens"] == n["high"]
+        bad = await ask(reasoning_effort="extreme")
+        assert bad.status == 400 and bad.body["error"]["param"] == "reasoning_effort"
         raw = (await ask(grammar=forced, reasoning_format="none")).body["choices"][0]["message"]
         assert raw["content"] == "<|channel|>analysis<|message|>Let me think.<|end|>Hi there."
         assert "reasoning_content" not in raw
