@@ -1,5 +1,6 @@
-"""gpt-oss's harmony through the daemon: the synthetic gpt-oss model (tests/data/goldens) with
-the harmony control tokens in its vocabulary and gpt-oss's real chat template. Its output is
+"""gpt-oss's harmony through the daemon: the synthetic gpt-oss model (tests/data/goldens) with a
+gpt-oss-like vocabulary (byte-level BPE, the o200k pre-tokenizer, the harmony control tokens)
+and gpt-oss's real chat template. Its output is
 forced by a grammar (the request's Lark `grammar`, or tool_choice "required"), so the reply is
 known text: the analysis channel comes back as reasoning_content, the final channel as
 content, a call as OpenAI tool_calls, whole and streamed."""
@@ -18,32 +19,47 @@ pytest.importorskip("llguidance")
 
 GPT_OSS = os.path.join(ROOT, "tests", "data", "goldens", "synthetic-gpt-oss.gguf")
 SPECIALS = ["<|start|>", "<|channel|>", "<|message|>", "<|end|>", "<|return|>", "<|call|>", "<|constrain|>"]
-WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {
-    "type": "object", "properties": {"city": {"enum": ["Oslo", "Paris"]}}, "required": ["city"],
-    "additionalProperties": False}}}
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "Weather now",   # the gpt-oss template needs one
+    "parameters": {"type": "object", "properties": {"city": {"enum": ["Oslo", "Paris"]}},
+                   "required": ["city"], "additionalProperties": False}}}
+
+
+def byte_tokens():
+    """GPT-2's byte-level alphabet: the printable bytes as themselves, the rest shifted."""
+    keep = list(range(33, 127)) + list(range(161, 173)) + list(range(174, 256))
+    shifted = iter(range(256, 512))
+    return [chr(b) if b in keep else chr(next(shifted)) for b in range(256)]
 
 
 def harmony_model(dst):
-    """The synthetic gpt-oss file with its last pieces replaced by harmony's control tokens
-    and gpt-oss's chat template. Returns the ids of the specials."""
+    """The synthetic gpt-oss file with a gpt-oss-like vocabulary: byte-level BPE with the o200k
+    pre-tokenizer ("gpt-4o"), harmony's control tokens, <|return|> as EOS and gpt-oss's chat
+    template. Returns the ids of the specials."""
     r = gguf.GGUFReader(GPT_OSS)
-    w = gguf.GGUFWriter(dst, "gpt-oss")
     n = len(r.fields["tokenizer.ggml.tokens"].contents())
-    ids = {s: n - len(SPECIALS) + i for i, s in enumerate(SPECIALS)}
+    toks = byte_tokens() + ["ab"] + SPECIALS + ["<|startoftext|>"]
+    toks += [f"<|reserved_{i}|>" for i in range(n - len(toks))]
+    types = [1] * 257 + [3] * (n - 257)                                   # normal, control
+    ids = {t: i for i, t in enumerate(toks)}
+    w = gguf.GGUFWriter(dst, "gpt-oss")
     for name, field in r.fields.items():
-        if name.startswith("GGUF.") or name == "general.architecture":
+        if name.startswith(("GGUF.", "tokenizer.")) or name == "general.architecture":
             continue
-        v, vtype = field.contents(), field.types[0]
-        if name == "tokenizer.ggml.tokens":
-            v = v[:n - len(SPECIALS)] + SPECIALS
-        elif name == "tokenizer.ggml.token_type":
-            v = v[:n - len(SPECIALS)] + [3] * len(SPECIALS)           # control
-        if vtype == gguf.GGUFValueType.ARRAY:
-            w.add_key_value(name, v, vtype, sub_type=field.types[-1])
+        if field.types[0] == gguf.GGUFValueType.ARRAY:
+            w.add_key_value(name, field.contents(), field.types[0], sub_type=field.types[-1])
         else:
-            w.add_key_value(name, v, vtype)
+            w.add_key_value(name, field.contents(), field.types[0])
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("gpt-4o")
+    w.add_token_list(toks)
+    w.add_token_types(types)
+    w.add_token_merges(["a b"])
+    w.add_bos_token_id(ids["<|startoftext|>"])
+    w.add_eos_token_id(ids["<|return|>"])
+    w.add_add_bos_token(False)
     with open(testdata("templates", "openai-gpt-oss-120b.jinja"), encoding="utf-8") as f:
-        w.add_key_value("tokenizer.chat_template", f.read(), gguf.GGUFValueType.STRING)
+        w.add_chat_template(f.read())
     for t in r.tensors:
         w.add_tensor_info(t.name, t.data.shape, t.data.dtype, t.data.nbytes, t.tensor_type)
     w.write_header_to_file()
@@ -52,7 +68,7 @@ def harmony_model(dst):
     for t in r.tensors:
         w.write_tensor_data(t.data)
     w.close()
-    return ids
+    return {s: ids[s] for s in SPECIALS}
 
 
 def test_harmony_reply_and_tool_call_through_the_daemon(tmp_path):
@@ -97,6 +113,7 @@ def test_harmony_reply_and_tool_call_through_the_daemon(tmp_path):
         assert "reasoning_content" not in raw
 
         r = await ask(tools=[WEATHER], tool_choice="required")
+        assert r.status == 200, r.body
         ch = r.body["choices"][0]
         assert r.status == 200 and ch["finish_reason"] == "tool_calls", r.body
         (call,) = ch["message"]["tool_calls"]
