@@ -34,7 +34,7 @@ SHAPES = {
                           n_expert=32, n_expert_used=4, n_ff_exp=384),
     # gpt-oss-20b's layer layout (64-dim heads wider than n_embd, sinks, q/k/v/o biases, a
     # 128-token window on even layers, YaRN 32 over 4096, 32 experts with 4 used, router and
-    # expert biases) scaled to a 0.29B-parameter file reading 65 M per token
+    # expert biases) scaled to 0.29B parameters, 4 of 32 experts per token
     "gpt-oss-mini": dict(arch="gpt-oss", n_embd=768, n_head=16, n_head_kv=4, head_dim=64,
                          n_ff=384, n_layer=8, n_vocab=32000, rope_freq_base=150000.0,
                          rms_eps=1e-5, n_ctx_train=131072, tied=False, qkv_bias=True,
