@@ -203,9 +203,27 @@ cdef int split_gpt2(Text t, Py_ssize_t a, Py_ssize_t b, Vec *out) except -1 nogi
     return 0
 
 
+cdef inline Py_ssize_t ws_end(Text t, Py_ssize_t pos, Py_ssize_t a, Py_ssize_t b) noexcept nogil:
+    """End of the match at pos of \\s*[\\r\\n]+|\\s+(?!\\S)|\\s+ (else of one code point)."""
+    cdef Py_ssize_t nws = 0, last_rn = 0
+    cdef uint32_t c2
+    while is_ws(F(t, pos + nws, a, b)):
+        c2 = t.cp[pos + nws]
+        if c2 == 0x0D or c2 == 0x0A:
+            last_rn = pos + nws + 1
+        nws += 1
+    if last_rn > 0:
+        return last_rn                                 # \s*[\r\n]+
+    if nws > 1 and pos + nws < b:
+        return pos + nws - 1                           # \s+(?!\S)
+    if nws > 0:
+        return pos + nws                               # \s+
+    return pos + 1
+
+
 cdef int split_llama3(Text t, Py_ssize_t a, Py_ssize_t b, Vec *out, int variant) except -1 nogil:
     """variant: OP_LLAMA3 (\\p{N}{1,3}), OP_QWEN2 (\\p{N}), OP_QWEN35 (\\p{N}, letters with marks)."""
-    cdef Py_ssize_t pos = a, prev = a, nws, last_rn, ini
+    cdef Py_ssize_t pos = a, prev = a, ini
     cdef uint32_t cpt, c2
     cdef uint8_t f, f2
     cdef bint marks = variant == OP_QWEN35
@@ -260,21 +278,7 @@ cdef int split_llama3(Text t, Py_ssize_t a, Py_ssize_t b, Vec *out, int variant)
             vec_push(out, pos - prev)
             prev = pos
             continue
-        nws = 0
-        last_rn = 0
-        while is_ws(F(t, pos + nws, a, b)):
-            c2 = t.cp[pos + nws]
-            if c2 == 0x0D or c2 == 0x0A:
-                last_rn = pos + nws + 1
-            nws += 1
-        if last_rn > 0:
-            pos = last_rn                              # \s*[\r\n]+
-        elif nws > 1 and pos + nws < b:
-            pos += nws - 1                             # \s+(?!\S)
-        elif nws > 0:
-            pos += nws                                 # \s+
-        else:
-            pos += 1
+        pos = ws_end(t, pos, a, b)
         vec_push(out, pos - prev)
         prev = pos
     return 0
@@ -303,7 +307,7 @@ cdef int split_gpt4o(Text t, Py_ssize_t a, Py_ssize_t b, Vec *out) except -1 nog
         |\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+
        CONTR = '[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD], alternatives in order.
        A non-ASCII letter counts as both upper and lower case there."""
-    cdef Py_ssize_t pos = a, prev = a, q, u, j, nws, last_rn, ini
+    cdef Py_ssize_t pos = a, prev = a, q, u, j, ini
     cdef uint32_t cpt, c2
     cdef uint8_t f, f2
     while pos < b:
@@ -350,21 +354,7 @@ cdef int split_gpt4o(Text t, Py_ssize_t a, Py_ssize_t b, Vec *out) except -1 nog
             vec_push(out, pos - prev)
             prev = pos
             continue
-        nws = 0
-        last_rn = 0
-        while is_ws(F(t, pos + nws, a, b)):
-            c2 = t.cp[pos + nws]
-            if c2 == 0x0D or c2 == 0x0A:
-                last_rn = pos + nws + 1
-            nws += 1
-        if last_rn > 0:
-            pos = last_rn                              # \s*[\r\n]+
-        elif nws > 1 and pos + nws < b:
-            pos += nws - 1                             # \s+(?!\S)
-        elif nws > 0:
-            pos += nws                                 # \s+
-        else:
-            pos += 1
+        pos = ws_end(t, pos, a, b)
         vec_push(out, pos - prev)
         prev = pos
     return 0

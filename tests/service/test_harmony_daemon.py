@@ -11,6 +11,7 @@ import os
 import pytest
 
 from conftest import ROOT, testdata
+from daemon_support import add_chat_template
 from edged.service.api import ApiRequest
 from test_daemon_handlers import make_daemon
 
@@ -36,38 +37,24 @@ def harmony_model(dst):
     """The synthetic gpt-oss file with a gpt-oss-like vocabulary: byte-level BPE with the o200k
     pre-tokenizer ("gpt-4o"), harmony's control tokens, <|return|> as EOS and gpt-oss's chat
     template. Returns the ids of the specials."""
-    r = gguf.GGUFReader(GPT_OSS)
-    n = len(r.fields["tokenizer.ggml.tokens"].contents())
+    n = len(gguf.GGUFReader(GPT_OSS).fields["tokenizer.ggml.tokens"].contents())
     toks = byte_tokens() + ["ab"] + SPECIALS + ["<|startoftext|>"]
     toks += [f"<|reserved_{i}|>" for i in range(n - len(toks))]
     types = [1] * 257 + [3] * (n - 257)                                   # normal, control
     ids = {t: i for i, t in enumerate(toks)}
-    w = gguf.GGUFWriter(dst, "gpt-oss")
-    for name, field in r.fields.items():
-        if name.startswith(("GGUF.", "tokenizer.")) or name == "general.architecture":
-            continue
-        if field.types[0] == gguf.GGUFValueType.ARRAY:
-            w.add_key_value(name, field.contents(), field.types[0], sub_type=field.types[-1])
-        else:
-            w.add_key_value(name, field.contents(), field.types[0])
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("gpt-4o")
-    w.add_token_list(toks)
-    w.add_token_types(types)
-    w.add_token_merges(["a b"])
-    w.add_bos_token_id(ids["<|startoftext|>"])
-    w.add_eos_token_id(ids["<|return|>"])
-    w.add_add_bos_token(False)
+
+    def vocabulary(w):
+        w.add_tokenizer_model("gpt2")
+        w.add_tokenizer_pre("gpt-4o")
+        w.add_token_list(toks)
+        w.add_token_types(types)
+        w.add_token_merges(["a b"])
+        w.add_bos_token_id(ids["<|startoftext|>"])
+        w.add_eos_token_id(ids["<|return|>"])
+        w.add_add_bos_token(False)
+
     with open(testdata("templates", "openai-gpt-oss-120b.jinja"), encoding="utf-8") as f:
-        w.add_chat_template(f.read())
-    for t in r.tensors:
-        w.add_tensor_info(t.name, t.data.shape, t.data.dtype, t.data.nbytes, t.tensor_type)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_ti_data_to_file()
-    for t in r.tensors:
-        w.write_tensor_data(t.data)
-    w.close()
+        add_chat_template(GPT_OSS, dst, f.read(), skip=("tokenizer.",), add=vocabulary)
     return {s: ids[s] for s in SPECIALS}
 
 
