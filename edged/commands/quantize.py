@@ -12,7 +12,7 @@ def register(sub):
     from ..format.quantize import ALIASES, MIXES
     p = sub.add_parser("quantize", help="quantize a GGUF model (Q4_K_M, Q8_0, ...)",
                        description="Quantize IN into OUT with llama.cpp's per-tensor type choices "
-                       "and reference quantizers (no importance matrix). Metadata is copied; OUT "
+                       "and quantizers (importance-weighted with --imatrix). Metadata is copied; OUT "
                        "is written atomically, with the mode your umask gives new files.")
     p.add_argument("input", metavar="IN.gguf", help="model to quantize (F32/F16/BF16 weights)")
     p.add_argument("output", metavar="OUT.gguf", help="file to write (refused if it exists, see --force)")
@@ -21,6 +21,10 @@ def register(sub):
     p.add_argument("--allow-requantize", action="store_true",
                    help="allow quantizing tensors that are already quantized (their rounding "
                         "errors add up; as llama-quantize's flag of the same name)")
+    p.add_argument("--imatrix", metavar="FILE",
+                   help="importance matrix from llama-imatrix (GGUF or legacy .dat): each weight's "
+                        "quantization error is weighted by its column's mean squared activation, "
+                        "as llama-quantize --imatrix does (the IQ4_NL / IQ4_XS quantizers)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar and no summary")
     p.set_defaults(func=run)
 
@@ -38,7 +42,7 @@ def run(args):
             b.update(done - b.n)
 
         types = quantize_file(args.input, args.output, ftype, progress=progress,
-                              allow_requantize=args.allow_requantize)
+                              allow_requantize=args.allow_requantize, imatrix=args.imatrix)
     if not args.quiet:
         counts = collections.Counter(t.name for t in types.values())
         print(f"quantized {args.input} -> {args.output} as {ftype.name} in "

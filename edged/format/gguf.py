@@ -181,6 +181,15 @@ class Key:
     ALIGNMENT = "general.alignment"
     NAME = "general.name"
     FILE_TYPE = "general.file_type"
+    GENERAL_TYPE = "general.type"           # "model", or "imatrix" for llama-imatrix's files
+
+    # importance matrices (llama-imatrix), and what llama-quantize records of the one it used
+    IMATRIX_DATASETS = "imatrix.datasets"
+    IMATRIX_CHUNK_COUNT = "imatrix.chunk_count"
+    QUANTIZE_IMATRIX_FILE = "quantize.imatrix.file"
+    QUANTIZE_IMATRIX_DATASET = "quantize.imatrix.dataset"
+    QUANTIZE_IMATRIX_N_ENTRIES = "quantize.imatrix.entries_count"
+    QUANTIZE_IMATRIX_N_CHUNKS = "quantize.imatrix.chunks_count"
 
     # per architecture ("{arch}.…")
     VOCAB_SIZE = "{arch}.vocab_size"

@@ -710,9 +710,28 @@ _QUANT = {
 }
 
 
-def quantize(x, qtype):
-    """float rows (..., k) -> uint8 (rows, row_bytes) in `qtype`, llama.cpp's reference algorithm."""
+# the types whose quantizer takes an importance matrix here (llama.cpp's *_impl with
+# quant_weights); llama.cpp's Q8_0 and MXFP4 quantizers ignore one
+WEIGHTED = (GGMLType.IQ4_NL, GGMLType.IQ4_XS)
+IGNORES_WEIGHTS = (GGMLType.F32, GGMLType.F16, GGMLType.BF16, GGMLType.Q8_0, GGMLType.MXFP4)
+
+
+def quantize(x, qtype, quant_weights=None):
+    """float rows (..., k) -> uint8 (rows, row_bytes) in `qtype`, llama.cpp's reference algorithm;
+    quant_weights (k,): an importance matrix row for the WEIGHTED types (llama.cpp's algorithm
+    with quant_weights)."""
     t = _type(qtype)
+    if quant_weights is not None and t not in IGNORES_WEIGHTS:
+        if t not in WEIGHTED:
+            raise UnsupportedModelError(f"no importance-matrix quantizer for {t.name} (edged has one "
+                                        f"for {', '.join(w.name for w in WEIGHTED)})")
+        x = np.asarray(x, dtype=F32)
+        k = x.shape[-1]
+        bs = TYPE_INFO[t].block_size
+        rows = x.reshape(-1, k)
+        qw = np.tile(np.asarray(quant_weights, F32).reshape(-1, bs), (rows.shape[0], 1))
+        out = _QUANT[t](np.ascontiguousarray(rows.reshape(-1, bs)), qw)
+        return out.reshape(rows.shape[0], row_bytes(t, k))
     x = np.asarray(x, dtype=F32)
     k = x.shape[-1] if x.ndim else 1
     x2 = x.reshape(-1, k)

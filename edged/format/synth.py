@@ -57,6 +57,8 @@ MIXES = {
     "Q6_K": (GGMLType.Q6_K, GGMLType.Q6_K, GGMLType.Q6_K),
     "Q4_K_M": (GGMLType.Q4_K, GGMLType.Q6_K, GGMLType.Q6_K),
     "Q5_K_M": (GGMLType.Q5_K, GGMLType.Q6_K, GGMLType.Q6_K),
+    "IQ4_NL": (GGMLType.IQ4_NL, GGMLType.IQ4_NL, GGMLType.Q6_K),
+    "IQ4_XS": (GGMLType.IQ4_XS, GGMLType.IQ4_XS, GGMLType.Q6_K),  # rows of 896 fall back to IQ4_NL
     # llama-quantize's MXFP4_MOE (gpt-oss as shipped): experts MXFP4, every other matrix Q8_0
     "MXFP4_MOE": (GGMLType.Q8_0, GGMLType.Q8_0, GGMLType.Q8_0),
 }
