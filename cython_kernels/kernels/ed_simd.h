@@ -205,7 +205,7 @@ static void ed_attn_rowwise(int nr, const ed_attn_row *rw, const ed_half *k, con
         const int lo = rw[r].lo, hi = rw[r].hi;
         float *o = rw[r].o;
         for (int i = 0; i < hd; i++) q16[i] = ed_fp32_to_fp16(rw[r].q[i]);
-        float mx = -INFINITY;
+        float mx = rw[r].sink;  /* -INFINITY without a sink */
         for (int j = lo; j <= hi; j++) {
             const float d = dot16(hd, k + (size_t)j * ld, q16) * scale;
             sc[j - lo] = d;
@@ -213,6 +213,7 @@ static void ed_attn_rowwise(int nr, const ed_attn_row *rw, const ed_half *k, con
         }
         double sum = 0.0;
         for (int j = 0; j <= hi - lo; j++) { const float e = expf(sc[j] - mx); sc[j] = e; sum += e; }
+        if (rw[r].sink > -INFINITY) sum += expf(rw[r].sink - mx);
         const float inv = (float)(1.0 / sum);
         for (int i = 0; i < hd; i++) o[i] = 0.0f;
         for (int j = lo; j <= hi; j++) ed_axpy_f16(hd, sc[j - lo] * inv, v + (size_t)j * ld, o);

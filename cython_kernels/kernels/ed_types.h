@@ -537,7 +537,9 @@ typedef void (*ed_mrows_fn)(int k, const void *w, size_t wstride, int nr, const 
 /* y[i] += a * x[i] over an F16 row (attention's V accumulation) */
 typedef void (*ed_axpy_f16_fn)(int n, float a, const ed_half *x, float *y);
 /* attention over the F16 KV cache for a block of query rows (ed_simd.h) */
-typedef struct { const float *q; float *o; int lo, hi; } ed_attn_row;
+/* one query row of a block: keys lo..hi; sink: one more logit in its softmax that adds no
+   value (gpt-oss's attention sinks), -INFINITY for none */
+typedef struct { const float *q; float *o; int lo, hi; float sink; } ed_attn_row;
 typedef void (*ed_attn_fn)(int nr, const ed_attn_row *rw, const ed_half *k, const ed_half *v,
                            size_t ld, int hd, float scale, float *ws);
 struct ed_gemm_path;  /* the packed-panel kernel of a path (ed_gemm.h) */

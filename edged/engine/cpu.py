@@ -28,7 +28,8 @@ _ROLES = ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_qkv", "attn_q_bias", 
           "attn_v_bias", "attn_q_norm", "attn_k_norm", "attn_output", "post_attention_norm",
           "ffn_norm", "ffn_gate", "ffn_up", "ffn_down", "post_ffw_norm", "ffn_gate_inp",
           "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps", "ffn_gate_inp_shexp", "ffn_gate_shexp",
-          "ffn_up_shexp", "ffn_down_shexp")
+          "ffn_up_shexp", "ffn_down_shexp", "attn_sinks", "attn_output_bias", "ffn_gate_inp_bias",
+          "ffn_gate_exps_bias", "ffn_up_exps_bias", "ffn_down_exps_bias")
 
 
 def _require_core():
@@ -83,12 +84,13 @@ class CPUBackend(Backend):
             d = {"swa": int(hp.swa_layers[il]), "rope": int(hp.rope_layers[il])}
             for role in _ROLES:
                 name = getattr(L, role)
-                d[role] = vector(name) if role.endswith(("norm", "bias")) else matrix(name)
+                d[role] = vector(name) if role.endswith(("norm", "bias", "sinks")) else matrix(name)
             layers.append(d)
         fm = core.ForwardModel()
         hpd = dict(vars(hp))
         hpd.update(rope_neox=int(spec.arch.rope_type == ROPE_NEOX),
-                   act_gelu=int(spec.arch.act == "gelu"), scale_q=int(spec.arch.scale_q))
+                   act_gelu=int(spec.arch.act == "gelu"),
+                   act_oai=int(spec.arch.act == "swiglu_oai"), scale_q=int(spec.arch.scale_q))
         self._factors_ctx = {}
         g = {"token_embd": matrix(spec.token_embd), "output_norm": vector(spec.output_norm),
              "output": matrix(spec.output), "rope_factors": None}

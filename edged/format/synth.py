@@ -33,6 +33,14 @@ SHAPES = {
                           n_layer=8, n_vocab=32000, rope_freq_base=1e6, rms_eps=1e-6,
                           n_ctx_train=32768, tied=False, qkv_bias=False, qk_norm=True,
                           n_expert=32, n_expert_used=4, n_ff_exp=384),
+    # gpt-oss-20b's layer layout (64-dim heads wider than n_embd, sinks, q/k/v/o biases, a
+    # 128-token window on even layers, YaRN 32 over 4096, 32 experts with 4 used, router and
+    # expert biases) scaled to 0.29B parameters, 4 of 32 experts per token
+    "gpt-oss-mini": dict(arch="gpt-oss", n_embd=768, n_head=16, n_head_kv=4, head_dim=64,
+                         n_ff=384, n_layer=8, n_vocab=32000, rope_freq_base=150000.0,
+                         rms_eps=1e-5, n_ctx_train=131072, tied=False, qkv_bias=True,
+                         n_expert=32, n_expert_used=4, n_ff_exp=384, gpt_oss=True, n_swa=128,
+                         yarn=(32.0, 4096)),
     # a small model for demos and tests (seconds to make, milliseconds per token)
     "tiny": dict(arch="llama", n_embd=256, n_head=4, n_head_kv=2, n_ff=768, n_layer=4,
                  n_vocab=4096, rope_freq_base=10000.0, rms_eps=1e-5, n_ctx_train=2048,
@@ -52,6 +60,8 @@ MIXES = {
     "Q5_K_M": (GGMLType.Q5_K, GGMLType.Q6_K, GGMLType.Q6_K),
     "IQ4_NL": (GGMLType.IQ4_NL, GGMLType.IQ4_NL, GGMLType.Q6_K),
     "IQ4_XS": (GGMLType.IQ4_XS, GGMLType.IQ4_XS, GGMLType.Q6_K),  # rows of 896 fall back to IQ4_NL
+    # llama-quantize's MXFP4_MOE (gpt-oss as shipped): experts MXFP4, every other matrix Q8_0
+    "MXFP4_MOE": (GGMLType.Q8_0, GGMLType.Q8_0, GGMLType.Q8_0),
 }
 
 # llama.cpp's fallbacks when a row length is not a multiple of the K-quant super-block
@@ -63,9 +73,11 @@ def _more_bits(il, n_layer):
     return il < n_layer // 8 or il >= 7 * n_layer // 8 or (il - n_layer // 8) % 3 == 2
 
 
-def tensor_type(role, row_len, ftype, il=0, n_layer=1):
+def tensor_type(role, row_len, ftype, il=0, n_layer=1, expert=False):
     base, more, out = MIXES[ftype]
-    if role == "output":
+    if expert and ftype == "MXFP4_MOE":
+        t = GGMLType.MXFP4
+    elif role == "output":
         t = out
     elif role in ("attn_v", "ffn_down") and ftype.endswith("_M"):
         t = more if _more_bits(il, n_layer) else base
@@ -143,7 +155,8 @@ def synth(shape, ftype, out, seed=0, progress=None):
     s = SHAPES[shape]
     arch, E, F, L, V = s["arch"], s["n_embd"], s["n_ff"], s["n_layer"], s["n_vocab"]
     H, KV = s["n_head"], s["n_head_kv"]
-    hd = E // H
+    hd = s.get("head_dim", E // H)
+    oss = s.get("gpt_oss", False)
     w = GGUFWriter()
     data = {}  # name -> bytes, written after the header in declaration order
     A = lambda k: Key.arch(k, arch)  # noqa: E731
@@ -156,6 +169,15 @@ def synth(shape, ftype, out, seed=0, progress=None):
     w.add(A(Key.HEAD_COUNT), H)
     w.add(A(Key.HEAD_COUNT_KV), KV)
     w.add(A(Key.ROPE_FREQ_BASE), float(s["rope_freq_base"]))
+    if hd != E // H:
+        w.add(A(Key.KEY_LENGTH), hd)
+        w.add(A(Key.VALUE_LENGTH), hd)
+    if "n_swa" in s:
+        w.add(A(Key.SLIDING_WINDOW), s["n_swa"])
+    if "yarn" in s:
+        w.add(A(Key.ROPE_SCALING_TYPE), "yarn")
+        w.add(A(Key.ROPE_SCALING_FACTOR), float(s["yarn"][0]))
+        w.add(A(Key.ROPE_SCALING_ORIG_CTX_LEN), s["yarn"][1])
     X = s.get("n_expert", 0)
     if X:
         w.add(A(Key.EXPERT_COUNT), X)
@@ -178,16 +200,16 @@ def synth(shape, ftype, out, seed=0, progress=None):
     def mat(name, role, n_in, n_out, il=0, n_mat=1):
         # n_mat > 1: a 3-D (n_in, n_out, n_mat) stack of experts
         nonlocal n_params
-        t = tensor_type(role, n_in, ftype, il, L)
+        t = tensor_type(role, n_in, ftype, il, L, expert=n_mat > 1)
         w.add_tensor(name, (n_in, n_out, n_mat) if n_mat > 1 else (n_in, n_out), t)
         data[name] = pool.rows(t, n_in, n_out * n_mat)
         n_params += n_in * n_out * n_mat
 
-    def vec(name, n, value=1.0):
+    def vec(name, n, value=1.0, rows=1):
         nonlocal n_params
-        w.add_tensor(name, (n,), GGMLType.F32)
-        data[name] = np.full(n, value, np.float32)
-        n_params += n
+        w.add_tensor(name, (n, rows) if rows > 1 else (n,), GGMLType.F32)
+        data[name] = np.full(n * rows, value, np.float32)
+        n_params += n * rows
 
     mat("token_embd.weight", "output" if s["tied"] else "token_embd", E, V)
     vec("output_norm.weight", E)
@@ -207,7 +229,10 @@ def synth(shape, ftype, out, seed=0, progress=None):
             vec(p + "attn_q_norm.weight", hd)
             vec(p + "attn_k_norm.weight", hd)
         mat(p + "attn_output.weight", "attn_output", H * hd, E, il)
-        vec(p + "ffn_norm.weight", E)
+        if oss:  # the output bias, a sink logit per head; the FFN norm's gpt-oss name
+            vec(p + "attn_output.bias", E, 0.0)
+            vec(p + "attn_sinks.weight", H, 0.0)
+        vec(p + ("post_attention_norm.weight" if oss else "ffn_norm.weight"), E)
         if X:  # the router stays F32 (llama-quantize leaves ffn_gate_inp alone)
             w.add_tensor(p + "ffn_gate_inp.weight", (E, X), GGMLType.F32)
             data[p + "ffn_gate_inp.weight"] = rng.standard_normal((X, E), np.float32) * 0.05
@@ -216,6 +241,11 @@ def synth(shape, ftype, out, seed=0, progress=None):
             mat(p + "ffn_gate_exps.weight", "ffn_gate", E, Fe, il, X)
             mat(p + "ffn_up_exps.weight", "ffn_up", E, Fe, il, X)
             mat(p + "ffn_down_exps.weight", "ffn_down", Fe, E, il, X)
+            if oss:
+                vec(p + "ffn_gate_inp.bias", X, 0.0)
+                vec(p + "ffn_gate_exps.bias", Fe, 0.0, rows=X)
+                vec(p + "ffn_up_exps.bias", Fe, 0.0, rows=X)
+                vec(p + "ffn_down_exps.bias", E, 0.0, rows=X)
         else:
             mat(p + "ffn_gate.weight", "ffn_gate", E, F, il)
             mat(p + "ffn_up.weight", "ffn_up", E, F, il)

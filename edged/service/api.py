@@ -18,7 +18,7 @@ import numpy as np
 
 from ..errors import (EdgedError, HTTPError, ModelNotFound, NotReady, QueueTimeout, RequestError,
                       http_error)
-from ..text import grammar, reasoning, tools
+from ..text import grammar, harmony, reasoning, tools
 from ..text.sampling import Sampler, greedy_temperature
 from . import requests
 from .log import log
@@ -116,6 +116,8 @@ def parse_params(body, chat):
             tc or ("auto" if p["tools"] else "none"))
         p["parallel_tool_calls"] = r.parallel_tool_calls
         p["template_kwargs"] = dict(r.chat_template_kwargs or {})
+        if r.reasoning_effort is not None:
+            p["template_kwargs"].setdefault("reasoning_effort", r.reasoning_effort)
         p["reasoning"] = r.reasoning_format != "none"
     else:
         p["logprobs"] = r.logprobs
@@ -464,6 +466,7 @@ class _Prepared:
     tools: list = dataclasses.field(default_factory=list)   # the tools offered (their schemas)
     think: bool = False             # split <think> reasoning out
     think_inside: bool = False      # the prompt opened the think block
+    harmony: bool = False           # gpt-oss's channels: analysis / final / calls (text/harmony.py)
     constraint: object = None       # grammar.Constraint in its start state (each choice a copy)
     what: str = ""                  # the field the grammar came from (errors name it)
 
@@ -481,6 +484,9 @@ def _prepare(lm, p, chat):
     if chat:
         template = lm.template_source()
         messages = tools.messages_for_template(p["messages"])
+        prep.harmony = harmony.is_harmony(template)
+        if prep.harmony:
+            messages = harmony.messages_for_template(messages)
         kwargs = p["template_kwargs"]
         bad = sorted(k for k in kwargs if k in _RESERVED_TEMPLATE_VARS or not k.isidentifier())
         if bad:
@@ -508,8 +514,8 @@ def _prepare(lm, p, chat):
                     args_style=tools.mistral_args_style(template), token=_special_token(tok)), "tools")
         ids = lm.encode_chat(messages, **kwargs)
         prep.prompts.append(ids)
-        prep.think = p["reasoning"] and reasoning.OPEN in template
-        if prep.think:
+        prep.think = p["reasoning"] and (prep.harmony or reasoning.OPEN in template)
+        if prep.think and not prep.harmony:
             prep.think_inside = reasoning.starts_inside(tok.decode(ids[-8:], special=True))
     else:
         for prompt in p["prompts"]:
@@ -583,8 +589,9 @@ class _Choice:
         self.unsent = []            # records not yet in a stream chunk
         self.done = False
         self.prep = prep
-        self.think = reasoning.ThinkSplitter(prep.think_inside) if prep.think else None
-        self.calls = tools.StreamSplitter(prep.family, prep.tools) if prep.family else None
+        self.harmony = harmony.HarmonyStream(prep.think, bool(prep.family)) if prep.harmony else None
+        self.think = reasoning.ThinkSplitter(prep.think_inside) if prep.think and not self.harmony else None
+        self.calls = tools.StreamSplitter(prep.family, prep.tools) if prep.family and not self.harmony else None
 
     def add(self, out):
         eog = self.tok.eog_ids
@@ -597,6 +604,8 @@ class _Choice:
 
     def stream_delta(self, text):
         """(reasoning delta, content delta) of newly generated text."""
+        if self.harmony:
+            return self.harmony.push(text)
         r, c = self.think.push(text) if self.think else ("", text)
         if self.calls:
             c = self.calls.push(c)
@@ -604,6 +613,9 @@ class _Choice:
 
     def stream_end(self):
         """(reasoning, content, calls) left at the end of a stream."""
+        if self.harmony:
+            r, c, pairs = self.harmony.finish()
+            return r, c, [tools.make_call(name, args) for name, args in pairs]
         r, c = self.think.flush() if self.think else ("", "")
         calls = []
         if self.calls:
@@ -615,6 +627,9 @@ class _Choice:
     def result(self):
         """(reasoning or None, content, calls) of the whole reply."""
         text = "".join(self.pieces)
+        if self.harmony:
+            r, c, pairs = harmony.parse(text, self.prep.think, bool(self.prep.family))
+            return r, c, [tools.make_call(name, args) for name, args in pairs]
         r, c = reasoning.split(text, self.prep.think_inside) if self.think else (None, text)
         calls = []
         if self.calls:

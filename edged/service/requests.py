@@ -156,6 +156,9 @@ class ChatRequest(_Common):
     parallel_tool_calls: bool = True
     chat_template_kwargs: dict[str, Any] | None = None
     reasoning_format: Literal["none", "auto", "deepseek", "deepseek-legacy"] | None = None
+    # OpenAI's; given to the chat template as `reasoning_effort` (gpt-oss reads it), unless
+    # chat_template_kwargs sets it (completions ignore it)
+    reasoning_effort: Literal["minimal", "low", "medium", "high"] | None = None
 
 
 class CompletionRequest(_Common):
@@ -234,7 +237,8 @@ def _validate(cls, body):
     if extra:
         raise RequestError(f"unsupported field(s): {', '.join(extra)}", param=extra[0])
     try:
-        return cls.model_validate({k: v for k, v in body.items() if k not in IGNORED})
+        return cls.model_validate({k: v for k, v in body.items()
+                                   if k not in IGNORED or k in cls.model_fields})
     except pydantic.ValidationError as e:
         errs = e.errors(include_url=False)
         # a union reports one error per member; the member that got furthest names the field

@@ -57,7 +57,7 @@ _TYPE_ATTR = {TokenType.UNDEFINED: 0, TokenType.NORMAL: A_NORMAL, TokenType.UNKN
 # --- pre-tokenizers --------------------------------------------------------------------------
 # Each is a list of ops applied in turn (op, class, ranges); see cython_kernels/text/bpe.pyx.
 (OP_GPT2, OP_LLAMA3, OP_QWEN2, OP_QWEN35, OP_RUN, OP_ONE, OP_WS_RUN, OP_TRAIL_WS, OP_DIGITS3,
- OP_NEWLINES) = range(1, 11)
+ OP_NEWLINES, OP_GPT4O) = range(1, 12)
 CL_N, CL_L, CL_P, CL_P_DEFAULT, CL_P_FALCON, CL_CRLF, CL_RANGES = range(1, 8)
 
 # literal character classes of the deepseek-llm / deepseek-coder regexes, as code point ranges
@@ -127,6 +127,8 @@ _GROUPS = [
       "megrez", "grok-2"), [(OP_QWEN2, 0, None)], {}),
     (("qwen35",), [(OP_QWEN35, 0, None)], {}),
     (("laguna",), [(OP_NEWLINES, 0, None), (OP_QWEN2, 0, None)], {}),
+    # o200k: gpt-oss, GPT-4o-style vocabularies (llama.cpp's LLAMA_VOCAB_PRE_TYPE_GPT4O)
+    (("gpt-4o", "llama4", "kanana2", "talkie"), [(OP_GPT4O, 0, None)], {}),
 ]
 PRE_TOKENIZERS = {name: PreSpec(name, ops, **kw) for names, ops, kw in _GROUPS for name in names}
 

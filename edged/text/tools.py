@@ -16,6 +16,8 @@ Families (the marker that identifies each in a template, and the call format):
            `[TOOL_CALLS]N[ARGS]{...}` per call (Small 3.2, Devstral, Ministral 3)
 - phi4     `<|tool_call|>`: Phi-4-mini, Granite 3.x: `<|tool_call|>[{"name": N, "arguments": {...}}]`
            (Phi closes with `<|/tool_call|>`)
+- harmony  `<|channel|>` (gpt-oss): `<|channel|>commentary to=functions.N <|constrain|>json<|message|>{...}`;
+           edged/text/harmony.py parses it along with the reasoning
 - generic  any other template: the tools are described in a system message and the model
            answers `{"tool_calls": [{"name": N, "arguments": {...}}]}` (llama-server's generic
            format); a reply that is not such JSON is plain content.
@@ -27,9 +29,10 @@ import json
 import re
 import secrets
 
+from . import harmony
 from .grammar import JSON_LAYOUT
 
-FAMILIES = ("hermes", "qwen3coder", "llama3", "mistral", "phi4", "generic")
+FAMILIES = ("hermes", "qwen3coder", "llama3", "mistral", "phi4", "harmony", "generic")
 
 _HERMES_OPEN, _HERMES_CLOSE = "<tool_call>", "</tool_call>"
 _PYTHON_TAG = "<|python_tag|>"
@@ -44,6 +47,8 @@ _XML_PARAM, _XML_PARAM_CLOSE = "<parameter=", "</parameter>"
 def family_of(template):
     """The tool-call family of a chat template's source (generic when it has no marker)."""
     t = template or ""
+    if harmony.is_harmony(t):
+        return "harmony"
     # llama.cpp's test, including its exclusion of templates without newlines between tags
     if _HERMES_OPEN in t and _XML_FUNCTION in t and _XML_PARAM in t and \
             "'<tool_call><function=' ~ tool_call.name ~ '>'" not in t:
@@ -117,7 +122,8 @@ def new_call_id(family=None):
 _ALNUM = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"
 
 
-def _call(name, args, call_id=None, family=None):
+def make_call(name, args, call_id=None, family=None):
+    """One OpenAI tool call; args: a JSON string as the model wrote it, or a value to encode."""
     if not isinstance(name, str) or not name:
         raise ValueError("a call without a name")
     if args is None:
@@ -150,7 +156,7 @@ def _from_objects(values, args_keys=("arguments", "parameters"), family=None):
             if isinstance(obj.get("function"), dict):       # {"type": "function", "function": {...}}
                 obj = obj["function"]
             args = next((obj[k] for k in args_keys if k in obj), None)
-            calls.append(_call(obj.get("name"), args, obj.get("id"), family))
+            calls.append(make_call(obj.get("name"), args, obj.get("id"), family))
     return calls
 
 
@@ -201,7 +207,7 @@ def _mistral(text):
         if _MISTRAL_ID in head:
             head, call_id = head.split(_MISTRAL_ID, 1)
         values = _json_values(part[k + len(_MISTRAL_ARGS):])
-        calls.append(_call(head.strip(), values[0] if values else {}, call_id, "mistral"))
+        calls.append(make_call(head.strip(), values[0] if values else {}, call_id, "mistral"))
         for extra in values[1:]:
             calls += _from_objects([extra], family="mistral")
     return text[:start], calls
@@ -306,8 +312,13 @@ def _qwen3coder(text, tools=None):
     return text[:start], calls
 
 
+def _harmony(text):
+    _, content, pairs = harmony.parse(text, reasoning=False)
+    return content, [make_call(name, args) for name, args in pairs]
+
+
 _PARSERS = {"hermes": _hermes, "llama3": _llama3, "mistral": _mistral, "phi4": _phi4,
-            "generic": _generic}
+            "harmony": _harmony, "generic": _generic}
 
 
 def parse(family, text, tools=None):
@@ -328,8 +339,9 @@ def parse(family, text, tools=None):
 def markers(family):
     """Strings whose appearance in the reply starts the tool-call part (streaming holds text
     back from there on); the generic family's whole reply is JSON, so it starts with `{`."""
-    return {"hermes": (_HERMES_OPEN,), "qwen3coder": (_HERMES_OPEN, _XML_FUNCTION), "llama3": (_PYTHON_TAG, '{"name"', '{"type"'),
-            "mistral": (_MISTRAL,), "phi4": (_PHI_OPEN,), "generic": ()}[family]
+    return {"hermes": (_HERMES_OPEN,), "qwen3coder": (_HERMES_OPEN, _XML_FUNCTION),
+            "llama3": (_PYTHON_TAG, '{"name"', '{"type"'), "mistral": (_MISTRAL,), "phi4": (_PHI_OPEN,),
+            "harmony": (harmony.CHANNEL,), "generic": ()}[family]
 
 
 class StreamSplitter:
@@ -417,6 +429,12 @@ def call_grammar(family, tools, parallel=True, args_style=False, token=None):
         return f"start: call ({_lit(chr(10))} call)*\ncall: {body}\n" if parallel else f"start: {body}\n"
     if family == "llama3":
         return f"start: {_json(_call_schema(tools, 'parameters'))}\n"
+    if family == "harmony":  # one call per message; a reply with calls ends after the first
+        alts = " | ".join(f'{mark(harmony.CHANNEL)} {_lit("commentary to=functions." + t["function"]["name"] + " ")} '
+                          f'{mark(harmony.CONSTRAIN)} "json" {mark(harmony.MESSAGE)} '
+                          f'{_json(t["function"].get("parameters") or {"type": "object"})}'
+                          for t in tools)
+        return f"start: {alts}\n"
     if family == "mistral" and args_style:
         alts = " | ".join(f'{_lit(t["function"]["name"])} {mark(_MISTRAL_ARGS)} '
                           f'{_json(t["function"].get("parameters") or {"type": "object"})}'

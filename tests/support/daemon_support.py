@@ -35,20 +35,23 @@ def signing_key(tmp_path_factory):
     return _KEY["key"], _KEY["dir"]
 
 
-def add_chat_template(src, dst, template=TEMPLATE):
-    """Copy a GGUF file adding tokenizer.chat_template (the test models have none)."""
+def add_chat_template(src, dst, template=TEMPLATE, skip=(), add=None):
+    """Copy a GGUF file adding tokenizer.chat_template (the test models have none); keys
+    starting with one of `skip` are left out, `add(writer)` adds more."""
     import gguf
     r = gguf.GGUFReader(src)
     arch = r.fields["general.architecture"].contents()
     w = gguf.GGUFWriter(dst, arch)
     for name, field in r.fields.items():
-        if name.startswith("GGUF.") or name == "general.architecture":
+        if name.startswith(("GGUF.", *skip)) or name == "general.architecture":
             continue
         vtype = field.types[0]
         if vtype == gguf.GGUFValueType.ARRAY:
             w.add_key_value(name, field.contents(), vtype, sub_type=field.types[-1])
         else:
             w.add_key_value(name, field.contents(), vtype)
+    if add:
+        add(w)
     w.add_key_value("tokenizer.chat_template", template, gguf.GGUFValueType.STRING)
     for t in r.tensors:
         w.add_tensor_info(t.name, t.data.shape, t.data.dtype, t.data.nbytes, t.tensor_type)
