@@ -11,6 +11,9 @@
 # LIBDIR: an already populated site (edged and its dependencies) to package instead of
 # installing the wheel with pip (which downloads the dependencies' ARCH wheels from PyPI).
 # EDGED_DEB_OUT: directory for the .deb (default dist/).
+# EDGED_DEB_MAINTAINER: the Maintainer field. The project has no public domain or mailing list,
+# so the default is a role address under the project's name in the reserved .invalid domain
+# (RFC 2606: mail to it goes nowhere); a fleet that rebuilds the package puts its own here.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -52,7 +55,8 @@ install -D -m 0644 packaging/deb/copyright "$STAGE/usr/share/doc/edged/copyright
 install -m 0644 packaging/deb/conffiles "$STAGE/DEBIAN/conffiles"
 install -m 0755 packaging/deb/postinst packaging/deb/prerm packaging/deb/postrm "$STAGE/DEBIAN/"
 SIZE=$(du -sk --exclude=DEBIAN "$STAGE" | cut -f1)
-sed -e "s/@VERSION@/$VERSION/" -e "s/@ARCH@/$ARCH/" -e "s/@SIZE@/$SIZE/" packaging/deb/control > "$STAGE/DEBIAN/control"
+MAINTAINER=${EDGED_DEB_MAINTAINER:-edged maintainers <maintainers@edged.invalid>}
+sed -e "s/@VERSION@/$VERSION/" -e "s/@ARCH@/$ARCH/" -e "s/@SIZE@/$SIZE/" -e "s|@MAINTAINER@|$MAINTAINER|" packaging/deb/control > "$STAGE/DEBIAN/control"
 (cd "$STAGE" && find . -path ./DEBIAN -prune -o -type f -printf '%P\0' | sort -z | xargs -0 md5sum > DEBIAN/md5sums)
 OUT=${EDGED_DEB_OUT:-$ROOT/dist}/edged_${VERSION}_$ARCH.deb
 dpkg-deb --root-owner-group -Zgzip --build "$STAGE" "$OUT" >/dev/null

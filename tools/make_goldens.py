@@ -13,6 +13,12 @@ llama.cpp requires) and record which in the golden (`cache_type_k`, `cache_type_
   .venv/bin/python tools/make_goldens.py --llama-python /path/to/venv/bin/python
   .venv/bin/python tools/make_goldens.py --llama-python ... gemma2 qwen3moe   # some cases
 
+Quantized cases (QUANTIZED: NAME-MIX) write the base case's F16 file to a temporary directory,
+quantize it with llama.cpp's own llama-quantize (--llama-bin DIR or $EDGED_LLAMA_BIN) and
+record the goldens of the quantized file, so the weights are llama.cpp's bytes:
+
+  .venv/bin/python tools/make_goldens.py --llama-python ... --llama-bin DIR gemma2-Q4_0
+
 The interpreter with llama_cpp installed comes from --llama-python or $EDGED_LLAMA_PYTHON.
 Output: tests/data/goldens/NAME.gguf and NAME.golden.npz (each well under 300 KB).
 """
@@ -21,6 +27,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 
 import numpy as np
 
@@ -57,17 +64,46 @@ CASES = {
     # a scaled-down Qwen3-30B-A3B: 16 experts, 4 used, expert FFN 16 wide, q/k norms
     "qwen3moe": dict(arch="qwen3moe", qk_norm=True, n_expert=16, n_expert_used=4,
                      n_ff_exp=16, tied=True),
+    # rows of 256 (IQ4_XS's super-block), one layer, its own output matrix (logits of unit
+    # scale, as the tied 1.0-scale embeddings would not give): the base of the IQ4 files
+    "llama256": dict(arch="llama", n_embd=256, head_dim=64, n_ff=256, n_layer=1),
+    # a scaled-down gpt-oss-20b: 8 heads of 16 over a 64-wide stream (q wider than n_embd, as
+    # 64 x 64 over 2880 there), a learned sink logit per head, q/k/v/o biases, a window of 8
+    # on even layers, YaRN (factor 4 over 32), 8 experts with 4 used, softmax over the top-4
+    # router logits, router and expert biases (large enough that the clamp at 7 of the
+    # SwiGLU acts), the FFN norm stored as post_attention_norm. Seed 2018: the 4th and 5th
+    # router logits stay >= 0.007 apart on the golden's tokens and an 80-token prompt (others
+    # left near-ties that flip between correct implementations); prompt_seed: the prompt's
+    # (the case's index when it was made)
+    "gpt-oss": dict(arch="gpt-oss", seed=2018, prompt_seed=7, n_head=8, n_layer=2, n_swa=8,
+                    yarn=4.0, n_ctx_orig=32, qkv_bias=True, gptoss=True, n_expert=8,
+                    n_expert_used=4, n_ff_exp=32),
     # quantized KV caches on a llama shape whose head_dim holds whole 32-value blocks; a
-    # 40-token prompt (a batch past the blocked attention's 32) then 24 single tokens
-    "kv-q8_0": dict(arch="llama", n_head=2, n_head_kv=1, head_dim=32, tied=True,
-                    cache=("q8_0", "q8_0"), n_prompt=40),
-    "kv-q4_0": dict(arch="llama", n_head=2, n_head_kv=1, head_dim=32, tied=True,
-                    cache=("q4_0", "q4_0"), n_prompt=40),
+    # 40-token prompt (a batch past the blocked attention's 32) then 24 single tokens; seeds:
+    # their indices when they were made
+    "kv-q8_0": dict(arch="llama", seed=1007, prompt_seed=7, n_head=2, n_head_kv=1, head_dim=32,
+                    tied=True, cache=("q8_0", "q8_0"), n_prompt=40),
+    "kv-q4_0": dict(arch="llama", seed=1008, prompt_seed=8, n_head=2, n_head_kv=1, head_dim=32,
+                    tied=True, cache=("q4_0", "q4_0"), n_prompt=40),
     # a quantized K with an F16 V: llama.cpp without flash attention (q8_0 K mul_mat)
-    "kv-q8_0-f16": dict(arch="qwen2", qkv_bias=True, n_head=2, n_head_kv=1, head_dim=32,
-                        tied=True, cache=("q8_0", "f16"), n_prompt=40),
+    "kv-q8_0-f16": dict(arch="qwen2", seed=1009, prompt_seed=9, qkv_bias=True, n_head=2,
+                        n_head_kv=1, head_dim=32, tied=True, cache=("q8_0", "f16"), n_prompt=40),
 }
+# gpt-oss as it ships: the same file with its experts in MXFP4, quantized by the PyPI gguf
+# package (llama-quantize's MXFP4_MOE would also make the rest Q8_0, which this machine's
+# llama.cpp build cannot run)
+CASES["gpt-oss-mxfp4"] = dict(CASES["gpt-oss"], mxfp4=True, prompt_seed=8)
+
 GGML_TYPE = {"f16": 1, "q4_0": 2, "q8_0": 8}  # the ggml type ids llama.cpp's type_k/type_v take
+
+# NAME-MIX: the base case quantized by llama-quantize. The base shapes are 64 wide, so the
+# K-quant mixes would fall back to 32-block types everywhere: Q4_0 and Q8_0 stand for them.
+# qwen3moe's experts are 16 wide: MXFP4_MOE gives MXFP4 gate/up experts, F16 down experts.
+QUANTIZED = {f"{base}-{mix}": (base, mix)
+             for base in ("gemma2", "granite", "smollm3", "qwen2-yarn", "qwen2moe", "qwen3moe")
+             for mix in ("Q4_0", "Q8_0")}
+QUANTIZED.update({"llama256-IQ4_NL": ("llama256", "IQ4_NL"), "llama256-IQ4_XS": ("llama256", "IQ4_XS"),
+                  "qwen3moe-MXFP4_MOE": ("qwen3moe", "MXFP4_MOE")})
 
 LLAMA_TEACHER = r"""
 import json, sys
@@ -157,6 +193,12 @@ def write_gguf(name, c, path, seed):
         s = scale if scale is not None else 1.0 / np.sqrt(shape[-1])
         w.add_tensor(tname, (rng.standard_normal(shape) * s).astype(np.float16))
 
+    def mxfp4(tname, *shape):
+        # the same random draw as mat(), quantized to MXFP4 by gguf-py (not by edged)
+        data = (rng.standard_normal(shape) / np.sqrt(shape[-1])).astype(np.float32)
+        q = gguf.quants.quantize(data, gguf.GGMLQuantizationType.MXFP4)
+        w.add_tensor(tname, q, raw_dtype=gguf.GGMLQuantizationType.MXFP4)
+
     def vec(tname, n, lo=0.8, hi=1.2):
         w.add_tensor(tname, rng.uniform(lo, hi, n).astype(np.float32))
 
@@ -185,17 +227,28 @@ def write_gguf(name, c, path, seed):
             vec(p + "attn_q_norm.weight", D)
             vec(p + "attn_k_norm.weight", D)
         mat(p + "attn_output.weight", E, H * D)
+        if c.get("gptoss"):
+            w.add_tensor(p + "attn_output.bias", rng.uniform(-0.1, 0.1, E).astype(np.float32))
+            w.add_tensor(p + "attn_sinks.weight", rng.uniform(-1.0, 3.0, H).astype(np.float32))
         if c.get("sandwich"):
             vec(p + "post_attention_norm.weight", E)
             vec(p + "post_ffw_norm.weight", E)
-        vec(p + "ffn_norm.weight", E)
+        # gpt-oss names the FFN's input norm post_attention_norm
+        vec(p + ("post_attention_norm.weight" if c.get("gptoss") else "ffn_norm.weight"), E)
         if "n_expert" in c:
             X, Fe = c["n_expert"], c["n_ff_exp"]
             w.add_tensor(p + "ffn_gate_inp.weight",
                          (rng.standard_normal((X, E)) / np.sqrt(E)).astype(np.float32))
-            mat(p + "ffn_gate_exps.weight", X, Fe, E)
-            mat(p + "ffn_up_exps.weight", X, Fe, E)
-            mat(p + "ffn_down_exps.weight", X, E, Fe)
+            emat = mxfp4 if c.get("mxfp4") else mat
+            emat(p + "ffn_gate_exps.weight", X, Fe, E)
+            emat(p + "ffn_up_exps.weight", X, Fe, E)
+            emat(p + "ffn_down_exps.weight", X, E, Fe)
+            if c.get("gptoss"):
+                for tname, shape, sd in (("ffn_gate_inp.bias", (X,), 0.5),
+                                         ("ffn_gate_exps.bias", (X, Fe), 4.0),
+                                         ("ffn_up_exps.bias", (X, Fe), 4.0),
+                                         ("ffn_down_exps.bias", (X, E), 0.1)):
+                    w.add_tensor(p + tname, (rng.standard_normal(shape) * sd).astype(np.float32))
             if "n_ff_shexp" in c:
                 Fs = c["n_ff_shexp"]
                 w.add_tensor(p + "ffn_gate_inp_shexp.weight",
@@ -220,21 +273,39 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--llama-python", default=os.environ.get("EDGED_LLAMA_PYTHON"),
                     help="python with llama_cpp installed (or $EDGED_LLAMA_PYTHON)")
+    ap.add_argument("--llama-bin", default=os.environ.get("EDGED_LLAMA_BIN"),
+                    help="directory with llama.cpp's llama-quantize (or $EDGED_LLAMA_BIN), "
+                         "for the quantized cases")
     ap.add_argument("--out", default=OUT)
-    ap.add_argument("cases", nargs="*", help=f"subset of: {', '.join(CASES)}")
+    ap.add_argument("cases", nargs="*", help=f"subset of: {', '.join([*CASES, *QUANTIZED])} "
+                                             "(default: the F16 cases)")
     a = ap.parse_args()
     if not a.llama_python:
         ap.error("--llama-python (or $EDGED_LLAMA_PYTHON) is required")
     os.makedirs(a.out, exist_ok=True)
-    for i, name in enumerate(CASES):
-        if a.cases and name not in a.cases:
-            continue
+    index = {name: i for i, name in enumerate(CASES)}
+    for name in a.cases or [n for n in CASES if n != "llama256"]:
+        if name not in CASES and name not in QUANTIZED:
+            ap.error(f"unknown case {name!r}")
+        base, mix = QUANTIZED.get(name, (name, None))
+        i = index[base]
         model = os.path.join(a.out, f"synthetic-{name}.gguf")
         golden = os.path.join(a.out, f"synthetic-{name}.golden.npz")
-        write_gguf(name, CASES[name], model, seed=1000 + i)
-        n_prompt = CASES[name].get("n_prompt", N_PROMPT)
+        case = dict(CASES[base])
+        seed, i = case.pop("seed", 1000 + i), case.pop("prompt_seed", i)
+        n_prompt = case.pop("n_prompt", N_PROMPT)
+        ck, cv = case.pop("cache", ("f16", "f16"))
+        if mix is None:
+            write_gguf(name, case, model, seed=seed)
+        else:
+            if not a.llama_bin:
+                ap.error("--llama-bin (or $EDGED_LLAMA_BIN) is required for quantized cases")
+            with tempfile.TemporaryDirectory() as tmp:
+                f16 = os.path.join(tmp, "f16.gguf")
+                write_gguf(base, case, f16, seed=seed)
+                subprocess.run([os.path.join(a.llama_bin, "llama-quantize"), f16, model, mix, "2"],
+                               check=True, capture_output=True)
         prompt = [1] + np.random.default_rng(i).integers(3, N_VOCAB, n_prompt - 1).tolist()
-        ck, cv = CASES[name].get("cache", ("f16", "f16"))
         subprocess.run([a.llama_python, "-c", LLAMA_TEACHER, model, golden, json.dumps(prompt),
                         str(N_GEN), str(GGML_TYPE[ck]), str(GGML_TYPE[cv]), ck, cv], check=True)
         print(f"{name}: {os.path.getsize(model)} + {os.path.getsize(golden)} bytes", flush=True)

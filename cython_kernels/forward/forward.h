@@ -43,6 +43,10 @@ typedef struct {
     ed_tensor ffn_gate_inp, ffn_gate_exps, ffn_up_exps, ffn_down_exps;
     /* shared expert (qwen2moe): gate (ne0 n_embd, one row), gate/up/down of n_ff_shexp */
     ed_tensor ffn_gate_inp_shexp, ffn_gate_shexp, ffn_up_shexp, ffn_down_shexp;
+    /* gpt-oss: a sink logit per head (n_head), attn_output's bias (n_embd), the router's bias
+       (n_expert) and per-expert biases: row e of gate/up (ne0 n_ff_exp) and down (ne0 n_embd) */
+    ed_tensor attn_sinks, attn_output_bias;
+    ed_tensor ffn_gate_inp_bias, ffn_gate_exps_bias, ffn_up_exps_bias, ffn_down_exps_bias;
     int swa;               /* this layer uses the sliding window (and the local RoPE base) */
     int rope;              /* this layer rotates q and k (smollm3: not every fourth) */
 } ed_layer;
@@ -61,6 +65,8 @@ typedef struct {
     float logit_mul;             /* multiplies the logits (granite: 1 / logit_scale; else 1) */
     int n_expert, n_expert_used, n_ff_exp, expert_norm;  /* MoE (n_expert 0: dense) */
     int n_ff_shexp;              /* shared expert width (0: none) */
+    int expert_softmax_topk;     /* top k of the router logits, then softmax over those k (gpt-oss) */
+    int act_oai;                 /* gpt-oss's clamped SwiGLU instead of silu/gelu */
     ed_tensor token_embd, output_norm, output;
     const float *rope_factors;   /* (n_rot/2) or NULL */
     ed_layer *layers;            /* (n_layer) */
@@ -129,6 +135,8 @@ static inline void ed_range(int64_t n, int ith, int nth, int64_t *a, int64_t *b)
     *a = per * ith; if (*a > n) *a = n;
     *b = *a + per; if (*b > n) *b = n;
 }
+
+static inline const float *ed_vec(const ed_tensor *t) { return (const float *)t->data; }
 
 /* out = x / rms(x) * w (w may be NULL) over rows of length n; like ggml: squares in float,
    summed in double. */
@@ -340,10 +348,25 @@ static void ed_matmul3(ed_state *s, ed_pool *p, const ed_tensor *W[3], float *ou
  * each thread computes the same row range [a, b) of gate and up, then act(gate) * up there.
  * hb (n, 2*n_ff): gate in [0, n_ff), up in [n_ff, 2*n_ff). gate == NULL: fused gate+up
  * matrix (phi3), rows [0, n_ff) gate and [n_ff, 2*n_ff) up. */
-static void ed_gate_act(const ed_model *m, float *hb, int F, int n, int64_t a, int64_t b) {
+/* gpt-oss's SwiGLU as ggml_swiglu_oai computes it, after the expert's biases were added */
+#define ED_SWIGLU_OAI_ALPHA 1.702f
+#define ED_SWIGLU_OAI_LIMIT 7.0f
+static inline float ed_swiglu_oai(float g, float u) {
+    const float x = g < ED_SWIGLU_OAI_LIMIT ? g : ED_SWIGLU_OAI_LIMIT;
+    const float y = u < -ED_SWIGLU_OAI_LIMIT ? -ED_SWIGLU_OAI_LIMIT
+                  : u > ED_SWIGLU_OAI_LIMIT ? ED_SWIGLU_OAI_LIMIT : u;
+    const float glu = x / (1.0f + expf(ED_SWIGLU_OAI_ALPHA * (-x)));
+    return glu * (y + 1.0f);
+}
+
+/* gb/ub: biases of the gate and up rows (gpt-oss experts) or NULL */
+static void ed_gate_act(const ed_model *m, float *hb, int F, int n, int64_t a, int64_t b,
+                        const float *gb, const float *ub) {
     for (int t = 0; t < n; t++) {
         float *g = hb + (size_t)t * 2 * F, *u = g + F;
-        if (m->act_gelu) for (int64_t i = a; i < b; i++) g[i] = ed_gelu(g[i]) * u[i];
+        if (gb) for (int64_t i = a; i < b; i++) { u[i] += ub[i]; g[i] += gb[i]; }
+        if (m->act_oai) for (int64_t i = a; i < b; i++) g[i] = ed_swiglu_oai(g[i], u[i]);
+        else if (m->act_gelu) for (int64_t i = a; i < b; i++) g[i] = ed_gelu(g[i]) * u[i];
         else             ed_pm_silu_mul(ed_pm_simd(ED_PATH), (int)(b - a), g + a, u + a);
     }
 }
@@ -351,7 +374,8 @@ static void ed_gate_act(const ed_model *m, float *hb, int F, int n, int64_t a, i
 /* act(x G) * (x U) for n rows x (n, n_embd) into hb (n, 2F); U's up rows start at uofs
    (the dense FFN and each expert of a MoE layer) */
 static void ed_gate_up(ed_state *s, ed_pool *p, const ed_model *m, const ed_tensor *G,
-                       const ed_tensor *U, int64_t uofs, int F, const float *x, int n, int ith, int nth) {
+                       const ed_tensor *U, int64_t uofs, int F, const float *x, int n,
+                       const float *gb, const float *ub, int ith, int nth) {
     const int E = m->n_embd;
     float *hb = s->hb;
     const int64_t cr = ed_chunk_rows(p, F), nc = (F + cr - 1) / cr;
@@ -363,7 +387,7 @@ static void ed_gate_up(ed_state *s, ed_pool *p, const ed_model *m, const ed_tens
             const int64_t a = c * cr, b = a + cr < F ? a + cr : F;
             ed_rows(s, G, a, b, xq, rb, n, hb, 2 * F, ith);
             ed_rows(s, U, uofs + a, uofs + b, xq, rb, n, hb + F - uofs, 2 * F, ith);
-            ed_gate_act(m, hb, F, n, a, b);
+            ed_gate_act(m, hb, F, n, a, b, gb, ub);
         }
     } else {  /* different activation formats (mixed quantizations): one after the other */
         xq = ed_quantize_act(s, p, U->type, E, x, E, n, ith, nth, &rb);
@@ -376,7 +400,7 @@ static void ed_gate_up(ed_state *s, ed_pool *p, const ed_model *m, const ed_tens
         for (int64_t c; (c = ed_claim(p, nc)) >= 0;) {
             const int64_t a = c * cr, b = a + cr < F ? a + cr : F;
             ed_rows(s, G, a, b, xq, rb, n, hb, 2 * F, ith);
-            ed_gate_act(m, hb, F, n, a, b);
+            ed_gate_act(m, hb, F, n, a, b, gb, ub);
         }
     }
     ed_barrier(p);
@@ -386,11 +410,22 @@ static void ed_ffn_gate_up(ed_state *s, ed_pool *p, const ed_model *m, const ed_
                            int n, int ith, int nth) {
     const int64_t uofs = L->ffn_gate.data ? 0 : m->n_ff;  /* up rows inside U */
     ed_gate_up(s, p, m, L->ffn_gate.data ? &L->ffn_gate : &L->ffn_up, &L->ffn_up, uofs, m->n_ff,
-               s->xb, n, ith, nth);
+               s->xb, n, NULL, NULL, ith, nth);
 }
 
 /* ---------------------------------------------------------------- mixture of experts ---- */
 #define ED_MAX_EXPERT 512
+
+/* ggml_soft_max of one row in place: ggml's expf, the sum in double */
+static void ed_softmax_row(int simd, int n, float *x) {
+    float mx = -INFINITY;
+    for (int i = 0; i < n; i++) if (x[i] > mx) mx = x[i];
+    ed_pm_expf_sub(simd, n, x, mx, x);
+    double sum = 0.0;
+    for (int i = 0; i < n; i++) sum += x[i];
+    const float inv = (float)(1.0 / sum);
+    for (int i = 0; i < n; i++) x[i] *= inv;
+}
 
 /* Expert e of a 3-D *_exps tensor as a 2-D one: its rows are e * ne1 .. (e + 1) * ne1 - 1
    of the mapping, so only the selected experts' pages are ever touched. */
@@ -412,14 +447,11 @@ static void ed_moe_ffn(ed_state *s, ed_pool *p, const ed_model *m, const ed_laye
     int64_t a, b;
     ed_matmul(s, p, s->probs, X, &L->ffn_gate_inp, s->xb, E, n, 0, ith, nth);
     ed_range(n, ith, nth, &a, &b);
+    const float *rb = L->ffn_gate_inp_bias.data ? ed_vec(&L->ffn_gate_inp_bias) : NULL;
     for (int64_t t = a; t < b; t++) {
-        float *pr = s->probs + t * X, mx = -INFINITY;
-        for (int i = 0; i < X; i++) if (pr[i] > mx) mx = pr[i];
-        ed_pm_expf_sub(simd, X, pr, mx, pr);      /* ggml_soft_max: sum in double */
-        double sum = 0.0;
-        for (int i = 0; i < X; i++) sum += pr[i];
-        const float inv = (float)(1.0 / sum);
-        for (int i = 0; i < X; i++) pr[i] *= inv;
+        float *pr = s->probs + t * X;
+        if (rb) for (int i = 0; i < X; i++) pr[i] += rb[i];
+        if (!m->expert_softmax_topk) ed_softmax_row(simd, X, pr);
         int32_t *sel = s->sel + t * k;
         float *w = s->selw + t * k;
         for (int j = 0; j < k; j++) {             /* top k, the lower id first on ties */
@@ -432,6 +464,7 @@ static void ed_moe_ffn(ed_state *s, ed_pool *p, const ed_model *m, const ed_laye
             sel[j] = best;
             w[j] = pr[best];
         }
+        if (m->expert_softmax_topk) ed_softmax_row(simd, k, w);  /* gpt-oss: over the k logits */
         if (m->expert_norm) {
             double ws = 0.0;
             for (int j = 0; j < k; j++) ws += w[j];
@@ -467,18 +500,27 @@ static void ed_moe_ffn(ed_state *s, ed_pool *p, const ed_model *m, const ed_laye
         }
         const ed_tensor G = ed_expert(&L->ffn_gate_exps, e), U = ed_expert(&L->ffn_up_exps, e);
         const ed_tensor D = ed_expert(&L->ffn_down_exps, e);
-        ed_gate_up(s, p, m, &G, &U, 0, Fe, xin, cnt, ith, nth);
+        const float *gb = NULL, *ub = NULL;  /* gpt-oss: the expert's own bias rows */
+        if (L->ffn_gate_exps_bias.data) {
+            gb = ed_vec(&L->ffn_gate_exps_bias) + (size_t)e * Fe;
+            ub = ed_vec(&L->ffn_up_exps_bias) + (size_t)e * Fe;
+        }
+        ed_gate_up(s, p, m, &G, &U, 0, Fe, xin, cnt, gb, ub, ith, nth);
         ed_matmul(s, p, s->ye + (size_t)c0 * E, E, &D, s->hb, 2 * Fe, cnt, 0, ith, nth);
     }
     ed_range(n, ith, nth, &a, &b);
+    const float *db = L->ffn_down_exps_bias.data ? ed_vec(&L->ffn_down_exps_bias) : NULL;
     for (int64_t t = a; t < b; t++) {  /* llama.cpp: weighted outputs added in slot order */
         float *o = s->xb2 + t * E;
         const float *w = s->selw + t * k;
-        const float *y0 = s->ye + (size_t)s->where[t * k] * E;
-        for (int i = 0; i < E; i++) o[i] = y0[i] * w[0];
-        for (int j = 1; j < k; j++) {
-            const float *y = s->ye + (size_t)s->where[t * k + j] * E;
-            for (int i = 0; i < E; i++) o[i] = o[i] + y[i] * w[j];
+        for (int j = 0; j < k; j++) {
+            float *y = s->ye + (size_t)s->where[t * k + j] * E;
+            if (db) {  /* gpt-oss: the expert's down bias, before its weight */
+                const float *bias = db + (size_t)s->sel[t * k + j] * E;
+                for (int i = 0; i < E; i++) y[i] += bias[i];
+            }
+            if (j == 0) for (int i = 0; i < E; i++) o[i] = y[i] * w[0];
+            else        for (int i = 0; i < E; i++) o[i] = o[i] + y[i] * w[j];
         }
     }
     ed_barrier(p);
@@ -487,7 +529,7 @@ static void ed_moe_ffn(ed_state *s, ed_pool *p, const ed_model *m, const ed_laye
            llama.cpp does: silu(g) / g; added after the routed experts */
         const int Fs = m->n_ff_shexp;
         ed_matmul(s, p, s->probs, X, &L->ffn_gate_inp_shexp, s->xb, E, n, 0, ith, nth);
-        ed_gate_up(s, p, m, &L->ffn_gate_shexp, &L->ffn_up_shexp, 0, Fs, s->xb, n, ith, nth);
+        ed_gate_up(s, p, m, &L->ffn_gate_shexp, &L->ffn_up_shexp, 0, Fs, s->xb, n, NULL, NULL, ith, nth);
         ed_matmul(s, p, s->ye, E, &L->ffn_down_shexp, s->hb, 2 * Fs, n, 0, ith, nth);
         ed_range(n, ith, nth, &a, &b);
         for (int64_t t = a; t < b; t++) {
@@ -500,7 +542,6 @@ static void ed_moe_ffn(ed_state *s, ed_pool *p, const ed_model *m, const ed_laye
     }
 }
 
-static inline const float *ed_vec(const ed_tensor *t) { return (const float *)t->data; }
 
 /* Position of batch row t, and the start of layer il in the K (kv 0) or V (kv 1) cache it uses. */
 static inline int ed_row_pos(const ed_state *s, int64_t t) {
@@ -580,10 +621,11 @@ static inline void ed_v_acc_quant(int type, int hd, const uint8_t *v, float vs, 
  * attention loop for one row: q in the K type's dot format, each score q.k times the scale
  * (soft-capped as ggml does: cap * tanh(s * scale / cap)), an online softmax in float (expf),
  * each V row converted to float and added with its weight, the sum divided by the softmax
- * total at the end. kc/vc: cell j0's K/V of this KV head; krow/vrow: bytes between cells.
- * qk: the query's scratch, acc and v32: hd floats each. */
+ * total at the end; a sink logit (gpt-oss; -INFINITY for none) joins the maximum and the
+ * total after the keys, as ggml adds it. kc/vc: cell j0's K/V of this KV head; krow/vrow:
+ * bytes between cells. qk: the query's scratch, acc and v32: hd floats each. */
 static void ed_attn_flash_row(const ed_state *s, int hd, const float *q, float qscale, float scale,
-                              float cap, const uint8_t *kc, size_t krow, const uint8_t *vc,
+                              float cap, float sink, const uint8_t *kc, size_t krow, const uint8_t *vc,
                               size_t vrow, int nj, void *qk, float *acc, float *v32, float *out) {
     const int tk = s->type_k, tv = s->type_v, simd = ed_pm_simd(ED_PATH);
     ed_kq_query(tk, q, qscale, hd, v32, qk);
@@ -605,6 +647,17 @@ static void ed_attn_flash_row(const ed_state *s, int hd, const float *q, float q
             vs = expf(d - M);
         }
         ed_v_acc_quant(tv, hd, vc + (size_t)j * vrow, vs, acc);
+        S = S * ms + vs;
+    }
+    if (sink != -INFINITY) {  /* llama.cpp: the sink logit joins M and S after the keys, adds no V */
+        float ms = 1.0f, vs = 1.0f;
+        if (sink > M) {
+            ms = expf(M - sink);
+            M = sink;
+            for (int i = 0; i < hd; i++) acc[i] *= ms;
+        } else {
+            vs = expf(sink - M);
+        }
         S = S * ms + vs;
     }
     const float inv = S == 0.0f ? 0.0f : 1.0f / S;
@@ -644,6 +697,7 @@ static void ed_attention_exact(ed_state *s, const ed_model *m, int il, int ith, 
     const float *lane[64];
     uint16_t *q16 = s->qh + (size_t)ith * hd;
     const int swa = m->layers[il].swa && m->n_swa > 0;
+    const float *sink = m->layers[il].attn_sinks.data ? ed_vec(&m->layers[il].attn_sinks) : NULL;
     int64_t a, b;
     ed_range((int64_t)n * m->n_head, ith, nth, &a, &b);
     for (int64_t idx = a; idx < b; idx++) {
@@ -656,7 +710,8 @@ static void ed_attention_exact(ed_state *s, const ed_model *m, int il, int ith, 
         if (swa && pt - m->n_swa + 1 > 0) j0 = pt - m->n_swa + 1;
         const int nj = pt - j0 + 1;
         if (s->type_v != ED_F16) {  /* a quantized V: flash attention, as llama.cpp requires */
-            ed_attn_flash_row(s, hd, q, qscale, kqscale, cap, kl + (size_t)j0 * s->k_row + koff, s->k_row,
+            ed_attn_flash_row(s, hd, q, qscale, kqscale, cap, sink ? sink[h] : -INFINITY,
+                              kl + (size_t)j0 * s->k_row + koff, s->k_row,
                               vl + (size_t)j0 * s->v_row + ed_kv_bytes(s->type_v, (int64_t)kvh * hd),
                               s->v_row, nj, q16, acc, tmp, s->xb + (size_t)t * Qd + (size_t)h * hd);
             continue;
@@ -664,7 +719,7 @@ static void ed_attention_exact(ed_state *s, const ed_model *m, int il, int ith, 
         const uint16_t *vc = (const uint16_t *)vl;
         if (s->type_k == ED_F16) for (int i = 0; i < hd; i++) q16[i] = ed_fp32_to_fp16(q[i] * qscale);
         else ed_kq_query(s->type_k, q, qscale, hd, tmp, q16);
-        float mx = -INFINITY;
+        float mx = sink ? sink[h] : -INFINITY;  /* llama.cpp: the sink joins the max... */
         for (int j = j0; j <= pt; j++) {
             float d = s->type_k == ED_F16
                 ? ed_pm_dot(simd, hd, (const uint16_t *)kl + (size_t)j * kvd + (size_t)kvh * hd, q16, batch)
@@ -682,6 +737,7 @@ static void ed_attention_exact(ed_state *s, const ed_model *m, int il, int ith, 
             for (int k = 0; k < 16; k++) l[k] = g + k >= j0 && g + k <= pt ? sc[g + k] : 0.0f;
             sum += ed_pm_hsum16(l);
         }
+        if (sink) sum += (double)expf(sink[h] - mx);  /* ... and the sum, not the output */
         ed_pm_round_scale(simd, nj, sc + j0, (float)(1.0 / sum));  /* the F16 softmax row */
         /* softmax row x V: cell j adds into lane j % lanes */
         const int used = nj < lanes ? nj : lanes;
@@ -706,6 +762,7 @@ static void ed_attention_blocked(ed_state *s, const ed_model *m, int il, int ith
     const int n = s->n_tokens, hd = m->head_dim, n_kv = m->n_head_kv, group = m->n_head / n_kv;
     const int kvd = n_kv * hd, Qd = m->n_head * hd;
     const int swa = m->layers[il].swa && m->n_swa > 0;
+    const float *sink = m->layers[il].attn_sinks.data ? ed_vec(&m->layers[il].attn_sinks) : NULL;
     /* fewer heads per block only when there are fewer blocks than threads (decode) */
     int hc = group < ED_ATTN_ROWS ? group : ED_ATTN_ROWS, hs, tb, ntb;
     for (;;) {
@@ -733,6 +790,7 @@ static void ed_attention_blocked(ed_state *s, const ed_model *m, int il, int ith
                 rw[nr].o = s->xb + (size_t)t * Qd + (size_t)h * hd;
                 rw[nr].lo = lo;
                 rw[nr].hi = pt;
+                rw[nr].sink = sink ? sink[h] : -INFINITY;
             }
         }
         const size_t off = (size_t)kvh * hd;
@@ -834,6 +892,10 @@ static void ed_forward_worker(void *arg, int ith, int nth) {
         ED_MARK(prof_mm, L->attn_output.type);
         for (int64_t t = a; t < b; t++) {
             float *o = s->xb2 + t * E, *x = s->x + t * E;
+            if (L->attn_output_bias.data) {
+                const float *bo = ed_vec(&L->attn_output_bias);
+                for (int i = 0; i < E; i++) o[i] += bo[i];
+            }
             if (L->post_attention_norm.data) ed_rms_norm(o, o, ed_vec(&L->post_attention_norm), E, eps);
             for (int i = 0; i < E; i++) x[i] += o[i] * rs;
             ed_rms_norm(s->xb + t * E, x, ed_vec(&L->ffn_norm), E, eps);

@@ -20,6 +20,8 @@ cdef extern from "forward.h" nogil:
         ed_tensor ffn_norm, ffn_gate, ffn_up, ffn_down, post_ffw_norm
         ed_tensor ffn_gate_inp, ffn_gate_exps, ffn_up_exps, ffn_down_exps
         ed_tensor ffn_gate_inp_shexp, ffn_gate_shexp, ffn_up_shexp, ffn_down_shexp
+        ed_tensor attn_sinks, attn_output_bias
+        ed_tensor ffn_gate_inp_bias, ffn_gate_exps_bias, ffn_up_exps_bias, ffn_down_exps_bias
         int swa
         int rope
     ctypedef struct ed_model:
@@ -31,6 +33,7 @@ cdef extern from "forward.h" nogil:
         int n_ctx_orig
         float attn_softcap, residual_scale, logit_mul
         int n_expert, n_expert_used, n_ff_exp, expert_norm, n_ff_shexp
+        int expert_softmax_topk, act_oai
         ed_tensor token_embd, output_norm, output
         const float *rope_factors
         ed_layer *layers
@@ -225,6 +228,8 @@ cdef class ForwardModel:
         m.n_expert = hp.get("n_expert", 0); m.n_expert_used = hp.get("n_expert_used", 0)
         m.n_ff_exp = hp.get("n_ff_exp", 0); m.expert_norm = hp.get("expert_weights_norm", False)
         m.n_ff_shexp = hp.get("n_ff_shexp", 0)
+        m.expert_softmax_topk = hp.get("expert_softmax_topk", False)
+        m.act_oai = hp.get("act_oai", 0)
         if m.head_dim > 1024 or m.n_rot > 1024:
             raise ValueError(f"head_dim {m.head_dim} > 1024 not supported by the compiled path")
         if m.n_expert > ED_MAX_EXPERT or m.n_expert_used > m.n_expert:
@@ -286,6 +291,12 @@ cdef class ForwardModel:
         if role == "ffn_gate_shexp": return &l.ffn_gate_shexp
         if role == "ffn_up_shexp": return &l.ffn_up_shexp
         if role == "ffn_down_shexp": return &l.ffn_down_shexp
+        if role == "attn_sinks": return &l.attn_sinks
+        if role == "attn_output_bias": return &l.attn_output_bias
+        if role == "ffn_gate_inp_bias": return &l.ffn_gate_inp_bias
+        if role == "ffn_gate_exps_bias": return &l.ffn_gate_exps_bias
+        if role == "ffn_up_exps_bias": return &l.ffn_up_exps_bias
+        if role == "ffn_down_exps_bias": return &l.ffn_down_exps_bias
         raise KeyError(role)
 
     cdef void _check_cache(self, int type_k, int type_v) except *:

@@ -103,6 +103,22 @@ static ED_DQ void ed_dq_q6_K(const blk_q6_K *x, float *y) {
     }
 }
 
+static ED_DQ void ed_dq_tbl32(const int8_t *kv, float d, const uint8_t *qs, float *y) {
+    for (int j = 0; j < QK / 2; j++) {
+        y[j] = d * (float)kv[qs[j] & 0xF];
+        y[j + QK / 2] = d * (float)kv[qs[j] >> 4];
+    }
+}
+
+static ED_DQ void ed_dq_iq4_nl(const blk_iq4_nl *x, float *y) { ed_dq_tbl32(ED_KV_IQ4NL, H2F(x->d), x->qs, y); }
+static ED_DQ void ed_dq_mxfp4(const blk_mxfp4 *x, float *y) { ed_dq_tbl32(ED_KV_MXFP4, ed_e8m0_half(x->e), x->qs, y); }
+
+static ED_DQ void ed_dq_iq4_xs(const blk_iq4_xs *x, float *y) {
+    const float d = H2F(x->d);
+    for (int ib = 0; ib < QKK / 32; ib++)
+        ed_dq_tbl32(ED_KV_IQ4NL, d * (float)(ed_iq4_xs_ls(x, ib) - 32), x->qs + 16 * ib, y + 32 * ib);
+}
+
 static int ed_dequantize_row(int type, const void *vx, float *y, int64_t k) {
     const uint8_t *x = (const uint8_t *)vx;
     switch (type) {

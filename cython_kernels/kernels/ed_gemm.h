@@ -52,7 +52,8 @@ typedef void (*ed_unpack_fn)(const void *row, int K, uint8_t *u, float *A, float
 /* the same, with `lift` (128 - off) added to every u: the path's fast versions (ED_GEMM_UNPACK) */
 typedef void (*ed_unpack_lift_fn)(const void *row, int K, uint8_t *u, float *A, float *C, uint8_t lift);
 
-typedef struct { int G, off; ed_unpack_fn unpack; } ed_gemm_traits;
+/* wide: u spans more than 0..127, so u8 x s8 pairs overflow the i16 sums of non-VNNI kernels */
+typedef struct { int G, off; ed_unpack_fn unpack; int wide; } ed_gemm_traits;
 
 static void ed_unpack_q4_0(const void *vx, int K, uint8_t *u, float *A, float *C) {
     const blk_q4_0 *x = vx;
@@ -189,13 +190,51 @@ static void ed_unpack_q2_K(const void *vx, int K, uint8_t *u, float *A, float *C
     }
 }
 
+/* The table types: u = table value + off (IQ4: + 128, 1..241; MXFP4: + 12, 0..24), A the
+ * block's scale (IQ4_XS: d * (sub-block scale - 32)), C = 0 */
+static inline void ed_unpack_tbl32(const int8_t *kv, int off, const uint8_t *qs, uint8_t *u) {
+    for (int j = 0; j < QK / 2; j++) {
+        u[j] = (uint8_t)(kv[qs[j] & 0xF] + off);
+        u[j + QK / 2] = (uint8_t)(kv[qs[j] >> 4] + off);
+    }
+}
+
+static void ed_unpack_iq4_nl(const void *vx, int K, uint8_t *u, float *A, float *C) {
+    const blk_iq4_nl *x = vx;
+    for (int b = 0; b < K / QK; b++, u += QK) {
+        ed_unpack_tbl32(ED_KV_IQ4NL, 128, x[b].qs, u);
+        A[b] = H2F(x[b].d); C[b] = 0.0f;
+    }
+}
+
+static void ed_unpack_mxfp4(const void *vx, int K, uint8_t *u, float *A, float *C) {
+    const blk_mxfp4 *x = vx;
+    for (int b = 0; b < K / QK; b++, u += QK) {
+        ed_unpack_tbl32(ED_KV_MXFP4, 12, x[b].qs, u);
+        A[b] = ed_e8m0_half(x[b].e); C[b] = 0.0f;
+    }
+}
+
+static void ed_unpack_iq4_xs(const void *vx, int K, uint8_t *u, float *A, float *C) {
+    const blk_iq4_xs *x = vx;
+    for (int i = 0; i < K / QKK; i++, A += 8, C += 8) {
+        const float d = H2F(x[i].d);
+        for (int ib = 0; ib < 8; ib++, u += 32) {
+            ed_unpack_tbl32(ED_KV_IQ4NL, 128, x[i].qs + 16 * ib, u);
+            A[ib] = d * (float)(ed_iq4_xs_ls(&x[i], ib) - 32); C[ib] = 0.0f;
+        }
+    }
+}
+
 static const ed_gemm_traits ED_GEMM_TRAITS[ED_NTYPES] = {
     [ED_Q4_0] = {32, 8, ed_unpack_q4_0},   [ED_Q4_1] = {32, 0, ed_unpack_q4_1},
     [ED_Q5_0] = {32, 16, ed_unpack_q5_0},  [ED_Q5_1] = {32, 0, ed_unpack_q5_1},
-    [ED_Q8_0] = {32, 128, ed_unpack_q8_0},
+    [ED_Q8_0] = {32, 128, ed_unpack_q8_0, 1},
     [ED_Q2_K] = {16, 0, ed_unpack_q2_K},   [ED_Q3_K] = {16, 4, ed_unpack_q3_K},
     [ED_Q4_K] = {32, 0, ed_unpack_q4_K},   [ED_Q5_K] = {32, 0, ed_unpack_q5_K},
     [ED_Q6_K] = {16, 32, ed_unpack_q6_K},
+    [ED_IQ4_NL] = {32, 128, ed_unpack_iq4_nl, 1}, [ED_IQ4_XS] = {32, 128, ed_unpack_iq4_xs, 1},
+    [ED_MXFP4] = {32, 12, ed_unpack_mxfp4},
 };
 
 /* The path's panel kernel: 16 rows (panel u: ng groups of G*16 bytes; ac: per group 16 A
@@ -219,7 +258,7 @@ struct ed_gemm_path {
     /* 1: the kernel takes offset types lifted to off = 128 (the u8 x s8 products need no i16
      * headroom: VNNI); 0: unlifted values, each offset folded into C = -off * A */
     int lift;
-    int i16;  /* 1: the kernel sums u8 x s8 pairs in i16 (no VNNI), which Q8_0's bytes would overflow */
+    int i16;  /* 1: the kernel sums u8 x s8 pairs in i16 (no VNNI), which wide types (ed_gemm_traits) would overflow */
     ed_gemm_transpose_fn transpose;
     ed_unpack_lift_fn unpack[ED_NTYPES];  /* path-specific unpackers, else NULL */
 };
@@ -232,7 +271,7 @@ static const struct ed_gemm_path ED_GEMM_NONE = {NULL, 1, 0, ed_gemm_transpose_g
 
 static int ed_gemm_ok(int type) {
     return ED_GEMM_KERNEL && type >= 0 && type < ED_NTYPES && ED_GEMM_TRAITS[type].unpack &&
-           !(ED_GEMM_I16 && type == ED_Q8_0);
+           !(ED_GEMM_I16 && ED_GEMM_TRAITS[type].wide);
 }
 
 /* byte offset of the quantized values in a block of activation format vt */

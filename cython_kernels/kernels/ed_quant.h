@@ -382,6 +382,107 @@ static ED_NOFMA void ed_q_q6_K(const float *x, blk_q6_K *y) {
     }
 }
 
+/* ----------------------------------------------------------------- table types ------- */
+/* index of the table entry nearest x (ties to the upper one), llama.cpp's best_index_int8 */
+static inline ED_NOFMA int ed_best_index_int8(const int8_t *val, float x) {
+    if (x <= val[0]) return 0;
+    if (x >= val[15]) return 15;
+    int ml = 0, mu = 15;
+    while (mu - ml > 1) { const int mav = (ml + mu) / 2; if (x < val[mav]) mu = mav; else ml = mav; }
+    return x - val[mu - 1] < val[mu] - x ? mu - 1 : mu;
+}
+
+/* IQ4_NL (nsub = 1) and IQ4_XS (nsub = 8 sub-blocks of 32): llama.cpp's
+ * quantize_row_iq4_nl_impl with ntry = 7. Per sub-block, the scale maximising
+ * (sum w q x)^2 / sum w q q over 15 trial scales around max / -127 (w = x^2, or with an
+ * importance matrix qw * sqrt(sigma2 + x^2)); IQ4_XS then stores the sub-block scales as 6-bit
+ * multiples of max_scale / -32 and requantizes against them. Writes d, the nibbles (16 per
+ * 32) and, for IQ4_XS, the packed scales. */
+static ED_NOFMA void ed_q_iq4(const float *x, const float *qw, int nsub, ed_half *dh, uint8_t *q4,
+                              uint16_t *scales_h, uint8_t *scales_l) {
+    const int8_t *values = ED_KV_IQ4NL;
+    const int n = 32 * nsub, ntry = 7;
+    float scales[QKK / 32], weight[32];
+    uint8_t L[QKK];
+    float sigma2 = 0;
+    for (int j = 0; j < n; j++) sigma2 += x[j] * x[j];
+    sigma2 *= 2.f / n;
+    float max_scale = 0, amax_scale = 0;
+    for (int ib = 0; ib < nsub; ib++) {
+        const float *xb = x + 32 * ib;
+        if (qw) for (int j = 0; j < 32; j++) weight[j] = qw[32 * ib + j] * sqrtf(sigma2 + xb[j] * xb[j]);
+        else for (int j = 0; j < 32; j++) weight[j] = xb[j] * xb[j];
+        float amax = 0, max = 0;
+        for (int j = 0; j < 32; j++) { const float ax = fabsf(xb[j]); if (ax > amax) { amax = ax; max = xb[j]; } }
+        if (amax < ED_GROUP_MAX_EPS) { scales[ib] = 0; continue; }
+        float d = -max / values[0], id = 1 / d, sumqx = 0, sumq2 = 0;
+        for (int j = 0; j < 32; j++) {
+            const float q = values[ed_best_index_int8(values, id * xb[j])], w = weight[j];
+            sumqx += w * q * xb[j]; sumq2 += w * q * q;
+        }
+        d = sumq2 > 0 ? sumqx / sumq2 : 0.f;
+        float best = d * sumqx;
+        for (int itry = -ntry; itry <= ntry; itry++) {
+            id = (itry + values[0]) / max;
+            sumqx = sumq2 = 0;
+            for (int j = 0; j < 32; j++) {
+                const float q = values[ed_best_index_int8(values, id * xb[j])], w = weight[j];
+                sumqx += w * q * xb[j]; sumq2 += w * q * q;
+            }
+            if (sumq2 > 0 && sumqx * sumqx > best * sumq2) { d = sumqx / sumq2; best = d * sumqx; }
+        }
+        scales[ib] = d;
+        if (fabsf(d) > amax_scale) { amax_scale = fabsf(d); max_scale = d; }
+    }
+    if (nsub > 1) {
+        const float d = -max_scale / 32, id = d ? 1 / d : 0.f;
+        *dh = ed_fp32_to_fp16(d);
+        *scales_h = 0;
+        for (int ib = 0; ib < nsub; ib++) {
+            int l = ed_qmax(-32, ed_qmin(31, ed_nearest_int(id * scales[ib])));
+            const float dl = d * l, idl = dl ? 1 / dl : 0.f;
+            for (int j = 0; j < 32; j++) L[32 * ib + j] = (uint8_t)ed_best_index_int8(values, idl * x[32 * ib + j]);
+            l += 32;
+            if (ib % 2 == 0) scales_l[ib / 2] = (uint8_t)(l & 0xF);
+            else scales_l[ib / 2] |= (uint8_t)((l & 0xF) << 4);
+            *scales_h |= (uint16_t)((l >> 4) << 2 * ib);
+        }
+    } else {
+        *dh = ed_fp32_to_fp16(scales[0]);
+        const float id = scales[0] ? 1 / scales[0] : 0;
+        for (int j = 0; j < 32; j++) L[j] = (uint8_t)ed_best_index_int8(values, id * x[j]);
+    }
+    for (int i = 0; i < nsub; i++) ed_pack_nibbles(L + 32 * i, q4 + 16 * i);
+}
+
+static void ed_q_iq4_nl_w(const float *x, const float *qw, blk_iq4_nl *y) { ed_q_iq4(x, qw, 1, &y->d, y->qs, NULL, NULL); }
+static void ed_q_iq4_xs_w(const float *x, const float *qw, blk_iq4_xs *y) {
+    ed_q_iq4(x, qw, QKK / 32, &y->d, y->qs, &y->scales_h, y->scales_l);
+}
+static void ed_q_iq4_nl(const float *x, blk_iq4_nl *y) { ed_q_iq4_nl_w(x, NULL, y); }
+static void ed_q_iq4_xs(const float *x, blk_iq4_xs *y) { ed_q_iq4_xs_w(x, NULL, y); }
+
+/* MXFP4: llama.cpp's quantize_row_mxfp4_ref: e = floor(log2(amax)) - 2 + 127 (so the largest
+ * e2m1 value, 6, covers amax), each weight the nearest table entry (the first on ties) */
+static ED_NOFMA void ed_q_mxfp4(const float *x, blk_mxfp4 *y) {
+    float amax = 0.0f;
+    for (int j = 0; j < QK; j++) if (amax < fabsf(x[j])) amax = fabsf(x[j]);
+    const uint8_t e = amax > 0.0f ? (uint8_t)(floorf(log2f(amax)) - 2 + 127) : 0;
+    const float d = ed_e8m0_half(e);
+    uint8_t q[QK];
+    y->e = e;
+    for (int j = 0; j < QK; j++) {
+        int best = 0;
+        float best_err = fabsf(ED_KV_MXFP4[0] * d - x[j]);
+        for (int i = 1; i < 16; i++) {
+            const float err = fabsf(ED_KV_MXFP4[i] * d - x[j]);
+            if (err < best_err) { best = i; best_err = err; }
+        }
+        q[j] = (uint8_t)best;
+    }
+    ed_pack_nibbles(q, y->qs);
+}
+
 static int ed_quantize_row(int type, const float *x, void *vy, int64_t k) {
     uint8_t *y = (uint8_t *)vy;
     switch (type) {

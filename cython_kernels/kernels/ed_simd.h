@@ -205,7 +205,7 @@ static void ed_attn_rowwise(int nr, const ed_attn_row *rw, const ed_half *k, con
         const int lo = rw[r].lo, hi = rw[r].hi;
         float *o = rw[r].o;
         for (int i = 0; i < hd; i++) q16[i] = ed_fp32_to_fp16(rw[r].q[i]);
-        float mx = -INFINITY;
+        float mx = rw[r].sink;  /* -INFINITY without a sink */
         for (int j = lo; j <= hi; j++) {
             const float d = dot16(hd, k + (size_t)j * ld, q16) * scale;
             sc[j - lo] = d;
@@ -213,6 +213,7 @@ static void ed_attn_rowwise(int nr, const ed_attn_row *rw, const ed_half *k, con
         }
         double sum = 0.0;
         for (int j = 0; j <= hi - lo; j++) { const float e = expf(sc[j] - mx); sc[j] = e; sum += e; }
+        if (rw[r].sink > -INFINITY) sum += expf(rw[r].sink - mx);
         const float inv = (float)(1.0 / sum);
         for (int i = 0; i < hd; i++) o[i] = 0.0f;
         for (int j = lo; j <= hi; j++) ed_axpy_f16(hd, sc[j - lo] * inv, v + (size_t)j * ld, o);
@@ -240,26 +241,14 @@ static void ed_mdot_rows(int type, int k, const uint8_t *w, size_t wstride, int 
 
 #if defined(__x86_64__)
 #include <immintrin.h>
+#include "ed_cpu.h"
 
 static unsigned ed_cpu_features(void) {
-    unsigned f = 0;
-    __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx2")) f |= ED_CPU_AVX2;
-    if (__builtin_cpu_supports("fma")) f |= ED_CPU_FMA;
-    if (__builtin_cpu_supports("avx512f")) f |= ED_CPU_AVX512F;
-    if (__builtin_cpu_supports("avx512bw")) f |= ED_CPU_AVX512BW;
-    if (__builtin_cpu_supports("avx512vl")) f |= ED_CPU_AVX512VL;
-    if (__builtin_cpu_supports("avx512vnni")) f |= ED_CPU_AVX512VNNI;
-    if (__builtin_cpu_supports("avx512dq")) f |= ED_CPU_AVX512DQ;
-    /* F16C: CPUID.1:ECX bit 29 (not every compiler knows the builtin name) */
-    {
-        unsigned a, b, c, d;
-        __asm__ volatile("cpuid" : "=a"(a), "=b"(b), "=c"(c), "=d"(d) : "a"(1), "c"(0));
-        if (c & (1u << 29)) f |= ED_CPU_F16C;
-        __asm__ volatile("cpuid" : "=a"(a), "=b"(b), "=c"(c), "=d"(d) : "a"(7), "c"(1));
-        if (a & (1u << 4)) f |= ED_CPU_AVXVNNI;
-    }
-    return f;
+    const ed_x86_cpu c = ed_x86_cpu_detect();
+    return (c.avx2 ? ED_CPU_AVX2 : 0) | (c.fma ? ED_CPU_FMA : 0) | (c.f16c ? ED_CPU_F16C : 0) |
+           (c.avx512f ? ED_CPU_AVX512F : 0) | (c.avx512bw ? ED_CPU_AVX512BW : 0) |
+           (c.avx512vl ? ED_CPU_AVX512VL : 0) | (c.avx512vnni ? ED_CPU_AVX512VNNI : 0) |
+           (c.avx512dq ? ED_CPU_AVX512DQ : 0) | (c.avxvnni ? ED_CPU_AVXVNNI : 0);
 }
 
 #define ED_TARGET __attribute__((target("avx2,fma,f16c")))
@@ -767,25 +756,29 @@ static const ed_mdot_fn ED_AVX512NV_TILE[ED_NTYPES] = {
     [ED_Q4_0] = ed_avx512nv_tile_q4_0, [ED_Q4_1] = ed_avx512nv_tile_q4_1, [ED_Q5_0] = ed_avx512nv_tile_q5_0,
     [ED_Q5_1] = ed_avx512nv_tile_q5_1, [ED_Q8_0] = ed_avx512nv_tile_q8_0, [ED_Q2_K] = ed_avx512nv_tile_q2_K,
     [ED_Q3_K] = ed_avx512nv_tile_q3_K, [ED_Q4_K] = ed_z_mdot_q4_K, [ED_Q5_K] = ed_avx512nv_tile_q5_K,
-    [ED_Q6_K] = ed_avx512nv_tile_q6_K};
+    [ED_Q6_K] = ed_avx512nv_tile_q6_K, [ED_IQ4_NL] = ed_avx512nv_tile_iq4_nl,
+    [ED_IQ4_XS] = ed_avx512nv_tile_iq4_xs, [ED_MXFP4] = ed_avx512nv_tile_mxfp4};
 static const ed_dot_fn ED_AVX512V_DOT[ED_NTYPES] = {
     [ED_F32] = ed_avx512_dot_f32, [ED_F16] = ed_avx512_dot_f16, [ED_BF16] = ed_avx512_dot_bf16,
     [ED_Q4_0] = ed_z_dot_q4_0, [ED_Q4_1] = ed_avx512_dot_q4_1, [ED_Q5_0] = ed_z_dot_q5_0,
     [ED_Q5_1] = ed_avx512_dot_q5_1, [ED_Q8_0] = ed_avx512_dot_q8_0, [ED_Q2_K] = ed_avx512_dot_q2_K,
     [ED_Q3_K] = ed_avx512_dot_q3_K, [ED_Q4_K] = ed_avx512_dot_q4_K, [ED_Q5_K] = ed_avx512_dot_q5_K,
-    [ED_Q6_K] = ed_z_dot_q6_K};
+    [ED_Q6_K] = ed_z_dot_q6_K, [ED_IQ4_NL] = ed_avx512_dot_iq4_nl, [ED_IQ4_XS] = ed_avx512_dot_iq4_xs,
+    [ED_MXFP4] = ed_avx512_dot_mxfp4};
 static const ed_mdot_fn ED_AVX512V_TILE[ED_NTYPES] = {
     [ED_F32] = ed_avx512_tile_f32, [ED_F16] = ed_avx512_tile_f16, [ED_BF16] = ed_avx512_tile_bf16,
     [ED_Q4_0] = ed_avx512_tile_q4_0, [ED_Q4_1] = ed_avx512_tile_q4_1, [ED_Q5_0] = ed_avx512_tile_q5_0,
     [ED_Q5_1] = ed_avx512_tile_q5_1, [ED_Q8_0] = ed_avx512_tile_q8_0, [ED_Q2_K] = ed_avx512_tile_q2_K,
     [ED_Q3_K] = ed_avx512_tile_q3_K, [ED_Q4_K] = ed_z_mdot_q4_K, [ED_Q5_K] = ed_avx512_tile_q5_K,
-    [ED_Q6_K] = ed_avx512_tile_q6_K};
+    [ED_Q6_K] = ed_avx512_tile_q6_K, [ED_IQ4_NL] = ed_avx512_tile_iq4_nl, [ED_IQ4_XS] = ed_avx512_tile_iq4_xs,
+    [ED_MXFP4] = ed_avx512_tile_mxfp4};
 static const ed_mdot_fn ED_AVX512V_SAME[ED_NTYPES] = {  /* pair tiles: ed_z_dot_* as one column */
     [ED_F32] = ed_avx512_same_f32, [ED_F16] = ed_avx512_same_f16, [ED_BF16] = ed_avx512_same_bf16,
     [ED_Q4_0] = ed_z_pair_q4_0, [ED_Q4_1] = ed_avx512_same_q4_1, [ED_Q5_0] = ed_z_pair_q5_0,
     [ED_Q5_1] = ed_avx512_same_q5_1, [ED_Q8_0] = ed_z_pair_q8_0, [ED_Q2_K] = ed_avx512_same_q2_K,
     [ED_Q3_K] = ed_avx512_same_q3_K, [ED_Q4_K] = ed_z_pair_q4_K, [ED_Q5_K] = ed_z_pair_q5_K,
-    [ED_Q6_K] = ed_z_mdot_q6_K};
+    [ED_Q6_K] = ed_z_mdot_q6_K, [ED_IQ4_NL] = ed_avx512_same_iq4_nl, [ED_IQ4_XS] = ed_avx512_same_iq4_xs,
+    [ED_MXFP4] = ed_avx512_same_mxfp4};
 static const struct ed_gemm_path ED_AVX512V_GEMM = {
     ed_z_gemm, 1, 0, ed_z_gemm_transpose,
     {[ED_Q4_0] = ed_avx512_unpack_q4_0, [ED_Q5_0] = ed_avx512_unpack_q5_0, [ED_Q8_0] = ed_avx512_unpack_q8_0,
@@ -831,7 +824,8 @@ static const ed_dot_fn ED_GENERIC_DOT[ED_NTYPES] = {
     [ED_Q4_0] = ed_dot_q4_0, [ED_Q4_1] = ed_dot_q4_1, [ED_Q5_0] = ed_dot_q5_0,
     [ED_Q5_1] = ed_dot_q5_1, [ED_Q8_0] = ed_dot_q8_0, [ED_Q2_K] = ed_dot_q2_K,
     [ED_Q3_K] = ed_dot_q3_K, [ED_Q4_K] = ed_dot_q4_K, [ED_Q5_K] = ed_dot_q5_K,
-    [ED_Q6_K] = ed_dot_q6_K};
+    [ED_Q6_K] = ed_dot_q6_K, [ED_IQ4_NL] = ed_dot_iq4_nl, [ED_IQ4_XS] = ed_dot_iq4_xs,
+    [ED_MXFP4] = ed_dot_mxfp4};
 static const ed_quant_fn ED_GENERIC_QUANT[ED_NTYPES] = {
     [ED_F32] = ed_quant_f32, [ED_F16] = ed_quant_f16, [ED_BF16] = ed_quant_bf16,
     [ED_Q8_0] = ed_quant_q8_0, [ED_Q8_1] = ed_quant_q8_1, [ED_Q8_K] = ed_quant_q8_K};

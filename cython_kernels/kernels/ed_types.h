@@ -15,7 +15,7 @@
 enum {
     ED_F32 = 0, ED_F16 = 1, ED_Q4_0 = 2, ED_Q4_1 = 3, ED_Q5_0 = 6, ED_Q5_1 = 7, ED_Q8_0 = 8,
     ED_Q8_1 = 9, ED_Q2_K = 10, ED_Q3_K = 11, ED_Q4_K = 12, ED_Q5_K = 13, ED_Q6_K = 14,
-    ED_Q8_K = 15, ED_BF16 = 30, ED_NTYPES = 40
+    ED_Q8_K = 15, ED_IQ4_NL = 20, ED_IQ4_XS = 23, ED_BF16 = 30, ED_MXFP4 = 39, ED_NTYPES = 40
 };
 
 enum { ED_PROF_MATMUL, ED_PROF_QUANT, ED_PROF_ATTN, ED_PROF_NORM, ED_PROF_ROPE, ED_PROF_ACT,
@@ -38,6 +38,28 @@ typedef struct { ed_half d, dmin; uint8_t scales[12]; uint8_t qs[QKK / 2]; } blk
 typedef struct { ed_half d, dmin; uint8_t scales[12]; uint8_t qh[QKK / 8]; uint8_t qs[QKK / 2]; } blk_q5_K;
 typedef struct { uint8_t ql[QKK / 2]; uint8_t qh[QKK / 4]; int8_t scales[QKK / 16]; ed_half d; } blk_q6_K;
 typedef struct { float d; int8_t qs[QKK]; int16_t bsums[QKK / 16]; } blk_q8_K;
+/* the non-linear 4-bit types: nibbles index a 16-entry int8 table (ED_KV_IQ4NL / ED_KV_MXFP4);
+ * IQ4_XS's 6-bit sub-block scales (value - 32) are split into low nibbles (scales_l, two per
+ * byte) and 2 high bits each (scales_h); MXFP4's scale is an E8M0 exponent byte */
+typedef struct { ed_half d; uint8_t qs[QK / 2]; } blk_iq4_nl;
+typedef struct { ed_half d; uint16_t scales_h; uint8_t scales_l[QKK / 64]; uint8_t qs[QKK / 2]; } blk_iq4_xs;
+typedef struct { uint8_t e; uint8_t qs[QK / 2]; } blk_mxfp4;
+
+/* llama.cpp's kvalues_iq4nl, and its kvalues_mxfp4: the e2m1 values doubled (the E8M0 scale
+ * is then halved, ed_e8m0_half) */
+static const int8_t ED_KV_IQ4NL[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+static const int8_t ED_KV_MXFP4[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+
+/* IQ4_XS sub-block ib's scale, 0..63 (the weight scale is d * (value - 32)) */
+static inline int ed_iq4_xs_ls(const blk_iq4_xs *x, int ib) {
+    return ((x->scales_l[ib / 2] >> 4 * (ib % 2)) & 0xF) | (((x->scales_h >> 2 * ib) & 3) << 4);
+}
+
+/* 2^(e - 128): half the E8M0 scale 2^(e - 127), exact (e < 2: the float subnormals) */
+static inline float ed_e8m0_half(uint8_t e) {
+    const uint32_t bits = e < 2 ? 0x00200000u << e : (uint32_t)(e - 1) << 23;
+    float f; memcpy(&f, &bits, 4); return f;
+}
 
 /* The block weight types, one X(type id, name, elements per block) each: the per-type code of
  * ed_quant.h (ed_q_NAME) and ed_dequant.h (ed_dq_NAME), block type blk_NAME, is dispatched from
@@ -45,7 +67,8 @@ typedef struct { float d; int8_t qs[QKK]; int16_t bsums[QKK / 16]; } blk_q8_K;
 #define ED_WEIGHT_BLOCK_TYPES(X) \
     X(ED_Q4_0, q4_0, QK) X(ED_Q4_1, q4_1, QK) X(ED_Q5_0, q5_0, QK) X(ED_Q5_1, q5_1, QK) \
     X(ED_Q8_0, q8_0, QK) X(ED_Q2_K, q2_K, QKK) X(ED_Q3_K, q3_K, QKK) X(ED_Q4_K, q4_K, QKK) \
-    X(ED_Q5_K, q5_K, QKK) X(ED_Q6_K, q6_K, QKK)
+    X(ED_Q5_K, q5_K, QKK) X(ED_Q6_K, q6_K, QKK) X(ED_IQ4_NL, iq4_nl, QK) X(ED_IQ4_XS, iq4_xs, QKK) \
+    X(ED_MXFP4, mxfp4, QK)
 
 /* ---------------------------------------------------------------- f16 / bf16 ------------ */
 static inline float ed_fp16_to_fp32(ed_half h) {
@@ -418,6 +441,47 @@ static float ed_dot_q6_K(int n, const void *vx, const void *vy) {
     return sumf;
 }
 
+/* The table types: every 32 weights are 16 bytes of nibbles (low nibbles: weights 0..15, high:
+ * 16..31) indexing a 16-entry table. The integer block sum is exact; the float combination is
+ * one multiply-add per block (IQ4_NL: d_x * d_y, MXFP4: d_y * 2^(e-128), as llama.cpp), or for
+ * IQ4_XS one per super-block with the sub-block scales inside the integer sum. */
+static inline int ed_tbl_sum32(const int8_t *kv, const uint8_t *qs, const int8_t *q8) {
+    int s = 0;
+    for (int j = 0; j < QK / 2; j++) s += kv[qs[j] & 0xF] * q8[j] + kv[qs[j] >> 4] * q8[j + QK / 2];
+    return s;
+}
+
+static float ed_dot_iq4_nl(int n, const void *vx, const void *vy) {
+    const blk_iq4_nl *x = vx; const blk_q8_0 *y = vy;
+    float sumf = 0;
+    for (int ib = 0; ib < n / QK; ib++)
+        sumf += (H2F(x[ib].d) * H2F(y[ib].d)) * ed_tbl_sum32(ED_KV_IQ4NL, x[ib].qs, y[ib].qs);
+    return sumf;
+}
+
+static float ed_dot_mxfp4(int n, const void *vx, const void *vy) {
+    const blk_mxfp4 *x = vx; const blk_q8_0 *y = vy;
+    float sumf = 0;
+    for (int ib = 0; ib < n / QK; ib++)
+        sumf += (H2F(y[ib].d) * ed_e8m0_half(x[ib].e)) * ed_tbl_sum32(ED_KV_MXFP4, x[ib].qs, y[ib].qs);
+    return sumf;
+}
+
+/* IQ4_XS: sum over the 8 sub-blocks of (ls - 32) * their table sums, exact in int32 */
+static inline int ed_iq4_xs_isum(const blk_iq4_xs *x, const int8_t *q8) {
+    int isum = 0;
+    for (int ib = 0; ib < QKK / 32; ib++)
+        isum += (ed_iq4_xs_ls(x, ib) - 32) * ed_tbl_sum32(ED_KV_IQ4NL, x->qs + 16 * ib, q8 + 32 * ib);
+    return isum;
+}
+
+static float ed_dot_iq4_xs(int n, const void *vx, const void *vy) {
+    const blk_iq4_xs *x = vx; const blk_q8_K *y = vy;
+    float sumf = 0;
+    for (int i = 0; i < n / QKK; i++) sumf += (H2F(x[i].d) * y[i].d) * ed_iq4_xs_isum(&x[i], y[i].qs);
+    return sumf;
+}
+
 /* ---------------------------------------------------------------- the tables ------------ */
 typedef float (*ed_dot_fn)(int n, const void *w, const void *xq);
 typedef void (*ed_quant_fn)(const float *x, void *y, int k);
@@ -450,6 +514,9 @@ static const ed_traits ED_TRAITS[ED_NTYPES] = {
     [ED_Q4_K] = {QKK, sizeof(blk_q4_K), ED_Q8_K, ed_dot_q4_K},
     [ED_Q5_K] = {QKK, sizeof(blk_q5_K), ED_Q8_K, ed_dot_q5_K},
     [ED_Q6_K] = {QKK, sizeof(blk_q6_K), ED_Q8_K, ed_dot_q6_K},
+    [ED_IQ4_NL] = {QK, sizeof(blk_iq4_nl), ED_Q8_0, ed_dot_iq4_nl},
+    [ED_IQ4_XS] = {QKK, sizeof(blk_iq4_xs), ED_Q8_K, ed_dot_iq4_xs},
+    [ED_MXFP4] = {QK, sizeof(blk_mxfp4), ED_Q8_0, ed_dot_mxfp4},
 };
 
 static const ed_act_traits ED_ACT[ED_NTYPES] = {
@@ -470,7 +537,9 @@ typedef void (*ed_mrows_fn)(int k, const void *w, size_t wstride, int nr, const 
 /* y[i] += a * x[i] over an F16 row (attention's V accumulation) */
 typedef void (*ed_axpy_f16_fn)(int n, float a, const ed_half *x, float *y);
 /* attention over the F16 KV cache for a block of query rows (ed_simd.h) */
-typedef struct { const float *q; float *o; int lo, hi; } ed_attn_row;
+/* one query row of a block: keys lo..hi; sink: one more logit in its softmax that adds no
+   value (gpt-oss's attention sinks), -INFINITY for none */
+typedef struct { const float *q; float *o; int lo, hi; float sink; } ed_attn_row;
 typedef void (*ed_attn_fn)(int nr, const ed_attn_row *rw, const ed_half *k, const ed_half *v,
                            size_t ld, int hd, float scale, float *ws);
 struct ed_gemm_path;  /* the packed-panel kernel of a path (ed_gemm.h) */

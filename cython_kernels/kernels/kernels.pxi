@@ -372,10 +372,11 @@ def activation(float[::1] x, str kind, const float[::1] up=None):
 
 def attention(float[:, ::1] out, float[:, ::1] q, uint16_t[:, ::1] k_cache,
               uint16_t[:, ::1] v_cache, int pos, int n_head, int n_head_kv, float scale,
-              int n_swa=0):
+              int n_swa=0, const float[::1] sinks=None):
     """Causal attention of n tokens at positions pos.. over an F16 cache (n_ctx, n_head_kv *
     head_dim) that already holds their keys/values; q, out: (n, n_head * head_dim).
-    Grouped-query heads; n_swa > 0 masks keys older than the sliding window."""
+    Grouped-query heads; n_swa > 0 masks keys older than the sliding window; sinks: one
+    more softmax logit per head (gpt-oss)."""
     cdef int n = q.shape[0], Qd = q.shape[1], hd, n_ctx = k_cache.shape[0]
     if n_head < 1 or n_head_kv < 1 or n_head % n_head_kv or Qd % n_head:
         raise ValueError("attention: heads do not divide")
@@ -385,6 +386,8 @@ def attention(float[:, ::1] out, float[:, ::1] q, uint16_t[:, ::1] k_cache,
         raise ValueError("attention: shapes of q, out and the caches disagree")
     if pos < 0 or pos + n > n_ctx:
         raise ValueError(f"positions [{pos}, {pos + n}) outside the cache of {n_ctx}")
+    if sinks is not None and sinks.shape[0] != n_head:
+        raise ValueError(f"attention: {sinks.shape[0]} sinks for {n_head} heads")
     cdef ed_model m
     cdef ed_layer layer
     cdef ed_state s
@@ -397,6 +400,8 @@ def attention(float[:, ::1] out, float[:, ::1] q, uint16_t[:, ::1] k_cache,
     cdef float[::1] vaccv = vacc
     m.head_dim = hd; m.n_head = n_head; m.n_head_kv = n_head_kv; m.attn_scale = scale
     m.n_swa = n_swa; m.n_layer = 1; layer.swa = n_swa > 0; m.layers = &layer
+    if sinks is not None:
+        layer.attn_sinks.data = <const uint8_t *>&sinks[0]
     s.n_ctx = n_ctx; s.n_tokens = n; s.pos = pos
     s.k_cache = <uint8_t *>&k_cache[0, 0]; s.v_cache = <uint8_t *>&v_cache[0, 0]
     s.type_k = s.type_v = 1; s.k_row = s.v_row = 2 * k_cache.shape[1]  # F16 rows

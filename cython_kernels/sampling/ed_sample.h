@@ -169,6 +169,7 @@ ED_SAMPLE_FNS(base, , 2, 4)
 #undef MASK_GE
 #if defined(__x86_64__)
 #include <immintrin.h>
+#include "ed_cpu.h"
 static inline unsigned __attribute__((target("avx2,fma"))) ed_mask_ge_avx2(const float *p, float t) {
     return (unsigned)_mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(p), _mm256_set1_ps(t), _CMP_GE_OQ));
 }
@@ -218,10 +219,9 @@ static void ed_sample_init(const char *path) {
     ed_sabove = ed_sabove_base;
     ed_sfind = ed_sfind_base;
 #if defined(__x86_64__)
-    __builtin_cpu_init();
-    int avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-    int avx512 = avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq")
-                 && __builtin_cpu_supports("avx512vl");
+    const ed_x86_cpu cpu = ed_x86_cpu_detect();
+    int avx2 = cpu.avx2 && cpu.fma;
+    int avx512 = avx2 && cpu.avx512f && cpu.avx512dq && cpu.avx512vl;
     if (!strcmp(path, "avx512") && avx512) {
         ed_smax = ed_smax_avx512;
         ed_sexp = ed_sexp_avx512;

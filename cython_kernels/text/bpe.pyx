@@ -97,6 +97,7 @@ DEF OP_WS_RUN = 7      # \s?CLASS+
 DEF OP_TRAIL_WS = 8    # \s+$
 DEF OP_DIGITS3 = 9     # [0-9][0-9][0-9]
 DEF OP_NEWLINES = 10   # [^\n]+|[\n]+
+DEF OP_GPT4O = 11      # o200k (gpt-4o, gpt-oss), as llama.cpp runs it: see split_gpt4o
 # classes
 DEF CL_N = 1           # \p{N}
 DEF CL_L = 2           # \p{L}
@@ -202,9 +203,27 @@ cdef int split_gpt2(Text t, Py_ssize_t a, Py_ssize_t b, Vec *out) except -1 nogi
     return 0
 
 
+cdef inline Py_ssize_t ws_end(Text t, Py_ssize_t pos, Py_ssize_t a, Py_ssize_t b) noexcept nogil:
+    """End of the match at pos of \\s*[\\r\\n]+|\\s+(?!\\S)|\\s+ (else of one code point)."""
+    cdef Py_ssize_t nws = 0, last_rn = 0
+    cdef uint32_t c2
+    while is_ws(F(t, pos + nws, a, b)):
+        c2 = t.cp[pos + nws]
+        if c2 == 0x0D or c2 == 0x0A:
+            last_rn = pos + nws + 1
+        nws += 1
+    if last_rn > 0:
+        return last_rn                                 # \s*[\r\n]+
+    if nws > 1 and pos + nws < b:
+        return pos + nws - 1                           # \s+(?!\S)
+    if nws > 0:
+        return pos + nws                               # \s+
+    return pos + 1
+
+
 cdef int split_llama3(Text t, Py_ssize_t a, Py_ssize_t b, Vec *out, int variant) except -1 nogil:
     """variant: OP_LLAMA3 (\\p{N}{1,3}), OP_QWEN2 (\\p{N}), OP_QWEN35 (\\p{N}, letters with marks)."""
-    cdef Py_ssize_t pos = a, prev = a, nws, last_rn, ini
+    cdef Py_ssize_t pos = a, prev = a, ini
     cdef uint32_t cpt, c2
     cdef uint8_t f, f2
     cdef bint marks = variant == OP_QWEN35
@@ -259,21 +278,83 @@ cdef int split_llama3(Text t, Py_ssize_t a, Py_ssize_t b, Vec *out, int variant)
             vec_push(out, pos - prev)
             prev = pos
             continue
-        nws = 0
-        last_rn = 0
-        while is_ws(F(t, pos + nws, a, b)):
-            c2 = t.cp[pos + nws]
-            if c2 == 0x0D or c2 == 0x0A:
-                last_rn = pos + nws + 1
-            nws += 1
-        if last_rn > 0:
-            pos = last_rn                              # \s*[\r\n]+
-        elif nws > 1 and pos + nws < b:
-            pos += nws - 1                             # \s+(?!\S)
-        elif nws > 0:
-            pos += nws                                 # \s+
-        else:
-            pos += 1
+        pos = ws_end(t, pos, a, b)
+        vec_push(out, pos - prev)
+        prev = pos
+    return 0
+
+
+cdef inline bint is_upper(uint32_t c, uint8_t f) noexcept nogil:
+    """(?=[\p{L}])[^a-z]: a letter that is not an ASCII lower-case one."""
+    return is_l(f) and not (0x61 <= c <= 0x7A)
+
+
+cdef inline bint is_lower(uint32_t c, uint8_t f) noexcept nogil:
+    """(?=[\p{L}])[^A-Z]: a letter that is not an ASCII capital (other letters are both)."""
+    return is_l(f) and not (0x41 <= c <= 0x5A)
+
+
+cdef inline Py_ssize_t lower_run(Text t, Py_ssize_t pos, Py_ssize_t a, Py_ssize_t b) noexcept nogil:
+    while pos < b and is_lower(t.cp[pos], t.fl[pos]):
+        pos += 1
+    return pos
+
+
+cdef int split_gpt4o(Text t, Py_ssize_t a, Py_ssize_t b, Vec *out) except -1 nogil:
+    """llama.cpp's o200k regex (the case classes as lookaheads, run by std::regex):
+         [^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))*((?=[\p{L}])([^A-Z]))+CONTR?
+        |[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))+((?=[\p{L}])([^A-Z]))*CONTR?
+        |\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+
+       CONTR = '[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD], alternatives in order.
+       A non-ASCII letter counts as both upper and lower case there."""
+    cdef Py_ssize_t pos = a, prev = a, q, u, j, ini
+    cdef uint32_t cpt, c2
+    cdef uint8_t f, f2
+    while pos < b:
+        cpt = t.cp[pos]
+        f = t.fl[pos]
+        # the words: an optional leading [^\r\n\p{L}\p{N}], then letters
+        q = pos
+        if not (is_l(f) or is_n(f) or cpt == 0x0D or cpt == 0x0A) and is_l(F(t, pos + 1, a, b)):
+            q = pos + 1
+        if is_l(F(t, q, a, b)):
+            u = q                                      # the upper-case run (greedy)
+            while u < b and is_upper(t.cp[u], t.fl[u]):
+                u += 1
+            if u < b and is_lower(t.cp[u], t.fl[u]):   # 1st: upper* lower+
+                pos = lower_run(t, u, a, b)
+            else:
+                j = u - 1                              # 1st, backtracking the upper run to
+                while j >= q and t.cp[j] < 0x80:       # its last letter that is also lower
+                    j -= 1
+                pos = lower_run(t, j, a, b) if j >= q else u   # else 2nd: upper+ lower*
+            if pos < b:
+                pos += contraction(t, pos, b, True)
+            vec_push(out, pos - prev)
+            prev = pos
+            continue
+        if is_n(f):                                    # \p{N}{1,3}
+            ini = pos
+            while pos < b and is_n(t.fl[pos]) and pos - ini < 3:
+                pos += 1
+            vec_push(out, pos - prev)
+            prev = pos
+            continue
+        # ' ?[^\s\p{L}\p{N}]+[\r\n/]*'
+        f2 = F(t, pos + 1, a, b) if cpt == 0x20 else f
+        if not (is_ws(f2) or is_l(f2) or is_n(f2)) and f2 != 0:
+            pos += (cpt == 0x20)
+            while not (is_ws(f2) or is_l(f2) or is_n(f2)) and f2 != 0:
+                pos += 1
+                f2 = F(t, pos, a, b)
+            c2 = C(t, pos, a, b)
+            while c2 == 0x0D or c2 == 0x0A or c2 == 0x2F:
+                pos += 1
+                c2 = C(t, pos, a, b)
+            vec_push(out, pos - prev)
+            prev = pos
+            continue
+        pos = ws_end(t, pos, a, b)
         vec_push(out, pos - prev)
         prev = pos
     return 0
@@ -414,6 +495,8 @@ cdef class PreTokenizer:
                         split_gpt2(t, start, start + ln, &nxt)
                     elif self.ops[i] == OP_LLAMA3 or self.ops[i] == OP_QWEN2 or self.ops[i] == OP_QWEN35:
                         split_llama3(t, start, start + ln, &nxt, self.ops[i])
+                    elif self.ops[i] == OP_GPT4O:
+                        split_gpt4o(t, start, start + ln, &nxt)
                     else:
                         split_regex(t, start, start + ln, &nxt, self.ops[i], self.classes[i],
                                     self.ranges[i], self.n_ranges[i])
@@ -879,30 +962,32 @@ cdef struct SSym:
 
 
 cdef class SPMModel:
-    """SentencePiece BPE: vocab (list of UTF-8 bytes by id), scores (floats by id),
-    byte_tokens (256 ids, -1 where the vocabulary has none)."""
+    """SentencePiece BPE: vocab (the token texts by id, encoded to UTF-8 here; texts the GGUF
+    reader decoded with surrogateescape get their raw bytes back), scores (float32 by id),
+    byte_tokens (256 ids, -1 where the vocabulary has none). Building the table is one loop in
+    C: a 150k-token vocabulary costs milliseconds, not a Python loop per token."""
     cdef StrTable strs
     cdef int32_t *sid_token
     cdef float *score
     cdef int32_t byte_token[256]
 
-    def __cinit__(self, list vocab, scores, byte_tokens):
-        cdef Py_ssize_t i
+    def __cinit__(self, list vocab, const float[::1] scores, byte_tokens):
+        cdef Py_ssize_t i, n = len(vocab)
         cdef int32_t s
+        cdef bytes raw
         self.sid_token = NULL
         self.score = NULL
-        self.strs = StrTable(len(vocab))
-        ids = {}
-        for i in range(len(vocab)):
-            s = self.strs.intern_bytes(vocab[i])
-            ids[s] = i
-        self.sid_token = <int32_t *> malloc((self.strs.n + 1) * sizeof(int32_t))
-        self.score = <float *> malloc((len(vocab) + 1) * sizeof(float))
+        if scores.shape[0] != n:
+            raise ValueError(f"{scores.shape[0]} scores for {n} tokens")
+        self.strs = StrTable(n)
+        self.sid_token = <int32_t *> malloc((n + 1) * sizeof(int32_t))
+        self.score = <float *> malloc((n + 1) * sizeof(float))
         if self.sid_token == NULL or self.score == NULL:
             raise MemoryError()
-        for i in range(self.strs.n):
-            self.sid_token[i] = ids[i]
-        for i in range(len(vocab)):
+        for i in range(n):
+            raw = (<str> vocab[i]).encode("utf-8", "surrogateescape")
+            s = self.strs.intern_bytes(raw)        # equal texts share an id: the last one wins
+            self.sid_token[s] = <int32_t> i
             self.score[i] = scores[i]
         for i in range(256):
             self.byte_token[i] = byte_tokens[i]

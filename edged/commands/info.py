@@ -6,14 +6,12 @@ import math
 import sys
 
 from .loadargs import add_load_args
-from ..engine.kvcache import DEFAULT as DEFAULT_CACHE, CacheTypes
 
 
-def register(sub):
-    p = sub.add_parser("info", help="model requirements and the machine's compute setup",
-                       description="Validate a model as a load would (without allocating) and "
-                       "print its architecture, hyperparameters, weight types and the memory a "
-                       "context needs.")
+def configure(p):
+    p.description = ("Validate a model as a load would (without allocating) and "
+                     "print its architecture, hyperparameters, weight types and the memory a "
+                     "context needs.")
     add_load_args(p, threads=False)
     for action in p._actions:  # without -m, `edged info` describes only the machine
         if action.dest == "model":
@@ -24,16 +22,28 @@ def register(sub):
     p.set_defaults(func=run)
 
 
-def model_info(path, ctx_sizes=None, cache=DEFAULT_CACHE):
+def model_info(path, ctx_sizes=None, cache=None):
     """Dict of facts about a model file, validated like a load, without backend buffers;
-    memory planned for a KV cache of the kvcache.CacheTypes `cache`."""
+    memory planned for a KV cache of the kvcache.CacheTypes `cache` (None: f16 K and V)."""
+    # Imported here, not at the top: `edged info` without a model describes only the machine
+    # and starts without the model-loading layers.
     from ..engine import arch as _arch
+    from ..engine import encoder as _encoder
     from ..engine.backends import backend_class
-    from ..format.gguf import GGUFFile
+    from ..engine.kvcache import DEFAULT as DEFAULT_CACHE
+    from ..format.gguf import GGUFFile, Key
     from ..text.tokenizer import Tokenizer
 
+    cache = DEFAULT_CACHE if cache is None else cache
     with GGUFFile.open(path) as f:
         tok = Tokenizer.from_gguf_file(f)
+        if f.metadata.get(Key.ARCHITECTURE) in _encoder.ENCODERS:
+            spec = _encoder.validate(f.metadata, f.tensors, tok.n_vocab)
+            used = [f.tensors[n] for n in spec.tensors.values() if n]
+            return {"file": path, "architecture": spec.arch.name, "encoder": True,
+                    "hparams": vars(spec.hp), "pooling": spec.hp.pooling,
+                    "parameters": sum(t.n_elements for t in used),
+                    "weights_bytes": sum(t.nbytes for t in used), "vocabulary": tok.n_vocab}
         spec = _arch.validate(f.metadata, f.tensors, tok.n_vocab)
         hp = spec.hp
         types = collections.Counter()
@@ -68,7 +78,7 @@ def model_info(path, ctx_sizes=None, cache=DEFAULT_CACHE):
 
 def machine_info():
     try:
-        from .. import _core
+        from .. import _core    # optional: without the compiled core, info says so
     except ImportError:
         return {"compiled": False}
     from ..engine.threads import describe
@@ -103,6 +113,7 @@ def run(args):
         nodes = mi.get("numa_nodes") or {}
         print("numa nodes:   " + ", ".join(f"node {n}: {len(c)} cpus" for n, c in nodes.items()))
         return 0
+    from ..engine.kvcache import CacheTypes
     info = model_info(args.model, args.ctx_size, CacheTypes.parse(args.cache_type_k, args.cache_type_v))
     info["machine"] = machine_info()
     if args.json:
@@ -112,6 +123,13 @@ def run(args):
     hp = info["hparams"]
     mib = lambda n: f"{n / 2**20:.1f} MiB"  # noqa: E731
     print(f"model:        {info['file']}")
+    if info.get("encoder"):
+        print(f"architecture: {info['architecture']} encoder, embeddings only ({info['parameters'] / 1e6:.2f} M "
+              f"parameters, vocabulary {info['vocabulary']}, {mib(info['weights_bytes'])}), pooling "
+              f"{info['pooling']}")
+        print(f"layers {hp['n_layer']}, n_embd {hp['n_embd']}, n_ff {hp['n_ff']}, heads {hp['n_head']}, "
+              f"layer norm eps {hp['norm_eps']:g}, trained context {hp['n_ctx_train']}")
+        return 0
     print(f"architecture: {info['architecture']}  ({info['parameters'] / 1e6:.2f} M parameters, "
           f"vocabulary {info['vocabulary']}, tied embeddings: {info['tied_embeddings']})")
     print(f"layers {hp['n_layer']}, n_embd {hp['n_embd']}, n_ff {hp['n_ff']}, heads "

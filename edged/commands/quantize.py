@@ -5,15 +5,14 @@ import sys
 import time
 
 from ..errors import ConfigError
+from ..format.quantize import ALIASES, MIXES, parse_mix, quantize_file
 from .progress import bar
 
 
-def register(sub):
-    from ..format.quantize import ALIASES, MIXES
-    p = sub.add_parser("quantize", help="quantize a GGUF model (Q4_K_M, Q8_0, ...)",
-                       description="Quantize IN into OUT with llama.cpp's per-tensor type choices "
-                       "and reference quantizers (no importance matrix). Metadata is copied; OUT "
-                       "is written atomically, with the mode your umask gives new files.")
+def configure(p):
+    p.description = ("Quantize IN into OUT with llama.cpp's per-tensor type choices "
+                     "and quantizers (importance-weighted with --imatrix). Metadata is copied; OUT "
+                     "is written atomically, with the mode your umask gives new files.")
     p.add_argument("input", metavar="IN.gguf", help="model to quantize (F32/F16/BF16 weights)")
     p.add_argument("output", metavar="OUT.gguf", help="file to write (refused if it exists, see --force)")
     p.add_argument("type", metavar="TYPE", help="one of " + ", ".join(list(MIXES) + list(ALIASES)))
@@ -21,12 +20,15 @@ def register(sub):
     p.add_argument("--allow-requantize", action="store_true",
                    help="allow quantizing tensors that are already quantized (their rounding "
                         "errors add up; as llama-quantize's flag of the same name)")
+    p.add_argument("--imatrix", metavar="FILE",
+                   help="importance matrix from llama-imatrix (GGUF or legacy .dat): each weight's "
+                        "quantization error is weighted by its column's mean squared activation, "
+                        "as llama-quantize --imatrix does (the IQ4_NL / IQ4_XS quantizers)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar and no summary")
     p.set_defaults(func=run)
 
 
 def run(args):
-    from ..format.quantize import parse_mix, quantize_file
     ftype = parse_mix(args.type)  # fail on a bad type before reading anything
     if os.path.lexists(args.output) and not args.force:
         raise ConfigError(f"{args.output} exists (--force to overwrite it)")
@@ -38,7 +40,7 @@ def run(args):
             b.update(done - b.n)
 
         types = quantize_file(args.input, args.output, ftype, progress=progress,
-                              allow_requantize=args.allow_requantize)
+                              allow_requantize=args.allow_requantize, imatrix=args.imatrix)
     if not args.quiet:
         counts = collections.Counter(t.name for t in types.values())
         print(f"quantized {args.input} -> {args.output} as {ftype.name} in "

@@ -3,27 +3,34 @@ import os
 import sys
 import time
 
+from ..format.synth import ENCODER_SHAPES, MIXES, SHAPES, synth, synth_encoder
 from .progress import bar
 
 
-def register(sub):
-    from ..format.synth import MIXES, SHAPES
-    p = sub.add_parser("synth", help="write a random-weight GGUF model of a known shape",
-                       description="Random weights, real shapes and vocabulary size, quantized by "
-                       "edged's own quantizer with llama.cpp's type mix. For benchmarks; the text "
-                       "such a model generates is random.")
-    p.add_argument("--shape", required=True, choices=sorted(SHAPES),
-                   help="architecture and size to imitate: " + ", ".join(sorted(SHAPES)))
-    p.add_argument("--type", default="Q4_K_M", choices=list(MIXES),
-                   help="quantization mix of the weights (default Q4_K_M)")
+def configure(p):
+    p.description = ("Random weights, real shapes and vocabulary size, quantized by "
+                     "edged's own quantizer with llama.cpp's type mix. For benchmarks; the text "
+                     "such a model generates is random.")
+    shapes = sorted(SHAPES) + sorted(ENCODER_SHAPES)
+    p.add_argument("--shape", required=True, choices=shapes,
+                   help="architecture and size to imitate: " + ", ".join(shapes) + " (the "
+                   "encoders, with a synthetic WordPiece vocabulary, take F32, F16 or Q8_0)")
+    p.add_argument("--type", default=None, choices=list(MIXES),
+                   help="quantization mix of the weights (default Q4_K_M; encoders F16)")
     p.add_argument("--seed", type=int, default=0, help="random seed of the weights (default 0)")
     p.add_argument("out", metavar="OUT.gguf", help="file to write")
     p.set_defaults(func=run)
 
 
 def run(args):
-    from ..format.synth import synth
     t0 = time.perf_counter()
+    if args.shape in ENCODER_SHAPES:
+        args.type = args.type or "F16"
+        n = synth_encoder(args.shape, args.type, args.out, seed=args.seed)
+        print(f"edged synth: wrote {args.out}: {args.shape} {args.type}, {n / 1e6:.1f} M "
+              f"parameters in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
+        return 0
+    args.type = args.type or "Q4_K_M"
 
     with bar(f"synth {args.shape}", unit="layer") as b:
         def progress(i, n):

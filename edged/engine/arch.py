@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..errors import UnsupportedModelError
-from ..format.gguf import GGMLType, Key
+from ..format.gguf import GGMLType, Key, TYPE_INFO
 from ..format.quants import SUPPORTED
 
 # Weight types the engine runs: the format layer's table of block layouts (edged.format.quants;
@@ -56,6 +56,14 @@ class Arch:
     moe: bool = False             # routed experts: ffn_gate_inp + *_exps (qwen3moe)
     moe_norm_w: bool = False      # renormalise the top-k router weights (qwen3moe)
     shared_expert: bool = False   # one always-on expert *_shexp with a sigmoid gate (qwen2moe)
+    # gpt-oss: softmax over the top-k router logits (llama.cpp's SOFTMAX_WEIGHT gating) instead
+    # of top-k over the softmax; biases on the router, the experts and attn_output; a learned
+    # sink logit per head (attn_sinks); the FFN's input norm is stored as post_attention_norm
+    moe_softmax_topk: bool = False
+    moe_bias: bool = False
+    out_bias: bool = False
+    attn_sinks: bool = False
+    ffn_norm_tensor: str = "ffn_norm"
 
 
 ARCHS = {
@@ -73,11 +81,17 @@ ARCHS = {
     "smollm3": Arch("smollm3", ROPE_NORM, no_rope_step=4, rope_n_rot_must_equal_head=True),
     "qwen3moe": Arch("qwen3moe", ROPE_NEOX, qk_norm=True, moe=True, moe_norm_w=True),
     "qwen2moe": Arch("qwen2moe", ROPE_NEOX, qkv_bias=True, moe=True, shared_expert=True),
+    "gpt-oss": Arch("gpt-oss", ROPE_NEOX, qkv_bias=True, act="swiglu_oai", swa_pattern=2,
+                    swa_rope_global=True, moe=True, moe_softmax_topk=True, moe_bias=True,
+                    out_bias=True, attn_sinks=True, ffn_norm_tensor="post_attention_norm"),
 }
 # llama.cpp's YaRN defaults (ggml_rope_yarn_corr_dims); it reads no beta keys for these archs
 YARN_BETA_FAST, YARN_BETA_SLOW = 32.0, 1.0
 # llama.cpp clamps the sum of the top-k router weights to the smallest normal F16
 EXPERT_WEIGHTS_SUM_MIN = 6.103515625e-5
+# gpt-oss's clamped SwiGLU (llama.cpp's LLM_FFN_SWIGLU_OAI_MOE): min(gate, limit) *
+# sigmoid(alpha * min(gate, limit)) * (clamp(up, -limit, limit) + 1)
+SWIGLU_OAI_ALPHA, SWIGLU_OAI_LIMIT = 1.702, 7.0
 
 
 @dataclass(frozen=True)
@@ -118,6 +132,7 @@ class HParams:
     n_ff_exp: int = 0             # rows of one expert's gate/up
     expert_weights_norm: bool = False  # renormalise the k router weights to sum 1
     n_ff_shexp: int = 0           # rows of the shared expert's gate/up (0: none)
+    expert_softmax_topk: bool = False  # top k of the router logits, softmax over those k
 
     @property
     def n_embd_q(self):
@@ -160,6 +175,12 @@ class LayerTensors:
     ffn_gate_shexp: str | None = None      # (n_embd, n_ff_shexp)
     ffn_up_shexp: str | None = None
     ffn_down_shexp: str | None = None      # (n_ff_shexp, n_embd)
+    attn_sinks: str | None = None          # (n_head,): one extra softmax logit per head (gpt-oss)
+    attn_output_bias: str | None = None    # (n_embd,)
+    ffn_gate_inp_bias: str | None = None   # (n_expert,)
+    ffn_gate_exps_bias: str | None = None  # (n_ff_exp, n_expert): expert e's bias is row e
+    ffn_up_exps_bias: str | None = None    # (n_ff_exp, n_expert)
+    ffn_down_exps_bias: str | None = None  # (n_embd, n_expert)
 
 
 @dataclass(frozen=True)
@@ -186,7 +207,7 @@ class Spec:
         for name, t in self.tensors.items():
             if name == self.token_embd and not self.tied_embeddings:
                 total += t.nbytes // hp.n_vocab
-            elif name.endswith("_exps.weight"):
+            elif name.endswith(("_exps.weight", "_exps.bias")):
                 total += t.nbytes * hp.n_expert_used // hp.n_expert
             else:
                 total += t.nbytes
@@ -304,7 +325,8 @@ def hparams(metadata, arch_name, n_vocab):
         msc = f32(msc * (f32(1.0) / (f32(1.0) + f32(0.1) * np.log(fac))))
         attn_factor = float(f32(msc * f32(attn_factor)))
 
-    n_swa = m.get(Key.SLIDING_WINDOW, int, default=4096 if a.name == "gemma2" else 0)
+    n_swa = m.get(Key.SLIDING_WINDOW, int, required=a.name == "gpt-oss",
+                  default=4096 if a.name == "gemma2" else 0)
     if a.swa_pattern and n_swa > 0:
         pattern = m.get(Key.SLIDING_WINDOW_PATTERN, int, default=a.swa_pattern)
         swa = tuple(pattern == 0 or (il % pattern < pattern - 1) for il in range(n_layer))
@@ -361,7 +383,7 @@ def hparams(metadata, arch_name, n_vocab):
         attn_softcap=m.get(Key.ATTN_LOGIT_SOFTCAPPING, float, default=50.0) if a.softcap else 0.0,
         residual_scale=residual_scale, logit_mul=logit_mul, rope_layers=rope_layers,
         n_expert=n_expert, n_expert_used=n_used, n_ff_exp=n_ff_exp,
-        expert_weights_norm=a.moe_norm_w,
+        expert_weights_norm=a.moe_norm_w, expert_softmax_topk=a.moe_softmax_topk,
         n_ff_shexp=m.get(Key.EXPERT_SHARED_FEED_FORWARD_LENGTH, int, default=0) or n_ff
         if a.shared_expert else 0,
     )
@@ -388,7 +410,6 @@ class _Tensors:
             _refuse(f"tensor {name!r} has type {tname}, which edged does not support"
                     + (" for a norm/bias vector" if vector and t.type in SUPPORTED_TYPES else ""))
         if shape and not vector:
-            from ..format.gguf import TYPE_INFO
             bs = TYPE_INFO[t.type].block_size
             if shape[0] % bs:
                 _refuse(f"tensor {name!r}: row length {shape[0]} is not a multiple of the "
@@ -466,6 +487,7 @@ def validate(metadata, tensors, n_vocab_tokenizer=None, log=None):
             kn = T.get(p + "attn_k_norm.weight", (D,), vector=True)
         down = ginp = gexp = uexp = dexp = None
         shexp = (None,) * 4
+        moe_bias = (None,) * 4
         if a.moe:
             X, Fe = hp.n_expert, hp.n_ff_exp
             gate = up = None
@@ -473,6 +495,11 @@ def validate(metadata, tensors, n_vocab_tokenizer=None, log=None):
             gexp = T.get(p + "ffn_gate_exps.weight", (E, Fe, X))
             uexp = T.get(p + "ffn_up_exps.weight", (E, Fe, X))
             dexp = T.get(p + "ffn_down_exps.weight", (Fe, E, X))
+            if a.moe_bias:
+                moe_bias = (T.get(p + "ffn_gate_inp.bias", (X,), vector=True),
+                            T.get(p + "ffn_gate_exps.bias", (Fe, X), vector=True),
+                            T.get(p + "ffn_up_exps.bias", (Fe, X), vector=True),
+                            T.get(p + "ffn_down_exps.bias", (E, X), vector=True))
             if a.shared_expert:
                 Fs = hp.n_ff_shexp
                 shexp = (T.get(p + "ffn_gate_inp_shexp.weight", (E,)),
@@ -494,13 +521,19 @@ def validate(metadata, tensors, n_vocab_tokenizer=None, log=None):
             attn_output=T.get(p + "attn_output.weight", (Q, E)),
             post_attention_norm=T.get(p + "post_attention_norm.weight", (E,), vector=True)
             if a.sandwich_norm else None,
-            ffn_norm=T.get(p + "ffn_norm.weight", (E,), vector=True),
+            ffn_norm=T.get(p + a.ffn_norm_tensor + ".weight", (E,), vector=True),
             ffn_gate=gate, ffn_up=up, ffn_down=down,
             post_ffw_norm=T.get(p + "post_ffw_norm.weight", (E,), vector=True)
             if a.sandwich_norm else None,
             ffn_gate_inp=ginp, ffn_gate_exps=gexp, ffn_up_exps=uexp, ffn_down_exps=dexp,
             ffn_gate_inp_shexp=shexp[0], ffn_gate_shexp=shexp[1], ffn_up_shexp=shexp[2],
             ffn_down_shexp=shexp[3],
+            attn_sinks=T.get(p + "attn_sinks.weight", (hp.n_head,), vector=True)
+            if a.attn_sinks else None,
+            attn_output_bias=T.get(p + "attn_output.bias", (E,), vector=True)
+            if a.out_bias else None,
+            ffn_gate_inp_bias=moe_bias[0], ffn_gate_exps_bias=moe_bias[1],
+            ffn_up_exps_bias=moe_bias[2], ffn_down_exps_bias=moe_bias[3],
         ))
     extra = [n for n in tensors if n.startswith(f"blk.{hp.n_layer}.")]
     if extra:

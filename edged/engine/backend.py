@@ -75,6 +75,12 @@ class Backend:
         """float32 (n_rows, n_vocab) logits of the last forward step (all rows or the last)."""
         raise NotImplementedError
 
+    def hidden_rows(self, buf, n_rows):
+        """float32 (n_rows, n_embd): the final hidden states (after output_norm, what the
+        output matrix would multiply) of the first n_rows tokens of the last forward step:
+        a decoder's embeddings (llama.cpp's t_embd)."""
+        raise NotImplementedError
+
     def decode_rows(self, bufs, tokens, positions):
         """One decode step of several sessions: token i at positions[i] of bufs[i]'s cache.
         Returns float32 (n, n_vocab) logits. This default runs the sessions one by one (the

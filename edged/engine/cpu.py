@@ -6,13 +6,19 @@ activations, logits).
 """
 from __future__ import annotations
 
+import time
+
 import numpy as np
 
 from .arch import ROPE_NEOX, VECTOR_TYPES
 from .backend import Backend, BufferPlan
 from .kvcache import DEFAULT as DEFAULT_CACHE
+from .reference import rms_norm
+from .threads import address_ranges, memory_policy, pin_workers, place_memory, read_topology
 from ..errors import UnsupportedModelError
 from ..format.gguf import GGMLType, TYPE_INFO
+from ..format.quants import dequantize
+from ..text.sampling import Sampler
 
 try:
     from .. import _core
@@ -24,7 +30,8 @@ _ROLES = ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_qkv", "attn_q_bias", 
           "attn_v_bias", "attn_q_norm", "attn_k_norm", "attn_output", "post_attention_norm",
           "ffn_norm", "ffn_gate", "ffn_up", "ffn_down", "post_ffw_norm", "ffn_gate_inp",
           "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps", "ffn_gate_inp_shexp", "ffn_gate_shexp",
-          "ffn_up_shexp", "ffn_down_shexp")
+          "ffn_up_shexp", "ffn_down_shexp", "attn_sinks", "attn_output_bias", "ffn_gate_inp_bias",
+          "ffn_gate_exps_bias", "ffn_up_exps_bias", "ffn_down_exps_bias")
 
 
 def _require_core():
@@ -48,7 +55,6 @@ class CPUBackend(Backend):
         super().__init__(spec, weights, n_threads, numa, cache)
         cache.check(spec.hp.head_dim)
         core = _require_core()
-        from ..format.quants import dequantize
         self._dequantize = dequantize
         supported = set(core.supported_types())
         hp = spec.hp
@@ -81,12 +87,13 @@ class CPUBackend(Backend):
             d = {"swa": int(hp.swa_layers[il]), "rope": int(hp.rope_layers[il])}
             for role in _ROLES:
                 name = getattr(L, role)
-                d[role] = vector(name) if role.endswith(("norm", "bias")) else matrix(name)
+                d[role] = vector(name) if role.endswith(("norm", "bias", "sinks")) else matrix(name)
             layers.append(d)
         fm = core.ForwardModel()
         hpd = dict(vars(hp))
         hpd.update(rope_neox=int(spec.arch.rope_type == ROPE_NEOX),
-                   act_gelu=int(spec.arch.act == "gelu"), scale_q=int(spec.arch.scale_q))
+                   act_gelu=int(spec.arch.act == "gelu"),
+                   act_oai=int(spec.arch.act == "swiglu_oai"), scale_q=int(spec.arch.scale_q))
         self._factors_ctx = {}
         g = {"token_embd": matrix(spec.token_embd), "output_norm": vector(spec.output_norm),
              "output": matrix(spec.output), "rope_factors": None}
@@ -96,7 +103,6 @@ class CPUBackend(Backend):
         self._embd_bytes = np.asarray(weights[spec.token_embd]).reshape(-1)  # (n_vocab * row_bytes,)
         self.pool = core.Pool(self.n_threads)  # one task at a time: Model.decode holds the lock
         self.n_threads = self.pool.n_threads
-        from .threads import address_ranges, memory_policy, pin_workers, place_memory, read_topology
         topo = read_topology()
         self.pinned_cpus = pin_workers(self.pool, numa, topo)  # inside sched_getaffinity's set
         # memory on the nodes the policy names: the weights now, each session's arena in alloc()
@@ -144,7 +150,6 @@ class CPUBackend(Backend):
         state = _core.ForwardState(self._model_for(n_ctx), self.pool, n_ctx, n_batch,
                                    int(self.cache.k), int(self.cache.v))
         if self.memory_policy is not None:
-            from .threads import place_memory
             place_memory(self.memory_policy, [(state.address, state.address + state.nbytes)],
                          "session arena")
         return _Buffers(state)
@@ -168,6 +173,12 @@ class CPUBackend(Backend):
     def copy_out(self, buf, n_rows):
         return np.array(buf.state.logits(n_rows))
 
+    def hidden_rows(self, buf, n_rows):
+        # the compiled pass leaves every row's residual stream in the input rows
+        x = buf.inp[:n_rows].astype(np.float64)
+        return rms_norm(x, self._vectors[self.spec.output_norm],
+                        self.spec.hp.rms_eps).astype(np.float32)
+
     def decode_rows(self, bufs, tokens, positions):
         """All rows in one compiled pass: the matrix products are shared (one read of the
         weights for every session), attention runs per row against its own cache. The
@@ -187,8 +198,6 @@ class CPUBackend(Backend):
 
     def profile(self, n_prompt=512):
         """Time per op kind for one prompt batch and for one token after it (ms)."""
-        import time
-        from ..text.sampling import Sampler
         n_prompt = max(1, n_prompt)
         buf = self.alloc(n_prompt + 8, n_prompt)
         rng = np.random.default_rng(0)

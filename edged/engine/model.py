@@ -6,6 +6,10 @@
     logits = s.eval(ids, logits="all")          # float32 (len(ids), n_vocab)
     for out in s.generate("Once upon a time", max_tokens=32): print(out.text, end="")
     m.decode([BatchEntry(s1, prompt_chunk, logits=None), BatchEntry(s2, [tok])])  # the step API
+    vecs = m.embed(["a sentence", "another"])   # float32 (2, n_embd), pooled, L2-normalised
+
+A BERT-family encoder file (`bert`, `nomic-bert`: engine/encoder.py) loads as a Model that
+only embeds; a decoder embeds through its final hidden states (embed()).
 
 Sessions own their KV cache (and, once start() began a Generation, its sampler state); a
 Model is shared. Model.decode is the one call that runs the model: Session.eval and
@@ -18,6 +22,7 @@ allocated before the plan fits.
 """
 from __future__ import annotations
 
+import ctypes
 import os
 import sys
 import threading
@@ -27,15 +32,19 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import arch as _arch
+from . import encoder as _encoder
 from .backends import backend_class
 from .batch import LOGITS, BatchEntry
 from .kvcache import CacheTypes
 from .generation import Generation, GenerationOutput  # noqa: F401 - GenerationOutput: the public API
+from .threads import default_threads as physical
 from ..errors import CapacityError, ConfigError, RequestError
 from ..format.gguf import GGUFFile, Key
+from ..text.tokenizer import Tokenizer
 
 NUMA_POLICIES = ("none", "isolate", "distribute", "numactl")
 DEFAULT_N_BATCH = 512
+EMBED_BATCH_TOKENS = 8192   # an encoder pass takes inputs up to this many tokens together
 
 # One forward pass at a time per process (Model.decode; Session.fork's copy): every model's
 # pool has a worker per core, sessions of one model may live in several threads (the daemon).
@@ -60,7 +69,6 @@ def _mib(n):
 
 def default_threads():
     """Physical cores in this process's allowed CPU set (SMT siblings counted once)."""
-    from .threads import default_threads as physical
     return physical()
 
 
@@ -126,7 +134,7 @@ class Model:
         self._verified = None
         self.signer = None
         if trusted_keys is not None or require_signature:
-            from ..trust import store, verify
+            from ..trust import store, verify   # only for signed loads; trust sits above the engine
             trust = trusted_keys
             if isinstance(trust, (str, os.PathLike)):
                 trust = store.TrustStore.load(trust)
@@ -156,11 +164,15 @@ class Model:
     def _init(self, n_threads, numa, mmap, mlock, max_memory, backend, n_ctx_plan):
         f, log = self.file, self._log
         md = f.metadata
-        from ..text.tokenizer import Tokenizer
         self.tokenizer = Tokenizer.from_gguf_file(f)
         if log:
             log(f"GGUF v{f.version}, {len(f.tensors)} tensors, data at offset {f.data_offset}, "
                 f"architecture {md.get(Key.ARCHITECTURE)!r}, vocabulary {self.tokenizer.n_vocab}")
+        self.encoder = None
+        if md.get(Key.ARCHITECTURE) in _encoder.ENCODERS:
+            return self._init_encoder(n_threads, mmap, max_memory, backend)
+        # llama-server: the file's pooling type, none when it has none
+        self.pooling = _encoder.pooling_of(md, md.get(Key.ARCHITECTURE, ""))
 
         def log_tensor(t):
             tn = getattr(t.type, "name", t.type)
@@ -207,6 +219,43 @@ class Model:
         self.backend_name = self.backend.name
         self.memory_plan = plan
 
+    def _init_encoder(self, n_threads, mmap, max_memory, backend):
+        """An encoder: validated like a decoder, run by engine/encoder.py (no KV cache, no
+        sessions: embed() only)."""
+        f, log = self.file, self._log
+        self.spec = _encoder.validate(f.metadata, f.tensors, self.tokenizer.n_vocab,
+                                      log=(lambda t: log(f"  tensor {t.name}")) if log else None)
+        self.hp = self.spec.hp
+        self.arch = self.spec.arch.name
+        self.pooling = self.hp.pooling
+        self.n_threads = int(n_threads) if n_threads else default_threads()
+        if self.n_threads < 1:
+            raise ConfigError(f"n_threads={n_threads}: must be >= 1")
+        self.numa = "none"
+        self.budget = int(max_memory) if max_memory else available_memory()
+        used = {n for n in self.spec.tensors.values() if n}
+        self.weights_bytes = self.active_weights_bytes = sum(
+            f.tensors[n].nbytes for n in used)
+        self._paged = 0
+        plan = MemoryPlan(weights=self.weights_bytes, kv_cache=0, scratch=0,
+                          budget=self.budget, n_ctx=0)
+        if log:
+            log(plan.describe())
+        plan.check(f"model {os.path.basename(self.path)}")
+        weights = {n: f.tensor_bytes(n) if mmap else np.array(f.tensor_bytes(n)) for n in used}
+        self.mmap, self.mlock = mmap, False
+        name = backend or os.environ.get("EDGED_BACKEND") or "cpu"
+        if name == "reference":
+            core = pool = None
+        else:
+            from .cpu import _require_core
+            core = _require_core()
+            pool = core.Pool(self.n_threads)
+        self.encoder = _encoder.Encoder.build(self.spec, f.tensors, weights, core, pool)
+        self.backend = None
+        self.backend_name = "reference" if core is None else "cpu"
+        self.memory_plan = plan
+
     def _plan(self, cls, n_ctx):
         b = cls.plan_for(self.spec, n_ctx, min(DEFAULT_N_BATCH, max(n_ctx, 1)),
                          self.cache) if n_ctx else None
@@ -216,7 +265,6 @@ class Model:
                           kv_types=str(self.cache))
 
     def _mlock(self):
-        import ctypes
         libc = ctypes.CDLL(None, use_errno=True)
         MCL_CURRENT, MCL_FUTURE = 1, 2
         if libc.mlockall(MCL_CURRENT | MCL_FUTURE) != 0:
@@ -235,6 +283,89 @@ class Model:
 
     def session(self, n_ctx=512, n_batch=DEFAULT_N_BATCH):
         return Session(self, n_ctx, n_batch)
+
+    def require_decoder(self):
+        """RequestError unless this model can generate (an encoder only embeds)."""
+        if self.encoder is not None:
+            raise RequestError(f"model {os.path.basename(self.path)} is a {self.arch} encoder: "
+                               "it only embeds (Model.embed, /v1/embeddings), it cannot generate")
+
+    @property
+    def embed_limit(self):
+        """Most tokens one input to embed() may have: an encoder's trained context (its
+        position table), a decoder's trained context capped at 8192."""
+        return self.hp.n_ctx_train if self.encoder else min(self.hp.n_ctx_train, 8192)
+
+    def tokenize_inputs(self, inputs, add_special=True):
+        """Texts or token-id lists -> token-id lists, each checked against embed_limit."""
+        if isinstance(inputs, str) or (inputs and isinstance(inputs[0], int)):
+            inputs = [inputs]
+        out = []
+        for i, x in enumerate(inputs):
+            ids = self.tokenizer.encode(x, add_special=add_special) if isinstance(x, str) \
+                else [int(t) for t in x]
+            if not ids:
+                raise RequestError(f"input {i} is empty")
+            if len(ids) > self.embed_limit:
+                raise RequestError(f"input {i} has {len(ids)} tokens, more than the model's "
+                                   f"limit of {self.embed_limit}")
+            bad = [t for t in ids if not 0 <= t < self.n_vocab]
+            if bad:
+                raise RequestError(f"input {i}: token id {bad[0]} out of range "
+                                   f"[0, {self.n_vocab})")
+            out.append(ids)
+        return out
+
+    def embed(self, inputs, pooling=None, normalize=True, add_special=True):
+        """Embeddings of texts (or token-id lists), as llama.cpp's llama_get_embeddings_seq:
+        the final hidden states pooled over each input ("mean", "cls": the first token,
+        "last"; "none": every token's row) and L2-normalised when `normalize`.
+
+        pooling: default the file's `<arch>.pooling_type` (llama-server's rule; a file without
+        one gives every token's row, as llama.cpp's pooling none). Returns float32 (n_inputs, n_embd), or with
+        pooling "none" a list of (n_tokens, n_embd) arrays. An encoder runs all inputs in one
+        pass (in groups of at most `EMBED_BATCH_TOKENS` tokens); a decoder runs them one by
+        one through a session (causal attention, as llama.cpp does for it)."""
+        pooling = pooling or self.pooling
+        if pooling not in _encoder.POOLING_NAMES:
+            raise RequestError(f"pooling {pooling!r}: expected one of "
+                               f"{', '.join(_encoder.POOLING_NAMES)}")
+        seqs = self.tokenize_inputs(inputs, add_special)
+        hidden = self._hidden_states(seqs)
+        vecs = [_encoder.pool(h, pooling) for h in hidden]
+        if normalize:
+            vecs = [_encoder.normalize(v) for v in vecs]
+        return vecs if pooling == "none" else np.stack(vecs)
+
+    def _hidden_states(self, seqs):
+        """(len(seq), n_embd) float32 final hidden states of each token-id list."""
+        if self.encoder is not None:
+            out, group, n = [], [], 0
+            for ids in seqs:
+                if group and n + len(ids) > EMBED_BATCH_TOKENS:
+                    with _COMPUTE:
+                        out += self.encoder.hidden(group)
+                    group, n = [], 0
+                group.append(ids)
+                n += len(ids)
+            with _COMPUTE:
+                out += self.encoder.hidden(group)
+            return out
+        out = []
+        longest = max(len(s) for s in seqs)
+        with self.session(n_ctx=longest, n_batch=min(DEFAULT_N_BATCH, longest)) as s:
+            be = self.backend
+            for ids in seqs:
+                rows = []
+                with _COMPUTE:
+                    s.reset()
+                    for i in range(0, len(ids), s.n_batch):
+                        chunk = ids[i:i + s.n_batch]
+                        be.copy_in(s._buf, chunk, i)
+                        be.forward(s._buf, len(chunk), i, False)
+                        rows.append(be.hidden_rows(s._buf, len(chunk)))
+                out.append(np.concatenate(rows))
+        return out
 
     def decode(self, entries):
         """The step API: evaluate a batch of BatchEntry (session, tokens, pos, logits) in one
@@ -327,7 +458,7 @@ class Model:
         """Render `messages` with the model's chat template (or the named variant
         `tokenizer.chat_template.NAME`), or with an operator's template file, which takes
         precedence. A model with neither raises TemplateError; plain completion still works."""
-        from ..text.chat import render, template_for
+        from ..text.chat import render, template_for   # jinja2: only when a chat is rendered
         tmpl = template_for(self.file, name=template_name, template_file=template_file)
         return render(tmpl, messages, add_generation_prompt=add_generation_prompt,
                       bos_token=self.tokenizer.token_piece(self.tokenizer.bos_id).decode(
@@ -345,6 +476,7 @@ class Model:
             vf.close()
 
     def close(self):
+        self.encoder = None
         be = getattr(self, "backend", None)
         if be is not None:
             be.close()
@@ -366,6 +498,7 @@ class Session:
     """Mutable state of one conversation: KV cache, the tokens in it, sampler RNG."""
 
     def __init__(self, model, n_ctx=512, n_batch=DEFAULT_N_BATCH):
+        model.require_decoder()
         if model.backend is None:
             raise RequestError("model is closed")
         n_ctx = int(n_ctx)

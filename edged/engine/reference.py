@@ -15,7 +15,7 @@ import math
 
 import numpy as np
 
-from .arch import EXPERT_WEIGHTS_SUM_MIN, ROPE_NEOX
+from .arch import EXPERT_WEIGHTS_SUM_MIN, ROPE_NEOX, SWIGLU_OAI_ALPHA, SWIGLU_OAI_LIMIT
 from .backend import Backend, BufferPlan
 from .kvcache import DEFAULT as DEFAULT_CACHE
 from ..format.gguf import GGMLType
@@ -40,6 +40,18 @@ def gelu_ggml(x):
 
 def silu(x):
     return x / (1.0 + np.exp(-x))
+
+
+def swiglu_oai(g, u):
+    """gpt-oss's clamped SwiGLU (llama.cpp's ggml_swiglu_oai)."""
+    x = np.minimum(g, SWIGLU_OAI_LIMIT)
+    y = np.clip(u, -SWIGLU_OAI_LIMIT, SWIGLU_OAI_LIMIT)
+    return x / (1.0 + np.exp(-SWIGLU_OAI_ALPHA * x)) * (y + 1.0)
+
+
+def softmax(x):
+    e = np.exp(x - x.max(-1, keepdims=True))
+    return e / e.sum(-1, keepdims=True)
 
 
 def yarn_corr_dims(n_rot, n_ctx_orig, base, beta_fast, beta_slow):
@@ -146,6 +158,10 @@ class ReferenceBackend(Backend):
     def copy_in(self, buf, tokens, pos):
         buf.tokens = np.asarray(tokens, dtype=np.int64)
 
+    def hidden_rows(self, buf, n_rows):
+        return rms_norm(buf.hidden[:n_rows], self._w[self.spec.output_norm],
+                        self.spec.hp.rms_eps).astype(np.float32)
+
     def copy_out(self, buf, n_rows):
         return np.ascontiguousarray(buf.logits[-n_rows:], dtype=np.float32)
 
@@ -217,13 +233,18 @@ class ReferenceBackend(Backend):
                     s = np.tanh(s / hp.attn_softcap) * hp.attn_softcap
                 s = s * kqs
                 s[masked] = -np.inf
-                s = np.exp(s - s.max(-1, keepdims=True))
-                s /= s.sum(-1, keepdims=True)
+                if L.attn_sinks:  # gpt-oss: one more logit per head, in the sum only
+                    sink = np.full((n, 1), float(self._w[L.attn_sinks][hh]))
+                    s = softmax(np.concatenate([s, sink], axis=1))[:, :-1]
+                else:
+                    s = softmax(s)
                 if cv == GGMLType.F16:
                     s = s.astype(np.float16).astype(np.float64)
                 # else flash attention (llama.cpp's only way with a quantized V): float weights
                 out[:, hh, :] = s @ V[:, kv, :]
             o = self._mm(out.reshape(n, -1), L.attn_output)
+            if L.attn_output_bias:
+                o = o + self._w[L.attn_output_bias]
             if L.post_attention_norm:
                 o = rms_norm(o, self._w[L.post_attention_norm], hp.rms_eps)
             x = x + o * hp.residual_scale
@@ -240,6 +261,7 @@ class ReferenceBackend(Backend):
             if L.post_ffw_norm:
                 d = rms_norm(d, self._w[L.post_ffw_norm], hp.rms_eps)
             x = x + d * hp.residual_scale
+        buf.hidden = x                                  # (n, n_embd) before output_norm
         if not all_logits:
             x = x[-1:]
         x = rms_norm(x, self._w[sp.output_norm], hp.rms_eps)
@@ -251,24 +273,35 @@ class ReferenceBackend(Backend):
 
     def _moe(self, h, L):
         """Routed experts, token by token: softmax over the router's logits, the top k, their
-        weights renormalised (qwen3moe), sum of weight * down(silu(gate) * up) per expert."""
-        hp = self.spec.hp
+        weights renormalised (qwen3moe), sum of weight * down(silu(gate) * up) per expert.
+        gpt-oss: router and expert biases, the top k of the logits then softmax over those k,
+        down(swiglu_oai(gate, up))."""
+        hp, oai = self.spec.hp, self.spec.arch.act == "swiglu_oai"
         k = hp.n_expert_used
         logits = self._mm(h, L.ffn_gate_inp)                        # (n, n_expert)
-        p = np.exp(logits - logits.max(-1, keepdims=True))
-        p /= p.sum(-1, keepdims=True)
+        if L.ffn_gate_inp_bias:
+            logits = logits + self._w[L.ffn_gate_inp_bias]
+        p = logits if hp.expert_softmax_topk else softmax(logits)
         G, U, D = self._w[L.ffn_gate_exps], self._w[L.ffn_up_exps], self._w[L.ffn_down_exps]
+        zeros = np.zeros(G.shape[:2])  # (n_expert, n_ff_exp): no bias
+        gb, ub = self.W(L.ffn_gate_exps_bias), self.W(L.ffn_up_exps_bias)
+        db = self.W(L.ffn_down_exps_bias)
+        gb, ub = (zeros, zeros) if gb is None else (gb, ub)
+        db = np.zeros(D.shape[:2]) if db is None else db             # (n_expert, n_embd)
         out = np.zeros_like(h)
         for t in range(len(h)):
             sel = np.argsort(-p[t], kind="stable")[:k]
             self.routed.setdefault(L.ffn_gate_inp, set()).update(int(e) for e in sel)
-            w = p[t, sel]
+            w = softmax(p[t, sel]) if hp.expert_softmax_topk else p[t, sel]
             if hp.expert_weights_norm:
                 w = w / max(w.sum(), EXPERT_WEIGHTS_SUM_MIN)
             x32 = h[t].astype(np.float32)
             for e, we in zip(sel, w):
-                g, u = (G[e] @ x32).astype(np.float64), (U[e] @ x32).astype(np.float64)
-                out[t] += we * (D[e] @ (silu(g) * u).astype(np.float32)).astype(np.float64)
+                g = (G[e] @ x32).astype(np.float64) + gb[e]
+                u = (U[e] @ x32).astype(np.float64) + ub[e]
+                act = swiglu_oai(g, u) if oai else silu(g) * u
+                d = (D[e] @ act.astype(np.float32)).astype(np.float64) + db[e]
+                out[t] += we * d
         if L.ffn_up_shexp:  # the shared expert, gated by sigmoid(x . gate_inp_shexp)
             gate = 1.0 / (1.0 + np.exp(-self._mm(h, L.ffn_gate_inp_shexp)))   # (n, 1)
             g, u = self._mm(h, L.ffn_gate_shexp), self._mm(h, L.ffn_up_shexp)

@@ -113,7 +113,10 @@ class FileType(enum.IntEnum):
     MOSTLY_Q5_K_M = 17
     MOSTLY_Q6_K = 18
     MOSTLY_Q2_K_S = 21
+    MOSTLY_IQ4_NL = 25
+    MOSTLY_IQ4_XS = 30
     MOSTLY_BF16 = 32
+    MOSTLY_MXFP4_MOE = 38
 
 
 QUANTIZATION_VERSION = 2   # general.quantization_version written by current llama.cpp
@@ -178,6 +181,15 @@ class Key:
     ALIGNMENT = "general.alignment"
     NAME = "general.name"
     FILE_TYPE = "general.file_type"
+    GENERAL_TYPE = "general.type"           # "model", or "imatrix" for llama-imatrix's files
+
+    # importance matrices (llama-imatrix), and what llama-quantize records of the one it used
+    IMATRIX_DATASETS = "imatrix.datasets"
+    IMATRIX_CHUNK_COUNT = "imatrix.chunk_count"
+    QUANTIZE_IMATRIX_FILE = "quantize.imatrix.file"
+    QUANTIZE_IMATRIX_DATASET = "quantize.imatrix.dataset"
+    QUANTIZE_IMATRIX_N_ENTRIES = "quantize.imatrix.entries_count"
+    QUANTIZE_IMATRIX_N_CHUNKS = "quantize.imatrix.chunks_count"
 
     # per architecture ("{arch}.…")
     VOCAB_SIZE = "{arch}.vocab_size"
@@ -198,6 +210,8 @@ class Key:
     KEY_LENGTH = "{arch}.attention.key_length"
     VALUE_LENGTH = "{arch}.attention.value_length"
     LAYERNORM_EPS = "{arch}.attention.layer_norm_epsilon"
+    CAUSAL = "{arch}.attention.causal"
+    POOLING_TYPE = "{arch}.pooling_type"
     LAYERNORM_RMS_EPS = "{arch}.attention.layer_norm_rms_epsilon"
     SLIDING_WINDOW = "{arch}.attention.sliding_window"
     SLIDING_WINDOW_PATTERN = "{arch}.attention.sliding_window_pattern"
@@ -235,6 +249,8 @@ class Key:
     ADD_EOS = "tokenizer.ggml.add_eos_token"
     ADD_SEP = "tokenizer.ggml.add_sep_token"
     ADD_PREFIX = "tokenizer.ggml.add_space_prefix"
+    NORMALIZER_LOWERCASE = "tokenizer.ggml.normalizer.lowercase"
+    NORMALIZER_STRIP_ACCENTS = "tokenizer.ggml.normalizer.strip_accents"
     REMOVE_EXTRA_WS = "tokenizer.ggml.remove_extra_whitespaces"
     CHAT_TEMPLATE = "tokenizer.chat_template"
     CHAT_TEMPLATE_N = "tokenizer.chat_template.{name}"

@@ -1,13 +1,13 @@
 """Quantize a GGUF model file into one of llama.cpp's mixes (Q4_K_M, Q8_0, ...).
 
-Which tensor gets which type follows llama.cpp's llama_tensor_get_type (no importance matrix):
-1-D tensors and norms stay as they are; `output.weight` (and tied `token_embd.weight`) get Q6_K
+Which tensor gets which type follows llama.cpp's llama_tensor_get_type: 1-D tensors and norms stay as they are; `output.weight` (and tied `token_embd.weight`) get Q6_K
 unless the mix is Q8_0; attn_v / ffn_down get more bits on "use_more_bits" layers in the _M
 mixes; shapes a type's block does not divide fall back (Q4_K -> Q5_0, Q6_K -> Q8_0, ..., F16).
-The rows themselves are quantized by edged.format.quants (llama.cpp's reference algorithms).
+The rows themselves are quantized by edged.format.quants (llama.cpp's reference algorithms;
+with an importance matrix from llama-imatrix, its weighted ones for the IQ4 types).
 
-    quantize_file(src, dst, mix, progress=None)   writes dst atomically (temp file + rename),
-                                                   with the mode the umask gives a new file
+    quantize_file(src, dst, mix, progress=None, imatrix=None)   writes dst atomically (temp
+        file + rename), with the mode the umask gives a new file
 """
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ from ..errors import ConfigError, UnsupportedModelError
 from ..files import creation_mode
 from .gguf import (FileType, GGMLType, GGUFFile, GGUFWriter, Key, QUANTIZATION_VERSION,
                    TYPE_INFO, ValueType)
+from .imatrix import read_imatrix
 
 F = FileType
 MIXES = {
@@ -30,7 +31,8 @@ MIXES = {
     "Q2_K": F.MOSTLY_Q2_K, "Q2_K_S": F.MOSTLY_Q2_K_S, "Q3_K_S": F.MOSTLY_Q3_K_S,
     "Q3_K_M": F.MOSTLY_Q3_K_M, "Q3_K_L": F.MOSTLY_Q3_K_L, "Q4_K_S": F.MOSTLY_Q4_K_S,
     "Q4_K_M": F.MOSTLY_Q4_K_M, "Q5_K_S": F.MOSTLY_Q5_K_S, "Q5_K_M": F.MOSTLY_Q5_K_M,
-    "Q6_K": F.MOSTLY_Q6_K,
+    "Q6_K": F.MOSTLY_Q6_K, "IQ4_NL": F.MOSTLY_IQ4_NL, "IQ4_XS": F.MOSTLY_IQ4_XS,
+    "MXFP4_MOE": F.MOSTLY_MXFP4_MOE,
 }
 ALIASES = {"Q3_K": "Q3_K_M", "Q4_K": "Q4_K_M", "Q5_K": "Q5_K_M"}
 
@@ -41,11 +43,14 @@ DEFAULT_TYPE = {
     F.MOSTLY_Q2_K: G.Q2_K, F.MOSTLY_Q2_K_S: G.Q2_K, F.MOSTLY_Q3_K_S: G.Q3_K,
     F.MOSTLY_Q3_K_M: G.Q3_K, F.MOSTLY_Q3_K_L: G.Q3_K, F.MOSTLY_Q4_K_S: G.Q4_K,
     F.MOSTLY_Q4_K_M: G.Q4_K, F.MOSTLY_Q5_K_S: G.Q5_K, F.MOSTLY_Q5_K_M: G.Q5_K,
-    F.MOSTLY_Q6_K: G.Q6_K,
+    F.MOSTLY_Q6_K: G.Q6_K, F.MOSTLY_IQ4_NL: G.IQ4_NL, F.MOSTLY_IQ4_XS: G.IQ4_XS,
+    F.MOSTLY_MXFP4_MOE: G.MXFP4,
 }
 _LAYER = re.compile(r"blk\.(\d+)\.")
 FLOAT_TYPES = (G.F32, G.F16, G.BF16)
-FALLBACK = {G.Q2_K: G.Q4_0, G.Q3_K: G.Q4_0, G.Q4_K: G.Q5_0, G.Q5_K: G.Q5_1, G.Q6_K: G.Q8_0}
+FALLBACK = {G.Q2_K: G.Q4_0, G.Q3_K: G.Q4_0, G.Q4_K: G.Q5_0, G.Q5_K: G.Q5_1, G.Q6_K: G.Q8_0,
+            G.IQ4_XS: G.IQ4_NL}
+IQ4_MIXES = (F.MOSTLY_IQ4_NL, F.MOSTLY_IQ4_XS)
 
 
 def parse_mix(name):
@@ -87,8 +92,9 @@ def _use_more_bits(i, n):
     return i < n // 8 or i >= 7 * n // 8 or (i - n // 8) % 3 == 2
 
 
-def choose_types(f, ftype):
-    """name -> target GGMLType for every tensor of `f` under llama.cpp's rules for `ftype`."""
+def choose_types(f, ftype, has_imatrix=False):
+    """name -> target GGMLType for every tensor of `f` under llama.cpp's rules for `ftype`
+    (has_imatrix: an importance matrix is given, which changes a few choices as in llama.cpp)."""
     ftype = FileType(ftype)
     default = DEFAULT_TYPE[ftype]
     md = f.metadata
@@ -116,10 +122,12 @@ def choose_types(f, ftype):
             cat = cats[name]
             if cat == "output" or (tied and cat == "token_embd"):
                 qk = TYPE_INFO[t].block_size
-                if falcon or ti.shape[0] % qk:
+                if ftype == F.MOSTLY_MXFP4_MOE or falcon or ti.shape[0] % qk:
                     t = G.Q8_0
                 elif t != G.Q8_0:
                     t = G.Q6_K
+            elif ftype == F.MOSTLY_MXFP4_MOE:  # expert tensors (3-D) MXFP4, the rest Q8_0
+                t = G.MXFP4 if len(ti.shape) >= 3 and ti.shape[2] > 1 else G.Q8_0
             elif cat in ("attn_v", "attn_qkv"):  # llama.cpp treats fused qkv like attn_v
                 t = _attn_v_type(t, ftype, n_gqa, n_expert, i_attn_v, n_attn_v)
                 i_attn_v += 1
@@ -127,13 +135,13 @@ def choose_types(f, ftype):
                 if n_expert == 8:
                     t = G.Q8_0
             elif cat == "ffn_down":
-                t = _ffn_down_type(t, ftype, i_ffn_down, n_layer, falcon)
+                t = _ffn_down_type(t, ftype, i_ffn_down, n_layer, falcon, has_imatrix)
                 i_ffn_down += 1
             elif cat == "attn_output":
                 if not falcon:
                     if n_expert == 8:
                         if ftype in (F.MOSTLY_Q2_K, F.MOSTLY_Q3_K_S, F.MOSTLY_Q3_K_M,
-                                     F.MOSTLY_Q4_K_S, F.MOSTLY_Q4_K_M):
+                                     F.MOSTLY_Q4_K_S, F.MOSTLY_Q4_K_M) + IQ4_MIXES:
                             t = G.Q5_K
                     elif ftype == F.MOSTLY_Q2_K:
                         t = G.Q3_K
@@ -159,6 +167,8 @@ def _attn_v_type(t, ftype, n_gqa, n_expert, i, n):
         t = G.Q5_K if i < 2 else G.Q4_K
     elif ftype == F.MOSTLY_Q3_K_L:
         t = G.Q5_K
+    elif ftype in IQ4_MIXES and n_gqa >= 4:
+        t = G.Q5_K
     elif ftype in (F.MOSTLY_Q4_K_M, F.MOSTLY_Q5_K_M) and _use_more_bits(i, n):
         t = G.Q6_K
     elif ftype == F.MOSTLY_Q4_K_S and i < 4:
@@ -168,7 +178,7 @@ def _attn_v_type(t, ftype, n_gqa, n_expert, i, n):
     return t
 
 
-def _ffn_down_type(t, ftype, i, n, falcon):
+def _ffn_down_type(t, ftype, i, n, falcon, has_imatrix=False):
     if ftype == F.MOSTLY_Q2_K:
         return G.Q3_K
     if ftype == F.MOSTLY_Q2_K_S:
@@ -183,6 +193,8 @@ def _ffn_down_type(t, ftype, i, n, falcon):
         if falcon:
             return G.Q6_K if i < n // 16 else G.Q5_K if _use_more_bits(i, n) else G.Q4_K
         return G.Q6_K if _use_more_bits(i, n) else t
+    if ftype in IQ4_MIXES and i < n // 8 and not has_imatrix:
+        return G.Q5_K
     if ftype == F.MOSTLY_Q5_K_M and _use_more_bits(i, n):
         return G.Q6_K
     if ftype == F.MOSTLY_Q4_K_S and not falcon and i < n // 8:
@@ -214,11 +226,11 @@ def _row_quantizer(compiled, n_threads):
     bytes as the NumPy reference, tested), else edged.format.quants."""
     if compiled:
         try:
-            from .. import _core
+            from .. import _core   # optional: the NumPy quantizer runs without the compiled core
         except ImportError:
             _core = None
         if _core is not None and hasattr(_core, "quantize_rows"):
-            from ..engine.threads import default_threads
+            from ..engine.threads import default_threads   # the engine sits above the format layer
             pool = _core.Pool(n_threads or default_threads())
 
             def q(x, t):
@@ -240,22 +252,50 @@ def _refuse_requantize(src, tensors, types):
                               "(quantize from the F32/F16/BF16 model, or allow requantizing)")
 
 
+def _imatrix_rows(f, types, im, path):
+    """name -> (n_expert, n_per_row) importance weights for the tensors that get quantized with
+    them, checked as llama-quantize checks them (size n_per_row * n_expert; a tensor without an
+    entry is quantized without). Refuses a type edged has no weighted quantizer for."""
+    out = {}
+    for name, t in types.items():
+        ti = f.tensors[name]
+        if t == ti.type or name not in im.entries or t in quants.IGNORES_WEIGHTS:
+            continue
+        k, n_exp = ti.shape[0], (ti.shape[2] if len(ti.shape) > 2 else 1)
+        w = im.entries[name]
+        if w.size != k * n_exp:
+            raise ConfigError(f"{path}: importance matrix for {name!r} has {w.size} values, the "
+                              f"tensor needs {k * n_exp} ({k} columns x {n_exp} experts)")
+        if not np.all(np.isfinite(w)):
+            raise ConfigError(f"{path}: importance matrix for {name!r} has non-finite values")
+        if t not in quants.WEIGHTED:
+            raise ConfigError(f"{name!r} would be {t.name} with an importance matrix: edged's "
+                              f"importance-weighted quantizers are {', '.join(q.name for q in quants.WEIGHTED)} "
+                              "(llama.cpp's K-quant and Q4_0..Q5_1 ones are not implemented)")
+        out[name] = w.reshape(n_exp, k)
+    return out
+
+
 def quantize_file(src, dst, mix, progress=None, chunk_rows=None, compiled=True, n_threads=None,
-                  allow_requantize=True):
+                  allow_requantize=True, imatrix=None):
     """Quantize `src` into `dst` with the mix name or FileType `mix`. `progress(i, n, name,
     qtype, done_bytes, total_bytes)` is called after each tensor. compiled=False uses only the
     NumPy reference quantizers. allow_requantize=False refuses (as llama-quantize does) to turn
-    an already quantized tensor into another type: the errors of both quantizations add up."""
+    an already quantized tensor into another type: the errors of both quantizations add up.
+    imatrix: path of llama-imatrix's output; its tensors are quantized importance-weighted
+    (llama.cpp's algorithm, the same bytes as llama-quantize --imatrix)."""
     ftype = parse_mix(mix) if isinstance(mix, str) else FileType(mix)
     quantize_rows = _row_quantizer(compiled, n_threads)
+    im = read_imatrix(imatrix) if imatrix else None
     with GGUFFile.open(src) as f:
         for name, ti in f.tensors.items():
             if ti.type not in quants.SUPPORTED:
                 raise UnsupportedModelError(f"{src}: tensor {name!r} has type {ti.type.name}, "
                                             "which edged cannot dequantize")
-        types = choose_types(f, ftype)
+        types = choose_types(f, ftype, has_imatrix=im is not None)
         if not allow_requantize:
             _refuse_requantize(src, f.tensors, types)
+        weights = _imatrix_rows(f, types, im, imatrix) if im is not None else {}
         w = GGUFWriter(alignment=f.alignment)
         for key, value in f.metadata.items():
             if key in (Key.ALIGNMENT, Key.FILE_TYPE, Key.QUANTIZATION_VERSION):
@@ -264,6 +304,13 @@ def quantize_file(src, dst, mix, progress=None, chunk_rows=None, compiled=True, 
             w.add(key, value, vt if vt != ValueType.ARRAY else None)
         w.add(Key.QUANTIZATION_VERSION, QUANTIZATION_VERSION, ValueType.UINT32)
         w.add(Key.FILE_TYPE, int(ftype), ValueType.UINT32)
+        if im is not None:  # what llama-quantize records of the matrix it used
+            w.add(Key.QUANTIZE_IMATRIX_FILE, str(imatrix), ValueType.STRING)
+            if im.datasets:
+                w.add(Key.QUANTIZE_IMATRIX_DATASET, im.datasets[0], ValueType.STRING)
+            w.add(Key.QUANTIZE_IMATRIX_N_ENTRIES, len(im.entries), ValueType.UINT32)
+            if im.chunk_count > 0:
+                w.add(Key.QUANTIZE_IMATRIX_N_CHUNKS, im.chunk_count, ValueType.UINT32)
         order = tensor_order(f.tensors)
         for name in order:
             w.add_tensor(name, f.tensors[name].shape, types[name])
@@ -279,6 +326,13 @@ def quantize_file(src, dst, mix, progress=None, chunk_rows=None, compiled=True, 
                     ti, t = f.tensors[name], types[name]
                     if t == ti.type:
                         out_bytes = [np.asarray(f.tensor_bytes(name))]
+                    elif name in weights:  # per expert: its slice of the importance matrix
+                        k = ti.shape[0]
+                        per = ti.n_elements // k // len(weights[name])
+                        step = chunk_rows or max(1, (1 << 20) // k)
+                        out_bytes = (quants.quantize(_rows_as_float(f, name, e * per + r, e * per + min(per, r + step)),
+                                                     t, weights[name][e])
+                                     for e in range(len(weights[name])) for r in range(0, per, step))
                     else:
                         k = ti.shape[0]
                         rows = ti.n_elements // k

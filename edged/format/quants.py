@@ -1,5 +1,5 @@
 """Readable NumPy reference for ggml's weight types: dequantization and llama.cpp's reference
-quantizers (no importance matrix).
+quantizers (no importance matrix; IQ4_NL / IQ4_XS take one, as llama.cpp's do).
 
 Block layouts are llama.cpp's (as stored in GGUF). Every function works on whole blocks at once
 (vectorised over blocks); loops run only over positions inside a block where llama.cpp's
@@ -182,6 +182,42 @@ def _dq_q6_K(b):
     return _k_groups(q.reshape(n, QK_K), d, scales)
 
 
+# the table types: nibbles index a 16-entry int8 table (llama.cpp's kvalues_iq4nl, and its
+# kvalues_mxfp4: the e2m1 values doubled, with the E8M0 scale halved to match)
+KV_IQ4NL = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], np.int8)
+KV_MXFP4 = np.array([0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12], np.int8)
+
+
+def e8m0_half(e):
+    """E8M0 exponent bytes -> float32 2^(e - 128), half the scale (e < 2: subnormals)."""
+    e = np.asarray(e, np.uint32)
+    bits = np.where(e < 2, np.uint32(0x00200000) << e, (e - np.uint32(1)) << np.uint32(23))
+    return bits.astype(np.uint32).view(F32)
+
+
+def _dq_iq4_nl(b):
+    return _f16(b[:, 0:2]) * KV_IQ4NL[_nibbles(b[:, 2:18])].astype(F32)
+
+
+def iq4_xs_scales(b):
+    """IQ4_XS blocks (n, 136) -> (n, 8) sub-block scales 0..63 (the weight scale is d * (ls - 32))."""
+    h = np.ascontiguousarray(b[:, 2:4]).view(np.uint16)
+    lo = np.stack([b[:, 4:8] & 0x0F, b[:, 4:8] >> 4], axis=-1).reshape(-1, 8)
+    hi = ((h >> (2 * np.arange(8, dtype=np.uint16))) & 3).astype(np.uint8)
+    return lo | (hi << 4)
+
+
+def _dq_iq4_xs(b):
+    n = b.shape[0]
+    dl = (_f16(b[:, 0:2]) * (iq4_xs_scales(b).astype(np.int8) - np.int8(32)).astype(F32)).reshape(n, 8, 1)
+    q = KV_IQ4NL[_nibbles(b[:, 8:136].reshape(n * 8, 16))].astype(F32).reshape(n, 8, 32)
+    return (dl * q).reshape(n, QK_K)
+
+
+def _dq_mxfp4(b):
+    return e8m0_half(b[:, 0:1]) * KV_MXFP4[_nibbles(b[:, 1:17])].astype(F32)
+
+
 # the 32-block types of one layout family: (bits per level, with a min)
 _BLOCK32 = {GGMLType.Q4_0: (4, False), GGMLType.Q4_1: (4, True), GGMLType.Q5_0: (5, False),
             GGMLType.Q5_1: (5, True)}
@@ -190,7 +226,8 @@ _DEQUANT = {
     **{t: partial(_dq_block32, bits=b, with_min=m) for t, (b, m) in _BLOCK32.items()},
     GGMLType.Q8_0: _dq_q8_0, GGMLType.Q2_K: _dq_q2_K, GGMLType.Q3_K: _dq_q3_K,
     GGMLType.Q4_K: partial(_dq_k4, with_qh=False), GGMLType.Q5_K: partial(_dq_k4, with_qh=True),
-    GGMLType.Q6_K: _dq_q6_K,
+    GGMLType.Q6_K: _dq_q6_K, GGMLType.IQ4_NL: _dq_iq4_nl, GGMLType.IQ4_XS: _dq_iq4_xs,
+    GGMLType.MXFP4: _dq_mxfp4,
 }
 
 SUPPORTED = (GGMLType.F32, GGMLType.F16, GGMLType.BF16) + tuple(_DEQUANT)
@@ -571,17 +608,130 @@ def _q_q6_K(x):
     return out
 
 
+# Table types: llama.cpp's quantize_row_iq4_nl_impl (ntry 7) and quantize_row_mxfp4_ref.
+_KV_F = KV_IQ4NL.astype(F32)
+
+
+def best_index_int8(x):
+    """llama.cpp's best_index_int8 over the IQ4 table: the nearest entry, the upper on ties."""
+    x = np.asarray(x, F32)
+    mu = np.clip(np.searchsorted(_KV_F, x, side="right"), 1, 15)
+    idx = np.where(x - _KV_F[mu - 1] < _KV_F[mu] - x, mu - 1, mu)
+    return np.where(x <= _KV_F[0], 0, np.where(x >= _KV_F[15], 15, idx))
+
+
+def _iq4_sums(xb, w, idv):
+    """sum w q x and sum w q q over the 32 weights of each sub-block (sequential, as in C), q
+    the table value nearest id * x; xb, w (m, 32), idv (m,)."""
+    sqx = np.zeros(xb.shape[0], F32)
+    sq2 = np.zeros(xb.shape[0], F32)
+    for j in range(32):
+        q = _KV_F[best_index_int8(idv * xb[:, j])]
+        wq = w[:, j] * q
+        sqx = sqx + wq * xb[:, j]
+        sq2 = sq2 + wq * q
+    return sqx, sq2
+
+
+def _q_iq4(x, qw, nsub):
+    """IQ4_NL (nsub 1) / IQ4_XS (nsub 8) super-blocks (n, 32 nsub) -> (d16 (n, 2), packed
+    scales_h (n, 2), scales_l (n, 4) for IQ4_XS, nibbles (n, 16 nsub)). qw: importance weights
+    of the same shape, or None."""
+    n = x.shape[0]
+    m = n * nsub
+    xb = x.reshape(m, 32)
+    if qw is not None:
+        sigma2 = np.zeros(n, F32)
+        for j in range(32 * nsub):
+            sigma2 = sigma2 + x[:, j] * x[:, j]
+        sigma2 = sigma2 * F32(2.0 / (32 * nsub))
+        w = (qw.reshape(m, 32) * np.sqrt(np.repeat(sigma2, nsub)[:, None] + xb * xb)).astype(F32)
+    else:
+        w = xb * xb
+    mx = _abs_max_signed(xb)[:, 0]
+    live = np.abs(mx) >= GROUP_MAX_EPS
+    safe = np.where(live, mx, F32(1))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        d0 = (-safe / F32(-127)).astype(F32)
+        sqx, sq2 = _iq4_sums(xb, w, (F32(1) / d0).astype(F32))
+        d = np.where(sq2 > 0, sqx / sq2, F32(0)).astype(F32)
+        best = d * sqx
+        for itry in range(-7, 8):
+            sqx, sq2 = _iq4_sums(xb, w, (F32(itry - 127) / safe).astype(F32))
+            better = (sq2 > 0) & (sqx * sqx > best * sq2)
+            d = np.where(better, sqx / sq2, d).astype(F32)
+            best = np.where(better, d * sqx, best).astype(F32)
+    scales = np.where(live, d, F32(0)).astype(F32).reshape(n, nsub)
+    if nsub == 1:
+        ds = scales[:, 0]
+        d16 = _to_f16_bytes(ds)
+        L = best_index_int8(_inv(ds)[:, None] * x)
+        return d16, None, None, _pack_nibbles(L.reshape(n, 32))
+    max_scale = _abs_max_signed(scales)[:, 0]
+    dsup = (-max_scale / F32(32)).astype(F32)
+    idsup = _inv(dsup)
+    ls = np.clip(nearest_int(idsup[:, None] * scales), -32, 31)
+    dl = (dsup[:, None] * ls.astype(F32)).astype(F32)
+    L = best_index_int8(_inv(dl).reshape(m, 1) * xb)
+    ls = (ls + 32).astype(np.uint16)
+    scales_h = ((ls >> 4) << (2 * np.arange(8, dtype=np.uint16))).sum(axis=-1, dtype=np.uint16)
+    lo = (ls & 0x0F).astype(np.uint8)
+    scales_l = lo[:, 0::2] | (lo[:, 1::2] << 4)
+    return (_to_f16_bytes(dsup), scales_h.reshape(n, 1).view(np.uint8), scales_l,
+            _pack_nibbles(L).reshape(n, 16 * nsub))
+
+
+def _q_iq4_nl(x, qw=None):
+    d16, _, _, qs = _q_iq4(x, qw, 1)
+    return np.concatenate([d16, qs], axis=-1)
+
+
+def _q_iq4_xs(x, qw=None):
+    return np.concatenate(_q_iq4(x, qw, 8), axis=-1)
+
+
+def _q_mxfp4(x):
+    amax = np.abs(x).max(axis=-1)
+    with np.errstate(divide="ignore"):
+        e = np.where(amax > 0, np.floor(np.log2(np.where(amax > 0, amax, F32(1)))) - 2 + 127, 0)
+    e = e.astype(np.int32).astype(np.uint8)
+    d = e8m0_half(e)[:, None, None]
+    err = np.abs((KV_MXFP4.astype(F32).reshape(1, 1, 16) * d).astype(F32) - x[:, :, None])
+    q = np.argmin(err, axis=-1)  # the first of equal errors, as the C loop keeps
+    return np.concatenate([e[:, None], _pack_nibbles(q)], axis=-1)
+
+
 _QUANT = {
     **{t: partial(_q_block32, bits=b, with_min=m) for t, (b, m) in _BLOCK32.items()},
     GGMLType.Q8_0: _q_q8_0, GGMLType.Q2_K: _q_q2_K,
     GGMLType.Q3_K: _q_q3_K, GGMLType.Q4_K: _q_q4_K, GGMLType.Q5_K: _q_q5_K,
-    GGMLType.Q6_K: _q_q6_K,
+    GGMLType.Q6_K: _q_q6_K, GGMLType.IQ4_NL: _q_iq4_nl, GGMLType.IQ4_XS: _q_iq4_xs,
+    GGMLType.MXFP4: _q_mxfp4,
 }
 
 
-def quantize(x, qtype):
-    """float rows (..., k) -> uint8 (rows, row_bytes) in `qtype`, llama.cpp's reference algorithm."""
+# the types whose quantizer takes an importance matrix here (llama.cpp's *_impl with
+# quant_weights); llama.cpp's Q8_0 and MXFP4 quantizers ignore one
+WEIGHTED = (GGMLType.IQ4_NL, GGMLType.IQ4_XS)
+IGNORES_WEIGHTS = (GGMLType.F32, GGMLType.F16, GGMLType.BF16, GGMLType.Q8_0, GGMLType.MXFP4)
+
+
+def quantize(x, qtype, quant_weights=None):
+    """float rows (..., k) -> uint8 (rows, row_bytes) in `qtype`, llama.cpp's reference algorithm;
+    quant_weights (k,): an importance matrix row for the WEIGHTED types (llama.cpp's algorithm
+    with quant_weights)."""
     t = _type(qtype)
+    if quant_weights is not None and t not in IGNORES_WEIGHTS:
+        if t not in WEIGHTED:
+            raise UnsupportedModelError(f"no importance-matrix quantizer for {t.name} (edged has one "
+                                        f"for {', '.join(w.name for w in WEIGHTED)})")
+        x = np.asarray(x, dtype=F32)
+        k = x.shape[-1]
+        bs = TYPE_INFO[t].block_size
+        rows = x.reshape(-1, k)
+        qw = np.tile(np.asarray(quant_weights, F32).reshape(-1, bs), (rows.shape[0], 1))
+        out = _QUANT[t](np.ascontiguousarray(rows.reshape(-1, bs)), qw)
+        return out.reshape(rows.shape[0], row_bytes(t, k))
     x = np.asarray(x, dtype=F32)
     k = x.shape[-1] if x.ndim else 1
     x2 = x.reshape(-1, k)

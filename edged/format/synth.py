@@ -14,6 +14,7 @@ import numpy as np
 
 from ..errors import ConfigError
 from .gguf import GGMLType, GGUFWriter, Key, TYPE_INFO, ValueType
+from .quants import quantize
 
 SHAPES = {
     # name: architecture and hyperparameters (llama.cpp's short names)
@@ -32,6 +33,14 @@ SHAPES = {
                           n_layer=8, n_vocab=32000, rope_freq_base=1e6, rms_eps=1e-6,
                           n_ctx_train=32768, tied=False, qkv_bias=False, qk_norm=True,
                           n_expert=32, n_expert_used=4, n_ff_exp=384),
+    # gpt-oss-20b's layer layout (64-dim heads wider than n_embd, sinks, q/k/v/o biases, a
+    # 128-token window on even layers, YaRN 32 over 4096, 32 experts with 4 used, router and
+    # expert biases) scaled to 0.29B parameters, 4 of 32 experts per token
+    "gpt-oss-mini": dict(arch="gpt-oss", n_embd=768, n_head=16, n_head_kv=4, head_dim=64,
+                         n_ff=384, n_layer=8, n_vocab=32000, rope_freq_base=150000.0,
+                         rms_eps=1e-5, n_ctx_train=131072, tied=False, qkv_bias=True,
+                         n_expert=32, n_expert_used=4, n_ff_exp=384, gpt_oss=True, n_swa=128,
+                         yarn=(32.0, 4096)),
     # a small model for demos and tests (seconds to make, milliseconds per token)
     "tiny": dict(arch="llama", n_embd=256, n_head=4, n_head_kv=2, n_ff=768, n_layer=4,
                  n_vocab=4096, rope_freq_base=10000.0, rms_eps=1e-5, n_ctx_train=2048,
@@ -49,6 +58,10 @@ MIXES = {
     "Q6_K": (GGMLType.Q6_K, GGMLType.Q6_K, GGMLType.Q6_K),
     "Q4_K_M": (GGMLType.Q4_K, GGMLType.Q6_K, GGMLType.Q6_K),
     "Q5_K_M": (GGMLType.Q5_K, GGMLType.Q6_K, GGMLType.Q6_K),
+    "IQ4_NL": (GGMLType.IQ4_NL, GGMLType.IQ4_NL, GGMLType.Q6_K),
+    "IQ4_XS": (GGMLType.IQ4_XS, GGMLType.IQ4_XS, GGMLType.Q6_K),  # rows of 896 fall back to IQ4_NL
+    # llama-quantize's MXFP4_MOE (gpt-oss as shipped): experts MXFP4, every other matrix Q8_0
+    "MXFP4_MOE": (GGMLType.Q8_0, GGMLType.Q8_0, GGMLType.Q8_0),
 }
 
 # llama.cpp's fallbacks when a row length is not a multiple of the K-quant super-block
@@ -60,9 +73,11 @@ def _more_bits(il, n_layer):
     return il < n_layer // 8 or il >= 7 * n_layer // 8 or (il - n_layer // 8) % 3 == 2
 
 
-def tensor_type(role, row_len, ftype, il=0, n_layer=1):
+def tensor_type(role, row_len, ftype, il=0, n_layer=1, expert=False):
     base, more, out = MIXES[ftype]
-    if role == "output":
+    if expert and ftype == "MXFP4_MOE":
+        t = GGMLType.MXFP4
+    elif role == "output":
         t = out
     elif role in ("attn_v", "ffn_down") and ftype.endswith("_M"):
         t = more if _more_bits(il, n_layer) else base
@@ -73,17 +88,8 @@ def tensor_type(role, row_len, ftype, il=0, n_layer=1):
     return t
 
 
-def synth_vocab(n_vocab):
-    """A SentencePiece vocabulary of n_vocab pieces: <unk> <s> </s>, 256 byte tokens, then
-    characters, '▁'-prefixed characters, letter pairs and fillers; scores prefer short pieces."""
-    toks, types = ["<unk>", "<s>", "</s>"], [2, 3, 3]
-    toks += [f"<0x{i:02X}>" for i in range(256)]
-    types += [6] * 256
-    chars = [chr(c) for c in range(33, 127)]
-    letters = "abcdefghijklmnopqrstuvwxyz"
-    pieces = ["\u2581"] + chars + ["\u2581" + c for c in chars]
-    pieces += [a + b for a in letters for b in letters]
-    pieces += ["\u2581" + a + b for a in letters for b in letters]
+def _fill(toks, types, pieces, n_vocab):
+    """Append the new `pieces` (normal tokens), then "\u2581w0", "\u2581w1", ... up to n_vocab."""
     seen = set(toks)
     for p in pieces:
         if len(toks) >= n_vocab:
@@ -97,6 +103,30 @@ def synth_vocab(n_vocab):
         toks.append(f"\u2581w{i}")
         types.append(1)
         i += 1
+
+
+def _write(w, data, out):
+    """Header and tensors (in declaration order) to out, through a temporary file."""
+    tmp = out + ".tmp"
+    with open(tmp, "wb") as f:
+        w.write_header(f)
+        for name in w.tensor_names:
+            w.write_tensor(f, name, data.pop(name))
+    os.replace(tmp, out)
+
+
+def synth_vocab(n_vocab):
+    """A SentencePiece vocabulary of n_vocab pieces: <unk> <s> </s>, 256 byte tokens, then
+    characters, '▁'-prefixed characters, letter pairs and fillers; scores prefer short pieces."""
+    toks, types = ["<unk>", "<s>", "</s>"], [2, 3, 3]
+    toks += [f"<0x{i:02X}>" for i in range(256)]
+    types += [6] * 256
+    chars = [chr(c) for c in range(33, 127)]
+    letters = "abcdefghijklmnopqrstuvwxyz"
+    pieces = ["\u2581"] + chars + ["\u2581" + c for c in chars]
+    pieces += [a + b for a in letters for b in letters]
+    pieces += ["\u2581" + a + b for a in letters for b in letters]
+    _fill(toks, types, pieces, n_vocab)
     scores = -np.arange(len(toks), dtype=np.float32) / len(toks)
     return toks[:n_vocab], scores[:n_vocab], np.array(types[:n_vocab], np.int32)
 
@@ -108,7 +138,6 @@ class _Pool:
         self.rng, self.n_rows, self.cache = rng, n_rows, {}
 
     def rows(self, qtype, row_len, n, scale=0.02):
-        from .quants import quantize
         key = (qtype, row_len)
         if key not in self.cache:
             x = (self.rng.standard_normal((self.n_rows, row_len), dtype=np.float32) * scale)
@@ -126,7 +155,8 @@ def synth(shape, ftype, out, seed=0, progress=None):
     s = SHAPES[shape]
     arch, E, F, L, V = s["arch"], s["n_embd"], s["n_ff"], s["n_layer"], s["n_vocab"]
     H, KV = s["n_head"], s["n_head_kv"]
-    hd = E // H
+    hd = s.get("head_dim", E // H)
+    oss = s.get("gpt_oss", False)
     w = GGUFWriter()
     data = {}  # name -> bytes, written after the header in declaration order
     A = lambda k: Key.arch(k, arch)  # noqa: E731
@@ -139,6 +169,15 @@ def synth(shape, ftype, out, seed=0, progress=None):
     w.add(A(Key.HEAD_COUNT), H)
     w.add(A(Key.HEAD_COUNT_KV), KV)
     w.add(A(Key.ROPE_FREQ_BASE), float(s["rope_freq_base"]))
+    if hd != E // H:
+        w.add(A(Key.KEY_LENGTH), hd)
+        w.add(A(Key.VALUE_LENGTH), hd)
+    if "n_swa" in s:
+        w.add(A(Key.SLIDING_WINDOW), s["n_swa"])
+    if "yarn" in s:
+        w.add(A(Key.ROPE_SCALING_TYPE), "yarn")
+        w.add(A(Key.ROPE_SCALING_FACTOR), float(s["yarn"][0]))
+        w.add(A(Key.ROPE_SCALING_ORIG_CTX_LEN), s["yarn"][1])
     X = s.get("n_expert", 0)
     if X:
         w.add(A(Key.EXPERT_COUNT), X)
@@ -161,16 +200,16 @@ def synth(shape, ftype, out, seed=0, progress=None):
     def mat(name, role, n_in, n_out, il=0, n_mat=1):
         # n_mat > 1: a 3-D (n_in, n_out, n_mat) stack of experts
         nonlocal n_params
-        t = tensor_type(role, n_in, ftype, il, L)
+        t = tensor_type(role, n_in, ftype, il, L, expert=n_mat > 1)
         w.add_tensor(name, (n_in, n_out, n_mat) if n_mat > 1 else (n_in, n_out), t)
         data[name] = pool.rows(t, n_in, n_out * n_mat)
         n_params += n_in * n_out * n_mat
 
-    def vec(name, n, value=1.0):
+    def vec(name, n, value=1.0, rows=1):
         nonlocal n_params
-        w.add_tensor(name, (n,), GGMLType.F32)
-        data[name] = np.full(n, value, np.float32)
-        n_params += n
+        w.add_tensor(name, (n, rows) if rows > 1 else (n,), GGMLType.F32)
+        data[name] = np.full(n * rows, value, np.float32)
+        n_params += n * rows
 
     mat("token_embd.weight", "output" if s["tied"] else "token_embd", E, V)
     vec("output_norm.weight", E)
@@ -190,7 +229,10 @@ def synth(shape, ftype, out, seed=0, progress=None):
             vec(p + "attn_q_norm.weight", hd)
             vec(p + "attn_k_norm.weight", hd)
         mat(p + "attn_output.weight", "attn_output", H * hd, E, il)
-        vec(p + "ffn_norm.weight", E)
+        if oss:  # the output bias, a sink logit per head; the FFN norm's gpt-oss name
+            vec(p + "attn_output.bias", E, 0.0)
+            vec(p + "attn_sinks.weight", H, 0.0)
+        vec(p + ("post_attention_norm.weight" if oss else "ffn_norm.weight"), E)
         if X:  # the router stays F32 (llama-quantize leaves ffn_gate_inp alone)
             w.add_tensor(p + "ffn_gate_inp.weight", (E, X), GGMLType.F32)
             data[p + "ffn_gate_inp.weight"] = rng.standard_normal((X, E), np.float32) * 0.05
@@ -199,16 +241,131 @@ def synth(shape, ftype, out, seed=0, progress=None):
             mat(p + "ffn_gate_exps.weight", "ffn_gate", E, Fe, il, X)
             mat(p + "ffn_up_exps.weight", "ffn_up", E, Fe, il, X)
             mat(p + "ffn_down_exps.weight", "ffn_down", Fe, E, il, X)
+            if oss:
+                vec(p + "ffn_gate_inp.bias", X, 0.0)
+                vec(p + "ffn_gate_exps.bias", Fe, 0.0, rows=X)
+                vec(p + "ffn_up_exps.bias", Fe, 0.0, rows=X)
+                vec(p + "ffn_down_exps.bias", E, 0.0, rows=X)
         else:
             mat(p + "ffn_gate.weight", "ffn_gate", E, F, il)
             mat(p + "ffn_up.weight", "ffn_up", E, F, il)
             mat(p + "ffn_down.weight", "ffn_down", F, E, il)
         if progress:
             progress(il + 1, L)
-    tmp = out + ".tmp"
-    with open(tmp, "wb") as f:
-        w.write_header(f)
-        for name in w.tensor_names:
-            w.write_tensor(f, name, data.pop(name))
-    os.replace(tmp, out)
+    _write(w, data, out)
+    return n_params
+
+
+# BERT-family encoders (engine/encoder.py): shapes of real embedding models
+ENCODER_SHAPES = {
+    "bert-base": dict(arch="bert", n_embd=768, n_head=12, n_ff=3072, n_layer=12, n_vocab=30522,
+                      n_ctx_train=512, pooling=2),
+    "bge-small": dict(arch="bert", n_embd=384, n_head=12, n_ff=1536, n_layer=12, n_vocab=30522,
+                      n_ctx_train=512, pooling=2),
+    "nomic-embed-text": dict(arch="nomic-bert", n_embd=768, n_head=12, n_ff=3072, n_layer=12,
+                             n_vocab=30522, n_ctx_train=2048, pooling=1),
+    # small ones for tests and goldens
+    "bert-tiny": dict(arch="bert", n_embd=32, n_head=4, n_ff=64, n_layer=2, n_vocab=512,
+                      n_ctx_train=128, pooling=1),
+    "nomic-bert-tiny": dict(arch="nomic-bert", n_embd=32, n_head=4, n_ff=48, n_layer=2,
+                            n_vocab=512, n_ctx_train=2048, pooling=1),
+}
+
+
+def synth_wordpiece_vocab(n_vocab):
+    """A WordPiece vocabulary as llama.cpp's converter writes one: [PAD] [UNK] [CLS] [SEP]
+    [MASK], then characters and pairs as word starts ("\u2581a") and continuations ("a")."""
+    toks, types = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"], [3, 3, 3, 3, 3]
+    chars = [chr(c) for c in range(33, 127) if not chr(c).isupper()]
+    letters = "abcdefghijklmnopqrstuvwxyz"
+    pieces = ["\u2581" + c for c in chars] + chars
+    pieces += ["\u2581" + a + b for a in letters for b in letters] + [a + b for a in letters for b in letters]
+    _fill(toks, types, pieces, n_vocab)
+    return toks, np.array(types, np.int32), dict(unk=1, cls=2, sep=3, pad=0, mask=4)
+
+
+def synth_encoder(shape, ftype, out, seed=0, vocab=None, pooling=None):
+    """Write a random-weight BERT / nomic-bert GGUF (engine/encoder.py's tensors, llama.cpp's
+    names); vocab: (tokens, token types, special ids) to use instead of a synthetic one;
+    pooling: the `<arch>.pooling_type` to write (default: the shape's). Returns parameters."""
+    if shape not in ENCODER_SHAPES:
+        raise ConfigError(f"--shape {shape!r}: one of {', '.join(ENCODER_SHAPES)}")
+    if ftype not in ("F32", "F16", "Q8_0"):
+        raise ConfigError(f"--type {ftype!r} for an encoder: F32, F16 or Q8_0")
+    s = ENCODER_SHAPES[shape]
+    arch, E, F, L, H = s["arch"], s["n_embd"], s["n_ff"], s["n_layer"], s["n_head"]
+    toks, types, special = vocab or synth_wordpiece_vocab(s["n_vocab"])
+    V = len(toks)
+    w = GGUFWriter()
+    data = {}
+    A = lambda k: Key.arch(k, arch)  # noqa: E731
+    w.add(Key.ARCHITECTURE, arch)
+    w.add(Key.NAME, f"edged-synth-{shape}-{ftype}")
+    w.add(A(Key.CONTEXT_LENGTH), s["n_ctx_train"])
+    w.add(A(Key.EMBEDDING_LENGTH), E)
+    w.add(A(Key.BLOCK_COUNT), L)
+    w.add(A(Key.FEED_FORWARD_LENGTH), F)
+    w.add(A(Key.HEAD_COUNT), H)
+    w.add(A(Key.LAYERNORM_EPS), 1e-12)
+    w.add(A(Key.CAUSAL), False)
+    w.add(A(Key.POOLING_TYPE), int(s["pooling"] if pooling is None else pooling))
+    if arch == "nomic-bert":
+        w.add(A(Key.ROPE_FREQ_BASE), 1000.0)
+    w.add(Key.TOKEN_TYPE_COUNT, 2)
+    w.add(Key.TOKENIZER_MODEL, "bert")
+    w.add(Key.TOKENS, list(toks))
+    w.add(Key.TOKEN_TYPE, np.asarray(types, np.int32))
+    w.add(Key.UNK_ID, special["unk"])
+    w.add(Key.BOS_ID, special["cls"])
+    w.add(Key.SEP_ID, special["sep"])
+    w.add(Key.PAD_ID, special["pad"])
+    w.add(Key.MASK_ID, special["mask"])
+    rng = np.random.default_rng(seed)
+    n_params = 0
+    mtype = MIXES[ftype][0]
+
+    def mat(name, n_in, n_out, scale=0.08, t=None):
+        nonlocal n_params
+        from .quants import quantize
+        t = mtype if t is None else t
+        x = rng.standard_normal((n_out, n_in), dtype=np.float32) * scale
+        w.add_tensor(name, (n_in, n_out), t)
+        data[name] = x if t == GGMLType.F32 else np.asarray(quantize(x, t))
+        n_params += n_in * n_out
+
+    def vec(name, n, center=0.0, scale=0.05):
+        nonlocal n_params
+        w.add_tensor(name, (n,), GGMLType.F32)
+        data[name] = (center + rng.standard_normal(n) * scale).astype(np.float32)
+        n_params += n
+
+    mat("token_embd.weight", E, V, 0.5, GGMLType.F16 if ftype != "F32" else GGMLType.F32)
+    mat("token_types.weight", E, 2, 0.5, GGMLType.F32)
+    if arch == "bert":
+        mat("position_embd.weight", E, s["n_ctx_train"], 0.5, GGMLType.F32)
+    vec("token_embd_norm.weight", E, 1.0)
+    vec("token_embd_norm.bias", E)
+    for il in range(L):
+        p = f"blk.{il}."
+        if arch == "nomic-bert":
+            mat(p + "attn_qkv.weight", E, 3 * E)
+        else:
+            for r in ("attn_q", "attn_k", "attn_v"):
+                mat(p + r + ".weight", E, E)
+                vec(p + r + ".bias", E)
+        mat(p + "attn_output.weight", E, E)
+        if arch == "bert":
+            vec(p + "attn_output.bias", E)
+        vec(p + "attn_output_norm.weight", E, 1.0)
+        vec(p + "attn_output_norm.bias", E)
+        if arch == "nomic-bert":
+            mat(p + "ffn_gate.weight", E, F)
+        mat(p + "ffn_up.weight", E, F)
+        mat(p + "ffn_down.weight", F, E)
+        if arch == "bert":
+            vec(p + "ffn_up.bias", F)
+            vec(p + "ffn_down.bias", E)
+        vec(p + "layer_output_norm.weight", E, 1.0)
+        vec(p + "layer_output_norm.bias", E)
+    _write(w, data, out)
     return n_params

@@ -6,6 +6,7 @@ tests drive every route with plain objects. OpenAI's wire shapes: chat.completio
 text_completion, errors as {"error": {"message", "type", "code"}}.
 """
 import asyncio
+import base64
 import dataclasses
 import json
 import secrets
@@ -13,9 +14,11 @@ import threading
 import time
 import urllib.parse
 
+import numpy as np
+
 from ..errors import (EdgedError, HTTPError, ModelNotFound, NotReady, QueueTimeout, RequestError,
                       http_error)
-from ..text import grammar, reasoning, tools
+from ..text import grammar, harmony, reasoning, tools
 from ..text.sampling import Sampler, greedy_temperature
 from . import requests
 from .log import log
@@ -113,6 +116,8 @@ def parse_params(body, chat):
             tc or ("auto" if p["tools"] else "none"))
         p["parallel_tool_calls"] = r.parallel_tool_calls
         p["template_kwargs"] = dict(r.chat_template_kwargs or {})
+        if r.reasoning_effort is not None:
+            p["template_kwargs"].setdefault("reasoning_effort", r.reasoning_effort)
         p["reasoning"] = r.reasoning_format != "none"
     else:
         p["logprobs"] = r.logprobs
@@ -186,6 +191,8 @@ class Api:
         self.routes = {
             ("POST", "/v1/chat/completions"): self.chat_completions,
             ("POST", "/v1/completions"): self.completions,
+            ("POST", "/v1/embeddings"): self.embeddings,
+            ("POST", "/embedding"): self.llama_embedding,
             ("GET", "/v1/models"): self.models,
             ("GET", "/health"): self.health,
             ("GET", "/metrics"): self.metrics,
@@ -332,6 +339,67 @@ class Api:
         except asyncio.TimeoutError:
             raise QueueTimeout(f"timed out after {timeout:g}s waiting for model {name!r} to load") from None
 
+    # --- embeddings -------------------------------------------------------------------
+    async def embeddings(self, req):
+        """POST /v1/embeddings (OpenAI): pooled, L2-normalised vectors, float or base64."""
+        r, inputs = requests.validate_embeddings(_json_body(req, self.state.cfg.max_body_bytes))
+        if r.pooling == "none":
+            raise RequestError("pooling 'none' gives one vector per token, which is not "
+                               "OpenAI-compatible: use POST /embedding", param="pooling")
+        name, vecs, n_tokens = await self._embed(req, r.model, inputs, r.pooling)
+        if isinstance(vecs, list):      # the model's own pooling type is none (llama-server too)
+            raise RequestError(f"model {name!r} has no pooling type (<arch>.pooling_type): "
+                               "ask for one with 'pooling' (mean, cls or last)", param="pooling")
+        if r.dimensions is not None:
+            if r.dimensions > vecs.shape[1]:
+                raise RequestError(f"'dimensions' {r.dimensions} is more than the model's "
+                                   f"{vecs.shape[1]}", param="dimensions")
+            # OpenAI's text-embedding-3 shortening: the first values, normalised again
+            vecs = vecs[:, :r.dimensions]
+            vecs = vecs / np.maximum(np.linalg.norm(vecs, axis=1, keepdims=True), 1e-30)
+        vecs = vecs.astype("<f4")
+        data = [{"object": "embedding", "index": i,
+                 "embedding": base64.b64encode(v.tobytes()).decode() if r.encoding_format == "base64"
+                 else v.tolist()} for i, v in enumerate(vecs)]
+        return Reply(200, {"object": "list", "data": data, "model": name,
+                           "usage": {"prompt_tokens": n_tokens, "total_tokens": n_tokens}})
+
+    async def llama_embedding(self, req):
+        """POST /embedding (llama-server): [{"index", "embedding": [vector]}], one vector per
+        token (not normalised) when the pooling is none."""
+        r, inputs = requests.validate_embeddings(_json_body(req, self.state.cfg.max_body_bytes),
+                                                 llama=True)
+        _, vecs, _ = await self._embed(req, r.model, inputs, r.pooling)
+        return Reply(200, [{"index": i, "embedding": v.tolist() if v.ndim == 2 else [v.tolist()]}
+                           for i, v in enumerate(vecs)])
+
+    async def _embed(self, req, model, inputs, pooling):
+        """(name, vectors, prompt tokens) of `inputs` on the model; queued like a completion."""
+        st, cfg = self.state, self.state.cfg
+        if st.stopping:
+            raise NotReady("shutting down")
+        name = st.registry.resolve(model)
+        req.info.update(model=name, prompt_tokens=0, completion_tokens=0)
+        t0 = time.monotonic()
+        await st.slots.acquire(cfg.queue_timeout, req.disconnected)
+        try:
+            lm = await self._acquire(name, max(cfg.queue_timeout - (time.monotonic() - t0), 0.001), req)
+            try:
+                m = lm.model
+                pool = pooling or m.pooling
+
+                def run():
+                    seqs = m.tokenize_inputs(inputs)
+                    return seqs, m.embed(seqs, pooling=pool, normalize=pool != "none")
+                req.info["queue_ms"] = (time.monotonic() - t0) * 1e3
+                seqs, vecs = await asyncio.get_running_loop().run_in_executor(None, run)
+            finally:
+                st.registry.release(lm)
+        finally:
+            st.slots.release()
+        req.info["prompt_tokens"] = n = sum(len(s) for s in seqs)
+        return name, vecs, n
+
     # --- completions ------------------------------------------------------------------
     async def chat_completions(self, req):
         return await self._complete(req, chat=True)
@@ -353,6 +421,7 @@ class Api:
         try:
             lm = await self._acquire(name, max(cfg.queue_timeout - (time.monotonic() - t0), 0.001), req)
             try:
+                lm.model.require_decoder()
                 prep = await asyncio.get_running_loop().run_in_executor(None, _prepare, lm, p, chat)
                 limit = min(cfg.prompt_limit(), lm.n_ctx - 1)
                 for ids in prep.prompts:
@@ -395,8 +464,10 @@ class Api:
 class _Prepared:
     prompts: list                   # token ids per prompt
     family: str | None = None       # tool-call family when tools are on
+    tools: list = dataclasses.field(default_factory=list)   # the tools offered (their schemas)
     think: bool = False             # split <think> reasoning out
     think_inside: bool = False      # the prompt opened the think block
+    harmony: bool = False           # gpt-oss's channels: analysis / final / calls (text/harmony.py)
     constraint: object = None       # grammar.Constraint in its start state (each choice a copy)
     what: str = ""                  # the field the grammar came from (errors name it)
 
@@ -414,6 +485,9 @@ def _prepare(lm, p, chat):
     if chat:
         template = lm.template_source()
         messages = tools.messages_for_template(p["messages"])
+        prep.harmony = harmony.is_harmony(template)
+        if prep.harmony:
+            messages = harmony.messages_for_template(messages)
         kwargs = p["template_kwargs"]
         bad = sorted(k for k in kwargs if k in _RESERVED_TEMPLATE_VARS or not k.isidentifier())
         if bad:
@@ -424,6 +498,7 @@ def _prepare(lm, p, chat):
             use = [t for t in use if t["function"]["name"] == p["tool_choice"]]
         if use:
             prep.family = tools.family_of(template)
+            prep.tools = use
             if tools.template_takes_tools(template):
                 kwargs = dict(kwargs, tools=use)
             else:
@@ -440,8 +515,8 @@ def _prepare(lm, p, chat):
                     args_style=tools.mistral_args_style(template), token=_special_token(tok)), "tools")
         ids = lm.encode_chat(messages, **kwargs)
         prep.prompts.append(ids)
-        prep.think = p["reasoning"] and reasoning.OPEN in template
-        if prep.think:
+        prep.think = p["reasoning"] and (prep.harmony or reasoning.OPEN in template)
+        if prep.think and not prep.harmony:
             prep.think_inside = reasoning.starts_inside(tok.decode(ids[-8:], special=True))
     else:
         for prompt in p["prompts"]:
@@ -515,8 +590,9 @@ class _Choice:
         self.unsent = []            # records not yet in a stream chunk
         self.done = False
         self.prep = prep
-        self.think = reasoning.ThinkSplitter(prep.think_inside) if prep.think else None
-        self.calls = tools.StreamSplitter(prep.family) if prep.family else None
+        self.harmony = harmony.HarmonyStream(prep.think, bool(prep.family)) if prep.harmony else None
+        self.think = reasoning.ThinkSplitter(prep.think_inside) if prep.think and not self.harmony else None
+        self.calls = tools.StreamSplitter(prep.family, prep.tools) if prep.family and not self.harmony else None
 
     def add(self, out):
         eog = self.tok.eog_ids
@@ -529,6 +605,8 @@ class _Choice:
 
     def stream_delta(self, text):
         """(reasoning delta, content delta) of newly generated text."""
+        if self.harmony:
+            return self.harmony.push(text)
         r, c = self.think.push(text) if self.think else ("", text)
         if self.calls:
             c = self.calls.push(c)
@@ -536,6 +614,9 @@ class _Choice:
 
     def stream_end(self):
         """(reasoning, content, calls) left at the end of a stream."""
+        if self.harmony:
+            r, c, pairs = self.harmony.finish()
+            return r, c, [tools.make_call(name, args) for name, args in pairs]
         r, c = self.think.flush() if self.think else ("", "")
         calls = []
         if self.calls:
@@ -547,10 +628,13 @@ class _Choice:
     def result(self):
         """(reasoning or None, content, calls) of the whole reply."""
         text = "".join(self.pieces)
+        if self.harmony:
+            r, c, pairs = harmony.parse(text, self.prep.think, bool(self.prep.family))
+            return r, c, [tools.make_call(name, args) for name, args in pairs]
         r, c = reasoning.split(text, self.prep.think_inside) if self.think else (None, text)
         calls = []
         if self.calls:
-            c, calls = tools.parse(self.prep.family, c)
+            c, calls = tools.parse(self.prep.family, c, self.prep.tools)
         return r, c, calls
 
     def finish_reason(self, calls):

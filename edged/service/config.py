@@ -8,6 +8,7 @@ reason, so start-up (or a SIGHUP reload) fails clearly.
 import dataclasses
 import grp
 import os
+import pwd
 import re
 from typing import Annotated, Literal
 
@@ -22,6 +23,7 @@ from pydantic import AfterValidator, BeforeValidator, Field, StrictBool, StrictI
 from ..engine.kvcache import CACHE_TYPES
 from ..errors import ConfigError, RequestError
 from ..trust.store import DEFAULT_REVOKED_FILE
+from .names import check_model_name
 
 DEFAULT_PATH = "/etc/edged/edged.toml"
 
@@ -197,7 +199,6 @@ def _principal(value):
 
 
 def _model_names(value):
-    from .names import check_model_name
     for name in value:
         try:
             check_model_name(name)
@@ -303,7 +304,6 @@ def _resolve(x, kind):
     if isinstance(x, int):
         return x
     if (kind, x) not in _RESOLVED:
-        import pwd
         try:
             _RESOLVED[kind, x] = (pwd.getpwnam(x).pw_uid if kind == "user" else grp.getgrnam(x).gr_gid)
         except (KeyError, OSError):
@@ -341,7 +341,6 @@ def load(path=None, overrides=None):
         values[key] = value
     values = _validate(values)
     if values["default_model"]:
-        from .names import check_model_name
         try:
             check_model_name(values["default_model"])
         except RequestError as e:

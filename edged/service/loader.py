@@ -8,7 +8,10 @@ import os
 import threading
 import time
 
+from ..engine.model import Model
 from ..errors import EdgedError, RequestError
+from ..text.chat import template_for
+from ..trust import verify
 
 
 class LoadedModel:
@@ -47,7 +50,6 @@ class LoadedModel:
     def template_source(self):
         """The chat template requests to this model render (operator's file or the model's)."""
         if self._template is None:
-            from ..text.chat import template_for
             self._template = template_for(self.model.file, template_file=self.template_file)
         return self._template
 
@@ -117,8 +119,6 @@ class Loader:
         opens the model through open_verified again, which the verification cache answers
         without re-hashing an unchanged file (a replaced file misses the cache and is verified
         afresh), and maps that very descriptor up to the signed length."""
-        from ..trust import verify
-        from ..engine.model import Model
 
         cfg = self.cfg
         t0 = time.monotonic()
@@ -144,6 +144,11 @@ class Loader:
     def warm(self, lm):
         """One forward pass so the first request does not pay for page faults and allocation."""
         t0 = time.monotonic()
+        if lm.model.encoder is not None:        # an embedding model: no sessions
+            if self.cfg.warmup:
+                lm.model.embed([[lm.tokenizer.bos_id or 0]], pooling="cls")
+            lm.timings["warmup"] = time.monotonic() - t0
+            return
         s = lm.model.session(n_ctx=lm.n_ctx)
         if self.cfg.warmup:
             tok = lm.tokenizer.bos_id

@@ -156,6 +156,9 @@ class ChatRequest(_Common):
     parallel_tool_calls: bool = True
     chat_template_kwargs: dict[str, Any] | None = None
     reasoning_format: Literal["none", "auto", "deepseek", "deepseek-legacy"] | None = None
+    # OpenAI's; given to the chat template as `reasoning_effort` (gpt-oss reads it), unless
+    # chat_template_kwargs sets it (completions ignore it)
+    reasoning_effort: Literal["minimal", "low", "medium", "high"] | None = None
 
 
 class CompletionRequest(_Common):
@@ -163,6 +166,21 @@ class CompletionRequest(_Common):
     logprobs: _num("logprobs", True) | None = None
     echo: bool = False
     suffix: str | None = None
+
+
+class EmbeddingRequest(_Strict):
+    input: Union[str, list[str], list[int], list[list[int]]]
+    model: str | None = None
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: Annotated[int, Field(ge=1)] | None = None
+    pooling: Literal["mean", "cls", "last", "none"] | None = None   # edged: the file's by default
+
+
+class LlamaEmbeddingRequest(_Strict):
+    """llama-server's POST /embedding."""
+    content: Union[str, list[str], list[int], list[list[int]]]
+    model: str | None = None
+    pooling: Literal["mean", "cls", "last", "none"] | None = None
 
 
 CHAT_FIELDS = frozenset(ChatRequest.model_fields) | IGNORED          # every field a chat request may have
@@ -192,8 +210,10 @@ def _message(err, where):
         return f"unsupported field '{where}'"
     if kind == "missing":
         return f"'{where}' is required"
-    if where.startswith("prompt"):
-        return "'prompt' must be a string, a list of token ids, or a list of strings or of token-id lists"
+    if where.startswith(("prompt", "input", "content")):
+        field = where.split("[")[0].split(".")[0]
+        return (f"'{field}' must be a string, a list of token ids, or a list of strings or of "
+                "token-id lists")
     leaf = where.rsplit(".", 1)[-1]
     if kind in ("greater_than_equal", "less_than_equal") and leaf in BOUNDS:
         lo, hi = BOUNDS[leaf]
@@ -217,7 +237,8 @@ def _validate(cls, body):
     if extra:
         raise RequestError(f"unsupported field(s): {', '.join(extra)}", param=extra[0])
     try:
-        return cls.model_validate({k: v for k, v in body.items() if k not in IGNORED})
+        return cls.model_validate({k: v for k, v in body.items()
+                                   if k not in IGNORED or k in cls.model_fields})
     except pydantic.ValidationError as e:
         errs = e.errors(include_url=False)
         # a union reports one error per member; the member that got furthest names the field
@@ -287,3 +308,29 @@ def validate(body, chat):
         raise RequestError("'response_format.json_schema.schema' is required for type json_schema",
                            param="response_format.json_schema.schema")
     return req
+
+
+MAX_EMBEDDING_INPUTS = 2048     # OpenAI's limit of inputs per embeddings request
+
+
+def validate_embeddings(body, llama=False):
+    """The body of POST /v1/embeddings (llama: llama-server's /embedding); RequestError naming
+    the field."""
+    if not isinstance(body, dict):
+        raise RequestError("request body must be a JSON object")
+    req = _validate(LlamaEmbeddingRequest if llama else EmbeddingRequest, body)
+    if req.model is not None:
+        check_model_name(req.model)
+    field = "content" if llama else "input"
+    inputs = getattr(req, field)
+    if isinstance(inputs, str) or (inputs and isinstance(inputs[0], int)):
+        inputs = [inputs]
+    if not inputs:
+        raise RequestError(f"'{field}' must not be empty", param=field)
+    if len(inputs) > MAX_EMBEDDING_INPUTS:
+        raise RequestError(f"'{field}' has {len(inputs)} inputs, more than {MAX_EMBEDDING_INPUTS}",
+                           param=field)
+    for i, x in enumerate(inputs):
+        if not x:
+            raise RequestError(f"'{field}[{i}]' is empty", param=f"{field}[{i}]")
+    return req, inputs

@@ -2,7 +2,8 @@
 
 `tokenizer.ggml.model` picks the algorithm: "llama" is SentencePiece-style BPE over scores with
 byte fallback; "gpt2" is byte-level BPE over `tokenizer.ggml.merges`, with the pre-tokenizer
-(the word-splitting regexes) chosen by `tokenizer.ggml.pre`. Token types, special ids, the
+(the word-splitting regexes) chosen by `tokenizer.ggml.pre`; "bert" is WordPiece
+(text/wordpiece.py: [CLS] ... [SEP], lowercasing as the GGUF says). Token types, special ids, the
 end-of-generation set and the special-token partitioning follow llama.cpp's llama-vocab so
 that ids match its own test suite. The splitting and merge loops are compiled (edged._bpe).
 
@@ -18,6 +19,7 @@ import numpy as np
 
 from ..errors import TokenizerError
 from ..format.gguf import GGUFFile, Key
+from .wordpiece import WordPiece
 
 try:
     from .. import _bpe
@@ -55,7 +57,7 @@ _TYPE_ATTR = {TokenType.UNDEFINED: 0, TokenType.NORMAL: A_NORMAL, TokenType.UNKN
 # --- pre-tokenizers --------------------------------------------------------------------------
 # Each is a list of ops applied in turn (op, class, ranges); see cython_kernels/text/bpe.pyx.
 (OP_GPT2, OP_LLAMA3, OP_QWEN2, OP_QWEN35, OP_RUN, OP_ONE, OP_WS_RUN, OP_TRAIL_WS, OP_DIGITS3,
- OP_NEWLINES) = range(1, 11)
+ OP_NEWLINES, OP_GPT4O) = range(1, 12)
 CL_N, CL_L, CL_P, CL_P_DEFAULT, CL_P_FALCON, CL_CRLF, CL_RANGES = range(1, 8)
 
 # literal character classes of the deepseek-llm / deepseek-coder regexes, as code point ranges
@@ -125,6 +127,8 @@ _GROUPS = [
       "megrez", "grok-2"), [(OP_QWEN2, 0, None)], {}),
     (("qwen35",), [(OP_QWEN35, 0, None)], {}),
     (("laguna",), [(OP_NEWLINES, 0, None), (OP_QWEN2, 0, None)], {}),
+    # o200k: gpt-oss, GPT-4o-style vocabularies (llama.cpp's LLAMA_VOCAB_PRE_TYPE_GPT4O)
+    (("gpt-4o", "llama4", "kanana2", "talkie"), [(OP_GPT4O, 0, None)], {}),
 ]
 PRE_TOKENIZERS = {name: PreSpec(name, ops, **kw) for names, ops, kw in _GROUPS for name in names}
 
@@ -173,9 +177,10 @@ class Tokenizer:
         self.name = name
         md = metadata
         self.model = self._str(md, Key.TOKENIZER_MODEL, required=True)
-        if self.model not in ("llama", "gpt2"):
+        if self.model not in ("llama", "gpt2", "bert"):
             _fail(name, f"tokenizer model {self.model!r} ({Key.TOKENIZER_MODEL}) is not supported "
-                        "(supported: 'llama' SentencePiece BPE, 'gpt2' byte-level BPE)")
+                        "(supported: 'llama' SentencePiece BPE, 'gpt2' byte-level BPE, 'bert' "
+                        "WordPiece)")
         self._read_tokens(md)
         attr = self._read_types(md)
         special, spec = self._read_settings(md, allow_unknown_pre)
@@ -185,6 +190,9 @@ class Tokenizer:
             _fail(name, f"{Key.ADD_BOS} is set but the vocabulary has no BOS token")
         if self.add_eos and special["eos"] is None:
             _fail(name, f"{Key.ADD_EOS} is set but the vocabulary has no EOS token")
+        if self.model == "bert" and (special["unk"] is None or special["sep"] is None):
+            _fail(name, f"a 'bert' vocabulary needs an unknown token ({Key.UNK_ID}) and a "
+                        f"separator ({Key.SEP_ID})")
         self.bos_id, self.eos_id, self.eot_id = special["bos"], special["eos"], special["eot"]
         self.eom_id, self.unk_id, self.pad_id = special["eom"], special["unk"], special["pad"]
         self.sep_id, self.mask_id = special["sep"], special["mask"]
@@ -244,6 +252,11 @@ class Tokenizer:
             self.pre = "default" if pre_name is None else pre_name
             add_bos, add_eos, self.add_space_prefix = True, False, True
             spec = None
+        elif self.model == "bert":                     # llama.cpp's WPM defaults: [CLS] ... [SEP]
+            special.update(bos=101, unk=100, sep=102, pad=0, mask=103)
+            self.pre = "default" if pre_name is None else pre_name
+            add_bos, add_eos, self.add_space_prefix = True, False, False
+            spec = None
         else:
             special.update(bos=11, eos=11)
             if pre_name is None:
@@ -285,14 +298,17 @@ class Tokenizer:
                             name, key, int(v), n)
                 continue
             special[slot] = int(v)
-        for key in (Key.ADD_BOS, Key.ADD_EOS):
+        add_sep = self.model == "bert"
+        for key in (Key.ADD_BOS, Key.ADD_EOS, Key.ADD_SEP):
             v = self._bool(md, key)
             if v is not None:
                 if key == Key.ADD_BOS:
                     add_bos = v
-                else:
+                elif key == Key.ADD_EOS:
                     add_eos = v
-        self.add_bos, self.add_eos = add_bos, add_eos
+                else:
+                    add_sep = v
+        self.add_bos, self.add_eos, self.add_sep = add_bos, add_eos, add_sep
         return special, spec
 
     def _end_of_generation(self, special, attr):
@@ -374,9 +390,17 @@ class Tokenizer:
         self._groups_user = self._group(self._special_user)
 
     def _build_model(self, md, spec):
-        """The compiled segmenter: SentencePiece BPE (llama) or byte-level BPE (gpt2)."""
+        """The segmenter: compiled SentencePiece BPE (llama) or byte-level BPE (gpt2), or
+        WordPiece (bert)."""
         texts = self._text
-        if self.model == "llama":
+        self._wpm = None
+        if self.model == "bert":
+            lower = self._bool(md, Key.NORMALIZER_LOWERCASE)
+            lower = True if lower is None else lower
+            strip = self._bool(md, Key.NORMALIZER_STRIP_ACCENTS)
+            self._wpm = WordPiece(self._id, self.unk_id, lower, lower if strip is None else strip)
+            self._spm = self._bpe = None
+        elif self.model == "llama":
             byte_tokens = []
             for b in range(256):
                 t = self._id.get(f"<0x{b:02X}>")
@@ -385,8 +409,7 @@ class Tokenizer:
                 if t is None:                          # none: <unk>, or the byte is dropped
                     t = self.unk_id if self.unk_id is not None else -1
                 byte_tokens.append(t)
-            self._spm = _bpe.SPMModel([t.encode("utf-8", "surrogateescape") for t in texts],
-                                      self._scores.tolist(), byte_tokens)
+            self._spm = _bpe.SPMModel(texts, self._scores, byte_tokens)
             # words can be merged one by one when no token joins a character to a following
             # U+2581 (true of SentencePiece vocabularies split on whitespace)
             self._spm_words = not any("\u2581" in t[1:] and re.search("[^\u2581]\u2581", t)
@@ -456,7 +479,7 @@ class Tokenizer:
         if a & (A_UNKNOWN | A_CONTROL | A_USER_DEFINED):
             return t.encode("utf-8", "surrogateescape")
         if a & A_NORMAL:
-            if self.model == "llama":
+            if self.model in ("llama", "bert"):
                 return t.replace("\u2581", " ").encode("utf-8", "surrogateescape")
             raw = _bpe.byte_level_decode([t])[0]
             return raw if raw is not None else t.encode("utf-8", "surrogateescape")
@@ -571,6 +594,12 @@ class Tokenizer:
         if add_special and self.add_bos:
             out.append(self.bos_id)
         frags = self._partition(text, parse_special)
+        if self._wpm is not None:
+            for frag in frags:
+                out += [frag] if type(frag) is int else self._wpm.encode(frag)
+            if add_special and self.add_sep:
+                out.append(self.sep_id)
+            return out
         if self._spm is not None:
             prev_special = True                        # a space before the first text, and after specials
             for frag in frags:
@@ -629,7 +658,7 @@ class Tokenizer:
     def decode_bytes(self, ids, special=False):
         """The bytes of `ids` concatenated; SPM's added leading space is removed at the start."""
         out = []
-        strip = self.add_space_prefix
+        strip = self.add_space_prefix or self._wpm is not None   # WordPiece: word-start U+2581
         for i in ids:
             p = self._piece_for_text(int(i), special)
             if strip and p:

@@ -5,12 +5,19 @@ chat parsers do), parsed out of the reply into OpenAI's `tool_calls`, and, for `
 Families (the marker that identifies each in a template, and the call format):
 - hermes   `<tool_call>`: Qwen 2.5 / Qwen 3, Hermes 2 Pro / 3, Granite 4:
            `<tool_call>\\n{"name": N, "arguments": {...}}\\n</tool_call>`, one block per call
+- qwen3coder  `<tool_call>` with `<function=` and `<parameter=`: Qwen3-Coder, Qwen3.5 (and
+           Nemotron Nano 3), XML-style, one block per call:
+           `<tool_call>\\n<function=N>\\n<parameter=A>\\nVALUE\\n</parameter>\\n</function>\\n</tool_call>`;
+           a VALUE is raw text, typed by the tool's JSON schema (a string parameter keeps the
+           text; numbers, booleans, null, objects and arrays are parsed as JSON)
 - llama3   `<|python_tag|>` or a Llama 3 header template that takes tools: a JSON object
            `{"name": N, "parameters": {...}}`, optionally after `<|python_tag|>`
 - mistral  `[TOOL_CALLS]`: `[TOOL_CALLS][{"name": N, "arguments": {...}}, ...]` (Nemo) or
            `[TOOL_CALLS]N[ARGS]{...}` per call (Small 3.2, Devstral, Ministral 3)
 - phi4     `<|tool_call|>`: Phi-4-mini, Granite 3.x: `<|tool_call|>[{"name": N, "arguments": {...}}]`
            (Phi closes with `<|/tool_call|>`)
+- harmony  `<|channel|>` (gpt-oss): `<|channel|>commentary to=functions.N <|constrain|>json<|message|>{...}`;
+           edged/text/harmony.py parses it along with the reasoning
 - generic  any other template: the tools are described in a system message and the model
            answers `{"tool_calls": [{"name": N, "arguments": {...}}]}` (llama-server's generic
            format); a reply that is not such JSON is plain content.
@@ -22,9 +29,10 @@ import json
 import re
 import secrets
 
+from . import harmony
 from .grammar import JSON_LAYOUT
 
-FAMILIES = ("hermes", "llama3", "mistral", "phi4", "generic")
+FAMILIES = ("hermes", "qwen3coder", "llama3", "mistral", "phi4", "harmony", "generic")
 
 _HERMES_OPEN, _HERMES_CLOSE = "<tool_call>", "</tool_call>"
 _PYTHON_TAG = "<|python_tag|>"
@@ -32,11 +40,19 @@ _MISTRAL = "[TOOL_CALLS]"
 _MISTRAL_ARGS = "[ARGS]"
 _MISTRAL_ID = "[CALL_ID]"
 _PHI_OPEN, _PHI_CLOSE = "<|tool_call|>", "<|/tool_call|>"
+_XML_FUNCTION, _XML_FUNCTION_CLOSE = "<function=", "</function>"
+_XML_PARAM, _XML_PARAM_CLOSE = "<parameter=", "</parameter>"
 
 
 def family_of(template):
     """The tool-call family of a chat template's source (generic when it has no marker)."""
     t = template or ""
+    if harmony.is_harmony(t):
+        return "harmony"
+    # llama.cpp's test, including its exclusion of templates without newlines between tags
+    if _HERMES_OPEN in t and _XML_FUNCTION in t and _XML_PARAM in t and \
+            "'<tool_call><function=' ~ tool_call.name ~ '>'" not in t:
+        return "qwen3coder"
     if _HERMES_OPEN in t:
         return "hermes"
     if _MISTRAL in t:
@@ -106,7 +122,8 @@ def new_call_id(family=None):
 _ALNUM = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"
 
 
-def _call(name, args, call_id=None, family=None):
+def make_call(name, args, call_id=None, family=None):
+    """One OpenAI tool call; args: a JSON string as the model wrote it, or a value to encode."""
     if not isinstance(name, str) or not name:
         raise ValueError("a call without a name")
     if args is None:
@@ -139,7 +156,7 @@ def _from_objects(values, args_keys=("arguments", "parameters"), family=None):
             if isinstance(obj.get("function"), dict):       # {"type": "function", "function": {...}}
                 obj = obj["function"]
             args = next((obj[k] for k in args_keys if k in obj), None)
-            calls.append(_call(obj.get("name"), args, obj.get("id"), family))
+            calls.append(make_call(obj.get("name"), args, obj.get("id"), family))
     return calls
 
 
@@ -190,7 +207,7 @@ def _mistral(text):
         if _MISTRAL_ID in head:
             head, call_id = head.split(_MISTRAL_ID, 1)
         values = _json_values(part[k + len(_MISTRAL_ARGS):])
-        calls.append(_call(head.strip(), values[0] if values else {}, call_id, "mistral"))
+        calls.append(make_call(head.strip(), values[0] if values else {}, call_id, "mistral"))
         for extra in values[1:]:
             calls += _from_objects([extra], family="mistral")
     return text[:start], calls
@@ -222,16 +239,96 @@ def _generic(text):
     return text, []
 
 
+def _schema_types(schema):
+    """The JSON types a parameter's schema allows (empty: not known)."""
+    if not isinstance(schema, dict):
+        return set()
+    t = schema.get("type")
+    types = {t} if isinstance(t, str) else set(t) if isinstance(t, list) else set()
+    for key in ("anyOf", "oneOf"):
+        for sub in schema.get(key) or ():
+            types |= _schema_types(sub)
+    if "enum" in schema and not types:
+        types = {"string" if isinstance(v, str) else "other" for v in schema["enum"]}
+    if "const" in schema and not types:
+        types = {"string" if isinstance(schema["const"], str) else "other"}
+    return types
+
+
+def _xml_value(raw, schema):
+    """A `<parameter=...>` value typed by its schema, as llama.cpp's Qwen3-Coder parser: only
+    a string parameter keeps the text; other types are parsed as JSON, a string among other
+    types is the fallback when the text is not JSON of them."""
+    types = _schema_types(schema)
+    if types == {"string"}:
+        return raw
+    try:
+        v = json.loads(raw)
+    except ValueError:
+        if types and "string" not in types:
+            raise ValueError(f"parameter value {raw[:40]!r} is not JSON of {sorted(types)}")
+        return raw
+    if "string" in types and isinstance(v, str):
+        return raw                      # "\"quoted\"" stays the text the model wrote
+    return v
+
+
+def _xml_elements(text, opener, closer):
+    """(name, body) of each `<opener NAME>body<closer>` in text, e.g. `<function=N>...</function>`."""
+    i = 0
+    while True:
+        i = text.find(opener, i)
+        if i < 0:
+            return
+        j, end = text.find(">", i), text.find(closer, i)
+        if j < 0 or end < 0 or j > end:
+            raise ValueError(f"an unclosed {opener}...>")
+        yield text[i + len(opener):j].strip(), text[j + 1:end]
+        i = end + len(closer)
+
+
+def _qwen3coder(text, tools=None):
+    """`<tool_call>\\n<function=N>\\n<parameter=A>\\nV\\n</parameter>\\n</function>\\n</tool_call>`
+    blocks; Qwen3-Coder sometimes leaves out the first `<tool_call>` (llama.cpp accepts that)."""
+    start = text.find(_HERMES_OPEN)
+    fn = text.find(_XML_FUNCTION)
+    if fn >= 0 and (start < 0 or fn < start):
+        start = fn
+    if start < 0:
+        return text, []
+    props = {}
+    for t in tools or ():
+        f = t.get("function") or {}
+        props[f.get("name")] = ((f.get("parameters") or {}).get("properties") or {})
+    calls = []
+    for name, body in _xml_elements(text[start:], _XML_FUNCTION, _XML_FUNCTION_CLOSE):
+        args = {}
+        for arg, raw in _xml_elements(body, _XML_PARAM, _XML_PARAM_CLOSE):
+            arg = arg.strip("\"'")
+            raw = raw[1:] if raw.startswith("\n") else raw
+            raw = raw[:-1] if raw.endswith("\n") else raw
+            args[arg] = _xml_value(raw, props.get(name, {}).get(arg))
+        calls.append(_call(name, args))
+    return text[:start], calls
+
+
+def _harmony(text):
+    _, content, pairs = harmony.parse(text, reasoning=False)
+    return content, [make_call(name, args) for name, args in pairs]
+
+
 _PARSERS = {"hermes": _hermes, "llama3": _llama3, "mistral": _mistral, "phi4": _phi4,
-            "generic": _generic}
+            "harmony": _harmony, "generic": _generic}
 
 
-def parse(family, text):
+def parse(family, text, tools=None):
     """(content, calls) of a complete reply: the text before the first call (stripped of
     trailing white space when calls follow) and OpenAI-shaped tool_calls. A reply whose calls
-    do not parse is all content."""
+    do not parse is all content. tools: the request's tools (the qwen3coder family types
+    argument values by their schemas)."""
     try:
-        content, calls = _PARSERS[family](text)
+        content, calls = _qwen3coder(text, tools) if family == "qwen3coder" else \
+            _PARSERS[family](text)
     except (ValueError, TypeError, KeyError):
         return text, []
     if calls:
@@ -242,16 +339,17 @@ def parse(family, text):
 def markers(family):
     """Strings whose appearance in the reply starts the tool-call part (streaming holds text
     back from there on); the generic family's whole reply is JSON, so it starts with `{`."""
-    return {"hermes": (_HERMES_OPEN,), "llama3": (_PYTHON_TAG, '{"name"', '{"type"'),
-            "mistral": (_MISTRAL,), "phi4": (_PHI_OPEN,), "generic": ()}[family]
+    return {"hermes": (_HERMES_OPEN,), "qwen3coder": (_HERMES_OPEN, _XML_FUNCTION),
+            "llama3": (_PYTHON_TAG, '{"name"', '{"type"'), "mistral": (_MISTRAL,), "phi4": (_PHI_OPEN,),
+            "harmony": (harmony.CHANNEL,), "generic": ()}[family]
 
 
 class StreamSplitter:
     """Streams the content of a reply while holding back its tool calls: push(text) returns the
     text that is surely content; finish() returns (the rest of the content, calls)."""
 
-    def __init__(self, family):
-        self.family = family
+    def __init__(self, family, tools=None):
+        self.family, self.tools = family, tools
         self.markers = markers(family)
         self.text = ""
         self.sent = 0               # characters of self.text given out as content
@@ -284,7 +382,7 @@ class StreamSplitter:
         return out
 
     def finish(self):
-        content, calls = parse(self.family, self.text)
+        content, calls = parse(self.family, self.text, self.tools)
         if not calls:
             return self.text[self.sent:], []
         return content[self.sent:] if len(content) > self.sent else "", calls
@@ -324,11 +422,19 @@ def call_grammar(family, tools, parallel=True, args_style=False, token=None):
         return token(s) or _lit(s)
 
     many = "+" if parallel else ""
+    if family == "qwen3coder":
+        return _xml_call_grammar(tools, parallel, mark)
     if family == "hermes":
         body = f'{mark(_HERMES_OPEN)} "\\n" {_json(_call_schema(tools))} "\\n" {mark(_HERMES_CLOSE)}'
         return f"start: call ({_lit(chr(10))} call)*\ncall: {body}\n" if parallel else f"start: {body}\n"
     if family == "llama3":
         return f"start: {_json(_call_schema(tools, 'parameters'))}\n"
+    if family == "harmony":  # one call per message; a reply with calls ends after the first
+        alts = " | ".join(f'{mark(harmony.CHANNEL)} {_lit("commentary to=functions." + t["function"]["name"] + " ")} '
+                          f'{mark(harmony.CONSTRAIN)} "json" {mark(harmony.MESSAGE)} '
+                          f'{_json(t["function"].get("parameters") or {"type": "object"})}'
+                          for t in tools)
+        return f"start: {alts}\n"
     if family == "mistral" and args_style:
         alts = " | ".join(f'{_lit(t["function"]["name"])} {mark(_MISTRAL_ARGS)} '
                           f'{_json(t["function"].get("parameters") or {"type": "object"})}'
@@ -344,3 +450,32 @@ def call_grammar(family, tools, parallel=True, args_style=False, token=None):
     schema = {"type": "object", "properties": {"tool_calls": items}, "required": ["tool_calls"],
               "additionalProperties": False}
     return f"start: {_json(schema)}\n"
+
+
+def _xml_call_grammar(tools, parallel, mark):
+    """Qwen3-Coder's XML calls: each parameter of the schema in order (the required ones
+    always, the others optional); a string value is any text up to the closing tag (a lazy
+    rule, at most maxLength characters), any other value JSON of its schema."""
+    rules, alts = [], []
+    for n, t in enumerate(tools):
+        fn = t["function"]
+        params = fn.get("parameters") or {}
+        required = set(params.get("required") or ())
+        parts = []
+        for m, (arg, schema) in enumerate((params.get("properties") or {}).items()):
+            if _schema_types(schema) == {"string"}:
+                value = f"s{n}_{m}"
+                most = schema.get("maxLength")
+                rep = f"{{0,{int(most)}}}" if isinstance(most, int) and most >= 0 else "*"
+                rules.append(f"{value}[lazy]: /(.|\\n){rep}/ {_lit(chr(10) + _XML_PARAM_CLOSE)}")
+            else:
+                value = f"{_json(schema if isinstance(schema, dict) else {})} " \
+                        f"{_lit(chr(10) + _XML_PARAM_CLOSE)}"
+            p = f'({_lit(_XML_PARAM + arg + ">" + chr(10))} {value} "\\n")'
+            parts.append(p if arg in required else p + "?")
+        rules.append(f"f{n}: {_lit(_XML_FUNCTION + fn['name'] + '>' + chr(10))} {' '.join(parts)} "
+                     f"{_lit(_XML_FUNCTION_CLOSE + chr(10))}")
+        alts.append(f"f{n}")
+    call = f'{mark(_HERMES_OPEN)} "\\n" ({" | ".join(alts)}) {mark("</tool_call>")}'
+    start = f'start: call ("\\n" call)*' if parallel else "start: call"
+    return "\n".join([start, f"call: {call}"] + rules) + "\n"

@@ -1,6 +1,6 @@
 """edged.format.quants against independent oracles: the PyPI gguf package's dequantize (bit for bit on
 random valid blocks) and llama.cpp's own quantizer output (synthetic-llama-<TYPE>.gguf made by
-llama-quantize from synthetic-llama-f32.gguf)."""
+llama-quantize from synthetic-llama-f32.gguf; IQ4_NL / IQ4_XS / MXFP4 in test_kernels_table_types.py)."""
 import numpy as np
 import pytest
 
@@ -13,7 +13,7 @@ from edged.format.gguf import GGMLType, GGUFFile, TYPE_INFO  # noqa: E402
 
 ALL = [GGMLType.F32, GGMLType.F16, GGMLType.BF16, GGMLType.Q8_0, GGMLType.Q4_0, GGMLType.Q4_1,
        GGMLType.Q5_0, GGMLType.Q5_1, GGMLType.Q2_K, GGMLType.Q3_K, GGMLType.Q4_K, GGMLType.Q5_K,
-       GGMLType.Q6_K]
+       GGMLType.Q6_K, GGMLType.IQ4_NL, GGMLType.IQ4_XS, GGMLType.MXFP4]
 BLOCK32 = [GGMLType.Q8_0, GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0, GGMLType.Q5_1]
 KQUANTS = [GGMLType.Q2_K, GGMLType.Q3_K, GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K]
 
@@ -30,7 +30,8 @@ def random_blocks(t, n_blocks, rng):
     raw = rng.integers(0, 256, size=(n_blocks, info.type_size), dtype=np.uint8)
     halves = {GGMLType.Q8_0: [0], GGMLType.Q4_0: [0], GGMLType.Q5_0: [0], GGMLType.Q4_1: [0, 2],
               GGMLType.Q5_1: [0, 2], GGMLType.Q2_K: [80, 82], GGMLType.Q3_K: [108],
-              GGMLType.Q4_K: [0, 2], GGMLType.Q5_K: [0, 2], GGMLType.Q6_K: [208]}[t]
+              GGMLType.Q4_K: [0, 2], GGMLType.Q5_K: [0, 2], GGMLType.Q6_K: [208],
+              GGMLType.IQ4_NL: [0], GGMLType.IQ4_XS: [0], GGMLType.MXFP4: []}[t]
     for off in halves:
         h = (rng.standard_normal(n_blocks) * 0.05).astype(np.float16)
         raw[:, off:off + 2] = h.view(np.uint8).reshape(n_blocks, 2)

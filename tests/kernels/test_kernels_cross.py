@@ -1,4 +1,4 @@
-"""tests/kernels/c/kernels_check.c: every SIMD path against the generic C path, all 13 types, dots and
+"""tests/kernels/c/kernels_check.c: every SIMD path against the generic C path, all 16 types, dots and
 tiles, and attention over quantized KV caches (q8_0/q4_0 K and V). Native build always; an
 aarch64 build under qemu (NEON path) when aarch64-linux-gnu-gcc and qemu-aarch64(-static) are
 installed (tools/bootstrap.sh)."""
@@ -53,25 +53,25 @@ def test_neon_path_matches_generic_under_qemu(tmp_path):
     assert r.returncode == 0, r.stdout + r.stderr
     assert "dotprod" in r.stdout.splitlines()[0]  # the dotprod variant ran
     lines = [l for l in r.stdout.splitlines() if l.startswith("neon ") and " panels " not in l]
-    assert len(lines) == 13 and all(l.endswith(" ok") for l in lines), r.stdout
-    # dotprod has the packed panels for the ten quantized types (each also checked in an ok line)
-    assert sum(" panels " in l for l in r.stdout.splitlines() if l.startswith("neon ")) == 10, r.stdout
+    assert len(lines) == 16 and all(l.endswith(" ok") for l in lines), r.stdout
+    # dotprod has the packed panels for the 13 quantized types (each also checked in an ok line)
+    assert sum(" panels " in l for l in r.stdout.splitlines() if l.startswith("neon ")) == 13, r.stdout
     # baseline Advanced SIMD (Cortex-A72, Raspberry Pi 4: no dotprod)
     a72 = subprocess.run([qemu, "-cpu", "cortex-a72", str(tmp_path / "check-arm64")],
                          capture_output=True, text=True, timeout=600)
     assert a72.returncode == 0 and "dotprod" not in a72.stdout.splitlines()[0], a72.stdout
-    assert sum(l.startswith("neon ") and l.endswith(" ok") for l in a72.stdout.splitlines()) == 13
+    assert sum(l.startswith("neon ") and l.endswith(" ok") for l in a72.stdout.splitlines()) == 16
     assert " panels " not in a72.stdout  # no panel kernel without dotprod: the row tiles
     # every type has a NEON dot (none left on the generic C loop) and a tile that is ED_MDOT_SAME
     # (equal to the one-token dot bit for bit), and both variants give the same bits (the dots'
     # and tiles' results, digested per type; the panels are dotprod-only and not in the digest)
     digests = lambda out: [l for l in out.splitlines() if l.startswith("digest neon ")]  # noqa: E731
-    assert len(digests(r.stdout)) == 13 and all(" simd-dot" in l for l in digests(r.stdout)), r.stdout
+    assert len(digests(r.stdout)) == 16 and all(" simd-dot" in l for l in digests(r.stdout)), r.stdout
     assert all(l.endswith(" same-ok") for l in digests(r.stdout)), r.stdout
     assert digests(a72.stdout) == digests(r.stdout), (r.stdout, a72.stdout)
     # forcing "neon-dotprod" on a dotprod CPU selects the table a CPU without dotprod runs
     nd = lambda out: [l for l in out.splitlines() if l.startswith("digest neonnd ")]  # noqa: E731
-    assert len(nd(r.stdout)) == 13 and nd(r.stdout) == nd(a72.stdout), (r.stdout, a72.stdout)
+    assert len(nd(r.stdout)) == 16 and nd(r.stdout) == nd(a72.stdout), (r.stdout, a72.stdout)
     # attention over quantized KV caches on both NEON variants (and generic) under emulation
     for out in (r.stdout, a72.stdout):
         kv = [l for l in out.splitlines() if l.startswith("kvcache ")]
@@ -81,4 +81,4 @@ def test_neon_path_matches_generic_under_qemu(tmp_path):
     if native_cc:
         n = build_and_run(native_cc, tmp_path / "check")
         quant = lambda out: [l for l in out.splitlines() if l.startswith("quant ")]  # noqa: E731
-        assert len(quant(r.stdout)) == 10 and quant(r.stdout) == quant(n.stdout)
+        assert len(quant(r.stdout)) == 13 and quant(r.stdout) == quant(n.stdout)

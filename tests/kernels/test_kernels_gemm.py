@@ -7,12 +7,15 @@ import pytest
 
 from conftest import testdata
 from edged.format.gguf import GGMLType, TYPE_INFO
-from test_kernels_matmul import check_matmul, random_weights
+from matmul_reference import check_matmul, random_weights
 
 core = pytest.importorskip("edged._core")
 
 PACKED = [GGMLType.Q8_0, GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0, GGMLType.Q5_1,
-          GGMLType.Q2_K, GGMLType.Q3_K, GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K]
+          GGMLType.Q2_K, GGMLType.Q3_K, GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K,
+          GGMLType.IQ4_NL, GGMLType.IQ4_XS, GGMLType.MXFP4]
+# u = weight + 128 spans 1..241: the u8 x s8 pairs need VNNI's exact sums (ed_gemm_traits.wide)
+WIDE = (GGMLType.Q8_0, GGMLType.IQ4_NL, GGMLType.IQ4_XS)
 PANEL_PATHS = [p for p in core.available_paths() if p in ("avx2", "avx512")]
 VNNI = "avx512vnni" in core.cpu_features()
 
@@ -29,9 +32,9 @@ def panels(request):
 
 
 def test_panel_types(panels):
-    # without VNNI the u8 x s8 pairs sum in i16, so Q8_0 (bytes up to 255) keeps the row tiles
+    # without VNNI the u8 x s8 pairs sum in i16, so the wide types keep the row tiles
     vnni = VNNI if panels == "avx512" else "avxvnni" in core.cpu_features()
-    want = PACKED if vnni else [t for t in PACKED if t != GGMLType.Q8_0]
+    want = PACKED if vnni else [t for t in PACKED if t not in WIDE]
     assert sorted(core.gemm_types()) == sorted(int(t) for t in want)
     core.set_path("generic")
     assert core.gemm_types() == []

@@ -107,7 +107,7 @@ def test_silu_mul_every_path():
         assert np.array_equal(g.view(np.uint32), got["generic"].view(np.uint32)), path
 
 
-def attention_ref(q, k, v, pos, n_head, n_head_kv, scale, n_swa):
+def attention_ref(q, k, v, pos, n_head, n_head_kv, scale, n_swa, sinks=None):
     n, Qd = q.shape
     hd = Qd // n_head
     group = n_head // n_head_kv
@@ -122,8 +122,10 @@ def attention_ref(q, k, v, pos, n_head, n_head_kv, scale, n_swa):
             kk = k64[j0:p + 1, kvh * hd:(kvh + 1) * hd]
             vv = v64[j0:p + 1, kvh * hd:(kvh + 1) * hd]
             s = kk @ q16[t, h * hd:(h + 1) * hd] * scale
-            w = np.exp(s - s.max())
-            out[t, h * hd:(h + 1) * hd] = (w / w.sum()) @ vv
+            m = s.max() if sinks is None else max(s.max(), sinks[h])
+            w = np.exp(s - m)
+            total = w.sum() + (0.0 if sinks is None else np.exp(sinks[h] - m))  # no value
+            out[t, h * hd:(h + 1) * hd] = (w / total) @ vv
     return out
 
 
@@ -167,6 +169,26 @@ def test_attention_long(path, n_swa):
         core.attention(out, q, k, v, pos, n_head, n_head_kv, 1 / np.sqrt(hd), n_swa)
         ref = attention_ref(q, k, v, pos, n_head, n_head_kv, 1 / np.sqrt(hd), n_swa)
         np.testing.assert_allclose(out, ref, atol=TOL_ATTN)
+
+
+@pytest.mark.parametrize("n_head,n_head_kv,hd", [(8, 2, 64), (14, 2, 24), (2, 1, 12)])
+def test_attention_sinks(path, n_head, n_head_kv, hd):
+    """gpt-oss's sinks: one logit per head that joins the softmax and adds no value, in the
+    exact kernel (1 and 8 tokens) and the blocked one (a 150-token batch over key tiles),
+    with a window; sinks from far below to far above the scores."""
+    rng = np.random.default_rng(hd + n_head)
+    n_ctx = 300
+    k = rng.standard_normal((n_ctx, n_head_kv * hd)).astype(np.float16).view(np.uint16)
+    v = rng.standard_normal((n_ctx, n_head_kv * hd)).astype(np.float16).view(np.uint16)
+    sinks = np.linspace(-20.0, 8.0, n_head).astype(np.float32)
+    for pos, n, n_swa in [(0, 1, 0), (20, 8, 0), (0, 150, 0), (150, 150, 100)]:
+        q = (2 * rng.standard_normal((n, n_head * hd))).astype(np.float32)
+        out = np.full_like(q, np.nan)
+        core.attention(out, q, k, v, pos, n_head, n_head_kv, 1 / np.sqrt(hd), n_swa, sinks)
+        ref = attention_ref(q, k, v, pos, n_head, n_head_kv, 1 / np.sqrt(hd), n_swa, sinks)
+        np.testing.assert_allclose(out, ref, atol=TOL_ATTN)
+        plain = attention_ref(q, k, v, pos, n_head, n_head_kv, 1 / np.sqrt(hd), n_swa)
+        assert np.abs(ref - plain).max() > 100 * TOL_ATTN   # the sinks matter here
 
 
 def test_attention_rejects_bad_shapes():

@@ -27,7 +27,7 @@ pytestmark = needs_vm
 
 def _model(payload, tmp_path):
     """A signed model the guest can serve when this checkout can run one; else an unloadable one."""
-    from test_hardening_load import can_generate, engine_env
+    from daemon_support import can_generate, engine_env
     signed_demo_model(payload, can_generate())
     if can_generate():
         for k, v in engine_env().items():           # e.g. the reference backend
@@ -37,7 +37,7 @@ def _model(payload, tmp_path):
 
 RUN_SH = r'''
 set -u
-check() { name=$1; shift; if "$@"; then echo "EDGED-CHECK $name ok"; else echo "EDGED-CHECK $name FAIL"; fi; }
+check() { name=$1; shift; if "$@"; then r=ok; else r=FAIL; fi; echo "EDGED-CHECK $name $r"; echo "EDGED-TIME $name $(cut -d' ' -f1 /proc/uptime)"; }
 P=/payload
 SITE=/opt/edged/lib/python3.11/site-packages
 cp -a $P/site/. $SITE/
@@ -79,8 +79,42 @@ check same-pid-after-reload sh -c "test \$(systemctl show -p MainPID --value edg
 check stop systemctl stop edged.service
 check clean-exit sh -c "systemctl show -p Result --value edged.service | grep -qx success && systemctl show -p ExecMainStatus --value edged.service | grep -qx 0"
 check reactivated sh -c "curl $S http://edged/v1/models | grep -q demo"
-check stop-all systemctl stop edged.service edged.socket
+# The opt-in TCP listener (edged-tcp.socket): enabled as docs/api.md says; a request with a key
+# over the guest's loopback is served, a wrong key gets 401, and a connection from a local
+# address outside the unit's IPAddressAllow=localhost (192.0.2.10, TEST-NET-1, added to lo) is
+# dropped by the unit's IP filter, while the same source reaches an unfiltered port.
+KEY=vmtest-key-0123456789abcdef
+install -m 0640 -o root -g edged /dev/null /etc/edged/api-keys
+echo "$KEY" > /etc/edged/api-keys
+install -m 0644 $P/systemd/edged-tcp.socket /etc/systemd/system/
+systemctl daemon-reload
+check tcp-enable systemctl enable --now edged-tcp.socket
+check tcp-restart systemctl restart edged.service
+T="--max-time 240 -sS -o /dev/null -w %{http_code} http://127.0.0.1:8091/v1/models"
+check tcp-key-served sh -c "curl $T -H 'Authorization: Bearer $KEY' | grep -qx 200"
+check tcp-wrong-key-401 sh -c "curl $T -H 'Authorization: Bearer wrong-key-0123456789abcdef' | grep -qx 401"
+check tcp-no-key-401 sh -c "curl $T | grep -qx 401"
+check tcp-unix-still-served sh -c "curl $S http://edged/v1/models | grep -q demo"
+check tcp-outside-address python3 $P/add_address.py lo:1 192.0.2.10
+python3 -m http.server --bind 127.0.0.1 8092 >/dev/null 2>&1 &
+HTTPD=$!
+sleep 3
+check tcp-outside-reaches-unfiltered-port sh -c "curl --interface 192.0.2.10 --max-time 30 -sS -o /dev/null -w %{http_code} http://127.0.0.1:8092/ | grep -qx 200"
+check tcp-outside-allow-list-refused sh -c "! curl --interface 192.0.2.10 --max-time 10 -sS -o /dev/null -H 'Authorization: Bearer $KEY' http://127.0.0.1:8091/v1/models"
+kill $HTTPD
+check tcp-loopback-after-refusal sh -c "curl $T -H 'Authorization: Bearer $KEY' | grep -qx 200"
+check stop-all systemctl stop edged.service edged.socket edged-tcp.socket
 journalctl -u edged.service -u edged.socket --no-pager -o short-monotonic | tail -40
+'''
+
+# The guest image has no iproute2: add an IPv4 address to an interface alias with the classic
+# SIOCSIFADDR ioctl (argv: alias, address). The guest has no network card: nothing leaves it.
+ADD_ADDRESS = r'''
+import fcntl, socket, struct, sys
+SIOCSIFADDR = 0x8916
+name, addr = sys.argv[1].encode(), socket.inet_aton(sys.argv[2])
+with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:   # struct ifreq { name; sockaddr_in }
+    fcntl.ioctl(s, SIOCSIFADDR, struct.pack("16sHH4s8x", name, socket.AF_INET, 0, addr))
 '''
 
 
@@ -99,12 +133,16 @@ def test_edged_under_real_systemd(tmp_path):
         """))
     (payload / "edged-launcher").write_text(
         "#!/opt/edged/bin/python3\nimport sys\nfrom edged.cli import main\nsys.exit(main())\n")
+    (payload / "add_address.py").write_text(ADD_ADDRESS)
     (payload / "run.sh").write_text(f"CAN_GENERATE={int(can_generate)}\n" + RUN_SH)
     log, checks = boot(payload, tmp_path)
     expected = ["socket-start", "socket-mode", "first-request", "service-active", "seccomp",
                 "no-new-privs", "no-capabilities", "runs-as-edged", "in-process-sandbox",
                 "member-allowed", "outsider-refused", "reload", "reloaded-log", "after-reload",
-                "same-pid-after-reload", "stop", "clean-exit", "reactivated", "stop-all"]
+                "same-pid-after-reload", "stop", "clean-exit", "reactivated", "tcp-enable",
+                "tcp-restart", "tcp-key-served", "tcp-wrong-key-401", "tcp-no-key-401",
+                "tcp-unix-still-served", "tcp-outside-address", "tcp-outside-reaches-unfiltered-port",
+                "tcp-outside-allow-list-refused", "tcp-loopback-after-refusal", "stop-all"]
     if can_generate:
         expected.append("completion")
     assert_checks(log, checks, expected)

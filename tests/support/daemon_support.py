@@ -35,20 +35,23 @@ def signing_key(tmp_path_factory):
     return _KEY["key"], _KEY["dir"]
 
 
-def add_chat_template(src, dst, template=TEMPLATE):
-    """Copy a GGUF file adding tokenizer.chat_template (the test models have none)."""
+def add_chat_template(src, dst, template=TEMPLATE, skip=(), add=None):
+    """Copy a GGUF file adding tokenizer.chat_template (the test models have none); keys
+    starting with one of `skip` are left out, `add(writer)` adds more."""
     import gguf
     r = gguf.GGUFReader(src)
     arch = r.fields["general.architecture"].contents()
     w = gguf.GGUFWriter(dst, arch)
     for name, field in r.fields.items():
-        if name.startswith("GGUF.") or name == "general.architecture":
+        if name.startswith(("GGUF.", *skip)) or name == "general.architecture":
             continue
         vtype = field.types[0]
         if vtype == gguf.GGUFValueType.ARRAY:
             w.add_key_value(name, field.contents(), vtype, sub_type=field.types[-1])
         else:
             w.add_key_value(name, field.contents(), vtype)
+    if add:
+        add(w)
     w.add_key_value("tokenizer.chat_template", template, gguf.GGUFValueType.STRING)
     for t in r.tensors:
         w.add_tensor_info(t.name, t.data.shape, t.data.dtype, t.data.nbytes, t.tensor_type)
@@ -117,6 +120,30 @@ class UnixHTTPConnection(http.client.HTTPConnection):
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.sock.settimeout(self.timeout)
         self.sock.connect(self.unix_path)
+
+
+def engine_env():
+    """The compiled CPU backend when it is built, else the NumPy reference backend."""
+    try:
+        import edged.engine.cpu  # noqa: F401
+    except ImportError:
+        return {"EDGED_BACKEND": "reference"}
+    return {}
+
+
+_CAN = {}
+
+
+def can_generate():
+    """True when this checkout can load and run the test model (text layer and a backend)."""
+    if "v" not in _CAN:
+        try:
+            from edged.engine.model import Model
+            Model.load(stories(), backend=engine_env().get("EDGED_BACKEND")).close()
+            _CAN["v"] = True
+        except (Exception, pytest.skip.Exception):  # noqa: BLE001 - any missing piece: no
+            _CAN["v"] = False
+    return _CAN["v"]
 
 
 def request(sock_path, method, path, body=None, timeout=120, raw=None):
@@ -302,3 +329,17 @@ def to_toml(d):
 
 
 needs_curl = pytest.mark.skipif(shutil.which("curl") is None, reason="curl not installed")
+
+
+def uds_httpx(sock_path, timeout=300):
+    """An httpx client (the transport the openai SDK and LangChain take) on the daemon's socket."""
+    httpx = pytest.importorskip("httpx")
+    return httpx.Client(transport=httpx.HTTPTransport(uds=sock_path), base_url="http://edged",
+                        timeout=timeout)
+
+
+def openai_client(sock_path):
+    """The openai SDK talking to the daemon over its Unix socket."""
+    openai = pytest.importorskip("openai")
+    return openai.OpenAI(base_url="http://edged/v1", api_key="unused", max_retries=0,
+                         http_client=uds_httpx(sock_path))

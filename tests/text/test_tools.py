@@ -7,6 +7,7 @@ import json
 import pytest
 
 from conftest import testdata
+from grammar_support import feed as run
 from edged.text import tools
 from edged.text.chat import render
 
@@ -193,16 +194,6 @@ def smol_tokenizer():
     return Tokenizer.from_gguf(testdata("models", "SmolLM2-135M-Instruct.Q4_1.gguf"))
 
 
-def run(constraint, tok, text):
-    """Feed text's tokens through the constraint: True if every token was allowed and the
-    grammar may end there."""
-    import numpy as np
-    for t in tok.encode(text, add_special=False, parse_special=False):
-        bits = np.unpackbits(constraint.mask().view(np.uint8), bitorder="little")
-        if not bits[t]:
-            return False
-        constraint.consume(t)
-    return constraint.is_accepting()
 
 
 @pytest.mark.parametrize("family, parallel, good, bad", [

@@ -25,7 +25,8 @@ static float rndf(void) { return (float)(rnd() % 2000001) / 1000000.0f - 1.0f; }
 static void fix_halves(int type, uint8_t *blk) {
     int offs[2] = {-1, -1};
     switch (type) {
-    case ED_Q4_0: case ED_Q5_0: case ED_Q8_0: offs[0] = 0; break;
+    case ED_Q4_0: case ED_Q5_0: case ED_Q8_0: case ED_IQ4_NL: case ED_IQ4_XS: offs[0] = 0; break;
+    case ED_MXFP4: blk[0] = (uint8_t)(118 + rnd() % 8); break;  /* E8M0: 2^-9 .. 2^-2 */
     case ED_Q4_1: case ED_Q5_1: case ED_Q4_K: case ED_Q5_K: offs[0] = 0; offs[1] = 2; break;
     case ED_Q2_K: offs[0] = 80; offs[1] = 82; break;
     case ED_Q3_K: offs[0] = 108; break;
@@ -39,9 +40,11 @@ static void fix_halves(int type, uint8_t *blk) {
 
 int main(void) {
     static const int types[] = {ED_F32, ED_F16, ED_BF16, ED_Q4_0, ED_Q4_1, ED_Q5_0, ED_Q5_1,
-                                ED_Q8_0, ED_Q2_K, ED_Q3_K, ED_Q4_K, ED_Q5_K, ED_Q6_K};
+                                ED_Q8_0, ED_Q2_K, ED_Q3_K, ED_Q4_K, ED_Q5_K, ED_Q6_K, ED_IQ4_NL,
+                                ED_IQ4_XS, ED_MXFP4};
     static const char *names[] = {"F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0",
-                                  "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"};
+                                  "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS", "MXFP4"};
+    enum { NTYPES = sizeof types / sizeof types[0] };
     /* avx512nv: the AVX-512 path as a CPU without VNNI gets it; avx2nv: the AVX2 path as a
        CPU without AVX-VNNI gets it (the avx2 path takes AVX-VNNI where the CPU has it); neonnd:
        NEON without dotprod. Each label is the path ed_types_init selects for `force`. */
@@ -58,7 +61,7 @@ int main(void) {
     printf("\n");
     for (int p = 0; p < 7; p++) {
         if (!ed_path_supported(force[p])) { printf("%s: not supported here\n", paths[p]); continue; }
-        for (int ti = 0; ti < 13; ti++) {
+        for (int ti = 0; ti < NTYPES; ti++) {
             const int t = types[ti];
             const ed_traits tr = ED_TRAITS[t];
             const size_t rb = (size_t)(K / tr.block) * tr.type_size, xr = ed_act_row_bytes(t, K);
@@ -194,8 +197,9 @@ int main(void) {
         static uint8_t qy[8 * QKK * 2];
         rng_state = 12345;
         for (int i = 0; i < 8 * QKK; i++) qx[i] = rndf() * (i % 512 < 256 ? 1.0f : 0.01f);
-        static const int qt[] = {ED_Q4_0, ED_Q4_1, ED_Q5_0, ED_Q5_1, ED_Q8_0, ED_Q2_K, ED_Q3_K, ED_Q4_K, ED_Q5_K, ED_Q6_K};
-        for (int i = 0; i < 10; i++) {
+        static const int qt[] = {ED_Q4_0, ED_Q4_1, ED_Q5_0, ED_Q5_1, ED_Q8_0, ED_Q2_K, ED_Q3_K, ED_Q4_K, ED_Q5_K, ED_Q6_K,
+                                 ED_IQ4_NL, ED_IQ4_XS, ED_MXFP4};
+        for (int i = 0; i < (int)(sizeof qt / sizeof qt[0]); i++) {
             ed_types_init("generic");
             const size_t nb = (size_t)(8 * QKK / ED_TRAITS[qt[i]].block) * ED_TRAITS[qt[i]].type_size;
             ed_quantize_row(qt[i], qx, qy, 8 * QKK);

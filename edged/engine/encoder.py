@@ -1,0 +1,323 @@
+"""BERT-family encoders (`bert`, `nomic-bert`): the architecture table, its validation, and the
+forward pass that turns a batch of token sequences into one hidden state per token.
+
+What differs from the decoder table (engine/arch.py), as llama.cpp builds these graphs:
+- input: token embedding + the first token-type row ("sentence A") + a learned position
+  embedding (`bert`), then a LayerNorm with bias (`token_embd_norm`);
+- attention is not causal (every token sees its whole sequence) and there is no KV cache;
+  `nomic-bert` rotates q and k (RoPE, NeoX pairs) instead of learning positions;
+- post-norm blocks with LayerNorm (not RMSNorm) and biases: x = LN(x + attn(x)),
+  x = LN(x + ffn(x)); the FFN is GELU(up) -> down with biases (`bert`) or SiLU-gated
+  (`nomic-bert`: ffn_gate, ffn_up, ffn_down without biases).
+
+Sequences of one call run together: every matrix product takes the rows of all sequences at
+once (the compiled quantized kernels, edged._core.matmul, on the model's thread pool), and
+attention runs per sequence. The rest (LayerNorm, softmax, GELU) is NumPy on (tokens, n_embd)
+arrays: an embedding is one pass per request, not a per-token decode loop, and the matrix
+products are where the time goes (BENCHMARKS.md, Embeddings). Without the compiled core the
+products fall back to NumPy over dequantized weights (the reference backend's rule: only when
+asked, EDGED_BACKEND=reference).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from .arch import SUPPORTED_TYPES, VECTOR_TYPES, MAX_LAYERS, _Meta
+from .reference import gelu_ggml, rope, silu
+from ..errors import RequestError, UnsupportedModelError
+from ..format.gguf import TYPE_INFO, Key
+from ..format.quants import dequantize
+
+# llama.cpp's llama_pooling_type values as GGUF `<arch>.pooling_type` stores them
+POOLING = {0: "none", 1: "mean", 2: "cls", 3: "last", 4: "rank"}
+POOLING_NAMES = ("none", "mean", "cls", "last")
+
+
+@dataclass(frozen=True)
+class EncoderArch:
+    name: str
+    learned_pos: bool       # position_embd rows added to the input (bert)
+    rope: bool              # NeoX RoPE on q and k (nomic-bert)
+    gated_ffn: bool         # SiLU(gate) * up, no FFN biases (nomic-bert); else GELU(up) + biases
+
+
+ENCODERS = {
+    "bert": EncoderArch("bert", learned_pos=True, rope=False, gated_ffn=False),
+    "nomic-bert": EncoderArch("nomic-bert", learned_pos=False, rope=True, gated_ffn=True),
+}
+
+
+@dataclass(frozen=True)
+class EncoderHParams:
+    n_vocab: int
+    n_ctx_train: int
+    n_embd: int
+    n_ff: int
+    n_layer: int
+    n_head: int
+    head_dim: int
+    norm_eps: float         # attention.layer_norm_epsilon
+    rope_freq_base: float
+    pooling: str            # the file's pooling type (POOLING_NAMES)
+
+
+@dataclass(frozen=True)
+class EncoderSpec:
+    arch: EncoderArch
+    hp: EncoderHParams
+    tensors: dict           # role -> tensor name (None when the file has none); per layer "blk.i."
+
+
+def _refuse(msg):
+    raise UnsupportedModelError(msg)
+
+
+def pooling_of(metadata, arch_name, default="none"):
+    """The file's `<arch>.pooling_type` as a name ("none" when absent, as llama.cpp)."""
+    key = Key.arch(Key.POOLING_TYPE, arch_name)
+    v = metadata.get(key)
+    if v is None:
+        return default
+    if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or int(v) not in POOLING:
+        _refuse(f"{key} = {v!r} is not a pooling type (0 none, 1 mean, 2 cls, 3 last)")
+    if POOLING[int(v)] == "rank":
+        _refuse(f"{key} = 4 (rank: a reranker's classification head) is not supported")
+    return POOLING[int(v)]
+
+
+def validate(metadata, tensors, n_vocab_tokenizer=None, log=None):
+    """One validation pass over an encoder file: keys, every tensor's shape and type."""
+    name = metadata.get(Key.ARCHITECTURE)
+    a = ENCODERS[name]
+    m = _Meta(metadata, name)
+    E = m.get(Key.EMBEDDING_LENGTH, int, required=True)
+    n_layer = m.get(Key.BLOCK_COUNT, int, required=True)
+    n_head = m.get(Key.HEAD_COUNT, int, required=True)
+    F = m.get(Key.FEED_FORWARD_LENGTH, int, required=True)
+    n_head_kv = m.get(Key.HEAD_COUNT_KV, int, default=n_head)
+    for k, v in (("embedding_length", E), ("block_count", n_layer), ("head_count", n_head),
+                 ("feed_forward_length", F)):
+        if v <= 0:
+            _refuse(f"{name}.{k} must be positive, got {v}")
+    if n_layer > MAX_LAYERS:
+        _refuse(f"{name}.block_count {n_layer} is over the limit of {MAX_LAYERS} layers")
+    if n_head_kv != n_head or E % n_head or (E // n_head) % 2:
+        _refuse(f"{name}: head_count {n_head} / head_count_kv {n_head_kv} with embedding_length "
+                f"{E} not supported (equal counts, an even head size)")
+    eps = m.get(Key.LAYERNORM_EPS, float, required=True)
+    if eps <= 0:
+        _refuse(f"key {m.name(Key.LAYERNORM_EPS)!r} must be positive, got {eps!r}")
+    base = m.get(Key.ROPE_FREQ_BASE, float, default=10000.0)
+    if base <= 0:
+        _refuse(f"key {m.name(Key.ROPE_FREQ_BASE)!r} must be positive, got {base!r}")
+    n_ctx = m.get(Key.CONTEXT_LENGTH, int, required=True)
+    if metadata.get(m.name(Key.CAUSAL), False) is True:
+        _refuse(f"{m.name(Key.CAUSAL)} is true: a causal {name} is not supported")
+    embd = tensors.get("token_embd.weight")
+    if embd is None or len(embd.shape) != 2 or int(embd.shape[0]) != E:
+        _refuse(f"tensor 'token_embd.weight' missing or not ({E}, n_vocab)")
+    V = int(embd.shape[1])
+    if n_vocab_tokenizer is not None and n_vocab_tokenizer != V:
+        _refuse(f"tokenizer has {n_vocab_tokenizer} tokens but token_embd.weight has {V} rows")
+    n_types = int(metadata.get(Key.TOKEN_TYPE_COUNT, 0) or 0)
+
+    roles = {}
+
+    def get(role, tname, shape, vector=False, required=True):
+        t = tensors.get(tname)
+        if t is None:
+            if required:
+                _refuse(f"missing tensor {tname!r}")
+            roles[role] = None
+            return
+        if tuple(int(x) for x in t.shape) != tuple(shape):
+            _refuse(f"tensor {tname!r} has shape {tuple(int(x) for x in t.shape)}, expected "
+                    f"{tuple(shape)} from the hyperparameters")
+        if t.type not in (VECTOR_TYPES if vector else SUPPORTED_TYPES):
+            _refuse(f"tensor {tname!r} has type {getattr(t.type, 'name', t.type)}, which edged "
+                    "does not support" + (" for a norm/bias vector" if vector else ""))
+        if not vector and shape[0] % TYPE_INFO[t.type].block_size:
+            _refuse(f"tensor {tname!r}: row length {shape[0]} is not a multiple of the "
+                    f"{t.type.name} block size {TYPE_INFO[t.type].block_size}")
+        roles[role] = tname
+        if log:
+            log(t)
+
+    # token_embd, token_types and position_embd are gathered row by row: any type
+    get("token_embd", "token_embd.weight", (E, V))
+    get("token_types", "token_types.weight", (E, max(n_types, 1)), required=False)
+    if a.learned_pos:
+        get("position_embd", "position_embd.weight", (E, n_ctx))
+    get("token_embd_norm", "token_embd_norm.weight", (E,), vector=True)
+    get("token_embd_norm_b", "token_embd_norm.bias", (E,), vector=True)
+    for i in range(n_layer):
+        p = f"blk.{i}."
+        if p + "attn_qkv.weight" in tensors:
+            get(p + "attn_qkv", p + "attn_qkv.weight", (E, 3 * E))
+            get(p + "attn_qkv_b", p + "attn_qkv.bias", (3 * E,), vector=True, required=False)
+        else:
+            for r in ("attn_q", "attn_k", "attn_v"):
+                get(p + r, p + r + ".weight", (E, E))
+                get(p + r + "_b", p + r + ".bias", (E,), vector=True, required=False)
+        get(p + "attn_output", p + "attn_output.weight", (E, E))
+        get(p + "attn_output_b", p + "attn_output.bias", (E,), vector=True, required=False)
+        get(p + "attn_output_norm", p + "attn_output_norm.weight", (E,), vector=True)
+        get(p + "attn_output_norm_b", p + "attn_output_norm.bias", (E,), vector=True)
+        get(p + "ffn_up", p + "ffn_up.weight", (E, F))
+        get(p + "ffn_down", p + "ffn_down.weight", (F, E))
+        if a.gated_ffn:
+            get(p + "ffn_gate", p + "ffn_gate.weight", (E, F))
+        else:
+            get(p + "ffn_up_b", p + "ffn_up.bias", (F,), vector=True, required=False)
+            get(p + "ffn_down_b", p + "ffn_down.bias", (E,), vector=True, required=False)
+        get(p + "layer_output_norm", p + "layer_output_norm.weight", (E,), vector=True)
+        get(p + "layer_output_norm_b", p + "layer_output_norm.bias", (E,), vector=True)
+    hp = EncoderHParams(n_vocab=V, n_ctx_train=n_ctx, n_embd=E, n_ff=F, n_layer=n_layer,
+                        n_head=n_head, head_dim=E // n_head, norm_eps=eps, rope_freq_base=base,
+                        pooling=pooling_of(metadata, name))
+    return EncoderSpec(arch=a, hp=hp, tensors=roles)
+
+
+def layer_norm(x, w, b, eps):
+    """ggml_norm then * w + b. x: (n, d) float32."""
+    mu = x.mean(-1, keepdims=True, dtype=np.float64)
+    xc = x - mu
+    var = (xc * xc).mean(-1, keepdims=True, dtype=np.float64)
+    return (xc / np.sqrt(var + eps) * w + b).astype(np.float32)
+
+
+class Encoder:
+    """Runs an EncoderSpec over the mapped weights: hidden states for batches of sequences."""
+
+    @classmethod
+    def build(cls, spec, tensor_infos, weights, core=None, pool=None):
+        """tensor_infos: name -> TensorInfo; weights: name -> the mapped bytes; core/pool:
+        edged._core and a thread pool (None: NumPy products over dequantized weights)."""
+        self = object.__new__(cls)
+        self.spec, self.hp = spec, spec.hp
+        self._core, self._pool = core, pool
+        self._mat = {}      # role -> (uint8 bytes, ggml type, N rows, K) or float32 (N, K)
+        self._vec = {}      # role -> float32 vector
+        gathered = ("token_embd", "token_types", "position_embd")
+        for role, name in spec.tensors.items():
+            if name is None:
+                continue
+            ti = tensor_infos[name]
+            raw = np.asarray(weights[name]).reshape(-1)
+            shape = tuple(int(x) for x in ti.shape)
+            if len(shape) == 1:
+                self._vec[role] = np.ascontiguousarray(
+                    dequantize(raw, ti.type, shape), dtype=np.float32).reshape(-1)
+            elif role in gathered:
+                # row lookups: token_types/position_embd are small; token_embd stays mapped
+                self._mat[role] = (raw, ti.type, shape)
+            elif core is not None:
+                self._mat[role] = (raw, int(ti.type), shape)
+            else:
+                self._mat[role] = np.ascontiguousarray(
+                    dequantize(raw, ti.type, shape), dtype=np.float32).reshape(shape[1], shape[0])
+        return self
+
+    # --- pieces ---------------------------------------------------------------------------
+    def _rows(self, role, ids):
+        """Rows `ids` of an embedding-like matrix as float32 (len(ids), n_embd)."""
+        raw, qtype, shape = self._mat[role]
+        ids = np.asarray(ids, dtype=np.int64)
+        out = np.empty((len(ids), shape[0]), np.float32)
+        if self._core is not None:
+            self._core.dequantize_rows(out, raw, int(qtype), ids)
+        else:
+            rb = len(raw) // shape[1]
+            for k, i in enumerate(ids.tolist()):
+                out[k] = dequantize(raw[i * rb:(i + 1) * rb], qtype, (shape[0],))
+        return out
+
+    def _mm(self, x, role, bias=None):
+        """x (n, K) float32 -> x @ W^T (n, N), plus the bias when the file has one."""
+        w = self._mat[role]
+        if isinstance(w, np.ndarray):
+            y = x @ w.T
+        else:
+            raw, qtype, shape = w
+            y = np.empty((x.shape[0], shape[1]), np.float32)
+            self._core.matmul(y, raw, qtype, np.ascontiguousarray(x), self._pool)
+        b = self._vec.get(bias) if bias else None
+        return y + b if b is not None else y
+
+    def _ln(self, x, role):
+        return layer_norm(x, self._vec[role], self._vec[role + "_b"], self.hp.norm_eps)
+
+    # --- the pass -------------------------------------------------------------------------
+    def hidden(self, seqs):
+        """Token sequences (lists of ids) -> list of float32 (len(seq), n_embd) hidden states,
+        all sequences in one pass."""
+        hp, a = self.hp, self.spec.arch
+        lens = [len(s) for s in seqs]
+        ids = np.concatenate([np.asarray(s, np.int64) for s in seqs])
+        pos = np.concatenate([np.arange(n) for n in lens])
+        x = self._rows("token_embd", ids)                           # (T, E)
+        if "token_types" in self._mat:
+            x += self._rows("token_types", [0])                     # "sentence A"
+        if a.learned_pos:
+            x += self._rows("position_embd", pos)
+        x = self._ln(x, "token_embd_norm")
+        H, D = hp.n_head, hp.head_dim
+        starts = np.cumsum([0] + lens)
+        scale = 1.0 / math.sqrt(D)
+        for il in range(hp.n_layer):
+            p = f"blk.{il}."
+            if p + "attn_qkv" in self._mat:
+                qkv = self._mm(x, p + "attn_qkv", p + "attn_qkv_b")
+                q, k, v = qkv[:, :hp.n_embd], qkv[:, hp.n_embd:2 * hp.n_embd], qkv[:, 2 * hp.n_embd:]
+            else:
+                q = self._mm(x, p + "attn_q", p + "attn_q_b")
+                k = self._mm(x, p + "attn_k", p + "attn_k_b")
+                v = self._mm(x, p + "attn_v", p + "attn_v_b")
+            q = q.reshape(-1, H, D)                                 # (T, H, D)
+            k = k.reshape(-1, H, D)
+            v = v.reshape(-1, H, D)
+            if a.rope:
+                q = rope(q, pos, D, hp.rope_freq_base, 1.0, True).astype(np.float32)
+                k = rope(k, pos, D, hp.rope_freq_base, 1.0, True).astype(np.float32)
+            att = np.empty((len(ids), H, D), np.float32)
+            for s0, s1 in zip(starts[:-1], starts[1:]):             # non-causal, per sequence
+                qs, ks, vs = q[s0:s1].transpose(1, 0, 2), k[s0:s1].transpose(1, 0, 2), \
+                    v[s0:s1].transpose(1, 0, 2)                     # (H, n, D)
+                sc = qs @ ks.transpose(0, 2, 1) * np.float32(scale)  # (H, n, n)
+                sc = np.exp(sc - sc.max(-1, keepdims=True))
+                sc /= sc.sum(-1, keepdims=True)
+                att[s0:s1] = (sc @ vs).transpose(1, 0, 2)
+            cur = self._mm(att.reshape(len(ids), -1), p + "attn_output", p + "attn_output_b")
+            x = self._ln(cur + x, p + "attn_output_norm")
+            if a.gated_ffn:
+                h = (silu(self._mm(x, p + "ffn_gate").astype(np.float64))
+                     * self._mm(x, p + "ffn_up")).astype(np.float32)
+            else:
+                h = gelu_ggml(self._mm(x, p + "ffn_up", p + "ffn_up_b").astype(np.float64)) \
+                    .astype(np.float32)
+            cur = self._mm(h, p + "ffn_down", p + "ffn_down_b")
+            x = self._ln(cur + x, p + "layer_output_norm")
+        return [x[s0:s1] for s0, s1 in zip(starts[:-1], starts[1:])]
+
+
+def pool(hidden, pooling):
+    """One sequence's (n, n_embd) hidden states -> its embedding (pooling "none": all rows)."""
+    if pooling == "mean":
+        return hidden.mean(0, dtype=np.float64).astype(np.float32)
+    if pooling == "cls":
+        return hidden[0].copy()
+    if pooling == "last":
+        return hidden[-1].copy()
+    if pooling == "none":
+        return hidden.copy()
+    raise RequestError(f"pooling {pooling!r}: expected one of {', '.join(POOLING_NAMES)}")
+
+
+def normalize(v):
+    """L2 normalisation (llama.cpp's embd_normalize 2), row by row; a zero vector stays zero."""
+    v = np.asarray(v, np.float32)
+    n = np.linalg.norm(v.astype(np.float64), axis=-1, keepdims=True)
+    return (v / np.where(n > 0, n, 1.0)).astype(np.float32)

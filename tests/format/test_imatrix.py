@@ -1,0 +1,106 @@
+"""`edged quantize --imatrix` against llama.cpp: tests/data/imatrix holds the importance matrices
+llama-imatrix (0.3.36) computed for tools/make_goldens.py's llama256 F16 model over
+calibration.txt, in both of its formats (GGUF and legacy .dat), and the sha256 of every tensor
+llama-quantize --imatrix wrote from them (IQ4_NL, IQ4_XS). edged must write the same bytes."""
+import hashlib
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+pytest.importorskip("gguf")  # tools/make_goldens.py writes the F16 model with it
+
+from conftest import ROOT  # noqa: E402
+from edged.errors import ConfigError, ModelFormatError  # noqa: E402
+from edged.format import quants  # noqa: E402
+from edged.format.gguf import GGMLType, GGUFFile, Key  # noqa: E402
+from edged.format.imatrix import read_imatrix  # noqa: E402
+from edged.format.quantize import quantize_file  # noqa: E402
+
+DATA = os.path.join(ROOT, "tests", "data", "imatrix")
+REF = json.load(open(os.path.join(DATA, "llama-quantize-sha256.json")))["tensors"]
+
+
+@pytest.fixture(scope="module")
+def f16(tmp_path_factory):
+    spec = importlib.util.spec_from_file_location("make_goldens", os.path.join(ROOT, "tools", "make_goldens.py"))
+    mg = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mg)
+    path = str(tmp_path_factory.mktemp("imatrix") / "llama256-f16.gguf")
+    mg.write_gguf("llama256", mg.CASES["llama256"], path, seed=1000 + list(mg.CASES).index("llama256"))
+    return path
+
+
+def imatrix_path(fmt):
+    return os.path.join(DATA, f"llama256.imatrix.{fmt}")
+
+
+def test_both_formats_read_alike():
+    g, d = read_imatrix(imatrix_path("gguf")), read_imatrix(imatrix_path("dat"))
+    assert sorted(g.entries) == sorted(d.entries) and len(g.entries) == 7
+    assert g.datasets == d.datasets == ["text.txt"] and g.chunk_count == d.chunk_count == 38
+    for name, w in g.entries.items():
+        assert w.shape == (256,) and w.dtype == np.float32 and np.all(w > 0), name
+        np.testing.assert_allclose(d.entries[name], w, rtol=1e-6)
+
+
+@pytest.mark.parametrize("fmt", ["gguf", "dat"])
+@pytest.mark.parametrize("mix", ["IQ4_NL", "IQ4_XS"])
+def test_quantize_with_imatrix_equals_llama_quantize(mix, fmt, f16, tmp_path):
+    out = str(tmp_path / "out.gguf")
+    quantize_file(f16, out, mix, imatrix=imatrix_path(fmt))
+    got = GGUFFile.open(out)
+    ref = REF[f"{mix} {fmt}"]
+    assert list(got.tensors) == list(ref)
+    for name, (tname, sha) in ref.items():
+        assert got.tensors[name].type.name == tname, name
+        assert hashlib.sha256(np.asarray(got.tensor_bytes(name)).tobytes()).hexdigest() == sha, name
+    assert got.metadata[Key.QUANTIZE_IMATRIX_N_ENTRIES] == 7
+    assert got.metadata[Key.QUANTIZE_IMATRIX_DATASET] == "text.txt"
+    assert got.metadata[Key.QUANTIZE_IMATRIX_N_CHUNKS] == 38
+
+
+@pytest.mark.parametrize("t", [GGMLType.IQ4_NL, GGMLType.IQ4_XS], ids=lambda t: t.name)
+def test_imatrix_lowers_the_weighted_error(t, f16):
+    """What an importance matrix is for: a smaller error weighted by the activations' energy."""
+    im = read_imatrix(imatrix_path("gguf"))
+    f = GGUFFile.open(f16)
+    for name in ("blk.0.attn_q.weight", "blk.0.ffn_down.weight"):
+        ti = f.tensors[name]
+        x = np.array(f.tensor_bytes(name)).view(np.float16).astype(np.float32).reshape(-1, ti.shape[0])
+        w = im.entries[name]
+        err = {}
+        for key, qw in (("with", w), ("without", None)):
+            y = quants.dequantize(quants.quantize(x, t, qw), t, x.shape)
+            err[key] = float((w * (y - x) ** 2).sum())
+        assert err["with"] < err["without"] * 0.99, (name, err)
+
+
+def test_kquant_mix_with_imatrix_is_refused_by_name(f16, tmp_path):
+    with pytest.raises(ConfigError, match=r"Q4_K.*importance"):
+        quantize_file(f16, str(tmp_path / "o.gguf"), "Q4_K_M", imatrix=imatrix_path("gguf"))
+    assert not os.listdir(tmp_path)  # nothing half-written
+
+
+def test_bad_imatrix_files(f16, tmp_path):
+    with pytest.raises(ModelFormatError, match="not an importance matrix"):
+        read_imatrix(f16)
+    raw = open(imatrix_path("dat"), "rb").read()
+    cut = tmp_path / "cut.dat"
+    cut.write_bytes(raw[:100])
+    with pytest.raises(ModelFormatError, match="truncated"):
+        read_imatrix(str(cut))
+
+
+def test_cli_imatrix(f16, tmp_path):
+    out = tmp_path / "m.gguf"
+    r = subprocess.run([sys.executable, "-m", "edged", "quantize", f16, str(out), "IQ4_XS", "--imatrix",
+                        imatrix_path("dat")], cwd=ROOT, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    got = GGUFFile.open(str(out))
+    sha = hashlib.sha256(np.asarray(got.tensor_bytes("blk.0.ffn_up.weight")).tobytes()).hexdigest()
+    assert sha == REF["IQ4_XS dat"]["blk.0.ffn_up.weight"][1]
