@@ -14,6 +14,8 @@ import pytest
 from conftest import ROOT, testdata
 from edged import Model
 from edged.errors import ConfigError
+from edged.format import synth
+from edged.format.gguf import GGUFFile
 from edged.service import config
 
 pytest.importorskip("edged._core")
@@ -167,3 +169,43 @@ def test_smollm2_q8_0_cache_is_half_the_f16_one():
         # 30 layers x 3 KV heads x 64: 11.25 MiB of F16 at n_ctx 1024, 5.98 MiB of q8_0
         assert f16.plan(1024).kv_cache == 30 * 1024 * 192 * 2 * 2
         assert q8.plan(1024).kv_cache == 30 * 1024 * 192 // 32 * 34 * 2
+
+
+def _gpt_oss_with_sinks(path, monkeypatch, sinks):
+    """A small gpt-oss (head_dim 32, so its cache can be quantized; a window of 8 on even layers)
+    whose per-head sink logits are set to `sinks` (synth writes them 0.0)."""
+    monkeypatch.setitem(synth.SHAPES, "gpt-oss-kvq", dict(
+        arch="gpt-oss", n_embd=64, n_head=4, n_head_kv=2, head_dim=32, n_ff=64, n_layer=2,
+        n_vocab=512, rope_freq_base=10000.0, rms_eps=1e-5, n_ctx_train=4096, tied=False,
+        qkv_bias=True, n_expert=4, n_expert_used=2, n_ff_exp=32, gpt_oss=True, n_swa=8))
+    synth.synth("gpt-oss-kvq", "F32", path, seed=3)
+    with GGUFFile.open(path) as f:
+        offsets = [t.offset for n, t in f.tensors.items() if n.endswith("attn_sinks.weight")]
+    with open(path, "r+b") as fh:
+        for off in offsets:
+            fh.seek(off)
+            fh.write(np.asarray(sinks, np.float32).tobytes())
+    return path
+
+
+def _teacher_forced(path, backend, ck, cv, toks):
+    with Model.load(path, backend=backend, n_threads=2, cache_type_k=ck, cache_type_v=cv) as m:
+        s = m.session(n_ctx=64)
+        rows = [s.eval(toks[:12], logits="all")] + [s.eval([t]) for t in toks[12:]]
+        return np.concatenate(rows)
+
+
+@pytest.mark.parametrize("ck, cv", [("q8_0", "q8_0"), ("q4_0", "q4_0"), ("f16", "q8_0"),
+                                    ("q8_0", "f16")])
+def test_attention_sinks_over_a_quantized_cache(tmp_path, monkeypatch, ck, cv):
+    """gpt-oss's sink logit joins the softmax over a quantized cache as over an F16 one (the
+    compiled flash row adds it after the keys, as ggml does): the compiled path against the
+    NumPy reference, which stores the same q8_0/q4_0 rows and adds the sink to the softmax's
+    sum; on a 12-token prompt and 10 single tokens past the window of 8."""
+    toks = [1] + np.random.default_rng(0).integers(3, 512, 21).tolist()
+    path = _gpt_oss_with_sinks(str(tmp_path / "oss.gguf"), monkeypatch, [1.5, -0.5, 0.0, 3.0])
+    got, want = _teacher_forced(path, "cpu", ck, cv, toks), _teacher_forced(path, "reference", ck, cv, toks)
+    assert np.abs(got - want).max() < 1e-4, np.abs(got - want).max()
+    # the sinks matter: without them (a -inf logit adds nothing) the logits move far more
+    nosink = _gpt_oss_with_sinks(str(tmp_path / "nosink.gguf"), monkeypatch, [-np.inf] * 4)
+    assert np.abs(_teacher_forced(nosink, "cpu", ck, cv, toks) - want).max() > 1e-2
