@@ -115,6 +115,20 @@ def _write(w, data, out):
     os.replace(tmp, out)
 
 
+def _header(shape, ftype, s):
+    """A writer holding the keys every synthetic file starts with (decoders and encoders)."""
+    w = GGUFWriter()
+    A = lambda k: Key.arch(k, s["arch"])  # noqa: E731
+    w.add(Key.ARCHITECTURE, s["arch"])
+    w.add(Key.NAME, f"edged-synth-{shape}-{ftype}")
+    w.add(A(Key.CONTEXT_LENGTH), s["n_ctx_train"])
+    w.add(A(Key.EMBEDDING_LENGTH), s["n_embd"])
+    w.add(A(Key.BLOCK_COUNT), s["n_layer"])
+    w.add(A(Key.FEED_FORWARD_LENGTH), s["n_ff"])
+    w.add(A(Key.HEAD_COUNT), s["n_head"])
+    return w
+
+
 def synth_vocab(n_vocab):
     """A SentencePiece vocabulary of n_vocab pieces: <unk> <s> </s>, 256 byte tokens, then
     characters, '▁'-prefixed characters, letter pairs and fillers; scores prefer short pieces."""
@@ -157,16 +171,9 @@ def synth(shape, ftype, out, seed=0, progress=None):
     H, KV = s["n_head"], s["n_head_kv"]
     hd = s.get("head_dim", E // H)
     oss = s.get("gpt_oss", False)
-    w = GGUFWriter()
+    w = _header(shape, ftype, s)
     data = {}  # name -> bytes, written after the header in declaration order
     A = lambda k: Key.arch(k, arch)  # noqa: E731
-    w.add(Key.ARCHITECTURE, arch)
-    w.add(Key.NAME, f"edged-synth-{shape}-{ftype}")
-    w.add(A(Key.CONTEXT_LENGTH), s["n_ctx_train"])
-    w.add(A(Key.EMBEDDING_LENGTH), E)
-    w.add(A(Key.BLOCK_COUNT), L)
-    w.add(A(Key.FEED_FORWARD_LENGTH), F)
-    w.add(A(Key.HEAD_COUNT), H)
     w.add(A(Key.HEAD_COUNT_KV), KV)
     w.add(A(Key.ROPE_FREQ_BASE), float(s["rope_freq_base"]))
     if hd != E // H:
@@ -296,16 +303,9 @@ def synth_encoder(shape, ftype, out, seed=0, vocab=None, pooling=None):
     arch, E, F, L, H = s["arch"], s["n_embd"], s["n_ff"], s["n_layer"], s["n_head"]
     toks, types, special = vocab or synth_wordpiece_vocab(s["n_vocab"])
     V = len(toks)
-    w = GGUFWriter()
+    w = _header(shape, ftype, s)
     data = {}
     A = lambda k: Key.arch(k, arch)  # noqa: E731
-    w.add(Key.ARCHITECTURE, arch)
-    w.add(Key.NAME, f"edged-synth-{shape}-{ftype}")
-    w.add(A(Key.CONTEXT_LENGTH), s["n_ctx_train"])
-    w.add(A(Key.EMBEDDING_LENGTH), E)
-    w.add(A(Key.BLOCK_COUNT), L)
-    w.add(A(Key.FEED_FORWARD_LENGTH), F)
-    w.add(A(Key.HEAD_COUNT), H)
     w.add(A(Key.LAYERNORM_EPS), 1e-12)
     w.add(A(Key.CAUSAL), False)
     w.add(A(Key.POOLING_TYPE), int(s["pooling"] if pooling is None else pooling))
