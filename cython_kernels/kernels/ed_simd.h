@@ -178,9 +178,11 @@ static void ed_mdot_rows(int type, int k, const uint8_t *w, size_t wstride, int 
                          const uint8_t *xq, size_t xs, int nc, float *out, size_t ldo) {
     const ed_mdot_fn md = ED_MDOT[type];
     const ed_dot_fn dot = ED_DOT[type];
-    if (nc == 1 && ED_MROWS[type]) {  /* one token: 4 rows at a time */
-        for (int r = 0; r < nr; r += 4)
-            ED_MROWS[type](k, w + r * wstride, wstride, nr - r < 4 ? nr - r : 4, xq, out + r);
+    if (ED_MROWS[type]) {  /* rows as lanes: ED_MROWS_N rows x up to ED_MAX_COLS tokens */
+        for (int c0 = 0; c0 < nc; c0 += ED_MAX_COLS)
+            for (int r = 0; r < nr; r += ED_MROWS_N)
+                ED_MROWS[type](k, w + r * wstride, wstride, nr - r < ED_MROWS_N ? nr - r : ED_MROWS_N,
+                               xq + c0 * xs, xs, nc - c0 < ED_MAX_COLS ? nc - c0 : ED_MAX_COLS, out + c0 * ldo + r, ldo);
         return;
     }
     for (int c0 = 0; c0 < nc; c0 += ED_MAX_COLS) {

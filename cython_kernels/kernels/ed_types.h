@@ -468,11 +468,13 @@ static const ed_act_traits ED_ACT[ED_NTYPES] = {
 };
 
 /* Tiles: out[c * ldo] = dot(w_row, xq + c * xs) for c < nc <= ED_MAX_COLS, the weight row
- * decoded once for all columns. Row kernels: out[r] = W[r] . xq for r < nr <= 4, the
- * activation block read once for all rows. */
+ * decoded once for all columns. Row kernels: out[c * ldo + r] = W[r] . xq[c] for
+ * r < nr <= ED_MROWS_N, c < nc <= ED_MAX_COLS (rows as SIMD lanes; the same bits as the dot). */
 #define ED_MAX_COLS 4
+#define ED_MROWS_N 8
 typedef void (*ed_mdot_fn)(int k, const void *w, const void *xq, size_t xs, int nc, float *out, size_t ldo);
-typedef void (*ed_mrows_fn)(int k, const void *w, size_t wstride, int nr, const void *xq, float *out);
+typedef void (*ed_mrows_fn)(int k, const void *w, size_t wstride, int nr, const void *xq, size_t xs, int nc,
+                            float *out, size_t ldo);
 /* y[i] += a * x[i] over an F16 row (attention's V accumulation) */
 typedef void (*ed_axpy_f16_fn)(int n, float a, const ed_half *x, float *y);
 /* attention over the F16 KV cache for a block of query rows (ed_simd.h) */
@@ -485,7 +487,8 @@ struct ed_gemm_path;  /* the packed-panel kernel of a path (ed_gemm.h) */
  * as one const table per path (ed_simd.h defines them, ed_types_init picks one). Per weight
  * type: the one-token dot, the tile (a few tokens of one prompt), the decode-batch tile
  * (`same`: every column equal to the one-token path bit for bit: a batch row does not depend
- * on its neighbours) and the row kernel (one token, 4 weight rows; optional). NULL tile:
+ * on its neighbours) and the row kernel (ED_MROWS_N weight rows x up to ED_MAX_COLS tokens;
+ * optional). NULL tile:
  * repeated dots; NULL same: the batch runs the one-token path per column. */
 typedef struct {
     const char *family;              /* what EDGED_KERNELS names: generic, avx2, avx512, neon */
