@@ -22,7 +22,7 @@ RUN = "import sys; from edged.cli import main; sys.exit(main())"
 
 
 def bench(checkout, model, args):
-    env = dict(os.environ, PYTHONPATH=os.path.abspath(checkout))
+    env = dict(os.environ, PYTHONPATH=os.path.abspath(checkout), PYTHONDONTWRITEBYTECODE="1")
     if args.kernels:
         env["EDGED_KERNELS"] = args.kernels
     cmd = [sys.executable, "-c", RUN, "bench", "-m", os.path.abspath(model), "-t", str(args.threads),

@@ -420,14 +420,14 @@ static const ed_mrows_fn ED_NO_ROWS[ED_NTYPES] = {NULL};
 static const ed_kernels ED_PATHS[] = {
 #if defined(__x86_64__)
     {"avx512", "avx512+vnni", ED_NEED_AVX512 | ED_CPU_AVX512VNNI, ed_avx512_dot, ed_avx512_quant,
-     ed_avx512_tile, ed_avx512_same, ed_avx512_rows, 0, &ED_AVX512V_GEMM,
+     ed_avx512_tile, ed_avx512_tile, ed_avx512_rows, 0, &ED_AVX512V_GEMM,
      ed_avx512_axpy_f16, ed_z_attn},
     {"avx512", "avx512", ED_NEED_AVX512, ed_avx512nv_dot, ed_avx512nv_quant, ed_avx512nv_tile,
-     ed_avx512nv_same, ed_avx512nv_rows, 0, &ed_avx512nv_gemm_path, ed_avx512nv_axpy_f16, ed_z_attn},
+     ed_avx512nv_tile, ed_avx512nv_rows, 0, &ed_avx512nv_gemm_path, ed_avx512nv_axpy_f16, ed_z_attn},
     {"avx2", "avx2+vnni", ED_NEED_AVX2 | ED_CPU_AVXVNNI, ed_avx2vnni_dot, ed_avx2vnni_quant,
-     ed_avx2vnni_tile, ed_avx2vnni_same, ed_avx2vnni_rows, 0, &ed_avx2vnni_gemm_path,
+     ed_avx2vnni_tile, ed_avx2vnni_tile, ed_avx2vnni_rows, 0, &ed_avx2vnni_gemm_path,
      ed_avx2vnni_axpy_f16, ed_avx2_attn},
-    {"avx2", "avx2", ED_NEED_AVX2, ed_avx2_dot, ed_avx2_quant, ed_avx2_tile, ed_avx2_same, ed_avx2_rows, 0,
+    {"avx2", "avx2", ED_NEED_AVX2, ed_avx2_dot, ed_avx2_quant, ed_avx2_tile, ed_avx2_tile, ed_avx2_rows, 0,
      &ed_avx2_gemm_path, ed_avx2_axpy_f16, ed_avx2_attn},
 #elif defined(__aarch64__)
     {"neon", "neon+dotprod", ED_CPU_NEON | ED_CPU_DOTPROD, ed_neondp_dot, ED_GENERIC_QUANT, ed_neondp_tile,
