@@ -21,7 +21,7 @@ the golden tolerances (test_engine_golden.py), and give the same bits on every p
 import numpy as np
 import pytest
 
-from test_engine_golden import teacher_forced
+from golden_logits import teacher_forced
 
 # (max, mean) abs logit difference on every kernel path (the attention and activation
 # mirror does not depend on the path). Measured max/mean after -> before the mirror:
