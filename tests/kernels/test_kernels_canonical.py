@@ -3,7 +3,8 @@ bits however its tokens are grouped (one prompt batch through the packed panels,
 tokens in chunks, one token at a time, row tiles instead of panels), on any thread count, and
 on every kernel path (generic, avx2, plain AVX2, avx512, AVX-512 without VNNI, neon): the same
 bits as the plain C dot. Random weights of every quantized type, and real weight matrices of
-the shared SmolLM2 and synthetic llama files."""
+the shared SmolLM2 and synthetic llama files (IQ4_NL, IQ4_XS from llama-quantize; MXFP4 from the
+gpt-oss file)."""
 import os
 
 import numpy as np
@@ -16,7 +17,8 @@ from edged.format.gguf import GGMLType, GGUFFile, row_bytes
 core = pytest.importorskip("edged._core")
 
 QTYPES = [GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0, GGMLType.Q5_1, GGMLType.Q8_0,
-          GGMLType.Q2_K, GGMLType.Q3_K, GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K]
+          GGMLType.Q2_K, GGMLType.Q3_K, GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K,
+          GGMLType.IQ4_NL, GGMLType.IQ4_XS, GGMLType.MXFP4]
 PATHS = core.available_paths() + [v for v in core.VARIANTS if v.split("-")[0] in core.available_paths()]
 
 
@@ -78,7 +80,8 @@ def real_matrices():
     """(file, tensor) pairs of the shared models: every quantized type they hold, once."""
     pairs, seen = [], set()
     for name in ("SmolLM2-135M-Instruct.Q4_1", "synthetic-llama-Q4_K_M", "synthetic-llama-Q8_0",
-                 "synthetic-llama-Q2_K", "synthetic-llama-Q3_K_M"):
+                 "synthetic-llama-Q2_K", "synthetic-llama-Q3_K_M", "synthetic-llama256-IQ4_NL",
+                 "synthetic-llama256-IQ4_XS", "synthetic-gpt-oss-mxfp4"):
         path = os.path.join(TESTDATA, "models", f"{name}.gguf")
         if not os.path.exists(path):  # EDGED_REQUIRE_ALL: the shared data is checked elsewhere
             continue
