@@ -3,14 +3,14 @@ bits however its tokens are grouped (one prompt batch through the packed panels,
 tokens in chunks, one token at a time, row tiles instead of panels), on any thread count, and
 on every kernel path (generic, avx2, plain AVX2, avx512, AVX-512 without VNNI, neon): the same
 bits as the plain C dot. Random weights of every quantized type, and real weight matrices of
-the shared SmolLM2 and synthetic llama files (IQ4_NL, IQ4_XS from llama-quantize; MXFP4 from the
-gpt-oss file)."""
+the shared SmolLM2 and synthetic llama files and of tests/data/goldens' IQ4_NL / IQ4_XS files
+(llama-quantize's; MXFP4 exists there only as 3-D expert tensors, so it has random weights only)."""
 import os
 
 import numpy as np
 import pytest
 
-from conftest import TESTDATA
+from conftest import ROOT, TESTDATA
 from edged.format import quants
 from edged.format.gguf import GGMLType, GGUFFile, row_bytes
 
@@ -79,10 +79,12 @@ def test_every_grouping_and_path_gives_the_same_bits(t, pool):
 def real_matrices():
     """(file, tensor) pairs of the shared models: every quantized type they hold, once."""
     pairs, seen = [], set()
-    for name in ("SmolLM2-135M-Instruct.Q4_1", "synthetic-llama-Q4_K_M", "synthetic-llama-Q8_0",
-                 "synthetic-llama-Q2_K", "synthetic-llama-Q3_K_M", "synthetic-llama256-IQ4_NL",
-                 "synthetic-llama256-IQ4_XS", "synthetic-gpt-oss-mxfp4"):
-        path = os.path.join(TESTDATA, "models", f"{name}.gguf")
+    goldens = os.path.join(ROOT, "tests", "data", "goldens")
+    for folder, name in [(os.path.join(TESTDATA, "models"), n) for n in (
+            "SmolLM2-135M-Instruct.Q4_1", "synthetic-llama-Q4_K_M", "synthetic-llama-Q8_0",
+            "synthetic-llama-Q2_K", "synthetic-llama-Q3_K_M")] + [
+            (goldens, "synthetic-llama256-IQ4_NL"), (goldens, "synthetic-llama256-IQ4_XS")]:
+        path = os.path.join(folder, f"{name}.gguf")
         if not os.path.exists(path):  # EDGED_REQUIRE_ALL: the shared data is checked elsewhere
             continue
         with GGUFFile.open(path) as f:
