@@ -308,7 +308,7 @@ def _qwen3coder(text, tools=None):
             raw = raw[1:] if raw.startswith("\n") else raw
             raw = raw[:-1] if raw.endswith("\n") else raw
             args[arg] = _xml_value(raw, props.get(name, {}).get(arg))
-        calls.append(_call(name, args))
+        calls.append(make_call(name, args))
     return text[:start], calls
 
 
