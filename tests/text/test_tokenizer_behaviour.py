@@ -169,7 +169,7 @@ def test_required_pre_tokenizers_are_known():
 
 # --- untrusted metadata --------------------------------------------------------------------------
 @pytest.mark.parametrize("change, message", [
-    (lambda md: md.update({Key.TOKENIZER_MODEL: "bert"}), "'bert'"),
+    (lambda md: md.update({Key.TOKENIZER_MODEL: "t5"}), "'t5'"),
     (lambda md: md.pop(Key.TOKENS), "tokenizer.ggml.tokens"),
     (lambda md: md.update({Key.TOKENS: [1, 2]}), "array of strings"),
     (lambda md: md.update({Key.SCORES: np.zeros(3, np.float32)}), "has 3 entries"),
