@@ -12,6 +12,7 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SRC = os.path.join(ROOT, "tests", "kernels", "c", "kernels_check.c")
 INCLUDES = ["-I" + d for d in [os.path.join(ROOT, "cython_kernels")] + sorted(glob.glob(os.path.join(ROOT, "cython_kernels", "*/")))]
+FLOAT_TYPES = {"F32", "F16", "BF16"}  # the unquantized types: no canonical order to check
 FLAGS = ["-O2", "-std=gnu11", "-pthread", *INCLUDES, SRC, "-lm"]
 
 
@@ -28,12 +29,18 @@ def test_native_paths_match_generic(tmp_path):
     r = build_and_run(cc, tmp_path / "check")
     assert r.returncode == 0, r.stdout + r.stderr
     assert " ok" in r.stdout and "FAIL" not in r.stdout  # incl. ED_MDOT_SAME bit for bit (same-ok)
-    # every type has a decode-batch tile (ED_MDOT_SAME) on the x86 SIMD paths; Q4_0 and Q5_0
-    # on the generic one
+    # every type has a decode-batch tile (ED_MDOT_SAME) on the x86 SIMD paths (the generic path
+    # runs its dot per column)
     digests = [l.split() for l in r.stdout.splitlines() if l.startswith("digest ")]
     x86 = [d for d in digests if d[1] in ("avx2", "avx2nv", "avx512", "avx512nv")]
-    assert all(d[-1] == "same-ok" for d in x86), r.stdout
-    assert sorted(d[2] for d in digests if d[1] == "generic" and d[-1] == "same-ok") == ["Q4_0", "Q5_0"]
+    assert all("same-ok" in d for d in x86), r.stdout
+    assert not any("same-ok" in d for d in digests if d[1] == "generic")
+    # the canonical order: every quantized dot, tile, row kernel and panel equals the plain C dot
+    # bit for bit on every path, so the digests of a type agree across paths
+    quantized = [d for d in digests if d[2] not in FLOAT_TYPES]
+    assert len({d[2] for d in quantized}) == 13 and all(d[-1] == "canon-ok" for d in quantized), r.stdout
+    for name in {d[2] for d in quantized}:
+        assert len({d[3] for d in quantized if d[2] == name}) == 1, (name, r.stdout)
     # attention over a quantized KV cache: 4 cache type pairs on every path that ran, the same
     # stored bytes and outputs within float rounding of the generic path's
     kv = [l for l in r.stdout.splitlines() if l.startswith("kvcache ")]
@@ -67,7 +74,8 @@ def test_neon_path_matches_generic_under_qemu(tmp_path):
     # and tiles' results, digested per type; the panels are dotprod-only and not in the digest)
     digests = lambda out: [l for l in out.splitlines() if l.startswith("digest neon ")]  # noqa: E731
     assert len(digests(r.stdout)) == 16 and all(" simd-dot" in l for l in digests(r.stdout)), r.stdout
-    assert all(l.endswith(" same-ok") for l in digests(r.stdout)), r.stdout
+    assert all(" same-ok" in l for l in digests(r.stdout)), r.stdout
+    assert all(l.endswith(" canon-ok") for l in digests(r.stdout) if l.split()[2] not in FLOAT_TYPES), r.stdout
     assert digests(a72.stdout) == digests(r.stdout), (r.stdout, a72.stdout)
     # forcing "neon-dotprod" on a dotprod CPU selects the table a CPU without dotprod runs
     nd = lambda out: [l for l in out.splitlines() if l.startswith("digest neonnd ")]  # noqa: E731
@@ -82,3 +90,7 @@ def test_neon_path_matches_generic_under_qemu(tmp_path):
         n = build_and_run(native_cc, tmp_path / "check")
         quant = lambda out: [l for l in out.splitlines() if l.startswith("quant ")]  # noqa: E731
         assert len(quant(r.stdout)) == 13 and quant(r.stdout) == quant(n.stdout)
+        # the canonical order gives the quantized types the same bits on aarch64 as on x86
+        qd = lambda out, path: sorted(l.split()[2:4] for l in out.splitlines()  # noqa: E731
+                                      if l.startswith(f"digest {path} ") and l.split()[2] not in FLOAT_TYPES)
+        assert len(qd(r.stdout, "neon")) == 13 and qd(r.stdout, "neon") == qd(n.stdout, "generic")
