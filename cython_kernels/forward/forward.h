@@ -264,15 +264,14 @@ static inline void ed_rows(const ed_state *s, const ed_tensor *W, int64_t r0, in
         const ed_mdot_fn same = ED_MDOT_SAME[W->type];
         for (; r0 < r1; r0 += ED_ROW_TILE) {
             const int64_t e = r0 + ED_ROW_TILE < r1 ? r0 + ED_ROW_TILE : r1;
-            if (same && n > 1) {
+            if (same && n > 1 && !ED_MROWS[W->type]) {
                 for (int64_t r = r0; r < e; r++)
                     for (int c0 = 0; c0 < n; c0 += ED_MAX_COLS)
                         same((int)W->ne0, W->data + r * W->row_bytes, xq + c0 * rb, rb,
                              n - c0 < ED_MAX_COLS ? n - c0 : ED_MAX_COLS, out + (size_t)c0 * ldo + r, ldo);
-            } else {
-                for (int c = 0; c < n; c++)
-                    ed_mdot_rows(W->type, (int)W->ne0, W->data + r0 * W->row_bytes, W->row_bytes,
-                                 (int)(e - r0), xq + c * rb, rb, 1, out + (size_t)c * ldo + r0, (size_t)ldo);
+            } else {  /* row kernels (rows as lanes, every column in the dot's order), or dots */
+                ed_mdot_rows(W->type, (int)W->ne0, W->data + r0 * W->row_bytes, W->row_bytes,
+                             (int)(e - r0), xq, rb, n, out + r0, (size_t)ldo);
             }
         }
         return;

@@ -10,16 +10,18 @@
  * per-block scales are applied 16 rows at a time. The panel is reused for every token of
  * the batch, so unpacking costs little against the products.
  *
- * Every packable type is written in one form: in group g (G consecutive weights of a row)
- *     w[k] = A[g] * (u[k] - off) + C[g],   u in 0..255 (unsigned), off a per-type integer,
- * so with the activations y[k] = dy * q[k] (Q8_0 / Q8_1 / Q8_K, as for the other paths):
- *     row . y = sum over g of  A[g] * dy_g * (sum u*q - off * sum q)  +  C[g] * dy_g * sum q.
- * The integer part is exact; types with an offset (Q4_0, Q5_0, Q8_0, Q6_K, Q3_K) have C = 0,
- * the others (Q4_1, Q5_1, Q4_K, Q5_K, Q2_K) have off = 0. A and C are the float scales the
- * reference dequantizer applies (d, d * sub-block scale, min terms). In the panel every
- * offset type is stored with off = 128 (u + 128 - off still fits a byte), so the activation
- * side (per group: dy, 128 * sum q, dy * sum q) does not depend on the weight type and is
- * computed once per batch, when the activations are quantized.
+ * The panels compute the canonical order of every path (ed_types.h, ED_STEP), with rows as
+ * lanes: a group g is G consecutive weights u - off (u unsigned in the panel, off a per-type
+ * integer; offset types may be stored lifted to off = 128 where the kernel has no i16 limit).
+ * Per group the integer sum  sum u*q - off * sum q  is exact. The 32-block types (a group is
+ * a block) then take, per group and token, the block's steps with A = the block's d and C =
+ * its min m (Q4_1, Q5_1):  acc = fma(A * dy, isum, acc) [acc = fma(C, dy * sum q, acc)].
+ * The K-quants (a group is a sub-block) combine the groups of a super-block in integers,
+ * isum = sum scale_g * (group sum), msum = sum min_g * sum q_g, and take the super-block's
+ * steps with its d and dmin:  acc = fma(d * dy, isum, acc) [acc = fma(-(dmin * dy), msum, acc)].
+ * The activation side (per group: dy, 128 * sum q, the stored d * sum q of Q8_1) does not
+ * depend on the weight type and is computed once per batch, when the activations are
+ * quantized.
  *
  *   ed_gemm_ok(type)            1 when the selected path packs `type`
  *   ed_gemm_info_len(K)         ed_ginfo entries per activation row of K
@@ -52,7 +54,9 @@ typedef void (*ed_unpack_fn)(const void *row, int K, uint8_t *u, float *A, float
 /* the same, with `lift` (128 - off) added to every u: the path's fast versions (ED_GEMM_UNPACK) */
 typedef void (*ed_unpack_lift_fn)(const void *row, int K, uint8_t *u, float *A, float *C, uint8_t lift);
 
-typedef struct { int G, off; ed_unpack_fn unpack; } ed_gemm_traits;
+/* G weights per group; the offset; the unpacker; groups per super-block (K-quants, whose
+ * groups are combined in integers) or 0 (32-block types) */
+typedef struct { int G, off; ed_unpack_fn unpack; int gps; } ed_gemm_traits;
 
 static void ed_unpack_q4_0(const void *vx, int K, uint8_t *u, float *A, float *C) {
     const blk_q4_0 *x = vx;
@@ -190,18 +194,55 @@ static void ed_unpack_q2_K(const void *vx, int K, uint8_t *u, float *A, float *C
 }
 
 static const ed_gemm_traits ED_GEMM_TRAITS[ED_NTYPES] = {
-    [ED_Q4_0] = {32, 8, ed_unpack_q4_0},   [ED_Q4_1] = {32, 0, ed_unpack_q4_1},
-    [ED_Q5_0] = {32, 16, ed_unpack_q5_0},  [ED_Q5_1] = {32, 0, ed_unpack_q5_1},
-    [ED_Q8_0] = {32, 128, ed_unpack_q8_0},
-    [ED_Q2_K] = {16, 0, ed_unpack_q2_K},   [ED_Q3_K] = {16, 4, ed_unpack_q3_K},
-    [ED_Q4_K] = {32, 0, ed_unpack_q4_K},   [ED_Q5_K] = {32, 0, ed_unpack_q5_K},
-    [ED_Q6_K] = {16, 32, ed_unpack_q6_K},
+    [ED_Q4_0] = {32, 8, ed_unpack_q4_0, 0},   [ED_Q4_1] = {32, 0, ed_unpack_q4_1, 0},
+    [ED_Q5_0] = {32, 16, ed_unpack_q5_0, 0},  [ED_Q5_1] = {32, 0, ed_unpack_q5_1, 0},
+    [ED_Q8_0] = {32, 128, ed_unpack_q8_0, 0},
+    [ED_Q2_K] = {16, 0, ed_unpack_q2_K, 16},  [ED_Q3_K] = {16, 4, ed_unpack_q3_K, 16},
+    [ED_Q4_K] = {32, 0, ed_unpack_q4_K, 8},   [ED_Q5_K] = {32, 0, ed_unpack_q5_K, 8},
+    [ED_Q6_K] = {16, 32, ed_unpack_q6_K, 16},
 };
 
-/* The path's panel kernel: 16 rows (panel u: ng groups of G*16 bytes; ac: per group 16 A
- * then 16 C floats) against nc tokens. Token c's group g starts at xq + c*xs + goff[g];
+/* A K-quant super-block's integer group scales and mins (0 where the type has an offset
+ * instead) and its d, dmin, as the canonical order combines them (ed_types.h) */
+static void ed_gemm_kscales(int type, const uint8_t *blk, int32_t *sc, int32_t *mn, float *d, float *dmin) {
+    uint8_t s8[8], m8[8];
+    int8_t q3[16];
+    *dmin = 0.0f;
+    switch (type) {
+    case ED_Q2_K: {
+        const blk_q2_K *x = (const blk_q2_K *)blk;
+        for (int j = 0; j < 16; j++) { sc[j] = x->scales[j] & 0xF; mn[j] = x->scales[j] >> 4; }
+        *d = H2F(x->d); *dmin = H2F(x->dmin);
+        break; }
+    case ED_Q3_K: {
+        const blk_q3_K *x = (const blk_q3_K *)blk;
+        ed_q3_scales(x->scales, q3);
+        for (int j = 0; j < 16; j++) { sc[j] = q3[j]; mn[j] = 0; }
+        *d = H2F(x->d);
+        break; }
+    case ED_Q4_K: case ED_Q5_K: {
+        const blk_q4_K *x4 = (const blk_q4_K *)blk;
+        const blk_q5_K *x5 = (const blk_q5_K *)blk;
+        ed_k_scales(type == ED_Q4_K ? x4->scales : x5->scales, s8, m8);
+        for (int j = 0; j < 8; j++) { sc[j] = s8[j]; mn[j] = m8[j]; }
+        *d = H2F(type == ED_Q4_K ? x4->d : x5->d); *dmin = H2F(type == ED_Q4_K ? x4->dmin : x5->dmin);
+        break; }
+    case ED_Q6_K: {
+        const blk_q6_K *x = (const blk_q6_K *)blk;
+        for (int j = 0; j < 16; j++) { sc[j] = x->scales[j]; mn[j] = 0; }
+        *d = H2F(x->d);
+        break; }
+    }
+}
+
+/* The path's panel kernel: 16 rows (panel u: ng groups of G*16 bytes) against nc tokens.
+ * gps = 0 (32-block types): ac holds per group 16 A then 16 C floats. gps > 0 (K-quants):
+ * per super-block, for each of its gps groups 16 int32 scales then 16 int32 mins, then 16 d
+ * and 16 dmin floats (ED_GEMM_SB_FLOATS). off: the offset to take off each group's sum;
+ * has_c: the type has a min term. Token c's group g starts at xq + c*xs + goff[g];
  * info[c*is + g] is its ed_ginfo. Writes out[c*ldo + r] for r < nr. */
-typedef void (*ed_gemm_kernel_fn)(int ng, int G, int has_c, const uint8_t *pu, const float *ac,
+#define ED_GEMM_SB_FLOATS(gps) ((size_t)(2 * (gps) + 2) * ED_PANEL)
+typedef void (*ed_gemm_kernel_fn)(int ng, int G, int gps, int off, int has_c, const uint8_t *pu, const float *ac,
                                   const int32_t *goff, const uint8_t *xq, size_t xs,
                                   const ed_ginfo *info, size_t is, int nc, float *out, size_t ldo,
                                   int nr);
@@ -220,6 +261,7 @@ struct ed_gemm_path {
      * headroom: VNNI); 0: unlifted values, each offset folded into C = -off * A */
     int lift;
     int i16;  /* 1: the kernel sums u8 x s8 pairs in i16 (no VNNI), which Q8_0's bytes would overflow */
+    /* lift 0: values are stored with the type's own offset, which the kernel takes off */
     ed_gemm_transpose_fn transpose;
     ed_unpack_lift_fn unpack[ED_NTYPES];  /* path-specific unpackers, else NULL */
 };
@@ -269,7 +311,7 @@ static void ed_gemm_info(int vt, int K, const uint8_t *row, ed_ginfo *info) {
 static size_t ed_gemm_scratch(int64_t K) {
     const size_t ng = (size_t)K / 16;  /* the most groups any type has */
     return ED_ALIGN((size_t)K * ED_PANEL)                /* the panel */
-         + ED_ALIGN(ng * 2 * ED_PANEL * sizeof(float))   /* its A, C */
+         + ED_ALIGN((ng * 2 + (size_t)K / QKK * 2) * ED_PANEL * sizeof(float))  /* its A, C / scales */
          + ED_ALIGN((size_t)K * ED_PANEL)                /* 16 unpacked rows */
          + ED_ALIGN(ng * 2 * sizeof(float))              /* one row's A, C */
          + ED_ALIGN(ng * sizeof(int32_t));               /* group offsets */
@@ -279,24 +321,39 @@ static size_t ed_gemm_scratch(int64_t K) {
 static void ed_gemm_pack(int type, int K, const uint8_t *w, size_t row_bytes, int nr,
                          uint8_t *pu, float *ac, uint8_t *ubuf, float *abuf) {
     const ed_gemm_traits *t = &ED_GEMM_TRAITS[type];
-    const int G = t->G, ng = K / G;
+    const int G = t->G, ng = K / G, gps = t->gps;
     const uint8_t lift = (uint8_t)(t->off && ED_GEMM_LIFT ? 128 - t->off : 0);
-    const int fold = t->off && !ED_GEMM_LIFT;  /* offset into C */
+    const int bs = ED_TRAITS[type].type_size;
     float *cbuf = abuf + ng;
     for (int r = 0; r < ED_PANEL; r++) {
         uint8_t *u = ubuf + (size_t)r * K;
+        const uint8_t *row = w + (size_t)r * row_bytes;
         if (r < nr && ED_GEMM_UNPACK[type]) {
-            ED_GEMM_UNPACK[type](w + (size_t)r * row_bytes, K, u, abuf, cbuf, lift);
+            ED_GEMM_UNPACK[type](row, K, u, abuf, cbuf, lift);
         } else if (r < nr) {
-            t->unpack(w + (size_t)r * row_bytes, K, u, abuf, cbuf);
+            t->unpack(row, K, u, abuf, cbuf);
             if (lift) for (int k = 0; k < K; k++) u[k] += lift;
         } else {
             memset(u, 0, (size_t)K);
             memset(abuf, 0, sizeof(float) * 2 * (size_t)ng);
         }
-        for (int g = 0; g < ng; g++) {
-            ac[g * 2 * ED_PANEL + r] = abuf[g];
-            ac[g * 2 * ED_PANEL + ED_PANEL + r] = fold ? -(float)t->off * abuf[g] : cbuf[g];
+        if (!gps) {
+            for (int g = 0; g < ng; g++) {
+                ac[g * 2 * ED_PANEL + r] = abuf[g];
+                ac[g * 2 * ED_PANEL + ED_PANEL + r] = cbuf[g];
+            }
+            continue;
+        }
+        for (int i = 0; i < K / QKK; i++) {
+            float *sb = ac + i * ED_GEMM_SB_FLOATS(gps), d = 0.0f, dmin = 0.0f;
+            int32_t sc[16] = {0}, mn[16] = {0};
+            if (r < nr) ed_gemm_kscales(type, row + (size_t)i * bs, sc, mn, &d, &dmin);
+            for (int j = 0; j < gps; j++) {
+                memcpy(sb + j * 2 * ED_PANEL + r, sc + j, 4);
+                memcpy(sb + j * 2 * ED_PANEL + ED_PANEL + r, mn + j, 4);
+            }
+            sb[gps * 2 * ED_PANEL + r] = d;
+            sb[gps * 2 * ED_PANEL + ED_PANEL + r] = dmin;
         }
     }
     ED_GEMM_TRANSPOSE(ubuf, K, G, pu);
@@ -306,14 +363,15 @@ static void ed_gemm_pack(int type, int K, const uint8_t *w, size_t row_bytes, in
 static void ed_gemm_rows(int type, int K, const uint8_t *w, size_t row_bytes, int nr,
                          const uint8_t *xq, size_t xs, const ed_ginfo *info, size_t is, int n,
                          float *out, size_t ldo, uint8_t *scratch) {
-    const int G = ED_GEMM_TRAITS[type].G, ng = K / G, has_c = ED_GEMM_TRAITS[type].off == 0 || !ED_GEMM_LIFT;
+    const ed_gemm_traits *t = &ED_GEMM_TRAITS[type];
+    const int G = t->G, ng = K / G, has_c = t->off == 0, off = t->off && ED_GEMM_LIFT ? 128 : t->off;
     const size_t ngmax = (size_t)K / 16;
     const int vt = ED_TRAITS[type].vec_type;
     const int be = ED_ACT[vt].block, bb = ED_ACT[vt].type_size;
     const int qs_at = ed_act_qs_at(vt);
     uint8_t *pu = scratch;
     float *ac = (float *)(pu + ED_ALIGN((size_t)K * ED_PANEL));
-    uint8_t *ubuf = (uint8_t *)ac + ED_ALIGN(ngmax * 2 * ED_PANEL * sizeof(float));
+    uint8_t *ubuf = (uint8_t *)ac + ED_ALIGN((ngmax * 2 + (size_t)K / QKK * 2) * ED_PANEL * sizeof(float));
     float *abuf = (float *)(ubuf + ED_ALIGN((size_t)K * ED_PANEL));
     int32_t *goff = (int32_t *)((uint8_t *)abuf + ED_ALIGN(ngmax * 2 * sizeof(float)));
     for (int g = 0; g < ng; g++) goff[g] = (g * G / be) * bb + qs_at + (g * G) % be;
@@ -321,7 +379,7 @@ static void ed_gemm_rows(int type, int K, const uint8_t *w, size_t row_bytes, in
     for (int r0 = 0; r0 < nr; r0 += ED_PANEL) {
         const int pr = nr - r0 < ED_PANEL ? nr - r0 : ED_PANEL;
         ed_gemm_pack(type, K, w + (size_t)r0 * row_bytes, row_bytes, pr, pu, ac, ubuf, abuf);
-        ED_GEMM_KERNEL(ng, G, has_c, pu, ac, goff, xq, xs, info, is, n, out + r0, ldo, pr);
+        ED_GEMM_KERNEL(ng, G, t->gps, off, has_c, pu, ac, goff, xq, xs, info, is, n, out + r0, ldo, pr);
     }
 }
 

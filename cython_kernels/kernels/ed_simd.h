@@ -126,52 +126,6 @@ static void ed_same_act_fill(int type, uint8_t *base, size_t rb, int64_t t, int6
     }
 }
 
-/* Generic-path decode-batch tiles: the weight block unpacked once, then per column the generic
- * dot's (ed_types.h) integer sum and float operations in their order. Only where that pays
- * (Q4_0, Q5_0: 2.3-2.6x for 4 columns); the K-quants' and Q8_0's generic dots are dominated by
- * the per-column work, and a batch runs them per column over a cached tile of rows. */
-#define ED_GCOL(T, c, ib) ((const T *)((const uint8_t *)vy + (c) * ys) + (ib))
-
-static inline int ed_g_dot32(const int8_t *w, const int8_t *y) {
-    int s = 0;
-    for (int j = 0; j < QK; j++) s += w[j] * y[j];
-    return s;
-}
-
-static void ed_same_q4_0(int n, const void *vx, const void *vy, size_t ys, int nc, float *out, size_t lo) {
-    const blk_q4_0 *x = vx;
-    const int nb = n / QK;
-    float sumf[ED_MAX_COLS] = {0};
-    int8_t w[QK];
-    for (int ib = 0; ib < nb; ib++) {
-        for (int j = 0; j < QK / 2; j++) { w[j] = (int8_t)((x[ib].qs[j] & 0xF) - 8); w[j + QK / 2] = (int8_t)((x[ib].qs[j] >> 4) - 8); }
-        const float dx = H2F(x[ib].d);
-        for (int c = 0; c < nc; c++)
-            sumf[c] += ed_g_dot32(w, ED_GCOL(blk_q8_0, c, ib)->qs) * dx * ED_SAME_DY(ED_GCOL(blk_q8_0, c, 0), nb)[ib];
-    }
-    for (int c = 0; c < nc; c++) out[c * lo] = sumf[c];
-}
-
-static void ed_same_q5_0(int n, const void *vx, const void *vy, size_t ys, int nc, float *out, size_t lo) {
-    const blk_q5_0 *x = vx;
-    const int nb = n / QK;
-    float sumf[ED_MAX_COLS] = {0};
-    int8_t w[QK];
-    for (int ib = 0; ib < nb; ib++) {
-        uint32_t qh; memcpy(&qh, x[ib].qh, 4);
-        for (int j = 0; j < QK / 2; j++) {
-            w[j] = (int8_t)((int)((x[ib].qs[j] & 0xF) | (((qh >> j) & 1) << 4)) - 16);
-            w[j + QK / 2] = (int8_t)((int)((x[ib].qs[j] >> 4) | (((qh >> (j + 16)) & 1) << 4)) - 16);
-        }
-        const float dx = H2F(x[ib].d);
-        for (int c = 0; c < nc; c++)
-            sumf[c] += (dx * ED_SAME_DY(ED_GCOL(blk_q8_0, c, 0), nb)[ib]) * ed_g_dot32(w, ED_GCOL(blk_q8_0, c, ib)->qs);
-    }
-    for (int c = 0; c < nc; c++) out[c * lo] = sumf[c];
-}
-
-#undef ED_GCOL
-
 static void ed_axpy_f16_generic(int n, float a, const ed_half *x, float *y) {
     for (int i = 0; i < n; i++) y[i] += a * H2F(x[i]);
 }
@@ -223,9 +177,11 @@ static void ed_mdot_rows(int type, int k, const uint8_t *w, size_t wstride, int 
                          const uint8_t *xq, size_t xs, int nc, float *out, size_t ldo) {
     const ed_mdot_fn md = ED_MDOT[type];
     const ed_dot_fn dot = ED_DOT[type];
-    if (nc == 1 && ED_MROWS[type]) {  /* one token: 4 rows at a time */
-        for (int r = 0; r < nr; r += 4)
-            ED_MROWS[type](k, w + r * wstride, wstride, nr - r < 4 ? nr - r : 4, xq, out + r);
+    if (ED_MROWS[type]) {  /* rows as lanes: ED_MROWS_N rows x up to ED_MAX_COLS tokens */
+        for (int c0 = 0; c0 < nc; c0 += ED_MAX_COLS)
+            for (int r = 0; r < nr; r += ED_MROWS_N)
+                ED_MROWS[type](k, w + r * wstride, wstride, nr - r < ED_MROWS_N ? nr - r : ED_MROWS_N,
+                               xq + c0 * xs, xs, nc - c0 < ED_MAX_COLS ? nc - c0 : ED_MAX_COLS, out + c0 * ldo + r, ldo);
         return;
     }
     for (int c0 = 0; c0 < nc; c0 += ED_MAX_COLS) {
@@ -294,184 +250,82 @@ static unsigned ed_cpu_features(void) {
 #undef ED_FN
 #undef ED_VNNI
 
-/* 512-bit kernels for the K-quants of Q4_K_M models (AVX-512 path only). One zmm holds 64
- * weights whose Q8_K activations are contiguous, so each activation load is one 64-byte load. */
 #define ED_T512 __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq")))
 #define ED_T512V __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")))
 
-/* the 16 signed scales of a Q6_K block as i16, and from them the vector whose 128-bit lane k
- * holds scale q + k in all 8 of its i16 (q = 0, 4, 8, 12): one permute instead of 4 inserts */
-static inline __m512i ED_T512 ed_z_q6_scales(const int8_t *sc) {
-    return _mm512_zextsi256_si512(_mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)sc)));
-}
-static inline __m512i ED_T512 ed_z_scales4(__m512i sc16, int q) {
-    const __m512i idx = _mm512_add_epi16(_mm512_set1_epi16((short)q),
-                                         _mm512_set_epi64(0x0003000300030003, 0x0003000300030003, 0x0002000200020002,
-                                                          0x0002000200020002, 0x0001000100010001, 0x0001000100010001, 0, 0));
-    return _mm512_permutexvar_epi16(idx, sc16);
-}
-
-static inline __m512i ED_T512 ed_z_scales2(int a, int b) {  /* i16 x 16 per 256-bit half */
-    return _mm512_inserti64x4(_mm512_set1_epi16((short)a), _mm256_set1_epi16((short)b), 1);
-}
-
-static inline float ED_T512 ed_z_hsum(__m512 v) { return _mm512_reduce_add_ps(v); }
-
-/* nc as a constant in each call of the body (see ED_NC_SWITCH in ed_simd_x86.inc) */
-#define ED_Z_TILE(name) ED_Z_TILE_T(name, ED_T512)
-#define ED_Z_TILE_T(name, target) \
-    static void target name(int n, const void *vx, const void *vy, size_t ys, int nc, float *out, size_t lo) { \
-        switch (nc) { \
-        case 1: name##_body(n, vx, vy, ys, 1, out, lo); break; \
-        case 2: name##_body(n, vx, vy, ys, 2, out, lo); break; \
-        case 3: name##_body(n, vx, vy, ys, 3, out, lo); break; \
-        default: name##_body(n, vx, vy, ys, 4, out, lo); break; } }
-
-/* Q4_K: chunk c (32 bytes) -> zmm [low nibbles = elements 64c.. | high nibbles = 64c+32..] */
-static inline __attribute__((always_inline)) void ED_T512 ed_z_mdot_q4_K_body(int n, const void *vx, const void *vy, size_t ys, int nc, float *out, size_t lo) {
-    const blk_q4_K *x = vx;
-    __m512 acc[ED_MAX_COLS];
-    float accm[ED_MAX_COLS];
-    for (int c = 0; c < nc; c++) { acc[c] = _mm512_setzero_ps(); accm[c] = 0.0f; }
-    const __m256i m4 = _mm256_set1_epi8(0x0F);
-    uint8_t scales[8], mins[8];
-    for (int i = 0; i < n / QKK; i++) {
-        ed_k_scales(x[i].scales, scales, mins);
-        __m512i sumi[ED_MAX_COLS];
-        for (int c = 0; c < nc; c++) sumi[c] = _mm512_setzero_si512();
-        for (int j = 0; j < 4; j++) {
-            const __m256i q4 = _mm256_loadu_si256((const __m256i *)(x[i].qs + 32 * j));
-            const __m512i w = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_and_si256(q4, m4)),
-                                                 _mm256_and_si256(_mm256_srli_epi16(q4, 4), m4), 1);
-            const __m512i sc = ed_z_scales2(scales[2 * j], scales[2 * j + 1]);
-            for (int c = 0; c < nc; c++) {
-                const int8_t *q8 = ((const blk_q8_K *)((const uint8_t *)vy + c * ys) + i)->qs + 64 * j;
-                const __m512i p = _mm512_maddubs_epi16(w, _mm512_loadu_si512((const void *)q8));
-                sumi[c] = _mm512_add_epi32(sumi[c], _mm512_madd_epi16(p, sc));
-            }
-        }
-        const float dx = _cvtsh_ss(x[i].d), mx = _cvtsh_ss(x[i].dmin);
-        for (int c = 0; c < nc; c++) {
-            const blk_q8_K *y = (const blk_q8_K *)((const uint8_t *)vy + c * ys) + i;
-            int summs = 0;
-            for (int j = 0; j < 8; j++) summs += (y->bsums[2 * j] + y->bsums[2 * j + 1]) * mins[j];
-            acc[c] = _mm512_fmadd_ps(_mm512_set1_ps(y->d * dx), _mm512_cvtepi32_ps(sumi[c]), acc[c]);
-            accm[c] -= y->d * mx * summs;
-        }
-    }
-    for (int c = 0; c < nc; c++) out[c * lo] = ed_z_hsum(acc[c]) + accm[c];
-}
-ED_Z_TILE(ed_z_mdot_q4_K)
-
-/* Q6_K: per 128 elements, 64 ql bytes in one zmm: low nibbles = elements +0..63, high nibbles
- * = +64..127 (each 32-element quarter gets its 2 high bits from qh >> 2k); values 0..63 are
- * multiplied unsigned and the -32 offset is taken off with the activation block sums. VNNI:
- * dpwssd adds the scaled pair sums in one instruction (the same integers as madd + add). */
-static inline __attribute__((always_inline)) void ED_T512V ed_z_mdot_q6_K_body(int n, const void *vx, const void *vy, size_t ys, int nc, float *out, size_t lo) {
-    const blk_q6_K *x = vx;
-    __m512 acc[ED_MAX_COLS];
-    for (int c = 0; c < nc; c++) acc[c] = _mm512_setzero_ps();
-    const __m512i m4 = _mm512_set1_epi8(0x0F), m3 = _mm512_set1_epi8(3);
-    const __m512i sh_lo = _mm512_inserti64x4(_mm512_set1_epi16(0), _mm256_set1_epi16(2), 1);
-    const __m512i sh_hi = _mm512_inserti64x4(_mm512_set1_epi16(4), _mm256_set1_epi16(6), 1);
-    for (int i = 0; i < n / QKK; i++) {
-        for (int p = 0; p < (int)sizeof(blk_q6_K); p += 64)  /* stream ahead (matvec) */
-            _mm_prefetch((const char *)(x + i) + 1024 + p, _MM_HINT_T0);
-        const int8_t *sc = x[i].scales;
-        const __m512i sc16 = ed_z_q6_scales(sc);
-        /* the -32 offset: -32 x scale x block sum, in lanes 0..7 (the upper 16 i16 are 0) */
-        const __m512i m32 = _mm512_sub_epi16(_mm512_setzero_si512(), _mm512_slli_epi16(sc16, 5));
-        __m512i sumi[ED_MAX_COLS];
-        for (int c = 0; c < nc; c++) {
-            const blk_q8_K *y = (const blk_q8_K *)((const uint8_t *)vy + c * ys) + i;
-            sumi[c] = _mm512_dpwssd_epi32(_mm512_setzero_si512(), m32,
-                                          _mm512_zextsi256_si512(_mm256_loadu_si256((const __m256i *)y->bsums)));
-        }
-        for (int j = 0; j < 2; j++) {
-            const __m512i l = _mm512_loadu_si512((const void *)(x[i].ql + 64 * j));
-            const __m512i h = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(x[i].qh + 32 * j)));
-            const __m512i w0 = _mm512_or_si512(_mm512_and_si512(l, m4),
-                                               _mm512_slli_epi16(_mm512_and_si512(_mm512_srlv_epi16(h, sh_lo), m3), 4));
-            const __m512i w1 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l, 4), m4),
-                                               _mm512_slli_epi16(_mm512_and_si512(_mm512_srlv_epi16(h, sh_hi), m3), 4));
-            const __m512i s0 = ed_z_scales4(sc16, 8 * j), s1 = ed_z_scales4(sc16, 8 * j + 4);
-            for (int c = 0; c < nc; c++) {
-                const int8_t *q8 = ((const blk_q8_K *)((const uint8_t *)vy + c * ys) + i)->qs + 128 * j;
-                const __m512i p0 = _mm512_maddubs_epi16(w0, _mm512_loadu_si512((const void *)q8));
-                const __m512i p1 = _mm512_maddubs_epi16(w1, _mm512_loadu_si512((const void *)(q8 + 64)));
-                sumi[c] = _mm512_dpwssd_epi32(_mm512_dpwssd_epi32(sumi[c], p0, s0), p1, s1);
-            }
-        }
-        const float dx = _cvtsh_ss(x[i].d);
-        for (int c = 0; c < nc; c++) {
-            const blk_q8_K *y = (const blk_q8_K *)((const uint8_t *)vy + c * ys) + i;
-            acc[c] = _mm512_fmadd_ps(_mm512_set1_ps(y->d * dx), _mm512_cvtepi32_ps(sumi[c]), acc[c]);
-        }
-    }
-    for (int c = 0; c < nc; c++) out[c * lo] = ed_z_hsum(acc[c]);
-}
-ED_Z_TILE_T(ed_z_mdot_q6_K, ED_T512V)
-
-static float ED_T512V ed_z_dot_q6_K(int n, const void *vx, const void *vy) {
-    float r;
-    ed_z_mdot_q6_K(n, vx, vy, 0, 1, &r, 1);
-    return r;
-}
-
 /* The packed-panel kernel (ed_gemm.h) with AVX-512 VNNI: a 16-row panel is one zmm per 4
- * weights, each token's 4 activation bytes are broadcast to all 16 lanes by dpbusd. */
+ * weights, each token's 4 activation bytes are broadcast to all 16 lanes by dpbusd; the
+ * canonical order as ed_simd_x86.inc's 256-bit kernel, 16 rows at a time. */
 #define ED_GEMM_NC 6   /* tokens per tile */
 static inline __attribute__((always_inline)) void ED_T512V
-ed_z_gemm_tile(const int G, const int has_c, const int nc, int ng, const uint8_t *pu, const float *ac,
+ed_z_gemm_tile(const int G, const int gps, const int nc, int ng, const uint8_t *pu, const float *ac,
                const int32_t *goff, const uint8_t *xq, size_t xs, const ed_ginfo *info, size_t is,
-               float *out, size_t ldo, __mmask16 rm) {
+               float *out, size_t ldo, __mmask16 rm, int off, int has_c) {
     __m512 acc[ED_GEMM_NC];
     const uint8_t *yc[ED_GEMM_NC];
     const ed_ginfo *ic[ED_GEMM_NC];
     for (int c = 0; c < nc; c++) { acc[c] = _mm512_setzero_ps(); yc[c] = xq + (size_t)c * xs; ic[c] = info + (size_t)c * is; }
-    for (int g = 0; g < ng; g++, pu += G * ED_PANEL) {
-        const int32_t go = goff[g];
-        __m512i s[ED_GEMM_NC];
-        for (int c = 0; c < nc; c++) s[c] = has_c ? _mm512_setzero_si512() : _mm512_set1_epi32(-ic[c][g].yoff);
-        for (int q = 0; q < G / 4; q++) {  /* the tokens' chains interleaved */
-            const __m512i w = _mm512_load_si512((const void *)(pu + 64 * q));
+    const int per = gps ? gps : 1;
+    for (int g0 = 0; g0 < ng; g0 += per) {
+        const float *ab = gps ? ac + (size_t)(g0 / gps) * ED_GEMM_SB_FLOATS(gps) : ac + 2 * ED_PANEL * g0;
+        __m512i S[ED_GEMM_NC], M[ED_GEMM_NC];
+        for (int c = 0; c < nc; c++) S[c] = M[c] = _mm512_setzero_si512();
+        for (int j = 0; j < per; j++, pu += G * ED_PANEL) {
+            const int g = g0 + j;
+            const int32_t go = goff[g];
+            __m512i s[ED_GEMM_NC];
+            for (int c = 0; c < nc; c++) s[c] = _mm512_set1_epi32(-(ic[c][g].yoff / 128) * off);
+            for (int q = 0; q < G / 4; q++) {  /* the tokens' chains interleaved */
+                const __m512i w = _mm512_load_si512((const void *)(pu + 64 * q));
+                for (int c = 0; c < nc; c++) {
+                    int32_t v;
+                    memcpy(&v, yc[c] + go + 4 * q, 4);
+                    s[c] = _mm512_dpbusd_epi32(s[c], w, _mm512_set1_epi32(v));
+                }
+            }
+            if (!gps) {
+                for (int c = 0; c < nc; c++) S[c] = s[c];
+                continue;
+            }
+            const __m512i scv = _mm512_loadu_si512((const void *)(ab + 2 * ED_PANEL * j));
+            const __m512i mnv = _mm512_loadu_si512((const void *)(ab + 2 * ED_PANEL * j + ED_PANEL));
             for (int c = 0; c < nc; c++) {
-                int32_t v;
-                memcpy(&v, yc[c] + go + 4 * q, 4);
-                s[c] = _mm512_dpbusd_epi32(s[c], w, _mm512_set1_epi32(v));
+                S[c] = _mm512_add_epi32(S[c], _mm512_mullo_epi32(s[c], scv));
+                if (has_c) M[c] = _mm512_add_epi32(M[c], _mm512_mullo_epi32(mnv, _mm512_set1_epi32(ic[c][g].yoff / 128)));
             }
         }
-        const __m512 A = _mm512_load_ps(ac + 2 * ED_PANEL * g);
-        for (int c = 0; c < nc; c++)
-            acc[c] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(s[c]), _mm512_set1_ps(ic[c][g].dy)), A, acc[c]);
-        if (has_c) {
-            const __m512 Cv = _mm512_load_ps(ac + 2 * ED_PANEL * g + ED_PANEL);
-            for (int c = 0; c < nc; c++) acc[c] = _mm512_fmadd_ps(Cv, _mm512_set1_ps(ic[c][g].dys), acc[c]);
+        const __m512 A = _mm512_loadu_ps(ab + (gps ? 2 * ED_PANEL * gps : 0));
+        const __m512 Cv = _mm512_loadu_ps(ab + (gps ? 2 * ED_PANEL * gps : 0) + ED_PANEL);
+        for (int c = 0; c < nc; c++) {
+            const __m512 dy = _mm512_set1_ps(ic[c][g0].dy);
+            acc[c] = _mm512_fmadd_ps(_mm512_mul_ps(A, dy), _mm512_cvtepi32_ps(S[c]), acc[c]);
+            if (has_c && gps) acc[c] = _mm512_fnmadd_ps(_mm512_mul_ps(Cv, dy), _mm512_cvtepi32_ps(M[c]), acc[c]);
+            else if (has_c) acc[c] = _mm512_fmadd_ps(Cv, _mm512_set1_ps(ic[c][g0].dys), acc[c]);
         }
     }
     for (int c = 0; c < nc; c++) _mm512_mask_storeu_ps(out + (size_t)c * ldo, rm, acc[c]);
 }
 
-#define ED_Z_GEMM(GG, HC) do { \
+#define ED_Z_GEMM(GG, GPS) do { \
         for (; c0 + ED_GEMM_NC <= nc; c0 += ED_GEMM_NC) \
-            ed_z_gemm_tile(GG, HC, ED_GEMM_NC, ng, pu, ac, goff, xq + c0 * xs, xs, info + (size_t)c0 * is, is, \
-                           out + c0 * ldo, ldo, rm); \
+            ed_z_gemm_tile(GG, GPS, ED_GEMM_NC, ng, pu, ac, goff, xq + c0 * xs, xs, info + (size_t)c0 * is, is, \
+                           out + c0 * ldo, ldo, rm, off, has_c); \
         switch (nc - c0) { \
-        case 5: ed_z_gemm_tile(GG, HC, 5, ng, pu, ac, goff, xq + c0 * xs, xs, info + (size_t)c0 * is, is, out + c0 * ldo, ldo, rm); break; \
-        case 4: ed_z_gemm_tile(GG, HC, 4, ng, pu, ac, goff, xq + c0 * xs, xs, info + (size_t)c0 * is, is, out + c0 * ldo, ldo, rm); break; \
-        case 3: ed_z_gemm_tile(GG, HC, 3, ng, pu, ac, goff, xq + c0 * xs, xs, info + (size_t)c0 * is, is, out + c0 * ldo, ldo, rm); break; \
-        case 2: ed_z_gemm_tile(GG, HC, 2, ng, pu, ac, goff, xq + c0 * xs, xs, info + (size_t)c0 * is, is, out + c0 * ldo, ldo, rm); break; \
-        case 1: ed_z_gemm_tile(GG, HC, 1, ng, pu, ac, goff, xq + c0 * xs, xs, info + (size_t)c0 * is, is, out + c0 * ldo, ldo, rm); break; \
+        case 5: ed_z_gemm_tile(GG, GPS, 5, ng, pu, ac, goff, xq + c0 * xs, xs, info + (size_t)c0 * is, is, out + c0 * ldo, ldo, rm, off, has_c); break; \
+        case 4: ed_z_gemm_tile(GG, GPS, 4, ng, pu, ac, goff, xq + c0 * xs, xs, info + (size_t)c0 * is, is, out + c0 * ldo, ldo, rm, off, has_c); break; \
+        case 3: ed_z_gemm_tile(GG, GPS, 3, ng, pu, ac, goff, xq + c0 * xs, xs, info + (size_t)c0 * is, is, out + c0 * ldo, ldo, rm, off, has_c); break; \
+        case 2: ed_z_gemm_tile(GG, GPS, 2, ng, pu, ac, goff, xq + c0 * xs, xs, info + (size_t)c0 * is, is, out + c0 * ldo, ldo, rm, off, has_c); break; \
+        case 1: ed_z_gemm_tile(GG, GPS, 1, ng, pu, ac, goff, xq + c0 * xs, xs, info + (size_t)c0 * is, is, out + c0 * ldo, ldo, rm, off, has_c); break; \
         default: break; } } while (0)
-
-static void ED_T512V ed_z_gemm(int ng, int G, int has_c, const uint8_t *pu, const float *ac,
+static void ED_T512V ed_z_gemm(int ng, int G, int gps, int off, int has_c, const uint8_t *pu, const float *ac,
                                const int32_t *goff, const uint8_t *xq, size_t xs,
                                const ed_ginfo *info, size_t is, int nc, float *out, size_t ldo,
                                int nr) {
     const __mmask16 rm = (__mmask16)((1u << nr) - 1);
     int c0 = 0;
-    if (G == 32) { if (has_c) ED_Z_GEMM(32, 1); else ED_Z_GEMM(32, 0); }
-    else         { if (has_c) ED_Z_GEMM(16, 1); else ED_Z_GEMM(16, 0); }
+    if (G == 32 && gps == 0) ED_Z_GEMM(32, 0);
+    else if (G == 32) ED_Z_GEMM(32, 8);
+    else ED_Z_GEMM(16, 16);
 }
 #undef ED_Z_GEMM
 /* 16 unpacked rows -> panel order: vector q of group g gathers bytes 4q..4q+3 of every row */
@@ -482,252 +336,6 @@ static void ED_T512V ed_z_gemm_transpose(const uint8_t *u, int K, int G, uint8_t
         _mm512_store_si512((void *)pu, _mm512_i32gather_epi32(idx, (const void *)(u + k), 1));
     (void)G;
 }
-
-/* Q4_0 single-row dot, 512-bit: two blocks per step, block ib in lanes 0..7 (dot_q4_0's first
- * chain) and ib + 1 in lanes 8..15 (its second), each lane running dot_q4_0's operations on
- * the same values, so the result equals ed_avx512_dot_q4_0 bit for bit (the decode-batch tile
- * replays that one). The integer sums come from dpbusd as sum(u * y) - 8 * sum(y) (exact), the
- * four scales of a step are converted together. VNNI only. */
-#define ED_T512V_Q __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")))
-static float ED_T512V_Q ed_z_dot_q4_0(int n, const void *vx, const void *vy) {
-    const blk_q4_0 *x = vx; const blk_q8_0 *y = vy;
-    const int nb = n / QK;
-    const __m512i m4 = _mm512_set1_epi8(0x0F), eight = _mm512_set1_epi8(8);
-    const __m512i pick = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
-    __m512 acc = _mm512_setzero_ps();
-    int ib = 0;
-    for (; ib + 2 <= nb; ib += 2) {
-        _mm_prefetch((const char *)(x + ib) + 2048, _MM_HINT_T0);
-        const __m256i q01 = _mm256_set_m128i(_mm_loadu_si128((const __m128i *)x[ib + 1].qs),
-                                             _mm_loadu_si128((const __m128i *)x[ib].qs));
-        /* [lo(q0) | lo(q1) | hi(q0) | hi(q1)] -> [lo(q0) | hi(q0) | lo(q1) | hi(q1)] */
-        __m512i u = _mm512_inserti64x4(_mm512_castsi256_si512(q01), _mm256_srli_epi16(q01, 4), 1);
-        u = _mm512_shuffle_i64x2(_mm512_and_si512(u, m4), _mm512_and_si512(u, m4), _MM_SHUFFLE(3, 1, 2, 0));
-        const __m512i yv = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)y[ib].qs)),
-                                              _mm256_loadu_si256((const __m256i *)y[ib + 1].qs), 1);
-        const __m512i p = _mm512_sub_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), u, yv),
-                                           _mm512_dpbusd_epi32(_mm512_setzero_si512(), eight, yv));
-        const __m128 h = _mm_cvtph_ps(_mm_setr_epi16((short)x[ib].d, (short)x[ib + 1].d, (short)y[ib].d,
-                                                      (short)y[ib + 1].d, 0, 0, 0, 0));
-        const __m128 d = _mm_mul_ps(h, _mm_movehl_ps(h, h));  /* x.d * y.d of both blocks */
-        acc = _mm512_fmadd_ps(_mm512_permutexvar_ps(pick, _mm512_castps128_ps512(d)), _mm512_cvtepi32_ps(p), acc);
-    }
-    __m256 acc0 = _mm512_castps512_ps256(acc);
-    const __m256 acc1 = _mm512_extractf32x8_ps(acc, 1);
-    if (ib < nb) {  /* a last odd block: the first chain, as dot_q4_0 */
-        const __m256i qx = _mm256_sub_epi8(ed_avx512_nibbles32(x[ib].qs), _mm256_set1_epi8(8));
-        const __m256i pq = ed_avx512_dp_ss(_mm256_setzero_si256(), qx, _mm256_loadu_si256((const __m256i *)y[ib].qs));
-        acc0 = _mm256_fmadd_ps(_mm256_set1_ps(_cvtsh_ss(x[ib].d) * _cvtsh_ss(y[ib].d)), _mm256_cvtepi32_ps(pq), acc0);
-    }
-    return ed_avx512_hsum(_mm256_add_ps(acc0, acc1));
-}
-
-/* Q5_0 single-row dot, 512-bit: two blocks per step, block ib in lanes 0..7 and ib + 1 in
- * 8..15. The integer sums are exact (values lifted to unsigned bytes, u = v + 128, summed by
- * dpbusd less 128 x sum(y)); then dot_q5_0's one FMA chain in block order, block ib's lanes
- * and then block ib + 1's, so the result equals ed_avx512_dot_q5_0 bit for bit (the decode-
- * batch tile replays that one). VNNI only. */
-static float ED_T512V ed_z_dot_q5_0(int n, const void *vx, const void *vy) {
-    const blk_q5_0 *x = vx; const blk_q8_0 *y = vy;
-    const int nb = n / QK;
-    const __m512i sh = _mm512_setr_epi64(0, 0, 0x0004000400040004, 0x0004000400040004, 0, 0,
-                                         0x0004000400040004, 0x0004000400040004);
-    const __m512i m4 = _mm512_set1_epi8(0x0F), c70 = _mm512_set1_epi8(0x70), c16 = _mm512_set1_epi8(16);
-    const __m512i c128 = _mm512_set1_epi8((char)0x80);
-    __m256 acc = _mm256_setzero_ps();
-    int ib = 0;
-    for (; ib + 2 <= nb; ib += 2) {
-        _mm_prefetch((const char *)(x + ib) + ED_PREFETCH, _MM_HINT_T0);
-        const __m512i q = _mm512_inserti64x4(
-            _mm512_castsi256_si512(_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)x[ib].qs))),
-            _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)x[ib + 1].qs)), 1);
-        /* (nibble | 0x70) + 16 * bit = value + 128 */
-        const __m512i u0 = _mm512_ternarylogic_epi32(_mm512_srlv_epi16(q, sh), m4, c70, 0xEA);
-        uint32_t h0, h1;
-        memcpy(&h0, x[ib].qh, 4);
-        memcpy(&h1, x[ib + 1].qh, 4);
-        const __m512i u = _mm512_mask_add_epi8(u0, _cvtu64_mask64((uint64_t)h0 | (uint64_t)h1 << 32), u0, c16);
-        const __m512i yv = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)y[ib].qs)),
-                                              _mm256_loadu_si256((const __m256i *)y[ib + 1].qs), 1);
-        const __m512 p = _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), u, yv),
-                                                             _mm512_dpbusd_epi32(_mm512_setzero_si512(), c128, yv)));
-        const __m128 hd = _mm_cvtph_ps(_mm_setr_epi16((short)x[ib].d, (short)x[ib + 1].d, (short)y[ib].d,
-                                                       (short)y[ib + 1].d, 0, 0, 0, 0));
-        const __m128 d = _mm_mul_ps(hd, _mm_movehl_ps(hd, hd));  /* x.d * y.d of both blocks */
-        acc = _mm256_fmadd_ps(_mm256_broadcastss_ps(d), _mm512_castps512_ps256(p), acc);
-        acc = _mm256_fmadd_ps(_mm256_permutevar8x32_ps(_mm256_castps128_ps256(d), _mm256_set1_epi32(1)),
-                              _mm512_extractf32x8_ps(p, 1), acc);
-    }
-    if (ib < nb) {  /* a last odd block: dot_q5_0's operations */
-        const __m256i hi = _mm256_andnot_si256(ed_avx512_bits32(x[ib].qh), _mm256_set1_epi8((char)0xF0));
-        const __m256i qx = _mm256_or_si256(ed_avx512_nibbles32(x[ib].qs), hi);
-        const __m256i pq = ed_avx512_dp_ss(_mm256_setzero_si256(), qx, _mm256_loadu_si256((const __m256i *)y[ib].qs));
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(_cvtsh_ss(x[ib].d) * _cvtsh_ss(y[ib].d)), _mm256_cvtepi32_ps(pq), acc);
-    }
-    return ed_avx512_hsum(acc);
-}
-
-/* Decode-batch tiles (ED_MDOT_SAME) of the Q8_0-activation types on AVX-512 VNNI: two
- * sessions per zmm, session 2p in lanes 0..7 and 2p + 1 in lanes 8..15, read from the rows'
- * pair areas (ED_SAME_PAIR). Each lane gets the one-token kernel's integer sum of its 4
- * products (formed as (w + 128) x y - 128 x sum(y): exact, the same number), then that
- * kernel's float operations on the same values (the block scale dx * dy; one FMA per block
- * into the chain that kernel uses), and each session's 8 lanes are summed by the same
- * horizontal sum, so every column equals that kernel bit for bit: dot_q5_0 and mrows_q8_0
- * (one chain), ed_z_dot_q4_0 (even blocks in one chain, odd blocks in a second). A weight
- * block is unpacked once, already lifted and doubled to 64 bytes; each pair then costs four
- * vector operations per block. */
-static inline __attribute__((always_inline)) void ED_T512V
-ed_z_pair_blk(__m512i u2, ed_half d, const uint8_t *pa, size_t ps, int np, int ib, __m512 *acc) {
-    const __m512 dx = _mm512_set1_ps(ED_H2F_TABLE[d]);  /* a load, not a conversion */
-    for (int p = 0; p < np; p++) {
-        const uint8_t *b = pa + p * ps + (size_t)ib * ED_PAIR_BLK_Q8_0;
-        const __m512i s = _mm512_dpbusd_epi32(_mm512_loadu_si512((const void *)(b + 128)), u2,
-                                              _mm512_loadu_si512((const void *)b));
-        acc[p] = _mm512_fmadd_ps(_mm512_mul_ps(dx, _mm512_loadu_ps((const float *)(b + 64))), _mm512_cvtepi32_ps(s), acc[p]);
-    }
-}
-
-/* the 16 quant bytes of a 32-block as [low nibbles | high nibbles] twice, masked to 0..15 */
-static inline __m512i ED_T512V ed_z_pair_nibbles(const uint8_t *qs) {
-    const __m512i sh = _mm512_setr_epi64(0, 0, 0x0004000400040004, 0x0004000400040004, 0, 0,
-                                         0x0004000400040004, 0x0004000400040004);
-    return _mm512_and_si512(_mm512_srlv_epi16(_mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)qs)), sh),
-                            _mm512_set1_epi8(0x0F));
-}
-
-static inline void ED_T512V ed_z_pair_out(const __m512 *acc, int nc, float *out, size_t lo) {
-    for (int c = 0; c < nc; c++)
-        out[c * lo] = ed_avx512_hsum(c & 1 ? _mm512_extractf32x8_ps(acc[c / 2], 1) : _mm512_castps512_ps256(acc[c / 2]));
-}
-
-/* The tiles' bodies take the pair count as a constant (ED_Z_PAIR_FN instantiates 1 and 2), so
- * the accumulators stay in registers. */
-#define ED_Z_PAIR_FN(name) \
-    static void ED_T512V ed_z_pair_##name(int n, const void *vx, const void *vy, size_t ys, int nc, float *out, size_t lo) { \
-        __m512 acc[ED_MAX_COLS / 2]; \
-        const uint8_t *pa = ED_SAME_PAIR(ED_Q8_0, vy, n / QK); \
-        if (nc > 2) ed_z_pair_##name##_body(n, vx, pa, 2 * ys, 2, acc); \
-        else        ed_z_pair_##name##_body(n, vx, pa, 2 * ys, 1, acc); \
-        ed_z_pair_out(acc, nc, out, lo); \
-    }
-#define ED_Z_PAIR_BODY(name) static inline __attribute__((always_inline)) void ED_T512V \
-    ed_z_pair_##name##_body(int n, const void *vx, const uint8_t *pa, size_t ps, const int np, __m512 *acc)
-
-ED_Z_PAIR_BODY(q8_0) {
-    const blk_q8_0 *x = vx;
-    const __m512i lift = _mm512_set1_epi8((char)0x80);
-    for (int p = 0; p < np; p++) acc[p] = _mm512_setzero_ps();
-    for (int ib = 0; ib < n / QK; ib++) {
-        _mm_prefetch((const char *)(x + ib) + ED_PREFETCH, _MM_HINT_T0);
-        const __m512i w = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)x[ib].qs));
-        ed_z_pair_blk(_mm512_xor_si512(w, lift), x[ib].d, pa, ps, np, ib, acc);
-    }
-}
-ED_Z_PAIR_FN(q8_0)
-
-/* Q5_0: nibble + 16 * bit - 16 + 128 = (nibble | 0x70) + (bit ? 16 : 0) */
-ED_Z_PAIR_BODY(q5_0) {
-    const blk_q5_0 *x = vx;
-    const __m512i c70 = _mm512_set1_epi8(0x70), c16 = _mm512_set1_epi8(16);
-    for (int p = 0; p < np; p++) acc[p] = _mm512_setzero_ps();
-    for (int ib = 0; ib < n / QK; ib++) {
-        _mm_prefetch((const char *)(x + ib) + ED_PREFETCH, _MM_HINT_T0);
-        uint32_t qh; memcpy(&qh, x[ib].qh, 4);
-        const __mmask64 hb = _cvtu64_mask64((uint64_t)qh | (uint64_t)qh << 32);
-        const __m512i u = _mm512_or_si512(ed_z_pair_nibbles(x[ib].qs), c70);
-        ed_z_pair_blk(_mm512_mask_add_epi8(u, hb, u, c16), x[ib].d, pa, ps, np, ib, acc);
-    }
-}
-ED_Z_PAIR_FN(q5_0)
-
-/* Q4_0: nibble - 8 + 128; two chains as ed_z_dot_q4_0 */
-ED_Z_PAIR_BODY(q4_0) {
-    const blk_q4_0 *x = vx;
-    const int nb = n / QK;
-    __m512 acc1[ED_MAX_COLS / 2];
-    for (int p = 0; p < np; p++) acc[p] = acc1[p] = _mm512_setzero_ps();
-    const __m512i c120 = _mm512_set1_epi8(120);
-    int ib = 0;
-    for (; ib + 2 <= nb; ib += 2) {
-        _mm_prefetch((const char *)(x + ib) + 2048, _MM_HINT_T0);
-        ed_z_pair_blk(_mm512_add_epi8(ed_z_pair_nibbles(x[ib].qs), c120), x[ib].d, pa, ps, np, ib, acc);
-        ed_z_pair_blk(_mm512_add_epi8(ed_z_pair_nibbles(x[ib + 1].qs), c120), x[ib + 1].d, pa, ps, np, ib + 1, acc1);
-    }
-    if (ib < nb) ed_z_pair_blk(_mm512_add_epi8(ed_z_pair_nibbles(x[ib].qs), c120), x[ib].d, pa, ps, np, ib, acc);
-    for (int p = 0; p < np; p++) acc[p] = _mm512_add_ps(acc[p], acc1[p]);
-}
-ED_Z_PAIR_FN(q4_0)
-#undef ED_Z_PAIR_FN
-#undef ED_Z_PAIR_BODY
-
-/* Q4_K and Q5_K on Q8_K pair areas: dot_q4_K's / dot_q5_K's 8 lanes per session (the
- * sub-block scales times the sums of 4 products, exact; dpwssd is madd + add in one), one FMA
- * per super-block with y.d * x.d, the mins through the dot's 4-lane sum per session,
- * subtracted at the end. `five` (a constant) selects Q5_K: each value's fifth bit from qh. */
-static inline __attribute__((always_inline)) void ED_T512V
-ed_z_pair_k45_body(int n, const void *vx, const void *vy, size_t ys, const int nc, float *out, size_t lo, const int five) {
-    const int nb = n / QKK, np = (nc + 1) / 2;
-    const uint8_t *pa = ED_SAME_PAIR(ED_Q8_K, vy, nb);
-    __m512 acc[ED_MAX_COLS / 2];
-    __m128 accm[ED_MAX_COLS];
-    for (int p = 0; p < np; p++) acc[p] = _mm512_setzero_ps();
-    for (int c = 0; c < nc; c++) accm[c] = _mm_setzero_ps();
-    const __m512i m4 = _mm512_set1_epi8(0x0F), one = _mm512_set1_epi8(1);
-    for (int i = 0; i < nb; i++) {
-        const blk_q4_K *x4 = (const blk_q4_K *)vx + i;
-        const blk_q5_K *x5 = (const blk_q5_K *)vx + i;
-        const uint8_t *xs = five ? x5->scales : x4->scales, *qs = five ? x5->qs : x4->qs;
-        const ed_half xd = five ? x5->d : x4->d, xdmin = five ? x5->dmin : x4->dmin;
-        const int bsz = five ? (int)sizeof(blk_q5_K) : (int)sizeof(blk_q4_K);
-        for (int p = 0; p < bsz; p += 64)
-            _mm_prefetch((const char *)vx + (size_t)i * bsz + ED_PREFETCH + p, _MM_HINT_T0);
-        const __m256i sm = ed_avx512_k4_scales_mins(xs);
-        const __m512i scales = _mm512_broadcast_i32x4(_mm256_castsi256_si128(sm));
-        const float mx = ED_H2F_TABLE[xdmin];
-        for (int c = 0; c < nc; c++) {
-            const blk_q8_K *y = (const blk_q8_K *)((const uint8_t *)vy + c * ys) + i;
-            accm[c] = _mm_fmadd_ps(_mm_set1_ps(y->d * mx), _mm_cvtepi32_ps(ed_avx512_k4_min_sums(sm, y->bsums)), accm[c]);
-        }
-        const __m512i hb = five ? _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)x5->qh)) : _mm512_setzero_si512();
-        const uint8_t *b = pa + (size_t)i * ED_PAIR_BLK_Q8_K;
-        __m512i sumi[ED_MAX_COLS / 2];
-        for (int p = 0; p < np; p++) sumi[p] = _mm512_setzero_si512();
-        for (int j = 0; j < 4; j++) {
-            const __m512i sl = _mm512_shuffle_epi8(scales, _mm512_set1_epi16((short)((4 * j + 1) << 8 | (4 * j))));
-            const __m512i sh = _mm512_shuffle_epi8(scales, _mm512_set1_epi16((short)((4 * j + 3) << 8 | (4 * j + 2))));
-            const __m512i q4 = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(qs + 32 * j)));
-            __m512i l = _mm512_and_si512(q4, m4), h = _mm512_and_si512(_mm512_srli_epi16(q4, 4), m4);
-            if (five) {
-                l = _mm512_or_si512(l, _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(hb, 2 * j), one), 4));
-                h = _mm512_or_si512(h, _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(hb, 2 * j + 1), one), 4));
-            }
-            for (int p = 0; p < np; p++) {
-                const uint8_t *bp = b + p * 2 * ys + 128 * j;
-                sumi[p] = _mm512_dpwssd_epi32(sumi[p], _mm512_maddubs_epi16(l, _mm512_loadu_si512((const void *)bp)), sl);
-                sumi[p] = _mm512_dpwssd_epi32(sumi[p], _mm512_maddubs_epi16(h, _mm512_loadu_si512((const void *)(bp + 64))), sh);
-            }
-        }
-        const __m512 dx = _mm512_set1_ps(ED_H2F_TABLE[xd]);
-        for (int p = 0; p < np; p++)
-            acc[p] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_loadu_ps((const float *)(b + p * 2 * ys + 512)), dx),
-                                     _mm512_cvtepi32_ps(sumi[p]), acc[p]);
-    }
-    for (int c = 0; c < nc; c++)
-        out[c * lo] = ed_avx512_hsum(c & 1 ? _mm512_extractf32x8_ps(acc[c / 2], 1) : _mm512_castps512_ps256(acc[c / 2]))
-                      - ed_avx512_hsum128(accm[c]);
-}
-
-static inline __attribute__((always_inline)) void ED_T512V
-ed_z_pair_q4_K_body(int n, const void *vx, const void *vy, size_t ys, int nc, float *out, size_t lo) {
-    ed_z_pair_k45_body(n, vx, vy, ys, nc, out, lo, 0);
-}
-static inline __attribute__((always_inline)) void ED_T512V
-ed_z_pair_q5_K_body(int n, const void *vx, const void *vy, size_t ys, int nc, float *out, size_t lo) {
-    ed_z_pair_k45_body(n, vx, vy, ys, nc, out, lo, 1);
-}
-ED_Z_TILE_T(ed_z_pair_q4_K, ED_T512V)
-ED_Z_TILE_T(ed_z_pair_q5_K, ED_T512V)
 
 /* attention: 8 query rows per vector on the AVX2 path, 16 on the AVX-512 path */
 #define ED_TARGET __attribute__((target("avx2,fma,f16c")))
@@ -754,37 +362,7 @@ ED_Z_TILE_T(ed_z_pair_q5_K, ED_T512V)
 #define ED_NEED_AVX512 (ED_NEED_AVX2 | ED_CPU_AVX512F | ED_CPU_AVX512BW | ED_CPU_AVX512VL | \
                         ED_CPU_AVX512DQ)
 
-/* The avx512 rows that differ from the 256-bit build's, chosen by measurement on Sapphire
- * Rapids (best of 30, tools/bench_kernels.py-like runs): 512-bit wins for the Q4_K prompt
- * tiles (+20%) and the Q6_K single dot (+20%); the 256-bit VNNI build stays faster for the
- * Q4_K single dot and the Q6_K prompt tiles (512-bit uops share fewer ports). With VNNI the
- * table also takes the 512-bit Q4_0 / Q5_0 dots, the pair tiles that replay them (and the
- * Q8_0 row kernel, Q4_K / Q5_K / Q6_K dots) two sessions per zmm, and the 512-bit panels;
- * without VNNI (dpwssd / dpbusd) only the Q4_K prompt tile changes. */
-static const ed_mdot_fn ED_AVX512NV_TILE[ED_NTYPES] = {
-    [ED_F32] = ed_avx512nv_tile_f32, [ED_F16] = ed_avx512nv_tile_f16, [ED_BF16] = ed_avx512nv_tile_bf16,
-    [ED_Q4_0] = ed_avx512nv_tile_q4_0, [ED_Q4_1] = ed_avx512nv_tile_q4_1, [ED_Q5_0] = ed_avx512nv_tile_q5_0,
-    [ED_Q5_1] = ed_avx512nv_tile_q5_1, [ED_Q8_0] = ed_avx512nv_tile_q8_0, [ED_Q2_K] = ed_avx512nv_tile_q2_K,
-    [ED_Q3_K] = ed_avx512nv_tile_q3_K, [ED_Q4_K] = ed_z_mdot_q4_K, [ED_Q5_K] = ed_avx512nv_tile_q5_K,
-    [ED_Q6_K] = ed_avx512nv_tile_q6_K};
-static const ed_dot_fn ED_AVX512V_DOT[ED_NTYPES] = {
-    [ED_F32] = ed_avx512_dot_f32, [ED_F16] = ed_avx512_dot_f16, [ED_BF16] = ed_avx512_dot_bf16,
-    [ED_Q4_0] = ed_z_dot_q4_0, [ED_Q4_1] = ed_avx512_dot_q4_1, [ED_Q5_0] = ed_z_dot_q5_0,
-    [ED_Q5_1] = ed_avx512_dot_q5_1, [ED_Q8_0] = ed_avx512_dot_q8_0, [ED_Q2_K] = ed_avx512_dot_q2_K,
-    [ED_Q3_K] = ed_avx512_dot_q3_K, [ED_Q4_K] = ed_avx512_dot_q4_K, [ED_Q5_K] = ed_avx512_dot_q5_K,
-    [ED_Q6_K] = ed_z_dot_q6_K};
-static const ed_mdot_fn ED_AVX512V_TILE[ED_NTYPES] = {
-    [ED_F32] = ed_avx512_tile_f32, [ED_F16] = ed_avx512_tile_f16, [ED_BF16] = ed_avx512_tile_bf16,
-    [ED_Q4_0] = ed_avx512_tile_q4_0, [ED_Q4_1] = ed_avx512_tile_q4_1, [ED_Q5_0] = ed_avx512_tile_q5_0,
-    [ED_Q5_1] = ed_avx512_tile_q5_1, [ED_Q8_0] = ed_avx512_tile_q8_0, [ED_Q2_K] = ed_avx512_tile_q2_K,
-    [ED_Q3_K] = ed_avx512_tile_q3_K, [ED_Q4_K] = ed_z_mdot_q4_K, [ED_Q5_K] = ed_avx512_tile_q5_K,
-    [ED_Q6_K] = ed_avx512_tile_q6_K};
-static const ed_mdot_fn ED_AVX512V_SAME[ED_NTYPES] = {  /* pair tiles: ed_z_dot_* as one column */
-    [ED_F32] = ed_avx512_same_f32, [ED_F16] = ed_avx512_same_f16, [ED_BF16] = ed_avx512_same_bf16,
-    [ED_Q4_0] = ed_z_pair_q4_0, [ED_Q4_1] = ed_avx512_same_q4_1, [ED_Q5_0] = ed_z_pair_q5_0,
-    [ED_Q5_1] = ed_avx512_same_q5_1, [ED_Q8_0] = ed_z_pair_q8_0, [ED_Q2_K] = ed_avx512_same_q2_K,
-    [ED_Q3_K] = ed_avx512_same_q3_K, [ED_Q4_K] = ed_z_pair_q4_K, [ED_Q5_K] = ed_z_pair_q5_K,
-    [ED_Q6_K] = ed_z_mdot_q6_K};
+/* avx512 with VNNI: the 256-bit build's kernels and the 512-bit packed panels */
 static const struct ed_gemm_path ED_AVX512V_GEMM = {
     ed_z_gemm, 1, 0, ed_z_gemm_transpose,
     {[ED_Q4_0] = ed_avx512_unpack_q4_0, [ED_Q5_0] = ed_avx512_unpack_q5_0, [ED_Q8_0] = ed_avx512_unpack_q8_0,
@@ -836,20 +414,19 @@ static const ed_quant_fn ED_GENERIC_QUANT[ED_NTYPES] = {
     [ED_Q8_0] = ed_quant_q8_0, [ED_Q8_1] = ed_quant_q8_1, [ED_Q8_K] = ed_quant_q8_K};
 static const ed_mdot_fn ED_NO_TILES[ED_NTYPES] = {NULL};
 static const ed_mrows_fn ED_NO_ROWS[ED_NTYPES] = {NULL};
-static const ed_mdot_fn ED_GENERIC_SAME[ED_NTYPES] = {[ED_Q4_0] = ed_same_q4_0, [ED_Q5_0] = ed_same_q5_0};
 
 /* the paths this build knows, best first (ed_types_init takes the first the CPU runs) */
 static const ed_kernels ED_PATHS[] = {
 #if defined(__x86_64__)
-    {"avx512", "avx512+vnni", ED_NEED_AVX512 | ED_CPU_AVX512VNNI, ED_AVX512V_DOT, ed_avx512_quant,
-     ED_AVX512V_TILE, ED_AVX512V_SAME, ed_avx512_rows, ED_PAIRS_Q8_0 | ED_PAIRS_Q8_K, &ED_AVX512V_GEMM,
+    {"avx512", "avx512+vnni", ED_NEED_AVX512 | ED_CPU_AVX512VNNI, ed_avx512_dot, ed_avx512_quant,
+     ed_avx512_tile, ed_avx512_tile, ed_avx512_rows, 0, &ED_AVX512V_GEMM,
      ed_avx512_axpy_f16, ed_z_attn},
-    {"avx512", "avx512", ED_NEED_AVX512, ed_avx512nv_dot, ed_avx512nv_quant, ED_AVX512NV_TILE,
-     ed_avx512nv_same, ed_avx512nv_rows, 0, &ed_avx512nv_gemm_path, ed_avx512nv_axpy_f16, ed_z_attn},
+    {"avx512", "avx512", ED_NEED_AVX512, ed_avx512nv_dot, ed_avx512nv_quant, ed_avx512nv_tile,
+     ed_avx512nv_tile, ed_avx512nv_rows, 0, &ed_avx512nv_gemm_path, ed_avx512nv_axpy_f16, ed_z_attn},
     {"avx2", "avx2+vnni", ED_NEED_AVX2 | ED_CPU_AVXVNNI, ed_avx2vnni_dot, ed_avx2vnni_quant,
-     ed_avx2vnni_tile, ed_avx2vnni_same, ed_avx2vnni_rows, ED_PAIRS_Q8_0, &ed_avx2vnni_gemm_path,
+     ed_avx2vnni_tile, ed_avx2vnni_tile, ed_avx2vnni_rows, 0, &ed_avx2vnni_gemm_path,
      ed_avx2vnni_axpy_f16, ed_avx2_attn},
-    {"avx2", "avx2", ED_NEED_AVX2, ed_avx2_dot, ed_avx2_quant, ed_avx2_tile, ed_avx2_same, ed_avx2_rows, 0,
+    {"avx2", "avx2", ED_NEED_AVX2, ed_avx2_dot, ed_avx2_quant, ed_avx2_tile, ed_avx2_tile, ed_avx2_rows, 0,
      &ed_avx2_gemm_path, ed_avx2_axpy_f16, ed_avx2_attn},
 #elif defined(__aarch64__)
     {"neon", "neon+dotprod", ED_CPU_NEON | ED_CPU_DOTPROD, ed_neondp_dot, ED_GENERIC_QUANT, ed_neondp_tile,
@@ -857,7 +434,7 @@ static const ed_kernels ED_PATHS[] = {
     {"neon", "neon", ED_CPU_NEON, ed_neon_dot, ED_GENERIC_QUANT, ed_neon_tile, ed_neon_tile, ED_NO_ROWS, 0,
      &ED_GEMM_NONE, ed_neon_axpy_f16, ed_attn_rowwise},
 #endif
-    {"generic", "generic", 0, ED_GENERIC_DOT, ED_GENERIC_QUANT, ED_NO_TILES, ED_GENERIC_SAME, ED_NO_ROWS, 0,
+    {"generic", "generic", 0, ED_GENERIC_DOT, ED_GENERIC_QUANT, ED_NO_TILES, ED_NO_TILES, ED_NO_ROWS, 0,
      &ED_GEMM_NONE, ed_axpy_f16_generic, ed_attn_rowwise},
 };
 #define ED_NPATHS (int)(sizeof ED_PATHS / sizeof ED_PATHS[0])

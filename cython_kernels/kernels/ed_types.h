@@ -184,33 +184,50 @@ static float ed_dot_bf16(int n, const void *vx, const void *vy) {
     return (float)s;
 }
 
+/* ---------------------------------------------------------------- the canonical order --
+ * Every path computes a quantized weight row . activation row in ONE float order
+ * (docs/kernels.md, "Canonical summation order"): block by block in increasing order, the
+ * block's exact integer sum(s), then a fixed short sequence of float operations into one
+ * float accumulator per (row, column), starting from 0:
+ *     acc = fmaf(dw * dy, (float)isum, acc)              every type
+ *     acc = fmaf(mw, sy, acc)                             Q4_1 / Q5_1: min x activation sum
+ *     acc = fmaf(-(dmin * dy), (float)msum, acc)          Q2_K / Q4_K / Q5_K: the mins
+ * (K-quants: one step per 256 super-block, the sub-block scales combined in integers.) No lane
+ * partials and no horizontal float sums, so a one-token dot, a decode-batch tile, a prompt
+ * tile and a packed panel (rows or columns as SIMD lanes) give the same bits, whatever the
+ * batch, the chunking or the threads; the functions below are that order written plainly. */
+#define ED_STEP(acc, dw, dy, isum) ((acc) = fmaf((dw) * (dy), (float)(isum), (acc)))
+#define ED_STEP_MIN(acc, mw, sy) ((acc) = fmaf((mw), (sy), (acc)))
+#define ED_STEP_NEG(acc, dm, dy, msum) ((acc) = fmaf(-((dm) * (dy)), (float)(msum), (acc)))
+
 static float ed_dot_q4_0(int n, const void *vx, const void *vy) {
     const blk_q4_0 *x = vx; const blk_q8_0 *y = vy;
-    float sumf = 0;
+    float acc = 0;
     for (int ib = 0; ib < n / QK; ib++) {
         int s = 0;
         for (int j = 0; j < QK / 2; j++)
             s += ((x[ib].qs[j] & 0xF) - 8) * y[ib].qs[j] + ((x[ib].qs[j] >> 4) - 8) * y[ib].qs[j + QK / 2];
-        sumf += s * H2F(x[ib].d) * H2F(y[ib].d);
+        ED_STEP(acc, H2F(x[ib].d), H2F(y[ib].d), s);
     }
-    return sumf;
+    return acc;
 }
 
 static float ed_dot_q4_1(int n, const void *vx, const void *vy) {
     const blk_q4_1 *x = vx; const blk_q8_1 *y = vy;
-    float sumf = 0;
+    float acc = 0;
     for (int ib = 0; ib < n / QK; ib++) {
         int s = 0;
         for (int j = 0; j < QK / 2; j++)
             s += (x[ib].qs[j] & 0xF) * y[ib].qs[j] + (x[ib].qs[j] >> 4) * y[ib].qs[j + QK / 2];
-        sumf += (H2F(x[ib].d) * H2F(y[ib].d)) * s + H2F(x[ib].m) * H2F(y[ib].s);
+        ED_STEP(acc, H2F(x[ib].d), H2F(y[ib].d), s);
+        ED_STEP_MIN(acc, H2F(x[ib].m), H2F(y[ib].s));
     }
-    return sumf;
+    return acc;
 }
 
 static float ed_dot_q5_0(int n, const void *vx, const void *vy) {
     const blk_q5_0 *x = vx; const blk_q8_0 *y = vy;
-    float sumf = 0;
+    float acc = 0;
     for (int ib = 0; ib < n / QK; ib++) {
         uint32_t qh; memcpy(&qh, x[ib].qh, 4);
         int s = 0;
@@ -219,14 +236,14 @@ static float ed_dot_q5_0(int n, const void *vx, const void *vy) {
             int x1 = (int)((x[ib].qs[j] >> 4) | (((qh >> (j + 16)) & 1) << 4)) - 16;
             s += x0 * y[ib].qs[j] + x1 * y[ib].qs[j + QK / 2];
         }
-        sumf += (H2F(x[ib].d) * H2F(y[ib].d)) * s;
+        ED_STEP(acc, H2F(x[ib].d), H2F(y[ib].d), s);
     }
-    return sumf;
+    return acc;
 }
 
 static float ed_dot_q5_1(int n, const void *vx, const void *vy) {
     const blk_q5_1 *x = vx; const blk_q8_1 *y = vy;
-    float sumf = 0;
+    float acc = 0;
     for (int ib = 0; ib < n / QK; ib++) {
         uint32_t qh; memcpy(&qh, x[ib].qh, 4);
         int s = 0;
@@ -235,85 +252,83 @@ static float ed_dot_q5_1(int n, const void *vx, const void *vy) {
             int x1 = (x[ib].qs[j] >> 4) | (((qh >> (j + 16)) & 1) << 4);
             s += x0 * y[ib].qs[j] + x1 * y[ib].qs[j + QK / 2];
         }
-        sumf += (H2F(x[ib].d) * H2F(y[ib].d)) * s + H2F(x[ib].m) * H2F(y[ib].s);
+        ED_STEP(acc, H2F(x[ib].d), H2F(y[ib].d), s);
+        ED_STEP_MIN(acc, H2F(x[ib].m), H2F(y[ib].s));
     }
-    return sumf;
+    return acc;
 }
 
 static float ed_dot_q8_0(int n, const void *vx, const void *vy) {
     const blk_q8_0 *x = vx; const blk_q8_0 *y = vy;
-    float sumf = 0;
+    float acc = 0;
     for (int ib = 0; ib < n / QK; ib++) {
         int s = 0;
         for (int j = 0; j < QK; j++) s += x[ib].qs[j] * y[ib].qs[j];
-        sumf += s * (H2F(x[ib].d) * H2F(y[ib].d));
+        ED_STEP(acc, H2F(x[ib].d), H2F(y[ib].d), s);
     }
-    return sumf;
+    return acc;
 }
 
+/* Q2_K: 16 groups of 16, 4-bit scale (low) and min (high) each:
+ * isum = sum scale_g * sum(q2 * q8), msum = sum min_g * bsum_g */
 static float ed_dot_q2_K(int n, const void *vx, const void *vy) {
     const blk_q2_K *x = vx; const blk_q8_K *y = vy;
-    float sumf = 0;
+    float acc = 0;
     for (int i = 0; i < n / QKK; i++) {
         const uint8_t *q2 = x[i].qs, *sc = x[i].scales;
         const int8_t *q8 = y[i].qs;
-        int summs = 0;
-        for (int j = 0; j < 16; j++) summs += y[i].bsums[j] * (sc[j] >> 4);
-        const float dall = y[i].d * H2F(x[i].d), dmin = y[i].d * H2F(x[i].dmin);
-        int isum = 0, is = 0;
-        for (int k = 0; k < QKK / 128; k++) {
-            int shift = 0;
-            for (int j = 0; j < 4; j++) {
-                int d = sc[is++] & 0xF, s = 0;
-                for (int l = 0; l < 16; l++) s += q8[l] * ((q2[l] >> shift) & 3);
-                isum += d * s;
-                d = sc[is++] & 0xF; s = 0;
-                for (int l = 16; l < 32; l++) s += q8[l] * ((q2[l] >> shift) & 3);
-                isum += d * s;
-                shift += 2; q8 += 32;
-            }
-            q2 += 32;
-        }
-        sumf += dall * isum - dmin * summs;
+        int msum = 0, isum = 0, is = 0;
+        for (int j = 0; j < 16; j++) msum += y[i].bsums[j] * (sc[j] >> 4);
+        for (int k = 0; k < QKK / 128; k++, q2 += 32)
+            for (int shift = 0; shift < 8; shift += 2)
+                for (int h = 0; h < 2; h++, q8 += 16) {
+                    int s = 0;
+                    for (int l = 0; l < 16; l++) s += q8[l] * ((q2[16 * h + l] >> shift) & 3);
+                    isum += (sc[is++] & 0xF) * s;
+                }
+        ED_STEP(acc, H2F(x[i].d), y[i].d, isum);
+        ED_STEP_NEG(acc, H2F(x[i].dmin), y[i].d, msum);
     }
-    return sumf;
+    return acc;
 }
 
+/* Q3_K's sixteen 6-bit scales (minus 32) */
+static inline void ed_q3_scales(const uint8_t *s12, int8_t *sc) {
+    const uint32_t kmask1 = 0x03030303, kmask2 = 0x0f0f0f0f;
+    uint32_t a[4];
+    memcpy(a, s12, 12);
+    const uint32_t tmp = a[2];
+    a[2] = ((a[0] >> 4) & kmask2) | (((tmp >> 4) & kmask1) << 4);
+    a[3] = ((a[1] >> 4) & kmask2) | (((tmp >> 6) & kmask1) << 4);
+    a[0] = (a[0] & kmask2) | (((tmp >> 0) & kmask1) << 4);
+    a[1] = (a[1] & kmask2) | (((tmp >> 2) & kmask1) << 4);
+    memcpy(sc, a, 16);
+    for (int j = 0; j < 16; j++) sc[j] = (int8_t)(sc[j] - 32);
+}
+
+/* Q3_K: 16 groups of 16, weights (2 bits) - 4 where the hmask bit is clear:
+ * isum = sum scale_g * sum(w * q8) */
 static float ed_dot_q3_K(int n, const void *vx, const void *vy) {
     const blk_q3_K *x = vx; const blk_q8_K *y = vy;
-    const uint32_t kmask1 = 0x03030303, kmask2 = 0x0f0f0f0f;
-    int8_t aux8[QKK]; int32_t aux32[8]; float sums[8] = {0};
-    uint32_t auxs[4]; const int8_t *scales = (const int8_t *)auxs;
+    float acc = 0;
+    int8_t sc[16];
     for (int i = 0; i < n / QKK; i++) {
         const uint8_t *q3 = x[i].qs, *hm = x[i].hmask;
         const int8_t *q8 = y[i].qs;
-        memset(aux32, 0, sizeof aux32);
-        int8_t *a = aux8; uint8_t m = 1;
-        for (int j = 0; j < QKK; j += 128) {
-            for (int sh = 0; sh < 8; sh += 2) {
-                for (int l = 0; l < 32; l++) a[l] = (int8_t)(((q3[l] >> sh) & 3) - (hm[l] & m ? 0 : 4));
-                a += 32; m <<= 1;
-            }
-            q3 += 32;
-        }
-        a = aux8;
-        memcpy(auxs, x[i].scales, 12);
-        uint32_t tmp = auxs[2];
-        auxs[2] = ((auxs[0] >> 4) & kmask2) | (((tmp >> 4) & kmask1) << 4);
-        auxs[3] = ((auxs[1] >> 4) & kmask2) | (((tmp >> 6) & kmask1) << 4);
-        auxs[0] = (auxs[0] & kmask2) | (((tmp >> 0) & kmask1) << 4);
-        auxs[1] = (auxs[1] & kmask2) | (((tmp >> 2) & kmask1) << 4);
-        for (int j = 0; j < QKK / 16; j++) {
-            for (int h = 0; h < 2; h++) {
-                for (int l = 0; l < 8; l++) aux32[l] += (scales[j] - 32) * (int16_t)(q8[l] * a[l]);
-                q8 += 8; a += 8;
-            }
-        }
-        const float d = H2F(x[i].d) * y[i].d;
-        for (int l = 0; l < 8; l++) sums[l] += d * aux32[l];
+        ed_q3_scales(x[i].scales, sc);
+        int isum = 0, g = 0;
+        uint8_t m = 1;
+        for (int j = 0; j < QKK; j += 128, q3 += 32)
+            for (int sh = 0; sh < 8; sh += 2, m <<= 1)
+                for (int h = 0; h < 2; h++, q8 += 16) {
+                    int s = 0;
+                    for (int l = 16 * h; l < 16 * h + 16; l++)
+                        s += q8[l - 16 * h] * (((q3[l] >> sh) & 3) - (hm[l] & m ? 0 : 4));
+                    isum += sc[g++] * s;
+                }
+        ED_STEP(acc, H2F(x[i].d), y[i].d, isum);
     }
-    float sumf = 0; for (int l = 0; l < 8; l++) sumf += sums[l];
-    return sumf;
+    return acc;
 }
 
 static inline void ed_k_scales(const uint8_t *s12, uint8_t *scales, uint8_t *mins) {
@@ -329,31 +344,27 @@ static inline void ed_k_scales(const uint8_t *s12, uint8_t *scales, uint8_t *min
     memcpy(mins, &utmp[2], 8);
 }
 
-/* Q4_K / Q5_K: one super-block whose 256 weights (without the scales) are unpacked in a:
- * the sub-block scales times the integer sums in 8 lanes, the mins against the block sums */
+/* Q4_K / Q5_K: one super-block whose 256 weights (0..31, without the scales) are in a:
+ * isum = sum scale_g * sum(a * q8) over 8 groups of 32, msum = sum min_g * bsum_g */
 static inline void ed_dot_k_block(const int8_t *a, const uint8_t *s12, ed_half xd, ed_half xdmin,
-                                  const blk_q8_K *y, float *sums, float *sumf) {
+                                  const blk_q8_K *y, float *acc) {
     uint8_t scales[8], mins[8];
-    int32_t aux32[8] = {0};
     const int8_t *q8 = y->qs;
     ed_k_scales(s12, scales, mins);
-    int sumi = 0;
-    for (int j = 0; j < QKK / 16; j++) sumi += y->bsums[j] * mins[j / 2];
-    for (int j = 0; j < QKK / 32; j++) {
-        int32_t scale = scales[j];
-        for (int h = 0; h < 4; h++) {
-            for (int l = 0; l < 8; l++) aux32[l] += scale * (int16_t)(q8[l] * a[l]);
-            q8 += 8; a += 8;
-        }
+    int msum = 0, isum = 0;
+    for (int j = 0; j < QKK / 16; j++) msum += y->bsums[j] * mins[j / 2];
+    for (int j = 0; j < QKK / 32; j++, q8 += 32, a += 32) {
+        int s = 0;
+        for (int l = 0; l < 32; l++) s += q8[l] * a[l];
+        isum += scales[j] * s;
     }
-    const float d = H2F(xd) * y->d;
-    for (int l = 0; l < 8; l++) sums[l] += d * aux32[l];
-    *sumf -= H2F(xdmin) * y->d * sumi;
+    ED_STEP(*acc, H2F(xd), y->d, isum);
+    ED_STEP_NEG(*acc, H2F(xdmin), y->d, msum);
 }
 
 static float ed_dot_q4_K(int n, const void *vx, const void *vy) {
     const blk_q4_K *x = vx; const blk_q8_K *y = vy;
-    int8_t aux8[QKK]; float sums[8] = {0}; float sumf = 0;
+    int8_t aux8[QKK]; float acc = 0;
     for (int i = 0; i < n / QKK; i++) {
         const uint8_t *q4 = x[i].qs;
         int8_t *a = aux8;
@@ -363,15 +374,14 @@ static float ed_dot_q4_K(int n, const void *vx, const void *vy) {
             for (int l = 0; l < 32; l++) a[l] = (int8_t)(q4[l] >> 4);
             a += 32; q4 += 32;
         }
-        ed_dot_k_block(aux8, x[i].scales, x[i].d, x[i].dmin, &y[i], sums, &sumf);
+        ed_dot_k_block(aux8, x[i].scales, x[i].d, x[i].dmin, &y[i], &acc);
     }
-    for (int l = 0; l < 8; l++) sumf += sums[l];
-    return sumf;
+    return acc;
 }
 
 static float ed_dot_q5_K(int n, const void *vx, const void *vy) {
     const blk_q5_K *x = vx; const blk_q8_K *y = vy;
-    int8_t aux8[QKK]; float sums[8] = {0}; float sumf = 0;
+    int8_t aux8[QKK]; float acc = 0;
     for (int i = 0; i < n / QKK; i++) {
         const uint8_t *q4 = x[i].qs, *hm = x[i].qh;
         int8_t *a = aux8; uint8_t m = 1;
@@ -381,18 +391,18 @@ static float ed_dot_q5_K(int n, const void *vx, const void *vy) {
             for (int l = 0; l < 32; l++) a[l] = (int8_t)((q4[l] >> 4) + (hm[l] & m ? 16 : 0));
             a += 32; m <<= 1; q4 += 32;
         }
-        ed_dot_k_block(aux8, x[i].scales, x[i].d, x[i].dmin, &y[i], sums, &sumf);
+        ed_dot_k_block(aux8, x[i].scales, x[i].d, x[i].dmin, &y[i], &acc);
     }
-    for (int l = 0; l < 8; l++) sumf += sums[l];
-    return sumf;
+    return acc;
 }
 
+/* Q6_K: 16 groups of 16, weights (6 bits) - 32, signed 8-bit scales:
+ * isum = sum scale_g * sum(w * q8) */
 static float ed_dot_q6_K(int n, const void *vx, const void *vy) {
     const blk_q6_K *x = vx; const blk_q8_K *y = vy;
-    int8_t aux8[QKK]; int32_t aux32[8]; float sums[8] = {0};
+    int8_t aux8[QKK]; float acc = 0;
     for (int i = 0; i < n / QKK; i++) {
         const uint8_t *q4 = x[i].ql, *qh = x[i].qh; const int8_t *q8 = y[i].qs;
-        memset(aux32, 0, sizeof aux32);
         int8_t *a = aux8;
         for (int j = 0; j < QKK; j += 128) {
             for (int l = 0; l < 32; l++) {
@@ -403,19 +413,15 @@ static float ed_dot_q6_K(int n, const void *vx, const void *vy) {
             }
             a += 128; q4 += 64; qh += 32;
         }
-        a = aux8;
+        int isum = 0;
         for (int j = 0; j < QKK / 16; j++) {
-            int scale = x[i].scales[j];
-            for (int h = 0; h < 2; h++) {
-                for (int l = 0; l < 8; l++) aux32[l] += scale * (int16_t)(q8[l] * a[l]);
-                q8 += 8; a += 8;
-            }
+            int s = 0;
+            for (int l = 0; l < 16; l++) s += q8[16 * j + l] * aux8[16 * j + l];
+            isum += x[i].scales[j] * s;
         }
-        const float d = H2F(x[i].d) * y[i].d;
-        for (int l = 0; l < 8; l++) sums[l] += d * aux32[l];
+        ED_STEP(acc, H2F(x[i].d), y[i].d, isum);
     }
-    float sumf = 0; for (int l = 0; l < 8; l++) sumf += sums[l];
-    return sumf;
+    return acc;
 }
 
 /* ---------------------------------------------------------------- the tables ------------ */
@@ -462,11 +468,13 @@ static const ed_act_traits ED_ACT[ED_NTYPES] = {
 };
 
 /* Tiles: out[c * ldo] = dot(w_row, xq + c * xs) for c < nc <= ED_MAX_COLS, the weight row
- * decoded once for all columns. Row kernels: out[r] = W[r] . xq for r < nr <= 4, the
- * activation block read once for all rows. */
+ * decoded once for all columns. Row kernels: out[c * ldo + r] = W[r] . xq[c] for
+ * r < nr <= ED_MROWS_N, c < nc <= ED_MAX_COLS (rows as SIMD lanes; the same bits as the dot). */
 #define ED_MAX_COLS 4
+#define ED_MROWS_N 8
 typedef void (*ed_mdot_fn)(int k, const void *w, const void *xq, size_t xs, int nc, float *out, size_t ldo);
-typedef void (*ed_mrows_fn)(int k, const void *w, size_t wstride, int nr, const void *xq, float *out);
+typedef void (*ed_mrows_fn)(int k, const void *w, size_t wstride, int nr, const void *xq, size_t xs, int nc,
+                            float *out, size_t ldo);
 /* y[i] += a * x[i] over an F16 row (attention's V accumulation) */
 typedef void (*ed_axpy_f16_fn)(int n, float a, const ed_half *x, float *y);
 /* attention over the F16 KV cache for a block of query rows (ed_simd.h) */
@@ -479,7 +487,8 @@ struct ed_gemm_path;  /* the packed-panel kernel of a path (ed_gemm.h) */
  * as one const table per path (ed_simd.h defines them, ed_types_init picks one). Per weight
  * type: the one-token dot, the tile (a few tokens of one prompt), the decode-batch tile
  * (`same`: every column equal to the one-token path bit for bit: a batch row does not depend
- * on its neighbours) and the row kernel (one token, 4 weight rows; optional). NULL tile:
+ * on its neighbours) and the row kernel (ED_MROWS_N weight rows x up to ED_MAX_COLS tokens;
+ * optional). NULL tile:
  * repeated dots; NULL same: the batch runs the one-token path per column. */
 typedef struct {
     const char *family;              /* what EDGED_KERNELS names: generic, avx2, avx512, neon */

@@ -6,6 +6,9 @@
  * (the decode-batch tiles) against the one-token path bit for bit. Built and run by
  * tests/test_kernels_cross.py (natively, and for aarch64 under qemu when a cross compiler is
  * installed), so the NEON path is exercised on an x86 machine.
+ * The quantized types follow one canonical summation order (ed_types.h, ED_STEP) on every
+ * path: their dots, tiles, row kernels and packed panels must equal the plain C dot bit for
+ * bit ("canon-ok"), so every batch shape, chunking and thread split gives the same bits.
  */
 #define _GNU_SOURCE
 #include <stdio.h>
@@ -62,6 +65,7 @@ int main(void) {
             const int t = types[ti];
             const ed_traits tr = ED_TRAITS[t];
             const size_t rb = (size_t)(K / tr.block) * tr.type_size, xr = ed_act_row_bytes(t, K);
+            rng_state = 88172645463325252ull + (uint64_t)ti;  /* the same weights on every path */
             if (t == ED_F32) for (int i = 0; i < ROWS * K; i++) ((float *)w)[i] = rndf();
             else if (t == ED_F16) for (int i = 0; i < ROWS * K; i++) ((ed_half *)w)[i] = ed_fp32_to_fp16(rndf());
             else if (t == ED_BF16) for (int i = 0; i < ROWS * K; i++) ((uint16_t *)w)[i] = ed_fp32_to_bf16(rndf());
@@ -78,6 +82,8 @@ int main(void) {
             /* the activation quantizer may be path-specific too: quantize again */
             for (int c = 0; c < COLS; c++) ED_QUANT[tr.vec_type](x + c * K, xq + c * xr, K);
             double err = 0;
+            const int canon = tr.block > 1;  /* quantized: bit-identical to the plain C dot */
+            int canon_ok = 1;
             uint64_t digest = 1469598103934665603ull;  /* of every dot and tile result (no panels) */
             for (int c = 0; c < COLS; c++)
                 for (int r = 0; r < ROWS; r++) {
@@ -85,12 +91,15 @@ int main(void) {
                     err = fmax(err, fabs(got[c * ROWS + r] - ref[c * ROWS + r]));
                 }
             digest = fnv(digest, got, COLS * ROWS);
+            canon_ok &= !memcmp(got, ref, sizeof(float) * COLS * ROWS);
             ed_mdot_rows(t, K, w, rb, ROWS, xq, xr, COLS, got, ROWS);
+            canon_ok &= !memcmp(got, ref, sizeof(float) * COLS * ROWS);
             for (int i = 0; i < COLS * ROWS; i++) err = fmax(err, fabs(got[i] - ref[i]));
             digest = fnv(digest, got, COLS * ROWS);
             for (int c = 0; c < COLS; c++)  /* matrix-vector rows, per token */
                 ed_mdot_rows(t, K, w, rb, ROWS, xq + c * xr, xr, 1, one + c * ROWS, ROWS);
             for (int i = 0; i < COLS * ROWS; i++) err = fmax(err, fabs(one[i] - ref[i]));
+            canon_ok &= !memcmp(one, ref, sizeof(float) * COLS * ROWS);
             digest = fnv(digest, one, COLS * ROWS);
             /* ED_MDOT_SAME: every column equal to the one-token path bit for bit, for 1..4 columns,
                on the decode batch's row layout (ed_same_act_bytes); also over a row length
@@ -115,23 +124,30 @@ int main(void) {
                 for (int nc = 1; nc <= ED_MAX_COLS; nc++) {
                     for (int r = 0; r < ROWS; r++) ED_MDOT_SAME[t](k, w + r * rb, xs, sr, nc, got + r, ROWS);
                     same_ok &= !memcmp(got, want, sizeof(float) * nc * ROWS);
+                    if (k == K) canon_ok &= !memcmp(got, ref, sizeof(float) * nc * ROWS);
                 }
             }
-            printf("digest %s %s %016llx %s%s\n", paths[p], names[ti], (unsigned long long)digest,
-                   ED_DOT[t] == tr.ref ? "generic-dot" : "simd-dot",
-                   ED_MDOT_SAME[t] ? (same_ok ? " same-ok" : " same-FAIL") : "");
             failures += !same_ok;
             if (ed_gemm_ok(t)) {  /* packed panels, as a prompt batch uses them */
                 static ed_ginfo info[COLS * (K / 32 + K / 16)];
                 static uint8_t scratch[K * 64 + 4096] __attribute__((aligned(64)));
                 const size_t il = ed_gemm_info_len(K);
                 for (int c = 0; c < COLS; c++) ed_gemm_info(tr.vec_type, K, xq + c * xr, info + c * il);
-                ed_gemm_rows(t, K, w, rb, ROWS, xq, xr, info, il, COLS, got, ROWS, scratch);
+                /* every token count: 1 .. COLS columns of the same activations */
+                for (int nc = 1; nc <= COLS; nc++) {
+                    ed_gemm_rows(t, K, w, rb, ROWS, xq, xr, info, il, nc, got, ROWS, scratch);
+                    canon_ok &= !memcmp(got, ref, sizeof(float) * nc * ROWS);
+                }
                 double gerr = 0;
                 for (int i = 0; i < COLS * ROWS; i++) gerr = fmax(gerr, fabs(got[i] - ref[i]));
                 printf("%s %s panels max_abs_err %.3g\n", paths[p], names[ti], gerr);
                 err = fmax(err, gerr);
             }
+            printf("digest %s %s %016llx %s%s%s\n", paths[p], names[ti], (unsigned long long)digest,
+                   ED_DOT[t] == tr.ref ? "generic-dot" : "simd-dot",
+                   ED_MDOT_SAME[t] ? (same_ok ? " same-ok" : " same-FAIL") : "",
+                   canon ? (canon_ok ? " canon-ok" : " canon-FAIL") : "");
+            failures += canon && !canon_ok;
             const int ok = err <= 1e-4 * (scale + 1e-3);
             failures += !ok;
             printf("%s %s max_abs_err %.3g scale %.3g %s\n", paths[p], names[ti], err, scale, ok ? "ok" : "FAIL");
