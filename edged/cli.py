@@ -1,33 +1,46 @@
-"""The `edged` command. Each subcommand lives in its own module under edged/commands/ and
-exposes `register(subparsers)`, which adds its parser and sets `func(args) -> int`."""
+"""The `edged` command. Each subcommand lives in its own module under edged/commands/, listed with
+its help in `commands.COMMANDS`; the module's configure function adds the command's arguments and
+sets `func(args) -> int`. Only the module of the command being run is imported: `edged --help`
+and `edged info` start without numpy's BLAS, the engine or cryptography."""
 import argparse
 import importlib
-import pkgutil
 import sys
 
-from . import __version__, commands
+from . import __version__
+from .commands import COMMANDS
 from .errors import EdgedError
 from .service.sandbox import single_thread_libraries
 
 
-def build_parser():
+def build_parser(only=None):
+    """The parser of every command, fully configured for the names in `only` (all when None);
+    the others carry their name and help, enough for `edged --help`."""
     parser = argparse.ArgumentParser(
         prog="edged", description="LLM runtime for edge Linux devices (GGUF models, signed, served over a Unix socket).")
     parser.add_argument("--version", action="version", version=f"edged {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for info in sorted(pkgutil.iter_modules(commands.__path__), key=lambda m: m.name):
-        module = importlib.import_module(f"{commands.__name__}.{info.name}")
-        if hasattr(module, "register"):      # loadargs, progress: helpers shared by commands
-            module.register(sub)
+    for name, (target, help_) in COMMANDS.items():
+        p = sub.add_parser(name, help=help_)
+        if only is None or name in only:
+            module, function = target.split(":")
+            getattr(importlib.import_module(f"{__package__}.commands.{module}"), function)(p)
     return parser
 
 
+def command_name(argv):
+    """The subcommand argv names: its first argument that is not an option (the top-level parser
+    has only --help and --version, which take no value)."""
+    return next((a for a in argv if not a.startswith("-")), None)
+
+
 def main(argv=None):
-    if (sys.argv[1:] if argv is None else list(argv))[:1] == ["serve"]:
-        # Before any command module imports numpy: its BLAS/OpenMP pools must not start
+    argv = sys.argv[1:] if argv is None else list(argv)
+    command = command_name(argv)
+    if command == "serve":
+        # Before the command module imports numpy: its BLAS/OpenMP pools must not start
         # threads the daemon's sandbox would not cover.
         single_thread_libraries()
-    parser = build_parser()
+    parser = build_parser(only={command})
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help()

@@ -9,8 +9,14 @@ llama-bench's pp/tg. --startup also measures process start -> first generated to
 peak RSS of a one-token generation with /usr/bin/time -v.
 
   python tools/compare.py -m model.gguf -t 2 -p 512 -n 128 -r 3 --llama-python /path/venv/bin/python
+  python tools/compare.py -m model.gguf -t 2 -p 512 -n 128 -r 3 --llama-bench /path/bin/llama-bench
 
-The llama-cpp-python interpreter comes from --llama-python or $EDGED_LLAMA_PYTHON.
+llama.cpp runs either through llama-cpp-python (--llama-python or $EDGED_LLAMA_PYTHON) or as its
+own `llama-bench` binary (--llama-bench or $EDGED_LLAMA_BENCH: one `-r 1 -o json` run per
+repetition, its own warm-up); --startup with --llama-bench times the `llama-cli` beside it
+(`-st -n 1`, or --llama-cli PATH). --edged-root DIR runs another checkout's edged (DIR/.venv),
+e.g. an older commit, against the same llama.cpp runs. EDGED_KERNELS in the environment picks
+edged's kernel path as usual.
 """
 import argparse
 import json
@@ -58,10 +64,17 @@ out = llm("Hello", max_tokens=1, temperature=0.0)
 """
 
 
-def edged_run(model, t, p, n):
-    cmd = [sys.executable, "-m", "edged", "bench", "-m", model, "-t", str(t), "-p", str(p),
+def edged_python(root):
+    """The interpreter of a checkout: its .venv, or this one for this checkout."""
+    if os.path.samefile(root, ROOT):
+        return sys.executable
+    return os.path.join(root, ".venv", "bin", "python")
+
+
+def edged_run(root, model, t, p, n):
+    cmd = [edged_python(root), "-m", "edged", "bench", "-m", model, "-t", str(t), "-p", str(p),
            "-n", str(n), "-r", "1", "--json"]
-    r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, check=True)
+    r = subprocess.run(cmd, cwd=root, capture_output=True, text=True, check=True)
     res = json.loads(r.stdout)["results"]
     return {x["test"][:2]: x["tps_mean"] for x in res}
 
@@ -70,6 +83,20 @@ def llama_run(py, model, t, p, n):
     r = subprocess.run([py, "-c", LLAMA_BENCH, model, str(t), str(p), str(n)],
                        capture_output=True, text=True, check=True)
     return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def llama_bench_run(binary, model, t, p, n):
+    """One llama-bench run of pp p and tg n (llama-bench warms up before it times)."""
+    cmd = [binary, "-m", model, "-t", str(t), "-r", "1", "-o", "json"]
+    cmd += ["-p", str(p)] if p > 0 else ["-p", "0"]
+    cmd += ["-n", str(n)] if n > 0 else ["-n", "0"]
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    if r.returncode != 0:
+        raise RuntimeError(f"{binary} failed ({r.returncode}): {r.stderr[-2000:]}")
+    out = {}
+    for x in json.loads(r.stdout):
+        out["pp" if x["n_prompt"] > 0 else "tg"] = x["avg_ts"]
+    return out
 
 
 def time_v(cmd, cwd=None):
@@ -96,21 +123,33 @@ def main():
     ap.add_argument("-r", "--repetitions", type=int, default=3)
     ap.add_argument("--llama-python", default=os.environ.get("EDGED_LLAMA_PYTHON"),
                     help="python with llama_cpp installed (or $EDGED_LLAMA_PYTHON)")
+    ap.add_argument("--llama-bench", default=os.environ.get("EDGED_LLAMA_BENCH"),
+                    help="llama.cpp's llama-bench binary (or $EDGED_LLAMA_BENCH), instead of --llama-python")
+    ap.add_argument("--llama-cli", default=None,
+                    help="llama.cpp's llama-cli for --startup (default: beside --llama-bench)")
+    ap.add_argument("--edged-root", default=ROOT,
+                    help="checkout whose edged to run, with its .venv (default: this one)")
     ap.add_argument("--startup", action="store_true",
                     help="also measure start -> first token and peak RSS with /usr/bin/time -v")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
-    if not a.llama_python:
-        ap.error("--llama-python (or $EDGED_LLAMA_PYTHON) is required")
+    if not (a.llama_python or a.llama_bench):
+        ap.error("--llama-bench or --llama-python (or $EDGED_LLAMA_BENCH / $EDGED_LLAMA_PYTHON) is required")
     model = os.path.abspath(a.model)
+    root = os.path.abspath(a.edged_root)
     runs = {"edged": [], "llama.cpp": []}
     for rep in range(a.repetitions):
-        runs["edged"].append(edged_run(model, a.threads, a.n_prompt, a.n_gen))
-        runs["llama.cpp"].append(llama_run(a.llama_python, model, a.threads, a.n_prompt, a.n_gen))
+        runs["edged"].append(edged_run(root, model, a.threads, a.n_prompt, a.n_gen))
+        if a.llama_bench:
+            runs["llama.cpp"].append(llama_bench_run(a.llama_bench, model, a.threads, a.n_prompt, a.n_gen))
+        else:
+            runs["llama.cpp"].append(llama_run(a.llama_python, model, a.threads, a.n_prompt, a.n_gen))
         print(f"run {rep + 1}/{a.repetitions}: edged {runs['edged'][-1]}  "
               f"llama.cpp {runs['llama.cpp'][-1]}", file=sys.stderr)
     report = {"model": model, "threads": a.threads, "n_prompt": a.n_prompt, "n_gen": a.n_gen,
-              "repetitions": a.repetitions, "tests": {}}
+              "repetitions": a.repetitions, "edged_root": root,
+              "edged_kernels": os.environ.get("EDGED_KERNELS", "auto"),
+              "llama": a.llama_bench or a.llama_python, "tests": {}}
     for test, k in (("pp", a.n_prompt), ("tg", a.n_gen)):
         if k <= 0:
             continue
@@ -121,9 +160,14 @@ def main():
             "llama_tps": statistics.mean(l_), "llama_stdev": statistics.pstdev(l_),
             "ratio": statistics.mean(e) / statistics.mean(l_)}
     if a.startup:
-        es, er = time_v([sys.executable, "-m", "edged", "generate", "-m", model, "-p", "Hello",
-                         "-n", "1", "-t", str(a.threads), "-c", "64"], cwd=ROOT)
-        ls_, lr = time_v([a.llama_python, "-c", LLAMA_FIRST_TOKEN, model, str(a.threads)])
+        es, er = time_v([edged_python(root), "-m", "edged", "generate", "-m", model, "-p", "Hello",
+                         "-n", "1", "-t", str(a.threads), "-c", "64"], cwd=root)
+        if a.llama_bench or a.llama_cli:
+            cli = a.llama_cli or os.path.join(os.path.dirname(a.llama_bench), "llama-cli")
+            ls_, lr = time_v([cli, "-m", model, "-p", "Hello", "-n", "1", "-t", str(a.threads), "-c", "64",
+                              "--temp", "0", "-st", "--no-warmup"])
+        else:
+            ls_, lr = time_v([a.llama_python, "-c", LLAMA_FIRST_TOKEN, model, str(a.threads)])
         report["startup"] = {"edged_s": es, "llama_s": ls_, "edged_peak_rss_mib": er,
                              "llama_peak_rss_mib": lr}
     if a.json:

@@ -879,30 +879,32 @@ cdef struct SSym:
 
 
 cdef class SPMModel:
-    """SentencePiece BPE: vocab (list of UTF-8 bytes by id), scores (floats by id),
-    byte_tokens (256 ids, -1 where the vocabulary has none)."""
+    """SentencePiece BPE: vocab (the token texts by id, encoded to UTF-8 here; texts the GGUF
+    reader decoded with surrogateescape get their raw bytes back), scores (float32 by id),
+    byte_tokens (256 ids, -1 where the vocabulary has none). Building the table is one loop in
+    C: a 150k-token vocabulary costs milliseconds, not a Python loop per token."""
     cdef StrTable strs
     cdef int32_t *sid_token
     cdef float *score
     cdef int32_t byte_token[256]
 
-    def __cinit__(self, list vocab, scores, byte_tokens):
-        cdef Py_ssize_t i
+    def __cinit__(self, list vocab, const float[::1] scores, byte_tokens):
+        cdef Py_ssize_t i, n = len(vocab)
         cdef int32_t s
+        cdef bytes raw
         self.sid_token = NULL
         self.score = NULL
-        self.strs = StrTable(len(vocab))
-        ids = {}
-        for i in range(len(vocab)):
-            s = self.strs.intern_bytes(vocab[i])
-            ids[s] = i
-        self.sid_token = <int32_t *> malloc((self.strs.n + 1) * sizeof(int32_t))
-        self.score = <float *> malloc((len(vocab) + 1) * sizeof(float))
+        if scores.shape[0] != n:
+            raise ValueError(f"{scores.shape[0]} scores for {n} tokens")
+        self.strs = StrTable(n)
+        self.sid_token = <int32_t *> malloc((n + 1) * sizeof(int32_t))
+        self.score = <float *> malloc((n + 1) * sizeof(float))
         if self.sid_token == NULL or self.score == NULL:
             raise MemoryError()
-        for i in range(self.strs.n):
-            self.sid_token[i] = ids[i]
-        for i in range(len(vocab)):
+        for i in range(n):
+            raw = (<str> vocab[i]).encode("utf-8", "surrogateescape")
+            s = self.strs.intern_bytes(raw)        # equal texts share an id: the last one wins
+            self.sid_token[s] = <int32_t> i
             self.score[i] = scores[i]
         for i in range(256):
             self.byte_token[i] = byte_tokens[i]

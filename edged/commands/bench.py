@@ -9,11 +9,10 @@ import numpy as np
 from .loadargs import add_load_args, load_model
 
 
-def register(sub):
-    p = sub.add_parser("bench", help="measure prompt (pp) and generation (tg) tokens/s",
-                       description="Prompt processing: one batch of -p random tokens. "
-                       "Generation: -n tokens one at a time from an empty context. "
-                       "Each is repeated -r times after a short warm-up; mean and spread are printed.")
+def configure(p):
+    p.description = ("Prompt processing: one batch of -p random tokens. "
+                     "Generation: -n tokens one at a time from an empty context. "
+                     "Each is repeated -r times after a short warm-up; mean and spread are printed.")
     add_load_args(p)
     p.add_argument("-p", "--n-prompt", type=int, default=512, metavar="N",
                    help="prompt tokens evaluated in one batch (pp test; 0 skips it; default 512)")

@@ -1,13 +1,13 @@
 """`edged chat`: a small interactive client for the daemon; streams each reply as it comes."""
 import sys
 
+from ..service.client import Daemon
 from .loadargs import add_socket_arg
 
 
-def register(sub):
-    p = sub.add_parser("chat", help="chat with a model served by `edged serve` (streams the reply)",
-                       description="Interactive chat through the daemon's Unix socket. Empty line or "
-                                   "Ctrl-D ends; /reset forgets the conversation.")
+def configure(p):
+    p.description = ("Interactive chat through the daemon's Unix socket. Empty line or "
+                     "Ctrl-D ends; /reset forgets the conversation.")
     add_socket_arg(p)
     p.add_argument("--model", metavar="NAME", help="model to use (default: the daemon's default model)")
     p.add_argument("--system", metavar="TEXT", help="system prompt")
@@ -20,7 +20,6 @@ def register(sub):
 
 def stream_chat(sock_path, body, out):
     """POST a streaming chat request; write the deltas to `out`; return the whole reply text."""
-    from ..service.client import Daemon
 
     parts = []
     with Daemon(sock_path) as daemon:

@@ -6,10 +6,9 @@ import time
 from .loadargs import add_load_args, load_model
 
 
-def register(sub):
-    p = sub.add_parser("generate", help="generate text from a prompt",
-                       description="Generate a continuation of a prompt. The generated text "
-                       "(not the prompt) goes to stdout as it is produced; timings to stderr.")
+def configure(p):
+    p.description = ("Generate a continuation of a prompt. The generated text "
+                     "(not the prompt) goes to stdout as it is produced; timings to stderr.")
     add_load_args(p)
     p.add_argument("-p", "--prompt", required=True, help="prompt text")
     p.add_argument("-n", "--n-predict", type=int, default=128, help="tokens to generate")

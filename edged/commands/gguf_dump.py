@@ -9,10 +9,9 @@ from ..format.gguf import GGUFFile
 ARRAY_SHOWN = 8     # long arrays are abbreviated to their first elements and their length
 
 
-def register(sub):
-    p = sub.add_parser("gguf-dump", help="print a GGUF file's header, metadata and tensor table",
-                       description="Print the header, all metadata (long arrays abbreviated), the "
-                                   "tensor table and totals by type of a GGUF file.")
+def configure(p):
+    p.description = ("Print the header, all metadata (long arrays abbreviated), the "
+                     "tensor table and totals by type of a GGUF file.")
     p.add_argument("file", metavar="FILE", help="GGUF file")
     p.add_argument("--json", action="store_true", help="print one JSON document instead of text")
     p.add_argument("--full", action="store_true", help="do not abbreviate long arrays")

@@ -8,11 +8,10 @@ import sys
 from .loadargs import add_load_args
 
 
-def register(sub):
-    p = sub.add_parser("info", help="model requirements and the machine's compute setup",
-                       description="Validate a model as a load would (without allocating) and "
-                       "print its architecture, hyperparameters, weight types and the memory a "
-                       "context needs.")
+def configure(p):
+    p.description = ("Validate a model as a load would (without allocating) and "
+                     "print its architecture, hyperparameters, weight types and the memory a "
+                     "context needs.")
     add_load_args(p, threads=False)
     for action in p._actions:  # without -m, `edged info` describes only the machine
         if action.dest == "model":
@@ -25,6 +24,8 @@ def register(sub):
 
 def model_info(path, ctx_sizes=None):
     """Dict of facts about a model file, validated like a load, without backend buffers."""
+    # Imported here, not at the top: `edged info` without a model describes only the machine
+    # and starts without the model-loading layers.
     from ..engine import arch as _arch
     from ..engine.backends import backend_class
     from ..format.gguf import GGUFFile
@@ -64,7 +65,7 @@ def model_info(path, ctx_sizes=None):
 
 def machine_info():
     try:
-        from .. import _core
+        from .. import _core    # optional: without the compiled core, info says so
     except ImportError:
         return {"compiled": False}
     from ..engine.threads import describe

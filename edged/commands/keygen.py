@@ -5,10 +5,9 @@ from ..trust import keys, sign
 from ..errors import ConfigError
 
 
-def register(subparsers):
-    p = subparsers.add_parser("keygen", help="make an RSA key pair for signing models",
-                              description="Write an RSA private key (mode 0600) and its public key "
-                                          "beside it (KEY.pem -> KEY.pub.pem); never overwrites.")
+def configure(p):
+    p.description = ("Write an RSA private key (mode 0600) and its public key "
+                     "beside it (KEY.pem -> KEY.pub.pem); never overwrites.")
     p.add_argument("--out", required=True, metavar="KEY.pem", help="private key file to create")
     p.add_argument("--bits", type=int, default=3072, help="modulus size (default 3072, at least 2048)")
     p.set_defaults(func=run)

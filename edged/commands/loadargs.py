@@ -38,6 +38,7 @@ def add_load_args(p, threads=True):
 
 
 def load_model(args, n_ctx_plan=None):
+    # Imported here: `edged info` shares these flags but must start without the engine.
     from ..engine.model import Model
     return Model.load(args.model, n_threads=getattr(args, "threads", None),
                       numa=getattr(args, "numa", "none"), mmap=not args.no_mmap,

@@ -9,28 +9,34 @@ import datetime
 import json
 import sys
 
+from ..service.client import Daemon
 from .loadargs import add_socket_arg
 
 
-def register(sub):
-    p = sub.add_parser("models", help="list the daemon's models (loaded or not)",
-                       description="List the models the running daemon can serve: every NAME.gguf "
-                                   "in its models directory, with size, signature and load state.")
+def configure_models(p):
+    p.description = ("List the models the running daemon can serve: every NAME.gguf "
+                     "in its models directory, with size, signature and load state.")
     _common(p, list_models)
-    p = sub.add_parser("ps", help="list the models the daemon has loaded",
-                       description="List the models loaded in the running daemon, with the memory "
-                                   "each takes, requests in flight and the key that signed it.")
+
+
+def configure_ps(p):
+    p.description = ("List the models loaded in the running daemon, with the memory "
+                     "each takes, requests in flight and the key that signed it.")
     _common(p, list_loaded)
-    p = sub.add_parser("load", help="load a model in the daemon (verify, map, warm up)",
-                       description="Ask the daemon to load NAME now, as a request naming it would "
-                                   "(may unload the least recently used model to make room). Needs "
-                                   "admin rights on the socket (admin_uids/admin_gids).")
+
+
+def configure_load(p):
+    p.description = ("Ask the daemon to load NAME now, as a request naming it would "
+                     "(may unload the least recently used model to make room). Needs "
+                     "admin rights on the socket (admin_uids/admin_gids).")
     add_socket_arg(p)
     p.add_argument("name", metavar="NAME", help="model name (the file MODELS_DIR/NAME.gguf)")
     p.set_defaults(func=load)
-    p = sub.add_parser("unload", help="unload a model from the daemon",
-                       description="Ask the daemon to unload NAME once its requests in flight finish. "
-                                   "Needs admin rights on the socket (admin_uids/admin_gids).")
+
+
+def configure_unload(p):
+    p.description = ("Ask the daemon to unload NAME once its requests in flight finish. "
+                     "Needs admin rights on the socket (admin_uids/admin_gids).")
     add_socket_arg(p)
     p.add_argument("name", metavar="NAME", help="name of a loaded model")
     p.set_defaults(func=unload)
@@ -56,7 +62,6 @@ def _table(rows, header):
 
 
 def _request(args, method, path, body=None):
-    from ..service.client import Daemon
 
     with Daemon(args.socket) as daemon:
         return daemon.request(method, path, body)

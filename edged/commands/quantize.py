@@ -5,15 +5,14 @@ import sys
 import time
 
 from ..errors import ConfigError
+from ..format.quantize import ALIASES, MIXES, parse_mix, quantize_file
 from .progress import bar
 
 
-def register(sub):
-    from ..format.quantize import ALIASES, MIXES
-    p = sub.add_parser("quantize", help="quantize a GGUF model (Q4_K_M, Q8_0, ...)",
-                       description="Quantize IN into OUT with llama.cpp's per-tensor type choices "
-                       "and reference quantizers (no importance matrix). Metadata is copied; OUT "
-                       "is written atomically, with the mode your umask gives new files.")
+def configure(p):
+    p.description = ("Quantize IN into OUT with llama.cpp's per-tensor type choices "
+                     "and reference quantizers (no importance matrix). Metadata is copied; OUT "
+                     "is written atomically, with the mode your umask gives new files.")
     p.add_argument("input", metavar="IN.gguf", help="model to quantize (F32/F16/BF16 weights)")
     p.add_argument("output", metavar="OUT.gguf", help="file to write (refused if it exists, see --force)")
     p.add_argument("type", metavar="TYPE", help="one of " + ", ".join(list(MIXES) + list(ALIASES)))
@@ -26,7 +25,6 @@ def register(sub):
 
 
 def run(args):
-    from ..format.quantize import parse_mix, quantize_file
     ftype = parse_mix(args.type)  # fail on a bad type before reading anything
     if os.path.lexists(args.output) and not args.force:
         raise ConfigError(f"{args.output} exists (--force to overwrite it)")

@@ -9,16 +9,17 @@ import json
 import os
 
 from ..errors import ConfigError
+from ..service import config, sandbox
+from ..service.daemon import Daemon, serve
 
 ENV_PREFIX = "EDGED_"
 _TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
 
 
-def register(sub):
-    p = sub.add_parser("serve", help="run the daemon: serve signed models over a Unix socket",
-                       description="Run the edged daemon. Settings: defaults < configuration file < "
-                                   "EDGED_<KEY> environment variables (any config key, e.g. "
-                                   "EDGED_N_PARALLEL=2) < these flags.")
+def configure(p):
+    p.description = ("Run the edged daemon. Settings: defaults < configuration file < "
+                     "EDGED_<KEY> environment variables (any config key, e.g. "
+                     "EDGED_N_PARALLEL=2) < these flags.")
     p.add_argument("--config", metavar="FILE",
                    help="configuration file (default /etc/edged/edged.toml if it exists)")
     p.add_argument("--socket", metavar="PATH", help="Unix socket to bind (ignored under socket activation)")
@@ -52,8 +53,6 @@ def register(sub):
 def env_overrides(environ=None):
     """{key: value} from EDGED_<KEY> variables, typed as the key's kind; ConfigError names the
     variable when a value does not fit."""
-    from ..service import config
-
     environ = os.environ if environ is None else environ
     out = {}
     for spec in config.KEYS:
@@ -91,8 +90,6 @@ def _typed(kind, text):
 
 
 def run(args):
-    from ..service import config
-
     if args.print_config:
         print(config.example_toml())
         return 0
@@ -110,14 +107,10 @@ def run(args):
     cfg = config.load(path, overrides)
     if args.check_sandbox:
         return _check_sandbox(cfg, path)
-    from ..service.daemon import serve
     return serve(cfg, path, overrides)
 
 
 def _check_sandbox(cfg, path):
-    from ..service import sandbox
-    from ..service.daemon import Daemon
-
     cfg.resolve_names()
     d = Daemon(cfg, path)
     d.how = "bound"           # as if the daemon had bound its socket: its directory writable

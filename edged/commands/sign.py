@@ -7,12 +7,11 @@ from ..trust import keys, sign
 from .progress import ByteProgress
 
 
-def register(subparsers):
-    p = subparsers.add_parser("sign", help="sign a model file (appended block or detached .sig)",
-                              description="Sign MODEL with an RSA key: by default a signature block is "
-                                          "appended to the file; --detached writes MODEL.gguf.sig "
-                                          "(the model's file name plus .sig), the raw signature "
-                                          "`openssl dgst -sha256 -sign` makes.")
+def configure(p):
+    p.description = ("Sign MODEL with an RSA key: by default a signature block is "
+                     "appended to the file; --detached writes MODEL.gguf.sig "
+                     "(the model's file name plus .sig), the raw signature "
+                     "`openssl dgst -sha256 -sign` makes.")
     p.add_argument("--key", required=True, metavar="KEY.pem", help="RSA private key (PEM)")
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--append", dest="detached", action="store_false", help="append a signature block (default)")

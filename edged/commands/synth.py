@@ -3,15 +3,14 @@ import os
 import sys
 import time
 
+from ..format.synth import MIXES, SHAPES, synth
 from .progress import bar
 
 
-def register(sub):
-    from ..format.synth import MIXES, SHAPES
-    p = sub.add_parser("synth", help="write a random-weight GGUF model of a known shape",
-                       description="Random weights, real shapes and vocabulary size, quantized by "
-                       "edged's own quantizer with llama.cpp's type mix. For benchmarks; the text "
-                       "such a model generates is random.")
+def configure(p):
+    p.description = ("Random weights, real shapes and vocabulary size, quantized by "
+                     "edged's own quantizer with llama.cpp's type mix. For benchmarks; the text "
+                     "such a model generates is random.")
     p.add_argument("--shape", required=True, choices=sorted(SHAPES),
                    help="architecture and size to imitate: " + ", ".join(sorted(SHAPES)))
     p.add_argument("--type", default="Q4_K_M", choices=list(MIXES),
@@ -22,7 +21,6 @@ def register(sub):
 
 
 def run(args):
-    from ..format.synth import synth
     t0 = time.perf_counter()
 
     with bar(f"synth {args.shape}", unit="layer") as b:

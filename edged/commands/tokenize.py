@@ -6,10 +6,9 @@ import sys
 from ..text.tokenizer import Tokenizer
 
 
-def register(sub):
-    p = sub.add_parser("tokenize", help="print the token ids of a text under a model's tokenizer",
-                       description="Tokenize TEXT with the tokenizer in FILE's metadata (a vocab-only "
-                                   "GGUF file is enough) and print one line per token: id and piece.")
+def configure(p):
+    p.description = ("Tokenize TEXT with the tokenizer in FILE's metadata (a vocab-only "
+                     "GGUF file is enough) and print one line per token: id and piece.")
     p.add_argument("-m", "--model", required=True, metavar="FILE", help="GGUF file")
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("-p", "--prompt", metavar="TEXT", help="the text")

@@ -6,10 +6,9 @@ from ..trust import store, verify
 from .progress import ByteProgress
 
 
-def register(subparsers):
-    p = subparsers.add_parser("verify", help="check a model's signature against trusted keys",
-                              description="Verify MODEL as the daemon does before loading it. Prints the "
-                                          "signer's fingerprint and exits 0, or the reason and exits 1.")
+def configure(p):
+    p.description = ("Verify MODEL as the daemon does before loading it. Prints the "
+                     "signer's fingerprint and exits 0, or the reason and exits 1.")
     p.add_argument("--trusted-keys", "--trusted", dest="trusted", default=store.DEFAULT_TRUSTED_DIR,
                    metavar="DIR", help="directory of trusted PEM public keys (default "
                    f"{store.DEFAULT_TRUSTED_DIR}; --trusted is the old name)")

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..errors import UnsupportedModelError
-from ..format.gguf import GGMLType, Key
+from ..format.gguf import GGMLType, Key, TYPE_INFO
 from ..format.quants import SUPPORTED
 
 # Weight types the engine runs: the format layer's table of block layouts (edged.format.quants;
@@ -388,7 +388,6 @@ class _Tensors:
             _refuse(f"tensor {name!r} has type {tname}, which edged does not support"
                     + (" for a norm/bias vector" if vector and t.type in SUPPORTED_TYPES else ""))
         if shape and not vector:
-            from ..format.gguf import TYPE_INFO
             bs = TYPE_INFO[t.type].block_size
             if shape[0] % bs:
                 _refuse(f"tensor {name!r}: row length {shape[0]} is not a multiple of the "

@@ -5,12 +5,17 @@ one 64-byte aligned arena (KV cache in F16, activations, quantized activations, 
 """
 from __future__ import annotations
 
+import time
+
 import numpy as np
 
 from .arch import ROPE_NEOX, VECTOR_TYPES
 from .backend import Backend, BufferPlan
+from .threads import address_ranges, memory_policy, pin_workers, place_memory, read_topology
 from ..errors import UnsupportedModelError
 from ..format.gguf import GGMLType, TYPE_INFO
+from ..format.quants import dequantize
+from ..text.sampling import Sampler
 
 try:
     from .. import _core
@@ -53,7 +58,6 @@ class CPUBackend(Backend):
     def __init__(self, spec, weights, n_threads=1, numa="none"):
         super().__init__(spec, weights, n_threads, numa)
         core = _require_core()
-        from ..format.quants import dequantize
         self._dequantize = dequantize
         supported = set(core.supported_types())
         hp = spec.hp
@@ -101,7 +105,6 @@ class CPUBackend(Backend):
         self._embd_bytes = np.asarray(weights[spec.token_embd]).reshape(-1)  # (n_vocab * row_bytes,)
         self.pool = core.Pool(self.n_threads)  # one task at a time: Model.decode holds the lock
         self.n_threads = self.pool.n_threads
-        from .threads import address_ranges, memory_policy, pin_workers, place_memory, read_topology
         topo = read_topology()
         self.pinned_cpus = pin_workers(self.pool, numa, topo)  # inside sched_getaffinity's set
         # memory on the nodes the policy names: the weights now, each session's arena in alloc()
@@ -151,7 +154,6 @@ class CPUBackend(Backend):
     def alloc(self, n_ctx, n_batch):
         state = _core.ForwardState(self._model_for(n_ctx), self.pool, n_ctx, n_batch)
         if self.memory_policy is not None:
-            from .threads import place_memory
             place_memory(self.memory_policy, [(state.address, state.address + state.nbytes)],
                          "session arena")
         return _Buffers(state)
@@ -196,8 +198,6 @@ class CPUBackend(Backend):
 
     def profile(self, n_prompt=512):
         """Time per op kind for one prompt batch and for one token after it (ms)."""
-        import time
-        from ..text.sampling import Sampler
         n_prompt = max(1, n_prompt)
         buf = self.alloc(n_prompt + 8, n_prompt)
         rng = np.random.default_rng(0)

@@ -17,6 +17,7 @@ allocated before the plan fits.
 """
 from __future__ import annotations
 
+import ctypes
 import os
 import sys
 import threading
@@ -29,8 +30,10 @@ from . import arch as _arch
 from .backends import backend_class
 from .batch import LOGITS, BatchEntry
 from .generation import Generation, GenerationOutput  # noqa: F401 - GenerationOutput: the public API
+from .threads import default_threads as physical
 from ..errors import CapacityError, ConfigError, RequestError
 from ..format.gguf import GGUFFile, Key
+from ..text.tokenizer import Tokenizer
 
 NUMA_POLICIES = ("none", "isolate", "distribute", "numactl")
 DEFAULT_N_BATCH = 512
@@ -58,7 +61,6 @@ def _mib(n):
 
 def default_threads():
     """Physical cores in this process's allowed CPU set (SMT siblings counted once)."""
-    from .threads import default_threads as physical
     return physical()
 
 
@@ -120,7 +122,7 @@ class Model:
         self._verified = None
         self.signer = None
         if trusted_keys is not None or require_signature:
-            from ..trust import store, verify
+            from ..trust import store, verify   # only for signed loads; trust sits above the engine
             trust = trusted_keys
             if isinstance(trust, (str, os.PathLike)):
                 trust = store.TrustStore.load(trust)
@@ -150,7 +152,6 @@ class Model:
     def _init(self, n_threads, numa, mmap, mlock, max_memory, backend, n_ctx_plan):
         f, log = self.file, self._log
         md = f.metadata
-        from ..text.tokenizer import Tokenizer
         self.tokenizer = Tokenizer.from_gguf_file(f)
         if log:
             log(f"GGUF v{f.version}, {len(f.tensors)} tensors, data at offset {f.data_offset}, "
@@ -206,7 +207,6 @@ class Model:
                           budget=self.budget, n_ctx=n_ctx, paged=self._paged)
 
     def _mlock(self):
-        import ctypes
         libc = ctypes.CDLL(None, use_errno=True)
         MCL_CURRENT, MCL_FUTURE = 1, 2
         if libc.mlockall(MCL_CURRENT | MCL_FUTURE) != 0:
@@ -342,7 +342,7 @@ class Model:
         """Render `messages` with the model's chat template (or the named variant
         `tokenizer.chat_template.NAME`), or with an operator's template file, which takes
         precedence. A model with neither raises TemplateError; plain completion still works."""
-        from ..text.chat import render, template_for
+        from ..text.chat import render, template_for   # jinja2: only when a chat is rendered
         tmpl = template_for(self.file, name=template_name, template_file=template_file)
         return render(tmpl, messages, add_generation_prompt=add_generation_prompt,
                       bos_token=self.tokenizer.token_piece(self.tokenizer.bos_id).decode(

@@ -15,6 +15,7 @@ import numpy as np
 
 from .arch import EXPERT_WEIGHTS_SUM_MIN, ROPE_NEOX
 from .backend import Backend, BufferPlan
+from ..format.quants import dequantize
 
 
 def rms_norm(x, w, eps):
@@ -90,7 +91,6 @@ class ReferenceBackend(Backend):
 
     def __init__(self, spec, weights, n_threads=1, numa="none"):
         super().__init__(spec, weights, n_threads, numa)
-        from ..format.quants import dequantize
 
         self._w = {}
         self.routed = {}  # router tensor -> experts chosen so far (tests, debugging)

@@ -29,6 +29,7 @@ from __future__ import annotations
 import errno
 import logging
 import math
+import mmap
 import os
 from dataclasses import dataclass, field
 
@@ -225,7 +226,7 @@ def placement(topo, n_threads, policy, start_cpu=None):
 
 def pin_workers(pool, policy, topo=None, start_cpu=None):
     """Apply `policy` to a running edged._core.Pool. Returns the CPU list used (None: none)."""
-    from .. import _core
+    from .. import _core   # here: topology and placement work without the compiled core
     topo = topo or read_topology()
     if start_cpu is None and policy == "isolate":
         start_cpu = current_cpu()
@@ -299,7 +300,6 @@ def node_mask(nodes, word_bits=64):
 def address_ranges(arrays, page=None):
     """(start, end) page ranges covering the arrays' data, merged where they touch or overlap
     (the tensors of one file mapping become one range)."""
-    import mmap
     page = page or mmap.PAGESIZE
     spans = []
     for a in arrays:
@@ -320,7 +320,7 @@ def place_memory(mpol, ranges, what="memory"):
     Returns True if applied; a kernel without NUMA or a refusal is logged and skipped."""
     if mpol is None or not ranges:
         return False
-    from .. import _core
+    from .. import _core   # here: topology and placement work without the compiled core
     for start, end in ranges:
         mask = node_mask(mpol.nodes, _core.mbind_word_bits())
         err = _core.mbind(start, end - start, _MODES[mpol.mode], mask, MPOL_MF_MOVE)

@@ -214,11 +214,11 @@ def _row_quantizer(compiled, n_threads):
     bytes as the NumPy reference, tested), else edged.format.quants."""
     if compiled:
         try:
-            from .. import _core
+            from .. import _core   # optional: the NumPy quantizer runs without the compiled core
         except ImportError:
             _core = None
         if _core is not None and hasattr(_core, "quantize_rows"):
-            from ..engine.threads import default_threads
+            from ..engine.threads import default_threads   # the engine sits above the format layer
             pool = _core.Pool(n_threads or default_threads())
 
             def q(x, t):

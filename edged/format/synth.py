@@ -14,6 +14,7 @@ import numpy as np
 
 from ..errors import ConfigError
 from .gguf import GGMLType, GGUFWriter, Key, TYPE_INFO, ValueType
+from .quants import quantize
 
 SHAPES = {
     # name: architecture and hyperparameters (llama.cpp's short names)
@@ -108,7 +109,6 @@ class _Pool:
         self.rng, self.n_rows, self.cache = rng, n_rows, {}
 
     def rows(self, qtype, row_len, n, scale=0.02):
-        from .quants import quantize
         key = (qtype, row_len)
         if key not in self.cache:
             x = (self.rng.standard_normal((self.n_rows, row_len), dtype=np.float32) * scale)

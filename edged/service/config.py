@@ -8,6 +8,7 @@ reason, so start-up (or a SIGHUP reload) fails clearly.
 import dataclasses
 import grp
 import os
+import pwd
 import re
 from typing import Annotated, Literal
 
@@ -21,6 +22,7 @@ from pydantic import AfterValidator, BeforeValidator, Field, StrictBool, StrictI
 
 from ..errors import ConfigError, RequestError
 from ..trust.store import DEFAULT_REVOKED_FILE
+from .names import check_model_name
 
 DEFAULT_PATH = "/etc/edged/edged.toml"
 
@@ -190,7 +192,6 @@ def _principal(value):
 
 
 def _model_names(value):
-    from .names import check_model_name
     for name in value:
         try:
             check_model_name(name)
@@ -296,7 +297,6 @@ def _resolve(x, kind):
     if isinstance(x, int):
         return x
     if (kind, x) not in _RESOLVED:
-        import pwd
         try:
             _RESOLVED[kind, x] = (pwd.getpwnam(x).pw_uid if kind == "user" else grp.getgrnam(x).gr_gid)
         except (KeyError, OSError):
@@ -334,7 +334,6 @@ def load(path=None, overrides=None):
         values[key] = value
     values = _validate(values)
     if values["default_model"]:
-        from .names import check_model_name
         try:
             check_model_name(values["default_model"])
         except RequestError as e:

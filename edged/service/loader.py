@@ -8,7 +8,10 @@ import os
 import threading
 import time
 
+from ..engine.model import Model
 from ..errors import EdgedError, RequestError
+from ..text.chat import template_for
+from ..trust import verify
 
 
 class LoadedModel:
@@ -42,7 +45,6 @@ class LoadedModel:
     def template_source(self):
         """The chat template requests to this model render (operator's file or the model's)."""
         if self._template is None:
-            from ..text.chat import template_for
             self._template = template_for(self.model.file, template_file=self.template_file)
         return self._template
 
@@ -112,8 +114,6 @@ class Loader:
         opens the model through open_verified again, which the verification cache answers
         without re-hashing an unchanged file (a replaced file misses the cache and is verified
         afresh), and maps that very descriptor up to the signed length."""
-        from ..trust import verify
-        from ..engine.model import Model
 
         cfg = self.cfg
         t0 = time.monotonic()

@@ -13,6 +13,7 @@ import time
 
 from ..errors import (CapacityError, EdgedError, ModelFormatError, ModelNotFound, RequestError,
                       SignatureError, UnsupportedModelError)
+from ..trust import blocks
 from .loader import LoadedModel
 from .log import log
 from .names import check_model_name, list_models, model_path
@@ -255,7 +256,6 @@ def _identity(path):
 def _has_signature(path):
     """Whether a signature is present (detached .sig or appended block), without verifying it:
     only the file's tail is read. Verification happens at load."""
-    from ..trust import blocks
     if os.path.exists(path + ".sig"):
         return True
     try:

@@ -385,8 +385,7 @@ class Tokenizer:
                 if t is None:                          # none: <unk>, or the byte is dropped
                     t = self.unk_id if self.unk_id is not None else -1
                 byte_tokens.append(t)
-            self._spm = _bpe.SPMModel([t.encode("utf-8", "surrogateescape") for t in texts],
-                                      self._scores.tolist(), byte_tokens)
+            self._spm = _bpe.SPMModel(texts, self._scores, byte_tokens)
             # words can be merged one by one when no token joins a character to a following
             # U+2581 (true of SentencePiece vocabularies split on whitespace)
             self._spm_words = not any("\u2581" in t[1:] and re.search("[^\u2581]\u2581", t)

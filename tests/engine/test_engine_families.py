@@ -20,7 +20,8 @@ gguf = pytest.importorskip("gguf")
 
 from edged import Model  # noqa: E402
 from edged.errors import UnsupportedModelError  # noqa: E402
-from test_engine_golden import kernels  # noqa: E402,F401  (fixture: best and generic paths)
+from gguf_clone import clone  # noqa: E402
+from kernel_paths import kernels  # noqa: E402,F401  (fixture: best and generic paths)
 
 GOLDENS = os.path.join(ROOT, "tests", "data", "goldens")
 NAMES = sorted(f[:-len(".golden.npz")] for f in os.listdir(GOLDENS) if f.endswith(".golden.npz"))
@@ -146,14 +147,12 @@ class gguf_reader:
      r"tensor 'blk.0.ffn_gate_inp.weight' has shape \(64, 16\), expected \(64, 8\)"),
 ])
 def test_moe_refusals(tmp_path, meta, message):
-    from test_engine_refusals import clone
     p = clone(MOE, tmp_path / "x.gguf", meta=meta, drop_meta=list(meta))
     with pytest.raises(UnsupportedModelError, match=message):
         Model.load(str(p), backend="reference")
 
 
 def test_moe_missing_router_refused(tmp_path):
-    from test_engine_refusals import clone
     p = clone(MOE, tmp_path / "x.gguf", drop=["blk.1.ffn_gate_inp.weight"])
     with pytest.raises(UnsupportedModelError, match="missing tensor 'blk.1.ffn_gate_inp.weight'"):
         Model.load(str(p), backend="reference")

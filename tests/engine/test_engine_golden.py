@@ -7,6 +7,8 @@ import numpy as np
 import pytest
 
 from conftest import TESTDATA, testdata
+from golden_logits import teacher_forced
+from kernel_paths import kernels  # noqa: F401  (fixture: best and generic paths)
 
 GOLDEN = sorted(f[:-len(".golden.npz")] for f in os.listdir(os.path.join(TESTDATA, "golden"))
                 if f.endswith(".golden.npz")) if os.path.isdir(os.path.join(TESTDATA, "golden")) else []
@@ -24,24 +26,6 @@ def limits(name):
     return 0.35, 0.06
 
 
-def teacher_forced(name, backend):
-    """(edged's logits, llama.cpp's) for a golden file, fed the way generation runs."""
-    from edged import Model
-    z = np.load(testdata("golden", name + ".golden.npz"))
-    toks, n_prompt, ref = z["tokens"].tolist(), int(z["n_prompt"]), z["logits"]
-    m = Model.load(testdata("models", name + ".gguf"), backend=backend, n_threads=2)
-    try:
-        s = m.session(n_ctx=512)
-        rows = [s.eval(toks[:n_prompt], logits="all")]  # the prompt as one batch
-        for t in toks[n_prompt:]:                         # then one token at a time
-            rows.append(s.eval([t]))
-        got = np.concatenate(rows)
-    finally:
-        m.close()
-    assert got.shape == ref.shape
-    return got, ref
-
-
 def run_golden(name, backend):
     got, ref = teacher_forced(name, backend)
     d = np.abs(got - ref)
@@ -52,16 +36,6 @@ def run_golden(name, backend):
     assert d.max() <= lim_max and d.mean() <= lim_mean and misses == 0, \
         f"{name}/{backend}: max {d.max():.4f} mean {d.mean():.5f} top-1 misses {misses}"
     return d
-
-
-@pytest.fixture(params=["best", "generic"])
-def kernels(request):
-    """The fastest path this CPU supports, and the generic C path."""
-    core = pytest.importorskip("edged._core")
-    before = core.kernel_path()
-    core.set_path(None if request.param == "best" else request.param)
-    yield request.param
-    core.set_path(before)
 
 
 @pytest.mark.parametrize("name", GOLDEN)

@@ -15,7 +15,7 @@ llama.cpp's, e.g. its repacked Q4_0/Q4_K/Q2_K kernels and the generic C path).
 import numpy as np
 import pytest
 
-from test_engine_golden import teacher_forced
+from golden_logits import teacher_forced
 
 # (max, mean) abs logit difference on every kernel path (the attention and activation
 # mirror does not depend on the path). Measured max/mean after -> before the mirror:

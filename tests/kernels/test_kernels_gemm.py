@@ -7,7 +7,7 @@ import pytest
 
 from conftest import testdata
 from edged.format.gguf import GGMLType, TYPE_INFO
-from test_kernels_matmul import check_matmul, random_weights
+from matmul_reference import check_matmul, random_weights
 
 core = pytest.importorskip("edged._core")
 

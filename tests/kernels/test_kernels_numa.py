@@ -5,7 +5,7 @@ import pytest
 
 from conftest import testdata
 from edged.engine import threads
-from test_kernels_threads import make_sysfs, two_nodes_smt  # noqa: F401  (fixture)
+from fake_sysfs import make_sysfs, two_nodes_smt  # noqa: F401  (fixture)
 
 
 def test_isolate_prefers_the_node_of_the_first_worker(two_nodes_smt):  # noqa: F811

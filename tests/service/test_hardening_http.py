@@ -238,8 +238,7 @@ PROMPTS = st.one_of(st.text(max_size=40), st.lists(st.integers(-3, 600), max_siz
 
 def _model_api(tmp_path_factory):
     if "model_api" not in _API:
-        from daemon_support import add_chat_template, stories
-        from test_hardening_load import can_generate
+        from daemon_support import add_chat_template, can_generate, stories
         if not can_generate():
             pytest.skip("this checkout cannot run the test model")
         d = tmp_path_factory.mktemp("fuzz-gen")

@@ -16,8 +16,8 @@ import time
 
 import pytest
 
-from daemon_support import (Server, UnixHTTPConnection, add_chat_template, empty_models_dir, open_stream, running,
-                            signing_key, stories)
+from daemon_support import (Server, UnixHTTPConnection, add_chat_template, can_generate, empty_models_dir,
+                            engine_env, open_stream, running, signing_key, stories)
 
 CLIENTS = 64
 SECONDS = float(os.environ.get("EDGED_LOAD_SECONDS", "8"))
@@ -32,30 +32,6 @@ def rss_kib(pid):
             if line.startswith("VmRSS:"):
                 return int(line.split()[1])
     raise AssertionError("no VmRSS")
-
-
-def engine_env():
-    """The compiled CPU backend when it is built, else the NumPy reference backend."""
-    try:
-        import edged.engine.cpu  # noqa: F401
-    except ImportError:
-        return {"EDGED_BACKEND": "reference"}
-    return {}
-
-
-_CAN = {}
-
-
-def can_generate():
-    """True when this checkout can load and run the test model (text layer and a backend)."""
-    if "v" not in _CAN:
-        try:
-            from edged.engine.model import Model
-            Model.load(stories(), backend=engine_env().get("EDGED_BACKEND")).close()
-            _CAN["v"] = True
-        except (Exception, pytest.skip.Exception):  # noqa: BLE001 - any missing piece: no
-            _CAN["v"] = False
-    return _CAN["v"]
 
 
 @pytest.fixture

@@ -27,7 +27,7 @@ pytestmark = needs_vm
 
 def _model(payload, tmp_path):
     """A signed model the guest can serve when this checkout can run one; else an unloadable one."""
-    from test_hardening_load import can_generate, engine_env
+    from daemon_support import can_generate, engine_env
     signed_demo_model(payload, can_generate())
     if can_generate():
         for k, v in engine_env().items():           # e.g. the reference backend

@@ -119,6 +119,30 @@ class UnixHTTPConnection(http.client.HTTPConnection):
         self.sock.connect(self.unix_path)
 
 
+def engine_env():
+    """The compiled CPU backend when it is built, else the NumPy reference backend."""
+    try:
+        import edged.engine.cpu  # noqa: F401
+    except ImportError:
+        return {"EDGED_BACKEND": "reference"}
+    return {}
+
+
+_CAN = {}
+
+
+def can_generate():
+    """True when this checkout can load and run the test model (text layer and a backend)."""
+    if "v" not in _CAN:
+        try:
+            from edged.engine.model import Model
+            Model.load(stories(), backend=engine_env().get("EDGED_BACKEND")).close()
+            _CAN["v"] = True
+        except (Exception, pytest.skip.Exception):  # noqa: BLE001 - any missing piece: no
+            _CAN["v"] = False
+    return _CAN["v"]
+
+
 def request(sock_path, method, path, body=None, timeout=120, raw=None):
     """(status, headers, parsed JSON or text)."""
     c = UnixHTTPConnection(sock_path, timeout)

@@ -6,6 +6,7 @@ import logging
 import numpy as np
 import pytest
 
+from bpe_vocab import bpe_metadata
 from conftest import testdata
 from edged import Tokenizer
 from edged.errors import TokenizerError
@@ -19,43 +20,6 @@ def vocab(name):
 
 
 # --- synthetic vocabularies ---------------------------------------------------------------------
-def gpt2_byte_chars():
-    """GPT-2's byte -> character table, written out independently of edged."""
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAD)) + list(range(0xAE, 0x100))
-    cs = bs[:]
-    n = 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    return {b: chr(c) for b, c in zip(bs, cs)}
-
-
-def bpe_metadata(merges=(), extra=(), pre="gpt-2", **keys):
-    """A byte-level BPE vocabulary: 256 byte tokens, one token per merge, then `extra`
-    (text, type) tokens."""
-    chars = gpt2_byte_chars()
-    tokens = [chars[b] for b in range(256)]
-    types = [TokenType.NORMAL] * 256
-    merge_strs = []
-    for left, right in merges:
-        l_, r_ = ("".join(chars[b] for b in s.encode()) for s in (left, right))
-        merge_strs.append(f"{l_} {r_}")
-        if l_ + r_ not in tokens:
-            tokens.append(l_ + r_)
-            types.append(TokenType.NORMAL)
-    for text, ttype in extra:
-        tokens.append(text)
-        types.append(ttype)
-    md = {Key.TOKENIZER_MODEL: "gpt2", Key.TOKENS: tokens,
-          Key.TOKEN_TYPE: np.array(types, np.int32), Key.MERGES: merge_strs}
-    if pre is not None:
-        md[Key.PRE] = pre
-    md.update(keys)
-    return md
-
-
 def spm_metadata(**keys):
     tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)] + \
              ["\u2581", "h", "i", "hi", "\u2581hi", "\u2581h"]
@@ -259,3 +223,21 @@ def test_stories260k_prompt_matches_llama_cpp_golden():
     prompt = golden["tokens"][: int(golden["n_prompt"])].tolist()
     assert tok.encode("Once upon a time") == prompt
     assert tok.decode(prompt) == "Once upon a time"
+
+
+@pytest.mark.parametrize("extra, words", [
+    ((), True),                          # SentencePiece-like: U+2581 only at the start of tokens
+    (("\u2581\u2581x",), True),          # a run of U+2581 is still a word start
+    (("i\u2581h",), False),              # a token joins a character to a following U+2581
+    (("\0\u2581",), False),              # ... NUL being the character
+    (("a\0b", "\u2581a"), True),         # a NUL inside a token, none before U+2581
+    (("a\0", "\u2581b"), True),          # a token ending in NUL, the next one starting with U+2581
+])
+def test_spm_merges_word_by_word_only_when_no_token_spans_a_word_start(extra, words):
+    md = spm_metadata()
+    n = len(extra)
+    md[Key.TOKENS] = md[Key.TOKENS] + list(extra)
+    md[Key.TOKEN_TYPE] = np.concatenate([md[Key.TOKEN_TYPE], np.full(n, int(TokenType.NORMAL), np.int32)])
+    md[Key.SCORES] = np.concatenate([md[Key.SCORES], np.full(n, -4.0, np.float32)])
+    tok = Tokenizer(md)
+    assert tok._spm_words is words

@@ -9,11 +9,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from bpe_vocab import bpe_metadata
 from conftest import testdata
 from edged import Tokenizer, _bpe
-from edged.text.tokenizer import (CJK_HANGUL, CL_CRLF, CL_L, CL_N, CL_P, CL_P_DEFAULT, CL_P_FALCON, CL_RANGES,
-                             DEEPSEEK_LETTERS, DEEPSEEK_PUNCT, OP_DIGITS3, OP_ONE, OP_QWEN2, OP_QWEN35,
-                             OP_NEWLINES, OP_RUN, OP_TRAIL_WS, OP_WS_RUN)
+from edged.text.tokenizer import (A_LSTRIP, A_RSTRIP, CJK_HANGUL, CL_CRLF, CL_L, CL_N, CL_P, CL_P_DEFAULT,
+                                  CL_P_FALCON, CL_RANGES, DEEPSEEK_LETTERS, DEEPSEEK_PUNCT, OP_DIGITS3,
+                                  OP_NEWLINES, OP_ONE, OP_QWEN2, OP_QWEN35, OP_RUN, OP_TRAIL_WS, OP_WS_RUN,
+                                  PRE_TOKENIZERS, TokenType)
 
 # llama.cpp's whitespace: Unicode White_Space without U+001C..U+001F
 WS_CHARS = "\t\n\x0b\x0c\r \x85\xa0\u1680" + "".join(map(chr, range(0x2000, 0x200B))) + \
@@ -90,7 +92,6 @@ def test_qwen35_keeps_combining_marks_with_letters():
 
 
 def test_starcoder_splits_every_digit_and_falcon_groups_three():
-    from edged.text.tokenizer import PRE_TOKENIZERS
     assert _bpe.PreTokenizer(PRE_TOKENIZERS["starcoder"].ops).split("abc 123") == ["abc", " ", "1", "2", "3"]
     assert _bpe.PreTokenizer(PRE_TOKENIZERS["falcon"].ops).split("x 12345") == ["x", " ", "123", "45"]
     assert _bpe.PreTokenizer(PRE_TOKENIZERS["deepseek-coder"].ops).split("a1\n") == ["a", "1", "\n"]
@@ -167,9 +168,6 @@ def test_partition_equals_llama_cpp_transcription(name, parts):
 @settings(max_examples=150, deadline=None)
 @given(parts=SPECIAL_PARTS)
 def test_partition_with_lstrip_and_rstrip_equals_transcription(parts):
-    from edged.text.tokenizer import A_LSTRIP, A_RSTRIP
-    from test_tokenizer_behaviour import bpe_metadata
-    from edged.text.tokenizer import TokenType
     tok = Tokenizer(bpe_metadata(extra=[("<a>", TokenType.CONTROL), ("<a><b>", TokenType.USER_DEFINED),
                                         ("<b>", TokenType.CONTROL), ("</s>", TokenType.USER_DEFINED)]))
     flags = [A_LSTRIP, A_RSTRIP, A_LSTRIP | A_RSTRIP, 0]

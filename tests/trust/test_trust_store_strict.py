@@ -8,6 +8,7 @@ import sys
 import pytest
 
 from conftest import ROOT
+from edged.cli import build_parser
 from edged.errors import SignatureError
 from edged.service import config
 from edged.service.daemon import load_trust
@@ -69,12 +70,7 @@ def test_revocation_line_with_two_fingerprints_is_refused_at_its_line(tmp_path, 
 
 
 def test_daemon_and_verify_share_the_revocation_default():
-    import argparse
-
-    from edged.commands import verify as verify_cmd
-    p = argparse.ArgumentParser()
-    verify_cmd.register(p.add_subparsers())
-    args = p.parse_args(["verify", "m.gguf"])
+    args = build_parser({"verify"}).parse_args(["verify", "m.gguf"])
     assert config.defaults().revoked_keys == store.DEFAULT_REVOKED_FILE == args.revoked
     # the default counts only when it exists; another configured path must exist; "" is none
     assert store.revocation_file("") is None and store.revocation_file("/nonexistent/x") == "/nonexistent/x"

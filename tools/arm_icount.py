@@ -1,0 +1,167 @@
+#!/usr/bin/env python3
+"""Guest instructions per generated token and per prompt token on aarch64, for edged and
+llama.cpp on the same GGUF files, counted under qemu-aarch64 (no Arm machine needed).
+
+Counts are a proxy for speed, not a measurement of it: they ignore memory bandwidth, caches,
+issue width and the cost of each instruction (a dotprod SDOT counts as one, like a MOV).
+
+How: a 30-line TCG plugin (built here with gcc) adds each translated block's instruction count
+to one counter every time the block runs; qemu prints it at exit. Each figure is the
+difference of two runs, k and 2k tokens, divided by k, so process start, model load and
+warm-up cancel out. Both programs run one thread (no spinning workers in the count).
+Debian's qemu-user (the dynamic `qemu-aarch64`) loads plugins; qemu-user-static does not.
+
+The CPU qemu emulates decides the kernel path: `-cpu cortex-a72` (Pi 4: NEON, no dotprod) and
+`-cpu cortex-a76` (Pi 5: NEON with dotprod); edged picks its path from the CPU's features as on
+real hardware, llama.cpp needs a binary built for each (-DGGML_CPU_ARM_ARCH=armv8-a /
+armv8.2-a+dotprod, static, aarch64-linux-gnu-g++).
+
+edged runs as Debian's arm64 python3.11 from an arm64 root (-L), with edged's aarch64 build and
+numpy on PYTHONPATH (tools/build-wheels.sh makes both).
+
+    python tools/arm_icount.py -m q4_0.gguf -m q4_k_m.gguf --arm-root ROOT --site SITE \\
+        --llama-bench-pi4 llama-bench-armv8-a --llama-bench-pi5 llama-bench-armv8.2-a+dotprod
+"""
+import argparse
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+
+CPUS = {"pi4": "cortex-a72", "pi5": "cortex-a76"}
+
+PLUGIN = r"""
+#include <stdint.h>
+#include <stdio.h>
+#include <stddef.h>
+/* The few declarations of qemu's plugin API (include/qemu/qemu-plugin.h, API version 1) this
+   plugin uses: Debian does not ship the header. */
+typedef uint64_t qemu_plugin_id_t;
+struct qemu_plugin_tb;
+typedef struct qemu_info_t qemu_info_t;
+enum qemu_plugin_op { QEMU_PLUGIN_INLINE_ADD_U64 };
+void qemu_plugin_register_vcpu_tb_trans_cb(qemu_plugin_id_t, void (*)(qemu_plugin_id_t, struct qemu_plugin_tb *));
+size_t qemu_plugin_tb_n_insns(const struct qemu_plugin_tb *);
+void qemu_plugin_register_vcpu_tb_exec_inline(struct qemu_plugin_tb *, enum qemu_plugin_op, void *, uint64_t);
+void qemu_plugin_register_atexit_cb(qemu_plugin_id_t, void (*)(qemu_plugin_id_t, void *), void *);
+__attribute__((visibility("default"))) int qemu_plugin_version = 1;
+static uint64_t insns;  /* one counter: the programs counted run one compute thread */
+static void on_translate(qemu_plugin_id_t id, struct qemu_plugin_tb *tb) {
+    qemu_plugin_register_vcpu_tb_exec_inline(tb, QEMU_PLUGIN_INLINE_ADD_U64, &insns, qemu_plugin_tb_n_insns(tb));
+}
+static void on_exit(qemu_plugin_id_t id, void *p) { fprintf(stderr, "\nICOUNT %llu\n", (unsigned long long)insns); }
+__attribute__((visibility("default")))
+int qemu_plugin_install(qemu_plugin_id_t id, const qemu_info_t *info, int argc, char **argv) {
+    qemu_plugin_register_vcpu_tb_trans_cb(id, on_translate);
+    qemu_plugin_register_atexit_cb(id, on_exit, NULL);
+    return 0;
+}
+"""
+
+# k prompt tokens as one batch, or k tokens decoded one at a time, after loading the model
+EDGED_DRIVER = r"""
+import sys
+from edged import Model
+path, mode, k = sys.argv[1], sys.argv[2], int(sys.argv[3])
+m = Model.load(path, n_threads=1)
+s = m.session(n_ctx=512)
+toks = [(i * 7919) % 1000 + 10 for i in range(k)]
+if mode == "prompt":
+    s.eval(toks)
+else:
+    for t in toks:
+        s.eval([t])
+from edged import _core
+dotprod = "dotprod" in " ".join(map(str, _core.cpu_features()))
+print("KERNELS", _core.kernel_path() + ("+dotprod" if dotprod else ""), file=sys.stderr)
+"""
+
+
+def build_plugin(tmp):
+    src, lib = os.path.join(tmp, "icount.c"), os.path.join(tmp, "libicount.so")
+    with open(src, "w") as f:
+        f.write(PLUGIN)
+    subprocess.run(["gcc", "-shared", "-fPIC", "-O2", "-o", lib, src], check=True)
+    return lib
+
+
+def count(cmd, env=None):
+    # from / so that `python -c` finds edged on PYTHONPATH, not a checkout in the current directory
+    r = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd="/")
+    m = re.search(r"ICOUNT (\d+)", r.stderr)
+    if r.returncode != 0 or not m:
+        raise RuntimeError(f"{' '.join(cmd[:8])} ...: exit {r.returncode}: {r.stderr[-2000:]}")
+    kernels = re.search(r"KERNELS (\S+)", r.stderr)
+    return int(m.group(1)), kernels.group(1) if kernels else ""
+
+
+def per_token(run, k):
+    """(instructions per token, what ran) from runs of k and 2k tokens."""
+    (c1, what), (c2, _) = run(k), run(2 * k)
+    return (c2 - c1) / k, what
+
+
+def edged_runs(a, plugin, model, cpu, mode):
+    env = {**os.environ, "PYTHONPATH": a.site, "PYTHONNOUSERSITE": "1"}
+    py = os.path.join(a.arm_root, "usr", "bin", "python3.11")
+    return lambda k: count([a.qemu, "-L", a.arm_root, "-cpu", cpu, "-plugin", plugin, py, "-c", EDGED_DRIVER,
+                            model, mode, str(k)], env)
+
+
+def llama_runs(a, plugin, binary, model, cpu, mode):
+    def run(k):
+        p, n = (k, 0) if mode == "prompt" else (0, k)
+        c, _ = count([a.qemu, "-cpu", cpu, "-plugin", plugin, binary, "-m", model, "-t", "1", "-r", "1",
+                      "--no-warmup", "-p", str(p), "-n", str(n), "-o", "json"])
+        return c, os.path.basename(binary)
+    return run
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("-m", "--model", action="append", required=True, help="GGUF file (repeatable)")
+    ap.add_argument("-n", "--n-gen", type=int, default=4, help="k for generated tokens (runs of k and 2k)")
+    ap.add_argument("-p", "--n-prompt", type=int, default=16, help="k for prompt tokens (runs of k and 2k)")
+    ap.add_argument("--arm-root", default=os.environ.get("EDGED_ARM64_ROOT"),
+                    help="arm64 Debian root with python3.11 (or $EDGED_ARM64_ROOT)")
+    ap.add_argument("--site", default=os.environ.get("EDGED_ARM64_SITE"),
+                    help="PYTHONPATH holding edged's aarch64 build and numpy (or $EDGED_ARM64_SITE)")
+    ap.add_argument("--llama-bench-pi4", help="llama-bench for aarch64 built with GGML_CPU_ARM_ARCH=armv8-a")
+    ap.add_argument("--llama-bench-pi5", help="llama-bench built with GGML_CPU_ARM_ARCH=armv8.2-a+dotprod")
+    ap.add_argument("--cpus", default="pi4,pi5", help="which emulated CPUs: pi4 (cortex-a72), pi5 (cortex-a76)")
+    ap.add_argument("--qemu", default=shutil.which("qemu-aarch64") or "qemu-aarch64",
+                    help="qemu-aarch64 that loads plugins (Debian's qemu-user, not qemu-user-static)")
+    a = ap.parse_args()
+    if not (a.arm_root and a.site):
+        ap.error("--arm-root and --site are needed to run edged")
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        plugin = build_plugin(tmp)
+        for model in a.model:
+            model = os.path.abspath(model)
+            for board in a.cpus.split(","):
+                cpu = CPUS[board]
+                llama = getattr(a, f"llama_bench_{board}")
+                row = {"model": os.path.basename(model), "cpu": f"{board} ({cpu})"}
+                for mode, k in (("gen", a.n_gen), ("prompt", a.n_prompt)):
+                    row[f"edged_{mode}"], row["edged_path"] = per_token(edged_runs(a, plugin, model, cpu, mode), k)
+                    if llama:
+                        row[f"llama_{mode}"], _ = per_token(llama_runs(a, plugin, os.path.abspath(llama), model, cpu,
+                                                                       mode), k)
+                    print(f"{row}", file=sys.stderr)
+                rows.append(row)
+    print("| file | CPU (qemu) | edged path | edged M instr / generated token | llama.cpp | ratio "
+          "| edged M instr / prompt token | llama.cpp | ratio |")
+    print("| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for r in rows:
+        cells = []
+        for mode in ("gen", "prompt"):
+            e, l_ = r[f"edged_{mode}"], r.get(f"llama_{mode}")
+            cells += [f"{e / 1e6:.1f}", f"{l_ / 1e6:.1f}" if l_ else "-", f"{e / l_:.2f}" if l_ else "-"]
+        print(f"| {r['model']} | {r['cpu']} | {r['edged_path']} | " + " | ".join(cells) + " |")
+
+
+if __name__ == "__main__":
+    main()
