@@ -1,5 +1,6 @@
-/* Decode-batch tiles against the one-token kernel, one thread: the cost of 2 and 4 sessions'
- * columns over weights larger than the caches, relative to one token.
+/* Decode-batch tiles and prompt panels against the one-token kernel, one thread: the cost of 2
+ * and 4 sessions' columns over weights larger than the caches, relative to one token, and of a
+ * 64-token prompt batch through the packed panels (ed_gemm.h) per token.
  *
  *   gcc -O3 -std=gnu11 -pthread -Icython_kernels/kernels -Icython_kernels/forward tools/bench_tiles.c -lm -o /tmp/bench_tiles
  *   /tmp/bench_tiles TYPE K [MIB] [PATH]      e.g. /tmp/bench_tiles Q5_0 896 256 avx512
@@ -7,9 +8,11 @@
  * TYPE: Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 Q2_K Q3_K Q4_K Q5_K Q6_K; PATH: generic, avx2, avx512, neon, or
  * avx2-vnni / avx512-vnni / neon-dotprod (the variant without that feature; default: the best
  * this CPU runs); MIB of weights (default 256). One token goes through ed_mdot_rows (the engine's
- * one-token path: row kernels or the dot), the batch through ED_MDOT_SAME on the decode
- * batch's row layout, as forward.h calls them. Best of 9 passes each, interleaved, in thread
- * CPU time (so a busy machine inflates them less than wall time).
+ * one-token path: row kernels or the dot), the batch as forward.h's ed_rows calls it (the row
+ * kernels where the type has them, else ED_MDOT_SAME per row) on the decode batch's row
+ * layout. Best of 9 passes each, interleaved, in thread CPU time (so a busy machine inflates
+ * them less than wall time). Built against another checkout's headers (-I../base/...), the
+ * same source measures that checkout: compare the printed ms side by side.
  */
 #define _GNU_SOURCE
 #include <stdio.h>
@@ -21,6 +24,17 @@ static double now(void) {  /* this thread's CPU time: the figures hold on a shar
     struct timespec t;
     clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
     return t.tv_sec + t.tv_nsec * 1e-9;
+}
+
+/* the next token of nc sessions, as forward.h's ed_rows runs a decode batch */
+static void batch(int type, int K, const uint8_t *w, size_t rb, int R, const uint8_t *xs, size_t sr, int nc, float *out) {
+#ifdef ED_MROWS_N  /* row kernels (rows as lanes) take every column */
+    if (ED_MROWS[type]) {
+        for (int r = 0; r < R; r += 16) ed_mdot_rows(type, K, w + r * rb, rb, 16, xs, sr, nc, out + r, R);
+        return;
+    }
+#endif
+    for (int r = 0; r < R; r++) ED_MDOT_SAME[type](K, w + r * rb, xs, sr, nc, out + r, R);
 }
 
 int main(int argc, char **argv) {
@@ -54,21 +68,37 @@ int main(int argc, char **argv) {
     }
     for (int c = 0; c < 4; c++) ed_same_act_fill(type, xs, sr, c, 4, K);
     if (!ED_MDOT_SAME[type]) { printf("%s: no decode-batch tile on %s\n", argv[1], ED_PATH); return 0; }
-    float *out = malloc(sizeof(float) * R * 4);
-    double b1 = 1e9, b2 = 1e9, b4 = 1e9;
+    float *out = malloc(sizeof(float) * R * 64);
+    /* a 64-token prompt through the panels, over the first 16 MiB of rows (per token) */
+    enum { NP = 64 };
+    const int RP = R < (int)(16 * 1048576 / rb) ? R : (int)(16 * 1048576 / rb) / 16 * 16;
+    uint8_t *xp = aligned_alloc(64, (kr * NP + 63) & ~(size_t)63);
+    const size_t il = ed_gemm_info_len(K);
+    ed_ginfo *info = malloc(sizeof(ed_ginfo) * il * NP);
+    uint8_t *scratch = aligned_alloc(64, ed_gemm_scratch(K));
+    for (int c = 0; c < NP; c++) {
+        ED_QUANT[vt](xf + (c % 4) * K, xp + c * kr, K);
+        ed_gemm_info(vt, K, xp + c * kr, info + c * il);
+    }
+    double b1 = 1e9, b2 = 1e9, b4 = 1e9, bp = 1e9;
     for (int it = 0; it < 9; it++) {
         const double t0 = now();
         for (int r = 0; r < R; r += 16) ed_mdot_rows(type, K, w + r * rb, rb, 16, xq, kr, 1, out + r, 1);
         const double t1 = now();
-        for (int r = 0; r < R; r++) ED_MDOT_SAME[type](K, w + r * rb, xs, sr, 2, out + r, R);
+        batch(type, K, w, rb, R, xs, sr, 2, out);
         const double t2 = now();
-        for (int r = 0; r < R; r++) ED_MDOT_SAME[type](K, w + r * rb, xs, sr, 4, out + r, R);
+        batch(type, K, w, rb, R, xs, sr, 4, out);
         const double t3 = now();
+        if (ed_gemm_ok(type)) ed_gemm_rows(type, K, w, rb, RP, xp, kr, info, il, NP, out, RP, scratch);
+        const double t4 = now();
         if (t1 - t0 < b1) b1 = t1 - t0;
         if (t2 - t1 < b2) b2 = t2 - t1;
         if (t3 - t2 < b4) b4 = t3 - t2;
+        if (t4 - t3 < bp) bp = t4 - t3;
     }
     printf("%s %s K=%d, %.0f MiB: one token %.2f ms (%.1f GB/s); 2 sessions %.2fx; 4 sessions %.2fx of one token "
-           "(tokens per CPU second: %.2fx)\n", ed_kern->name, argv[1], K, rb * R / 1048576.0, b1 * 1e3, rb * R / b1 / 1e9, b2 / b1, b4 / b1, 4 * b1 / b4);
+           "(tokens per CPU second: %.2fx); prompt panels %.3f ms per token per 16 MiB%s\n", ed_kern->name, argv[1], K,
+           rb * R / 1048576.0, b1 * 1e3, rb * R / b1 / 1e9, b2 / b1, b4 / b1, 4 * b1 / b4, bp * 1e3 / NP,
+           ed_gemm_ok(type) ? "" : " (no panels)");
     return 0;
 }

@@ -274,7 +274,7 @@ ed_z_gemm_tile(const int G, const int gps, const int nc, int ng, const uint8_t *
             const int g = g0 + j;
             const int32_t go = goff[g];
             __m512i s[ED_GEMM_NC];
-            for (int c = 0; c < nc; c++) s[c] = _mm512_set1_epi32(-(ic[c][g].yoff / 128) * off);
+            for (int c = 0; c < nc; c++) s[c] = _mm512_set1_epi32(-(ic[c][g].yoff >> 7) * off);
             for (int q = 0; q < G / 4; q++) {  /* the tokens' chains interleaved */
                 const __m512i w = _mm512_load_si512((const void *)(pu + 64 * q));
                 for (int c = 0; c < nc; c++) {
@@ -291,7 +291,7 @@ ed_z_gemm_tile(const int G, const int gps, const int nc, int ng, const uint8_t *
             const __m512i mnv = _mm512_loadu_si512((const void *)(ab + 2 * ED_PANEL * j + ED_PANEL));
             for (int c = 0; c < nc; c++) {
                 S[c] = _mm512_add_epi32(S[c], _mm512_mullo_epi32(s[c], scv));
-                if (has_c) M[c] = _mm512_add_epi32(M[c], _mm512_mullo_epi32(mnv, _mm512_set1_epi32(ic[c][g].yoff / 128)));
+                if (has_c) M[c] = _mm512_add_epi32(M[c], _mm512_mullo_epi32(mnv, _mm512_set1_epi32(ic[c][g].yoff >> 7)));
             }
         }
         const __m512 A = _mm512_loadu_ps(ab + (gps ? 2 * ED_PANEL * gps : 0));

@@ -28,8 +28,9 @@ def groupings(w, t, x, pool):
     def mm(rows, min_cols=8, p=None):
         old = core.gemm_min_cols(min_cols)
         try:
-            return core.matmul(np.zeros((rows.shape[0], w.size // row_bytes(t, x.shape[1])), np.float32),
-                               w, int(t), np.ascontiguousarray(rows), p)
+            out = np.zeros((rows.shape[0], w.size // row_bytes(t, x.shape[1])), np.float32)
+            core.matmul(out, w, int(t), np.ascontiguousarray(rows), p)
+            return out
         finally:
             core.gemm_min_cols(old)
 
