@@ -133,18 +133,17 @@ static void ed_axpy_f16_generic(int n, float a, const ed_half *x, float *y) {
 /* Attention over an F16 KV cache for a block of query rows that share one KV head (forward.h
  * forms the blocks: a few tokens x the query heads of one KV head). Row r reads q (hd floats),
  * attends keys/values [lo, hi] of k and v (rows ld halves apart) and writes o (hd floats).
- * Same numerics on every path: q rounded to f16 like llama.cpp's f16 K x q product, scores
- * times scale, softmax in float with its sum in double, V accumulated in float.
+ * The x86 kernels (ed_attn_x86.inc) give each row the bits of forward.h's one-token attention
+ * (the canonical order of ed_parity.h) for head dims that are multiples of 64.
  * ws: ed_attn_ws_floats() floats of this thread's scratch, 64-byte aligned. */
-#define ED_ATTN_ROWS 64   /* query rows per block (a multiple of 16: whole vectors) */
-#define ED_ATTN_KEYS 32   /* keys per tile of the blocked kernels (multiple of 4) */
+#define ED_ATTN_ROWS 32   /* query rows per block (a multiple of 16: whole vectors) */
 
 static inline size_t ed_attn_ws_floats(int hd, int n_ctx) {
-    const size_t blocked = (size_t)ED_ATTN_ROWS * hd          /* queries, transposed */
-                         + (size_t)ED_ATTN_KEYS * ED_ATTN_ROWS  /* scores of one tile */
-                         + (size_t)2 * ED_ATTN_KEYS * hd        /* K and V tile as float */
-                         + (size_t)5 * ED_ATTN_ROWS;            /* max, rescale, sums */
-    const size_t rowwise = (size_t)hd + n_ctx;                  /* f16 query, one score row */
+    const size_t blocked = (size_t)ED_ATTN_ROWS * hd               /* queries, transposed */
+                         + (size_t)4 * hd                          /* keys as float */
+                         + (size_t)2 * ED_ATTN_ROWS                /* max, group sums */
+                         + (size_t)(n_ctx + 32) * ED_ATTN_ROWS;    /* every key's score */
+    const size_t rowwise = (size_t)hd + n_ctx;                      /* f16 query, one score row */
     return ((blocked > rowwise ? blocked : rowwise) + 15) & ~(size_t)15;  /* 64-byte multiple */
 }
 
