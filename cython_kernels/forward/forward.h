@@ -94,8 +94,7 @@ typedef struct {
     uint16_t *qh;        /* (n_threads, head_dim) the current head's query in the K type's dot
                             format (f16, or q8_0 blocks: fewer bytes) */
     float *vacc;         /* (n_threads, 80 * head_dim) lanes of the softmax x V sums + reduction */
-    uint8_t *xq;         /* (n_batch, quantized row of max(n_embd, n_ff, q dims)), or a decode
-                            batch's rows with their pair areas (ed_same_act_bytes) */
+    uint8_t *xq;         /* (max(n_batch, n_threads), quantized row of max(n_embd, n_ff, q dims)) */
     size_t xq_row;       /* bytes per quantized activation row */
     uint8_t *gemm;       /* (n_threads, gemm_bytes) packed-panel scratch (ed_gemm.h) */
     size_t gemm_bytes;
@@ -220,23 +219,13 @@ static inline float ed_silu(float x) { return ed_pm_silu(x); }
 
 /* out[t*ldo + r] = W[r] . x[t*ldx] for t < n, r < W->ne1. All threads call it. When reuse
  * is set, the activations were quantized for this very x and type by the previous call. */
-/* A few decode tokens of several sessions take the decode-batch tiles (ED_MDOT_SAME); larger
- * batches, of one session or mixed, the prompt kernels. Every kernel sums a weight row in the
- * one canonical order (ed_simd.h), so the choice changes the speed, not the bits. */
-static inline int ed_same_rows(const ed_state *s, int n) {
-    return s->batched && n < ED_GEMM_MIN_COLS;
-}
-
-/* A batch of n tokens in activation format vt goes through the packed panels (ed_gemm.h) */
+/* A batch of n tokens in activation format vt goes through the packed panels (ed_gemm.h), a
+ * few tokens through the tiles; a batch of one session's prompt or of several sessions' rows
+ * alike. Every kernel sums a weight row in the one canonical order (ed_types.h), so the choice
+ * changes the speed, not the bits. */
 static inline int ed_gemm_wanted(const ed_state *s, int n, int vt) {
-    return !ed_same_rows(s, n) && n > 1 && n >= ED_GEMM_MIN_COLS && ED_GEMM_KERNEL && s->gemm_bytes &&
+    return n > 1 && n >= ED_GEMM_MIN_COLS && ED_GEMM_KERNEL && s->gemm_bytes &&
            (vt == ED_Q8_0 || vt == ED_Q8_1 || vt == ED_Q8_K);
-}
-
-/* bytes between quantized activation rows: a decode batch's rows carry float block scales
-   for its tiles (ED_SAME_DY) */
-static inline size_t ed_act_stride(const ed_state *s, int type, int K, int n) {
-    return ed_same_rows(s, n) && n > 1 ? ed_same_act_bytes(type, K) : ed_act_row_bytes(type, K);
 }
 
 /* Quantize the activation rows x (n, K) into the format weights of `type` need. For one
@@ -244,7 +233,7 @@ static inline size_t ed_act_stride(const ed_state *s, int type, int K, int n) {
  * are split and a barrier follows. Returns the base and stride of this thread's view. */
 static const uint8_t *ed_quantize_act(ed_state *s, ed_pool *p, int type, int K, const float *x,
                                       int ldx, int n, int ith, int nth, size_t *rb_out) {
-    const size_t rb = ed_act_stride(s, type, K, n);
+    const size_t rb = ed_act_row_bytes(type, K);
     const ed_quant_fn q = ED_QUANT[ED_TRAITS[type].vec_type];
     *rb_out = rb;
     if (n == 1) {
@@ -254,10 +243,7 @@ static const uint8_t *ed_quantize_act(ed_state *s, ed_pool *p, int type, int K, 
     }
     int64_t a, b;
     ed_range(n, ith, nth, &a, &b);
-    for (int64_t t = a; t < b; t++) {
-        q(x + t * ldx, s->xq + t * rb, K);
-        if (ed_same_rows(s, n)) ed_same_act_fill(type, s->xq, rb, t, n, K);
-    }
+    for (int64_t t = a; t < b; t++) q(x + t * ldx, s->xq + t * rb, K);
     if (ed_gemm_wanted(s, n, ED_TRAITS[type].vec_type))  /* for the packed panels (ed_rows) */
         for (int64_t t = a; t < b; t++)
             ed_gemm_info(ED_TRAITS[type].vec_type, K, s->xq + t * rb, s->xinfo + t * s->xinfo_row);
@@ -265,29 +251,10 @@ static const uint8_t *ed_quantize_act(ed_state *s, ed_pool *p, int type, int K, 
     return s->xq;
 }
 
-/* out[t*ldo + r] = W[r] . x[t] for rows r in [r0, r1) of W, all n tokens. A few decode tokens
- * of several sessions go through the decode-batch tiles (ED_MDOT_SAME, else the one-token path
- * per column), each tile of weight rows read from memory once for all of them. */
+/* out[t*ldo + r] = W[r] . x[t] for rows r in [r0, r1) of W, all n tokens: the packed panels
+ * for a batch, else tiles of rows that stay in cache, each read from memory once for all n. */
 static inline void ed_rows(const ed_state *s, const ed_tensor *W, int64_t r0, int64_t r1,
                            const uint8_t *xq, size_t rb, int n, float *out, int ldo, int ith) {
-    if (ed_same_rows(s, n)) {
-        /* a tile equal to the one-token path (ED_MDOT_SAME), else the one-token path itself
-           per column, over a tile of rows that stays in cache */
-        const ed_mdot_fn same = ED_MDOT_SAME[W->type];
-        for (; r0 < r1; r0 += ED_ROW_TILE) {
-            const int64_t e = r0 + ED_ROW_TILE < r1 ? r0 + ED_ROW_TILE : r1;
-            if (same && n > 1 && !ED_MROWS[W->type]) {
-                for (int64_t r = r0; r < e; r++)
-                    for (int c0 = 0; c0 < n; c0 += ED_MAX_COLS)
-                        same((int)W->ne0, W->data + r * W->row_bytes, xq + c0 * rb, rb,
-                             n - c0 < ED_MAX_COLS ? n - c0 : ED_MAX_COLS, out + (size_t)c0 * ldo + r, ldo);
-            } else {  /* row kernels (rows as lanes, every column in the dot's order), or dots */
-                ed_mdot_rows(W->type, (int)W->ne0, W->data + r0 * W->row_bytes, W->row_bytes,
-                             (int)(e - r0), xq, rb, n, out + r0, (size_t)ldo);
-            }
-        }
-        return;
-    }
     if (r1 > r0 && ed_gemm_wanted(s, n, ED_TRAITS[W->type].vec_type) && ed_gemm_ok(W->type)) {
         /* a prompt batch: packed panels */
         ed_gemm_rows(W->type, (int)W->ne0, W->data + r0 * W->row_bytes, W->row_bytes, (int)(r1 - r0),
@@ -318,7 +285,7 @@ static void ed_matmul(ed_state *s, ed_pool *p, float *out, int ldo, const ed_ten
     size_t rb;
     const uint8_t *xq;
     if (reuse) {
-        rb = ed_act_stride(s, W->type, (int)W->ne0, n);
+        rb = ed_act_row_bytes(W->type, (int)W->ne0);
         xq = n == 1 ? s->xq + (size_t)ith * s->xq_row : s->xq;
     } else {
         xq = ed_quantize_act(s, p, W->type, (int)W->ne0, x, ldx, n, ith, nth, &rb);
@@ -974,15 +941,7 @@ static size_t ed_state_layout(ed_state *s, const ed_model *m, int n_ctx, int n_b
         if (r > xq_row) xq_row = r;
     }
     xq_row = xq_row + 4 * sizeof(float);  /* any type: <= 4 bytes/elem + block headers */
-    /* a decode batch's rows (up to ED_MAX_LOGIT_ROWS) with their float scales and pair areas
-       (ed_same_act_bytes, on any path) */
-    size_t xq_bytes = (size_t)(n_batch > n_threads ? n_batch : n_threads) * xq_row;
-    for (int t = 0; t < ED_NTYPES; t++) {
-        if (!ED_TRAITS[t].ref) continue;
-        const size_t b = (size_t)(n_batch < ED_MAX_LOGIT_ROWS ? n_batch : ED_MAX_LOGIT_ROWS) *
-                         ed_same_act_bytes_for(t, F > XB ? F : XB, ED_PAIRS_Q8_0 | ED_PAIRS_Q8_K);
-        if (b > xq_bytes) xq_bytes = b;
-    }
+    const size_t xq_bytes = (size_t)(n_batch > n_threads ? n_batch : n_threads) * xq_row;
     size_t off = 0;
 #define CARVE(field, type, count) do { \
         if (arena) s->field = (type *)(arena + off); \

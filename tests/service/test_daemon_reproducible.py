@@ -3,7 +3,8 @@ same text when it is served alone on a cold cache, after a cache hit (its prompt
 from another request's session, the rest evaluated as a chunk), and while three other streams
 are decoding (its prompt chunks riding in their steps, its tokens in batches with theirs). On
 the real SmolLM2-135M, whose logits moved by up to 1.3 with the chunking before, so its greedy
-replies changed with the cache."""
+replies changed with the cache. Over an F16 KV cache and a q8_0 one (every row over a quantized
+cache reads the stored rows in the one-token order)."""
 import json
 import os
 import subprocess
@@ -19,13 +20,14 @@ ENDINGS = [" When she finally saw the house,", " Her grandmother had told her th
            " The river was", " Anna stopped and"]
 
 
-@pytest.fixture(scope="module")
-def srv(tmp_path_factory):
+@pytest.fixture(scope="module", params=["f16", "q8_0"])
+def srv(request, tmp_path_factory):
     key, trusted = signing_key(tmp_path_factory)
     tmp = tmp_path_factory.mktemp("reproducible")
     d = model_dir(tmp, key, {"smol": testdata("models", SMOL + ".gguf")})
     s = Server(tmp_path_factory.mktemp("daemon"), d, trusted, default_model="smol",
-               extra={"n_parallel": 4, "max_queue": 8, "pin_default_model": True})
+               extra={"n_parallel": 4, "max_queue": 8, "pin_default_model": True,
+                      "cache_type_k": request.param, "cache_type_v": request.param})
     yield s
     assert s.stop() == 0, s.logtext()
 
