@@ -44,7 +44,7 @@ def test_native_paths_match_generic(tmp_path):
     # attention over a quantized KV cache: 4 cache type pairs on every path that ran, the same
     # stored bytes and outputs within float rounding of the generic path's
     kv = [l for l in r.stdout.splitlines() if l.startswith("kvcache ")]
-    ran = {l.split()[0] for l in r.stdout.splitlines() if l.endswith(" ok") and not l.startswith(("kvcache", "digest"))}
+    ran = {l.split()[0] for l in r.stdout.splitlines() if l.endswith(" ok") and not l.startswith(("kvcache", "digest", "extreme"))}
     assert len(kv) == 4 * len(ran) and all(l.endswith(" same-bytes ok") for l in kv), r.stdout
     for path in ("avx2", "avx2nv", "avx512"):  # the packed panels ran on every x86 path this CPU has
         if f"{path}: not supported" not in r.stdout and "x86" in os.uname().machine:
@@ -94,3 +94,10 @@ def test_neon_path_matches_generic_under_qemu(tmp_path):
         qd = lambda out, path: sorted(l.split()[2:4] for l in out.splitlines()  # noqa: E731
                                       if l.startswith(f"digest {path} ") and l.split()[2] not in FLOAT_TYPES)
         assert len(qd(r.stdout, "neon")) == 13 and qd(r.stdout, "neon") == qd(n.stdout, "generic")
+    # every 32-block type has a row kernel (8 rows as lanes) on every x86 path, exact at the edge
+    # of its integer range (the i16 block sums without VNNI; "extreme PATH TYPE rows ok")
+    extreme = {tuple(l.split()[1:3]) for l in r.stdout.splitlines() if l.startswith("extreme ") and l.endswith(" rows ok")}
+    for path in ("avx2", "avx2nv", "avx512", "avx512nv"):
+        if f"{path}: not supported" not in r.stdout and "x86" in os.uname().machine:
+            for name in ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "IQ4_NL", "MXFP4"):
+                assert (path, name) in extreme, (path, name, r.stdout)

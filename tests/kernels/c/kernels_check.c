@@ -150,6 +150,34 @@ int main(void) {
             const int ok = err <= 1e-4 * (scale + 1e-3);
             failures += !ok;
             printf("%s %s max_abs_err %.3g scale %.3g %s\n", paths[p], names[ti], err, scale, ok ? "ok" : "FAIL");
+            /* Row kernels at the edge of their integer ranges: every weight at the value whose
+               products with |q| = 127 are largest (the i16 sums the kernels keep without VNNI
+               must still be exact), against columns of +127 and -127, equal to the plain C dot
+               bit for bit: "extreme PATH TYPE rows ok" */
+            if (ED_MROWS[t] && tr.block == QK) {
+                static const struct { int type; uint8_t fill; } edge[] = {
+                    {ED_Q4_0, 0x00}, {ED_Q5_0, 0x00}, {ED_Q8_0, 0x80}, {ED_Q4_1, 0xFF}, {ED_Q5_1, 0xFF},
+                    {ED_IQ4_NL, 0x00}, {ED_MXFP4, 0x77}};
+                static uint8_t we[8 * K * 2], xe[4 * K * 2];
+                static float fe[4 * K], ge[4 * 8];
+                int fill = -1;
+                for (size_t e = 0; e < sizeof edge / sizeof edge[0]; e++) if (edge[e].type == t) fill = edge[e].fill;
+                int eok = fill >= 0;
+                if (eok) {
+                    memset(we, fill, 8 * rb);
+                    for (size_t b = 0; b < 8 * rb / tr.type_size; b++) fix_halves(t, we + b * tr.type_size);
+                    for (int c = 0; c < 4; c++) for (int i = 0; i < K; i++) fe[c * K + i] = c & 1 ? -1.0f : 1.0f;
+                    for (int c = 0; c < 4; c++) ED_QUANT[tr.vec_type](fe + c * K, xe + c * xr, K);
+                    ed_mdot_rows(t, K, we, rb, 8, xe, xr, 4, ge, 8);
+                    for (int c = 0; c < 4; c++)
+                        for (int r = 0; r < 8; r++) {
+                            const float want = tr.ref(K, we + r * rb, xe + c * xr);
+                            eok &= !memcmp(&want, &ge[c * 8 + r], sizeof want);
+                        }
+                }
+                printf("extreme %s %s rows %s\n", paths[p], names[ti], eok ? "ok" : "FAIL");
+                failures += !eok;
+            }
         }
     }
     /* attention over a quantized KV cache (forward.h: ed_kv_store, ed_attention_exact) on every
