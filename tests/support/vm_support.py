@@ -58,9 +58,10 @@ def _dists(names):
     return seen.values()
 
 
-def copy_site(dst):
-    """edged (this checkout, compiled in place) and its runtime dependencies as installed here."""
-    for dist in _dists(RUNTIME_DISTS):
+def copy_site(dst, dists=RUNTIME_DISTS, edged=True):
+    """edged (this checkout, compiled in place) and its runtime dependencies as installed here;
+    or (edged=False) only the named distributions and theirs, e.g. a client for the guest."""
+    for dist in _dists(dists):
         for f in dist.files or []:
             src = dist.locate_file(f)
             rel = os.path.normpath(str(f))
@@ -68,8 +69,9 @@ def copy_site(dst):
                 continue                         # console scripts etc. live outside site-packages
             os.makedirs(os.path.join(dst, os.path.dirname(rel)), exist_ok=True)
             shutil.copy2(src, os.path.join(dst, rel))
-    shutil.copytree(os.path.join(ROOT, "edged"), os.path.join(dst, "edged"),
-                    ignore=shutil.ignore_patterns("__pycache__"))
+    if edged:
+        shutil.copytree(os.path.join(ROOT, "edged"), os.path.join(dst, "edged"),
+                        ignore=shutil.ignore_patterns("__pycache__"))
 
 
 def boot(payload, tmp_path, timeout=1200):
