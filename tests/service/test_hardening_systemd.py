@@ -99,6 +99,8 @@ off_by_default() { test -z "$(listener)" && ! systemctl is-enabled -q edged-tcp.
 check tcp-off-by-default off_by_default
 install -m 0640 -o root -g edged /dev/null /etc/edged/api-keys
 echo "$KEY" > /etc/edged/api-keys
+# A TCP client has no uid: it may cause only the default model to be loaded (docs/api.md)
+echo 'default_model = "demo"' >> /etc/edged/edged.toml
 check tcp-enable systemctl enable edged-tcp.socket
 check tcp-stop systemctl stop edged.socket edged.service
 check tcp-start systemctl start edged.socket edged-tcp.socket
@@ -106,7 +108,7 @@ systemctl status --no-pager edged-tcp.socket | head -n 12
 L=$(listener)
 echo "EDGED-TCP-LISTENER inode=$L"
 check tcp-listening-owned-by-systemd holds 1
-T="--max-time 240 -sS -o /dev/null -w %{http_code} http://127.0.0.1:8091/v1/models"
+T="--max-time 600 -sS -o /dev/null -w %{http_code} http://127.0.0.1:8091/v1/models"
 check tcp-key-served sh -c "curl $T -H 'Authorization: Bearer $KEY' | grep -qx 200"
 TPID=$(systemctl show -p MainPID --value edged.service)
 check tcp-daemon-holds-systemds-socket holds $TPID
@@ -114,7 +116,7 @@ check tcp-seccomp sh -c "grep -qx 'Seccomp:	2' /proc/$TPID/status"
 check tcp-wrong-key-401 sh -c "curl $T -H 'Authorization: Bearer wrong-key-0123456789abcdef' | grep -qx 401"
 check tcp-no-key-401 sh -c "curl $T | grep -qx 401"
 if [ "$CAN_GENERATE" = 1 ]; then
-  check tcp-completion sh -c "curl --max-time 240 -sS -H 'Authorization: Bearer $KEY' -H 'Content-Type: application/json' -d '{\"model\":\"demo\",\"messages\":[{\"role\":\"user\",\"content\":\"Once\"}],\"max_tokens\":4}' http://127.0.0.1:8091/v1/chat/completions | tee /dev/stderr | grep -q '\"finish_reason\"'"
+  check tcp-completion sh -c "curl --max-time 600 -sS -H 'Authorization: Bearer $KEY' -H 'Content-Type: application/json' -d '{\"model\":\"demo\",\"messages\":[{\"role\":\"user\",\"content\":\"Once\"}],\"max_tokens\":4}' http://127.0.0.1:8091/v1/chat/completions | tee /dev/stderr | grep -q '\"finish_reason\"'"
   if [ -d $P/clients ]; then
     check tcp-openai-sdk env PYTHONPATH=$P/clients EDGED_KEY=$KEY /opt/edged/bin/python3 $P/openai_client.py
   fi
