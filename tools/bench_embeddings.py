@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Embedding throughput: inputs/s for 32 short sentences (~12 tokens), 32 medium ones (~130
-tokens) and 8 long inputs of exactly 512 tokens (a bert-base context), edged's Model.embed
+tokens) and 8 (--long-n) long inputs of exactly 512 tokens (a bert-base context), edged's Model.embed
 against llama.cpp (llama-cpp-python's Llama.embed, which also sends the whole list as one
 batch) on the same file and thread count. Both load the model once and time only embed();
 the rounds alternate (edged, llama.cpp, edged, ...; llama.cpp runs in a child process that
@@ -76,10 +76,11 @@ def main():
     ap.add_argument("--llama-python", default=os.environ.get("EDGED_LLAMA_PYTHON"),
                     help="python with llama_cpp installed (default $EDGED_LLAMA_PYTHON)")
     ap.add_argument("--sets", default="short,long512", help="short, medium, long512 (default short,long512)")
+    ap.add_argument("--long-n", type=int, default=8, help="inputs in the long512 set (default 8)")
     a = ap.parse_args()
     m = Model.load(a.model, n_threads=a.threads)
     makers = {"short": lambda: sentences(10, 1), "medium": lambda: sentences(120, 2),
-              "long512": lambda: exactly(m, min(512, m.embed_limit), 3)}
+              "long512": lambda: exactly(m, min(512, m.embed_limit), 3, a.long_n)}
     sets = {k: makers[k]() for k in a.sets.split(",")}
     ntok = {k: [len(ids) for ids in m.tokenize_inputs(v)] for k, v in sets.items()}
     child = None

@@ -10,9 +10,9 @@ import pytest
 
 from edged.engine.encoder import layer_norm
 from edged.engine.reference import gelu_ggml, rope, silu
+from kernel_paths import every_path, paths  # noqa: F401  (fixture: every SIMD path)
 
 core = pytest.importorskip("edged._core")
-PATHS = core.available_paths()
 
 # named tolerances
 TOL_NORM = 2e-6        # absolute on unit-scale outputs: float32 vs float64 centring
@@ -20,14 +20,6 @@ TOL_GELU = 2.0 ** -10  # relative: one F16 step (ggml fills its table in float32
                        # reference rounds a float64 GELU to F16)
 TOL_ACT = 1e-6         # relative: SiLU in float32 vs float64
 TOL_ATTN = 2e-5        # absolute on unit-scale values: float32 products vs float64
-
-
-@pytest.fixture(params=PATHS)
-def path(request):
-    old = core.kernel_path()
-    core.set_path(request.param)
-    yield request.param
-    core.set_path(old)
 
 
 @pytest.fixture(params=[1, 2, 3], ids=lambda n: f"threads{n}")
@@ -54,7 +46,8 @@ def test_enc_norm(n, E, pool):
 
 
 @pytest.mark.parametrize("n,F", [(1, 1), (3, 33), (17, 255), (4, 1024)])
-def test_enc_act(n, F, pool, path):
+@pytest.mark.parametrize("every_path", paths(), indirect=True)
+def test_enc_act(n, F, pool, every_path):
     rng = np.random.default_rng(n + F)
     h = (rng.standard_normal((n, F)) * 6).astype(np.float32)
     h[0, 0] = -12.0                        # the table's ends: 0 below -10, x above 10
@@ -95,7 +88,8 @@ def attention_ref(q, k, v, lens, H, scale, base):
                                       ([40], 4, 34)])
 @pytest.mark.parametrize("fused", [True, False], ids=["qkv", "q_k_v"])
 @pytest.mark.parametrize("base", [0.0, 10000.0], ids=["learned_pos", "rope"])
-def test_enc_attention(lens, H, D, fused, base, pool, path):
+@pytest.mark.parametrize("every_path", paths(), indirect=True)
+def test_enc_attention(lens, H, D, fused, base, pool, every_path):
     rng = np.random.default_rng(sum(lens) * H * D)
     T, Qd = sum(lens), H * D
     qkv = rng.standard_normal((T, 3 * Qd)).astype(np.float32)

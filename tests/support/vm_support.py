@@ -16,6 +16,8 @@ from conftest import ROOT
 
 VM = os.environ.get("EDGED_VM_DIR", "/var/tmp/edged-vm")
 ACCEL = os.environ.get("EDGED_VM_ACCEL", "tcg")
+# seconds a boot may take before it counts as hung (a loaded host can need more than 20 min)
+TIMEOUT = int(os.environ.get("EDGED_VM_TIMEOUT", "1200"))
 RUNTIME_DISTS = ("numpy", "aiohttp", "jinja2", "cryptography", "pyseccomp", "pydantic", "llguidance", "prometheus_client",
                  "tqdm", "httpx", "httpx-sse")
 
@@ -74,7 +76,7 @@ def copy_site(dst, dists=RUNTIME_DISTS, edged=True):
                         ignore=shutil.ignore_patterns("__pycache__"))
 
 
-def boot(payload, tmp_path, timeout=1200):
+def boot(payload, tmp_path, timeout=None):
     """Boot the guest with `payload` (a directory holding run.sh) as its second disk; returns
     (console text, {check: "ok"|"FAIL"})."""
     img = tmp_path / "payload.img"
@@ -91,7 +93,7 @@ def boot(payload, tmp_path, timeout=1200):
            "-drive", f"file={VM}/base.img,format=raw,if=virtio,snapshot=on,cache=unsafe",
            "-drive", f"file={img},format=raw,if=virtio,readonly=on",
            "-display", "none", "-serial", f"file:{console}", "-no-reboot", "-nic", "none"]
-    subprocess.run(cmd, capture_output=True, timeout=timeout)
+    subprocess.run(cmd, capture_output=True, timeout=timeout or TIMEOUT)
     log = console.read_text(errors="replace")
     return log, dict(re.findall(r"EDGED-CHECK (\S+) (ok|FAIL)\r?$", log, re.M))
 
