@@ -58,7 +58,7 @@ useradd --system --no-create-home outsider
 systemctl daemon-reload
 check socket-start systemctl start edged.socket
 check socket-mode sh -c 'stat -c "%a %U %G" /run/edged/edged.sock | grep -qx "660 root edged"'
-S="--unix-socket /run/edged/edged.sock --max-time 240 -sS"
+S="--unix-socket /run/edged/edged.sock --max-time 600 -sS"
 check first-request sh -c "curl $S http://edged/v1/models | tee /dev/stderr | grep -q '\"id\": \"demo\"'"
 check service-active systemctl is-active -q edged.service
 PID=$(systemctl show -p MainPID --value edged.service)
