@@ -1,8 +1,10 @@
 #!/usr/bin/env python3
-"""Embedding throughput: sentences/s for a batch of 32 short (~12 tokens) and 32 long
-(~130 tokens) sentences, edged's Model.embed against llama.cpp (llama-cpp-python's
-Llama.embed, which also sends the whole list as one batch) on the same file and thread count;
-runs alternated, medians and their ratio. Both load the model once and time only embed().
+"""Embedding throughput: inputs/s for 32 short sentences (~12 tokens), 32 medium ones (~130
+tokens) and 8 (--long-n) long inputs of exactly 512 tokens (a bert-base context), edged's Model.embed
+against llama.cpp (llama-cpp-python's Llama.embed, which also sends the whole list as one
+batch) on the same file and thread count. Both load the model once and time only embed();
+the rounds alternate (edged, llama.cpp, edged, ...; llama.cpp runs in a child process that
+waits for each round), medians and their ratio.
 
   .venv/bin/edged synth --shape bert-base --type F16 /tmp/bert-base-f16.gguf
   .venv/bin/python tools/bench_embeddings.py --model /tmp/bert-base-f16.gguf -t 2 -r 5 \\
@@ -31,63 +33,91 @@ WORDS = ("the quick brown fox jumps over lazy dog a an of in on to is was for wi
 LLAMA = r"""
 import json, sys, time
 from llama_cpp import Llama
-path, threads, reps, sets = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), json.loads(sys.argv[4])
+path, threads, sets = sys.argv[1], int(sys.argv[2]), json.loads(sys.argv[3])
 llm = Llama(model_path=path, embedding=True, n_ctx=8192, n_batch=8192, n_ubatch=8192,
             n_threads=threads, n_threads_batch=threads, verbose=False)
-out = {}
 for name, texts in sets.items():
     llm.embed(texts)                                  # warm-up
-    ts = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        llm.embed(texts)
-        ts.append(time.perf_counter() - t0)
-    out[name] = ts
-print(json.dumps(out))
+print("ready", flush=True)
+for line in sys.stdin:                                # one timed round per set name
+    t0 = time.perf_counter()
+    llm.embed(sets[line.strip()])
+    print(time.perf_counter() - t0, flush=True)
 """
 
 
-def sentences(n_words, seed):
+def sentences(n_words, seed, n=32):
     rng = random.Random(seed)
-    return [" ".join(rng.choice(WORDS) for _ in range(n_words)) for _ in range(32)]
+    return [" ".join(rng.choice(WORDS) for _ in range(n_words)) for _ in range(n)]
+
+
+def exactly(m, n_tokens, seed, n=8):
+    """n texts of n_tokens tokens each (special tokens included) for model m."""
+    rng, out = random.Random(seed), []
+    for _ in range(n):
+        words = []
+        while True:
+            words.append(rng.choice(WORDS))
+            if len(m.tokenizer.encode(" ".join(words))) > n_tokens:
+                words.pop()
+                break
+        text = " ".join(words)
+        while len(m.tokenizer.encode(text + " a")) <= n_tokens:
+            text += " a"
+        out.append(text)
+    return out
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", required=True, help="an encoder GGUF (edged synth --shape bert-base)")
     ap.add_argument("-t", "--threads", type=int, default=2, help="threads for both (default 2)")
-    ap.add_argument("-r", "--reps", type=int, default=5, help="timed runs per set (default 5)")
+    ap.add_argument("-r", "--reps", type=int, default=5, help="timed rounds per set (default 5)")
     ap.add_argument("--llama-python", default=os.environ.get("EDGED_LLAMA_PYTHON"),
                     help="python with llama_cpp installed (default $EDGED_LLAMA_PYTHON)")
-    ap.add_argument("--sets", default="short,long", help="which sets (default short,long)")
+    ap.add_argument("--sets", default="short,long512", help="short, medium, long512 (default short,long512)")
+    ap.add_argument("--long-n", type=int, default=8, help="inputs in the long512 set (default 8)")
     a = ap.parse_args()
-    sets = {"short": sentences(10, 1), "long": sentences(120, 2)}
-    sets = {k: sets[k] for k in a.sets.split(",")}
     m = Model.load(a.model, n_threads=a.threads)
-    ntok = {k: sum(len(ids) for ids in m.tokenize_inputs(v)) for k, v in sets.items()}
-    ours = {}
+    makers = {"short": lambda: sentences(10, 1), "medium": lambda: sentences(120, 2),
+              "long512": lambda: exactly(m, min(512, m.embed_limit), 3, a.long_n)}
+    sets = {k: makers[k]() for k in a.sets.split(",")}
+    ntok = {k: [len(ids) for ids in m.tokenize_inputs(v)] for k, v in sets.items()}
+    child = None
+    if a.llama_python:
+        child = subprocess.Popen([a.llama_python, "-c", LLAMA, a.model, str(a.threads),
+                                  json.dumps(sets)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                 text=True)
+        assert child.stdout.readline().strip() == "ready", "llama.cpp child did not start"
+    ours = {k: [] for k in sets}
+    theirs = {k: [] for k in sets}
     for name, texts in sets.items():
         m.embed(texts)                                # warm-up
-        ours[name] = []
-        for _ in range(a.reps):
+    for _ in range(a.reps):                           # A B A B ...
+        for name, texts in sets.items():
             t0 = time.perf_counter()
             m.embed(texts)
             ours[name].append(time.perf_counter() - t0)
-    theirs = {}
-    if a.llama_python:
-        r = subprocess.run([a.llama_python, "-c", LLAMA, a.model, str(a.threads), str(a.reps),
-                            json.dumps(sets)], capture_output=True, text=True, check=True)
-        theirs = json.loads(r.stdout.strip().splitlines()[-1])
+            if child:
+                child.stdin.write(name + "\n")
+                child.stdin.flush()
+                theirs[name].append(float(child.stdout.readline()))
+    if child:
+        child.stdin.close()
+        child.wait()
     print(f"model {os.path.basename(a.model)} ({m.arch}, n_embd {m.hp.n_embd}, {m.hp.n_layer} "
-          f"layers), {a.threads} threads, {a.reps} runs, medians; backend {m.backend_name}")
+          f"layers), {a.threads} threads, {a.reps} alternating rounds, medians; backend "
+          f"{m.backend_name}, load {os.getloadavg()[0]:.1f}")
     for name in sets:
-        e = statistics.median(ours[name])
-        line = (f"{name:>5}: 32 sentences, {ntok[name]} tokens: edged {32 / e:8.1f} sentences/s "
-                f"({e * 1000:.0f} ms)")
-        if name in theirs:
+        n, e = len(sets[name]), statistics.median(ours[name])
+        line = (f"{name:>7}: {n} inputs, {sum(ntok[name])} tokens (max {max(ntok[name])}): edged "
+                f"{n / e:7.2f} inputs/s ({e * 1000:.0f} ms)")
+        if theirs[name]:
             ll = statistics.median(theirs[name])
-            line += f", llama.cpp {32 / ll:8.1f} sentences/s ({ll * 1000:.0f} ms), ratio {ll / e:.2f}"
+            line += f", llama.cpp {n / ll:7.2f} inputs/s ({ll * 1000:.0f} ms), ratio {ll / e:.2f}"
         print(line)
+        print(f"         edged runs {[round(t, 3) for t in ours[name]]}"
+              + (f" llama.cpp runs {[round(t, 3) for t in theirs[name]]}" if theirs[name] else ""))
 
 
 if __name__ == "__main__":

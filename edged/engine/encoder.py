@@ -12,11 +12,12 @@ What differs from the decoder table (engine/arch.py), as llama.cpp builds these 
 
 Sequences of one call run together: every matrix product takes the rows of all sequences at
 once (the compiled quantized kernels, edged._core.matmul, on the model's thread pool), and
-attention runs per sequence. The rest (LayerNorm, softmax, GELU) is NumPy on (tokens, n_embd)
-arrays: an embedding is one pass per request, not a per-token decode loop, and the matrix
-products are where the time goes (BENCHMARKS.md, Embeddings). Without the compiled core the
-products fall back to NumPy over dequantized weights (the reference backend's rule: only when
-asked, EDGED_BACKEND=reference).
+attention runs per sequence. With the compiled core the rest of a layer is compiled too
+(cython_kernels/forward/encoder.h, on the same pool): LayerNorm with the residual and the
+product's bias folded in, GELU through llama.cpp's F16 table or the SiLU gate, RoPE, and the
+non-causal attention; Python makes about ten calls per layer. Without the compiled core
+(EDGED_BACKEND=reference, only when asked) the same pass runs in NumPy over dequantized
+weights: `_layer_reference`, the slow twin the tests hold the compiled path to.
 """
 from __future__ import annotations
 
@@ -248,7 +249,12 @@ class Encoder:
         return y + b if b is not None else y
 
     def _ln(self, x, role):
-        return layer_norm(x, self._vec[role], self._vec[role + "_b"], self.hp.norm_eps)
+        if self._core is None:
+            return layer_norm(x, self._vec[role], self._vec[role + "_b"], self.hp.norm_eps)
+        x = np.ascontiguousarray(x, np.float32)
+        self._core.enc_norm(x, self._vec[role], self._vec[role + "_b"], self.hp.norm_eps,
+                            None, None, self._pool)
+        return x
 
     # --- the pass -------------------------------------------------------------------------
     def hidden(self, seqs):
@@ -264,43 +270,77 @@ class Encoder:
         if a.learned_pos:
             x += self._rows("position_embd", pos)
         x = self._ln(x, "token_embd_norm")
-        H, D = hp.n_head, hp.head_dim
         starts = np.cumsum([0] + lens)
-        scale = 1.0 / math.sqrt(D)
+        layer = self._layer_reference if self._core is None else self._layer_core
         for il in range(hp.n_layer):
-            p = f"blk.{il}."
-            if p + "attn_qkv" in self._mat:
-                qkv = self._mm(x, p + "attn_qkv", p + "attn_qkv_b")
-                q, k, v = qkv[:, :hp.n_embd], qkv[:, hp.n_embd:2 * hp.n_embd], qkv[:, 2 * hp.n_embd:]
-            else:
-                q = self._mm(x, p + "attn_q", p + "attn_q_b")
-                k = self._mm(x, p + "attn_k", p + "attn_k_b")
-                v = self._mm(x, p + "attn_v", p + "attn_v_b")
-            q = q.reshape(-1, H, D)                                 # (T, H, D)
-            k = k.reshape(-1, H, D)
-            v = v.reshape(-1, H, D)
-            if a.rope:
-                q = rope(q, pos, D, hp.rope_freq_base, 1.0, True).astype(np.float32)
-                k = rope(k, pos, D, hp.rope_freq_base, 1.0, True).astype(np.float32)
-            att = np.empty((len(ids), H, D), np.float32)
-            for s0, s1 in zip(starts[:-1], starts[1:]):             # non-causal, per sequence
-                qs, ks, vs = q[s0:s1].transpose(1, 0, 2), k[s0:s1].transpose(1, 0, 2), \
-                    v[s0:s1].transpose(1, 0, 2)                     # (H, n, D)
-                sc = qs @ ks.transpose(0, 2, 1) * np.float32(scale)  # (H, n, n)
-                sc = np.exp(sc - sc.max(-1, keepdims=True))
-                sc /= sc.sum(-1, keepdims=True)
-                att[s0:s1] = (sc @ vs).transpose(1, 0, 2)
-            cur = self._mm(att.reshape(len(ids), -1), p + "attn_output", p + "attn_output_b")
-            x = self._ln(cur + x, p + "attn_output_norm")
-            if a.gated_ffn:
-                h = (silu(self._mm(x, p + "ffn_gate").astype(np.float64))
-                     * self._mm(x, p + "ffn_up")).astype(np.float32)
-            else:
-                h = gelu_ggml(self._mm(x, p + "ffn_up", p + "ffn_up_b").astype(np.float64)) \
-                    .astype(np.float32)
-            cur = self._mm(h, p + "ffn_down", p + "ffn_down_b")
-            x = self._ln(cur + x, p + "layer_output_norm")
+            x = layer(f"blk.{il}.", x, starts, pos)
         return [x[s0:s1] for s0, s1 in zip(starts[:-1], starts[1:])]
+
+    def _qkv(self, p, x, bias=True):
+        """q, k, v (T, n_embd) of layer p: column slices of the fused product or three."""
+        E = self.hp.n_embd
+        if p + "attn_qkv" in self._mat:
+            qkv = self._mm(x, p + "attn_qkv", p + "attn_qkv_b" if bias else None)
+            return qkv[:, :E], qkv[:, E:2 * E], qkv[:, 2 * E:]
+        return tuple(self._mm(x, p + r, p + r + "_b" if bias else None)
+                     for r in ("attn_q", "attn_k", "attn_v"))
+
+    def _layer_core(self, p, x, starts, pos):
+        """One layer in compiled code between the products (biases added by the ops after)."""
+        hp, a, core, pool = self.hp, self.spec.arch, self._core, self._pool
+        q, k, v = self._qkv(p, x, bias=False)
+        if p + "attn_qkv" in self._mat:
+            E = hp.n_embd
+            qb = self._vec.get(p + "attn_qkv_b")
+            qb, kb, vb = (None, None, None) if qb is None else (qb[:E], qb[E:2 * E], qb[2 * E:])
+        else:
+            qb, kb, vb = (self._vec.get(p + r + "_b") for r in ("attn_q", "attn_k", "attn_v"))
+        att = np.empty(x.shape, np.float32)
+        core.enc_attention(att, q, k, v, starts.astype(np.int64), hp.n_head,
+                           1.0 / math.sqrt(hp.head_dim), qb, kb, vb,
+                           hp.rope_freq_base if a.rope else 0.0, pool)
+        cur = self._mm(att, p + "attn_output")
+        core.enc_norm(cur, self._vec[p + "attn_output_norm"], self._vec[p + "attn_output_norm_b"],
+                      hp.norm_eps, x, self._vec.get(p + "attn_output_b"), pool)
+        x = cur
+        if a.gated_ffn:
+            h = self._mm(x, p + "ffn_gate")
+            core.enc_act(h, None, self._mm(x, p + "ffn_up"), pool)
+        else:
+            h = self._mm(x, p + "ffn_up")
+            core.enc_act(h, self._vec.get(p + "ffn_up_b"), None, pool)
+        cur = self._mm(h, p + "ffn_down")
+        core.enc_norm(cur, self._vec[p + "layer_output_norm"], self._vec[p + "layer_output_norm_b"],
+                      hp.norm_eps, x, self._vec.get(p + "ffn_down_b"), pool)
+        return cur
+
+    def _layer_reference(self, p, x, starts, pos):
+        """One layer in NumPy (float64 where llama.cpp sums in double): the slow twin."""
+        hp, a = self.hp, self.spec.arch
+        H, D = hp.n_head, hp.head_dim
+        scale = 1.0 / math.sqrt(D)
+        q, k, v = (m.reshape(-1, H, D) for m in self._qkv(p, x))   # (T, H, D)
+        if a.rope:
+            q = rope(q, pos, D, hp.rope_freq_base, 1.0, True).astype(np.float32)
+            k = rope(k, pos, D, hp.rope_freq_base, 1.0, True).astype(np.float32)
+        att = np.empty((x.shape[0], H, D), np.float32)
+        for s0, s1 in zip(starts[:-1], starts[1:]):             # non-causal, per sequence
+            qs, ks, vs = q[s0:s1].transpose(1, 0, 2), k[s0:s1].transpose(1, 0, 2), \
+                v[s0:s1].transpose(1, 0, 2)                     # (H, n, D)
+            sc = qs @ ks.transpose(0, 2, 1) * np.float32(scale)  # (H, n, n)
+            sc = np.exp(sc - sc.max(-1, keepdims=True))
+            sc /= sc.sum(-1, keepdims=True)
+            att[s0:s1] = (sc @ vs).transpose(1, 0, 2)
+        cur = self._mm(att.reshape(x.shape[0], -1), p + "attn_output", p + "attn_output_b")
+        x = self._ln(cur + x, p + "attn_output_norm")
+        if a.gated_ffn:
+            h = (silu(self._mm(x, p + "ffn_gate").astype(np.float64))
+                 * self._mm(x, p + "ffn_up")).astype(np.float32)
+        else:
+            h = gelu_ggml(self._mm(x, p + "ffn_up", p + "ffn_up_b").astype(np.float64)) \
+                .astype(np.float32)
+        cur = self._mm(h, p + "ffn_down", p + "ffn_down_b")
+        return self._ln(cur + x, p + "layer_output_norm")
 
 
 def pool(hidden, pooling):

@@ -16,6 +16,8 @@ from conftest import ROOT
 
 VM = os.environ.get("EDGED_VM_DIR", "/var/tmp/edged-vm")
 ACCEL = os.environ.get("EDGED_VM_ACCEL", "tcg")
+# seconds a boot may take before it counts as hung (a loaded host can need more than 20 min)
+TIMEOUT = int(os.environ.get("EDGED_VM_TIMEOUT", "1200"))
 RUNTIME_DISTS = ("numpy", "aiohttp", "jinja2", "cryptography", "pyseccomp", "pydantic", "llguidance", "prometheus_client",
                  "tqdm", "httpx", "httpx-sse")
 
@@ -58,9 +60,10 @@ def _dists(names):
     return seen.values()
 
 
-def copy_site(dst):
-    """edged (this checkout, compiled in place) and its runtime dependencies as installed here."""
-    for dist in _dists(RUNTIME_DISTS):
+def copy_site(dst, dists=RUNTIME_DISTS, edged=True):
+    """edged (this checkout, compiled in place) and its runtime dependencies as installed here;
+    or (edged=False) only the named distributions and theirs, e.g. a client for the guest."""
+    for dist in _dists(dists):
         for f in dist.files or []:
             src = dist.locate_file(f)
             rel = os.path.normpath(str(f))
@@ -68,11 +71,12 @@ def copy_site(dst):
                 continue                         # console scripts etc. live outside site-packages
             os.makedirs(os.path.join(dst, os.path.dirname(rel)), exist_ok=True)
             shutil.copy2(src, os.path.join(dst, rel))
-    shutil.copytree(os.path.join(ROOT, "edged"), os.path.join(dst, "edged"),
-                    ignore=shutil.ignore_patterns("__pycache__"))
+    if edged:
+        shutil.copytree(os.path.join(ROOT, "edged"), os.path.join(dst, "edged"),
+                        ignore=shutil.ignore_patterns("__pycache__"))
 
 
-def boot(payload, tmp_path, timeout=1200):
+def boot(payload, tmp_path, timeout=None):
     """Boot the guest with `payload` (a directory holding run.sh) as its second disk; returns
     (console text, {check: "ok"|"FAIL"})."""
     img = tmp_path / "payload.img"
@@ -89,7 +93,7 @@ def boot(payload, tmp_path, timeout=1200):
            "-drive", f"file={VM}/base.img,format=raw,if=virtio,snapshot=on,cache=unsafe",
            "-drive", f"file={img},format=raw,if=virtio,readonly=on",
            "-display", "none", "-serial", f"file:{console}", "-no-reboot", "-nic", "none"]
-    subprocess.run(cmd, capture_output=True, timeout=timeout)
+    subprocess.run(cmd, capture_output=True, timeout=timeout or TIMEOUT)
     log = console.read_text(errors="replace")
     return log, dict(re.findall(r"EDGED-CHECK (\S+) (ok|FAIL)\r?$", log, re.M))
 

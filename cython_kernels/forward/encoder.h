@@ -1,0 +1,155 @@
+/* The per-layer float work of a BERT-family encoder (edged/engine/encoder.py), on the forward
+ * pass's thread pool and kernels: LayerNorm with the residual and the matmul bias folded in,
+ * GELU / SiLU-gated activations with the up bias, NeoX RoPE on the batch, and attention that
+ * is not causal (every token of a sequence sees the whole sequence; no KV cache).
+ *
+ * Numerics as llama.cpp's CPU backend builds llm_build_bert / nomic-bert:
+ *   ggml_add(bias), ggml_add(residual), ggml_norm (mean and variance summed in double, float
+ *   scale 1/sqrtf(var + eps)), ggml_mul(w), ggml_add(b); GELU through ggml's F16 table
+ *   (ed_pm_gelu); softmax(scale * q.k) with expf; the products q.k and p.v are the selected
+ *   path's F32 row kernels (ed_mdot_rows, ED_F32).
+ *
+ * All functions are task bodies for ed_pool_run (or plain calls with ith 0, nth 1); every
+ * buffer belongs to the caller. */
+#ifndef EDGED_ENCODER_H
+#define EDGED_ENCODER_H
+
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "forward.h"
+
+/* [r0, r1) of n rows for thread ith of nth */
+static inline void ed_enc_span(int64_t n, int ith, int nth, int64_t *r0, int64_t *r1) {
+    const int64_t per = (n + nth - 1) / nth;
+    *r0 = per * ith < n ? per * ith : n;
+    *r1 = *r0 + per < n ? *r0 + per : n;
+}
+
+/* x[t] = LN(x[t] + bias + res[t]) * w + b for rows t of (n, E); bias, res may be NULL */
+typedef struct {
+    float *x;               /* (n, E) in place */
+    const float *res;       /* (n, E) residual or NULL */
+    const float *bias;      /* (E) the preceding matmul's bias or NULL */
+    const float *w, *b;     /* (E) the norm's weight and bias */
+    int64_t n;
+    int E;
+    float eps;
+} ed_enc_norm_args;
+
+static void ed_enc_norm_task(void *arg, int ith, int nth) {
+    const ed_enc_norm_args *a = (const ed_enc_norm_args *)arg;
+    const int E = a->E;
+    int64_t r0, r1;
+    ed_enc_span(a->n, ith, nth, &r0, &r1);
+    for (int64_t t = r0; t < r1; t++) {
+        float *x = a->x + t * E;
+        if (a->bias) for (int i = 0; i < E; i++) x[i] = x[i] + a->bias[i];
+        if (a->res) { const float *r = a->res + t * E; for (int i = 0; i < E; i++) x[i] = x[i] + r[i]; }
+        double sum = 0.0;
+        for (int i = 0; i < E; i++) sum += (double)x[i];
+        const float mean = (float)(sum / E);
+        double sum2 = 0.0;
+        for (int i = 0; i < E; i++) { const float v = x[i] - mean; x[i] = v; sum2 += (double)(v * v); }
+        const float scale = 1.0f / sqrtf((float)(sum2 / E) + a->eps);
+        for (int i = 0; i < E; i++) x[i] = (x[i] * scale) * a->w[i] + a->b[i];
+    }
+}
+
+/* h[t] = GELU(h[t] + bias) (gelu) or SiLU(h[t]) * up[t] (gated) for rows of (n, F) */
+typedef struct {
+    float *h;               /* (n, F) in place: the up (GELU) or gate (SiLU) product */
+    const float *bias;      /* (F) or NULL */
+    const float *up;        /* (n, F) the up product of a gated FFN, or NULL */
+    int64_t n;
+    int F;
+} ed_enc_act_args;
+
+static void ed_enc_act_task(void *arg, int ith, int nth) {
+    const ed_enc_act_args *a = (const ed_enc_act_args *)arg;
+    const int F = a->F;
+    int64_t r0, r1;
+    ed_enc_span(a->n, ith, nth, &r0, &r1);
+    for (int64_t t = r0; t < r1; t++) {
+        float *h = a->h + t * F;
+        if (a->up) {
+            ed_pm_silu_mul(ed_pm_simd(ED_PATH), F, h, a->up + t * F);
+            continue;
+        }
+        if (a->bias) for (int i = 0; i < F; i++) h[i] = ed_pm_gelu(h[i] + a->bias[i]);
+        else         for (int i = 0; i < F; i++) h[i] = ed_pm_gelu(h[i]);
+    }
+}
+
+/* Non-causal attention of a batch of sequences. q, k, v rows of token t start at
+ * q + t * ld (likewise k, v; a fused qkv product or three separate ones), the matmul biases
+ * not yet added (qb, kb, vb: (H*D) or NULL; added here, in place). RoPE (NeoX pairs, the
+ * sequence's own positions 0..n-1) when rope_base > 0. out: (n_tokens, H*D).
+ * Phase 1 (per token, split over threads): biases and RoPE. Phase 2 (per sequence and head):
+ * scores = scale * K Q^T, softmax, out = P V, with V transposed into the thread's scratch. */
+typedef struct {
+    float *out;
+    float *q, *k, *v;
+    const float *qb, *kb, *vb;
+    const int64_t *starts;  /* n_seq + 1 row offsets */
+    const int32_t *pos;     /* (n_tokens) position of each row in its sequence */
+    float *ws;              /* nth * ws_floats scratch */
+    size_t ws_floats;       /* >= n_max * n_max + D * n_max */
+    size_t ld;              /* floats between token rows of q, k, v */
+    int64_t n_tokens;
+    int n_seq, H, D;
+    float scale, rope_base;
+    ed_pool *pool;
+} ed_enc_attn_args;
+
+static inline void ed_enc_add(float *x, const float *b, int n) { for (int i = 0; i < n; i++) x[i] = x[i] + b[i]; }
+
+static void ed_enc_attn_task(void *arg, int ith, int nth) {
+    const ed_enc_attn_args *a = (const ed_enc_attn_args *)arg;
+    const int H = a->H, D = a->D, Qd = H * D;
+    int64_t r0, r1;
+    ed_enc_span(a->n_tokens, ith, nth, &r0, &r1);
+    for (int64_t t = r0; t < r1; t++) {
+        float *q = a->q + t * a->ld, *k = a->k + t * a->ld, *v = a->v + t * a->ld;
+        if (a->qb) ed_enc_add(q, a->qb, Qd);
+        if (a->kb) ed_enc_add(k, a->kb, Qd);
+        if (a->vb) ed_enc_add(v, a->vb, Qd);
+        if (a->rope_base > 0) {
+            ed_rope(q, H, D, D, a->pos[t], a->rope_base, 1.0f, NULL, 1.0f, 1);
+            ed_rope(k, H, D, D, a->pos[t], a->rope_base, 1.0f, NULL, 1.0f, 1);
+        }
+    }
+    if (nth > 1) ed_barrier(a->pool);
+    float *sc = a->ws + (size_t)ith * a->ws_floats;
+    const size_t row = a->ld * sizeof(float);
+    int64_t task = 0;
+    for (int s = 0; s < a->n_seq; s++) {
+        const int64_t s0 = a->starts[s];
+        const int n = (int)(a->starts[s + 1] - s0);
+        for (int h = 0; h < H; h++, task++) {
+            if (task % nth != ith) continue;
+            float *vt = sc + (size_t)n * n;                        /* (D, n) V^T of this head */
+            const float *vh = a->v + s0 * a->ld + h * D;
+            for (int j = 0; j < n; j++)
+                for (int d = 0; d < D; d++) vt[(size_t)d * n + j] = vh[j * a->ld + d];
+            /* sc[i * n + j] = K_j . Q_i */
+            ed_mdot_rows(ED_F32, D, (const uint8_t *)(a->k + s0 * a->ld + h * D), row, n,
+                         (const uint8_t *)(a->q + s0 * a->ld + h * D), row, n, sc, n);
+            for (int i = 0; i < n; i++) {
+                float *p = sc + (size_t)i * n, mx = -INFINITY;
+                for (int j = 0; j < n; j++) { p[j] *= a->scale; if (p[j] > mx) mx = p[j]; }
+                double sum = 0.0;
+                for (int j = 0; j < n; j++) { p[j] = expf(p[j] - mx); sum += (double)p[j]; }
+                const float inv = (float)(1.0 / sum);
+                for (int j = 0; j < n; j++) p[j] *= inv;
+            }
+            /* out[i, h*D + d] = V^T_d . P_i */
+            ed_mdot_rows(ED_F32, n, (const uint8_t *)vt, (size_t)n * sizeof(float), D,
+                         (const uint8_t *)sc, (size_t)n * sizeof(float), n,
+                         a->out + s0 * Qd + h * D, Qd);
+        }
+    }
+}
+
+#endif

@@ -1,0 +1,128 @@
+"""The encoder's compiled per-layer ops (cython_kernels/forward/encoder.h: LayerNorm with bias
+and residual, GELU / SiLU-gated activation, non-causal attention with biases and NeoX RoPE)
+against the NumPy reference the reference backend runs (edged/engine/encoder.py,
+edged/engine/reference.py), on every SIMD path this CPU supports, over odd shapes, with and
+without the thread pool."""
+import math
+
+import numpy as np
+import pytest
+
+from edged.engine.encoder import layer_norm
+from edged.engine.reference import gelu_ggml, rope, silu
+from kernel_paths import every_path, paths  # noqa: F401  (fixture: every SIMD path)
+
+core = pytest.importorskip("edged._core")
+
+# named tolerances
+TOL_NORM = 2e-6        # absolute on unit-scale outputs: float32 vs float64 centring
+TOL_GELU = 2.0 ** -10  # relative: one F16 step (ggml fills its table in float32, the
+                       # reference rounds a float64 GELU to F16)
+TOL_ACT = 1e-6         # relative: SiLU in float32 vs float64
+TOL_ATTN = 2e-5        # absolute on unit-scale values: float32 products vs float64
+
+
+@pytest.fixture(params=[1, 2, 3], ids=lambda n: f"threads{n}")
+def pool(request):
+    return None if request.param == 1 else core.Pool(request.param)
+
+
+@pytest.mark.parametrize("n,E", [(1, 8), (5, 31), (33, 64), (7, 257)])
+def test_enc_norm(n, E, pool):
+    rng = np.random.default_rng(n * E)
+    x = (rng.standard_normal((n, E)) * 3 + 1).astype(np.float32)
+    res = rng.standard_normal((n, E)).astype(np.float32)
+    bias = rng.standard_normal(E).astype(np.float32)
+    w, b = rng.standard_normal(E).astype(np.float32), rng.standard_normal(E).astype(np.float32)
+    got = x.copy()
+    core.enc_norm(got, w, b, 1e-12, res, bias, pool)
+    want = layer_norm((x + bias) + res, w, b, 1e-12)
+    np.testing.assert_allclose(got, want, atol=TOL_NORM * np.abs(w).max() * 4, rtol=0)
+    got = x.copy()
+    core.enc_norm(got, w, b, 1e-5, None, None, pool)
+    np.testing.assert_allclose(got, layer_norm(x, w, b, 1e-5), atol=TOL_NORM * np.abs(w).max() * 4)
+    with pytest.raises(ValueError, match="enc_norm"):
+        core.enc_norm(got, w[:-1], b, 1e-5)
+
+
+@pytest.mark.parametrize("n,F", [(1, 1), (3, 33), (17, 255), (4, 1024)])
+@pytest.mark.parametrize("every_path", paths(), indirect=True)
+def test_enc_act(n, F, pool, every_path):
+    rng = np.random.default_rng(n + F)
+    h = (rng.standard_normal((n, F)) * 6).astype(np.float32)
+    h[0, 0] = -12.0                        # the table's ends: 0 below -10, x above 10
+    if F > 1:
+        h[0, 1] = 11.5
+    bias = rng.standard_normal(F).astype(np.float32)
+    got = h.copy()
+    core.enc_act(got, bias, None, pool)
+    want = gelu_ggml((h + bias).astype(np.float64))
+    np.testing.assert_allclose(got, want, rtol=TOL_GELU, atol=TOL_ACT)
+    up = rng.standard_normal((n, F)).astype(np.float32)
+    got = h.copy()
+    core.enc_act(got, None, up, pool)
+    np.testing.assert_allclose(got, silu(h.astype(np.float64)) * up, rtol=TOL_ACT * 4, atol=TOL_ACT)
+
+
+def attention_ref(q, k, v, lens, H, scale, base):
+    """Per sequence and head, softmax(scale q k^T) v in float64; NeoX RoPE when base > 0."""
+    T, Qd = q.shape
+    D = Qd // H
+    q, k, v = (m.astype(np.float64).reshape(T, H, D) for m in (q, k, v))
+    pos = np.concatenate([np.arange(n) for n in lens])
+    if base > 0:
+        q, k = rope(q, pos, D, base, 1.0, True), rope(k, pos, D, base, 1.0, True)
+    out = np.empty((T, H, D))
+    s0 = 0
+    for n in lens:
+        qs, ks, vs = (m[s0:s0 + n].transpose(1, 0, 2) for m in (q, k, v))
+        sc = qs @ ks.transpose(0, 2, 1) * scale
+        sc = np.exp(sc - sc.max(-1, keepdims=True))
+        sc /= sc.sum(-1, keepdims=True)
+        out[s0:s0 + n] = (sc @ vs).transpose(1, 0, 2)
+        s0 += n
+    return out.reshape(T, Qd)
+
+
+@pytest.mark.parametrize("lens,H,D", [([1], 1, 2), ([7, 1, 33], 3, 8), ([17, 16], 2, 64),
+                                      ([40], 4, 34)])
+@pytest.mark.parametrize("fused", [True, False], ids=["qkv", "q_k_v"])
+@pytest.mark.parametrize("base", [0.0, 10000.0], ids=["learned_pos", "rope"])
+@pytest.mark.parametrize("every_path", paths(), indirect=True)
+def test_enc_attention(lens, H, D, fused, base, pool, every_path):
+    rng = np.random.default_rng(sum(lens) * H * D)
+    T, Qd = sum(lens), H * D
+    qkv = rng.standard_normal((T, 3 * Qd)).astype(np.float32)
+    orig = qkv.copy()                          # enc_attention adds biases and RoPE in place
+    biases = [rng.standard_normal(Qd).astype(np.float32) for _ in range(3)]
+    want = attention_ref(*(qkv[:, i * Qd:(i + 1) * Qd] + biases[i] for i in range(3)), lens, H,
+                         1 / math.sqrt(D), base)
+    if fused:                                  # column slices of one product: one row stride
+        q, k, v = qkv[:, :Qd], qkv[:, Qd:2 * Qd], qkv[:, 2 * Qd:]
+    else:
+        q, k, v = (np.ascontiguousarray(qkv[:, i * Qd:(i + 1) * Qd]) for i in range(3))
+    out = np.empty((T, Qd), np.float32)
+    starts = np.cumsum([0] + lens).astype(np.int64)
+    core.enc_attention(out, q, k, v, starts, H, 1 / math.sqrt(D), *biases, base, pool)
+    np.testing.assert_allclose(out, want, atol=TOL_ATTN, rtol=0)
+    # a sequence sees only itself: changing another sequence's keys leaves it unchanged
+    if len(lens) > 1:
+        q2, k2, v2 = (np.ascontiguousarray(orig[:, i * Qd:(i + 1) * Qd]) for i in range(3))
+        k2[lens[0]:] += 5.0
+        out2 = np.empty_like(out)
+        core.enc_attention(out2, q2, k2, v2, starts, H, 1 / math.sqrt(D), *biases, base, pool)
+        np.testing.assert_array_equal(out2[:lens[0]], out[:lens[0]])
+
+
+def test_enc_attention_refuses_bad_shapes():
+    x = np.zeros((4, 8), np.float32)
+    out = np.empty_like(x)
+    with pytest.raises(ValueError, match="starts"):
+        core.enc_attention(out, x, x, x, np.array([0, 3], np.int64), 2, 0.5)
+    with pytest.raises(ValueError, match="empty"):
+        core.enc_attention(out, x, x, x, np.array([0, 0, 4], np.int64), 2, 0.5)
+    with pytest.raises(ValueError, match="heads"):
+        core.enc_attention(out, x, x, x, np.array([0, 4], np.int64), 3, 0.5)
+    wide = np.zeros((4, 16), np.float32)
+    with pytest.raises(ValueError, match="row stride"):
+        core.enc_attention(out, wide[:, :8], x, x, np.array([0, 4], np.int64), 2, 0.5)
