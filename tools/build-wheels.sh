@@ -44,6 +44,7 @@ MODEL=${EDGED_CHECK_MODEL:-$ROOT/../shared/testdata/models/stories260K.gguf}
 mkdir -p "$OUT" "$CACHE"
 RUN=$(mktemp -d "${TMPDIR:-/var/tmp}/edged-wheels-run.XXXXXX")
 trap 'rm -rf "$RUN"' EXIT
+trap 'exit 130' INT TERM
 t0=$(date +%s)
 say() { echo "build-wheels: $* ($(( $(date +%s) - t0 )) s)" >&2; }
 export PIP_CACHE_DIR=$CACHE/pip-cache PIP_DISABLE_PIP_VERSION_CHECK=1
@@ -117,7 +118,7 @@ mkdir -p "$RUN/aarch64-bin"                # auditwheel --strip runs `strip`: th
 ln -sf "$(command -v aarch64-linux-gnu-strip)" "$RUN/aarch64-bin/strip"
 
 # --- sdist -------------------------------------------------------------------------------
-rm -f "$OUT"/edged-*.tar.gz "$OUT"/edged-*.whl
+rm -f "$OUT"/edged-*.tar.gz
 "$TOOLS/bin/python" -m build --sdist --no-isolation --outdir "$OUT" . >/dev/null
 SDIST=$(ls "$OUT"/edged-*.tar.gz)
 say "sdist $(basename "$SDIST") $(du -h "$SDIST" | cut -f1)"
@@ -153,15 +154,41 @@ headers() {
     echo "$inc"
 }
 
-# --- the wheels, one version after another -------------------------------------------------
+# --- the wheels, one version after another, each checked as soon as it is built ----------------
+# pip --platform takes each manylinux tag it may use (ours is 2014, some dependencies' newer)
+platforms() { for t in manylinux_2_34 manylinux_2_28 manylinux2014; do printf -- '--platform %s_%s ' "$t" "$1"; done; }
+CHECK=$([ "${SKIP_WHEEL_CHECK:-${SKIP_ARM64_CHECK:-0}}" = 1 ] && echo 0 || echo 1)
+check_generation() {   # LABEL SIMD-TEXT GENERIC-TEXT: equal, and the llama.cpp golden's text
+    echo "$1 simd:    $2"
+    echo "$1 generic: $3"
+    [ "$2" = "$3" ] && case "$2" in ", there was a little girl"*) ;; *) false ;; esac ||
+        { echo "build-wheels: $1: the generations differ or are not the golden text" >&2; exit 1; }
+}
+install_site() {       # ARCH V WHEEL: the wheel and its dependencies' ARCH wheels for CPython V
+    local site=$RUN/site-$1-$2
+    "$TOOLS/bin/python" -m pip install -q --target "$site" $(platforms "$1") --python-version "$2" \
+        --implementation cp --abi "cp${2/./}" --only-binary=:all: "$3"
+    echo "$site"
+}
 for v in $PYTHONS; do
     py=$CACHE/venv-$v/bin/python
+    xy=${v/./}
+    rm -f "$OUT"/edged-*-cp$xy-cp$xy-*.whl
     # x86-64
     inc=$(headers x86_64 "$v")
     CC=$RUN/bin/zcc-x86_64 LDSHARED="$RUN/bin/zcc-x86_64 -shared" CFLAGS="-I$inc" \
         "$py" -m pip wheel -q --no-deps --no-build-isolation -w "$RUN/raw-x86_64-$v" "$SDIST"
     auditwheel repair --plat manylinux2014_x86_64 --strip -w "$OUT" "$RUN"/raw-x86_64-"$v"/edged-*.whl >/dev/null
-    say "cp${v/./} x86_64 wheel"
+    xwhl=$(ls "$OUT"/edged-*-cp$xy-cp$xy-*x86_64.whl)
+    say "$(basename "$xwhl") $(du -k "$xwhl" | cut -f1) KiB"
+    if [ "$CHECK" = 1 ]; then
+        site=$(install_site x86_64 "$v" "$xwhl")
+        run_x86() { "$(interpreter "$v")" -I -c 'import sys; sys.path.insert(0, sys.argv.pop(1)); from edged.cli import main; sys.exit(main())' "$site" "$@"; }
+        run_x86 info | grep "kernel path"
+        check_generation "cp$xy x86_64" "$(run_x86 generate -m "$MODEL" -p "Once upon a time" -n 16 -t 1 2>/dev/null)" \
+            "$(EDGED_KERNELS=generic run_x86 generate -m "$MODEL" -p "Once upon a time" -n 16 -t 1 2>/dev/null)"
+        say "cp$xy x86_64 wheel checked with $(interpreter "$v")"
+    fi
     # aarch64: that version's sysconfig data, for aarch64
     inc=$(headers aarch64 "$v")
     mkdir -p "$RUN/sysconfig-aarch64-$v"
@@ -177,44 +204,21 @@ for v in $PYTHONS; do
     CC=$RUN/bin/zcc-aarch64 LDSHARED="$RUN/bin/zcc-aarch64 -shared" CFLAGS="-I$inc" \
         "$py" -m pip wheel -q --no-deps --no-build-isolation -w "$RUN/raw-aarch64-$v" "$SDIST"
     # --plat names only the host architecture's policies: "auto" takes the oldest consistent
-    # one, and the tag is checked below
+    # one, and the tag is checked here
     PATH=$RUN/aarch64-bin:$PATH auditwheel repair --strip -w "$OUT" "$RUN"/raw-aarch64-"$v"/edged-*.whl >/dev/null
-    awhl=$(ls "$OUT"/edged-*-cp${v/./}-cp${v/./}-*aarch64.whl)
+    awhl=$(ls "$OUT"/edged-*-cp$xy-cp$xy-*aarch64.whl)
     case "$awhl" in *manylinux2014_aarch64*) ;; *) echo "build-wheels: $awhl is not manylinux2014" >&2; exit 1 ;; esac
-    case "$(unzip -l "$awhl")" in *cpython-${v/./}-aarch64-linux-gnu.so*) ;; *) echo "build-wheels: $awhl has no cpython-${v/./}-aarch64 modules" >&2; exit 1 ;; esac
-    say "cp${v/./} aarch64 wheel"
+    case "$(unzip -l "$awhl")" in *cpython-$xy-aarch64-linux-gnu.so*) ;; *) echo "build-wheels: $awhl has no cpython-$xy-aarch64 modules" >&2; exit 1 ;; esac
+    say "$(basename "$awhl") $(du -k "$awhl" | cut -f1) KiB"
+    [ "$CHECK" = 1 ] || continue
+    [ -n "${DEBIAN_ARM64[$v]:-}" ] || { say "cp$xy aarch64 wheel built, not run (Debian has no arm64 python$v)"; continue; }
+    arm=$CACHE/arm64-${DEBIAN_ARM64[$v]}
+    site=$(install_site aarch64 "$v" "$awhl")
+    run_arm() { PYTHONPATH=$site qemu-aarch64-static -L "$arm" "$arm/usr/bin/python$v" -P -m edged "$@"; }
+    run_arm info | tee "$RUN/arm64-info.txt" | grep "kernel path"
+    grep -q "kernel path:  neon" "$RUN/arm64-info.txt"
+    check_generation "cp$xy aarch64" "$(run_arm generate -m "$MODEL" -p "Once upon a time" -n 16 -t 1 2>/dev/null)" \
+        "$(EDGED_KERNELS=generic run_arm generate -m "$MODEL" -p "Once upon a time" -n 16 -t 1 2>/dev/null)"
+    say "cp$xy aarch64 wheel checked under qemu-aarch64 (Debian ${DEBIAN_ARM64[$v]}'s python$v)"
 done
-
-# --- checks --------------------------------------------------------------------------------
-# pip --platform takes each manylinux tag it may use (ours is 2014, some dependencies' newer)
-platforms() { for t in manylinux_2_34 manylinux_2_28 manylinux2014; do printf -- '--platform %s_%s ' "$t" "$1"; done; }
-check_generation() {   # LABEL NEON/AVX TEXT GENERIC TEXT
-    echo "$1 simd:    $2"
-    echo "$1 generic: $3"
-    [ "$2" = "$3" ] && case "$2" in ", there was a little girl"*) ;; *) echo "build-wheels: $1 generation differs or is not the golden text" >&2; false ;; esac
-}
-if [ "${SKIP_WHEEL_CHECK:-${SKIP_ARM64_CHECK:-0}}" != 1 ]; then
-    for v in $PYTHONS; do
-        xy=${v/./}
-        site=$RUN/site-x86_64-$v
-        "$TOOLS/bin/python" -m pip install -q --target "$site" $(platforms x86_64) --python-version "$v" \
-            --implementation cp --abi "cp$xy" --only-binary=:all: "$OUT"/edged-*-cp$xy-cp$xy-*x86_64.whl
-        run_x86() { PYTHONPATH=$site "$(interpreter "$v")" -I -c 'import sys; sys.path.insert(0, sys.argv.pop(1)); from edged.cli import main; sys.exit(main())' "$site" "$@"; }
-        run_x86 info | grep "kernel path"
-        check_generation "cp$xy x86_64" "$(run_x86 generate -m "$MODEL" -p "Once upon a time" -n 16 -t 1 2>/dev/null)" \
-            "$(EDGED_KERNELS=generic run_x86 generate -m "$MODEL" -p "Once upon a time" -n 16 -t 1 2>/dev/null)"
-        say "cp$xy x86_64 wheel checked"
-        [ -n "${DEBIAN_ARM64[$v]:-}" ] || { echo "build-wheels: cp$xy aarch64 wheel built, not run (no arm64 python$v in Debian)"; continue; }
-        arm=$CACHE/arm64-${DEBIAN_ARM64[$v]}
-        site=$RUN/site-aarch64-$v
-        "$TOOLS/bin/python" -m pip install -q --target "$site" $(platforms aarch64) --python-version "$v" \
-            --implementation cp --abi "cp$xy" --only-binary=:all: "$OUT"/edged-*-cp$xy-cp$xy-*aarch64.whl
-        run_arm() { PYTHONPATH=$site qemu-aarch64-static -L "$arm" "$arm/usr/bin/python$v" -P -m edged "$@"; }
-        run_arm info | tee "$RUN/arm64-info.txt" | grep "kernel path"
-        grep -q "kernel path:  neon" "$RUN/arm64-info.txt"
-        check_generation "cp$xy aarch64" "$(run_arm generate -m "$MODEL" -p "Once upon a time" -n 16 -t 1 2>/dev/null)" \
-            "$(EDGED_KERNELS=generic run_arm generate -m "$MODEL" -p "Once upon a time" -n 16 -t 1 2>/dev/null)"
-        say "cp$xy aarch64 wheel checked under qemu-aarch64 (Debian ${DEBIAN_ARM64[$v]}'s python$v)"
-    done
-fi
 ls -l "$OUT"
