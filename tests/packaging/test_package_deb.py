@@ -30,6 +30,12 @@ export DEBIAN_FRONTEND=noninteractive
 # dpkg syncs each file it unpacks; the guest's root is a throw-away overlay (snapshot=on)
 echo force-unsafe-io > /etc/dpkg/dpkg.cfg.d/edged-vmtest
 echo "EDGED-TIME runner-start $(cut -d' ' -f1 /proc/uptime)"
+# The image's runner unit stops this script after TimeoutStartSec=1800 (runner time); under
+# TCG on a loaded host these three package installs take longer. A runtime drop-in lifts the
+# limit for this boot (systemd re-arms the running job's timer from the reloaded unit).
+mkdir -p /run/systemd/system/edged-vmtest.service.d
+printf '[Service]\nTimeoutStartSec=infinity\n' > /run/systemd/system/edged-vmtest.service.d/timeout.conf
+systemctl daemon-reload
 # 1. install on a fresh Debian 12
 check apt-install apt-get install -y -q "$DEB"
 check installed sh -c "dpkg-query -W -f='\${Status}' edged | grep -qx 'install ok installed'"
@@ -52,6 +58,7 @@ check runs-as-edged sh -c "test \$(stat -c %U /proc/$PID) = edged"
 check in-process-sandbox sh -c "journalctl -u edged.service --no-pager | grep -q 'sandbox: enforce (Landlock'"
 check cli-models sh -c "edged models | tee /dev/stderr | grep -q '^demo '"
 check completion sh -c "curl $S -H 'Content-Type: application/json' -d '{\"model\":\"demo\",\"prompt\":\"Once\",\"max_tokens\":4}' http://edged/v1/completions | grep -q '\"finish_reason\"'"
+journalctl -u edged.service --no-pager | tail -n 15
 # 2. upgrade with a locally modified configuration: dpkg keeps the edit (conffile), the running
 # daemon is restarted on the new package
 echo '# local edit: kept on upgrade' >> /etc/edged/edged.toml
