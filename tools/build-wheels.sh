@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Build the release wheels into dist/ from this checkout:
 #   dist/edged-VERSION.tar.gz                                   the sdist (every source)
-#   dist/edged-VERSION-cpXY-cpXY-manylinux_2_17_x86_64.manylinux2014_x86_64.whl     for each
-#   dist/edged-VERSION-cpXY-cpXY-manylinux_2_17_aarch64.manylinux2014_aarch64.whl   CPython XY
+#   dist/edged-VERSION-cpXY-cpXY-manylinux2014_x86_64.manylinux_2_17_x86_64.whl     for each
+#   dist/edged-VERSION-cpXY-cpXY-manylinux2014_aarch64.manylinux_2_17_aarch64.whl   CPython XY
 # (XY = 310 311 312 313, EDGED_PYTHONS="3.10 3.11 3.12 3.13"), then check them: each x86-64
 # wheel installed for its Python runs `edged info` and a greedy generation; each aarch64 wheel
 # for which Debian has an arm64 Python (3.11: bookworm, 3.13: trixie) does the same under
