@@ -28,9 +28,9 @@ def test_native_paths_match_generic(tmp_path):
         pytest.skip("no C compiler")
     r = build_and_run(cc, tmp_path / "check")
     assert r.returncode == 0, r.stdout + r.stderr
-    assert " ok" in r.stdout and "FAIL" not in r.stdout  # incl. ED_MDOT_SAME bit for bit (same-ok)
-    # every type has a decode-batch tile (ED_MDOT_SAME) on the x86 SIMD paths (the generic path
-    # runs its dot per column)
+    assert " ok" in r.stdout and "FAIL" not in r.stdout  # incl. the tiles bit for bit (same-ok)
+    # every type has a tile (ED_MDOT: a prompt's tokens, a decode batch's sessions) equal to the
+    # one-token path on the x86 SIMD paths (the generic path runs its dot per column)
     digests = [l.split() for l in r.stdout.splitlines() if l.startswith("digest ")]
     x86 = [d for d in digests if d[1] in ("avx2", "avx2nv", "avx512", "avx512nv")]
     assert all("same-ok" in d for d in x86), r.stdout
@@ -44,7 +44,7 @@ def test_native_paths_match_generic(tmp_path):
     # attention over a quantized KV cache: 4 cache type pairs on every path that ran, the same
     # stored bytes and outputs within float rounding of the generic path's
     kv = [l for l in r.stdout.splitlines() if l.startswith("kvcache ")]
-    ran = {l.split()[0] for l in r.stdout.splitlines() if l.endswith(" ok") and not l.startswith(("kvcache", "digest"))}
+    ran = {l.split()[0] for l in r.stdout.splitlines() if l.endswith(" ok") and not l.startswith(("kvcache", "digest", "extreme"))}
     assert len(kv) == 4 * len(ran) and all(l.endswith(" same-bytes ok") for l in kv), r.stdout
     for path in ("avx2", "avx2nv", "avx512"):  # the packed panels ran on every x86 path this CPU has
         if f"{path}: not supported" not in r.stdout and "x86" in os.uname().machine:
@@ -69,8 +69,8 @@ def test_neon_path_matches_generic_under_qemu(tmp_path):
     assert a72.returncode == 0 and "dotprod" not in a72.stdout.splitlines()[0], a72.stdout
     assert sum(l.startswith("neon ") and l.endswith(" ok") for l in a72.stdout.splitlines()) == 16
     assert " panels " not in a72.stdout  # no panel kernel without dotprod: the row tiles
-    # every type has a NEON dot (none left on the generic C loop) and a tile that is ED_MDOT_SAME
-    # (equal to the one-token dot bit for bit), and both variants give the same bits (the dots'
+    # every type has a NEON dot (none left on the generic C loop) and a tile equal to the
+    # one-token dot bit for bit, and both variants give the same bits (the dots'
     # and tiles' results, digested per type; the panels are dotprod-only and not in the digest)
     digests = lambda out: [l for l in out.splitlines() if l.startswith("digest neon ")]  # noqa: E731
     assert len(digests(r.stdout)) == 16 and all(" simd-dot" in l for l in digests(r.stdout)), r.stdout
@@ -94,3 +94,10 @@ def test_neon_path_matches_generic_under_qemu(tmp_path):
         qd = lambda out, path: sorted(l.split()[2:4] for l in out.splitlines()  # noqa: E731
                                       if l.startswith(f"digest {path} ") and l.split()[2] not in FLOAT_TYPES)
         assert len(qd(r.stdout, "neon")) == 13 and qd(r.stdout, "neon") == qd(n.stdout, "generic")
+    # every 32-block type has a row kernel (8 rows as lanes) on every x86 path, exact at the edge
+    # of its integer range (the i16 block sums without VNNI; "extreme PATH TYPE rows ok")
+    extreme = {tuple(l.split()[1:3]) for l in r.stdout.splitlines() if l.startswith("extreme ") and l.endswith(" rows ok")}
+    for path in ("avx2", "avx2nv", "avx512", "avx512nv"):
+        if f"{path}: not supported" not in r.stdout and "x86" in os.uname().machine:
+            for name in ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "IQ4_NL", "MXFP4"):
+                assert (path, name) in extreme, (path, name, r.stdout)
