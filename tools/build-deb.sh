@@ -3,7 +3,8 @@
 # manylinux wheel that tools/build-wheels.sh left in dist/:
 #   /opt/edged/bin/edged, /usr/bin/edged   the program (Debian's python3.11, a private site:
 #   /opt/edged/lib                           edged and its Python libraries for ARCH, byte-compiled)
-#   /lib/systemd/system/edged.{service,socket}, /usr/lib/sysusers.d/edged.conf,
+#   /lib/systemd/system/edged.{service,socket}, edged-tcp.socket (the opt-in localhost TCP
+#   listener: installed, not enabled), /usr/lib/sysusers.d/edged.conf,
 #   /usr/lib/tmpfiles.d/edged.conf, /etc/edged/edged.toml (a conffile: the documented example)
 # The maintainer scripts (packaging/deb/) create the user and directories, enable and start
 # edged.socket; `apt purge` keeps models, keys and the user unless EDGED_PURGE_STATE=yes.
@@ -23,7 +24,8 @@ case "$ARCH" in amd64) PYARCH=x86_64 ;; arm64) PYARCH=aarch64 ;; *) echo "build-
 # pip --platform takes each manylinux tag it may use (edged's is 2_34, the dependencies' older)
 platforms() { for t in manylinux_2_34 manylinux_2_28 manylinux2014; do printf -- '--platform %s_%s ' "$t" "$1"; done; }
 VERSION=$(sed -n 's/^__version__ = "\(.*\)"/\1/p' edged/__init__.py)
-WORK=${EDGED_DEB_WORK:-$(mktemp -d)}
+if [ -n "${EDGED_DEB_WORK:-}" ]; then WORK=$EDGED_DEB_WORK
+else WORK=$(mktemp -d "${TMPDIR:-/var/tmp}/edged-deb.XXXXXX"); trap 'rm -rf "$WORK"' EXIT; fi
 STAGE=$WORK/edged_${VERSION}_$ARCH
 rm -rf "$STAGE"
 mkdir -p "$STAGE/opt/edged/bin" "$STAGE/usr/bin" "$STAGE/DEBIAN" "${EDGED_DEB_OUT:-$ROOT/dist}"
@@ -48,6 +50,7 @@ install -m 0755 packaging/deb/edged-launcher "$STAGE/opt/edged/bin/edged"
 ln -s /opt/edged/bin/edged "$STAGE/usr/bin/edged"
 install -D -m 0644 systemd/edged.service "$STAGE/lib/systemd/system/edged.service"
 install -D -m 0644 systemd/edged.socket "$STAGE/lib/systemd/system/edged.socket"
+install -D -m 0644 systemd/edged-tcp.socket "$STAGE/lib/systemd/system/edged-tcp.socket"   # not enabled
 install -D -m 0644 systemd/sysusers.d/edged.conf "$STAGE/usr/lib/sysusers.d/edged.conf"
 install -D -m 0644 systemd/tmpfiles.d/edged.conf "$STAGE/usr/lib/tmpfiles.d/edged.conf"
 install -D -m 0644 systemd/edged.toml.example "$STAGE/etc/edged/edged.toml"

@@ -10,8 +10,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DEB=${1:?usage: tools/check-deb-arm64.sh dist/edged_VERSION_arm64.deb}
-WORK=${EDGED_WHEEL_WORK:-/var/tmp/edged-wheels}
-ARM=${EDGED_ARM64_ROOT:-$WORK/arm64-root}
+WORK=${EDGED_WHEEL_CACHE:-${EDGED_WHEEL_WORK:-/var/tmp/edged-wheels}}
+ARM=${EDGED_ARM64_ROOT:-$WORK/arm64-bookworm}
 [ -x "$ARM/usr/bin/python3.11" ] || { echo "check-deb-arm64: no arm64 root in $ARM (run tools/build-wheels.sh)" >&2; exit 1; }
 [ "$(dpkg-deb -f "$DEB" Architecture)" = arm64 ] || { echo "check-deb-arm64: $DEB is not arm64" >&2; exit 1; }
 ROOTFS=$(mktemp -d "${TMPDIR:-/var/tmp}/edged-arm64-deb.XXXXXX")

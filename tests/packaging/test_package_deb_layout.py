@@ -59,6 +59,7 @@ def test_files_units_and_conffile(deb):
     listing = subprocess.run(["dpkg-deb", "-c", deb], capture_output=True, text=True, check=True).stdout
     files = {line.split()[5].lstrip(".") for line in listing.splitlines()}
     for f in ("/opt/edged/bin/edged", "/lib/systemd/system/edged.service", "/lib/systemd/system/edged.socket",
+              "/lib/systemd/system/edged-tcp.socket",
               "/usr/lib/sysusers.d/edged.conf", "/usr/lib/tmpfiles.d/edged.conf", "/etc/edged/edged.toml",
               "/usr/share/doc/edged/copyright", "/opt/edged/lib/edged/__init__.py"):
         assert f in files, f
@@ -66,3 +67,12 @@ def test_files_units_and_conffile(deb):
     control = subprocess.run(["dpkg-deb", "--ctrl-tarfile", deb], capture_output=True, check=True).stdout
     with tarfile.open(fileobj=io.BytesIO(control)) as t:
         assert t.extractfile("./conffiles").read().decode().split() == ["/etc/edged/edged.toml"]
+        postinst = t.extractfile("./postinst").read().decode()
+    # the TCP listener is shipped for the operator to enable, never enabled by the package
+    assert "edged-tcp" not in postinst and "enable --now edged.socket" in postinst
+
+
+def test_tcp_socket_is_the_checkouts_unit(deb, tmp_path):
+    subprocess.run(["dpkg-deb", "-x", deb, str(tmp_path)], check=True)
+    with open(os.path.join(ROOT, "systemd", "edged-tcp.socket"), "rb") as f:
+        assert (tmp_path / "lib/systemd/system/edged-tcp.socket").read_bytes() == f.read()
