@@ -80,12 +80,6 @@ def test_imatrix_lowers_the_weighted_error(t, f16):
         assert err["with"] < err["without"] * 0.99, (name, err)
 
 
-def test_kquant_mix_with_imatrix_is_refused_by_name(f16, tmp_path):
-    with pytest.raises(ConfigError, match=r"Q4_K.*importance"):
-        quantize_file(f16, str(tmp_path / "o.gguf"), "Q4_K_M", imatrix=imatrix_path("gguf"))
-    assert not os.listdir(tmp_path)  # nothing half-written
-
-
 def test_bad_imatrix_files(f16, tmp_path):
     with pytest.raises(ModelFormatError, match="not an importance matrix"):
         read_imatrix(f16)

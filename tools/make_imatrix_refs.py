@@ -1,0 +1,84 @@
+"""Make tests/data/imatrix/llama-quantize-weighted-sha256.json: the sha256 and type of every tensor
+llama-quantize writes, with and without an importance matrix, for the mixes whose quantizers
+use one (Q4_0..Q5_1, the K-quant mixes) and Q8_0 (which ignores it).
+
+    python tools/make_imatrix_refs.py LLAMA_BIN     (LLAMA_BIN: a directory holding llama-quantize)
+
+Models (F16, written by tools/make_goldens.py's write_gguf, seeds below):
+  llama256     tools/make_goldens.py's llama256 (one layer, rows of 256)
+  llama256x8   the same shape with 8 layers: the rules that depend on the layer (ffn_down of
+               Q4_0/Q5_0 with an imatrix, attn_v/ffn_down "more bits" layers); the matrix has
+               entries for blk.0 only, so the other layers are quantized without one
+  phi3-256x8   phi3 with fused attn_qkv and gate+up, 8 layers, rows of 256: the fused qkv rules
+Importance matrix: tests/data/imatrix/llama256.imatrix.gguf (llama-imatrix over calibration.txt,
+see llama-quantize-sha256.json).
+"""
+import hashlib
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+DATA = os.path.join(ROOT, "tests", "data", "imatrix")
+IMATRIX = os.path.join(DATA, "llama256.imatrix.gguf")
+OUT = os.path.join(DATA, "llama-quantize-weighted-sha256.json")
+
+ALL_MIXES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q2_K_S", "Q3_K_S", "Q3_K_M",
+             "Q3_K_L", "Q4_K_S", "Q4_K_M", "Q5_K_S", "Q5_K_M", "Q6_K")
+
+
+def _make_goldens():
+    spec = importlib.util.spec_from_file_location("make_goldens", os.path.join(HERE, "make_goldens.py"))
+    mg = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mg)
+    return mg
+
+
+def models(mg):
+    """name -> (case dict, seed); shared with tests/format/test_imatrix_weighted.py"""
+    base = mg.CASES["llama256"]
+    return {
+        "llama256": (base, 1000 + list(mg.CASES).index("llama256")),
+        "llama256x8": (dict(base, n_layer=8), 4101),
+        "phi3-256x8": (dict(arch="phi3", n_embd=256, head_dim=64, n_ff=256, n_layer=8), 4102),
+    }
+
+
+# (model, mix, with the importance matrix)
+RUNS = ([("llama256", m, True) for m in ALL_MIXES]
+        + [("llama256x8", m, True) for m in ("Q4_0", "Q5_0", "Q4_1", "Q4_K_M", "Q3_K_M")]
+        + [("phi3-256x8", m, im) for m in ("Q3_K_M", "Q3_K_L", "Q4_K_M", "Q5_K_M") for im in (False, True)])
+
+
+def tensor_shas(path):
+    import gguf
+    r = gguf.GGUFReader(path)
+    return {t.name: [t.tensor_type.name, hashlib.sha256(t.data.tobytes()).hexdigest()] for t in r.tensors}
+
+
+def main(bin_dir):
+    mg = _make_goldens()
+    out = {"made_by": "tools/make_imatrix_refs.py with llama-quantize (llama.cpp 0.3.36): "
+                      "llama-quantize [--imatrix llama256.imatrix.gguf] F16 OUT MIX",
+           "runs": {}}
+    with tempfile.TemporaryDirectory() as d:
+        f16 = {}
+        for name, (case, seed) in models(mg).items():
+            f16[name] = os.path.join(d, name + ".gguf")
+            mg.write_gguf(name, case, f16[name], seed=seed)
+        for name, mix, im in RUNS:
+            q = os.path.join(d, "q.gguf")
+            cmd = [os.path.join(bin_dir, "llama-quantize")] + (["--imatrix", IMATRIX] if im else [])
+            subprocess.run(cmd + [f16[name], q, mix], check=True, capture_output=True)
+            out["runs"][f"{name} {mix} {'imatrix' if im else 'plain'}"] = tensor_shas(q)
+    with open(OUT, "w") as fh:
+        json.dump(out, fh, indent=1)
+        fh.write("\n")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
