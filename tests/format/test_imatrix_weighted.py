@@ -128,5 +128,3 @@ def test_bad_importance_row_is_refused():
     x = np.zeros((2, 256), np.float32)
     with pytest.raises(ValueError, match="importance row has 32 values"):
         core.quantize_rows(x, int(GGMLType.Q4_K), None, np.ones(32, np.float32))
-    with pytest.raises(ValueError, match="no compiled importance-weighted quantizer"):
-        core.quantize_rows(x, int(GGMLType.F16), None, np.ones(256, np.float32))
