@@ -264,6 +264,18 @@ def _refuse_requantize(src, tensors, types):
                               "(quantize from the F32/F16/BF16 model, or allow requantizing)")
 
 
+def _refuse_without_imatrix(ftype, tensors, types, weights):
+    """llama-quantize makes the Q2_K tensors of a Q2_K_S file (all but token_embd and output)
+    only from an importance matrix entry ("the result will be garbage" without); so does edged."""
+    if ftype != F.MOSTLY_Q2_K_S:
+        return
+    for name, t in types.items():
+        if (t == G.Q2_K and tensors[name].type != t and name not in weights
+                and _category(name) not in ("token_embd", "output")):
+            raise ConfigError(f"tensor {name!r} would be Q2_K in a Q2_K_S file, which needs an importance "
+                              "matrix entry for it (--imatrix FILE from llama-imatrix), as in llama-quantize")
+
+
 def _imatrix_rows(f, types, im, path, weighted):
     """name -> (n_expert, n_per_row) importance weights for the tensors that get quantized with
     them, checked as llama-quantize checks them (size n_per_row * n_expert; a tensor without an
@@ -276,6 +288,8 @@ def _imatrix_rows(f, types, im, path, weighted):
         k, n_exp = ti.shape[0], (ti.shape[2] if len(ti.shape) > 2 else 1)
         w = im.entries[name]
         if w.size != k * n_exp:
+            if _category(name) == "token_embd":
+                continue  # llama-quantize quantizes it without, as an old matrix's embedding rows do not fit
             raise ConfigError(f"{path}: importance matrix for {name!r} has {w.size} values, the "
                               f"tensor needs {k * n_exp} ({k} columns x {n_exp} experts)")
         if not np.all(np.isfinite(w)):
@@ -308,6 +322,7 @@ def quantize_file(src, dst, mix, progress=None, chunk_rows=None, compiled=True, 
         if not allow_requantize:
             _refuse_requantize(src, f.tensors, types)
         weights = _imatrix_rows(f, types, im, imatrix, weighted_types) if im is not None else {}
+        _refuse_without_imatrix(ftype, f.tensors, types, weights)
         w = GGUFWriter(alignment=f.alignment)
         for key, value in f.metadata.items():
             if key in (Key.ALIGNMENT, Key.FILE_TYPE, Key.QUANTIZATION_VERSION):

@@ -123,6 +123,17 @@ def test_without_the_core_a_kquant_imatrix_is_refused_by_name(f16, tmp_path):
     assert not os.listdir(tmp_path)  # nothing half-written
 
 
+def test_q2_k_s_needs_the_matrix(f16, tmp_path):
+    """llama-quantize refuses a Q2_K_S file whose Q2_K tensors lack an importance matrix entry
+    ("Missing importance matrix for tensor blk.1.attn_k.weight" on llama256x8 with the matrix
+    of blk.0 only; "this quantization requires an imatrix!" without one)."""
+    with pytest.raises(ConfigError, match=r"'blk\.1\.attn_k\.weight' would be Q2_K in a Q2_K_S file"):
+        quantize_file(f16["llama256x8"], str(tmp_path / "o.gguf"), "Q2_K_S", imatrix=IMATRIX)
+    with pytest.raises(ConfigError, match=r"'blk\.0\.attn_k\.weight' would be Q2_K in a Q2_K_S file"):
+        quantize_file(f16["llama256"], str(tmp_path / "o.gguf"), "Q2_K_S")
+    assert not os.listdir(tmp_path)
+
+
 def test_bad_importance_row_is_refused():
     core = pytest.importorskip("edged._core")
     x = np.zeros((2, 256), np.float32)
