@@ -89,24 +89,6 @@ def test_the_runs_use_the_matrix():
     assert RUNS["llama256x8 Q4_0 imatrix"]["blk.1.ffn_down.weight"][0] == "Q4_0"
 
 
-@pytest.mark.parametrize("t", [GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0, GGMLType.Q5_1, GGMLType.Q2_K,
-                               GGMLType.Q3_K, GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K], ids=lambda t: t.name)
-def test_imatrix_lowers_the_weighted_error(t, f16):
-    """What an importance matrix is for: a smaller error weighted by the activations' energy."""
-    core = pytest.importorskip("edged._core")
-    im = read_imatrix(IMATRIX)
-    f = GGUFFile.open(f16["llama256"])
-    for name in ("blk.0.attn_q.weight", "blk.0.ffn_down.weight"):
-        ti = f.tensors[name]
-        x = np.array(f.tensor_bytes(name)).view(np.float16).astype(np.float32).reshape(-1, ti.shape[0])
-        w = im.entries[name]
-        err = {}
-        for key, qw in (("with", w), ("without", None)):
-            y = quants.dequantize(core.quantize_rows(x, int(t), None, qw), t, x.shape)
-            err[key] = float((w * (y - x) ** 2).sum())
-        assert err["with"] < err["without"], (name, err)
-
-
 def test_compiled_weighted_iq4_equals_the_numpy_one(f16):
     core = pytest.importorskip("edged._core")
     im = read_imatrix(IMATRIX)
