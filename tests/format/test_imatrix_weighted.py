@@ -2,8 +2,9 @@
 (Q4_0..Q5_1, Q2_K..Q6_K and their _S/_M/_L mixes; Q8_0 ignores the matrix) against llama.cpp:
 tests/data/imatrix/llama-quantize-weighted-sha256.json holds the type and sha256 of every tensor
 llama-quantize (0.3.36) wrote, with and without tests/data/imatrix/llama256.imatrix.gguf, for
-three F16 models (tools/make_imatrix_refs.py, which also made the file: llama256, the same
-shape with 8 layers, and an 8-layer phi3 with fused attn_qkv). edged must write the same bytes
+four F16 models (tools/make_imatrix_refs.py, which also made the file: llama256, the same
+shape with 8 layers, an 8-layer phi3 with fused attn_qkv, and the qwen3moe golden shape whose
+16 experts each get their slice of tests/data/imatrix/qwen3moe.imatrix.gguf). edged must write the same bytes
 and choose the same type per tensor (incl. llama.cpp's imatrix-only guard on the first ffn_down
 layers of Q4_0/Q5_0, and fused attn_qkv ruled like attn_v)."""
 import hashlib
@@ -64,7 +65,7 @@ def test_same_bytes_as_llama_quantize(run, f16, tmp_path):
     pytest.importorskip("edged._core")
     model, mix, how = run.split()
     out = str(tmp_path / "out.gguf")
-    quantize_file(f16[model], out, mix, imatrix=IMATRIX if how == "imatrix" else None)
+    quantize_file(f16[model], out, mix, imatrix=_refs().imatrix_for(model) if how == "imatrix" else None)
     _check(out, RUNS[run])
 
 
