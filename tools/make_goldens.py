@@ -88,6 +88,10 @@ CASES = {
     # a quantized K with an F16 V: llama.cpp without flash attention (q8_0 K mul_mat)
     "kv-q8_0-f16": dict(arch="qwen2", seed=1009, prompt_seed=9, qkv_bias=True, n_head=2,
                         n_head_kv=1, head_dim=32, tied=True, cache=("q8_0", "f16"), n_prompt=40),
+    # head_dim 64: llama.cpp rotates q, k and v (a Walsh-Hadamard matrix) before a quantized
+    # cache stores them, and the attention output back
+    "kv-q4_0-hd64": dict(arch="llama", seed=1010, prompt_seed=10, n_head=2, n_head_kv=1, head_dim=64,
+                         tied=True, cache=("q4_0", "q4_0"), n_prompt=40),
 }
 # gpt-oss as it ships: the same file with its experts in MXFP4, quantized by the PyPI gguf
 # package (llama-quantize's MXFP4_MOE would also make the rest Q8_0, which this machine's

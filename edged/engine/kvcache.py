@@ -6,6 +6,13 @@ V are chosen separately. A row of the cache (one position, every KV head) is sto
 of the type when its token is evaluated; head_dim must be a multiple of the 32-value block so
 a block never spans two heads. llama.cpp runs a quantized V only with flash attention; the
 compiled path reads it the same way (cython_kernels/forward/forward.h, ed_attn_flash_row).
+
+Like llama.cpp, a quantized cache stores rotated rows when head_dim is a multiple of 64: q and
+k (for a quantized K) and v (for a quantized V) are multiplied by an orthonormal Walsh-Hadamard
+matrix before k and v are stored, and the attention output by V's matrix after (H H = I). The
+rotation spreads an outlier channel over the block, so one large value does not set a 32-value
+block's scale (SmolLM2-135M, q4_0 K: KL 0.19 to the F16 cache without it, 0.03 with it).
+K's matrix is the largest power of two dividing head_dim, V's is 64 (`rotation`).
 """
 from __future__ import annotations
 
@@ -53,6 +60,17 @@ class CacheTypes:
         """Bytes of the K and V cache of n_ctx positions of a model with hyperparameters hp."""
         kvd = hp.n_head_kv * hp.head_dim
         return hp.n_layer * n_ctx * (row_bytes(self.k, kvd) + row_bytes(self.v, kvd))
+
+    def rotation(self, head_dim):
+        """(n_k, n_v): the Hadamard sizes q/k and v/output are rotated with, 0 for none."""
+        def size(t, largest):
+            if t == GGMLType.F16 or head_dim % 64:
+                return 0
+            n = 64
+            while largest and head_dim % (2 * n) == 0:
+                n *= 2
+            return n
+        return size(self.k, True), size(self.v, False)
 
     def __str__(self):
         return "/".join(self.names)

@@ -91,6 +91,22 @@ def rope(x, pos, n_rot, base, scale, neox, factors=None, attn_factor=1.0, yarn=N
     return out
 
 
+def hadamard(n):
+    """The orthonormal n x n Walsh-Hadamard matrix (n a power of two; Sylvester's construction)."""
+    h = np.ones((1, 1))
+    while h.shape[0] < n:
+        h = np.block([[h, h], [h, -h]])
+    return h / np.sqrt(n)
+
+
+def _rotate(x, n):
+    """x (..., head_dim) with each n-value chunk times the Hadamard matrix (kvcache.py)."""
+    if not n:
+        return x
+    shape = x.shape  # float32 out, as llama.cpp's transform and cache rows hold it
+    return (x.reshape(-1, n).astype(np.float64) @ hadamard(n)).astype(np.float32).reshape(shape)
+
+
 def _stored(x, qtype):
     """The values a cache row of type qtype holds for x (..., n_head_kv, head_dim): each
     position's row quantized as a whole (kvcache.py) and read back."""
@@ -210,6 +226,8 @@ class ReferenceBackend(Backend):
                 q = rope(q, positions, *args)
                 k = rope(k, positions, *args)
             ck, cv = self.cache.k, self.cache.v
+            rot_k, rot_v = self.cache.rotation(hp.head_dim)
+            q, k, v = _rotate(q, rot_k), _rotate(k, rot_k), _rotate(v, rot_v)
             buf.k[il, pos:pos + n] = k if ck == GGMLType.F16 else _stored(k, ck)
             buf.v[il, pos:pos + n] = v if cv == GGMLType.F16 else _stored(v, cv)
             K = buf.k[il, :pos + n].astype(np.float64)  # (n_kv, n_head_kv, hd)
@@ -242,7 +260,7 @@ class ReferenceBackend(Backend):
                     s = s.astype(np.float16).astype(np.float64)
                 # else flash attention (llama.cpp's only way with a quantized V): float weights
                 out[:, hh, :] = s @ V[:, kv, :]
-            o = self._mm(out.reshape(n, -1), L.attn_output)
+            o = self._mm(_rotate(out, rot_v).reshape(n, -1), L.attn_output)
             if L.attn_output_bias:
                 o = o + self._w[L.attn_output_bias]
             if L.post_attention_norm:

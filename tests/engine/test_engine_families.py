@@ -38,9 +38,11 @@ MAX_ABS, MEAN_ABS = 0.05, 0.01   # testdata/README.md, F32/F16 weights
 Q_MAX_ABS, Q_MEAN_ABS = 0.35, 0.06   # testdata/README.md, any quantized type
 # The NumPy reference against a quantized-KV golden: its float activations differ from
 # llama.cpp's by ~1e-3, and a K/V value near a rounding boundary then lands one q8_0/q4_0 step
-# away (1/127 or 1/8 of the block's largest value); measured max 0.13 (q8_0), 0.34 (q4_0), mean
-# <= 0.022. The compiled path stores llama.cpp's values and meets MAX_ABS/MEAN_ABS.
-KVQ_REF_MAX_ABS, KVQ_REF_MEAN_ABS = 0.5, 0.03
+# away (1/127 or 1/8 of the block's largest value); measured max 0.13 (q8_0), 0.34 (q4_0), 0.56
+# (q4_0, head_dim 64: rotated rows, 64 values per head), mean <= 0.036 (without the rotation
+# llama.cpp applies: max 3.5, mean 0.51). The compiled path stores llama.cpp's values and meets
+# MAX_ABS/MEAN_ABS.
+KVQ_REF_MAX_ABS, KVQ_REF_MEAN_ABS = 0.65, 0.045
 MOE = os.path.join(GOLDENS, "synthetic-qwen3moe.gguf")
 GPT_OSS = os.path.join(GOLDENS, "synthetic-gpt-oss.gguf")
 QUANTIZED = [n for n in NAMES if "-Q" in n or "-IQ" in n or "-MXFP4" in n]  # NAME-MIX files

@@ -171,6 +171,32 @@ def test_smollm2_q8_0_cache_is_half_the_f16_one():
         assert q8.plan(1024).kv_cache == 30 * 1024 * 192 // 32 * 34 * 2
 
 
+def _log_softmax(x):
+    x = x.astype(np.float64) - x.max(1, keepdims=True)
+    return x - np.log(np.exp(x).sum(1, keepdims=True))
+
+
+def test_smollm2_q4_0_keys_are_rotated_like_llama_cpps():
+    """A q4_0 K cache on the real SmolLM2 (head_dim 64), teacher-forced over the reference
+    passage x3: KL to the F16 cache 0.029 with llama.cpp's Hadamard rotation of q/k/v (llama.cpp
+    itself: 0.029, tools/kvcache_parity.py), 0.19 without it (one outlier channel sets each
+    32-value block's scale)."""
+    path = testdata("models", "SmolLM2-135M-Instruct.Q4_1.gguf")
+    with open(testdata("models", "SmolLM2-135M-Instruct.Q4_1.reference.json")) as f:
+        toks = json.load(f)["passage_ids"] * 3
+
+    def logits(ck, cv):
+        with Model.load(path, n_threads=2, cache_type_k=ck, cache_type_v=cv) as m:
+            s = m.session(n_ctx=512)
+            return np.concatenate([s.eval(toks[:64], logits="all")] + [s.eval([t]) for t in toks[64:]])
+
+    base = _log_softmax(logits("f16", "f16"))
+    for ck, cv, bound in (("q4_0", "f16", 0.06), ("f16", "q4_0", 0.015)):
+        lq = _log_softmax(logits(ck, cv))
+        kl = float((np.exp(base) * (base - lq)).sum(1).mean())
+        assert kl < bound, (ck, cv, kl)
+
+
 def _gpt_oss_with_sinks(path, monkeypatch, sinks):
     """A small gpt-oss (head_dim 32, so its cache can be quantized; a window of 8 on even layers)
     whose per-head sink logits are set to `sinks` (synth writes them 0.0)."""
