@@ -21,6 +21,22 @@ def testdata_files(sub, suffix):
     return sorted(os.path.join(d, f) for f in os.listdir(d) if f.endswith(suffix))
 
 
+@pytest.fixture(params=["generic", "avx2", "avx2-vnni", "avx512", "avx512-vnni", "neon", "neon-dotprod"])
+def kernel_path(request):
+    """Each kernel path this CPU supports (a family, or one less a feature: plain AVX2 on a VNNI
+    machine), selected for the test; the previous one is restored."""
+    core = pytest.importorskip("edged._core")
+    from edged.errors import ConfigError
+    old = core.kernel_path()
+    try:
+        core.set_path(request.param)
+    except ConfigError:
+        core.set_path(old)
+        pytest.skip(f"kernel path {request.param} not supported on this CPU")
+    yield request.param
+    core.set_path(old)
+
+
 # Helpers, not tests: keep pytest from collecting them where test modules import them.
 testdata.__test__ = False
 testdata_files.__test__ = False

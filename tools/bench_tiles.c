@@ -9,8 +9,7 @@
  * avx2-vnni / avx512-vnni / neon-dotprod (the variant without that feature; default: the best
  * this CPU runs); MIB of weights (default 256). One token goes through ed_mdot_rows (the engine's
  * one-token path: row kernels or the dot), the batch as forward.h's ed_rows calls it (the row
- * kernels where the type has them, else ED_MDOT_SAME per row) on the decode batch's row
- * layout. Best of 9 passes each, interleaved, in thread CPU time (so a busy machine inflates
+ * kernels where the type has them, else the tile ED_MDOT per row). Best of 9 passes each, interleaved, in thread CPU time (so a busy machine inflates
  * them less than wall time). Built against another checkout's headers (-I../base/...), the
  * same source measures that checkout: compare the printed ms side by side.
  */
@@ -34,7 +33,7 @@ static void batch(int type, int K, const uint8_t *w, size_t rb, int R, const uin
         return;
     }
 #endif
-    for (int r = 0; r < R; r++) ED_MDOT_SAME[type](K, w + r * rb, xs, sr, nc, out + r, R);
+    for (int r = 0; r < R; r++) ED_MDOT[type](K, w + r * rb, xs, sr, nc, out + r, R);
 }
 
 int main(int argc, char **argv) {
@@ -60,14 +59,10 @@ int main(int argc, char **argv) {
     }
     for (int i = 0; i < K * 4; i++) xf[i] = rand() / (float)RAND_MAX - 0.5f;
     const int vt = ED_TRAITS[type].vec_type;
-    const size_t sr = ed_same_act_bytes(type, K), kr = ed_act_row_bytes(type, K);
-    uint8_t *xs = aligned_alloc(64, (sr * 4 + 63) & ~(size_t)63), *xq = aligned_alloc(64, (kr * 4 + 63) & ~(size_t)63);
-    for (int c = 0; c < 4; c++) {
-        ED_QUANT[vt](xf + c * K, xq + c * kr, K);
-        memcpy(xs + c * sr, xq + c * kr, kr);
-    }
-    for (int c = 0; c < 4; c++) ed_same_act_fill(type, xs, sr, c, 4, K);
-    if (!ED_MDOT_SAME[type]) { printf("%s: no decode-batch tile on %s\n", argv[1], ED_PATH); return 0; }
+    const size_t kr = ed_act_row_bytes(type, K), sr = kr;
+    uint8_t *xq = aligned_alloc(64, (kr * 4 + 63) & ~(size_t)63), *xs = xq;
+    for (int c = 0; c < 4; c++) ED_QUANT[vt](xf + c * K, xq + c * kr, K);
+    if (!ED_MDOT[type]) { printf("%s: no tile on %s\n", argv[1], ED_PATH); return 0; }
     float *out = malloc(sizeof(float) * R * 64);
     /* a 64-token prompt through the panels, over the first 16 MiB of rows (per token) */
     enum { NP = 64 };

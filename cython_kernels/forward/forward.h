@@ -94,8 +94,7 @@ typedef struct {
     uint16_t *qh;        /* (n_threads, head_dim) the current head's query in the K type's dot
                             format (f16, or q8_0 blocks: fewer bytes) */
     float *vacc;         /* (n_threads, 80 * head_dim) lanes of the softmax x V sums + reduction */
-    uint8_t *xq;         /* (n_batch, quantized row of max(n_embd, n_ff, q dims)), or a decode
-                            batch's rows with their pair areas (ed_same_act_bytes) */
+    uint8_t *xq;         /* (max(n_batch, n_threads), quantized row of max(n_embd, n_ff, q dims)) */
     size_t xq_row;       /* bytes per quantized activation row */
     uint8_t *gemm;       /* (n_threads, gemm_bytes) packed-panel scratch (ed_gemm.h) */
     size_t gemm_bytes;
@@ -113,14 +112,17 @@ typedef struct {
     float *xe;           /* (n_batch, n_embd) one expert's gathered input rows */
     float *ye;           /* (n_batch * n_expert_used, n_embd) expert outputs, grouped */
     /* per-call arguments */
-    int n_tokens, pos, all_logits;
+    int n_tokens, pos;
+    int n_out;           /* rows whose logits are computed: out_rows[0..n_out) */
+    int32_t *out_rows;   /* (ED_MAX_LOGIT_ROWS) batch rows, ascending; logits row i is out_rows[i] */
     atomic_int attn_next;  /* next attention block to take (ed_attention) */
-    /* a decode batch over several sessions (ed_forward_rows): row t is one token at position
-       row_pos[t] with the KV cache of another state (row_k/row_v/row_nctx); this state only
-       lends its scratch. 0 for an ordinary batch of this session's own tokens. */
+    /* a batch over several sessions (ed_forward_rows): row t is a token at position
+       row_pos[t] with the KV cache of another state (row_k/row_v/row_nctx): the decode tokens
+       of some sessions and prompt chunks of others; this state only lends its scratch. 0 for
+       an ordinary batch of this session's own tokens. */
     int batched;
-    int row_pos[ED_MAX_LOGIT_ROWS], row_nctx[ED_MAX_LOGIT_ROWS];
-    uint8_t *row_k[ED_MAX_LOGIT_ROWS], *row_v[ED_MAX_LOGIT_ROWS];
+    int32_t *row_pos, *row_nctx;   /* (n_batch) */
+    uint8_t **row_k, **row_v;      /* (n_batch) */
     const ed_model *m;
     struct ed_pool *pool;
     /* profiling: nanoseconds per op kind, summed by thread 0 */
@@ -217,16 +219,13 @@ static inline float ed_silu(float x) { return ed_pm_silu(x); }
 
 /* out[t*ldo + r] = W[r] . x[t*ldx] for t < n, r < W->ne1. All threads call it. When reuse
  * is set, the activations were quantized for this very x and type by the previous call. */
-/* A batch of n tokens in activation format vt goes through the packed panels (ed_gemm.h) */
+/* A batch of n tokens in activation format vt goes through the packed panels (ed_gemm.h), a
+ * few tokens through the tiles; a batch of one session's prompt or of several sessions' rows
+ * alike. Every kernel sums a weight row in the one canonical order (ed_types.h), so the choice
+ * changes the speed, not the bits. */
 static inline int ed_gemm_wanted(const ed_state *s, int n, int vt) {
-    return !s->batched && n > 1 && n >= ED_GEMM_MIN_COLS && ED_GEMM_KERNEL && s->gemm_bytes &&
+    return n > 1 && n >= ED_GEMM_MIN_COLS && ED_GEMM_KERNEL && s->gemm_bytes &&
            (vt == ED_Q8_0 || vt == ED_Q8_1 || vt == ED_Q8_K);
-}
-
-/* bytes between quantized activation rows: a decode batch's rows carry float block scales
-   for its tiles (ED_SAME_DY) */
-static inline size_t ed_act_stride(const ed_state *s, int type, int K, int n) {
-    return s->batched && n > 1 ? ed_same_act_bytes(type, K) : ed_act_row_bytes(type, K);
 }
 
 /* Quantize the activation rows x (n, K) into the format weights of `type` need. For one
@@ -234,7 +233,7 @@ static inline size_t ed_act_stride(const ed_state *s, int type, int K, int n) {
  * are split and a barrier follows. Returns the base and stride of this thread's view. */
 static const uint8_t *ed_quantize_act(ed_state *s, ed_pool *p, int type, int K, const float *x,
                                       int ldx, int n, int ith, int nth, size_t *rb_out) {
-    const size_t rb = ed_act_stride(s, type, K, n);
+    const size_t rb = ed_act_row_bytes(type, K);
     const ed_quant_fn q = ED_QUANT[ED_TRAITS[type].vec_type];
     *rb_out = rb;
     if (n == 1) {
@@ -244,10 +243,7 @@ static const uint8_t *ed_quantize_act(ed_state *s, ed_pool *p, int type, int K, 
     }
     int64_t a, b;
     ed_range(n, ith, nth, &a, &b);
-    for (int64_t t = a; t < b; t++) {
-        q(x + t * ldx, s->xq + t * rb, K);
-        if (s->batched) ed_same_act_fill(type, s->xq, rb, t, n, K);
-    }
+    for (int64_t t = a; t < b; t++) q(x + t * ldx, s->xq + t * rb, K);
     if (ed_gemm_wanted(s, n, ED_TRAITS[type].vec_type))  /* for the packed panels (ed_rows) */
         for (int64_t t = a; t < b; t++)
             ed_gemm_info(ED_TRAITS[type].vec_type, K, s->xq + t * rb, s->xinfo + t * s->xinfo_row);
@@ -255,31 +251,10 @@ static const uint8_t *ed_quantize_act(ed_state *s, ed_pool *p, int type, int K, 
     return s->xq;
 }
 
-/* out[t*ldo + r] = W[r] . x[t] for rows r in [r0, r1) of W, all n tokens. In a decode batch
- * of several sessions (s->batched) every row goes through the one-token path (or a tile
- * equal to it bit for bit, ED_MDOT_SAME), so a session's logits do not depend on which
- * others share its batch (the other tiles sum in another order); each tile of weight rows
- * is read from memory once for all of them. */
+/* out[t*ldo + r] = W[r] . x[t] for rows r in [r0, r1) of W, all n tokens: the packed panels
+ * for a batch, else tiles of rows that stay in cache, each read from memory once for all n. */
 static inline void ed_rows(const ed_state *s, const ed_tensor *W, int64_t r0, int64_t r1,
                            const uint8_t *xq, size_t rb, int n, float *out, int ldo, int ith) {
-    if (s->batched) {
-        /* a tile equal to the one-token path (ED_MDOT_SAME), else the one-token path itself
-           per column, over a tile of rows that stays in cache */
-        const ed_mdot_fn same = ED_MDOT_SAME[W->type];
-        for (; r0 < r1; r0 += ED_ROW_TILE) {
-            const int64_t e = r0 + ED_ROW_TILE < r1 ? r0 + ED_ROW_TILE : r1;
-            if (same && n > 1 && !ED_MROWS[W->type]) {
-                for (int64_t r = r0; r < e; r++)
-                    for (int c0 = 0; c0 < n; c0 += ED_MAX_COLS)
-                        same((int)W->ne0, W->data + r * W->row_bytes, xq + c0 * rb, rb,
-                             n - c0 < ED_MAX_COLS ? n - c0 : ED_MAX_COLS, out + (size_t)c0 * ldo + r, ldo);
-            } else {  /* row kernels (rows as lanes, every column in the dot's order), or dots */
-                ed_mdot_rows(W->type, (int)W->ne0, W->data + r0 * W->row_bytes, W->row_bytes,
-                             (int)(e - r0), xq, rb, n, out + r0, (size_t)ldo);
-            }
-        }
-        return;
-    }
     if (r1 > r0 && ed_gemm_wanted(s, n, ED_TRAITS[W->type].vec_type) && ed_gemm_ok(W->type)) {
         /* a prompt batch: packed panels */
         ed_gemm_rows(W->type, (int)W->ne0, W->data + r0 * W->row_bytes, W->row_bytes, (int)(r1 - r0),
@@ -310,7 +285,7 @@ static void ed_matmul(ed_state *s, ed_pool *p, float *out, int ldo, const ed_ten
     size_t rb;
     const uint8_t *xq;
     if (reuse) {
-        rb = ed_act_stride(s, W->type, (int)W->ne0, n);
+        rb = ed_act_row_bytes(W->type, (int)W->ne0);
         xq = n == 1 ? s->xq + (size_t)ith * s->xq_row : s->xq;
     } else {
         xq = ed_quantize_act(s, p, W->type, (int)W->ne0, x, ldx, n, ith, nth, &rb);
@@ -613,10 +588,9 @@ static void ed_fwht(float *x, int len, int n) {
 }
 
 /* The query of one head in the K type's dot format (q8_0 for a quantized K, as ggml converts
-   src1 of a mul_mat / flash attention's Q), scaled first; tmp: hd floats of scratch */
-static inline void ed_kq_query(int type_k, const float *q, float qscale, int hd, float *tmp, void *qk) {
-    for (int i = 0; i < hd; i++) tmp[i] = q[i] * qscale;
-    ED_QUANT[ED_TRAITS[type_k].vec_type](tmp, qk, hd);
+   src1 of a mul_mat / flash attention's Q); q already carries gemma3's scale */
+static inline void ed_kq_query(int type_k, const float *q, int hd, void *qk) {
+    ED_QUANT[ED_TRAITS[type_k].vec_type](q, qk, hd);
 }
 
 /* q.k against a quantized K row: the type's integer dot product (ggml's vec_dot_q8_0_q8_0,
@@ -653,12 +627,12 @@ static inline void ed_v_acc_quant(int type, int hd, const uint8_t *v, float vs, 
  * each V row converted to float and added with its weight, the sum divided by the softmax
  * total at the end; a sink logit (gpt-oss; -INFINITY for none) joins the maximum and the
  * total after the keys, as ggml adds it. kc/vc: cell j0's K/V of this KV head; krow/vrow:
- * bytes between cells. qk: the query's scratch, acc and v32: hd floats each. */
-static void ed_attn_flash_row(const ed_state *s, int hd, const float *q, float qscale, float scale,
+ * bytes between cells. qk: the query's scratch, acc: hd floats. */
+static void ed_attn_flash_row(const ed_state *s, int hd, const float *q, float scale,
                               float cap, float sink, const uint8_t *kc, size_t krow, const uint8_t *vc,
-                              size_t vrow, int nj, void *qk, float *acc, float *v32, float *out) {
+                              size_t vrow, int nj, void *qk, float *acc, float *out) {
     const int tk = s->type_k, tv = s->type_v, simd = ed_pm_simd(ED_PATH);
-    ed_kq_query(tk, q, qscale, hd, v32, qk);
+    ed_kq_query(tk, q, hd, qk);
     const float sc = cap != 0.0f ? scale / cap : scale;
     float S = 0.0f, M = -INFINITY;
     memset(acc, 0, sizeof(float) * hd);
@@ -700,26 +674,27 @@ static void ed_forward_init(void) {
 }
 
 /* Causal (and sliding-window) attention over the F16 cache for this thread's (token, head)
- * pairs, as llama.cpp computes it without flash attention (ed_parity.h): q rounded to F16,
- * q.k in F16, softmax in float with ggml's expf, the softmax row rounded to F16, times the F16
- * V, each sum in llama.cpp's order (tinyBLAS for a batch of >= 2 rows, else vec_dot). The V
- * sum keeps one row of head_dim partial sums per SIMD lane of llama.cpp's dot product (16 or
- * 64), added to with ed_axpy_f16 (exact products, so any path gives the same sums), and
- * reduces them in its tree. Output into xb (n, Qd).
+ * pairs, as llama.cpp computes one token without flash attention (ed_parity.h): q rounded to
+ * F16, q.k in F16, softmax in float with ggml's expf, the softmax row rounded to F16, times the
+ * F16 V, each sum in ggml_vec_dot_f16's order. The V sum keeps one row of head_dim partial sums
+ * per SIMD lane of that dot product (64), added to with ed_axpy_f16 (exact products, so any
+ * path gives the same sums), and reduces them in its tree. This is the canonical order of
+ * attention (docs/engine.md, "Reproducibility"): every row of every batch gets these bits,
+ * here or in the blocked kernels below, on every kernel path. q was already multiplied by
+ * attn_scale where the model scales q (gemma3). Output into xb (n, Qd).
  * A quantized K (q8_0, q4_0): q in q8_0 and the type's integer dot (ggml's mul_mat); a
- * quantized V: ed_attn_flash_row. Every batch reads a quantized cache here, so a prompt and
- * the one-token path read the same stored rows the same way (reading them back in F16 for the
- * blocked kernel, with the queries in q8_0, was tried: 0.074 from llama.cpp's logits on the
- * kv-q8_0 golden, over the 0.05 tolerance). */
+ * quantized V: ed_attn_flash_row. Every row of every batch reads a quantized cache here (the
+ * blocked kernels take F16 caches only), so a prompt row and the one-token path read the same
+ * stored rows in the same order: the same bits. (Reading them back in F16 for the blocked
+ * kernel, with the queries in q8_0, was tried: 0.074 from llama.cpp's logits on the kv-q8_0
+ * golden, over the 0.05 tolerance.) */
 static const float ED_ZERO_ROW[1024];
+#define ED_ATTN_LANES 64
 
 static void ed_attention_exact(ed_state *s, const ed_model *m, int il, int ith, int nth, int ldqkv) {
     const int n = s->n_tokens, hd = m->head_dim, group = m->n_head / m->n_head_kv;
-    const int kvd = m->n_head_kv * hd, Qd = m->n_head * hd;
-    const int batch = !s->batched && n > 1;      /* llama.cpp: tinyBLAS, else ggml_vec_dot_f16 */
-    const int lanes = batch ? 16 : 64;
+    const int kvd = m->n_head_kv * hd, Qd = m->n_head * hd, lanes = ED_ATTN_LANES;
     const int simd = ed_pm_simd(ED_PATH);
-    const float qscale = m->scale_q ? m->attn_scale : 1.0f;
     const float kqscale = m->scale_q ? 1.0f : m->attn_scale;
     const float cap = m->attn_softcap;
     float *sc = s->att + (size_t)ith * s->att_stride;
@@ -740,19 +715,19 @@ static void ed_attention_exact(ed_state *s, const ed_model *m, int il, int ith, 
         if (swa && pt - m->n_swa + 1 > 0) j0 = pt - m->n_swa + 1;
         const int nj = pt - j0 + 1;
         if (s->type_v != ED_F16) {  /* a quantized V: flash attention, as llama.cpp requires */
-            ed_attn_flash_row(s, hd, q, qscale, kqscale, cap, sink ? sink[h] : -INFINITY,
+            ed_attn_flash_row(s, hd, q, kqscale, cap, sink ? sink[h] : -INFINITY,
                               kl + (size_t)j0 * s->k_row + koff, s->k_row,
                               vl + (size_t)j0 * s->v_row + ed_kv_bytes(s->type_v, (int64_t)kvh * hd),
-                              s->v_row, nj, q16, acc, tmp, s->xb + (size_t)t * Qd + (size_t)h * hd);
+                              s->v_row, nj, q16, acc, s->xb + (size_t)t * Qd + (size_t)h * hd);
             continue;
         }
         const uint16_t *vc = (const uint16_t *)vl;
-        if (s->type_k == ED_F16) for (int i = 0; i < hd; i++) q16[i] = ed_fp32_to_fp16(q[i] * qscale);
-        else ed_kq_query(s->type_k, q, qscale, hd, tmp, q16);
+        if (s->type_k == ED_F16) for (int i = 0; i < hd; i++) q16[i] = ed_fp32_to_fp16(q[i]);
+        else ed_kq_query(s->type_k, q, hd, q16);
         float mx = sink ? sink[h] : -INFINITY;  /* llama.cpp: the sink joins the max... */
         for (int j = j0; j <= pt; j++) {
             float d = s->type_k == ED_F16
-                ? ed_pm_dot(simd, hd, (const uint16_t *)kl + (size_t)j * kvd + (size_t)kvh * hd, q16, batch)
+                ? ed_pm_dot(simd, hd, (const uint16_t *)kl + (size_t)j * kvd + (size_t)kvh * hd, q16, 0)
                 : ed_kq_dot_quant(s->type_k, hd, kl + (size_t)j * s->k_row + koff, q16);
             if (cap != 0.0f) d = tanhf(d * (1.0f / cap)) * cap;  /* llama.cpp: before the scale */
             d *= kqscale;
@@ -783,21 +758,23 @@ static void ed_attention_exact(ed_state *s, const ed_model *m, int il, int ith, 
     }
 }
 
-/* Causal (and sliding-window) attention over the F16 cache, output into xb (n, Qd). The work
- * is cut into blocks of query rows that share a KV head and a cache (tb tokens x hc of the
- * heads of one KV head), which ed_attn (ed_simd.h) runs; threads take blocks from an atomic
- * counter, latest tokens (most keys) first, so they finish together although causal rows
- * have unequal work. s->attn_next is reset by thread 0 before the barrier that precedes. */
+/* The same attention, the work cut into blocks of query rows that share a KV head and a cache
+ * (tb tokens x hc of the heads of one KV head), which ed_attn (ed_simd.h: query rows as vector
+ * lanes, each row in the canonical order above) runs; threads take blocks from an atomic
+ * counter, latest tokens (most keys) first, so they finish together although causal rows have
+ * unequal work. In a batch of several sessions a block stops where the cache changes.
+ * s->attn_next is reset by thread 0 before the barrier that precedes. */
 static void ed_attention_blocked(ed_state *s, const ed_model *m, int il, int ith, int nth, int ldqkv) {
     const int n = s->n_tokens, hd = m->head_dim, n_kv = m->n_head_kv, group = m->n_head / n_kv;
     const int kvd = n_kv * hd, Qd = m->n_head * hd;
     const int swa = m->layers[il].swa && m->n_swa > 0;
+    const float kqscale = m->scale_q ? 1.0f : m->attn_scale;
     const float *sink = m->layers[il].attn_sinks.data ? ed_vec(&m->layers[il].attn_sinks) : NULL;
     /* fewer heads per block only when there are fewer blocks than threads (decode) */
     int hc = group < ED_ATTN_ROWS ? group : ED_ATTN_ROWS, hs, tb, ntb;
     for (;;) {
         hs = (group + hc - 1) / hc;
-        tb = s->batched ? 1 : ED_ATTN_ROWS / hc;
+        tb = ED_ATTN_ROWS / hc;
         ntb = (n + tb - 1) / tb;
         if (hc == 1 || (int64_t)ntb * n_kv * hs >= nth) break;
         hc--;
@@ -808,36 +785,37 @@ static void ed_attention_blocked(ed_state *s, const ed_model *m, int il, int ith
     for (int next = 0;;) {
         const int it = nth > 1 ? atomic_fetch_add_explicit(&s->attn_next, 1, memory_order_relaxed) : next++;
         if (it >= n_items) break;
-        const int t0 = (ntb - 1 - it / per_tb) * tb, t1 = t0 + tb < n ? t0 + tb : n;
+        const int tb0 = (ntb - 1 - it / per_tb) * tb, tb1 = tb0 + tb < n ? tb0 + tb : n;
         const int kvh = it % per_tb / hs, h0 = kvh * group + it % hs * hc;
         const int h1 = h0 + hc < (kvh + 1) * group ? h0 + hc : (kvh + 1) * group;
-        int nr = 0;
-        for (int t = t0; t < t1; t++) {
-            const int pt = ed_row_pos(s, t);
-            const int lo = swa && pt - m->n_swa + 1 > 0 ? pt - m->n_swa + 1 : 0;
-            for (int h = h0; h < h1; h++, nr++) {
-                rw[nr].q = s->qkv + (size_t)t * ldqkv + (size_t)h * hd;
-                rw[nr].o = s->xb + (size_t)t * Qd + (size_t)h * hd;
-                rw[nr].lo = lo;
-                rw[nr].hi = pt;
-                rw[nr].sink = sink ? sink[h] : -INFINITY;
-            }
-        }
         const size_t off = (size_t)kvh * hd;
-        ed_attn(nr, rw, (const uint16_t *)ed_layer_cache(s, 0, t0, il) + off,
-                (const uint16_t *)ed_layer_cache(s, 1, t0, il) + off, kvd, hd, m->attn_scale, ws);
+        for (int t0 = tb0, t1; t0 < tb1; t0 = t1) {
+            const uint8_t *kc = ed_layer_cache(s, 0, t0, il);
+            for (t1 = t0 + 1; t1 < tb1 && ed_layer_cache(s, 0, t1, il) == kc; t1++) {}
+            int nr = 0;
+            for (int t = t0; t < t1; t++) {
+                const int pt = ed_row_pos(s, t);
+                const int lo = swa && pt - m->n_swa + 1 > 0 ? pt - m->n_swa + 1 : 0;
+                for (int h = h0; h < h1; h++, nr++) {
+                    rw[nr].q = s->qkv + (size_t)t * ldqkv + (size_t)h * hd;
+                    rw[nr].o = s->xb + (size_t)t * Qd + (size_t)h * hd;
+                    rw[nr].lo = lo;
+                    rw[nr].hi = pt;
+                    rw[nr].sink = sink ? sink[h] : -INFINITY;
+                }
+            }
+            ed_attn(nr, rw, (const uint16_t *)kc + off, (const uint16_t *)ed_layer_cache(s, 1, t0, il) + off, kvd, hd,
+                    kqscale, ws);
+        }
     }
 }
 
-/* Long prompt batches take the blocked kernel of the path (ed_attn: query rows of one KV head
- * as vector lanes, online softmax; 4-15x faster); one token, decode batches and short batches
- * take the exact mirror of llama.cpp's attention above, so generation reproduces llama.cpp's
- * logits (tests/test_engine_parity.py). llama.cpp too changes its summation order for long
- * batches (tinyBLAS); the blocked kernel stays within the golden tolerances. */
-#define ED_ATTN_BLOCK_MIN 32
+/* Both give the same bits; the blocked kernels are faster from a few rows on. They cover head
+ * dims that are multiples of 64 without soft-capping (gemma2), on the x86 paths. */
+#define ED_ATTN_BLOCK_MIN 8
 
 static void ed_attention(ed_state *s, const ed_model *m, int il, int ith, int nth, int ldqkv) {
-    if (!s->batched && s->n_tokens >= ED_ATTN_BLOCK_MIN && ed_attn != ed_attn_rowwise &&
+    if (s->n_tokens >= ED_ATTN_BLOCK_MIN && ed_attn != ed_attn_rowwise && m->head_dim % ED_ATTN_LANES == 0 &&
         m->attn_softcap == 0.0f &&  /* the blocked kernel has no soft-capping */
         s->type_k == ED_F16 && s->type_v == ED_F16)  /* nor a quantized cache: the row path reads it */
         ed_attention_blocked(s, m, il, ith, nth, ldqkv);
@@ -912,6 +890,8 @@ static void ed_forward_worker(void *arg, int ith, int nth) {
             }
             if (rot_k) { ed_fwht(q, Qd, rot_k); ed_fwht(k, KVd, rot_k); }
             if (rot_v) ed_fwht(v, KVd, rot_v);
+            if (m->scale_q)  /* gemma3: q times attn_scale before it is rounded (F16 or q8_0) */
+                for (int i = 0; i < Qd; i++) q[i] *= m->attn_scale;
             ed_kv_store(s->type_k, k, ed_layer_cache(s, 0, t, il) + (size_t)pt * s->k_row, KVd);
             ed_kv_store(s->type_v, v, ed_layer_cache(s, 1, t, il) + (size_t)pt * s->v_row, KVd);
         }
@@ -958,9 +938,10 @@ static void ed_forward_worker(void *arg, int ith, int nth) {
         ed_barrier(p);
         ED_MARK(prof_ns, ED_PROF_NORM);
     }
-    const int rows = s->all_logits ? n : 1, first = n - rows;
+    const int rows = s->n_out;
     ed_range(rows, ith, nth, &a, &b);
-    for (int64_t t = a; t < b; t++) ed_rms_norm(s->xb + t * E, s->x + (first + t) * E, ed_vec(&m->output_norm), E, eps);
+    for (int64_t t = a; t < b; t++)
+        ed_rms_norm(s->xb + t * E, s->x + (size_t)s->out_rows[t] * E, ed_vec(&m->output_norm), E, eps);
     ed_barrier(p);
     ed_matmul(s, p, s->logits, m->n_vocab, &m->output, s->xb, E, rows, 0, ith, nth);
     if (m->softcap > 0.0f) {
@@ -998,15 +979,7 @@ static size_t ed_state_layout(ed_state *s, const ed_model *m, int n_ctx, int n_b
         if (r > xq_row) xq_row = r;
     }
     xq_row = xq_row + 4 * sizeof(float);  /* any type: <= 4 bytes/elem + block headers */
-    /* a decode batch's rows (up to ED_MAX_LOGIT_ROWS) with their float scales and pair areas
-       (ed_same_act_bytes, on any path) */
-    size_t xq_bytes = (size_t)(n_batch > n_threads ? n_batch : n_threads) * xq_row;
-    for (int t = 0; t < ED_NTYPES; t++) {
-        if (!ED_TRAITS[t].ref) continue;
-        const size_t b = (size_t)(n_batch < ED_MAX_LOGIT_ROWS ? n_batch : ED_MAX_LOGIT_ROWS) *
-                         ed_same_act_bytes_for(t, F > XB ? F : XB, ED_PAIRS_Q8_0 | ED_PAIRS_Q8_K);
-        if (b > xq_bytes) xq_bytes = b;
-    }
+    const size_t xq_bytes = (size_t)(n_batch > n_threads ? n_batch : n_threads) * xq_row;
     size_t off = 0;
 #define CARVE(field, type, count) do { \
         if (arena) s->field = (type *)(arena + off); \
@@ -1031,6 +1004,11 @@ static size_t ed_state_layout(ed_state *s, const ed_model *m, int n_ctx, int n_b
     CARVE(xinfo, ed_ginfo, (size_t)(n_batch > 1 ? n_batch : 0) * xinfo_row);
     CARVE(logits, float, (size_t)(n_batch < ED_MAX_LOGIT_ROWS ? n_batch : ED_MAX_LOGIT_ROWS) * m->n_vocab);
     CARVE(tokens, int32_t, n_batch);
+    CARVE(out_rows, int32_t, ED_MAX_LOGIT_ROWS);
+    CARVE(row_pos, int32_t, n_batch);
+    CARVE(row_nctx, int32_t, n_batch);
+    CARVE(row_k, uint8_t *, n_batch);
+    CARVE(row_v, uint8_t *, n_batch);
     if (m->n_expert) {
         const size_t nk = (size_t)n_batch * m->n_expert_used;
         CARVE(probs, float, (size_t)n_batch * m->n_expert);
@@ -1052,23 +1030,31 @@ static size_t ed_state_layout(ed_state *s, const ed_model *m, int n_ctx, int n_b
 }
 
 static void ed_forward(ed_state *s, ed_pool *p, int n_tokens, int pos, int all_logits) {
-    s->n_tokens = n_tokens; s->pos = pos; s->all_logits = all_logits; s->pool = p;
+    s->n_tokens = n_tokens; s->pos = pos; s->pool = p;
+    s->n_out = all_logits ? n_tokens : 1;
+    for (int i = 0; i < s->n_out; i++) s->out_rows[i] = n_tokens - s->n_out + i;
     ed_pool_run(p, ed_forward_worker, s);
 }
 
-/* One decode step of n sessions of the same model in one pass: row t is the token staged in
- * s->x[t] at position pos[t] of rows[t]'s KV cache; every matrix product is shared, attention
- * runs per row against its own cache. s lends its scratch (n <= its n_batch, n <= 32, every
- * pos[t] < s->n_ctx: checked by the caller); logits of all n rows land in s->logits. */
-static void ed_forward_rows(ed_state *s, ed_pool *p, int n, ed_state *const *rows, const int *pos) {
+/* One step of several sessions of the same model in one pass: row t is the token staged in
+ * s->x[t] at position pos[t] of rows[t]'s KV cache (the next token of sessions that decode,
+ * the rows of a prompt chunk of another at consecutive positions); every matrix product is
+ * shared, attention runs per row against its own cache. s lends its scratch (n <= its n_batch,
+ * every pos[t] < rows[t]'s and s's n_ctx, no position twice in a cache: checked by the
+ * caller); the logits of rows out[0..n_out) (ascending, n_out <= ED_MAX_LOGIT_ROWS) land in
+ * s->logits in that order. */
+static void ed_forward_rows(ed_state *s, ed_pool *p, int n, ed_state *const *rows, const int *pos,
+                            int n_out, const int *out) {
     for (int t = 0; t < n; t++) {
         s->row_pos[t] = pos[t];
         s->row_nctx[t] = rows[t]->n_ctx;
         s->row_k[t] = rows[t]->k_cache;
         s->row_v[t] = rows[t]->v_cache;
     }
+    for (int i = 0; i < n_out; i++) s->out_rows[i] = out[i];
+    s->n_tokens = n; s->pos = 0; s->pool = p; s->n_out = n_out;
     s->batched = 1;
-    ed_forward(s, p, n, 0, 1);
+    ed_pool_run(p, ed_forward_worker, s);
     s->batched = 0;
 }
 

@@ -69,7 +69,8 @@ cdef extern from "forward.h" nogil:
                            int type_k, int type_v, uint8_t *arena)
     int ed_kv_type_ok(int type)
     void ed_forward(ed_state *s, ed_pool *p, int n_tokens, int pos, int all_logits)
-    void ed_forward_rows(ed_state *s, ed_pool *p, int n, ed_state **rows, const int *pos)
+    void ed_forward_rows(ed_state *s, ed_pool *p, int n, ed_state **rows, const int *pos,
+                         int n_out, const int *out)
     void ed_forward_init()
     int ED_MAX_LOGIT_ROWS
     int ED_MAX_EXPERT
@@ -345,6 +346,10 @@ cdef class ForwardState:
         return self.s.n_ctx
 
     @property
+    def n_batch(self):
+        return self.s.n_batch
+
+    @property
     def address(self):
         return <uintptr_t>self.arena
 
@@ -400,28 +405,44 @@ cdef class ForwardState:
         with nogil:
             ed_forward(&self.s, self.pool.p, n_tokens, pos, all_logits)
 
-    def forward_rows(self, list states, positions):
-        """One decode step of several sessions in one pass: row t (staged in this state's input
-        rows) is one token at positions[t] of states[t]'s KV cache. This state lends its scratch
-        and receives the logits of every row; states may include it."""
-        cdef ed_state *rows[32]
-        cdef int pos[32]
-        cdef int n = len(states), t
+    def forward_rows(self, list states, positions, out_rows=None):
+        """One step of several sessions in one pass: row t (staged in this state's input rows)
+        is a token at positions[t] of states[t]'s KV cache: the next token of sessions that
+        decode and the rows of prompt chunks, mixed. This state lends its scratch and receives
+        the logits of the rows out_rows (ascending; default every row) in that order; states
+        may include it."""
+        cdef int n = len(states), t, n_out
         cdef ForwardState st
-        if n < 1 or n > min(self.s.n_batch, ED_MAX_LOGIT_ROWS):
-            raise ValueError(f"{n} rows: between 1 and {min(self.s.n_batch, ED_MAX_LOGIT_ROWS)} per call")
+        if n < 1 or n > self.s.n_batch:
+            raise ValueError(f"{n} rows: between 1 and {self.s.n_batch} (n_batch) per call")
         if len(positions) != n:
             raise ValueError(f"{len(positions)} positions for {n} rows")
+        outs = list(range(n)) if out_rows is None else [int(r) for r in out_rows]
+        n_out = len(outs)
+        if n_out > min(self.s.n_batch, ED_MAX_LOGIT_ROWS):
+            raise ValueError(f"logits of {n_out} rows: at most {min(self.s.n_batch, ED_MAX_LOGIT_ROWS)} per call")
+        if any(not 0 <= r < n for r in outs) or outs != sorted(set(outs)):
+            raise ValueError(f"out_rows {outs}: ascending rows of the batch of {n}")
+        rows_a = np.empty(n, np.uintp)
+        pos_a = np.asarray(positions, np.int32)
+        out_a = np.asarray(outs if outs else [0], np.int32)
+        seen = set()
         for t in range(n):
             st = states[t]
             if st.model is not self.model:
                 raise ValueError(f"row {t}: a session of another model")
             if st.s.type_k != self.s.type_k or st.s.type_v != self.s.type_v:
                 raise ValueError(f"row {t}: a session of other KV cache types")
-            pos[t] = positions[t]
-            if pos[t] < 0 or pos[t] >= st.s.n_ctx or pos[t] >= self.s.n_ctx:
-                raise ValueError(f"row {t}: position {pos[t]} outside the context "
+            if pos_a[t] < 0 or pos_a[t] >= st.s.n_ctx or pos_a[t] >= self.s.n_ctx:
+                raise ValueError(f"row {t}: position {pos_a[t]} outside the context "
                                  f"{min(st.s.n_ctx, self.s.n_ctx)}")
-            rows[t] = &st.s
+            key = (id(st), int(pos_a[t]))
+            if key in seen:
+                raise ValueError(f"row {t}: position {pos_a[t]} of one session twice in the batch")
+            seen.add(key)
+            rows_a[t] = <size_t>&st.s
+        cdef size_t[::1] rv = rows_a
+        cdef int[::1] pv = pos_a
+        cdef int[::1] ov = out_a
         with nogil:
-            ed_forward_rows(&self.s, self.pool.p, n, rows, pos)
+            ed_forward_rows(&self.s, self.pool.p, n, <ed_state **>&rv[0], &pv[0], n_out, &ov[0])

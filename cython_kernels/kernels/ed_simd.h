@@ -38,94 +38,6 @@ static const char *const ED_CPU_FEATURE_NAMES[] = {
     "avxvnni", "neon", "dotprod", NULL
 };
 
-/* Decode-batch tiles (ED_MDOT_SAME) have every column equal to the type's one-token path bit
- * for bit (its row kernel ED_MROWS if it has one, else its dot: the same operations in the
- * same order). A decode batch of several sessions uses only these (forward.h, ed_rows);
- * tests/kernels/c/kernels_check.c and tests/engine/test_engine_batch.py check the equality
- * on every path. */
-
-/* A decode batch's Q8_0 activation rows (forward.h) carry their block scales again, as floats
- * after the blocks (4-byte aligned), so an x86 SAME tile broadcasts one float per block and
- * column instead of converting a half each time (the same values: the conversion is exact).
- *
- * With pairs (ED_SAME_PAIRS: Q8_0 on the VNNI paths, Q8_K too on AVX-512 VNNI) an even row t
- * of a Q8_0 or Q8_K batch also holds, 64-byte aligned after its own data, the pair area of
- * rows t and t + 1. The zmm pair tiles (in this file) read it: one zmm load then serves two
- * sessions, row t in the low half; the 256-bit VNNI tiles (ed_simd_x86.inc) read one half.
- *   Q8_0, per 32-block (ED_PAIR_BLK_Q8_0 bytes): row t's 32 quants, row t + 1's; each one's
- *     float scale 8 times; each one's 8 sums of 4 quants (one per 32-bit lane) times -128, as
- *     int32, so a weight block lifted to unsigned bytes (w + 128) multiplies them with
- *     dpbusd starting from those sums.
- *   Q8_K, per 256-block (ED_PAIR_BLK_Q8_K bytes): for each 32-quant chunk, row t's then row
- *     t + 1's; then each one's scale 8 times.
- * Row stride ed_same_act_bytes(), a multiple of 64 with pairs; other activation formats keep
- * the plain layout. */
-#define ED_SAME_DY_OFF(nb) ((((size_t)(nb) * sizeof(blk_q8_0) + 3) & ~(size_t)3))
-#define ED_SAME_DY(row, nb) ((const float *)((const uint8_t *)(row) + ED_SAME_DY_OFF(nb)))
-/* bytes of a decode batch's Q8_0 row of nb blocks with its float scales (no pair area) */
-#define ED_SAME_Q8_0_BYTES(nb) (ED_SAME_DY_OFF(nb) + (size_t)(nb) * sizeof(float))
-#define ED_PAIR_BLK_Q8_0 192
-#define ED_PAIR_BLK_Q8_K 576
-enum { ED_PAIRS_Q8_0 = 1, ED_PAIRS_Q8_K = 2 };  /* ED_SAME_PAIRS: formats with pair areas */
-
-/* bytes of a plain row (with the Q8_0 float scales) before the pair area, 64-aligned */
-static inline size_t ed_same_pair_off(int vt, int64_t nb) {
-    const size_t own = vt == ED_Q8_0 ? ED_SAME_Q8_0_BYTES(nb) : (size_t)nb * sizeof(blk_q8_K);
-    return (own + 63) & ~(size_t)63;
-}
-#define ED_SAME_PAIR(vt, row, nb) ((const uint8_t *)(row) + ed_same_pair_off(vt, nb))
-
-static size_t ed_same_act_bytes_for(int type, int64_t k, int pairs) {
-    const int vt = ED_TRAITS[type].vec_type;
-    if (vt == ED_Q8_K && (pairs & ED_PAIRS_Q8_K)) return ed_same_pair_off(vt, k / QKK) + (size_t)(k / QKK) * ED_PAIR_BLK_Q8_K;
-    if (vt != ED_Q8_0) return ed_act_row_bytes(type, k);
-    if (pairs & ED_PAIRS_Q8_0) return ed_same_pair_off(vt, k / QK) + (size_t)(k / QK) * ED_PAIR_BLK_Q8_0;
-    return ED_SAME_Q8_0_BYTES(k / QK);
-}
-
-static size_t ed_same_act_bytes(int type, int64_t k) { return ed_same_act_bytes_for(type, k, ED_SAME_PAIRS); }
-
-/* Complete row t of a decode batch of n rows (base, stride rb: ed_same_act_bytes) once the
- * quantizer has written it: its float scales and, with pairs, its half of its pair area (the
- * other half zeroed when t is the last row and even). Rows are independent: each thread fills
- * its own. */
-static void ed_same_act_fill(int type, uint8_t *base, size_t rb, int64_t t, int64_t n, int64_t k) {
-    const int vt = ED_TRAITS[type].vec_type;
-    uint8_t *row = base + t * rb;
-    const int h = (int)(t & 1), zero = !h && t == n - 1;
-    if (vt == ED_Q8_K && (ED_SAME_PAIRS & ED_PAIRS_Q8_K)) {
-        const int64_t nb = k / QKK;
-        const blk_q8_K *y = (const blk_q8_K *)row;
-        uint8_t *pa = (uint8_t *)ED_SAME_PAIR(vt, base + (t & ~(int64_t)1) * rb, nb);
-        for (int64_t ib = 0; ib < nb; ib++, pa += ED_PAIR_BLK_Q8_K) {
-            for (int c = 0; c < QKK / 32; c++) {
-                memcpy(pa + 64 * c + 32 * h, y[ib].qs + 32 * c, 32);
-                if (zero) memset(pa + 64 * c + 32, 0, 32);
-            }
-            for (int j = 0; j < 8; j++) memcpy(pa + 512 + 32 * h + 4 * j, &y[ib].d, 4);
-            if (zero) memset(pa + 512 + 32, 0, 32);
-        }
-        return;
-    }
-    if (vt != ED_Q8_0) return;
-    const int64_t nb = k / QK;
-    const blk_q8_0 *y = (const blk_q8_0 *)row;
-    float *dy = (float *)ED_SAME_DY(row, nb);
-    for (int64_t ib = 0; ib < nb; ib++) dy[ib] = H2F(y[ib].d);
-    if (!(ED_SAME_PAIRS & ED_PAIRS_Q8_0)) return;
-    uint8_t *pa = (uint8_t *)ED_SAME_PAIR(vt, base + (t & ~(int64_t)1) * rb, nb);
-    for (int64_t ib = 0; ib < nb; ib++, pa += ED_PAIR_BLK_Q8_0) {
-        memcpy(pa + 32 * h, y[ib].qs, QK);
-        for (int j = 0; j < 8; j++) {
-            memcpy(pa + 64 + 32 * h + 4 * j, dy + ib, 4);
-            const int8_t *q = y[ib].qs + 4 * j;
-            const int32_t c = -128 * (q[0] + q[1] + q[2] + q[3]);
-            memcpy(pa + 128 + 32 * h + 4 * j, &c, 4);
-        }
-        if (zero) memset(pa + 32, 0, 32), memset(pa + 96, 0, 32), memset(pa + 160, 0, 32);
-    }
-}
-
 static void ed_axpy_f16_generic(int n, float a, const ed_half *x, float *y) {
     for (int i = 0; i < n; i++) y[i] += a * H2F(x[i]);
 }
@@ -133,18 +45,17 @@ static void ed_axpy_f16_generic(int n, float a, const ed_half *x, float *y) {
 /* Attention over an F16 KV cache for a block of query rows that share one KV head (forward.h
  * forms the blocks: a few tokens x the query heads of one KV head). Row r reads q (hd floats),
  * attends keys/values [lo, hi] of k and v (rows ld halves apart) and writes o (hd floats).
- * Same numerics on every path: q rounded to f16 like llama.cpp's f16 K x q product, scores
- * times scale, softmax in float with its sum in double, V accumulated in float.
+ * The x86 kernels (ed_attn_x86.inc) give each row the bits of forward.h's one-token attention
+ * (the canonical order of ed_parity.h) for head dims that are multiples of 64.
  * ws: ed_attn_ws_floats() floats of this thread's scratch, 64-byte aligned. */
-#define ED_ATTN_ROWS 64   /* query rows per block (a multiple of 16: whole vectors) */
-#define ED_ATTN_KEYS 32   /* keys per tile of the blocked kernels (multiple of 4) */
+#define ED_ATTN_ROWS 32   /* query rows per block (a multiple of 16: whole vectors) */
 
 static inline size_t ed_attn_ws_floats(int hd, int n_ctx) {
-    const size_t blocked = (size_t)ED_ATTN_ROWS * hd          /* queries, transposed */
-                         + (size_t)ED_ATTN_KEYS * ED_ATTN_ROWS  /* scores of one tile */
-                         + (size_t)2 * ED_ATTN_KEYS * hd        /* K and V tile as float */
-                         + (size_t)5 * ED_ATTN_ROWS;            /* max, rescale, sums */
-    const size_t rowwise = (size_t)hd + n_ctx;                  /* f16 query, one score row */
+    const size_t blocked = (size_t)ED_ATTN_ROWS * hd               /* queries, transposed */
+                         + (size_t)4 * hd                          /* keys as float */
+                         + (size_t)2 * ED_ATTN_ROWS                /* max, group sums */
+                         + (size_t)(n_ctx + 32) * ED_ATTN_ROWS;    /* every key's score */
+    const size_t rowwise = (size_t)hd + n_ctx;                      /* f16 query, one score row */
     return ((blocked > rowwise ? blocked : rowwise) + 15) & ~(size_t)15;  /* 64-byte multiple */
 }
 
@@ -410,22 +321,22 @@ static const ed_mrows_fn ED_NO_ROWS[ED_NTYPES] = {NULL};
 static const ed_kernels ED_PATHS[] = {
 #if defined(__x86_64__)
     {"avx512", "avx512+vnni", ED_NEED_AVX512 | ED_CPU_AVX512VNNI, ed_avx512_dot, ed_avx512_quant,
-     ed_avx512_tile, ed_avx512_tile, ed_avx512_rows, 0, &ED_AVX512V_GEMM,
+     ed_avx512_tile, ed_avx512_rows, &ED_AVX512V_GEMM,
      ed_avx512_axpy_f16, ed_z_attn},
     {"avx512", "avx512", ED_NEED_AVX512, ed_avx512nv_dot, ed_avx512nv_quant, ed_avx512nv_tile,
-     ed_avx512nv_tile, ed_avx512nv_rows, 0, &ed_avx512nv_gemm_path, ed_avx512nv_axpy_f16, ed_z_attn},
+     ed_avx512nv_rows, &ed_avx512nv_gemm_path, ed_avx512nv_axpy_f16, ed_z_attn},
     {"avx2", "avx2+vnni", ED_NEED_AVX2 | ED_CPU_AVXVNNI, ed_avx2vnni_dot, ed_avx2vnni_quant,
-     ed_avx2vnni_tile, ed_avx2vnni_tile, ed_avx2vnni_rows, 0, &ed_avx2vnni_gemm_path,
+     ed_avx2vnni_tile, ed_avx2vnni_rows, &ed_avx2vnni_gemm_path,
      ed_avx2vnni_axpy_f16, ed_avx2_attn},
-    {"avx2", "avx2", ED_NEED_AVX2, ed_avx2_dot, ed_avx2_quant, ed_avx2_tile, ed_avx2_tile, ed_avx2_rows, 0,
+    {"avx2", "avx2", ED_NEED_AVX2, ed_avx2_dot, ed_avx2_quant, ed_avx2_tile, ed_avx2_rows,
      &ed_avx2_gemm_path, ed_avx2_axpy_f16, ed_avx2_attn},
 #elif defined(__aarch64__)
     {"neon", "neon+dotprod", ED_CPU_NEON | ED_CPU_DOTPROD, ed_neondp_dot, ED_GENERIC_QUANT, ed_neondp_tile,
-     ed_neondp_tile, ED_NO_ROWS, 0, &ed_neondp_gemm_path, ed_neondp_axpy_f16, ed_attn_rowwise},
-    {"neon", "neon", ED_CPU_NEON, ed_neon_dot, ED_GENERIC_QUANT, ed_neon_tile, ed_neon_tile, ED_NO_ROWS, 0,
+     ED_NO_ROWS, &ed_neondp_gemm_path, ed_neondp_axpy_f16, ed_attn_rowwise},
+    {"neon", "neon", ED_CPU_NEON, ed_neon_dot, ED_GENERIC_QUANT, ed_neon_tile, ED_NO_ROWS,
      &ED_GEMM_NONE, ed_neon_axpy_f16, ed_attn_rowwise},
 #endif
-    {"generic", "generic", 0, ED_GENERIC_DOT, ED_GENERIC_QUANT, ED_NO_TILES, ED_NO_TILES, ED_NO_ROWS, 0,
+    {"generic", "generic", 0, ED_GENERIC_DOT, ED_GENERIC_QUANT, ED_NO_TILES, ED_NO_ROWS,
      &ED_GEMM_NONE, ed_axpy_f16_generic, ed_attn_rowwise},
 };
 #define ED_NPATHS (int)(sizeof ED_PATHS / sizeof ED_PATHS[0])

@@ -216,8 +216,8 @@ static float ed_dot_bf16(int n, const void *vx, const void *vy) {
  *     acc = fmaf(mw, sy, acc)                             Q4_1 / Q5_1: min x activation sum
  *     acc = fmaf(-(dmin * dy), (float)msum, acc)          Q2_K / Q4_K / Q5_K: the mins
  * (K-quants: one step per 256 super-block, the sub-block scales combined in integers.) No lane
- * partials and no horizontal float sums, so a one-token dot, a decode-batch tile, a prompt
- * tile and a packed panel (rows or columns as SIMD lanes) give the same bits, whatever the
+ * partials and no horizontal float sums, so a one-token dot, a tile (a few tokens of one
+ * prompt or the next tokens of several sessions) and a packed panel (rows or columns as SIMD lanes) give the same bits, whatever the
  * batch, the chunking or the threads; the functions below are that order written plainly. */
 #define ED_STEP(acc, dw, dy, isum) ((acc) = fmaf((dw) * (dy), (float)(isum), (acc)))
 #define ED_STEP_MIN(acc, mw, sy) ((acc) = fmaf((mw), (sy), (acc)))
@@ -554,11 +554,10 @@ struct ed_gemm_path;  /* the packed-panel kernel of a path (ed_gemm.h) */
 
 /* A kernel path: every function the forward pass calls that depends on the instruction set,
  * as one const table per path (ed_simd.h defines them, ed_types_init picks one). Per weight
- * type: the one-token dot, the tile (a few tokens of one prompt), the decode-batch tile
- * (`same`: every column equal to the one-token path bit for bit: a batch row does not depend
- * on its neighbours) and the row kernel (ED_MROWS_N weight rows x up to ED_MAX_COLS tokens;
- * optional). NULL tile:
- * repeated dots; NULL same: the batch runs the one-token path per column. */
+ * type: the one-token dot, the tile (up to ED_MAX_COLS tokens: of one prompt, or the next
+ * tokens of several sessions; every column equal to the one-token path bit for bit, the
+ * canonical order above) and the row kernel (ED_MROWS_N weight rows x up to ED_MAX_COLS
+ * tokens; optional). NULL tile: repeated dots. */
 typedef struct {
     const char *family;              /* what EDGED_KERNELS names: generic, avx2, avx512, neon */
     const char *name;                /* the variant: "avx2+vnni", "neon+dotprod", ... */
@@ -566,9 +565,7 @@ typedef struct {
     const ed_dot_fn *dot;            /* [weight type] */
     const ed_quant_fn *quant;        /* [activation format] */
     const ed_mdot_fn *tile;          /* [weight type] */
-    const ed_mdot_fn *same;          /* [weight type] */
     const ed_mrows_fn *rows;         /* [weight type] */
-    int same_pairs;                  /* ED_PAIRS_*: decode-batch rows carry pair areas (ed_simd.h) */
     const struct ed_gemm_path *gemm; /* packed panels for prompt batches */
     ed_axpy_f16_fn axpy_f16;
     ed_attn_fn attn;
@@ -581,9 +578,7 @@ static const ed_kernels *ed_kern;
 #define ED_DOT (ed_kern->dot)
 #define ED_QUANT (ed_kern->quant)
 #define ED_MDOT (ed_kern->tile)
-#define ED_MDOT_SAME (ed_kern->same)
 #define ED_MROWS (ed_kern->rows)
-#define ED_SAME_PAIRS (ed_kern->same_pairs)
 #define ED_PATH (ed_kern->family)
 #define ed_axpy_f16 (ed_kern->axpy_f16)
 #define ed_attn (ed_kern->attn)

@@ -84,7 +84,7 @@ def machine_info():
     from ..engine.threads import describe
     out = {"compiled": True}
     out.update(describe())
-    for name in ("kernel_path", "cpu_features", "available_paths"):
+    for name in ("kernel_path", "kernel_variant", "cpu_features", "available_paths"):
         fn = getattr(_core, name, None)
         if fn is not None:
             try:
@@ -104,7 +104,8 @@ def run(args):
         if not mi.get("compiled"):
             print("compiled core: not built (python setup.py build_ext --inplace)")
             return 0
-        print(f"kernel path:  {mi.get('kernel_path')}")
+        print(f"kernel path:  {mi.get('kernel_path')} ({mi.get('kernel_variant')}; logits are "
+              "reproducible bit for bit on the same path: docs/engine.md, \"Reproducibility\")")
         print(f"cpu features: {' '.join(mi.get('cpu_features') or []) or 'none'}")
         quota = mi.get("cpu_quota")
         print(f"threads:      {mi.get('default_threads')} by default (physical cores in the "

@@ -34,6 +34,17 @@ class Backend:
 
     name = "abstract"
 
+    @property
+    def kernel_path(self) -> str:
+        """Which arithmetic computes the logits (docs/engine.md, "Reproducibility"): the same
+        request gives the same bits on the same kernel path and build, however it is batched."""
+        return self.name
+
+    @property
+    def kernel_variant(self) -> str:
+        """The kernel table within the path (e.g. avx2+vnni); the path's name elsewhere."""
+        return self.kernel_path
+
     def __init__(self, spec, weights, n_threads=1, numa="none", cache=DEFAULT_CACHE):  # initialise
         self.spec, self.weights, self.n_threads, self.numa = spec, weights, n_threads, numa
         self.cache = cache  # kvcache.CacheTypes of every session's K and V
@@ -81,17 +92,20 @@ class Backend:
         a decoder's embeddings (llama.cpp's t_embd)."""
         raise NotImplementedError
 
-    def decode_rows(self, bufs, tokens, positions):
-        """One decode step of several sessions: token i at positions[i] of bufs[i]'s cache.
-        Returns float32 (n, n_vocab) logits. This default runs the sessions one by one (the
-        reference backend's slow twin); a backend that can share the matrix products across
-        rows overrides it."""
+    def decode_rows(self, bufs, tokens, positions, out_rows=None):
+        """One step of several sessions: token i at positions[i] of bufs[i]'s cache (a
+        session's rows in position order: its next token, or a prompt chunk). Returns float32
+        (len(out_rows), n_vocab): the logits of rows out_rows (ascending; default every row).
+        This default runs the rows one by one (the reference backend's slow twin); a backend
+        that can share the matrix products across rows overrides it."""
+        want = set(range(len(bufs)) if out_rows is None else out_rows)
         rows = []
-        for buf, tok, pos in zip(bufs, tokens, positions):
+        for i, (buf, tok, pos) in enumerate(zip(bufs, tokens, positions)):
             self.copy_in(buf, [tok], pos)
             self.forward(buf, 1, pos, False)
-            rows.append(self.copy_out(buf, 1))
-        return np.concatenate(rows)
+            if i in want:
+                rows.append(self.copy_out(buf, 1))
+        return np.concatenate(rows) if rows else np.zeros((0, self.spec.hp.n_vocab), np.float32)
 
     def copy_kv(self, dst, src, n: int) -> None:
         """Copy the KV cache of positions [0, n) from session buffer src to dst (same n_ctx):

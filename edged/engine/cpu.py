@@ -51,6 +51,14 @@ class _Buffers:
 class CPUBackend(Backend):
     name = "cpu"
 
+    @property
+    def kernel_path(self):
+        return _core.kernel_path()  # generic, avx2, avx512 or neon ($EDGED_KERNELS), as `edged info`
+
+    @property
+    def kernel_variant(self):
+        return _core.kernel_variant()
+
     def __init__(self, spec, weights, n_threads=1, numa="none", cache=DEFAULT_CACHE):
         super().__init__(spec, weights, n_threads, numa, cache)
         cache.check(spec.hp.head_dim)
@@ -137,7 +145,11 @@ class CPUBackend(Backend):
         if hp.n_expert:  # router probabilities, choices, gathered inputs, expert outputs
             per_tok += 4 * (hp.n_expert + 4 * hp.n_expert_used + E + hp.n_expert_used * E)
         logits = 4 * min(n_batch, 32) * hp.n_vocab  # ED_MAX_LOGIT_ROWS rows
-        scratch = n_batch * per_tok + logits + n_threads * (4 * n_ctx + 2 * hp.head_dim) + 64 * 12
+        per_tok += 24  # the row's position, context and cache pointers (a batch of sessions)
+        # attention scratch per thread: every key's score for a block of 32 query rows
+        # (ed_attn_ws_floats), the queries, the lane rows of the V sums
+        att = 4 * (32 * (n_ctx + 32 + hp.head_dim) + 4 * hp.head_dim + 80 * hp.head_dim + 64)
+        scratch = n_batch * per_tok + logits + n_threads * att + 64 * 18
         return BufferPlan(kv, scratch)
 
     def plan(self, n_ctx, n_batch):
@@ -179,18 +191,20 @@ class CPUBackend(Backend):
         return rms_norm(x, self._vectors[self.spec.output_norm],
                         self.spec.hp.rms_eps).astype(np.float32)
 
-    def decode_rows(self, bufs, tokens, positions):
+    def decode_rows(self, bufs, tokens, positions, out_rows=None):
         """All rows in one compiled pass: the matrix products are shared (one read of the
         weights for every session), attention runs per row against its own cache. The
         scratch of the session with the longest context is lent to the batch."""
         n = len(bufs)
-        lead = max(bufs, key=lambda b: (b.state.n_ctx, b.state.max_logit_rows))
-        if (n == 1 or lead.state.max_logit_rows < n or max(positions) >= lead.state.n_ctx
+        n_out = n if out_rows is None else len(out_rows)
+        lead = max(bufs, key=lambda b: (b.state.n_ctx, b.state.n_batch))
+        if (n == 1 or lead.state.n_batch < n or lead.state.max_logit_rows < n_out
+                or max(positions) >= lead.state.n_ctx
                 or any(b.state.model is not lead.state.model for b in bufs)):
-            return super().decode_rows(bufs, tokens, positions)
+            return super().decode_rows(bufs, tokens, positions, out_rows)
         self.copy_in(lead, tokens, 0)
-        lead.state.forward_rows([b.state for b in bufs], list(positions))
-        return np.array(lead.state.logits(n))
+        lead.state.forward_rows([b.state for b in bufs], list(positions), out_rows)
+        return np.array(lead.state.logits(n_out))
 
     def copy_kv(self, dst, src, n):
         for d, s in zip(dst.state.kv_cache(), src.state.kv_cache()):

@@ -374,10 +374,13 @@ class Model:
         entry asked ("last" -> (1, n_vocab), "all" -> (len(tokens), n_vocab)) or None.
 
         Every entry is checked before anything runs (a refused call changes no session). The
-        single tokens of several sessions go through one forward pass (the matrix products
-        read the weights once for all rows; attention runs per row against the row's own KV
-        cache; a row equals that session's own one-token step bit for bit); a prompt chunk
-        runs as its session's own batch.
+        entries of several sessions go through one forward pass, the single tokens of sessions
+        that decode and the prompt chunks of others alike (the matrix products read the weights
+        once for all rows; attention runs per row against the row's own KV cache). Every row is
+        computed in one canonical order (docs/engine.md, "Reproducibility"), so its logits are
+        the bits of the same token evaluated alone. A batch that does not fit one pass (more
+        rows than the largest session's n_batch, more logit rows than it keeps) runs the
+        single tokens together and each other entry as its session's own batches.
 
         The one lock of the engine: one forward pass at a time per process. Each model's
         thread pool has a worker per core, so two passes at once would only fight over them
@@ -394,11 +397,12 @@ class Model:
             for s, ids, pos, _ in runs:
                 if pos < s.n_past:
                     s.truncate(pos)         # forget the cache from pos on
+            if len(runs) > 1 and self._one_pass(runs):
+                return self._decode_rows(runs)
             singles = [i for i, r in enumerate(runs) if len(r[1]) == 1]
             if len(singles) > 1:
-                rows = self._decode_rows([runs[i] for i in singles])
-                for k, i in enumerate(singles):
-                    out[i] = rows[k:k + 1] if runs[i][3] else None
+                for i, o in zip(singles, self._decode_rows([runs[i] for i in singles])):
+                    out[i] = o
             singles = set(singles) if len(singles) > 1 else set()
             for i, (s, ids, _, logits) in enumerate(runs):
                 if i not in singles:
@@ -427,19 +431,40 @@ class Model:
                                f"(n_ctx {s.n_ctx}, {pos} already in it)")
         return s, ids, pos, e.logits
 
+    @staticmethod
+    def _logit_rows(ids, logits):
+        return len(ids) if logits == "all" else 1 if logits else 0
+
+    def _one_pass(self, runs):
+        """Whether the entries fit one pass: their rows in the scratch of the session with the
+        longest context (the backend lends it to the batch), their logit rows in its buffer."""
+        lead = max((r[0] for r in runs), key=lambda s: (s.n_ctx, s.n_batch))
+        return (sum(len(r[1]) for r in runs) <= lead.n_batch
+                and sum(self._logit_rows(r[1], r[3]) for r in runs)
+                <= self.backend.max_logit_rows(lead._buf)
+                and all(r[2] + len(r[1]) <= lead.n_ctx for r in runs))
+
     def _decode_rows(self, runs):
-        """One token of each of several sessions in one pass; (n, n_vocab) logits."""
-        sessions = [r[0] for r in runs]
-        tokens = [r[1][0] for r in runs]
+        """The entries' tokens as the rows of one pass (each at its session's position);
+        one item per entry: its logits as asked, or None."""
+        bufs, tokens, positions, out_rows = [], [], [], []
+        for s, ids, pos, logits in runs:
+            bufs += [s._buf] * len(ids)
+            tokens += ids
+            positions += range(pos, pos + len(ids))
+            out_rows += range(len(tokens) - self._logit_rows(ids, logits), len(tokens))
         t0 = time.perf_counter()
-        logits = self.backend.decode_rows([s._buf for s in sessions], tokens,
-                                          [s.n_past for s in sessions])
-        ms = (time.perf_counter() - t0) * 1000 / len(sessions)
-        for s, t in zip(sessions, tokens):
-            s.tokens.append(t)
-            s.t_eval_ms += ms
-            s.n_eval += 1
-        return logits
+        logits = self.backend.decode_rows(bufs, tokens, positions, out_rows)
+        ms = (time.perf_counter() - t0) * 1000 / len(tokens)
+        out, k = [], 0
+        for s, ids, _, want in runs:
+            s.tokens.extend(ids)
+            s.t_eval_ms += ms * len(ids)    # the pass's time, shared by rows
+            s.n_eval += len(ids)
+            n = self._logit_rows(ids, want)
+            out.append(logits[k:k + n] if n else None)
+            k += n
+        return out
 
     def decode_batch(self, sessions, tokens):
         """The next token of several sessions in one forward pass: decode() of one-token

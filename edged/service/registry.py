@@ -76,8 +76,12 @@ class Registry:
                      "loaded": bool(lm and not lm.draining), "size": size,
                      "signed": bool(lm.signer) if lm else _has_signature(p)}
             if lm:
+                be = lm.model.backend
                 entry.update(signer=lm.signer, pinned=lm.pinned, in_flight=lm.refs, memory=lm.size,
-                             kv_cache=lm.kv_cache(), load_seconds={k: round(v, 4) for k, v in lm.timings.items()})
+                             kv_cache=lm.kv_cache(), load_seconds={k: round(v, 4) for k, v in lm.timings.items()},
+                             # which arithmetic answers (docs/engine.md, "Reproducibility")
+                             kernel_path=be.kernel_path if be else None,
+                             kernel_variant=be.kernel_variant if be else None)
             out.append(entry)
         return out
 

@@ -8,16 +8,19 @@ longer than `queue_timeout` -> 503.
 Decoding (one thread): every job is an engine Generation on its own Session (KV cache, sampler
 state). Each step the decode thread ends cancelled and timed-out jobs, then gathers, per model,
 the next token of every job past its prompt and a chunk of the prompt of jobs still reading
-theirs, and evaluates them in ONE Model.decode call (the step API: the single tokens share one
-forward pass, whose matrix products read the weights once for all rows; a row equals the
-session's own single step bit for bit, so a reply does not depend on what it was batched with).
+theirs, and evaluates them in ONE Model.decode call: one forward pass whose matrix products read
+the weights once for all rows, decode tokens and prompt chunk alike. Every row is computed in
+the engine's canonical order (docs/engine.md, "Reproducibility"): a row equals the session's own
+single step bit for bit, so a reply does not depend on what it was batched with.
 Each job then samples from its logits and posts its token. A job that finishes, is cancelled or
 fails leaves at the next step; a new one joins at once.
 
-Mixed load: a long prompt must not stall the streams that are decoding. Its chunk per step is
-sized so that it costs about PROMPT_SHARE times what the step's decode tokens cost (measured:
-running averages of both), at least MIN_CHUNK and at most PREFILL_CHUNK tokens; with nobody
-decoding a prompt goes in PREFILL_CHUNK tokens per step (cancellation still gets a turn).
+Mixed load: a long prompt must not stall the streams that are decoding. Its chunk rides in the
+streams' step, sized so that it adds about PROMPT_SHARE times what a step of decode tokens alone
+costs (measured: a running average of decode-only steps, and of the extra time per prompt token
+in steps that carry both), at least MIN_CHUNK and at most PREFILL_CHUNK tokens; so a stream's
+gap between tokens stays about 1 + PROMPT_SHARE times its undisturbed gap. With nobody decoding
+a prompt goes in PREFILL_CHUNK tokens per step (cancellation still gets a turn).
 """
 import asyncio
 import collections
@@ -28,10 +31,10 @@ from ..errors import QueueFull, QueueTimeout
 from .log import log
 
 PREFILL_CHUNK = 128     # most prompt tokens of one step (nobody decoding: every step's chunk)
-# Least prompt tokens of a step that has any. Below 32 rows (ED_ATTN_BLOCK_MIN, forward.h) a
-# prompt batch leaves the blocked attention kernel: a smaller chunk costs nearly as much.
-MIN_CHUNK = 32
-PROMPT_SHARE = 1.5      # a step's prompt chunk costs about this times its decode tokens
+# Least prompt tokens of a step that has any: from 8 rows a batch takes the packed panels
+# (ED_GEMM_MIN_COLS) and the blocked attention (ED_ATTN_BLOCK_MIN, forward.h).
+MIN_CHUNK = 8
+PROMPT_SHARE = 1.5      # a step's prompt chunk adds about this times a decode-only step
 
 
 class Slots:
@@ -107,8 +110,8 @@ class Job:
 
 
 class _Costs:
-    """Running averages of one model's step costs: ms of a step's decode tokens, ms per
-    prompt token of a step's chunk."""
+    """Running averages of one model's step costs: ms of a step of decode tokens alone, ms a
+    prompt token adds to a step."""
 
     def __init__(self):
         self.decode_ms = None
@@ -117,6 +120,15 @@ class _Costs:
     @staticmethod
     def _avg(old, new, w=0.25):
         return new if old is None else old + w * (new - old)
+
+    def record(self, ms, n_decode, n_prompt):
+        """A step of n_decode decode tokens and n_prompt prompt tokens took ms."""
+        if n_decode and not n_prompt:
+            self.decode_ms = self._avg(self.decode_ms, ms)
+        elif n_prompt and n_decode and self.decode_ms is not None:
+            self.token_ms = self._avg(self.token_ms, max(ms - self.decode_ms, 0.05 * ms) / n_prompt)
+        elif n_prompt and not n_decode:  # an upper bound: it includes the read of the weights
+            self.token_ms = self._avg(self.token_ms, ms / n_prompt)
 
     def chunk(self):
         """Prompt tokens for a step that also decodes."""
@@ -207,7 +219,6 @@ class Decoder:
                 e = j.gen.entry(budget - n_prompt)
                 n_prompt += len(e.tokens)
                 work.append((j, e))
-        prompt_ms0 = sum(e.session.t_eval_ms for _, e in work[len(decoding):])
         t0 = time.perf_counter()
         try:
             results = model.decode([e for _, e in work])
@@ -220,12 +231,7 @@ class Decoder:
                 except Exception as err:  # noqa: BLE001
                     results.append(err)
         else:
-            ms = (time.perf_counter() - t0) * 1000
-            prompt_ms = sum(e.session.t_eval_ms for _, e in work[len(decoding):]) - prompt_ms0
-            if decoding:
-                costs.decode_ms = costs._avg(costs.decode_ms, ms - prompt_ms)
-            if n_prompt:
-                costs.token_ms = costs._avg(costs.token_ms, prompt_ms / n_prompt)
+            costs.record((time.perf_counter() - t0) * 1000, len(decoding), n_prompt)
             if len(decoding) > 1 and self.metrics is not None:
                 self.metrics.batch_steps += 1
                 self.metrics.batch_rows += len(decoding)

@@ -5,9 +5,10 @@ import pytest
 
 from conftest import testdata
 
-# A decode batch runs every row through the one-token dot products or tiles equal to them bit
-# for bit (forward.h, ed_rows; ED_MDOT_SAME), so a row equals the session's own single step exactly: a request's output does not depend on
-# which others share its batch. Tolerance 0, on every kernel path.
+# A decode batch runs every row through kernels that sum in the one-token dot's canonical order
+# (forward.h, ed_rows; ed_types.h), so a row equals the session's own single step exactly: a
+# request's output does not depend on which others share its batch. Tolerance 0, on every
+# kernel path.
 TOL = 0.0
 
 # every weight type: F32 (stories260K), Q4_K + Q6_K (the Q4_K_M files), Q2_K + Q3_K, Q3_K + Q4_K

@@ -235,3 +235,20 @@ def test_attention_sinks_over_a_quantized_cache(tmp_path, monkeypatch, ck, cv):
     # the sinks matter: without them (a -inf logit adds nothing) the logits move far more
     nosink = _gpt_oss_with_sinks(str(tmp_path / "nosink.gguf"), monkeypatch, [-np.inf] * 4)
     assert np.abs(_teacher_forced(nosink, "cpu", ck, cv, toks) - want).max() > 1e-2
+
+
+@pytest.mark.parametrize("ck, cv", [("q8_0", "q8_0"), ("q4_0", "q4_0")])
+def test_sinks_over_a_quantized_cache_are_reproducible(tmp_path, monkeypatch, ck, cv):
+    """Reproducibility (docs/engine.md) with gpt-oss's sinks and windows over a quantized cache:
+    every row of a prompt, in one batch or in chunks, is the bits of the token evaluated alone
+    (every row reads the stored rows in the one-token order)."""
+    toks = [1] + np.random.default_rng(1).integers(3, 512, 29).tolist()
+    path = _gpt_oss_with_sinks(str(tmp_path / "oss.gguf"), monkeypatch, [1.5, -0.5, 0.0, 3.0])
+    with Model.load(path, n_threads=2, cache_type_k=ck, cache_type_v=cv) as m:
+        whole = m.session(n_ctx=64).eval(toks, logits="all")
+        s = m.session(n_ctx=64)
+        chunks = np.concatenate([s.eval(toks[:9], logits="all"), s.eval(toks[9:30], logits="all")])
+        t = m.session(n_ctx=64)
+        alone = np.concatenate([t.eval([k]) for k in toks])
+    np.testing.assert_array_equal(chunks, whole)
+    np.testing.assert_array_equal(alone, whole)

@@ -28,9 +28,9 @@ def test_native_paths_match_generic(tmp_path):
         pytest.skip("no C compiler")
     r = build_and_run(cc, tmp_path / "check")
     assert r.returncode == 0, r.stdout + r.stderr
-    assert " ok" in r.stdout and "FAIL" not in r.stdout  # incl. ED_MDOT_SAME bit for bit (same-ok)
-    # every type has a decode-batch tile (ED_MDOT_SAME) on the x86 SIMD paths (the generic path
-    # runs its dot per column)
+    assert " ok" in r.stdout and "FAIL" not in r.stdout  # incl. the tiles bit for bit (same-ok)
+    # every type has a tile (ED_MDOT: a prompt's tokens, a decode batch's sessions) equal to the
+    # one-token path on the x86 SIMD paths (the generic path runs its dot per column)
     digests = [l.split() for l in r.stdout.splitlines() if l.startswith("digest ")]
     x86 = [d for d in digests if d[1] in ("avx2", "avx2nv", "avx512", "avx512nv")]
     assert all("same-ok" in d for d in x86), r.stdout
@@ -69,8 +69,8 @@ def test_neon_path_matches_generic_under_qemu(tmp_path):
     assert a72.returncode == 0 and "dotprod" not in a72.stdout.splitlines()[0], a72.stdout
     assert sum(l.startswith("neon ") and l.endswith(" ok") for l in a72.stdout.splitlines()) == 16
     assert " panels " not in a72.stdout  # no panel kernel without dotprod: the row tiles
-    # every type has a NEON dot (none left on the generic C loop) and a tile that is ED_MDOT_SAME
-    # (equal to the one-token dot bit for bit), and both variants give the same bits (the dots'
+    # every type has a NEON dot (none left on the generic C loop) and a tile equal to the
+    # one-token dot bit for bit, and both variants give the same bits (the dots'
     # and tiles' results, digested per type; the panels are dotprod-only and not in the digest)
     digests = lambda out: [l for l in out.splitlines() if l.startswith("digest neon ")]  # noqa: E731
     assert len(digests(r.stdout)) == 16 and all(" simd-dot" in l for l in digests(r.stdout)), r.stdout

@@ -199,3 +199,55 @@ def test_attention_rejects_bad_shapes():
     with pytest.raises(ValueError, match="outside"):
         core.attention(np.zeros((1, 64), np.float32), q, np.zeros((4, 64), np.uint16),
                        np.zeros((4, 64), np.uint16), 4, 2, 2, 0.1)
+
+
+# head dims: 64 and 128 (the blocked kernels), 32 and 96 (the one-token code for every row);
+# 9 query heads on 3 KV heads (SmolLM2), 14 on 2 (Qwen2.5-0.5B), 40 on 1 (more rows than a block)
+@pytest.mark.parametrize("n_head,n_head_kv,hd", [(9, 3, 64), (14, 2, 64), (4, 2, 128), (40, 1, 64),
+                                                 (8, 1, 32), (2, 1, 96)])
+@pytest.mark.parametrize("n_swa", [0, 37])
+@pytest.mark.parametrize("with_sinks", [False, True])
+def test_attention_rows_are_one_token_results(path, n_head, n_head_kv, hd, n_swa, with_sinks):
+    """Reproducibility (docs/engine.md): attention of a batch of query rows gives each row the
+    bits of that token evaluated alone over the same cache, whatever the batch, its chunking
+    or the kernel path; a long prompt and keys beyond one 16-key group and 64 lanes; with
+    gpt-oss's sinks (from far below to above the scores: they join the max and the sum)."""
+    rng = np.random.default_rng(n_head * 1000 + hd + n_swa)
+    n_ctx, pos, n = 200, 11, 150
+    k = rng.standard_normal((n_ctx, n_head_kv * hd)).astype(np.float16).view(np.uint16)
+    v = rng.standard_normal((n_ctx, n_head_kv * hd)).astype(np.float16).view(np.uint16)
+    q = (3 * rng.standard_normal((n, n_head * hd))).astype(np.float32)
+    scale = 1 / np.sqrt(hd)
+    sinks = np.linspace(-20.0, 8.0, n_head).astype(np.float32) if with_sinks else None
+    whole = np.full_like(q, np.nan)
+    core.attention(whole, q, k, v, pos, n_head, n_head_kv, scale, n_swa, sinks)
+    np.testing.assert_allclose(whole, attention_ref(q, k, v, pos, n_head, n_head_kv, scale, n_swa, sinks),
+                               atol=TOL_ATTN)
+    for lo, hi in [(0, 1), (1, 9), (9, 41), (41, 42), (42, 150)]:  # chunks, single tokens included
+        part = np.full_like(q[lo:hi], np.nan)
+        core.attention(part, q[lo:hi], k, v, pos + lo, n_head, n_head_kv, scale, n_swa, sinks)
+        assert np.array_equal(part, whole[lo:hi]), (lo, hi)
+    one = np.full_like(q[:1], np.nan)
+    for t in (0, 63, 64, 77, 149):
+        core.attention(one, q[t:t + 1], k, v, pos + t, n_head, n_head_kv, scale, n_swa, sinks)
+        assert np.array_equal(one[0], whole[t]), t
+
+
+def test_attention_same_bits_on_every_path():
+    """The canonical order is the same on every kernel path (ed_parity.h): a prompt's attention
+    output does not depend on which path this CPU picked."""
+    rng = np.random.default_rng(5)
+    n_head, n_head_kv, hd, n_ctx, n = 14, 2, 64, 120, 100
+    k = rng.standard_normal((n_ctx, n_head_kv * hd)).astype(np.float16).view(np.uint16)
+    v = rng.standard_normal((n_ctx, n_head_kv * hd)).astype(np.float16).view(np.uint16)
+    q = (3 * rng.standard_normal((n, n_head * hd))).astype(np.float32)
+    old, outs = core.kernel_path(), {}
+    try:
+        for p in PATHS:
+            core.set_path(p)
+            outs[p] = np.empty_like(q)
+            core.attention(outs[p], q, k, v, 3, n_head, n_head_kv, 0.125, 0)
+    finally:
+        core.set_path(old)
+    for p in PATHS:
+        assert np.array_equal(outs[p], outs[PATHS[0]]), p

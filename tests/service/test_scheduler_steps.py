@@ -19,6 +19,12 @@ def test_chunk_size_follows_the_measured_costs():
     assert c.chunk() == PREFILL_CHUNK
     c.token_ms = 100.0
     assert c.chunk() == MIN_CHUNK
+    # from measured steps: decode-only steps give the base, mixed steps the cost per prompt token
+    c = _Costs()
+    c.record(20.0, 3, 0)
+    c.record(50.0, 3, 60)                            # 30 ms more for 60 prompt tokens
+    assert (c.decode_ms, c.token_ms) == (20.0, 0.5)
+    assert c.chunk() == int(PROMPT_SHARE * 40)       # a step then costs ~2.5x a decode step
 
 
 def test_long_prompt_goes_in_between_the_streams_tokens():

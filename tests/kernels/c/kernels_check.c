@@ -2,8 +2,9 @@
  * path: random valid weight blocks of every type x random activations, odd row counts, single
  * dots and the tiled ed_mdot_rows. Prints one line per path/type and exits non-zero on a
  * mismatch; a "digest" line per path/type hashes the dot and tile results (so two builds or
- * CPUs can be compared bit for bit), says whether the dot is SIMD, and checks ED_MDOT_SAME
- * (the decode-batch tiles) against the one-token path bit for bit. Built and run by
+ * CPUs can be compared bit for bit), says whether the dot is SIMD, and checks the tiles
+ * (ED_MDOT: a prompt's tokens, a decode batch's sessions) against the one-token path bit for
+ * bit ("same-ok"). Built and run by
  * tests/test_kernels_cross.py (natively, and for aarch64 under qemu when a cross compiler is
  * installed), so the NEON path is exercised on an x86 machine.
  * The quantized types follow one canonical summation order (ed_types.h, ED_STEP) on every
@@ -55,7 +56,6 @@ int main(void) {
     static const char *force[] = {"generic", "avx2", "avx2-vnni", "avx512", "avx512-vnni", "neon", "neon-dotprod"};
     enum { K = 512, ROWS = 33, COLS = 5 };
     static uint8_t w[ROWS * K * 4], xq[COLS * K * 4], xq2[COLS * K * 4];
-    static uint8_t xs[COLS * K * 8] __attribute__((aligned(64)));  /* decode-batch rows with pair areas */
     static float x[COLS * K], ref[COLS * ROWS], got[COLS * ROWS], one[COLS * ROWS], one2[COLS * ROWS];
     int failures = 0;
     for (int i = 0; i < COLS * K; i++) x[i] = rndf();
@@ -104,14 +104,14 @@ int main(void) {
             for (int i = 0; i < COLS * ROWS; i++) err = fmax(err, fabs(one[i] - ref[i]));
             canon_ok &= !memcmp(one, ref, sizeof(float) * COLS * ROWS);
             digest = fnv(digest, one, COLS * ROWS);
-            /* ED_MDOT_SAME: every column equal to the one-token path bit for bit, for 1..4 columns,
-               on the decode batch's row layout (ed_same_act_bytes); also over a row length
+            /* ED_MDOT: every column equal to the one-token path bit for bit, for 1..4 columns;
+               also over a row length
                whose tails differ: an odd number of 32-blocks (Q4_0's two chains), a float row
                that is not a multiple of 16 (the scalar tail) */
             int same_ok = 1;
             const int k2 = tr.block == QK ? K - QK : tr.block == 1 ? K - 8 : K;
-            for (int k = K; ED_MDOT_SAME[t] && k >= k2; k -= (K - k2 ? K - k2 : 1)) {
-                const size_t kr = ed_act_row_bytes(t, k), sr = ed_same_act_bytes(t, k);
+            for (int k = K; ED_MDOT[t] && k >= k2; k -= (K - k2 ? K - k2 : 1)) {
+                const size_t kr = ed_act_row_bytes(t, k);
                 const float *want = one;
                 if (k != K) {
                     for (int c = 0; c < COLS; c++) {
@@ -120,12 +120,8 @@ int main(void) {
                     }
                     want = one2;
                 }
-                for (int c = 0; c < COLS; c++) {
-                    memcpy(xs + c * sr, (k == K ? xq : xq2) + c * kr, kr);
-                    ed_same_act_fill(t, xs, sr, c, COLS, k);
-                }
                 for (int nc = 1; nc <= ED_MAX_COLS; nc++) {
-                    for (int r = 0; r < ROWS; r++) ED_MDOT_SAME[t](k, w + r * rb, xs, sr, nc, got + r, ROWS);
+                    for (int r = 0; r < ROWS; r++) ED_MDOT[t](k, w + r * rb, k == K ? xq : xq2, kr, nc, got + r, ROWS);
                     same_ok &= !memcmp(got, want, sizeof(float) * nc * ROWS);
                     if (k == K) canon_ok &= !memcmp(got, ref, sizeof(float) * nc * ROWS);
                 }
@@ -148,7 +144,7 @@ int main(void) {
             }
             printf("digest %s %s %016llx %s%s%s\n", paths[p], names[ti], (unsigned long long)digest,
                    ED_DOT[t] == tr.ref ? "generic-dot" : "simd-dot",
-                   ED_MDOT_SAME[t] ? (same_ok ? " same-ok" : " same-FAIL") : "",
+                   ED_MDOT[t] ? (same_ok ? " same-ok" : " same-FAIL") : "",
                    canon ? (canon_ok ? " canon-ok" : " canon-FAIL") : "");
             failures += canon && !canon_ok;
             const int ok = err <= 1e-4 * (scale + 1e-3);
