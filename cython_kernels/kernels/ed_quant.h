@@ -1,8 +1,12 @@
-/* Compiled weight quantizers: llama.cpp's reference algorithms (no importance matrix), the
- * fast twin of edged/quants.py (tests check both produce the same bytes). Single rows of k
- * floats (k a multiple of the block size) in, blocks out:
+/* Compiled weight quantizers: llama.cpp's algorithms, the fast twin of edged/format/quants.py
+ * (tests check both produce the same bytes, and the weighted ones llama-quantize's). Single
+ * rows of k floats (k a multiple of the block size) in, blocks out:
  *
- *   int ed_quantize_row(int type, const float *x, void *y, int64_t k)   0, or -1 if no quantizer
+ *   int ed_quantize_row(int type, const float *x, void *y, int64_t k)   the reference
+ *       algorithms (no importance matrix); 0, or -1 if no quantizer
+ *   int ed_quantize_row_w(int type, const float *x, const float *qw, void *y, int64_t k)
+ *       with an importance row qw (k values from llama-imatrix): llama.cpp's quantize_<type>
+ *       with quant_weights (Q4_0..Q5_1, Q2_K..Q6_K, IQ4_NL, IQ4_XS; Q8_0 and MXFP4 ignore it)
  *
  * Float operations run in the reference's order; contraction into FMA is disabled so every
  * architecture rounds the same way.
@@ -183,15 +187,17 @@ static ED_NOFMA float ed_make_q3(int n, int nmax, const float *x, int8_t *L) {
     return suml2 > 0.0f ? sumlx / suml2 : 0.0f;
 }
 
-/* make_qx_quants with rmse_type 1 and no quant weights (Q6_K) */
-static ED_NOFMA float ed_make_qx1(int n, int nmax, const float *x, int8_t *L) {
+/* make_qx_quants with rmse_type 1: the symmetric scale maximising (sum w l x)^2 / sum w l l
+ * over 19 trial scales around max / -nmax, w = qw (an importance row) or, without, x^2.
+ * L = l + nmax in [0, 2 nmax). Used by Q6_K, and with weights by Q3_K, Q4_0, Q5_0. */
+static ED_NOFMA float ed_make_qx1(int n, int nmax, const float *x, int8_t *L, const float *qw) {
     const float max = ed_abs_max_signed(x, n);
     if (fabsf(max) < ED_GROUP_MAX_EPS) { memset(L, 0, (size_t)n); return 0.0f; }
     float iscale = -nmax / max, sumlx = 0, suml2 = 0;
     for (int i = 0; i < n; i++) {
         const int l = ed_qmax(-nmax, ed_qmin(nmax - 1, ed_nearest_int(iscale * x[i])));
         L[i] = (int8_t)(l + nmax);
-        const float w = x[i] * x[i];
+        const float w = qw ? qw[i] : x[i] * x[i];
         sumlx += w * x[i] * l; suml2 += w * l * l;
     }
     float scale = suml2 ? sumlx / suml2 : 0.0f, best = scale * sumlx;
@@ -201,7 +207,7 @@ static ED_NOFMA float ed_make_qx1(int n, int nmax, const float *x, int8_t *L) {
         sumlx = suml2 = 0;
         for (int i = 0; i < n; i++) {
             const int l = ed_qmax(-nmax, ed_qmin(nmax - 1, ed_nearest_int(iscale * x[i])));
-            const float w = x[i] * x[i];
+            const float w = qw ? qw[i] : x[i] * x[i];
             sumlx += w * x[i] * l; suml2 += w * l * l;
         }
         if (suml2 > 0 && sumlx * sumlx > best * suml2) {
@@ -211,6 +217,66 @@ static ED_NOFMA float ed_make_qx1(int n, int nmax, const float *x, int8_t *L) {
         }
     }
     return scale;
+}
+
+/* make_qp_quants: levels 0..nmax of non-negative x (the K-quants' sub-block scales and mins)
+ * under weights qw: the best of 9 trial scales around max / nmax by weighted squared error,
+ * then up to 5 rounds moving single levels while (sum w l x)^2 / sum w l l grows. Levels are
+ * capped above only and stored as bytes, as llama.cpp does. Returns the scale. */
+static ED_NOFMA float ed_make_qp(int n, int nmax, const float *x, uint8_t *L, const float *qw) {
+    float max = 0;
+    for (int i = 0; i < n; i++) max = max > x[i] ? max : x[i];
+    if (max < ED_GROUP_MAX_EPS) { memset(L, 0, (size_t)n); return 0.0f; }
+    float iscale = nmax / max;
+    for (int i = 0; i < n; i++) L[i] = (uint8_t)ed_nearest_int(iscale * x[i]);
+    const float scale = 1 / iscale;
+    float best_mse = 0;
+    for (int i = 0; i < n; i++) { const float diff = x[i] - scale * L[i]; best_mse += qw[i] * diff * diff; }
+    for (int is = -4; is <= 4; is++) {
+        if (is == 0) continue;
+        const float iscale_is = (0.1f * is + nmax) / max, scale_is = 1 / iscale_is;
+        float mse = 0;
+        for (int i = 0; i < n; i++) {
+            const int l = ed_qmin(nmax, ed_nearest_int(iscale_is * x[i]));
+            const float diff = x[i] - scale_is * l;
+            mse += qw[i] * diff * diff;
+        }
+        if (mse < best_mse) { best_mse = mse; iscale = iscale_is; }
+    }
+    float sumlx = 0, suml2 = 0;
+    for (int i = 0; i < n; i++) {
+        const int l = ed_qmin(nmax, ed_nearest_int(iscale * x[i]));
+        L[i] = (uint8_t)l;
+        sumlx += qw[i] * x[i] * l; suml2 += qw[i] * l * l;
+    }
+    for (int itry = 0; itry < 5; itry++) {
+        int changed = 0;
+        for (int i = 0; i < n; i++) {
+            const float w = qw[i];
+            float slx = sumlx - w * x[i] * L[i], sl2 = suml2 - w * L[i] * L[i];
+            if (slx > 0 && sl2 > 0) {
+                const int nl = ed_qmin(nmax, ed_nearest_int(x[i] * sl2 / slx));
+                if (nl != L[i]) {
+                    slx += w * x[i] * nl; sl2 += w * nl * nl;
+                    if (slx * slx * suml2 > sumlx * sumlx * sl2) { L[i] = (uint8_t)nl; sumlx = slx; suml2 = sl2; changed++; }
+                }
+            }
+        }
+        if (!changed) break;
+    }
+    return suml2 > 0.0f ? sumlx / suml2 : 0.0f;
+}
+
+/* The importance weights of the weighted quantizers: qw * sqrt(sigma2 + x^2), sigma2 the mean
+ * square of the row (Q4_0..Q5_1) or super-block (K-quants; twice it except for Q2_K). */
+static inline ED_NOFMA float ed_sigma2(const float *x, int64_t n, float mul) {
+    float s = 0;
+    for (int64_t j = 0; j < n; j++) s += x[j] * x[j];
+    return mul * s / n;
+}
+
+static inline ED_NOFMA void ed_imp_weights(int n, const float *x, const float *qw, float sigma2, float *w) {
+    for (int l = 0; l < n; l++) w[l] = qw[l] * sqrtf(sigma2 + x[l] * x[l]);
 }
 
 static void ed_scale_min_k4(int j, const uint8_t *q, uint8_t *d, uint8_t *m) {
@@ -235,7 +301,71 @@ static inline ED_NOFMA void ed_pack_crumbs(const uint8_t *L, uint8_t *qs) {
             qs[j / 4 + l] = (uint8_t)(L[j + l] | (L[j + l + 32] << 2) | (L[j + l + 64] << 4) | (L[j + l + 96] << 6));
 }
 
+/* Q4_0..Q5_1 with an importance row (quantize_row_q4_0_impl .. q5_1_impl): weights
+ * qw sqrt(sigma2 + x^2), sigma2 the mean square of the whole row; the symmetric types fit
+ * their scale with make_qx_quants (rmse_type 1), the ones with a min with make_qkx3 (37
+ * trial steps). */
+static ED_NOFMA void ed_q32_w_sym(const float *x, const float *qw, float sigma2, int half, ed_half *d, uint8_t *q) {
+    float w[QK];
+    ed_imp_weights(QK, x, qw, sigma2, w);
+    *d = ed_fp32_to_fp16(ed_make_qx1(QK, half, x, (int8_t *)q, w));
+}
+
+static ED_NOFMA void ed_q32_w_min(const float *x, const float *qw, float sigma2, int nmax, ed_half *d, ed_half *m,
+                                  uint8_t *q) {
+    float w[QK], min;
+    uint8_t Laux[QK];
+    ed_imp_weights(QK, x, qw, sigma2, w);
+    *d = ed_fp32_to_fp16(ed_make_qkx2(QK, nmax, x, w, q, &min, Laux, -0.9f, 0.05f, 36, 0));
+    *m = ed_fp32_to_fp16(-min);
+}
+
+static ED_NOFMA void ed_q_q4_0_w(const float *x, const float *qw, float sigma2, blk_q4_0 *y) {
+    uint8_t q[QK];
+    ed_q32_w_sym(x, qw, sigma2, 8, &y->d, q);
+    ed_pack_nibbles(q, y->qs);
+}
+
+static ED_NOFMA void ed_q_q5_0_w(const float *x, const float *qw, float sigma2, blk_q5_0 *y) {
+    uint8_t q[QK];
+    ed_q32_w_sym(x, qw, sigma2, 16, &y->d, q);
+    ed_pack_q5(q, y->qh, y->qs);
+}
+
+static ED_NOFMA void ed_q_q4_1_w(const float *x, const float *qw, float sigma2, blk_q4_1 *y) {
+    uint8_t q[QK];
+    ed_q32_w_min(x, qw, sigma2, 15, &y->d, &y->m, q);
+    ed_pack_nibbles(q, y->qs);
+}
+
+static ED_NOFMA void ed_q_q5_1_w(const float *x, const float *qw, float sigma2, blk_q5_1 *y) {
+    uint8_t q[QK];
+    ed_q32_w_min(x, qw, sigma2, 31, &y->d, &y->m, q);
+    ed_pack_q5(q, y->qh, y->qs);
+}
+
 /* ----------------------------------------------------------------- K-quants ---------- */
+/* Q2_K with an importance row: quantize_row_q2_K_impl (weights qw sqrt(sigma2 + x^2), make_qkx3
+ * with 37 trial steps per group of 16, the 4-bit scales and mins fitted by make_qp_quants) */
+static ED_NOFMA void ed_q_q2_K_w(const float *x, const float *qw, blk_q2_K *y) {
+    uint8_t L[QKK], Laux[16], Ls[16], Lm[16];
+    float w[16], sw[16], mins[16], scales[16];
+    const float sigma2 = ed_sigma2(x, QKK, 1);
+    for (int j = 0; j < 16; j++) {
+        ed_imp_weights(16, x + 16 * j, qw + 16 * j, sigma2, w);
+        sw[j] = 0;
+        for (int l = 0; l < 16; l++) sw[j] += w[l];
+        scales[j] = ed_make_qkx2(16, 3, x + 16 * j, w, L + 16 * j, &mins[j], Laux, -0.9f, 0.05f, 36, 0);
+    }
+    y->d = ed_fp32_to_fp16(ed_make_qp(16, 15, scales, Ls, sw));
+    y->dmin = ed_fp32_to_fp16(ed_make_qp(16, 15, mins, Lm, sw));
+    for (int j = 0; j < 16; j++) y->scales[j] = (uint8_t)(Ls[j] | (Lm[j] << 4));
+    for (int j = 0; j < 16; j++)
+        ed_requant_group(16, x + 16 * j, ed_fp16_to_fp32(y->d) * (y->scales[j] & 0xF),
+                         ed_fp16_to_fp32(y->dmin) * (y->scales[j] >> 4), 0, 3, L + 16 * j);
+    ed_pack_crumbs(L, y->qs);
+}
+
 static ED_NOFMA void ed_q_q2_K(const float *x, blk_q2_K *y) {
     uint8_t L[QKK], Laux[16];
     float w[16], mins[16], scales[16], max_scale = 0, max_min = 0;
@@ -266,26 +396,18 @@ static ED_NOFMA void ed_q_q2_K(const float *x, blk_q2_K *y) {
     ed_pack_crumbs(L, y->qs);
 }
 
-static ED_NOFMA void ed_q_q3_K(const float *x, blk_q3_K *y) {
-    int8_t L[QKK];
-    float scales[16];
-    for (int j = 0; j < 16; j++) scales[j] = ed_make_q3(16, 4, x + 16 * j, L + 16 * j);
-    const float max_scale = ed_abs_max_signed(scales, 16);
+/* Q3_K: the 16 signed 6-bit scale levels Ls (0..63, 32 = zero) packed, d stored, the levels
+ * of each group of 16 again against the stored scales, then the high bits to hmask. */
+static ED_NOFMA void ed_q3_store(const float *x, const int8_t *Ls, float d, int8_t *L, blk_q3_K *y) {
     memset(y->scales, 0, 12);
-    if (max_scale) {
-        const float iscale = -32.f / max_scale;
-        for (int j = 0; j < 16; j++) {
-            int8_t l = (int8_t)ed_nearest_int(iscale * scales[j]);
-            l = (int8_t)(ed_qmax(-32, ed_qmin(31, l)) + 32);
-            if (j < 8) y->scales[j] = l & 0xF;
-            else y->scales[j - 8] |= (uint8_t)((l & 0xF) << 4);
-            l >>= 4;
-            y->scales[j % 4 + 8] |= (uint8_t)(l << (2 * (j / 4)));
-        }
-        y->d = ed_fp32_to_fp16(1 / iscale);
-    } else {
-        y->d = ed_fp32_to_fp16(0.f);
+    for (int j = 0; j < 16; j++) {
+        int l = Ls[j];
+        if (j < 8) y->scales[j] = l & 0xF;
+        else y->scales[j - 8] |= (uint8_t)((l & 0xF) << 4);
+        l >>= 4;
+        y->scales[j % 4 + 8] |= (uint8_t)(l << (2 * (j / 4)));
     }
+    y->d = ed_fp32_to_fp16(d);
     for (int j = 0; j < 16; j++) {
         int8_t sc = j < 8 ? (int8_t)(y->scales[j] & 0xF) : (int8_t)(y->scales[j - 8] >> 4);
         sc = (int8_t)((sc | (((y->scales[8 + j % 4] >> (2 * (j / 4))) & 3) << 4)) - 32);
@@ -300,33 +422,56 @@ static ED_NOFMA void ed_q_q3_K(const float *x, blk_q3_K *y) {
     ed_pack_crumbs((const uint8_t *)L, y->qs);
 }
 
-/* shared by Q4_K and Q5_K: 8 groups of 32 with 6-bit scales and mins */
-static ED_NOFMA void ed_q_k4_scales(const float *x, int nmax, float rmin, float rdelta, int nstep,
-                                    uint8_t *L, uint8_t *packed, ed_half *dd, ed_half *dmin) {
-    uint8_t Laux[32];
-    float w[32], mins[8], scales[8], max_scale = 0, max_min = 0;
-    for (int j = 0; j < 8; j++) {
-        float sum_x2 = 0;
-        for (int l = 0; l < 32; l++) sum_x2 += x[32 * j + l] * x[32 * j + l];
-        const float av_x = sqrtf(sum_x2 / 32);
-        for (int l = 0; l < 32; l++) w[l] = av_x + fabsf(x[32 * j + l]);
-        scales[j] = ed_make_qkx2(32, nmax, x + 32 * j, w, L + 32 * j, &mins[j], Laux, rmin, rdelta, nstep, 0);
-        if (scales[j] > max_scale) max_scale = scales[j];
-        if (mins[j] > max_min) max_min = mins[j];
+/* Q3_K without an importance row: make_q3_quants per group, the scales as multiples of
+ * their largest / -32 (quantize_row_q3_K_ref) */
+static ED_NOFMA void ed_q_q3_K(const float *x, blk_q3_K *y) {
+    int8_t L[QKK], Ls[16];
+    float scales[16];
+    for (int j = 0; j < 16; j++) scales[j] = ed_make_q3(16, 4, x + 16 * j, L + 16 * j);
+    const float max_scale = ed_abs_max_signed(scales, 16);
+    if (!max_scale) {
+        memset(Ls, 0, 16);  /* all scale bytes 0, d 0: the levels of the fit stay */
+        ed_q3_store(x, Ls, 0.f, L, y);
+        return;
     }
-    const float inv_s = max_scale > 0 ? 63.f / max_scale : 0.f, inv_m = max_min > 0 ? 63.f / max_min : 0.f;
+    const float iscale = -32.f / max_scale;
+    for (int j = 0; j < 16; j++) Ls[j] = (int8_t)(ed_qmax(-32, ed_qmin(31, (int8_t)ed_nearest_int(iscale * scales[j]))) + 32);
+    ed_q3_store(x, Ls, 1 / iscale, L, y);
+}
+
+/* Q3_K with an importance row: quantize_row_q3_K_impl (make_qx_quants under qw sqrt(sigma2 +
+ * x^2) per group, the scales fitted by make_qx_quants under the groups' weight sums) */
+static ED_NOFMA void ed_q_q3_K_w(const float *x, const float *qw, blk_q3_K *y) {
+    int8_t L[QKK], Ls[16];
+    float w[16], sw[16], scales[16];
+    const float sigma2 = ed_sigma2(x, QKK, 2);
+    for (int j = 0; j < 16; j++) {
+        ed_imp_weights(16, x + 16 * j, qw + 16 * j, sigma2, w);
+        float sumw = 0;
+        for (int l = 0; l < 16; l++) sumw += w[l];
+        sw[j] = sumw;
+        scales[j] = ed_make_qx1(16, 4, x + 16 * j, L + 16 * j, w);
+    }
+    const float d = ed_make_qx1(16, 32, scales, Ls, sw);
+    ed_q3_store(x, Ls, d, L, y);
+}
+
+/* Q4_K and Q5_K's last steps: the 8 6-bit scale levels ls and min levels lm packed into
+ * `packed` (12 bytes), d and dmin stored as f16, and the levels L of each group of 32 again
+ * against the stored scale and min. */
+static ED_NOFMA void ed_k4_store(const float *x, int nmax, const uint8_t *ls, const uint8_t *lm, float d,
+                                 float dm, uint8_t *L, uint8_t *packed, ed_half *dd, ed_half *dmin) {
+    memset(packed, 0, 12);
     for (int j = 0; j < 8; j++) {
-        uint8_t ls = (uint8_t)ed_nearest_int(inv_s * scales[j]), lm = (uint8_t)ed_nearest_int(inv_m * mins[j]);
-        ls = ls < 63 ? ls : 63; lm = lm < 63 ? lm : 63;
-        if (j < 4) { packed[j] = ls; packed[j + 4] = lm; }
+        if (j < 4) { packed[j] = ls[j]; packed[j + 4] = lm[j]; }
         else {
-            packed[j + 4] = (ls & 0xF) | (uint8_t)((lm & 0xF) << 4);
-            packed[j - 4] |= (uint8_t)((ls >> 4) << 6);
-            packed[j] |= (uint8_t)((lm >> 4) << 6);
+            packed[j + 4] = (ls[j] & 0xF) | (uint8_t)((lm[j] & 0xF) << 4);
+            packed[j - 4] |= (uint8_t)((ls[j] >> 4) << 6);
+            packed[j] |= (uint8_t)((lm[j] >> 4) << 6);
         }
     }
-    *dd = ed_fp32_to_fp16(max_scale / 63.f);
-    *dmin = ed_fp32_to_fp16(max_min / 63.f);
+    *dd = ed_fp32_to_fp16(d);
+    *dmin = ed_fp32_to_fp16(dm);
     for (int j = 0; j < 8; j++) {
         uint8_t sc, m;
         ed_scale_min_k4(j, packed, &sc, &m);
@@ -334,18 +479,59 @@ static ED_NOFMA void ed_q_k4_scales(const float *x, int nmax, float rmin, float 
     }
 }
 
-static void ed_q_q4_K(const float *x, blk_q4_K *y) {
+/* Q4_K and Q5_K: 8 groups of 32 with 6-bit scales and mins. Without an importance row qw:
+ * llama.cpp's reference (weights av_x + |x|, make_qkx2, scales and mins as multiples of their
+ * maximum / 63); with one: quantize_row_q4_K_impl/q5_K_impl (weights qw sqrt(sigma2 + x^2),
+ * make_qkx3 with 37 trial steps, scales and mins fitted by make_qp_quants; Q4_K does not cap
+ * those levels at 63, Q5_K does). */
+static ED_NOFMA void ed_q_k4_scales(const float *x, const float *qw, int nmax, uint8_t *L, uint8_t *packed,
+                                    ed_half *dd, ed_half *dmin) {
+    uint8_t Laux[32], ls[8], lm[8];
+    float w[32], sw[8], mins[8], scales[8], max_scale = 0, max_min = 0;
+    const float sigma2 = qw ? ed_sigma2(x, QKK, 2) : 0;
+    for (int j = 0; j < 8; j++) {
+        const float *xj = x + 32 * j;
+        if (qw) {
+            ed_imp_weights(32, xj, qw + 32 * j, sigma2, w);
+            float sumw = 0;
+            for (int l = 0; l < 32; l++) sumw += w[l];
+            sw[j] = sumw;
+            scales[j] = ed_make_qkx2(32, nmax, xj, w, L + 32 * j, &mins[j], Laux, -0.9f, 0.05f, 36, 0);
+            continue;
+        }
+        float sum_x2 = 0;
+        for (int l = 0; l < 32; l++) sum_x2 += xj[l] * xj[l];
+        const float av_x = sqrtf(sum_x2 / 32);
+        for (int l = 0; l < 32; l++) w[l] = av_x + fabsf(xj[l]);
+        if (nmax == 15) scales[j] = ed_make_qkx2(32, nmax, xj, w, L + 32 * j, &mins[j], Laux, -1.f, 0.1f, 20, 0);
+        else scales[j] = ed_make_qkx2(32, nmax, xj, w, L + 32 * j, &mins[j], Laux, -0.5f, 0.1f, 15, 0);
+        if (scales[j] > max_scale) max_scale = scales[j];
+        if (mins[j] > max_min) max_min = mins[j];
+    }
+    if (qw) {
+        const float d = ed_make_qp(8, 63, scales, ls, sw), dm = ed_make_qp(8, 63, mins, lm, sw);
+        if (nmax == 31) for (int j = 0; j < 8; j++) { ls[j] = ls[j] < 63 ? ls[j] : 63; lm[j] = lm[j] < 63 ? lm[j] : 63; }
+        ed_k4_store(x, nmax, ls, lm, d, dm, L, packed, dd, dmin);
+        return;
+    }
+    const float inv_s = max_scale > 0 ? 63.f / max_scale : 0.f, inv_m = max_min > 0 ? 63.f / max_min : 0.f;
+    for (int j = 0; j < 8; j++) {
+        const uint8_t a = (uint8_t)ed_nearest_int(inv_s * scales[j]), b = (uint8_t)ed_nearest_int(inv_m * mins[j]);
+        ls[j] = a < 63 ? a : 63; lm[j] = b < 63 ? b : 63;
+    }
+    ed_k4_store(x, nmax, ls, lm, max_scale / 63.f, max_min / 63.f, L, packed, dd, dmin);
+}
+
+static void ed_q_q4_K_w(const float *x, const float *qw, blk_q4_K *y) {
     uint8_t L[QKK];
-    memset(y->scales, 0, 12);
-    ed_q_k4_scales(x, 15, -1.f, 0.1f, 20, L, y->scales, &y->d, &y->dmin);
+    ed_q_k4_scales(x, qw, 15, L, y->scales, &y->d, &y->dmin);
     for (int j = 0; j < 4; j++)
         for (int l = 0; l < 32; l++) y->qs[32 * j + l] = L[64 * j + l] | (uint8_t)(L[64 * j + l + 32] << 4);
 }
 
-static void ed_q_q5_K(const float *x, blk_q5_K *y) {
+static void ed_q_q5_K_w(const float *x, const float *qw, blk_q5_K *y) {
     uint8_t L[QKK];
-    memset(y->scales, 0, 12);
-    ed_q_k4_scales(x, 31, -0.5f, 0.1f, 15, L, y->scales, &y->d, &y->dmin);
+    ed_q_k4_scales(x, qw, 31, L, y->scales, &y->d, &y->dmin);
     memset(y->qh, 0, 32);
     uint8_t m1 = 1, m2 = 2;
     for (int n = 0; n < QKK; n += 64) {
@@ -359,10 +545,12 @@ static void ed_q_q5_K(const float *x, blk_q5_K *y) {
     }
 }
 
-static ED_NOFMA void ed_q_q6_K(const float *x, blk_q6_K *y) {
+/* Q6_K: make_qx_quants per group of 16, under the importance row qw as it is (llama.cpp does
+ * not multiply it by sqrt(sigma2 + x^2) here) or without one x^2 */
+static ED_NOFMA void ed_q_q6_K_w(const float *x, const float *qw, blk_q6_K *y) {
     int8_t L[QKK];
     float scales[16];
-    for (int ib = 0; ib < 16; ib++) scales[ib] = ed_make_qx1(16, 32, x + 16 * ib, L + 16 * ib);
+    for (int ib = 0; ib < 16; ib++) scales[ib] = ed_make_qx1(16, 32, x + 16 * ib, L + 16 * ib, qw ? qw + 16 * ib : NULL);
     const float max_scale = ed_abs_max_signed(scales, 16);
     if (fabsf(max_scale) < ED_GROUP_MAX_EPS) { memset(y, 0, sizeof *y); return; }
     const float iscale = -128.f / max_scale;
@@ -381,6 +569,10 @@ static ED_NOFMA void ed_q_q6_K(const float *x, blk_q6_K *y) {
         ql += 64; qh += 32;
     }
 }
+
+static void ed_q_q4_K(const float *x, blk_q4_K *y) { ed_q_q4_K_w(x, NULL, y); }
+static void ed_q_q5_K(const float *x, blk_q5_K *y) { ed_q_q5_K_w(x, NULL, y); }
+static void ed_q_q6_K(const float *x, blk_q6_K *y) { ed_q_q6_K_w(x, NULL, y); }
 
 /* ----------------------------------------------------------------- table types ------- */
 /* index of the table entry nearest x (ties to the upper one), llama.cpp's best_index_int8 */
@@ -490,6 +682,32 @@ static int ed_quantize_row(int type, const float *x, void *vy, int64_t k) {
     case T: for (int64_t i = 0; i < k / (bs); i++) ed_q_##name(x + i * (bs), (blk_##name *)y + i); return 0;
     ED_WEIGHT_BLOCK_TYPES(ED_QCASE)
 #undef ED_QCASE
+    default: return -1;
+    }
+}
+
+/* One row of k floats with the importance row qw (k values, llama-imatrix's, for this row's
+ * matrix or expert) in, blocks out: llama.cpp's quantize_<type> with quant_weights. Q8_0 and
+ * MXFP4 ignore qw there, and here. 0, or -1 if there is no such quantizer. */
+static int ed_quantize_row_w(int type, const float *x, const float *qw, void *vy, int64_t k) {
+    uint8_t *y = (uint8_t *)vy;
+    float sigma2 = 0;
+    switch (type) {
+    case ED_Q4_0: case ED_Q4_1: case ED_Q5_0: case ED_Q5_1: sigma2 = ed_sigma2(x, k, 1); break;
+    default: break;
+    }
+    switch (type) {
+#define ED_QCASE32(T, name) \
+    case T: for (int64_t i = 0; i < k / QK; i++) ed_q_##name##_w(x + i * QK, qw + i * QK, sigma2, (blk_##name *)y + i); return 0;
+    ED_QCASE32(ED_Q4_0, q4_0) ED_QCASE32(ED_Q4_1, q4_1) ED_QCASE32(ED_Q5_0, q5_0) ED_QCASE32(ED_Q5_1, q5_1)
+#undef ED_QCASE32
+#define ED_QCASEW(T, name, bs) \
+    case T: for (int64_t i = 0; i < k / (bs); i++) ed_q_##name##_w(x + i * (bs), qw + i * (bs), (blk_##name *)y + i); return 0;
+    ED_QCASEW(ED_Q2_K, q2_K, QKK) ED_QCASEW(ED_Q3_K, q3_K, QKK) ED_QCASEW(ED_Q4_K, q4_K, QKK)
+    ED_QCASEW(ED_Q5_K, q5_K, QKK) ED_QCASEW(ED_Q6_K, q6_K, QKK) ED_QCASEW(ED_IQ4_NL, iq4_nl, QK)
+    ED_QCASEW(ED_IQ4_XS, iq4_xs, QKK)
+#undef ED_QCASEW
+    case ED_Q8_0: case ED_MXFP4: return ed_quantize_row(type, x, vy, k);
     default: return -1;
     }
 }

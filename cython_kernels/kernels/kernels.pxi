@@ -414,9 +414,11 @@ def attention(float[:, ::1] out, float[:, ::1] q, uint16_t[:, ::1] k_cache,
 # --- compiled weight quantizers (ed_quant.h), the fast twin of edged.format.quants.quantize --------
 cdef extern from "ed_quant.h" nogil:
     int ed_quantize_row(int type, const float *x, void *y, int64_t k)
+    int ed_quantize_row_w(int type, const float *x, const float *qw, void *y, int64_t k)
 
 ctypedef struct _q_args:
     const float *x
+    const float *qw
     uint8_t *y
     int64_t k, rows
     size_t rb
@@ -428,17 +430,26 @@ cdef void _q_task(void *arg, int ith, int nth) noexcept nogil:
     cdef int64_t per = (a.rows + nth - 1) // nth
     cdef int64_t r0 = per * ith, r1 = min(r0 + per, a.rows), r
     for r in range(r0, r1):
-        ed_quantize_row(a.type, a.x + r * a.k, a.y + r * a.rb, a.k)
+        if a.qw == NULL:
+            ed_quantize_row(a.type, a.x + r * a.k, a.y + r * a.rb, a.k)
+        else:
+            ed_quantize_row_w(a.type, a.x + r * a.k, a.qw, a.y + r * a.rb, a.k)
 
 
-def quantize_rows(const float[:, ::1] x, int qtype, Pool pool=None):
+def quantize_rows(const float[:, ::1] x, int qtype, Pool pool=None, const float[::1] quant_weights=None):
     """Float rows (n, k) -> uint8 (n, row_bytes) quantized to `qtype` with llama.cpp's reference
-    algorithms (same bytes as edged.format.quants.quantize); rows split over the pool's threads."""
+    algorithms (same bytes as edged.format.quants.quantize); rows split over the pool's threads.
+    quant_weights (k,): an importance row (llama-imatrix's, for these rows' matrix or expert):
+    llama.cpp's weighted algorithms instead (quantize_<type> with quant_weights)."""
     cdef int64_t n = x.shape[0], k = x.shape[1]
     if qtype < 0 or qtype >= 40 or ED_TRAITS[qtype].ref == NULL or ED_TRAITS[qtype].block == 1:
         raise ValueError(f"no compiled quantizer for ggml type {qtype}")
     if k % ED_TRAITS[qtype].block:
         raise ValueError(f"row length {k} is not a multiple of the block size {ED_TRAITS[qtype].block}")
+    if quant_weights is not None and quant_weights.shape[0] != k:
+        raise ValueError(f"importance row has {quant_weights.shape[0]} values, the rows {k}")
+    if quant_weights is not None and ed_quantize_row_w(qtype, NULL, NULL, NULL, 0) != 0:  # k = 0: only asks
+        raise ValueError(f"no compiled importance-weighted quantizer for ggml type {qtype}")
     cdef size_t rb = <size_t>(k // ED_TRAITS[qtype].block) * ED_TRAITS[qtype].type_size
     out = np.empty((n, rb), np.uint8)
     if n == 0:
@@ -446,6 +457,7 @@ def quantize_rows(const float[:, ::1] x, int qtype, Pool pool=None):
     cdef uint8_t[:, ::1] o = out
     cdef _q_args a
     a.x = &x[0, 0]; a.y = &o[0, 0]; a.k = k; a.rows = n; a.rb = rb; a.type = qtype
+    a.qw = &quant_weights[0] if quant_weights is not None else NULL
     with nogil:
         if pool is None:
             _q_task(&a, 0, 1)

@@ -23,7 +23,8 @@ def configure(p):
     p.add_argument("--imatrix", metavar="FILE",
                    help="importance matrix from llama-imatrix (GGUF or legacy .dat): each weight's "
                         "quantization error is weighted by its column's mean squared activation, "
-                        "as llama-quantize --imatrix does (the IQ4_NL / IQ4_XS quantizers)")
+                        "as llama-quantize --imatrix does, with the same bytes (Q4_0..Q5_1, the K-quants, "
+                        "IQ4_NL, IQ4_XS; Q8_0 ignores it)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar and no summary")
     p.set_defaults(func=run)
 

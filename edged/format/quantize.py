@@ -3,8 +3,11 @@
 Which tensor gets which type follows llama.cpp's llama_tensor_get_type: 1-D tensors and norms stay as they are; `output.weight` (and tied `token_embd.weight`) get Q6_K
 unless the mix is Q8_0; attn_v / ffn_down get more bits on "use_more_bits" layers in the _M
 mixes; shapes a type's block does not divide fall back (Q4_K -> Q5_0, Q6_K -> Q8_0, ..., F16).
-The rows themselves are quantized by edged.format.quants (llama.cpp's reference algorithms;
-with an importance matrix from llama-imatrix, its weighted ones for the IQ4 types).
+The rows themselves are quantized by the compiled quantizers (cython_kernels/kernels/ed_quant.h)
+or edged.format.quants, their NumPy twin: llama.cpp's reference algorithms, and with an
+importance matrix from llama-imatrix its weighted ones (the same bytes as llama-quantize
+--imatrix) for every type llama-quantize weights: Q4_0..Q5_1, Q2_K..Q6_K, IQ4_NL, IQ4_XS (the
+NumPy twin has the IQ4 ones only; Q8_0 and MXFP4 ignore the matrix, as in llama.cpp).
 
     quantize_file(src, dst, mix, progress=None, imatrix=None)   writes dst atomically (temp
         file + rename), with the mode the umask gives a new file
@@ -51,6 +54,10 @@ FLOAT_TYPES = (G.F32, G.F16, G.BF16)
 FALLBACK = {G.Q2_K: G.Q4_0, G.Q3_K: G.Q4_0, G.Q4_K: G.Q5_0, G.Q5_K: G.Q5_1, G.Q6_K: G.Q8_0,
             G.IQ4_XS: G.IQ4_NL}
 IQ4_MIXES = (F.MOSTLY_IQ4_NL, F.MOSTLY_IQ4_XS)
+# the types llama-quantize quantizes importance-weighted; the compiled quantizers have all of
+# them, edged.format.quants the ones in quants.WEIGHTED
+WEIGHTED = (G.Q4_0, G.Q4_1, G.Q5_0, G.Q5_1, G.Q2_K, G.Q3_K, G.Q4_K, G.Q5_K, G.Q6_K,
+            G.IQ4_NL, G.IQ4_XS)
 
 
 def parse_mix(name):
@@ -199,6 +206,8 @@ def _ffn_down_type(t, ftype, i, n, falcon, has_imatrix=False):
         return G.Q6_K
     if ftype == F.MOSTLY_Q4_K_S and not falcon and i < n // 8:
         return G.Q5_K
+    if ftype in (F.MOSTLY_Q4_0, F.MOSTLY_Q5_0) and has_imatrix and i < n // 8:
+        return G.Q4_1 if ftype == F.MOSTLY_Q4_0 else G.Q5_1  # llama.cpp's guard on early ffn_down
     return t
 
 
@@ -222,8 +231,9 @@ def _rows_as_float(f, name, r0, r1):
 
 
 def _row_quantizer(compiled, n_threads):
-    """rows (n, k) float32 -> bytes: the compiled quantizer on a thread pool when built (same
-    bytes as the NumPy reference, tested), else edged.format.quants."""
+    """-> (q, weighted): q(rows (n, k) float32, type, importance row (k,) or None) -> bytes, the
+    compiled quantizer on a thread pool when built (same bytes as the NumPy reference, tested),
+    else edged.format.quants; weighted: the types q quantizes importance-weighted."""
     if compiled:
         try:
             from .. import _core   # optional: the NumPy quantizer runs without the compiled core
@@ -233,12 +243,14 @@ def _row_quantizer(compiled, n_threads):
             from ..engine.threads import default_threads   # the engine sits above the format layer
             pool = _core.Pool(n_threads or default_threads())
 
-            def q(x, t):
+            def q(x, t, qw=None):
                 if t in FLOAT_TYPES:
                     return quants.quantize(x, t)
-                return _core.quantize_rows(np.ascontiguousarray(x, dtype=np.float32), int(t), pool)
-            return q
-    return quants.quantize
+                if qw is not None:
+                    qw = np.ascontiguousarray(qw, dtype=np.float32)
+                return _core.quantize_rows(np.ascontiguousarray(x, dtype=np.float32), int(t), pool, qw)
+            return q, WEIGHTED
+    return quants.quantize, quants.WEIGHTED
 
 
 UNQUANTIZED = (G.F32, G.F16, G.BF16)
@@ -252,10 +264,22 @@ def _refuse_requantize(src, tensors, types):
                               "(quantize from the F32/F16/BF16 model, or allow requantizing)")
 
 
-def _imatrix_rows(f, types, im, path):
+def _refuse_without_imatrix(ftype, tensors, types, weights):
+    """llama-quantize makes the Q2_K tensors of a Q2_K_S file (all but token_embd and output)
+    only from an importance matrix entry ("the result will be garbage" without); so does edged."""
+    if ftype != F.MOSTLY_Q2_K_S:
+        return
+    for name, t in types.items():
+        if (t == G.Q2_K and tensors[name].type != t and name not in weights
+                and _category(name) not in ("token_embd", "output")):
+            raise ConfigError(f"tensor {name!r} would be Q2_K in a Q2_K_S file, which needs an importance "
+                              "matrix entry for it (--imatrix FILE from llama-imatrix), as in llama-quantize")
+
+
+def _imatrix_rows(f, types, im, path, weighted):
     """name -> (n_expert, n_per_row) importance weights for the tensors that get quantized with
     them, checked as llama-quantize checks them (size n_per_row * n_expert; a tensor without an
-    entry is quantized without). Refuses a type edged has no weighted quantizer for."""
+    entry is quantized without). Refuses a type with no weighted quantizer in `weighted`."""
     out = {}
     for name, t in types.items():
         ti = f.tensors[name]
@@ -264,14 +288,16 @@ def _imatrix_rows(f, types, im, path):
         k, n_exp = ti.shape[0], (ti.shape[2] if len(ti.shape) > 2 else 1)
         w = im.entries[name]
         if w.size != k * n_exp:
+            if _category(name) == "token_embd":
+                continue  # llama-quantize quantizes it without, as an old matrix's embedding rows do not fit
             raise ConfigError(f"{path}: importance matrix for {name!r} has {w.size} values, the "
                               f"tensor needs {k * n_exp} ({k} columns x {n_exp} experts)")
         if not np.all(np.isfinite(w)):
             raise ConfigError(f"{path}: importance matrix for {name!r} has non-finite values")
-        if t not in quants.WEIGHTED:
-            raise ConfigError(f"{name!r} would be {t.name} with an importance matrix: edged's "
-                              f"importance-weighted quantizers are {', '.join(q.name for q in quants.WEIGHTED)} "
-                              "(llama.cpp's K-quant and Q4_0..Q5_1 ones are not implemented)")
+        if t not in weighted:
+            raise ConfigError(f"{name!r} would be {t.name} with an importance matrix: without the "
+                              f"compiled core edged's importance-weighted quantizers are "
+                              f"{', '.join(q.name for q in weighted)} (build it: tools/bootstrap.sh)")
         out[name] = w.reshape(n_exp, k)
     return out
 
@@ -285,7 +311,7 @@ def quantize_file(src, dst, mix, progress=None, chunk_rows=None, compiled=True, 
     imatrix: path of llama-imatrix's output; its tensors are quantized importance-weighted
     (llama.cpp's algorithm, the same bytes as llama-quantize --imatrix)."""
     ftype = parse_mix(mix) if isinstance(mix, str) else FileType(mix)
-    quantize_rows = _row_quantizer(compiled, n_threads)
+    quantize_rows, weighted_types = _row_quantizer(compiled, n_threads)
     im = read_imatrix(imatrix) if imatrix else None
     with GGUFFile.open(src) as f:
         for name, ti in f.tensors.items():
@@ -295,7 +321,8 @@ def quantize_file(src, dst, mix, progress=None, chunk_rows=None, compiled=True, 
         types = choose_types(f, ftype, has_imatrix=im is not None)
         if not allow_requantize:
             _refuse_requantize(src, f.tensors, types)
-        weights = _imatrix_rows(f, types, im, imatrix) if im is not None else {}
+        weights = _imatrix_rows(f, types, im, imatrix, weighted_types) if im is not None else {}
+        _refuse_without_imatrix(ftype, f.tensors, types, weights)
         w = GGUFWriter(alignment=f.alignment)
         for key, value in f.metadata.items():
             if key in (Key.ALIGNMENT, Key.FILE_TYPE, Key.QUANTIZATION_VERSION):
@@ -330,8 +357,8 @@ def quantize_file(src, dst, mix, progress=None, chunk_rows=None, compiled=True, 
                         k = ti.shape[0]
                         per = ti.n_elements // k // len(weights[name])
                         step = chunk_rows or max(1, (1 << 20) // k)
-                        out_bytes = (quants.quantize(_rows_as_float(f, name, e * per + r, e * per + min(per, r + step)),
-                                                     t, weights[name][e])
+                        out_bytes = (quantize_rows(_rows_as_float(f, name, e * per + r, e * per + min(per, r + step)),
+                                                   t, weights[name][e])
                                      for e in range(len(weights[name])) for r in range(0, per, step))
                     else:
                         k = ti.shape[0]
