@@ -20,13 +20,6 @@
 
 #include "forward.h"
 
-/* [r0, r1) of n rows for thread ith of nth */
-static inline void ed_enc_span(int64_t n, int ith, int nth, int64_t *r0, int64_t *r1) {
-    const int64_t per = (n + nth - 1) / nth;
-    *r0 = per * ith < n ? per * ith : n;
-    *r1 = *r0 + per < n ? *r0 + per : n;
-}
-
 /* x[t] = LN(x[t] + bias + res[t]) * w + b for rows t of (n, E); bias, res may be NULL */
 typedef struct {
     float *x;               /* (n, E) in place */
@@ -42,7 +35,7 @@ static void ed_enc_norm_task(void *arg, int ith, int nth) {
     const ed_enc_norm_args *a = (const ed_enc_norm_args *)arg;
     const int E = a->E;
     int64_t r0, r1;
-    ed_enc_span(a->n, ith, nth, &r0, &r1);
+    ed_range(a->n, ith, nth, &r0, &r1);
     for (int64_t t = r0; t < r1; t++) {
         float *x = a->x + t * E;
         if (a->bias) for (int i = 0; i < E; i++) x[i] = x[i] + a->bias[i];
@@ -70,7 +63,7 @@ static void ed_enc_act_task(void *arg, int ith, int nth) {
     const ed_enc_act_args *a = (const ed_enc_act_args *)arg;
     const int F = a->F;
     int64_t r0, r1;
-    ed_enc_span(a->n, ith, nth, &r0, &r1);
+    ed_range(a->n, ith, nth, &r0, &r1);
     for (int64_t t = r0; t < r1; t++) {
         float *h = a->h + t * F;
         if (a->up) {
@@ -109,7 +102,7 @@ static void ed_enc_attn_task(void *arg, int ith, int nth) {
     const ed_enc_attn_args *a = (const ed_enc_attn_args *)arg;
     const int H = a->H, D = a->D, Qd = H * D;
     int64_t r0, r1;
-    ed_enc_span(a->n_tokens, ith, nth, &r0, &r1);
+    ed_range(a->n_tokens, ith, nth, &r0, &r1);
     for (int64_t t = r0; t < r1; t++) {
         float *q = a->q + t * a->ld, *k = a->k + t * a->ld, *v = a->v + t * a->ld;
         if (a->qb) ed_enc_add(q, a->qb, Qd);
