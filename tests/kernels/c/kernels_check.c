@@ -154,10 +154,10 @@ int main(void) {
                products with |q| = 127 are largest (the i16 sums the kernels keep without VNNI
                must still be exact), against columns of +127 and -127, equal to the plain C dot
                bit for bit: "extreme PATH TYPE rows ok" */
-            if (ED_MROWS[t] && tr.block == QK) {
+            if (ED_MROWS[t]) {
                 static const struct { int type; uint8_t fill; } edge[] = {
                     {ED_Q4_0, 0x00}, {ED_Q5_0, 0x00}, {ED_Q8_0, 0x80}, {ED_Q4_1, 0xFF}, {ED_Q5_1, 0xFF},
-                    {ED_IQ4_NL, 0x00}, {ED_MXFP4, 0x77}};
+                    {ED_IQ4_NL, 0x00}, {ED_MXFP4, 0x77}, {ED_Q4_K, 0xFF}, {ED_Q5_K, 0xFF}, {ED_Q6_K, 0xFF}};
                 static uint8_t we[8 * K * 2], xe[4 * K * 2];
                 static float fe[4 * K], ge[4 * 8];
                 int fill = -1;
