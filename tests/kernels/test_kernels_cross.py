@@ -94,14 +94,14 @@ def test_neon_path_matches_generic_under_qemu(tmp_path):
         qd = lambda out, path: sorted(l.split()[2:4] for l in out.splitlines()  # noqa: E731
                                       if l.startswith(f"digest {path} ") and l.split()[2] not in FLOAT_TYPES)
         assert len(qd(r.stdout, "neon")) == 13 and qd(r.stdout, "neon") == qd(n.stdout, "generic")
-    # every 32-block type has a row kernel (8 rows as lanes) on every x86 path, Q4_K, Q5_K and
-    # Q6_K on the paths without VNNI, exact at the edge of its integer range (the i16 sums
+    # every 32-block type has a row kernel (8 rows as lanes) on every x86 path, Q4_K and Q5_K
+    # on the paths without VNNI, exact at the edge of its integer range (the i16 sums
     # without VNNI; "extreme PATH TYPE rows ok")
     extreme = {tuple(l.split()[1:3]) for l in r.stdout.splitlines() if l.startswith("extreme ") and l.endswith(" rows ok")}
     for path in ("avx2", "avx2nv", "avx512", "avx512nv"):
         if f"{path}: not supported" not in r.stdout and "x86" in os.uname().machine:
             feats = r.stdout.split("\n", 1)[0].split()
             plain = path.endswith("nv") or {"avx2": "avxvnni", "avx512": "avx512vnni"}[path] not in feats
-            kq = ("Q4_K", "Q5_K", "Q6_K") if plain else ()
+            kq = ("Q4_K", "Q5_K") if plain else ()
             for name in ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "IQ4_NL", "MXFP4") + kq:
                 assert (path, name) in extreme, (path, name, r.stdout)

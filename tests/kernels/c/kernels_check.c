@@ -157,7 +157,7 @@ int main(void) {
             if (ED_MROWS[t]) {
                 static const struct { int type; uint8_t fill; } edge[] = {
                     {ED_Q4_0, 0x00}, {ED_Q5_0, 0x00}, {ED_Q8_0, 0x80}, {ED_Q4_1, 0xFF}, {ED_Q5_1, 0xFF},
-                    {ED_IQ4_NL, 0x00}, {ED_MXFP4, 0x77}, {ED_Q4_K, 0xFF}, {ED_Q5_K, 0xFF}, {ED_Q6_K, 0xFF}};
+                    {ED_IQ4_NL, 0x00}, {ED_MXFP4, 0x77}, {ED_Q4_K, 0xFF}, {ED_Q5_K, 0xFF}};
                 static uint8_t we[8 * K * 2], xe[4 * K * 2];
                 static float fe[4 * K], ge[4 * 8];
                 int fill = -1;
