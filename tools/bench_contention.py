@@ -7,7 +7,8 @@ Cases, each with 1 and 2 threads:
              builds on a shared machine): a thread that sleeps hands its CPU to such a task
   one busy   one busy loop at normal priority pinned to the last CPU this process may use
 Engines: `edged bench` (the adaptive thread count, the default), edged with it off
-(EDGED_ADAPT_THREADS=0: chunked work and futex barriers only) and llama.cpp's `llama-bench`.
+(EDGED_ADAPT_THREADS=0: chunked work and futex barriers only), optionally another checkout's
+edged (--baseline: before / after a change) and llama.cpp's `llama-bench`.
 Every run is a fresh process generating -n tokens one at a time from an empty context (both
 warm up first); the measured processes are not pinned. The engines alternate inside every case
 and the cases inside every round (A B C A B C ...); the table shows the median of -r rounds with
@@ -15,7 +16,7 @@ the samples, and the load average before each run is recorded (this measures a m
 only a program: say how busy it was).
 
   python tools/bench_contention.py -m q05-Q4_0.gguf -n 64 -r 3 --llama-bench PATH/llama-bench
-  python tools/bench_contention.py ... --root OTHER_CHECKOUT   # the same, for another build
+  python tools/bench_contention.py ... --baseline OTHER_CHECKOUT   # and another build beside it
 
 Without --llama-bench (or $EDGED_LLAMA_BENCH) the llama.cpp column is left out.
 """
@@ -48,12 +49,12 @@ def stop_load(procs):
         p.wait()
 
 
-def one_run(engine, model, threads, n, llama_bench, root):
+def one_run(engine, model, threads, n, llama_bench, root, baseline):
     if engine == "llama.cpp":
         return llama_bench_run(llama_bench, model, threads, 0, n)["tg"]
     # the `edged bench` process inherits this
     os.environ["EDGED_ADAPT_THREADS"] = "0" if engine == "edged fixed" else "1"
-    return edged_run(root, model, threads, 0, n)["tg"]
+    return edged_run(baseline if engine == "edged baseline" else root, model, threads, 0, n)["tg"]
 
 
 def main():
@@ -67,7 +68,9 @@ def main():
     ap.add_argument("--cases", default=",".join(CASES), help=f"comma-separated subset of {CASES}")
     ap.add_argument("--threads", default="1,2", help="thread counts (default 1,2)")
     ap.add_argument("--root", default=ROOT,
-                    help="the edged checkout to measure (its .venv; default this one): before / after")
+                    help="the edged checkout to measure (its .venv; default this one)")
+    ap.add_argument("--baseline", help="another edged checkout (its .venv), measured the same way "
+                    "in a column of its own, interleaved with the others: before / after")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
     model = os.path.abspath(a.model)
@@ -78,7 +81,8 @@ def main():
     if any(c not in CASES for c in cases):
         ap.error(f"--cases {a.cases}: expected a subset of {CASES}")
     threads = [int(t) for t in a.threads.split(",")]
-    engines = ["edged"] + ([] if a.no_fixed else ["edged fixed"]) + (["llama.cpp"] if a.llama_bench else [])
+    engines = ["edged"] + ([] if a.no_fixed else ["edged fixed"]) + \
+        (["edged baseline"] if a.baseline else []) + (["llama.cpp"] if a.llama_bench else [])
     cells = [(c, t) for c in cases for t in threads]
     samples = {(e, cell): [] for e in engines for cell in cells}
     loads = []
@@ -89,7 +93,7 @@ def main():
                 loads.append(load)
                 procs = start_load(case, cpus)
                 try:
-                    tps = one_run(e, model, t, a.n_gen, a.llama_bench, a.root)
+                    tps = one_run(e, model, t, a.n_gen, a.llama_bench, a.root, a.baseline)
                 finally:
                     stop_load(procs)
                 samples[(e, (case, t))].append(tps)
