@@ -31,8 +31,12 @@
  * its own lateness; after each task the caller computes the share L/T of the task's wall time
  * T that the others spent waiting (a quiet machine: a few percent). With n threads doing work
  * W, T = W/n + L, and n - 1 threads would take W/(n-1): fewer threads are faster once
- * L/T > 1/n. So when the share, smoothed over tasks, passes 1/n (or the pool's late_share when
- * set) the pool drops one worker (the latest; if the caller was latest, the highest-numbered
+ * L/T > 1/n. The same holds for thread time in which nobody ran: when two threads share one
+ * CPU (or wait parked for a descheduled one), n threads get fewer than n CPUs' worth; the
+ * share of the task's n * T thread time that its threads did not run (their CPU time,
+ * CLOCK_THREAD_CPUTIME_ID, against n * T) is added to L/T: two threads time-sharing one CPU
+ * score 0.5 and more, where one thread is as fast. So when the sum, smoothed over tasks,
+ * passes 1/n (or the pool's late_share when set) the pool drops one worker (the latest; if the caller was latest, the highest-numbered
  * one): it sleeps on its futex and takes no part until a probe. Probes re-admit the last
  * dropped worker for one task after ED_PROBE_MIN_NS, doubling after each failed probe up to
  * ED_PROBE_MAX_NS; a probe task under the threshold keeps the worker. Results do not depend on
