@@ -31,12 +31,8 @@
  * its own lateness; after each task the caller computes the share L/T of the task's wall time
  * T that the others spent waiting (a quiet machine: a few percent). With n threads doing work
  * W, T = W/n + L, and n - 1 threads would take W/(n-1): fewer threads are faster once
- * L/T > 1/n. The same holds for thread time in which nobody ran: when two threads share one
- * CPU (or wait parked for a descheduled one), n threads get fewer than n CPUs' worth; the
- * share of the task's n * T thread time that its threads did not run (their CPU time,
- * CLOCK_THREAD_CPUTIME_ID, against n * T) is added to L/T: two threads time-sharing one CPU
- * score 0.5 and more, where one thread is as fast. So when the sum, smoothed over tasks,
- * passes 1/n (or the pool's late_share when set) the pool drops one worker (the latest; if the caller was latest, the highest-numbered
+ * L/T > 1/n. So when the share, smoothed over tasks, passes 1/n (or the pool's late_share when
+ * set) the pool drops one worker (the latest; if the caller was latest, the highest-numbered
  * one): it sleeps on its futex and takes no part until a probe. Probes re-admit the last
  * dropped worker for one task after ED_PROBE_MIN_NS, doubling after each failed probe up to
  * ED_PROBE_MAX_NS; a probe task under the threshold keeps the worker. Results do not depend on
@@ -114,7 +110,6 @@ struct ed_pool {
     atomic_llong chunk_next;   /* ed_claim's counter, zeroed per task */
     int64_t *arrive_ns;        /* (n_threads) by task index: last barrier arrival */
     int64_t *late_ns;          /* (n_threads) by task index: gaps it closed as last arriver */
-    int64_t *cpu_ns;           /* (n_threads) by task index: CPU time it ran in the task */
     int *claimed;              /* (n_threads) by worker: chunks taken in the last task */
     int *task_worker;          /* (n_threads) task index -> worker number */
     /* adaptive thread count (the caller's, between tasks) */
@@ -147,12 +142,6 @@ static _Thread_local int ed_tls_claimed;
 static inline int64_t ed_clock_ns(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
-}
-
-static inline int64_t ed_thread_cpu_ns(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
     return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
 }
 
@@ -269,9 +258,7 @@ static void *ed_worker_main(void *vp) {
         seen = atomic_load_explicit(&me->go, memory_order_acquire);
         if (p->stop) return NULL;
         ed_task_enter(me->ith, me->w);
-        const int64_t cpu0 = ed_thread_cpu_ns();
         p->fn(p->arg, me->ith, p->n_active);
-        p->cpu_ns[me->ith] = ed_thread_cpu_ns() - cpu0;
         p->claimed[me->w] = ed_tls_claimed;
         const int64_t done = ed_clock_ns();
         p->arrive_ns[me->ith] = done;
@@ -300,14 +287,12 @@ static void ed_pool_task(ed_pool *p, ed_task_fn fn, void *arg, int all) {
         ed_wake(&wk->go, &wk->parked);
     }
     ed_task_enter(0, 0);
-    const int64_t cpu0 = ed_thread_cpu_ns();
     fn(arg, 0, nth);
     p->claimed[0] = ed_tls_claimed;
     const int64_t mine = ed_clock_ns();
     atomic_store_explicit(&p->cpu_of[0], sched_getcpu(), memory_order_relaxed);
     int left;
     while ((left = atomic_load(&p->remaining)) != 0) ed_wait_change(p, &p->remaining, left, &p->join_parked, 0, 0);
-    p->cpu_ns[0] = ed_thread_cpu_ns() - cpu0;
     if (nth > 1) {  /* the join is a barrier too: its last arriver was late by the gap */
         p->arrive_ns[0] = mine;
         int64_t first = mine, last = mine;
@@ -331,17 +316,13 @@ static void ed_pool_adapt(ed_pool *p, int64_t t0) {
     const int64_t now = ed_clock_ns(), wall = now - t0;
     const int nth = p->n_active;
     if (wall < ED_ADAPT_MIN_NS || nth < 2) return;
-    int64_t late = 0, cpu = 0;
+    int64_t late = 0;
     int latest = 0;
     for (int i = 0; i < nth; i++) {
         late += p->late_ns[i];
-        cpu += p->cpu_ns[i];
         if (p->late_ns[i] > p->late_ns[latest]) latest = i;
     }
-    /* waiting for late threads, plus the share of thread time nobody ran (threads sharing a
-       CPU, or descheduled while the others wait parked) */
-    const double idle = 1.0 - (double)cpu / ((double)wall * nth);
-    const double share = (double)late / (double)wall + (idle > 0.0 ? idle : 0.0);
+    const double share = (double)late / (double)wall;
     const double limit = p->late_share > 0.0 ? p->late_share : 1.0 / nth;
     p->last_share = share;
     if (p->probing) {
@@ -417,18 +398,17 @@ static ed_pool *ed_pool_create(int n_threads) {
     p->workers = (ed_worker *)aligned_alloc(64, sizeof(ed_worker) * n);
     p->arrive_ns = (int64_t *)calloc(n, sizeof(int64_t));
     p->late_ns = (int64_t *)calloc(n, sizeof(int64_t));
-    p->cpu_ns = (int64_t *)calloc(n, sizeof(int64_t));
     p->claimed = (int *)calloc(n, sizeof(int));
     p->task_worker = (int *)calloc(n, sizeof(int));
     p->active = (unsigned char *)calloc(n, 1);
     p->dropped = (int *)calloc(n, sizeof(int));
     p->cpu_of = (atomic_int *)calloc(n, sizeof(atomic_int));
     for (int i = 0; p->cpu_of && i < n; i++) atomic_init(&p->cpu_of[i], -1);
-    if (!p->cpu_of || !p->cpu_ns || !p->threads || !p->workers || !p->arrive_ns || !p->late_ns || !p->claimed ||
+    if (!p->cpu_of || !p->threads || !p->workers || !p->arrive_ns || !p->late_ns || !p->claimed ||
         !p->task_worker || !p->active || !p->dropped) {
         free(p->threads); free(p->workers); free(p->arrive_ns); free(p->late_ns);
         free(p->claimed); free(p->task_worker); free(p->active); free(p->dropped);
-        free(p->cpu_of); free(p->cpu_ns); free(p);
+        free(p->cpu_of); free(p);
         return NULL;
     }
     memset(p->workers, 0, sizeof(ed_worker) * n);
@@ -461,7 +441,7 @@ static void ed_pool_destroy(ed_pool *p) {
     for (int w = 1; w < p->n_threads; w++) pthread_join(p->threads[w], NULL);
     free(p->threads); free(p->workers); free(p->arrive_ns); free(p->late_ns);
     free(p->claimed); free(p->task_worker); free(p->active); free(p->dropped);
-    free(p->cpu_of); free(p->cpu_ns); free(p);
+    free(p->cpu_of); free(p);
 }
 
 /* ---------------------------------------------------------------- pinning -------------- */
