@@ -332,8 +332,8 @@ static const ed_kernels ED_PATHS[] = {
      &ed_avx2_gemm_path, ed_avx2_axpy_f16, ed_avx2_attn},
 #elif defined(__aarch64__)
     {"neon", "neon+dotprod", ED_CPU_NEON | ED_CPU_DOTPROD, ed_neondp_dot, ED_GENERIC_QUANT, ed_neondp_tile,
-     ED_NO_ROWS, &ed_neondp_gemm_path, ed_neondp_axpy_f16, ed_attn_rowwise},
-    {"neon", "neon", ED_CPU_NEON, ed_neon_dot, ED_GENERIC_QUANT, ed_neon_tile, ED_NO_ROWS,
+     ed_neondp_rows, &ed_neondp_gemm_path, ed_neondp_axpy_f16, ed_attn_rowwise},
+    {"neon", "neon", ED_CPU_NEON, ed_neon_dot, ED_GENERIC_QUANT, ed_neon_tile, ed_neon_rows,
      &ED_GEMM_NONE, ed_neon_axpy_f16, ed_attn_rowwise},
 #endif
     {"generic", "generic", 0, ED_GENERIC_DOT, ED_GENERIC_QUANT, ED_NO_TILES, ED_NO_ROWS,
