@@ -24,7 +24,7 @@ from ..engine.kvcache import CACHE_TYPES
 from ..errors import ConfigError, RequestError
 from ..trust.store import DEFAULT_REVOKED_FILE
 from .names import check_model_name
-from .scheduler import DECODE_LATENCY_BUDGET, PREFILL_CHUNK
+from .scheduler import DECODE_LATENCY_BUDGET, PREFILL_CHUNK, PROMPT_SLOWDOWN
 
 DEFAULT_PATH = "/etc/edged/edged.toml"
 
@@ -115,6 +115,10 @@ KEYS = [
     KeySpec("decode_latency_budget_ms", 0.0, "float",
             "The same limit in milliseconds per pass instead of a factor; 0 = use decode_latency_budget.",
             minimum=0),
+    KeySpec("prompt_slowdown_max", PROMPT_SLOWDOWN, "float",
+            "How much longer than alone a prompt may take to go in while streams decode (0 = no "
+            "limit): a prompt behind that pace takes a whole prompt_chunk_max pass, one long gap "
+            "for the streams, rather than starving under decode_latency_budget.", minimum=0),
     KeySpec("prompt_chunk_max", PREFILL_CHUNK, "int",
             "Prompt tokens of a pass when no stream is decoding (llama.cpp's n_ubatch), and the most "
             "of any pass (up to 512, a slot's batch).", minimum=1),

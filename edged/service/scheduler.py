@@ -45,6 +45,7 @@ MIN_CHUNK = 1           # least prompt tokens of a pass that has any: the prompt
 # (ED_GEMM_MIN_COLS, ed_gemm.h): a fixed cost per pass that a few prompt rows do not repay.
 PANEL_ROWS = 8
 DECODE_LATENCY_BUDGET = 2.5     # default: a pass with a prompt chunk takes <= 2.5x a decode pass
+PROMPT_SLOWDOWN = 2.0   # default: a prompt beside streams takes <= 2x its time alone (0: no limit)
 DECODE_WINDOW = 15      # decode-only passes whose median is the decode cost
 FIT_WINDOW = 24         # prompt-carrying passes per path the cost fit reads
 FORGET = 0.85           # weight of an observation per newer one in the fit
@@ -179,17 +180,20 @@ class StepCosts:
 
     budget (factor) / budget_ms (absolute, 0 = use the factor): the longest a pass carrying
     prompt tokens may take while streams decode; chunk_max: prompt tokens of a pass with nobody
-    decoding, and the most of any pass.
+    decoding, and the most of any pass; slowdown: how much longer than alone a prompt may take
+    beside streams before it takes whole passes (0 = never: the budget always rules).
     """
 
-    def __init__(self, budget=DECODE_LATENCY_BUDGET, budget_ms=0.0, chunk_max=PREFILL_CHUNK):
-        self.configure(budget, budget_ms, chunk_max)
+    def __init__(self, budget=DECODE_LATENCY_BUDGET, budget_ms=0.0, chunk_max=PREFILL_CHUNK,
+                 slowdown=PROMPT_SLOWDOWN):
+        self.configure(budget, budget_ms, chunk_max, slowdown)
         self._decode = collections.deque(maxlen=DECODE_WINDOW)
         self._obs = {p: collections.deque(maxlen=FIT_WINDOW) for p in PATHS}
         self.fits = {p: None for p in PATHS}
 
-    def configure(self, budget, budget_ms, chunk_max):
+    def configure(self, budget, budget_ms, chunk_max, slowdown=PROMPT_SLOWDOWN):
         self.budget, self.budget_ms, self.chunk_max = float(budget), float(budget_ms), int(chunk_max)
+        self.slowdown = float(slowdown)
 
     @property
     def decode_ms(self):
@@ -245,14 +249,40 @@ class StepCosts:
         d = self.decode_ms if decode_keys is None else self.decode_now(decode_keys)
         return self.budget_ms if self.budget_ms > 0 else self.budget * d
 
-    def plan(self, n_decode, prompts, decode_keys=0):
+    def alone_ms(self, start, end):
+        """Predicted ms of prompt positions start..end in passes of chunk_max with nobody
+        decoding (the prompt's time alone), or None before the panels are measured."""
+        fit = self.fits["panels"]
+        if fit is None or self.decode_ms is None:
+            return None
+        p0, a, b = fit
+        n = end - start
+        passes = -(-n // self.chunk_max)
+        return passes * (self.decode_ms + p0) + a * n + b * self.keys(start, n)
+
+    def behind(self, start, pos, end, waited_ms):
+        """Whether a prompt of positions start..end, at pos after waited_ms since its first
+        chunk beside decoding streams, has fallen behind the pace that ends it within slowdown
+        times its time alone: what it has done would take less than waited_ms / slowdown alone."""
+        if self.slowdown <= 0 or self.alone_ms(start, end) is None:
+            return False
+        return self.alone_ms(start, pos) < waited_ms / self.slowdown
+
+    def plan(self, n_decode, prompts, decode_keys=0, waits=None):
         """Prompt tokens of the next pass for each of prompts [(pos, pending), ...] (first come
         first served), the pass also carrying n_decode decode tokens whose attention reads
-        decode_keys keys. Nobody decoding: whole
-        passes of chunk_max. Else the most tokens whose predicted cost keeps the pass within
-        limit_ms() (on whichever path carries more), at least MIN_CHUNK for the first prompt;
-        a path not measured yet is tried with the least chunk."""
+        decode_keys keys; waits: per prompt (start position, ms since its first chunk beside
+        decoding streams) or None. Nobody decoding: whole passes of chunk_max. Else the most
+        tokens whose predicted cost keeps the pass within limit_ms() (on whichever path carries
+        more), at least MIN_CHUNK for the first prompt; a path not measured yet is tried with the
+        least chunk. A first prompt that has fallen behind its pace (`behind`) takes a whole
+        chunk_max pass: the streams see one long gap rather than the prompt starving."""
         out, left = [], self.chunk_max
+        if n_decode and prompts and waits and waits[0] is not None:
+            pos, pending = prompts[0]
+            start, waited = waits[0]
+            if self.behind(start, pos, pos + pending, waited):
+                return [min(pending, left)] + [0] * (len(prompts) - 1)
         if not n_decode:
             for _, pending in prompts:
                 out.append(min(pending, left))
@@ -292,9 +322,11 @@ class StepCosts:
 class Decoder:
     """The decode thread. submit() from the event loop; events come back through Job.events."""
 
-    def __init__(self, metrics=None, budget=DECODE_LATENCY_BUDGET, budget_ms=0.0, chunk_max=PREFILL_CHUNK):
+    def __init__(self, metrics=None, budget=DECODE_LATENCY_BUDGET, budget_ms=0.0, chunk_max=PREFILL_CHUNK,
+                 slowdown=PROMPT_SLOWDOWN):
         self.metrics = metrics
-        self._policy = (budget, budget_ms, chunk_max)
+        self._policy = (budget, budget_ms, chunk_max, slowdown)
+        self._waits = {}                # job -> (start position, perf_counter of its first mixed pass)
         self._pending = collections.deque()
         self._active = []
         self._costs = {}                # id(model) -> StepCosts
@@ -304,10 +336,10 @@ class Decoder:
         self._thread = threading.Thread(target=self._run, name="edged-decode", daemon=True)
         self._thread.start()
 
-    def configure(self, budget, budget_ms, chunk_max):
+    def configure(self, budget, budget_ms, chunk_max, slowdown=PROMPT_SLOWDOWN):
         """The mixed-load policy's keys (decode_latency_budget, decode_latency_budget_ms,
-        prompt_chunk_max); takes effect at the next pass (a SIGHUP reload)."""
-        self._policy = (budget, budget_ms, chunk_max)
+        prompt_chunk_max, prompt_slowdown_max); take effect at the next pass (a SIGHUP reload)."""
+        self._policy = (budget, budget_ms, chunk_max, slowdown)
         for costs in list(self._costs.values()):
             costs.configure(*self._policy)
 
@@ -378,8 +410,18 @@ class Decoder:
         at = [(j.gen.session.n_past, j.gen.n_pending) for j in prefilling]
         work = [(j, j.gen.entry()) for j in decoding]
         decode_keys = sum(j.gen.session.n_past + 1 for j in decoding)
+        now = time.perf_counter()
+        for j in list(self._waits):
+            if j not in prefilling:
+                del self._waits[j]          # its prompt is in (or it left)
+        waits = []
+        for j, (pos, _) in zip(prefilling, at):
+            if decoding and j not in self._waits:
+                self._waits[j] = (pos, now)     # the prompt's pace is counted from here
+            w = self._waits.get(j)
+            waits.append(None if w is None else (w[0], (now - w[1]) * 1000))
         pieces = []
-        for j, (pos, _), n in zip(prefilling, at, costs.plan(len(decoding), at, decode_keys)):
+        for j, (pos, _), n in zip(prefilling, at, costs.plan(len(decoding), at, decode_keys, waits)):
             if n:
                 e = j.gen.entry(n)
                 pieces.append((pos, len(e.tokens)))

@@ -40,13 +40,14 @@ def absorb(costs, machine, n_decode, length, warm=20):
         k = max(n_decode, 3) * (at + 1)
         costs.record(machine.ms(max(n_decode, 3), [], k), max(n_decode, 3), [], k)
         at += 1
-    pos, passes = 0, []
+    pos, passes, clock = 0, [], 0.0
     while pos < length:
         k = n_decode * (at + 1)
-        n, = costs.plan(n_decode, [(pos, length - pos)], k)
+        n, = costs.plan(n_decode, [(pos, length - pos)], k, [(0, clock)])
         ms = machine.ms(n_decode, [(pos, n)], k)
         costs.record(ms, n_decode, [(pos, n)], k)
         passes.append((n, ms, machine.ms(n_decode, [], k)))
+        clock += ms
         pos += n
         at += 1 if n_decode else 0
     return passes
@@ -80,10 +81,10 @@ def test_mixed_passes_stay_within_the_budget_and_the_prompt_progresses():
     from edged.service.scheduler import DECODE_LATENCY_BUDGET, PREFILL_CHUNK, StepCosts
     m = FakeMachine()
     decode = m.ms(3, [])
-    c = StepCosts()
-    alone = absorb(c, m, 0, 2000)                    # the prompt alone first (as the benchmark)
+    c = StepCosts(slowdown=0)                        # the budget alone rules
+    alone = absorb(c, m, 0, 1000)                    # the prompt alone first (as the benchmark)
     assert all(n == PREFILL_CHUNK for n, _, _ in alone[:-1])
-    passes = absorb(c, m, 3, 2000)
+    passes = absorb(c, m, 3, 1000)
     settled = passes[4:]                             # the row fit needs a few passes with spread
     # within the budget of the streams' own pass, which grows with them ...
     assert all(ms <= DECODE_LATENCY_BUDGET * own * 1.001 for _, ms, own in settled)
@@ -94,9 +95,9 @@ def test_mixed_passes_stay_within_the_budget_and_the_prompt_progresses():
     # where rows cost what panels do (no fixed cost), the prompt's time to first token with 3
     # streams decoding stays within 2x its time alone
     even = FakeMachine(a_rows=2.5, panel=0.0)
-    c = StepCosts()
-    alone = sum(ms for _, ms, _ in absorb(c, even, 0, 2000))
-    mixed = sum(ms for _, ms, _ in absorb(c, even, 3, 2000))
+    c = StepCosts(slowdown=0)
+    alone = sum(ms for _, ms, _ in absorb(c, even, 0, 1000))
+    mixed = sum(ms for _, ms, _ in absorb(c, even, 3, 1000))
     assert mixed < 2.0 * alone, mixed / alone
 
 
@@ -106,19 +107,41 @@ def test_budget_keys_choose_between_streams_and_prompt():
     decode = m.ms(3, [])
     ttft = {}
     for budget in (1.5, 2.5, 8.0):
-        c = StepCosts(budget=budget)
-        absorb(c, m, 0, 2000)
-        passes = absorb(c, m, 3, 2000)
+        c = StepCosts(budget=budget, slowdown=0)
+        absorb(c, m, 0, 1000)
+        passes = absorb(c, m, 3, 1000)
         # within the budget, but for the one token a pass always takes (late in the prompt
         # its attention alone is more than 1.5x leaves)
         assert all(ms <= budget * own * 1.001 or n == 1 for n, ms, own in passes[4:])
         ttft[budget] = sum(ms for _, ms, _ in passes)
     assert ttft[8.0] < ttft[2.5] < ttft[1.5]
     # an absolute limit in ms wins over the factor; configure() changes a running policy
-    c = StepCosts(budget=8.0, budget_ms=40.0)
+    c = StepCosts(budget=8.0, budget_ms=40.0, slowdown=0)
     assert max(ms for _, ms, _ in absorb(c, m, 3, 600)[4:]) <= 40.0 * 1.001
     c.configure(2.0, 0.0, 64)
     assert c.limit_ms() == 2.0 * c.decode_ms and c.plan(0, [(0, 500)]) == [64]
+
+
+def test_a_prompt_behind_its_pace_takes_whole_passes():
+    """Where small chunks are slow (rows) and panels cost a fixed 3 decode passes, the budget
+    alone starves the prompt; prompt_slowdown_max bounds its time to about 2x alone, at the
+    price of a few long passes for the streams."""
+    from edged.service.scheduler import DECODE_LATENCY_BUDGET, PREFILL_CHUNK, StepCosts
+    m = FakeMachine()
+    ttft = {}
+    for slowdown in (0, 2.0):
+        c = StepCosts(slowdown=slowdown)
+        alone = sum(ms for _, ms, _ in absorb(c, m, 0, 1000))
+        passes = absorb(c, m, 3, 1000)
+        ttft[slowdown] = sum(ms for _, ms, _ in passes) / alone
+        over = [n for n, ms, own in passes[4:] if ms > DECODE_LATENCY_BUDGET * own * 1.001]
+        if slowdown:
+            assert over and all(n == PREFILL_CHUNK for n in over)     # the catch-up passes
+            assert len(over) < 0.1 * len(passes)                      # the exception
+        else:
+            assert all(n == 1 for n in over)
+    assert ttft[0] > 2.1                              # beyond 2x alone under the budget alone
+    assert ttft[2.0] <= 2.0 + 0.1                     # within its pace (and one pass)
 
 
 def test_nobody_decoding_takes_whole_passes_shared_first_come_first_served():
