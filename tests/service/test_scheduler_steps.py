@@ -88,7 +88,7 @@ def test_mixed_passes_stay_within_the_budget_and_the_prompt_progresses():
     settled = passes[4:]                             # the row fit needs a few passes with spread
     # within the budget of the streams' own pass, which grows with them ...
     assert all(ms <= DECODE_LATENCY_BUDGET * own * 1.001 for _, ms, own in settled)
-    assert passes[-1][2] > 1.3 * decode
+    assert passes[-1][2] > 1.15 * decode
     # ... and full: the prompt gets the rest of each pass
     assert statistics.median(ms / own for _, ms, own in settled) >= 0.8 * DECODE_LATENCY_BUDGET
     assert all(n >= 1 for n, _, _ in passes)
