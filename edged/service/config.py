@@ -117,8 +117,8 @@ KEYS = [
             minimum=0),
     KeySpec("prompt_slowdown_max", PROMPT_SLOWDOWN, "float",
             "How much longer than alone a prompt may take to go in while streams decode (0 = no "
-            "limit): a prompt behind that pace takes a whole prompt_chunk_max pass, one long gap "
-            "for the streams, rather than starving under decode_latency_budget.", minimum=0),
+            "limit): a prompt behind that pace takes a larger, efficient chunk (one long gap for "
+            "the streams) rather than starving under decode_latency_budget.", minimum=0),
     KeySpec("prompt_chunk_max", PREFILL_CHUNK, "int",
             "Prompt tokens of a pass when no stream is decoding (llama.cpp's n_ubatch), and the most "
             "of any pass (up to 512, a slot's batch).", minimum=1),

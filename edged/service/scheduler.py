@@ -46,6 +46,7 @@ MIN_CHUNK = 1           # least prompt tokens of a pass that has any: the prompt
 PANEL_ROWS = 8
 DECODE_LATENCY_BUDGET = 2.5     # default: a pass with a prompt chunk takes <= 2.5x a decode pass
 PROMPT_SLOWDOWN = 2.0   # default: a prompt beside streams takes <= 2x its time alone (0: no limit)
+CATCH_UP_OVERHEAD = 0.25  # a catch-up pass: the panels' fixed cost at most this share of its prompt cost
 DECODE_WINDOW = 15      # decode-only passes whose median is the decode cost
 FIT_WINDOW = 24         # prompt-carrying passes per path the cost fit reads
 FORGET = 0.85           # weight of an observation per newer one in the fit
@@ -268,6 +269,21 @@ class StepCosts:
             return False
         return self.alone_ms(start, pos) < waited_ms / self.slowdown
 
+    def catch_up(self, n_decode, pos, pending):
+        """Prompt tokens of a pass that catches a prompt up: the fewest on the panels whose
+        fixed cost is at most CATCH_UP_OVERHEAD of the pass's prompt cost (efficient, yet the
+        streams' gap stays a fraction of a whole chunk_max pass late in a long prompt)."""
+        most = min(pending, self.chunk_max)
+        p0, a, b = self.fits["panels"]
+        lo, hi = max(1, PANEL_ROWS - n_decode), most
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if p0 <= CATCH_UP_OVERHEAD * (p0 + a * mid + b * self.keys(pos, mid)):
+                hi = mid
+            else:
+                lo = mid + 1
+        return min(lo, most)
+
     def plan(self, n_decode, prompts, decode_keys=0, waits=None):
         """Prompt tokens of the next pass for each of prompts [(pos, pending), ...] (first come
         first served), the pass also carrying n_decode decode tokens whose attention reads
@@ -275,14 +291,14 @@ class StepCosts:
         decoding streams) or None. Nobody decoding: whole passes of chunk_max. Else the most
         tokens whose predicted cost keeps the pass within limit_ms() (on whichever path carries
         more), at least MIN_CHUNK for the first prompt; a path not measured yet is tried with the
-        least chunk. A first prompt that has fallen behind its pace (`behind`) takes a whole
-        chunk_max pass: the streams see one long gap rather than the prompt starving."""
+        least chunk. A first prompt that has fallen behind its pace (`behind`) takes a
+        `catch_up` pass: the streams see one long gap rather than the prompt starving."""
         out, left = [], self.chunk_max
         if n_decode and prompts and waits and waits[0] is not None:
             pos, pending = prompts[0]
             start, waited = waits[0]
             if self.behind(start, pos, pos + pending, waited):
-                return [min(pending, left)] + [0] * (len(prompts) - 1)
+                return [self.catch_up(n_decode, pos, pending)] + [0] * (len(prompts) - 1)
         if not n_decode:
             for _, pending in prompts:
                 out.append(min(pending, left))
