@@ -46,7 +46,7 @@ MIN_CHUNK = 1           # least prompt tokens of a pass that has any: the prompt
 PANEL_ROWS = 8
 DECODE_LATENCY_BUDGET = 2.5     # default: a pass with a prompt chunk takes <= 2.5x a decode pass
 PROMPT_SLOWDOWN = 2.0   # default: a prompt beside streams takes <= 2x its time alone (0: no limit)
-CATCH_UP_OVERHEAD = 0.25  # a catch-up pass: the panels' fixed cost at most this share of its prompt cost
+CATCH_UP_OVERHEAD = 0.5   # a catch-up pass: the panels' fixed cost at most this share of its prompt cost
 DECODE_WINDOW = 15      # decode-only passes whose median is the decode cost
 FIT_WINDOW = 24         # prompt-carrying passes per path the cost fit reads
 FORGET = 0.85           # weight of an observation per newer one in the fit
