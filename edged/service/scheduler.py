@@ -22,9 +22,12 @@ times a pass of decode tokens alone (or `decode_latency_budget_ms`), so each str
 tokens stays within that factor of its undisturbed gap, and the prompt gets the rest of every
 pass. The chunk comes from measured costs (StepCosts): the median decode-only pass, and a
 least-squares fit of what prompt tokens add to a pass, per row (matrix products) and per key
-their attention reads (a chunk late in a long prompt costs more than one at its start). With
-nobody decoding a prompt takes whole passes of `prompt_chunk_max` tokens (cancellation still
-gets a turn between them). EDGED_DEBUG_STEPS=1 logs every pass (composition, predicted and
+their attention reads (a chunk late in a long prompt costs more than one at its start), kept
+apart for passes below and from PANEL_ROWS rows (the packed panels' fixed cost per pass). A
+prompt that falls behind `prompt_slowdown_max` times its predicted time alone takes a larger,
+efficient catch-up chunk (one longer gap for the streams) rather than starving. With nobody
+decoding a prompt takes whole passes of `prompt_chunk_max` tokens (cancellation still gets a
+turn between them). EDGED_DEBUG_STEPS=1 logs every pass (composition, predicted and
 measured time) at debug level.
 """
 import asyncio
@@ -182,7 +185,7 @@ class StepCosts:
     budget (factor) / budget_ms (absolute, 0 = use the factor): the longest a pass carrying
     prompt tokens may take while streams decode; chunk_max: prompt tokens of a pass with nobody
     decoding, and the most of any pass; slowdown: how much longer than alone a prompt may take
-    beside streams before it takes whole passes (0 = never: the budget always rules).
+    beside streams before it takes catch-up chunks (0 = never: the budget always rules).
     """
 
     def __init__(self, budget=DECODE_LATENCY_BUDGET, budget_ms=0.0, chunk_max=PREFILL_CHUNK,
