@@ -243,7 +243,10 @@ def bench_mixed(tmp, models_dir, keys, args):
                                lt, asyncio.Event())
             t_first = lt[0]
             n_after = [len(x) for x in stamps]
-            while min(len(x) - n for x, n in zip(stamps, n_after)) < 8:
+            # 8 more tokens of each stream (unless the streams ended first: a slow model's long
+            # prompt can outlast their max_tokens)
+            while (min(len(x) - n for x, n in zip(stamps, n_after)) < 8
+                   and not all(t.done() for t in tasks)):
                 await asyncio.sleep(0.01)
             stop.set()
             await asyncio.gather(*tasks, return_exceptions=True)
