@@ -125,7 +125,8 @@ KEYS = [
     KeySpec("max_queue", 16, "int",
             "Requests that may wait for a slot; one more is refused with 429 and Retry-After.", minimum=0),
     KeySpec("queue_timeout", 60.0, "float",
-            "Seconds a request may wait in the queue (and for a model swap) before 503.", minimum=0.001),
+            "Seconds a request may wait in the queue (and for a model swap) before 503; a model load "
+            "it started goes on for the next requests.", minimum=0.001),
     KeySpec("request_timeout", 600.0, "float",
             "Seconds of generation per request; at the limit the reply ends with finish_reason \"length\".",
             minimum=0.001),
