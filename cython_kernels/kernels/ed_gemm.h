@@ -19,6 +19,10 @@
  * The K-quants (a group is a sub-block) combine the groups of a super-block in integers,
  * isum = sum scale_g * (group sum), msum = sum min_g * sum q_g, and take the super-block's
  * steps with its d and dmin:  acc = fma(d * dy, isum, acc) [acc = fma(-(dmin * dy), msum, acc)].
+ * The x86 kernels form the term that multiplies the activation group sums once per
+ * super-block, T = sum w_g * sum q_g (w: the mins, or the scales of an offset type), by i16
+ * pair products of the panel's ED_GEMM_SB_PAIRS against ed_ginfo.qpair: msum = T, or
+ * isum = sum sc_g * (raw group sum) - off * T; the same exact integers.
  * The activation side (per group: dy, 128 * sum q, the stored d * sum q of Q8_1) does not
  * depend on the weight type and is computed once per batch, when the activations are
  * quantized.
