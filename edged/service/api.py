@@ -94,6 +94,16 @@ def error_for(e):
 
 # --- request validation --------------------------------------------------------------------
 
+def _tool(t):
+    """A request's tool as chat templates see it: `description` and `parameters` are optional
+    in OpenAI's API but templates read them unguarded (gpt-oss's `tool.description`), so absent
+    ones become "" and {} (what llama-server hands its templates)."""
+    d = t.model_dump(exclude_none=True)
+    d["function"].setdefault("description", "")
+    d["function"].setdefault("parameters", {})
+    return d
+
+
 def parse_params(body, chat):
     """Validate an OpenAI request body (requests.py); returns a dict of generation parameters."""
     r = requests.validate(body, chat)
@@ -110,7 +120,7 @@ def parse_params(body, chat):
     if chat:
         p["messages"] = [_message(m) for m in r.messages]
         p["logprobs"] = (r.top_logprobs or 0) if r.logprobs else None
-        p["tools"] = [t.model_dump(exclude_none=True) for t in r.tools or ()]
+        p["tools"] = [_tool(t) for t in r.tools or ()]
         tc = r.tool_choice
         p["tool_choice"] = tc.function.name if isinstance(tc, requests.NamedToolChoice) else (
             tc or ("auto" if p["tools"] else "none"))

@@ -78,7 +78,8 @@ class _Vocab:
     def __call__(self, s):
         if isinstance(s, bytes):
             s = s.decode("utf-8", "replace")
-        return list(self._tok.encode(s, add_special=False, parse_special=False))
+        # forced text continues a reply: no SentencePiece space prefix ("Once" is not " Once")
+        return list(self._tok.encode(s, add_special=False, parse_special=False, space_prefix=False))
 
 
 def lltokenizer(tok, n_vocab=None):

@@ -584,10 +584,13 @@ class Tokenizer:
             frags = out
         return frags
 
-    def encode(self, text, add_special=True, parse_special=False):
+    def encode(self, text, add_special=True, parse_special=False, space_prefix=True):
         """Token ids of `text`. add_special: BOS/EOS as the model asks (add_bos/add_eos);
         parse_special: control tokens written in the text (e.g. "<|im_start|>") become their
-        ids, otherwise they are tokenized as plain text. User-defined tokens always match."""
+        ids, otherwise they are tokenized as plain text. User-defined tokens always match.
+        space_prefix=False: no space before the first text or text after a special token, even
+        where the vocabulary adds one (SentencePiece's add_space_prefix): the tokens of a piece
+        of text in the middle of a reply, e.g. what a grammar forces."""
         if not isinstance(text, str):
             raise TypeError(f"encode() needs a str, not {type(text).__name__}")
         out = []
@@ -607,7 +610,7 @@ class Tokenizer:
                     out.append(frag)
                     prev_special = True
                     continue
-                if self.add_space_prefix and prev_special:
+                if self.add_space_prefix and prev_special and space_prefix:
                     frag = " " + frag
                 out += self._spm.encode(frag.replace(" ", "\u2581").encode("utf-8", "surrogatepass"),
                                         self._spm_words)

@@ -4,9 +4,11 @@ import json
 
 import pytest
 
+from conftest import testdata
 from edged.service import config
 from edged.service.api import ApiRequest, Peer, StreamReply, parse_params
 from edged.service.daemon import Daemon
+from edged.text.chat import render
 from edged.errors import RequestError
 
 
@@ -84,6 +86,18 @@ def test_fields_clients_send_are_accepted_and_ignored():
             "parallel_tool_calls": False, "stream_options": {"include_usage": True}}
     p = parse_params(body, chat=True)
     assert p["messages"] == [{"role": "user", "content": "hi"}] and p["include_usage"]
+
+
+def test_a_tool_without_description_or_parameters_renders_in_gpt_oss_template():
+    """Both are optional in OpenAI's API; gpt-oss's template reads `tool.description` unguarded,
+    so the request's tools reach templates with "" and {} filled in (as llama-server does)."""
+    body = {**CHAT, "tools": [{"type": "function", "function": {"name": "get_time"}}]}
+    p = parse_params(body, chat=True)
+    assert p["tools"] == [{"type": "function", "function": {"name": "get_time", "description": "",
+                                                            "parameters": {}}}]
+    with open(testdata("templates", "openai-gpt-oss-120b.jinja")) as f:
+        template = f.read()
+    assert "type get_time = () => any;" in render(template, p["messages"], tools=p["tools"])
 
 
 def test_completion_validation_and_accepted_fields():

@@ -82,8 +82,10 @@ def test_request_time_limit_ends_with_length_and_prompt_logging(tmp_path, models
 
 
 def test_sigterm_drains_in_flight_stream_then_exits_0(tmp_path, models):
-    srv = Server(tmp_path, *models, default_model="alpha")
-    c, r = open_stream(srv.socket, {"prompt": ONCE, "max_tokens": 40, "stream": True, "temperature": 0})
+    # A stream long enough to be still running when the signal is handled: 40 tokens of this
+    # model could finish first on a busy host, and then nothing is in flight to drain.
+    srv = Server(tmp_path, *models, default_model="alpha", extra={"ctx_size": 2048})
+    c, r = open_stream(srv.socket, {"prompt": ONCE, "max_tokens": 1500, "stream": True, "temperature": 0})
     assert r.status == 200
     assert r.readline().startswith(b"data: ")
     srv.proc.send_signal(signal.SIGTERM)

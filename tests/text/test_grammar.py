@@ -3,12 +3,13 @@ through the compiled sampler and its NumPy twin. Whatever the logits, what comes
 validates; bad schemas and grammars fail with a GrammarError that names the problem, in bounded
 time."""
 import json
+import os
 import time
 
 import numpy as np
 import pytest
 
-from conftest import testdata
+from conftest import ROOT, testdata
 from edged.errors import GrammarError
 
 pytest.importorskip("llguidance")
@@ -152,3 +153,26 @@ def test_compilation_is_bounded(tok):
         except GrammarError as e:
             assert "json_schema" in str(e)
         assert time.monotonic() - t0 < 10, schema
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_forced_text_on_a_sentencepiece_vocabulary_has_no_space_prefix(seed):
+    """SentencePiece vocabularies add a space before text that starts a prompt or follows a
+    special token; the text a grammar forces continues a reply, so "Once" must not become the
+    token " Once" (the reply would start with a space the grammar does not allow)."""
+    from edged.text.tokenizer import Tokenizer
+    spm = Tokenizer.from_gguf(os.path.join(ROOT, "edged", "data", "stories260K.gguf"))
+    assert spm.add_space_prefix
+    for src, want in (('start: "Once upon" " a time"', b"Once upon a time"),
+                      ('start: " Once" | "Lily"', None)):
+        rng = np.random.default_rng(seed)
+        c = grammar.Constraint(grammar.from_lark(src), spm)
+        out = []
+        while not c.is_accepting():
+            m = c.mask()
+            allowed = [i for i in range(spm.n_vocab) if m[i // 32] >> (i % 32) & 1]
+            t = allowed[rng.integers(len(allowed))]
+            out.append(spm.token_piece(t))
+            c.consume(t)
+        text = b"".join(out)
+        assert text == want if want else text in (b" Once", b"Lily")
