@@ -94,6 +94,7 @@ def count(cmd, env=None):
     if r.returncode != 0 or not m:
         raise RuntimeError(f"{' '.join(cmd[:8])} ...: exit {r.returncode}: {r.stderr[-2000:]}")
     kernels = re.search(r"KERNELS (\S+)", r.stderr)
+    print(f"  {int(m.group(1)):>15,} instructions: {' '.join(os.path.basename(c) for c in cmd[-3:])}", file=sys.stderr)
     return int(m.group(1)), kernels.group(1) if kernels else ""
 
 
@@ -104,7 +105,8 @@ def per_token(run, k):
 
 
 def edged_runs(a, plugin, model, cpu, mode):
-    env = {**os.environ, "PYTHONPATH": a.site, "PYTHONNOUSERSITE": "1"}
+    # a fixed hash seed: the same dict layouts in both runs, so Python's own work cancels exactly
+    env = {**os.environ, "PYTHONPATH": a.site, "PYTHONNOUSERSITE": "1", "PYTHONHASHSEED": "0"}
     py = os.path.join(a.arm_root, "usr", "bin", "python3.11")
     return lambda k: count([a.qemu, "-L", a.arm_root, "-cpu", cpu, "-plugin", plugin, py, "-c", EDGED_DRIVER,
                             model, mode, str(k)], env)

@@ -3,6 +3,7 @@
 
     tools/bench_daemon.py --model A.gguf --model2 B.gguf [-t THREADS] [-r REPEATS] [-n TOKENS]
     tools/bench_daemon.py --model A.gguf --only mixed [--long 2000] [--root CHECKOUT ...]
+                          [--set decode_latency_budget=3] [--debug-steps]
 
 1. Swap latency: with max_loaded_models = 1 and A loaded, a streamed request for B, from
    sending it to its first token, split into signature check, mapping/validation and warm-up
@@ -21,6 +22,9 @@
    another checkout of edged (give it several times to compare code versions in
    interleaved rounds, so the shared machine's load hits each the same). Then the idle
    daemon's CPU seconds over 10 s (no spinning workers after the last request).
+   --set KEY=VALUE adds a key to the daemons' configuration (e.g. the mixed-load policy's
+   decode_latency_budget); --debug-steps has the daemon log every pass (EDGED_DEBUG_STEPS=1,
+   log_level debug) to its stderr.
 
 Both files are copied to a temporary model directory and signed with a throwaway key.
 """
@@ -36,18 +40,23 @@ import sys
 import tempfile
 import time
 
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 
 
-def start(tmp, models_dir, keys, extra, root=ROOT):
+def start(tmp, models_dir, keys, extra, root=ROOT, env=None):
     sock = os.path.join(tmp, f"edged-{time.monotonic_ns()}.sock")
     cfg = os.path.join(tmp, "edged.toml")
     lines = {"socket": sock, "models_dir": models_dir, "trusted_keys": keys, "socket_group": "",
              "sandbox": "off", "log_level": "warning", **extra}
     with open(cfg, "w") as f:
         f.write("".join(f"{k} = {json.dumps(v)}\n" for k, v in lines.items()))
-    env = dict(os.environ, PYTHONPATH=root, OPENBLAS_NUM_THREADS="1")
+    env = dict(os.environ, PYTHONPATH=root, OPENBLAS_NUM_THREADS="1", **(env or {}))
     proc = subprocess.Popen([sys.executable, "-m", "edged", "serve", "--config", cfg], env=env, cwd=root)
     deadline = time.monotonic() + 600
     while time.monotonic() < deadline:
@@ -234,7 +243,10 @@ def bench_mixed(tmp, models_dir, keys, args):
                                lt, asyncio.Event())
             t_first = lt[0]
             n_after = [len(x) for x in stamps]
-            while min(len(x) - n for x, n in zip(stamps, n_after)) < 8:
+            # 8 more tokens of each stream (unless the streams ended first: a slow model's long
+            # prompt can outlast their max_tokens)
+            while (min(len(x) - n for x, n in zip(stamps, n_after)) < 8
+                   and not all(t.done() for t in tasks)):
                 await asyncio.sleep(0.01)
             stop.set()
             await asyncio.gather(*tasks, return_exceptions=True)
@@ -250,9 +262,12 @@ def bench_mixed(tmp, models_dir, keys, args):
 
     for i in range(args.repeats):
         for root in roots:
-            proc, sock = start(tmp, models_dir, keys, {"default_model": "a", "n_parallel": 4,
-                                                       "threads": args.threads, "ctx_size": args.ctx,
-                                                       "max_queue": 16}, root)
+            extra = {"default_model": "a", "n_parallel": 4, "threads": args.threads,
+                     "ctx_size": args.ctx, "max_queue": 16, **dict(args.set)}
+            env = None
+            if args.debug_steps:
+                extra["log_level"], env = "debug", {"EDGED_DEBUG_STEPS": "1"}
+            proc, sock = start(tmp, models_dir, keys, extra, root, env)
             try:
                 alone, ttft, steady, absorbing, worst = asyncio.run(scenario(sock))
                 time.sleep(1)
@@ -285,6 +300,14 @@ def bench_mixed(tmp, models_dir, keys, args):
     return results
 
 
+def config_item(text):
+    """KEY=VALUE with VALUE in TOML (a number, true/false, "a string") -> (KEY, value)."""
+    key, sep, value = text.partition("=")
+    if not sep:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    return key.strip(), tomllib.loads(f"v = {value}")["v"]
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", required=True)
@@ -299,6 +322,10 @@ def main():
                     help="mixed: tokens each stream decodes before the long prompt arrives")
     ap.add_argument("--root", action="append",
                     help="mixed: run the daemon from this checkout (repeat to compare, interleaved)")
+    ap.add_argument("--set", action="append", default=[], type=config_item, metavar="KEY=VALUE",
+                    help="mixed: a configuration key of the daemon (TOML value), e.g. decode_latency_budget=3")
+    ap.add_argument("--debug-steps", action="store_true",
+                    help="mixed: the daemon logs every pass to stderr (EDGED_DEBUG_STEPS=1)")
     ap.add_argument("--temperature", type=float, default=0.8,
                     help="of the throughput requests (0: greedy, no sampling cost)")
     args = ap.parse_args()

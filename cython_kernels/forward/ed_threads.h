@@ -14,9 +14,10 @@
  *   void ed_pool_run_all(ed_pool *p, ed_task_fn fn, void *arg)
  *       the same on every worker, ith = the worker's number (pinning).
  *   void ed_barrier(ed_pool *p)
- *       inside a task: all nth threads wait for each other. A waiter spins ED_SPIN_NS, then
- *       parks on a futex (no spin-then-sched_yield storm while a descheduled thread is late);
- *       the last arriver wakes the parked ones.
+ *       inside a task: all nth threads wait for each other. A waiter spins up to ED_SPIN_NS,
+ *       then parks on a futex (no spin-then-sched_yield storm while a descheduled thread is
+ *       late); the last arriver wakes the parked ones. A waiter whose awaited thread last ran
+ *       on the waiter's own CPU parks at once.
  *   int64_t ed_claim(ed_pool *p, int64_t n)
  *       the next of an op's n chunks (0..n-1) from the task's shared counter, or -1 when all
  *       are taken. Every thread of the task calls it until -1, and a barrier follows before the
@@ -39,6 +40,20 @@
  * whatever the thread count. Tasks shorter than ED_ADAPT_MIN_NS are not judged (wake-up
  * latency).
  *
+ * Waiting: spin long, park at once when sharing a CPU. Parking is expensive on a busy device:
+ * a parked thread's CPU goes to whatever else is runnable (under EEVDF a nice-19 task keeps it
+ * for its slice), and a futex wake-up in a VM costs about 100 us even then. With a 30 us spin
+ * and only nice-19 work beside it, a 2-thread tg run of the 0.5B model slept ~35 times per
+ * token per thread and waited p90 0.4 ms, p99 4 ms to run again after each wake-up (`perf
+ * sched timehist`): two threads were slower than one (docs/threads.md, Pool.stats' "parks"
+ * and "wake_us_hist" count it).
+ * So a waiter spins up to ED_SPIN_NS (1 ms: a token's barriers are tens of microseconds apart
+ * when both threads run) and parks only when the thread it waits for is really away; but if
+ * that thread last ran on the waiter's own CPU (the kernel placed both there at a wake-up),
+ * spinning would keep it off the CPU, so the waiter parks at once. Between tasks a worker
+ * spins ED_IDLE_SPIN_NS (the caller's Python work between tokens), so an idle pool is asleep
+ * 1 ms after its last task.
+ *
  * Needs _GNU_SOURCE in the translation unit (Python.h defines it before anything else) for
  * CPU_SET and pthread_setaffinity_np. The CPU list comes from edged/engine/threads.py, which
  * only ever picks CPUs inside the process's sched_getaffinity set.
@@ -52,13 +67,16 @@
 #include <sched.h>
 #include <stdatomic.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
-#define ED_SPIN_NS 30000            /* spin this long before parking on the futex */
+#define ED_SPIN_NS 1000000          /* inside a task, spin this long before parking ... */
+#define ED_IDLE_SPIN_NS 1000000     /* ... and between tasks ($EDGED_SPIN_US, $EDGED_IDLE_SPIN_US) */
+#define ED_WAKE_BUCKETS 16          /* wake-up latency histogram: bucket b holds [2^(b-1), 2^b) us */
 #define ED_ADAPT_MIN_NS 1000000     /* shorter tasks are not judged */
 #define ED_PROBE_MIN_NS 200000000   /* first probe of a dropped worker after 0.2 s ... */
 #define ED_PROBE_MAX_NS 3200000000LL  /* ... doubling after each failed probe, up to 3.2 s */
@@ -103,6 +121,14 @@ struct ed_pool {
     double late_ewma, last_share;
     int64_t probe_at, backoff;
     long n_drops, n_probes, n_retakes;
+    int64_t spin_ns, idle_spin_ns;     /* spin before parking: inside a task / between tasks */
+    atomic_int *cpu_of;                /* (n_threads) by worker: the CPU it last ran on */
+    int trace;                         /* $EDGED_THREAD_TRACE: log the adaptive count's decisions */
+    /* waiting, for measurements (Pool.stats): waits inside tasks, how many parked, for how
+       long, and how long a parked waiter took to run again after its release */
+    atomic_llong n_waits, n_parks, park_ns;
+    atomic_llong wake_hist[ED_WAKE_BUCKETS];
+    atomic_llong release_ns;           /* when the last barrier or join was released */
     /* debug: worker slow_worker sleeps slow_ns before each claim (tests of uneven claiming) */
     int slow_worker;
     int64_t slow_ns;
@@ -135,23 +161,52 @@ static inline void ed_futex_wake(atomic_int *addr) {
     syscall(SYS_futex, addr, FUTEX_WAKE_PRIVATE, INT_MAX, NULL, NULL, 0);
 }
 
-/* Return once *w != val: spin ED_SPIN_NS, then sleep on the futex. Whoever changes *w wakes
-   the sleepers when *parked > 0 (both sides sequentially consistent: one of them sees the
-   other). */
-static void ed_wait_change(atomic_int *w, int val, atomic_int *parked) {
+/* Does a thread this waiter waits for last run on the waiter's own CPU? Then spinning only
+   keeps it off the CPU: park at once. In a task: any other thread of the task; between tasks
+   (w_only >= 0): the caller, who starts the next one. */
+static int ed_shares_cpu(ed_pool *p, int me, int w_only) {
+    const int cpu = sched_getcpu();
+    if (cpu < 0) return 0;
+    if (w_only >= 0) return atomic_load_explicit(&p->cpu_of[w_only], memory_order_relaxed) == cpu;
+    for (int i = 0; i < p->n_active; i++) {
+        const int w = p->task_worker[i];
+        if (w != me && atomic_load_explicit(&p->cpu_of[w], memory_order_relaxed) == cpu) return 1;
+    }
+    return 0;
+}
+
+/* Return once *w != val: spin up to spin_ns (idle: idle_spin_ns), then sleep on the futex.
+   Whoever changes *w wakes the sleepers when *parked > 0 (both sides sequentially consistent:
+   one of them sees the other). A waiter that finds a thread it waits for on its own CPU (the
+   kernel put both there at a wake-up while every CPU ran something) parks at once: spinning
+   would only keep that thread off the CPU. `me` is the waiter's worker number; a wait inside
+   a task (idle = 0) is counted in p's statistics. */
+static void ed_wait_change(ed_pool *p, atomic_int *w, int val, atomic_int *parked, int me, int idle) {
+    const int64_t spin_ns = idle ? p->idle_spin_ns : p->spin_ns;
     int64_t t0 = 0;
+    if (!idle) atomic_fetch_add_explicit(&p->n_waits, 1, memory_order_relaxed);
     for (unsigned i = 1;; i++) {
         if (atomic_load_explicit(w, memory_order_acquire) != val) return;
         ed_cpu_relax();
         if ((i & 63) == 0) {
             const int64_t t = ed_clock_ns();
             if (!t0) t0 = t;
-            else if (t - t0 > ED_SPIN_NS) break;
+            else if (t - t0 > spin_ns) break;
+            if (ed_shares_cpu(p, me, idle ? 0 : -1)) break;
         }
     }
     atomic_fetch_add(parked, 1);
     while (atomic_load(w) == val) ed_futex_wait(w, val);
     atomic_fetch_sub(parked, 1);
+    if (!idle) {
+        const int64_t now = ed_clock_ns();
+        int64_t lat = now - atomic_load_explicit(&p->release_ns, memory_order_relaxed);
+        int b = 0;
+        for (int64_t us = lat / 1000; us > 0 && b < ED_WAKE_BUCKETS - 1; us >>= 1) b++;
+        atomic_fetch_add_explicit(&p->n_parks, 1, memory_order_relaxed);
+        atomic_fetch_add_explicit(&p->park_ns, now - t0, memory_order_relaxed);
+        atomic_fetch_add_explicit(&p->wake_hist[b], 1, memory_order_relaxed);
+    }
 }
 
 static inline void ed_wake(atomic_int *w, atomic_int *parked) {
@@ -164,17 +219,19 @@ static void ed_barrier(ed_pool *p) {
     const int ith = ed_tls_ith;
     const int64_t now = ed_clock_ns();
     p->arrive_ns[ith] = now;
+    atomic_store_explicit(&p->cpu_of[ed_tls_worker], sched_getcpu(), memory_order_relaxed);
     const int phase = atomic_load_explicit(&p->barrier_phase, memory_order_acquire);
     if (atomic_fetch_add_explicit(&p->barrier_count, 1, memory_order_acq_rel) == nth - 1) {
         int64_t first = now;
         for (int j = 0; j < nth; j++) if (p->arrive_ns[j] < first) first = p->arrive_ns[j];
         p->late_ns[ith] += now - first;
         atomic_store_explicit(&p->barrier_count, 0, memory_order_relaxed);
+        atomic_store_explicit(&p->release_ns, now, memory_order_relaxed);
         atomic_fetch_add(&p->barrier_phase, 1);
         ed_wake(&p->barrier_phase, &p->barrier_parked);
         return;
     }
-    ed_wait_change(&p->barrier_phase, phase, &p->barrier_parked);
+    ed_wait_change(p, &p->barrier_phase, phase, &p->barrier_parked, ed_tls_worker, 0);
 }
 
 static int64_t ed_claim(ed_pool *p, int64_t n) {
@@ -197,13 +254,17 @@ static void *ed_worker_main(void *vp) {
     ed_pool *p = me->p;
     int seen = 0;
     for (;;) {
-        ed_wait_change(&me->go, seen, &me->parked);
+        ed_wait_change(p, &me->go, seen, &me->parked, me->w, 1);
         seen = atomic_load_explicit(&me->go, memory_order_acquire);
         if (p->stop) return NULL;
         ed_task_enter(me->ith, me->w);
         p->fn(p->arg, me->ith, p->n_active);
         p->claimed[me->w] = ed_tls_claimed;
-        p->arrive_ns[me->ith] = ed_clock_ns();
+        const int64_t done = ed_clock_ns();
+        p->arrive_ns[me->ith] = done;
+        atomic_store_explicit(&p->cpu_of[me->w], sched_getcpu(), memory_order_relaxed);
+        if (atomic_load_explicit(&p->remaining, memory_order_relaxed) == 1)
+            atomic_store_explicit(&p->release_ns, done, memory_order_relaxed);
         if (atomic_fetch_sub(&p->remaining, 1) == 1) ed_wake(&p->remaining, &p->join_parked);
     }
 }
@@ -219,6 +280,7 @@ static void ed_pool_task(ed_pool *p, ed_task_fn fn, void *arg, int all) {
     for (int w = 0; w < p->n_threads; w++) p->claimed[w] = 0;
     atomic_store_explicit(&p->chunk_next, 0, memory_order_relaxed);
     atomic_store(&p->remaining, nth - 1);
+    atomic_store_explicit(&p->cpu_of[0], sched_getcpu(), memory_order_relaxed);
     for (int i = 1; i < nth; i++) {
         ed_worker *wk = &p->workers[p->task_worker[i]];
         atomic_fetch_add(&wk->go, 1);
@@ -228,8 +290,9 @@ static void ed_pool_task(ed_pool *p, ed_task_fn fn, void *arg, int all) {
     fn(arg, 0, nth);
     p->claimed[0] = ed_tls_claimed;
     const int64_t mine = ed_clock_ns();
+    atomic_store_explicit(&p->cpu_of[0], sched_getcpu(), memory_order_relaxed);
     int left;
-    while ((left = atomic_load(&p->remaining)) != 0) ed_wait_change(&p->remaining, left, &p->join_parked);
+    while ((left = atomic_load(&p->remaining)) != 0) ed_wait_change(p, &p->remaining, left, &p->join_parked, 0, 0);
     if (nth > 1) {  /* the join is a barrier too: its last arriver was late by the gap */
         p->arrive_ns[0] = mine;
         int64_t first = mine, last = mine;
@@ -265,6 +328,9 @@ static void ed_pool_adapt(ed_pool *p, int64_t t0) {
     if (p->probing) {
         const int w = p->probing;
         p->probing = 0;
+        if (p->trace)
+            fprintf(stderr, "edged threads: probe worker %d: waiting share %.2f (limit %.2f): %s\n",
+                    w, share, limit, share < limit ? "kept" : "dropped again");
         if (share < limit) {  /* quiet again: keep it */
             p->n_retakes++;
             p->late_ewma = share;
@@ -277,6 +343,9 @@ static void ed_pool_adapt(ed_pool *p, int64_t t0) {
         return;
     }
     p->late_ewma = 0.5 * p->late_ewma + 0.5 * share;
+    if (p->trace)
+        fprintf(stderr, "edged threads: %d threads, %.2f ms, waiting share %.2f, smoothed %.2f%s\n",
+                nth, wall / 1e6, share, p->late_ewma, p->late_ewma > limit ? ": drop" : "");
     if (p->late_ewma > limit) {
         p->n_drops++;
         p->late_ewma = 0.0;
@@ -315,6 +384,12 @@ static int ed_pool_active(const ed_pool *p) {
     return n;
 }
 
+/* $name in microseconds (measurements), else def_ns */
+static int64_t ed_env_us(const char *name, int64_t def_ns) {
+    const char *v = getenv(name);
+    return v && *v ? (int64_t)(atof(v) * 1000.0) : def_ns;
+}
+
 static ed_pool *ed_pool_create(int n_threads) {
     ed_pool *p = (ed_pool *)calloc(1, sizeof(ed_pool));
     if (!p) return NULL;
@@ -327,10 +402,13 @@ static ed_pool *ed_pool_create(int n_threads) {
     p->task_worker = (int *)calloc(n, sizeof(int));
     p->active = (unsigned char *)calloc(n, 1);
     p->dropped = (int *)calloc(n, sizeof(int));
-    if (!p->threads || !p->workers || !p->arrive_ns || !p->late_ns || !p->claimed ||
+    p->cpu_of = (atomic_int *)calloc(n, sizeof(atomic_int));
+    for (int i = 0; p->cpu_of && i < n; i++) atomic_init(&p->cpu_of[i], -1);
+    if (!p->cpu_of || !p->threads || !p->workers || !p->arrive_ns || !p->late_ns || !p->claimed ||
         !p->task_worker || !p->active || !p->dropped) {
         free(p->threads); free(p->workers); free(p->arrive_ns); free(p->late_ns);
-        free(p->claimed); free(p->task_worker); free(p->active); free(p->dropped); free(p);
+        free(p->claimed); free(p->task_worker); free(p->active); free(p->dropped);
+        free(p->cpu_of); free(p);
         return NULL;
     }
     memset(p->workers, 0, sizeof(ed_worker) * n);
@@ -340,6 +418,9 @@ static ed_pool *ed_pool_create(int n_threads) {
     p->adapt = 1;
     p->backoff = ED_PROBE_MIN_NS;
     p->slow_worker = -1;
+    p->spin_ns = ed_env_us("EDGED_SPIN_US", ED_SPIN_NS);
+    p->idle_spin_ns = ed_env_us("EDGED_IDLE_SPIN_US", ED_IDLE_SPIN_NS);
+    p->trace = getenv("EDGED_THREAD_TRACE") && strcmp(getenv("EDGED_THREAD_TRACE"), "0") != 0;
     for (int i = 1; i < n; i++) {
         p->workers[i].p = p; p->workers[i].w = i;
         if (pthread_create(&p->threads[i], NULL, ed_worker_main, &p->workers[i]) != 0)
@@ -360,7 +441,7 @@ static void ed_pool_destroy(ed_pool *p) {
     for (int w = 1; w < p->n_threads; w++) pthread_join(p->threads[w], NULL);
     free(p->threads); free(p->workers); free(p->arrive_ns); free(p->late_ns);
     free(p->claimed); free(p->task_worker); free(p->active); free(p->dropped);
-    free(p);
+    free(p->cpu_of); free(p);
 }
 
 /* ---------------------------------------------------------------- pinning -------------- */

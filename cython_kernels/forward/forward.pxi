@@ -42,7 +42,9 @@ cdef extern from "forward.h" nogil:
         int *claimed
         double late_share, late_ewma, last_share
         long n_drops, n_probes, n_retakes
-        int64_t slow_ns
+        int64_t slow_ns, spin_ns, idle_spin_ns
+        long long n_waits, n_parks, park_ns
+        long long wake_hist[16]
     ctypedef struct ed_state:
         int n_ctx, n_batch, n_tokens, pos
         int type_k, type_v
@@ -159,12 +161,18 @@ cdef class Pool:
         self.p.late_share = share or 0.0
 
     def stats(self):
-        """The adaptive thread count's record, and the chunks each worker took in the last task."""
+        """The adaptive thread count's record, the chunks each worker took in the last task, and
+        the waiting inside tasks since the pool started: waits, how many of them parked on the
+        futex and for how long in all, and a histogram of how long a parked waiter took to run
+        again after its release (wake_us_hist[b]: [2^(b-1), 2^b) microseconds; [0]: < 1 us)."""
         return {"n_threads": self.p.n_threads, "active": ed_pool_active(self.p),
                 "last_task_threads": self.p.n_active, "drops": self.p.n_drops,
                 "probes": self.p.n_probes, "retakes": self.p.n_retakes,
                 "late_share": self.p.last_share,
-                "claimed": [self.p.claimed[i] for i in range(self.p.n_threads)]}
+                "claimed": [self.p.claimed[i] for i in range(self.p.n_threads)],
+                "spin_us": self.p.spin_ns / 1000, "idle_spin_us": self.p.idle_spin_ns / 1000,
+                "waits": self.p.n_waits, "parks": self.p.n_parks, "park_ms": self.p.park_ns / 1e6,
+                "wake_us_hist": [self.p.wake_hist[i] for i in range(16)]}
 
     def debug_slow(self, int worker, double usec):
         """Tests: worker `worker` (0 = the caller) sleeps `usec` before each chunk it claims,

@@ -19,6 +19,10 @@
  * The K-quants (a group is a sub-block) combine the groups of a super-block in integers,
  * isum = sum scale_g * (group sum), msum = sum min_g * sum q_g, and take the super-block's
  * steps with its d and dmin:  acc = fma(d * dy, isum, acc) [acc = fma(-(dmin * dy), msum, acc)].
+ * The x86 kernels form the term that multiplies the activation group sums once per
+ * super-block, T = sum w_g * sum q_g (w: the mins, or the scales of an offset type), by i16
+ * pair products of the panel's ED_GEMM_SB_PAIRS against ed_ginfo.qpair: msum = T, or
+ * isum = sum sc_g * (raw group sum) - off * T; the same exact integers.
  * The activation side (per group: dy, 128 * sum q, the stored d * sum q of Q8_1) does not
  * depend on the weight type and is computed once per batch, when the activations are
  * quantized.
@@ -46,8 +50,10 @@
 /* below this many tokens the row tiles (ED_MDOT) are used: unpacking would not pay */
 static int ED_GEMM_MIN_COLS = 8;
 
-/* per token and group: the activation scale dy, 128 * sum q (for offset types), dy * sum q */
-typedef struct { float dy; int32_t yoff; float dys; } ed_ginfo;
+/* per token and group: the activation scale dy, 128 * sum q (for offset types), dy * sum q;
+ * qpair, for an even group g: sum q of groups g and g + 1 as two int16 (low: g), so one
+ * i16 pair-product instruction adds both groups' min or offset terms of a K-quant */
+typedef struct { float dy; int32_t yoff; float dys; int32_t qpair; } ed_ginfo;
 
 /* unpack one weight row of K into u (K bytes) and A, C (K / G floats each) */
 typedef void (*ed_unpack_fn)(const void *row, int K, uint8_t *u, float *A, float *C);
@@ -282,10 +288,13 @@ static void ed_gemm_kscales(int type, const uint8_t *blk, int32_t *sc, int32_t *
 /* The path's panel kernel: 16 rows (panel u: ng groups of G*16 bytes) against nc tokens.
  * gps = 0 (32-block types): ac holds per group 16 A then 16 C floats. gps > 0 (K-quants):
  * per super-block, for each of its gps groups 16 int32 scales then 16 int32 mins, then 16 d
- * and 16 dmin floats (ED_GEMM_SB_FLOATS). off: the offset to take off each group's sum;
+ * and 16 dmin floats, then for each pair of groups 16 int32 ed_gemm_pair()s of the pair's
+ * mins (types with a min) or scales (offset types), against ed_ginfo.qpair
+ * (ED_GEMM_SB_FLOATS, ED_GEMM_SB_PAIRS). off: the offset to take off each group's sum;
  * has_c: the type has a min term. Token c's group g starts at xq + c*xs + goff[g];
  * info[c*is + g] is its ed_ginfo. Writes out[c*ldo + r] for r < nr. */
-#define ED_GEMM_SB_FLOATS(gps) ((size_t)(2 * (gps) + 2) * ED_PANEL)
+#define ED_GEMM_SB_FLOATS(gps) ((size_t)(2 * (gps) + 2 + (gps) / 2) * ED_PANEL)
+#define ED_GEMM_SB_PAIRS(gps) ((size_t)(2 * (gps) + 2) * ED_PANEL)  /* where the pairs start */
 typedef void (*ed_gemm_kernel_fn)(int ng, int G, int gps, int off, int has_c, const uint8_t *pu, const float *ac,
                                   const int32_t *goff, const uint8_t *xq, size_t xs,
                                   const ed_ginfo *info, size_t is, int nc, float *out, size_t ldo,
@@ -327,6 +336,11 @@ static inline int ed_act_qs_at(int vt) {
          : vt == ED_Q8_1 ? (int)offsetof(blk_q8_1, qs) : (int)offsetof(blk_q8_K, qs);
 }
 
+/* two small integers (|v| < 2^15: group sums of q, scales, mins) as the int16 pair (lo, hi) */
+static inline int32_t ed_gemm_pair(int32_t lo, int32_t hi) {
+    return (int32_t)(((uint32_t)hi << 16) | ((uint32_t)lo & 0xFFFFu));
+}
+
 static size_t ed_gemm_info_len(int64_t K) { return (size_t)(K / 32 + K / 16); }
 
 /* One quantized activation row (format vt, K elements): its groups of 32 (entries
@@ -341,21 +355,23 @@ static void ed_gemm_info(int vt, int K, const uint8_t *row, ed_ginfo *info) {
         const int8_t *q = (const int8_t *)(blk + qs_at + (g * 16) % be);
         int32_t sum = 0;
         for (int j = 0; j < 16; j++) sum += q[j];
-        i16[g] = (ed_ginfo){dy, 128 * sum, dy * (float)sum};
+        i16[g] = (ed_ginfo){dy, 128 * sum, dy * (float)sum, 0};
     }
+    for (int g = 0; g + 1 < K / 16; g += 2) i16[g].qpair = ed_gemm_pair(i16[g].yoff / 128, i16[g + 1].yoff / 128);
     for (int g = 0; g < K / 32; g++) {
         const int32_t sum = (i16[2 * g].yoff + i16[2 * g + 1].yoff) / 128;
         const float dy = i16[2 * g].dy;
         float dys = dy * (float)sum;
         if (vt == ED_Q8_1) dys = H2F(((const blk_q8_1 *)(row + g * bb))->s);  /* its stored d * sum, as the dot uses */
-        info[g] = (ed_ginfo){dy, 128 * sum, dys};
+        info[g] = (ed_ginfo){dy, 128 * sum, dys, 0};
     }
+    for (int g = 0; g + 1 < K / 32; g += 2) info[g].qpair = ed_gemm_pair(info[g].yoff / 128, info[g + 1].yoff / 128);
 }
 
 static size_t ed_gemm_scratch(int64_t K) {
     const size_t ng = (size_t)K / 16;  /* the most groups any type has */
     return ED_ALIGN((size_t)K * ED_PANEL)                /* the panel */
-         + ED_ALIGN((ng * 2 + (size_t)K / QKK * 2) * ED_PANEL * sizeof(float))  /* its A, C / scales */
+         + ED_ALIGN((ng * 2 + (size_t)K / QKK * 10) * ED_PANEL * sizeof(float))  /* its A, C / scales */
          + ED_ALIGN((size_t)K * ED_PANEL)                /* 16 unpacked rows */
          + ED_ALIGN(ng * 2 * sizeof(float))              /* one row's A, C */
          + ED_ALIGN(ng * sizeof(int32_t));               /* group offsets */
@@ -398,6 +414,11 @@ static void ed_gemm_pack(int type, int K, const uint8_t *w, size_t row_bytes, in
             }
             sb[gps * 2 * ED_PANEL + r] = d;
             sb[gps * 2 * ED_PANEL + ED_PANEL + r] = dmin;
+            const int32_t *pw = t->off ? sc : mn;
+            for (int j = 0; j < gps; j += 2) {
+                const int32_t pv = ed_gemm_pair(pw[j], pw[j + 1]);
+                memcpy(sb + ED_GEMM_SB_PAIRS(gps) + (size_t)j / 2 * ED_PANEL + r, &pv, 4);
+            }
         }
     }
     ED_GEMM_TRANSPOSE(ubuf, K, G, pu);
@@ -415,7 +436,7 @@ static void ed_gemm_rows(int type, int K, const uint8_t *w, size_t row_bytes, in
     const int qs_at = ed_act_qs_at(vt);
     uint8_t *pu = scratch;
     float *ac = (float *)(pu + ED_ALIGN((size_t)K * ED_PANEL));
-    uint8_t *ubuf = (uint8_t *)ac + ED_ALIGN((ngmax * 2 + (size_t)K / QKK * 2) * ED_PANEL * sizeof(float));
+    uint8_t *ubuf = (uint8_t *)ac + ED_ALIGN((ngmax * 2 + (size_t)K / QKK * 10) * ED_PANEL * sizeof(float));
     float *abuf = (float *)(ubuf + ED_ALIGN((size_t)K * ED_PANEL));
     int32_t *goff = (int32_t *)((uint8_t *)abuf + ED_ALIGN(ngmax * 2 * sizeof(float)));
     for (int g = 0; g < ng; g++) goff[g] = (g * G / be) * bb + qs_at + (g * G) % be;

@@ -156,12 +156,16 @@ static unsigned ed_cpu_features(void) {
 
 /* The packed-panel kernel (ed_gemm.h) with AVX-512 VNNI: a 16-row panel is one zmm per 4
  * weights, each token's 4 activation bytes are broadcast to all 16 lanes by dpbusd; the
- * canonical order as ed_simd_x86.inc's 256-bit kernel, 16 rows at a time. */
+ * canonical order as ed_simd_x86.inc's 256-bit kernel, 16 rows at a time. HC: the type has a
+ * min term (then off = 0), else an offset (always 128 here: the panel is lifted). A K-quant's
+ * integer sums: isum = sum_g sc_g * (raw group sum) - off * T, msum = T, where
+ * T = sum_g w_g * (sum q of group g) (w: the mins, or the scales of an offset type) takes one
+ * i16 pair-product (dpwssd) per two groups instead of a 32-bit multiply per group. */
 #define ED_GEMM_NC 6   /* tokens per tile */
 static inline __attribute__((always_inline)) void ED_T512V
-ed_z_gemm_tile(const int G, const int gps, const int nc, int ng, const uint8_t *pu, const float *ac,
+ed_z_gemm_tile(const int G, const int gps, const int HC, const int nc, int ng, const uint8_t *pu, const float *ac,
                const int32_t *goff, const uint8_t *xq, size_t xs, const ed_ginfo *info, size_t is,
-               float *out, size_t ldo, __mmask16 rm, int off, int has_c) {
+               float *out, size_t ldo, __mmask16 rm) {
     __m512 acc[ED_GEMM_NC];
     const uint8_t *yc[ED_GEMM_NC];
     const ed_ginfo *ic[ED_GEMM_NC];
@@ -169,13 +173,14 @@ ed_z_gemm_tile(const int G, const int gps, const int nc, int ng, const uint8_t *
     const int per = gps ? gps : 1;
     for (int g0 = 0; g0 < ng; g0 += per) {
         const float *ab = gps ? ac + (size_t)(g0 / gps) * ED_GEMM_SB_FLOATS(gps) : ac + 2 * ED_PANEL * g0;
-        __m512i S[ED_GEMM_NC], M[ED_GEMM_NC];
-        for (int c = 0; c < nc; c++) S[c] = M[c] = _mm512_setzero_si512();
+        __m512i S[ED_GEMM_NC];
+        for (int c = 0; c < nc; c++) S[c] = _mm512_setzero_si512();
         for (int j = 0; j < per; j++, pu += G * ED_PANEL) {
             const int g = g0 + j;
             const int32_t go = goff[g];
             __m512i s[ED_GEMM_NC];
-            for (int c = 0; c < nc; c++) s[c] = _mm512_set1_epi32(-(ic[c][g].yoff >> 7) * off);
+            /* a 32-block offset type starts from -128 * sum q; a K-quant's offsets go into T */
+            for (int c = 0; c < nc; c++) s[c] = gps || HC ? _mm512_setzero_si512() : _mm512_set1_epi32(-ic[c][g].yoff);
             for (int q = 0; q < G / 4; q++) {  /* the tokens' chains interleaved */
                 const __m512i w = _mm512_load_si512((const void *)(pu + 64 * q));
                 for (int c = 0; c < nc; c++) {
@@ -189,34 +194,39 @@ ed_z_gemm_tile(const int G, const int gps, const int nc, int ng, const uint8_t *
                 continue;
             }
             const __m512i scv = _mm512_loadu_si512((const void *)(ab + 2 * ED_PANEL * j));
-            const __m512i mnv = _mm512_loadu_si512((const void *)(ab + 2 * ED_PANEL * j + ED_PANEL));
-            for (int c = 0; c < nc; c++) {
-                S[c] = _mm512_add_epi32(S[c], _mm512_mullo_epi32(s[c], scv));
-                if (has_c) M[c] = _mm512_add_epi32(M[c], _mm512_mullo_epi32(mnv, _mm512_set1_epi32(ic[c][g].yoff >> 7)));
+            for (int c = 0; c < nc; c++) S[c] = _mm512_add_epi32(S[c], _mm512_mullo_epi32(s[c], scv));
+        }
+        __m512i T[ED_GEMM_NC];
+        if (gps) {
+            for (int c = 0; c < nc; c++) T[c] = _mm512_setzero_si512();
+            for (int j = 0; j < gps; j += 2) {
+                const __m512i wv = _mm512_loadu_si512((const void *)(ab + ED_GEMM_SB_PAIRS(gps) + (size_t)j / 2 * ED_PANEL));
+                for (int c = 0; c < nc; c++) T[c] = _mm512_dpwssd_epi32(T[c], wv, _mm512_set1_epi32(ic[c][g0 + j].qpair));
             }
+            if (!HC) for (int c = 0; c < nc; c++) S[c] = _mm512_sub_epi32(S[c], _mm512_slli_epi32(T[c], 7));
         }
         const __m512 A = _mm512_loadu_ps(ab + (gps ? 2 * ED_PANEL * gps : 0));
         const __m512 Cv = _mm512_loadu_ps(ab + (gps ? 2 * ED_PANEL * gps : 0) + ED_PANEL);
         for (int c = 0; c < nc; c++) {
             const __m512 dy = _mm512_set1_ps(ic[c][g0].dy);
             acc[c] = _mm512_fmadd_ps(_mm512_mul_ps(A, dy), _mm512_cvtepi32_ps(S[c]), acc[c]);
-            if (has_c && gps) acc[c] = _mm512_fnmadd_ps(_mm512_mul_ps(Cv, dy), _mm512_cvtepi32_ps(M[c]), acc[c]);
-            else if (has_c) acc[c] = _mm512_fmadd_ps(Cv, _mm512_set1_ps(ic[c][g0].dys), acc[c]);
+            if (HC && gps) acc[c] = _mm512_fnmadd_ps(_mm512_mul_ps(Cv, dy), _mm512_cvtepi32_ps(T[c]), acc[c]);
+            else if (HC) acc[c] = _mm512_fmadd_ps(Cv, _mm512_set1_ps(ic[c][g0].dys), acc[c]);
         }
     }
     for (int c = 0; c < nc; c++) _mm512_mask_storeu_ps(out + (size_t)c * ldo, rm, acc[c]);
 }
 
-#define ED_Z_GEMM(GG, GPS) do { \
+#define ED_Z_GEMM(GG, GPS, HC) do { \
         for (; c0 + ED_GEMM_NC <= nc; c0 += ED_GEMM_NC) \
-            ed_z_gemm_tile(GG, GPS, ED_GEMM_NC, ng, pu, ac, goff, xq + c0 * xs, xs, info + (size_t)c0 * is, is, \
-                           out + c0 * ldo, ldo, rm, off, has_c); \
+            ed_z_gemm_tile(GG, GPS, HC, ED_GEMM_NC, ng, pu, ac, goff, xq + c0 * xs, xs, info + (size_t)c0 * is, is, \
+                           out + c0 * ldo, ldo, rm); \
         switch (nc - c0) { \
-        case 5: ed_z_gemm_tile(GG, GPS, 5, ng, pu, ac, goff, xq + c0 * xs, xs, info + (size_t)c0 * is, is, out + c0 * ldo, ldo, rm, off, has_c); break; \
-        case 4: ed_z_gemm_tile(GG, GPS, 4, ng, pu, ac, goff, xq + c0 * xs, xs, info + (size_t)c0 * is, is, out + c0 * ldo, ldo, rm, off, has_c); break; \
-        case 3: ed_z_gemm_tile(GG, GPS, 3, ng, pu, ac, goff, xq + c0 * xs, xs, info + (size_t)c0 * is, is, out + c0 * ldo, ldo, rm, off, has_c); break; \
-        case 2: ed_z_gemm_tile(GG, GPS, 2, ng, pu, ac, goff, xq + c0 * xs, xs, info + (size_t)c0 * is, is, out + c0 * ldo, ldo, rm, off, has_c); break; \
-        case 1: ed_z_gemm_tile(GG, GPS, 1, ng, pu, ac, goff, xq + c0 * xs, xs, info + (size_t)c0 * is, is, out + c0 * ldo, ldo, rm, off, has_c); break; \
+        case 5: ed_z_gemm_tile(GG, GPS, HC, 5, ng, pu, ac, goff, xq + c0 * xs, xs, info + (size_t)c0 * is, is, out + c0 * ldo, ldo, rm); break; \
+        case 4: ed_z_gemm_tile(GG, GPS, HC, 4, ng, pu, ac, goff, xq + c0 * xs, xs, info + (size_t)c0 * is, is, out + c0 * ldo, ldo, rm); break; \
+        case 3: ed_z_gemm_tile(GG, GPS, HC, 3, ng, pu, ac, goff, xq + c0 * xs, xs, info + (size_t)c0 * is, is, out + c0 * ldo, ldo, rm); break; \
+        case 2: ed_z_gemm_tile(GG, GPS, HC, 2, ng, pu, ac, goff, xq + c0 * xs, xs, info + (size_t)c0 * is, is, out + c0 * ldo, ldo, rm); break; \
+        case 1: ed_z_gemm_tile(GG, GPS, HC, 1, ng, pu, ac, goff, xq + c0 * xs, xs, info + (size_t)c0 * is, is, out + c0 * ldo, ldo, rm); break; \
         default: break; } } while (0)
 static void ED_T512V ed_z_gemm(int ng, int G, int gps, int off, int has_c, const uint8_t *pu, const float *ac,
                                const int32_t *goff, const uint8_t *xq, size_t xs,
@@ -224,9 +234,10 @@ static void ED_T512V ed_z_gemm(int ng, int G, int gps, int off, int has_c, const
                                int nr) {
     const __mmask16 rm = (__mmask16)((1u << nr) - 1);
     int c0 = 0;
-    if (G == 32 && gps == 0) ED_Z_GEMM(32, 0);
-    else if (G == 32) ED_Z_GEMM(32, 8);
-    else ED_Z_GEMM(16, 16);
+    (void)off;  /* 0 with a min term, else 128 (lifted panels) */
+    if (G == 32 && gps == 0) { if (has_c) ED_Z_GEMM(32, 0, 1); else ED_Z_GEMM(32, 0, 0); }
+    else if (G == 32)        { if (has_c) ED_Z_GEMM(32, 8, 1); else ED_Z_GEMM(32, 8, 0); }
+    else                     { if (has_c) ED_Z_GEMM(16, 16, 1); else ED_Z_GEMM(16, 16, 0); }
 }
 #undef ED_Z_GEMM
 /* 16 unpacked rows -> panel order: vector q of group g gathers bytes 4q..4q+3 of every row */
@@ -332,8 +343,8 @@ static const ed_kernels ED_PATHS[] = {
      &ed_avx2_gemm_path, ed_avx2_axpy_f16, ed_avx2_attn},
 #elif defined(__aarch64__)
     {"neon", "neon+dotprod", ED_CPU_NEON | ED_CPU_DOTPROD, ed_neondp_dot, ED_GENERIC_QUANT, ed_neondp_tile,
-     ED_NO_ROWS, &ed_neondp_gemm_path, ed_neondp_axpy_f16, ed_attn_rowwise},
-    {"neon", "neon", ED_CPU_NEON, ed_neon_dot, ED_GENERIC_QUANT, ed_neon_tile, ED_NO_ROWS,
+     ed_neondp_rows, &ed_neondp_gemm_path, ed_neondp_axpy_f16, ed_attn_rowwise},
+    {"neon", "neon", ED_CPU_NEON, ed_neon_dot, ED_GENERIC_QUANT, ed_neon_tile, ed_neon_rows,
      &ED_GEMM_NONE, ed_neon_axpy_f16, ed_attn_rowwise},
 #endif
     {"generic", "generic", 0, ED_GENERIC_DOT, ED_GENERIC_QUANT, ED_NO_TILES, ED_NO_ROWS,

@@ -554,7 +554,7 @@ def _special_token(tok):
 
 class _Steps:
     """A choice's engine Generation as the decode thread steps it (service/scheduler.py):
-    session, prefilling and entry() pass through; accept() also takes the logprob records of
+    session, prefilling, n_pending and entry() pass through; accept() also takes the logprob records of
     the token just drawn, so they ride along with it."""
     __slots__ = ("gen", "sampler")
 
@@ -568,6 +568,10 @@ class _Steps:
     @property
     def prefilling(self):
         return self.gen.prefilling
+
+    @property
+    def n_pending(self):
+        return self.gen.n_pending
 
     def entry(self, budget=None):
         return self.gen.entry(budget)

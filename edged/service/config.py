@@ -24,6 +24,7 @@ from ..engine.kvcache import CACHE_TYPES
 from ..errors import ConfigError, RequestError
 from ..trust.store import DEFAULT_REVOKED_FILE
 from .names import check_model_name
+from .scheduler import DECODE_LATENCY_BUDGET, PREFILL_CHUNK, PROMPT_SLOWDOWN
 
 DEFAULT_PATH = "/etc/edged/edged.toml"
 
@@ -107,10 +108,25 @@ KEYS = [
     KeySpec("warmup", True, "bool", "Run one token through a freshly loaded model before serving it."),
     # --- scheduling and limits -------------------------------------------------------------
     KeySpec("n_parallel", 1, "int", "Generation slots: requests decoded at the same time.", minimum=1),
+    KeySpec("decode_latency_budget", DECODE_LATENCY_BUDGET, "float",
+            "While streams decode, a pass that also carries a prompt chunk takes at most this times a "
+            "pass of decode tokens alone (measured), so their gap between tokens stays within it; "
+            "higher lets a long prompt in sooner.", minimum=1.0),
+    KeySpec("decode_latency_budget_ms", 0.0, "float",
+            "The same limit in milliseconds per pass instead of a factor; 0 = use decode_latency_budget.",
+            minimum=0),
+    KeySpec("prompt_slowdown_max", PROMPT_SLOWDOWN, "float",
+            "How much longer than alone a prompt may take to go in while streams decode (0 = no "
+            "limit): a prompt behind that pace takes a larger, efficient chunk (one long gap for "
+            "the streams) rather than starving under decode_latency_budget.", minimum=0),
+    KeySpec("prompt_chunk_max", PREFILL_CHUNK, "int",
+            "Prompt tokens of a pass when no stream is decoding (llama.cpp's n_ubatch), and the most "
+            "of any pass (up to 512, a slot's batch).", minimum=1),
     KeySpec("max_queue", 16, "int",
             "Requests that may wait for a slot; one more is refused with 429 and Retry-After.", minimum=0),
     KeySpec("queue_timeout", 60.0, "float",
-            "Seconds a request may wait in the queue (and for a model swap) before 503.", minimum=0.001),
+            "Seconds a request may wait in the queue (and for a model swap) before 503; a model load "
+            "it started goes on for the next requests.", minimum=0.001),
     KeySpec("request_timeout", 600.0, "float",
             "Seconds of generation per request; at the limit the reply ends with finish_reason \"length\".",
             minimum=0.001),

@@ -64,7 +64,9 @@ class Daemon:
         self.api = Api(self)
 
     def start_threads(self):
-        self.decoder = Decoder(self.metrics)
+        cfg = self.cfg
+        self.decoder = Decoder(self.metrics, cfg.decode_latency_budget, cfg.decode_latency_budget_ms,
+                               cfg.prompt_chunk_max, cfg.prompt_slowdown_max)
 
     async def run(self):
         cfg = self.cfg
@@ -170,6 +172,9 @@ class Daemon:
             self.loader.cfg, self.loader.trust = cfg, trust
             self.registry.reconfigure(cfg)
             self.slots.resize(cfg.n_parallel, cfg.max_queue)
+            if self.decoder is not None:
+                self.decoder.configure(cfg.decode_latency_budget, cfg.decode_latency_budget_ms,
+                                       cfg.prompt_chunk_max, cfg.prompt_slowdown_max)
             setup_log(cfg.log_level)
             log.info("reloaded configuration%s and trust store", f" from {self.config_path}" if self.config_path else "")
         loaded = ", ".join(self.registry.models) or "no model loaded"

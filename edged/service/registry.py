@@ -37,6 +37,7 @@ class Registry:
         self._load_lock = asyncio.Lock()
         self._waiters = []                        # futures woken whenever a lease is released
         self._refused = {}                        # name -> (file identity, trust, error): no re-hash of a bad file
+        self._loads = {}                          # name -> the task loading it, shared by its waiters
         self.loading: str | None = None           # name being loaded, for /health
         self.on_change = lambda what: None        # the daemon reports phases to systemd (STATUS=)
 
@@ -94,7 +95,25 @@ class Registry:
                 lm.refs += 1
                 lm.last_used = time.monotonic()
                 return lm
-            await self.ensure_loaded(name)
+            await asyncio.shield(self._load(name))
+
+    def _load(self, name):
+        """The running load of `name`, started if there is none. It is a task of its own, so a
+        request that stops waiting (its queue_timeout, a disconnect) does not cancel a load that
+        the other waiters and the next request will use: on a slow device a model that takes
+        longer than queue_timeout to load still ends up loaded."""
+        task = self._loads.get(name)
+        if task is None:
+            task = asyncio.get_running_loop().create_task(self.ensure_loaded(name))
+            self._loads[name] = task
+            task.add_done_callback(lambda t: self._load_done(name, t))
+        return task
+
+    def _load_done(self, name, task):
+        if self._loads.get(name) is task:
+            del self._loads[name]
+        if not task.cancelled():
+            task.exception()            # retrieved: a load nobody waits for any more was logged already
 
     def release(self, lm):
         lm.refs -= 1

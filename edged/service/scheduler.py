@@ -15,26 +15,45 @@ single step bit for bit, so a reply does not depend on what it was batched with.
 Each job then samples from its logits and posts its token. A job that finishes, is cancelled or
 fails leaves at the next step; a new one joins at once.
 
-Mixed load: a long prompt must not stall the streams that are decoding. Its chunk rides in the
-streams' step, sized so that it adds about PROMPT_SHARE times what a step of decode tokens alone
-costs (measured: a running average of decode-only steps, and of the extra time per prompt token
-in steps that carry both), at least MIN_CHUNK and at most PREFILL_CHUNK tokens; so a stream's
-gap between tokens stays about 1 + PROMPT_SHARE times its undisturbed gap. With nobody decoding
-a prompt goes in PREFILL_CHUNK tokens per step (cancellation still gets a turn).
+Mixed load (llama-server's continuous batching: prompts compete with decode for each pass): a
+long prompt must neither stall the streams that are decoding nor starve. While any stream
+decodes, a pass that carries a prompt chunk is sized to take at most `decode_latency_budget`
+times a pass of decode tokens alone (or `decode_latency_budget_ms`), so each stream's gap between
+tokens stays within that factor of its undisturbed gap, and the prompt gets the rest of every
+pass. The chunk comes from measured costs (StepCosts): the median decode-only pass, and a
+least-squares fit of what prompt tokens add to a pass, per row (matrix products) and per key
+their attention reads (a chunk late in a long prompt costs more than one at its start), kept
+apart for passes below and from PANEL_ROWS rows (the packed panels' fixed cost per pass). A
+prompt that falls behind `prompt_slowdown_max` times its predicted time alone takes a larger,
+efficient catch-up chunk (one longer gap for the streams) rather than starving. With nobody
+decoding a prompt takes whole passes of `prompt_chunk_max` tokens (cancellation still gets a
+turn between them). EDGED_DEBUG_STEPS=1 logs every pass (composition, predicted and
+measured time) at debug level.
 """
 import asyncio
 import collections
+import os
+import statistics
 import threading
 import time
+
+import numpy as np
 
 from ..errors import QueueFull, QueueTimeout
 from .log import log
 
-PREFILL_CHUNK = 128     # most prompt tokens of one step (nobody decoding: every step's chunk)
-# Least prompt tokens of a step that has any: from 8 rows a batch takes the packed panels
-# (ED_GEMM_MIN_COLS) and the blocked attention (ED_ATTN_BLOCK_MIN, forward.h).
-MIN_CHUNK = 8
-PROMPT_SHARE = 1.5      # a step's prompt chunk adds about this times a decode-only step
+PREFILL_CHUNK = 128     # default prompt_chunk_max: prompt tokens of a pass with nobody decoding
+MIN_CHUNK = 1           # least prompt tokens of a pass that has any: the prompt always progresses
+# From this many rows a pass's matrix products unpack every weight into packed panels
+# (ED_GEMM_MIN_COLS, ed_gemm.h): a fixed cost per pass that a few prompt rows do not repay.
+PANEL_ROWS = 8
+DECODE_LATENCY_BUDGET = 2.5     # default: a pass with a prompt chunk takes <= 2.5x a decode pass
+PROMPT_SLOWDOWN = 2.0   # default: a prompt beside streams takes <= 2x its time alone (0: no limit)
+CATCH_UP_OVERHEAD = 0.5   # a catch-up pass: the panels' fixed cost at most this share of its prompt cost
+DECODE_WINDOW = 15      # decode-only passes whose median is the decode cost
+FIT_WINDOW = 24         # prompt-carrying passes per path the cost fit reads
+FORGET = 0.85           # weight of an observation per newer one in the fit
+DEBUG_STEPS = os.environ.get("EDGED_DEBUG_STEPS") == "1"
 
 
 class Slots:
@@ -109,47 +128,239 @@ class Job:
         self.loop.call_soon_threadsafe(self.events.put_nowait, (kind, value))
 
 
-class _Costs:
-    """Running averages of one model's step costs: ms of a step of decode tokens alone, ms a
-    prompt token adds to a step."""
+PATHS = ("rows", "panels")
+# Terms of the cost fit, most first; a fit whose terms come out negative (too little spread in
+# the observations yet) falls back to the next. Columns: p0 and a of each path, b (shared).
+_TERMS = ((0, 1, 2, 3, 4), (1, 2, 3, 4), (1, 3, 4), (0, 1, 2, 3), (1, 2, 3), (1, 3))
 
-    def __init__(self):
-        self.decode_ms = None
-        self.token_ms = None
+
+def _fit(obs):
+    """Least squares with exponential forgetting of the prompt cost over obs {path: [(n, k, y)]}
+    (oldest first, each path forgotten by its own age): y = p0[path] + a[path] * n + b * k.
+    The attention term b is shared: the passes alone (wide spread of positions) teach it to
+    the row path, whose few rows cannot tell a from b. Returns {path: (p0, a, b) or None}."""
+    rows, ys, ws = [], [], []
+    for i, path in enumerate(PATHS):
+        for age, (n, k, y) in enumerate(reversed(obs[path])):
+            x = [0.0] * 5
+            x[2 * i], x[2 * i + 1], x[4] = 1.0, n, k
+            rows.append(x)
+            ys.append(y)
+            ws.append(FORGET ** age)
+    out = {p: None for p in PATHS}
+    if not rows:
+        return out
+    x, y, w = np.array(rows), np.array(ys), np.sqrt(np.array(ws))
+    seen = [bool(obs[p]) for p in PATHS]
+    for terms in _TERMS:
+        cols = [c for c in terms if c == 4 or seen[c // 2]]
+        coef, _, rank, _ = np.linalg.lstsq(x[:, cols] * w[:, None], y * w, rcond=None)
+        if rank == len(cols) and (coef >= 0).all():
+            c = dict(zip(cols, (float(v) for v in coef)))
+            for i, path in enumerate(PATHS):
+                if seen[i] and 2 * i + 1 in c:
+                    out[path] = (c.get(2 * i, 0.0), c[2 * i + 1], c.get(4, 0.0))
+            return out
+    return out
+
+
+class StepCosts:
+    """One model's measured pass costs, and the prompt chunks they allow.
+
+    decode_ms: the median of the last DECODE_WINDOW passes of decode tokens alone (a median, so
+    a pass the machine's other load delayed does not move it), at decode_keys, the median of
+    the keys their attention read. A stream's pass grows as it gets longer (its attention reads
+    one more key per token), so the decode pass now (`decode_now`) is decode_ms plus b per key
+    the decode rows read beyond decode_keys: while a long prompt is absorbed there are no
+    decode-only passes to measure, and a stale figure would hand the prompt's share to the
+    streams' own growth.
+    Prompt tokens add `p0 + a * n + b * k` ms to a pass: n rows through the matrix products, k
+    keys read by their attention (a token at position p reads p + 1: a chunk late in a long
+    prompt costs more than one at its start), p0 a fixed cost of the pass. p0 and a are fitted
+    (`_fit`) per path, b for both, from the passes that carried prompt tokens (their time minus
+    decode_ms): "rows" when the pass has fewer than PANEL_ROWS rows, "panels" from PANEL_ROWS
+    on, where unpacking the weights costs p0 per pass (measured: about 3x a decode pass of
+    SmolLM2-135M on one thread).
+
+    budget (factor) / budget_ms (absolute, 0 = use the factor): the longest a pass carrying
+    prompt tokens may take while streams decode; chunk_max: prompt tokens of a pass with nobody
+    decoding, and the most of any pass; slowdown: how much longer than alone a prompt may take
+    beside streams before it takes catch-up chunks (0 = never: the budget always rules).
+    """
+
+    def __init__(self, budget=DECODE_LATENCY_BUDGET, budget_ms=0.0, chunk_max=PREFILL_CHUNK,
+                 slowdown=PROMPT_SLOWDOWN):
+        self.configure(budget, budget_ms, chunk_max, slowdown)
+        self._decode = collections.deque(maxlen=DECODE_WINDOW)
+        self._obs = {p: collections.deque(maxlen=FIT_WINDOW) for p in PATHS}
+        self.fits = {p: None for p in PATHS}
+
+    def configure(self, budget, budget_ms, chunk_max, slowdown=PROMPT_SLOWDOWN):
+        self.budget, self.budget_ms, self.chunk_max = float(budget), float(budget_ms), int(chunk_max)
+        self.slowdown = float(slowdown)
+
+    @property
+    def decode_ms(self):
+        return statistics.median(ms for ms, _ in self._decode) if self._decode else None
+
+    @property
+    def decode_keys(self):
+        return statistics.median(k for _, k in self._decode) if self._decode else 0
+
+    def decode_now(self, keys):
+        """Predicted ms of a pass of decode tokens alone whose attention reads `keys` keys."""
+        fit = self.fits["rows"] or self.fits["panels"]
+        b = fit[2] if fit else 0.0
+        return max(self.decode_ms + b * (keys - self.decode_keys), 0.0)
 
     @staticmethod
-    def _avg(old, new, w=0.25):
-        return new if old is None else old + w * (new - old)
+    def keys(pos, n):
+        """Keys the attention of n prompt tokens from position pos reads: (pos+1) + ... + (pos+n)."""
+        return n * (pos + 1) + n * (n - 1) // 2
 
-    def record(self, ms, n_decode, n_prompt):
-        """A step of n_decode decode tokens and n_prompt prompt tokens took ms."""
-        if n_decode and not n_prompt:
-            self.decode_ms = self._avg(self.decode_ms, ms)
-        elif n_prompt and n_decode and self.decode_ms is not None:
-            self.token_ms = self._avg(self.token_ms, max(ms - self.decode_ms, 0.05 * ms) / n_prompt)
-        elif n_prompt and not n_decode:  # an upper bound: it includes the read of the weights
-            self.token_ms = self._avg(self.token_ms, ms / n_prompt)
+    @staticmethod
+    def path(rows):
+        return "panels" if rows >= PANEL_ROWS else "rows"
 
-    def chunk(self):
-        """Prompt tokens for a step that also decodes."""
-        if self.decode_ms is None or self.token_ms is None:
-            return MIN_CHUNK
-        n = int(PROMPT_SHARE * self.decode_ms / max(self.token_ms, 1e-6))
-        return max(MIN_CHUNK, min(PREFILL_CHUNK, n))
+    def record(self, ms, n_decode, pieces, decode_keys=0):
+        """A pass of n_decode decode tokens (their attention reading decode_keys keys) and the
+        prompt pieces [(pos, n), ...] took ms."""
+        if not pieces:
+            if n_decode:
+                self._decode.append((ms, decode_keys))
+            return
+        base = self.decode_ms
+        if base is None:
+            return
+        n = sum(c for _, c in pieces)
+        # what the pass read beyond the measured decode pass: the prompt's keys and the streams'
+        keys = sum(self.keys(p, c) for p, c in pieces) + (decode_keys - self.decode_keys if n_decode else 0)
+        self._obs[self.path(n_decode + n)].append((n, keys, ms - base))
+        self.fits = _fit(self._obs)
+
+    def prompt_ms(self, rows, pieces):
+        """Predicted ms that the prompt pieces [(pos, n)] add to a pass of `rows` rows in all,
+        or None when that path has not been measured."""
+        fit = self.fits[self.path(rows)]
+        if fit is None:
+            return None
+        p0, a, b = fit
+        return p0 + a * sum(n for _, n in pieces) + b * sum(self.keys(p, n) for p, n in pieces)
+
+    def limit_ms(self, decode_keys=None):
+        """The longest a pass carrying prompt tokens may take while streams decode (their
+        attention reading decode_keys keys; None: as measured)."""
+        d = self.decode_ms if decode_keys is None else self.decode_now(decode_keys)
+        return self.budget_ms if self.budget_ms > 0 else self.budget * d
+
+    def alone_ms(self, start, end):
+        """Predicted ms of prompt positions start..end in passes of chunk_max with nobody
+        decoding (the prompt's time alone), or None before the panels are measured."""
+        fit = self.fits["panels"]
+        if fit is None or self.decode_ms is None:
+            return None
+        p0, a, b = fit
+        n = end - start
+        passes = -(-n // self.chunk_max)
+        return passes * (self.decode_ms + p0) + a * n + b * self.keys(start, n)
+
+    def behind(self, start, pos, end, waited_ms):
+        """Whether a prompt of positions start..end, at pos after waited_ms since its first
+        chunk beside decoding streams, has fallen behind the pace that ends it within slowdown
+        times its time alone: what it has done would take less than waited_ms / slowdown alone."""
+        if self.slowdown <= 0 or self.alone_ms(start, end) is None:
+            return False
+        return self.alone_ms(start, pos) < waited_ms / self.slowdown
+
+    def catch_up(self, n_decode, pos, pending):
+        """Prompt tokens of a pass that catches a prompt up: the fewest on the panels whose
+        fixed cost is at most CATCH_UP_OVERHEAD of the pass's prompt cost (efficient, yet the
+        streams' gap stays a fraction of a whole chunk_max pass late in a long prompt)."""
+        most = min(pending, self.chunk_max)
+        p0, a, b = self.fits["panels"]
+        lo, hi = max(1, PANEL_ROWS - n_decode), most
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if p0 <= CATCH_UP_OVERHEAD * (p0 + a * mid + b * self.keys(pos, mid)):
+                hi = mid
+            else:
+                lo = mid + 1
+        return min(lo, most)
+
+    def plan(self, n_decode, prompts, decode_keys=0, waits=None):
+        """Prompt tokens of the next pass for each of prompts [(pos, pending), ...] (first come
+        first served), the pass also carrying n_decode decode tokens whose attention reads
+        decode_keys keys; waits: per prompt (start position, ms since its first chunk beside
+        decoding streams) or None. Nobody decoding: whole passes of chunk_max. Else the most
+        tokens whose predicted cost keeps the pass within limit_ms() (on whichever path carries
+        more), at least MIN_CHUNK for the first prompt; a path not measured yet is tried with the
+        least chunk. A first prompt that has fallen behind its pace (`behind`) takes a
+        `catch_up` pass: the streams see one long gap rather than the prompt starving."""
+        out, left = [], self.chunk_max
+        if n_decode and prompts and waits and waits[0] is not None:
+            pos, pending = prompts[0]
+            start, waited = waits[0]
+            if self.behind(start, pos, pos + pending, waited):
+                return [self.catch_up(n_decode, pos, pending)] + [0] * (len(prompts) - 1)
+        if not n_decode:
+            for _, pending in prompts:
+                out.append(min(pending, left))
+                left -= out[-1]
+            return out
+        extra = None
+        if self.decode_ms is not None:
+            extra = self.limit_ms(decode_keys) - self.decode_now(decode_keys)
+        pieces = []
+        for pos, pending in prompts:
+            best, most = 0, min(pending, left)
+            rows = n_decode + sum(n for _, n in pieces)
+            if extra is not None and most > 0:
+                # each path's range of chunk sizes; the cost grows with n within a path
+                for lo, hi in ((1, min(most, PANEL_ROWS - 1 - rows)), (max(1, PANEL_ROWS - rows), most)):
+                    if lo > hi:
+                        continue
+                    if self.prompt_ms(rows + lo, pieces + [(pos, lo)]) is None:
+                        if self.path(rows + lo) == "rows" and not pieces:
+                            best = max(best, 1)             # measure the row path
+                        continue
+                    while lo <= hi:     # the largest n whose pass (all pieces) is within extra
+                        mid = (lo + hi) // 2
+                        if self.prompt_ms(rows + mid, pieces + [(pos, mid)]) <= extra:
+                            best, lo = max(best, mid), mid + 1
+                        else:
+                            hi = mid - 1
+            if not pieces:
+                best = max(best, min(MIN_CHUNK, pending))    # the prompt always progresses
+            out.append(best)
+            left -= best
+            if best:
+                pieces.append((pos, best))
+        return out
 
 
 class Decoder:
     """The decode thread. submit() from the event loop; events come back through Job.events."""
 
-    def __init__(self, metrics=None):
+    def __init__(self, metrics=None, budget=DECODE_LATENCY_BUDGET, budget_ms=0.0, chunk_max=PREFILL_CHUNK,
+                 slowdown=PROMPT_SLOWDOWN):
         self.metrics = metrics
+        self._policy = (budget, budget_ms, chunk_max, slowdown)
+        self._waits = {}                # job -> (start position, perf_counter of its first mixed pass)
         self._pending = collections.deque()
         self._active = []
-        self._costs = {}                # id(model) -> _Costs
+        self._costs = {}                # id(model) -> StepCosts
+        self._last_step = None          # perf_counter of the previous pass's start (debug log)
         self._cv = threading.Condition()
         self._stop = False
         self._thread = threading.Thread(target=self._run, name="edged-decode", daemon=True)
         self._thread.start()
+
+    def configure(self, budget, budget_ms, chunk_max, slowdown=PROMPT_SLOWDOWN):
+        """The mixed-load policy's keys (decode_latency_budget, decode_latency_budget_ms,
+        prompt_chunk_max, prompt_slowdown_max); take effect at the next pass (a SIGHUP reload)."""
+        self._policy = (budget, budget_ms, chunk_max, slowdown)
+        for costs in list(self._costs.values()):
+            costs.configure(*self._policy)
 
     def submit(self, job):
         with self._cv:
@@ -207,17 +418,32 @@ class Decoder:
             self._step_model(jobs)
 
     def _step_model(self, jobs):
-        """The next token of every job past its prompt and a prompt chunk, in one decode call."""
+        """The next token of every job past its prompt and prompt chunks, in one decode call."""
         model = jobs[0].gen.session.model
-        costs = self._costs.setdefault(id(model), _Costs())
+        costs = self._costs.get(id(model))
+        if costs is None:
+            costs = self._costs[id(model)] = StepCosts(*self._policy)
         decoding = [j for j in jobs if not j.gen.prefilling]
-        budget = costs.chunk() if decoding else PREFILL_CHUNK
+        prefilling = [j for j in jobs if j.gen.prefilling]
+        # where each prompt goes on: the session's cache (a cached prefix is already in it)
+        at = [(j.gen.session.n_past, j.gen.n_pending) for j in prefilling]
         work = [(j, j.gen.entry()) for j in decoding]
-        n_prompt = 0
-        for j in jobs:
-            if j.gen.prefilling and budget > n_prompt:
-                e = j.gen.entry(budget - n_prompt)
-                n_prompt += len(e.tokens)
+        decode_keys = sum(j.gen.session.n_past + 1 for j in decoding)
+        now = time.perf_counter()
+        for j in list(self._waits):
+            if j not in prefilling:
+                del self._waits[j]          # its prompt is in (or it left)
+        waits = []
+        for j, (pos, _) in zip(prefilling, at):
+            if decoding and j not in self._waits:
+                self._waits[j] = (pos, now)     # the prompt's pace is counted from here
+            w = self._waits.get(j)
+            waits.append(None if w is None else (w[0], (now - w[1]) * 1000))
+        pieces = []
+        for j, (pos, _), n in zip(prefilling, at, costs.plan(len(decoding), at, decode_keys, waits)):
+            if n:
+                e = j.gen.entry(n)
+                pieces.append((pos, len(e.tokens)))
                 work.append((j, e))
         t0 = time.perf_counter()
         try:
@@ -231,7 +457,10 @@ class Decoder:
                 except Exception as err:  # noqa: BLE001
                     results.append(err)
         else:
-            costs.record((time.perf_counter() - t0) * 1000, len(decoding), n_prompt)
+            ms = (time.perf_counter() - t0) * 1000
+            if DEBUG_STEPS:
+                self._debug(costs, len(decoding), pieces, ms, t0, decode_keys)
+            costs.record(ms, len(decoding), pieces, decode_keys)
             if len(decoding) > 1 and self.metrics is not None:
                 self.metrics.batch_steps += 1
                 self.metrics.batch_rows += len(decoding)
@@ -249,3 +478,19 @@ class Decoder:
             job.post("token", out)
             if out.finish_reason:
                 self._end(job, "done", out.finish_reason)
+
+    def _debug(self, costs, n_decode, pieces, ms, t0, decode_keys):
+        """One line per pass (EDGED_DEBUG_STEPS=1): its rows, measured and predicted time, the
+        time since the previous pass began (what a stream's gap between tokens is)."""
+        period = (t0 - self._last_step) * 1000 if self._last_step else 0.0
+        self._last_step = t0
+        d, rows = costs.decode_ms, n_decode + sum(n for _, n in pieces)
+        now = None if d is None or not n_decode else costs.decode_now(decode_keys)
+        want = costs.prompt_ms(rows, pieces) if pieces else None
+        log.debug("pass: %d decode (%d keys) + prompt %s (%s): %.1f ms, predicted %s, limit %s; "
+                  "since the previous pass %.1f ms; decode median %s; fits %s", n_decode, decode_keys,
+                  "+".join(f"{n}@{p}" for p, n in pieces) or "-", costs.path(rows), ms,
+                  "-" if want is None or d is None else f"{(now or 0.0) + want:.1f}",
+                  "-" if now is None else f"{costs.limit_ms(decode_keys):.1f}", period,
+                  "-" if d is None else f"{d:.1f}",
+                  {k: None if f is None else tuple(round(x, 5) for x in f) for k, f in costs.fits.items()})

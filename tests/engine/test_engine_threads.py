@@ -4,6 +4,7 @@ others, and the pool drops workers that keep arriving late. Neither may change a
 logits with one thread, with two threads whose chunk claims are made lopsided on purpose
 (Pool.debug_slow: one thread sleeps before each claim), and with the adaptive count dropping a
 worker mid-generation are compared for equality."""
+import os
 import time
 
 import numpy as np
@@ -94,3 +95,29 @@ def test_pool_without_adaptation_keeps_every_worker():
         pool.debug_slow(5, 10)
     with pytest.raises(ValueError, match="late_share 0.0"):
         pool.late_share = 0.0
+
+
+def test_waiter_parks_at_once_when_the_thread_it_waits_for_shares_its_cpu(reference, monkeypatch):
+    """A barrier waiter spins up to EDGED_SPIN_US before parking, but not while the thread it
+    waits for last ran on the waiter's own CPU: there spinning only keeps that thread off the
+    CPU. Both threads pinned to one CPU with a 0.2 s spin: (almost) every wait that does not end
+    at once parks; a pool that spun instead would park on none (each spin ends when the
+    scheduler's slice does and the other thread has arrived), and take seconds per token."""
+    import edged._core as core
+    name, want = reference
+    monkeypatch.setenv("EDGED_SPIN_US", "200000")
+    with Model.load(testdata("models", name), n_threads=2) as m:
+        pool = m.backend.pool
+        pool.adaptive = False
+        assert pool.stats()["spin_us"] == 200000
+        core.pin_pool(pool, [min(os.sched_getaffinity(0))])
+        try:
+            before = pool.stats()
+            got = run(m, steps=2)
+            st = pool.stats()
+        finally:
+            core.pin_pool(pool, [])
+    waits, parks = st["waits"] - before["waits"], st["parks"] - before["parks"]
+    assert waits > 50 and parks > waits // 2, (waits, parks)
+    assert sum(st["wake_us_hist"]) - sum(before["wake_us_hist"]) == parks
+    np.testing.assert_array_equal(got, want[:len(got)])

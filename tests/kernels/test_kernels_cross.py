@@ -63,12 +63,17 @@ def test_neon_path_matches_generic_under_qemu(tmp_path):
     assert len(lines) == 16 and all(l.endswith(" ok") for l in lines), r.stdout
     # dotprod has the packed panels for the 13 quantized types (each also checked in an ok line)
     assert sum(" panels " in l for l in r.stdout.splitlines() if l.startswith("neon ")) == 13, r.stdout
+    # the row kernels (ED_MROWS, 4 rows as lanes) of the 32-block types on both variants, with
+    # extreme weights and quants; their outputs are in the canon-ok digests below
+    rows = {l for l in r.stdout.splitlines() if l.startswith("extreme neon")}
+    assert rows == {f"extreme {v} {t} rows ok" for v in ("neon", "neonnd") for t in ("Q4_0", "Q5_0", "Q8_0")}, r.stdout
     # baseline Advanced SIMD (Cortex-A72, Raspberry Pi 4: no dotprod)
     a72 = subprocess.run([qemu, "-cpu", "cortex-a72", str(tmp_path / "check-arm64")],
                          capture_output=True, text=True, timeout=600)
     assert a72.returncode == 0 and "dotprod" not in a72.stdout.splitlines()[0], a72.stdout
     assert sum(l.startswith("neon ") and l.endswith(" ok") for l in a72.stdout.splitlines()) == 16
     assert " panels " not in a72.stdout  # no panel kernel without dotprod: the row tiles
+    assert {l for l in a72.stdout.splitlines() if l.startswith("extreme ")} == rows, a72.stdout
     # every type has a NEON dot (none left on the generic C loop) and a tile equal to the
     # one-token dot bit for bit, and both variants give the same bits (the dots'
     # and tiles' results, digested per type; the panels are dotprod-only and not in the digest)

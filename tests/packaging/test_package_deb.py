@@ -57,8 +57,10 @@ check seccomp sh -c "grep -qx 'Seccomp:	2' /proc/$PID/status"
 check runs-as-edged sh -c "test \$(stat -c %U /proc/$PID) = edged"
 check in-process-sandbox sh -c "journalctl -u edged.service --no-pager | grep -q 'sandbox: enforce (Landlock'"
 check cli-models sh -c "edged models | tee /dev/stderr | grep -q '^demo '"
-check completion sh -c "curl $S -H 'Content-Type: application/json' -d '{\"model\":\"demo\",\"prompt\":\"Once\",\"max_tokens\":4}' http://edged/v1/completions | grep -q '\"finish_reason\"'"
-journalctl -u edged.service --no-pager | tail -n 15
+check completion sh -c "curl $S -H 'Content-Type: application/json' -d '{\"model\":\"demo\",\"prompt\":\"Once\",\"max_tokens\":4}' http://edged/v1/completions | tee /dev/stderr | grep -q '\"finish_reason\"'"
+# what the service did (a failed check above is explained here: watchdog, exit status, denials)
+journalctl -b -u edged.service -u edged.socket --no-pager -o short-monotonic | tail -n 40
+journalctl -b --no-pager -o short-monotonic | grep -E 'edged\.service: |audit.*(seccomp|landlock)|segfault|traps:' | tail -n 20
 # 2. upgrade with a locally modified configuration: dpkg keeps the edit (conffile), the running
 # daemon is restarted on the new package
 echo '# local edit: kept on upgrade' >> /etc/edged/edged.toml

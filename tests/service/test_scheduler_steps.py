@@ -2,6 +2,7 @@
 every running stream and a chunk of a prompt still going in. A long prompt arriving while
 streams decode is spread over the steps instead of stalling them, and no reply changes."""
 import asyncio
+import statistics
 import time
 
 import pytest
@@ -9,22 +10,150 @@ import pytest
 from conftest import testdata
 
 
-def test_chunk_size_follows_the_measured_costs():
-    from edged.service.scheduler import MIN_CHUNK, PREFILL_CHUNK, PROMPT_SHARE, _Costs
-    c = _Costs()
-    assert c.chunk() == MIN_CHUNK                    # nothing measured yet: the least
-    c.decode_ms, c.token_ms = 20.0, 0.5
-    assert c.chunk() == int(PROMPT_SHARE * 40)
-    c.token_ms = 1e-3
-    assert c.chunk() == PREFILL_CHUNK
-    c.token_ms = 100.0
-    assert c.chunk() == MIN_CHUNK
-    # from measured steps: decode-only steps give the base, mixed steps the cost per prompt token
-    c = _Costs()
-    c.record(20.0, 3, 0)
-    c.record(50.0, 3, 60)                            # 30 ms more for 60 prompt tokens
-    assert (c.decode_ms, c.token_ms) == (20.0, 0.5)
-    assert c.chunk() == int(PROMPT_SHARE * 40)       # a step then costs ~2.5x a decode step
+class FakeMachine:
+    """A cost clock for StepCosts, shaped like the measured costs of SmolLM2-135M on one thread
+    (BENCHMARKS.md, "Mixed load (s15)"): a pass costs `base` ms plus `row` per decode row; a
+    prompt token `a_rows` ms for its row while the pass has fewer than PANEL_ROWS rows, else
+    `a_panels`, plus `panel` once per pass (unpacking the weights); and `b` per key its
+    attention reads (the prompt so far; a stream's own attention: decode_keys)."""
+
+    def __init__(self, base=18.0, row=0.7, a_rows=4.5, a_panels=2.5, panel=60.0, b=0.004):
+        self.base, self.row, self.a_rows, self.a_panels = base, row, a_rows, a_panels
+        self.panel, self.b = panel, b
+
+    def ms(self, n_decode, pieces, decode_keys=0):
+        from edged.service.scheduler import PANEL_ROWS, StepCosts
+        n = sum(c for _, c in pieces)
+        panels = n_decode + n >= PANEL_ROWS
+        return (self.base + self.row * n_decode + self.b * decode_keys
+                + (self.panel if panels and pieces else 0.0)
+                + (self.a_panels if panels else self.a_rows) * n
+                + self.b * sum(StepCosts.keys(p, c) for p, c in pieces))
+
+
+def absorb(costs, machine, n_decode, length, warm=20):
+    """Drive the policy over one prompt of `length` tokens while n_decode streams decode (their
+    decode-only passes first; each stream's attention reads one key more per pass):
+    [(prompt tokens, ms, ms of the streams' pass alone)] per pass until the prompt is in."""
+    at = 12                                         # the streams' positions
+    for _ in range(warm):
+        k = max(n_decode, 3) * (at + 1)
+        costs.record(machine.ms(max(n_decode, 3), [], k), max(n_decode, 3), [], k)
+        at += 1
+    pos, passes, clock = 0, [], 0.0
+    while pos < length:
+        k = n_decode * (at + 1)
+        n, = costs.plan(n_decode, [(pos, length - pos)], k, [(0, clock)])
+        ms = machine.ms(n_decode, [(pos, n)], k)
+        costs.record(ms, n_decode, [(pos, n)], k)
+        passes.append((n, ms, machine.ms(n_decode, [], k)))
+        clock += ms
+        pos += n
+        at += 1 if n_decode else 0
+    return passes
+
+
+def test_costs_fit_rows_panels_and_attention_keys():
+    from edged.service.scheduler import StepCosts
+    c = StepCosts()
+    assert c.plan(3, [(0, 2000)]) == [1]            # nothing measured yet: the least
+    for ms in (20.0, 21.0, 19.0, 400.0, 20.0):       # one pass delayed by the machine
+        c.record(ms, 3, [])
+    assert c.decode_ms == 20.0                        # a median: the outlier does not count
+    m = FakeMachine(base=20.0, row=0.0)
+    for pos, n in ((0, 1), (1, 4), (5, 2), (500, 3), (900, 4), (1500, 1), (1501, 2)):
+        c.record(m.ms(3, [(pos, n)]), 3, [(pos, n)])
+    for pos, n in ((0, 128), (128, 128), (256, 80), (900, 40), (1500, 128)):
+        c.record(m.ms(3, [(pos, n)]), 3, [(pos, n)])
+    assert c.fits["rows"] == pytest.approx((0.0, m.a_rows, m.b), abs=1e-9)
+    assert c.fits["panels"] == pytest.approx((m.panel, m.a_panels, m.b), rel=1e-6)
+    # 2.5x the decode pass leaves 30 ms: the row path (4 tokens at most beside 3 decode rows),
+    # fewer late in the prompt (attention); the panels' fixed cost alone is 60 ms
+    assert c.plan(3, [(0, 5000)]) == [4]
+    assert c.plan(3, [(1900, 5000)]) == [2]
+    # a looser budget (120 ms: 100 ms of prompt) pays for the panels and fills them
+    c.configure(6.0, 0.0, 128)
+    n, = c.plan(3, [(0, 5000)])
+    assert n > 4 and c.prompt_ms(3 + n, [(0, n)]) <= 100.0 < c.prompt_ms(4 + n, [(0, n + 1)])
+
+
+def test_mixed_passes_stay_within_the_budget_and_the_prompt_progresses():
+    from edged.service.scheduler import DECODE_LATENCY_BUDGET, PREFILL_CHUNK, StepCosts
+    m = FakeMachine()
+    decode = m.ms(3, [])
+    c = StepCosts(slowdown=0)                        # the budget alone rules
+    alone = absorb(c, m, 0, 1000)                    # the prompt alone first (as the benchmark)
+    assert all(n == PREFILL_CHUNK for n, _, _ in alone[:-1])
+    passes = absorb(c, m, 3, 1000)
+    settled = passes[4:]                             # the row fit needs a few passes with spread
+    # within the budget of the streams' own pass, which grows with them ...
+    assert all(ms <= DECODE_LATENCY_BUDGET * own * 1.001 for _, ms, own in settled)
+    assert passes[-1][2] > 1.15 * decode
+    # ... and full: the prompt gets the rest of each pass
+    assert statistics.median(ms / own for _, ms, own in settled) >= 0.8 * DECODE_LATENCY_BUDGET
+    assert all(n >= 1 for n, _, _ in passes)
+    # where rows cost what panels do (no fixed cost), the prompt's time to first token with 3
+    # streams decoding stays within 2x its time alone
+    even = FakeMachine(a_rows=2.5, panel=0.0)
+    c = StepCosts(slowdown=0)
+    alone = sum(ms for _, ms, _ in absorb(c, even, 0, 1000))
+    mixed = sum(ms for _, ms, _ in absorb(c, even, 3, 1000))
+    assert mixed < 2.0 * alone, mixed / alone
+
+
+def test_budget_keys_choose_between_streams_and_prompt():
+    from edged.service.scheduler import StepCosts
+    m = FakeMachine()
+    decode = m.ms(3, [])
+    ttft = {}
+    for budget in (1.5, 2.5, 8.0):
+        c = StepCosts(budget=budget, slowdown=0)
+        absorb(c, m, 0, 1000)
+        passes = absorb(c, m, 3, 1000)
+        # within the budget, but for the one token a pass always takes (late in the prompt
+        # its attention alone is more than 1.5x leaves)
+        assert all(ms <= budget * own * 1.001 or n == 1 for n, ms, own in passes[4:])
+        ttft[budget] = sum(ms for _, ms, _ in passes)
+    assert ttft[8.0] < ttft[2.5] < ttft[1.5]
+    # an absolute limit in ms wins over the factor; configure() changes a running policy
+    c = StepCosts(budget=8.0, budget_ms=40.0, slowdown=0)
+    assert max(ms for _, ms, _ in absorb(c, m, 3, 600)[4:]) <= 40.0 * 1.001
+    c.configure(2.0, 0.0, 64)
+    assert c.limit_ms() == 2.0 * c.decode_ms and c.plan(0, [(0, 500)]) == [64]
+
+
+def test_a_prompt_behind_its_pace_takes_whole_passes():
+    """Where small chunks are slow (rows) and panels cost a fixed 3 decode passes, the budget
+    alone starves the prompt; prompt_slowdown_max bounds its time to about 2x alone, at the
+    price of longer passes for the streams."""
+    from edged.service.scheduler import DECODE_LATENCY_BUDGET, PANEL_ROWS, PREFILL_CHUNK, StepCosts
+    m = FakeMachine()
+    ttft = {}
+    for slowdown in (0, 2.0):
+        c = StepCosts(slowdown=slowdown)
+        alone = sum(ms for _, ms, _ in absorb(c, m, 0, 1000))
+        passes = absorb(c, m, 3, 1000)
+        ttft[slowdown] = sum(ms for _, ms, _ in passes) / alone
+        over = [n for n, ms, own in passes[4:] if ms > DECODE_LATENCY_BUDGET * own * 1.001]
+        if slowdown:
+            # the catch-up passes: on the panels, whose fixed cost is at most half of
+            # their prompt cost, and shorter than whole PREFILL_CHUNK passes late in the prompt
+            assert over and all(PANEL_ROWS - 3 <= n < PREFILL_CHUNK for n in over)
+        else:
+            assert all(n == 1 for n in over)
+    assert ttft[0] > 2.1                              # beyond 2x alone under the budget alone
+    assert ttft[2.0] <= 2.0 + 0.1                     # within its pace (and one pass)
+
+
+def test_nobody_decoding_takes_whole_passes_shared_first_come_first_served():
+    from edged.service.scheduler import StepCosts
+    c = StepCosts(chunk_max=128)
+    assert c.plan(0, [(0, 2000)]) == [128]
+    assert c.plan(0, [(0, 100), (0, 2000)]) == [100, 28]
+    # with streams decoding and the budget spent by the first prompt, the next one waits, but
+    # the first always gets a token, however slow its tokens are measured
+    absorb(c, FakeMachine(a_rows=50.0), 3, 50)
+    assert c.plan(3, [(50, 500), (0, 300)]) == [1, 0]
 
 
 def test_long_prompt_goes_in_between_the_streams_tokens():
