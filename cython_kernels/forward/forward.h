@@ -224,7 +224,7 @@ static inline float ed_silu(float x) { return ed_pm_silu(x); }
  * alike. Every kernel sums a weight row in the one canonical order (ed_types.h), so the choice
  * changes the speed, not the bits. */
 static inline int ed_gemm_wanted(const ed_state *s, int n, int vt) {
-    return n > 1 && n >= ED_GEMM_MIN_COLS && ED_GEMM_KERNEL && s->gemm_bytes &&
+    return n > 1 && n >= ed_gemm_min_cols() && ED_GEMM_KERNEL && s->gemm_bytes &&
            (vt == ED_Q8_0 || vt == ED_Q8_1 || vt == ED_Q8_K);
 }
 

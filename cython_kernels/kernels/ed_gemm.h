@@ -47,8 +47,11 @@
 #endif
 
 #define ED_PANEL 16
-/* below this many tokens the row tiles (ED_MDOT) are used: unpacking would not pay */
-static int ED_GEMM_MIN_COLS = 8;
+/* Below this many tokens the row tiles (ED_MDOT) are used: unpacking every weight into panels
+ * is a fixed cost per product that fewer tokens do not repay. 0 (the default): the selected
+ * path's own threshold (ed_gemm_path.min_cols, measured: BENCHMARKS.md "Packed panels: from
+ * how many tokens"); tests set one with gemm_min_cols(). */
+static int ED_GEMM_MIN_COLS = 0;
 
 /* per token and group: the activation scale dy, 128 * sum q (for offset types), dy * sum q;
  * qpair, for an even group g: sum q of groups g and g + 1 as two int16 (low: g), so one
@@ -317,13 +320,16 @@ struct ed_gemm_path {
     /* lift 0: values are stored with the type's own offset, which the kernel takes off */
     ed_gemm_transpose_fn transpose;
     ed_unpack_lift_fn unpack[ED_NTYPES];  /* path-specific unpackers, else NULL */
+    int min_cols;  /* tokens from which a product uses the panels (ED_GEMM_MIN_COLS = 0) */
 };
-static const struct ed_gemm_path ED_GEMM_NONE = {NULL, 1, 0, ed_gemm_transpose_generic, {NULL}};
+static const struct ed_gemm_path ED_GEMM_NONE = {NULL, 1, 0, ed_gemm_transpose_generic, {NULL}, 0};
 #define ED_GEMM_KERNEL (ed_kern->gemm->kernel)
 #define ED_GEMM_LIFT (ed_kern->gemm->lift)
 #define ED_GEMM_I16 (ed_kern->gemm->i16)
 #define ED_GEMM_UNPACK (ed_kern->gemm->unpack)
 #define ED_GEMM_TRANSPOSE (ed_kern->gemm->transpose)
+/* the threshold in force: the override, else the path's */
+static int ed_gemm_min_cols(void) { return ED_GEMM_MIN_COLS ? ED_GEMM_MIN_COLS : ed_kern->gemm->min_cols; }
 
 static int ed_gemm_ok(int type) {
     return ED_GEMM_KERNEL && type >= 0 && type < ED_NTYPES && ED_GEMM_TRAITS[type].unpack &&

@@ -59,6 +59,7 @@ cdef extern from "ed_simd.h" nogil:
     void ed_mdot_rows(int type, int k, const uint8_t *w, size_t wstride, int nr,
                       const uint8_t *xq, size_t xs, int nc, float *out, size_t ldo)
     int ED_GEMM_MIN_COLS
+    int ed_gemm_min_cols()
     void *aligned_alloc(size_t alignment, size_t size)
     int ed_gemm_ok(int type)
     ctypedef struct ed_ginfo:
@@ -206,7 +207,7 @@ def matmul(float[:, ::1] out, const uint8_t[::1] w, int qtype, const float[:, ::
     cdef size_t ilen = ed_gemm_info_len(K)
     cdef ed_ginfo *info = NULL
     cdef int t
-    if n >= ED_GEMM_MIN_COLS and ed_gemm_ok(qtype):
+    if n >= ed_gemm_min_cols() and ed_gemm_ok(qtype):
         info = <ed_ginfo *>malloc(ilen * n * sizeof(ed_ginfo) + 64)
         if info == NULL:
             raise MemoryError()
@@ -225,13 +226,16 @@ def matmul(float[:, ::1] out, const uint8_t[::1] w, int qtype, const float[:, ::
 
 def gemm_min_cols(n=None):
     """Tokens from which a matrix product uses packed panels (ed_gemm.h) where the path has
-    them; with n, set it (tests use 1 to run every shape through them) and return the old."""
+    them: the threshold in force (the selected path's own unless set). With n, set it (tests
+    use 1 to run every shape through them; 0 = the path's own again) and return the old
+    setting (0 when it was the path's)."""
     global ED_GEMM_MIN_COLS
+    if n is None:
+        return ed_gemm_min_cols()
+    if int(n) < 0:
+        raise ValueError(f"gemm_min_cols must be >= 0, got {n}")
     old = ED_GEMM_MIN_COLS
-    if n is not None:
-        if int(n) < 1:
-            raise ValueError(f"gemm_min_cols must be >= 1, got {n}")
-        ED_GEMM_MIN_COLS = int(n)
+    ED_GEMM_MIN_COLS = int(n)
     return old
 
 

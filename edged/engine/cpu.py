@@ -59,6 +59,12 @@ class CPUBackend(Backend):
     def kernel_variant(self):
         return _core.kernel_variant()
 
+    @property
+    def gemm_min_cols(self):
+        """Tokens from which a matrix product uses packed panels on this path (the scheduler
+        sizes prompt chunks around it)."""
+        return _core.gemm_min_cols()
+
     def __init__(self, spec, weights, n_threads=1, numa="none", cache=DEFAULT_CACHE):
         super().__init__(spec, weights, n_threads, numa, cache)
         cache.check(spec.hp.head_dim)

@@ -45,7 +45,9 @@ from .log import log
 PREFILL_CHUNK = 128     # default prompt_chunk_max: prompt tokens of a pass with nobody decoding
 MIN_CHUNK = 1           # least prompt tokens of a pass that has any: the prompt always progresses
 # From this many rows a pass's matrix products unpack every weight into packed panels
-# (ED_GEMM_MIN_COLS, ed_gemm.h): a fixed cost per pass that a few prompt rows do not repay.
+# (ed_gemm.h): a fixed cost per pass that a few prompt rows do not repay. Each model's StepCosts
+# takes its kernel path's threshold (Backend.gemm_min_cols: 16 with VNNI, 32 plain AVX2, 8 NEON);
+# this is the default of StepCosts alone (the scheduler's tests).
 PANEL_ROWS = 8
 DECODE_LATENCY_BUDGET = 2.5     # default: a pass with a prompt chunk takes <= 2.5x a decode pass
 PROMPT_SLOWDOWN = 2.0   # default: a prompt beside streams takes <= 2x its time alone (0: no limit)
@@ -189,8 +191,9 @@ class StepCosts:
     """
 
     def __init__(self, budget=DECODE_LATENCY_BUDGET, budget_ms=0.0, chunk_max=PREFILL_CHUNK,
-                 slowdown=PROMPT_SLOWDOWN):
+                 slowdown=PROMPT_SLOWDOWN, panel_rows=PANEL_ROWS):
         self.configure(budget, budget_ms, chunk_max, slowdown)
+        self.panel_rows = int(panel_rows)   # the model's kernel path's threshold (Backend.gemm_min_cols)
         self._decode = collections.deque(maxlen=DECODE_WINDOW)
         self._obs = {p: collections.deque(maxlen=FIT_WINDOW) for p in PATHS}
         self.fits = {p: None for p in PATHS}
@@ -218,9 +221,8 @@ class StepCosts:
         """Keys the attention of n prompt tokens from position pos reads: (pos+1) + ... + (pos+n)."""
         return n * (pos + 1) + n * (n - 1) // 2
 
-    @staticmethod
-    def path(rows):
-        return "panels" if rows >= PANEL_ROWS else "rows"
+    def path(self, rows):
+        return "panels" if rows >= self.panel_rows else "rows"
 
     def record(self, ms, n_decode, pieces, decode_keys=0):
         """A pass of n_decode decode tokens (their attention reading decode_keys keys) and the
@@ -278,7 +280,7 @@ class StepCosts:
         streams' gap stays a fraction of a whole chunk_max pass late in a long prompt)."""
         most = min(pending, self.chunk_max)
         p0, a, b = self.fits["panels"]
-        lo, hi = max(1, PANEL_ROWS - n_decode), most
+        lo, hi = max(1, self.panel_rows - n_decode), most
         while lo < hi:
             mid = (lo + hi) // 2
             if p0 <= CATCH_UP_OVERHEAD * (p0 + a * mid + b * self.keys(pos, mid)):
@@ -316,7 +318,7 @@ class StepCosts:
             rows = n_decode + sum(n for _, n in pieces)
             if extra is not None and most > 0:
                 # each path's range of chunk sizes; the cost grows with n within a path
-                for lo, hi in ((1, min(most, PANEL_ROWS - 1 - rows)), (max(1, PANEL_ROWS - rows), most)):
+                for lo, hi in ((1, min(most, self.panel_rows - 1 - rows)), (max(1, self.panel_rows - rows), most)):
                     if lo > hi:
                         continue
                     if self.prompt_ms(rows + lo, pieces + [(pos, lo)]) is None:
@@ -422,7 +424,8 @@ class Decoder:
         model = jobs[0].gen.session.model
         costs = self._costs.get(id(model))
         if costs is None:
-            costs = self._costs[id(model)] = StepCosts(*self._policy)
+            costs = self._costs[id(model)] = StepCosts(
+                *self._policy, panel_rows=getattr(model.backend, "gemm_min_cols", PANEL_ROWS))
         decoding = [j for j in jobs if not j.gen.prefilling]
         prefilling = [j for j in jobs if j.gen.prefilling]
         # where each prompt goes on: the session's cache (a cached prefix is already in it)
