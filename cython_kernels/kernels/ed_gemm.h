@@ -322,7 +322,8 @@ struct ed_gemm_path {
     ed_unpack_lift_fn unpack[ED_NTYPES];  /* path-specific unpackers, else NULL */
     int min_cols;  /* tokens from which a product uses the panels (ED_GEMM_MIN_COLS = 0) */
 };
-static const struct ed_gemm_path ED_GEMM_NONE = {NULL, 1, 0, ed_gemm_transpose_generic, {NULL}, 0};
+/* no panels; min_cols keeps the former 8, which the scheduler's two cost fits split at */
+static const struct ed_gemm_path ED_GEMM_NONE = {NULL, 1, 0, ed_gemm_transpose_generic, {NULL}, 8};
 #define ED_GEMM_KERNEL (ed_kern->gemm->kernel)
 #define ED_GEMM_LIFT (ed_kern->gemm->lift)
 #define ED_GEMM_I16 (ed_kern->gemm->i16)
