@@ -90,10 +90,11 @@ static void ed_mdot_rows(int type, int k, const uint8_t *w, size_t wstride, int 
                          const uint8_t *xq, size_t xs, int nc, float *out, size_t ldo) {
     const ed_mdot_fn md = ED_MDOT[type];
     const ed_dot_fn dot = ED_DOT[type];
-    if (ED_MROWS[type]) {  /* rows as lanes: ED_MROWS_N rows x up to ED_MAX_COLS tokens */
+    if (ED_MROWS[type]) {  /* rows as lanes: the path's rows_n rows x up to ED_MAX_COLS tokens */
+        const int rn = ed_kern->rows_n ? ed_kern->rows_n : ED_MROWS_N;
         for (int c0 = 0; c0 < nc; c0 += ED_MAX_COLS)
-            for (int r = 0; r < nr; r += ED_MROWS_N)
-                ED_MROWS[type](k, w + r * wstride, wstride, nr - r < ED_MROWS_N ? nr - r : ED_MROWS_N,
+            for (int r = 0; r < nr; r += rn)
+                ED_MROWS[type](k, w + r * wstride, wstride, nr - r < rn ? nr - r : rn,
                                xq + c0 * xs, xs, nc - c0 < ED_MAX_COLS ? nc - c0 : ED_MAX_COLS, out + c0 * ldo + r, ldo);
         return;
     }
@@ -333,14 +334,14 @@ static const ed_kernels ED_PATHS[] = {
 #if defined(__x86_64__)
     {"avx512", "avx512+vnni", ED_NEED_AVX512 | ED_CPU_AVX512VNNI, ed_avx512_dot, ed_avx512_quant,
      ed_avx512_tile, ed_avx512_rows, &ED_AVX512V_GEMM,
-     ed_avx512_axpy_f16, ed_z_attn},
+     ed_avx512_axpy_f16, ed_z_attn, ED_X86_ROWS_N},
     {"avx512", "avx512", ED_NEED_AVX512, ed_avx512nv_dot, ed_avx512nv_quant, ed_avx512nv_tile,
-     ed_avx512nv_rows, &ed_avx512nv_gemm_path, ed_avx512nv_axpy_f16, ed_z_attn},
+     ed_avx512nv_rows, &ed_avx512nv_gemm_path, ed_avx512nv_axpy_f16, ed_z_attn, ED_X86_ROWS_N},
     {"avx2", "avx2+vnni", ED_NEED_AVX2 | ED_CPU_AVXVNNI, ed_avx2vnni_dot, ed_avx2vnni_quant,
      ed_avx2vnni_tile, ed_avx2vnni_rows, &ed_avx2vnni_gemm_path,
-     ed_avx2vnni_axpy_f16, ed_avx2_attn},
+     ed_avx2vnni_axpy_f16, ed_avx2_attn, ED_X86_ROWS_N},
     {"avx2", "avx2", ED_NEED_AVX2, ed_avx2_dot, ed_avx2_quant, ed_avx2_tile, ed_avx2_rows,
-     &ed_avx2_gemm_path, ed_avx2_axpy_f16, ed_avx2_attn},
+     &ed_avx2_gemm_path, ed_avx2_axpy_f16, ed_avx2_attn, ED_X86_ROWS_N},
 #elif defined(__aarch64__)
     {"neon", "neon+dotprod", ED_CPU_NEON | ED_CPU_DOTPROD, ed_neondp_dot, ED_GENERIC_QUANT, ed_neondp_tile,
      ed_neondp_rows, &ed_neondp_gemm_path, ed_neondp_axpy_f16, ed_attn_rowwise},

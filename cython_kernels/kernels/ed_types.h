@@ -536,7 +536,8 @@ static const ed_act_traits ED_ACT[ED_NTYPES] = {
 
 /* Tiles: out[c * ldo] = dot(w_row, xq + c * xs) for c < nc <= ED_MAX_COLS, the weight row
  * decoded once for all columns. Row kernels: out[c * ldo + r] = W[r] . xq[c] for
- * r < nr <= ED_MROWS_N, c < nc <= ED_MAX_COLS (rows as SIMD lanes; the same bits as the dot). */
+ * r < nr <= ED_MROWS_N (or the path's rows_n), c < nc <= ED_MAX_COLS (rows as SIMD lanes; the
+ * same bits as the dot). */
 #define ED_MAX_COLS 4
 #define ED_MROWS_N 8
 typedef void (*ed_mdot_fn)(int k, const void *w, const void *xq, size_t xs, int nc, float *out, size_t ldo);
@@ -569,6 +570,7 @@ typedef struct {
     const struct ed_gemm_path *gemm; /* packed panels for prompt batches */
     ed_axpy_f16_fn axpy_f16;
     ed_attn_fn attn;
+    int rows_n;                      /* rows per row-kernel call (0: ED_MROWS_N) */
 } ed_kernels;
 
 /* The path in use: chosen by ed_types_init (ed_simd.h, which defines it: the generic path
