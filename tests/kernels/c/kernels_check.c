@@ -158,21 +158,22 @@ int main(void) {
                 static const struct { int type; uint8_t fill; } edge[] = {
                     {ED_Q4_0, 0x00}, {ED_Q5_0, 0x00}, {ED_Q8_0, 0x80}, {ED_Q4_1, 0xFF}, {ED_Q5_1, 0xFF},
                     {ED_IQ4_NL, 0x00}, {ED_MXFP4, 0x77}, {ED_Q4_K, 0xFF}, {ED_Q5_K, 0xFF}};
-                static uint8_t we[8 * K * 2], xe[4 * K * 2];
-                static float fe[4 * K], ge[4 * 8];
+                enum { ER = 16 };  /* the x86 kernels take 16 rows per call: both halves */
+                static uint8_t we[ER * K * 2], xe[4 * K * 2];
+                static float fe[4 * K], ge[4 * ER];
                 int fill = -1;
                 for (size_t e = 0; e < sizeof edge / sizeof edge[0]; e++) if (edge[e].type == t) fill = edge[e].fill;
                 int eok = fill >= 0;
                 if (eok) {
-                    memset(we, fill, 8 * rb);
-                    for (size_t b = 0; b < 8 * rb / tr.type_size; b++) fix_halves(t, we + b * tr.type_size);
+                    memset(we, fill, ER * rb);
+                    for (size_t b = 0; b < ER * rb / tr.type_size; b++) fix_halves(t, we + b * tr.type_size);
                     for (int c = 0; c < 4; c++) for (int i = 0; i < K; i++) fe[c * K + i] = c & 1 ? -1.0f : 1.0f;
                     for (int c = 0; c < 4; c++) ED_QUANT[tr.vec_type](fe + c * K, xe + c * xr, K);
-                    ed_mdot_rows(t, K, we, rb, 8, xe, xr, 4, ge, 8);
+                    ed_mdot_rows(t, K, we, rb, ER, xe, xr, 4, ge, ER);
                     for (int c = 0; c < 4; c++)
-                        for (int r = 0; r < 8; r++) {
+                        for (int r = 0; r < ER; r++) {
                             const float want = tr.ref(K, we + r * rb, xe + c * xr);
-                            eok &= !memcmp(&want, &ge[c * 8 + r], sizeof want);
+                            eok &= !memcmp(&want, &ge[c * ER + r], sizeof want);
                         }
                 }
                 printf("extreme %s %s rows %s\n", paths[p], names[ti], eok ? "ok" : "FAIL");
