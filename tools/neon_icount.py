@@ -30,7 +30,7 @@ static float rndf(void) { return (float)(rnd() % 2000001) / 1000000.0f - 1.0f; }
 int main(void) {
     static const int types[] = {%(ids)s};
     static uint8_t w[%(K)d * 4], xq[%(C)d * %(K)d * 4];
-    static float x[%(C)d * %(K)d], f[%(K)d], out[%(C)d], rows[4];
+    static float x[%(C)d * %(K)d], f[%(K)d], out[%(C)d], rows[ED_MROWS_N];
     volatile float sink = 0;
     for (int i = 0; i < %(C)d * %(K)d; i++) x[i] = rndf();
     for (int i = 0; i < %(K)d; i++) f[i] = rndf();
@@ -45,10 +45,11 @@ int main(void) {
         /* the two NEON tables' rows (ed_simd.h), without and with dotprod */
         sink += ed_neon_dot[t](%(K)d, w, xq); ed_neon_tile[t](%(K)d, w, xq, xr, %(C)d, out, 1); sink += out[0];
         sink += ed_neondp_dot[t](%(K)d, w, xq); ed_neondp_tile[t](%(K)d, w, xq, xr, %(C)d, out, 1); sink += out[0];
-        /* the row kernels (ED_MROWS) for one token: 4 rows (the same row 4 times, ws = 0) */
+        /* the row kernels (ED_MROWS) for one token: ED_MROWS_N rows, as ed_mdot_rows calls them
+           (the same row each time, ws = 0) */
         if (ed_neon_rows[t]) {
-            ed_neon_rows[t](%(K)d, w, 0, 4, xq, xr, 1, rows, 4); sink += rows[0];
-            ed_neondp_rows[t](%(K)d, w, 0, 4, xq, xr, 1, rows, 4); sink += rows[0];
+            ed_neon_rows[t](%(K)d, w, 0, ED_MROWS_N, xq, xr, 1, rows, 1); sink += rows[0];
+            ed_neondp_rows[t](%(K)d, w, 0, ED_MROWS_N, xq, xr, 1, rows, 1); sink += rows[0];
         }
     }
     return sink == 12345.0f;
@@ -93,13 +94,13 @@ def main():
                 count[name] += k * tb_len.get(pc, 0)
     g = K // 32
     print(f"instructions per 32 weights (K = {K}; tile = {C} tokens, per token)")
-    print("rows: the row kernel (ED_MROWS: 4 rows, one token), per row, where the type has one")
+    print("rows: the row kernel (ED_MROWS: 8 rows, one token), per row, where the type has one")
     print(f"{'type':6s} {'generic':>8s} {'neon':>7s} {'neon+dp':>8s} {'tile':>7s} {'tile+dp':>8s} {'rows':>7s} {'rows+dp':>8s}")
     for t in TYPES:
         n = t.lower().replace("_k", "_K")
         v = [count[f"ed_dot_{n}"] / g, count[f"ed_neon_dot_{n}"] / g, count[f"ed_neondp_dot_{n}"] / g,
              count[f"ed_neon_mdot_{n}"] / g / C, count[f"ed_neondp_mdot_{n}"] / g / C,
-             count[f"ed_neon_rows_{n}"] / g / 4, count[f"ed_neondp_rows_{n}"] / g / 4]
+             count[f"ed_neon_rows_{n}"] / g / 8, count[f"ed_neondp_rows_{n}"] / g / 8]
         rows = f" {v[5]:7.1f} {v[6]:8.1f}" if v[5] else f" {'-':>7s} {'-':>8s}"
         print(f"{t:6s} {v[0]:8.1f} {v[1]:7.1f} {v[2]:8.1f} {v[3]:7.1f} {v[4]:8.1f}" + rows)
 
