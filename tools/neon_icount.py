@@ -6,11 +6,18 @@ an execution trace, and sums the instructions executed inside each kernel functi
 C dot, the NEON dot and 4-token tile, and the same with dotprod. One row of K = 4096 weights.
 
     python tools/neon_icount.py
+    python tools/neon_icount.py --cc "python -m ziglang cc -target aarch64-linux-musl"   # as the wheels
+
+--cc: the C compiler (a command; default aarch64-linux-gnu-gcc). The wheels are built with zig cc
+(clang, tools/build-wheels.sh), whose code for the same source can differ by several instructions
+per 32 weights; a static aarch64 binary is needed (zig: the musl target).
 """
+import argparse
 import collections
 import glob
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -21,6 +28,7 @@ TYPES = ["F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "
 K, C = 4096, 4
 
 DRIVER = r"""
+#define _GNU_SOURCE
 #include <stdio.h>
 #include "forward.h"
 #include "ed_quant.h"
@@ -58,7 +66,11 @@ int main(void) {
 
 
 def main():
-    cc = shutil.which("aarch64-linux-gnu-gcc")
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--cc", default=shutil.which("aarch64-linux-gnu-gcc"), help="C compiler command for aarch64")
+    a = ap.parse_args()
+    cc = shlex.split(a.cc) if a.cc else None
+    nm_tool = shutil.which("aarch64-linux-gnu-nm") or shutil.which("llvm-nm") or "nm"
     qemu = shutil.which("qemu-aarch64-static") or shutil.which("qemu-aarch64")
     if not cc or not qemu:
         sys.exit("needs aarch64-linux-gnu-gcc and qemu-aarch64 (tools/bootstrap.sh)")
@@ -67,11 +79,11 @@ def main():
         with open(src, "w") as fh:
             fh.write(DRIVER.replace("%(ids)s", ", ".join("ED_" + t for t in TYPES)).replace("%(K)d", str(K))
                      .replace("%(C)d", str(C)))
-        subprocess.run([cc, "-O3", "-fno-math-errno", "-DNDEBUG", "-std=gnu11", "-pthread", "-static",
+        subprocess.run([*cc, "-O3", "-fno-math-errno", "-DNDEBUG", "-std=gnu11", "-pthread", "-static",
                         *("-I" + d for d in glob.glob(os.path.join(ROOT, "cython_kernels", "*/"))), src, "-lm", "-o", exe], check=True)
         subprocess.run([qemu, "-cpu", "max", "-d", "in_asm,exec,nochain", "-D", log, exe], check=True)
         syms = []  # (start, end, name) of the kernel functions
-        nm = subprocess.run([cc.replace("gcc", "nm"), "-S", "--defined-only", exe], capture_output=True, text=True)
+        nm = subprocess.run([nm_tool, "-S", "--defined-only", exe], capture_output=True, text=True)
         for line in nm.stdout.splitlines():
             p = line.split()
             if len(p) == 4 and re.fullmatch(r"ed_(neon_|neondp_)?(m?dot|rows)_\w+", p[3]):
