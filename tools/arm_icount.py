@@ -105,8 +105,11 @@ def per_token(run, k):
 
 
 def edged_runs(a, plugin, model, cpu, mode):
-    # a fixed hash seed: the same dict layouts in both runs, so Python's own work cancels exactly
-    env = {**os.environ, "PYTHONPATH": a.site, "PYTHONNOUSERSITE": "1", "PYTHONHASHSEED": "0"}
+    # a fixed hash seed: the same dict layouts in both runs, so Python's own work cancels exactly;
+    # one BLAS thread: numpy's OpenBLAS workers spin-wait under qemu for as long as the host
+    # schedules them (1-4 M instructions per token that differ from run to run)
+    env = {**os.environ, "PYTHONPATH": a.site, "PYTHONNOUSERSITE": "1", "PYTHONHASHSEED": "0",
+           "OPENBLAS_NUM_THREADS": "1"}
     py = os.path.join(a.arm_root, "usr", "bin", "python3.11")
     return lambda k: count([a.qemu, "-L", a.arm_root, "-cpu", cpu, "-plugin", plugin, py, "-c", EDGED_DRIVER,
                             model, mode, str(k)], env)
