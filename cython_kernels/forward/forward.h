@@ -772,9 +772,9 @@ static void ed_attention_blocked(ed_state *s, const ed_model *m, int il, int ith
     const float *sink = m->layers[il].attn_sinks.data ? ed_vec(&m->layers[il].attn_sinks) : NULL;
     /* fewer heads per block only when there are fewer blocks than threads (decode) */
     int hc = group < ED_ATTN_ROWS ? group : ED_ATTN_ROWS, hs, tb, ntb;
-    /* a few tokens (decode, small chunks): one head per block, so the threads share more items
-       (the kernel runs such small blocks row by row anyway) */
-    if ((int64_t)n * hc < ED_ATTN_ROWS / 2) hc = 1;
+    /* one token (decode): one head per block, so the threads share more items (the kernel runs
+       blocks this small row by row anyway) */
+    if (n == 1) hc = 1;
     for (;;) {
         hs = (group + hc - 1) / hc;
         tb = ED_ATTN_ROWS / hc;
