@@ -11,6 +11,11 @@ difference of two runs, k and 2k tokens, divided by k, so process start, model l
 warm-up cancel out. Both programs run one thread (no spinning workers in the count).
 Debian's qemu-user (the dynamic `qemu-aarch64`) loads plugins; qemu-user-static does not.
 
+--by-symbol N: where edged's instructions go. The plugin also counts each translated block's
+runs (to the file $ICOUNT_TB_OUT), the edged driver writes its /proc/self/maps, and the blocks
+are attributed to the symbols of the mapped files (aarch64-linux-gnu-nm/readelf); the N largest
+per token are printed after each edged figure.
+
 The CPU qemu emulates decides the kernel path: `-cpu cortex-a72` (Pi 4: NEON, no dotprod) and
 `-cpu cortex-a76` (Pi 5: NEON with dotprod); edged picks its path from the CPU's features as on
 real hardware, llama.cpp needs a binary built for each (-DGGML_CPU_ARM_ARCH=armv8-a /
@@ -23,6 +28,7 @@ numpy on PYTHONPATH (tools/build-wheels.sh makes both).
         --llama-bench-pi4 llama-bench-armv8-a --llama-bench-pi5 llama-bench-armv8.2-a+dotprod
 """
 import argparse
+import collections
 import os
 import re
 import shutil
@@ -35,6 +41,7 @@ CPUS = {"pi4": "cortex-a72", "pi5": "cortex-a76"}
 PLUGIN = r"""
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <stddef.h>
 /* The few declarations of qemu's plugin API (include/qemu/qemu-plugin.h, API version 1) this
    plugin uses: Debian does not ship the header. */
@@ -44,18 +51,31 @@ typedef struct qemu_info_t qemu_info_t;
 enum qemu_plugin_op { QEMU_PLUGIN_INLINE_ADD_U64 };
 void qemu_plugin_register_vcpu_tb_trans_cb(qemu_plugin_id_t, void (*)(qemu_plugin_id_t, struct qemu_plugin_tb *));
 size_t qemu_plugin_tb_n_insns(const struct qemu_plugin_tb *);
+uint64_t qemu_plugin_tb_vaddr(const struct qemu_plugin_tb *);
 void qemu_plugin_register_vcpu_tb_exec_inline(struct qemu_plugin_tb *, enum qemu_plugin_op, void *, uint64_t);
 void qemu_plugin_register_atexit_cb(qemu_plugin_id_t, void (*)(qemu_plugin_id_t, void *), void *);
 __attribute__((visibility("default"))) int qemu_plugin_version = 1;
 static uint64_t insns;  /* one counter: the programs counted run one compute thread */
+typedef struct blk { uint64_t va, n, runs; struct blk *next; } blk;  /* with $ICOUNT_TB_OUT */
+static blk *blocks;
 static void on_translate(qemu_plugin_id_t id, struct qemu_plugin_tb *tb) {
     qemu_plugin_register_vcpu_tb_exec_inline(tb, QEMU_PLUGIN_INLINE_ADD_U64, &insns, qemu_plugin_tb_n_insns(tb));
+    if (!getenv("ICOUNT_TB_OUT")) return;
+    blk *b = calloc(1, sizeof *b);
+    b->va = qemu_plugin_tb_vaddr(tb); b->n = qemu_plugin_tb_n_insns(tb); b->next = blocks; blocks = b;
+    qemu_plugin_register_vcpu_tb_exec_inline(tb, QEMU_PLUGIN_INLINE_ADD_U64, &b->runs, 1);
 }
-static void on_exit(qemu_plugin_id_t id, void *p) { fprintf(stderr, "\nICOUNT %llu\n", (unsigned long long)insns); }
+static void at_end(qemu_plugin_id_t id, void *p) {
+    fprintf(stderr, "\nICOUNT %llu\n", (unsigned long long)insns);
+    FILE *o = getenv("ICOUNT_TB_OUT") ? fopen(getenv("ICOUNT_TB_OUT"), "w") : NULL;
+    for (blk *b = blocks; o && b; b = b->next)  /* address, instructions run */
+        if (b->runs) fprintf(o, "%llx %llu\n", (unsigned long long)b->va, (unsigned long long)(b->runs * b->n));
+    if (o) fclose(o);
+}
 __attribute__((visibility("default")))
 int qemu_plugin_install(qemu_plugin_id_t id, const qemu_info_t *info, int argc, char **argv) {
     qemu_plugin_register_vcpu_tb_trans_cb(id, on_translate);
-    qemu_plugin_register_atexit_cb(id, on_exit, NULL);
+    qemu_plugin_register_atexit_cb(id, at_end, NULL);
     return 0;
 }
 """
@@ -76,6 +96,10 @@ else:
 from edged import _core
 dotprod = "dotprod" in " ".join(map(str, _core.cpu_features()))
 print("KERNELS", _core.kernel_path() + ("+dotprod" if dotprod else ""), file=sys.stderr)
+import os
+if os.environ.get("ICOUNT_MAPS"):  # for --by-symbol: where each file is mapped
+    with open(os.environ["ICOUNT_MAPS"], "w") as f:
+        f.write(open("/proc/self/maps").read())
 """
 
 
@@ -104,12 +128,67 @@ def per_token(run, k):
     return (c2 - c1) / k, what
 
 
-def edged_runs(a, plugin, model, cpu, mode):
-    # a fixed hash seed: the same dict layouts in both runs, so Python's own work cancels exactly
-    env = {**os.environ, "PYTHONPATH": a.site, "PYTHONNOUSERSITE": "1", "PYTHONHASHSEED": "0"}
+def edged_runs(a, plugin, model, cpu, mode, tbdir=None):
+    # a fixed hash seed: the same dict layouts in both runs, so Python's own work cancels exactly;
+    # one BLAS thread: numpy's OpenBLAS workers spin-wait under qemu for as long as the host
+    # schedules them (1-4 M instructions per token that differ from run to run)
+    env = {**os.environ, "PYTHONPATH": a.site, "PYTHONNOUSERSITE": "1", "PYTHONHASHSEED": "0",
+           "OPENBLAS_NUM_THREADS": "1"}
     py = os.path.join(a.arm_root, "usr", "bin", "python3.11")
-    return lambda k: count([a.qemu, "-L", a.arm_root, "-cpu", cpu, "-plugin", plugin, py, "-c", EDGED_DRIVER,
-                            model, mode, str(k)], env)
+
+    def run(k):
+        e = env if not tbdir else {**env, "ICOUNT_TB_OUT": os.path.join(tbdir, f"{k}.tb"),
+                                   "ICOUNT_MAPS": os.path.join(tbdir, f"{k}.maps")}
+        return count([a.qemu, "-L", a.arm_root, "-cpu", cpu, "-plugin", plugin, py, "-c", EDGED_DRIVER,
+                      model, mode, str(k)], e)
+    return run
+
+
+def by_symbol(a, tbdir, k, top):
+    """The `top` symbols with the most instructions per token, from the runs of k and 2k tokens."""
+    tools = {t: shutil.which(f"aarch64-linux-gnu-{t}") or t for t in ("nm", "readelf")}
+    files = {}
+
+    def symbols(path):  # (LOAD segments (offset, vaddr, size), sorted function symbols)
+        if path not in files:
+            real = path if os.path.exists(path) and not path.startswith("/usr") else a.arm_root + path
+            segs, syms = [], []
+            for line in subprocess.run([tools["readelf"], "-lW", real], capture_output=True, text=True).stdout.splitlines():
+                p = line.split()
+                if p and p[0] == "LOAD":
+                    segs.append((int(p[1], 16), int(p[2], 16), int(p[4], 16)))
+            for line in subprocess.run([tools["nm"], "-S", "--defined-only", real], capture_output=True, text=True).stdout.splitlines():
+                p = line.split()
+                if len(p) == 4 and p[2] in "tTwW":
+                    syms.append((int(p[0], 16), int(p[0], 16) + int(p[1], 16), p[3]))
+            files[path] = (segs, sorted(syms))
+        return files[path]
+
+    def attribute(n):
+        maps = []
+        for line in open(os.path.join(tbdir, f"{n}.maps")):
+            p = line.split()
+            if len(p) >= 6 and "x" in p[1]:
+                lo, hi = (int(x, 16) for x in p[0].split("-"))
+                maps.append((lo, hi, int(p[2], 16), p[5]))
+        out = collections.Counter()
+        for line in open(os.path.join(tbdir, f"{n}.tb")):
+            va, c = line.split()
+            va, name = int(va, 16), "?"
+            for lo, hi, off, path in maps:
+                if lo <= va < hi:
+                    segs, syms = symbols(path)
+                    fo = va - lo + off
+                    sv = next((fo - so + sva for so, sva, sz in segs if so <= fo < so + sz), None)
+                    sym = next((s for s0, s1, s in syms if sv is not None and s0 <= sv < s1), "?")
+                    name = f"{os.path.basename(path)}:{sym}"
+                    break
+            out[name] += int(c)
+        return out
+    c1, c2 = attribute(k), attribute(2 * k)
+    d = collections.Counter({n: (c2[n] - c1[n]) / k for n in set(c1) | set(c2)})
+    for n, v in d.most_common(top):
+        print(f"    {v / 1e6:9.2f} M  {n}", file=sys.stderr)
 
 
 def llama_runs(a, plugin, binary, model, cpu, mode):
@@ -133,6 +212,8 @@ def main():
     ap.add_argument("--llama-bench-pi4", help="llama-bench for aarch64 built with GGML_CPU_ARM_ARCH=armv8-a")
     ap.add_argument("--llama-bench-pi5", help="llama-bench built with GGML_CPU_ARM_ARCH=armv8.2-a+dotprod")
     ap.add_argument("--cpus", default="pi4,pi5", help="which emulated CPUs: pi4 (cortex-a72), pi5 (cortex-a76)")
+    ap.add_argument("--by-symbol", type=int, default=0, metavar="N",
+                    help="also print the N symbols with the most edged instructions per token")
     ap.add_argument("--qemu", default=shutil.which("qemu-aarch64") or "qemu-aarch64",
                     help="qemu-aarch64 that loads plugins (Debian's qemu-user, not qemu-user-static)")
     a = ap.parse_args()
@@ -148,7 +229,11 @@ def main():
                 llama = getattr(a, f"llama_bench_{board}")
                 row = {"model": os.path.basename(model), "cpu": f"{board} ({cpu})"}
                 for mode, k in (("gen", a.n_gen), ("prompt", a.n_prompt)):
-                    row[f"edged_{mode}"], row["edged_path"] = per_token(edged_runs(a, plugin, model, cpu, mode), k)
+                    tbdir = tempfile.mkdtemp(dir=tmp) if a.by_symbol else None
+                    row[f"edged_{mode}"], row["edged_path"] = per_token(edged_runs(a, plugin, model, cpu, mode, tbdir), k)
+                    if tbdir:
+                        print(f"  edged, {os.path.basename(model)}, {board}, {mode}: M instructions per token", file=sys.stderr)
+                        by_symbol(a, tbdir, k, a.by_symbol)
                     if llama:
                         row[f"llama_{mode}"], _ = per_token(llama_runs(a, plugin, os.path.abspath(llama), model, cpu,
                                                                        mode), k)

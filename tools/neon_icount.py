@@ -6,11 +6,18 @@ an execution trace, and sums the instructions executed inside each kernel functi
 C dot, the NEON dot and 4-token tile, and the same with dotprod. One row of K = 4096 weights.
 
     python tools/neon_icount.py
+    python tools/neon_icount.py --cc "python -m ziglang cc -target aarch64-linux-musl"   # as the wheels
+
+--cc: the C compiler (a command; default aarch64-linux-gnu-gcc). The wheels are built with zig cc
+(clang, tools/build-wheels.sh), whose code for the same source can differ by several instructions
+per 32 weights; a static aarch64 binary is needed (zig: the musl target).
 """
+import argparse
 import collections
 import glob
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -21,6 +28,7 @@ TYPES = ["F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "
 K, C = 4096, 4
 
 DRIVER = r"""
+#define _GNU_SOURCE
 #include <stdio.h>
 #include "forward.h"
 #include "ed_quant.h"
@@ -30,7 +38,7 @@ static float rndf(void) { return (float)(rnd() % 2000001) / 1000000.0f - 1.0f; }
 int main(void) {
     static const int types[] = {%(ids)s};
     static uint8_t w[%(K)d * 4], xq[%(C)d * %(K)d * 4];
-    static float x[%(C)d * %(K)d], f[%(K)d], out[%(C)d], rows[4];
+    static float x[%(C)d * %(K)d], f[%(K)d], out[%(C)d], rows[ED_MROWS_N];
     volatile float sink = 0;
     for (int i = 0; i < %(C)d * %(K)d; i++) x[i] = rndf();
     for (int i = 0; i < %(K)d; i++) f[i] = rndf();
@@ -45,10 +53,11 @@ int main(void) {
         /* the two NEON tables' rows (ed_simd.h), without and with dotprod */
         sink += ed_neon_dot[t](%(K)d, w, xq); ed_neon_tile[t](%(K)d, w, xq, xr, %(C)d, out, 1); sink += out[0];
         sink += ed_neondp_dot[t](%(K)d, w, xq); ed_neondp_tile[t](%(K)d, w, xq, xr, %(C)d, out, 1); sink += out[0];
-        /* the row kernels (ED_MROWS) for one token: 4 rows (the same row 4 times, ws = 0) */
+        /* the row kernels (ED_MROWS) for one token: ED_MROWS_N rows, as ed_mdot_rows calls them
+           (the same row each time, ws = 0) */
         if (ed_neon_rows[t]) {
-            ed_neon_rows[t](%(K)d, w, 0, 4, xq, xr, 1, rows, 4); sink += rows[0];
-            ed_neondp_rows[t](%(K)d, w, 0, 4, xq, xr, 1, rows, 4); sink += rows[0];
+            ed_neon_rows[t](%(K)d, w, 0, ED_MROWS_N, xq, xr, 1, rows, 1); sink += rows[0];
+            ed_neondp_rows[t](%(K)d, w, 0, ED_MROWS_N, xq, xr, 1, rows, 1); sink += rows[0];
         }
     }
     return sink == 12345.0f;
@@ -57,7 +66,11 @@ int main(void) {
 
 
 def main():
-    cc = shutil.which("aarch64-linux-gnu-gcc")
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--cc", default=shutil.which("aarch64-linux-gnu-gcc"), help="C compiler command for aarch64")
+    a = ap.parse_args()
+    cc = shlex.split(a.cc) if a.cc else None
+    nm_tool = shutil.which("aarch64-linux-gnu-nm") or shutil.which("llvm-nm") or "nm"
     qemu = shutil.which("qemu-aarch64-static") or shutil.which("qemu-aarch64")
     if not cc or not qemu:
         sys.exit("needs aarch64-linux-gnu-gcc and qemu-aarch64 (tools/bootstrap.sh)")
@@ -66,11 +79,11 @@ def main():
         with open(src, "w") as fh:
             fh.write(DRIVER.replace("%(ids)s", ", ".join("ED_" + t for t in TYPES)).replace("%(K)d", str(K))
                      .replace("%(C)d", str(C)))
-        subprocess.run([cc, "-O3", "-fno-math-errno", "-DNDEBUG", "-std=gnu11", "-pthread", "-static",
+        subprocess.run([*cc, "-O3", "-fno-math-errno", "-DNDEBUG", "-std=gnu11", "-pthread", "-static",
                         *("-I" + d for d in glob.glob(os.path.join(ROOT, "cython_kernels", "*/"))), src, "-lm", "-o", exe], check=True)
         subprocess.run([qemu, "-cpu", "max", "-d", "in_asm,exec,nochain", "-D", log, exe], check=True)
         syms = []  # (start, end, name) of the kernel functions
-        nm = subprocess.run([cc.replace("gcc", "nm"), "-S", "--defined-only", exe], capture_output=True, text=True)
+        nm = subprocess.run([nm_tool, "-S", "--defined-only", exe], capture_output=True, text=True)
         for line in nm.stdout.splitlines():
             p = line.split()
             if len(p) == 4 and re.fullmatch(r"ed_(neon_|neondp_)?(m?dot|rows)_\w+", p[3]):
@@ -93,13 +106,13 @@ def main():
                 count[name] += k * tb_len.get(pc, 0)
     g = K // 32
     print(f"instructions per 32 weights (K = {K}; tile = {C} tokens, per token)")
-    print("rows: the row kernel (ED_MROWS: 4 rows, one token), per row, where the type has one")
+    print("rows: the row kernel (ED_MROWS: 8 rows, one token), per row, where the type has one")
     print(f"{'type':6s} {'generic':>8s} {'neon':>7s} {'neon+dp':>8s} {'tile':>7s} {'tile+dp':>8s} {'rows':>7s} {'rows+dp':>8s}")
     for t in TYPES:
         n = t.lower().replace("_k", "_K")
         v = [count[f"ed_dot_{n}"] / g, count[f"ed_neon_dot_{n}"] / g, count[f"ed_neondp_dot_{n}"] / g,
              count[f"ed_neon_mdot_{n}"] / g / C, count[f"ed_neondp_mdot_{n}"] / g / C,
-             count[f"ed_neon_rows_{n}"] / g / 4, count[f"ed_neondp_rows_{n}"] / g / 4]
+             count[f"ed_neon_rows_{n}"] / g / 8, count[f"ed_neondp_rows_{n}"] / g / 8]
         rows = f" {v[5]:7.1f} {v[6]:8.1f}" if v[5] else f" {'-':>7s} {'-':>8s}"
         print(f"{t:6s} {v[0]:8.1f} {v[1]:7.1f} {v[2]:8.1f} {v[3]:7.1f} {v[4]:8.1f}" + rows)
 

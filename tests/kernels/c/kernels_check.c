@@ -104,6 +104,16 @@ int main(void) {
             for (int i = 0; i < COLS * ROWS; i++) err = fmax(err, fabs(one[i] - ref[i]));
             canon_ok &= !memcmp(one, ref, sizeof(float) * COLS * ROWS);
             digest = fnv(digest, one, COLS * ROWS);
+            /* the row kernels' other shapes: decode batches of 2 .. COLS - 1 columns, and one
+               token over 5 .. 7 rows (a partly filled 8-row step) */
+            for (int nc = 2; nc < COLS; nc++) {
+                ed_mdot_rows(t, K, w, rb, ROWS, xq, xr, nc, got, ROWS);
+                canon_ok &= !memcmp(got, ref, sizeof(float) * nc * ROWS);
+            }
+            for (int nr = 5; nr <= 7; nr++) {
+                ed_mdot_rows(t, K, w, rb, nr, xq, xr, 1, got, nr);
+                canon_ok &= !memcmp(got, ref, sizeof(float) * nr);
+            }
             /* ED_MDOT: every column equal to the one-token path bit for bit, for 1..4 columns;
                also over a row length
                whose tails differ: an odd number of 32-blocks (Q4_0's two chains), a float row
