@@ -17,8 +17,9 @@
 3. Mixed load (--only mixed): three greedy streams decode (n_parallel = 4) while a prompt
    of --long tokens arrives. Reports the long prompt's time to first token (and alone, with
    no streams running), and the gaps between tokens of the three streams: p50 while they
-   decode undisturbed, p50/p99/max while the long prompt is absorbed, and p99 (absorbing)
-   over p50 (undisturbed), the figure a stalled stream shows. --root runs the daemon from
+   decode undisturbed, p50/p99/max while the long prompt is absorbed, p50 undisturbed again
+   after it (the streams have grown meanwhile: their own attention reads more keys), and p99
+   (absorbing) over p50 undisturbed before and after, the figure a stalled stream shows. --root runs the daemon from
    another checkout of edged (give it several times to compare code versions in
    interleaved rounds, so the shared machine's load hits each the same). Then the idle
    daemon's CPU seconds over 10 s (no spinning workers after the last request).
@@ -241,16 +242,16 @@ def bench_mixed(tmp, models_dir, keys, args):
             lt = []
             await timed_stream(s, {"model": "a", "prompt": long_ids, "max_tokens": 2, "temperature": 0},
                                lt, asyncio.Event())
-            t_first = lt[0]
+            t_first, t_done = lt[0], lt[-1]
             n_after = [len(x) for x in stamps]
-            # 8 more tokens of each stream (unless the streams ended first: a slow model's long
-            # prompt can outlast their max_tokens)
-            while (min(len(x) - n for x, n in zip(stamps, n_after)) < 8
+            # 24 more tokens of each stream, undisturbed again at the length they reached (unless
+            # the streams ended first: a slow model's long prompt can outlast their max_tokens)
+            while (min(len(x) - n for x, n in zip(stamps, n_after)) < 24
                    and not all(t.done() for t in tasks)):
                 await asyncio.sleep(0.01)
             stop.set()
             await asyncio.gather(*tasks, return_exceptions=True)
-        steady, absorbing, worst = [], [], []
+        steady, absorbing, after, worst = [], [], [], []
         for x in stamps:
             for a, b in zip(x, x[1:]):
                 if b <= t_send:
@@ -258,7 +259,9 @@ def bench_mixed(tmp, models_dir, keys, args):
                 elif a < t_first:
                     absorbing.append(b - a)
                     worst.append((b - a, a - t_send))
-        return alone, t_first - t_send, steady, absorbing, sorted(worst)[-3:]
+                elif a > t_done:
+                    after.append(b - a)
+        return alone, t_first - t_send, steady, absorbing, after, sorted(worst)[-3:]
 
     for i in range(args.repeats):
         for root in roots:
@@ -269,7 +272,7 @@ def bench_mixed(tmp, models_dir, keys, args):
                 extra["log_level"], env = "debug", {"EDGED_DEBUG_STEPS": "1"}
             proc, sock = start(tmp, models_dir, keys, extra, root, env)
             try:
-                alone, ttft, steady, absorbing, worst = asyncio.run(scenario(sock))
+                alone, ttft, steady, absorbing, after, worst = asyncio.run(scenario(sock))
                 time.sleep(1)
                 c0 = cpu_seconds(proc.pid)
                 time.sleep(10)
@@ -278,24 +281,29 @@ def bench_mixed(tmp, models_dir, keys, args):
                 proc.terminate()
                 proc.wait()
             p50s = statistics.median(steady)
-            row = dict(alone=alone, ttft=ttft, p50_steady=p50s, p50=statistics.median(absorbing),
+            p50a = statistics.median(after) if after else float("nan")
+            row = dict(alone=alone, ttft=ttft, p50_steady=p50s, p50_after=p50a, p50=statistics.median(absorbing),
                        p99=pct(absorbing, 99), max=max(absorbing), n=len(absorbing), idle=idle)
             results[root].append(row)
             print(f"round {i} [{root}]: {args.long}-token prompt first token after {ttft:.2f} s "
                   f"(alone {alone:.2f} s); gaps of the 3 streams: undisturbed p50 "
                   f"{p50s * 1e3:.0f} ms; while absorbing ({row['n']} gaps) p50 {row['p50'] * 1e3:.0f}, "
-                  f"p99 {row['p99'] * 1e3:.0f}, max {row['max'] * 1e3:.0f} ms; p99/p50 undisturbed "
-                  f"{row['p99'] / p50s:.1f}x; longest gaps (ms @ s after the prompt was sent) "
+                  f"p99 {row['p99'] * 1e3:.0f}, max {row['max'] * 1e3:.0f} ms; undisturbed again after it "
+                  f"p50 {p50a * 1e3:.0f} ms; p99/p50 undisturbed {row['p99'] / p50s:.1f}x (before), "
+                  f"{row['p99'] / p50a:.1f}x (after); longest gaps (ms @ s after the prompt was sent) "
                   f"{', '.join(f'{g * 1e3:.0f} @ {t:.1f}' for g, t in worst)}; idle daemon CPU "
                   f"{idle:.2f} s in 10 s", flush=True)
     for root, rows in results.items():
         med = {k: statistics.median(r[k] for r in rows) for k in rows[0]}
         ratios = [r["p99"] / r["p50_steady"] for r in rows]
+        ratios_after = [r["p99"] / r["p50_after"] for r in rows]
         print(f"[{root}] medians of {len(rows)} rounds: time to first token {med['ttft']:.2f} s "
               f"(alone {med['alone']:.2f} s); gap p50 undisturbed {med['p50_steady'] * 1e3:.0f} ms, "
               f"absorbing p50 {med['p50'] * 1e3:.0f} / p99 {med['p99'] * 1e3:.0f} / max "
-              f"{med['max'] * 1e3:.0f} ms; p99/p50 {statistics.median(ratios):.1f}x "
-              f"(rounds: {', '.join(f'{x:.1f}' for x in ratios)}); idle daemon CPU "
+              f"{med['max'] * 1e3:.0f} ms; gap p50 undisturbed after it {med['p50_after'] * 1e3:.0f} ms; "
+              f"p99/p50 before {statistics.median(ratios):.1f}x (rounds: {', '.join(f'{x:.1f}' for x in ratios)}), "
+              f"after {statistics.median(ratios_after):.1f}x (rounds: {', '.join(f'{x:.1f}' for x in ratios_after)}); "
+              f"idle daemon CPU "
               f"{med['idle']:.2f} s in 10 s", flush=True)
     return results
 

@@ -31,11 +31,13 @@
  * its own lateness; after each task the caller computes the share L/T of the task's wall time
  * T that the others spent waiting (a quiet machine: a few percent). With n threads doing work
  * W, T = W/n + L, and n - 1 threads would take W/(n-1): fewer threads are faster once
- * L/T > 1/n. So when the share, smoothed over tasks, passes 1/n (or the pool's late_share when
+ * L/T > 1/n. So when the share (at most 1 per task), smoothed over tasks (weight
+ * ED_ADAPT_ALPHA: one or two preempted tasks on a quiet machine do not reach it, a core kept
+ * busy by another program does within a few tasks), passes 1/n (or the pool's late_share when
  * set) the pool drops one worker (the latest; if the caller was latest, the highest-numbered
  * one): it sleeps on its futex and takes no part until a probe. Probes re-admit the last
- * dropped worker for one task after ED_PROBE_MIN_NS, doubling after each failed probe up to
- * ED_PROBE_MAX_NS; a probe task under the threshold keeps the worker. Results do not depend on
+ * dropped worker for ED_PROBE_TASKS tasks after ED_PROBE_MIN_NS, doubling after each failed
+ * probe up to ED_PROBE_MAX_NS; a probe whose mean share is under the threshold keeps it. Results do not depend on
  * it: every op's split (chunks of whole 16-row tiles, token ranges) gives bit-identical sums
  * whatever the thread count. Tasks shorter than ED_ADAPT_MIN_NS are not judged (wake-up
  * latency).
@@ -78,6 +80,8 @@
 #define ED_IDLE_SPIN_NS 1000000     /* ... and between tasks ($EDGED_SPIN_US, $EDGED_IDLE_SPIN_US) */
 #define ED_WAKE_BUCKETS 16          /* wake-up latency histogram: bucket b holds [2^(b-1), 2^b) us */
 #define ED_ADAPT_MIN_NS 1000000     /* shorter tasks are not judged */
+#define ED_ADAPT_ALPHA 0.2          /* weight of a task's waiting share in the smoothed share */
+#define ED_PROBE_TASKS 3            /* a probe judges the mean share of this many tasks */
 #define ED_PROBE_MIN_NS 200000000   /* first probe of a dropped worker after 0.2 s ... */
 #define ED_PROBE_MAX_NS 3200000000LL  /* ... doubling after each failed probe, up to 3.2 s */
 
@@ -116,7 +120,9 @@ struct ed_pool {
     int adapt;
     unsigned char *active;     /* (n_threads) by worker: takes part in tasks */
     int *dropped;              /* (n_threads) stack of dropped workers, last dropped on top */
-    int n_dropped, probing;    /* probing: the worker re-admitted for this task, else 0 */
+    int n_dropped, probing;    /* probing: the worker re-admitted on probation, else 0 */
+    int probe_tasks;           /* tasks judged so far on this probation */
+    double probe_share;        /* their waiting shares' sum */
     double late_share;         /* the waiting share that drops a worker; 0: 1/n threads */
     double late_ewma, last_share;
     int64_t probe_at, backoff;
@@ -322,18 +328,23 @@ static void ed_pool_adapt(ed_pool *p, int64_t t0) {
         late += p->late_ns[i];
         if (p->late_ns[i] > p->late_ns[latest]) latest = i;
     }
-    const double share = (double)late / (double)wall;
+    /* at most 1: one long preemption (a task's waits can sum past its wall time) weighs as
+       one task entirely spent waiting, not several */
+    const double share = late < wall ? (double)late / (double)wall : 1.0;
     const double limit = p->late_share > 0.0 ? p->late_share : 1.0 / nth;
     p->last_share = share;
     if (p->probing) {
+        p->probe_share += share;
+        if (++p->probe_tasks < ED_PROBE_TASKS) return;
         const int w = p->probing;
+        const double mean = p->probe_share / p->probe_tasks;
         p->probing = 0;
         if (p->trace)
-            fprintf(stderr, "edged threads: probe worker %d: waiting share %.2f (limit %.2f): %s\n",
-                    w, share, limit, share < limit ? "kept" : "dropped again");
-        if (share < limit) {  /* quiet again: keep it */
+            fprintf(stderr, "edged threads: probe worker %d: waiting share %.2f over %d tasks (limit %.2f): %s\n",
+                    w, mean, p->probe_tasks, limit, mean < limit ? "kept" : "dropped again");
+        if (mean < limit) {  /* quiet again: keep it */
             p->n_retakes++;
-            p->late_ewma = share;
+            p->late_ewma = mean;
             p->backoff = ED_PROBE_MIN_NS;
             p->probe_at = now + p->backoff;
         } else {
@@ -342,7 +353,7 @@ static void ed_pool_adapt(ed_pool *p, int64_t t0) {
         }
         return;
     }
-    p->late_ewma = 0.5 * p->late_ewma + 0.5 * share;
+    p->late_ewma = (1.0 - ED_ADAPT_ALPHA) * p->late_ewma + ED_ADAPT_ALPHA * share;
     if (p->trace)
         fprintf(stderr, "edged threads: %d threads, %.2f ms, waiting share %.2f, smoothed %.2f%s\n",
                 nth, wall / 1e6, share, p->late_ewma, p->late_ewma > limit ? ": drop" : "");
@@ -355,8 +366,10 @@ static void ed_pool_adapt(ed_pool *p, int64_t t0) {
 
 static void ed_pool_run(ed_pool *p, ed_task_fn fn, void *arg) {
     if (p->adapt && p->n_dropped && ed_clock_ns() >= p->probe_at && !p->probing) {
-        p->probing = p->dropped[--p->n_dropped];  /* probe: one task with it back */
+        p->probing = p->dropped[--p->n_dropped];  /* probe: ED_PROBE_TASKS tasks with it back */
         p->active[p->probing] = 1;
+        p->probe_tasks = 0;
+        p->probe_share = 0.0;
         p->n_probes++;
     }
     const int64_t t0 = ed_clock_ns();

@@ -772,6 +772,9 @@ static void ed_attention_blocked(ed_state *s, const ed_model *m, int il, int ith
     const float *sink = m->layers[il].attn_sinks.data ? ed_vec(&m->layers[il].attn_sinks) : NULL;
     /* fewer heads per block only when there are fewer blocks than threads (decode) */
     int hc = group < ED_ATTN_ROWS ? group : ED_ATTN_ROWS, hs, tb, ntb;
+    /* one token (decode): one head per block, so the threads share more items (the kernel runs
+       blocks this small row by row anyway) */
+    if (n == 1) hc = 1;
     for (;;) {
         hs = (group + hc - 1) / hc;
         tb = ED_ATTN_ROWS / hc;
@@ -810,12 +813,11 @@ static void ed_attention_blocked(ed_state *s, const ed_model *m, int il, int ith
     }
 }
 
-/* Both give the same bits; the blocked kernels are faster from a few rows on. They cover head
- * dims that are multiples of 64 without soft-capping (gemma2), on the x86 paths. */
-#define ED_ATTN_BLOCK_MIN 8
-
+/* Both give the same bits; the x86 kernels (blocks of rows as vector lanes, and one row with
+ * keys as lanes for small blocks: decode) are faster from one row on. They cover head dims
+ * that are multiples of 64 without soft-capping (gemma2). */
 static void ed_attention(ed_state *s, const ed_model *m, int il, int ith, int nth, int ldqkv) {
-    if (s->n_tokens >= ED_ATTN_BLOCK_MIN && ed_attn != ed_attn_rowwise && m->head_dim % ED_ATTN_LANES == 0 &&
+    if (ed_attn != ed_attn_rowwise && m->head_dim % ED_ATTN_LANES == 0 &&
         m->attn_softcap == 0.0f &&  /* the blocked kernel has no soft-capping */
         s->type_k == ED_F16 && s->type_v == ED_F16)  /* nor a quantized cache: the row path reads it */
         ed_attention_blocked(s, m, il, ith, nth, ldqkv);

@@ -54,7 +54,8 @@ static inline size_t ed_attn_ws_floats(int hd, int n_ctx) {
     const size_t blocked = (size_t)ED_ATTN_ROWS * hd               /* queries, transposed */
                          + (size_t)4 * hd                          /* keys as float */
                          + (size_t)2 * ED_ATTN_ROWS                /* max, group sums */
-                         + (size_t)(n_ctx + 32) * ED_ATTN_ROWS;    /* every key's score */
+                         + (size_t)(n_ctx + 32) * ED_ATTN_ROWS     /* every key's score */
+                         + (size_t)64 * hd;                        /* one row's V lanes */
     const size_t rowwise = (size_t)hd + n_ctx;                      /* f16 query, one score row */
     return ((blocked > rowwise ? blocked : rowwise) + 15) & ~(size_t)15;  /* 64-byte multiple */
 }

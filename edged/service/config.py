@@ -116,9 +116,11 @@ KEYS = [
             "The same limit in milliseconds per pass instead of a factor; 0 = use decode_latency_budget.",
             minimum=0),
     KeySpec("prompt_slowdown_max", PROMPT_SLOWDOWN, "float",
-            "How much longer than alone a prompt may take to go in while streams decode (0 = no "
-            "limit): a prompt behind that pace takes a larger, efficient chunk (one long gap for "
-            "the streams) rather than starving under decode_latency_budget.", minimum=0),
+            "How much longer than alone a prompt may take to go in while streams decode (0, the "
+            "default: no limit, decode_latency_budget rules and the streams come first): a prompt "
+            "behind that pace takes a larger, efficient chunk (one long gap for the streams) rather "
+            "than waiting; 2 aims a long prompt's wait at 2x its time alone, at the price of gaps "
+            "of several decode passes in the streams.", minimum=0),
     KeySpec("prompt_chunk_max", PREFILL_CHUNK, "int",
             "Prompt tokens of a pass when no stream is decoding (llama.cpp's n_ubatch), and the most "
             "of any pass (up to 512, a slot's batch).", minimum=1),

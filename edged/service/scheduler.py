@@ -24,8 +24,9 @@ pass. The chunk comes from measured costs (StepCosts): the median decode-only pa
 least-squares fit of what prompt tokens add to a pass, per row (matrix products) and per key
 their attention reads (a chunk late in a long prompt costs more than one at its start), kept
 apart for passes below and from PANEL_ROWS rows (the packed panels' fixed cost per pass). A
-prompt that falls behind `prompt_slowdown_max` times its predicted time alone takes a larger,
-efficient catch-up chunk (one longer gap for the streams) rather than starving. With nobody
+prompt that falls behind `prompt_slowdown_max` times its predicted time alone (when set; 0 by
+default: the streams come first) takes a larger, efficient catch-up chunk (one longer gap for
+the streams) rather than waiting. With nobody
 decoding a prompt takes whole passes of `prompt_chunk_max` tokens (cancellation still gets a
 turn between them). EDGED_DEBUG_STEPS=1 logs every pass (composition, predicted and
 measured time) at debug level.
@@ -50,7 +51,7 @@ MIN_CHUNK = 1           # least prompt tokens of a pass that has any: the prompt
 # this is the default of StepCosts alone (the scheduler's tests).
 PANEL_ROWS = 8
 DECODE_LATENCY_BUDGET = 2.5     # default: a pass with a prompt chunk takes <= 2.5x a decode pass
-PROMPT_SLOWDOWN = 2.0   # default: a prompt beside streams takes <= 2x its time alone (0: no limit)
+PROMPT_SLOWDOWN = 0.0   # default: the budget rules (2: a prompt beside streams aims at <= 2x its time alone)
 CATCH_UP_OVERHEAD = 0.5   # a catch-up pass: the panels' fixed cost at most this share of its prompt cost
 DECODE_WINDOW = 15      # decode-only passes whose median is the decode cost
 FIT_WINDOW = 24         # prompt-carrying passes per path the cost fit reads

@@ -233,6 +233,36 @@ def test_attention_rows_are_one_token_results(path, n_head, n_head_kv, hd, n_swa
         assert np.array_equal(one[0], whole[t]), t
 
 
+@pytest.mark.parametrize("n_head,n_head_kv,hd", [(9, 3, 64), (4, 2, 128), (40, 1, 64)])
+@pytest.mark.parametrize("n_swa", [0, 37])
+@pytest.mark.parametrize("with_sinks", [False, True])
+def test_attention_of_few_rows_same_bits_on_every_path(n_head, n_head_kv, hd, n_swa, with_sinks):
+    """Decode and small chunks (a few query rows) take the x86 one-row kernel (keys as vector
+    lanes, ed_attn_x86.inc attn1): each token's output has the bits of the generic path's
+    one-token attention, over key ranges that start and end inside a 16-key group and span
+    several 64-key lane rounds, with and without sinks and a sliding window."""
+    rng = np.random.default_rng(n_head + hd + n_swa)
+    n_ctx, pos = 400, 301
+    k = rng.standard_normal((n_ctx, n_head_kv * hd)).astype(np.float16).view(np.uint16)
+    v = rng.standard_normal((n_ctx, n_head_kv * hd)).astype(np.float16).view(np.uint16)
+    q = (3 * rng.standard_normal((6, n_head * hd))).astype(np.float32)
+    sinks = np.linspace(-20.0, 8.0, n_head).astype(np.float32) if with_sinks else None
+    old, outs = core.kernel_path(), {}
+    try:
+        for p in ["generic"] + [p for p in PATHS if p != "generic"]:
+            core.set_path(p)
+            for n in (1, 2, 5, 6):
+                out = np.full_like(q[:n], np.nan)
+                core.attention(out, q[:n], k, v, pos + 6 - n, n_head, n_head_kv, 1 / np.sqrt(hd), n_swa, sinks)
+                outs[p, n] = out
+    finally:
+        core.set_path(old)
+    for (p, n), out in outs.items():
+        assert np.array_equal(out, outs["generic", n]), (p, n)
+    np.testing.assert_allclose(outs["generic", 6], attention_ref(q, k, v, pos, n_head, n_head_kv, 1 / np.sqrt(hd),
+                                                                 n_swa, sinks), atol=TOL_ATTN)
+
+
 def test_attention_same_bits_on_every_path():
     """The canonical order is the same on every kernel path (ed_parity.h): a prompt's attention
     output does not depend on which path this CPU picked."""

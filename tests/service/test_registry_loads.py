@@ -76,3 +76,23 @@ def test_waiters_of_one_load_share_its_error(registry):
     errors = asyncio.run(scenario())
     assert all(isinstance(e, UnsupportedModelError) for e in errors), errors
     assert loader.calls == ["bad"]
+
+
+def test_a_loaded_model_is_out_of_the_garbage_collectors_walk(registry):
+    """After a load the objects alive (the model's, the daemon's) are frozen (gc.freeze): a full
+    collection, which runs in whatever thread allocates at that moment, no longer walks them,
+    so it cannot stall the decode loop for tens of milliseconds every few seconds."""
+    import gc
+    reg = registry(SlowLoader(0.0))
+
+    async def scenario():
+        lm = await reg.acquire("slow")
+        reg.release(lm)
+        return lm
+
+    try:
+        lm = asyncio.run(scenario())
+        assert gc.get_freeze_count() > 0
+        assert gc.is_tracked(lm) and not any(o is lm for o in gc.get_objects())
+    finally:
+        gc.unfreeze()
