@@ -209,6 +209,60 @@ static void ED_PM_X86 ed_pm_round_scale_x86(int n, float *x, float s) {
 }
 #endif
 
+/* The softmax's expf and the SiLU step with NEON (every aarch64 CPU has it), lane for lane the scalar code's operations
+ * as ed_pm_silu_mul_x86 does them (vfmaq: one rounding, as fmaf; n is an integer, so FCVTZS's
+ * truncation and the scalar (int) agree; FDIV is IEEE's), so its results are identical. */
+#if defined(__aarch64__)
+#include <arm_neon.h>
+
+/* ed_pm_expf of 4 lanes; returns nonzero when a lane needs the scalar code (|n| > 126: 2^n
+ * outside the exponent field, or NaN), whose result *res then does not hold */
+static inline int ed_pm_expf4_neon(float32x4_t v, float32x4_t *res) {
+    const float32x4_t r = vdupq_n_f32(0x1.8p23f);
+    const float32x4_t z = vfmaq_f32(r, v, vdupq_n_f32(0x1.715476p+0f));
+    const float32x4_t nn = vsubq_f32(z, r);
+    const float32x4_t b = vfmsq_f32(vfmsq_f32(v, nn, vdupq_n_f32(0x1.62e4p-1f)), nn, vdupq_n_f32(0x1.7f7d1cp-20f));
+    const float32x4_t u = vmulq_f32(b, b);
+    const float32x4_t j = vfmaq_f32(
+        vfmaq_f32(vdupq_n_f32(1.0f), vdupq_n_f32(0x1.ffffecp-1f), b),
+        vfmaq_f32(vfmaq_f32(vdupq_n_f32(0x1.fffdb6p-2f), vdupq_n_f32(0x1.555e66p-3f), b), u,
+                  vfmaq_f32(vdupq_n_f32(0x1.573e2ep-5f), vdupq_n_f32(0x1.0e4020p-7f), b)),
+        u);
+    const int32x4_t e = vshlq_n_s32(vaddq_s32(vcvtq_s32_f32(nn), vdupq_n_s32(127)), 23);
+    *res = vmulq_f32(j, vreinterpretq_f32_s32(e));
+    const uint32x4_t out = vorrq_u32(vcagtq_f32(nn, vdupq_n_f32(126.0f)), vmvnq_u32(vceqq_f32(v, v)));
+    return vmaxvq_u32(out) != 0;
+}
+
+/* y[i] = ed_pm_expf(x[i] - mx) for i < n */
+static void ed_pm_expf_sub_neon(int n, const float *x, float mx, float *y) {
+    int i = 0;
+    const float32x4_t vmx = vdupq_n_f32(mx);
+    for (; i + 4 <= n; i += 4) {
+        float32x4_t res;
+        if (ed_pm_expf4_neon(vsubq_f32(vld1q_f32(x + i), vmx), &res))
+            for (int k = 0; k < 4; k++) y[i + k] = ed_pm_expf(x[i + k] - mx);
+        else
+            vst1q_f32(y + i, res);
+    }
+    for (; i < n; i++) y[i] = ed_pm_expf(x[i] - mx);
+}
+
+/* g[i] = ed_pm_silu(g[i]) * u[i] for i < n */
+static void ed_pm_silu_mul_neon(int n, float *g, const float *u) {
+    int i = 0;
+    for (; i + 4 <= n; i += 4) {
+        const float32x4_t x = vld1q_f32(g + i);
+        float32x4_t e;
+        if (ed_pm_expf4_neon(vsubq_f32(vdupq_n_f32(0.0f), x), &e))
+            for (int k = 0; k < 4; k++) g[i + k] = ed_pm_silu(g[i + k]) * u[i + k];
+        else
+            vst1q_f32(g + i, vmulq_f32(vdivq_f32(x, vaddq_f32(vdupq_n_f32(1.0f), e)), vld1q_f32(u + i)));
+    }
+    for (; i < n; i++) g[i] = ed_pm_silu(g[i]) * u[i];
+}
+#endif
+
 /* out[i] = the reduction of lane rows L[0..lanes)[i] (16: tinyBLAS, 64: vec_dot) for i < n;
  * tmp holds 16 rows of n. Loops over i, so the compiler vectorizes them without reordering. */
 static void ed_pm_reduce_lanes(int n, int lanes, const float *const *L, float *tmp, float *out) {
@@ -227,6 +281,8 @@ static void ed_pm_reduce_lanes(int n, int lanes, const float *const *L, float *t
 static inline int ed_pm_simd(const char *path) {
 #if defined(__x86_64__)
     return path[0] == 'a';  /* "avx2", "avx512" */
+#elif defined(__aarch64__)
+    return path[0] == 'n';  /* "neon", "neon+dotprod": expf and SiLU (the others are scalar there) */
 #else
     (void)path; return 0;
 #endif
@@ -243,6 +299,8 @@ static inline float ed_pm_dot(int simd, int n, const ed_half *x, const ed_half *
 static inline void ed_pm_expf_sub(int simd, int n, const float *x, float mx, float *y) {
 #if defined(__x86_64__)
     if (simd) { ed_pm_expf_sub_x86(n, x, mx, y); return; }
+#elif defined(__aarch64__)
+    if (simd) { ed_pm_expf_sub_neon(n, x, mx, y); return; }
 #endif
     (void)simd;
     for (int i = 0; i < n; i++) y[i] = ed_pm_expf(x[i] - mx);
@@ -251,6 +309,8 @@ static inline void ed_pm_expf_sub(int simd, int n, const float *x, float mx, flo
 static inline void ed_pm_silu_mul(int simd, int n, float *g, const float *u) {
 #if defined(__x86_64__)
     if (simd) { ed_pm_silu_mul_x86(n, g, u); return; }
+#elif defined(__aarch64__)
+    if (simd) { ed_pm_silu_mul_neon(n, g, u); return; }
 #endif
     (void)simd;
     for (int i = 0; i < n; i++) g[i] = ed_pm_silu(g[i]) * u[i];

@@ -29,6 +29,8 @@ def test_native_paths_match_generic(tmp_path):
     r = build_and_run(cc, tmp_path / "check")
     assert r.returncode == 0, r.stdout + r.stderr
     assert " ok" in r.stdout and "FAIL" not in r.stdout  # incl. the tiles bit for bit (same-ok)
+    if "x86" in os.uname().machine:  # the AVX2 softmax expf and SiLU (ed_parity.h) equal the scalar code
+        assert any(l in r.stdout.splitlines() for l in ("parity simd expf silu ok", "parity scalar expf silu ok")), r.stdout
     # every type has a tile (ED_MDOT: a prompt's tokens, a decode batch's sessions) equal to the
     # one-token path on the x86 SIMD paths (the generic path runs its dot per column)
     digests = [l.split() for l in r.stdout.splitlines() if l.startswith("digest ")]
@@ -44,7 +46,7 @@ def test_native_paths_match_generic(tmp_path):
     # attention over a quantized KV cache: 4 cache type pairs on every path that ran, the same
     # stored bytes and outputs within float rounding of the generic path's
     kv = [l for l in r.stdout.splitlines() if l.startswith("kvcache ")]
-    ran = {l.split()[0] for l in r.stdout.splitlines() if l.endswith(" ok") and not l.startswith(("kvcache", "digest", "extreme"))}
+    ran = {l.split()[0] for l in r.stdout.splitlines() if l.endswith(" ok") and not l.startswith(("kvcache", "digest", "extreme", "parity"))}
     assert len(kv) == 4 * len(ran) and all(l.endswith(" same-bytes ok") for l in kv), r.stdout
     for path in ("avx2", "avx2nv", "avx512"):  # the packed panels ran on every x86 path this CPU has
         if f"{path}: not supported" not in r.stdout and "x86" in os.uname().machine:
@@ -59,6 +61,8 @@ def test_neon_path_matches_generic_under_qemu(tmp_path):
     r = build_and_run(cc, tmp_path / "check-arm64", runner=(qemu, "-cpu", "max"), extra=("-static",))
     assert r.returncode == 0, r.stdout + r.stderr
     assert "dotprod" in r.stdout.splitlines()[0]  # the dotprod variant ran
+    # the NEON softmax expf and SiLU (ed_parity.h) equal the scalar code bit for bit
+    assert "parity simd expf silu ok" in r.stdout.splitlines(), r.stdout
     lines = [l for l in r.stdout.splitlines() if l.startswith("neon ") and " panels " not in l]
     assert len(lines) == 16 and all(l.endswith(" ok") for l in lines), r.stdout
     # dotprod has the packed panels for the 13 quantized types (each also checked in an ok line)
