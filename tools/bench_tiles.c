@@ -3,13 +3,13 @@
  * 64-token prompt batch through the packed panels (ed_gemm.h) per token.
  *
  *   gcc -O3 -std=gnu11 -pthread -Icython_kernels/kernels -Icython_kernels/forward tools/bench_tiles.c -lm -o /tmp/bench_tiles
- *   /tmp/bench_tiles TYPE K [MIB] [PATH]      e.g. /tmp/bench_tiles Q5_0 896 256 avx512
+ *   /tmp/bench_tiles TYPE K [MIB] [PATH] [PASSES]      e.g. /tmp/bench_tiles Q5_0 896 256 avx512
  *
  * TYPE: Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 Q2_K Q3_K Q4_K Q5_K Q6_K; PATH: generic, avx2, avx512, neon, or
  * avx2-vnni / avx512-vnni / neon-dotprod (the variant without that feature; default: the best
  * this CPU runs); MIB of weights (default 256). One token goes through ed_mdot_rows (the engine's
  * one-token path: row kernels or the dot), the batch as forward.h's ed_rows calls it (the row
- * kernels where the type has them, else the tile ED_MDOT per row). Best of 9 passes each, interleaved, in thread CPU time (so a busy machine inflates
+ * kernels where the type has them, else the tile ED_MDOT per row). Best of PASSES (default 9) passes each, interleaved, in thread CPU time (so a busy machine inflates
  * them less than wall time). Built against another checkout's headers (-I../base/...), the
  * same source measures that checkout: compare the printed ms side by side.
  */
@@ -39,11 +39,11 @@ static void batch(int type, int K, const uint8_t *w, size_t rb, int R, const uin
 int main(int argc, char **argv) {
     static const char *names[] = {"Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"};
     static const int types[] = {ED_Q4_0, ED_Q4_1, ED_Q5_0, ED_Q5_1, ED_Q8_0, ED_Q2_K, ED_Q3_K, ED_Q4_K, ED_Q5_K, ED_Q6_K};
-    if (argc < 3) { fprintf(stderr, "usage: %s TYPE K [MIB] [PATH]\n", argv[0]); return 2; }
+    if (argc < 3) { fprintf(stderr, "usage: %s TYPE K [MIB] [PATH] [PASSES]\n", argv[0]); return 2; }
     int type = -1;
     for (int i = 0; i < 10; i++) if (!strcmp(argv[1], names[i])) type = types[i];
-    const int K = atoi(argv[2]), mib = argc > 3 ? atoi(argv[3]) : 256;
-    if (type < 0 || K <= 0 || mib <= 0) { fprintf(stderr, "bad TYPE, K or MIB\n"); return 2; }
+    const int K = atoi(argv[2]), mib = argc > 3 ? atoi(argv[3]) : 256, passes = argc > 5 ? atoi(argv[5]) : 9;
+    if (type < 0 || K <= 0 || mib <= 0 || passes <= 0) { fprintf(stderr, "bad TYPE, K, MIB or PASSES\n"); return 2; }
     if (ed_types_init(argc > 4 ? argv[4] : NULL) != 0) { fprintf(stderr, "path %s not supported here\n", argv[4]); return 2; }
     if (K % ED_TRAITS[type].block) { fprintf(stderr, "K must be a multiple of %d\n", ED_TRAITS[type].block); return 2; }
     ed_pm_init();
@@ -76,7 +76,7 @@ int main(int argc, char **argv) {
         ed_gemm_info(vt, K, xp + c * kr, info + c * il);
     }
     double b1 = 1e9, b2 = 1e9, b4 = 1e9, bp = 1e9;
-    for (int it = 0; it < 9; it++) {
+    for (int it = 0; it < passes; it++) {
         const double t0 = now();
         for (int r = 0; r < R; r += 16) ed_mdot_rows(type, K, w + r * rb, rb, 16, xq, kr, 1, out + r, 1);
         const double t1 = now();
@@ -91,9 +91,9 @@ int main(int argc, char **argv) {
         if (t3 - t2 < b4) b4 = t3 - t2;
         if (t4 - t3 < bp) bp = t4 - t3;
     }
-    printf("%s %s K=%d, %.0f MiB: one token %.2f ms (%.1f GB/s); 2 sessions %.2fx; 4 sessions %.2fx of one token "
+    printf("%s %s K=%d, %.0f MiB: one token %.3f ms (%.1f GB/s); 2 sessions %.3f ms, %.2fx; 4 sessions %.3f ms, %.2fx of one token "
            "(tokens per CPU second: %.2fx); prompt panels %.3f ms per token per 16 MiB%s\n", ed_kern->name, argv[1], K,
-           rb * R / 1048576.0, b1 * 1e3, rb * R / b1 / 1e9, b2 / b1, b4 / b1, 4 * b1 / b4, bp * 1e3 / NP,
+           rb * R / 1048576.0, b1 * 1e3, rb * R / b1 / 1e9, b2 * 1e3, b2 / b1, b4 * 1e3, b4 / b1, 4 * b1 / b4, bp * 1e3 / NP,
            ed_gemm_ok(type) ? "" : " (no panels)");
     return 0;
 }

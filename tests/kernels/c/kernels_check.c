@@ -163,19 +163,22 @@ int main(void) {
             /* Row kernels at the edge of their integer ranges: every weight at the value whose
                products with |q| = 127 are largest (the i16 sums the kernels keep without VNNI
                must still be exact), against columns of +127 and -127, equal to the plain C dot
-               bit for bit: "extreme PATH TYPE rows ok" */
+               bit for bit: "extreme PATH TYPE rows ok". Q4_0 and Q5_0 go into the x86 products
+               unsigned (nibble 0..15, 0..31: fill 0xFF) with the offset taken off by the columns'
+               block sums; their signed extreme (-8, -16: fill 0x00) is checked too. */
             if (ED_MROWS[t]) {
                 static const struct { int type; uint8_t fill; } edge[] = {
-                    {ED_Q4_0, 0x00}, {ED_Q5_0, 0x00}, {ED_Q8_0, 0x80}, {ED_Q4_1, 0xFF}, {ED_Q5_1, 0xFF},
-                    {ED_IQ4_NL, 0x00}, {ED_MXFP4, 0x77}, {ED_Q4_K, 0xFF}, {ED_Q5_K, 0xFF}};
+                    {ED_Q4_0, 0x00}, {ED_Q4_0, 0xFF}, {ED_Q5_0, 0x00}, {ED_Q5_0, 0xFF}, {ED_Q8_0, 0x80},
+                    {ED_Q4_1, 0xFF}, {ED_Q5_1, 0xFF}, {ED_IQ4_NL, 0x00}, {ED_MXFP4, 0x77}, {ED_Q4_K, 0xFF},
+                    {ED_Q5_K, 0xFF}};
                 enum { ER = 16 };  /* the x86 kernels take 16 rows per call: both halves */
                 static uint8_t we[ER * K * 2], xe[4 * K * 2];
                 static float fe[4 * K], ge[4 * ER];
-                int fill = -1;
-                for (size_t e = 0; e < sizeof edge / sizeof edge[0]; e++) if (edge[e].type == t) fill = edge[e].fill;
-                int eok = fill >= 0;
-                if (eok) {
-                    memset(we, fill, ER * rb);
+                int fills = 0, eok = 1;
+                for (size_t e = 0; e < sizeof edge / sizeof edge[0]; e++) {
+                    if (edge[e].type != t) continue;
+                    fills++;
+                    memset(we, edge[e].fill, ER * rb);
                     for (size_t b = 0; b < ER * rb / tr.type_size; b++) fix_halves(t, we + b * tr.type_size);
                     for (int c = 0; c < 4; c++) for (int i = 0; i < K; i++) fe[c * K + i] = c & 1 ? -1.0f : 1.0f;
                     for (int c = 0; c < 4; c++) ED_QUANT[tr.vec_type](fe + c * K, xe + c * xr, K);
@@ -186,6 +189,7 @@ int main(void) {
                             eok &= !memcmp(&want, &ge[c * ER + r], sizeof want);
                         }
                 }
+                eok &= fills > 0;
                 printf("extreme %s %s rows %s\n", paths[p], names[ti], eok ? "ok" : "FAIL");
                 failures += !eok;
             }
