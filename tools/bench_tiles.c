@@ -25,11 +25,15 @@ static double now(void) {  /* this thread's CPU time: the figures hold on a shar
     return t.tv_sec + t.tv_nsec * 1e-9;
 }
 
+/* rows per ed_mdot_rows call: a thread's chunk as forward.h's ed_chunk_rows makes it for a
+ * 0.5B model's 896-row matrices on one thread: 112 rows) */
+enum { CHUNK = 112 };
+
 /* the next token of nc sessions, as forward.h's ed_rows runs a decode batch */
 static void batch(int type, int K, const uint8_t *w, size_t rb, int R, const uint8_t *xs, size_t sr, int nc, float *out) {
 #ifdef ED_MROWS_N  /* row kernels (rows as lanes) take every column */
     if (ED_MROWS[type]) {
-        for (int r = 0; r < R; r += 16) ed_mdot_rows(type, K, w + r * rb, rb, 16, xs, sr, nc, out + r, R);
+        for (int r = 0; r < R; r += CHUNK) ed_mdot_rows(type, K, w + r * rb, rb, R - r < CHUNK ? R - r : CHUNK, xs, sr, nc, out + r, R);
         return;
     }
 #endif
@@ -78,7 +82,7 @@ int main(int argc, char **argv) {
     double b1 = 1e9, b2 = 1e9, b4 = 1e9, bp = 1e9;
     for (int it = 0; it < passes; it++) {
         const double t0 = now();
-        for (int r = 0; r < R; r += 16) ed_mdot_rows(type, K, w + r * rb, rb, 16, xq, kr, 1, out + r, 1);
+        for (int r = 0; r < R; r += CHUNK) ed_mdot_rows(type, K, w + r * rb, rb, R - r < CHUNK ? R - r : CHUNK, xq, kr, 1, out + r, 1);
         const double t1 = now();
         batch(type, K, w, rb, R, xs, sr, 2, out);
         const double t2 = now();

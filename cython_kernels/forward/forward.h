@@ -262,6 +262,12 @@ static inline void ed_rows(const ed_state *s, const ed_tensor *W, int64_t r0, in
                      s->gemm + (size_t)ith * s->gemm_bytes);
         return;
     }
+    if (n <= ED_MAX_COLS) {  /* one token or a decode batch: each row is read once anyway, and the
+                                row kernels form their per-column work once for the whole chunk */
+        if (r1 > r0) ed_mdot_rows(W->type, (int)W->ne0, W->data + r0 * W->row_bytes, W->row_bytes,
+                                  (int)(r1 - r0), xq, rb, n, out + r0, (size_t)ldo);
+        return;
+    }
     for (; r0 < r1; r0 += ED_ROW_TILE) {
         const int64_t e = r0 + ED_ROW_TILE < r1 ? r0 + ED_ROW_TILE : r1;
         /* each weight row is decoded once per group of ED_MAX_COLS tokens (ed_simd.h) */
