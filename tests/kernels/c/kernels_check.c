@@ -193,6 +193,30 @@ int main(void) {
                 printf("extreme %s %s rows %s\n", paths[p], names[ti], eok ? "ok" : "FAIL");
                 failures += !eok;
             }
+#if defined(__x86_64__)
+            /* Q4_0 / Q5_0 rows of more than ED_RC_CS_MAX blocks (K = 16640): the x86 row kernels
+               then form the columns' block sums per 16 rows instead of once per call; equal to the
+               plain C dot bit for bit: "long PATH TYPE rows ok" */
+            if (ED_MROWS[t] && (t == ED_Q4_0 || t == ED_Q5_0)) {
+                enum { LK = 32 * 520, LR = 16 };
+                static uint8_t wl[LR * LK], xl[4 * LK];
+                static float fl[2 * LK], gl[2 * LR];
+                const size_t lrb = (size_t)(LK / tr.block) * tr.type_size, lxr = ed_act_row_bytes(t, LK);
+                for (size_t i = 0; i < LR * lrb; i++) wl[i] = (uint8_t)rnd();
+                for (size_t b = 0; b < LR * lrb / tr.type_size; b++) fix_halves(t, wl + b * tr.type_size);
+                for (int i = 0; i < 2 * LK; i++) fl[i] = rndf();
+                for (int c = 0; c < 2; c++) ED_QUANT[tr.vec_type](fl + c * LK, xl + c * lxr, LK);
+                ed_mdot_rows(t, LK, wl, lrb, LR, xl, lxr, 2, gl, LR);
+                int lok = 1;
+                for (int c = 0; c < 2; c++)
+                    for (int r = 0; r < LR; r++) {
+                        const float want = tr.ref(LK, wl + r * lrb, xl + c * lxr);
+                        lok &= !memcmp(&want, &gl[c * LR + r], sizeof want);
+                    }
+                printf("long %s %s rows %s\n", paths[p], names[ti], lok ? "ok" : "FAIL");
+                failures += !lok;
+            }
+#endif
         }
     }
     /* attention over a quantized KV cache (forward.h: ed_kv_store, ed_attention_exact) on every
