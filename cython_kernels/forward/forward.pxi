@@ -40,7 +40,7 @@ cdef extern from "forward.h" nogil:
     ctypedef struct ed_pool:
         int n_threads, n_active, adapt, n_dropped, probing, slow_worker
         int *claimed
-        double late_share, late_ewma, last_share
+        double late_share, late_ewma, last_share, last_lost
         long n_drops, n_probes, n_retakes
         int64_t slow_ns, spin_ns, idle_spin_ns
         long long n_waits, n_parks, park_ns
@@ -149,9 +149,9 @@ cdef class Pool:
 
     @property
     def late_share(self):
-        """The share of a task's wall time spent waiting for late threads that drops a worker
-        (and under which a probe keeps it); None: 1/n for n threads, where n - 1 threads
-        become faster."""
+        """The share of a task's wall time spent waiting for late threads (or of its threads'
+        CPU time lost while on it, whichever is larger) that drops a worker (and under which a
+        probe keeps it); None: 1/n for n threads, where n - 1 threads become faster."""
         return self.p.late_share or None
 
     @late_share.setter
@@ -168,7 +168,7 @@ cdef class Pool:
         return {"n_threads": self.p.n_threads, "active": ed_pool_active(self.p),
                 "last_task_threads": self.p.n_active, "drops": self.p.n_drops,
                 "probes": self.p.n_probes, "retakes": self.p.n_retakes,
-                "late_share": self.p.last_share,
+                "late_share": self.p.last_share, "lost_share": self.p.last_lost,
                 "claimed": [self.p.claimed[i] for i in range(self.p.n_threads)],
                 "spin_us": self.p.spin_ns / 1000, "idle_spin_us": self.p.idle_spin_ns / 1000,
                 "waits": self.p.n_waits, "parks": self.p.n_parks, "park_ms": self.p.park_ns / 1e6,

@@ -146,3 +146,26 @@ def test_two_preempted_tasks_do_not_drop_a_worker(reference):
         assert st["drops"] == 0 and pool.active_threads == 2, st
         np.testing.assert_array_equal(np.concatenate(got), want[:len(PROMPT) + 5])
         s.close()
+
+
+def test_threads_sharing_one_cpu_drop_a_worker_without_changing_a_bit():
+    """Two threads pinned to one CPU arrive at every barrier together (the waiter parks at
+    once, the other runs), so the waiting share stays small while each runs half the time: two
+    threads on one CPU are slower than one. Each thread's CPU time over the pass (the "lost"
+    share: 2 - the threads' CPU time / wall time, about 1 here) must drop the worker within a
+    few passes; the logits stay those of one thread. (The real model: the synthetic one's
+    passes are shorter than the pool judges.)"""
+    import edged._core as core
+    name = MODELS[0]
+    with Model.load(testdata("models", name), n_threads=1) as m:
+        want = run(m, steps=10)
+    with Model.load(testdata("models", name), n_threads=2) as m:
+        pool = m.backend.pool
+        core.pin_pool(pool, [min(os.sched_getaffinity(0))])
+        try:
+            got = run(m, steps=10)
+            st = pool.stats()
+        finally:
+            core.pin_pool(pool, [])
+    assert st["drops"] >= 1, st
+    np.testing.assert_array_equal(got, want)
