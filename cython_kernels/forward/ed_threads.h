@@ -45,7 +45,8 @@
  * set) the pool drops one worker (the latest, or where CPU time was lost the one that got the
  * least; if that is the caller, the highest-numbered one): it sleeps on its futex and takes no part until a probe. Probes re-admit the last
  * dropped worker for ED_PROBE_TASKS tasks after ED_PROBE_MIN_NS, doubling after each failed
- * probe up to ED_PROBE_MAX_NS; a probe whose mean share is under the threshold keeps it. Results do not depend on
+ * probe up to ED_PROBE_MAX_NS; a probe whose mean share is under the threshold keeps it (a
+ * probe ends early once its mean can no longer come under it). Results do not depend on
  * it: every op's split (chunks of whole 16-row tiles, token ranges) gives bit-identical sums
  * whatever the thread count. Tasks shorter than ED_ADAPT_MIN_NS are not judged (wake-up
  * latency), nor by lost CPU time when shorter than ED_LOST_MIN_NS.
@@ -379,7 +380,9 @@ static void ed_pool_adapt(ed_pool *p, int64_t t0) {
         if (p->trace)
             fprintf(stderr, "edged threads: probe of worker %d: %d threads, %.2f ms, waiting share %.2f, CPU lost %.2f\n",
                     p->probing, nth, wall / 1e6, waited, lost);
-        if (++p->probe_tasks < ED_PROBE_TASKS) return;
+        /* judged after ED_PROBE_TASKS tasks, or as soon as their mean can no longer come under
+           the limit (the same verdict, fewer slow tasks) */
+        if (++p->probe_tasks < ED_PROBE_TASKS && p->probe_share < limit * ED_PROBE_TASKS) return;
         const int w = p->probing;
         const double mean = p->probe_share / p->probe_tasks;
         p->probing = 0;
