@@ -88,6 +88,7 @@
 #define ED_SPIN_NS 1000000          /* inside a task, spin this long before parking ... */
 #define ED_IDLE_SPIN_NS 1000000     /* ... and between tasks ($EDGED_SPIN_US, $EDGED_IDLE_SPIN_US) */
 #define ED_WAKE_BUCKETS 16          /* wake-up latency histogram: bucket b holds [2^(b-1), 2^b) us */
+#define ED_NUDGE_NS 10000000        /* a thread moves off a shared CPU at most this often */
 #define ED_ADAPT_MIN_NS 1000000     /* shorter tasks are not judged */
 #define ED_LOST_MIN_NS 4000000      /* nor, shorter than this, by the CPU time they lost (one
                                        time slice of another program is all of such a task) */
@@ -143,6 +144,9 @@ struct ed_pool {
     int64_t spin_ns, idle_spin_ns;     /* spin before parking: inside a task / between tasks */
     atomic_int *cpu_of;                /* (n_threads) by worker: the CPU it last ran on */
     int trace;                         /* $EDGED_THREAD_TRACE: log the adaptive count's decisions */
+    /* moving off a CPU shared with another thread of the pool (unpinned pools only) */
+    int pinned, nudge;
+    atomic_llong n_nudges;
     /* waiting, for measurements (Pool.stats): waits inside tasks, how many parked, for how
        long, and how long a parked waiter took to run again after its release */
     atomic_llong n_waits, n_parks, park_ns;
@@ -201,6 +205,33 @@ static int ed_shares_cpu(ed_pool *p, int me, int w_only) {
     return 0;
 }
 
+static _Thread_local int64_t ed_tls_nudged_ns;
+
+/* A waiter inside a task that finds a thread of the pool on its own CPU moves itself to another
+   of the process's CPUs: its affinity without this CPU (the kernel migrates it at once, to the
+   least loaded of the others), then the whole set again (no move back). The kernel places a
+   woken worker beside its waker when no CPU is idle (every CPU running something, even a
+   nice-19 task), and the two then take turns on one CPU for as long as the load balancer lets
+   them. At most once per ED_NUDGE_NS per thread; never for pinned pools (the pinning is the
+   user's choice) or a thread allowed one CPU. Returns whether it moved. */
+static int ed_nudge(ed_pool *p) {
+    if (!p->nudge || p->pinned) return 0;
+    const int64_t now = ed_clock_ns();
+    if (now - ed_tls_nudged_ns < ED_NUDGE_NS) return 0;
+    ed_tls_nudged_ns = now;
+    const int cpu = sched_getcpu();
+    cpu_set_t allowed, others;
+    if (cpu < 0 || cpu >= CPU_SETSIZE || pthread_getaffinity_np(pthread_self(), sizeof allowed, &allowed) != 0 ||
+        !CPU_ISSET(cpu, &allowed)) return 0;
+    others = allowed;
+    CPU_CLR(cpu, &others);
+    if (CPU_COUNT(&others) == 0 || pthread_setaffinity_np(pthread_self(), sizeof others, &others) != 0) return 0;
+    pthread_setaffinity_np(pthread_self(), sizeof allowed, &allowed);
+    atomic_store_explicit(&p->cpu_of[ed_tls_worker], sched_getcpu(), memory_order_relaxed);
+    atomic_fetch_add_explicit(&p->n_nudges, 1, memory_order_relaxed);
+    return 1;
+}
+
 /* Return once *w != val: spin up to spin_ns (idle: idle_spin_ns), then sleep on the futex.
    Whoever changes *w wakes the sleepers when *parked > 0 (both sides sequentially consistent:
    one of them sees the other). A waiter that finds a thread it waits for on its own CPU (the
@@ -218,7 +249,10 @@ static void ed_wait_change(ed_pool *p, atomic_int *w, int val, atomic_int *parke
             const int64_t t = ed_clock_ns();
             if (!t0) t0 = t;
             else if (t - t0 > spin_ns) break;
-            if (ed_shares_cpu(p, me, idle ? 0 : -1)) break;
+            if (ed_shares_cpu(p, me, idle ? 0 : -1)) {
+                if (!idle && ed_nudge(p)) { t0 = 0; continue; }  /* moved: spin on there */
+                break;
+            }
         }
     }
     atomic_fetch_add(parked, 1);
@@ -284,6 +318,7 @@ static void *ed_worker_main(void *vp) {
         seen = atomic_load_explicit(&me->go, memory_order_acquire);
         if (p->stop) return NULL;
         ed_task_enter(me->ith, me->w);
+        atomic_store_explicit(&p->cpu_of[me->w], sched_getcpu(), memory_order_relaxed);
         const int64_t cpu0 = p->adapt ? ed_thread_cpu_ns() : 0, run0 = p->adapt ? ed_clock_ns() : 0;
         p->fn(p->arg, me->ith, p->n_active);
         if (p->adapt) {
@@ -404,6 +439,10 @@ static void ed_pool_adapt(ed_pool *p, int64_t t0) {
     if (p->trace)
         fprintf(stderr, "edged threads: %d threads, %.2f ms, waiting share %.2f, CPU lost %.2f, smoothed %.2f%s\n",
                 nth, wall / 1e6, waited, lost, p->late_ewma, p->late_ewma > limit ? ": drop" : "");
+    if (p->trace > 1)
+        for (int i = 0; i < nth; i++)
+            fprintf(stderr, "  thread %d (worker %d): CPU %.2f ms of %.2f ms on the task, closed %.2f ms of waits\n",
+                    i, p->task_worker[i], p->cpu_ns[i] / 1e6, p->run_ns[i] / 1e6, p->late_ns[i] / 1e6);
     if (p->late_ewma > limit) {
         p->n_drops++;
         p->late_ewma = 0.0;
@@ -483,7 +522,8 @@ static ed_pool *ed_pool_create(int n_threads) {
     p->slow_worker = -1;
     p->spin_ns = ed_env_us("EDGED_SPIN_US", ED_SPIN_NS);
     p->idle_spin_ns = ed_env_us("EDGED_IDLE_SPIN_US", ED_IDLE_SPIN_NS);
-    p->trace = getenv("EDGED_THREAD_TRACE") && strcmp(getenv("EDGED_THREAD_TRACE"), "0") != 0;
+    p->nudge = !(getenv("EDGED_NUDGE") && strcmp(getenv("EDGED_NUDGE"), "0") == 0);
+    p->trace = getenv("EDGED_THREAD_TRACE") ? atoi(getenv("EDGED_THREAD_TRACE")) : 0;  /* 2: per thread */
     for (int i = 1; i < n; i++) {
         p->workers[i].p = p; p->workers[i].w = i;
         if (pthread_create(&p->threads[i], NULL, ed_worker_main, &p->workers[i]) != 0)
@@ -535,6 +575,7 @@ static int ed_pool_pin(ed_pool *p, const int *cpus, int n, const cpu_set_t *init
     r.cpus = cpus; r.n = n; r.initial = *initial;
     atomic_init(&r.failures, 0);
     ed_pool_run_all(p, ed_pin_task, &r);
+    p->pinned = n > 0;
     return atomic_load(&r.failures);
 }
 

@@ -43,7 +43,7 @@ cdef extern from "forward.h" nogil:
         double late_share, late_ewma, last_share, last_lost
         long n_drops, n_probes, n_retakes
         int64_t slow_ns, spin_ns, idle_spin_ns
-        long long n_waits, n_parks, park_ns
+        long long n_waits, n_parks, park_ns, n_nudges
         long long wake_hist[16]
     ctypedef struct ed_state:
         int n_ctx, n_batch, n_tokens, pos
@@ -67,6 +67,8 @@ cdef extern from "forward.h" nogil:
     void ed_pool_destroy(ed_pool *p)
     void ed_pool_set_adapt(ed_pool *p, int on)
     int ed_pool_active(const ed_pool *p)
+    int ed_nudge(ed_pool *p)
+    int sched_getcpu()
     size_t ed_state_layout(ed_state *s, const ed_model *m, int n_ctx, int n_batch, int n_threads,
                            int type_k, int type_v, uint8_t *arena)
     int ed_kv_type_ok(int type)
@@ -172,7 +174,16 @@ cdef class Pool:
                 "claimed": [self.p.claimed[i] for i in range(self.p.n_threads)],
                 "spin_us": self.p.spin_ns / 1000, "idle_spin_us": self.p.idle_spin_ns / 1000,
                 "waits": self.p.n_waits, "parks": self.p.n_parks, "park_ms": self.p.park_ns / 1e6,
+                "nudges": self.p.n_nudges,
                 "wake_us_hist": [self.p.wake_hist[i] for i in range(16)]}
+
+    def debug_nudge(self):
+        """Tests: move the calling thread off its CPU as a waiter that finds another thread of
+        the pool on its CPU does (ed_threads.h, ed_nudge); returns (CPU before, CPU after,
+        moved). Its CPU affinity is the same afterwards."""
+        cdef int before = sched_getcpu()
+        cdef int moved = ed_nudge(self.p)
+        return before, sched_getcpu(), bool(moved)
 
     def debug_slow(self, int worker, double usec):
         """Tests: worker `worker` (0 = the caller) sleeps `usec` before each chunk it claims,

@@ -169,3 +169,26 @@ def test_threads_sharing_one_cpu_drop_a_worker_without_changing_a_bit():
             core.pin_pool(pool, [])
     assert st["drops"] >= 1, st
     np.testing.assert_array_equal(got, want)
+
+
+def test_a_thread_sharing_a_cpu_moves_to_another_and_keeps_its_affinity():
+    """When every CPU runs something, the kernel places a woken worker beside its waker and the
+    two take turns on one CPU; a waiter that sees another thread of the pool on its CPU moves
+    itself (its affinity without this CPU, then the whole set again). Here the calling thread
+    does it: it must end on another CPU with the same affinity as before; a pinned pool never
+    moves (pinning is the user's choice)."""
+    import edged._core as core
+    allowed = os.sched_getaffinity(0)
+    assert len(allowed) >= 2, "needs two CPUs"
+    pool = core.Pool(2)
+    before, after, moved = pool.debug_nudge()
+    assert moved and before != after and after in allowed, (before, after, moved)
+    assert os.sched_getaffinity(0) == allowed
+    assert pool.stats()["nudges"] == 1
+    core.pin_pool(pool, [min(allowed)])
+    try:
+        time.sleep(0.02)                # past the per-thread minimum interval between moves
+        assert pool.debug_nudge()[2] is False
+    finally:
+        core.pin_pool(pool, [])
+    assert os.sched_getaffinity(0) == allowed
