@@ -29,6 +29,7 @@ import numpy as np
 from ..errors import ConfigError
 
 MODES = ("auto", "off", "r4")
+_SLICE = 8 << 20  # bytes repacked between two releases of mapped pages
 ROLES = ("attn_q", "attn_k", "attn_v", "attn_qkv", "attn_output", "ffn_gate", "ffn_up",
          "ffn_down", "ffn_gate_shexp", "ffn_up_shexp", "ffn_down_shexp")
 
@@ -108,8 +109,14 @@ def apply(core, spec, layers, globals_, mode="auto") -> Repacked:
         if name in sizes:
             dst = arena[off:off + arr.nbytes]
             off += sizes[name]
-            core.r4_pack(dst, arr, gtype, shape[0], shape[1])
-            released += core.release_pages(arr)
+            # a few MiB of rows at a time, each slice's mapped pages released once copied: the
+            # peak stays the arena plus one slice, not plus the largest tensor
+            step = max(4, _SLICE // (4 * row_bytes) * 4) * row_bytes
+            for a in range(0, arr.nbytes, step):
+                b = min(a + step, arr.nbytes)
+                core.r4_pack(dst[a:b], arr[a:b], gtype, shape[0], (b - a) // row_bytes)
+                core.release_pages(arr[a:b])
+            released += core.release_pages(arr)  # and the pages that straddled two slices
         else:
             dst = core.r4_pack(arr, arr, gtype, shape[0], shape[1])
         for holder, key in chosen[name]:
