@@ -46,13 +46,17 @@ static int ed_r4_ok(int type, int64_t ne0, int64_t ne1) {
 /* one group: 4 mapped rows (src, row_bytes apart) -> R4 bytes at dst (4 * row_bytes) */
 static void ed_r4_pack_group(int type, int K, const uint8_t *src, size_t row_bytes, uint8_t *dst) {
     const int qs = ed_r4_qs(type), bs = ED_TRAITS[type].type_size;
-    const uint8_t x = ed_r4_xor(type);
+    const uint32_t x = ed_r4_xor(type) * 0x01010101u;
     for (int b = 0; b < K / QK; b++, dst += 4 * bs)
         for (int i = 0; i < ED_R4_ROWS; i++) {
             const uint8_t *blk = src + (size_t)i * row_bytes + (size_t)b * bs;
             memcpy(dst + 2 * i, blk, 2);                   /* the scale: blocks start with d */
-            for (int j = 0; j < qs; j++)
-                dst[8 + 16 * (j / 4) + 4 * i + j % 4] = (uint8_t)(blk[2 + j] ^ x);
+            for (int k = 0; k < qs / 4; k++) {             /* quant bytes 4k..4k+3 */
+                uint32_t v;
+                memcpy(&v, blk + 2 + 4 * k, 4);
+                v ^= x;
+                memcpy(dst + 8 + 16 * k + 4 * i, &v, 4);
+            }
         }
 }
 
@@ -70,10 +74,15 @@ static void ed_r4_pack(int type, int K, const uint8_t *src, size_t row_bytes, in
 /* row i of the R4 group at `group` as its mapped blocks (row_bytes bytes) */
 static void ed_r4_unpack_row(int type, int K, const uint8_t *group, int i, uint8_t *row) {
     const int qs = ed_r4_qs(type), bs = ED_TRAITS[type].type_size;
-    const uint8_t x = ed_r4_xor(type);
+    const uint32_t x = ed_r4_xor(type) * 0x01010101u;
     for (int b = 0; b < K / QK; b++, group += 4 * bs, row += bs) {
         memcpy(row, group + 2 * i, 2);
-        for (int j = 0; j < qs; j++) row[2 + j] = (uint8_t)(group[8 + 16 * (j / 4) + 4 * i + j % 4] ^ x);
+        for (int k = 0; k < qs / 4; k++) {
+            uint32_t v;
+            memcpy(&v, group + 8 + 16 * k + 4 * i, 4);
+            v ^= x;
+            memcpy(row + 2 + 4 * k, &v, 4);
+        }
     }
 }
 
