@@ -14,6 +14,7 @@ cdef extern from "forward.h" nogil:
         int type
         int64_t ne0, ne1
         size_t row_bytes
+        int layout
     ctypedef struct ed_layer:
         ed_tensor attn_norm, attn_q, attn_k, attn_v, attn_qkv, attn_q_bias, attn_k_bias, attn_v_bias
         ed_tensor attn_q_norm, attn_k_norm, attn_output, post_attention_norm
@@ -217,7 +218,7 @@ cdef class ForwardModel:
         if spec is None:
             memset(t, 0, sizeof(ed_tensor))
             return
-        arr, gtype, shape, row_bytes = spec
+        arr, gtype, shape, row_bytes = spec[:4]
         view = arr
         self.keep.append(arr)
         t.data = &view[0]
@@ -225,10 +226,11 @@ cdef class ForwardModel:
         t.ne0 = shape[0]
         t.ne1 = shape[1] if len(shape) > 1 else 1
         t.row_bytes = row_bytes
+        t.layout = spec[4] if len(spec) > 4 else 0  # ED_LAYOUT_R4: repacked at load (engine/repack.py)
 
     def setup(self, dict hp, list layers, dict globals_):
         """hp: scalar hyperparameters; layers: per layer a dict role -> (uint8 array, type,
-        shape, row_bytes) or None, plus 'swa'; globals_: token_embd/output_norm/output/rope."""
+        shape, row_bytes[, layout]) or None, plus 'swa'; globals_: token_embd/output_norm/output/rope."""
         cdef int i
         m = &self.m
         m.n_vocab = hp["n_vocab"]; m.n_embd = hp["n_embd"]; m.n_ff = hp["n_ff"]
