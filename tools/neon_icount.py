@@ -4,6 +4,7 @@ machine needed; qemu's timings mean nothing, its instruction counts do). Builds 
 with aarch64-linux-gnu-gcc -O3 (as setup.py builds the module), runs it under qemu-aarch64 with
 an execution trace, and sums the instructions executed inside each kernel function: the generic
 C dot, the NEON dot and 4-token tile, and the same with dotprod. One row of K = 4096 weights.
+"rows r4+dp": the row kernel over weights repacked at load (ed_repack.h, dotprod only), 16 rows.
 
     python tools/neon_icount.py
     python tools/neon_icount.py --cc "python -m ziglang cc -target aarch64-linux-musl"   # as the wheels
@@ -38,7 +39,8 @@ static float rndf(void) { return (float)(rnd() % 2000001) / 1000000.0f - 1.0f; }
 int main(void) {
     static const int types[] = {%(ids)s};
     static uint8_t w[%(K)d * 4], xq[%(C)d * %(K)d * 4];
-    static float x[%(C)d * %(K)d], f[%(K)d], out[%(C)d], rows[ED_MROWS_N];
+    static uint8_t wr[16 * %(K)d * 2], wt[16 * %(K)d * 2], tmp[4 * %(K)d * 2];
+    static float x[%(C)d * %(K)d], f[%(K)d], out[%(C)d], rows[16];
     volatile float sink = 0;
     for (int i = 0; i < %(C)d * %(K)d; i++) x[i] = rndf();
     for (int i = 0; i < %(K)d; i++) f[i] = rndf();
@@ -58,6 +60,12 @@ int main(void) {
         if (ed_neon_rows[t]) {
             ed_neon_rows[t](%(K)d, w, 0, ED_MROWS_N, xq, xr, 1, rows, 1); sink += rows[0];
             ed_neondp_rows[t](%(K)d, w, 0, ED_MROWS_N, xq, xr, 1, rows, 1); sink += rows[0];
+        }
+        if (ed_neondp_rows_r4[t]) {  /* 16 copies of the row, repacked */
+            const size_t rb = (size_t)(%(K)d / tr.block) * tr.type_size;
+            for (int r = 0; r < 16; r++) memcpy(wt + r * rb, w, rb);
+            ed_r4_pack(t, %(K)d, wt, rb, 16, wr, tmp);
+            ed_neondp_rows_r4[t](%(K)d, wr, rb, 16, xq, xr, 1, rows, 1); sink += rows[0];
         }
     }
     return sink == 12345.0f;
@@ -107,13 +115,16 @@ def main():
     g = K // 32
     print(f"instructions per 32 weights (K = {K}; tile = {C} tokens, per token)")
     print("rows: the row kernel (ED_MROWS: 8 rows, one token), per row, where the type has one")
-    print(f"{'type':6s} {'generic':>8s} {'neon':>7s} {'neon+dp':>8s} {'tile':>7s} {'tile+dp':>8s} {'rows':>7s} {'rows+dp':>8s}")
+    print(f"{'type':6s} {'generic':>8s} {'neon':>7s} {'neon+dp':>8s} {'tile':>7s} {'tile+dp':>8s} {'rows':>7s} {'rows+dp':>8s}"
+          f" {'r4+dp':>7s}")
     for t in TYPES:
         n = t.lower().replace("_k", "_K")
         v = [count[f"ed_dot_{n}"] / g, count[f"ed_neon_dot_{n}"] / g, count[f"ed_neondp_dot_{n}"] / g,
              count[f"ed_neon_mdot_{n}"] / g / C, count[f"ed_neondp_mdot_{n}"] / g / C,
              count[f"ed_neon_rows_{n}"] / g / 8, count[f"ed_neondp_rows_{n}"] / g / 8]
         rows = f" {v[5]:7.1f} {v[6]:8.1f}" if v[5] else f" {'-':>7s} {'-':>8s}"
+        r4 = count[f"ed_neondp_rows_r4_{n}"] / g / 16
+        rows += f" {r4:7.1f}" if r4 else f" {'-':>7s}"
         print(f"{t:6s} {v[0]:8.1f} {v[1]:7.1f} {v[2]:8.1f} {v[3]:7.1f} {v[4]:8.1f}" + rows)
 
 

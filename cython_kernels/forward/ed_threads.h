@@ -31,16 +31,25 @@
  * its own lateness; after each task the caller computes the share L/T of the task's wall time
  * T that the others spent waiting (a quiet machine: a few percent). With n threads doing work
  * W, T = W/n + L, and n - 1 threads would take W/(n-1): fewer threads are faster once
- * L/T > 1/n. So when the share (at most 1 per task), smoothed over tasks (weight
+ * L/T > 1/n. Threads that share a CPU (with each other, or each with another program's busy
+ * loop) arrive at the barriers together and still run part time: that costs the same and the
+ * waiting share does not see it, so each thread also reads its own CPU time over the task
+ * (CLOCK_THREAD_CPUTIME_ID: spinning counts, parked or descheduled time does not) over its
+ * own time on the task, and the task's "lost" share sums 1 - that ratio over its threads: the
+ * CPUs, in threads, that the task did not get (quiet: about 0; two threads on one CPU: 1). A
+ * worker's wake-up is not in it (a late start is lateness at the first barrier), so a probe
+ * that wakes a sleeping worker is not judged by its wake-up. A task counts with
+ * the larger of the two shares. So when that share (at most 1 per task), smoothed over tasks (weight
  * ED_ADAPT_ALPHA: one or two preempted tasks on a quiet machine do not reach it, a core kept
  * busy by another program does within a few tasks), passes 1/n (or the pool's late_share when
- * set) the pool drops one worker (the latest; if the caller was latest, the highest-numbered
- * one): it sleeps on its futex and takes no part until a probe. Probes re-admit the last
+ * set) the pool drops one worker (the latest, or where CPU time was lost the one that got the
+ * least; if that is the caller, the highest-numbered one): it sleeps on its futex and takes no part until a probe. Probes re-admit the last
  * dropped worker for ED_PROBE_TASKS tasks after ED_PROBE_MIN_NS, doubling after each failed
- * probe up to ED_PROBE_MAX_NS; a probe whose mean share is under the threshold keeps it. Results do not depend on
+ * probe up to ED_PROBE_MAX_NS; a probe whose mean share is under the threshold keeps it (a
+ * probe ends early once its mean can no longer come under it). Results do not depend on
  * it: every op's split (chunks of whole 16-row tiles, token ranges) gives bit-identical sums
  * whatever the thread count. Tasks shorter than ED_ADAPT_MIN_NS are not judged (wake-up
- * latency).
+ * latency), nor by lost CPU time when shorter than ED_LOST_MIN_NS.
  *
  * Waiting: spin long, park at once when sharing a CPU. Parking is expensive on a busy device:
  * a parked thread's CPU goes to whatever else is runnable (under EEVDF a nice-19 task keeps it
@@ -79,7 +88,10 @@
 #define ED_SPIN_NS 1000000          /* inside a task, spin this long before parking ... */
 #define ED_IDLE_SPIN_NS 1000000     /* ... and between tasks ($EDGED_SPIN_US, $EDGED_IDLE_SPIN_US) */
 #define ED_WAKE_BUCKETS 16          /* wake-up latency histogram: bucket b holds [2^(b-1), 2^b) us */
+#define ED_NUDGE_NS 10000000        /* a thread moves off a shared CPU at most this often */
 #define ED_ADAPT_MIN_NS 1000000     /* shorter tasks are not judged */
+#define ED_LOST_MIN_NS 4000000      /* nor, shorter than this, by the CPU time they lost (one
+                                       time slice of another program is all of such a task) */
 #define ED_ADAPT_ALPHA 0.2          /* weight of a task's waiting share in the smoothed share */
 #define ED_PROBE_TASKS 3            /* a probe judges the mean share of this many tasks */
 #define ED_PROBE_MIN_NS 200000000   /* first probe of a dropped worker after 0.2 s ... */
@@ -114,6 +126,8 @@ struct ed_pool {
     atomic_llong chunk_next;   /* ed_claim's counter, zeroed per task */
     int64_t *arrive_ns;        /* (n_threads) by task index: last barrier arrival */
     int64_t *late_ns;          /* (n_threads) by task index: gaps it closed as last arriver */
+    int64_t *cpu_ns;           /* (n_threads) by task index: CPU time it got during the task ... */
+    int64_t *run_ns;           /* ... and the wall time from its start on the task to its end */
     int *claimed;              /* (n_threads) by worker: chunks taken in the last task */
     int *task_worker;          /* (n_threads) task index -> worker number */
     /* adaptive thread count (the caller's, between tasks) */
@@ -124,12 +138,15 @@ struct ed_pool {
     int probe_tasks;           /* tasks judged so far on this probation */
     double probe_share;        /* their waiting shares' sum */
     double late_share;         /* the waiting share that drops a worker; 0: 1/n threads */
-    double late_ewma, last_share;
+    double late_ewma, last_share, last_lost;
     int64_t probe_at, backoff;
     long n_drops, n_probes, n_retakes;
     int64_t spin_ns, idle_spin_ns;     /* spin before parking: inside a task / between tasks */
     atomic_int *cpu_of;                /* (n_threads) by worker: the CPU it last ran on */
     int trace;                         /* $EDGED_THREAD_TRACE: log the adaptive count's decisions */
+    /* moving off a CPU shared with another thread of the pool (unpinned pools only) */
+    int pinned, nudge;
+    atomic_llong n_nudges;
     /* waiting, for measurements (Pool.stats): waits inside tasks, how many parked, for how
        long, and how long a parked waiter took to run again after its release */
     atomic_llong n_waits, n_parks, park_ns;
@@ -148,6 +165,13 @@ static _Thread_local int ed_tls_claimed;
 static inline int64_t ed_clock_ns(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+/* this thread's CPU time (spinning included; parked or descheduled time not) */
+static inline int64_t ed_thread_cpu_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
     return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
 }
 
@@ -181,6 +205,33 @@ static int ed_shares_cpu(ed_pool *p, int me, int w_only) {
     return 0;
 }
 
+static _Thread_local int64_t ed_tls_nudged_ns;
+
+/* A waiter inside a task that finds a thread of the pool on its own CPU moves itself to another
+   of the process's CPUs: its affinity without this CPU (the kernel migrates it at once, to the
+   least loaded of the others), then the whole set again (no move back). The kernel places a
+   woken worker beside its waker when no CPU is idle (every CPU running something, even a
+   nice-19 task), and the two then take turns on one CPU for as long as the load balancer lets
+   them. At most once per ED_NUDGE_NS per thread; never for pinned pools (the pinning is the
+   user's choice) or a thread allowed one CPU. Returns whether it moved. */
+static int ed_nudge(ed_pool *p) {
+    if (!p->nudge || p->pinned) return 0;
+    const int64_t now = ed_clock_ns();
+    if (now - ed_tls_nudged_ns < ED_NUDGE_NS) return 0;
+    ed_tls_nudged_ns = now;
+    const int cpu = sched_getcpu();
+    cpu_set_t allowed, others;
+    if (cpu < 0 || cpu >= CPU_SETSIZE || pthread_getaffinity_np(pthread_self(), sizeof allowed, &allowed) != 0 ||
+        !CPU_ISSET(cpu, &allowed)) return 0;
+    others = allowed;
+    CPU_CLR(cpu, &others);
+    if (CPU_COUNT(&others) == 0 || pthread_setaffinity_np(pthread_self(), sizeof others, &others) != 0) return 0;
+    pthread_setaffinity_np(pthread_self(), sizeof allowed, &allowed);
+    atomic_store_explicit(&p->cpu_of[ed_tls_worker], sched_getcpu(), memory_order_relaxed);
+    atomic_fetch_add_explicit(&p->n_nudges, 1, memory_order_relaxed);
+    return 1;
+}
+
 /* Return once *w != val: spin up to spin_ns (idle: idle_spin_ns), then sleep on the futex.
    Whoever changes *w wakes the sleepers when *parked > 0 (both sides sequentially consistent:
    one of them sees the other). A waiter that finds a thread it waits for on its own CPU (the
@@ -198,7 +249,10 @@ static void ed_wait_change(ed_pool *p, atomic_int *w, int val, atomic_int *parke
             const int64_t t = ed_clock_ns();
             if (!t0) t0 = t;
             else if (t - t0 > spin_ns) break;
-            if (ed_shares_cpu(p, me, idle ? 0 : -1)) break;
+            if (ed_shares_cpu(p, me, idle ? 0 : -1)) {
+                if (!idle && ed_nudge(p)) { t0 = 0; continue; }  /* moved: spin on there */
+                break;
+            }
         }
     }
     atomic_fetch_add(parked, 1);
@@ -264,7 +318,13 @@ static void *ed_worker_main(void *vp) {
         seen = atomic_load_explicit(&me->go, memory_order_acquire);
         if (p->stop) return NULL;
         ed_task_enter(me->ith, me->w);
+        atomic_store_explicit(&p->cpu_of[me->w], sched_getcpu(), memory_order_relaxed);
+        const int64_t cpu0 = p->adapt ? ed_thread_cpu_ns() : 0, run0 = p->adapt ? ed_clock_ns() : 0;
         p->fn(p->arg, me->ith, p->n_active);
+        if (p->adapt) {
+            p->cpu_ns[me->ith] = ed_thread_cpu_ns() - cpu0;
+            p->run_ns[me->ith] = ed_clock_ns() - run0;
+        }
         p->claimed[me->w] = ed_tls_claimed;
         const int64_t done = ed_clock_ns();
         p->arrive_ns[me->ith] = done;
@@ -282,7 +342,8 @@ static void ed_pool_task(ed_pool *p, ed_task_fn fn, void *arg, int all) {
     for (int w = 1; w < p->n_threads; w++)
         if (all || p->active[w]) { p->workers[w].ith = nth; p->task_worker[nth++] = w; }
     p->fn = fn; p->arg = arg; p->n_active = nth;
-    for (int i = 0; i < nth; i++) p->late_ns[i] = 0;
+    for (int i = 0; i < nth; i++) p->late_ns[i] = p->cpu_ns[i] = p->run_ns[i] = 0;
+    const int64_t cpu0 = p->adapt ? ed_thread_cpu_ns() : 0, run0 = p->adapt ? ed_clock_ns() : 0;
     for (int w = 0; w < p->n_threads; w++) p->claimed[w] = 0;
     atomic_store_explicit(&p->chunk_next, 0, memory_order_relaxed);
     atomic_store(&p->remaining, nth - 1);
@@ -299,6 +360,10 @@ static void ed_pool_task(ed_pool *p, ed_task_fn fn, void *arg, int all) {
     atomic_store_explicit(&p->cpu_of[0], sched_getcpu(), memory_order_relaxed);
     int left;
     while ((left = atomic_load(&p->remaining)) != 0) ed_wait_change(p, &p->remaining, left, &p->join_parked, 0, 0);
+    if (p->adapt) {
+        p->cpu_ns[0] = ed_thread_cpu_ns() - cpu0;
+        p->run_ns[0] = ed_clock_ns() - run0;
+    }
     if (nth > 1) {  /* the join is a barrier too: its last arriver was late by the gap */
         p->arrive_ns[0] = mine;
         int64_t first = mine, last = mine;
@@ -323,19 +388,36 @@ static void ed_pool_adapt(ed_pool *p, int64_t t0) {
     const int nth = p->n_active;
     if (wall < ED_ADAPT_MIN_NS || nth < 2) return;
     int64_t late = 0;
-    int latest = 0;
+    int latest = 0, starved = 0;
     for (int i = 0; i < nth; i++) {
         late += p->late_ns[i];
         if (p->late_ns[i] > p->late_ns[latest]) latest = i;
+        if (p->cpu_ns[i] * (p->run_ns[starved] + 1) < p->cpu_ns[starved] * (p->run_ns[i] + 1)) starved = i;
     }
     /* at most 1: one long preemption (a task's waits can sum past its wall time) weighs as
        one task entirely spent waiting, not several */
-    const double share = late < wall ? (double)late / (double)wall : 1.0;
+    const double waited = late < wall ? (double)late / (double)wall : 1.0;
+    /* the CPU time the task's threads did not get while on it, in threads (the sum of each
+       one's 1 - CPU time / wall time from its start on the task to its end), at most 1:
+       threads that share a CPU with each other or with another program arrive at the barriers
+       together yet each runs part time, which the waiting share does not see. (A worker's
+       wake-up is not in it: a late start shows as lateness at the first barrier.) */
+    double lost = 0.0;
+    if (wall >= ED_LOST_MIN_NS) for (int i = 0; i < nth; i++)
+        if (p->run_ns[i] > 0 && p->cpu_ns[i] < p->run_ns[i]) lost += 1.0 - (double)p->cpu_ns[i] / (double)p->run_ns[i];
+    lost = lost > 1.0 ? 1.0 : lost;
+    const double share = waited > lost ? waited : lost;
     const double limit = p->late_share > 0.0 ? p->late_share : 1.0 / nth;
-    p->last_share = share;
+    p->last_share = waited;
+    p->last_lost = lost;
     if (p->probing) {
         p->probe_share += share;
-        if (++p->probe_tasks < ED_PROBE_TASKS) return;
+        if (p->trace)
+            fprintf(stderr, "edged threads: probe of worker %d: %d threads, %.2f ms, waiting share %.2f, CPU lost %.2f\n",
+                    p->probing, nth, wall / 1e6, waited, lost);
+        /* judged after ED_PROBE_TASKS tasks, or as soon as their mean can no longer come under
+           the limit (the same verdict, fewer slow tasks) */
+        if (++p->probe_tasks < ED_PROBE_TASKS && p->probe_share < limit * ED_PROBE_TASKS) return;
         const int w = p->probing;
         const double mean = p->probe_share / p->probe_tasks;
         p->probing = 0;
@@ -355,12 +437,17 @@ static void ed_pool_adapt(ed_pool *p, int64_t t0) {
     }
     p->late_ewma = (1.0 - ED_ADAPT_ALPHA) * p->late_ewma + ED_ADAPT_ALPHA * share;
     if (p->trace)
-        fprintf(stderr, "edged threads: %d threads, %.2f ms, waiting share %.2f, smoothed %.2f%s\n",
-                nth, wall / 1e6, share, p->late_ewma, p->late_ewma > limit ? ": drop" : "");
+        fprintf(stderr, "edged threads: %d threads, %.2f ms, waiting share %.2f, CPU lost %.2f, smoothed %.2f%s\n",
+                nth, wall / 1e6, waited, lost, p->late_ewma, p->late_ewma > limit ? ": drop" : "");
+    if (p->trace > 1)
+        for (int i = 0; i < nth; i++)
+            fprintf(stderr, "  thread %d (worker %d): CPU %.2f ms of %.2f ms on the task, closed %.2f ms of waits\n",
+                    i, p->task_worker[i], p->cpu_ns[i] / 1e6, p->run_ns[i] / 1e6, p->late_ns[i] / 1e6);
     if (p->late_ewma > limit) {
         p->n_drops++;
         p->late_ewma = 0.0;
-        ed_pool_drop(p, p->task_worker[latest ? latest : nth - 1], now);
+        const int who = lost > waited ? starved : latest;
+        ed_pool_drop(p, p->task_worker[who ? who : nth - 1], now);
     }
 }
 
@@ -411,15 +498,17 @@ static ed_pool *ed_pool_create(int n_threads) {
     p->workers = (ed_worker *)aligned_alloc(64, sizeof(ed_worker) * n);
     p->arrive_ns = (int64_t *)calloc(n, sizeof(int64_t));
     p->late_ns = (int64_t *)calloc(n, sizeof(int64_t));
+    p->cpu_ns = (int64_t *)calloc(n, sizeof(int64_t));
+    p->run_ns = (int64_t *)calloc(n, sizeof(int64_t));
     p->claimed = (int *)calloc(n, sizeof(int));
     p->task_worker = (int *)calloc(n, sizeof(int));
     p->active = (unsigned char *)calloc(n, 1);
     p->dropped = (int *)calloc(n, sizeof(int));
     p->cpu_of = (atomic_int *)calloc(n, sizeof(atomic_int));
     for (int i = 0; p->cpu_of && i < n; i++) atomic_init(&p->cpu_of[i], -1);
-    if (!p->cpu_of || !p->threads || !p->workers || !p->arrive_ns || !p->late_ns || !p->claimed ||
+    if (!p->cpu_of || !p->threads || !p->workers || !p->arrive_ns || !p->late_ns || !p->cpu_ns || !p->run_ns || !p->claimed ||
         !p->task_worker || !p->active || !p->dropped) {
-        free(p->threads); free(p->workers); free(p->arrive_ns); free(p->late_ns);
+        free(p->threads); free(p->workers); free(p->arrive_ns); free(p->late_ns); free(p->cpu_ns); free(p->run_ns);
         free(p->claimed); free(p->task_worker); free(p->active); free(p->dropped);
         free(p->cpu_of); free(p);
         return NULL;
@@ -433,7 +522,8 @@ static ed_pool *ed_pool_create(int n_threads) {
     p->slow_worker = -1;
     p->spin_ns = ed_env_us("EDGED_SPIN_US", ED_SPIN_NS);
     p->idle_spin_ns = ed_env_us("EDGED_IDLE_SPIN_US", ED_IDLE_SPIN_NS);
-    p->trace = getenv("EDGED_THREAD_TRACE") && strcmp(getenv("EDGED_THREAD_TRACE"), "0") != 0;
+    p->nudge = !(getenv("EDGED_NUDGE") && strcmp(getenv("EDGED_NUDGE"), "0") == 0);
+    p->trace = getenv("EDGED_THREAD_TRACE") ? atoi(getenv("EDGED_THREAD_TRACE")) : 0;  /* 2: per thread */
     for (int i = 1; i < n; i++) {
         p->workers[i].p = p; p->workers[i].w = i;
         if (pthread_create(&p->threads[i], NULL, ed_worker_main, &p->workers[i]) != 0)
@@ -452,7 +542,7 @@ static void ed_pool_destroy(ed_pool *p) {
         ed_futex_wake(&p->workers[w].go);
     }
     for (int w = 1; w < p->n_threads; w++) pthread_join(p->threads[w], NULL);
-    free(p->threads); free(p->workers); free(p->arrive_ns); free(p->late_ns);
+    free(p->threads); free(p->workers); free(p->arrive_ns); free(p->late_ns); free(p->cpu_ns); free(p->run_ns);
     free(p->claimed); free(p->task_worker); free(p->active); free(p->dropped);
     free(p->cpu_of); free(p);
 }
@@ -485,6 +575,7 @@ static int ed_pool_pin(ed_pool *p, const int *cpus, int n, const cpu_set_t *init
     r.cpus = cpus; r.n = n; r.initial = *initial;
     atomic_init(&r.failures, 0);
     ed_pool_run_all(p, ed_pin_task, &r);
+    p->pinned = n > 0;
     return atomic_load(&r.failures);
 }
 

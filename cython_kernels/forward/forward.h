@@ -32,6 +32,7 @@ typedef struct {
     int type;              /* ggml type id */
     int64_t ne0, ne1;      /* row length, number of rows */
     size_t row_bytes;
+    int layout;            /* ED_LAYOUT_MAPPED, or ED_LAYOUT_R4: repacked at load (ed_repack.h) */
 } ed_tensor;
 
 typedef struct {
@@ -257,22 +258,28 @@ static inline void ed_rows(const ed_state *s, const ed_tensor *W, int64_t r0, in
                            const uint8_t *xq, size_t rb, int n, float *out, int ldo, int ith) {
     if (r1 > r0 && ed_gemm_wanted(s, n, ED_TRAITS[W->type].vec_type) && ed_gemm_ok(W->type)) {
         /* a prompt batch: packed panels */
-        ed_gemm_rows(W->type, (int)W->ne0, W->data + r0 * W->row_bytes, W->row_bytes, (int)(r1 - r0),
-                     xq, rb, s->xinfo, s->xinfo_row, n, out + r0, (size_t)ldo,
-                     s->gemm + (size_t)ith * s->gemm_bytes);
+        ed_gemm_rows_layout(W->type, W->layout, (int)W->ne0, W->data + r0 * W->row_bytes, W->row_bytes,
+                            (int)(r1 - r0), xq, rb, s->xinfo, s->xinfo_row, n, out + r0, (size_t)ldo,
+                            s->gemm + (size_t)ith * s->gemm_bytes);
         return;
     }
-    if (n <= ED_MAX_COLS) {  /* one token or a decode batch: each row is read once anyway, and the
-                                row kernels form their per-column work once for the whole chunk */
+    if (n <= ED_MAX_COLS && W->layout == ED_LAYOUT_MAPPED) {
+        /* one token or a decode batch over mapped rows: each row is read once anyway, and the
+           row kernels form their per-column work once for the whole chunk */
         if (r1 > r0) ed_mdot_rows(W->type, (int)W->ne0, W->data + r0 * W->row_bytes, W->row_bytes,
                                   (int)(r1 - r0), xq, rb, n, out + r0, (size_t)ldo);
         return;
     }
     for (; r0 < r1; r0 += ED_ROW_TILE) {
         const int64_t e = r0 + ED_ROW_TILE < r1 ? r0 + ED_ROW_TILE : r1;
-        /* each weight row is decoded once per group of ED_MAX_COLS tokens (ed_simd.h) */
-        ed_mdot_rows(W->type, (int)W->ne0, W->data + r0 * W->row_bytes, W->row_bytes,
-                     (int)(e - r0), xq, rb, n, out + r0, (size_t)ldo);
+        /* each weight row is decoded once per group of ED_MAX_COLS tokens (ed_simd.h); a
+           repacked matrix's groups of 4 rows sit where their rows would (r0: a multiple of 4) */
+        if (W->layout == ED_LAYOUT_R4)
+            ed_mdot_rows_r4(W->type, (int)W->ne0, W->data + r0 * W->row_bytes, W->row_bytes,
+                            (int)(e - r0), xq, rb, n, out + r0, (size_t)ldo);
+        else
+            ed_mdot_rows(W->type, (int)W->ne0, W->data + r0 * W->row_bytes, W->row_bytes,
+                         (int)(e - r0), xq, rb, n, out + r0, (size_t)ldo);
     }
 }
 

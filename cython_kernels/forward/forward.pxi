@@ -14,6 +14,7 @@ cdef extern from "forward.h" nogil:
         int type
         int64_t ne0, ne1
         size_t row_bytes
+        int layout
     ctypedef struct ed_layer:
         ed_tensor attn_norm, attn_q, attn_k, attn_v, attn_qkv, attn_q_bias, attn_k_bias, attn_v_bias
         ed_tensor attn_q_norm, attn_k_norm, attn_output, post_attention_norm
@@ -40,10 +41,10 @@ cdef extern from "forward.h" nogil:
     ctypedef struct ed_pool:
         int n_threads, n_active, adapt, n_dropped, probing, slow_worker
         int *claimed
-        double late_share, late_ewma, last_share
+        double late_share, late_ewma, last_share, last_lost
         long n_drops, n_probes, n_retakes
         int64_t slow_ns, spin_ns, idle_spin_ns
-        long long n_waits, n_parks, park_ns
+        long long n_waits, n_parks, park_ns, n_nudges
         long long wake_hist[16]
     ctypedef struct ed_state:
         int n_ctx, n_batch, n_tokens, pos
@@ -67,6 +68,8 @@ cdef extern from "forward.h" nogil:
     void ed_pool_destroy(ed_pool *p)
     void ed_pool_set_adapt(ed_pool *p, int on)
     int ed_pool_active(const ed_pool *p)
+    int ed_nudge(ed_pool *p)
+    int sched_getcpu()
     size_t ed_state_layout(ed_state *s, const ed_model *m, int n_ctx, int n_batch, int n_threads,
                            int type_k, int type_v, uint8_t *arena)
     int ed_kv_type_ok(int type)
@@ -149,9 +152,9 @@ cdef class Pool:
 
     @property
     def late_share(self):
-        """The share of a task's wall time spent waiting for late threads that drops a worker
-        (and under which a probe keeps it); None: 1/n for n threads, where n - 1 threads
-        become faster."""
+        """The share of a task's wall time spent waiting for late threads (or of its threads'
+        CPU time lost while on it, whichever is larger) that drops a worker (and under which a
+        probe keeps it); None: 1/n for n threads, where n - 1 threads become faster."""
         return self.p.late_share or None
 
     @late_share.setter
@@ -168,11 +171,20 @@ cdef class Pool:
         return {"n_threads": self.p.n_threads, "active": ed_pool_active(self.p),
                 "last_task_threads": self.p.n_active, "drops": self.p.n_drops,
                 "probes": self.p.n_probes, "retakes": self.p.n_retakes,
-                "late_share": self.p.last_share,
+                "late_share": self.p.last_share, "lost_share": self.p.last_lost,
                 "claimed": [self.p.claimed[i] for i in range(self.p.n_threads)],
                 "spin_us": self.p.spin_ns / 1000, "idle_spin_us": self.p.idle_spin_ns / 1000,
                 "waits": self.p.n_waits, "parks": self.p.n_parks, "park_ms": self.p.park_ns / 1e6,
+                "nudges": self.p.n_nudges,
                 "wake_us_hist": [self.p.wake_hist[i] for i in range(16)]}
+
+    def debug_nudge(self):
+        """Tests: move the calling thread off its CPU as a waiter that finds another thread of
+        the pool on its CPU does (ed_threads.h, ed_nudge); returns (CPU before, CPU after,
+        moved). Its CPU affinity is the same afterwards."""
+        cdef int before = sched_getcpu()
+        cdef int moved = ed_nudge(self.p)
+        return before, sched_getcpu(), bool(moved)
 
     def debug_slow(self, int worker, double usec):
         """Tests: worker `worker` (0 = the caller) sleeps `usec` before each chunk it claims,
@@ -206,7 +218,7 @@ cdef class ForwardModel:
         if spec is None:
             memset(t, 0, sizeof(ed_tensor))
             return
-        arr, gtype, shape, row_bytes = spec
+        arr, gtype, shape, row_bytes = spec[:4]
         view = arr
         self.keep.append(arr)
         t.data = &view[0]
@@ -214,10 +226,11 @@ cdef class ForwardModel:
         t.ne0 = shape[0]
         t.ne1 = shape[1] if len(shape) > 1 else 1
         t.row_bytes = row_bytes
+        t.layout = spec[4] if len(spec) > 4 else 0  # ED_LAYOUT_R4: repacked at load (engine/repack.py)
 
     def setup(self, dict hp, list layers, dict globals_):
         """hp: scalar hyperparameters; layers: per layer a dict role -> (uint8 array, type,
-        shape, row_bytes) or None, plus 'swa'; globals_: token_embd/output_norm/output/rope."""
+        shape, row_bytes[, layout]) or None, plus 'swa'; globals_: token_embd/output_norm/output/rope."""
         cdef int i
         m = &self.m
         m.n_vocab = hp["n_vocab"]; m.n_embd = hp["n_embd"]; m.n_ff = hp["n_ff"]

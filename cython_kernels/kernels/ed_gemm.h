@@ -34,6 +34,7 @@
  *   ed_gemm_rows(type, K, w, row_bytes, nr, xq, xs, info, is, n, out, ldo, scratch)
  *                               out[c*ldo + r] = W[r] . xq[c] for r < nr, c < n; token c's
  *                               info at info + c*is
+ *   ed_gemm_rows_layout(type, layout, ...)  the same for W in a repacked layout (ed_repack.h)
  */
 #ifndef EDGED_ED_GEMM_H
 #define EDGED_ED_GEMM_H
@@ -41,6 +42,7 @@
 #include <stdint.h>
 #include <string.h>
 #include "ed_types.h"
+#include "ed_repack.h"
 
 #ifndef ED_ALIGN
 #define ED_ALIGN(n) (((n) + 63) & ~(size_t)63)
@@ -321,6 +323,9 @@ struct ed_gemm_path {
     ed_gemm_transpose_fn transpose;
     ed_unpack_lift_fn unpack[ED_NTYPES];  /* path-specific unpackers, else NULL */
     int min_cols;  /* tokens from which a product uses the panels (ED_GEMM_MIN_COLS = 0) */
+    /* the panel (pu, ac) of rows [0, nr) (a multiple of 4) of a matrix in the R4 layout
+     * (ed_repack.h) straight from its groups, or NULL: each row rebuilt, then ed_gemm_pack */
+    void (*pack_r4)(int type, int K, const uint8_t *w, size_t row_bytes, int nr, uint8_t *pu, float *ac);
 };
 /* no panels; min_cols keeps the former 8, which the scheduler's two cost fits split at */
 static const struct ed_gemm_path ED_GEMM_NONE = {NULL, 1, 0, ed_gemm_transpose_generic, {NULL}, 8};
@@ -381,12 +386,14 @@ static size_t ed_gemm_scratch(int64_t K) {
          + ED_ALIGN((ng * 2 + (size_t)K / QKK * 10) * ED_PANEL * sizeof(float))  /* its A, C / scales */
          + ED_ALIGN((size_t)K * ED_PANEL)                /* 16 unpacked rows */
          + ED_ALIGN(ng * 2 * sizeof(float))              /* one row's A, C */
-         + ED_ALIGN(ng * sizeof(int32_t));               /* group offsets */
+         + ED_ALIGN(ng * sizeof(int32_t))                /* group offsets */
+         + ED_ALIGN((size_t)K / QK * sizeof(blk_q8_0));  /* one repacked row rebuilt */
 }
 
-/* rows [0, nr) of W (nr <= 16) into the interleaved panel; rows past nr are zero */
-static void ed_gemm_pack(int type, int K, const uint8_t *w, size_t row_bytes, int nr,
-                         uint8_t *pu, float *ac, uint8_t *ubuf, float *abuf) {
+/* rows [0, nr) of W (nr <= 16) into the interleaved panel; rows past nr are zero. A repacked W
+ * (layout ED_LAYOUT_R4) has each row rebuilt into rowbuf first. */
+static void ed_gemm_pack(int type, int layout, int K, const uint8_t *w, size_t row_bytes, int nr,
+                         uint8_t *pu, float *ac, uint8_t *ubuf, float *abuf, uint8_t *rowbuf) {
     const ed_gemm_traits *t = &ED_GEMM_TRAITS[type];
     const int G = t->G, ng = K / G, gps = t->gps;
     const uint8_t lift = (uint8_t)(t->off && ED_GEMM_LIFT ? 128 - t->off : 0);
@@ -395,6 +402,10 @@ static void ed_gemm_pack(int type, int K, const uint8_t *w, size_t row_bytes, in
     for (int r = 0; r < ED_PANEL; r++) {
         uint8_t *u = ubuf + (size_t)r * K;
         const uint8_t *row = w + (size_t)r * row_bytes;
+        if (r < nr && layout == ED_LAYOUT_R4) {
+            ed_r4_unpack_row(type, K, w + (size_t)(r / ED_R4_ROWS) * ED_R4_ROWS * row_bytes, r % ED_R4_ROWS, rowbuf);
+            row = rowbuf;
+        }
         if (r < nr && ED_GEMM_UNPACK[type]) {
             ED_GEMM_UNPACK[type](row, K, u, abuf, cbuf, lift);
         } else if (r < nr) {
@@ -431,10 +442,11 @@ static void ed_gemm_pack(int type, int K, const uint8_t *w, size_t row_bytes, in
     ED_GEMM_TRANSPOSE(ubuf, K, G, pu);
 }
 
-/* out[c*ldo + r] = W[r] . xq[c] for r < nr (any), c < n: panels of 16 rows, each unpacked once */
-static void ed_gemm_rows(int type, int K, const uint8_t *w, size_t row_bytes, int nr,
-                         const uint8_t *xq, size_t xs, const ed_ginfo *info, size_t is, int n,
-                         float *out, size_t ldo, uint8_t *scratch) {
+/* out[c*ldo + r] = W[r] . xq[c] for r < nr (any; a multiple of 4 for ED_LAYOUT_R4), c < n:
+ * panels of 16 rows, each unpacked once */
+static void ed_gemm_rows_layout(int type, int layout, int K, const uint8_t *w, size_t row_bytes, int nr,
+                                const uint8_t *xq, size_t xs, const ed_ginfo *info, size_t is, int n,
+                                float *out, size_t ldo, uint8_t *scratch) {
     const ed_gemm_traits *t = &ED_GEMM_TRAITS[type];
     const int G = t->G, ng = K / G, has_c = t->off == 0, off = t->off && ED_GEMM_LIFT ? 128 : t->off;
     const size_t ngmax = (size_t)K / 16;
@@ -446,13 +458,23 @@ static void ed_gemm_rows(int type, int K, const uint8_t *w, size_t row_bytes, in
     uint8_t *ubuf = (uint8_t *)ac + ED_ALIGN((ngmax * 2 + (size_t)K / QKK * 10) * ED_PANEL * sizeof(float));
     float *abuf = (float *)(ubuf + ED_ALIGN((size_t)K * ED_PANEL));
     int32_t *goff = (int32_t *)((uint8_t *)abuf + ED_ALIGN(ngmax * 2 * sizeof(float)));
+    uint8_t *rowbuf = (uint8_t *)goff + ED_ALIGN(ngmax * sizeof(int32_t));
     for (int g = 0; g < ng; g++) goff[g] = (g * G / be) * bb + qs_at + (g * G) % be;
     if (G == 16) info += K / 32;
     for (int r0 = 0; r0 < nr; r0 += ED_PANEL) {
         const int pr = nr - r0 < ED_PANEL ? nr - r0 : ED_PANEL;
-        ed_gemm_pack(type, K, w + (size_t)r0 * row_bytes, row_bytes, pr, pu, ac, ubuf, abuf);
+        if (layout == ED_LAYOUT_R4 && ed_kern->gemm->pack_r4)
+            ed_kern->gemm->pack_r4(type, K, w + (size_t)r0 * row_bytes, row_bytes, pr, pu, ac);
+        else
+            ed_gemm_pack(type, layout, K, w + (size_t)r0 * row_bytes, row_bytes, pr, pu, ac, ubuf, abuf, rowbuf);
         ED_GEMM_KERNEL(ng, G, t->gps, off, has_c, pu, ac, goff, xq, xs, info, is, n, out + r0, ldo, pr);
     }
+}
+
+static void ed_gemm_rows(int type, int K, const uint8_t *w, size_t row_bytes, int nr,
+                         const uint8_t *xq, size_t xs, const ed_ginfo *info, size_t is, int n,
+                         float *out, size_t ldo, uint8_t *scratch) {
+    ed_gemm_rows_layout(type, ED_LAYOUT_MAPPED, K, w, row_bytes, nr, xq, xs, info, is, n, out, ldo, scratch);
 }
 
 #endif

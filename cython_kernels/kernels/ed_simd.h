@@ -108,6 +108,23 @@ static void ed_mdot_rows(int type, int k, const uint8_t *w, size_t wstride, int 
     }
 }
 
+/* the same for W in the R4 layout (ed_repack.h; nr a multiple of 4, w the first row's group):
+ * the path's R4 row kernel, or the generic twin on a path without one */
+static void ed_mdot_rows_r4(int type, int k, const uint8_t *w, size_t row_bytes, int nr,
+                            const uint8_t *xq, size_t xs, int nc, float *out, size_t ldo) {
+    const ed_mrows_fn fn = ed_kern->rows_r4 ? ed_kern->rows_r4[type] : NULL;
+    for (int c0 = 0; c0 < nc; c0 += ED_MAX_COLS) {
+        const int cn = nc - c0 < ED_MAX_COLS ? nc - c0 : ED_MAX_COLS;
+        if (fn) fn(k, w, row_bytes, nr, xq + c0 * xs, xs, cn, out + c0 * ldo, ldo);
+        else ed_r4_rows_generic(type, k, w, row_bytes, nr, xq + c0 * xs, xs, cn, out + c0 * ldo, ldo);
+    }
+}
+
+/* 1 when the selected path repacks weights of `type` at load (ed_kernels.rows_r4) */
+static int ed_r4_wanted(int type) {
+    return type >= 0 && type < ED_NTYPES && ed_kern->rows_r4 && ed_kern->rows_r4[type];
+}
+
 #if defined(__x86_64__)
 #include <immintrin.h>
 #include "ed_cpu.h"
@@ -345,7 +362,7 @@ static const ed_kernels ED_PATHS[] = {
      &ed_avx2_gemm_path, ed_avx2_axpy_f16, ed_avx2_attn, ED_X86_ROWS_N},
 #elif defined(__aarch64__)
     {"neon", "neon+dotprod", ED_CPU_NEON | ED_CPU_DOTPROD, ed_neondp_dot, ED_GENERIC_QUANT, ed_neondp_tile,
-     ed_neondp_rows, &ed_neondp_gemm_path, ed_neondp_axpy_f16, ed_attn_rowwise},
+     ed_neondp_rows, &ed_neondp_gemm_path, ed_neondp_axpy_f16, ed_attn_rowwise, 0, ed_neondp_rows_r4},
     {"neon", "neon", ED_CPU_NEON, ed_neon_dot, ED_GENERIC_QUANT, ed_neon_tile, ed_neon_rows,
      &ED_GEMM_NONE, ed_neon_axpy_f16, ed_attn_rowwise},
 #endif

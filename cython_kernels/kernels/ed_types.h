@@ -571,6 +571,9 @@ typedef struct {
     ed_axpy_f16_fn axpy_f16;
     ed_attn_fn attn;
     int rows_n;                      /* rows per row-kernel call (0: ED_MROWS_N) */
+    /* [weight type] row kernels over weights repacked at load in the R4 layout (ed_repack.h);
+     * the types listed here are repacked on this path (NULL: none, the mapped layout) */
+    const ed_mrows_fn *rows_r4;
 } ed_kernels;
 
 /* The path in use: chosen by ed_types_init (ed_simd.h, which defines it: the generic path

@@ -503,3 +503,80 @@ def dequantize_rows(float[:, ::1] out, const uint8_t[::1] w, int qtype, const in
             r = i if rows is None else rows[i]
             ed_dequantize_row(qtype, &w[0] + r * rb, &out[i, 0], k)
     return out
+
+
+# --- weights repacked at load (ed_repack.h): the R4 layout of a path's row kernels ---------
+cdef extern from "ed_simd.h" nogil:
+    int ed_r4_ok(int type, int64_t ne0, int64_t ne1)
+    int ed_r4_wanted(int type)
+    void ed_r4_pack(int type, int K, const uint8_t *src, size_t row_bytes, int64_t nrows,
+                    uint8_t *dst, uint8_t *tmp)
+    void ed_r4_unpack_row(int type, int K, const uint8_t *group, int i, uint8_t *row)
+
+cdef extern from "<sys/mman.h>" nogil:
+    int madvise(void *addr, size_t length, int advice)
+    int munlock(const void *addr, size_t length)
+    const int MADV_DONTNEED
+
+LAYOUT_MAPPED, LAYOUT_R4 = 0, 1
+
+
+def r4_types():
+    """The weight types the selected path's row kernels read in the R4 layout (repacked at
+    load, edged/engine/repack.py); none on most paths."""
+    return [t for t in range(40) if ed_r4_wanted(t)]
+
+
+def r4_ok(int qtype, int64_t ne0, int64_t ne1):
+    """Whether a matrix of ne1 rows of ne0 weights of `qtype` can take the R4 layout."""
+    return bool(ed_r4_ok(qtype, ne0, ne1))
+
+
+def r4_pack(uint8_t[::1] dst, const uint8_t[::1] src, int qtype, int64_t ne0, int64_t ne1):
+    """dst = the matrix src (ne1 rows of ne0 weights of `qtype`, the mapped layout) in the R4
+    layout: the same size; dst may be src itself (repacked in place)."""
+    if not ed_r4_ok(qtype, ne0, ne1):
+        raise ValueError(f"ggml type {qtype}, {ne1} rows of {ne0}: no R4 layout")
+    cdef size_t rb = <size_t>(ne0 // ED_TRAITS[qtype].block) * ED_TRAITS[qtype].type_size
+    if <size_t>src.shape[0] != rb * ne1 or dst.shape[0] != src.shape[0]:
+        raise ValueError(f"R4 repack: {src.shape[0]} -> {dst.shape[0]} bytes for {ne1} rows of {rb}")
+    cdef uint8_t *tmp = <uint8_t *>malloc(4 * rb)
+    if tmp == NULL:
+        raise MemoryError("R4 repack: one group of rows")
+    with nogil:
+        ed_r4_pack(qtype, <int>ne0, &src[0], rb, ne1, &dst[0], tmp)
+    free(tmp)
+    return dst
+
+
+def r4_unpack(uint8_t[::1] dst, const uint8_t[::1] src, int qtype, int64_t ne0, int64_t ne1):
+    """The inverse of r4_pack (tests): dst = the R4 matrix src back in the mapped layout."""
+    if not ed_r4_ok(qtype, ne0, ne1):
+        raise ValueError(f"ggml type {qtype}, {ne1} rows of {ne0}: no R4 layout")
+    cdef size_t rb = <size_t>(ne0 // ED_TRAITS[qtype].block) * ED_TRAITS[qtype].type_size
+    if <size_t>src.shape[0] != rb * ne1 or dst.shape[0] != src.shape[0]:
+        raise ValueError(f"R4 unpack: {src.shape[0]} -> {dst.shape[0]} bytes for {ne1} rows of {rb}")
+    cdef int64_t r
+    with nogil:
+        for r in range(ne1):
+            ed_r4_unpack_row(qtype, <int>ne0, &src[0] + (r // 4) * 4 * rb, r % 4, &dst[0] + r * rb)
+    return dst
+
+
+def release_pages(const uint8_t[::1] mapped):
+    """Drop this process's resident pages of a file mapping's bytes (the whole pages inside
+    them): unlocked (mlockall locks them) and advised MADV_DONTNEED. The bytes stay readable;
+    a later read pages them in again from the file. Returns the bytes released (0 when the
+    kernel refused)."""
+    if mapped.shape[0] == 0:
+        return 0
+    cdef size_t page = <size_t>sysconf(_SC_PAGESIZE)
+    cdef uintptr_t a = <uintptr_t>&mapped[0], lo = (a + page - 1) // page * page
+    cdef uintptr_t hi = (a + <size_t>mapped.shape[0]) // page * page
+    if hi <= lo:
+        return 0
+    cdef int rc
+    with nogil:
+        munlock(<const void *>lo, hi - lo)
+        rc = madvise(<void *>lo, hi - lo, MADV_DONTNEED)
+    return 0 if rc else int(hi - lo)

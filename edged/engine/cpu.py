@@ -1,6 +1,7 @@
 """The compiled CPU backend (default): binds the validated Spec and the mapped weights to the C
 forward pass in edged._core (cython_kernels/forward/forward.pxi). Weights are passed as zero-copy views
-of the read-only mapping; norm/bias vectors are converted once to float32. Each session gets
+of the read-only mapping (or, for the matrices the kernel path reads in another layout, of one
+repacked arena: engine/repack.py); norm/bias vectors are converted once to float32. Each session gets
 one 64-byte aligned arena (KV cache in F16 or the chosen kvcache type, activations, quantized
 activations, logits).
 """
@@ -11,6 +12,7 @@ import time
 import numpy as np
 
 from .arch import ROPE_NEOX, VECTOR_TYPES
+from . import repack
 from .backend import Backend, BufferPlan
 from .kvcache import DEFAULT as DEFAULT_CACHE
 from .reference import rms_norm
@@ -111,6 +113,8 @@ class CPUBackend(Backend):
         self._factors_ctx = {}
         g = {"token_embd": matrix(spec.token_embd), "output_norm": vector(spec.output_norm),
              "output": matrix(spec.output), "rope_factors": None}
+        # the matrices the path's kernels read in another layout: copied once, mapping released
+        self.repacked = repack.apply(core, spec, layers, g, repack.mode_from_env())
         self._hpd, self._layers, self._globals = hpd, layers, g
         self._models = {}  # rope-factor choice -> ForwardModel (phi3 long/short by n_ctx)
         self._embd_type = int(spec.tensors[spec.token_embd].type)
@@ -122,7 +126,8 @@ class CPUBackend(Backend):
         # memory on the nodes the policy names: the weights now, each session's arena in alloc()
         self.memory_policy = memory_policy(topo, numa, (self.pinned_cpus or [None])[0])
         self.memory_placed = place_memory(
-            self.memory_policy, address_ranges([np.asarray(w) for w in weights.values()]),
+            self.memory_policy,
+            address_ranges([np.asarray(w) for w in weights.values()] + self.repacked.arrays),
             "weights")
 
     def _model_for(self, n_ctx):

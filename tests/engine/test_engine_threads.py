@@ -146,3 +146,49 @@ def test_two_preempted_tasks_do_not_drop_a_worker(reference):
         assert st["drops"] == 0 and pool.active_threads == 2, st
         np.testing.assert_array_equal(np.concatenate(got), want[:len(PROMPT) + 5])
         s.close()
+
+
+def test_threads_sharing_one_cpu_drop_a_worker_without_changing_a_bit():
+    """Two threads pinned to one CPU arrive at every barrier together (the waiter parks at
+    once, the other runs), so the waiting share stays small while each runs half the time: two
+    threads on one CPU are slower than one. Each thread's CPU time over the pass (the "lost"
+    share: 2 - the threads' CPU time / wall time, about 1 here) must drop the worker within a
+    few passes; the logits stay those of one thread. (The real model: the synthetic one's
+    passes are shorter than the pool judges.)"""
+    import edged._core as core
+    name = MODELS[0]
+    with Model.load(testdata("models", name), n_threads=1) as m:
+        want = run(m, steps=10)
+    with Model.load(testdata("models", name), n_threads=2) as m:
+        pool = m.backend.pool
+        core.pin_pool(pool, [min(os.sched_getaffinity(0))])
+        try:
+            got = run(m, steps=10)
+            st = pool.stats()
+        finally:
+            core.pin_pool(pool, [])
+    assert st["drops"] >= 1, st
+    np.testing.assert_array_equal(got, want)
+
+
+def test_a_thread_sharing_a_cpu_moves_to_another_and_keeps_its_affinity():
+    """When every CPU runs something, the kernel places a woken worker beside its waker and the
+    two take turns on one CPU; a waiter that sees another thread of the pool on its CPU moves
+    itself (its affinity without this CPU, then the whole set again). Here the calling thread
+    does it: it must end on another CPU with the same affinity as before; a pinned pool never
+    moves (pinning is the user's choice)."""
+    import edged._core as core
+    allowed = os.sched_getaffinity(0)
+    assert len(allowed) >= 2, "needs two CPUs"
+    pool = core.Pool(2)
+    before, after, moved = pool.debug_nudge()
+    assert moved and before != after and after in allowed, (before, after, moved)
+    assert os.sched_getaffinity(0) == allowed
+    assert pool.stats()["nudges"] == 1
+    core.pin_pool(pool, [min(allowed)])
+    try:
+        time.sleep(0.02)                # past the per-thread minimum interval between moves
+        assert pool.debug_nudge()[2] is False
+    finally:
+        core.pin_pool(pool, [])
+    assert os.sched_getaffinity(0) == allowed

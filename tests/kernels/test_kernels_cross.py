@@ -46,11 +46,16 @@ def test_native_paths_match_generic(tmp_path):
     # attention over a quantized KV cache: 4 cache type pairs on every path that ran, the same
     # stored bytes and outputs within float rounding of the generic path's
     kv = [l for l in r.stdout.splitlines() if l.startswith("kvcache ")]
-    ran = {l.split()[0] for l in r.stdout.splitlines() if l.endswith(" ok") and not l.startswith(("kvcache", "digest", "extreme", "long", "parity"))}
+    ran = {l.split()[0] for l in r.stdout.splitlines() if l.endswith(" ok") and not l.startswith(("kvcache", "digest", "extreme", "long", "parity", "repack"))}
     assert len(kv) == 4 * len(ran) and all(l.endswith(" same-bytes ok") for l in kv), r.stdout
     if "x86" in os.uname().machine:  # Q4_0 / Q5_0 row kernels over rows too long for their per-call column sums
         long_rows = {l for l in r.stdout.splitlines() if l.startswith("long ")}
         assert long_rows == {f"long {p} {t} rows ok" for p in ran - {"generic"} for t in ("Q4_0", "Q5_0")}, r.stdout
+    # weights repacked at load (ed_repack.h's R4 layout, the generic twin of the NEON kernel
+    # here): rows and panels over them equal the plain C dot on the mapped rows, on every path
+    repack = {l for l in r.stdout.splitlines() if l.startswith("repack ")}
+    assert {l.split()[1] for l in repack} == ran and len(repack) == 2 * len(ran), r.stdout
+    assert all(l.endswith(" ok") for l in repack), r.stdout
     for path in ("avx2", "avx2nv", "avx512"):  # the packed panels ran on every x86 path this CPU has
         if f"{path}: not supported" not in r.stdout and "x86" in os.uname().machine:
             assert sum(l.startswith(path + " ") and " panels " in l for l in r.stdout.splitlines()) >= 9, r.stdout
@@ -72,6 +77,10 @@ def test_neon_path_matches_generic_under_qemu(tmp_path):
     assert sum(" panels " in l for l in r.stdout.splitlines() if l.startswith("neon ")) == 13, r.stdout
     # the row kernels (ED_MROWS, 4 rows as lanes) of the 32-block types on both variants, with
     # extreme weights and quants; their outputs are in the canon-ok digests below
+    # the NEON+dotprod row kernel over weights repacked at load (R4: 4 rows interleaved, SDOT
+    # by lane) and the panels over them, bit for bit with the mapped rows' plain C dot
+    assert {"repack neon Q4_0 rows panels ok", "repack neon Q8_0 rows panels ok",
+            "repack neonnd Q4_0 rows ok", "repack neonnd Q8_0 rows ok"} <= set(r.stdout.splitlines()), r.stdout
     rows = {l for l in r.stdout.splitlines() if l.startswith("extreme neon")}
     assert rows == {f"extreme {v} {t} rows ok" for v in ("neon", "neonnd") for t in ("Q4_0", "Q5_0", "Q8_0")}, r.stdout
     # baseline Advanced SIMD (Cortex-A72, Raspberry Pi 4: no dotprod)

@@ -160,6 +160,42 @@ int main(void) {
             const int ok = err <= 1e-4 * (scale + 1e-3);
             failures += !ok;
             printf("%s %s max_abs_err %.3g scale %.3g %s\n", paths[p], names[ti], err, scale, ok ? "ok" : "FAIL");
+            /* Weights repacked at load (ed_repack.h, the R4 layout): the path's R4 row kernel
+               (or the generic twin), for 1 .. COLS columns and every row count the engine's
+               tiles give, and the packed panels over the repacked rows equal the plain C dot on
+               the mapped rows bit for bit; each row rebuilds to its mapped bytes:
+               "repack PATH TYPE rows panels ok" */
+            if (ed_r4_ok(t, K, 4)) {
+                enum { RR = ROWS - ROWS % 4 };
+                static uint8_t wr[ROWS * K * 2], tmp[4 * K * 2], back[K * 2];
+                ed_r4_pack(t, K, w, rb, RR, wr, tmp);
+                int rok = 1;
+                for (int r = 0; r < RR; r++) {
+                    ed_r4_unpack_row(t, K, wr + (size_t)(r / 4) * 4 * rb, r % 4, back);
+                    rok &= !memcmp(back, w + r * rb, rb);
+                }
+                for (int nc = 1; nc <= COLS; nc++) {
+                    ed_mdot_rows_r4(t, K, wr, rb, RR, xq, xr, nc, got, ROWS);
+                    for (int c = 0; c < nc; c++) rok &= !memcmp(got + c * ROWS, ref + c * ROWS, sizeof(float) * RR);
+                }
+                static const int tiles[] = {4, 8, 12, 16, 20, 28};  /* as ed_rows hands them out */
+                for (size_t i = 0; i < sizeof tiles / sizeof tiles[0]; i++)
+                    for (int r0 = 0; r0 + tiles[i] <= RR; r0 += 16) {
+                        ed_mdot_rows_r4(t, K, wr + (size_t)r0 * rb, rb, tiles[i], xq, xr, 1, got, ROWS);
+                        rok &= !memcmp(got, ref + r0, sizeof(float) * tiles[i]);
+                    }
+                if (ed_gemm_ok(t)) {
+                    static ed_ginfo rinfo[COLS * (K / 32 + K / 16)];
+                    static uint8_t rscratch[K * 64 + 4096] __attribute__((aligned(64)));
+                    const size_t il = ed_gemm_info_len(K);
+                    for (int c = 0; c < COLS; c++) ed_gemm_info(tr.vec_type, K, xq + c * xr, rinfo + c * il);
+                    ed_gemm_rows_layout(t, ED_LAYOUT_R4, K, wr, rb, RR, xq, xr, rinfo, il, COLS, got, ROWS, rscratch);
+                    for (int c = 0; c < COLS; c++) rok &= !memcmp(got + c * ROWS, ref + c * ROWS, sizeof(float) * RR);
+                }
+                printf("repack %s %s rows%s %s\n", paths[p], names[ti], ed_gemm_ok(t) ? " panels" : "",
+                       rok ? "ok" : "FAIL");
+                failures += !rok;
+            }
             /* Row kernels at the edge of their integer ranges: every weight at the value whose
                products with |q| = 127 are largest (the i16 sums the kernels keep without VNNI
                must still be exact), against columns of +127 and -127, equal to the plain C dot
@@ -182,12 +218,17 @@ int main(void) {
                     for (size_t b = 0; b < ER * rb / tr.type_size; b++) fix_halves(t, we + b * tr.type_size);
                     for (int c = 0; c < 4; c++) for (int i = 0; i < K; i++) fe[c * K + i] = c & 1 ? -1.0f : 1.0f;
                     for (int c = 0; c < 4; c++) ED_QUANT[tr.vec_type](fe + c * K, xe + c * xr, K);
-                    ed_mdot_rows(t, K, we, rb, ER, xe, xr, 4, ge, ER);
-                    for (int c = 0; c < 4; c++)
-                        for (int r = 0; r < ER; r++) {
-                            const float want = tr.ref(K, we + r * rb, xe + c * xr);
-                            eok &= !memcmp(&want, &ge[c * ER + r], sizeof want);
-                        }
+                    for (int layout = 0; layout < 2; layout++) {  /* mapped, then repacked (R4) */
+                        static uint8_t wr[ER * K * 2], tmp[4 * K * 2];
+                        if (layout && !ed_r4_ok(t, K, ER)) break;
+                        if (layout) ed_r4_pack(t, K, we, rb, ER, wr, tmp), ed_mdot_rows_r4(t, K, wr, rb, ER, xe, xr, 4, ge, ER);
+                        else ed_mdot_rows(t, K, we, rb, ER, xe, xr, 4, ge, ER);
+                        for (int c = 0; c < 4; c++)
+                            for (int r = 0; r < ER; r++) {
+                                const float want = tr.ref(K, we + r * rb, xe + c * xr);
+                                eok &= !memcmp(&want, &ge[c * ER + r], sizeof want);
+                            }
+                    }
                 }
                 eok &= fills > 0;
                 printf("extreme %s %s rows %s\n", paths[p], names[ti], eok ? "ok" : "FAIL");

@@ -1,0 +1,121 @@
+/* Weights repacked at load for a path's row kernels (included by ed_gemm.h).
+ *
+ * The mapped layout (GGUF's: each weight row its blocks in order) makes a row kernel load every
+ * row's block scale on its own and add each row's lane sums into one block sum. A path whose
+ * kernels read 4 rows side by side (ed_kernels.rows_r4: NEON with dotprod) gets a copy of its
+ * Q4_0 and Q8_0 matrices in the R4 layout instead, written once at load into one aligned arena
+ * (edged/engine/repack.py; the mapped pages of those tensors are then released):
+ *
+ *   rows 4g..4g+3 are one group of 4 * row_bytes bytes at the same offset as in the mapping;
+ *   inside it, block b of the 4 rows is  { ed_half d[4]; uint8_t qs[4 * QS]; }  (QS = 16 for
+ *   Q4_0, 32 for Q8_0: the same bytes per block as 4 mapped blocks), row i's scale in d[i] and
+ *   its quant bytes 4k..4k+3 at qs[16k + 4i .. 16k + 4i + 3]
+ *
+ * so one 16-byte load holds 4 bytes of each of the 4 rows (what SDOT by lane multiplies with 4
+ * activation bytes), and one 8-byte load the 4 rows' scales. Q4_0's bytes are stored XOR 0x88:
+ * each nibble q becomes the 4-bit two's complement of q - 8, so a shift left by 4 (low nibble)
+ * or a mask of the high nibble gives 16 * (q - 8) as a signed byte, with no subtraction; the
+ * kernels' integer block sums are then 16 times the mapped ones, exact, and the conversion to
+ * float divides by 16 exactly (SCVTF with 4 fraction bits), so the canonical float step
+ * (ED_STEP, ed_types.h) sees the same integer and every output keeps the plain C dot's bits.
+ *
+ *   ed_r4_ok(type, ne0, ne1)      1 when a matrix of this type and shape can take the layout
+ *   ed_r4_pack(type, K, src, row_bytes, nrows, dst, tmp)   mapped -> R4 (dst may be src: in place);
+ *                                 tmp: 4 * row_bytes bytes
+ *   ed_r4_unpack_row(type, K, group, i, row)   row i (0..3) of a group back to mapped blocks
+ *   ed_r4_rows_generic(...)       the slow, obvious twin of a path's R4 row kernel (any CPU)
+ */
+#ifndef EDGED_ED_REPACK_H
+#define EDGED_ED_REPACK_H
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+#include "ed_types.h"
+
+enum { ED_LAYOUT_MAPPED = 0, ED_LAYOUT_R4 = 1 };
+#define ED_R4_ROWS 4
+
+/* quant bytes per mapped block (the R4 block holds 4 of them after the 4 scales) */
+static inline int ed_r4_qs(int type) { return type == ED_Q4_0 ? QK / 2 : QK; }
+static inline uint8_t ed_r4_xor(int type) { return type == ED_Q4_0 ? 0x88 : 0x00; }
+
+static int ed_r4_ok(int type, int64_t ne0, int64_t ne1) {
+    return (type == ED_Q4_0 || type == ED_Q8_0) && ne0 > 0 && ne0 % QK == 0 && ne1 > 0 && ne1 % ED_R4_ROWS == 0;
+}
+
+/* one group: 4 mapped rows (src, row_bytes apart) -> R4 bytes at dst (4 * row_bytes) */
+static void ed_r4_pack_group(int type, int K, const uint8_t *src, size_t row_bytes, uint8_t *dst) {
+    const int qs = ed_r4_qs(type), bs = ED_TRAITS[type].type_size;
+    const uint32_t x = ed_r4_xor(type) * 0x01010101u;
+    for (int b = 0; b < K / QK; b++, dst += 4 * bs)
+        for (int i = 0; i < ED_R4_ROWS; i++) {
+            const uint8_t *blk = src + (size_t)i * row_bytes + (size_t)b * bs;
+            memcpy(dst + 2 * i, blk, 2);                   /* the scale: blocks start with d */
+            for (int k = 0; k < qs / 4; k++) {             /* quant bytes 4k..4k+3 */
+                uint32_t v;
+                memcpy(&v, blk + 2 + 4 * k, 4);
+                v ^= x;
+                memcpy(dst + 8 + 16 * k + 4 * i, &v, 4);
+            }
+        }
+}
+
+/* rows [0, nrows) (a multiple of 4) of src into dst; dst == src repacks in place (each group is
+ * first copied to tmp, 4 * row_bytes bytes) */
+static void ed_r4_pack(int type, int K, const uint8_t *src, size_t row_bytes, int64_t nrows,
+                       uint8_t *dst, uint8_t *tmp) {
+    const size_t gb = ED_R4_ROWS * row_bytes;
+    for (int64_t g = 0; g < nrows / ED_R4_ROWS; g++) {
+        memcpy(tmp, src + (size_t)g * gb, gb);
+        ed_r4_pack_group(type, K, tmp, row_bytes, dst + (size_t)g * gb);
+    }
+}
+
+/* row i of the R4 group at `group` as its mapped blocks (row_bytes bytes) */
+static void ed_r4_unpack_row(int type, int K, const uint8_t *group, int i, uint8_t *row) {
+    const int qs = ed_r4_qs(type), bs = ED_TRAITS[type].type_size;
+    const uint32_t x = ed_r4_xor(type) * 0x01010101u;
+    for (int b = 0; b < K / QK; b++, group += 4 * bs, row += bs) {
+        memcpy(row, group + 2 * i, 2);
+        for (int k = 0; k < qs / 4; k++) {
+            uint32_t v;
+            memcpy(&v, group + 8 + 16 * k + 4 * i, 4);
+            v ^= x;
+            memcpy(row + 2 + 4 * k, &v, 4);
+        }
+    }
+}
+
+/* out[c * ldo + r] = W[r] . xq[c] for r < nr (a multiple of 4), c < nc, W in the R4 layout
+ * from w: each row's blocks rebuilt and summed as the plain C dot (ed_types.h) does, block by
+ * block into one accumulator per (row, column) */
+static void ed_r4_rows_generic(int type, int K, const uint8_t *w, size_t row_bytes, int nr,
+                               const uint8_t *xq, size_t xs, int nc, float *out, size_t ldo) {
+    const int bs = ED_TRAITS[type].type_size;
+    uint8_t blk[sizeof(blk_q8_0)];
+    for (int r = 0; r < nr; r++) {
+        const uint8_t *group = w + (size_t)(r / ED_R4_ROWS) * ED_R4_ROWS * row_bytes;
+        for (int c = 0; c < nc; c++) {
+            const blk_q8_0 *y = (const blk_q8_0 *)(xq + (size_t)c * xs);
+            float acc = 0.0f;
+            for (int b = 0; b < K / QK; b++) {  /* one block of row r rebuilt, then its sum */
+                ed_r4_unpack_row(type, QK, group + (size_t)b * ED_R4_ROWS * bs, r % ED_R4_ROWS, blk);
+                int s = 0;
+                if (type == ED_Q4_0) {
+                    const blk_q4_0 *x = (const blk_q4_0 *)blk;
+                    for (int j = 0; j < QK / 2; j++)
+                        s += ((x->qs[j] & 0xF) - 8) * y[b].qs[j] + ((x->qs[j] >> 4) - 8) * y[b].qs[j + QK / 2];
+                } else {
+                    const blk_q8_0 *x = (const blk_q8_0 *)blk;
+                    for (int j = 0; j < QK; j++) s += x->qs[j] * y[b].qs[j];
+                }
+                ed_half d;
+                memcpy(&d, blk, 2);
+                ED_STEP(acc, H2F(d), H2F(y[b].d), s);
+            }
+            out[(size_t)c * ldo + r] = acc;
+        }
+    }
+}
+
+#endif

@@ -1,0 +1,129 @@
+"""Weights repacked at load for the selected kernel path (cython_kernels/kernels/ed_repack.h).
+
+The weights are read from the read-only mapping of the file, except where a path's kernels need
+another layout (DESIGN.md). NEON with dotprod (Raspberry Pi 5) reads its Q4_0 and Q8_0 matrices
+in the R4 layout: 4 rows interleaved block by block with their 4 scales side by side, so one
+SDOT by lane serves 4 rows and one load brings their scales (docs/kernels.md, "Repacked
+weights"). Those matrices are copied once into one 64-byte aligned arena sized at load, and the
+mapped pages of each repacked tensor are released (madvise): the weights are not resident
+twice, and peak RSS grows by at most the arena. Anything else that reads such a tensor (the
+embedding lookup of a tied token_embd / output matrix) keeps reading the mapping, which pages
+in only the rows it touches. Without a mapping (Model.load(mmap=False): private copies) the
+copies are repacked in place, and a tensor that is also the token embedding stays as it is.
+
+Only matrices the forward pass reads through its row tiles and panels (ed_rows) are repacked,
+and only where their row ranges start on a group of 4 rows: every 2-D projection, not the 3-D
+expert tensors (whose experts start at any row).
+
+EDGED_REPACK: "auto" (default: what the path's kernels read), "off" (the mapped layout
+everywhere), "r4" (the R4 layout for every Q4_0 / Q8_0 matrix on any path: the generic twin of
+the kernel where the path has none; for tests and measurements).
+"""
+from __future__ import annotations
+
+import mmap
+import os
+
+import numpy as np
+
+from ..errors import ConfigError
+
+MODES = ("auto", "off", "r4")
+_SLICE = 8 << 20  # bytes repacked between two releases of mapped pages
+ROLES = ("attn_q", "attn_k", "attn_v", "attn_qkv", "attn_output", "ffn_gate", "ffn_up",
+         "ffn_down", "ffn_gate_shexp", "ffn_up_shexp", "ffn_down_shexp")
+
+
+def mode_from_env() -> str:
+    mode = os.environ.get("EDGED_REPACK") or "auto"
+    if mode not in MODES:
+        raise ConfigError(f"EDGED_REPACK={mode!r}: one of {', '.join(MODES)}")
+    return mode
+
+
+def _is_mapped(a) -> bool:
+    """Whether the array's bytes belong to a file mapping (else: a private copy)."""
+    while isinstance(a, np.ndarray):
+        a = a.base
+    if isinstance(a, memoryview):
+        a = a.obj
+    return isinstance(a, mmap.mmap)
+
+
+class Repacked:
+    """The arena of one model's repacked matrices (None when nothing was repacked)."""
+
+    def __init__(self, arena, tensors, released):
+        self.arena = arena          # uint8 (nbytes,), 64-byte aligned, or None
+        self.tensors = tensors      # names repacked
+        self.released = released    # bytes of mapped pages given back
+
+    @property
+    def nbytes(self) -> int:
+        return 0 if self.arena is None else int(self.arena.nbytes)
+
+    @property
+    def arrays(self):
+        """The arena as a list of arrays (empty when nothing was copied)."""
+        return [] if self.arena is None else [self.arena]
+
+
+def apply(core, spec, layers, globals_, mode="auto") -> Repacked:
+    """Repack the matrices of `layers` (per layer: role -> (array, type, shape, row_bytes) or
+    None, as CPUBackend builds them) and globals_["output"] that the selected path (mode
+    "auto") or mode "r4" wants in the R4 layout; their tuples gain the layout and point at
+    the repacked bytes (in place)."""
+    if mode == "off":
+        return Repacked(None, [], 0)
+    types = {int(t) for t in core.r4_types()} if mode == "auto" else set(_all_r4_types(core))
+    if not types:
+        return Repacked(None, [], 0)
+    hp = spec.hp
+    slots = []  # (container, key, tensor name)
+    for il, L in enumerate(spec.layers):
+        for role in ROLES:
+            name = getattr(L, role, None)
+            if name is None or layers[il].get(role) is None:
+                continue
+            if role == "ffn_up" and L.ffn_gate is None and hp.n_ff % 4:
+                continue  # gate|up fused (phi3): up's rows start at n_ff
+            slots.append((layers[il], role, name))
+    if globals_.get("output") is not None:
+        slots.append((globals_, "output", spec.output))
+    chosen = {}
+    for holder, key, name in slots:
+        arr, gtype, shape, row_bytes = holder[key][:4]
+        if gtype not in types or len(shape) != 2 or not core.r4_ok(gtype, shape[0], shape[1]):
+            continue
+        if not _is_mapped(arr) and name == spec.token_embd:
+            continue  # a private copy the embedding lookup reads: not in place
+        chosen.setdefault(name, []).append((holder, key))
+    if not chosen:
+        return Repacked(None, [], 0)
+    first = {name: holders[0][0][holders[0][1]] for name, holders in chosen.items()}
+    copied = [n for n, t in first.items() if _is_mapped(t[0])]
+    sizes = {n: (first[n][0].nbytes + 63) // 64 * 64 for n in copied}
+    arena = core.aligned_empty((sum(sizes.values()),), np.uint8) if copied else None
+    off, released = 0, 0
+    for name, (arr, gtype, shape, row_bytes) in ((n, t[:4]) for n, t in first.items()):
+        if name in sizes:
+            dst = arena[off:off + arr.nbytes]
+            off += sizes[name]
+            # a few MiB of rows at a time, each slice's mapped pages released once copied: the
+            # peak stays the arena plus one slice, not plus the largest tensor
+            step = max(4, _SLICE // (4 * row_bytes) * 4) * row_bytes
+            for a in range(0, arr.nbytes, step):
+                b = min(a + step, arr.nbytes)
+                core.r4_pack(dst[a:b], arr[a:b], gtype, shape[0], (b - a) // row_bytes)
+                core.release_pages(arr[a:b])
+            released += core.release_pages(arr)  # and the pages that straddled two slices
+        else:
+            dst = core.r4_pack(arr, arr, gtype, shape[0], shape[1])
+        for holder, key in chosen[name]:
+            holder[key] = (dst, gtype, shape, row_bytes, core.LAYOUT_R4)
+    return Repacked(arena, sorted(chosen), released)
+
+
+def _all_r4_types(core):
+    """Every type the R4 layout has (mode "r4")."""
+    return [t for t in range(40) if core.r4_ok(t, 32, 4)]

@@ -1,0 +1,85 @@
+"""Weights repacked at load (edged/engine/repack.py, ed_repack.h's R4 layout): the matrices a
+path's kernels read 4 rows side by side. NEON with dotprod repacks Q4_0 and Q8_0 (its R4 row
+kernel is checked bit for bit under qemu: tests/kernels/c/kernels_check.c, "repack" lines);
+EDGED_REPACK=r4 takes the layout on any path (the generic twin of the kernel), so here the
+whole engine runs over repacked weights: every logit must equal the mapped layout's bit for bit
+(one-token rows, decode batches of several sessions, prompt panels, the tied output matrix),
+with the mapping's pages of the repacked tensors released, or in place without a mapping."""
+import numpy as np
+import pytest
+
+from conftest import testdata
+
+core = pytest.importorskip("edged._core")
+
+from edged import Model  # noqa: E402
+from edged.errors import ConfigError  # noqa: E402
+from edged.format.gguf import GGMLType  # noqa: E402
+
+
+def test_r4_pack_round_trip():
+    rng = np.random.default_rng(0)
+    for qtype in (GGMLType.Q4_0, GGMLType.Q8_0):
+        K, R = 96, 12
+        w = core.quantize_rows(rng.standard_normal((R, K)).astype(np.float32), int(qtype)).reshape(-1)
+        packed = core.r4_pack(np.empty_like(w), w, int(qtype), K, R)
+        assert packed.nbytes == w.nbytes and not np.array_equal(packed, w)
+        assert np.array_equal(core.r4_unpack(np.empty_like(w), packed, int(qtype), K, R), w)
+        inplace = w.copy()
+        core.r4_pack(inplace, inplace, int(qtype), K, R)
+        assert np.array_equal(inplace, packed)
+    assert core.r4_ok(int(GGMLType.Q4_0), 64, 8) and not core.r4_ok(int(GGMLType.Q4_0), 64, 6)
+    assert not core.r4_ok(int(GGMLType.Q4_1), 64, 8)
+    with pytest.raises(ValueError, match="no R4 layout"):
+        core.r4_pack(np.empty(36, np.uint8), np.zeros(36, np.uint8), int(GGMLType.Q4_0), 64, 1)
+
+
+def test_x86_paths_keep_the_mapped_layout():
+    """Only NEON with dotprod reads R4 (x86 and the generic path: unchanged)."""
+    if core.kernel_variant() != "neon+dotprod":
+        assert core.r4_types() == []
+    else:
+        assert set(core.r4_types()) == {int(GGMLType.Q4_0), int(GGMLType.Q8_0)}
+
+
+def _logits(m):
+    """A prompt batch of 20 tokens (packed panels where the path has them), two tokens one at
+    a time, a chunk of 6, then one step of three sessions at once (a decode batch)."""
+    out = []
+    s = m.session(n_ctx=64)
+    out.append(s.eval([(7 * i + 3) % m.n_vocab for i in range(20)]))
+    for t in (11, 12):
+        out.append(s.eval([t]))
+    out.append(s.eval([21, 22, 23, 24, 25, 26]))  # a short chunk: the row tiles, 4 + 2 tokens
+    others = [m.session(n_ctx=64) for _ in range(2)]
+    for i, o in enumerate(others):
+        o.eval([5 + i, 9 + i])
+    out.append(m.decode_batch([s] + others, [13, 14, 15]))
+    return np.concatenate([np.asarray(x, np.float32).reshape(-1) for x in out])
+
+
+@pytest.mark.parametrize("name", ["synthetic-llama-Q4_0.gguf", "synthetic-llama-Q8_0.gguf",
+                                  "synthetic-phi3-Q8_0.gguf"])
+@pytest.mark.parametrize("mmap", [True, False])
+def test_repacked_weights_give_the_same_bits(monkeypatch, name, mmap):
+    path = testdata("models", name)
+    monkeypatch.setenv("EDGED_REPACK", "off")
+    plain = Model.load(path, n_threads=2, mmap=mmap)
+    assert plain.backend.repacked.tensors == []
+    want = _logits(plain)
+    monkeypatch.setenv("EDGED_REPACK", "r4")
+    m = Model.load(path, n_threads=2, mmap=mmap)
+    rp = m.backend.repacked
+    assert rp.tensors, "nothing repacked"
+    if mmap:
+        assert rp.nbytes >= sum(m.spec.tensors[n].nbytes for n in rp.tensors)
+    else:  # private copies: repacked in place, the token embedding (a tied output) left alone
+        assert rp.nbytes == 0 and m.spec.token_embd not in rp.tensors
+    got = _logits(m)
+    assert got.shape == want.shape and np.array_equal(got.view(np.uint32), want.view(np.uint32))
+
+
+def test_repack_mode_is_checked(monkeypatch):
+    monkeypatch.setenv("EDGED_REPACK", "r8")
+    with pytest.raises(ConfigError, match="EDGED_REPACK='r8'"):
+        Model.load(testdata("models", "synthetic-llama-Q4_0.gguf"), n_threads=1)
