@@ -162,18 +162,15 @@ static _Thread_local int ed_tls_worker;       /* its worker number */
 static _Thread_local int64_t ed_tls_chunk0;   /* where the current op's chunk numbers start */
 static _Thread_local int ed_tls_claimed;
 
-static inline int64_t ed_clock_ns(void) {
+static inline int64_t ed_ns(clockid_t clock) {
     struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
+    clock_gettime(clock, &ts);
     return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
 }
 
+static inline int64_t ed_clock_ns(void) { return ed_ns(CLOCK_MONOTONIC); }
 /* this thread's CPU time (spinning included; parked or descheduled time not) */
-static inline int64_t ed_thread_cpu_ns(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
-}
+static inline int64_t ed_thread_cpu_ns(void) { return ed_ns(CLOCK_THREAD_CPUTIME_ID); }
 
 static inline void ed_cpu_relax(void) {
 #if defined(__x86_64__) || defined(__i386__)
@@ -321,12 +318,12 @@ static void *ed_worker_main(void *vp) {
         atomic_store_explicit(&p->cpu_of[me->w], sched_getcpu(), memory_order_relaxed);
         const int64_t cpu0 = p->adapt ? ed_thread_cpu_ns() : 0, run0 = p->adapt ? ed_clock_ns() : 0;
         p->fn(p->arg, me->ith, p->n_active);
-        if (p->adapt) {
-            p->cpu_ns[me->ith] = ed_thread_cpu_ns() - cpu0;
-            p->run_ns[me->ith] = ed_clock_ns() - run0;
-        }
         p->claimed[me->w] = ed_tls_claimed;
         const int64_t done = ed_clock_ns();
+        if (p->adapt) {
+            p->cpu_ns[me->ith] = ed_thread_cpu_ns() - cpu0;
+            p->run_ns[me->ith] = done - run0;
+        }
         p->arrive_ns[me->ith] = done;
         atomic_store_explicit(&p->cpu_of[me->w], sched_getcpu(), memory_order_relaxed);
         if (atomic_load_explicit(&p->remaining, memory_order_relaxed) == 1)
@@ -388,11 +385,10 @@ static void ed_pool_adapt(ed_pool *p, int64_t t0) {
     const int nth = p->n_active;
     if (wall < ED_ADAPT_MIN_NS || nth < 2) return;
     int64_t late = 0;
-    int latest = 0, starved = 0;
+    int latest = 0;
     for (int i = 0; i < nth; i++) {
         late += p->late_ns[i];
         if (p->late_ns[i] > p->late_ns[latest]) latest = i;
-        if (p->cpu_ns[i] * (p->run_ns[starved] + 1) < p->cpu_ns[starved] * (p->run_ns[i] + 1)) starved = i;
     }
     /* at most 1: one long preemption (a task's waits can sum past its wall time) weighs as
        one task entirely spent waiting, not several */
@@ -402,9 +398,14 @@ static void ed_pool_adapt(ed_pool *p, int64_t t0) {
        threads that share a CPU with each other or with another program arrive at the barriers
        together yet each runs part time, which the waiting share does not see. (A worker's
        wake-up is not in it: a late start shows as lateness at the first barrier.) */
-    double lost = 0.0;
-    if (wall >= ED_LOST_MIN_NS) for (int i = 0; i < nth; i++)
-        if (p->run_ns[i] > 0 && p->cpu_ns[i] < p->run_ns[i]) lost += 1.0 - (double)p->cpu_ns[i] / (double)p->run_ns[i];
+    double lost = 0.0, most = 0.0;
+    int starved = 0;  /* the thread that lost the largest part of its time */
+    if (wall >= ED_LOST_MIN_NS) for (int i = 0; i < nth; i++) {
+        if (p->run_ns[i] <= 0 || p->cpu_ns[i] >= p->run_ns[i]) continue;
+        const double l = 1.0 - (double)p->cpu_ns[i] / (double)p->run_ns[i];
+        lost += l;
+        if (l > most) { most = l; starved = i; }
+    }
     lost = lost > 1.0 ? 1.0 : lost;
     const double share = waited > lost ? waited : lost;
     const double limit = p->late_share > 0.0 ? p->late_share : 1.0 / nth;
