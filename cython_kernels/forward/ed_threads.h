@@ -81,6 +81,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
+#include <sys/resource.h>
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
@@ -92,10 +94,12 @@
 #define ED_ADAPT_MIN_NS 1000000     /* shorter tasks are not judged */
 #define ED_LOST_MIN_NS 4000000      /* nor, shorter than this, by the CPU time they lost (one
                                        time slice of another program is all of such a task) */
-#define ED_ADAPT_ALPHA 0.2          /* weight of a task's waiting share in the smoothed share */
+#define ED_ADAPT_ALPHA 0.35         /* weight of a task's waiting share in the smoothed share */
 #define ED_PROBE_TASKS 3            /* a probe judges the mean share of this many tasks */
 #define ED_PROBE_MIN_NS 200000000   /* first probe of a dropped worker after 0.2 s ... */
 #define ED_PROBE_MAX_NS 3200000000LL  /* ... doubling after each failed probe, up to 3.2 s */
+#define ED_PROBE_FREE 0.5           /* and only when the pool's CPUs had this much idle time (in
+                                       CPUs) since the drop or the last look (/proc/stat) */
 
 typedef void (*ed_task_fn)(void *arg, int ith, int nth);
 
@@ -140,7 +144,11 @@ struct ed_pool {
     double late_share;         /* the waiting share that drops a worker; 0: 1/n threads */
     double late_ewma, last_share, last_lost;
     int64_t probe_at, backoff;
-    long n_drops, n_probes, n_retakes;
+    long n_drops, n_probes, n_retakes, n_probe_skips;
+    /* the idle time of the process's CPUs (/proc/stat, in clock ticks) at the last look */
+    long long idle_ticks;
+    int64_t idle_at;                   /* when (0: no look yet, or /proc/stat unreadable) */
+    double last_free, free_override;   /* CPUs idle over the last look's window; tests: < 0 off */
     int64_t spin_ns, idle_spin_ns;     /* spin before parking: inside a task / between tasks */
     atomic_int *cpu_of;                /* (n_threads) by worker: the CPU it last ran on */
     int trace;                         /* $EDGED_THREAD_TRACE: log the adaptive count's decisions */
@@ -373,10 +381,61 @@ static void ed_pool_task(ed_pool *p, ed_task_fn fn, void *arg, int all) {
     }
 }
 
+/* The idle time so far of the CPUs this process may run on, in clock ticks (USER_HZ), from
+   /proc/stat's per-CPU lines: idle + iowait, and nice (time of niced programs, which a thread
+   of ours preempts) when this process is not niced itself (else its own time would count).
+   -1 when /proc/stat cannot be read (then probes are not gated). */
+static long long ed_idle_ticks(void) {
+    char buf[16384];  /* the per-CPU lines come first; a line cut at the end is not read */
+    const int fd = open("/proc/stat", O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return -1;
+    ssize_t n = 0, r;
+    while (n < (ssize_t)sizeof buf - 1 && (r = read(fd, buf + n, sizeof buf - 1 - n)) > 0) n += r;
+    close(fd);
+    if (n <= 0) return -1;
+    buf[n] = 0;
+    cpu_set_t allowed;
+    if (sched_getaffinity(0, sizeof allowed, &allowed) != 0) return -1;
+    const int count_nice = getpriority(PRIO_PROCESS, 0) <= 0;
+    long long ticks = 0;
+    int seen = 0;
+    for (char *line = buf; line && *line; line = strchr(line, '\n'), line = line ? line + 1 : NULL) {
+        if (!strchr(line, '\n')) break;
+        if (strncmp(line, "cpu", 3) != 0 || line[3] < '0' || line[3] > '9') continue;
+        char *e;
+        const long cpu = strtol(line + 3, &e, 10);
+        if (cpu < 0 || cpu >= CPU_SETSIZE || !CPU_ISSET(cpu, &allowed)) continue;
+        long long f[5] = {0, 0, 0, 0, 0};  /* user nice system idle iowait */
+        for (int i = 0; i < 5; i++) f[i] = strtoll(e, &e, 10);
+        ticks += f[3] + f[4] + (count_nice ? f[1] : 0);
+        seen++;
+    }
+    return seen ? ticks : -1;
+}
+
+/* CPUs (of the process's set) idle on average since the last look, and a new look; -1 when
+   unknown (first look, /proc/stat unreadable, a window under 20 ms). */
+static double ed_free_cpus(ed_pool *p, int64_t now) {
+    if (p->free_override >= 0.0) return p->free_override;
+    const long long ticks = ed_idle_ticks();
+    double free = -1.0;
+    const int64_t window = now - p->idle_at;
+    if (ticks >= 0 && p->idle_at && window >= 20000000)
+        free = (double)(ticks - p->idle_ticks) / ((double)window * sysconf(_SC_CLK_TCK) / 1e9);
+    if (ticks < 0 || !p->idle_at || window >= 20000000) {
+        p->idle_ticks = ticks;
+        p->idle_at = ticks >= 0 ? now : 0;
+    }
+    if (free >= 0.0) p->last_free = free;
+    return free;
+}
+
 static void ed_pool_drop(ed_pool *p, int w, int64_t now) {
     p->active[w] = 0;
     p->dropped[p->n_dropped++] = w;
     p->probe_at = now + p->backoff;
+    p->idle_at = 0;
+    ed_free_cpus(p, now);  /* the window the next probe looks at starts here */
 }
 
 /* after a task: judge how long its threads waited for each other (see the top of the file) */
@@ -452,8 +511,24 @@ static void ed_pool_adapt(ed_pool *p, int64_t t0) {
     }
 }
 
+/* Is it worth probing a dropped worker now? Not while the pool's CPUs had no idle time since
+   the drop (or the last look): another program keeps them busy and the probe would only cost
+   slow tasks. Looking is cheap (one read of /proc/stat), so it is repeated every
+   ED_PROBE_MIN_NS; the doubling backoff spaces probes that were tried and failed. */
+static int ed_probe_now(ed_pool *p) {
+    const int64_t now = ed_clock_ns();
+    if (now < p->probe_at) return 0;
+    const double free = ed_free_cpus(p, now);
+    if (free < 0.0 || free >= ED_PROBE_FREE) return 1;
+    p->n_probe_skips++;
+    p->probe_at = now + ED_PROBE_MIN_NS;
+    if (p->trace)
+        fprintf(stderr, "edged threads: no probe: %.2f CPUs idle since the last look\n", free);
+    return 0;
+}
+
 static void ed_pool_run(ed_pool *p, ed_task_fn fn, void *arg) {
-    if (p->adapt && p->n_dropped && ed_clock_ns() >= p->probe_at && !p->probing) {
+    if (p->adapt && p->n_dropped && !p->probing && ed_probe_now(p)) {
         p->probing = p->dropped[--p->n_dropped];  /* probe: ED_PROBE_TASKS tasks with it back */
         p->active[p->probing] = 1;
         p->probe_tasks = 0;
@@ -520,6 +595,8 @@ static ed_pool *ed_pool_create(int n_threads) {
     p->active[0] = 1;
     p->adapt = 1;
     p->backoff = ED_PROBE_MIN_NS;
+    p->free_override = -1.0;
+    p->last_free = -1.0;
     p->slow_worker = -1;
     p->spin_ns = ed_env_us("EDGED_SPIN_US", ED_SPIN_NS);
     p->idle_spin_ns = ed_env_us("EDGED_IDLE_SPIN_US", ED_IDLE_SPIN_NS);

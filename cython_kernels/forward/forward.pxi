@@ -42,7 +42,8 @@ cdef extern from "forward.h" nogil:
         int n_threads, n_active, adapt, n_dropped, probing, slow_worker
         int *claimed
         double late_share, late_ewma, last_share, last_lost
-        long n_drops, n_probes, n_retakes
+        long n_drops, n_probes, n_retakes, n_probe_skips
+        double last_free, free_override
         int64_t slow_ns, spin_ns, idle_spin_ns
         long long n_waits, n_parks, park_ns, n_nudges
         long long wake_hist[16]
@@ -69,6 +70,8 @@ cdef extern from "forward.h" nogil:
     void ed_pool_set_adapt(ed_pool *p, int on)
     int ed_pool_active(const ed_pool *p)
     int ed_nudge(ed_pool *p)
+    double ed_free_cpus(ed_pool *p, int64_t now)
+    int64_t ed_clock_ns()
     int sched_getcpu()
     size_t ed_state_layout(ed_state *s, const ed_model *m, int n_ctx, int n_batch, int n_threads,
                            int type_k, int type_v, uint8_t *arena)
@@ -171,6 +174,8 @@ cdef class Pool:
         return {"n_threads": self.p.n_threads, "active": ed_pool_active(self.p),
                 "last_task_threads": self.p.n_active, "drops": self.p.n_drops,
                 "probes": self.p.n_probes, "retakes": self.p.n_retakes,
+                "probe_skips": self.p.n_probe_skips,
+                "free_cpus": self.p.last_free if self.p.last_free >= 0 else None,
                 "late_share": self.p.last_share, "lost_share": self.p.last_lost,
                 "claimed": [self.p.claimed[i] for i in range(self.p.n_threads)],
                 "spin_us": self.p.spin_ns / 1000, "idle_spin_us": self.p.idle_spin_ns / 1000,
@@ -185,6 +190,17 @@ cdef class Pool:
         cdef int before = sched_getcpu()
         cdef int moved = ed_nudge(self.p)
         return before, sched_getcpu(), bool(moved)
+
+    def free_cpus(self):
+        """CPUs of this process's set that were idle on average since the last call (or the
+        last look of the adaptive count), from /proc/stat; None on the first call or when it
+        cannot be read. A dropped worker is probed only when this is at least 0.5."""
+        cdef double free = ed_free_cpus(self.p, ed_clock_ns())
+        return free if free >= 0 else None
+
+    def debug_free_cpus(self, free):
+        """Tests: the adaptive count sees `free` idle CPUs at every look (None: /proc/stat)."""
+        self.p.free_override = -1.0 if free is None else float(free)
 
     def debug_slow(self, int worker, double usec):
         """Tests: worker `worker` (0 = the caller) sleeps `usec` before each chunk it claims,

@@ -29,7 +29,8 @@ the Python installation (stdlib, lib-dynload, every sys.path entry a loaded modu
 the directories of every shared object already mapped, and /etc/ld.so.cache stay readable.
 None of them is writable; they hold code the process could already run, not data. Exec is
 refused by seccomp whatever Landlock allows. Also readable: this process's /proc entry (RSS,
-status for `describe()`), /proc/meminfo (memory budget), /sys/devices/system/{cpu,node}
+status for `describe()`), /proc/meminfo (memory budget), /proc/stat (the CPUs' idle time:
+the thread pool probes a dropped worker only when some CPU had time to spare), /sys/devices/system/{cpu,node}
 (CPU and NUMA topology for the thread pool) and /sys/fs/cgroup (the CPU quota that caps the
 default thread count of a model loaded after apply()). mbind(2) stays allowed on purpose: session arenas
 and hot-swapped models get their NUMA memory policy after apply() (edged/threads.py).
@@ -210,7 +211,7 @@ def runtime_read_paths():
                     paths.add(os.path.dirname(parts[5].rstrip("\n")))
     except OSError:
         pass
-    paths.update(["/etc/ld.so.cache", f"/proc/{os.getpid()}", "/proc/meminfo",
+    paths.update(["/etc/ld.so.cache", f"/proc/{os.getpid()}", "/proc/meminfo", "/proc/stat",
                   "/sys/devices/system/cpu", "/sys/devices/system/node", "/sys/fs/cgroup"])
     # Never grant the whole filesystem because a script ran from "/".
     return sorted(p for p in paths if os.path.realpath(p) != "/" and os.path.exists(p))

@@ -171,6 +171,64 @@ def test_threads_sharing_one_cpu_drop_a_worker_without_changing_a_bit():
     np.testing.assert_array_equal(got, want)
 
 
+def test_a_dropped_worker_is_not_probed_while_no_cpu_is_idle():
+    """A probe runs the dropped worker again for a few passes, each slower than one thread when
+    another program keeps the CPUs busy. So the pool looks at the CPUs' idle time first
+    (/proc/stat) and probes only when some CPU had time to spare since the drop: with none, no
+    probe for as long as it lasts; once there is, the probe comes at the next look."""
+    import edged._core as core
+    name = MODELS[0]
+    with Model.load(testdata("models", name), n_threads=1) as m:
+        want = run(m, steps=10)
+    with Model.load(testdata("models", name), n_threads=2) as m:
+        pool = m.backend.pool
+        core.pin_pool(pool, [min(os.sched_getaffinity(0))])   # two threads on one CPU: a drop
+        try:
+            got = run(m, steps=10)
+        finally:
+            core.pin_pool(pool, [])
+        st = pool.stats()
+        assert st["drops"] >= 1 and st["active"] == 1, st
+        pool.debug_free_cpus(0.0)
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < 0.8:                     # past four looks 0.2 s apart
+            run(m, steps=2)
+        quiet = pool.stats()
+        assert quiet["probes"] == st["probes"] and quiet["probe_skips"] >= 2, quiet
+        assert quiet["active"] == 1, quiet
+        pool.debug_free_cpus(2.0)
+        t0 = time.monotonic()
+        while pool.stats()["probes"] == quiet["probes"] and time.monotonic() - t0 < 2.0:
+            run(m, steps=2)
+        assert pool.stats()["probes"] > quiet["probes"], pool.stats()
+    np.testing.assert_array_equal(got, want)
+
+
+def test_idle_cpus_come_from_proc_stat():
+    """The idle time the probes look at: with a busy loop on every CPU of the process (at the
+    same priority), almost none of them is idle; the reading stays within the CPUs it covers."""
+    import edged._core as core
+    import subprocess
+    allowed = sorted(os.sched_getaffinity(0))
+    pool = core.Pool(1)
+    assert pool.free_cpus() is None                      # the first look starts the window
+    time.sleep(0.1)
+    free = pool.free_cpus()
+    assert free is not None and 0.0 <= free <= len(allowed) + 0.2, free
+    loops = [subprocess.Popen(["taskset", "-c", str(c), "sh", "-c", "while :; do :; done"])
+             for c in allowed]
+    try:
+        time.sleep(0.3)
+        pool.free_cpus()
+        time.sleep(0.5)
+        busy = pool.free_cpus()
+    finally:
+        for p in loops:
+            p.kill()
+            p.wait()
+    assert busy is not None and busy < 0.3, busy
+
+
 def test_a_thread_sharing_a_cpu_moves_to_another_and_keeps_its_affinity():
     """When every CPU runs something, the kernel places a woken worker beside its waker and the
     two take turns on one CPU; a waiter that sees another thread of the pool on its CPU moves
