@@ -19,7 +19,9 @@
    no streams running), and the gaps between tokens of the three streams: p50 while they
    decode undisturbed, p50/p99/max while the long prompt is absorbed, p50 undisturbed again
    after it (the streams have grown meanwhile: their own attention reads more keys), and p99
-   (absorbing) over p50 undisturbed before and after, the figure a stalled stream shows. --root runs the daemon from
+   (absorbing) over p50 undisturbed before and after; and each gap while absorbing over the
+   stream's undisturbed gap at that moment (interpolated in time between the p50 before and
+   the p50 after: the streams grow meanwhile), p50 and p99, the figure a stalled stream shows. --root runs the daemon from
    another checkout of edged (give it several times to compare code versions in
    interleaved rounds, so the shared machine's load hits each the same). Then the idle
    daemon's CPU seconds over 10 s (no spinning workers after the last request).
@@ -207,6 +209,20 @@ async def timed_stream(s, body, stamps, stop):
                 break
 
 
+def stall_of(stamps, t_send, t_first, t_done, steady, after):
+    """Each gap while the prompt is absorbed over the stream's undisturbed gap at that moment:
+    a stream's own pass grows with its length (attention over its keys) and the streams keep
+    decoding for the whole absorption, so the undisturbed gap is interpolated linearly in time
+    between its p50 before the prompt arrived and its p50 after the prompt was done. A value of
+    1 is no slowdown at all; the p99 of these is what a stalled stream shows."""
+    if not steady or not after:
+        return []
+    u0, u1 = statistics.median(steady), statistics.median(after)
+    span = max(t_done - t_send, 1e-9)
+    return [(b - a) / (u0 + (u1 - u0) * min(max((a - t_send) / span, 0.0), 1.0))
+            for x in stamps for a, b in zip(x, x[1:]) if b > t_send and a < t_first]
+
+
 def bench_mixed(tmp, models_dir, keys, args):
     """Three streams decoding while a long prompt arrives, per checkout in --root, interleaved."""
     from edged.format.gguf import GGUFFile
@@ -261,7 +277,8 @@ def bench_mixed(tmp, models_dir, keys, args):
                     worst.append((b - a, a - t_send))
                 elif a > t_done:
                     after.append(b - a)
-        return alone, t_first - t_send, steady, absorbing, after, sorted(worst)[-3:]
+        return alone, t_first - t_send, steady, absorbing, after, sorted(worst)[-3:], stall_of(
+            stamps, t_send, t_first, t_done, steady, after)
 
     for i in range(args.repeats):
         for root in roots:
@@ -272,7 +289,7 @@ def bench_mixed(tmp, models_dir, keys, args):
                 extra["log_level"], env = "debug", {"EDGED_DEBUG_STEPS": "1"}
             proc, sock = start(tmp, models_dir, keys, extra, root, env)
             try:
-                alone, ttft, steady, absorbing, after, worst = asyncio.run(scenario(sock))
+                alone, ttft, steady, absorbing, after, worst, stall = asyncio.run(scenario(sock))
                 time.sleep(1)
                 c0 = cpu_seconds(proc.pid)
                 time.sleep(10)
@@ -283,14 +300,17 @@ def bench_mixed(tmp, models_dir, keys, args):
             p50s = statistics.median(steady)
             p50a = statistics.median(after) if after else float("nan")
             row = dict(alone=alone, ttft=ttft, p50_steady=p50s, p50_after=p50a, p50=statistics.median(absorbing),
-                       p99=pct(absorbing, 99), max=max(absorbing), n=len(absorbing), idle=idle)
+                       p99=pct(absorbing, 99), max=max(absorbing), n=len(absorbing), idle=idle,
+                       stall_p50=statistics.median(stall) if stall else float("nan"),
+                       stall_p99=pct(stall, 99) if stall else float("nan"))
             results[root].append(row)
             print(f"round {i} [{root}]: {args.long}-token prompt first token after {ttft:.2f} s "
                   f"(alone {alone:.2f} s); gaps of the 3 streams: undisturbed p50 "
                   f"{p50s * 1e3:.0f} ms; while absorbing ({row['n']} gaps) p50 {row['p50'] * 1e3:.0f}, "
                   f"p99 {row['p99'] * 1e3:.0f}, max {row['max'] * 1e3:.0f} ms; undisturbed again after it "
                   f"p50 {p50a * 1e3:.0f} ms; p99/p50 undisturbed {row['p99'] / p50s:.1f}x (before), "
-                  f"{row['p99'] / p50a:.1f}x (after); longest gaps (ms @ s after the prompt was sent) "
+                  f"{row['p99'] / p50a:.1f}x (after); over the undisturbed gap at that length "
+                  f"p50 {row['stall_p50']:.1f}x, p99 {row['stall_p99']:.1f}x; longest gaps (ms @ s after the prompt was sent) "
                   f"{', '.join(f'{g * 1e3:.0f} @ {t:.1f}' for g, t in worst)}; idle daemon CPU "
                   f"{idle:.2f} s in 10 s", flush=True)
     for root, rows in results.items():
@@ -303,6 +323,8 @@ def bench_mixed(tmp, models_dir, keys, args):
               f"{med['max'] * 1e3:.0f} ms; gap p50 undisturbed after it {med['p50_after'] * 1e3:.0f} ms; "
               f"p99/p50 before {statistics.median(ratios):.1f}x (rounds: {', '.join(f'{x:.1f}' for x in ratios)}), "
               f"after {statistics.median(ratios_after):.1f}x (rounds: {', '.join(f'{x:.1f}' for x in ratios_after)}); "
+              f"gap over the undisturbed gap at that length p50 {med['stall_p50']:.1f}x, p99 "
+              f"{med['stall_p99']:.1f}x (rounds: {', '.join('%.1f' % r['stall_p99'] for r in rows)}); "
               f"idle daemon CPU "
               f"{med['idle']:.2f} s in 10 s", flush=True)
     return results

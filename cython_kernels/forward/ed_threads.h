@@ -40,13 +40,17 @@
  * worker's wake-up is not in it (a late start is lateness at the first barrier), so a probe
  * that wakes a sleeping worker is not judged by its wake-up. A task counts with
  * the larger of the two shares. So when that share (at most 1 per task), smoothed over tasks (weight
- * ED_ADAPT_ALPHA: one or two preempted tasks on a quiet machine do not reach it, a core kept
- * busy by another program does within a few tasks), passes 1/n (or the pool's late_share when
+ * ED_ADAPT_ALPHA: one preempted task on a quiet machine does not reach it, a core kept busy
+ * by another program does within two or three tasks), passes 1/n (or the pool's late_share when
  * set) the pool drops one worker (the latest, or where CPU time was lost the one that got the
  * least; if that is the caller, the highest-numbered one): it sleeps on its futex and takes no part until a probe. Probes re-admit the last
  * dropped worker for ED_PROBE_TASKS tasks after ED_PROBE_MIN_NS, doubling after each failed
  * probe up to ED_PROBE_MAX_NS; a probe whose mean share is under the threshold keeps it (a
- * probe ends early once its mean can no longer come under it). Results do not depend on
+ * probe ends early once its mean can no longer come under it). A probe waits, moreover,
+ * until the process's CPUs had at least ED_PROBE_FREE CPUs' worth of idle time since the drop
+ * or the last look (/proc/stat, looked at every ED_PROBE_MIN_NS): while another program keeps
+ * every CPU busy a probe could only fail, and each failed probe costs slow tasks; when the
+ * machine quiets the next look lets it run. Results do not depend on
  * it: every op's split (chunks of whole 16-row tiles, token ranges) gives bit-identical sums
  * whatever the thread count. Tasks shorter than ED_ADAPT_MIN_NS are not judged (wake-up
  * latency), nor by lost CPU time when shorter than ED_LOST_MIN_NS.
