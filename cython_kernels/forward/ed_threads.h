@@ -40,8 +40,8 @@
  * worker's wake-up is not in it (a late start is lateness at the first barrier), so a probe
  * that wakes a sleeping worker is not judged by its wake-up. A task counts with
  * the larger of the two shares. So when that share (at most 1 per task), smoothed over tasks (weight
- * ED_ADAPT_ALPHA: one preempted task on a quiet machine does not reach it, a core kept busy
- * by another program does within two or three tasks), passes 1/n (or the pool's late_share when
+ * ED_ADAPT_ALPHA: one or two preempted tasks on a quiet machine do not reach it, a core kept
+ * busy by another program does within a few tasks), passes 1/n (or the pool's late_share when
  * set) the pool drops one worker (the latest, or where CPU time was lost the one that got the
  * least; if that is the caller, the highest-numbered one): it sleeps on its futex and takes no part until a probe. Probes re-admit the last
  * dropped worker for ED_PROBE_TASKS tasks after ED_PROBE_MIN_NS, doubling after each failed
@@ -98,7 +98,7 @@
 #define ED_ADAPT_MIN_NS 1000000     /* shorter tasks are not judged */
 #define ED_LOST_MIN_NS 4000000      /* nor, shorter than this, by the CPU time they lost (one
                                        time slice of another program is all of such a task) */
-#define ED_ADAPT_ALPHA 0.35         /* weight of a task's waiting share in the smoothed share */
+#define ED_ADAPT_ALPHA 0.2          /* weight of a task's waiting share in the smoothed share */
 #define ED_PROBE_TASKS 3            /* a probe judges the mean share of this many tasks */
 #define ED_PROBE_MIN_NS 200000000   /* first probe of a dropped worker after 0.2 s ... */
 #define ED_PROBE_MAX_NS 3200000000LL  /* ... doubling after each failed probe, up to 3.2 s */
@@ -151,6 +151,7 @@ struct ed_pool {
     long n_drops, n_probes, n_retakes, n_probe_skips;
     /* the idle time of the process's CPUs (/proc/stat, in clock ticks) at the last look */
     long long idle_ticks;
+    int64_t idle_own;                  /* this process's CPU time then, when it runs niced */
     int64_t idle_at;                   /* when (0: no look yet, or /proc/stat unreadable) */
     double last_free, free_override;   /* CPUs idle over the last look's window; tests: < 0 off */
     int64_t spin_ns, idle_spin_ns;     /* spin before parking: inside a task / between tasks */
@@ -386,9 +387,10 @@ static void ed_pool_task(ed_pool *p, ed_task_fn fn, void *arg, int all) {
 }
 
 /* The idle time so far of the CPUs this process may run on, in clock ticks (USER_HZ), from
-   /proc/stat's per-CPU lines: idle + iowait, and nice (time of niced programs, which a thread
-   of ours preempts) when this process is not niced itself (else its own time would count).
-   -1 when /proc/stat cannot be read (then probes are not gated). */
+   /proc/stat's per-CPU lines: idle + iowait + nice (the time of niced programs, which a thread
+   of ours preempts). When this process is niced itself its own time is in "nice" too: the
+   caller takes it off (ed_free_cpus). -1 when /proc/stat cannot be read (then probes are not
+   gated). */
 static long long ed_idle_ticks(void) {
     char buf[16384];  /* the per-CPU lines come first; a line cut at the end is not read */
     const int fd = open("/proc/stat", O_RDONLY | O_CLOEXEC);
@@ -400,7 +402,6 @@ static long long ed_idle_ticks(void) {
     buf[n] = 0;
     cpu_set_t allowed;
     if (sched_getaffinity(0, sizeof allowed, &allowed) != 0) return -1;
-    const int count_nice = getpriority(PRIO_PROCESS, 0) <= 0;
     long long ticks = 0;
     int seen = 0;
     for (char *line = buf; line && *line; line = strchr(line, '\n'), line = line ? line + 1 : NULL) {
@@ -411,7 +412,7 @@ static long long ed_idle_ticks(void) {
         if (cpu < 0 || cpu >= CPU_SETSIZE || !CPU_ISSET(cpu, &allowed)) continue;
         long long f[5] = {0, 0, 0, 0, 0};  /* user nice system idle iowait */
         for (int i = 0; i < 5; i++) f[i] = strtoll(e, &e, 10);
-        ticks += f[3] + f[4] + (count_nice ? f[1] : 0);
+        ticks += f[1] + f[3] + f[4];
         seen++;
     }
     return seen ? ticks : -1;
@@ -422,12 +423,17 @@ static long long ed_idle_ticks(void) {
 static double ed_free_cpus(ed_pool *p, int64_t now) {
     if (p->free_override >= 0.0) return p->free_override;
     const long long ticks = ed_idle_ticks();
+    const int64_t own = getpriority(PRIO_PROCESS, 0) > 0 ? ed_ns(CLOCK_PROCESS_CPUTIME_ID) : 0;
     double free = -1.0;
     const int64_t window = now - p->idle_at;
-    if (ticks >= 0 && p->idle_at && window >= 20000000)
-        free = (double)(ticks - p->idle_ticks) / ((double)window * sysconf(_SC_CLK_TCK) / 1e9);
+    if (ticks >= 0 && p->idle_at && window >= 20000000) {
+        free = ((double)(ticks - p->idle_ticks) * 1e9 / sysconf(_SC_CLK_TCK) - (double)(own - p->idle_own))
+               / (double)window;
+        if (free < 0.0) free = 0.0;
+    }
     if (ticks < 0 || !p->idle_at || window >= 20000000) {
         p->idle_ticks = ticks;
+        p->idle_own = own;
         p->idle_at = ticks >= 0 ? now : 0;
     }
     if (free >= 0.0) p->last_free = free;

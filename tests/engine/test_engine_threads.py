@@ -71,6 +71,7 @@ def test_late_worker_is_dropped_then_taken_back_without_changing_a_bit(reference
         # real threshold's effect)
         pool.debug_slow(1, 0)
         pool.late_share = 0.95
+        pool.debug_free_cpus(2.0)      # and its CPUs look idle (the probe gate is tested below)
         deadline = time.monotonic() + 30
         # (a worker on probation already counts as active; wait for the probe's verdict: a task
         # shorter than the pool's minimum leaves it pending)
