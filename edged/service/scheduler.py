@@ -449,7 +449,7 @@ class Decoder:
                 e = j.gen.entry(n)
                 pieces.append((pos, len(e.tokens)))
                 work.append((j, e))
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.thread_time()
         try:
             results = model.decode([e for _, e in work])
         except Exception as e:  # noqa: BLE001 - find the entry at fault: each alone
@@ -463,7 +463,8 @@ class Decoder:
         else:
             ms = (time.perf_counter() - t0) * 1000
             if DEBUG_STEPS:
-                self._debug(costs, len(decoding), pieces, ms, t0, decode_keys)
+                cpu = (time.thread_time() - c0) * 1000
+                self._debug(costs, len(decoding), pieces, ms, t0, decode_keys, cpu)
             costs.record(ms, len(decoding), pieces, decode_keys)
             if len(decoding) > 1 and self.metrics is not None:
                 self.metrics.batch_steps += 1
@@ -483,17 +484,19 @@ class Decoder:
             if out.finish_reason:
                 self._end(job, "done", out.finish_reason)
 
-    def _debug(self, costs, n_decode, pieces, ms, t0, decode_keys):
+    def _debug(self, costs, n_decode, pieces, ms, t0, decode_keys, cpu):
         """One line per pass (EDGED_DEBUG_STEPS=1): its rows, measured and predicted time, the
-        time since the previous pass began (what a stream's gap between tokens is)."""
+        decode thread's CPU time in it (well under the measured time: the thread was kept off its
+        CPU, or waited for other threads of the pool), the time since the previous pass began
+        (what a stream's gap between tokens is)."""
         period = (t0 - self._last_step) * 1000 if self._last_step else 0.0
         self._last_step = t0
         d, rows = costs.decode_ms, n_decode + sum(n for _, n in pieces)
         now = None if d is None or not n_decode else costs.decode_now(decode_keys)
         want = costs.prompt_ms(rows, pieces) if pieces else None
-        log.debug("pass: %d decode (%d keys) + prompt %s (%s): %.1f ms, predicted %s, limit %s; "
+        log.debug("pass: %d decode (%d keys) + prompt %s (%s): %.1f ms (CPU %.1f), predicted %s, limit %s; "
                   "since the previous pass %.1f ms; decode median %s; fits %s", n_decode, decode_keys,
-                  "+".join(f"{n}@{p}" for p, n in pieces) or "-", costs.path(rows), ms,
+                  "+".join(f"{n}@{p}" for p, n in pieces) or "-", costs.path(rows), ms, cpu,
                   "-" if want is None or d is None else f"{(now or 0.0) + want:.1f}",
                   "-" if now is None else f"{costs.limit_ms(decode_keys):.1f}", period,
                   "-" if d is None else f"{d:.1f}",
