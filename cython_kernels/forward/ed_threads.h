@@ -151,7 +151,6 @@ struct ed_pool {
     long n_drops, n_probes, n_retakes, n_probe_skips;
     /* the idle time of the process's CPUs (/proc/stat, in clock ticks) at the last look */
     long long idle_ticks;
-    int64_t idle_own;                  /* this process's CPU time then, when it runs niced */
     int64_t idle_at;                   /* when (0: no look yet, or /proc/stat unreadable) */
     double last_free, free_override;   /* CPUs idle over the last look's window; tests: < 0 off */
     int64_t spin_ns, idle_spin_ns;     /* spin before parking: inside a task / between tasks */
@@ -387,10 +386,10 @@ static void ed_pool_task(ed_pool *p, ed_task_fn fn, void *arg, int all) {
 }
 
 /* The idle time so far of the CPUs this process may run on, in clock ticks (USER_HZ), from
-   /proc/stat's per-CPU lines: idle + iowait + nice (the time of niced programs, which a thread
-   of ours preempts). When this process is niced itself its own time is in "nice" too: the
-   caller takes it off (ed_free_cpus). -1 when /proc/stat cannot be read (then probes are not
-   gated). */
+   /proc/stat's per-CPU lines: idle + iowait, and nice (the time of niced programs, which a
+   thread of ours preempts) unless this process is niced itself (then its own time is in "nice"
+   too, and other niced programs may be its equals). -1 when /proc/stat cannot be read (then
+   probes are not gated). */
 static long long ed_idle_ticks(void) {
     char buf[16384];  /* the per-CPU lines come first; a line cut at the end is not read */
     const int fd = open("/proc/stat", O_RDONLY | O_CLOEXEC);
@@ -402,6 +401,7 @@ static long long ed_idle_ticks(void) {
     buf[n] = 0;
     cpu_set_t allowed;
     if (sched_getaffinity(0, sizeof allowed, &allowed) != 0) return -1;
+    const int count_nice = getpriority(PRIO_PROCESS, 0) <= 0;
     long long ticks = 0;
     int seen = 0;
     for (char *line = buf; line && *line; line = strchr(line, '\n'), line = line ? line + 1 : NULL) {
@@ -412,7 +412,7 @@ static long long ed_idle_ticks(void) {
         if (cpu < 0 || cpu >= CPU_SETSIZE || !CPU_ISSET(cpu, &allowed)) continue;
         long long f[5] = {0, 0, 0, 0, 0};  /* user nice system idle iowait */
         for (int i = 0; i < 5; i++) f[i] = strtoll(e, &e, 10);
-        ticks += f[1] + f[3] + f[4];
+        ticks += f[3] + f[4] + (count_nice ? f[1] : 0);
         seen++;
     }
     return seen ? ticks : -1;
@@ -423,17 +423,12 @@ static long long ed_idle_ticks(void) {
 static double ed_free_cpus(ed_pool *p, int64_t now) {
     if (p->free_override >= 0.0) return p->free_override;
     const long long ticks = ed_idle_ticks();
-    const int64_t own = getpriority(PRIO_PROCESS, 0) > 0 ? ed_ns(CLOCK_PROCESS_CPUTIME_ID) : 0;
     double free = -1.0;
     const int64_t window = now - p->idle_at;
-    if (ticks >= 0 && p->idle_at && window >= 20000000) {
-        free = ((double)(ticks - p->idle_ticks) * 1e9 / sysconf(_SC_CLK_TCK) - (double)(own - p->idle_own))
-               / (double)window;
-        if (free < 0.0) free = 0.0;
-    }
+    if (ticks >= 0 && p->idle_at && window >= 20000000)
+        free = (double)(ticks - p->idle_ticks) * 1e9 / sysconf(_SC_CLK_TCK) / (double)window;
     if (ticks < 0 || !p->idle_at || window >= 20000000) {
         p->idle_ticks = ticks;
-        p->idle_own = own;
         p->idle_at = ticks >= 0 ? now : 0;
     }
     if (free >= 0.0) p->last_free = free;
