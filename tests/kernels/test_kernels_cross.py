@@ -81,6 +81,10 @@ def test_neon_path_matches_generic_under_qemu(tmp_path):
     # by lane) and the panels over them, bit for bit with the mapped rows' plain C dot
     assert {"repack neon Q4_0 rows panels ok", "repack neon Q8_0 rows panels ok",
             "repack neonnd Q4_0 rows ok", "repack neonnd Q8_0 rows ok"} <= set(r.stdout.splitlines()), r.stdout
+    # prompts over repacked weights: the dotprod path's own panels packed from the R4 groups and
+    # its kernel for them (16 rows x 3 tokens), for 1-5 tokens and 4-16 rows, equal the plain C dot
+    assert {l for l in r.stdout.splitlines() if " kernel_r4 " in l} == {
+        "repack neon Q4_0 panels kernel_r4 ok", "repack neon Q8_0 panels kernel_r4 ok"}, r.stdout
     rows = {l for l in r.stdout.splitlines() if l.startswith("extreme neon")}
     assert rows == {f"extreme {v} {t} rows ok" for v in ("neon", "neonnd") for t in ("Q4_0", "Q5_0", "Q8_0")}, r.stdout
     # baseline Advanced SIMD (Cortex-A72, Raspberry Pi 4: no dotprod)

@@ -189,8 +189,18 @@ int main(void) {
                     static uint8_t rscratch[K * 64 + 4096] __attribute__((aligned(64)));
                     const size_t il = ed_gemm_info_len(K);
                     for (int c = 0; c < COLS; c++) ed_gemm_info(tr.vec_type, K, xq + c * xr, rinfo + c * il);
-                    ed_gemm_rows_layout(t, ED_LAYOUT_R4, K, wr, rb, RR, xq, xr, rinfo, il, COLS, got, ROWS, rscratch);
-                    for (int c = 0; c < COLS; c++) rok &= !memcmp(got + c * ROWS, ref + c * ROWS, sizeof(float) * RR);
+                    /* every token count and every panel height (1-4 groups of 4 rows; 20, 28, RR:
+                       a whole panel and a partial one) */
+                    static const int pr[] = {4, 8, 12, 16, 20, 28, RR};
+                    int pok = 1;
+                    for (int nc = 1; nc <= COLS; nc++)
+                        for (size_t i = 0; i < sizeof pr / sizeof pr[0]; i++) {
+                            ed_gemm_rows_layout(t, ED_LAYOUT_R4, K, wr, rb, pr[i], xq, xr, rinfo, il, nc, got, ROWS, rscratch);
+                            for (int c = 0; c < nc; c++) pok &= !memcmp(got + c * ROWS, ref + c * ROWS, sizeof(float) * pr[i]);
+                        }
+                    rok &= pok;
+                    /* the path's own kernel for panels packed from R4 groups (NEON+dotprod) */
+                    if (ed_kern->gemm->kernel_r4) printf("repack %s %s panels kernel_r4 %s\n", paths[p], names[ti], pok ? "ok" : "FAIL");
                 }
                 printf("repack %s %s rows%s %s\n", paths[p], names[ti], ed_gemm_ok(t) ? " panels" : "",
                        rok ? "ok" : "FAIL");
