@@ -366,6 +366,21 @@ int main(void) {
                    (isnan(g1[i]) ? isnan(g2[i]) : !memcmp(g1 + i, g2 + i, 4));
         printf("parity %s expf silu %s\n", simd ? "simd" : "scalar", pok ? "ok" : "FAIL");
         failures += !pok;
+        /* the F16 dot of attention (one row: 64 lanes, a batch: 16 lanes) over head sizes with
+           and without a tail past the 64 lanes: "parity simd dot ok" */
+        static ed_half h1[NP], h2[NP];
+        for (int i = 0; i < NP; i++) h1[i] = ed_fp32_to_fp16(x[i] * 0.01f), h2[i] = ed_fp32_to_fp16(u[i]);
+        h1[7] = ed_fp32_to_fp16(60000.0f); h2[7] = ed_fp32_to_fp16(60000.0f);  /* a product past F16, an inf in the sum */
+        int dok = 1;
+        static const int dn[] = {16, 48, 64, 80, 96, 128, 256, 4096};
+        for (int b = 0; b < 2; b++)
+            for (size_t i = 0; i < sizeof dn / sizeof dn[0]; i++)
+                for (int o = 0; o + dn[i] <= NP && o < 64 * 4; o += 64) {
+                    const float d1 = ed_pm_dot(simd, dn[i], h1 + o, h2 + o, b), d2 = ed_pm_dot(0, dn[i], h1 + o, h2 + o, b);
+                    dok &= !memcmp(&d1, &d2, 4);
+                }
+        printf("parity %s dot %s\n", simd ? "simd" : "scalar", dok ? "ok" : "FAIL");
+        failures += !dok;
     }
     return failures ? 1 : 0;
 }
