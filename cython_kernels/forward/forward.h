@@ -263,17 +263,14 @@ static inline void ed_rows(const ed_state *s, const ed_tensor *W, int64_t r0, in
                             s->gemm + (size_t)ith * s->gemm_bytes);
         return;
     }
-    if (n <= ED_MAX_COLS && W->layout == ED_LAYOUT_MAPPED) {
-        /* one token or a decode batch over mapped rows: each row is read once anyway, and the
-           row kernels form their per-column work once for the whole chunk */
-        if (r1 > r0) ed_mdot_rows(W->type, (int)W->ne0, W->data + r0 * W->row_bytes, W->row_bytes,
-                                  (int)(r1 - r0), xq, rb, n, out + r0, (size_t)ldo);
-        return;
-    }
-    for (; r0 < r1; r0 += ED_ROW_TILE) {
-        const int64_t e = r0 + ED_ROW_TILE < r1 ? r0 + ED_ROW_TILE : r1;
-        /* each weight row is decoded once per group of ED_MAX_COLS tokens (ed_simd.h); a
-           repacked matrix's groups of 4 rows sit where their rows would (r0: a multiple of 4) */
+    /* one token or a decode batch: the whole chunk in one call (each row is read once anyway, and
+       the row kernels form their per-column work once per call; the R4 kernels walk their 4-row
+       groups themselves); more tokens without panels: tiles of rows that stay in cache, each
+       weight row decoded once per group of ED_MAX_COLS tokens (ed_simd.h). A repacked matrix's
+       groups of 4 rows sit where their rows would (r0: a multiple of 4). */
+    const int64_t step = n <= ED_MAX_COLS ? r1 - r0 : ED_ROW_TILE;
+    for (; r0 < r1; r0 += step) {
+        const int64_t e = r0 + step < r1 ? r0 + step : r1;
         if (W->layout == ED_LAYOUT_R4)
             ed_mdot_rows_r4(W->type, (int)W->ne0, W->data + r0 * W->row_bytes, W->row_bytes,
                             (int)(e - r0), xq, rb, n, out + r0, (size_t)ldo);

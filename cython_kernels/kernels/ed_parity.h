@@ -248,6 +248,32 @@ static void ed_pm_expf_sub_neon(int n, const float *x, float mx, float *y) {
     for (; i < n; i++) y[i] = ed_pm_expf(x[i] - mx);
 }
 
+/* ed_pm_dot_f16 on 4-lane registers: F16 -> float by FCVTL (exact, as the table), lane l of the
+ * scalar code's acc[] in lane l % 4 of register l / 4, FMA in place of the add of an exact
+ * product (the same rounding), the same trees on the same lanes */
+static float ed_pm_dot_f16_neon(int n, const ed_half *x, const ed_half *y, int batch) {
+#define ED_PM_H4(p) vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(p)))
+    float32x4_t a[16], r[4];
+    float l[16];
+    if (batch && n % 16 == 0) {
+        for (int k = 0; k < 4; k++) r[k] = vdupq_n_f32(0.0f);
+        for (int i = 0; i < n; i += 16)
+            for (int k = 0; k < 4; k++) r[k] = vfmaq_f32(r[k], ED_PM_H4(x + i + 4 * k), ED_PM_H4(y + i + 4 * k));
+        for (int k = 0; k < 4; k++) vst1q_f32(l + 4 * k, r[k]);
+        return ed_pm_hsum16(l);
+    }
+    const int np = n & ~63;
+    for (int k = 0; k < 16; k++) a[k] = vdupq_n_f32(0.0f);
+    for (int i = 0; i < np; i += 64)
+        for (int k = 0; k < 16; k++) a[k] = vfmaq_f32(a[k], ED_PM_H4(x + i + 4 * k), ED_PM_H4(y + i + 4 * k));
+    /* r[l] = (acc[l] + acc[l + 32]) + (acc[l + 16] + acc[l + 48]) */
+    for (int k = 0; k < 4; k++) vst1q_f32(l + 4 * k, vaddq_f32(vaddq_f32(a[k], a[k + 8]), vaddq_f32(a[k + 4], a[k + 12])));
+    double sum = ed_pm_hsum16(l);
+    for (int i = np; i < n; i++) sum += (double)(ED_PM_F(x[i]) * ED_PM_F(y[i]));
+    return (float)sum;
+#undef ED_PM_H4
+}
+
 /* g[i] = ed_pm_silu(g[i]) * u[i] for i < n */
 static void ed_pm_silu_mul_neon(int n, float *g, const float *u) {
     int i = 0;
@@ -282,7 +308,7 @@ static inline int ed_pm_simd(const char *path) {
 #if defined(__x86_64__)
     return path[0] == 'a';  /* "avx2", "avx512" */
 #elif defined(__aarch64__)
-    return path[0] == 'n';  /* "neon", "neon+dotprod": expf and SiLU (the others are scalar there) */
+    return path[0] == 'n';  /* "neon", "neon+dotprod": the F16 dot, expf and SiLU (the others are scalar there) */
 #else
     (void)path; return 0;
 #endif
@@ -291,6 +317,8 @@ static inline int ed_pm_simd(const char *path) {
 static inline float ed_pm_dot(int simd, int n, const ed_half *x, const ed_half *y, int batch) {
 #if defined(__x86_64__)
     if (simd) return ed_pm_dot_f16_x86(n, x, y, batch);
+#elif defined(__aarch64__)
+    if (simd) return ed_pm_dot_f16_neon(n, x, y, batch);
 #endif
     (void)simd;
     return ed_pm_dot_f16(n, x, y, batch);

@@ -31,6 +31,7 @@ def test_native_paths_match_generic(tmp_path):
     assert " ok" in r.stdout and "FAIL" not in r.stdout  # incl. the tiles bit for bit (same-ok)
     if "x86" in os.uname().machine:  # the AVX2 softmax expf and SiLU (ed_parity.h) equal the scalar code
         assert any(l in r.stdout.splitlines() for l in ("parity simd expf silu ok", "parity scalar expf silu ok")), r.stdout
+        assert any(l in r.stdout.splitlines() for l in ("parity simd dot ok", "parity scalar dot ok")), r.stdout
     # every type has a tile (ED_MDOT: a prompt's tokens, a decode batch's sessions) equal to the
     # one-token path on the x86 SIMD paths (the generic path runs its dot per column)
     digests = [l.split() for l in r.stdout.splitlines() if l.startswith("digest ")]
@@ -71,6 +72,8 @@ def test_neon_path_matches_generic_under_qemu(tmp_path):
     assert "dotprod" in r.stdout.splitlines()[0]  # the dotprod variant ran
     # the NEON softmax expf and SiLU (ed_parity.h) equal the scalar code bit for bit
     assert "parity simd expf silu ok" in r.stdout.splitlines(), r.stdout
+    # and the attention's F16 dot (ed_pm_dot: 64 and 16 lanes, NEON on both variants)
+    assert "parity simd dot ok" in r.stdout.splitlines(), r.stdout
     lines = [l for l in r.stdout.splitlines() if l.startswith("neon ") and " panels " not in l]
     assert len(lines) == 16 and all(l.endswith(" ok") for l in lines), r.stdout
     # dotprod has the packed panels for the 13 quantized types (each also checked in an ok line)
@@ -81,6 +84,10 @@ def test_neon_path_matches_generic_under_qemu(tmp_path):
     # by lane) and the panels over them, bit for bit with the mapped rows' plain C dot
     assert {"repack neon Q4_0 rows panels ok", "repack neon Q8_0 rows panels ok",
             "repack neonnd Q4_0 rows ok", "repack neonnd Q8_0 rows ok"} <= set(r.stdout.splitlines()), r.stdout
+    # prompts over repacked weights: the dotprod path's own panels packed from the R4 groups and
+    # its kernel for them (16 rows x 3 tokens), for 1-5 tokens and 4-16 rows, equal the plain C dot
+    assert {l for l in r.stdout.splitlines() if " kernel_r4 " in l} == {
+        "repack neon Q4_0 panels kernel_r4 ok", "repack neon Q8_0 panels kernel_r4 ok"}, r.stdout
     rows = {l for l in r.stdout.splitlines() if l.startswith("extreme neon")}
     assert rows == {f"extreme {v} {t} rows ok" for v in ("neon", "neonnd") for t in ("Q4_0", "Q5_0", "Q8_0")}, r.stdout
     # baseline Advanced SIMD (Cortex-A72, Raspberry Pi 4: no dotprod)
@@ -89,6 +96,7 @@ def test_neon_path_matches_generic_under_qemu(tmp_path):
     assert a72.returncode == 0 and "dotprod" not in a72.stdout.splitlines()[0], a72.stdout
     assert sum(l.startswith("neon ") and l.endswith(" ok") for l in a72.stdout.splitlines()) == 16
     assert " panels " not in a72.stdout  # no panel kernel without dotprod: the row tiles
+    assert "parity simd dot ok" in a72.stdout.splitlines(), a72.stdout
     assert {l for l in a72.stdout.splitlines() if l.startswith("extreme ")} == rows, a72.stdout
     # every type has a NEON dot (none left on the generic C loop) and a tile equal to the
     # one-token dot bit for bit, and both variants give the same bits (the dots'

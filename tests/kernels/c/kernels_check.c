@@ -189,8 +189,18 @@ int main(void) {
                     static uint8_t rscratch[K * 64 + 4096] __attribute__((aligned(64)));
                     const size_t il = ed_gemm_info_len(K);
                     for (int c = 0; c < COLS; c++) ed_gemm_info(tr.vec_type, K, xq + c * xr, rinfo + c * il);
-                    ed_gemm_rows_layout(t, ED_LAYOUT_R4, K, wr, rb, RR, xq, xr, rinfo, il, COLS, got, ROWS, rscratch);
-                    for (int c = 0; c < COLS; c++) rok &= !memcmp(got + c * ROWS, ref + c * ROWS, sizeof(float) * RR);
+                    /* every token count and every panel height (1-4 groups of 4 rows; 20, 28, RR:
+                       a whole panel and a partial one) */
+                    static const int pr[] = {4, 8, 12, 16, 20, 28, RR};
+                    int pok = 1;
+                    for (int nc = 1; nc <= COLS; nc++)
+                        for (size_t i = 0; i < sizeof pr / sizeof pr[0]; i++) {
+                            ed_gemm_rows_layout(t, ED_LAYOUT_R4, K, wr, rb, pr[i], xq, xr, rinfo, il, nc, got, ROWS, rscratch);
+                            for (int c = 0; c < nc; c++) pok &= !memcmp(got + c * ROWS, ref + c * ROWS, sizeof(float) * pr[i]);
+                        }
+                    rok &= pok;
+                    /* the path's own kernel for panels packed from R4 groups (NEON+dotprod) */
+                    if (ed_kern->gemm->kernel_r4) printf("repack %s %s panels kernel_r4 %s\n", paths[p], names[ti], pok ? "ok" : "FAIL");
                 }
                 printf("repack %s %s rows%s %s\n", paths[p], names[ti], ed_gemm_ok(t) ? " panels" : "",
                        rok ? "ok" : "FAIL");
@@ -356,6 +366,21 @@ int main(void) {
                    (isnan(g1[i]) ? isnan(g2[i]) : !memcmp(g1 + i, g2 + i, 4));
         printf("parity %s expf silu %s\n", simd ? "simd" : "scalar", pok ? "ok" : "FAIL");
         failures += !pok;
+        /* the F16 dot of attention (one row: 64 lanes, a batch: 16 lanes) over head sizes with
+           and without a tail past the 64 lanes: "parity simd dot ok" */
+        static ed_half h1[NP], h2[NP];
+        for (int i = 0; i < NP; i++) h1[i] = ed_fp32_to_fp16(x[i] * 0.01f), h2[i] = ed_fp32_to_fp16(u[i]);
+        h1[7] = ed_fp32_to_fp16(60000.0f); h2[7] = ed_fp32_to_fp16(60000.0f);  /* a product past F16, an inf in the sum */
+        int dok = 1;
+        static const int dn[] = {16, 48, 64, 80, 96, 128, 256, 4096};
+        for (int b = 0; b < 2; b++)
+            for (size_t i = 0; i < sizeof dn / sizeof dn[0]; i++)
+                for (int o = 0; o + dn[i] <= NP && o < 64 * 4; o += 64) {
+                    const float d1 = ed_pm_dot(simd, dn[i], h1 + o, h2 + o, b), d2 = ed_pm_dot(0, dn[i], h1 + o, h2 + o, b);
+                    dok &= !memcmp(&d1, &d2, 4);
+                }
+        printf("parity %s dot %s\n", simd ? "simd" : "scalar", dok ? "ok" : "FAIL");
+        failures += !dok;
     }
     return failures ? 1 : 0;
 }
