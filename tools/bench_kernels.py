@@ -1,9 +1,20 @@
 #!/usr/bin/env python3
 """Kernel benchmark: per weight type, matrix-vector GB/s of weights streamed (weights larger
-than the caches) and matrix-matrix GOPS (a prompt batch), for 1..N threads, next to the
-machine's measured read bandwidth. Short runs (best of -r); the machine may be shared.
+than the caches) and matrix-matrix GOPS (a prompt batch), for 1..N threads, next to the read
+bandwidth of the same buffer. Short runs (best of -r); the machine may be shared.
 
     python tools/bench_kernels.py [-t 2] [--mib 512] [-r 5] [--types Q4_0,Q4_K,Q6_K,Q8_0]
+
+"read GB/s" is a real read-bandwidth measurement made to match each matrix-vector figure: one
+pass over the same weight buffer (so the same size, --mib), with the same pool of threads, each
+thread reading one contiguous slice as the product splits its rows, with the selected path's
+widest loads (64-byte zmm on avx512, 32-byte ymm on avx2, 16-byte on neon, 8-byte on generic)
+into 8 independent XOR accumulators (`_core.read_bandwidth_pass`, cython_kernels/kernels/
+ed_readbw.h); every page is touched by an untimed first pass of each, and the read and product
+runs alternate. It is what a loop that does nothing but load gets from memory at that thread
+count, so "% of read" near 100 means the product is memory-bound there, and well below 100
+that it is compute-bound (its integer work, not the weight traffic, sets the speed).
+The GB/cpu-s columns divide by the CPU time the threads got instead of wall time.
 """
 import argparse
 import os
@@ -22,13 +33,22 @@ from edged.engine.threads import default_threads  # noqa: E402
 
 def best(fn, reps):
     """(best wall seconds, CPU seconds of that run summed over the process's threads)"""
-    fn()
-    t = []
+    return best_pair(fn, None, reps)[0]
+
+
+def best_pair(fa, fb, reps):
+    """best() of fa and of fb (None: fa alone), their runs alternated; each run once untimed
+    first (pages touched, caches and threads warm)"""
+    fns = [f for f in (fa, fb) if f is not None]
+    for f in fns:
+        f()
+    t = [[] for _ in fns]
     for _ in range(reps):
-        t0, c0 = time.perf_counter(), time.process_time()
-        fn()
-        t.append((time.perf_counter() - t0, time.process_time() - c0))
-    return min(t)
+        for i, f in enumerate(fns):
+            t0, c0 = time.perf_counter(), time.process_time()
+            f()
+            t[i].append((time.perf_counter() - t0, time.process_time() - c0))
+    return [min(x) for x in t]
 
 
 def weights(qtype, rows, k, rng):
@@ -51,18 +71,13 @@ def main():
     k = args.k
     pools = {n: _core.Pool(n) for n in range(1, args.threads + 1)}
     print(f"kernel path {_core.kernel_path()} ({_core.kernel_variant()}), features {' '.join(_core.cpu_features())}, "
-          f"load average {os.getloadavg()[0]:.1f}")
-    buf = np.frombuffer(rng.bytes(args.mib << 20), np.uint8)
-    bw, bw_cpu = {}, {}
-    for n, p in pools.items():
-        wall, cpu = best(lambda: _core.read_bandwidth_pass(buf, p), args.reps)
-        bw[n], bw_cpu[n] = buf.nbytes / wall / 1e9, buf.nbytes / max(cpu, 1e-9) / 1e9
-    del buf
+          f"load average {os.getloadavg()[0]:.1f}; read: the same buffer, {_core.read_pass_loads()}, "
+          f"8 accumulators, the same threads")
     # wall-clock figures, and per CPU-second (bytes / CPU time summed over the threads): on a
     # shared machine the second pair shows the kernels' efficiency however little CPU we got
-    print("| type | threads | read GB/s | matvec GB/s | % of read | read GB/cpu-s | matvec GB/cpu-s "
+    print("| type | threads | MiB | read GB/s | matvec GB/s | % of read | read GB/cpu-s | matvec GB/cpu-s "
           "| % | matmul GOPS | matmul GOP/cpu-s |")
-    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for name in args.types.split(","):
         t = GGMLType[name]
         info = TYPE_INFO[t]
@@ -76,12 +91,14 @@ def main():
         xm = rng.standard_normal((args.tokens, k)).astype(np.float32)
         om = np.empty((args.tokens, mm_rows), np.float32)
         for n, p in pools.items():
-            tv, cv = best(lambda: _core.matmul(o1, w, int(t), x1, p), args.reps)
+            (tr, cr), (tv, cv) = best_pair(lambda: _core.read_bandwidth_pass(w, p),
+                                           lambda: _core.matmul(o1, w, int(t), x1, p), args.reps)
             tm, cm = best(lambda: _core.matmul(om, wm, int(t), xm, p), max(1, args.reps // 2))
+            bw, bwc = w.nbytes / tr / 1e9, w.nbytes / max(cr, 1e-9) / 1e9
             gbs, gbc = w.nbytes / tv / 1e9, w.nbytes / max(cv, 1e-9) / 1e9
             ops = 2.0 * mm_rows * k * args.tokens
-            print(f"| {name} | {n} | {bw[n]:.1f} | {gbs:.1f} | {100 * gbs / bw[n]:.0f}% | "
-                  f"{bw_cpu[n]:.1f} | {gbc:.1f} | {100 * gbc / bw_cpu[n]:.0f}% | {ops / tm / 1e9:.1f} | "
+            print(f"| {name} | {n} | {w.nbytes / 2**20:.0f} | {bw:.1f} | {gbs:.1f} | {100 * gbs / bw:.0f}% | "
+                  f"{bwc:.1f} | {gbc:.1f} | {100 * gbc / bwc:.0f}% | {ops / tm / 1e9:.1f} | "
                   f"{ops / max(cm, 1e-9) / 1e9:.1f} |")
         sys.stdout.flush()
 

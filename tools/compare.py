@@ -65,10 +65,12 @@ out = llm("Hello", max_tokens=1, temperature=0.0)
 
 
 def edged_python(root):
-    """The interpreter of a checkout: its .venv, or this one for this checkout."""
-    if os.path.samefile(root, ROOT):
+    """The interpreter of a checkout: its .venv, or this one (this checkout, or one built in place
+    with this interpreter and no .venv of its own)."""
+    venv = os.path.join(root, ".venv", "bin", "python")
+    if os.path.samefile(root, ROOT) or not os.path.exists(venv):
         return sys.executable
-    return os.path.join(root, ".venv", "bin", "python")
+    return venv
 
 
 def edged_run(root, model, t, p, n):
@@ -145,7 +147,7 @@ def main():
         else:
             runs["llama.cpp"].append(llama_run(a.llama_python, model, a.threads, a.n_prompt, a.n_gen))
         print(f"run {rep + 1}/{a.repetitions}: edged {runs['edged'][-1]}  "
-              f"llama.cpp {runs['llama.cpp'][-1]}", file=sys.stderr)
+              f"llama.cpp {runs['llama.cpp'][-1]}  load {os.getloadavg()[0]:.2f}", file=sys.stderr)
     report = {"model": model, "threads": a.threads, "n_prompt": a.n_prompt, "n_gen": a.n_gen,
               "repetitions": a.repetitions, "edged_root": root,
               "edged_kernels": os.environ.get("EDGED_KERNELS", "auto"),
@@ -158,7 +160,9 @@ def main():
         report["tests"][f"{test}{k}"] = {
             "edged_tps": statistics.mean(e), "edged_stdev": statistics.pstdev(e),
             "llama_tps": statistics.mean(l_), "llama_stdev": statistics.pstdev(l_),
-            "ratio": statistics.mean(e) / statistics.mean(l_)}
+            "ratio": statistics.mean(e) / statistics.mean(l_),
+            "edged_median": statistics.median(e), "llama_median": statistics.median(l_),
+            "median_ratio": statistics.median(e) / statistics.median(l_)}
     if a.startup:
         es, er = time_v([edged_python(root), "-m", "edged", "generate", "-m", model, "-p", "Hello",
                          "-n", "1", "-t", str(a.threads), "-c", "64"], cwd=root)
@@ -173,12 +177,14 @@ def main():
     if a.json:
         print(json.dumps(report, indent=1))
         return
-    print(f"model {os.path.basename(model)}, {a.threads} threads, {a.repetitions} interleaved runs")
-    print("| test | edged t/s | llama.cpp t/s | edged / llama.cpp |")
-    print("| --- | ---: | ---: | ---: |")
+    print(f"model {os.path.basename(model)}, {a.threads} threads, {a.repetitions} interleaved runs, "
+          f"load average {os.getloadavg()[0]:.2f} at the end")
+    print("| test | edged t/s | llama.cpp t/s | edged / llama.cpp | medians: edged / llama.cpp |")
+    print("| --- | ---: | ---: | ---: | ---: |")
     for name, r in report["tests"].items():
         print(f"| {name} | {r['edged_tps']:.2f} ± {r['edged_stdev']:.2f} | "
-              f"{r['llama_tps']:.2f} ± {r['llama_stdev']:.2f} | {r['ratio']:.2f} |")
+              f"{r['llama_tps']:.2f} ± {r['llama_stdev']:.2f} | {r['ratio']:.2f} | "
+              f"{r['edged_median']:.1f} / {r['llama_median']:.1f} = {r['median_ratio']:.2f} |")
     if "startup" in report:
         s = report["startup"]
         print(f"| start -> first token | {s['edged_s']:.2f} s | {s['llama_s']:.2f} s | "

@@ -31,7 +31,8 @@
 # available_paths(), set_path(name), act_row_bytes(qtype, k), quantize_act(x, qtype),
 # matmul(out, w, qtype, x, pool=None), quantize_rows(x, qtype, pool=None),
 # dequantize_rows(out, w, qtype, rows=None), pin_pool(pool, cpus),
-# default_threads(), aligned_empty(shape, dtype), read_bandwidth_pass(buf, pool=None), and the
+# default_threads(), aligned_empty(shape, dtype), read_bandwidth_pass(buf, pool=None),
+# read_pass_loads(), and the
 # forward pass's ops for tests: rmsnorm, rope, activation, attention.
 import os as _os
 
@@ -270,36 +271,34 @@ def aligned_empty(shape, dtype=np.float32, int align=64):
     return raw[off:off + n].view(dt).reshape(shape)
 
 
+cdef extern from "ed_readbw.h" nogil:
+    uint64_t ed_read_pass(const uint8_t *p, size_t n)
+    const char *ed_read_pass_loads()
+
+
 ctypedef struct _rd_args:
-    const uint64_t *p
+    const uint8_t *p
     size_t n
     uint64_t sums[64]
 
 
 cdef void _read_task(void *arg, int ith, int nth) noexcept nogil:
-    # 8 independent xor chains over 64-byte lines: the compiler vectorises it (SSE2 at least)
+    # one contiguous slice per thread (as the matrix-vector product splits its rows), read with
+    # the selected path's widest loads and 8 independent accumulators (ed_readbw.h)
     cdef _rd_args *a = <_rd_args *>arg
-    cdef size_t per = ((a.n + nth - 1) // nth + 7) // 8 * 8
-    cdef size_t i0 = per * ith, i1 = min(i0 + per, a.n), i, j
-    cdef uint64_t acc[8]
-    for j in range(8):
-        acc[j] = 0
-    i = i0
-    while i + 8 <= i1:
-        for j in range(8):
-            acc[j] ^= a.p[i + j]
-        i += 8
-    for j in range(1, 8):
-        acc[0] ^= acc[j]
-    a.sums[ith % 64] = acc[0]
+    cdef size_t per = ((a.n + nth - 1) // nth + 63) // 64 * 64
+    cdef size_t i0 = min(per * ith, a.n), i1 = min(i0 + per, a.n)
+    a.sums[ith % 64] ^= ed_read_pass(a.p + i0, i1 - i0)
 
 
 def read_bandwidth_pass(const uint8_t[::1] buf, Pool pool=None):
-    """Stream `buf` once (all pool threads, split evenly); returns a checksum. Time it to get
-    the machine's read bandwidth next to the kernels' weight-streaming rate."""
+    """Read `buf` once (all pool threads, one contiguous slice each) with the selected path's
+    widest loads (read_pass_loads()) into 8 independent accumulators; returns a checksum. Timed,
+    it is the read bandwidth the weight-streaming kernels are compared with: run it on the same
+    buffer and thread count as they use."""
     cdef _rd_args a
-    a.p = <const uint64_t *>&buf[0]
-    a.n = buf.shape[0] // 8
+    a.p = &buf[0]
+    a.n = buf.shape[0]
     memset(a.sums, 0, sizeof(a.sums))
     with nogil:
         if pool is None:
@@ -310,6 +309,11 @@ def read_bandwidth_pass(const uint8_t[::1] buf, Pool pool=None):
     for i in range(64):
         s ^= a.sums[i]
     return s
+
+
+def read_pass_loads():
+    """What read_bandwidth_pass loads with on the selected path, e.g. "32-byte ymm loads"."""
+    return ed_read_pass_loads().decode()
 
 
 def default_threads():

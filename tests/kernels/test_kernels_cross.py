@@ -88,8 +88,10 @@ def test_neon_path_matches_generic_under_qemu(tmp_path):
     # its kernel for them (16 rows x 3 tokens), for 1-5 tokens and 4-16 rows, equal the plain C dot
     assert {l for l in r.stdout.splitlines() if " kernel_r4 " in l} == {
         "repack neon Q4_0 panels kernel_r4 ok", "repack neon Q8_0 panels kernel_r4 ok"}, r.stdout
-    rows = {l for l in r.stdout.splitlines() if l.startswith("extreme neon")}
+    rows = {l for l in r.stdout.splitlines() if l.startswith("extreme neon") and " rows " in l}
     assert rows == {f"extreme {v} {t} rows ok" for v in ("neon", "neonnd") for t in ("Q4_0", "Q5_0", "Q8_0")}, r.stdout
+    # the wide types' panels (u = w + 128 over 0..255) at their edge, on the dotprod panels
+    assert {f"extreme neon {t} panels ok" for t in ("Q8_0", "IQ4_NL", "IQ4_XS")} <= set(r.stdout.splitlines()), r.stdout
     # baseline Advanced SIMD (Cortex-A72, Raspberry Pi 4: no dotprod)
     a72 = subprocess.run([qemu, "-cpu", "cortex-a72", str(tmp_path / "check-arm64")],
                          capture_output=True, text=True, timeout=600)

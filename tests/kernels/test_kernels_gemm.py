@@ -14,10 +14,10 @@ core = pytest.importorskip("edged._core")
 PACKED = [GGMLType.Q8_0, GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0, GGMLType.Q5_1,
           GGMLType.Q2_K, GGMLType.Q3_K, GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K,
           GGMLType.IQ4_NL, GGMLType.IQ4_XS, GGMLType.MXFP4]
-# u = weight + 128 spans 1..241: the u8 x s8 pairs need VNNI's exact sums (ed_gemm_traits.wide)
-WIDE = (GGMLType.Q8_0, GGMLType.IQ4_NL, GGMLType.IQ4_XS)
+# the x86 paths, and each as a CPU without (AVX-)VNNI runs it: there the u8 x s8 pairs sum in
+# i16, and the wide types (u = weight + 128 spans 0..255: Q8_0, IQ4_NL, IQ4_XS) split u in nibbles
 PANEL_PATHS = [p for p in core.available_paths() if p in ("avx2", "avx512")]
-VNNI = "avx512vnni" in core.cpu_features()
+PANEL_PATHS += [p + "-vnni" for p in PANEL_PATHS]
 
 
 @pytest.fixture(params=PANEL_PATHS or [None])
@@ -32,10 +32,8 @@ def panels(request):
 
 
 def test_panel_types(panels):
-    # without VNNI the u8 x s8 pairs sum in i16, so the wide types keep the row tiles
-    vnni = VNNI if panels == "avx512" else "avxvnni" in core.cpu_features()
-    want = PACKED if vnni else [t for t in PACKED if t not in WIDE]
-    assert sorted(core.gemm_types()) == sorted(int(t) for t in want)
+    # every x86 table packs every quantized type, with or without VNNI
+    assert sorted(core.gemm_types()) == sorted(int(t) for t in PACKED)
     core.set_path("generic")
     assert core.gemm_types() == []
 

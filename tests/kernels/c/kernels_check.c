@@ -244,6 +244,37 @@ int main(void) {
                 printf("extreme %s %s rows %s\n", paths[p], names[ti], eok ? "ok" : "FAIL");
                 failures += !eok;
             }
+            /* Packed panels of the wide types (u = w + 128 spans 0..255: Q8_0, IQ4_NL, IQ4_XS) at
+               the edge of their integer ranges: every byte 0x7F / 0xFF (u = 255, 241; IQ4_XS's
+               scales at their largest) and 0x80 / 0x00 (u = 0, 1; scales at -32) against columns
+               of +127 and -127, equal to the plain C dot bit for bit. Without VNNI the x86 panels
+               sum their nibbles' pairs in i16: "extreme PATH TYPE panels ok" */
+            if (ed_gemm_ok(t) && ED_GEMM_TRAITS[t].wide) {
+                const uint8_t fills[2][2] = {{0x7F, 0x80}, {0xFF, 0x00}};
+                enum { ER = 2 * ED_PANEL };
+                static uint8_t we[ER * K * 2], xe[4 * K * 2];
+                static uint8_t escratch[K * 64 + 4096] __attribute__((aligned(64)));
+                static ed_ginfo einfo[4 * (K / 32 + K / 16)];
+                static float fe[4 * K], ge[4 * ER];
+                const size_t il = ed_gemm_info_len(K);
+                int eok = 1;
+                for (int f = 0; f < 2; f++) {
+                    const uint8_t fill = fills[t != ED_Q8_0][f];
+                    memset(we, fill, ER * rb);
+                    for (size_t b = 0; b < ER * rb / tr.type_size; b++) fix_halves(t, we + b * tr.type_size);
+                    for (int c = 0; c < 4; c++) for (int i = 0; i < K; i++) fe[c * K + i] = c & 1 ? -1.0f : 1.0f;
+                    for (int c = 0; c < 4; c++) ED_QUANT[tr.vec_type](fe + c * K, xe + c * xr, K);
+                    for (int c = 0; c < 4; c++) ed_gemm_info(tr.vec_type, K, xe + c * xr, einfo + c * il);
+                    ed_gemm_rows(t, K, we, rb, ER, xe, xr, einfo, il, 4, ge, ER, escratch);
+                    for (int c = 0; c < 4; c++)
+                        for (int r = 0; r < ER; r++) {
+                            const float want = tr.ref(K, we + r * rb, xe + c * xr);
+                            eok &= !memcmp(&want, &ge[c * ER + r], sizeof want);
+                        }
+                }
+                printf("extreme %s %s panels %s\n", paths[p], names[ti], eok ? "ok" : "FAIL");
+                failures += !eok;
+            }
 #if defined(__x86_64__)
             /* Q4_0 / Q5_0 rows of more than ED_RC_CS_MAX blocks (K = 16640): the x86 row kernels
                then form the columns' block sums per 16 rows instead of once per call; equal to the
