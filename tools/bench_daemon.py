@@ -209,18 +209,18 @@ async def timed_stream(s, body, stamps, stop):
                 break
 
 
-def stall_of(stamps, t_send, t_first, t_done, steady, after):
-    """Each gap while the prompt is absorbed over the stream's undisturbed gap at that moment:
-    a stream's own pass grows with its length (attention over its keys) and the streams keep
-    decoding for the whole absorption, so the undisturbed gap is interpolated linearly in time
-    between its p50 before the prompt arrived and its p50 after the prompt was done. A value of
-    1 is no slowdown at all; the p99 of these is what a stalled stream shows."""
+def stall_of(gaps, t_span, steady, after):
+    """Each gap while the prompt is absorbed (gaps: [(gap, seconds after the prompt was sent)])
+    over the stream's undisturbed gap at that moment: a stream's own pass grows with its length
+    (attention over its keys) and the streams keep decoding for the whole absorption, so the
+    undisturbed gap is interpolated linearly in time between its p50 before the prompt arrived
+    and its p50 after the prompt was done (t_span seconds after it was sent). A value of 1 is no
+    slowdown at all; the p99 of these is what a stalled stream shows."""
     if not steady or not after:
         return []
     u0, u1 = statistics.median(steady), statistics.median(after)
-    span = max(t_done - t_send, 1e-9)
-    return [(b - a) / (u0 + (u1 - u0) * min(max((a - t_send) / span, 0.0), 1.0))
-            for x in stamps for a, b in zip(x, x[1:]) if b > t_send and a < t_first]
+    span = max(t_span, 1e-9)
+    return [g / (u0 + (u1 - u0) * min(max(t / span, 0.0), 1.0)) for g, t in gaps]
 
 
 def bench_mixed(tmp, models_dir, keys, args):
@@ -277,8 +277,8 @@ def bench_mixed(tmp, models_dir, keys, args):
                     worst.append((b - a, a - t_send))
                 elif a > t_done:
                     after.append(b - a)
-        return alone, t_first - t_send, steady, absorbing, after, sorted(worst)[-3:], stall_of(
-            stamps, t_send, t_first, t_done, steady, after)
+        return (alone, t_first - t_send, steady, absorbing, after, sorted(worst)[-3:],
+                stall_of(worst, t_done - t_send, steady, after))
 
     for i in range(args.repeats):
         for root in roots:

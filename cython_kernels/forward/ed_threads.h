@@ -418,20 +418,26 @@ static long long ed_idle_ticks(void) {
     return seen ? ticks : -1;
 }
 
+/* A look: the idle ticks now (ed_idle_ticks; -1: unreadable, no look) start the next window. */
+static void ed_idle_mark(ed_pool *p, long long ticks, int64_t now) {
+    p->idle_ticks = ticks;
+    p->idle_at = ticks >= 0 ? now : 0;
+}
+
 /* CPUs (of the process's set) idle on average since the last look, and a new look; -1 when
-   unknown (first look, /proc/stat unreadable, a window under 20 ms). */
+   unknown (first look, /proc/stat unreadable, a window under 20 ms: that one goes on). */
 static double ed_free_cpus(ed_pool *p, int64_t now) {
     if (p->free_override >= 0.0) return p->free_override;
     const long long ticks = ed_idle_ticks();
-    double free = -1.0;
-    const int64_t window = now - p->idle_at;
-    if (ticks >= 0 && p->idle_at && window >= 20000000)
-        free = (double)(ticks - p->idle_ticks) * 1e9 / sysconf(_SC_CLK_TCK) / (double)window;
-    if (ticks < 0 || !p->idle_at || window >= 20000000) {
-        p->idle_ticks = ticks;
-        p->idle_at = ticks >= 0 ? now : 0;
+    if (ticks < 0 || !p->idle_at) {
+        ed_idle_mark(p, ticks, now);
+        return -1.0;
     }
-    if (free >= 0.0) p->last_free = free;
+    const int64_t window = now - p->idle_at;
+    if (window < 20000000) return -1.0;
+    const double free = (double)(ticks - p->idle_ticks) * 1e9 / sysconf(_SC_CLK_TCK) / (double)window;
+    ed_idle_mark(p, ticks, now);
+    p->last_free = free;
     return free;
 }
 
@@ -439,8 +445,7 @@ static void ed_pool_drop(ed_pool *p, int w, int64_t now) {
     p->active[w] = 0;
     p->dropped[p->n_dropped++] = w;
     p->probe_at = now + p->backoff;
-    p->idle_at = 0;
-    ed_free_cpus(p, now);  /* the window the next probe looks at starts here */
+    ed_idle_mark(p, ed_idle_ticks(), now);  /* the window the next probe looks at starts here */
 }
 
 /* after a task: judge how long its threads waited for each other (see the top of the file) */

@@ -449,7 +449,7 @@ class Decoder:
                 e = j.gen.entry(n)
                 pieces.append((pos, len(e.tokens)))
                 work.append((j, e))
-        t0, c0 = time.perf_counter(), time.thread_time()
+        t0, c0 = time.perf_counter(), time.thread_time() if DEBUG_STEPS else 0.0
         try:
             results = model.decode([e for _, e in work])
         except Exception as e:  # noqa: BLE001 - find the entry at fault: each alone
