@@ -1,6 +1,7 @@
 """Weights repacked at load (edged/engine/repack.py, ed_repack.h's R4 layout): the matrices a
-path's kernels read 4 rows side by side. NEON with dotprod repacks Q4_0 and Q8_0 (its R4 row
-kernel is checked bit for bit under qemu: tests/kernels/c/kernels_check.c, "repack" lines);
+path's kernels read 4 rows side by side. NEON with dotprod and the x86 paths repack Q4_0 and
+Q8_0 (their R4 row kernels are checked bit for bit, natively and under qemu:
+tests/kernels/c/kernels_check.c, "repack" lines);
 EDGED_REPACK=r4 takes the layout on any path (the generic twin of the kernel), so here the
 whole engine runs over repacked weights: every logit must equal the mapped layout's bit for bit
 (one-token rows, decode batches of several sessions, prompt panels, the tied output matrix),
@@ -34,9 +35,10 @@ def test_r4_pack_round_trip():
         core.r4_pack(np.empty(36, np.uint8), np.zeros(36, np.uint8), int(GGMLType.Q4_0), 64, 1)
 
 
-def test_x86_paths_keep_the_mapped_layout():
-    """Only NEON with dotprod reads R4 (x86 and the generic path: unchanged)."""
-    if core.kernel_variant() != "neon+dotprod":
+def test_which_paths_repack():
+    """NEON with dotprod and every x86 path read Q4_0 and Q8_0 in R4 (their row kernels take 4
+    or 8 rows side by side); the generic path and NEON without dotprod keep the mapping."""
+    if core.kernel_variant() in ("generic", "neon"):
         assert core.r4_types() == []
     else:
         assert set(core.r4_types()) == {int(GGMLType.Q4_0), int(GGMLType.Q8_0)}
