@@ -3,15 +3,14 @@
  * 64-token prompt batch through the packed panels (ed_gemm.h) per token.
  *
  *   gcc -O3 -std=gnu11 -pthread -Icython_kernels/kernels -Icython_kernels/forward tools/bench_tiles.c -lm -o /tmp/bench_tiles
- *   /tmp/bench_tiles TYPE K [MIB] [PATH] [PASSES] [LAYOUT]      e.g. /tmp/bench_tiles Q5_0 896 256 avx512
+ *   /tmp/bench_tiles TYPE K [MIB] [PATH] [PASSES]      e.g. /tmp/bench_tiles Q5_0 896 256 avx512
  *
  * TYPE: Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 Q2_K Q3_K Q4_K Q5_K Q6_K; PATH: generic, avx2, avx512, neon, or
  * avx2-vnni / avx512-vnni / neon-dotprod (the variant without that feature; default: the best
  * this CPU runs); MIB of weights (default 256). One token goes through ed_mdot_rows (the engine's
  * one-token path: row kernels or the dot), the batch as forward.h's ed_rows calls it (the row
  * kernels where the type has them, else the tile ED_MDOT per row). Best of PASSES (default 9) passes each, interleaved, in thread CPU time (so a busy machine inflates
- * them less than wall time). LAYOUT r4: the weights repacked as the engine repacks them at load
- * (ed_repack.h; Q4_0 and Q8_0), read by the path's R4 row kernels and panels. Built against another checkout's headers (-I../base/...), the
+ * them less than wall time). Built against another checkout's headers (-I../base/...), the
  * same source measures that checkout: compare the printed ms side by side.
  */
 #define _GNU_SOURCE
@@ -31,11 +30,7 @@ static double now(void) {  /* this thread's CPU time: the figures hold on a shar
 enum { CHUNK = 112 };
 
 /* the next token of nc sessions, as forward.h's ed_rows runs a decode batch */
-static void batch(int type, int layout, int K, const uint8_t *w, size_t rb, int R, const uint8_t *xs, size_t sr, int nc, float *out) {
-    if (layout == ED_LAYOUT_R4) {
-        for (int r = 0; r < R; r += CHUNK) ed_mdot_rows_r4(type, K, w + r * rb, rb, R - r < CHUNK ? R - r : CHUNK, xs, sr, nc, out + r, R);
-        return;
-    }
+static void batch(int type, int K, const uint8_t *w, size_t rb, int R, const uint8_t *xs, size_t sr, int nc, float *out) {
 #ifdef ED_MROWS_N  /* row kernels (rows as lanes) take every column */
     if (ED_MROWS[type]) {
         for (int r = 0; r < R; r += CHUNK) ed_mdot_rows(type, K, w + r * rb, rb, R - r < CHUNK ? R - r : CHUNK, xs, sr, nc, out + r, R);
@@ -52,9 +47,7 @@ int main(int argc, char **argv) {
     int type = -1;
     for (int i = 0; i < 10; i++) if (!strcmp(argv[1], names[i])) type = types[i];
     const int K = atoi(argv[2]), mib = argc > 3 ? atoi(argv[3]) : 256, passes = argc > 5 ? atoi(argv[5]) : 9;
-    const int layout = argc > 6 && !strcmp(argv[6], "r4") ? ED_LAYOUT_R4 : ED_LAYOUT_MAPPED;
-    if (type < 0 || K <= 0 || mib <= 0 || passes <= 0 || (argc > 6 && !layout)) { fprintf(stderr, "bad TYPE, K, MIB, PASSES or LAYOUT\n"); return 2; }
-    if (layout && !ed_r4_ok(type, K, 16)) { fprintf(stderr, "%s has no R4 layout\n", argv[1]); return 2; }
+    if (type < 0 || K <= 0 || mib <= 0 || passes <= 0) { fprintf(stderr, "bad TYPE, K, MIB or PASSES\n"); return 2; }
     if (ed_types_init(argc > 4 ? argv[4] : NULL) != 0) { fprintf(stderr, "path %s not supported here\n", argv[4]); return 2; }
     if (K % ED_TRAITS[type].block) { fprintf(stderr, "K must be a multiple of %d\n", ED_TRAITS[type].block); return 2; }
     ed_pm_init();
@@ -67,11 +60,6 @@ int main(int argc, char **argv) {
         if (r < 8) for (int i = 0; i < K; i++) xf[i] = rand() / (float)RAND_MAX - 0.5f;
         if (r < 8) ed_quantize_row(type, xf, w + r * rb, K);
         else memcpy(w + r * rb, w + (r % 8) * rb, rb);
-    }
-    if (layout) {  /* in place, as repack.py does for a private copy */
-        uint8_t *tmp = malloc(4 * rb);
-        ed_r4_pack(type, K, w, rb, R, w, tmp);
-        free(tmp);
     }
     for (int i = 0; i < K * 4; i++) xf[i] = rand() / (float)RAND_MAX - 0.5f;
     const int vt = ED_TRAITS[type].vec_type;
@@ -94,22 +82,21 @@ int main(int argc, char **argv) {
     double b1 = 1e9, b2 = 1e9, b4 = 1e9, bp = 1e9;
     for (int it = 0; it < passes; it++) {
         const double t0 = now();
-        if (layout) batch(type, layout, K, w, rb, R, xq, kr, 1, out);
-        else for (int r = 0; r < R; r += CHUNK) ed_mdot_rows(type, K, w + r * rb, rb, R - r < CHUNK ? R - r : CHUNK, xq, kr, 1, out + r, 1);
+        for (int r = 0; r < R; r += CHUNK) ed_mdot_rows(type, K, w + r * rb, rb, R - r < CHUNK ? R - r : CHUNK, xq, kr, 1, out + r, 1);
         const double t1 = now();
-        batch(type, layout, K, w, rb, R, xs, sr, 2, out);
+        batch(type, K, w, rb, R, xs, sr, 2, out);
         const double t2 = now();
-        batch(type, layout, K, w, rb, R, xs, sr, 4, out);
+        batch(type, K, w, rb, R, xs, sr, 4, out);
         const double t3 = now();
-        if (ed_gemm_ok(type)) ed_gemm_rows_layout(type, layout, K, w, rb, RP, xp, kr, info, il, NP, out, RP, scratch);
+        if (ed_gemm_ok(type)) ed_gemm_rows(type, K, w, rb, RP, xp, kr, info, il, NP, out, RP, scratch);
         const double t4 = now();
         if (t1 - t0 < b1) b1 = t1 - t0;
         if (t2 - t1 < b2) b2 = t2 - t1;
         if (t3 - t2 < b4) b4 = t3 - t2;
         if (t4 - t3 < bp) bp = t4 - t3;
     }
-    printf("%s %s%s K=%d, %.0f MiB: one token %.3f ms (%.1f GB/s); 2 sessions %.3f ms, %.2fx; 4 sessions %.3f ms, %.2fx of one token "
-           "(tokens per CPU second: %.2fx); prompt panels %.3f ms per token per 16 MiB%s\n", ed_kern->name, argv[1], layout ? " (R4)" : "", K,
+    printf("%s %s K=%d, %.0f MiB: one token %.3f ms (%.1f GB/s); 2 sessions %.3f ms, %.2fx; 4 sessions %.3f ms, %.2fx of one token "
+           "(tokens per CPU second: %.2fx); prompt panels %.3f ms per token per 16 MiB%s\n", ed_kern->name, argv[1], K,
            rb * R / 1048576.0, b1 * 1e3, rb * R / b1 / 1e9, b2 * 1e3, b2 / b1, b4 * 1e3, b4 / b1, 4 * b1 / b4, bp * 1e3 / NP,
            ed_gemm_ok(type) ? "" : " (no panels)");
     return 0;
