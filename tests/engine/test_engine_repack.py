@@ -85,3 +85,23 @@ def test_repack_mode_is_checked(monkeypatch):
     monkeypatch.setenv("EDGED_REPACK", "r8")
     with pytest.raises(ConfigError, match="EDGED_REPACK='r8'"):
         Model.load(testdata("models", "synthetic-llama-Q4_0.gguf"), n_threads=1)
+
+
+@pytest.mark.parametrize("n", [1, 3, 20])
+def test_matmul_over_the_r4_layout_gives_the_mapped_bits(n):
+    """core.matmul(..., r4=True) (tools/bench_kernels.py measures what the engine reads with it):
+    one token, a decode batch and a prompt batch over a repacked matrix, split over 2 threads."""
+    rng = np.random.default_rng(1)
+    K, R = 256, 52
+    pool = core.Pool(2)
+    for qtype in (GGMLType.Q4_0, GGMLType.Q8_0):
+        w = core.quantize_rows(rng.standard_normal((R, K)).astype(np.float32), int(qtype)).reshape(-1)
+        packed = core.r4_pack(np.empty_like(w), w, int(qtype), K, R)
+        x = rng.standard_normal((n, K)).astype(np.float32)
+        want, got = np.empty((n, R), np.float32), np.empty((n, R), np.float32)
+        core.matmul(want, w, int(qtype), x, pool)
+        core.matmul(got, packed, int(qtype), x, pool, True)
+        assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
+    with pytest.raises(ValueError, match="no R4 layout"):
+        core.matmul(np.empty((1, 6), np.float32), np.zeros(6 * 144, np.uint8), int(GGMLType.Q4_0),
+                    np.zeros((1, 256), np.float32), pool, True)
