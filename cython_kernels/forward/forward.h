@@ -116,6 +116,8 @@ typedef struct {
     int n_tokens, pos;
     int n_out;           /* rows whose logits are computed: out_rows[0..n_out) */
     int32_t *out_rows;   /* (ED_MAX_LOGIT_ROWS) batch rows, ascending; logits row i is out_rows[i] */
+    int all_rows;        /* every row's final residual is wanted (hidden states, embeddings): the
+                            last layer runs all rows, not only out_rows (ed_last_rows) */
     atomic_int attn_next;  /* next attention block to take (ed_attention) */
     /* a batch over several sessions (ed_forward_rows): row t is a token at position
        row_pos[t] with the KV cache of another state (row_k/row_v/row_nctx): the decode tokens
@@ -846,15 +848,34 @@ static inline double ed_now_ns(void) {
    clock covers the slowest thread); off unless the session asked for a profile */
 #define ED_MARK(arr, kind) do { if (prof) { double t_ = ed_now_ns(); s->arr[kind] += t_ - t_prev; t_prev = t_; } } while (0)
 
+/* The last layer after attention (whose K/V rows every token needs) runs only for the rows
+ * whose logits are wanted, as llama.cpp does: thread 0 moves their attention outputs (xb) and
+ * residuals (x) to rows 0..n_out (out_rows ascending: a row never moves down onto one still to
+ * be read). Every row is computed in the canonical order whatever the batch, so their bits do
+ * not change. Returns the rows left; the caller's barrier follows. */
+static int ed_last_rows(ed_state *s, int n, int Qd, int E, int ith) {
+    if (s->all_rows || s->n_out >= n) return n;
+    if (ith == 0)
+        for (int i = 0; i < s->n_out; i++) {
+            const int r = s->out_rows[i];
+            if (r == i) continue;
+            memcpy(s->xb + (size_t)i * Qd, s->xb + (size_t)r * Qd, sizeof(float) * Qd);
+            memcpy(s->x + (size_t)i * E, s->x + (size_t)r * E, sizeof(float) * E);
+        }
+    return s->n_out;
+}
+
 static void ed_forward_worker(void *arg, int ith, int nth) {
     ed_state *s = (ed_state *)arg;
     const ed_model *m = s->m;
     ed_pool *p = s->pool;
-    const int n = s->n_tokens, E = m->n_embd, F = m->n_ff, hd = m->head_dim;
+    int n = s->n_tokens;
+    const int E = m->n_embd, F = m->n_ff, hd = m->head_dim;
     const int Qd = m->n_head * hd, KVd = m->n_head_kv * hd, QKV = Qd + 2 * KVd;
     const float eps = m->rms_eps, rs = m->residual_scale;
     const int rot_k = ed_kv_rot_n(s->type_k, hd, 1), rot_v = ed_kv_rot_n(s->type_v, hd, 0);
     int64_t a, b;
+    int rows = n;  /* the rows the last layer runs: out_rows moved to the front, or all */
     ed_range(n, ith, nth, &a, &b);  /* this thread's tokens for per-row ops */
     const int prof = s->profile && ith == 0;
     double t_prev = prof ? ed_now_ns() : 0.0;
@@ -916,6 +937,15 @@ static void ed_forward_worker(void *arg, int ith, int nth) {
             for (int64_t t = a; t < b; t++) ed_fwht(s->xb + (size_t)t * Qd, Qd, rot_v);
             ed_barrier(p);
         }
+        if (il == m->n_layer - 1) {
+            rows = ed_last_rows(s, n, Qd, E, ith);
+            if (rows < n) {
+                ed_barrier(p);
+                n = rows;
+                ed_range(n, ith, nth, &a, &b);
+                if (n == 0) break;  /* no logits wanted (a prompt chunk of a batch) */
+            }
+        }
         ED_MARK(prof_ns, ED_PROF_ATTN);
         ed_matmul(s, p, s->xb2, E, &L->attn_output, s->xb, Qd, n, 0, ith, nth);
         ED_MARK(prof_mm, L->attn_output.type);
@@ -950,10 +980,12 @@ static void ed_forward_worker(void *arg, int ith, int nth) {
         ed_barrier(p);
         ED_MARK(prof_ns, ED_PROF_NORM);
     }
-    const int rows = s->n_out;
+    const int compact = rows < s->n_tokens;  /* the wanted rows are at the front already */
+    rows = s->n_out;
     ed_range(rows, ith, nth, &a, &b);
     for (int64_t t = a; t < b; t++)
-        ed_rms_norm(s->xb + t * E, s->x + (size_t)s->out_rows[t] * E, ed_vec(&m->output_norm), E, eps);
+        ed_rms_norm(s->xb + t * E, s->x + (size_t)(compact ? t : s->out_rows[t]) * E,
+                    ed_vec(&m->output_norm), E, eps);
     ed_barrier(p);
     ed_matmul(s, p, s->logits, m->n_vocab, &m->output, s->xb, E, rows, 0, ith, nth);
     if (m->softcap > 0.0f) {
@@ -1041,8 +1073,9 @@ static size_t ed_state_layout(ed_state *s, const ed_model *m, int n_ctx, int n_b
     return off;
 }
 
-static void ed_forward(ed_state *s, ed_pool *p, int n_tokens, int pos, int all_logits) {
-    s->n_tokens = n_tokens; s->pos = pos; s->pool = p;
+/* all_rows: every row's final residual stays in s->x (hidden states), not only the last's */
+static void ed_forward(ed_state *s, ed_pool *p, int n_tokens, int pos, int all_logits, int all_rows) {
+    s->n_tokens = n_tokens; s->pos = pos; s->pool = p; s->all_rows = all_rows;
     s->n_out = all_logits ? n_tokens : 1;
     for (int i = 0; i < s->n_out; i++) s->out_rows[i] = n_tokens - s->n_out + i;
     ed_pool_run(p, ed_forward_worker, s);
@@ -1064,7 +1097,7 @@ static void ed_forward_rows(ed_state *s, ed_pool *p, int n, ed_state *const *row
         s->row_v[t] = rows[t]->v_cache;
     }
     for (int i = 0; i < n_out; i++) s->out_rows[i] = out[i];
-    s->n_tokens = n; s->pos = 0; s->pool = p; s->n_out = n_out;
+    s->n_tokens = n; s->pos = 0; s->pool = p; s->n_out = n_out; s->all_rows = 0;
     s->batched = 1;
     ed_pool_run(p, ed_forward_worker, s);
     s->batched = 0;
