@@ -231,11 +231,18 @@ static inline int ed_gemm_wanted(const ed_state *s, int n, int vt) {
            (vt == ED_Q8_0 || vt == ED_Q8_1 || vt == ED_Q8_K);
 }
 
+/* The packed panels of W read the activations' group sums (ed_gemm_info); a repacked W with a
+ * panel kernel of its own (NEON dotprod's R4: the block sums are exact integers there) does not. */
+static inline int ed_reads_info(const ed_tensor *W) {
+    return ed_gemm_ok(W->type) && !(W->layout == ED_LAYOUT_R4 && ed_kern->gemm->pack_r4);
+}
+
 /* Quantize the activation rows x (n, K) into the format weights of `type` need. For one
  * token every thread quantizes the row into its own slot (no barrier); for a batch the rows
- * are split and a barrier follows. Returns the base and stride of this thread's view. */
+ * are split and a barrier follows, with their group sums when a consumer reads them (info).
+ * Returns the base and stride of this thread's view. */
 static const uint8_t *ed_quantize_act(ed_state *s, ed_pool *p, int type, int K, const float *x,
-                                      int ldx, int n, int ith, int nth, size_t *rb_out) {
+                                      int ldx, int n, int info, int ith, int nth, size_t *rb_out) {
     const size_t rb = ed_act_row_bytes(type, K);
     const ed_quant_fn q = ED_QUANT[ED_TRAITS[type].vec_type];
     *rb_out = rb;
@@ -247,7 +254,7 @@ static const uint8_t *ed_quantize_act(ed_state *s, ed_pool *p, int type, int K, 
     int64_t a, b;
     ed_range(n, ith, nth, &a, &b);
     for (int64_t t = a; t < b; t++) q(x + t * ldx, s->xq + t * rb, K);
-    if (ed_gemm_wanted(s, n, ED_TRAITS[type].vec_type))  /* for the packed panels (ed_rows) */
+    if (info && ed_gemm_wanted(s, n, ED_TRAITS[type].vec_type))  /* for the packed panels (ed_rows) */
         for (int64_t t = a; t < b; t++)
             ed_gemm_info(ED_TRAITS[type].vec_type, K, s->xq + t * rb, s->xinfo + t * s->xinfo_row);
     ed_barrier(p);
@@ -300,7 +307,7 @@ static void ed_matmul(ed_state *s, ed_pool *p, float *out, int ldo, const ed_ten
         rb = ed_act_row_bytes(W->type, (int)W->ne0);
         xq = n == 1 ? s->xq + (size_t)ith * s->xq_row : s->xq;
     } else {
-        xq = ed_quantize_act(s, p, W->type, (int)W->ne0, x, ldx, n, ith, nth, &rb);
+        xq = ed_quantize_act(s, p, W->type, (int)W->ne0, x, ldx, n, ed_reads_info(W), ith, nth, &rb);
     }
     const int64_t N = W->ne1, cr = ed_chunk_rows(p, N);
     for (int64_t c; (c = ed_claim(p, (N + cr - 1) / cr)) >= 0;)
@@ -317,7 +324,8 @@ static int ed_same_act(const ed_tensor *a, const ed_tensor *b) {
 static void ed_matmul3(ed_state *s, ed_pool *p, const ed_tensor *W[3], float *out[3], int ldo,
                        const float *x, int ldx, int n, int ith, int nth) {
     size_t rb;
-    const uint8_t *xq = ed_quantize_act(s, p, W[0]->type, (int)W[0]->ne0, x, ldx, n, ith, nth, &rb);
+    const int info = ed_reads_info(W[0]) || ed_reads_info(W[1]) || ed_reads_info(W[2]);
+    const uint8_t *xq = ed_quantize_act(s, p, W[0]->type, (int)W[0]->ne0, x, ldx, n, info, ith, nth, &rb);
     const int64_t cr = ed_chunk_rows(p, W[0]->ne1 + W[1]->ne1 + W[2]->ne1);
     int64_t nc[3], total = 0;
     for (int i = 0; i < 3; i++) total += nc[i] = (W[i]->ne1 + cr - 1) / cr;
@@ -368,7 +376,7 @@ static void ed_gate_up(ed_state *s, ed_pool *p, const ed_model *m, const ed_tens
     size_t rb;
     const uint8_t *xq;
     if (ed_same_act(G, U)) {
-        xq = ed_quantize_act(s, p, G->type, E, x, E, n, ith, nth, &rb);
+        xq = ed_quantize_act(s, p, G->type, E, x, E, n, ed_reads_info(G) || ed_reads_info(U), ith, nth, &rb);
         for (int64_t c; (c = ed_claim(p, nc)) >= 0;) {
             const int64_t a = c * cr, b = a + cr < F ? a + cr : F;
             ed_rows(s, G, a, b, xq, rb, n, hb, 2 * F, ith);
@@ -376,13 +384,13 @@ static void ed_gate_up(ed_state *s, ed_pool *p, const ed_model *m, const ed_tens
             ed_gate_act(m, hb, F, n, a, b, gb, ub);
         }
     } else {  /* different activation formats (mixed quantizations): one after the other */
-        xq = ed_quantize_act(s, p, U->type, E, x, E, n, ith, nth, &rb);
+        xq = ed_quantize_act(s, p, U->type, E, x, E, n, ed_reads_info(U), ith, nth, &rb);
         for (int64_t c; (c = ed_claim(p, nc)) >= 0;) {
             const int64_t a = c * cr, b = a + cr < F ? a + cr : F;
             ed_rows(s, U, uofs + a, uofs + b, xq, rb, n, hb + F - uofs, 2 * F, ith);
         }
         ed_barrier(p);
-        xq = ed_quantize_act(s, p, G->type, E, x, E, n, ith, nth, &rb);
+        xq = ed_quantize_act(s, p, G->type, E, x, E, n, ed_reads_info(G), ith, nth, &rb);
         for (int64_t c; (c = ed_claim(p, nc)) >= 0;) {
             const int64_t a = c * cr, b = a + cr < F ? a + cr : F;
             ed_rows(s, G, a, b, xq, rb, n, hb, 2 * F, ith);
@@ -559,8 +567,7 @@ static inline size_t ed_kv_bytes(int type, int64_t n) {
  * q4_0 with the reference quantizer, the from_float llama.cpp's set_rows uses for each. */
 static inline void ed_kv_store(int type, const float *x, uint8_t *dst, int n) {
     if (type == ED_F16) {
-        uint16_t *h = (uint16_t *)dst;
-        for (int i = 0; i < n; i++) h[i] = ed_fp32_to_fp16(x[i]);
+        ed_pm_f16_row(ed_pm_simd(ED_PATH), n, x, (ed_half *)dst);
     } else if (type == ED_Q8_0) {
         ED_QUANT[ED_Q8_0](x, dst, n);
     } else {
@@ -734,7 +741,7 @@ static void ed_attention_exact(ed_state *s, const ed_model *m, int il, int ith, 
             continue;
         }
         const uint16_t *vc = (const uint16_t *)vl;
-        if (s->type_k == ED_F16) for (int i = 0; i < hd; i++) q16[i] = ed_fp32_to_fp16(q[i]);
+        if (s->type_k == ED_F16) ed_pm_f16_row(simd, hd, q, q16);
         else ed_kq_query(s->type_k, q, hd, q16);
         float mx = sink ? sink[h] : -INFINITY;  /* llama.cpp: the sink joins the max... */
         for (int j = j0; j <= pt; j++) {
@@ -766,7 +773,10 @@ static void ed_attention_exact(ed_state *s, const ed_model *m, int il, int ith, 
         }
         for (int j = j0; j <= pt; j++)
             if (sc[j] != 0.0f) ed_axpy_f16(hd, sc[j], vc + (size_t)j * kvd + (size_t)kvh * hd, acc + (size_t)(j % lanes) * hd);
-        ed_pm_reduce_lanes(hd, lanes, lane, tmp, s->xb + (size_t)t * Qd + (size_t)h * hd);
+        if (used < lanes)  /* fewer keys than lanes: only the used lanes' adds (the same bits) */
+            ed_pm_reduce_lanes_sparse(hd, lane, ED_ZERO_ROW, tmp, s->xb + (size_t)t * Qd + (size_t)h * hd);
+        else
+            ed_pm_reduce_lanes(hd, lanes, lane, tmp, s->xb + (size_t)t * Qd + (size_t)h * hd);
     }
 }
 
@@ -896,9 +906,9 @@ static void ed_forward_worker(void *arg, int ith, int nth) {
         } else {
             ed_matmul(s, p, s->qkv, QKV, &L->attn_q, s->xb, E, n, 0, ith, nth);
             ed_matmul(s, p, s->qkv + Qd, QKV, &L->attn_k, s->xb, E, n,
-                      L->attn_k.type == L->attn_q.type, ith, nth);
+                      L->attn_k.type == L->attn_q.type && ed_reads_info(&L->attn_q) >= ed_reads_info(&L->attn_k), ith, nth);
             ed_matmul(s, p, s->qkv + Qd + KVd, QKV, &L->attn_v, s->xb, E, n,
-                      L->attn_v.type == L->attn_k.type, ith, nth);
+                      L->attn_v.type == L->attn_k.type && ed_reads_info(&L->attn_k) >= ed_reads_info(&L->attn_v), ith, nth);
         }
         ED_MARK(prof_mm, L->attn_qkv.data ? L->attn_qkv.type : L->attn_q.type);
         const float base = L->swa ? m->rope_base_swa : m->rope_base;
