@@ -339,7 +339,11 @@ static void ed_pm_reduce_lanes(int n, int lanes, const float *const *L, float *t
 static inline const float *ed_pm_add_rows(int n, const float *a, const float *b, const float *zero, float *dst) {
     if (a == zero) return b;
     if (b == zero) return a;
-    for (int i = 0; i < n; i++) dst[i] = a[i] + b[i];
+    int i = 0;
+#if defined(__aarch64__)  /* dst may be a or b: the compiler would not vectorize this loop */
+    for (; i + 4 <= n; i += 4) vst1q_f32(dst + i, vaddq_f32(vld1q_f32(a + i), vld1q_f32(b + i)));
+#endif
+    for (; i < n; i++) dst[i] = a[i] + b[i];
     return dst;
 }
 
