@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Engine-level continuous batching: tokens/s of one session's decode steps vs Model.decode_batch
 over 4 sessions, in interleaved rounds (the daemon adds HTTP, sampling and prefill on top).
-Also per process CPU second: with -t 1 that ratio does not depend on what else the machine
+The two kinds of step alternate one by one. Also per process CPU second: with -t 1 that ratio does not depend on what else the machine
 runs (wall-clock figures on a shared machine do), so A/B comparisons of kernels use it.
 
     tools/bench_batch.py MODEL.gguf [-t THREADS] [-r ROUNDS] [-n STEPS] [-b SESSIONS]
@@ -32,15 +32,20 @@ def main():
         s.eval([1 + i, 2, 3, 4, 5][:2 + i])            # different positions per session
     ratios, cpu_ratios = [], []
     for r in range(args.rounds):
-        t0, c0 = time.perf_counter(), time.process_time()
+        # one step of each kind in turn: this VM's speed drifts within seconds, and a drift
+        # then weighs on both sides alike instead of on whichever block of steps ran during it
+        wall, cpu = [0.0, 0.0], [0.0, 0.0]
         for i in range(args.steps):
-            ss[0].eval([7 + i])
-        t1, c1 = time.perf_counter(), time.process_time()
-        for i in range(args.steps):
-            m.decode_batch(ss, [7 + i + j for j in range(args.batch)])
-        t2, c2 = time.perf_counter(), time.process_time()
-        one, many = args.steps / (t1 - t0), args.steps * args.batch / (t2 - t1)
-        cpu_one, cpu_many = args.steps / (c1 - c0), args.steps * args.batch / (c2 - c1)
+            for k in (0, 1):
+                t0, c0 = time.perf_counter(), time.process_time()
+                if k == 0:
+                    ss[0].eval([7 + i])
+                else:
+                    m.decode_batch(ss, [7 + i + j for j in range(args.batch)])
+                wall[k] += time.perf_counter() - t0
+                cpu[k] += time.process_time() - c0
+        one, many = args.steps / wall[0], args.steps * args.batch / wall[1]
+        cpu_one, cpu_many = args.steps / cpu[0], args.steps * args.batch / cpu[1]
         ratios.append(many / one)
         cpu_ratios.append(cpu_many / cpu_one)
         print(f"round {r}: 1 session {one:.1f} tokens/s, batch of {args.batch} {many:.1f} tokens/s "

@@ -14,7 +14,9 @@ ed_readbw.h); every page is touched by an untimed first pass of each, and the re
 runs alternate. It is what a loop that does nothing but load gets from memory at that thread
 count, so "% of read" near 100 means the product is memory-bound there, and well below 100
 that it is compute-bound (its integer work, not the weight traffic, sets the speed).
-The GB/cpu-s columns divide by the CPU time the threads got instead of wall time.
+The GB/cpu-s columns divide by the CPU time the threads got instead of wall time. Where the
+selected path reads a type repacked at load (Q4_0 / Q8_0 on x86 and NEON with dotprod), the
+matrix is repacked the same way and the row says "(R4)".
 """
 import argparse
 import os
@@ -82,8 +84,12 @@ def main():
         t = GGMLType[name]
         info = TYPE_INFO[t]
         rb = k // info.block_size * info.type_size
-        rows = (args.mib << 20) // rb
+        rows = (args.mib << 20) // rb // 4 * 4  # whole groups of 4 rows (the R4 layout)
         w = weights(t, rows, k, rng)
+        # the layout the engine reads: Q4_0 / Q8_0 repacked at load where the path has R4 kernels
+        r4 = int(t) in _core.r4_types() and _core.r4_ok(int(t), k, rows)
+        if r4:
+            w = _core.r4_pack(np.empty_like(w), w, int(t), k, rows)
         x1 = rng.standard_normal((1, k)).astype(np.float32)
         o1 = np.empty((1, rows), np.float32)
         mm_rows = 2048
@@ -92,12 +98,12 @@ def main():
         om = np.empty((args.tokens, mm_rows), np.float32)
         for n, p in pools.items():
             (tr, cr), (tv, cv) = best_pair(lambda: _core.read_bandwidth_pass(w, p),
-                                           lambda: _core.matmul(o1, w, int(t), x1, p), args.reps)
-            tm, cm = best(lambda: _core.matmul(om, wm, int(t), xm, p), max(1, args.reps // 2))
+                                           lambda: _core.matmul(o1, w, int(t), x1, p, r4), args.reps)
+            tm, cm = best(lambda: _core.matmul(om, wm, int(t), xm, p, r4), max(1, args.reps // 2))
             bw, bwc = w.nbytes / tr / 1e9, w.nbytes / max(cr, 1e-9) / 1e9
             gbs, gbc = w.nbytes / tv / 1e9, w.nbytes / max(cv, 1e-9) / 1e9
             ops = 2.0 * mm_rows * k * args.tokens
-            print(f"| {name} | {n} | {w.nbytes / 2**20:.0f} | {bw:.1f} | {gbs:.1f} | {100 * gbs / bw:.0f}% | "
+            print(f"| {name}{' (R4)' if r4 else ''} | {n} | {w.nbytes / 2**20:.0f} | {bw:.1f} | {gbs:.1f} | {100 * gbs / bw:.0f}% | "
                   f"{bwc:.1f} | {gbc:.1f} | {100 * gbc / bwc:.0f}% | {ops / tm / 1e9:.1f} | "
                   f"{ops / max(cm, 1e-9) / 1e9:.1f} |")
         sys.stdout.flush()

@@ -64,6 +64,9 @@ typedef struct { float dy; int32_t yoff; float dys; int32_t qpair; } ed_ginfo;
 typedef void (*ed_unpack_fn)(const void *row, int K, uint8_t *u, float *A, float *C);
 /* the same, with `lift` (128 - off) added to every u: the path's fast versions (ED_GEMM_UNPACK) */
 typedef void (*ed_unpack_lift_fn)(const void *row, int K, uint8_t *u, float *A, float *C, uint8_t lift);
+/* the 4 rows of an R4 group (ed_repack.h) unpacked as a path's ed_unpack_lift_fn unpacks each
+ * (row i at u + i * K, its A at A + i * (K / 32)); for the 32-block types, whose C is 0 */
+typedef void (*ed_unpack_r4_fn)(const uint8_t *group, int K, uint8_t *u, float *A, uint8_t lift);
 
 /* G weights per group; the offset; the unpacker; groups per super-block (K-quants and IQ4_XS,
  * whose groups are combined in integers) or 0 (32-block types); wide: u spans more than
@@ -329,6 +332,9 @@ struct ed_gemm_path {
     void (*pack_r4)(int type, int K, const uint8_t *w, size_t row_bytes, int nr, uint8_t *pu, float *ac);
     void (*kernel_r4)(int K, const uint8_t *pu, const float *ac, const uint8_t *xq, size_t xs, int nc,
                       float *out, size_t ldo, int nr);
+    /* without pack_r4: the groups unpacked 4 rows at a time for ed_gemm_pack, else NULL (each
+     * row rebuilt, then unpacked) */
+    ed_unpack_r4_fn unpack_r4[ED_NTYPES];
 };
 /* no panels; min_cols keeps the former 8, which the scheduler's two cost fits split at */
 static const struct ed_gemm_path ED_GEMM_NONE = {NULL, 1, 0, ed_gemm_transpose_generic, {NULL}, 8};
@@ -388,7 +394,7 @@ static size_t ed_gemm_scratch(int64_t K) {
     return ED_ALIGN((size_t)K * ED_PANEL)                /* the panel */
          + ED_ALIGN((ng * 2 + (size_t)K / QKK * 10) * ED_PANEL * sizeof(float))  /* its A, C / scales */
          + ED_ALIGN((size_t)K * ED_PANEL)                /* 16 unpacked rows */
-         + ED_ALIGN(ng * 2 * sizeof(float))              /* one row's A, C */
+         + ED_ALIGN(ng * 2 * sizeof(float))              /* one row's A, C (or an R4 group's 4 x K / 32 A) */
          + ED_ALIGN(ng * sizeof(int32_t))                /* group offsets */
          + ED_ALIGN((size_t)K / QK * sizeof(blk_q8_0));  /* one repacked row rebuilt */
 }
@@ -402,6 +408,23 @@ static void ed_gemm_pack(int type, int layout, int K, const uint8_t *w, size_t r
     const uint8_t lift = (uint8_t)(t->off && ED_GEMM_LIFT ? 128 - t->off : 0);
     const int bs = ED_TRAITS[type].type_size;
     float *cbuf = abuf + ng;
+    const ed_unpack_r4_fn u4 = layout == ED_LAYOUT_R4 ? ed_kern->gemm->unpack_r4[type] : NULL;
+    if (u4) {  /* a 32-block type (gps 0, C 0) in R4 groups: 4 rows per call */
+        for (int r = 0; r < ED_PANEL; r += ED_R4_ROWS) {
+            if (r < nr) u4(w + (size_t)r * row_bytes, K, ubuf + (size_t)r * K, abuf, lift);
+            else {
+                memset(ubuf + (size_t)r * K, 0, (size_t)K * ED_R4_ROWS);
+                memset(abuf, 0, sizeof(float) * (size_t)ng * ED_R4_ROWS);
+            }
+            for (int i = 0; i < ED_R4_ROWS; i++)
+                for (int g = 0; g < ng; g++) {
+                    ac[g * 2 * ED_PANEL + r + i] = abuf[i * ng + g];
+                    ac[g * 2 * ED_PANEL + ED_PANEL + r + i] = 0.0f;
+                }
+        }
+        ED_GEMM_TRANSPOSE(ubuf, K, G, pu);
+        return;
+    }
     for (int r = 0; r < ED_PANEL; r++) {
         uint8_t *u = ubuf + (size_t)r * K;
         const uint8_t *row = w + (size_t)r * row_bytes;

@@ -1,8 +1,9 @@
 /* Weights repacked at load for a path's row kernels (included by ed_gemm.h).
  *
  * The mapped layout (GGUF's: each weight row its blocks in order) makes a row kernel load every
- * row's block scale on its own and add each row's lane sums into one block sum. A path whose
- * kernels read 4 rows side by side (ed_kernels.rows_r4: NEON with dotprod) gets a copy of its
+ * row's block scale on its own and add each row's lane sums into one block sum (or, on x86,
+ * transpose each block of 8 rows into row lanes). A path whose kernels read 4 rows side by side
+ * (ed_kernels.rows_r4: NEON with dotprod, every x86 path) gets a copy of its
  * Q4_0 and Q8_0 matrices in the R4 layout instead, written once at load into one aligned arena
  * (edged/engine/repack.py; the mapped pages of those tensors are then released):
  *

@@ -297,7 +297,8 @@ static void ED_T512V ed_z_gemm_transpose(const uint8_t *u, int K, int G, uint8_t
 static const struct ed_gemm_path ED_AVX512V_GEMM = {
     ed_z_gemm, 1, 0, ed_z_gemm_transpose,
     {[ED_Q4_0] = ed_avx512_unpack_q4_0, [ED_Q5_0] = ed_avx512_unpack_q5_0, [ED_Q8_0] = ed_avx512_unpack_q8_0,
-     [ED_Q4_K] = ed_avx512_unpack_q4_K, [ED_Q6_K] = ed_avx512_unpack_q6_K}, 16};
+     [ED_Q4_K] = ed_avx512_unpack_q4_K, [ED_Q6_K] = ed_avx512_unpack_q6_K}, 16, NULL, NULL,
+    {[ED_Q4_0] = ed_avx512_unpack_r4_q4_0, [ED_Q8_0] = ed_avx512_unpack_r4_q8_0}};
 
 #elif defined(__aarch64__)
 #include <arm_neon.h>
@@ -352,14 +353,15 @@ static const ed_kernels ED_PATHS[] = {
 #if defined(__x86_64__)
     {"avx512", "avx512+vnni", ED_NEED_AVX512 | ED_CPU_AVX512VNNI, ed_avx512_dot, ed_avx512_quant,
      ed_avx512_tile, ed_avx512_rows, &ED_AVX512V_GEMM,
-     ed_avx512_axpy_f16, ed_z_attn, ED_X86_ROWS_N},
+     ed_avx512_axpy_f16, ed_z_attn, ED_X86_ROWS_N, ed_avx512_rows_r4},
     {"avx512", "avx512", ED_NEED_AVX512, ed_avx512nv_dot, ed_avx512nv_quant, ed_avx512nv_tile,
-     ed_avx512nv_rows, &ed_avx512nv_gemm_path, ed_avx512nv_axpy_f16, ed_z_attn, ED_X86_ROWS_N},
+     ed_avx512nv_rows, &ed_avx512nv_gemm_path, ed_avx512nv_axpy_f16, ed_z_attn, ED_X86_ROWS_N,
+     ed_avx512nv_rows_r4},
     {"avx2", "avx2+vnni", ED_NEED_AVX2 | ED_CPU_AVXVNNI, ed_avx2vnni_dot, ed_avx2vnni_quant,
      ed_avx2vnni_tile, ed_avx2vnni_rows, &ed_avx2vnni_gemm_path,
-     ed_avx2vnni_axpy_f16, ed_avx2_attn, ED_X86_ROWS_N},
+     ed_avx2vnni_axpy_f16, ed_avx2_attn, ED_X86_ROWS_N, ed_avx2vnni_rows_r4},
     {"avx2", "avx2", ED_NEED_AVX2, ed_avx2_dot, ed_avx2_quant, ed_avx2_tile, ed_avx2_rows,
-     &ed_avx2_gemm_path, ed_avx2_axpy_f16, ed_avx2_attn, ED_X86_ROWS_N},
+     &ed_avx2_gemm_path, ed_avx2_axpy_f16, ed_avx2_attn, ED_X86_ROWS_N, ed_avx2_rows_r4},
 #elif defined(__aarch64__)
     {"neon", "neon+dotprod", ED_CPU_NEON | ED_CPU_DOTPROD, ed_neondp_dot, ed_neondp_quant, ed_neondp_tile,
      ed_neondp_rows, &ed_neondp_gemm_path, ed_neondp_axpy_f16, ed_attn_rowwise, 0, ed_neondp_rows_r4},

@@ -73,6 +73,11 @@ cdef extern from "ed_simd.h" nogil:
     void ed_gemm_rows(int type, int K, const uint8_t *w, size_t row_bytes, int nr,
                       const uint8_t *xq, size_t xs, const ed_ginfo *info, size_t istride, int n,
                       float *out, size_t ldo, uint8_t *scratch)
+    void ed_gemm_rows_layout(int type, int layout, int K, const uint8_t *w, size_t row_bytes, int nr,
+                             const uint8_t *xq, size_t xs, const ed_ginfo *info, size_t istride, int n,
+                             float *out, size_t ldo, uint8_t *scratch)
+    void ed_mdot_rows_r4(int type, int k, const uint8_t *w, size_t row_bytes, int nr,
+                         const uint8_t *xq, size_t xs, int nc, float *out, size_t ldo)
     ctypedef void (*ed_task_fn)(void *arg, int ith, int nth) noexcept nogil
     void ed_pool_run(ed_pool *p, ed_task_fn fn, void *arg)
 
@@ -162,6 +167,7 @@ ctypedef struct _mm_args:
     const uint8_t *xq
     size_t row_bytes, xq_row
     int K, N, n, type
+    int layout              # 0: the rows as mapped, 1: repacked in groups of 4 (ed_repack.h's R4)
     const ed_ginfo *info    # group sums of xq when the product uses packed panels, else NULL
 
 
@@ -170,15 +176,22 @@ cdef void _mm_task(void *arg, int ith, int nth) noexcept nogil:
     # (or, for a batch of at least gemm_min_cols() tokens, packed 16-row panels: ed_gemm.h)
     cdef _mm_args *a = <_mm_args *>arg
     cdef int64_t per = (a.N + nth - 1) // nth
-    cdef int64_t r0 = per * ith, r1 = min(r0 + per, <int64_t>a.N), rt, rend
+    if a.layout:
+        per = (per + 3) // 4 * 4        # whole groups of 4 rows
+    cdef int64_t r0 = min(per * ith, <int64_t>a.N), r1 = min(r0 + per, <int64_t>a.N), rt, rend
     cdef uint8_t *scratch
     if a.info != NULL and r1 > r0:
         scratch = <uint8_t *>aligned_alloc(64, ed_gemm_scratch(a.K))
         if scratch != NULL:
-            ed_gemm_rows(a.type, a.K, a.w + r0 * a.row_bytes, a.row_bytes, <int>(r1 - r0),
-                         a.xq, a.xq_row, a.info, ed_gemm_info_len(a.K), a.n, a.out + r0, a.N, scratch)
+            ed_gemm_rows_layout(a.type, a.layout, a.K, a.w + r0 * a.row_bytes, a.row_bytes, <int>(r1 - r0),
+                                a.xq, a.xq_row, a.info, ed_gemm_info_len(a.K), a.n, a.out + r0, a.N, scratch)
             free(scratch)
             return
+    if a.layout:                        # the thread's rows in one call, as the engine's ed_rows
+        if r1 > r0:
+            ed_mdot_rows_r4(a.type, a.K, a.w + r0 * a.row_bytes, a.row_bytes, <int>(r1 - r0),
+                            a.xq, a.xq_row, a.n, a.out + r0, a.N)
+        return
     rt = r0
     while rt < r1:
         rend = min(rt + 16, r1)
@@ -187,13 +200,17 @@ cdef void _mm_task(void *arg, int ith, int nth) noexcept nogil:
         rt = rend
 
 
-def matmul(float[:, ::1] out, const uint8_t[::1] w, int qtype, const float[:, ::1] x, Pool pool=None):
+def matmul(float[:, ::1] out, const uint8_t[::1] w, int qtype, const float[:, ::1] x, Pool pool=None,
+           bint r4=False):
     """out[t, r] = W[r] . x[t] with W (N rows of K) in ggml type `qtype`; activations are
-    quantized to the type's partner format first, as in the forward pass."""
+    quantized to the type's partner format first, as in the forward pass. r4: W is in the R4
+    layout (r4_pack), read by the path's R4 kernels as the engine reads repacked weights."""
     _check_type(qtype)
     cdef int n = x.shape[0], K = x.shape[1], N = out.shape[1]
     if out.shape[0] != n:
         raise ValueError(f"out has {out.shape[0]} rows, x has {n}")
+    if r4 and not ed_r4_ok(qtype, K, N):
+        raise ValueError(f"type {qtype} with {N} rows of {K} has no R4 layout")
     cdef int blk = ED_TRAITS[qtype].block
     if K % blk:
         raise ValueError(f"row length {K} is not a multiple of the block size {blk}")
@@ -204,7 +221,7 @@ def matmul(float[:, ::1] out, const uint8_t[::1] w, int qtype, const float[:, ::
     cdef const uint8_t[:, ::1] xqv = xq
     cdef _mm_args a
     a.out = &out[0, 0]; a.w = &w[0]; a.xq = &xqv[0, 0]; a.row_bytes = rb
-    a.xq_row = xq.shape[1]; a.K = K; a.N = N; a.n = n; a.type = qtype; a.info = NULL
+    a.xq_row = xq.shape[1]; a.K = K; a.N = N; a.n = n; a.type = qtype; a.info = NULL; a.layout = 1 if r4 else 0
     cdef size_t ilen = ed_gemm_info_len(K)
     cdef ed_ginfo *info = NULL
     cdef int t

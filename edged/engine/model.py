@@ -472,7 +472,11 @@ class Model:
         sessions, tokens = list(sessions), list(tokens)
         if not sessions or len(sessions) != len(tokens):
             raise RequestError(f"decode_batch: {len(sessions)} sessions for {len(tokens)} tokens")
-        return np.concatenate(self.decode([BatchEntry(s, (t,)) for s, t in zip(sessions, tokens)]))
+        rows = self.decode([BatchEntry(s, (t,)) for s, t in zip(sessions, tokens)])
+        whole = rows[0].base
+        if isinstance(whole, np.ndarray) and whole.shape[0] == len(rows) and all(r.base is whole for r in rows):
+            return whole    # one pass's rows in order: no second copy of n x n_vocab floats
+        return np.concatenate(rows)
 
     def plan(self, n_ctx, n_batch=DEFAULT_N_BATCH):
         """The MemoryPlan a session of n_ctx tokens needs (weights + KV cache + scratch)."""

@@ -1,6 +1,7 @@
 """Weights repacked at load (edged/engine/repack.py, ed_repack.h's R4 layout): the matrices a
-path's kernels read 4 rows side by side. NEON with dotprod repacks Q4_0 and Q8_0 (its R4 row
-kernel is checked bit for bit under qemu: tests/kernels/c/kernels_check.c, "repack" lines);
+path's kernels read 4 rows side by side. NEON with dotprod and the x86 paths repack Q4_0 and
+Q8_0 (their R4 row kernels are checked bit for bit, natively and under qemu:
+tests/kernels/c/kernels_check.c, "repack" lines);
 EDGED_REPACK=r4 takes the layout on any path (the generic twin of the kernel), so here the
 whole engine runs over repacked weights: every logit must equal the mapped layout's bit for bit
 (one-token rows, decode batches of several sessions, prompt panels, the tied output matrix),
@@ -34,9 +35,10 @@ def test_r4_pack_round_trip():
         core.r4_pack(np.empty(36, np.uint8), np.zeros(36, np.uint8), int(GGMLType.Q4_0), 64, 1)
 
 
-def test_x86_paths_keep_the_mapped_layout():
-    """Only NEON with dotprod reads R4 (x86 and the generic path: unchanged)."""
-    if core.kernel_variant() != "neon+dotprod":
+def test_which_paths_repack():
+    """NEON with dotprod and every x86 path read Q4_0 and Q8_0 in R4 (their row kernels take 4
+    or 8 rows side by side); the generic path and NEON without dotprod keep the mapping."""
+    if core.kernel_variant() in ("generic", "neon"):
         assert core.r4_types() == []
     else:
         assert set(core.r4_types()) == {int(GGMLType.Q4_0), int(GGMLType.Q8_0)}
@@ -83,3 +85,23 @@ def test_repack_mode_is_checked(monkeypatch):
     monkeypatch.setenv("EDGED_REPACK", "r8")
     with pytest.raises(ConfigError, match="EDGED_REPACK='r8'"):
         Model.load(testdata("models", "synthetic-llama-Q4_0.gguf"), n_threads=1)
+
+
+@pytest.mark.parametrize("n", [1, 3, 20])
+def test_matmul_over_the_r4_layout_gives_the_mapped_bits(n):
+    """core.matmul(..., r4=True) (tools/bench_kernels.py measures what the engine reads with it):
+    one token, a decode batch and a prompt batch over a repacked matrix, split over 2 threads."""
+    rng = np.random.default_rng(1)
+    K, R = 256, 52
+    pool = core.Pool(2)
+    for qtype in (GGMLType.Q4_0, GGMLType.Q8_0):
+        w = core.quantize_rows(rng.standard_normal((R, K)).astype(np.float32), int(qtype)).reshape(-1)
+        packed = core.r4_pack(np.empty_like(w), w, int(qtype), K, R)
+        x = rng.standard_normal((n, K)).astype(np.float32)
+        want, got = np.empty((n, R), np.float32), np.empty((n, R), np.float32)
+        core.matmul(want, w, int(qtype), x, pool)
+        core.matmul(got, packed, int(qtype), x, pool, True)
+        assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
+    with pytest.raises(ValueError, match="no R4 layout"):
+        core.matmul(np.empty((1, 6), np.float32), np.zeros(6 * 144, np.uint8), int(GGMLType.Q4_0),
+                    np.zeros((1, 256), np.float32), pool, True)
