@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Engine-level continuous batching: tokens/s of one session's decode steps vs Model.decode_batch
 over 4 sessions, in interleaved rounds (the daemon adds HTTP, sampling and prefill on top).
-The two kinds of step alternate one by one. Also per process CPU second: with -t 1 that ratio does not depend on what else the machine
-runs (wall-clock figures on a shared machine do), so A/B comparisons of kernels use it.
+The two kinds of step alternate one by one (this VM's speed drifts within seconds). Also per
+process CPU second: with -t 1 that ratio does not depend on what else the machine runs
+(wall-clock figures on a shared machine do), so A/B comparisons of kernels use it.
 
     tools/bench_batch.py MODEL.gguf [-t THREADS] [-r ROUNDS] [-n STEPS] [-b SESSIONS]
 """
