@@ -116,6 +116,8 @@ typedef struct {
     int n_tokens, pos;
     int n_out;           /* rows whose logits are computed: out_rows[0..n_out) */
     int32_t *out_rows;   /* (ED_MAX_LOGIT_ROWS) batch rows, ascending; logits row i is out_rows[i] */
+    int all_rows;        /* every row's final residual is wanted (hidden states, embeddings): the
+                            last layer runs all rows, not only out_rows (ed_last_rows) */
     atomic_int attn_next;  /* next attention block to take (ed_attention) */
     /* a batch over several sessions (ed_forward_rows): row t is a token at position
        row_pos[t] with the KV cache of another state (row_k/row_v/row_nctx): the decode tokens
@@ -229,11 +231,18 @@ static inline int ed_gemm_wanted(const ed_state *s, int n, int vt) {
            (vt == ED_Q8_0 || vt == ED_Q8_1 || vt == ED_Q8_K);
 }
 
+/* The packed panels of W read the activations' group sums (ed_gemm_info); a repacked W with a
+ * panel kernel of its own (NEON dotprod's R4: the block sums are exact integers there) does not. */
+static inline int ed_reads_info(const ed_tensor *W) {
+    return ed_gemm_ok(W->type) && !(W->layout == ED_LAYOUT_R4 && ed_kern->gemm->pack_r4);
+}
+
 /* Quantize the activation rows x (n, K) into the format weights of `type` need. For one
  * token every thread quantizes the row into its own slot (no barrier); for a batch the rows
- * are split and a barrier follows. Returns the base and stride of this thread's view. */
+ * are split and a barrier follows, with their group sums when a consumer reads them (info).
+ * Returns the base and stride of this thread's view. */
 static const uint8_t *ed_quantize_act(ed_state *s, ed_pool *p, int type, int K, const float *x,
-                                      int ldx, int n, int ith, int nth, size_t *rb_out) {
+                                      int ldx, int n, int info, int ith, int nth, size_t *rb_out) {
     const size_t rb = ed_act_row_bytes(type, K);
     const ed_quant_fn q = ED_QUANT[ED_TRAITS[type].vec_type];
     *rb_out = rb;
@@ -245,7 +254,7 @@ static const uint8_t *ed_quantize_act(ed_state *s, ed_pool *p, int type, int K, 
     int64_t a, b;
     ed_range(n, ith, nth, &a, &b);
     for (int64_t t = a; t < b; t++) q(x + t * ldx, s->xq + t * rb, K);
-    if (ed_gemm_wanted(s, n, ED_TRAITS[type].vec_type))  /* for the packed panels (ed_rows) */
+    if (info && ed_gemm_wanted(s, n, ED_TRAITS[type].vec_type))  /* for the packed panels (ed_rows) */
         for (int64_t t = a; t < b; t++)
             ed_gemm_info(ED_TRAITS[type].vec_type, K, s->xq + t * rb, s->xinfo + t * s->xinfo_row);
     ed_barrier(p);
@@ -298,7 +307,7 @@ static void ed_matmul(ed_state *s, ed_pool *p, float *out, int ldo, const ed_ten
         rb = ed_act_row_bytes(W->type, (int)W->ne0);
         xq = n == 1 ? s->xq + (size_t)ith * s->xq_row : s->xq;
     } else {
-        xq = ed_quantize_act(s, p, W->type, (int)W->ne0, x, ldx, n, ith, nth, &rb);
+        xq = ed_quantize_act(s, p, W->type, (int)W->ne0, x, ldx, n, ed_reads_info(W), ith, nth, &rb);
     }
     const int64_t N = W->ne1, cr = ed_chunk_rows(p, N);
     for (int64_t c; (c = ed_claim(p, (N + cr - 1) / cr)) >= 0;)
@@ -315,7 +324,8 @@ static int ed_same_act(const ed_tensor *a, const ed_tensor *b) {
 static void ed_matmul3(ed_state *s, ed_pool *p, const ed_tensor *W[3], float *out[3], int ldo,
                        const float *x, int ldx, int n, int ith, int nth) {
     size_t rb;
-    const uint8_t *xq = ed_quantize_act(s, p, W[0]->type, (int)W[0]->ne0, x, ldx, n, ith, nth, &rb);
+    const int info = ed_reads_info(W[0]) || ed_reads_info(W[1]) || ed_reads_info(W[2]);
+    const uint8_t *xq = ed_quantize_act(s, p, W[0]->type, (int)W[0]->ne0, x, ldx, n, info, ith, nth, &rb);
     const int64_t cr = ed_chunk_rows(p, W[0]->ne1 + W[1]->ne1 + W[2]->ne1);
     int64_t nc[3], total = 0;
     for (int i = 0; i < 3; i++) total += nc[i] = (W[i]->ne1 + cr - 1) / cr;
@@ -366,7 +376,7 @@ static void ed_gate_up(ed_state *s, ed_pool *p, const ed_model *m, const ed_tens
     size_t rb;
     const uint8_t *xq;
     if (ed_same_act(G, U)) {
-        xq = ed_quantize_act(s, p, G->type, E, x, E, n, ith, nth, &rb);
+        xq = ed_quantize_act(s, p, G->type, E, x, E, n, ed_reads_info(G) || ed_reads_info(U), ith, nth, &rb);
         for (int64_t c; (c = ed_claim(p, nc)) >= 0;) {
             const int64_t a = c * cr, b = a + cr < F ? a + cr : F;
             ed_rows(s, G, a, b, xq, rb, n, hb, 2 * F, ith);
@@ -374,13 +384,13 @@ static void ed_gate_up(ed_state *s, ed_pool *p, const ed_model *m, const ed_tens
             ed_gate_act(m, hb, F, n, a, b, gb, ub);
         }
     } else {  /* different activation formats (mixed quantizations): one after the other */
-        xq = ed_quantize_act(s, p, U->type, E, x, E, n, ith, nth, &rb);
+        xq = ed_quantize_act(s, p, U->type, E, x, E, n, ed_reads_info(U), ith, nth, &rb);
         for (int64_t c; (c = ed_claim(p, nc)) >= 0;) {
             const int64_t a = c * cr, b = a + cr < F ? a + cr : F;
             ed_rows(s, U, uofs + a, uofs + b, xq, rb, n, hb + F - uofs, 2 * F, ith);
         }
         ed_barrier(p);
-        xq = ed_quantize_act(s, p, G->type, E, x, E, n, ith, nth, &rb);
+        xq = ed_quantize_act(s, p, G->type, E, x, E, n, ed_reads_info(G), ith, nth, &rb);
         for (int64_t c; (c = ed_claim(p, nc)) >= 0;) {
             const int64_t a = c * cr, b = a + cr < F ? a + cr : F;
             ed_rows(s, G, a, b, xq, rb, n, hb, 2 * F, ith);
@@ -557,8 +567,7 @@ static inline size_t ed_kv_bytes(int type, int64_t n) {
  * q4_0 with the reference quantizer, the from_float llama.cpp's set_rows uses for each. */
 static inline void ed_kv_store(int type, const float *x, uint8_t *dst, int n) {
     if (type == ED_F16) {
-        uint16_t *h = (uint16_t *)dst;
-        for (int i = 0; i < n; i++) h[i] = ed_fp32_to_fp16(x[i]);
+        ed_pm_f16_row(ed_pm_simd(ED_PATH), n, x, (ed_half *)dst);
     } else if (type == ED_Q8_0) {
         ED_QUANT[ED_Q8_0](x, dst, n);
     } else {
@@ -732,7 +741,7 @@ static void ed_attention_exact(ed_state *s, const ed_model *m, int il, int ith, 
             continue;
         }
         const uint16_t *vc = (const uint16_t *)vl;
-        if (s->type_k == ED_F16) for (int i = 0; i < hd; i++) q16[i] = ed_fp32_to_fp16(q[i]);
+        if (s->type_k == ED_F16) ed_pm_f16_row(simd, hd, q, q16);
         else ed_kq_query(s->type_k, q, hd, q16);
         float mx = sink ? sink[h] : -INFINITY;  /* llama.cpp: the sink joins the max... */
         for (int j = j0; j <= pt; j++) {
@@ -764,7 +773,10 @@ static void ed_attention_exact(ed_state *s, const ed_model *m, int il, int ith, 
         }
         for (int j = j0; j <= pt; j++)
             if (sc[j] != 0.0f) ed_axpy_f16(hd, sc[j], vc + (size_t)j * kvd + (size_t)kvh * hd, acc + (size_t)(j % lanes) * hd);
-        ed_pm_reduce_lanes(hd, lanes, lane, tmp, s->xb + (size_t)t * Qd + (size_t)h * hd);
+        if (used < lanes)  /* fewer keys than lanes: only the used lanes' adds (the same bits) */
+            ed_pm_reduce_lanes_sparse(hd, lane, ED_ZERO_ROW, tmp, s->xb + (size_t)t * Qd + (size_t)h * hd);
+        else
+            ed_pm_reduce_lanes(hd, lanes, lane, tmp, s->xb + (size_t)t * Qd + (size_t)h * hd);
     }
 }
 
@@ -846,15 +858,34 @@ static inline double ed_now_ns(void) {
    clock covers the slowest thread); off unless the session asked for a profile */
 #define ED_MARK(arr, kind) do { if (prof) { double t_ = ed_now_ns(); s->arr[kind] += t_ - t_prev; t_prev = t_; } } while (0)
 
+/* The last layer after attention (whose K/V rows every token needs) runs only for the rows
+ * whose logits are wanted, as llama.cpp does: thread 0 moves their attention outputs (xb) and
+ * residuals (x) to rows 0..n_out (out_rows ascending: a row never moves down onto one still to
+ * be read). Every row is computed in the canonical order whatever the batch, so their bits do
+ * not change. Returns the rows left; the caller's barrier follows. */
+static int ed_last_rows(ed_state *s, int n, int Qd, int E, int ith) {
+    if (s->all_rows || s->n_out >= n) return n;
+    if (ith == 0)
+        for (int i = 0; i < s->n_out; i++) {
+            const int r = s->out_rows[i];
+            if (r == i) continue;
+            memcpy(s->xb + (size_t)i * Qd, s->xb + (size_t)r * Qd, sizeof(float) * Qd);
+            memcpy(s->x + (size_t)i * E, s->x + (size_t)r * E, sizeof(float) * E);
+        }
+    return s->n_out;
+}
+
 static void ed_forward_worker(void *arg, int ith, int nth) {
     ed_state *s = (ed_state *)arg;
     const ed_model *m = s->m;
     ed_pool *p = s->pool;
-    const int n = s->n_tokens, E = m->n_embd, F = m->n_ff, hd = m->head_dim;
+    int n = s->n_tokens;
+    const int E = m->n_embd, F = m->n_ff, hd = m->head_dim;
     const int Qd = m->n_head * hd, KVd = m->n_head_kv * hd, QKV = Qd + 2 * KVd;
     const float eps = m->rms_eps, rs = m->residual_scale;
     const int rot_k = ed_kv_rot_n(s->type_k, hd, 1), rot_v = ed_kv_rot_n(s->type_v, hd, 0);
     int64_t a, b;
+    int rows = n;  /* the rows the last layer runs: out_rows moved to the front, or all */
     ed_range(n, ith, nth, &a, &b);  /* this thread's tokens for per-row ops */
     const int prof = s->profile && ith == 0;
     double t_prev = prof ? ed_now_ns() : 0.0;
@@ -875,9 +906,9 @@ static void ed_forward_worker(void *arg, int ith, int nth) {
         } else {
             ed_matmul(s, p, s->qkv, QKV, &L->attn_q, s->xb, E, n, 0, ith, nth);
             ed_matmul(s, p, s->qkv + Qd, QKV, &L->attn_k, s->xb, E, n,
-                      L->attn_k.type == L->attn_q.type, ith, nth);
+                      L->attn_k.type == L->attn_q.type && ed_reads_info(&L->attn_q) >= ed_reads_info(&L->attn_k), ith, nth);
             ed_matmul(s, p, s->qkv + Qd + KVd, QKV, &L->attn_v, s->xb, E, n,
-                      L->attn_v.type == L->attn_k.type, ith, nth);
+                      L->attn_v.type == L->attn_k.type && ed_reads_info(&L->attn_k) >= ed_reads_info(&L->attn_v), ith, nth);
         }
         ED_MARK(prof_mm, L->attn_qkv.data ? L->attn_qkv.type : L->attn_q.type);
         const float base = L->swa ? m->rope_base_swa : m->rope_base;
@@ -916,6 +947,15 @@ static void ed_forward_worker(void *arg, int ith, int nth) {
             for (int64_t t = a; t < b; t++) ed_fwht(s->xb + (size_t)t * Qd, Qd, rot_v);
             ed_barrier(p);
         }
+        if (il == m->n_layer - 1) {
+            rows = ed_last_rows(s, n, Qd, E, ith);
+            if (rows < n) {
+                ed_barrier(p);
+                n = rows;
+                ed_range(n, ith, nth, &a, &b);
+                if (n == 0) break;  /* no logits wanted (a prompt chunk of a batch) */
+            }
+        }
         ED_MARK(prof_ns, ED_PROF_ATTN);
         ed_matmul(s, p, s->xb2, E, &L->attn_output, s->xb, Qd, n, 0, ith, nth);
         ED_MARK(prof_mm, L->attn_output.type);
@@ -950,10 +990,12 @@ static void ed_forward_worker(void *arg, int ith, int nth) {
         ed_barrier(p);
         ED_MARK(prof_ns, ED_PROF_NORM);
     }
-    const int rows = s->n_out;
+    const int compact = rows < s->n_tokens;  /* the wanted rows are at the front already */
+    rows = s->n_out;
     ed_range(rows, ith, nth, &a, &b);
     for (int64_t t = a; t < b; t++)
-        ed_rms_norm(s->xb + t * E, s->x + (size_t)s->out_rows[t] * E, ed_vec(&m->output_norm), E, eps);
+        ed_rms_norm(s->xb + t * E, s->x + (size_t)(compact ? t : s->out_rows[t]) * E,
+                    ed_vec(&m->output_norm), E, eps);
     ed_barrier(p);
     ed_matmul(s, p, s->logits, m->n_vocab, &m->output, s->xb, E, rows, 0, ith, nth);
     if (m->softcap > 0.0f) {
@@ -1041,8 +1083,9 @@ static size_t ed_state_layout(ed_state *s, const ed_model *m, int n_ctx, int n_b
     return off;
 }
 
-static void ed_forward(ed_state *s, ed_pool *p, int n_tokens, int pos, int all_logits) {
-    s->n_tokens = n_tokens; s->pos = pos; s->pool = p;
+/* all_rows: every row's final residual stays in s->x (hidden states), not only the last's */
+static void ed_forward(ed_state *s, ed_pool *p, int n_tokens, int pos, int all_logits, int all_rows) {
+    s->n_tokens = n_tokens; s->pos = pos; s->pool = p; s->all_rows = all_rows;
     s->n_out = all_logits ? n_tokens : 1;
     for (int i = 0; i < s->n_out; i++) s->out_rows[i] = n_tokens - s->n_out + i;
     ed_pool_run(p, ed_forward_worker, s);
@@ -1064,7 +1107,7 @@ static void ed_forward_rows(ed_state *s, ed_pool *p, int n, ed_state *const *row
         s->row_v[t] = rows[t]->v_cache;
     }
     for (int i = 0; i < n_out; i++) s->out_rows[i] = out[i];
-    s->n_tokens = n; s->pos = 0; s->pool = p; s->n_out = n_out;
+    s->n_tokens = n; s->pos = 0; s->pool = p; s->n_out = n_out; s->all_rows = 0;
     s->batched = 1;
     ed_pool_run(p, ed_forward_worker, s);
     s->batched = 0;

@@ -76,7 +76,7 @@ cdef extern from "forward.h" nogil:
     size_t ed_state_layout(ed_state *s, const ed_model *m, int n_ctx, int n_batch, int n_threads,
                            int type_k, int type_v, uint8_t *arena)
     int ed_kv_type_ok(int type)
-    void ed_forward(ed_state *s, ed_pool *p, int n_tokens, int pos, int all_logits)
+    void ed_forward(ed_state *s, ed_pool *p, int n_tokens, int pos, int all_logits, int all_rows)
     void ed_forward_rows(ed_state *s, ed_pool *p, int n, ed_state **rows, const int *pos,
                          int n_out, const int *out)
     void ed_forward_init()
@@ -432,7 +432,10 @@ cdef class ForwardState:
     def max_logit_rows(self):
         return min(self.s.n_batch, ED_MAX_LOGIT_ROWS)
 
-    def forward(self, int n_tokens, int pos, bint all_logits):
+    def forward(self, int n_tokens, int pos, bint all_logits, bint all_rows=False):
+        """Run the staged rows at positions pos.. . The last layer runs only for the rows whose
+        logits are wanted (the last, or all with all_logits) unless all_rows keeps every row's
+        final residual in input_rows() (hidden states)."""
         if all_logits and n_tokens > min(self.s.n_batch, ED_MAX_LOGIT_ROWS):
             raise ValueError(f"all logits of {n_tokens} rows: at most {ED_MAX_LOGIT_ROWS} per call")
         if n_tokens < 1 or n_tokens > self.s.n_batch:
@@ -440,7 +443,7 @@ cdef class ForwardState:
         if pos < 0 or pos + n_tokens > self.s.n_ctx:
             raise ValueError(f"positions [{pos}, {pos + n_tokens}) outside the context {self.s.n_ctx}")
         with nogil:
-            ed_forward(&self.s, self.pool.p, n_tokens, pos, all_logits)
+            ed_forward(&self.s, self.pool.p, n_tokens, pos, all_logits, all_rows)
 
     def forward_rows(self, list states, positions, out_rows=None):
         """One step of several sessions in one pass: row t (staged in this state's input rows)

@@ -274,6 +274,34 @@ static float ed_pm_dot_f16_neon(int n, const ed_half *x, const ed_half *y, int b
 #undef ED_PM_H4
 }
 
+/* y[i] = ed_fp32_to_fp16(x[i]) for i < n by FCVTN (round to nearest even, as the scalar code,
+ * subnormals and overflow to inf alike); 4 values holding a NaN take the scalar code (its NaN) */
+static void ed_pm_f16_row_neon(int n, const float *x, ed_half *y) {
+    int i = 0;
+    for (; i + 4 <= n; i += 4) {
+        const float32x4_t v = vld1q_f32(x + i);
+        if (vmaxvq_u32(vmvnq_u32(vceqq_f32(v, v))))
+            for (int k = 0; k < 4; k++) y[i + k] = ed_fp32_to_fp16(x[i + k]);
+        else
+            vst1_u16(y + i, vreinterpret_u16_f16(vcvt_f16_f32(v)));
+    }
+    for (; i < n; i++) y[i] = ed_fp32_to_fp16(x[i]);
+}
+
+/* x[i] = F16-rounded x[i] * s (the softmax row) by FCVTN and FCVTL; 4 products holding a NaN
+ * take the scalar code */
+static void ed_pm_round_scale_neon(int n, float *x, float s) {
+    int i = 0;
+    for (; i + 4 <= n; i += 4) {
+        const float32x4_t v = vmulq_n_f32(vld1q_f32(x + i), s);
+        if (vmaxvq_u32(vmvnq_u32(vceqq_f32(v, v))))
+            for (int k = 0; k < 4; k++) x[i + k] = ED_PM_F(ed_fp32_to_fp16(x[i + k] * s));
+        else
+            vst1q_f32(x + i, vcvt_f32_f16(vcvt_f16_f32(v)));
+    }
+    for (; i < n; i++) x[i] = ED_PM_F(ed_fp32_to_fp16(x[i] * s));
+}
+
 /* g[i] = ed_pm_silu(g[i]) * u[i] for i < n */
 static void ed_pm_silu_mul_neon(int n, float *g, const float *u) {
     int i = 0;
@@ -301,6 +329,39 @@ static void ed_pm_reduce_lanes(int n, int lanes, const float *const *L, float *t
     for (int k = 0; k < 8; k++) for (int i = 0; i < n; i++) T[k][i] = T[k + 8][i] + T[k][i];
     for (int k = 0; k < 4; k++) for (int i = 0; i < n; i++) T[k][i] = T[k + 4][i] + T[k][i];
     for (int i = 0; i < n; i++) out[i] = (T[0][i] + T[2][i]) + (T[1][i] + T[3][i]);
+}
+
+/* ed_pm_reduce_lanes over 64 lanes of which only some hold values: the others are the all-zero
+ * row `zero` (attention over fewer than 64 keys). A subtree of zero rows sums to +0, and
+ * x + (+0) is x for every x but -0, which a lane row never holds (it starts at +0 and only
+ * adds; an exact zero sum is +0): passing the other operand on gives the same bits with the adds
+ * of the used lanes only. tmp holds 16 rows of n. */
+static inline const float *ed_pm_add_rows(int n, const float *a, const float *b, const float *zero, float *dst) {
+    if (a == zero) return b;
+    if (b == zero) return a;
+    int i = 0;
+#if defined(__aarch64__)  /* dst may be a or b: the compiler would not vectorize this loop */
+    for (; i + 4 <= n; i += 4) vst1q_f32(dst + i, vaddq_f32(vld1q_f32(a + i), vld1q_f32(b + i)));
+#endif
+    for (; i < n; i++) dst[i] = a[i] + b[i];
+    return dst;
+}
+
+static void ed_pm_reduce_lanes_sparse(int n, const float *const *L, const float *zero, float *tmp, float *out) {
+    const float *P[16];
+    for (int l = 0; l < 16; l++) {  /* (L[l] + L[l+32]) + (L[l+16] + L[l+48]); out as scratch */
+        float *T = tmp + (size_t)l * n;
+        const float *a = ed_pm_add_rows(n, L[l], L[l + 32], zero, T);
+        const float *b = ed_pm_add_rows(n, L[l + 16], L[l + 48], zero, out);
+        P[l] = ed_pm_add_rows(n, a, b, zero, T);
+    }
+    for (int k = 0; k < 8; k++) P[k] = ed_pm_add_rows(n, P[k + 8], P[k], zero, tmp + (size_t)k * n);
+    for (int k = 0; k < 4; k++) P[k] = ed_pm_add_rows(n, P[k + 4], P[k], zero, tmp + (size_t)k * n);
+    const float *a = ed_pm_add_rows(n, P[0], P[2], zero, tmp);
+    const float *b = ed_pm_add_rows(n, P[1], P[3], zero, tmp + n);
+    const float *r = ed_pm_add_rows(n, a, b, zero, out);
+    if (r == zero) memset(out, 0, sizeof(float) * n);
+    else if (r != out) memcpy(out, r, sizeof(float) * n);
 }
 
 /* Dispatch: the x86 versions on the avx2/avx512 kernel paths, the scalar ones elsewhere. */
@@ -334,6 +395,15 @@ static inline void ed_pm_expf_sub(int simd, int n, const float *x, float mx, flo
     for (int i = 0; i < n; i++) y[i] = ed_pm_expf(x[i] - mx);
 }
 
+/* y[i] = ed_fp32_to_fp16(x[i]) for i < n */
+static inline void ed_pm_f16_row(int simd, int n, const float *x, ed_half *y) {
+#if defined(__aarch64__)
+    if (simd) { ed_pm_f16_row_neon(n, x, y); return; }
+#endif
+    (void)simd;
+    for (int i = 0; i < n; i++) y[i] = ed_fp32_to_fp16(x[i]);
+}
+
 static inline void ed_pm_silu_mul(int simd, int n, float *g, const float *u) {
 #if defined(__x86_64__)
     if (simd) { ed_pm_silu_mul_x86(n, g, u); return; }
@@ -347,6 +417,8 @@ static inline void ed_pm_silu_mul(int simd, int n, float *g, const float *u) {
 static inline void ed_pm_round_scale(int simd, int n, float *x, float s) {
 #if defined(__x86_64__)
     if (simd) { ed_pm_round_scale_x86(n, x, s); return; }
+#elif defined(__aarch64__)
+    if (simd) { ed_pm_round_scale_neon(n, x, s); return; }
 #endif
     (void)simd;
     for (int i = 0; i < n; i++) x[i] = ED_PM_F(ed_fp32_to_fp16(x[i] * s));

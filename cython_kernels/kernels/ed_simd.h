@@ -363,9 +363,9 @@ static const ed_kernels ED_PATHS[] = {
     {"avx2", "avx2", ED_NEED_AVX2, ed_avx2_dot, ed_avx2_quant, ed_avx2_tile, ed_avx2_rows,
      &ed_avx2_gemm_path, ed_avx2_axpy_f16, ed_avx2_attn, ED_X86_ROWS_N, ed_avx2_rows_r4},
 #elif defined(__aarch64__)
-    {"neon", "neon+dotprod", ED_CPU_NEON | ED_CPU_DOTPROD, ed_neondp_dot, ED_GENERIC_QUANT, ed_neondp_tile,
+    {"neon", "neon+dotprod", ED_CPU_NEON | ED_CPU_DOTPROD, ed_neondp_dot, ed_neondp_quant, ed_neondp_tile,
      ed_neondp_rows, &ed_neondp_gemm_path, ed_neondp_axpy_f16, ed_attn_rowwise, 0, ed_neondp_rows_r4},
-    {"neon", "neon", ED_CPU_NEON, ed_neon_dot, ED_GENERIC_QUANT, ed_neon_tile, ed_neon_rows,
+    {"neon", "neon", ED_CPU_NEON, ed_neon_dot, ed_neon_quant, ed_neon_tile, ed_neon_rows,
      &ED_GEMM_NONE, ed_neon_axpy_f16, ed_attn_rowwise},
 #endif
     {"generic", "generic", 0, ED_GENERIC_DOT, ED_GENERIC_QUANT, ED_NO_TILES, ED_NO_ROWS,

@@ -78,8 +78,10 @@ class Backend:
         """Stage a batch of token ids that will sit at positions pos, pos+1, ..."""
         raise NotImplementedError
 
-    def forward(self, buf, n_tokens: int, pos: int, all_logits: bool) -> None:
-        """Run the model over the staged batch, writing K/V at [pos, pos+n_tokens)."""
+    def forward(self, buf, n_tokens: int, pos: int, all_logits: bool, all_rows: bool = False) -> None:
+        """Run the model over the staged batch, writing K/V at [pos, pos+n_tokens). Only the
+        rows whose logits are wanted need the last layer: all_rows asks for every row's final
+        hidden state too (hidden_rows)."""
         raise NotImplementedError
 
     def copy_out(self, buf, n_rows: int):

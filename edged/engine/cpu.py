@@ -190,14 +190,14 @@ class CPUBackend(Backend):
         if self.spec.hp.embd_scale != 1.0:
             rows *= np.float32(self.spec.hp.embd_scale)
 
-    def forward(self, buf, n_tokens, pos, all_logits):
-        buf.state.forward(n_tokens, pos, all_logits)
+    def forward(self, buf, n_tokens, pos, all_logits, all_rows=False):
+        buf.state.forward(n_tokens, pos, all_logits, all_rows)
 
     def copy_out(self, buf, n_rows):
         return np.array(buf.state.logits(n_rows))
 
     def hidden_rows(self, buf, n_rows):
-        # the compiled pass leaves every row's residual stream in the input rows
+        # the compiled pass leaves every row's residual stream in the input rows (all_rows)
         x = buf.inp[:n_rows].astype(np.float64)
         return rms_norm(x, self._vectors[self.spec.output_norm],
                         self.spec.hp.rms_eps).astype(np.float32)
@@ -215,6 +215,8 @@ class CPUBackend(Backend):
             return super().decode_rows(bufs, tokens, positions, out_rows)
         self.copy_in(lead, tokens, 0)
         lead.state.forward_rows([b.state for b in bufs], list(positions), out_rows)
+        if n_out == 0:  # prompt chunks whose logits nobody wants (no zero-row view)
+            return np.empty((0, self.spec.hp.n_vocab), np.float32)
         return np.array(lead.state.logits(n_out))
 
     def copy_kv(self, dst, src, n):

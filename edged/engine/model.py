@@ -362,7 +362,7 @@ class Model:
                     for i in range(0, len(ids), s.n_batch):
                         chunk = ids[i:i + s.n_batch]
                         be.copy_in(s._buf, chunk, i)
-                        be.forward(s._buf, len(chunk), i, False)
+                        be.forward(s._buf, len(chunk), i, False, all_rows=True)
                         rows.append(be.hidden_rows(s._buf, len(chunk)))
                 out.append(np.concatenate(rows))
         return out

@@ -190,7 +190,7 @@ class ReferenceBackend(Backend):
         x32 = x.astype(np.float32)
         return np.stack([w @ row for row in x32]).astype(np.float64)
 
-    def forward(self, buf, n_tokens, pos, all_logits):
+    def forward(self, buf, n_tokens, pos, all_logits, all_rows=False):  # every row, always
         sp, hp, a = self.spec, self.spec.hp, self.spec.arch
         toks = buf.tokens[:n_tokens]
         n = len(toks)

@@ -32,6 +32,10 @@ def test_native_paths_match_generic(tmp_path):
     if "x86" in os.uname().machine:  # the AVX2 softmax expf and SiLU (ed_parity.h) equal the scalar code
         assert any(l in r.stdout.splitlines() for l in ("parity simd expf silu ok", "parity scalar expf silu ok")), r.stdout
         assert any(l in r.stdout.splitlines() for l in ("parity simd dot ok", "parity scalar dot ok")), r.stdout
+        assert any(l in r.stdout.splitlines() for l in ("parity simd f16 lanes ok", "parity scalar f16 lanes ok")), r.stdout
+    # every path's Q8_0 activation quantizer gives the generic bytes (ties, zeros, huge values)
+    aq = [l for l in r.stdout.splitlines() if l.startswith("actquant ")]
+    assert aq and all(l.endswith(" same-bytes ok") for l in aq), r.stdout
     # every type has a tile (ED_MDOT: a prompt's tokens, a decode batch's sessions) equal to the
     # one-token path on the x86 SIMD paths (the generic path runs its dot per column)
     digests = [l.split() for l in r.stdout.splitlines() if l.startswith("digest ")]
@@ -47,7 +51,7 @@ def test_native_paths_match_generic(tmp_path):
     # attention over a quantized KV cache: 4 cache type pairs on every path that ran, the same
     # stored bytes and outputs within float rounding of the generic path's
     kv = [l for l in r.stdout.splitlines() if l.startswith("kvcache ")]
-    ran = {l.split()[0] for l in r.stdout.splitlines() if l.endswith(" ok") and not l.startswith(("kvcache", "digest", "extreme", "long", "parity", "repack"))}
+    ran = {l.split()[0] for l in r.stdout.splitlines() if l.endswith(" ok") and not l.startswith(("kvcache", "digest", "extreme", "long", "parity", "repack", "actquant"))}
     assert len(kv) == 4 * len(ran) and all(l.endswith(" same-bytes ok") for l in kv), r.stdout
     if "x86" in os.uname().machine:  # Q4_0 / Q5_0 row kernels over rows too long for their per-call column sums
         long_rows = {l for l in r.stdout.splitlines() if l.startswith("long ")}
@@ -74,6 +78,10 @@ def test_neon_path_matches_generic_under_qemu(tmp_path):
     assert "parity simd expf silu ok" in r.stdout.splitlines(), r.stdout
     # and the attention's F16 dot (ed_pm_dot: 64 and 16 lanes, NEON on both variants)
     assert "parity simd dot ok" in r.stdout.splitlines(), r.stdout
+    # the F16 rows of the query and the cache, the lane reduction over fewer keys than lanes,
+    # and the NEON Q8_0 activation quantizer of both variants (ed_quant_q8_0's bytes)
+    want = {"parity simd f16 lanes ok", "actquant neon Q8_0 same-bytes ok", "actquant neonnd Q8_0 same-bytes ok"}
+    assert want <= set(r.stdout.splitlines()), r.stdout
     lines = [l for l in r.stdout.splitlines() if l.startswith("neon ") and " panels " not in l]
     assert len(lines) == 16 and all(l.endswith(" ok") for l in lines), r.stdout
     # dotprod has the packed panels for the 13 quantized types (each also checked in an ok line)
@@ -99,6 +107,7 @@ def test_neon_path_matches_generic_under_qemu(tmp_path):
     assert sum(l.startswith("neon ") and l.endswith(" ok") for l in a72.stdout.splitlines()) == 16
     assert " panels " not in a72.stdout  # no panel kernel without dotprod: the row tiles
     assert "parity simd dot ok" in a72.stdout.splitlines(), a72.stdout
+    assert {"parity simd f16 lanes ok", "actquant neon Q8_0 same-bytes ok"} <= set(a72.stdout.splitlines()), a72.stdout
     assert {l for l in a72.stdout.splitlines() if l.startswith("extreme ")} == rows, a72.stdout
     # every type has a NEON dot (none left on the generic C loop) and a tile equal to the
     # one-token dot bit for bit, and both variants give the same bits (the dots'

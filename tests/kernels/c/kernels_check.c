@@ -412,6 +412,61 @@ int main(void) {
                 }
         printf("parity %s dot %s\n", simd ? "simd" : "scalar", dok ? "ok" : "FAIL");
         failures += !dok;
+        /* the query's and the cache's F16 rows (ed_pm_f16_row: +-0, +-inf, NaN, overflow, F16
+           subnormals and halfway cases) and the lane reduction of attention over fewer keys than
+           lanes (ed_pm_reduce_lanes_sparse) equal the scalar code: "parity simd f16 lanes ok" */
+        static ed_half f1[NP], f2[NP];
+        static float fx[NP];
+        for (int i = 0; i < NP; i++)
+            fx[i] = i % 4 == 0 ? x[i] * 1e-6f : i % 4 == 1 ? x[i] * 400.0f : i % 4 == 2 ? x[i] : ldexpf(1.0f + (float)(i % 8) / 2048.0f, -14 - i % 12);
+        ed_pm_f16_row(simd, NP, fx, f1);
+        for (int i = 0; i < NP; i++) f2[i] = ed_fp32_to_fp16(fx[i]);
+        int lok = !memcmp(f1, f2, sizeof f1);
+        memcpy(g1, fx, sizeof fx); memcpy(g2, fx, sizeof fx);  /* the softmax row's F16 rounding */
+        ed_pm_round_scale(simd, NP, g1, 0.37f);
+        ed_pm_round_scale(0, NP, g2, 0.37f);
+        lok &= !memcmp(g1, g2, sizeof g1);
+        enum { HD = 80 };
+        static float lr[64][HD], zr[HD], tmp[16 * HD], o1[HD], o2[HD];
+        const float *lp[64];
+        static const int used[] = {1, 2, 5, 16, 17, 33, 63};
+        for (size_t u = 0; u < sizeof used / sizeof used[0]; u++)
+            for (int j0 = 0; j0 < 64; j0 += 23) {
+                for (int l = 0; l < 64; l++) lp[l] = zr;
+                for (int j = j0; j < j0 + used[u]; j++) {
+                    for (int i = 0; i < HD; i++) lr[j % 64][i] = i % 7 == 0 ? 0.0f : x[(j * HD + i) % NP];
+                    lp[j % 64] = lr[j % 64];
+                }
+                ed_pm_reduce_lanes(HD, 64, lp, tmp, o1);
+                ed_pm_reduce_lanes_sparse(HD, lp, zr, tmp, o2);
+                lok &= !memcmp(o1, o2, sizeof o1);
+            }
+        printf("parity %s f16 lanes %s\n", simd ? "simd" : "scalar", lok ? "ok" : "FAIL");
+        failures += !lok;
+    }
+    {   /* each path's Q8_0 activation quantizer (ED_QUANT) gives ed_quant_q8_0's bytes: random
+           rows, an all-zero block, halves at the rounding boundary (amax 127: the multiplier is
+           1, so 2.5 and -3.5 are ties to even), +-0 and a block past the int8 range of a plain
+           cast: "actquant PATH Q8_0 same-bytes ok" */
+        enum { NQ = 64 * QK };
+        static float qx[NQ];
+        static uint8_t q1[NQ * 2], q2[NQ * 2];
+        rng_state = 777;
+        for (int i = 0; i < NQ; i++) qx[i] = rndf() * (i % 96 < 32 ? 100.0f : 0.02f);
+        for (int i = 0; i < QK; i++) qx[i] = 0.0f;
+        for (int i = 0; i < QK; i++) qx[QK + i] = i == 0 ? 127.0f : (float)(i % 9) - 4.5f + (i & 1 ? 0.0f : 1.0f);
+        qx[2 * QK] = -0.0f; qx[2 * QK + 1] = 2.5f; qx[2 * QK + 2] = -127.0f;
+        for (int i = 0; i < QK; i++) qx[3 * QK + i] = i == 5 ? -3e38f : 1e37f * (float)(i - 16);
+        ed_quant_q8_0(qx, q2, NQ);
+        for (int p = 0; p < 7; p++) {
+            if (!ed_path_supported(force[p])) continue;
+            ed_types_init(force[p]);
+            memset(q1, 0xA5, sizeof q1);
+            ED_QUANT[ED_Q8_0](qx, q1, NQ);
+            const int qok = !memcmp(q1, q2, (size_t)NQ / QK * sizeof(blk_q8_0));
+            printf("actquant %s Q8_0 same-bytes %s\n", paths[p], qok ? "ok" : "FAIL");
+            failures += !qok;
+        }
     }
     return failures ? 1 : 0;
 }
