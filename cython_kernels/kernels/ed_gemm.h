@@ -439,11 +439,7 @@ static void ed_gemm_pack(int type, int layout, int K, const uint8_t *w, size_t r
                     ac[g * 2 * ED_PANEL + ED_PANEL + r + i] = 0.0f;
                 }
         }
-        ED_GEMM_TRANSPOSE(ubuf, K, G, pu);
-        if (ED_GEMM_SPLIT && t->wide) ed_gemm_split(pu, ng);
-        return;
-    }
-    for (int r = 0; r < ED_PANEL; r++) {
+    } else for (int r = 0; r < ED_PANEL; r++) {
         uint8_t *u = ubuf + (size_t)r * K;
         const uint8_t *row = w + (size_t)r * row_bytes;
         if (r < nr && layout == ED_LAYOUT_R4) {
