@@ -54,10 +54,12 @@ int main(int argc, char **argv) {
     uint8_t *xq = aligned_alloc(64, (kr * NP + 63) & ~(size_t)63);
     const size_t il = ed_gemm_info_len(K);
     ed_ginfo *info = malloc(sizeof(ed_ginfo) * il * NP);
+    float *dy = malloc(sizeof(float) * ed_gemm_dy_len(NP, K));
     for (int c = 0; c < NP; c++) {
         if (c < 4) for (int i = 0; i < K; i++) xf[c * K + i] = rand() / (float)RAND_MAX - 0.5f;
         ED_QUANT[vt](xf + (c % 4) * K, xq + c * kr, K);
         ed_gemm_info(vt, K, xq + c * kr, info + c * il);
+        if (vt == ED_Q8_0) ed_gemm_dy_r4(K, xq + c * kr, c, dy);
     }
     const int RP = R < (int)(16 * 1048576 / rb) ? R : (int)(16 * 1048576 / rb) / 16 * 16;  /* panels: 16 MiB */
     uint8_t *scratch = aligned_alloc(64, ed_gemm_scratch(K));
@@ -69,7 +71,7 @@ int main(int argc, char **argv) {
             for (int l = 0; l < 2; l++) {
                 const double t0 = now();
                 if (m < 2) rows(type, l, K, w[l], rb, R, xq, kr, m ? 4 : 1, out[l]);
-                else if (ed_gemm_ok(type)) ed_gemm_rows_layout(type, l, K, w[l], rb, RP, xq, kr, info, il, NP, out[l], RP, scratch);
+                else if (ed_gemm_ok(type)) ed_gemm_rows_layout(type, l, K, w[l], rb, RP, xq, kr, info, il, dy, NP, out[l], RP, scratch);
                 const double t = now() - t0;
                 if (t < best[l][m]) best[l][m] = t;
             }

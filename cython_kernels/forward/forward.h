@@ -100,6 +100,7 @@ typedef struct {
     uint8_t *gemm;       /* (n_threads, gemm_bytes) packed-panel scratch (ed_gemm.h) */
     size_t gemm_bytes;
     ed_ginfo *xinfo;     /* (n_batch, xinfo_row) group sums of the quantized activations */
+    float *xdy;          /* (ed_gemm_dy_len(n_batch, max K)) their block scales for R4 panels */
     size_t xinfo_row;
     float *logits;       /* (n_batch, n_vocab) */
     int32_t *tokens;     /* (n_batch) */
@@ -231,18 +232,22 @@ static inline int ed_gemm_wanted(const ed_state *s, int n, int vt) {
            (vt == ED_Q8_0 || vt == ED_Q8_1 || vt == ED_Q8_K);
 }
 
-/* The packed panels of W read the activations' group sums (ed_gemm_info); a repacked W with a
- * panel kernel of its own (NEON dotprod's R4: the block sums are exact integers there) does not. */
+/* What the packed panels of W read besides the quantized activations: their group sums
+ * (ed_gemm_info), or for a repacked W with a panel kernel of its own (NEON dotprod's R4: the block
+ * sums are exact integers there) the block scales as floats (ed_gemm_dy_r4). A mask: a batch
+ * quantized once for several matrices computes what any of them reads. */
+enum { ED_READS_INFO = 1, ED_READS_DY = 2 };
 static inline int ed_reads_info(const ed_tensor *W) {
-    return ed_gemm_ok(W->type) && !(W->layout == ED_LAYOUT_R4 && ed_kern->gemm->pack_r4);
+    if (!ed_gemm_ok(W->type)) return 0;
+    return ed_gemm_reads_dy(W->layout) ? ED_READS_DY : ED_READS_INFO;
 }
 
 /* Quantize the activation rows x (n, K) into the format weights of `type` need. For one
  * token every thread quantizes the row into its own slot (no barrier); for a batch the rows
- * are split and a barrier follows, with their group sums when a consumer reads them (info).
+ * are split and a barrier follows, with what the panels of its consumers read (reads: ed_reads_info).
  * Returns the base and stride of this thread's view. */
 static const uint8_t *ed_quantize_act(ed_state *s, ed_pool *p, int type, int K, const float *x,
-                                      int ldx, int n, int info, int ith, int nth, size_t *rb_out) {
+                                      int ldx, int n, int reads, int ith, int nth, size_t *rb_out) {
     const size_t rb = ed_act_row_bytes(type, K);
     const ed_quant_fn q = ED_QUANT[ED_TRAITS[type].vec_type];
     *rb_out = rb;
@@ -254,9 +259,12 @@ static const uint8_t *ed_quantize_act(ed_state *s, ed_pool *p, int type, int K, 
     int64_t a, b;
     ed_range(n, ith, nth, &a, &b);
     for (int64_t t = a; t < b; t++) q(x + t * ldx, s->xq + t * rb, K);
-    if (info && ed_gemm_wanted(s, n, ED_TRAITS[type].vec_type))  /* for the packed panels (ed_rows) */
-        for (int64_t t = a; t < b; t++)
-            ed_gemm_info(ED_TRAITS[type].vec_type, K, s->xq + t * rb, s->xinfo + t * s->xinfo_row);
+    if (ed_gemm_wanted(s, n, ED_TRAITS[type].vec_type))  /* for the packed panels (ed_rows) */
+        for (int64_t t = a; t < b; t++) {
+            if (reads & ED_READS_INFO)
+                ed_gemm_info(ED_TRAITS[type].vec_type, K, s->xq + t * rb, s->xinfo + t * s->xinfo_row);
+            if (reads & ED_READS_DY) ed_gemm_dy_r4(K, s->xq + t * rb, (int)t, s->xdy);
+        }
     ed_barrier(p);
     return s->xq;
 }
@@ -268,7 +276,7 @@ static inline void ed_rows(const ed_state *s, const ed_tensor *W, int64_t r0, in
     if (r1 > r0 && ed_gemm_wanted(s, n, ED_TRAITS[W->type].vec_type) && ed_gemm_ok(W->type)) {
         /* a prompt batch: packed panels */
         ed_gemm_rows_layout(W->type, W->layout, (int)W->ne0, W->data + r0 * W->row_bytes, W->row_bytes,
-                            (int)(r1 - r0), xq, rb, s->xinfo, s->xinfo_row, n, out + r0, (size_t)ldo,
+                            (int)(r1 - r0), xq, rb, s->xinfo, s->xinfo_row, s->xdy, n, out + r0, (size_t)ldo,
                             s->gemm + (size_t)ith * s->gemm_bytes);
         return;
     }
@@ -324,7 +332,7 @@ static int ed_same_act(const ed_tensor *a, const ed_tensor *b) {
 static void ed_matmul3(ed_state *s, ed_pool *p, const ed_tensor *W[3], float *out[3], int ldo,
                        const float *x, int ldx, int n, int ith, int nth) {
     size_t rb;
-    const int info = ed_reads_info(W[0]) || ed_reads_info(W[1]) || ed_reads_info(W[2]);
+    const int info = ed_reads_info(W[0]) | ed_reads_info(W[1]) | ed_reads_info(W[2]);
     const uint8_t *xq = ed_quantize_act(s, p, W[0]->type, (int)W[0]->ne0, x, ldx, n, info, ith, nth, &rb);
     const int64_t cr = ed_chunk_rows(p, W[0]->ne1 + W[1]->ne1 + W[2]->ne1);
     int64_t nc[3], total = 0;
@@ -376,7 +384,7 @@ static void ed_gate_up(ed_state *s, ed_pool *p, const ed_model *m, const ed_tens
     size_t rb;
     const uint8_t *xq;
     if (ed_same_act(G, U)) {
-        xq = ed_quantize_act(s, p, G->type, E, x, E, n, ed_reads_info(G) || ed_reads_info(U), ith, nth, &rb);
+        xq = ed_quantize_act(s, p, G->type, E, x, E, n, ed_reads_info(G) | ed_reads_info(U), ith, nth, &rb);
         for (int64_t c; (c = ed_claim(p, nc)) >= 0;) {
             const int64_t a = c * cr, b = a + cr < F ? a + cr : F;
             ed_rows(s, G, a, b, xq, rb, n, hb, 2 * F, ith);
@@ -906,9 +914,9 @@ static void ed_forward_worker(void *arg, int ith, int nth) {
         } else {
             ed_matmul(s, p, s->qkv, QKV, &L->attn_q, s->xb, E, n, 0, ith, nth);
             ed_matmul(s, p, s->qkv + Qd, QKV, &L->attn_k, s->xb, E, n,
-                      L->attn_k.type == L->attn_q.type && ed_reads_info(&L->attn_q) >= ed_reads_info(&L->attn_k), ith, nth);
+                      L->attn_k.type == L->attn_q.type && !(ed_reads_info(&L->attn_k) & ~ed_reads_info(&L->attn_q)), ith, nth);
             ed_matmul(s, p, s->qkv + Qd + KVd, QKV, &L->attn_v, s->xb, E, n,
-                      L->attn_v.type == L->attn_k.type && ed_reads_info(&L->attn_k) >= ed_reads_info(&L->attn_v), ith, nth);
+                      L->attn_v.type == L->attn_k.type && !(ed_reads_info(&L->attn_v) & ~ed_reads_info(&L->attn_k)), ith, nth);
         }
         ED_MARK(prof_mm, L->attn_qkv.data ? L->attn_qkv.type : L->attn_q.type);
         const float base = L->swa ? m->rope_base_swa : m->rope_base;
@@ -1056,6 +1064,7 @@ static size_t ed_state_layout(ed_state *s, const ed_model *m, int n_ctx, int n_b
     const size_t xinfo_row = ed_gemm_info_len(F > XB ? F : XB);
     CARVE(gemm, uint8_t, (size_t)n_threads * gemm_bytes);
     CARVE(xinfo, ed_ginfo, (size_t)(n_batch > 1 ? n_batch : 0) * xinfo_row);
+    CARVE(xdy, float, n_batch > 1 ? ed_gemm_dy_len(n_batch, F > XB ? F : XB) : 0);
     CARVE(logits, float, (size_t)(n_batch < ED_MAX_LOGIT_ROWS ? n_batch : ED_MAX_LOGIT_ROWS) * m->n_vocab);
     CARVE(tokens, int32_t, n_batch);
     CARVE(out_rows, int32_t, ED_MAX_LOGIT_ROWS);

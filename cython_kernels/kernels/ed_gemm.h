@@ -31,10 +31,13 @@
  *   ed_gemm_info_len(K)         ed_ginfo entries per activation row of K
  *   ed_gemm_info(vt, K, xq, info)   one quantized activation row's group info
  *   ed_gemm_scratch(K)          bytes of one thread's scratch for weight rows of K
+ *   ed_gemm_dy_r4(K, xq, t, dy)  token t's Q8_0 block scales as floats, for a path's own R4 panels
  *   ed_gemm_rows(type, K, w, row_bytes, nr, xq, xs, info, is, n, out, ldo, scratch)
  *                               out[c*ldo + r] = W[r] . xq[c] for r < nr, c < n; token c's
  *                               info at info + c*is
- *   ed_gemm_rows_layout(type, layout, ...)  the same for W in a repacked layout (ed_repack.h)
+ *   ed_gemm_rows_layout(type, layout, K, w, row_bytes, nr, xq, xs, info, is, dy, n, ...)
+ *                               the same for W in a repacked layout (ed_repack.h); dy: the
+ *                               tokens' ed_gemm_dy_r4 when ed_gemm_reads_dy(layout), else unused
  */
 #ifndef EDGED_ED_GEMM_H
 #define EDGED_ED_GEMM_H
@@ -345,8 +348,8 @@ struct ed_gemm_path {
      * (ed_repack.h) straight from its groups, in the path's own order, and the kernel that reads
      * it (out, ldo, nr as the kernel's); or NULL: each row rebuilt, then ed_gemm_pack */
     void (*pack_r4)(int type, int K, const uint8_t *w, size_t row_bytes, int nr, uint8_t *pu, float *ac);
-    void (*kernel_r4)(int K, const uint8_t *pu, const float *ac, const uint8_t *xq, size_t xs, int nc,
-                      float *out, size_t ldo, int nr);
+    void (*kernel_r4)(int K, const uint8_t *pu, const float *ac, const uint8_t *xq, size_t xs,
+                      const float *dy, int nc, float *out, size_t ldo, int nr);
     /* without pack_r4: the groups unpacked 4 rows at a time for ed_gemm_pack, else NULL (each
      * row rebuilt, then unpacked) */
     ed_unpack_r4_fn unpack_r4[ED_NTYPES];
@@ -404,6 +407,18 @@ static void ed_gemm_info(int vt, int K, const uint8_t *row, ed_ginfo *info) {
         info[g] = (ed_ginfo){dy, 128 * sum, dys, 0};
     }
     for (int g = 0; g + 1 < K / 32; g += 2) info[g].qpair = ed_gemm_pair(info[g].yoff / 128, info[g + 1].yoff / 128);
+}
+
+/* A path's own R4 panel kernel (pack_r4) reads the Q8_0 activations' block scales as floats, 4
+ * tokens side by side per block: token t's scale of block b at dy[(t / 4) * (K / 32) * 4 + 4 * b
+ * + t % 4], so ed_gemm_dy_len(n, K) floats for n tokens (exact conversions: the bits of the dot
+ * do not change, only its loads). */
+static inline int ed_gemm_reads_dy(int layout) { return layout == ED_LAYOUT_R4 && ed_kern->gemm->pack_r4; }
+static size_t ed_gemm_dy_len(int64_t n, int64_t K) { return (size_t)((n + 3) / 4 * 4) * (size_t)(K / QK); }
+static void ed_gemm_dy_r4(int K, const uint8_t *row, int t, float *dy) {
+    const blk_q8_0 *x = (const blk_q8_0 *)row;
+    float *d = dy + (size_t)(t / 4) * (K / QK) * 4 + t % 4;
+    for (int b = 0; b < K / QK; b++) d[4 * b] = H2F(x[b].d);
 }
 
 static size_t ed_gemm_scratch(int64_t K) {
@@ -486,8 +501,8 @@ static void ed_gemm_pack(int type, int layout, int K, const uint8_t *w, size_t r
 /* out[c*ldo + r] = W[r] . xq[c] for r < nr (any; a multiple of 4 for ED_LAYOUT_R4), c < n:
  * panels of 16 rows, each unpacked once */
 static void ed_gemm_rows_layout(int type, int layout, int K, const uint8_t *w, size_t row_bytes, int nr,
-                                const uint8_t *xq, size_t xs, const ed_ginfo *info, size_t is, int n,
-                                float *out, size_t ldo, uint8_t *scratch) {
+                                const uint8_t *xq, size_t xs, const ed_ginfo *info, size_t is,
+                                const float *dy, int n, float *out, size_t ldo, uint8_t *scratch) {
     const ed_gemm_traits *t = &ED_GEMM_TRAITS[type];
     const int G = t->G, ng = K / G, has_c = t->off == 0, off = t->off && ED_GEMM_LIFT ? 128 : t->off;
     const size_t ngmax = (size_t)K / 16;
@@ -504,9 +519,9 @@ static void ed_gemm_rows_layout(int type, int layout, int K, const uint8_t *w, s
     if (G == 16) info += K / 32;
     for (int r0 = 0; r0 < nr; r0 += ED_PANEL) {
         const int pr = nr - r0 < ED_PANEL ? nr - r0 : ED_PANEL;
-        if (layout == ED_LAYOUT_R4 && ed_kern->gemm->pack_r4) {
+        if (ed_gemm_reads_dy(layout)) {
             ed_kern->gemm->pack_r4(type, K, w + (size_t)r0 * row_bytes, row_bytes, pr, pu, ac);
-            ed_kern->gemm->kernel_r4(K, pu, ac, xq, xs, n, out + r0, ldo, pr);
+            ed_kern->gemm->kernel_r4(K, pu, ac, xq, xs, dy, n, out + r0, ldo, pr);
             continue;
         }
         ed_gemm_pack(type, layout, K, w + (size_t)r0 * row_bytes, row_bytes, pr, pu, ac, ubuf, abuf, rowbuf);
@@ -517,7 +532,7 @@ static void ed_gemm_rows_layout(int type, int layout, int K, const uint8_t *w, s
 static void ed_gemm_rows(int type, int K, const uint8_t *w, size_t row_bytes, int nr,
                          const uint8_t *xq, size_t xs, const ed_ginfo *info, size_t is, int n,
                          float *out, size_t ldo, uint8_t *scratch) {
-    ed_gemm_rows_layout(type, ED_LAYOUT_MAPPED, K, w, row_bytes, nr, xq, xs, info, is, n, out, ldo, scratch);
+    ed_gemm_rows_layout(type, ED_LAYOUT_MAPPED, K, w, row_bytes, nr, xq, xs, info, is, NULL, n, out, ldo, scratch);
 }
 
 #endif

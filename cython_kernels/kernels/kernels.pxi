@@ -74,8 +74,11 @@ cdef extern from "ed_simd.h" nogil:
                       const uint8_t *xq, size_t xs, const ed_ginfo *info, size_t istride, int n,
                       float *out, size_t ldo, uint8_t *scratch)
     void ed_gemm_rows_layout(int type, int layout, int K, const uint8_t *w, size_t row_bytes, int nr,
-                             const uint8_t *xq, size_t xs, const ed_ginfo *info, size_t istride, int n,
-                             float *out, size_t ldo, uint8_t *scratch)
+                             const uint8_t *xq, size_t xs, const ed_ginfo *info, size_t istride,
+                             const float *dy, int n, float *out, size_t ldo, uint8_t *scratch)
+    int ed_gemm_reads_dy(int layout)
+    size_t ed_gemm_dy_len(int64_t n, int64_t K)
+    void ed_gemm_dy_r4(int K, const uint8_t *row, int t, float *dy)
     void ed_mdot_rows_r4(int type, int k, const uint8_t *w, size_t row_bytes, int nr,
                          const uint8_t *xq, size_t xs, int nc, float *out, size_t ldo)
     ctypedef void (*ed_task_fn)(void *arg, int ith, int nth) noexcept nogil
@@ -169,6 +172,7 @@ ctypedef struct _mm_args:
     int K, N, n, type
     int layout              # 0: the rows as mapped, 1: repacked in groups of 4 (ed_repack.h's R4)
     const ed_ginfo *info    # group sums of xq when the product uses packed panels, else NULL
+    const float *dy         # with info, the block scales of xq as floats for a path's own R4 panels
 
 
 cdef void _mm_task(void *arg, int ith, int nth) noexcept nogil:
@@ -184,7 +188,8 @@ cdef void _mm_task(void *arg, int ith, int nth) noexcept nogil:
         scratch = <uint8_t *>aligned_alloc(64, ed_gemm_scratch(a.K))
         if scratch != NULL:
             ed_gemm_rows_layout(a.type, a.layout, a.K, a.w + r0 * a.row_bytes, a.row_bytes, <int>(r1 - r0),
-                                a.xq, a.xq_row, a.info, ed_gemm_info_len(a.K), a.n, a.out + r0, a.N, scratch)
+                                a.xq, a.xq_row, a.info, ed_gemm_info_len(a.K), a.dy, a.n, a.out + r0, a.N,
+                                scratch)
             free(scratch)
             return
     if a.layout:                        # the thread's rows in one call, as the engine's ed_rows
@@ -221,24 +226,32 @@ def matmul(float[:, ::1] out, const uint8_t[::1] w, int qtype, const float[:, ::
     cdef const uint8_t[:, ::1] xqv = xq
     cdef _mm_args a
     a.out = &out[0, 0]; a.w = &w[0]; a.xq = &xqv[0, 0]; a.row_bytes = rb
-    a.xq_row = xq.shape[1]; a.K = K; a.N = N; a.n = n; a.type = qtype; a.info = NULL; a.layout = 1 if r4 else 0
+    a.xq_row = xq.shape[1]; a.K = K; a.N = N; a.n = n; a.type = qtype; a.info = NULL; a.dy = NULL; a.layout = 1 if r4 else 0
     cdef size_t ilen = ed_gemm_info_len(K)
     cdef ed_ginfo *info = NULL
+    cdef float *dy = NULL
     cdef int t
     if n >= ed_gemm_min_cols() and ed_gemm_ok(qtype):
         info = <ed_ginfo *>malloc(ilen * n * sizeof(ed_ginfo) + 64)
-        if info == NULL:
+        if a.layout and ed_gemm_reads_dy(a.layout):
+            dy = <float *>malloc(ed_gemm_dy_len(n, K) * sizeof(float) + 64)
+        if info == NULL or (a.layout and ed_gemm_reads_dy(a.layout) and dy == NULL):
+            free(info)
             raise MemoryError()
     with nogil:
         if info != NULL:
             for t in range(n):
                 ed_gemm_info(ED_TRAITS[qtype].vec_type, K, a.xq + t * a.xq_row, info + t * ilen)
+                if dy != NULL:
+                    ed_gemm_dy_r4(K, a.xq + t * a.xq_row, t, dy)
             a.info = info
+            a.dy = dy
         if pool is None:
             _mm_task(&a, 0, 1)
         else:
             ed_pool_run(pool.p, _mm_task, &a)
     free(info)
+    free(dy)
     return out
 
 

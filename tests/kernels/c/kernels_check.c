@@ -185,19 +185,32 @@ int main(void) {
                         rok &= !memcmp(got, ref + r0, sizeof(float) * tiles[i]);
                     }
                 if (ed_gemm_ok(t)) {
-                    static ed_ginfo rinfo[COLS * (K / 32 + K / 16)];
-                    static uint8_t rscratch[K * 64 + 4096] __attribute__((aligned(64)));
+                    /* 1 .. 9 tokens (the columns again from the 6th: ED_FN(gemm_r4)'s tiles of 4
+                       tokens, then 3, 2, 1), every panel height (1-4 groups of 4 rows; 20, 28,
+                       RR: a whole panel and a partial one), and an odd number of blocks (K - 32:
+                       the 16 x 4 tile's lone first block), against the plain C dot */
+                    enum { NC = 9 };
+                    static ed_ginfo rinfo[NC * (K / 32 + K / 16)];
+                    static float rdy[NC * K / 32 + 64], want[NC * ROWS], got9[NC * ROWS];
+                    static uint8_t rscratch[K * 64 + 4096] __attribute__((aligned(64))), xq9[NC * K * 4];
                     const size_t il = ed_gemm_info_len(K);
-                    for (int c = 0; c < COLS; c++) ed_gemm_info(tr.vec_type, K, xq + c * xr, rinfo + c * il);
-                    /* every token count and every panel height (1-4 groups of 4 rows; 20, 28, RR:
-                       a whole panel and a partial one) */
                     static const int pr[] = {4, 8, 12, 16, 20, 28, RR};
                     int pok = 1;
-                    for (int nc = 1; nc <= COLS; nc++)
-                        for (size_t i = 0; i < sizeof pr / sizeof pr[0]; i++) {
-                            ed_gemm_rows_layout(t, ED_LAYOUT_R4, K, wr, rb, pr[i], xq, xr, rinfo, il, nc, got, ROWS, rscratch);
-                            for (int c = 0; c < nc; c++) pok &= !memcmp(got + c * ROWS, ref + c * ROWS, sizeof(float) * pr[i]);
+                    for (int k = K; k >= K - QK; k -= QK) {
+                        for (int c = 0; c < NC; c++) {
+                            memcpy(xq9 + c * xr, xq + (c % COLS) * xr, xr);
+                            ed_gemm_info(tr.vec_type, k, xq9 + c * xr, rinfo + c * il);
+                            if (ed_gemm_reads_dy(ED_LAYOUT_R4)) ed_gemm_dy_r4(k, xq9 + c * xr, c, rdy);
+                            for (int r = 0; r < ROWS; r++) want[c * ROWS + r] = tr.ref(k, w + r * rb, xq9 + c * xr);
                         }
+                        for (int nc = 1; nc <= NC; nc++)
+                            for (size_t i = 0; i < sizeof pr / sizeof pr[0]; i++) {
+                                ed_gemm_rows_layout(t, ED_LAYOUT_R4, k, wr, rb, pr[i], xq9, xr, rinfo, il, rdy, nc, got9,
+                                                    ROWS, rscratch);
+                                for (int c = 0; c < nc; c++)
+                                    pok &= !memcmp(got9 + c * ROWS, want + c * ROWS, sizeof(float) * pr[i]);
+                            }
+                    }
                     rok &= pok;
                     /* the path's own kernel for panels packed from R4 groups (NEON+dotprod) */
                     if (ed_kern->gemm->kernel_r4) printf("repack %s %s panels kernel_r4 %s\n", paths[p], names[ti], pok ? "ok" : "FAIL");
