@@ -234,7 +234,7 @@ static inline int ed_gemm_wanted(const ed_state *s, int n, int vt) {
 /* The packed panels of W read the activations' group sums (ed_gemm_info); a repacked W with a
  * panel kernel of its own (NEON dotprod's R4: the block sums are exact integers there) does not. */
 static inline int ed_reads_info(const ed_tensor *W) {
-    return ed_gemm_ok(W->type) && !(W->layout == ED_LAYOUT_R4 && ed_kern->gemm->pack_r4);
+    return ed_gemm_ok(W->type) && !(W->layout == ED_LAYOUT_R4 && ed_gemm_own_r4(W->type));
 }
 
 /* Quantize the activation rows x (n, K) into the format weights of `type` need. For one

@@ -343,7 +343,8 @@ struct ed_gemm_path {
     int min_cols;  /* tokens from which a product uses the panels (ED_GEMM_MIN_COLS = 0) */
     /* the panel (pu, ac) of rows [0, nr) (a multiple of 4) of a matrix in the R4 layout
      * (ed_repack.h) straight from its groups, in the path's own order, and the kernel that reads
-     * it (out, ldo, nr as the kernel's); or NULL: each row rebuilt, then ed_gemm_pack */
+     * it (out, ldo, nr as the kernel's), for the types the path repacks (ed_kernels.rows_r4; see
+     * ed_gemm_own_r4); or NULL: each row rebuilt, then ed_gemm_pack */
     void (*pack_r4)(int type, int K, const uint8_t *w, size_t row_bytes, int nr, uint8_t *pu, float *ac);
     void (*kernel_r4)(int K, const uint8_t *pu, const float *ac, const uint8_t *xq, size_t xs, int nc,
                       float *out, size_t ldo, int nr);
@@ -355,6 +356,11 @@ struct ed_gemm_path {
 /* no panels; min_cols keeps the former 8, which the scheduler's two cost fits split at */
 static const struct ed_gemm_path ED_GEMM_NONE = {NULL, 1, 0, ed_gemm_transpose_generic, {NULL}, 8};
 #define ED_GEMM_KERNEL (ed_kern->gemm->kernel)
+/* 1 when an R4 matrix of `type` has the path's own R4 panels (pack_r4): only the types the path
+ * repacks itself (EDGED_REPACK=r4 gives other types the layout on any path) */
+static inline int ed_gemm_own_r4(int type) {
+    return ed_kern->gemm->pack_r4 && ed_kern->rows_r4 && ed_kern->rows_r4[type];
+}
 #define ED_GEMM_LIFT (ed_kern->gemm->lift)
 #define ED_GEMM_I16 (ed_kern->gemm->i16)
 #define ED_GEMM_UNPACK (ed_kern->gemm->unpack)
@@ -504,7 +510,7 @@ static void ed_gemm_rows_layout(int type, int layout, int K, const uint8_t *w, s
     if (G == 16) info += K / 32;
     for (int r0 = 0; r0 < nr; r0 += ED_PANEL) {
         const int pr = nr - r0 < ED_PANEL ? nr - r0 : ED_PANEL;
-        if (layout == ED_LAYOUT_R4 && ed_kern->gemm->pack_r4) {
+        if (layout == ED_LAYOUT_R4 && ed_gemm_own_r4(type)) {
             ed_kern->gemm->pack_r4(type, K, w + (size_t)r0 * row_bytes, row_bytes, pr, pu, ac);
             ed_kern->gemm->kernel_r4(K, pu, ac, xq, xs, n, out + r0, ldo, pr);
             continue;

@@ -200,7 +200,7 @@ int main(void) {
                         }
                     rok &= pok;
                     /* the path's own kernel for panels packed from R4 groups (NEON+dotprod) */
-                    if (ed_kern->gemm->kernel_r4) printf("repack %s %s panels kernel_r4 %s\n", paths[p], names[ti], pok ? "ok" : "FAIL");
+                    if (ed_gemm_own_r4(t)) printf("repack %s %s panels kernel_r4 %s\n", paths[p], names[ti], pok ? "ok" : "FAIL");
                 }
                 printf("repack %s %s rows%s %s\n", paths[p], names[ti], ed_gemm_ok(t) ? " panels" : "",
                        rok ? "ok" : "FAIL");
