@@ -15,8 +15,8 @@ runs alternate. It is what a loop that does nothing but load gets from memory at
 count, so "% of read" near 100 means the product is memory-bound there, and well below 100
 that it is compute-bound (its integer work, not the weight traffic, sets the speed).
 The GB/cpu-s columns divide by the CPU time the threads got instead of wall time. Where the
-selected path reads a type repacked at load (Q4_0 / Q8_0 on x86 and NEON with dotprod), the
-matrix is repacked the same way and the row says "(R4)".
+selected path reads a type repacked at load (Q4_0 / Q5_0 / Q8_0 on x86, Q4_0 / Q8_0 on NEON
+with dotprod), the matrix is repacked the same way and the row says "(R4)".
 """
 import argparse
 import os
@@ -86,7 +86,7 @@ def main():
         rb = k // info.block_size * info.type_size
         rows = (args.mib << 20) // rb // 4 * 4  # whole groups of 4 rows (the R4 layout)
         w = weights(t, rows, k, rng)
-        # the layout the engine reads: Q4_0 / Q8_0 repacked at load where the path has R4 kernels
+        # the layout the engine reads: Q4_0 / Q5_0 / Q8_0 repacked at load where the path has R4 kernels
         r4 = int(t) in _core.r4_types() and _core.r4_ok(int(t), k, rows)
         if r4:
             w = _core.r4_pack(np.empty_like(w), w, int(t), k, rows)

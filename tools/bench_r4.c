@@ -1,4 +1,4 @@
-/* The same Q4_0 or Q8_0 weights in the mapped layout and repacked (R4, ed_repack.h) in one
+/* The same Q4_0, Q5_0 or Q8_0 weights in the mapped layout and repacked (R4, ed_repack.h) in one
  * process: one token, 4 sessions and a 64-token prompt through the packed panels, the two
  * layouts' passes alternated, best of PASSES in thread CPU time (a busy machine inflates both
  * alike), and whether the two layouts give the same bits (they must).
@@ -31,8 +31,9 @@ static void rows(int type, int layout, int K, const uint8_t *w, size_t rb, int R
 }
 
 int main(int argc, char **argv) {
-    if (argc < 3) { fprintf(stderr, "usage: %s Q4_0|Q8_0 K [MIB] [PATH] [PASSES]\n", argv[0]); return 2; }
-    const int type = !strcmp(argv[1], "Q4_0") ? ED_Q4_0 : !strcmp(argv[1], "Q8_0") ? ED_Q8_0 : -1;
+    if (argc < 3) { fprintf(stderr, "usage: %s Q4_0|Q5_0|Q8_0 K [MIB] [PATH] [PASSES]\n", argv[0]); return 2; }
+    const int type = !strcmp(argv[1], "Q4_0") ? ED_Q4_0 : !strcmp(argv[1], "Q5_0") ? ED_Q5_0 :
+                     !strcmp(argv[1], "Q8_0") ? ED_Q8_0 : -1;
     const int K = atoi(argv[2]), mib = argc > 3 ? atoi(argv[3]) : 128, passes = argc > 5 ? atoi(argv[5]) : 9;
     if (type < 0 || K <= 0 || K % QK || mib <= 0 || passes <= 0) { fprintf(stderr, "bad TYPE, K, MIB or PASSES\n"); return 2; }
     if (ed_types_init(argc > 4 ? argv[4] : NULL) != 0) { fprintf(stderr, "path %s not supported here\n", argv[4]); return 2; }

@@ -239,7 +239,7 @@ static inline int ed_gemm_wanted(const ed_state *s, int n, int vt) {
 enum { ED_READS_INFO = 1, ED_READS_DY = 2 };
 static inline int ed_reads_info(const ed_tensor *W) {
     if (!ed_gemm_ok(W->type)) return 0;
-    return ed_gemm_reads_dy(W->layout) ? ED_READS_DY : ED_READS_INFO;
+    return ed_gemm_reads_dy(W->type, W->layout) ? ED_READS_DY : ED_READS_INFO;
 }
 
 /* Quantize the activation rows x (n, K) into the format weights of `type` need. For one

@@ -37,7 +37,7 @@
  *                               info at info + c*is
  *   ed_gemm_rows_layout(type, layout, K, w, row_bytes, nr, xq, xs, info, is, dy, n, ...)
  *                               the same for W in a repacked layout (ed_repack.h); dy: the
- *                               tokens' ed_gemm_dy_r4 when ed_gemm_reads_dy(layout), else unused
+ *                               tokens' ed_gemm_dy_r4 when ed_gemm_reads_dy(type, layout), else unused
  */
 #ifndef EDGED_ED_GEMM_H
 #define EDGED_ED_GEMM_H
@@ -346,7 +346,8 @@ struct ed_gemm_path {
     int min_cols;  /* tokens from which a product uses the panels (ED_GEMM_MIN_COLS = 0) */
     /* the panel (pu, ac) of rows [0, nr) (a multiple of 4) of a matrix in the R4 layout
      * (ed_repack.h) straight from its groups, in the path's own order, and the kernel that reads
-     * it (out, ldo, nr as the kernel's); or NULL: each row rebuilt, then ed_gemm_pack */
+     * it (out, ldo, nr as the kernel's), for the types the path repacks (ed_kernels.rows_r4; see
+     * ed_gemm_own_r4); or NULL: each row rebuilt, then ed_gemm_pack */
     void (*pack_r4)(int type, int K, const uint8_t *w, size_t row_bytes, int nr, uint8_t *pu, float *ac);
     void (*kernel_r4)(int K, const uint8_t *pu, const float *ac, const uint8_t *xq, size_t xs,
                       const float *dy, int nc, float *out, size_t ldo, int nr);
@@ -358,6 +359,11 @@ struct ed_gemm_path {
 /* no panels; min_cols keeps the former 8, which the scheduler's two cost fits split at */
 static const struct ed_gemm_path ED_GEMM_NONE = {NULL, 1, 0, ed_gemm_transpose_generic, {NULL}, 8};
 #define ED_GEMM_KERNEL (ed_kern->gemm->kernel)
+/* 1 when an R4 matrix of `type` has the path's own R4 panels (pack_r4): only the types the path
+ * repacks itself (EDGED_REPACK=r4 gives other types the layout on any path) */
+static inline int ed_gemm_own_r4(int type) {
+    return ed_kern->gemm->pack_r4 && ed_kern->rows_r4 && ed_kern->rows_r4[type];
+}
 #define ED_GEMM_LIFT (ed_kern->gemm->lift)
 #define ED_GEMM_I16 (ed_kern->gemm->i16)
 #define ED_GEMM_UNPACK (ed_kern->gemm->unpack)
@@ -409,11 +415,11 @@ static void ed_gemm_info(int vt, int K, const uint8_t *row, ed_ginfo *info) {
     for (int g = 0; g + 1 < K / 32; g += 2) info[g].qpair = ed_gemm_pair(info[g].yoff / 128, info[g + 1].yoff / 128);
 }
 
-/* A path's own R4 panel kernel (pack_r4) reads the Q8_0 activations' block scales as floats, 4
+/* A path's own R4 panel kernel (pack_r4, ed_gemm_own_r4) reads the Q8_0 activations' block scales as floats, 4
  * tokens side by side per block: token t's scale of block b at dy[(t / 4) * (K / 32) * 4 + 4 * b
  * + t % 4], so ed_gemm_dy_len(n, K) floats for n tokens (exact conversions: the bits of the dot
  * do not change, only its loads). */
-static inline int ed_gemm_reads_dy(int layout) { return layout == ED_LAYOUT_R4 && ed_kern->gemm->pack_r4; }
+static inline int ed_gemm_reads_dy(int type, int layout) { return layout == ED_LAYOUT_R4 && ed_gemm_own_r4(type); }
 static size_t ed_gemm_dy_len(int64_t n, int64_t K) { return (size_t)((n + 3) / 4 * 4) * (size_t)(K / QK); }
 static void ed_gemm_dy_r4(int K, const uint8_t *row, int t, float *dy) {
     const blk_q8_0 *x = (const blk_q8_0 *)row;
@@ -519,7 +525,7 @@ static void ed_gemm_rows_layout(int type, int layout, int K, const uint8_t *w, s
     if (G == 16) info += K / 32;
     for (int r0 = 0; r0 < nr; r0 += ED_PANEL) {
         const int pr = nr - r0 < ED_PANEL ? nr - r0 : ED_PANEL;
-        if (ed_gemm_reads_dy(layout)) {
+        if (ed_gemm_reads_dy(type, layout)) {
             ed_kern->gemm->pack_r4(type, K, w + (size_t)r0 * row_bytes, row_bytes, pr, pu, ac);
             ed_kern->gemm->kernel_r4(K, pu, ac, xq, xs, dy, n, out + r0, ldo, pr);
             continue;

@@ -3,17 +3,20 @@
  * The mapped layout (GGUF's: each weight row its blocks in order) makes a row kernel load every
  * row's block scale on its own and add each row's lane sums into one block sum (or, on x86,
  * transpose each block of 8 rows into row lanes). A path whose kernels read 4 rows side by side
- * (ed_kernels.rows_r4: NEON with dotprod, every x86 path) gets a copy of its
- * Q4_0 and Q8_0 matrices in the R4 layout instead, written once at load into one aligned arena
- * (edged/engine/repack.py; the mapped pages of those tensors are then released):
+ * (ed_kernels.rows_r4: NEON with dotprod for Q4_0 and Q8_0, every x86 path for Q4_0, Q5_0 and
+ * Q8_0) gets a copy of those matrices in the R4 layout instead, written once at load into one
+ * aligned arena (edged/engine/repack.py; the mapped pages of those tensors are then released):
  *
  *   rows 4g..4g+3 are one group of 4 * row_bytes bytes at the same offset as in the mapping;
- *   inside it, block b of the 4 rows is  { ed_half d[4]; uint8_t qs[4 * QS]; }  (QS = 16 for
- *   Q4_0, 32 for Q8_0: the same bytes per block as 4 mapped blocks), row i's scale in d[i] and
- *   its quant bytes 4k..4k+3 at qs[16k + 4i .. 16k + 4i + 3]
+ *   inside it, block b of the 4 rows is  { ed_half d[4]; uint8_t qh[4][4]; uint8_t qs[4 * QS]; }
+ *   (qh for Q5_0 only; QS = 16 for Q4_0 and Q5_0, 32 for Q8_0: the same bytes per block as 4
+ *   mapped blocks), row i's scale in d[i], its fifth bits (Q5_0's qh) in qh[i] as bit planes
+ *   (ed_r4_planes) and its quant bytes 4k..4k+3 at qs[16k + 4i .. 16k + 4i + 3]
  *
  * so one 16-byte load holds 4 bytes of each of the 4 rows (what SDOT by lane multiplies with 4
- * activation bytes), and one 8-byte load the 4 rows' scales. Q4_0's bytes are stored XOR 0x88:
+ * activation bytes), one 8-byte load the 4 rows' scales and one 16-byte load their fifth bits
+ * (an x86 row kernel's lanes, no 4 scalar loads, one shift per register). Q4_0's bytes are
+ * stored XOR 0x88:
  * each nibble q becomes the 4-bit two's complement of q - 8, so a shift left by 4 (low nibble)
  * or a mask of the high nibble gives 16 * (q - 8) as a signed byte, with no subtraction; the
  * kernels' integer block sums are then 16 times the mapped ones, exact, and the conversion to
@@ -36,29 +39,63 @@
 enum { ED_LAYOUT_MAPPED = 0, ED_LAYOUT_R4 = 1 };
 #define ED_R4_ROWS 4
 
-/* quant bytes per mapped block (the R4 block holds 4 of them after the 4 scales) */
-static inline int ed_r4_qs(int type) { return type == ED_Q4_0 ? QK / 2 : QK; }
+/* quant bytes per mapped block (the R4 block holds 4 of them after the 4 scales and fifth bits),
+ * fifth-bit bytes per mapped block, and where the quant bytes start in an R4 block */
+static inline int ed_r4_qs(int type) { return type == ED_Q8_0 ? QK : QK / 2; }
+static inline int ed_r4_qh(int type) { return type == ED_Q5_0 ? 4 : 0; }
+static inline int ed_r4_qs_at(int type) { return 8 + 4 * ed_r4_qh(type); }
 static inline uint8_t ed_r4_xor(int type) { return type == ED_Q4_0 ? 0x88 : 0x00; }
 
 static int ed_r4_ok(int type, int64_t ne0, int64_t ne1) {
-    return (type == ED_Q4_0 || type == ED_Q8_0) && ne0 > 0 && ne0 % QK == 0 && ne1 > 0 && ne1 % ED_R4_ROWS == 0;
+    return (type == ED_Q4_0 || type == ED_Q5_0 || type == ED_Q8_0) && ne0 > 0 && ne0 % QK == 0 &&
+           ne1 > 0 && ne1 % ED_R4_ROWS == 0;
+}
+
+/* Q5_0's fifth bits as bit planes: bit k of byte i is bit 4k + i of qh (the fifth bit of weight
+ * 4k + i), so for the weights of an x86 register k (bytes 4k..4k+3 of the row's 32 weights in
+ * the order the kernels hold them: low nibbles then high ones) one shift brings their 4 bits
+ * to bit 4 of each byte (ed_r4_planes back: the inverse) */
+static inline uint32_t ed_r4_planes(uint32_t qh, int back) {
+    uint32_t p = 0;
+    for (int i = 0; i < 4; i++)
+        for (int k = 0; k < 8; k++) {
+            const int a = 8 * i + k, b = 4 * k + i;  /* plane bit, qh bit */
+            p |= (back ? qh >> a & 1 : qh >> b & 1) << (back ? b : a);
+        }
+    return p;
+}
+
+/* one block of the 4 rows: to R4 (dir 1: the 4 mapped blocks at m[i] -> r) or back (dir 0) */
+static inline void ed_r4_block(int type, int dir, uint8_t *r, uint8_t *const m[ED_R4_ROWS]) {
+    const int qs = ed_r4_qs(type), qh = ed_r4_qh(type), at = ed_r4_qs_at(type);
+    const uint32_t x = ed_r4_xor(type) * 0x01010101u;
+    for (int i = 0; i < ED_R4_ROWS; i++) {
+        uint8_t *mi = m[i];
+        if (dir) memcpy(r + 2 * i, mi, 2); else memcpy(mi, r + 2 * i, 2);  /* blocks start with d */
+        if (qh) {
+            uint32_t v;
+            memcpy(&v, dir ? mi + 2 : r + 8 + 4 * i, 4);
+            v = ed_r4_planes(v, !dir);
+            memcpy(dir ? r + 8 + 4 * i : mi + 2, &v, 4);
+        }
+        for (int k = 0; k < qs / 4; k++) {                /* quant bytes 4k..4k+3 */
+            uint8_t *rk = r + at + 16 * k + 4 * i, *mk = mi + 2 + qh + 4 * k;
+            uint32_t v;
+            memcpy(&v, dir ? mk : rk, 4);
+            v ^= x;
+            memcpy(dir ? rk : mk, &v, 4);
+        }
+    }
 }
 
 /* one group: 4 mapped rows (src, row_bytes apart) -> R4 bytes at dst (4 * row_bytes) */
 static void ed_r4_pack_group(int type, int K, const uint8_t *src, size_t row_bytes, uint8_t *dst) {
-    const int qs = ed_r4_qs(type), bs = ED_TRAITS[type].type_size;
-    const uint32_t x = ed_r4_xor(type) * 0x01010101u;
-    for (int b = 0; b < K / QK; b++, dst += 4 * bs)
-        for (int i = 0; i < ED_R4_ROWS; i++) {
-            const uint8_t *blk = src + (size_t)i * row_bytes + (size_t)b * bs;
-            memcpy(dst + 2 * i, blk, 2);                   /* the scale: blocks start with d */
-            for (int k = 0; k < qs / 4; k++) {             /* quant bytes 4k..4k+3 */
-                uint32_t v;
-                memcpy(&v, blk + 2 + 4 * k, 4);
-                v ^= x;
-                memcpy(dst + 8 + 16 * k + 4 * i, &v, 4);
-            }
-        }
+    const int bs = ED_TRAITS[type].type_size;
+    for (int b = 0; b < K / QK; b++, dst += 4 * bs) {
+        uint8_t *m[ED_R4_ROWS];
+        for (int i = 0; i < ED_R4_ROWS; i++) m[i] = (uint8_t *)src + (size_t)i * row_bytes + (size_t)b * bs;
+        ed_r4_block(type, 1, dst, m);
+    }
 }
 
 /* rows [0, nrows) (a multiple of 4) of src into dst; dst == src repacks in place (each group is
@@ -74,16 +111,12 @@ static void ed_r4_pack(int type, int K, const uint8_t *src, size_t row_bytes, in
 
 /* row i of the R4 group at `group` as its mapped blocks (row_bytes bytes) */
 static void ed_r4_unpack_row(int type, int K, const uint8_t *group, int i, uint8_t *row) {
-    const int qs = ed_r4_qs(type), bs = ED_TRAITS[type].type_size;
-    const uint32_t x = ed_r4_xor(type) * 0x01010101u;
+    const int bs = ED_TRAITS[type].type_size;
+    uint8_t skip[sizeof(blk_q8_0)];  /* the other rows' blocks go here */
     for (int b = 0; b < K / QK; b++, group += 4 * bs, row += bs) {
-        memcpy(row, group + 2 * i, 2);
-        for (int k = 0; k < qs / 4; k++) {
-            uint32_t v;
-            memcpy(&v, group + 8 + 16 * k + 4 * i, 4);
-            v ^= x;
-            memcpy(row + 2 + 4 * k, &v, 4);
-        }
+        uint8_t *m[ED_R4_ROWS] = {skip, skip, skip, skip};
+        m[i] = row;
+        ed_r4_block(type, 0, (uint8_t *)group, m);
     }
 }
 
@@ -106,6 +139,13 @@ static void ed_r4_rows_generic(int type, int K, const uint8_t *w, size_t row_byt
                     const blk_q4_0 *x = (const blk_q4_0 *)blk;
                     for (int j = 0; j < QK / 2; j++)
                         s += ((x->qs[j] & 0xF) - 8) * y[b].qs[j] + ((x->qs[j] >> 4) - 8) * y[b].qs[j + QK / 2];
+                } else if (type == ED_Q5_0) {
+                    const blk_q5_0 *x = (const blk_q5_0 *)blk;
+                    uint32_t qh;
+                    memcpy(&qh, x->qh, 4);
+                    for (int j = 0; j < QK / 2; j++)
+                        s += (((x->qs[j] & 0xF) | ((qh >> j & 1) << 4)) - 16) * y[b].qs[j] +
+                             (((x->qs[j] >> 4) | ((qh >> (j + 16) & 1) << 4)) - 16) * y[b].qs[j + QK / 2];
                 } else {
                     const blk_q8_0 *x = (const blk_q8_0 *)blk;
                     for (int j = 0; j < QK; j++) s += x->qs[j] * y[b].qs[j];

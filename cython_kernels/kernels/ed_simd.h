@@ -298,7 +298,7 @@ static const struct ed_gemm_path ED_AVX512V_GEMM = {
     ed_z_gemm, 1, 0, ed_z_gemm_transpose,
     {[ED_Q4_0] = ed_avx512_unpack_q4_0, [ED_Q5_0] = ed_avx512_unpack_q5_0, [ED_Q8_0] = ed_avx512_unpack_q8_0,
      [ED_Q4_K] = ed_avx512_unpack_q4_K, [ED_Q6_K] = ed_avx512_unpack_q6_K}, 16, NULL, NULL,
-    {[ED_Q4_0] = ed_avx512_unpack_r4_q4_0, [ED_Q8_0] = ed_avx512_unpack_r4_q8_0}};
+    {[ED_Q4_0] = ed_avx512_unpack_r4_q4_0, [ED_Q5_0] = ed_avx512_unpack_r4_q5_0, [ED_Q8_0] = ed_avx512_unpack_r4_q8_0}};
 
 #elif defined(__aarch64__)
 #include <arm_neon.h>

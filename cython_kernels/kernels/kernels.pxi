@@ -76,7 +76,7 @@ cdef extern from "ed_simd.h" nogil:
     void ed_gemm_rows_layout(int type, int layout, int K, const uint8_t *w, size_t row_bytes, int nr,
                              const uint8_t *xq, size_t xs, const ed_ginfo *info, size_t istride,
                              const float *dy, int n, float *out, size_t ldo, uint8_t *scratch)
-    int ed_gemm_reads_dy(int layout)
+    int ed_gemm_reads_dy(int type, int layout)
     size_t ed_gemm_dy_len(int64_t n, int64_t K)
     void ed_gemm_dy_r4(int K, const uint8_t *row, int t, float *dy)
     void ed_mdot_rows_r4(int type, int k, const uint8_t *w, size_t row_bytes, int nr,
@@ -233,9 +233,9 @@ def matmul(float[:, ::1] out, const uint8_t[::1] w, int qtype, const float[:, ::
     cdef int t
     if n >= ed_gemm_min_cols() and ed_gemm_ok(qtype):
         info = <ed_ginfo *>malloc(ilen * n * sizeof(ed_ginfo) + 64)
-        if a.layout and ed_gemm_reads_dy(a.layout):
+        if a.layout and ed_gemm_reads_dy(qtype, a.layout):
             dy = <float *>malloc(ed_gemm_dy_len(n, K) * sizeof(float) + 64)
-        if info == NULL or (a.layout and ed_gemm_reads_dy(a.layout) and dy == NULL):
+        if info == NULL or (a.layout and ed_gemm_reads_dy(qtype, a.layout) and dy == NULL):
             free(info)
             raise MemoryError()
     with nogil:

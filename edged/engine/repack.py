@@ -1,11 +1,11 @@
 """Weights repacked at load for the selected kernel path (cython_kernels/kernels/ed_repack.h).
 
 The weights are read from the read-only mapping of the file, except where a path's kernels need
-another layout (DESIGN.md). NEON with dotprod (Raspberry Pi 5) and every x86 path read their
-Q4_0 and Q8_0 matrices in the R4 layout: 4 rows interleaved block by block with their 4 scales
-side by side, so one SDOT by lane serves 4 rows (one 16-byte load is an x86 row kernel's
-transposed register) and one load brings their scales (docs/kernels.md, "Repacked weights",
-"Repacked weights on x86"). Those matrices are copied once into one 64-byte aligned arena sized at load, and the
+another layout (DESIGN.md). NEON with dotprod (Raspberry Pi 5) reads its Q4_0 and Q8_0
+matrices, every x86 path its Q4_0, Q5_0 and Q8_0 matrices in the R4 layout: 4 rows interleaved
+block by block with their 4 scales side by side (and Q5_0's fifth bits), so one SDOT by lane
+serves 4 rows (one 16-byte load is an x86 row kernel's transposed register) and one load brings
+their scales (docs/kernels.md, "Repacked weights", "Repacked weights on x86"). Those matrices are copied once into one 64-byte aligned arena sized at load, and the
 mapped pages of each repacked tensor are released (madvise): the weights are not resident
 twice, and peak RSS grows by at most the arena. Anything else that reads such a tensor (the
 embedding lookup of a tied token_embd / output matrix) keeps reading the mapping, which pages
@@ -17,7 +17,7 @@ and only where their row ranges start on a group of 4 rows: every 2-D projection
 expert tensors (whose experts start at any row).
 
 EDGED_REPACK: "auto" (default: what the path's kernels read), "off" (the mapped layout
-everywhere), "r4" (the R4 layout for every Q4_0 / Q8_0 matrix on any path: the generic twin of
+everywhere), "r4" (the R4 layout for every Q4_0 / Q5_0 / Q8_0 matrix on any path: the generic twin of
 the kernel where the path has none; for tests and measurements).
 """
 from __future__ import annotations

@@ -20,7 +20,7 @@ from edged.format.gguf import GGMLType  # noqa: E402
 
 def test_r4_pack_round_trip():
     rng = np.random.default_rng(0)
-    for qtype in (GGMLType.Q4_0, GGMLType.Q8_0):
+    for qtype in (GGMLType.Q4_0, GGMLType.Q5_0, GGMLType.Q8_0):
         K, R = 96, 12
         w = core.quantize_rows(rng.standard_normal((R, K)).astype(np.float32), int(qtype)).reshape(-1)
         packed = core.r4_pack(np.empty_like(w), w, int(qtype), K, R)
@@ -36,12 +36,15 @@ def test_r4_pack_round_trip():
 
 
 def test_which_paths_repack():
-    """NEON with dotprod and every x86 path read Q4_0 and Q8_0 in R4 (their row kernels take 4
-    or 8 rows side by side); the generic path and NEON without dotprod keep the mapping."""
+    """NEON with dotprod reads Q4_0 and Q8_0 in R4, every x86 path Q4_0, Q5_0 and Q8_0 (their
+    row kernels take 4 or 8 rows side by side); the generic path and NEON without dotprod keep
+    the mapping."""
     if core.kernel_variant() in ("generic", "neon"):
         assert core.r4_types() == []
-    else:
+    elif core.kernel_path() == "neon":
         assert set(core.r4_types()) == {int(GGMLType.Q4_0), int(GGMLType.Q8_0)}
+    else:
+        assert set(core.r4_types()) == {int(GGMLType.Q4_0), int(GGMLType.Q5_0), int(GGMLType.Q8_0)}
 
 
 def _logits(m):
@@ -60,8 +63,8 @@ def _logits(m):
     return np.concatenate([np.asarray(x, np.float32).reshape(-1) for x in out])
 
 
-@pytest.mark.parametrize("name", ["synthetic-llama-Q4_0.gguf", "synthetic-llama-Q8_0.gguf",
-                                  "synthetic-phi3-Q8_0.gguf"])
+@pytest.mark.parametrize("name", ["synthetic-llama-Q4_0.gguf", "synthetic-llama-Q5_0.gguf",
+                                  "synthetic-llama-Q8_0.gguf", "synthetic-phi3-Q8_0.gguf"])
 @pytest.mark.parametrize("mmap", [True, False])
 def test_repacked_weights_give_the_same_bits(monkeypatch, name, mmap):
     path = testdata("models", name)
@@ -94,7 +97,7 @@ def test_matmul_over_the_r4_layout_gives_the_mapped_bits(n):
     rng = np.random.default_rng(1)
     K, R = 256, 52
     pool = core.Pool(2)
-    for qtype in (GGMLType.Q4_0, GGMLType.Q8_0):
+    for qtype in (GGMLType.Q4_0, GGMLType.Q5_0, GGMLType.Q8_0):
         w = core.quantize_rows(rng.standard_normal((R, K)).astype(np.float32), int(qtype)).reshape(-1)
         packed = core.r4_pack(np.empty_like(w), w, int(qtype), K, R)
         x = rng.standard_normal((n, K)).astype(np.float32)

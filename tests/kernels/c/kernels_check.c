@@ -200,7 +200,7 @@ int main(void) {
                         for (int c = 0; c < NC; c++) {
                             memcpy(xq9 + c * xr, xq + (c % COLS) * xr, xr);
                             ed_gemm_info(tr.vec_type, k, xq9 + c * xr, rinfo + c * il);
-                            if (ed_gemm_reads_dy(ED_LAYOUT_R4)) ed_gemm_dy_r4(k, xq9 + c * xr, c, rdy);
+                            if (ed_gemm_reads_dy(t, ED_LAYOUT_R4)) ed_gemm_dy_r4(k, xq9 + c * xr, c, rdy);
                             for (int r = 0; r < ROWS; r++) want[c * ROWS + r] = tr.ref(k, w + r * rb, xq9 + c * xr);
                         }
                         for (int nc = 1; nc <= NC; nc++)
@@ -213,7 +213,7 @@ int main(void) {
                     }
                     rok &= pok;
                     /* the path's own kernel for panels packed from R4 groups (NEON+dotprod) */
-                    if (ed_kern->gemm->kernel_r4) printf("repack %s %s panels kernel_r4 %s\n", paths[p], names[ti], pok ? "ok" : "FAIL");
+                    if (ed_gemm_own_r4(t)) printf("repack %s %s panels kernel_r4 %s\n", paths[p], names[ti], pok ? "ok" : "FAIL");
                 }
                 printf("repack %s %s rows%s %s\n", paths[p], names[ti], ed_gemm_ok(t) ? " panels" : "",
                        rok ? "ok" : "FAIL");
