@@ -20,10 +20,13 @@ long prompt must neither stall the streams that are decoding nor starve. While a
 decodes, a pass that carries a prompt chunk is sized to take at most `decode_latency_budget`
 times a pass of decode tokens alone (or `decode_latency_budget_ms`), so each stream's gap between
 tokens stays within that factor of its undisturbed gap, and the prompt gets the rest of every
-pass. The chunk comes from measured costs (StepCosts): the median decode-only pass, and a
-least-squares fit of what prompt tokens add to a pass, per row (matrix products) and per key
-their attention reads (a chunk late in a long prompt costs more than one at its start), kept
-apart for passes below and from PANEL_ROWS rows (the packed panels' fixed cost per pass). A
+pass. The chunk comes from measured costs (StepCosts): the median decode-only pass (kept
+current by a probe pass without prompt tokens every DECODE_PROBE passes), and a least-squares
+fit of what prompt tokens add to a pass, per row (matrix products) and per key their attention
+reads (a chunk late in a long prompt costs more than one at its start), kept apart for passes
+below and from PANEL_ROWS rows (the packed panels' fixed cost per pass); the predicted pass is
+scaled by the measured spread of recent passes (SPREAD_Q of measured / predicted), so the slow
+passes, which make a stream's worst gaps, keep within the budget too. A
 prompt that falls behind `prompt_slowdown_max` times its predicted time alone (when set; 0 by
 default: the streams come first) takes a larger, efficient catch-up chunk (one longer gap for
 the streams) rather than waiting. With nobody
