@@ -131,6 +131,12 @@ def test_chunks_leave_room_for_the_slow_passes():
         # (the slow passes' own ratio to the prediction varies with the fit: a few % over)
         assert max(settled) <= budget * (1.05 if spread else 1.001)
         assert statistics.median(settled) >= (0.65 if spread else 0.8) * budget
+        # the chunk: the most tokens whose predicted pass times the spread is within the limit
+        k = 3 * 500
+        c.record(m.ms(3, [], k), 3, [], k)          # (a pass without prompt: the next is no probe)
+        n, = c.plan(3, [(1000, 500)], k)
+        fits = lambda n: c.spread * (c.decode_now(k) + c.prompt_ms(3 + n, [(1000, n)])) <= c.limit_ms(k)
+        assert fits(n) and not fits(n + 1), (n, c.spread)
 
     class MedianSized(StepCosts):
         spread = 1.0        # chunks sized to the median pass: the slow passes overrun the budget
