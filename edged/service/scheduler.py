@@ -20,10 +20,13 @@ long prompt must neither stall the streams that are decoding nor starve. While a
 decodes, a pass that carries a prompt chunk is sized to take at most `decode_latency_budget`
 times a pass of decode tokens alone (or `decode_latency_budget_ms`), so each stream's gap between
 tokens stays within that factor of its undisturbed gap, and the prompt gets the rest of every
-pass. The chunk comes from measured costs (StepCosts): the median decode-only pass, and a
-least-squares fit of what prompt tokens add to a pass, per row (matrix products) and per key
-their attention reads (a chunk late in a long prompt costs more than one at its start), kept
-apart for passes below and from PANEL_ROWS rows (the packed panels' fixed cost per pass). A
+pass. The chunk comes from measured costs (StepCosts): the median decode-only pass (kept
+current by a probe pass without prompt tokens every DECODE_PROBE passes), and a least-squares
+fit of what prompt tokens add to a pass, per row (matrix products) and per key their attention
+reads (a chunk late in a long prompt costs more than one at its start), kept apart for passes
+below and from PANEL_ROWS rows (the packed panels' fixed cost per pass); the predicted pass is
+scaled by the measured spread of recent passes (SPREAD_Q of measured / predicted), so the slow
+passes, which make a stream's worst gaps, keep within the budget too. A
 prompt that falls behind `prompt_slowdown_max` times its predicted time alone (when set; 0 by
 default: the streams come first) takes a larger, efficient catch-up chunk (one longer gap for
 the streams) rather than waiting. With nobody
@@ -54,6 +57,10 @@ DECODE_LATENCY_BUDGET = 2.5     # default: a pass with a prompt chunk takes <= 2
 PROMPT_SLOWDOWN = 0.0   # default: the budget rules (2: a prompt beside streams aims at <= 2x its time alone)
 CATCH_UP_OVERHEAD = 0.5   # a catch-up pass: the panels' fixed cost at most this share of its prompt cost
 DECODE_WINDOW = 15      # decode-only passes whose median is the decode cost
+DECODE_PROBE = 16       # beside a prompt going in, every this many passes one carries none (measures the streams)
+SPREAD_WINDOW = 64      # prompt-carrying passes whose measured / predicted time is the spread
+SPREAD_MIN = 16         # ... the least of them for a spread (1 before)
+SPREAD_Q = 0.9          # ... the quantile of them a pass is sized to: 9 in 10 within the limit
 FIT_WINDOW = 24         # prompt-carrying passes per path the cost fit reads
 FORGET = 0.85           # weight of an observation per newer one in the fit
 DEBUG_STEPS = os.environ.get("EDGED_DEBUG_STEPS") == "1"
@@ -174,16 +181,19 @@ class StepCosts:
     a pass the machine's other load delayed does not move it), at decode_keys, the median of
     the keys their attention read. A stream's pass grows as it gets longer (its attention reads
     one more key per token), so the decode pass now (`decode_now`) is decode_ms plus b per key
-    the decode rows read beyond decode_keys: while a long prompt is absorbed there are no
-    decode-only passes to measure, and a stale figure would hand the prompt's share to the
-    streams' own growth.
+    the decode rows read beyond decode_keys. While a prompt goes in beside streams every
+    DECODE_PROBE-th pass carries none (a probe), so decode_ms follows the streams' growth and
+    the machine's load: extrapolated over a whole 2,000-token prompt, b (the prompt's cost per
+    key, fitted mostly on prompt rows) under-predicted the streams' own pass by a third.
     Prompt tokens add `p0 + a * n + b * k` ms to a pass: n rows through the matrix products, k
     keys read by their attention (a token at position p reads p + 1: a chunk late in a long
     prompt costs more than one at its start), p0 a fixed cost of the pass. p0 and a are fitted
     (`_fit`) per path, b for both, from the passes that carried prompt tokens (their time minus
-    decode_ms): "rows" when the pass has fewer than PANEL_ROWS rows, "panels" from PANEL_ROWS
-    on, where unpacking the weights costs p0 per pass (measured: about 3x a decode pass of
-    SmolLM2-135M on one thread).
+    decode_ms; the streams' keys beyond decode_keys count with the prompt's): "rows" when the
+    pass has fewer than PANEL_ROWS rows, "panels" from PANEL_ROWS on, where unpacking the
+    weights costs p0 per pass (measured: about 3x a decode pass of SmolLM2-135M on one thread).
+    The `spread` of measured over predicted time of the recent mixed passes sizes the chunks,
+    so that the limit holds for 9 passes in 10 rather than for the median pass.
 
     budget (factor) / budget_ms (absolute, 0 = use the factor): the longest a pass carrying
     prompt tokens may take while streams decode; chunk_max: prompt tokens of a pass with nobody
@@ -198,6 +208,8 @@ class StepCosts:
         self._decode = collections.deque(maxlen=DECODE_WINDOW)
         self._obs = {p: collections.deque(maxlen=FIT_WINDOW) for p in PATHS}
         self.fits = {p: None for p in PATHS}
+        self._ratios = collections.deque(maxlen=SPREAD_WINDOW)     # measured / predicted, mixed passes
+        self._since_decode = 0          # passes with streams and a prompt since the last without
 
     def configure(self, budget, budget_ms, chunk_max, slowdown=PROMPT_SLOWDOWN):
         self.budget, self.budget_ms, self.chunk_max = float(budget), float(budget_ms), int(chunk_max)
@@ -217,6 +229,18 @@ class StepCosts:
         b = fit[2] if fit else 0.0
         return max(self.decode_ms + b * (keys - self.decode_keys), 0.0)
 
+    @property
+    def spread(self):
+        """How much longer than predicted a pass carrying prompt tokens beside streams takes, in
+        all but 1 - SPREAD_Q of the last SPREAD_WINDOW (the machine's noise and the fit's error;
+        at least 1; 1 until SPREAD_MIN were measured). Chunks are sized so that the predicted
+        pass times this stays within the limit: the limit holds for 9 passes in 10, not for the
+        median pass."""
+        if len(self._ratios) < SPREAD_MIN:
+            return 1.0
+        r = sorted(self._ratios)
+        return max(1.0, r[min(len(r) - 1, int(SPREAD_Q * len(r)))])
+
     @staticmethod
     def keys(pos, n):
         """Keys the attention of n prompt tokens from position pos reads: (pos+1) + ... + (pos+n)."""
@@ -231,11 +255,17 @@ class StepCosts:
         if not pieces:
             if n_decode:
                 self._decode.append((ms, decode_keys))
+                self._since_decode = 0
             return
         base = self.decode_ms
         if base is None:
             return
         n = sum(c for _, c in pieces)
+        if n_decode:
+            self._since_decode += 1
+            want = self.prompt_ms(n_decode + n, pieces)
+            if want is not None:
+                self._ratios.append(ms / (self.decode_now(decode_keys) + want))
         # what the pass read beyond the measured decode pass: the prompt's keys and the streams'
         keys = sum(self.keys(p, c) for p, c in pieces) + (decode_keys - self.decode_keys if n_decode else 0)
         self._obs[self.path(n_decode + n)].append((n, keys, ms - base))
@@ -300,6 +330,8 @@ class StepCosts:
         least chunk. A first prompt that has fallen behind its pace (`behind`) takes a
         `catch_up` pass: the streams see one long gap rather than the prompt starving."""
         out, left = [], self.chunk_max
+        if n_decode and prompts and self._since_decode >= DECODE_PROBE:
+            return [0] * len(prompts)       # a probe: the streams' pass alone, measured now
         if n_decode and prompts and waits and waits[0] is not None:
             pos, pending = prompts[0]
             start, waited = waits[0]
@@ -312,7 +344,7 @@ class StepCosts:
             return out
         extra = None
         if self.decode_ms is not None:
-            extra = self.limit_ms(decode_keys) - self.decode_now(decode_keys)
+            extra = self.limit_ms(decode_keys) / self.spread - self.decode_now(decode_keys)
         pieces = []
         for pos, pending in prompts:
             best, most = 0, min(pending, left)
@@ -494,10 +526,10 @@ class Decoder:
         d, rows = costs.decode_ms, n_decode + sum(n for _, n in pieces)
         now = None if d is None or not n_decode else costs.decode_now(decode_keys)
         want = costs.prompt_ms(rows, pieces) if pieces else None
-        log.debug("pass: %d decode (%d keys) + prompt %s (%s): %.1f ms (CPU %.1f), predicted %s, limit %s; "
-                  "since the previous pass %.1f ms; decode median %s; fits %s", n_decode, decode_keys,
+        log.debug("pass: %d decode (%d keys) + prompt %s (%s): %.1f ms (CPU %.1f), predicted %s, limit %s "
+                  "(spread %.2f); since the previous pass %.1f ms; decode now %s; fits %s", n_decode, decode_keys,
                   "+".join(f"{n}@{p}" for p, n in pieces) or "-", costs.path(rows), ms, cpu,
                   "-" if want is None or d is None else f"{(now or 0.0) + want:.1f}",
-                  "-" if now is None else f"{costs.limit_ms(decode_keys):.1f}", period,
-                  "-" if d is None else f"{d:.1f}",
+                  "-" if now is None else f"{costs.limit_ms(decode_keys):.1f}", costs.spread, period,
+                  "-" if now is None else f"{now:.1f}",
                   {k: None if f is None else tuple(round(x, 5) for x in f) for k, f in costs.fits.items()})
