@@ -121,41 +121,13 @@ static void ed_r4_unpack_row(int type, int K, const uint8_t *group, int i, uint8
 }
 
 /* out[c * ldo + r] = W[r] . xq[c] for r < nr (a multiple of 4), c < nc, W in the R4 layout
- * from w: each row's blocks rebuilt and summed as the plain C dot (ed_types.h) does, block by
- * block into one accumulator per (row, column) */
+ * from w: each row rebuilt into its mapped blocks, then the plain C dot (ed_types.h) */
 static void ed_r4_rows_generic(int type, int K, const uint8_t *w, size_t row_bytes, int nr,
                                const uint8_t *xq, size_t xs, int nc, float *out, size_t ldo) {
-    const int bs = ED_TRAITS[type].type_size;
-    uint8_t blk[sizeof(blk_q8_0)];
+    uint8_t row[row_bytes];
     for (int r = 0; r < nr; r++) {
-        const uint8_t *group = w + (size_t)(r / ED_R4_ROWS) * ED_R4_ROWS * row_bytes;
-        for (int c = 0; c < nc; c++) {
-            const blk_q8_0 *y = (const blk_q8_0 *)(xq + (size_t)c * xs);
-            float acc = 0.0f;
-            for (int b = 0; b < K / QK; b++) {  /* one block of row r rebuilt, then its sum */
-                ed_r4_unpack_row(type, QK, group + (size_t)b * ED_R4_ROWS * bs, r % ED_R4_ROWS, blk);
-                int s = 0;
-                if (type == ED_Q4_0) {
-                    const blk_q4_0 *x = (const blk_q4_0 *)blk;
-                    for (int j = 0; j < QK / 2; j++)
-                        s += ((x->qs[j] & 0xF) - 8) * y[b].qs[j] + ((x->qs[j] >> 4) - 8) * y[b].qs[j + QK / 2];
-                } else if (type == ED_Q5_0) {
-                    const blk_q5_0 *x = (const blk_q5_0 *)blk;
-                    uint32_t qh;
-                    memcpy(&qh, x->qh, 4);
-                    for (int j = 0; j < QK / 2; j++)
-                        s += (((x->qs[j] & 0xF) | ((qh >> j & 1) << 4)) - 16) * y[b].qs[j] +
-                             (((x->qs[j] >> 4) | ((qh >> (j + 16) & 1) << 4)) - 16) * y[b].qs[j + QK / 2];
-                } else {
-                    const blk_q8_0 *x = (const blk_q8_0 *)blk;
-                    for (int j = 0; j < QK; j++) s += x->qs[j] * y[b].qs[j];
-                }
-                ed_half d;
-                memcpy(&d, blk, 2);
-                ED_STEP(acc, H2F(d), H2F(y[b].d), s);
-            }
-            out[(size_t)c * ldo + r] = acc;
-        }
+        ed_r4_unpack_row(type, K, w + (size_t)(r / ED_R4_ROWS) * ED_R4_ROWS * row_bytes, r % ED_R4_ROWS, row);
+        for (int c = 0; c < nc; c++) out[(size_t)c * ldo + r] = ED_TRAITS[type].ref(K, row, xq + (size_t)c * xs);
     }
 }
 
