@@ -84,7 +84,8 @@ def main():
         t = GGMLType[name]
         info = TYPE_INFO[t]
         rb = k // info.block_size * info.type_size
-        rows = (args.mib << 20) // rb // 4 * 4  # whole groups of 4 rows (the R4 layout)
+        g = _core.R4_ROWS
+        rows = (args.mib << 20) // rb // g * g  # whole groups of rows (the R4 layout)
         w = weights(t, rows, k, rng)
         # the layout the engine reads: Q4_0 / Q5_0 / Q8_0 repacked at load where the path has R4 kernels
         r4 = int(t) in _core.r4_types() and _core.r4_ok(int(t), k, rows)

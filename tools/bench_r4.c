@@ -48,7 +48,7 @@ int main(int argc, char **argv) {
         if (r < 8) ed_quantize_row(type, xf, w[0] + r * rb, K);
         else memcpy(w[0] + r * rb, w[0] + (r % 8) * rb, rb);
     }
-    uint8_t *tmp = malloc(4 * rb);
+    uint8_t *tmp = malloc(ED_R4_ROWS * rb);
     ed_r4_pack(type, K, w[0], rb, R, w[1], tmp);
     const int vt = ED_TRAITS[type].vec_type;
     const size_t kr = ed_act_row_bytes(type, K);

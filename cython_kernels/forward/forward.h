@@ -284,7 +284,7 @@ static inline void ed_rows(const ed_state *s, const ed_tensor *W, int64_t r0, in
        the row kernels form their per-column work once per call; the R4 kernels walk their 4-row
        groups themselves); more tokens without panels: tiles of rows that stay in cache, each
        weight row decoded once per group of ED_MAX_COLS tokens (ed_simd.h). A repacked matrix's
-       groups of 4 rows sit where their rows would (r0: a multiple of 4). */
+       groups of ED_R4_ROWS rows sit where their rows would (r0: a multiple of ED_ROW_TILE). */
     const int64_t step = n <= ED_MAX_COLS ? r1 - r0 : ED_ROW_TILE;
     for (; r0 < r1; r0 += step) {
         const int64_t e = r0 + step < r1 ? r0 + step : r1;

@@ -67,7 +67,7 @@ typedef struct { float dy; int32_t yoff; float dys; int32_t qpair; } ed_ginfo;
 typedef void (*ed_unpack_fn)(const void *row, int K, uint8_t *u, float *A, float *C);
 /* the same, with `lift` (128 - off) added to every u: the path's fast versions (ED_GEMM_UNPACK) */
 typedef void (*ed_unpack_lift_fn)(const void *row, int K, uint8_t *u, float *A, float *C, uint8_t lift);
-/* the 4 rows of an R4 group (ed_repack.h) unpacked as a path's ed_unpack_lift_fn unpacks each
+/* the G rows of an R4 group (ed_repack.h) unpacked as a path's ed_unpack_lift_fn unpacks each
  * (row i at u + i * K, its A at A + i * (K / 32)); for the 32-block types, whose C is 0 */
 typedef void (*ed_unpack_r4_fn)(const uint8_t *group, int K, uint8_t *u, float *A, uint8_t lift);
 
@@ -344,14 +344,14 @@ struct ed_gemm_path {
     ed_gemm_transpose_fn transpose;
     ed_unpack_lift_fn unpack[ED_NTYPES];  /* path-specific unpackers, else NULL */
     int min_cols;  /* tokens from which a product uses the panels (ED_GEMM_MIN_COLS = 0) */
-    /* the panel (pu, ac) of rows [0, nr) (a multiple of 4) of a matrix in the R4 layout
+    /* the panel (pu, ac) of rows [0, nr) (a multiple of G) of a matrix in the R4 layout
      * (ed_repack.h) straight from its groups, in the path's own order, and the kernel that reads
      * it (out, ldo, nr as the kernel's), for the types the path repacks (ed_kernels.rows_r4; see
      * ed_gemm_own_r4); or NULL: each row rebuilt, then ed_gemm_pack */
     void (*pack_r4)(int type, int K, const uint8_t *w, size_t row_bytes, int nr, uint8_t *pu, float *ac);
     void (*kernel_r4)(int K, const uint8_t *pu, const float *ac, const uint8_t *xq, size_t xs,
                       const float *dy, int nc, float *out, size_t ldo, int nr);
-    /* without pack_r4: the groups unpacked 4 rows at a time for ed_gemm_pack, else NULL (each
+    /* without pack_r4: the groups unpacked a group at a time for ed_gemm_pack, else NULL (each
      * row rebuilt, then unpacked) */
     ed_unpack_r4_fn unpack_r4[ED_NTYPES];
     int split;  /* 1: the wide types' panels hold each group's nibbles split (ed_gemm_split) */
@@ -427,12 +427,15 @@ static void ed_gemm_dy_r4(int K, const uint8_t *row, int t, float *dy) {
     for (int b = 0; b < K / QK; b++) d[4 * b] = H2F(x[b].d);
 }
 
+/* floats of one row's A and C (K / 16 groups at most, 2 x K / 32 = 4 x K / 32) or of an R4 group's
+ * A (ED_R4_ROWS x K / 32) */
+#define ED_GEMM_ABUF(K) ((size_t)(K) / QK * ED_R4_ROWS)
 static size_t ed_gemm_scratch(int64_t K) {
     const size_t ng = (size_t)K / 16;  /* the most groups any type has */
     return ED_ALIGN((size_t)K * ED_PANEL * 2)            /* the panel (split: twice the bytes) */
          + ED_ALIGN((ng * 2 + (size_t)K / QKK * 10) * ED_PANEL * sizeof(float))  /* its A, C / scales */
          + ED_ALIGN((size_t)K * ED_PANEL)                /* 16 unpacked rows */
-         + ED_ALIGN(ng * 2 * sizeof(float))              /* one row's A, C (or an R4 group's 4 x K / 32 A) */
+         + ED_ALIGN(ED_GEMM_ABUF(K) * sizeof(float))     /* one row's A, C or an R4 group's G x K / 32 A */
          + ED_ALIGN(ng * sizeof(int32_t))                /* group offsets */
          + ED_ALIGN((size_t)K / QK * sizeof(blk_q8_0));  /* one repacked row rebuilt */
 }
@@ -447,7 +450,7 @@ static void ed_gemm_pack(int type, int layout, int K, const uint8_t *w, size_t r
     const int bs = ED_TRAITS[type].type_size;
     float *cbuf = abuf + ng;
     const ed_unpack_r4_fn u4 = layout == ED_LAYOUT_R4 ? ed_kern->gemm->unpack_r4[type] : NULL;
-    if (u4) {  /* a 32-block type (gps 0, C 0) in R4 groups: 4 rows per call */
+    if (u4) {  /* a 32-block type (gps 0, C 0) in R4 groups: one group per call */
         for (int r = 0; r < ED_PANEL; r += ED_R4_ROWS) {
             if (r < nr) u4(w + (size_t)r * row_bytes, K, ubuf + (size_t)r * K, abuf, lift);
             else {
@@ -504,7 +507,7 @@ static void ed_gemm_pack(int type, int layout, int K, const uint8_t *w, size_t r
     if (ED_GEMM_SPLIT && t->wide) ed_gemm_split(pu, ng);
 }
 
-/* out[c*ldo + r] = W[r] . xq[c] for r < nr (any; a multiple of 4 for ED_LAYOUT_R4), c < n:
+/* out[c*ldo + r] = W[r] . xq[c] for r < nr (any; a multiple of ED_R4_ROWS for ED_LAYOUT_R4), c < n:
  * panels of 16 rows, each unpacked once */
 static void ed_gemm_rows_layout(int type, int layout, int K, const uint8_t *w, size_t row_bytes, int nr,
                                 const uint8_t *xq, size_t xs, const ed_ginfo *info, size_t is,
@@ -519,7 +522,7 @@ static void ed_gemm_rows_layout(int type, int layout, int K, const uint8_t *w, s
     float *ac = (float *)(pu + ED_ALIGN((size_t)K * ED_PANEL * 2));
     uint8_t *ubuf = (uint8_t *)ac + ED_ALIGN((ngmax * 2 + (size_t)K / QKK * 10) * ED_PANEL * sizeof(float));
     float *abuf = (float *)(ubuf + ED_ALIGN((size_t)K * ED_PANEL));
-    int32_t *goff = (int32_t *)((uint8_t *)abuf + ED_ALIGN(ngmax * 2 * sizeof(float)));
+    int32_t *goff = (int32_t *)((uint8_t *)abuf + ED_ALIGN(ED_GEMM_ABUF(K) * sizeof(float)));
     uint8_t *rowbuf = (uint8_t *)goff + ED_ALIGN(ngmax * sizeof(int32_t));
     for (int g = 0; g < ng; g++) goff[g] = (g * G / be) * bb + qs_at + (g * G) % be;
     if (G == 16) info += K / 32;

@@ -2,31 +2,37 @@
  *
  * The mapped layout (GGUF's: each weight row its blocks in order) makes a row kernel load every
  * row's block scale on its own and add each row's lane sums into one block sum (or, on x86,
- * transpose each block of 8 rows into row lanes). A path whose kernels read 4 rows side by side
+ * transpose each block of 8 rows into row lanes). A path whose kernels read G rows side by side
  * (ed_kernels.rows_r4: NEON with dotprod for Q4_0 and Q8_0, every x86 path for Q4_0, Q5_0 and
- * Q8_0) gets a copy of those matrices in the R4 layout instead, written once at load into one
- * aligned arena (edged/engine/repack.py; the mapped pages of those tensors are then released):
+ * Q8_0) gets a copy of those matrices in the R4 layout instead (rows interleaved in runs of 4
+ * bytes), written once at load into one aligned arena (edged/engine/repack.py; the mapped pages
+ * of those tensors are then released). G = ED_R4_ROWS is the rows of one vector register of
+ * 4-byte lanes: 4 on Arm (128-bit NEON), 8 on x86 (256-bit AVX2 lanes):
  *
- *   rows 4g..4g+3 are one group of 4 * row_bytes bytes at the same offset as in the mapping;
- *   inside it, block b of the 4 rows is  { ed_half d[4]; uint8_t qh[4][4]; uint8_t qs[4 * QS]; }
- *   (qh for Q5_0 only; QS = 16 for Q4_0 and Q5_0, 32 for Q8_0: the same bytes per block as 4
+ *   rows Gg..Gg+G-1 are one group of G * row_bytes bytes at the same offset as in the mapping;
+ *   inside it, block b of the G rows is  { ed_half d[G]; uint8_t qh[G][4]; uint8_t qs[G * QS]; }
+ *   (qh for Q5_0 only; QS = 16 for Q4_0 and Q5_0, 32 for Q8_0: the same bytes per block as G
  *   mapped blocks), row i's scale in d[i], its fifth bits (Q5_0's qh) in qh[i] as bit planes
- *   (ed_r4_planes) and its quant bytes 4k..4k+3 at qs[16k + 4i .. 16k + 4i + 3]
+ *   (ed_r4_planes) and its quant bytes 4k..4k+3 at qs[4Gk + 4i .. 4Gk + 4i + 3]
  *
- * so one 16-byte load holds 4 bytes of each of the 4 rows (what SDOT by lane multiplies with 4
- * activation bytes), one 8-byte load the 4 rows' scales and one 16-byte load their fifth bits
- * (an x86 row kernel's lanes, no 4 scalar loads, one shift per register). Q4_0's bytes are
- * stored XOR 0x88:
+ * so one vector load holds 4 bytes of each of the G rows (what SDOT by lane multiplies with 4
+ * activation bytes; an x86 row kernel's transposed register), one load the G rows' scales and
+ * one their fifth bits (one shift per register), and a group's blocks follow each other: a
+ * kernel over a chunk of rows reads one sequential stream (on x86 two interleaved groups of 4
+ * rows per register were two streams that restarted every group: 0.4x the bandwidth of one).
+ * On Arm, Q4_0's bytes are stored XOR 0x88:
  * each nibble q becomes the 4-bit two's complement of q - 8, so a shift left by 4 (low nibble)
  * or a mask of the high nibble gives 16 * (q - 8) as a signed byte, with no subtraction; the
  * kernels' integer block sums are then 16 times the mapped ones, exact, and the conversion to
  * float divides by 16 exactly (SCVTF with 4 fraction bits), so the canonical float step
  * (ED_STEP, ed_types.h) sees the same integer and every output keeps the plain C dot's bits.
+ * x86 keeps the nibbles as mapped (its kernels multiply them unsigned and take the offset off
+ * with the activations' block sums).
  *
  *   ed_r4_ok(type, ne0, ne1)      1 when a matrix of this type and shape can take the layout
  *   ed_r4_pack(type, K, src, row_bytes, nrows, dst, tmp)   mapped -> R4 (dst may be src: in place);
- *                                 tmp: 4 * row_bytes bytes
- *   ed_r4_unpack_row(type, K, group, i, row)   row i (0..3) of a group back to mapped blocks
+ *                                 tmp: G * row_bytes bytes
+ *   ed_r4_unpack_row(type, K, group, i, row)   row i (0..G-1) of a group back to mapped blocks
  *   ed_r4_rows_generic(...)       the slow, obvious twin of a path's R4 row kernel (any CPU)
  */
 #ifndef EDGED_ED_REPACK_H
@@ -37,14 +43,18 @@
 #include "ed_types.h"
 
 enum { ED_LAYOUT_MAPPED = 0, ED_LAYOUT_R4 = 1 };
+#if defined(__x86_64__) || defined(__i386__)
+#define ED_R4_ROWS 8
+#else
 #define ED_R4_ROWS 4
+#endif
 
-/* quant bytes per mapped block (the R4 block holds 4 of them after the 4 scales and fifth bits),
- * fifth-bit bytes per mapped block, and where the quant bytes start in an R4 block */
+/* quant bytes per mapped block (the R4 block holds G of them after the G scales and fifth
+ * bits), fifth-bit bytes per mapped block, and where the quant bytes start in an R4 block */
 static inline int ed_r4_qs(int type) { return type == ED_Q8_0 ? QK : QK / 2; }
 static inline int ed_r4_qh(int type) { return type == ED_Q5_0 ? 4 : 0; }
-static inline int ed_r4_qs_at(int type) { return 8 + 4 * ed_r4_qh(type); }
-static inline uint8_t ed_r4_xor(int type) { return type == ED_Q4_0 ? 0x88 : 0x00; }
+static inline int ed_r4_qs_at(int type) { return ED_R4_ROWS * (2 + ed_r4_qh(type)); }
+static inline uint8_t ed_r4_xor(int type) { return ED_R4_ROWS == 4 && type == ED_Q4_0 ? 0x88 : 0x00; }
 
 static int ed_r4_ok(int type, int64_t ne0, int64_t ne1) {
     return (type == ED_Q4_0 || type == ED_Q5_0 || type == ED_Q8_0) && ne0 > 0 && ne0 % QK == 0 &&
@@ -65,7 +75,7 @@ static inline uint32_t ed_r4_planes(uint32_t qh, int back) {
     return p;
 }
 
-/* one block of the 4 rows: to R4 (dir 1: the 4 mapped blocks at m[i] -> r) or back (dir 0) */
+/* one block of the G rows: to R4 (dir 1: the G mapped blocks at m[i] -> r) or back (dir 0) */
 static inline void ed_r4_block(int type, int dir, uint8_t *r, uint8_t *const m[ED_R4_ROWS]) {
     const int qs = ed_r4_qs(type), qh = ed_r4_qh(type), at = ed_r4_qs_at(type);
     const uint32_t x = ed_r4_xor(type) * 0x01010101u;
@@ -74,12 +84,12 @@ static inline void ed_r4_block(int type, int dir, uint8_t *r, uint8_t *const m[E
         if (dir) memcpy(r + 2 * i, mi, 2); else memcpy(mi, r + 2 * i, 2);  /* blocks start with d */
         if (qh) {
             uint32_t v;
-            memcpy(&v, dir ? mi + 2 : r + 8 + 4 * i, 4);
+            memcpy(&v, dir ? mi + 2 : r + 2 * ED_R4_ROWS + 4 * i, 4);
             v = ed_r4_planes(v, !dir);
-            memcpy(dir ? r + 8 + 4 * i : mi + 2, &v, 4);
+            memcpy(dir ? r + 2 * ED_R4_ROWS + 4 * i : mi + 2, &v, 4);
         }
         for (int k = 0; k < qs / 4; k++) {                /* quant bytes 4k..4k+3 */
-            uint8_t *rk = r + at + 16 * k + 4 * i, *mk = mi + 2 + qh + 4 * k;
+            uint8_t *rk = r + at + 4 * ED_R4_ROWS * k + 4 * i, *mk = mi + 2 + qh + 4 * k;
             uint32_t v;
             memcpy(&v, dir ? mk : rk, 4);
             v ^= x;
@@ -88,18 +98,18 @@ static inline void ed_r4_block(int type, int dir, uint8_t *r, uint8_t *const m[E
     }
 }
 
-/* one group: 4 mapped rows (src, row_bytes apart) -> R4 bytes at dst (4 * row_bytes) */
+/* one group: G mapped rows (src, row_bytes apart) -> R4 bytes at dst (G * row_bytes) */
 static void ed_r4_pack_group(int type, int K, const uint8_t *src, size_t row_bytes, uint8_t *dst) {
     const int bs = ED_TRAITS[type].type_size;
-    for (int b = 0; b < K / QK; b++, dst += 4 * bs) {
+    for (int b = 0; b < K / QK; b++, dst += ED_R4_ROWS * bs) {
         uint8_t *m[ED_R4_ROWS];
         for (int i = 0; i < ED_R4_ROWS; i++) m[i] = (uint8_t *)src + (size_t)i * row_bytes + (size_t)b * bs;
         ed_r4_block(type, 1, dst, m);
     }
 }
 
-/* rows [0, nrows) (a multiple of 4) of src into dst; dst == src repacks in place (each group is
- * first copied to tmp, 4 * row_bytes bytes) */
+/* rows [0, nrows) (a multiple of G) of src into dst; dst == src repacks in place (each group is
+ * first copied to tmp, G * row_bytes bytes) */
 static void ed_r4_pack(int type, int K, const uint8_t *src, size_t row_bytes, int64_t nrows,
                        uint8_t *dst, uint8_t *tmp) {
     const size_t gb = ED_R4_ROWS * row_bytes;
@@ -113,14 +123,15 @@ static void ed_r4_pack(int type, int K, const uint8_t *src, size_t row_bytes, in
 static void ed_r4_unpack_row(int type, int K, const uint8_t *group, int i, uint8_t *row) {
     const int bs = ED_TRAITS[type].type_size;
     uint8_t skip[sizeof(blk_q8_0)];  /* the other rows' blocks go here */
-    for (int b = 0; b < K / QK; b++, group += 4 * bs, row += bs) {
-        uint8_t *m[ED_R4_ROWS] = {skip, skip, skip, skip};
+    for (int b = 0; b < K / QK; b++, group += ED_R4_ROWS * bs, row += bs) {
+        uint8_t *m[ED_R4_ROWS];
+        for (int j = 0; j < ED_R4_ROWS; j++) m[j] = skip;
         m[i] = row;
         ed_r4_block(type, 0, (uint8_t *)group, m);
     }
 }
 
-/* out[c * ldo + r] = W[r] . xq[c] for r < nr (a multiple of 4), c < nc, W in the R4 layout
+/* out[c * ldo + r] = W[r] . xq[c] for r < nr (a multiple of G), c < nc, W in the R4 layout
  * from w: each row rebuilt into its mapped blocks, then the plain C dot (ed_types.h) */
 static void ed_r4_rows_generic(int type, int K, const uint8_t *w, size_t row_bytes, int nr,
                                const uint8_t *xq, size_t xs, int nc, float *out, size_t ldo) {

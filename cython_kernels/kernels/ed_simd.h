@@ -108,7 +108,7 @@ static void ed_mdot_rows(int type, int k, const uint8_t *w, size_t wstride, int 
     }
 }
 
-/* the same for W in the R4 layout (ed_repack.h; nr a multiple of 4, w the first row's group):
+/* the same for W in the R4 layout (ed_repack.h; nr a multiple of ED_R4_ROWS, w the first row's group):
  * the path's R4 row kernel, or the generic twin on a path without one */
 static void ed_mdot_rows_r4(int type, int k, const uint8_t *w, size_t row_bytes, int nr,
                             const uint8_t *xq, size_t xs, int nc, float *out, size_t ldo) {

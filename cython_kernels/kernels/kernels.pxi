@@ -170,7 +170,7 @@ ctypedef struct _mm_args:
     const uint8_t *xq
     size_t row_bytes, xq_row
     int K, N, n, type
-    int layout              # 0: the rows as mapped, 1: repacked in groups of 4 (ed_repack.h's R4)
+    int layout              # 0: the rows as mapped, 1: repacked in groups of ED_R4_ROWS (ed_repack.h's R4)
     const ed_ginfo *info    # group sums of xq when the product uses packed panels, else NULL
     const float *dy         # with info, the block scales of xq as floats for a path's own R4 panels
 
@@ -181,7 +181,7 @@ cdef void _mm_task(void *arg, int ith, int nth) noexcept nogil:
     cdef _mm_args *a = <_mm_args *>arg
     cdef int64_t per = (a.N + nth - 1) // nth
     if a.layout:
-        per = (per + 3) // 4 * 4        # whole groups of 4 rows
+        per = (per + ED_R4_ROWS - 1) // ED_R4_ROWS * ED_R4_ROWS  # whole groups
     cdef int64_t r0 = min(per * ith, <int64_t>a.N), r1 = min(r0 + per, <int64_t>a.N), rt, rend
     cdef uint8_t *scratch
     if a.info != NULL and r1 > r0:
@@ -546,6 +546,7 @@ cdef extern from "ed_simd.h" nogil:
     void ed_r4_pack(int type, int K, const uint8_t *src, size_t row_bytes, int64_t nrows,
                     uint8_t *dst, uint8_t *tmp)
     void ed_r4_unpack_row(int type, int K, const uint8_t *group, int i, uint8_t *row)
+    const int ED_R4_ROWS
 
 cdef extern from "<sys/mman.h>" nogil:
     int madvise(void *addr, size_t length, int advice)
@@ -553,6 +554,7 @@ cdef extern from "<sys/mman.h>" nogil:
     const int MADV_DONTNEED
 
 LAYOUT_MAPPED, LAYOUT_R4 = 0, 1
+R4_ROWS = ED_R4_ROWS  # rows per group of the R4 layout: 8 on x86, 4 on Arm
 
 
 def r4_types():
@@ -574,7 +576,7 @@ def r4_pack(uint8_t[::1] dst, const uint8_t[::1] src, int qtype, int64_t ne0, in
     cdef size_t rb = <size_t>(ne0 // ED_TRAITS[qtype].block) * ED_TRAITS[qtype].type_size
     if <size_t>src.shape[0] != rb * ne1 or dst.shape[0] != src.shape[0]:
         raise ValueError(f"R4 repack: {src.shape[0]} -> {dst.shape[0]} bytes for {ne1} rows of {rb}")
-    cdef uint8_t *tmp = <uint8_t *>malloc(4 * rb)
+    cdef uint8_t *tmp = <uint8_t *>malloc(ED_R4_ROWS * rb)
     if tmp == NULL:
         raise MemoryError("R4 repack: one group of rows")
     with nogil:
@@ -593,7 +595,8 @@ def r4_unpack(uint8_t[::1] dst, const uint8_t[::1] src, int qtype, int64_t ne0, 
     cdef int64_t r
     with nogil:
         for r in range(ne1):
-            ed_r4_unpack_row(qtype, <int>ne0, &src[0] + (r // 4) * 4 * rb, r % 4, &dst[0] + r * rb)
+            ed_r4_unpack_row(qtype, <int>ne0, &src[0] + (r // ED_R4_ROWS) * ED_R4_ROWS * rb, r % ED_R4_ROWS,
+                             &dst[0] + r * rb)
     return dst
 
 

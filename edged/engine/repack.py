@@ -2,10 +2,10 @@
 
 The weights are read from the read-only mapping of the file, except where a path's kernels need
 another layout (DESIGN.md). NEON with dotprod (Raspberry Pi 5) reads its Q4_0 and Q8_0
-matrices, every x86 path its Q4_0, Q5_0 and Q8_0 matrices in the R4 layout: 4 rows interleaved
-block by block with their 4 scales side by side (and Q5_0's fifth bits), so one SDOT by lane
-serves 4 rows (one 16-byte load is an x86 row kernel's transposed register) and one load brings
-their scales (docs/kernels.md, "Repacked weights", "Repacked weights on x86"). Those matrices are copied once into one 64-byte aligned arena sized at load, and the
+matrices, every x86 path its Q4_0, Q5_0 and Q8_0 matrices in the R4 layout: groups of rows
+(core.R4_ROWS: 4 on Arm, 8 on x86) interleaved block by block in runs of 4 bytes, with their
+scales side by side (and Q5_0's fifth bits), so one SDOT by lane serves 4 rows (one 32-byte load
+is an x86 row kernel's transposed register of 8 rows) and one load brings their scales (docs/kernels.md, "Repacked weights", "Repacked weights on x86"). Those matrices are copied once into one 64-byte aligned arena sized at load, and the
 mapped pages of each repacked tensor are released (madvise): the weights are not resident
 twice, and peak RSS grows by at most the arena. Anything else that reads such a tensor (the
 embedding lookup of a tied token_embd / output matrix) keeps reading the mapping, which pages
@@ -13,7 +13,7 @@ in only the rows it touches. Without a mapping (Model.load(mmap=False): private 
 copies are repacked in place, and a tensor that is also the token embedding stays as it is.
 
 Only matrices the forward pass reads through its row tiles and panels (ed_rows) are repacked,
-and only where their row ranges start on a group of 4 rows: every 2-D projection, not the 3-D
+and only where their row ranges start on a group of rows: every 2-D projection, not the 3-D
 expert tensors (whose experts start at any row).
 
 EDGED_REPACK: "auto" (default: what the path's kernels read), "off" (the mapped layout
@@ -86,7 +86,7 @@ def apply(core, spec, layers, globals_, mode="auto") -> Repacked:
             name = getattr(L, role, None)
             if name is None or layers[il].get(role) is None:
                 continue
-            if role == "ffn_up" and L.ffn_gate is None and hp.n_ff % 4:
+            if role == "ffn_up" and L.ffn_gate is None and hp.n_ff % core.R4_ROWS:
                 continue  # gate|up fused (phi3): up's rows start at n_ff
             slots.append((layers[il], role, name))
     if globals_.get("output") is not None:
@@ -112,7 +112,8 @@ def apply(core, spec, layers, globals_, mode="auto") -> Repacked:
             off += sizes[name]
             # a few MiB of rows at a time, each slice's mapped pages released once copied: the
             # peak stays the arena plus one slice, not plus the largest tensor
-            step = max(4, _SLICE // (4 * row_bytes) * 4) * row_bytes
+            g = core.R4_ROWS
+            step = max(g, _SLICE // (g * row_bytes) * g) * row_bytes
             for a in range(0, arr.nbytes, step):
                 b = min(a + step, arr.nbytes)
                 core.r4_pack(dst[a:b], arr[a:b], gtype, shape[0], (b - a) // row_bytes)
@@ -127,4 +128,4 @@ def apply(core, spec, layers, globals_, mode="auto") -> Repacked:
 
 def _all_r4_types(core):
     """Every type the R4 layout has (mode "r4")."""
-    return [t for t in range(40) if core.r4_ok(t, 32, 4)]
+    return [t for t in range(40) if core.r4_ok(t, 32, core.R4_ROWS)]

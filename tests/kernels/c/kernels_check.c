@@ -165,36 +165,36 @@ int main(void) {
                tiles give, and the packed panels over the repacked rows equal the plain C dot on
                the mapped rows bit for bit; each row rebuilds to its mapped bytes:
                "repack PATH TYPE rows panels ok" */
-            if (ed_r4_ok(t, K, 4)) {
-                enum { RR = ROWS - ROWS % 4 };
-                static uint8_t wr[ROWS * K * 2], tmp[4 * K * 2], back[K * 2];
+            if (ed_r4_ok(t, K, ED_R4_ROWS)) {
+                enum { G = ED_R4_ROWS, RR = ROWS - ROWS % G };
+                static uint8_t wr[ROWS * K * 2], tmp[G * K * 2], back[K * 2];
                 ed_r4_pack(t, K, w, rb, RR, wr, tmp);
                 int rok = 1;
                 for (int r = 0; r < RR; r++) {
-                    ed_r4_unpack_row(t, K, wr + (size_t)(r / 4) * 4 * rb, r % 4, back);
+                    ed_r4_unpack_row(t, K, wr + (size_t)(r / G) * G * rb, r % G, back);
                     rok &= !memcmp(back, w + r * rb, rb);
                 }
                 for (int nc = 1; nc <= COLS; nc++) {
                     ed_mdot_rows_r4(t, K, wr, rb, RR, xq, xr, nc, got, ROWS);
                     for (int c = 0; c < nc; c++) rok &= !memcmp(got + c * ROWS, ref + c * ROWS, sizeof(float) * RR);
                 }
-                static const int tiles[] = {4, 8, 12, 16, 20, 28};  /* as ed_rows hands them out */
+                static const int tiles[] = {G, 2 * G, 3 * G, 4 * G, 5 * G, 7 * G};  /* as ed_rows hands them out */
                 for (size_t i = 0; i < sizeof tiles / sizeof tiles[0]; i++)
-                    for (int r0 = 0; r0 + tiles[i] <= RR; r0 += 16) {
+                    for (int r0 = 0; r0 + tiles[i] <= RR; r0 += 2 * G) {
                         ed_mdot_rows_r4(t, K, wr + (size_t)r0 * rb, rb, tiles[i], xq, xr, 1, got, ROWS);
                         rok &= !memcmp(got, ref + r0, sizeof(float) * tiles[i]);
                     }
                 if (ed_gemm_ok(t)) {
                     /* 1 .. 9 tokens (the columns again from the 6th: ED_FN(gemm_r4)'s tiles of 4
-                       tokens, then 3, 2, 1), every panel height (1-4 groups of 4 rows; 20, 28,
-                       RR: a whole panel and a partial one), and an odd number of blocks (K - 32:
+                       tokens, then 3, 2, 1), every panel height (groups of G rows up to RR: whole
+                       panels and partial ones), and an odd number of blocks (K - 32:
                        the 16 x 4 tile's lone first block), against the plain C dot */
                     enum { NC = 9 };
                     static ed_ginfo rinfo[NC * (K / 32 + K / 16)];
                     static float rdy[NC * K / 32 + 64], want[NC * ROWS], got9[NC * ROWS];
                     static uint8_t rscratch[K * 64 + 4096] __attribute__((aligned(64))), xq9[NC * K * 4];
                     const size_t il = ed_gemm_info_len(K);
-                    static const int pr[] = {4, 8, 12, 16, 20, 28, RR};
+                    static const int pr[] = {G, 2 * G, 3 * G, 4 * G, 5 * G, RR};
                     int pok = 1;
                     for (int k = K; k >= K - QK; k -= QK) {
                         for (int c = 0; c < NC; c++) {
@@ -242,7 +242,7 @@ int main(void) {
                     for (int c = 0; c < 4; c++) for (int i = 0; i < K; i++) fe[c * K + i] = c & 1 ? -1.0f : 1.0f;
                     for (int c = 0; c < 4; c++) ED_QUANT[tr.vec_type](fe + c * K, xe + c * xr, K);
                     for (int layout = 0; layout < 2; layout++) {  /* mapped, then repacked (R4) */
-                        static uint8_t wr[ER * K * 2], tmp[4 * K * 2];
+                        static uint8_t wr[ER * K * 2], tmp[ED_R4_ROWS * K * 2];
                         if (layout && !ed_r4_ok(t, K, ER)) break;
                         if (layout) ed_r4_pack(t, K, we, rb, ER, wr, tmp), ed_mdot_rows_r4(t, K, wr, rb, ER, xe, xr, 4, ge, ER);
                         else ed_mdot_rows(t, K, we, rb, ER, xe, xr, 4, ge, ER);
