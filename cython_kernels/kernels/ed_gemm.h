@@ -437,11 +437,11 @@ static size_t ed_gemm_scratch(int64_t K) {
          + ED_ALIGN((size_t)K * ED_PANEL)                /* 16 unpacked rows */
          + ED_ALIGN(ED_GEMM_ABUF(K) * sizeof(float))     /* one row's A, C or an R4 group's G x K / 32 A */
          + ED_ALIGN(ng * sizeof(int32_t))                /* group offsets */
-         + ED_ALIGN((size_t)K / QK * sizeof(blk_q8_0));  /* one repacked row rebuilt */
+         + ED_ALIGN((size_t)K / QK * sizeof(blk_q8_0) * ED_R4_ROWS);  /* one repacked group rebuilt */
 }
 
 /* rows [0, nr) of W (nr <= 16) into the interleaved panel; rows past nr are zero. A repacked W
- * (layout ED_LAYOUT_R4) has each row rebuilt into rowbuf first. */
+ * (layout ED_LAYOUT_R4) has each group rebuilt into rowbuf (G rows) first. */
 static void ed_gemm_pack(int type, int layout, int K, const uint8_t *w, size_t row_bytes, int nr,
                          uint8_t *pu, float *ac, uint8_t *ubuf, float *abuf, uint8_t *rowbuf) {
     const ed_gemm_traits *t = &ED_GEMM_TRAITS[type];
@@ -466,9 +466,9 @@ static void ed_gemm_pack(int type, int layout, int K, const uint8_t *w, size_t r
     } else for (int r = 0; r < ED_PANEL; r++) {
         uint8_t *u = ubuf + (size_t)r * K;
         const uint8_t *row = w + (size_t)r * row_bytes;
-        if (r < nr && layout == ED_LAYOUT_R4) {
-            ed_r4_unpack_row(type, K, w + (size_t)(r / ED_R4_ROWS) * ED_R4_ROWS * row_bytes, r % ED_R4_ROWS, rowbuf);
-            row = rowbuf;
+        if (r < nr && layout == ED_LAYOUT_R4) {  /* each group rebuilt once, at its first row */
+            if (r % ED_R4_ROWS == 0) ed_r4_unpack_group(type, K, row, row_bytes, rowbuf);
+            row = rowbuf + (size_t)(r % ED_R4_ROWS) * row_bytes;
         }
         if (r < nr && ED_GEMM_UNPACK[type]) {
             ED_GEMM_UNPACK[type](row, K, u, abuf, cbuf, lift);

@@ -49,16 +49,20 @@ enum { ED_LAYOUT_MAPPED = 0, ED_LAYOUT_R4 = 1 };
 #define ED_R4_ROWS 4
 #endif
 
-/* quant bytes per mapped block (the R4 block holds G of them after the G scales and fifth
- * bits), fifth-bit bytes per mapped block, and where the quant bytes start in an R4 block */
-static inline int ed_r4_qs(int type) { return type == ED_Q8_0 ? QK : QK / 2; }
+/* A mapped block is nh F16 halves (d; Q4_K: d, dmin) and then dwords (Q5_0: qh, then the
+ * quants; Q4_K: its 12 bytes of packed scales and mins, then the quants). In an R4 block the
+ * G rows' half j sit side by side (at 2Gj), then each dword run: dword k of row i at
+ * 2G nh + 4Gk + 4i. ed_r4_qs_at: where a 32-block type's quant dwords start. */
+static inline int ed_r4_halves(int type) { return type == ED_Q4_K ? 2 : 1; }
+static inline int ed_r4_dwords(int type) { return (ED_TRAITS[type].type_size - 2 * ed_r4_halves(type)) / 4; }
 static inline int ed_r4_qh(int type) { return type == ED_Q5_0 ? 4 : 0; }
 static inline int ed_r4_qs_at(int type) { return ED_R4_ROWS * (2 + ed_r4_qh(type)); }
 static inline uint8_t ed_r4_xor(int type) { return ED_R4_ROWS == 4 && type == ED_Q4_0 ? 0x88 : 0x00; }
 
+/* Q4_K only where groups are 8 rows (x86: its K-quant row kernels take 8 rows as lanes) */
 static int ed_r4_ok(int type, int64_t ne0, int64_t ne1) {
-    return (type == ED_Q4_0 || type == ED_Q5_0 || type == ED_Q8_0) && ne0 > 0 && ne0 % QK == 0 &&
-           ne1 > 0 && ne1 % ED_R4_ROWS == 0;
+    const int t = type == ED_Q4_0 || type == ED_Q5_0 || type == ED_Q8_0 || (ED_R4_ROWS == 8 && type == ED_Q4_K);
+    return t && ne0 > 0 && ne0 % ED_TRAITS[type].block == 0 && ne1 > 0 && ne1 % ED_R4_ROWS == 0;
 }
 
 /* Q5_0's fifth bits as bit planes: bit k of byte i is bit 4k + i of qh (the fifth bit of weight
@@ -77,22 +81,17 @@ static inline uint32_t ed_r4_planes(uint32_t qh, int back) {
 
 /* one block of the G rows: to R4 (dir 1: the G mapped blocks at m[i] -> r) or back (dir 0) */
 static inline void ed_r4_block(int type, int dir, uint8_t *r, uint8_t *const m[ED_R4_ROWS]) {
-    const int qs = ed_r4_qs(type), qh = ed_r4_qh(type), at = ed_r4_qs_at(type);
+    const int nh = ed_r4_halves(type), nd = ed_r4_dwords(type), G = ED_R4_ROWS;
     const uint32_t x = ed_r4_xor(type) * 0x01010101u;
-    for (int i = 0; i < ED_R4_ROWS; i++) {
+    for (int i = 0; i < G; i++) {
         uint8_t *mi = m[i];
-        if (dir) memcpy(r + 2 * i, mi, 2); else memcpy(mi, r + 2 * i, 2);  /* blocks start with d */
-        if (qh) {
-            uint32_t v;
-            memcpy(&v, dir ? mi + 2 : r + 2 * ED_R4_ROWS + 4 * i, 4);
-            v = ed_r4_planes(v, !dir);
-            memcpy(dir ? r + 2 * ED_R4_ROWS + 4 * i : mi + 2, &v, 4);
-        }
-        for (int k = 0; k < qs / 4; k++) {                /* quant bytes 4k..4k+3 */
-            uint8_t *rk = r + at + 4 * ED_R4_ROWS * k + 4 * i, *mk = mi + 2 + qh + 4 * k;
+        for (int j = 0; j < nh; j++)
+            if (dir) memcpy(r + 2 * G * j + 2 * i, mi + 2 * j, 2); else memcpy(mi + 2 * j, r + 2 * G * j + 2 * i, 2);
+        for (int k = 0; k < nd; k++) {
+            uint8_t *rk = r + 2 * G * nh + 4 * G * k + 4 * i, *mk = mi + 2 * nh + 4 * k;
             uint32_t v;
             memcpy(&v, dir ? mk : rk, 4);
-            v ^= x;
+            v = type == ED_Q5_0 && k == 0 ? ed_r4_planes(v, !dir) : v ^ x;  /* Q5_0's qh: planes */
             memcpy(dir ? rk : mk, &v, 4);
         }
     }
@@ -101,7 +100,7 @@ static inline void ed_r4_block(int type, int dir, uint8_t *r, uint8_t *const m[E
 /* one group: G mapped rows (src, row_bytes apart) -> R4 bytes at dst (G * row_bytes) */
 static void ed_r4_pack_group(int type, int K, const uint8_t *src, size_t row_bytes, uint8_t *dst) {
     const int bs = ED_TRAITS[type].type_size;
-    for (int b = 0; b < K / QK; b++, dst += ED_R4_ROWS * bs) {
+    for (int b = 0; b < K / ED_TRAITS[type].block; b++, dst += ED_R4_ROWS * bs) {
         uint8_t *m[ED_R4_ROWS];
         for (int i = 0; i < ED_R4_ROWS; i++) m[i] = (uint8_t *)src + (size_t)i * row_bytes + (size_t)b * bs;
         ed_r4_block(type, 1, dst, m);
@@ -122,11 +121,21 @@ static void ed_r4_pack(int type, int K, const uint8_t *src, size_t row_bytes, in
 /* row i of the R4 group at `group` as its mapped blocks (row_bytes bytes) */
 static void ed_r4_unpack_row(int type, int K, const uint8_t *group, int i, uint8_t *row) {
     const int bs = ED_TRAITS[type].type_size;
-    uint8_t skip[sizeof(blk_q8_0)];  /* the other rows' blocks go here */
-    for (int b = 0; b < K / QK; b++, group += ED_R4_ROWS * bs, row += bs) {
+    uint8_t skip[sizeof(blk_q4_K)];  /* the other rows' blocks go here (the largest block) */
+    for (int b = 0; b < K / ED_TRAITS[type].block; b++, group += ED_R4_ROWS * bs, row += bs) {
         uint8_t *m[ED_R4_ROWS];
         for (int j = 0; j < ED_R4_ROWS; j++) m[j] = skip;
         m[i] = row;
+        ed_r4_block(type, 0, (uint8_t *)group, m);
+    }
+}
+
+/* the G rows of the R4 group at `group` as their mapped blocks, row i at rows + i * row_bytes */
+static void ed_r4_unpack_group(int type, int K, const uint8_t *group, size_t row_bytes, uint8_t *rows) {
+    const int bs = ED_TRAITS[type].type_size;
+    for (int b = 0; b < K / ED_TRAITS[type].block; b++, group += ED_R4_ROWS * bs) {
+        uint8_t *m[ED_R4_ROWS];
+        for (int i = 0; i < ED_R4_ROWS; i++) m[i] = rows + (size_t)i * row_bytes + (size_t)b * bs;
         ed_r4_block(type, 0, (uint8_t *)group, m);
     }
 }

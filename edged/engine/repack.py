@@ -128,4 +128,4 @@ def apply(core, spec, layers, globals_, mode="auto") -> Repacked:
 
 def _all_r4_types(core):
     """Every type the R4 layout has (mode "r4")."""
-    return [t for t in range(40) if core.r4_ok(t, 32, core.R4_ROWS)]
+    return [t for t in range(40) if core.r4_ok(t, 256, core.R4_ROWS)]
