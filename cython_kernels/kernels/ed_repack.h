@@ -3,8 +3,8 @@
  * The mapped layout (GGUF's: each weight row its blocks in order) makes a row kernel load every
  * row's block scale on its own and add each row's lane sums into one block sum (or, on x86,
  * transpose each block of 8 rows into row lanes). A path whose kernels read G rows side by side
- * (ed_kernels.rows_r4: NEON with dotprod for Q4_0 and Q8_0, every x86 path for Q4_0, Q5_0 and
- * Q8_0) gets a copy of those matrices in the R4 layout instead (rows interleaved in runs of 4
+ * (ed_kernels.rows_r4: NEON with dotprod for Q4_0 and Q8_0, every x86 path for Q4_0, Q5_0,
+ * Q8_0 and Q4_K) gets a copy of those matrices in the R4 layout instead (rows interleaved in runs of 4
  * bytes), written once at load into one aligned arena (edged/engine/repack.py; the mapped pages
  * of those tensors are then released). G = ED_R4_ROWS is the rows of one vector register of
  * 4-byte lanes: 4 on Arm (128-bit NEON), 8 on x86 (256-bit AVX2 lanes):
@@ -13,7 +13,9 @@
  *   inside it, block b of the G rows is  { ed_half d[G]; uint8_t qh[G][4]; uint8_t qs[G * QS]; }
  *   (qh for Q5_0 only; QS = 16 for Q4_0 and Q5_0, 32 for Q8_0: the same bytes per block as G
  *   mapped blocks), row i's scale in d[i], its fifth bits (Q5_0's qh) in qh[i] as bit planes
- *   (ed_r4_planes) and its quant bytes 4k..4k+3 at qs[4Gk + 4i .. 4Gk + 4i + 3]
+ *   (ed_r4_planes) and its quant bytes 4k..4k+3 at qs[4Gk + 4i .. 4Gk + 4i + 3]; on x86 Q4_K
+ *   too (super-blocks of 256): { ed_half d[8], dmin[8]; uint32_t sc[3][8]; uint32_t qs[32][8]; }
+ *   (the 12 bytes of packed scales and mins as 3 dwords per row, lane-parallel to unpack)
  *
  * so one vector load holds 4 bytes of each of the G rows (what SDOT by lane multiplies with 4
  * activation bytes; an x86 row kernel's transposed register), one load the G rows' scales and

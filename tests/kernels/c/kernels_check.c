@@ -196,7 +196,7 @@ int main(void) {
                     const size_t il = ed_gemm_info_len(K);
                     static const int pr[] = {G, 2 * G, 3 * G, 4 * G, 5 * G, RR};
                     int pok = 1;
-                    for (int k = K; k >= K - QK; k -= QK) {
+                    for (int k = K; k >= K - QK && k % tr.block == 0; k -= QK) {  /* K-quants: whole super-blocks */
                         for (int c = 0; c < NC; c++) {
                             memcpy(xq9 + c * xr, xq + (c % COLS) * xr, xr);
                             ed_gemm_info(tr.vec_type, k, xq9 + c * xr, rinfo + c * il);
