@@ -2,7 +2,7 @@
 
 The weights are read from the read-only mapping of the file, except where a path's kernels need
 another layout (DESIGN.md). NEON with dotprod (Raspberry Pi 5) reads its Q4_0 and Q8_0
-matrices, every x86 path its Q4_0, Q5_0 and Q8_0 matrices in the R4 layout: groups of rows
+matrices, every x86 path its Q4_0, Q5_0, Q8_0 and Q4_K matrices in the R4 layout: groups of rows
 (core.R4_ROWS: 4 on Arm, 8 on x86) interleaved block by block in runs of 4 bytes, with their
 scales side by side (and Q5_0's fifth bits), so one SDOT by lane serves 4 rows (one 32-byte load
 is an x86 row kernel's transposed register of 8 rows) and one load brings their scales (docs/kernels.md, "Repacked weights", "Repacked weights on x86"). Those matrices are copied once into one 64-byte aligned arena sized at load, and the
@@ -17,7 +17,7 @@ and only where their row ranges start on a group of rows: every 2-D projection, 
 expert tensors (whose experts start at any row).
 
 EDGED_REPACK: "auto" (default: what the path's kernels read), "off" (the mapped layout
-everywhere), "r4" (the R4 layout for every Q4_0 / Q5_0 / Q8_0 matrix on any path: the generic twin of
+everywhere), "r4" (the R4 layout for every matrix of a type ed_r4_ok takes, on any path: the generic twin of
 the kernel where the path has none; for tests and measurements).
 """
 from __future__ import annotations
