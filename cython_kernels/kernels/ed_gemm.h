@@ -467,7 +467,7 @@ static void ed_gemm_pack(int type, int layout, int K, const uint8_t *w, size_t r
         uint8_t *u = ubuf + (size_t)r * K;
         const uint8_t *row = w + (size_t)r * row_bytes;
         if (r < nr && layout == ED_LAYOUT_R4) {  /* each group rebuilt once, at its first row */
-            if (r % ED_R4_ROWS == 0) ed_r4_unpack_group(type, K, row, row_bytes, rowbuf);
+            if (r % ED_R4_ROWS == 0) ed_r4_group(type, 0, K, rowbuf, row_bytes, (uint8_t *)row);
             row = rowbuf + (size_t)(r % ED_R4_ROWS) * row_bytes;
         }
         if (r < nr && ED_GEMM_UNPACK[type]) {

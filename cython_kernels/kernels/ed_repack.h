@@ -34,6 +34,7 @@
  *   ed_r4_ok(type, ne0, ne1)      1 when a matrix of this type and shape can take the layout
  *   ed_r4_pack(type, K, src, row_bytes, nrows, dst, tmp)   mapped -> R4 (dst may be src: in place);
  *                                 tmp: G * row_bytes bytes
+ *   ed_r4_group(type, dir, K, rows, row_bytes, group)   one group of G rows to R4 (dir 1) or back
  *   ed_r4_unpack_row(type, K, group, i, row)   row i (0..G-1) of a group back to mapped blocks
  *   ed_r4_rows_generic(...)       the slow, obvious twin of a path's R4 row kernel (any CPU)
  */
@@ -54,11 +55,9 @@ enum { ED_LAYOUT_MAPPED = 0, ED_LAYOUT_R4 = 1 };
 /* A mapped block is nh F16 halves (d; Q4_K: d, dmin) and then dwords (Q5_0: qh, then the
  * quants; Q4_K: its 12 bytes of packed scales and mins, then the quants). In an R4 block the
  * G rows' half j sit side by side (at 2Gj), then each dword run: dword k of row i at
- * 2G nh + 4Gk + 4i. ed_r4_qs_at: where a 32-block type's quant dwords start. */
+ * 2G nh + 4Gk + 4i. */
 static inline int ed_r4_halves(int type) { return type == ED_Q4_K ? 2 : 1; }
 static inline int ed_r4_dwords(int type) { return (ED_TRAITS[type].type_size - 2 * ed_r4_halves(type)) / 4; }
-static inline int ed_r4_qh(int type) { return type == ED_Q5_0 ? 4 : 0; }
-static inline int ed_r4_qs_at(int type) { return ED_R4_ROWS * (2 + ed_r4_qh(type)); }
 static inline uint8_t ed_r4_xor(int type) { return ED_R4_ROWS == 4 && type == ED_Q4_0 ? 0x88 : 0x00; }
 
 /* Q4_K only where groups are 8 rows (x86: its K-quant row kernels take 8 rows as lanes) */
@@ -99,13 +98,14 @@ static inline void ed_r4_block(int type, int dir, uint8_t *r, uint8_t *const m[E
     }
 }
 
-/* one group: G mapped rows (src, row_bytes apart) -> R4 bytes at dst (G * row_bytes) */
-static void ed_r4_pack_group(int type, int K, const uint8_t *src, size_t row_bytes, uint8_t *dst) {
+/* one group both ways: G mapped rows (rows, row_bytes apart) -> R4 bytes at group (G * row_bytes)
+ * (dir 1), or back (dir 0) */
+static void ed_r4_group(int type, int dir, int K, uint8_t *rows, size_t row_bytes, uint8_t *group) {
     const int bs = ED_TRAITS[type].type_size;
-    for (int b = 0; b < K / ED_TRAITS[type].block; b++, dst += ED_R4_ROWS * bs) {
+    for (int b = 0; b < K / ED_TRAITS[type].block; b++, group += ED_R4_ROWS * bs) {
         uint8_t *m[ED_R4_ROWS];
-        for (int i = 0; i < ED_R4_ROWS; i++) m[i] = (uint8_t *)src + (size_t)i * row_bytes + (size_t)b * bs;
-        ed_r4_block(type, 1, dst, m);
+        for (int i = 0; i < ED_R4_ROWS; i++) m[i] = rows + (size_t)i * row_bytes + (size_t)b * bs;
+        ed_r4_block(type, dir, group, m);
     }
 }
 
@@ -116,7 +116,7 @@ static void ed_r4_pack(int type, int K, const uint8_t *src, size_t row_bytes, in
     const size_t gb = ED_R4_ROWS * row_bytes;
     for (int64_t g = 0; g < nrows / ED_R4_ROWS; g++) {
         memcpy(tmp, src + (size_t)g * gb, gb);
-        ed_r4_pack_group(type, K, tmp, row_bytes, dst + (size_t)g * gb);
+        ed_r4_group(type, 1, K, tmp, row_bytes, dst + (size_t)g * gb);
     }
 }
 
@@ -128,16 +128,6 @@ static void ed_r4_unpack_row(int type, int K, const uint8_t *group, int i, uint8
         uint8_t *m[ED_R4_ROWS];
         for (int j = 0; j < ED_R4_ROWS; j++) m[j] = skip;
         m[i] = row;
-        ed_r4_block(type, 0, (uint8_t *)group, m);
-    }
-}
-
-/* the G rows of the R4 group at `group` as their mapped blocks, row i at rows + i * row_bytes */
-static void ed_r4_unpack_group(int type, int K, const uint8_t *group, size_t row_bytes, uint8_t *rows) {
-    const int bs = ED_TRAITS[type].type_size;
-    for (int b = 0; b < K / ED_TRAITS[type].block; b++, group += ED_R4_ROWS * bs) {
-        uint8_t *m[ED_R4_ROWS];
-        for (int i = 0; i < ED_R4_ROWS; i++) m[i] = rows + (size_t)i * row_bytes + (size_t)b * bs;
         ed_r4_block(type, 0, (uint8_t *)group, m);
     }
 }
