@@ -1,4 +1,4 @@
-/* The same Q4_0, Q5_0 or Q8_0 weights in the mapped layout and repacked (R4, ed_repack.h) in one
+/* The same Q4_0, Q5_0, Q8_0, Q4_K or Q5_K weights in the mapped layout and repacked (R4, ed_repack.h) in one
  * process: one token, 4 sessions and a 64-token prompt through the packed panels, the two
  * layouts' passes alternated, best of PASSES in thread CPU time (a busy machine inflates both
  * alike), and whether the two layouts give the same bits (they must).
@@ -11,6 +11,7 @@
 #define _GNU_SOURCE
 #include <stdio.h>
 #include <time.h>
+#include <sys/mman.h>
 #include "forward.h"
 #include "ed_quant.h"
 
@@ -31,16 +32,20 @@ static void rows(int type, int layout, int K, const uint8_t *w, size_t rb, int R
 }
 
 int main(int argc, char **argv) {
-    if (argc < 3) { fprintf(stderr, "usage: %s Q4_0|Q5_0|Q8_0|Q4_K K [MIB] [PATH] [PASSES]\n", argv[0]); return 2; }
+    if (argc < 3) { fprintf(stderr, "usage: %s Q4_0|Q5_0|Q8_0|Q4_K|Q5_K K [MIB] [PATH] [PASSES]\n", argv[0]); return 2; }
     const int type = !strcmp(argv[1], "Q4_0") ? ED_Q4_0 : !strcmp(argv[1], "Q5_0") ? ED_Q5_0 :
-                     !strcmp(argv[1], "Q8_0") ? ED_Q8_0 : !strcmp(argv[1], "Q4_K") ? ED_Q4_K : -1;
+                     !strcmp(argv[1], "Q8_0") ? ED_Q8_0 : !strcmp(argv[1], "Q4_K") ? ED_Q4_K :
+                     !strcmp(argv[1], "Q5_K") ? ED_Q5_K : -1;
     const int K = atoi(argv[2]), mib = argc > 3 ? atoi(argv[3]) : 128, passes = argc > 5 ? atoi(argv[5]) : 9;
     if (type < 0 || K <= 0 || K % ED_TRAITS[type].block || mib <= 0 || passes <= 0) { fprintf(stderr, "bad TYPE, K, MIB or PASSES\n"); return 2; }
     if (ed_types_init(argc > 4 ? argv[4] : NULL) != 0) { fprintf(stderr, "path %s not supported here\n", argv[4]); return 2; }
     ed_pm_init();
     const size_t rb = (size_t)K / ED_TRAITS[type].block * ED_TRAITS[type].type_size;
     const int R = (int)((size_t)mib * 1048576 / rb / 16 * 16);
-    uint8_t *w[2] = {aligned_alloc(64, (rb * R + 63) & ~(size_t)63), aligned_alloc(64, (rb * R + 63) & ~(size_t)63)};
+    /* on 2 MiB pages where the kernel allows (THP "madvise"), as the engine's numpy arena */
+    const size_t wb = (rb * R + 2097151) & ~(size_t)2097151;
+    uint8_t *w[2] = {aligned_alloc(2097152, wb), aligned_alloc(2097152, wb)};
+    for (int l = 0; l < 2; l++) madvise(w[l], wb, MADV_HUGEPAGE);
     float *xf = malloc(sizeof(float) * K * 4);
     srand(1);
     for (int r = 0; r < R; r++) {  /* really quantized rows, a few different ones */

@@ -4,7 +4,7 @@
  * row's block scale on its own and add each row's lane sums into one block sum (or, on x86,
  * transpose each block of 8 rows into row lanes). A path whose kernels read G rows side by side
  * (ed_kernels.rows_r4: NEON with dotprod for Q4_0 and Q8_0, every x86 path for Q4_0, Q5_0,
- * Q8_0 and Q4_K) gets a copy of those matrices in the R4 layout instead (rows interleaved in runs of 4
+ * Q8_0, Q4_K and Q5_K) gets a copy of those matrices in the R4 layout instead (rows interleaved in runs of 4
  * bytes), written once at load into one aligned arena (edged/engine/repack.py; the mapped pages
  * of those tensors are then released). G = ED_R4_ROWS is the rows of one vector register of
  * 4-byte lanes: 4 on Arm (128-bit NEON), 8 on x86 (256-bit AVX2 lanes):
@@ -15,7 +15,8 @@
  *   mapped blocks), row i's scale in d[i], its fifth bits (Q5_0's qh) in qh[i] as bit planes
  *   (ed_r4_planes) and its quant bytes 4k..4k+3 at qs[4Gk + 4i .. 4Gk + 4i + 3]; on x86 Q4_K
  *   too (super-blocks of 256): { ed_half d[8], dmin[8]; uint32_t sc[3][8]; uint32_t qs[32][8]; }
- *   (the 12 bytes of packed scales and mins as 3 dwords per row, lane-parallel to unpack)
+ *   (the 12 bytes of packed scales and mins as 3 dwords per row, lane-parallel to unpack), and
+ *   Q5_K: { ed_half d[8], dmin[8]; uint32_t sc[3][8]; uint32_t qh[8][8]; uint32_t qs[32][8]; }
  *
  * so one vector load holds 4 bytes of each of the G rows (what SDOT by lane multiplies with 4
  * activation bytes; an x86 row kernel's transposed register), one load the G rows' scales and
@@ -56,13 +57,13 @@ enum { ED_LAYOUT_MAPPED = 0, ED_LAYOUT_R4 = 1 };
  * quants; Q4_K: its 12 bytes of packed scales and mins, then the quants). In an R4 block the
  * G rows' half j sit side by side (at 2Gj), then each dword run: dword k of row i at
  * 2G nh + 4Gk + 4i. */
-static inline int ed_r4_halves(int type) { return type == ED_Q4_K ? 2 : 1; }
+static inline int ed_r4_halves(int type) { return type == ED_Q4_K || type == ED_Q5_K ? 2 : 1; }
 static inline int ed_r4_dwords(int type) { return (ED_TRAITS[type].type_size - 2 * ed_r4_halves(type)) / 4; }
 static inline uint8_t ed_r4_xor(int type) { return ED_R4_ROWS == 4 && type == ED_Q4_0 ? 0x88 : 0x00; }
 
-/* Q4_K only where groups are 8 rows (x86: its K-quant row kernels take 8 rows as lanes) */
+/* Q4_K and Q5_K only where groups are 8 rows (x86: their row kernels take 8 rows as lanes) */
 static int ed_r4_ok(int type, int64_t ne0, int64_t ne1) {
-    const int t = type == ED_Q4_0 || type == ED_Q5_0 || type == ED_Q8_0 || (ED_R4_ROWS == 8 && type == ED_Q4_K);
+    const int t = type == ED_Q4_0 || type == ED_Q5_0 || type == ED_Q8_0 || (ED_R4_ROWS == 8 && (type == ED_Q4_K || type == ED_Q5_K));
     return t && ne0 > 0 && ne0 % ED_TRAITS[type].block == 0 && ne1 > 0 && ne1 % ED_R4_ROWS == 0;
 }
 
@@ -123,7 +124,7 @@ static void ed_r4_pack(int type, int K, const uint8_t *src, size_t row_bytes, in
 /* row i of the R4 group at `group` as its mapped blocks (row_bytes bytes) */
 static void ed_r4_unpack_row(int type, int K, const uint8_t *group, int i, uint8_t *row) {
     const int bs = ED_TRAITS[type].type_size;
-    uint8_t skip[sizeof(blk_q4_K)];  /* the other rows' blocks go here (the largest block) */
+    uint8_t skip[sizeof(blk_q5_K)];  /* the other rows' blocks go here (the largest block) */
     for (int b = 0; b < K / ED_TRAITS[type].block; b++, group += ED_R4_ROWS * bs, row += bs) {
         uint8_t *m[ED_R4_ROWS];
         for (int j = 0; j < ED_R4_ROWS; j++) m[j] = skip;

@@ -1,6 +1,6 @@
 """Weights repacked at load (edged/engine/repack.py, ed_repack.h's R4 layout): the matrices a
 path's kernels read 4 (Arm) or 8 (x86) rows side by side. NEON with dotprod repacks Q4_0 and
-Q8_0, the x86 paths also Q5_0 and Q4_K (their R4 row kernels are checked bit for bit, natively
+Q8_0, the x86 paths also Q5_0, Q4_K and Q5_K (their R4 row kernels are checked bit for bit, natively
 and under qemu:
 tests/kernels/c/kernels_check.c, "repack" lines);
 EDGED_REPACK=r4 takes the layout on any path (the generic twin of the kernel), so here the
@@ -23,10 +23,11 @@ from edged.format.gguf import GGMLType  # noqa: E402
 
 def test_r4_pack_round_trip():
     rng = np.random.default_rng(0)
-    for qtype, K in ((GGMLType.Q4_0, 96), (GGMLType.Q5_0, 96), (GGMLType.Q8_0, 96), (GGMLType.Q4_K, 512)):
+    for qtype, K in ((GGMLType.Q4_0, 96), (GGMLType.Q5_0, 96), (GGMLType.Q8_0, 96), (GGMLType.Q4_K, 512),
+                     (GGMLType.Q5_K, 512)):
         R = 24  # 3 groups of 8 rows (x86) or 6 of 4 (Arm)
-        if qtype == GGMLType.Q4_K and core.R4_ROWS != 8:
-            assert not core.r4_ok(int(qtype), K, R)  # Q4_K groups are an x86 layout
+        if qtype in (GGMLType.Q4_K, GGMLType.Q5_K) and core.R4_ROWS != 8:
+            assert not core.r4_ok(int(qtype), K, R)  # K-quant groups are an x86 layout
             continue
         w = core.quantize_rows(rng.standard_normal((R, K)).astype(np.float32), int(qtype)).reshape(-1)
         packed = core.r4_pack(np.empty_like(w), w, int(qtype), K, R)
@@ -43,7 +44,7 @@ def test_r4_pack_round_trip():
 
 def test_which_paths_repack():
     """NEON with dotprod reads Q4_0 and Q8_0 in R4 (groups of 4 rows), every x86 path Q4_0, Q5_0,
-    Q8_0 and Q4_K (groups of 8: their row kernels take 8 rows as lanes); the generic path and NEON
+    Q8_0, Q4_K and Q5_K (groups of 8: their row kernels take 8 rows as lanes); the generic path and NEON
     without dotprod keep the mapping."""
     if core.kernel_variant() in ("generic", "neon"):
         assert core.r4_types() == []
@@ -51,7 +52,7 @@ def test_which_paths_repack():
         assert set(core.r4_types()) == {int(GGMLType.Q4_0), int(GGMLType.Q8_0)}
     else:
         assert set(core.r4_types()) == {int(GGMLType.Q4_0), int(GGMLType.Q5_0), int(GGMLType.Q8_0),
-                                        int(GGMLType.Q4_K)}
+                                        int(GGMLType.Q4_K), int(GGMLType.Q5_K)}
     assert core.R4_ROWS == (8 if platform.machine() in ("x86_64", "i686") else 4)
 
 
@@ -73,7 +74,8 @@ def _logits(m):
 
 @pytest.mark.parametrize("name", ["synthetic-llama-Q4_0.gguf", "synthetic-llama-Q5_0.gguf",
                                   "synthetic-llama-Q8_0.gguf", "synthetic-phi3-Q8_0.gguf",
-                                  "synthetic-llama-Q4_K_M.gguf", "synthetic-phi3-Q4_K_M.gguf"])
+                                  "synthetic-llama-Q4_K_M.gguf", "synthetic-phi3-Q4_K_M.gguf",
+                                  "synthetic-llama-Q5_K_M.gguf"])
 @pytest.mark.parametrize("mmap", [True, False])
 def test_repacked_weights_give_the_same_bits(monkeypatch, name, mmap):
     path = testdata("models", name)
@@ -106,9 +108,9 @@ def test_matmul_over_the_r4_layout_gives_the_mapped_bits(n):
     rng = np.random.default_rng(1)
     K, R = 256, 56
     pool = core.Pool(2)
-    for qtype in (GGMLType.Q4_0, GGMLType.Q5_0, GGMLType.Q8_0, GGMLType.Q4_K):
+    for qtype in (GGMLType.Q4_0, GGMLType.Q5_0, GGMLType.Q8_0, GGMLType.Q4_K, GGMLType.Q5_K):
         if not core.r4_ok(int(qtype), K, R):
-            assert qtype == GGMLType.Q4_K and core.R4_ROWS != 8
+            assert qtype in (GGMLType.Q4_K, GGMLType.Q5_K) and core.R4_ROWS != 8
             continue
         w = core.quantize_rows(rng.standard_normal((R, K)).astype(np.float32), int(qtype)).reshape(-1)
         packed = core.r4_pack(np.empty_like(w), w, int(qtype), K, R)
