@@ -1,7 +1,7 @@
-/* The same Q4_0, Q5_0, Q8_0, Q4_K or Q5_K weights in the mapped layout and repacked (R4, ed_repack.h) in one
- * process: one token, 4 sessions and a 64-token prompt through the packed panels, the two
- * layouts' passes alternated, best of PASSES in thread CPU time (a busy machine inflates both
- * alike), and whether the two layouts give the same bits (they must).
+/* The same weights of a type with an R4 layout in the mapped layout and repacked (R4,
+ * ed_repack.h) in one process: one token, 4 sessions and a 64-token prompt through the packed
+ * panels, the two layouts' passes alternated, best of PASSES in thread CPU time (a busy machine
+ * inflates both alike), and whether the two layouts give the same bits (they must).
  *
  *   gcc -O3 -std=gnu11 -pthread -Icython_kernels/kernels -Icython_kernels/forward tools/bench_r4.c -lm -o /tmp/bench_r4
  *   /tmp/bench_r4 TYPE K [MIB] [PATH] [PASSES]      e.g. /tmp/bench_r4 Q4_0 896 128 avx2-vnni 11
@@ -32,12 +32,14 @@ static void rows(int type, int layout, int K, const uint8_t *w, size_t rb, int R
 }
 
 int main(int argc, char **argv) {
-    if (argc < 3) { fprintf(stderr, "usage: %s Q4_0|Q5_0|Q8_0|Q4_K|Q5_K K [MIB] [PATH] [PASSES]\n", argv[0]); return 2; }
-    const int type = !strcmp(argv[1], "Q4_0") ? ED_Q4_0 : !strcmp(argv[1], "Q5_0") ? ED_Q5_0 :
-                     !strcmp(argv[1], "Q8_0") ? ED_Q8_0 : !strcmp(argv[1], "Q4_K") ? ED_Q4_K :
-                     !strcmp(argv[1], "Q5_K") ? ED_Q5_K : -1;
+    if (argc < 3) { fprintf(stderr, "usage: %s Q4_0|Q4_1|Q5_0|Q5_1|Q8_0|IQ4_NL|MXFP4|Q4_K|Q5_K K [MIB] [PATH] [PASSES]\n", argv[0]); return 2; }
+    static const char *const names[ED_NTYPES] = {[ED_Q4_0] = "Q4_0", [ED_Q4_1] = "Q4_1", [ED_Q5_0] = "Q5_0",
+        [ED_Q5_1] = "Q5_1", [ED_Q8_0] = "Q8_0", [ED_IQ4_NL] = "IQ4_NL", [ED_MXFP4] = "MXFP4", [ED_Q4_K] = "Q4_K",
+        [ED_Q5_K] = "Q5_K"};
+    int type = -1;
+    for (int t = 0; t < ED_NTYPES; t++) if (names[t] && !strcmp(argv[1], names[t])) type = t;
     const int K = atoi(argv[2]), mib = argc > 3 ? atoi(argv[3]) : 128, passes = argc > 5 ? atoi(argv[5]) : 9;
-    if (type < 0 || K <= 0 || K % ED_TRAITS[type].block || mib <= 0 || passes <= 0) { fprintf(stderr, "bad TYPE, K, MIB or PASSES\n"); return 2; }
+    if (type < 0 || !ed_r4_ok(type, K, ED_R4_ROWS) || K <= 0 || K % ED_TRAITS[type].block || mib <= 0 || passes <= 0) { fprintf(stderr, "bad TYPE, K, MIB or PASSES\n"); return 2; }
     if (ed_types_init(argc > 4 ? argv[4] : NULL) != 0) { fprintf(stderr, "path %s not supported here\n", argv[4]); return 2; }
     ed_pm_init();
     const size_t rb = (size_t)K / ED_TRAITS[type].block * ED_TRAITS[type].type_size;

@@ -3,8 +3,8 @@
  * The mapped layout (GGUF's: each weight row its blocks in order) makes a row kernel load every
  * row's block scale on its own and add each row's lane sums into one block sum (or, on x86,
  * transpose each block of 8 rows into row lanes). A path whose kernels read G rows side by side
- * (ed_kernels.rows_r4: NEON with dotprod for Q4_0 and Q8_0, every x86 path for Q4_0, Q5_0,
- * Q8_0, Q4_K and Q5_K) gets a copy of those matrices in the R4 layout instead (rows interleaved in runs of 4
+ * (ed_kernels.rows_r4: NEON with dotprod for Q4_0 and Q8_0, every x86 path for Q4_0, Q4_1,
+ * Q5_0, Q5_1, Q8_0, IQ4_NL, MXFP4, Q4_K and Q5_K) gets a copy of those matrices in the R4 layout instead (rows interleaved in runs of 4
  * bytes), written once at load into one aligned arena (edged/engine/repack.py; the mapped pages
  * of those tensors are then released). G = ED_R4_ROWS is the rows of one vector register of
  * 4-byte lanes: 4 on Arm (128-bit NEON), 8 on x86 (256-bit AVX2 lanes):
@@ -13,10 +13,16 @@
  *   inside it, block b of the G rows is  { ed_half d[G]; uint8_t qh[G][4]; uint8_t qs[G * QS]; }
  *   (qh for Q5_0 only; QS = 16 for Q4_0 and Q5_0, 32 for Q8_0: the same bytes per block as G
  *   mapped blocks), row i's scale in d[i], its fifth bits (Q5_0's qh) in qh[i] as bit planes
- *   (ed_r4_planes) and its quant bytes 4k..4k+3 at qs[4Gk + 4i .. 4Gk + 4i + 3]; on x86 Q4_K
- *   too (super-blocks of 256): { ed_half d[8], dmin[8]; uint32_t sc[3][8]; uint32_t qs[32][8]; }
- *   (the 12 bytes of packed scales and mins as 3 dwords per row, lane-parallel to unpack), and
- *   Q5_K: { ed_half d[8], dmin[8]; uint32_t sc[3][8]; uint32_t qh[8][8]; uint32_t qs[32][8]; }
+ *   (ed_r4_planes) and its quant bytes 4k..4k+3 at qs[4Gk + 4i .. 4Gk + 4i + 3]. In general a
+ *   mapped block is a head (F16 halves: d, and m / dmin where the type has one; MXFP4: its one
+ *   E8M0 byte) and then dwords; an R4 block holds the G rows' head units side by side (unit j of
+ *   row i at G u j + u i, u = 2 or 1 bytes), then each dword run (dword k of row i at
+ *   G head + 4Gk + 4i). The types beyond Q4_0 / Q5_0 / Q8_0 only where G = 8 (x86, whose row
+ *   kernels take 8 rows as lanes): Q4_1, Q5_1 (d[8], m[8], then as Q4_0 / Q5_0), IQ4_NL (as
+ *   Q4_0), MXFP4 ({ uint8_t e[8]; uint8_t qs[8 * 16]; }), Q4_K (super-blocks of 256:
+ *   { ed_half d[8], dmin[8]; uint32_t sc[3][8]; uint32_t qs[32][8]; }, the 12 bytes of packed
+ *   scales and mins as 3 dwords per row, lane-parallel to unpack) and Q5_K
+ *   ({ ed_half d[8], dmin[8]; uint32_t sc[3][8]; uint32_t qh[8][8]; uint32_t qs[32][8]; })
  *
  * so one vector load holds 4 bytes of each of the G rows (what SDOT by lane multiplies with 4
  * activation bytes; an x86 row kernel's transposed register), one load the G rows' scales and
@@ -53,17 +59,24 @@ enum { ED_LAYOUT_MAPPED = 0, ED_LAYOUT_R4 = 1 };
 #define ED_R4_ROWS 4
 #endif
 
-/* A mapped block is nh F16 halves (d; Q4_K: d, dmin) and then dwords (Q5_0: qh, then the
- * quants; Q4_K: its 12 bytes of packed scales and mins, then the quants). In an R4 block the
- * G rows' half j sit side by side (at 2Gj), then each dword run: dword k of row i at
- * 2G nh + 4Gk + 4i. */
-static inline int ed_r4_halves(int type) { return type == ED_Q4_K || type == ED_Q5_K ? 2 : 1; }
-static inline int ed_r4_dwords(int type) { return (ED_TRAITS[type].type_size - 2 * ed_r4_halves(type)) / 4; }
+/* A mapped block is a head of ed_r4_units units of ed_r4_unit bytes (F16 halves: d; Q4_1, Q5_1:
+ * d, m; Q4_K, Q5_K: d, dmin; MXFP4: its E8M0 byte) and then dwords (Q5_0, Q5_1: qh, then the
+ * quants; the K-quants: their 12 bytes of packed scales and mins, then Q5_K's qh, then the
+ * quants). In an R4 block the G rows' unit j sit side by side (at G u j), then each dword run:
+ * dword k of row i at G head + 4Gk + 4i. */
+static inline int ed_r4_unit(int type) { return type == ED_MXFP4 ? 1 : 2; }
+static inline int ed_r4_units(int type) {
+    return type == ED_Q4_1 || type == ED_Q5_1 || type == ED_Q4_K || type == ED_Q5_K ? 2 : 1;
+}
+static inline int ed_r4_head(int type) { return ed_r4_unit(type) * ed_r4_units(type); }
+static inline int ed_r4_dwords(int type) { return (ED_TRAITS[type].type_size - ed_r4_head(type)) / 4; }
 static inline uint8_t ed_r4_xor(int type) { return ED_R4_ROWS == 4 && type == ED_Q4_0 ? 0x88 : 0x00; }
 
-/* Q4_K and Q5_K only where groups are 8 rows (x86: their row kernels take 8 rows as lanes) */
+/* beyond Q4_0, Q5_0 and Q8_0 only where groups are 8 rows (x86: its row kernels take 8 rows as lanes) */
 static int ed_r4_ok(int type, int64_t ne0, int64_t ne1) {
-    const int t = type == ED_Q4_0 || type == ED_Q5_0 || type == ED_Q8_0 || (ED_R4_ROWS == 8 && (type == ED_Q4_K || type == ED_Q5_K));
+    const int t = type == ED_Q4_0 || type == ED_Q5_0 || type == ED_Q8_0 ||
+                  (ED_R4_ROWS == 8 && (type == ED_Q4_1 || type == ED_Q5_1 || type == ED_IQ4_NL || type == ED_MXFP4 ||
+                                       type == ED_Q4_K || type == ED_Q5_K));
     return t && ne0 > 0 && ne0 % ED_TRAITS[type].block == 0 && ne1 > 0 && ne1 % ED_R4_ROWS == 0;
 }
 
@@ -73,29 +86,71 @@ static int ed_r4_ok(int type, int64_t ne0, int64_t ne1) {
  * to bit 4 of each byte (ed_r4_planes back: the inverse) */
 static inline uint32_t ed_r4_planes(uint32_t qh, int back) {
     uint32_t p = 0;
-    for (int i = 0; i < 4; i++)
-        for (int k = 0; k < 8; k++) {
-            const int a = 8 * i + k, b = 4 * k + i;  /* plane bit, qh bit */
-            p |= (back ? qh >> a & 1 : qh >> b & 1) << (back ? b : a);
+    for (int i = 0; i < 4; i++) {  /* bits i, i + 4, ..., i + 28 of qh <-> byte i of the planes */
+        uint32_t v;
+        if (back) {
+            v = qh >> 8 * i & 0xFF;
+            v = (v | v << 12) & 0x000F000Fu;
+            v = (v | v << 6) & 0x03030303u;
+            v = (v | v << 3) & 0x11111111u;
+            p |= v << i;
+        } else {
+            v = qh >> i & 0x11111111u;
+            v = (v | v >> 3) & 0x03030303u;
+            v = (v | v >> 6) & 0x000F000Fu;
+            v = (v | v >> 12) & 0xFFu;
+            p |= v << 8 * i;
         }
+    }
     return p;
 }
 
-/* one block of the G rows: to R4 (dir 1: the G mapped blocks at m[i] -> r) or back (dir 0) */
+#if ED_R4_ROWS == 8 && defined(__SSE2__)
+#include <emmintrin.h>
+/* runs k..k+3 of a block's 8 rows (at rk: 4 x 32 bytes) <-> dwords k..k+3 of each row (at m[i] +
+ * off), both ways by two 4 x 4 dword transposes (their own inverse); SSE2, every x86-64 CPU */
+static inline void ed_r4_runs4(uint8_t *rk, uint8_t *const m[8], int off, int dir) {
+    for (int q = 0; q < 2; q++) {  /* rows 4q..4q+3 */
+        __m128i a[4];
+        for (int j = 0; j < 4; j++)
+            a[j] = _mm_loadu_si128((const __m128i *)(dir ? m[4 * q + j] + off : rk + 32 * j + 16 * q));
+        const __m128i t0 = _mm_unpacklo_epi32(a[0], a[1]), t1 = _mm_unpacklo_epi32(a[2], a[3]);
+        const __m128i t2 = _mm_unpackhi_epi32(a[0], a[1]), t3 = _mm_unpackhi_epi32(a[2], a[3]);
+        const __m128i o[4] = {_mm_unpacklo_epi64(t0, t1), _mm_unpackhi_epi64(t0, t1),
+                              _mm_unpacklo_epi64(t2, t3), _mm_unpackhi_epi64(t2, t3)};
+        for (int j = 0; j < 4; j++)
+            _mm_storeu_si128((__m128i *)(dir ? rk + 32 * j + 16 * q : m[4 * q + j] + off), o[j]);
+    }
+}
+#endif
+
+/* one block of the G rows: to R4 (dir 1: the G mapped blocks at m[i] -> r) or back (dir 0; the
+ * prompt panels rebuild each group this way: no calls or branches in the inner loop) */
 static inline void ed_r4_block(int type, int dir, uint8_t *r, uint8_t *const m[ED_R4_ROWS]) {
-    const int nh = ed_r4_halves(type), nd = ed_r4_dwords(type), G = ED_R4_ROWS;
+    const int u = ed_r4_unit(type), nu = ed_r4_units(type), hd = u * nu, nd = ed_r4_dwords(type), G = ED_R4_ROWS;
     const uint32_t x = ed_r4_xor(type) * 0x01010101u;
+    const int k0 = type == ED_Q5_0 || type == ED_Q5_1;  /* dword 0 (qh) as bit planes */
     for (int i = 0; i < G; i++) {
-        uint8_t *mi = m[i];
-        for (int j = 0; j < nh; j++)
-            if (dir) memcpy(r + 2 * G * j + 2 * i, mi + 2 * j, 2); else memcpy(mi + 2 * j, r + 2 * G * j + 2 * i, 2);
-        for (int k = 0; k < nd; k++) {
-            uint8_t *rk = r + 2 * G * nh + 4 * G * k + 4 * i, *mk = mi + 2 * nh + 4 * k;
-            uint32_t v;
-            memcpy(&v, dir ? mk : rk, 4);
-            v = type == ED_Q5_0 && k == 0 ? ed_r4_planes(v, !dir) : v ^ x;  /* Q5_0's qh: planes */
-            memcpy(dir ? rk : mk, &v, 4);
+        uint8_t *mi = m[i], *ri = r + u * i;
+        for (int j = 0; j < nu; j++)
+            for (int b = 0; b < u; b++) {
+                if (dir) ri[G * u * j + b] = mi[u * j + b]; else mi[u * j + b] = ri[G * u * j + b];
+            }
+        uint8_t *rd = r + G * hd + 4 * i, *md = mi + hd;
+        uint32_t v;
+        if (k0) {
+            memcpy(&v, dir ? md : rd, 4);
+            v = ed_r4_planes(v, !dir);
+            memcpy(dir ? rd : md, &v, 4);
         }
+        int k = k0;
+#if ED_R4_ROWS == 8 && defined(__SSE2__)
+        if (i == 0) {  /* x86 (no XOR): four runs of the 8 rows at a time, by 4 x 4 dword transposes */
+            for (; k + 4 <= nd; k += 4) ed_r4_runs4(r + G * hd + 4 * G * k, m, hd + 4 * k, dir);
+        } else k += (nd - k0) / 4 * 4;
+#endif
+        if (dir) for (; k < nd; k++) { memcpy(&v, md + 4 * k, 4); v ^= x; memcpy(rd + 4 * G * k, &v, 4); }
+        else for (; k < nd; k++) { memcpy(&v, rd + 4 * G * k, 4); v ^= x; memcpy(md + 4 * k, &v, 4); }
     }
 }
 

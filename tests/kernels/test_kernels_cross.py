@@ -59,7 +59,8 @@ def test_native_paths_match_generic(tmp_path):
     # weights repacked at load (ed_repack.h's R4 layout, the generic twin of the NEON kernel
     # here): rows and panels over them equal the plain C dot on the mapped rows, on every path
     repack = {l for l in r.stdout.splitlines() if l.startswith("repack ")}
-    n_r4 = 5 if "x86" in os.uname().machine else 3  # Q4_0, Q5_0, Q8_0 (and Q4_K, Q5_K in x86's groups of 8)
+    # Q4_0, Q5_0, Q8_0; in x86's groups of 8 also Q4_1, Q5_1, IQ4_NL, MXFP4, Q4_K, Q5_K
+    n_r4 = 9 if "x86" in os.uname().machine else 3
     assert {l.split()[1] for l in repack} == ran and len(repack) == n_r4 * len(ran), r.stdout
     assert all(l.endswith(" ok") for l in repack), r.stdout
     for path in ("avx2", "avx2nv", "avx512"):  # the packed panels ran on every x86 path this CPU has
