@@ -125,7 +125,7 @@ static inline void ed_r4_runs4(uint8_t *rk, uint8_t *const m[8], int off, int di
 #endif
 
 /* one block of the G rows: to R4 (dir 1: the G mapped blocks at m[i] -> r) or back (dir 0; the
- * prompt panels rebuild each group this way: no calls or branches in the inner loop) */
+ * prompt panels rebuild each group this way, so no library calls in its loops) */
 static inline void ed_r4_block(int type, int dir, uint8_t *r, uint8_t *const m[ED_R4_ROWS]) {
     const int u = ed_r4_unit(type), nu = ed_r4_units(type), hd = u * nu, nd = ed_r4_dwords(type), G = ED_R4_ROWS;
     const uint32_t x = ed_r4_xor(type) * 0x01010101u;
