@@ -32,10 +32,10 @@ static void rows(int type, int layout, int K, const uint8_t *w, size_t rb, int R
 }
 
 int main(int argc, char **argv) {
-    if (argc < 3) { fprintf(stderr, "usage: %s Q4_0|Q4_1|Q5_0|Q5_1|Q8_0|IQ4_NL|MXFP4|Q4_K|Q5_K K [MIB] [PATH] [PASSES]\n", argv[0]); return 2; }
+    if (argc < 3) { fprintf(stderr, "usage: %s Q4_0|Q4_1|Q5_0|Q5_1|Q8_0|IQ4_NL|MXFP4|Q4_K|Q5_K|Q6_K K [MIB] [PATH] [PASSES]\n", argv[0]); return 2; }
     static const char *const names[ED_NTYPES] = {[ED_Q4_0] = "Q4_0", [ED_Q4_1] = "Q4_1", [ED_Q5_0] = "Q5_0",
         [ED_Q5_1] = "Q5_1", [ED_Q8_0] = "Q8_0", [ED_IQ4_NL] = "IQ4_NL", [ED_MXFP4] = "MXFP4", [ED_Q4_K] = "Q4_K",
-        [ED_Q5_K] = "Q5_K"};
+        [ED_Q5_K] = "Q5_K", [ED_Q6_K] = "Q6_K"};
     int type = -1;
     for (int t = 0; t < ED_NTYPES; t++) if (names[t] && !strcmp(argv[1], names[t])) type = t;
     const int K = atoi(argv[2]), mib = argc > 3 ? atoi(argv[3]) : 128, passes = argc > 5 ? atoi(argv[5]) : 9;
@@ -86,9 +86,9 @@ int main(int argc, char **argv) {
             const size_t nout = m == 2 ? (size_t)RP * NP : (size_t)R * (m ? 4 : 1);
             same &= !memcmp(out[0], out[1], sizeof(float) * nout);
         }
-    printf("%s %s K=%d, %d MiB: one token mapped %.2f ms, R4 %.2f ms (%.3fx); 4 sessions %.2f / %.2f ms (%.3fx; "
+    printf("%s %s K=%d, %d MiB: one token mapped %.2f ms, R4 %.2f ms (%.3fx; R4 %.1f GB/s); 4 sessions %.2f / %.2f ms (%.3fx; "
            "4 vs 1: %.2fx / %.2fx); prompt panels (64 tokens, 16 MiB) %.2f / %.2f ms (%.3fx); bits %s\n",
-           ed_kern->name, argv[1], K, mib, best[0][0] * 1e3, best[1][0] * 1e3, best[1][0] / best[0][0],
+           ed_kern->name, argv[1], K, mib, best[0][0] * 1e3, best[1][0] * 1e3, best[1][0] / best[0][0], mib * 1048576.0 / best[1][0] * 1e-9,
            best[0][1] * 1e3, best[1][1] * 1e3, best[1][1] / best[0][1], best[0][1] / best[0][0], best[1][1] / best[1][0],
            best[0][2] * 1e3, best[1][2] * 1e3, best[1][2] / best[0][2], same ? "same" : "DIFFER");
     return same ? 0 : 1;

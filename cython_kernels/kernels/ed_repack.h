@@ -4,7 +4,7 @@
  * row's block scale on its own and add each row's lane sums into one block sum (or, on x86,
  * transpose each block of 8 rows into row lanes). A path whose kernels read G rows side by side
  * (ed_kernels.rows_r4: NEON with dotprod for Q4_0 and Q8_0, every x86 path for Q4_0, Q4_1,
- * Q5_0, Q5_1, Q8_0, IQ4_NL, MXFP4, Q4_K and Q5_K) gets a copy of those matrices in the R4 layout instead (rows interleaved in runs of 4
+ * Q5_0, Q5_1, Q8_0, IQ4_NL, MXFP4, Q4_K, Q5_K and Q6_K) gets a copy of those matrices in the R4 layout instead (rows interleaved in runs of 4
  * bytes), written once at load into one aligned arena (edged/engine/repack.py; the mapped pages
  * of those tensors are then released). G = ED_R4_ROWS is the rows of one vector register of
  * 4-byte lanes: 4 on Arm (128-bit NEON), 8 on x86 (256-bit AVX2 lanes):
@@ -22,7 +22,9 @@
  *   Q4_0), MXFP4 ({ uint8_t e[8]; uint8_t qs[8 * 16]; }), Q4_K (super-blocks of 256:
  *   { ed_half d[8], dmin[8]; uint32_t sc[3][8]; uint32_t qs[32][8]; }, the 12 bytes of packed
  *   scales and mins as 3 dwords per row, lane-parallel to unpack) and Q5_K
- *   ({ ed_half d[8], dmin[8]; uint32_t sc[3][8]; uint32_t qh[8][8]; uint32_t qs[32][8]; })
+ *   ({ ed_half d[8], dmin[8]; uint32_t sc[3][8]; uint32_t qh[8][8]; uint32_t qs[32][8]; }) and Q6_K
+ *   ({ ed_half d[8]; uint32_t ql[32][8]; uint32_t qh[16][8]; int8_t sc[4][8][4]; }: its mapped
+ *   block keeps d last, the R4 block first)
  *
  * so one vector load holds 4 bytes of each of the G rows (what SDOT by lane multiplies with 4
  * activation bytes; an x86 row kernel's transposed register), one load the G rows' scales and
@@ -70,13 +72,17 @@ static inline int ed_r4_units(int type) {
 }
 static inline int ed_r4_head(int type) { return ed_r4_unit(type) * ed_r4_units(type); }
 static inline int ed_r4_dwords(int type) { return (ED_TRAITS[type].type_size - ed_r4_head(type)) / 4; }
+/* where the head sits in a mapped block: first, except Q6_K's d after its dwords (an R4 block
+ * holds the heads first all the same) */
+static inline int ed_r4_hoff(int type) { return type == ED_Q6_K ? 4 * ed_r4_dwords(type) : 0; }
+static inline int ed_r4_doff(int type) { return type == ED_Q6_K ? 0 : ed_r4_head(type); }
 static inline uint8_t ed_r4_xor(int type) { return ED_R4_ROWS == 4 && type == ED_Q4_0 ? 0x88 : 0x00; }
 
 /* beyond Q4_0, Q5_0 and Q8_0 only where groups are 8 rows (x86: its row kernels take 8 rows as lanes) */
 static int ed_r4_ok(int type, int64_t ne0, int64_t ne1) {
     const int t = type == ED_Q4_0 || type == ED_Q5_0 || type == ED_Q8_0 ||
                   (ED_R4_ROWS == 8 && (type == ED_Q4_1 || type == ED_Q5_1 || type == ED_IQ4_NL || type == ED_MXFP4 ||
-                                       type == ED_Q4_K || type == ED_Q5_K));
+                                       type == ED_Q4_K || type == ED_Q5_K || type == ED_Q6_K));
     return t && ne0 > 0 && ne0 % ED_TRAITS[type].block == 0 && ne1 > 0 && ne1 % ED_R4_ROWS == 0;
 }
 
@@ -128,15 +134,16 @@ static inline void ed_r4_runs4(uint8_t *rk, uint8_t *const m[8], int off, int di
  * prompt panels rebuild each group this way, so no library calls in its loops) */
 static inline void ed_r4_block(int type, int dir, uint8_t *r, uint8_t *const m[ED_R4_ROWS]) {
     const int u = ed_r4_unit(type), nu = ed_r4_units(type), hd = u * nu, nd = ed_r4_dwords(type), G = ED_R4_ROWS;
+    const int ho = ed_r4_hoff(type), dof = ed_r4_doff(type);
     const uint32_t x = ed_r4_xor(type) * 0x01010101u;
     const int k0 = type == ED_Q5_0 || type == ED_Q5_1;  /* dword 0 (qh) as bit planes */
     for (int i = 0; i < G; i++) {
         uint8_t *mi = m[i], *ri = r + u * i;
         for (int j = 0; j < nu; j++)
             for (int b = 0; b < u; b++) {
-                if (dir) ri[G * u * j + b] = mi[u * j + b]; else mi[u * j + b] = ri[G * u * j + b];
+                if (dir) ri[G * u * j + b] = mi[ho + u * j + b]; else mi[ho + u * j + b] = ri[G * u * j + b];
             }
-        uint8_t *rd = r + G * hd + 4 * i, *md = mi + hd;
+        uint8_t *rd = r + G * hd + 4 * i, *md = mi + dof;
         uint32_t v;
         if (k0) {
             memcpy(&v, dir ? md : rd, 4);
@@ -146,7 +153,7 @@ static inline void ed_r4_block(int type, int dir, uint8_t *r, uint8_t *const m[E
         int k = k0;
 #if ED_R4_ROWS == 8 && defined(__SSE2__)
         if (i == 0) {  /* x86 (no XOR): four runs of the 8 rows at a time, by 4 x 4 dword transposes */
-            for (; k + 4 <= nd; k += 4) ed_r4_runs4(r + G * hd + 4 * G * k, m, hd + 4 * k, dir);
+            for (; k + 4 <= nd; k += 4) ed_r4_runs4(r + G * hd + 4 * G * k, m, dof + 4 * k, dir);
         } else k += (nd - k0) / 4 * 4;
 #endif
         if (dir) for (; k < nd; k++) { memcpy(&v, md + 4 * k, 4); v ^= x; memcpy(rd + 4 * G * k, &v, 4); }
@@ -179,7 +186,7 @@ static void ed_r4_pack(int type, int K, const uint8_t *src, size_t row_bytes, in
 /* row i of the R4 group at `group` as its mapped blocks (row_bytes bytes) */
 static void ed_r4_unpack_row(int type, int K, const uint8_t *group, int i, uint8_t *row) {
     const int bs = ED_TRAITS[type].type_size;
-    uint8_t skip[sizeof(blk_q5_K)];  /* the other rows' blocks go here (the largest block) */
+    uint8_t skip[sizeof(blk_q6_K)];  /* the other rows' blocks go here (the largest block) */
     for (int b = 0; b < K / ED_TRAITS[type].block; b++, group += ED_R4_ROWS * bs, row += bs) {
         uint8_t *m[ED_R4_ROWS];
         for (int j = 0; j < ED_R4_ROWS; j++) m[j] = skip;

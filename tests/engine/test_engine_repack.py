@@ -1,6 +1,6 @@
 """Weights repacked at load (edged/engine/repack.py, ed_repack.h's R4 layout): the matrices a
 path's kernels read 4 (Arm) or 8 (x86) rows side by side. NEON with dotprod repacks Q4_0 and
-Q8_0, the x86 paths also Q4_1, Q5_0, Q5_1, IQ4_NL, MXFP4, Q4_K and Q5_K (their R4 row kernels are checked bit for bit, natively
+Q8_0, the x86 paths also Q4_1, Q5_0, Q5_1, IQ4_NL, MXFP4, Q4_K, Q5_K and Q6_K (their R4 row kernels are checked bit for bit, natively
 and under qemu:
 tests/kernels/c/kernels_check.c, "repack" lines);
 EDGED_REPACK=r4 takes the layout on any path (the generic twin of the kernel), so here the
@@ -21,14 +21,15 @@ from edged.errors import ConfigError  # noqa: E402
 from edged.format.gguf import GGMLType  # noqa: E402
 
 ARM_R4 = (GGMLType.Q4_0, GGMLType.Q5_0, GGMLType.Q8_0)  # the layout on every target (groups of 4 on Arm)
-X86_R4 = ARM_R4 + (GGMLType.Q4_1, GGMLType.Q5_1, GGMLType.IQ4_NL, GGMLType.MXFP4, GGMLType.Q4_K, GGMLType.Q5_K)
+X86_R4 = ARM_R4 + (GGMLType.Q4_1, GGMLType.Q5_1, GGMLType.IQ4_NL, GGMLType.MXFP4, GGMLType.Q4_K, GGMLType.Q5_K,
+                  GGMLType.Q6_K)
 
 
 def test_r4_pack_round_trip():
     rng = np.random.default_rng(0)
     for qtype, K in ((GGMLType.Q4_0, 96), (GGMLType.Q5_0, 96), (GGMLType.Q8_0, 96), (GGMLType.Q4_1, 96),
                      (GGMLType.Q5_1, 96), (GGMLType.IQ4_NL, 96), (GGMLType.MXFP4, 96), (GGMLType.Q4_K, 512),
-                     (GGMLType.Q5_K, 512)):
+                     (GGMLType.Q5_K, 512), (GGMLType.Q6_K, 512)):
         R = 24  # 3 groups of 8 rows (x86) or 6 of 4 (Arm)
         if qtype not in ARM_R4 and core.R4_ROWS != 8:
             assert not core.r4_ok(int(qtype), K, R)  # x86 layouts only (groups of 8)
@@ -41,14 +42,14 @@ def test_r4_pack_round_trip():
         core.r4_pack(inplace, inplace, int(qtype), K, R)
         assert np.array_equal(inplace, packed)
     assert core.r4_ok(int(GGMLType.Q4_0), 64, 8) and not core.r4_ok(int(GGMLType.Q4_0), 64, 6)
-    assert not core.r4_ok(int(GGMLType.Q6_K), 256, 8)
+    assert not core.r4_ok(int(GGMLType.IQ4_XS), 256, 8)
     with pytest.raises(ValueError, match="no R4 layout"):
         core.r4_pack(np.empty(36, np.uint8), np.zeros(36, np.uint8), int(GGMLType.Q4_0), 64, 1)
 
 
 def test_which_paths_repack():
     """NEON with dotprod reads Q4_0 and Q8_0 in R4 (groups of 4 rows), every x86 path Q4_0, Q4_1,
-    Q5_0, Q5_1, Q8_0, IQ4_NL, MXFP4, Q4_K and Q5_K (groups of 8: their row kernels take 8 rows as lanes); the generic path and NEON
+    Q5_0, Q5_1, Q8_0, IQ4_NL, MXFP4, Q4_K, Q5_K and Q6_K (groups of 8: their row kernels take 8 rows as lanes); the generic path and NEON
     without dotprod keep the mapping."""
     if core.kernel_variant() in ("generic", "neon"):
         assert core.r4_types() == []
