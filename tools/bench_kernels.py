@@ -3,7 +3,12 @@
 than the caches) and matrix-matrix GOPS (a prompt batch), for 1..N threads, next to the read
 bandwidth of the same buffer. Short runs (best of -r); the machine may be shared.
 
-    python tools/bench_kernels.py [-t 2] [--mib 512] [-r 5] [--types Q4_0,Q4_K,Q6_K,Q8_0]
+    python tools/bench_kernels.py [-t 2] [--mib 512 | --rows 4096] [-k 4096] [-r 5] [--types Q4_0,Q4_K,Q6_K,Q8_0]
+
+--rows sets the matrix's rows instead of its bytes (the same shape for every type: as llama.cpp's
+`test-backend-ops perf -o MUL_MAT` takes m = 4096, k = 14336, n = 1 with one thread on a 2-core
+machine, for a side-by-side of the kernels; at that size, 20-60 MB, the weights may stay in a
+large last-level cache, for both programs alike).
 
 "read GB/s" is a real read-bandwidth measurement made to match each matrix-vector figure: one
 pass over the same weight buffer (so the same size, --mib), with the same pool of threads, each
@@ -15,8 +20,8 @@ runs alternate. It is what a loop that does nothing but load gets from memory at
 count, so "% of read" near 100 means the product is memory-bound there, and well below 100
 that it is compute-bound (its integer work, not the weight traffic, sets the speed).
 The GB/cpu-s columns divide by the CPU time the threads got instead of wall time. Where the
-selected path reads a type repacked at load (Q4_0 / Q5_0 / Q8_0 on x86, Q4_0 / Q8_0 on NEON
-with dotprod), the matrix is repacked the same way and the row says "(R4)".
+selected path reads a type repacked at load (`_core.r4_types()`: on x86 Q4_0, Q4_1, Q5_0, Q5_1,
+Q8_0, IQ4_NL, MXFP4, Q2_K..Q6_K; Q4_0 / Q8_0 on NEON with dotprod), the matrix is repacked the same way and the row says "(R4)".
 """
 import argparse
 import os
@@ -64,6 +69,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("-t", "--threads", type=int, default=default_threads())
     ap.add_argument("--mib", type=int, default=512, help="weight bytes for matrix-vector (default 512 MiB)")
+    ap.add_argument("--rows", type=int, default=0, help="matrix rows (a multiple of 8), instead of --mib")
     ap.add_argument("-k", type=int, default=4096, help="row length")
     ap.add_argument("--tokens", type=int, default=64, help="batch for matrix-matrix")
     ap.add_argument("-r", "--reps", type=int, default=5)
@@ -78,16 +84,18 @@ def main():
     # wall-clock figures, and per CPU-second (bytes / CPU time summed over the threads): on a
     # shared machine the second pair shows the kernels' efficiency however little CPU we got
     print("| type | threads | MiB | read GB/s | matvec GB/s | % of read | read GB/cpu-s | matvec GB/cpu-s "
-          "| % | matmul GOPS | matmul GOP/cpu-s |")
-    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+          "| % | matmul GOPS | matmul GOP/cpu-s | matvec us |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for name in args.types.split(","):
         t = GGMLType[name]
         info = TYPE_INFO[t]
         rb = k // info.block_size * info.type_size
         g = _core.R4_ROWS
         rows = (args.mib << 20) // rb // g * g  # whole groups of rows (the R4 layout)
+        if args.rows:
+            rows = args.rows // g * g
         w = weights(t, rows, k, rng)
-        # the layout the engine reads: Q4_0 / Q5_0 / Q8_0 repacked at load where the path has R4 kernels
+        # the layout the engine reads: repacked at load where the path has R4 kernels for the type
         r4 = int(t) in _core.r4_types() and _core.r4_ok(int(t), k, rows)
         if r4:
             w = _core.r4_pack(np.empty_like(w), w, int(t), k, rows)
@@ -106,7 +114,7 @@ def main():
             ops = 2.0 * mm_rows * k * args.tokens
             print(f"| {name}{' (R4)' if r4 else ''} | {n} | {w.nbytes / 2**20:.0f} | {bw:.1f} | {gbs:.1f} | {100 * gbs / bw:.0f}% | "
                   f"{bwc:.1f} | {gbc:.1f} | {100 * gbc / bwc:.0f}% | {ops / tm / 1e9:.1f} | "
-                  f"{ops / max(cm, 1e-9) / 1e9:.1f} |")
+                  f"{ops / max(cm, 1e-9) / 1e9:.1f} | {tv * 1e6:.0f} |")
         sys.stdout.flush()
 
 

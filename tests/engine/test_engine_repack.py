@@ -1,6 +1,6 @@
 """Weights repacked at load (edged/engine/repack.py, ed_repack.h's R4 layout): the matrices a
 path's kernels read 4 (Arm) or 8 (x86) rows side by side. NEON with dotprod repacks Q4_0 and
-Q8_0, the x86 paths also Q4_1, Q5_0, Q5_1, IQ4_NL, MXFP4, Q4_K, Q5_K and Q6_K (their R4 row kernels are checked bit for bit, natively
+Q8_0, the x86 paths also Q4_1, Q5_0, Q5_1, IQ4_NL, MXFP4 and the K-quants (their R4 row kernels are checked bit for bit, natively
 and under qemu:
 tests/kernels/c/kernels_check.c, "repack" lines);
 EDGED_REPACK=r4 takes the layout on any path (the generic twin of the kernel), so here the
@@ -22,14 +22,15 @@ from edged.format.gguf import GGMLType  # noqa: E402
 
 ARM_R4 = (GGMLType.Q4_0, GGMLType.Q5_0, GGMLType.Q8_0)  # the layout on every target (groups of 4 on Arm)
 X86_R4 = ARM_R4 + (GGMLType.Q4_1, GGMLType.Q5_1, GGMLType.IQ4_NL, GGMLType.MXFP4, GGMLType.Q4_K, GGMLType.Q5_K,
-                  GGMLType.Q6_K)
+                  GGMLType.Q6_K, GGMLType.Q2_K, GGMLType.Q3_K)
 
 
 def test_r4_pack_round_trip():
     rng = np.random.default_rng(0)
     for qtype, K in ((GGMLType.Q4_0, 96), (GGMLType.Q5_0, 96), (GGMLType.Q8_0, 96), (GGMLType.Q4_1, 96),
                      (GGMLType.Q5_1, 96), (GGMLType.IQ4_NL, 96), (GGMLType.MXFP4, 96), (GGMLType.Q4_K, 512),
-                     (GGMLType.Q5_K, 512), (GGMLType.Q6_K, 512)):
+                     (GGMLType.Q5_K, 512), (GGMLType.Q6_K, 512),
+                     (GGMLType.Q2_K, 512), (GGMLType.Q3_K, 512)):
         R = 24  # 3 groups of 8 rows (x86) or 6 of 4 (Arm)
         if qtype not in ARM_R4 and core.R4_ROWS != 8:
             assert not core.r4_ok(int(qtype), K, R)  # x86 layouts only (groups of 8)
@@ -49,7 +50,7 @@ def test_r4_pack_round_trip():
 
 def test_which_paths_repack():
     """NEON with dotprod reads Q4_0 and Q8_0 in R4 (groups of 4 rows), every x86 path Q4_0, Q4_1,
-    Q5_0, Q5_1, Q8_0, IQ4_NL, MXFP4, Q4_K, Q5_K and Q6_K (groups of 8: their row kernels take 8 rows as lanes); the generic path and NEON
+    Q5_0, Q5_1, Q8_0, IQ4_NL, MXFP4 and the K-quants Q2_K..Q6_K (groups of 8: their row kernels take 8 rows as lanes); the generic path and NEON
     without dotprod keep the mapping."""
     if core.kernel_variant() in ("generic", "neon"):
         assert core.r4_types() == []
@@ -80,7 +81,9 @@ def _logits(m):
                                   "synthetic-llama-Q8_0.gguf", "synthetic-phi3-Q8_0.gguf",
                                   "synthetic-llama-Q4_K_M.gguf", "synthetic-phi3-Q4_K_M.gguf",
                                   "synthetic-llama-Q5_K_M.gguf", "synthetic-llama-Q4_1.gguf",
-                                  "synthetic-llama-Q5_1.gguf", "SmolLM2-135M-Instruct.Q4_1.gguf"])
+                                  "synthetic-llama-Q5_1.gguf", "SmolLM2-135M-Instruct.Q4_1.gguf",
+                                  "synthetic-llama-Q2_K.gguf", "synthetic-llama-Q3_K_M.gguf",
+                                  "synthetic-llama-Q6_K.gguf"])
 @pytest.mark.parametrize("mmap", [True, False])
 def test_repacked_weights_give_the_same_bits(monkeypatch, name, mmap):
     path = testdata("models", name)
