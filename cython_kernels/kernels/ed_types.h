@@ -49,6 +49,8 @@ typedef struct { uint8_t e; uint8_t qs[QK / 2]; } blk_mxfp4;
  * is then halved, ed_e8m0_half) */
 static const int8_t ED_KV_IQ4NL[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
 static const int8_t ED_KV_MXFP4[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+/* the same plus 12 (0..24: unsigned, for u8 x s8 products with the offset taken off the sums) */
+static const int8_t ED_KV_MXFP4_U12[16] = {12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0};
 
 /* IQ4_XS sub-block ib's scale, 0..63 (the weight scale is d * (value - 32)) */
 static inline int ed_iq4_xs_ls(const blk_iq4_xs *x, int ib) {
