@@ -21,7 +21,7 @@ count, so "% of read" near 100 means the product is memory-bound there, and well
 that it is compute-bound (its integer work, not the weight traffic, sets the speed).
 The GB/cpu-s columns divide by the CPU time the threads got instead of wall time. Where the
 selected path reads a type repacked at load (`_core.r4_types()`: on x86 Q4_0, Q4_1, Q5_0, Q5_1,
-Q8_0, IQ4_NL, MXFP4, Q2_K..Q6_K; Q4_0 / Q8_0 on NEON with dotprod), the matrix is repacked the same way and the row says "(R4)".
+Q8_0, IQ4_NL, IQ4_XS, MXFP4, Q2_K..Q6_K; Q4_0 / Q8_0 on NEON with dotprod), the matrix is repacked the same way and the row says "(R4)".
 """
 import argparse
 import os

@@ -32,10 +32,10 @@ static void rows(int type, int layout, int K, const uint8_t *w, size_t rb, int R
 }
 
 int main(int argc, char **argv) {
-    if (argc < 3) { fprintf(stderr, "usage: %s Q4_0|Q4_1|Q5_0|Q5_1|Q8_0|IQ4_NL|MXFP4|Q2_K|Q3_K|Q4_K|Q5_K|Q6_K K [MIB] [PATH] [PASSES]\n", argv[0]); return 2; }
+    if (argc < 3) { fprintf(stderr, "usage: %s Q4_0|Q4_1|Q5_0|Q5_1|Q8_0|IQ4_NL|MXFP4|Q2_K|Q3_K|Q4_K|Q5_K|Q6_K|IQ4_XS K [MIB] [PATH] [PASSES]\n", argv[0]); return 2; }
     static const char *const names[ED_NTYPES] = {[ED_Q4_0] = "Q4_0", [ED_Q4_1] = "Q4_1", [ED_Q5_0] = "Q5_0",
         [ED_Q5_1] = "Q5_1", [ED_Q8_0] = "Q8_0", [ED_IQ4_NL] = "IQ4_NL", [ED_MXFP4] = "MXFP4", [ED_Q4_K] = "Q4_K",
-        [ED_Q5_K] = "Q5_K", [ED_Q6_K] = "Q6_K", [ED_Q2_K] = "Q2_K", [ED_Q3_K] = "Q3_K"};
+        [ED_Q5_K] = "Q5_K", [ED_Q6_K] = "Q6_K", [ED_Q2_K] = "Q2_K", [ED_Q3_K] = "Q3_K", [ED_IQ4_XS] = "IQ4_XS"};
     int type = -1;
     for (int t = 0; t < ED_NTYPES; t++) if (names[t] && !strcmp(argv[1], names[t])) type = t;
     const int K = atoi(argv[2]), mib = argc > 3 ? atoi(argv[3]) : 128, passes = argc > 5 ? atoi(argv[5]) : 9;

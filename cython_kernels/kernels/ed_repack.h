@@ -4,7 +4,7 @@
  * row's block scale on its own and add each row's lane sums into one block sum (or, on x86,
  * transpose each block of 8 rows into row lanes). A path whose kernels read G rows side by side
  * (ed_kernels.rows_r4: NEON with dotprod for Q4_0 and Q8_0, every x86 path for Q4_0, Q4_1,
- * Q5_0, Q5_1, Q8_0, IQ4_NL, MXFP4 and the K-quants) gets a copy of those matrices in the R4 layout instead (rows interleaved in runs of 4
+ * Q5_0, Q5_1, Q8_0, IQ4_NL, IQ4_XS, MXFP4 and the K-quants) gets a copy of those matrices in the R4 layout instead (rows interleaved in runs of 4
  * bytes), written once at load into one aligned arena (edged/engine/repack.py; the mapped pages
  * of those tensors are then released). G = ED_R4_ROWS is the rows of one vector register of
  * 4-byte lanes: 4 on Arm (128-bit NEON), 8 on x86 (256-bit AVX2 lanes):
@@ -26,7 +26,8 @@
  *   ({ ed_half d[8]; uint32_t ql[32][8]; uint32_t qh[16][8]; int8_t sc[4][8][4]; }) and Q2_K
  *   ({ ed_half d[8], dmin[8]; uint8_t sc[4][8][4]; uint32_t qs[16][8]; }) and Q3_K ({ ed_half d[8];
  *   uint32_t hmask[8][8]; uint32_t qs[16][8]; uint32_t sc[3][8]; }); their mapped blocks keep
- *   the halves last, the R4 blocks first
+ *   the halves last, the R4 blocks first; IQ4_XS ({ ed_half d[8]; uint16_t scales_h[8];
+ *   uint32_t scales_l[8]; uint32_t qs[32][8]; })
  *
  * so one vector load holds 4 bytes of each of the G rows (what SDOT by lane multiplies with 4
  * activation bytes; an x86 row kernel's transposed register), one load the G rows' scales and
@@ -70,7 +71,8 @@ enum { ED_LAYOUT_MAPPED = 0, ED_LAYOUT_R4 = 1 };
  * dword k of row i at G head + 4Gk + 4i. */
 static inline int ed_r4_unit(int type) { return type == ED_MXFP4 ? 1 : 2; }
 static inline int ed_r4_units(int type) {
-    return type == ED_Q4_1 || type == ED_Q5_1 || type == ED_Q4_K || type == ED_Q5_K || type == ED_Q2_K ? 2 : 1;
+    return type == ED_Q4_1 || type == ED_Q5_1 || type == ED_Q4_K || type == ED_Q5_K || type == ED_Q2_K ||
+           type == ED_IQ4_XS ? 2 : 1;
 }
 static inline int ed_r4_head(int type) { return ed_r4_unit(type) * ed_r4_units(type); }
 static inline int ed_r4_dwords(int type) { return (ED_TRAITS[type].type_size - ed_r4_head(type)) / 4; }
@@ -86,7 +88,7 @@ static int ed_r4_ok(int type, int64_t ne0, int64_t ne1) {
     const int t = type == ED_Q4_0 || type == ED_Q5_0 || type == ED_Q8_0 ||
                   (ED_R4_ROWS == 8 && (type == ED_Q4_1 || type == ED_Q5_1 || type == ED_IQ4_NL || type == ED_MXFP4 ||
                                        type == ED_Q2_K || type == ED_Q3_K || type == ED_Q4_K || type == ED_Q5_K ||
-                                       type == ED_Q6_K));
+                                       type == ED_Q6_K || type == ED_IQ4_XS));
     return t && ne0 > 0 && ne0 % ED_TRAITS[type].block == 0 && ne1 > 0 && ne1 % ED_R4_ROWS == 0;
 }
 

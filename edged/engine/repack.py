@@ -2,7 +2,7 @@
 
 The weights are read from the read-only mapping of the file, except where a path's kernels need
 another layout (DESIGN.md). NEON with dotprod (Raspberry Pi 5) reads its Q4_0 and Q8_0
-matrices, every x86 path its Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL, MXFP4 and K-quant (Q2_K..Q6_K)
+matrices, every x86 path its Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL, IQ4_XS, MXFP4 and K-quant (Q2_K..Q6_K)
 matrices in the R4 layout: groups
 of rows (core.R4_ROWS: 4 on Arm, 8 on x86) interleaved block by block in runs of 4 bytes, with their
 scales side by side (and Q5_0's fifth bits), so one SDOT by lane serves 4 rows (one 32-byte load

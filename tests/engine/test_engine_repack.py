@@ -1,6 +1,6 @@
 """Weights repacked at load (edged/engine/repack.py, ed_repack.h's R4 layout): the matrices a
 path's kernels read 4 (Arm) or 8 (x86) rows side by side. NEON with dotprod repacks Q4_0 and
-Q8_0, the x86 paths also Q4_1, Q5_0, Q5_1, IQ4_NL, MXFP4 and the K-quants (their R4 row kernels are checked bit for bit, natively
+Q8_0, the x86 paths also Q4_1, Q5_0, Q5_1, IQ4_NL, IQ4_XS, MXFP4 and the K-quants (their R4 row kernels are checked bit for bit, natively
 and under qemu:
 tests/kernels/c/kernels_check.c, "repack" lines);
 EDGED_REPACK=r4 takes the layout on any path (the generic twin of the kernel), so here the
@@ -22,7 +22,7 @@ from edged.format.gguf import GGMLType  # noqa: E402
 
 ARM_R4 = (GGMLType.Q4_0, GGMLType.Q5_0, GGMLType.Q8_0)  # the layout on every target (groups of 4 on Arm)
 X86_R4 = ARM_R4 + (GGMLType.Q4_1, GGMLType.Q5_1, GGMLType.IQ4_NL, GGMLType.MXFP4, GGMLType.Q4_K, GGMLType.Q5_K,
-                  GGMLType.Q6_K, GGMLType.Q2_K, GGMLType.Q3_K)
+                  GGMLType.Q6_K, GGMLType.Q2_K, GGMLType.Q3_K, GGMLType.IQ4_XS)
 
 
 def test_r4_pack_round_trip():
@@ -30,7 +30,7 @@ def test_r4_pack_round_trip():
     for qtype, K in ((GGMLType.Q4_0, 96), (GGMLType.Q5_0, 96), (GGMLType.Q8_0, 96), (GGMLType.Q4_1, 96),
                      (GGMLType.Q5_1, 96), (GGMLType.IQ4_NL, 96), (GGMLType.MXFP4, 96), (GGMLType.Q4_K, 512),
                      (GGMLType.Q5_K, 512), (GGMLType.Q6_K, 512),
-                     (GGMLType.Q2_K, 512), (GGMLType.Q3_K, 512)):
+                     (GGMLType.Q2_K, 512), (GGMLType.Q3_K, 512), (GGMLType.IQ4_XS, 512)):
         R = 24  # 3 groups of 8 rows (x86) or 6 of 4 (Arm)
         if qtype not in ARM_R4 and core.R4_ROWS != 8:
             assert not core.r4_ok(int(qtype), K, R)  # x86 layouts only (groups of 8)
@@ -43,14 +43,14 @@ def test_r4_pack_round_trip():
         core.r4_pack(inplace, inplace, int(qtype), K, R)
         assert np.array_equal(inplace, packed)
     assert core.r4_ok(int(GGMLType.Q4_0), 64, 8) and not core.r4_ok(int(GGMLType.Q4_0), 64, 6)
-    assert not core.r4_ok(int(GGMLType.IQ4_XS), 256, 8)
+    assert not core.r4_ok(int(GGMLType.F16), 256, 8)
     with pytest.raises(ValueError, match="no R4 layout"):
         core.r4_pack(np.empty(36, np.uint8), np.zeros(36, np.uint8), int(GGMLType.Q4_0), 64, 1)
 
 
 def test_which_paths_repack():
     """NEON with dotprod reads Q4_0 and Q8_0 in R4 (groups of 4 rows), every x86 path Q4_0, Q4_1,
-    Q5_0, Q5_1, Q8_0, IQ4_NL, MXFP4 and the K-quants Q2_K..Q6_K (groups of 8: their row kernels take 8 rows as lanes); the generic path and NEON
+    Q5_0, Q5_1, Q8_0, IQ4_NL, IQ4_XS, MXFP4 and the K-quants Q2_K..Q6_K (groups of 8: their row kernels take 8 rows as lanes); the generic path and NEON
     without dotprod keep the mapping."""
     if core.kernel_variant() in ("generic", "neon"):
         assert core.r4_types() == []

@@ -59,8 +59,8 @@ def test_native_paths_match_generic(tmp_path):
     # weights repacked at load (ed_repack.h's R4 layout, the generic twin of the NEON kernel
     # here): rows and panels over them equal the plain C dot on the mapped rows, on every path
     repack = {l for l in r.stdout.splitlines() if l.startswith("repack ")}
-    # Q4_0, Q5_0, Q8_0; in x86's groups of 8 also Q4_1, Q5_1, IQ4_NL, MXFP4, Q2_K..Q6_K
-    n_r4 = 12 if "x86" in os.uname().machine else 3
+    # Q4_0, Q5_0, Q8_0; in x86's groups of 8 also Q4_1, Q5_1, IQ4_NL, IQ4_XS, MXFP4, Q2_K..Q6_K
+    n_r4 = 13 if "x86" in os.uname().machine else 3
     assert {l.split()[1] for l in repack} == ran and len(repack) == n_r4 * len(ran), r.stdout
     assert all(l.endswith(" ok") for l in repack), r.stdout
     for path in ("avx2", "avx2nv", "avx512"):  # the packed panels ran on every x86 path this CPU has
@@ -138,11 +138,11 @@ def test_neon_path_matches_generic_under_qemu(tmp_path):
                                       if l.startswith(f"digest {path} ") and l.split()[2] not in FLOAT_TYPES)
         assert len(qd(r.stdout, "neon")) == 13 and qd(r.stdout, "neon") == qd(n.stdout, "generic")
     # every 32-block type has a row kernel (8 rows as lanes) on every x86 path, Q4_K and Q5_K
-    # too (mapped on the paths without VNNI, repacked on all) and Q2_K, Q3_K, Q6_K (repacked), exact at the edge of its integer
+    # too (mapped on the paths without VNNI, repacked on all) and Q2_K, Q3_K, Q6_K, IQ4_XS (repacked), exact at the edge of its integer
     # range (the i16 sums; "extreme PATH TYPE rows ok")
     extreme = {tuple(l.split()[1:3]) for l in r.stdout.splitlines() if l.startswith("extreme ") and l.endswith(" rows ok")}
     for path in ("avx2", "avx2nv", "avx512", "avx512nv"):
         if f"{path}: not supported" not in r.stdout and "x86" in os.uname().machine:
             for name in ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "IQ4_NL", "MXFP4", "Q2_K", "Q3_K", "Q4_K", "Q5_K",
-                         "Q6_K"):
+                         "Q6_K", "IQ4_XS"):
                 assert (path, name) in extreme, (path, name, r.stdout)

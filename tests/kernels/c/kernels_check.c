@@ -231,12 +231,14 @@ int main(void) {
                block sums; their signed extreme (-8, -16: fill 0x00) is checked too. The R4 row
                kernels too, also on paths where the mapped rows have none (the K-quants with VNNI;
                Q6_K: weights 63 with scales -1 (0xFF), and scales -128 (0x80); Q2_K: weights 3,
-               scales and mins 15; Q3_K: weights 3 (7 - 4) with scales 31, and -4 with -32). */
+               scales and mins 15; Q3_K: weights 3 (7 - 4) with scales 31, and -4 with -32;
+               IQ4_XS: weights -127 with scales -32, and 113 with 31). */
             if (ED_MROWS[t] || ed_r4_wanted(t)) {
                 static const struct { int type; uint8_t fill; } edge[] = {
                     {ED_Q4_0, 0x00}, {ED_Q4_0, 0xFF}, {ED_Q5_0, 0x00}, {ED_Q5_0, 0xFF}, {ED_Q8_0, 0x80},
                     {ED_Q4_1, 0xFF}, {ED_Q5_1, 0xFF}, {ED_IQ4_NL, 0x00}, {ED_MXFP4, 0x77}, {ED_Q4_K, 0xFF},
-                    {ED_Q5_K, 0xFF}, {ED_Q6_K, 0xFF}, {ED_Q6_K, 0x80}, {ED_Q2_K, 0xFF}, {ED_Q3_K, 0xFF}, {ED_Q3_K, 0x00}};
+                    {ED_Q5_K, 0xFF}, {ED_Q6_K, 0xFF}, {ED_Q6_K, 0x80}, {ED_Q2_K, 0xFF}, {ED_Q3_K, 0xFF}, {ED_Q3_K, 0x00},
+                    {ED_IQ4_XS, 0x00}, {ED_IQ4_XS, 0xFF}};
                 enum { ER = 16 };  /* the x86 kernels take 16 rows per call: both halves */
                 static uint8_t we[ER * K * 2], xe[4 * K * 2];
                 static float fe[4 * K], ge[4 * ER];
