@@ -1,7 +1,8 @@
 /* The same weights of a type with an R4 layout in the mapped layout and repacked (R4,
  * ed_repack.h) in one process: one token, 4 sessions and a 64-token prompt through the packed
  * panels, the two layouts' passes alternated, best of PASSES in thread CPU time (a busy machine
- * inflates both alike), and whether the two layouts give the same bits (they must).
+ * inflates both alike), and whether the two layouts give the same bits (they must). "% of a read":
+ * the one-token R4 pass against a plain read of the same buffer (ed_readbw.h), best of PASSES.
  *
  *   gcc -O3 -std=gnu11 -pthread -Icython_kernels/kernels -Icython_kernels/forward tools/bench_r4.c -lm -o /tmp/bench_r4
  *   /tmp/bench_r4 TYPE K [MIB] [PATH] [PASSES]      e.g. /tmp/bench_r4 Q4_0 896 128 avx2-vnni 11
@@ -14,6 +15,7 @@
 #include <sys/mman.h>
 #include "forward.h"
 #include "ed_quant.h"
+#include "ed_readbw.h"
 
 static double now(void) {
     struct timespec t;
@@ -72,9 +74,13 @@ int main(int argc, char **argv) {
     const int RP = R < (int)(16 * 1048576 / rb) ? R : (int)(16 * 1048576 / rb) / 16 * 16;  /* panels: 16 MiB */
     uint8_t *scratch = aligned_alloc(64, ed_gemm_scratch(K));
     float *out[2] = {malloc(sizeof(float) * (size_t)R * NP), malloc(sizeof(float) * (size_t)R * NP)};
-    double best[2][3] = {{1e9, 1e9, 1e9}, {1e9, 1e9, 1e9}};
+    double best[2][3] = {{1e9, 1e9, 1e9}, {1e9, 1e9, 1e9}}, best_read = 1e9;
     int same = 1;
-    for (int it = 0; it < passes; it++)
+    volatile uint64_t sink = 0;
+    for (int it = 0; it < passes; it++) {
+        const double t0 = now();  /* a plain read of the repacked buffer, the ceiling of one token */
+        sink ^= ed_read_pass(w[1], rb * (size_t)R);
+        if (now() - t0 < best_read) best_read = now() - t0;
         for (int m = 0; m < 3; m++) {  /* one token, 4 sessions, the prompt */
             for (int l = 0; l < 2; l++) {
                 const double t0 = now();
@@ -86,9 +92,10 @@ int main(int argc, char **argv) {
             const size_t nout = m == 2 ? (size_t)RP * NP : (size_t)R * (m ? 4 : 1);
             same &= !memcmp(out[0], out[1], sizeof(float) * nout);
         }
-    printf("%s %s K=%d, %d MiB: one token mapped %.2f ms, R4 %.2f ms (%.3fx; R4 %.1f GB/s); 4 sessions %.2f / %.2f ms (%.3fx; "
+    }
+    printf("%s %s K=%d, %d MiB: one token mapped %.2f ms, R4 %.2f ms (%.3fx; R4 %.1f GB/s, %.0f%% of a read); 4 sessions %.2f / %.2f ms (%.3fx; "
            "4 vs 1: %.2fx / %.2fx); prompt panels (64 tokens, 16 MiB) %.2f / %.2f ms (%.3fx); bits %s\n",
-           ed_kern->name, argv[1], K, mib, best[0][0] * 1e3, best[1][0] * 1e3, best[1][0] / best[0][0], mib * 1048576.0 / best[1][0] * 1e-9,
+           ed_kern->name, argv[1], K, mib, best[0][0] * 1e3, best[1][0] * 1e3, best[1][0] / best[0][0], mib * 1048576.0 / best[1][0] * 1e-9, 100 * best_read / best[1][0],
            best[0][1] * 1e3, best[1][1] * 1e3, best[1][1] / best[0][1], best[0][1] / best[0][0], best[1][1] / best[1][0],
            best[0][2] * 1e3, best[1][2] * 1e3, best[1][2] / best[0][2], same ? "same" : "DIFFER");
     return same ? 0 : 1;
