@@ -80,7 +80,8 @@ int main(int argc, char **argv) {
     for (int it = 0; it < passes; it++) {
         const double t0 = now();  /* a plain read of the repacked buffer, the ceiling of one token */
         sink ^= ed_read_pass(w[1], rb * (size_t)R);
-        if (now() - t0 < best_read) best_read = now() - t0;
+        const double tr = now() - t0;
+        if (tr < best_read) best_read = tr;
         for (int m = 0; m < 3; m++) {  /* one token, 4 sessions, the prompt */
             for (int l = 0; l < 2; l++) {
                 const double t0 = now();
