@@ -318,19 +318,11 @@ static void ed_gemm_transpose_generic(const uint8_t *u, int K, int G, uint8_t *p
             for (int r = 0; r < ED_PANEL; r++) memcpy(pu + 4 * r, u + (size_t)r * K + g * G + 4 * q, 4);
 }
 
-/* A wide type's panel (groups of 32, u = 16 uh + ul up to 255) for a kernel that sums u8 x s8
- * pairs in i16 (ed_gemm_path.split): each group's 8 vectors become 8 vectors of ul, then 8 of
- * uh, so the kernel loads both halves instead of splitting every vector again per call. In
- * place (the panel area holds twice the bytes), from the last vector back: vector v lands at
- * or after where it was read, past every vector not yet read. */
-static void ed_gemm_split(uint8_t *pu, int ng) {
-    enum { V = 4 * ED_PANEL };  /* bytes per vector */
-    for (int v = 8 * ng - 1; v >= 0; v--) {
-        uint8_t w[V];
-        memcpy(w, pu + (size_t)v * V, V);
-        uint8_t *lo = pu + (size_t)(v / 8 * 16 + v % 8) * V, *hi = lo + 8 * V;
-        for (int i = 0; i < V; i++) { lo[i] = w[i] & 0xF; hi[i] = w[i] >> 4; }
-    }
+/* A wide type's panel (u = v + 128, up to 255) for a kernel that sums u8 x s8 pairs in i16
+ * (ed_gemm_path.signed_v): the signed values v themselves (u XOR 0x80), which the kernel multiplies
+ * with the sign trick (|v| as u8 against the activations carrying v's sign), once per pack */
+static void ed_gemm_signed(uint8_t *pu, int ng, int G) {
+    for (size_t i = 0; i < (size_t)ng * G * ED_PANEL; i++) pu[i] ^= 0x80;
 }
 
 /* A path's panels (its row of ed_kernels, ed_types.h): */
@@ -354,7 +346,7 @@ struct ed_gemm_path {
     /* without pack_r4: the groups unpacked a group at a time for ed_gemm_pack, else NULL (each
      * row rebuilt, then unpacked) */
     ed_unpack_r4_fn unpack_r4[ED_NTYPES];
-    int split;  /* 1: the wide types' panels hold each group's nibbles split (ed_gemm_split) */
+    int signed_v;  /* 1: the wide types' panels hold the signed values v = u - 128 (ed_gemm_signed) */
 };
 /* no panels; min_cols keeps the former 8, which the scheduler's two cost fits split at */
 static const struct ed_gemm_path ED_GEMM_NONE = {NULL, 1, 0, ed_gemm_transpose_generic, {NULL}, 8};
@@ -368,7 +360,7 @@ static inline int ed_gemm_own_r4(int type) {
 #define ED_GEMM_I16 (ed_kern->gemm->i16)
 #define ED_GEMM_UNPACK (ed_kern->gemm->unpack)
 #define ED_GEMM_TRANSPOSE (ed_kern->gemm->transpose)
-#define ED_GEMM_SPLIT (ed_kern->gemm->split)
+#define ED_GEMM_SIGNED (ed_kern->gemm->signed_v)
 /* the threshold in force: the override, else the path's */
 static int ed_gemm_min_cols(void) { return ED_GEMM_MIN_COLS ? ED_GEMM_MIN_COLS : ed_kern->gemm->min_cols; }
 
@@ -432,7 +424,7 @@ static void ed_gemm_dy_r4(int K, const uint8_t *row, int t, float *dy) {
 #define ED_GEMM_ABUF(K) ((size_t)(K) / QK * ED_R4_ROWS)
 static size_t ed_gemm_scratch(int64_t K) {
     const size_t ng = (size_t)K / 16;  /* the most groups any type has */
-    return ED_ALIGN((size_t)K * ED_PANEL * 2)            /* the panel (split: twice the bytes) */
+    return ED_ALIGN((size_t)K * ED_PANEL)                /* the panel */
          + ED_ALIGN((ng * 2 + (size_t)K / QKK * 10) * ED_PANEL * sizeof(float))  /* its A, C / scales */
          + ED_ALIGN((size_t)K * ED_PANEL)                /* 16 unpacked rows */
          + ED_ALIGN(ED_GEMM_ABUF(K) * sizeof(float))     /* one row's A, C or an R4 group's G x K / 32 A */
@@ -504,7 +496,7 @@ static void ed_gemm_pack(int type, int layout, int K, const uint8_t *w, size_t r
         }
     }
     ED_GEMM_TRANSPOSE(ubuf, K, G, pu);
-    if (ED_GEMM_SPLIT && t->wide) ed_gemm_split(pu, ng);
+    if (ED_GEMM_SIGNED && t->wide) ed_gemm_signed(pu, ng, G);
 }
 
 /* out[c*ldo + r] = W[r] . xq[c] for r < nr (any; a multiple of ED_R4_ROWS for ED_LAYOUT_R4), c < n:
@@ -519,7 +511,7 @@ static void ed_gemm_rows_layout(int type, int layout, int K, const uint8_t *w, s
     const int be = ED_ACT[vt].block, bb = ED_ACT[vt].type_size;
     const int qs_at = ed_act_qs_at(vt);
     uint8_t *pu = scratch;
-    float *ac = (float *)(pu + ED_ALIGN((size_t)K * ED_PANEL * 2));
+    float *ac = (float *)(pu + ED_ALIGN((size_t)K * ED_PANEL));
     uint8_t *ubuf = (uint8_t *)ac + ED_ALIGN((ngmax * 2 + (size_t)K / QKK * 10) * ED_PANEL * sizeof(float));
     float *abuf = (float *)(ubuf + ED_ALIGN((size_t)K * ED_PANEL));
     int32_t *goff = (int32_t *)((uint8_t *)abuf + ED_ALIGN(ED_GEMM_ABUF(K) * sizeof(float)));

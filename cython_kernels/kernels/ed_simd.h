@@ -297,8 +297,10 @@ static void ED_T512V ed_z_gemm_transpose(const uint8_t *u, int K, int G, uint8_t
 static const struct ed_gemm_path ED_AVX512V_GEMM = {
     ed_z_gemm, 1, 0, ed_z_gemm_transpose,
     {[ED_Q4_0] = ed_avx512_unpack_q4_0, [ED_Q5_0] = ed_avx512_unpack_q5_0, [ED_Q8_0] = ed_avx512_unpack_q8_0,
-     [ED_Q4_K] = ed_avx512_unpack_q4_K, [ED_Q6_K] = ed_avx512_unpack_q6_K}, 16, NULL, NULL,
-    {[ED_Q4_0] = ed_avx512_unpack_r4_q4_0, [ED_Q5_0] = ed_avx512_unpack_r4_q5_0, [ED_Q8_0] = ed_avx512_unpack_r4_q8_0}};
+     [ED_Q4_K] = ed_avx512_unpack_q4_K, [ED_Q6_K] = ed_avx512_unpack_q6_K, [ED_IQ4_NL] = ed_avx512_unpack_iq4_nl,
+     [ED_MXFP4] = ed_avx512_unpack_mxfp4}, 16, NULL, NULL,
+    {[ED_Q4_0] = ed_avx512_unpack_r4_q4_0, [ED_Q5_0] = ed_avx512_unpack_r4_q5_0, [ED_Q8_0] = ed_avx512_unpack_r4_q8_0,
+     [ED_IQ4_NL] = ed_avx512_unpack_r4_iq4_nl, [ED_MXFP4] = ed_avx512_unpack_r4_mxfp4}};
 
 #elif defined(__aarch64__)
 #include <arm_neon.h>
