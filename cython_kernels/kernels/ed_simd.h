@@ -298,7 +298,7 @@ static const struct ed_gemm_path ED_AVX512V_GEMM = {
     ed_z_gemm, 1, 0, ed_z_gemm_transpose,
     {[ED_Q4_0] = ed_avx512_unpack_q4_0, [ED_Q5_0] = ed_avx512_unpack_q5_0, [ED_Q8_0] = ed_avx512_unpack_q8_0,
      [ED_Q4_K] = ed_avx512_unpack_q4_K, [ED_Q6_K] = ed_avx512_unpack_q6_K, [ED_IQ4_NL] = ed_avx512_unpack_iq4_nl,
-     [ED_MXFP4] = ed_avx512_unpack_mxfp4}, 16, NULL, NULL,
+     [ED_MXFP4] = ed_avx512_unpack_mxfp4, [ED_IQ4_XS] = ed_avx512_unpack_iq4_xs}, 16, NULL, NULL,
     {[ED_Q4_0] = ed_avx512_unpack_r4_q4_0, [ED_Q5_0] = ed_avx512_unpack_r4_q5_0, [ED_Q8_0] = ed_avx512_unpack_r4_q8_0,
      [ED_IQ4_NL] = ed_avx512_unpack_r4_iq4_nl, [ED_MXFP4] = ed_avx512_unpack_r4_mxfp4}};
 
