@@ -65,7 +65,8 @@ typedef struct { float dy; int32_t yoff; float dys; int32_t qpair; } ed_ginfo;
 
 /* unpack one weight row of K into u (K bytes) and A, C (K / G floats each) */
 typedef void (*ed_unpack_fn)(const void *row, int K, uint8_t *u, float *A, float *C);
-/* the same, with `lift` (128 - off) added to every u: the path's fast versions (ED_GEMM_UNPACK) */
+/* the same, with `lift` added to every u (128 - off, or 128 for a wide type's signed panel:
+ * ed_gemm_pack): the path's fast versions (ED_GEMM_UNPACK) */
 typedef void (*ed_unpack_lift_fn)(const void *row, int K, uint8_t *u, float *A, float *C, uint8_t lift);
 /* the G rows of an R4 group (ed_repack.h) unpacked as a path's ed_unpack_lift_fn unpacks each
  * (row i at u + i * K, its A at A + i * (K / 32)); for the 32-block types, whose C is 0 */
@@ -318,13 +319,6 @@ static void ed_gemm_transpose_generic(const uint8_t *u, int K, int G, uint8_t *p
             for (int r = 0; r < ED_PANEL; r++) memcpy(pu + 4 * r, u + (size_t)r * K + g * G + 4 * q, 4);
 }
 
-/* A wide type's panel (u = v + 128, up to 255) for a kernel that sums u8 x s8 pairs in i16
- * (ed_gemm_path.signed_v): the signed values v themselves (u XOR 0x80), which the kernel multiplies
- * with the sign trick (|v| as u8 against the activations carrying v's sign), once per pack */
-static void ed_gemm_signed(uint8_t *pu, int ng, int G) {
-    for (size_t i = 0; i < (size_t)ng * G * ED_PANEL; i++) pu[i] ^= 0x80;
-}
-
 /* A path's panels (its row of ed_kernels, ed_types.h): */
 struct ed_gemm_path {
     ed_gemm_kernel_fn kernel;            /* NULL: no panels on this path */
@@ -346,7 +340,9 @@ struct ed_gemm_path {
     /* without pack_r4: the groups unpacked a group at a time for ed_gemm_pack, else NULL (each
      * row rebuilt, then unpacked) */
     ed_unpack_r4_fn unpack_r4[ED_NTYPES];
-    int signed_v;  /* 1: the wide types' panels hold the signed values v = u - 128 (ed_gemm_signed) */
+    /* 1: the wide types' panels hold the signed values v = u - 128 (ed_gemm_pack unpacks them with
+     * lift 128: u + 128 wraps to v), for a kernel that sums u8 x s8 pairs in i16 (the sign trick) */
+    int signed_v;
 };
 /* no panels; min_cols keeps the former 8, which the scheduler's two cost fits split at */
 static const struct ed_gemm_path ED_GEMM_NONE = {NULL, 1, 0, ed_gemm_transpose_generic, {NULL}, 8};
@@ -438,7 +434,7 @@ static void ed_gemm_pack(int type, int layout, int K, const uint8_t *w, size_t r
                          uint8_t *pu, float *ac, uint8_t *ubuf, float *abuf, uint8_t *rowbuf) {
     const ed_gemm_traits *t = &ED_GEMM_TRAITS[type];
     const int G = t->G, ng = K / G, gps = t->gps;
-    const uint8_t lift = (uint8_t)(t->off && ED_GEMM_LIFT ? 128 - t->off : 0);
+    const uint8_t lift = (uint8_t)(t->off && ED_GEMM_LIFT ? 128 - t->off : ED_GEMM_SIGNED && t->wide ? 128 : 0);
     const int bs = ED_TRAITS[type].type_size;
     float *cbuf = abuf + ng;
     const ed_unpack_r4_fn u4 = layout == ED_LAYOUT_R4 ? ed_kern->gemm->unpack_r4[type] : NULL;
@@ -496,7 +492,6 @@ static void ed_gemm_pack(int type, int layout, int K, const uint8_t *w, size_t r
         }
     }
     ED_GEMM_TRANSPOSE(ubuf, K, G, pu);
-    if (ED_GEMM_SIGNED && t->wide) ed_gemm_signed(pu, ng, G);
 }
 
 /* out[c*ldo + r] = W[r] . xq[c] for r < nr (any; a multiple of ED_R4_ROWS for ED_LAYOUT_R4), c < n:
