@@ -6,7 +6,11 @@
  * results (the blocked kernel must give the one-token attention's bits).
  *
  *   gcc -O3 -std=gnu11 -pthread -Icython_kernels/kernels -Icython_kernels/forward tools/bench_attn_blocks.c -lm -o /tmp/ba
- *   /tmp/ba [PATH] [HEAD_DIM]      e.g. /tmp/ba avx512 64
+ *   /tmp/ba [PATH] [HEAD_DIM] [PROMPT]      e.g. /tmp/ba avx512 64
+ *
+ * With PROMPT (e.g. 512), the blocks are instead those of one causal prompt batch of PROMPT
+ * tokens as forward.h cuts it for one KV head of 7 query heads: 4 tokens x 7 heads (28 rows) a
+ * block, token t over keys [0, t] (qwen2.5-0.5B's attention, one KV head of one layer).
  *
  * Built against another checkout's headers (-I../base/cython_kernels/...), the same source
  * measures that checkout.
@@ -18,13 +22,31 @@
 static double now(void) { struct timespec t; clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t); return t.tv_sec + t.tv_nsec * 1e-9; }
 int main(int argc, char **argv) {
     if (ed_types_init(argc > 1 ? argv[1] : NULL)) return 2;
-    const int hd = argc > 2 ? atoi(argv[2]) : 64, nctx = 600, H = 7, ld = 2 * hd;
+    const int hd = argc > 2 ? atoi(argv[2]) : 64, H = 7, ld = 2 * hd;
+    const int prompt = argc > 3 ? atoi(argv[3]) : 0, nctx = prompt > 600 ? prompt : 600;
     ed_half *k = malloc(sizeof(ed_half) * nctx * ld), *v = malloc(sizeof(ed_half) * nctx * ld);
     srand(3);
     for (int i = 0; i < nctx * ld; i++) { k[i] = ed_fp32_to_fp16((rand() / (float)RAND_MAX - 0.5f) * 4); v[i] = ed_fp32_to_fp16(rand() / (float)RAND_MAX - 0.5f); }
     float *q = malloc(sizeof(float) * 32 * hd), *o = malloc(sizeof(float) * 32 * hd);
     float *ws = aligned_alloc(64, sizeof(float) * ed_attn_ws_floats(hd, nctx + 64));
     uint64_t h = 1469598103934665603ull; double t = 0;
+    for (int t0 = 0; t0 < prompt; t0 += 4) {  /* a prompt batch: 4 tokens x H heads a block */
+        const int nr = (prompt - t0 < 4 ? prompt - t0 : 4) * H;
+        ed_attn_row rw[32];
+        for (int r = 0; r < nr; r++) {
+            for (int d = 0; d < hd; d++) q[r * hd + d] = (rand() / (float)RAND_MAX - 0.5f) * 3;
+            rw[r] = (ed_attn_row){q + r * hd, o + r * hd, 0, t0 + r / H, -INFINITY};
+        }
+        const double c0 = now();
+        ed_kern->attn(nr, rw, k, v, ld, hd, 0.125f, ws);
+        t += now() - c0;
+        const uint8_t *ob = (const uint8_t *)o;
+        for (size_t i = 0; i < sizeof(float) * nr * hd; i++) h = (h ^ ob[i]) * 1099511628211ull;
+    }
+    if (prompt) {
+        printf("%s hd=%d prompt %d attn %.2f ms bits %016llx\n", ed_kern->name, hd, prompt, t * 1e3, (unsigned long long)h);
+        return 0;
+    }
     for (int it = 0; it < 300; it++) {
         const int nr = 1 + rand() % 32, pos = rand() % 500, sink = it % 5 == 0;
         ed_attn_row rw[32];
