@@ -117,7 +117,10 @@ def bind_socket(path, mode, group):
         sock.close()
         os.unlink(path)
         raise ConfigError(f"config key 'socket_group'/'socket_mode': cannot set on {path}: {e.strerror}") from None
-    sock.listen(128)
+    # the kernel's cap (net.core.somaxconn), as systemd's socket units default to: a burst of
+    # clients larger than a small backlog (the connection caps close them right after accept)
+    # would make a non-blocking connect(2) fail with EAGAIN before the loop has drained it
+    sock.listen(socket.SOMAXCONN)
     sock.setblocking(False)
     return sock
 
