@@ -20,6 +20,15 @@
 #include <time.h>
 #include "forward.h"
 static double now(void) { struct timespec t; clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t); return t.tv_sec + t.tv_nsec * 1e-9; }
+/* one block through the path's kernel: its thread CPU time added to *t, its output bits to *h */
+static void run(int nr, const ed_attn_row *rw, const ed_half *k, const ed_half *v, int ld, int hd,
+                float *ws, const float *o, double *t, uint64_t *h) {
+    const double t0 = now();
+    ed_kern->attn(nr, rw, k, v, ld, hd, 0.125f, ws);
+    *t += now() - t0;
+    const uint8_t *ob = (const uint8_t *)o;
+    for (size_t i = 0; i < sizeof(float) * nr * hd; i++) *h = (*h ^ ob[i]) * 1099511628211ull;
+}
 int main(int argc, char **argv) {
     if (ed_types_init(argc > 1 ? argv[1] : NULL)) return 2;
     const int hd = argc > 2 ? atoi(argv[2]) : 64, H = 7, ld = 2 * hd;
@@ -37,11 +46,7 @@ int main(int argc, char **argv) {
             for (int d = 0; d < hd; d++) q[r * hd + d] = (rand() / (float)RAND_MAX - 0.5f) * 3;
             rw[r] = (ed_attn_row){q + r * hd, o + r * hd, 0, t0 + r / H, -INFINITY};
         }
-        const double c0 = now();
-        ed_kern->attn(nr, rw, k, v, ld, hd, 0.125f, ws);
-        t += now() - c0;
-        const uint8_t *ob = (const uint8_t *)o;
-        for (size_t i = 0; i < sizeof(float) * nr * hd; i++) h = (h ^ ob[i]) * 1099511628211ull;
+        run(nr, rw, k, v, ld, hd, ws, o, &t, &h);
     }
     if (prompt) {
         printf("%s hd=%d prompt %d attn %.2f ms bits %016llx\n", ed_kern->name, hd, prompt, t * 1e3, (unsigned long long)h);
@@ -55,11 +60,7 @@ int main(int argc, char **argv) {
             const int tok = r / H;  /* rows of one token share their keys */
             rw[r] = (ed_attn_row){q + r * hd, o + r * hd, it % 3 == 0 ? tok : 0, pos + tok, sink ? 0.5f : -INFINITY};
         }
-        const double t0 = now();
-        ed_kern->attn(nr, rw, k, v, ld, hd, 0.125f, ws);
-        t += now() - t0;
-        const uint8_t *ob = (const uint8_t *)o;
-        for (size_t i = 0; i < sizeof(float) * nr * hd; i++) h = (h ^ ob[i]) * 1099511628211ull;
+        run(nr, rw, k, v, ld, hd, ws, o, &t, &h);
     }
     printf("%s hd=%d attn %.2f ms bits %016llx\n", ed_kern->name, hd, t * 1e3, (unsigned long long)h);
     return 0;
