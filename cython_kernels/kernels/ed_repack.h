@@ -23,9 +23,11 @@
  *   { ed_half d[8], dmin[8]; uint32_t sc[3][8]; uint32_t qs[32][8]; }, the 12 bytes of packed
  *   scales and mins as 3 dwords per row, lane-parallel to unpack) and Q5_K
  *   ({ ed_half d[8], dmin[8]; uint32_t sc[3][8]; uint32_t qh[8][8]; uint32_t qs[32][8]; }) and Q6_K
- *   ({ ed_half d[8]; uint32_t ql[32][8]; uint32_t qh[16][8]; int8_t sc[4][8][4]; }) and Q2_K
+ *   ({ ed_half d[8]; uint32_t ql[32][8]; uint32_t qh[16][8]; int8_t sc[4][8][4]; }: ql and qh rewritten as
+ *   whole 6-bit values, ed_q6_fields) and Q2_K
  *   ({ ed_half d[8], dmin[8]; uint8_t sc[4][8][4]; uint32_t qs[16][8]; }) and Q3_K ({ ed_half d[8];
- *   uint32_t hmask[8][8]; uint32_t qs[16][8]; uint32_t sc[3][8]; }); their mapped blocks keep
+ *   uint32_t x[8][8], y[8][8], z[8][8]; uint32_t sc[3][8]; }: hmask and qs rewritten as whole 3-bit
+ *   values, ed_q3_fields); their mapped blocks keep
  *   the halves last, the R4 blocks first; IQ4_XS ({ ed_half d[8]; uint16_t scales_h[8];
  *   uint32_t scales_l[8]; uint32_t qs[32][8]; })
  *
@@ -136,10 +138,87 @@ static inline void ed_r4_runs4(uint8_t *rk, uint8_t *const m[8], int off, int di
 }
 #endif
 
+/* Q3_K's 3-bit values in 3-bit fields (x86 R4 only): for each of the 32 weight positions l of a
+ * super-block the 8 values v_f = lo_f + 4 hb_f of fields f = 4j + s (weight 128j + 32s + l; lo_f
+ * bits 2s..2s+1 of qs[32j + l], hb_f bit f of hmask[l]) are 24 bits in the bytes hmask[l] = X,
+ * qs[l] = Y, qs[32 + l] = Z:
+ *   X = v0 | v1 << 3 | lo6 << 6,   Y = v2 | v3 << 3 | lo7 << 6,   Z = v4 | v5 << 3 | hb6 << 6 | hb7 << 7
+ * so a kernel takes six values with one mask each (v1, v3, v5 as 8 v) and v6, v7 with two shifts
+ * (the mapped bits cost a shift, a mask and an or per value for the hmask bit alone). In place on
+ * a block's first 96 bytes; dir 1 to the fields, dir 0 back (8 positions per 64-bit word: every
+ * shift is masked to its bytes). */
+static inline void ed_q3_fields(uint8_t *b, int dir) {
+    const uint64_t B = 0x0101010101010101ull, B3 = 3 * B, B4 = 4 * B, B7 = 7 * B;
+    for (int w = 0; w < 4; w++) {
+        uint64_t h, q0, q1;
+        memcpy(&h, b + 8 * w, 8), memcpy(&q0, b + 32 + 8 * w, 8), memcpy(&q1, b + 64 + 8 * w, 8);
+        if (dir) {
+            const uint64_t v0 = (q0 & B3) | (h << 2 & B4), v1 = (q0 >> 2 & B3) | (h << 1 & B4);
+            const uint64_t v2 = (q0 >> 4 & B3) | (h & B4), v3 = (q0 >> 6 & B3) | (h >> 1 & B4);
+            const uint64_t v4 = (q1 & B3) | (h >> 2 & B4), v5 = (q1 >> 2 & B3) | (h >> 3 & B4);
+            const uint64_t x = v0 | v1 << 3 | (q1 >> 4 & B3) << 6, y = v2 | v3 << 3 | (q1 >> 6 & B3) << 6;
+            const uint64_t z = v4 | v5 << 3 | (h >> 6 & B) << 6 | (h >> 7 & B) << 7;
+            h = x, q0 = y, q1 = z;
+        } else {
+            const uint64_t x = h, y = q0, z = q1;
+            const uint64_t v0 = x & B7, v1 = x >> 3 & B7, v2 = y & B7, v3 = y >> 3 & B7, v4 = z & B7, v5 = z >> 3 & B7;
+            h = (v0 >> 2 & B) | (v1 >> 2 & B) << 1 | (v2 >> 2 & B) << 2 | (v3 >> 2 & B) << 3 | (v4 >> 2 & B) << 4 |
+                (v5 >> 2 & B) << 5 | (z >> 6 & B) << 6 | (z >> 7 & B) << 7;
+            q0 = (v0 & B3) | (v1 & B3) << 2 | (v2 & B3) << 4 | (v3 & B3) << 6;
+            q1 = (v4 & B3) | (v5 & B3) << 2 | (x >> 6 & B3) << 4 | (y >> 6 & B3) << 6;
+        }
+        memcpy(b + 8 * w, &h, 8), memcpy(b + 32 + 8 * w, &q0, 8), memcpy(b + 64 + 8 * w, &q1, 8);
+    }
+}
+
+/* Q6_K's 6-bit values whole (x86 R4 only): for each half j and position l (0..31) the values v_t
+ * (t = 0..3, weight 128j + 32t + l; the low nibbles in ql[64j + l] (t = 0, 2) and ql[64j + 32 + l]
+ * (t = 1, 3), the top two bits t in qh[32j + l]) become the bytes ql[64j + l] = A, ql[64j + 32 + l]
+ * = B, qh[32j + l] = C:
+ *   A = v0 | (v3 & 3) << 6,   B = v1 | (v3 >> 2 & 3) << 6,   C = v2 | (v3 >> 4) << 6
+ * so three values are one mask each (the mapped bits: four to five operations per value). In place
+ * on a block's first 192 bytes, dir 1 to the fields, dir 0 back. */
+static inline void ed_q6_fields(uint8_t *b, int dir) {
+    const uint64_t B = 0x0101010101010101ull, B3 = 3 * B, B15 = 15 * B, B63 = 63 * B;
+    for (int j = 0; j < 2; j++)
+        for (int w = 0; w < 4; w++) {
+            uint8_t *pa = b + 64 * j + 8 * w, *pb = pa + 32, *pc = b + 128 + 32 * j + 8 * w;
+            uint64_t a, bb, c;
+            memcpy(&a, pa, 8), memcpy(&bb, pb, 8), memcpy(&c, pc, 8);
+            if (dir) {
+                const uint64_t v0 = (a & B15) | (c & B3) << 4, v1 = (bb & B15) | (c >> 2 & B3) << 4;
+                const uint64_t v2 = (a >> 4 & B15) | (c >> 4 & B3) << 4, v3 = (bb >> 4 & B15) | (c >> 6 & B3) << 4;
+                a = v0 | (v3 & B3) << 6, bb = v1 | (v3 >> 2 & B3) << 6, c = v2 | (v3 >> 4 & B3) << 6;
+            } else {
+                const uint64_t v0 = a & B63, v1 = bb & B63, v2 = c & B63;
+                const uint64_t v3 = (a >> 6 & B3) | (bb >> 6 & B3) << 2 | (c >> 6 & B3) << 4;
+                a = (v0 & B15) | (v2 & B15) << 4, bb = (v1 & B15) | (v3 & B15) << 4;
+                c = (v0 >> 4 & B3) | (v1 >> 4 & B3) << 2 | (v2 >> 4 & B3) << 4 | (v3 >> 4 & B3) << 6;
+            }
+            memcpy(pa, &a, 8), memcpy(pb, &bb, 8), memcpy(pc, &c, 8);
+        }
+}
+
+/* the types whose x86 R4 blocks hold their values whole (ed_q3_fields, ed_q6_fields) */
+static inline void ed_r4_fields(int type, uint8_t *b, int dir) {
+    if (type == ED_Q3_K) ed_q3_fields(b, dir); else ed_q6_fields(b, dir);
+}
+
 /* one block of the G rows: to R4 (dir 1: the G mapped blocks at m[i] -> r) or back (dir 0; the
  * prompt panels rebuild each group this way, so no library calls in its loops) */
-static inline void ed_r4_block(int type, int dir, uint8_t *r, uint8_t *const m[ED_R4_ROWS]) {
+static inline void ed_r4_block(int type, int dir, uint8_t *r, uint8_t *const m_[ED_R4_ROWS]) {
     const int u = ed_r4_unit(type), nu = ed_r4_units(type), hd = u * nu, nd = ed_r4_dwords(type), G = ED_R4_ROWS;
+    const int fl = ED_R4_ROWS == 8 && (type == ED_Q3_K || type == ED_Q6_K);  /* values whole (ed_r4_fields) */
+    uint8_t fb[fl && dir ? ED_R4_ROWS : 1][sizeof(blk_q6_K)];
+    uint8_t *m[ED_R4_ROWS];
+    for (int i = 0; i < G; i++) {
+        m[i] = m_[i];
+        if (fl && dir) {  /* the fields into a copy: the mapped rows stay as they are */
+            memcpy(fb[i], m_[i], ED_TRAITS[type].type_size);
+            ed_r4_fields(type, fb[i], 1);
+            m[i] = fb[i];
+        }
+    }
     const int ho = ed_r4_hoff(type), dof = ed_r4_doff(type);
     const uint32_t x = ed_r4_xor(type) * 0x01010101u;
     const int k0 = type == ED_Q5_0 || type == ED_Q5_1;  /* dword 0 (qh) as bit planes */
@@ -165,6 +244,7 @@ static inline void ed_r4_block(int type, int dir, uint8_t *r, uint8_t *const m[E
         if (dir) for (; k < nd; k++) { memcpy(&v, md + 4 * k, 4); v ^= x; memcpy(rd + 4 * G * k, &v, 4); }
         else for (; k < nd; k++) { memcpy(&v, rd + 4 * G * k, 4); v ^= x; memcpy(md + 4 * k, &v, 4); }
     }
+    if (fl && !dir) for (int i = 0; i < G; i++) ed_r4_fields(type, m[i], 0);
 }
 
 /* one group both ways: G mapped rows (rows, row_bytes apart) -> R4 bytes at group (G * row_bytes)
