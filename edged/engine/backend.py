@@ -45,13 +45,22 @@ class Backend:
         """The kernel table within the path (e.g. avx2+vnni); the path's name elsewhere."""
         return self.kernel_path
 
-    def __init__(self, spec, weights, n_threads=1, numa="none", cache=DEFAULT_CACHE):  # initialise
+    def __init__(self, spec, weights, n_threads=1, numa="none", cache=DEFAULT_CACHE,
+                 resident_experts=False):  # initialise
         self.spec, self.weights, self.n_threads, self.numa = spec, weights, n_threads, numa
         self.cache = cache  # kvcache.CacheTypes of every session's K and V
+        # MoE: every expert may be held resident in the backend's own layout (Model decides)
+        self.resident_experts = resident_experts
 
     @classmethod
     def extra_weight_bytes(cls, spec) -> int:
         """Bytes the backend holds for weights beyond the mapping (repacked/dequantized copies)."""
+        return 0
+
+    @classmethod
+    def expert_repack_bytes(cls, spec) -> int:
+        """Bytes of MoE expert weights this backend would copy into its own layout when allowed
+        to hold every expert resident (resident_experts): 0 when it reads them mapped anyway."""
         return 0
 
     @classmethod

@@ -67,8 +67,15 @@ class CPUBackend(Backend):
         sizes prompt chunks around it)."""
         return _core.gemm_min_cols()
 
-    def __init__(self, spec, weights, n_threads=1, numa="none", cache=DEFAULT_CACHE):
-        super().__init__(spec, weights, n_threads, numa, cache)
+    @classmethod
+    def expert_repack_bytes(cls, spec):
+        """The expert tensors the path's kernels read repacked (x86: every R4 type whose experts'
+        rows are whole groups), when Model lets every expert be resident."""
+        return repack.expert_bytes(_require_core(), spec, repack.mode_from_env())
+
+    def __init__(self, spec, weights, n_threads=1, numa="none", cache=DEFAULT_CACHE,
+                 resident_experts=False):
+        super().__init__(spec, weights, n_threads, numa, cache, resident_experts)
         cache.check(spec.hp.head_dim)
         core = _require_core()
         self._dequantize = dequantize
@@ -114,7 +121,8 @@ class CPUBackend(Backend):
         g = {"token_embd": matrix(spec.token_embd), "output_norm": vector(spec.output_norm),
              "output": matrix(spec.output), "rope_factors": None}
         # the matrices the path's kernels read in another layout: copied once, mapping released
-        self.repacked = repack.apply(core, spec, layers, g, repack.mode_from_env())
+        self.repacked = repack.apply(core, spec, layers, g, repack.mode_from_env(),
+                                     experts=resident_experts)
         self._hpd, self._layers, self._globals = hpd, layers, g
         self._models = {}  # rope-factor choice -> ForwardModel (phi3 long/short by n_ctx)
         self._embd_type = int(spec.tensors[spec.token_embd].type)

@@ -93,10 +93,13 @@ class MemoryPlan:
                 f"({self.kv_types}) {_mib(self.kv_cache)} + scratch {_mib(self.scratch)} = {_mib(self.total)}"
                 f"{paged} (budget {b})")
 
-    def check(self, what):
+    def fits(self):
         # a MoE model's mapped experts beyond one token's share degrade through the page cache
         # (slower when the routing moves) instead of refusing the load
-        if self.budget is not None and self.total - self.paged > self.budget:
+        return self.budget is None or self.total - self.paged <= self.budget
+
+    def check(self, what):
+        if not self.fits():
             raise CapacityError(
                 f"{what} does not fit: needs {self.total} bytes ({self.describe()}); "
                 f"over by {_mib(self.total - self.budget)}")
@@ -196,10 +199,27 @@ class Model:
         experts = sum(t.nbytes for n, t in self.spec.tensors.items() if n.endswith("_exps.weight"))
         self._paged = 0
         cls = backend_class(backend)
-        if mmap and not mlock and experts and not cls.extra_weight_bytes(self.spec):
-            self._paged = experts - experts * self.hp.n_expert_used // self.hp.n_expert
-        # weights are checked before the backend copies/dequantizes anything
         n_ctx = n_ctx_plan or 0
+        k, X = self.hp.n_expert_used, self.hp.n_expert
+        resident = False  # experts held in the backend's own layout (x86: R4), every one resident
+        if experts and not cls.extra_weight_bytes(self.spec):
+            rep = cls.expert_repack_bytes(self.spec)
+            if not mmap:
+                resident = rep > 0  # private copies: repacked in place, no memory added
+            elif not mlock:
+                self._paged = experts - experts * k // X
+                if rep:  # repacked only where the whole model then fits: else they page
+                    mapped = experts - rep
+                    paged = self._paged
+                    self._paged = mapped - mapped * k // X
+                    resident = self._plan(cls, n_ctx).fits()
+                    if not resident:
+                        self._paged = paged
+                    if log:
+                        log(f"experts: {rep} bytes repacked, every expert resident" if resident else
+                            f"experts: stay mapped and page in as routed (repacked, all {rep} bytes "
+                            "would not fit the budget)")
+        # weights are checked before the backend copies/dequantizes anything
         plan = self._plan(cls, n_ctx)
         if log:
             log(plan.describe())
@@ -215,7 +235,7 @@ class Model:
         if mlock:
             self._mlock()
         self.backend = cls(self.spec, weights, n_threads=self.n_threads, numa=numa,
-                           cache=self.cache)
+                           cache=self.cache, resident_experts=resident)
         self.backend_name = self.backend.name
         self.memory_plan = plan
 

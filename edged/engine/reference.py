@@ -130,8 +130,9 @@ class _Session:
 class ReferenceBackend(Backend):
     name = "reference"
 
-    def __init__(self, spec, weights, n_threads=1, numa="none", cache=DEFAULT_CACHE):
-        super().__init__(spec, weights, n_threads, numa, cache)
+    def __init__(self, spec, weights, n_threads=1, numa="none", cache=DEFAULT_CACHE,
+                 resident_experts=False):
+        super().__init__(spec, weights, n_threads, numa, cache, resident_experts)
         cache.check(spec.hp.head_dim)
 
         self._w = {}

@@ -14,8 +14,11 @@ in only the rows it touches. Without a mapping (Model.load(mmap=False): private 
 copies are repacked in place, and a tensor that is also the token embedding stays as it is.
 
 Only matrices the forward pass reads through its row tiles and panels (ed_rows) are repacked,
-and only where their row ranges start on a group of rows: every 2-D projection, not the 3-D
-expert tensors (whose experts start at any row).
+and only where their row ranges start on a group of rows: every 2-D projection, and the 3-D
+expert tensors of a MoE layer when their experts' rows are whole groups (ne1 a multiple of the
+group) and the model asks for them (`experts`): repacking copies every expert into the arena,
+so all of them become resident, where the mapping pages in only the routed ones; Model decides
+(docs/models.md, "Mixture of experts").
 
 EDGED_REPACK: "auto" (default: what the path's kernels read), "off" (the mapped layout
 everywhere), "r4" (the R4 layout for every matrix of a type ed_r4_ok takes, on any path: the generic twin of
@@ -34,6 +37,7 @@ MODES = ("auto", "off", "r4")
 _SLICE = 8 << 20  # bytes repacked between two releases of mapped pages
 ROLES = ("attn_q", "attn_k", "attn_v", "attn_qkv", "attn_output", "ffn_gate", "ffn_up",
          "ffn_down", "ffn_gate_shexp", "ffn_up_shexp", "ffn_down_shexp")
+EXPERT_ROLES = ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")
 
 
 def mode_from_env() -> str:
@@ -70,20 +74,44 @@ class Repacked:
         return [] if self.arena is None else [self.arena]
 
 
-def apply(core, spec, layers, globals_, mode="auto") -> Repacked:
+def _types(core, mode):
+    if mode == "off":
+        return set()
+    return {int(t) for t in core.r4_types()} if mode == "auto" else set(_all_r4_types(core))
+
+
+def _takes(core, types, gtype, shape):
+    """a matrix (2-D) or expert tensor (3-D: ne0, rows per expert, experts) the R4 layout takes"""
+    return gtype in types and len(shape) in (2, 3) and core.r4_ok(gtype, shape[0], shape[1])
+
+
+def expert_bytes(core, spec, mode="auto") -> int:
+    """Bytes of the expert tensors apply(experts=True) would repack (0: none, e.g. on a path
+    that repacks nothing, or experts of a type or row count the layout does not take)."""
+    types = _types(core, mode)
+    total = 0
+    for L in spec.layers:
+        for role in EXPERT_ROLES:
+            name = getattr(L, role, None)
+            if name is not None:
+                t = spec.tensors[name]
+                if _takes(core, types, int(t.type), tuple(int(x) for x in t.shape)):
+                    total += t.nbytes
+    return total
+
+
+def apply(core, spec, layers, globals_, mode="auto", experts=False) -> Repacked:
     """Repack the matrices of `layers` (per layer: role -> (array, type, shape, row_bytes) or
     None, as CPUBackend builds them) and globals_["output"] that the selected path (mode
-    "auto") or mode "r4" wants in the R4 layout; their tuples gain the layout and point at
-    the repacked bytes (in place)."""
-    if mode == "off":
-        return Repacked(None, [], 0)
-    types = {int(t) for t in core.r4_types()} if mode == "auto" else set(_all_r4_types(core))
+    "auto") or mode "r4" wants in the R4 layout, with experts=True the MoE expert tensors too;
+    their tuples gain the layout and point at the repacked bytes (in place)."""
+    types = _types(core, mode)
     if not types:
         return Repacked(None, [], 0)
     hp = spec.hp
     slots = []  # (container, key, tensor name)
     for il, L in enumerate(spec.layers):
-        for role in ROLES:
+        for role in ROLES + (EXPERT_ROLES if experts else ()):
             name = getattr(L, role, None)
             if name is None or layers[il].get(role) is None:
                 continue
@@ -95,7 +123,7 @@ def apply(core, spec, layers, globals_, mode="auto") -> Repacked:
     chosen = {}
     for holder, key, name in slots:
         arr, gtype, shape, row_bytes = holder[key][:4]
-        if gtype not in types or len(shape) != 2 or not core.r4_ok(gtype, shape[0], shape[1]):
+        if not _takes(core, types, gtype, shape):
             continue
         if not _is_mapped(arr) and name == spec.token_embd:
             continue  # a private copy the embedding lookup reads: not in place
@@ -121,7 +149,7 @@ def apply(core, spec, layers, globals_, mode="auto") -> Repacked:
                 core.release_pages(arr[a:b])
             released += core.release_pages(arr)  # and the pages that straddled two slices
         else:
-            dst = core.r4_pack(arr, arr, gtype, shape[0], shape[1])
+            dst = core.r4_pack(arr, arr, gtype, shape[0], arr.nbytes // row_bytes)
         for holder, key in chosen[name]:
             holder[key] = (dst, gtype, shape, row_bytes, core.LAYOUT_R4)
     return Repacked(arena, sorted(chosen), released)

@@ -130,3 +130,65 @@ def test_matmul_over_the_r4_layout_gives_the_mapped_bits(n):
     with pytest.raises(ValueError, match="no R4 layout"):
         core.matmul(np.empty((1, 6), np.float32), np.zeros(6 * 144, np.uint8), int(GGMLType.Q4_0),
                     np.zeros((1, 256), np.float32), pool, True)
+
+
+# small MoE shapes: every expert's rows whole groups (n_ff_exp and n_embd multiples of 8, and
+# of 256 so the K-quant mixes keep their K-quants)
+MOE_SHAPES = {
+    "qwen3moe": dict(arch="qwen3moe", n_embd=256, n_head=4, n_head_kv=2, n_ff=512, n_layer=2,
+                     n_vocab=512, rope_freq_base=1e6, rms_eps=1e-6, n_ctx_train=4096, tied=False,
+                     qkv_bias=False, qk_norm=True, n_expert=8, n_expert_used=2, n_ff_exp=256),
+    "gpt-oss": dict(arch="gpt-oss", n_embd=256, n_head=4, n_head_kv=2, head_dim=64, n_ff=256,
+                    n_layer=2, n_vocab=512, rope_freq_base=150000.0, rms_eps=1e-5,
+                    n_ctx_train=4096, tied=False, qkv_bias=True, n_expert=8, n_expert_used=2,
+                    n_ff_exp=256, gpt_oss=True, n_swa=8, yarn=(32.0, 4096)),
+}
+
+
+def _moe(tmp_path, monkeypatch, arch, ftype):
+    from edged.format import synth
+    monkeypatch.setitem(synth.SHAPES, f"test-{arch}", MOE_SHAPES[arch])
+    path = str(tmp_path / f"{arch}-{ftype}.gguf")
+    synth.synth(f"test-{arch}", ftype, path, seed=5)
+    return path
+
+
+def _experts(m):
+    return [n for n in m.backend.repacked.tensors if "_exps." in n]
+
+
+@pytest.mark.parametrize("arch,ftype", [("qwen3moe", "Q4_K_M"), ("qwen3moe", "Q8_0"),
+                                        ("qwen3moe", "MXFP4_MOE"), ("gpt-oss", "MXFP4_MOE")])
+def test_moe_experts_repacked_give_the_same_bits(tmp_path, monkeypatch, arch, ftype):
+    """The 3-D expert tensors repacked at load (a model that fits with every expert resident):
+    one token per expert on the R4 row kernels, a prompt grouped by expert on the R4 panels,
+    a decode batch; every logit equal to the mapped experts' bit for bit."""
+    path = _moe(tmp_path, monkeypatch, arch, ftype)
+    monkeypatch.setenv("EDGED_REPACK", "off")
+    plain = Model.load(path, n_threads=2)
+    assert plain.backend.repacked.tensors == [] and plain.memory_plan.paged > 0
+    want = _logits(plain)
+    monkeypatch.setenv("EDGED_REPACK", "r4")
+    m = Model.load(path, n_threads=2)
+    assert len(_experts(m)) == 3 * MOE_SHAPES[arch]["n_layer"], m.backend.repacked.tensors
+    assert m.memory_plan.paged == 0  # resident now: nothing left to page
+    got = _logits(m)
+    assert got.shape == want.shape and np.array_equal(got.view(np.uint32), want.view(np.uint32))
+
+
+def test_moe_experts_stay_mapped_where_resident_they_would_not_fit(tmp_path, monkeypatch):
+    """Below the budget every expert resident needs, the experts stay mapped and page in as
+    routed (the model still loads, with the same logits); private copies are repacked in place."""
+    path = _moe(tmp_path, monkeypatch, "qwen3moe", "Q8_0")
+    monkeypatch.setenv("EDGED_REPACK", "r4")
+    roomy = Model.load(path, n_threads=1)
+    assert _experts(roomy) and roomy.memory_plan.paged == 0
+    lines = []
+    tight = Model.load(path, n_threads=1, max_memory=roomy.memory_plan.total - 1, log=lines.append)
+    assert _experts(tight) == [] and tight.backend.repacked.tensors  # the 2-D matrices still are
+    assert tight.memory_plan.paged > 0
+    assert any("experts: stay mapped" in ln for ln in lines), lines
+    a, b = _logits(roomy), _logits(tight)
+    assert np.array_equal(a.view(np.uint32), b.view(np.uint32))
+    private = Model.load(path, n_threads=1, mmap=False)
+    assert _experts(private) and private.backend.repacked.nbytes == 0
