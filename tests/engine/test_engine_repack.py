@@ -192,3 +192,21 @@ def test_moe_experts_stay_mapped_where_resident_they_would_not_fit(tmp_path, mon
     assert np.array_equal(a.view(np.uint32), b.view(np.uint32))
     private = Model.load(path, n_threads=1, mmap=False)
     assert _experts(private) and private.backend.repacked.nbytes == 0
+
+
+@pytest.mark.parametrize("arch,ftype", [("qwen3moe", "Q4_K_M"), ("gpt-oss", "MXFP4_MOE")])
+def test_moe_one_token_equals_its_row_of_a_decode_batch(tmp_path, monkeypatch, arch, ftype):
+    """Repacked experts, one token (one column per expert) against a decode batch (the tokens
+    routed to an expert as the columns of one call): the same bits per row."""
+    path = _moe(tmp_path, monkeypatch, arch, ftype)
+    m = Model.load(path, n_threads=2)
+    pairs = []
+    for _ in range(2):
+        a, b = m.session(n_ctx=32), m.session(n_ctx=32)
+        a.eval([5, 6, 7])
+        b.eval([9, 10])
+        pairs.append((a, b))
+    batch = np.asarray(m.decode_batch(list(pairs[0]), [11, 12]), np.float32).reshape(2, -1)
+    single = np.stack([np.asarray(pairs[1][0].eval([11]), np.float32).reshape(-1),
+                       np.asarray(pairs[1][1].eval([12]), np.float32).reshape(-1)])
+    assert np.array_equal(batch.view(np.uint32), single.view(np.uint32))
