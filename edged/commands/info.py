@@ -152,7 +152,8 @@ def run(args):
               f"(expert FFN {hp['n_ff_exp']}); weights read per token "
               f"{mib(info['active_weights_bytes'])} of {mib(info['weights_bytes'])} "
               f"({100 * info['active_weights_bytes'] / info['weights_bytes']:.0f}%, "
-              "expert weights stay mapped from the file)")
+              "expert weights mapped from the file, or repacked and all resident where the "
+              "memory budget allows)")
     print("weight types: " + ", ".join(f"{k} x{v['tensors']} ({mib(v['bytes'])})"
                                        for k, v in info["weight_types"].items()))
     for r in info["memory"]:

@@ -206,13 +206,17 @@ class Model:
             rep = cls.expert_repack_bytes(self.spec)
             if not mmap:
                 resident = rep > 0  # private copies: repacked in place, no memory added
+                if log and resident:
+                    log(f"experts: {rep} bytes repacked in place")
             elif not mlock:
                 self._paged = experts - experts * k // X
-                if rep:  # repacked only where the whole model then fits: else they page
+                if rep:  # repacked only where the whole model then fits with a session of
+                    # the planned context (none planned: 4096 tokens, or the trained context if
+                    # shorter), so that sessions are not refused for it; else they page
                     mapped = experts - rep
                     paged = self._paged
                     self._paged = mapped - mapped * k // X
-                    resident = self._plan(cls, n_ctx).fits()
+                    resident = self._plan(cls, n_ctx or min(self.hp.n_ctx_train, 4096)).fits()
                     if not resident:
                         self._paged = paged
                     if log:
