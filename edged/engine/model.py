@@ -209,16 +209,16 @@ class Model:
                 if log and resident:
                     log(f"experts: {rep} bytes repacked in place")
             elif not mlock:
-                self._paged = experts - experts * k // X
+                def unrouted(mapped):  # mapped expert bytes one token does not read
+                    return mapped - mapped * k // X
+                self._paged = unrouted(experts)
                 if rep:  # repacked only where the whole model then fits with a session of
                     # the planned context (none planned: 4096 tokens, or the trained context if
                     # shorter), so that sessions are not refused for it; else they page
-                    mapped = experts - rep
-                    paged = self._paged
-                    self._paged = mapped - mapped * k // X
-                    resident = self._plan(cls, n_ctx or min(self.hp.n_ctx_train, 4096)).fits()
-                    if not resident:
-                        self._paged = paged
+                    resident = self._plan(cls, n_ctx or min(self.hp.n_ctx_train, 4096),
+                                          paged=unrouted(experts - rep)).fits()
+                    if resident:
+                        self._paged = unrouted(experts - rep)
                     if log:
                         log(f"experts: {rep} bytes repacked, every expert resident" if resident else
                             f"experts: stay mapped and page in as routed (repacked, all {rep} bytes "
@@ -280,12 +280,12 @@ class Model:
         self.backend_name = "reference" if core is None else "cpu"
         self.memory_plan = plan
 
-    def _plan(self, cls, n_ctx):
+    def _plan(self, cls, n_ctx, paged=None):  # paged: instead of self._paged (a trial)
         b = cls.plan_for(self.spec, n_ctx, min(DEFAULT_N_BATCH, max(n_ctx, 1)),
                          self.cache) if n_ctx else None
         return MemoryPlan(weights=self.weights_bytes + cls.extra_weight_bytes(self.spec),
                           kv_cache=b.kv_cache if b else 0, scratch=b.scratch if b else 0,
-                          budget=self.budget, n_ctx=n_ctx, paged=self._paged,
+                          budget=self.budget, n_ctx=n_ctx, paged=self._paged if paged is None else paged,
                           kv_types=str(self.cache))
 
     def _mlock(self):
