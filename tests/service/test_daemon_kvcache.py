@@ -8,7 +8,7 @@ import shutil
 import pytest
 
 from conftest import ROOT
-from edged.service.api import ApiRequest
+from edged.service.wire import ApiRequest
 from test_daemon_handlers import make_daemon
 
 pytest.importorskip("edged._core")

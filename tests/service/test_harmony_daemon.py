@@ -12,7 +12,7 @@ import pytest
 
 from conftest import ROOT, testdata
 from daemon_support import add_chat_template
-from edged.service.api import ApiRequest
+from edged.service.wire import ApiRequest
 from test_daemon_handlers import make_daemon
 
 gguf = pytest.importorskip("gguf")
