@@ -321,8 +321,9 @@ class Model:
         position table), a decoder's trained context capped at 8192."""
         return self.hp.n_ctx_train if self.encoder else min(self.hp.n_ctx_train, 8192)
 
-    def tokenize_inputs(self, inputs, add_special=True):
-        """Texts or token-id lists -> token-id lists, each checked against embed_limit."""
+    def tokenize_inputs(self, inputs, add_special=True, limit=None):
+        """Texts or token-id lists -> token-id lists, each checked against embed_limit (and
+        `limit` when given: the daemon's ctx_size)."""
         if isinstance(inputs, str) or (inputs and isinstance(inputs[0], int)):
             inputs = [inputs]
         out = []
@@ -331,9 +332,10 @@ class Model:
                 else [int(t) for t in x]
             if not ids:
                 raise RequestError(f"input {i} is empty")
-            if len(ids) > self.embed_limit:
-                raise RequestError(f"input {i} has {len(ids)} tokens, more than the model's "
-                                   f"limit of {self.embed_limit}")
+            most = self.embed_limit if limit is None else min(limit, self.embed_limit)
+            if len(ids) > most:
+                raise RequestError(f"input {i} has {len(ids)} tokens, more than the limit of "
+                                   f"{most} (the model's{'' if limit is None else ' and ctx_size'})")
             bad = [t for t in ids if not 0 <= t < self.n_vocab]
             if bad:
                 raise RequestError(f"input {i}: token id {bad[0]} out of range "
@@ -352,45 +354,57 @@ class Model:
         pass (in groups of at most `EMBED_BATCH_TOKENS` tokens); a decoder runs them one by
         one through a session (causal attention, as llama.cpp does for it)."""
         pooling = pooling or self.pooling
+        steps = self.embed_steps(self.tokenize_inputs(inputs, add_special), pooling, normalize)
+        for _ in steps:
+            pass
+        return steps.result
+
+    def embed_steps(self, seqs, pooling, normalize=True, unit_tokens=EMBED_BATCH_TOKENS):
+        """embed() of token-id lists (tokenize_inputs) as steps someone else drives: iterate it,
+        each step one unit of compute under the engine's lock (an encoder pass over inputs of
+        at most `unit_tokens` tokens together, or at least one whole input; a decoder's chunk of
+        at most `unit_tokens` tokens), then `.result`. The daemon's decode thread takes one step
+        at a time between its generation passes (service/scheduler.py); close() it to stop
+        early."""
         if pooling not in _encoder.POOLING_NAMES:
             raise RequestError(f"pooling {pooling!r}: expected one of "
                                f"{', '.join(_encoder.POOLING_NAMES)}")
-        seqs = self.tokenize_inputs(inputs, add_special)
-        hidden = self._hidden_states(seqs)
-        vecs = [_encoder.pool(h, pooling) for h in hidden]
-        if normalize:
-            vecs = [_encoder.normalize(v) for v in vecs]
-        return vecs if pooling == "none" else np.stack(vecs)
+        return EmbedSteps(self, seqs, pooling, normalize, unit_tokens)
 
-    def _hidden_states(self, seqs):
-        """(len(seq), n_embd) float32 final hidden states of each token-id list."""
+    def _hidden_states(self, seqs, unit_tokens):
+        """Yields None after each unit of compute, then the (len(seq), n_embd) float32 final
+        hidden states of each token-id list (a list)."""
         if self.encoder is not None:
             out, group, n = [], [], 0
             for ids in seqs:
-                if group and n + len(ids) > EMBED_BATCH_TOKENS:
+                if group and n + len(ids) > unit_tokens:
                     with _COMPUTE:
                         out += self.encoder.hidden(group)
+                    yield None
                     group, n = [], 0
                 group.append(ids)
                 n += len(ids)
             with _COMPUTE:
                 out += self.encoder.hidden(group)
-            return out
+            yield out
+            return
         out = []
         longest = max(len(s) for s in seqs)
-        with self.session(n_ctx=longest, n_batch=min(DEFAULT_N_BATCH, longest)) as s:
+        with self.session(n_ctx=longest, n_batch=max(1, min(DEFAULT_N_BATCH, longest, unit_tokens))) as s:
             be = self.backend
             for ids in seqs:
                 rows = []
                 with _COMPUTE:
                     s.reset()
-                    for i in range(0, len(ids), s.n_batch):
-                        chunk = ids[i:i + s.n_batch]
+                for i in range(0, len(ids), s.n_batch):
+                    chunk = ids[i:i + s.n_batch]
+                    with _COMPUTE:
                         be.copy_in(s._buf, chunk, i)
                         be.forward(s._buf, len(chunk), i, False, all_rows=True)
                         rows.append(be.hidden_rows(s._buf, len(chunk)))
+                    yield None
                 out.append(np.concatenate(rows))
-        return out
+        yield out
 
     def decode(self, entries):
         """The step API: evaluate a batch of BatchEntry (session, tokens, pos, logits) in one
@@ -547,6 +561,37 @@ class Model:
         return (f"<Model {os.path.basename(self.path)} {self.arch} n_embd={self.hp.n_embd} "
                 f"n_layer={self.hp.n_layer} backend={self.backend_name}>")
 
+
+
+class EmbedSteps:
+    """Model.embed_steps: iterate for the units of compute; `.result` once exhausted (float32
+    (n_inputs, n_embd), or with pooling "none" a list of (n_tokens, n_embd) arrays)."""
+
+    def __init__(self, model, seqs, pooling, normalize, unit_tokens):
+        self.n_tokens = sum(len(x) for x in seqs)
+        self.result = None
+        self._pooling, self._normalize = pooling, normalize
+        self._units = model._hidden_states(seqs, unit_tokens)
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        if self.result is not None:
+            raise StopIteration
+        hidden = next(self._units)
+        if hidden is None:
+            return None
+        self._units.close()
+        vecs = [_encoder.pool(h, self._pooling) for h in hidden]
+        if self._normalize:
+            vecs = [_encoder.normalize(v) for v in vecs]
+        self.result = vecs if self._pooling == "none" else np.stack(vecs)
+        return None
+
+    def close(self):
+        """Stop early: the decoder's session (its KV cache) is freed at once."""
+        self._units.close()
 
 class Session:
     """Mutable state of one conversation: KV cache, the tokens in it, sampler RNG."""

@@ -7,17 +7,19 @@ prepares the prompt in a worker thread (service/prepare.py), runs it as a genera
 (service/jobs.py) and hands the job to the protocol to render. No socket here (service/wire.py).
 """
 import asyncio
+import contextlib
+import json
 import time
 import urllib.parse
 
 from ..errors import ModelNotFound, NotReady, QueueTimeout, RequestError
-from . import openai, openai_schema
+from . import jobs, openai, openai_schema
 from .jobs import Generation
 from .log import log
 from .metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from .names import check_model_name
 from .prepare import prepare
-from .wire import TCP_PEER, Reply, error_for, error_reply, json_body
+from .wire import TCP_PEER, Reply, error_for, error_reply, json_body, reply_too_large, serialised
 
 
 class Api:
@@ -137,17 +139,29 @@ class Api:
             raise RequestError("'add_special', 'parse_special' and 'with_pieces' must be booleans")
         name = self.state.registry.resolve(body.get("model"))
         req.info["model"] = name
-        lm = await self._acquire(name, self.state.cfg.queue_timeout, req)
-        try:
-            ids = await asyncio.get_running_loop().run_in_executor(
-                None, lambda: lm.encode_text(body["content"], add_special, parse_special))
-            if with_pieces:
-                tokens = [{"id": t, "piece": lm.tokenizer.token_piece(t).decode("utf-8", "replace")} for t in ids]
-            else:
-                tokens = ids
-        finally:
-            self.state.registry.release(lm)
-        return Reply(200, {"tokens": tokens, "model": name})
+        cfg = self.state.cfg
+        content = body["content"]
+        if with_pieces and len(content) * 16 > cfg.max_reply_bytes:
+            # a token is at least a byte of text and takes ~16+ bytes of reply with its piece
+            raise reply_too_large(f"pieces of up to {len(content)} tokens", cfg.max_reply_bytes)
+        async with self._slot(req):     # tokenizing a megabyte is work: queued like the rest
+            lm = await self._acquire(name, cfg.queue_timeout, req)
+            try:
+                return await serialised(lambda: self._tokens(lm, name, content, add_special, parse_special,
+                                                             with_pieces), cfg.max_reply_bytes)
+            finally:
+                self.state.registry.release(lm)
+
+    @staticmethod
+    def _tokens(lm, name, content, add_special, parse_special, with_pieces):
+        ids = lm.encode_text(content, add_special, parse_special)
+        if not with_pieces:
+            return Reply(200, {"tokens": ids, "model": name})
+        # each token's {"id", "piece"} as JSON, made once per model: a reply of 10^5 pieces is
+        # then a join, not 10^5 dicts to build and serialise
+        pieces = lm.piece_json()
+        data = ('{"tokens": [' + ", ".join([pieces[t] for t in ids]) + '], "model": ' + json.dumps(name) + "}")
+        return Reply(200, None, data=data.encode())
 
     async def detokenize(self, req):
         body = json_body(req, self.state.cfg.max_body_bytes)
@@ -156,15 +170,25 @@ class Api:
             raise RequestError("expected {\"tokens\": [ids]}")
         name = self.state.registry.resolve(body.get("model"))
         req.info["model"] = name
-        lm = await self._acquire(name, self.state.cfg.queue_timeout, req)
+        async with self._slot(req):
+            lm = await self._acquire(name, self.state.cfg.queue_timeout, req)
+            try:
+                bad = [t for t in toks if not 0 <= t < lm.n_vocab]
+                if bad:
+                    raise RequestError(f"token id {bad[0]} out of range (vocabulary of {lm.n_vocab})")
+                return await serialised(lambda: Reply(200, {"content": lm.tokenizer.decode(toks), "model": name}),
+                                        self.state.cfg.max_reply_bytes)
+            finally:
+                self.state.registry.release(lm)
+
+    @contextlib.asynccontextmanager
+    async def _slot(self, req):
+        """A generation slot for the request's duration (first come, first served)."""
+        await self.state.slots.acquire(self.state.cfg.queue_timeout, req.disconnected)
         try:
-            bad = [t for t in toks if not 0 <= t < lm.n_vocab]
-            if bad:
-                raise RequestError(f"token id {bad[0]} out of range (vocabulary of {lm.n_vocab})")
-            text = await asyncio.get_running_loop().run_in_executor(None, lm.tokenizer.decode, toks)
+            yield
         finally:
-            self.state.registry.release(lm)
-        return Reply(200, {"content": text, "model": name})
+            self.state.slots.release()
 
     async def _acquire(self, name, timeout, req=None):
         """The loaded model `name`; the peer of `req` must be allowed to cause its load (a TCP
@@ -186,43 +210,45 @@ class Api:
         if r.pooling == "none":
             raise RequestError("pooling 'none' gives one vector per token, which is not "
                                "OpenAI-compatible: use POST /embedding", param="pooling")
-        name, vecs, n_tokens = await self._embed(req, r.model, inputs, r.pooling)
-        return openai.embeddings_reply(name, vecs, n_tokens, r.dimensions, r.encoding_format)
+        return await self._embed(req, r.model, inputs, r.pooling, lambda name, vecs, n: openai.embeddings_reply(
+            name, vecs, n, r.dimensions, r.encoding_format))
 
     async def llama_embedding(self, req):
         """POST /embedding (llama-server): one vector per input, or per token when the pooling
         is none."""
         r, inputs = openai_schema.validate_embeddings(json_body(req, self.state.cfg.max_body_bytes),
                                                       llama=True)
-        _, vecs, _ = await self._embed(req, r.model, inputs, r.pooling)
-        return openai.llama_embedding_reply(vecs)
+        return await self._embed(req, r.model, inputs, r.pooling,
+                                 lambda name, vecs, n: openai.llama_embedding_reply(vecs))
 
-    async def _embed(self, req, model, inputs, pooling):
-        """(name, vectors, prompt tokens) of `inputs` on the model; queued like a completion."""
+    async def _embed(self, req, model, inputs, pooling, reply):
+        """The reply to an embeddings request: `reply(name, vectors, prompt tokens)` built and
+        serialised off the event loop; queued like a completion, computed on the decode thread
+        beside the generations (jobs.embed), each input bounded by ctx_size."""
         st, cfg = self.state, self.state.cfg
         if st.stopping:
             raise NotReady("shutting down")
         name = st.registry.resolve(model)
         req.info.update(model=name, prompt_tokens=0, completion_tokens=0)
         t0 = time.monotonic()
-        await st.slots.acquire(cfg.queue_timeout, req.disconnected)
-        try:
+        async with self._slot(req):
             lm = await self._acquire(name, max(cfg.queue_timeout - (time.monotonic() - t0), 0.001), req)
             try:
                 m = lm.model
                 pool = pooling or m.pooling
-
-                def run():
-                    seqs = m.tokenize_inputs(inputs)
-                    return seqs, m.embed(seqs, pooling=pool, normalize=pool != "none")
+                loop = asyncio.get_running_loop()
+                seqs = await loop.run_in_executor(None, lambda: m.tokenize_inputs(inputs, limit=cfg.ctx_size))
+                n = sum(len(s) for s in seqs)
+                # what the reply's JSON will take, foreseen: ~12 bytes a value
+                values = (n if pool == "none" else len(seqs)) * m.hp.n_embd
+                if values * 12 > cfg.max_reply_bytes:
+                    raise reply_too_large(f"{values} embedding values", cfg.max_reply_bytes)
                 req.info["queue_ms"] = (time.monotonic() - t0) * 1e3
-                seqs, vecs = await asyncio.get_running_loop().run_in_executor(None, run)
+                vecs = await jobs.embed(st, lm, seqs, pool, req)
             finally:
                 st.registry.release(lm)
-        finally:
-            st.slots.release()
-        req.info["prompt_tokens"] = n = sum(len(s) for s in seqs)
-        return name, vecs, n
+        req.info["prompt_tokens"] = n
+        return await serialised(lambda: reply(name, vecs, n), cfg.max_reply_bytes)
 
     # --- completions ------------------------------------------------------------------
     async def chat_completions(self, req):

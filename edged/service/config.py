@@ -138,6 +138,11 @@ KEYS = [
             minimum=1),
     KeySpec("max_body_bytes", 1 << 20, "size", "Largest request body; larger is refused with 413.",
             minimum=1024),
+    KeySpec("max_reply_bytes", 32 << 20, "size",
+            "Largest reply body that is not streamed (JSON of a completion with logprobs, "
+            "embeddings, tokenize with pieces); a request whose reply would be larger is refused "
+            "with 400 reply_too_large, before the work where its size can be foreseen.",
+            minimum=1 << 16),
     KeySpec("max_connections", 512, "int",
             "Open client connections at once; one more is closed right after accept (counted in "
             "/metrics). Needs this many descriptors plus 64 under LimitNOFILE.", minimum=1),

@@ -11,7 +11,7 @@ import asyncio
 import threading
 import time
 
-from ..errors import NotReady
+from ..errors import NotReady, QueueTimeout
 from ..text import harmony, reasoning, tools
 from ..text.sampling import Sampler
 from .scheduler import Job
@@ -328,3 +328,52 @@ class Generation:
         if "cached" in self.prefill:
             u["cached"] = self.prefill["cached"]
         return u
+
+
+ENCODER_UNIT_TOKENS = 512   # tokens of one encoder pass between two generation passes
+
+
+async def embed(state, lm, seqs, pooling, req):
+    """The vectors of token-id lists `seqs` on the loaded model `lm`, computed on the decode
+    thread one unit at a time beside the generations (service/scheduler.py), within
+    request_timeout; stopped when the client goes away. The caller holds a slot and the lease."""
+    loop = asyncio.get_running_loop()
+    box = []
+    # a decoder's chunk is a prompt chunk's size: the streams wait no longer than for a prompt
+    unit = ENCODER_UNIT_TOKENS if lm.model.encoder is not None else state.cfg.prompt_chunk_max
+
+    def make_gen():
+        box.append(lm.model.embed_steps(seqs, pooling, normalize=pooling != "none", unit_tokens=unit))
+        return box[0]
+
+    def finish():           # decode thread: free a decoder's session at once
+        for steps in box:
+            steps.close()
+
+    timeout = state.cfg.request_timeout
+    job = Job(loop, make_gen, finish, time.monotonic() + timeout, embedding=True)
+    state.decoder.submit(job)
+    kind = None
+    try:
+        while kind not in ("done", "error"):
+            try:
+                kind, value = await asyncio.wait_for(job.events.get(), 0.25)
+            except asyncio.TimeoutError:
+                if req.disconnected():
+                    job.cancel.set()
+    finally:
+        if kind not in ("done", "error"):      # the lease outlives the decode thread's use of it
+            job.cancel.set()
+            await asyncio.shield(_ended(job))
+    if kind == "error":
+        raise value
+    if isinstance(value, str):      # ended without vectors
+        if value == "length":
+            raise QueueTimeout(f"embedding took longer than request_timeout={timeout:g}s")
+        raise NotReady(f"embedding {value}")
+    return value
+
+
+async def _ended(job):
+    while (await job.events.get())[0] not in ("done", "error"):
+        pass

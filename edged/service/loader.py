@@ -4,6 +4,7 @@ The only module of the service that touches the engine, the text layer and signi
 phase is timed separately (the swap-latency split the README records). Everything here runs
 in worker threads, never on the event loop.
 """
+import json
 import os
 import threading
 import time
@@ -35,6 +36,7 @@ class LoadedModel:
         self.pinned = False
         self._sessions = []             # idle Sessions (KV caches), reused for prefix caching
         self._template = None           # chat template source, read on first use
+        self._piece_json = None         # piece_json(), made on first use
         self._lock = threading.Lock()
 
     def kv_cache(self):
@@ -67,6 +69,15 @@ class LoadedModel:
         if len(ids) >= 2 and bos is not None and ids[0] == ids[1] == bos:
             del ids[0]      # the template wrote {{ bos_token }} and the tokenizer added one too
         return ids
+
+    def piece_json(self):
+        """['{"id": ID, "piece": "TEXT"}'] for every token id (the /tokenize reply's items),
+        made on first use."""
+        if self._piece_json is None:
+            piece = self.tokenizer.token_piece
+            self._piece_json = [json.dumps({"id": i, "piece": piece(i).decode("utf-8", "replace")},
+                                           ensure_ascii=False) for i in range(self.n_vocab)]
+        return self._piece_json
 
     def encode_text(self, text, add_special=True, parse_special=False):
         return list(self.tokenizer.encode(text, add_special=add_special, parse_special=parse_special))

@@ -17,7 +17,7 @@ from ..errors import RequestError
 from ..text.sampling import SamplingParams
 from . import openai_schema as schema
 from .request import MAX_N, ConstraintSpec, GenerateRequest, Output, ToolUse
-from .wire import Reply, StreamReply, error_for, sse
+from .wire import Reply, StreamReply, error_for, serialised, sse
 
 
 # --- request bodies -> GenerateRequest -----------------------------------------------------
@@ -170,6 +170,10 @@ class _Render:
     async def whole(self, req):
         async for _ in self.gen.events(req):
             pass
+        # logprobs of thousands of tokens make megabytes of JSON: built off the event loop
+        return await serialised(self._whole, self.gen.st.cfg.max_reply_bytes)
+
+    def _whole(self):
         choices = []
         for c in self.gen.choices:
             r, content, calls = c.result()

@@ -122,9 +122,14 @@ class Slots:
 
 class Job:
     """One generation: the decode thread steps what `make_gen()` returns (an engine Generation,
-    service/loader.py LoadedModel.steps) and posts events to `events`."""
+    service/loader.py LoadedModel.steps) and posts events to `events`. An embedding job
+    (embedding=True) steps an engine EmbedSteps instead: one unit of compute per pass of the
+    generations, so a long input neither freezes the streams nor escapes cancellation and
+    request_timeout; its "done" event carries the vectors."""
+    embedding = False
 
-    def __init__(self, loop, make_gen, finish, deadline):
+    def __init__(self, loop, make_gen, finish, deadline, embedding=False):
+        self.embedding = embedding
         self.loop = loop
         self.make_gen = make_gen        # () -> Generation (takes a session: called by the decode thread)
         self.finish = finish            # called in the decode thread when the job ends (session back)
@@ -448,9 +453,22 @@ class Decoder:
                     self._end(job, "error", e)
         models = {}
         for job in self._active:
-            models.setdefault(id(job.gen.session.model), []).append(job)
+            if not job.embedding:
+                models.setdefault(id(job.gen.session.model), []).append(job)
         for jobs in models.values():
             self._step_model(jobs)
+        for job in [j for j in self._active if j.embedding]:
+            self._step_embedding(job)
+
+    def _step_embedding(self, job):
+        """One unit of an embedding job's compute (an encoder pass or a decoder chunk)."""
+        try:
+            next(job.gen, None)
+        except Exception as e:  # noqa: BLE001 - one bad request must not stop the others
+            self._end(job, "error", e)
+            return
+        if job.gen.result is not None:
+            self._end(job, "done", job.gen.result)
 
     def _step_model(self, jobs):
         """The next token of every job past its prompt and prompt chunks, in one decode call."""

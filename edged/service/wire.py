@@ -6,6 +6,8 @@ the Reply or StreamReply a handler returns, so tests drive every route with plai
 Errors become replies in one place (error_for: the status from edged/errors.py); each wire
 protocol shapes the body (OpenAI's {"error": {...}} by default).
 """
+import asyncio
+import concurrent.futures
 import dataclasses
 import json
 
@@ -41,11 +43,87 @@ class Reply:
     body: object                               # dict (JSON) or str (text)
     headers: dict = dataclasses.field(default_factory=dict)
     content_type: str = "application/json"
+    data: bytes | None = None                  # the body serialised already (serialised())
 
     def payload(self):
+        if self.data is not None:
+            return self.data
         if isinstance(self.body, str):
             return self.body.encode()
-        return json.dumps(self.body, ensure_ascii=False).encode()
+        return dumps(self.body)
+
+
+SLICE = 4096        # values serialised by one call of the C encoder (a few milliseconds)
+
+
+def dumps(obj):
+    """obj as JSON bytes, as json.dumps(obj, ensure_ascii=False) would write them, a few
+    thousand values per call of the C encoder: one call holds the interpreter's lock for its
+    whole input (a second or more for megabytes), and a worker thread serialising a large
+    reply would stall the event loop just the same."""
+    return "".join(_parts(obj)).encode()
+
+
+def _size(obj):
+    """Values in obj, estimated: a list counts as len x its first item (replies are uniform)."""
+    if isinstance(obj, dict):
+        return 1 + sum(_size(v) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return 1 + (len(obj) * _size(obj[0]) if obj else 0)
+    return 1
+
+
+def _parts(obj):
+    if _size(obj) <= SLICE:
+        yield json.dumps(obj, ensure_ascii=False)
+    elif isinstance(obj, dict):
+        yield "{"
+        for i, (k, v) in enumerate(obj.items()):
+            yield (", " if i else "") + json.dumps(str(k), ensure_ascii=False) + ": "
+            yield from _parts(v)
+        yield "}"
+    else:
+        yield "["
+        run, n, first = [], 0, True
+        for x in obj:
+            size = _size(x)
+            if run and n + size > SLICE:
+                yield ("" if first else ", ") + json.dumps(run, ensure_ascii=False)[1:-1]
+                run, n, first = [], 0, False
+            if size > SLICE:
+                yield "" if first else ", "
+                yield from _parts(x)
+                first = False
+            else:
+                run.append(x)
+                n += size
+        if run:
+            yield ("" if first else ", ") + json.dumps(run, ensure_ascii=False)[1:-1]
+        yield "]"
+
+
+def reply_too_large(what, limit):
+    return HTTPError(400, f"the reply ({what}) would exceed max_reply_bytes={limit}: ask for less, "
+                     "or stream it", code="reply_too_large")
+
+
+# Bulk work (replies of megabytes, tokenizing a body) runs in this one thread: building JSON is
+# Python work that holds the interpreter's lock, and several threads doing it at once keep the
+# event loop from it for hundreds of milliseconds; one thread lets it in every switch interval.
+BULK = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="edged-bulk")
+
+
+async def serialised(build, limit):
+    """The Reply that `build()` makes, built and serialised in the bulk thread (a reply of
+    megabytes would stall the event loop, and every other client with it); 400
+    reply_too_large past `limit` bytes."""
+    def run():
+        reply = build()
+        reply.data = reply.payload()
+        if len(reply.data) > limit:
+            raise reply_too_large(f"{len(reply.data)} bytes", limit)
+        return reply
+    return await asyncio.get_running_loop().run_in_executor(BULK, run)
 
 
 class StreamReply:
