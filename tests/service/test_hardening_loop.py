@@ -9,10 +9,8 @@ JSON, a completion's logprobs), and an embedding held the compute lock for its w
 """
 import asyncio
 import json
-import statistics
 import time
 
-import pytest
 
 from daemon_support import add_chat_template, stories
 from edged.service import config
