@@ -252,29 +252,26 @@ class _Zygote:
 
     def serve(self):
         _confine_to(self.ctl.fileno(), self.mode, self.on_deny)
-        signal.signal(signal.SIGCHLD, signal.SIG_IGN)       # workers are reaped by the kernel
-        current = None                                      # pidfd of the current worker
+        current = None                                      # pid of the current worker
         while self.ctl.recv(1):
-            if current is not None:                         # replaced: a stuck one too
-                try:
-                    signal.pidfd_send_signal(current, signal.SIGKILL)
-                except OSError:
-                    pass
-                os.close(current)
+            if current is not None:     # replaced (a stuck one too). Reaped only here, so the
+                os.kill(current, signal.SIGKILL)            # pid is still this worker's
+                os.waitpid(current, 0)
+                current = None
+            mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
             try:
-                mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
                 base = _vm_size()           # the worker's address space when it starts
                 pid = os.fork()
             except OSError as e:            # out of processes or memory: say so, stay
+                mine.close()
+                theirs.close()
                 self.ctl.sendall(f"no render worker: {e}".encode()[:200])
-                current = None
                 continue
             if pid == 0:                                    # the worker
                 code = 0
                 try:
                     self.ctl.close()
                     theirs.close()
-                    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
                     sandbox.die_with_parent()
                     _Worker(mine, self.mode != "off", self.max_memory, base).serve()
                 except BaseException:  # noqa: BLE001 - a forked process must never return
@@ -282,7 +279,7 @@ class _Zygote:
                 finally:
                     os._exit(code)
             mine.close()
-            current = os.pidfd_open(pid)
+            current = pid
             socket.send_fds(self.ctl, [str(pid).encode()], [theirs.fileno()])
             theirs.close()
 
