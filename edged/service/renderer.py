@@ -119,7 +119,10 @@ class RenderWorker:
         parent.set_inheritable(False)
         self.ctl, self.zygote = parent, pid
         chat.use_renderer(self.render)
-        self._spawn()
+        try:
+            self._spawn()
+        except NotReady:                # logged; chat requests say so, the rest is served
+            return
         log.info("chat templates render in children of worker process %d (zygote %d; limits: %d MiB, "
                  "%g s, %d characters)", self.pid, pid, self.max_memory >> 20, chat.MAX_SECONDS,
                  chat.MAX_OUTPUT_CHARS)
@@ -140,6 +143,7 @@ class RenderWorker:
         for fd in fds:
             os.close(fd)
         if msg:                             # the zygote could not fork this time
+            log.error("chat-template render zygote %s: %s", self.zygote, msg.decode(errors="replace"))
             raise NotReady(f"chat templates cannot be rendered now: {msg.decode(errors='replace')}")
         log.error("chat-template render zygote %s is gone: chat requests answer 503 until the "
                   "daemon restarts", self.zygote)
