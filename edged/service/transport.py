@@ -443,35 +443,35 @@ class Listener:
             who = peer.uid
         else:
             peer, who = None, f"tcp:{addr[0]}"
-        cfg = self.cfg
         self._prune()
         if peer is None:
             self._preadmit(sock, who)
             return
-        if self._counted() >= cfg.max_connections:
-            reason, what = "max_connections", f"over max_connections={cfg.max_connections}"
-        elif self.per_uid[who] >= cfg.max_connections_per_uid and (
-                peer is None or peer.uid not in cfg.uids("admin_uids")):
-            reason = "max_connections_per_uid"
-            what = (f"from uid {who}" if peer is not None else f"from {addr[0]}") + \
-                f" over max_connections_per_uid={cfg.max_connections_per_uid}"
-        else:
-            reason = None
-        if reason is not None:
+        if self._over_cap(who, f"from uid {who}", peer.uid in self.cfg.uids("admin_uids")):
             try:
                 sock.send(_OVER_CAP_REPLY, socket.MSG_DONTWAIT | socket.MSG_NOSIGNAL)
             except OSError:
                 pass
             sock.close()
-            self.daemon.metrics.connections_refused[reason] += 1
-            self.refusals.note(what)
             return
         self.per_uid[who] += 1
         self._open(sock, peer, who)
 
-    def _counted(self):
-        """Connections max_connections counts: Unix peers and authenticated TCP ones."""
-        return sum(self.per_uid.values())
+    def _over_cap(self, who, where, admin=False):
+        """Whether one more connection of `who` would be over max_connections (which counts
+        Unix peers and authenticated TCP ones) or, unless `admin`, max_connections_per_uid;
+        if so it is counted and noted."""
+        cfg = self.cfg
+        if sum(self.per_uid.values()) >= cfg.max_connections:
+            reason, what = "max_connections", f"over max_connections={cfg.max_connections}"
+        elif self.per_uid[who] >= cfg.max_connections_per_uid and not admin:
+            reason = "max_connections_per_uid"
+            what = f"{where} over max_connections_per_uid={cfg.max_connections_per_uid}"
+        else:
+            return False
+        self.daemon.metrics.connections_refused[reason] += 1
+        self.refusals.note(what)
+        return True
 
     def _open(self, sock, peer, who):
         sock.setblocking(False)
@@ -507,20 +507,12 @@ class Listener:
         that is over a cap (the request is refused with 503, the connection closed)."""
         if conn.authed:
             return True
-        cfg = self.cfg
-        if self._counted() >= cfg.max_connections:
-            reason, what = "max_connections", f"over max_connections={cfg.max_connections}"
-        elif self.per_uid[conn.who] >= cfg.max_connections_per_uid:
-            reason = "max_connections_per_uid"
-            what = f"from {conn.who.removeprefix('tcp:')} over max_connections_per_uid={cfg.max_connections_per_uid}"
-        else:
-            self.preauth.pop(conn.sock.fileno(), None)
-            conn.authed = True
-            self.per_uid[conn.who] += 1
-            return True
-        self.daemon.metrics.connections_refused[reason] += 1
-        self.refusals.note(what)
-        return False
+        if self._over_cap(conn.who, f"from {conn.who.removeprefix('tcp:')}"):
+            return False
+        self.preauth.pop(conn.sock.fileno(), None)
+        conn.authed = True
+        self.per_uid[conn.who] += 1
+        return True
 
     async def _connect(self, conn):
         if conn.evicted:                # replaced in the pre-auth pool before it was set up
