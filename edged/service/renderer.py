@@ -23,9 +23,10 @@ is bounded here, by the operating system:
 - The daemon talks to the worker over the socketpair, JSON both ways (never pickle: a child
   that escaped the jinja2 sandbox must not be able to send code). A child that crashes or is
   killed costs one failed render; the next render gets a new child. A worker found gone (killed
-  from outside) is replaced from the zygote before the next render; a render it was running
-  answers 503. Templates never render in the daemon's own process: without a worker (the
-  zygote gone too) chat requests answer 503 saying so.
+  from outside) is replaced from the zygote, and a render it dropped is sent once more to the
+  new one; one that fails again, or a worker stuck past the time limit, answers 503. Templates
+  never render in the daemon's own process: without a worker (the zygote gone too) chat
+  requests answer 503 saying so.
 """
 import json
 import os
