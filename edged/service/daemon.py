@@ -89,8 +89,9 @@ class Daemon:
             loop.add_signal_handler(sig, self.events.put_nowait, what)
         # Connection deadlines are the Listener's (header_timeout, keepalive_timeout), the same
         # with every aiohttp version; aiohttp's own keep-alive (75 s) is only a backstop.
+        # Compressed bodies are inflated by transport.inflate (bounded, off the event loop).
         runner = web.AppRunner(make_app(self), handle_signals=False, access_log=None,
-                               shutdown_timeout=1.0)
+                               shutdown_timeout=1.0, auto_decompress=False)
         await runner.setup()
         self.listener = Listener(self, self.sock, runner.server, tcp=self.tcp)
         self.listener.start()

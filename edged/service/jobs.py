@@ -183,9 +183,12 @@ class Generation:
                 if n == 1:
                     self._start_single(group[0], ids, info)
                 else:
-                    sessions = await self._fork(ids, n, info)
-                    for j, (c, s) in enumerate(zip(group, sessions)):
-                        self._start_on(c, s, {}, keep=j == 0)     # fork() filled `info`
+                    sessions = await self._fork(ids, n, info)      # fork() filled `info`
+                    for j, c in enumerate(group):
+                        if j < len(sessions):
+                            self._start_on(c, sessions[j], {})
+                        else:                       # no session free for it: it waits for one
+                            self._start_single(c, ids, {})
         finally:
             for c in self.choices:
                 if c.job is not None:
@@ -206,14 +209,14 @@ class Generation:
 
         choice.job = self._submit(make_gen, finish)
 
-    def _start_on(self, choice, session, info, keep):
+    def _start_on(self, choice, session, info):
         lm = self.lm
-        choice.job = self._submit(lambda: self._steps(choice, session, info),
-                                  lambda: lm.give_back(session) if keep else session.close())
+        choice.job = self._submit(lambda: self._steps(choice, session, info), lambda: lm.give_back(session))
 
     async def _fork(self, ids, n, info):
-        """Evaluate the prompt once (a job of its own), then fork its session n - 1 times (a
-        worker thread copies the KV cache): n sessions that each hold the prompt."""
+        """Evaluate the prompt once (a job of its own), then fork its session up to n - 1 times
+        (a worker thread copies the KV cache; as many as the model's sessions allow): up to n
+        sessions that each hold the prompt."""
         lm, box, gens, lock = self.lm, [], [], threading.Lock()
         state = {"ended": False, "abandoned": False}
 
@@ -241,8 +244,7 @@ class Generation:
             if not gens or gens[0].finish_reason != "length":   # max_tokens=0: the prompt is in
                 raise NotReady(f"prompt evaluation ended early ({value})")
             s0 = box[0]
-            forks = await asyncio.get_running_loop().run_in_executor(
-                None, lambda: [s0.fork() for _ in range(n - 1)])
+            forks = await asyncio.get_running_loop().run_in_executor(None, lm.fork_session, s0, n - 1)
         except BaseException:
             job.cancel.set()
             with lock:

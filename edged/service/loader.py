@@ -13,15 +13,17 @@ from ..engine.model import Model
 from ..errors import EdgedError, RequestError
 from ..text.chat import template_for
 from ..trust import verify
+from .scheduler import Busy
 
 
 class LoadedModel:
     """A verified, mapped engine Model plus the per-daemon state the registry keeps for it."""
 
-    def __init__(self, name, path, model, signer, size, timings, n_ctx):
+    def __init__(self, name, path, model, signer, size, timings, n_ctx, max_sessions=1):
         self.name, self.path, self.model = name, path, model
         self.signer = signer            # fingerprint of the key that signed it, None if unsigned
         self.size = size                # bytes it needs: the engine's memory plan (weights, KV, scratch)
+        self.max_sessions = max_sessions    # the sessions (KV cache + scratch) `size` counts
         self.timings = dict(timings)    # phase -> seconds
         self.n_ctx = n_ctx
         self.tokenizer = model.tokenizer
@@ -35,6 +37,8 @@ class LoadedModel:
         self.draining = False           # being unloaded: new requests wait for the next load
         self.pinned = False
         self._sessions = []             # idle Sessions (KV caches), reused for prefix caching
+        self._open = 0                  # Sessions that exist, idle or in use: at most max_sessions
+        self._closed = False
         self._template = None           # chat template source, read on first use
         self._piece_json = None         # piece_json(), made on first use
         self._lock = threading.Lock()
@@ -83,14 +87,48 @@ class LoadedModel:
         return list(self.tokenizer.encode(text, add_special=add_special, parse_special=parse_special))
 
     # --- sessions -----------------------------------------------------------------------
+    # A model holds at most max_sessions sessions, idle (the prompt cache) or in use, as its
+    # memory plan counts: the prompts of a prompt list and the choices of n > 1 that find none
+    # free wait for one (the decode loop takes them as sessions come back), never more memory.
+
     def take_session(self, ids):
-        """An idle session sharing the longest prefix with `ids` (prompt cache), or a new one."""
+        """An idle session sharing the longest prefix with `ids` (prompt cache), a new one while
+        fewer than max_sessions exist, else Busy (the decode loop tries again next step)."""
         with self._lock:
             best = max(self._sessions, key=lambda s: s.common_prefix(ids), default=None)
             if best is not None:
                 self._sessions.remove(best)
                 return best
-        return self.model.session(n_ctx=self.n_ctx)
+            if self._open >= self.max_sessions:
+                raise Busy(f"model {self.name}: all {self.max_sessions} sessions in use")
+            self._open += 1
+        try:
+            return self.model.session(n_ctx=self.n_ctx)
+        except BaseException:
+            with self._lock:
+                self._open -= 1
+            raise
+
+    def fork_session(self, session, n):
+        """Up to n copies of `session` (KV cache and tokens): as many as max_sessions leaves room
+        for, after closing idle sessions (least recently used first) for it."""
+        with self._lock:
+            free = self.max_sessions - self._open
+            k = max(min(n, free + len(self._sessions)), 0)
+            evict = self._sessions[:max(k - free, 0)]
+            del self._sessions[:len(evict)]
+            self._open += k - len(evict)
+        for s in evict:
+            s.close()
+        forks = []
+        try:
+            for _ in range(k):
+                forks.append(session.fork())
+        finally:
+            if len(forks) < k:
+                with self._lock:
+                    self._open -= k - len(forks)
+        return forks
 
     def steps(self, session, ids, info, max_tokens, stop=(), sampler=None):
         """The request as steps for the decode loop: the engine Generation on `session` (its
@@ -103,12 +141,19 @@ class LoadedModel:
         return g
 
     def give_back(self, session):
+        """A session its request is done with: kept idle for the prompt cache."""
         with self._lock:
-            self._sessions.append(session)
+            if not self._closed:
+                self._sessions.append(session)
+                return
+            self._open -= 1
+        session.close()
 
     def close(self):
         with self._lock:
+            self._closed = True
             sessions, self._sessions = self._sessions, []
+            self._open -= len(sessions)
         for s in sessions:
             s.close()
         close = getattr(self.model, "close", None)
@@ -147,10 +192,10 @@ class Loader:
                            cache_type_k=cfg.cache_type_k, cache_type_v=cfg.cache_type_v)
         t2 = time.monotonic()
         plan = model.memory_plan
-        # weights once, a KV cache and scratch per slot
+        # weights once, a session (KV cache and scratch) per slot: all the sessions it may hold
         size = plan.weights + cfg.n_parallel * (plan.kv_cache + plan.scratch)
         return LoadedModel(name, path, model, model.signer, size, {"verify": t1 - t0, "map": t2 - t1},
-                           cfg.ctx_size)
+                           cfg.ctx_size, max_sessions=cfg.n_parallel)
 
     def warm(self, lm):
         """One forward pass so the first request does not pay for page faults and allocation."""
@@ -160,7 +205,7 @@ class Loader:
                 lm.model.embed([[lm.tokenizer.bos_id or 0]], pooling="cls")
             lm.timings["warmup"] = time.monotonic() - t0
             return
-        s = lm.model.session(n_ctx=lm.n_ctx)
+        s = lm.take_session(())
         if self.cfg.warmup:
             tok = lm.tokenizer.bos_id
             if tok is None or tok < 0:

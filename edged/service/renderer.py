@@ -7,20 +7,26 @@ no such check can see (a string doubled in a loop, a huge integer, a filter nobo
 is bounded here, by the operating system:
 
 - At start-up, before the daemon confines itself (its seccomp policy then forbids new
-  processes), it forks a render worker. The worker closes every descriptor but its socket
+  processes), it forks a zygote. The zygote closes every descriptor but its control socket
   and stderr, dies with the daemon (PR_SET_PDEATHSIG), and applies the daemon's sandbox with
-  one difference: it may fork, never exec (edged/service/sandbox.py `allow_fork`). It runs no
-  template itself.
-- For each render the worker forks a fresh child. The child limits its own address space to
-  what it has plus `RENDER_MEMORY` (RLIMIT_AS: an allocation past it fails with MemoryError),
-  its CPU time (RLIMIT_CPU), forbids itself new processes and threads (seccomp), renders, and
-  writes the result as JSON to a pipe. The worker kills it at the time limit and refuses more
-  output than the size limit allows.
-- The daemon talks to the worker over a socketpair, JSON both ways (never pickle: a child that
-  escaped the jinja2 sandbox must not be able to send code). A child that crashes or is killed
-  costs one failed render; the next render gets a new child. If the worker itself is gone the
-  daemon keeps serving and chat requests say so (it cannot be re-forked inside the sandbox;
-  restart the service).
+  one difference: it may fork, never exec (edged/service/sandbox.py `allow_fork`). It reads
+  nothing from requests: asked for a render worker (one byte), it forks one (killing the
+  previous one, if any) and passes the daemon its end of a new socketpair (SCM_RIGHTS).
+- The render worker runs no template and parses no request either: for each render it reads
+  a small header (operation and limits, written by the daemon) and the request's bytes, and
+  forks a fresh child. The child limits its own address space to what it has plus
+  `RENDER_MEMORY` (RLIMIT_AS: an allocation past it fails with MemoryError), its CPU time
+  (RLIMIT_CPU), forbids itself new processes and threads (seccomp), decodes the request,
+  renders, and writes the result as JSON to a pipe. The worker kills it at the time limit,
+  refuses more output than the size limit allows, and answers anything that goes wrong with an
+  error reply: no request ends the worker.
+- The daemon talks to the worker over the socketpair, JSON both ways (never pickle: a child
+  that escaped the jinja2 sandbox must not be able to send code). A child that crashes or is
+  killed costs one failed render; the next render gets a new child. A worker found gone (killed
+  from outside) is replaced from the zygote, and a render it dropped is sent once more to the
+  new one; one that fails again, or a worker stuck past the time limit, answers 503. Templates
+  never render in the daemon's own process: without a worker (the zygote gone too) chat
+  requests answer 503 saying so.
 """
 import json
 import os
@@ -32,7 +38,7 @@ import struct
 import threading
 import time
 
-from ..errors import TemplateError, TemplateRaised
+from ..errors import NotReady, RequestError, TemplateError, TemplateRaised
 from ..text import chat
 from . import sandbox
 from .log import log
@@ -40,12 +46,23 @@ from .log import log
 RENDER_MEMORY = 256 << 20       # address space a render may add to the worker's, bytes
 _KILL_SLACK = 0.5               # seconds past the render's own deadline before SIGKILL
 _LEN = struct.Struct("<Q")
+_MAX_HEADER = 4096
 _MAX_REQUEST = 64 << 20
+_SPAWN_TIMEOUT = 10.0           # seconds the zygote may take to hand over a new worker
+_WORKER_GROWTH = 16 << 20       # what a worker may have added to the zygote's address space
 
 
-def _send(sock, obj):
-    data = json.dumps(obj, ensure_ascii=False).encode("utf-8", "surrogatepass")
-    sock.sendall(_LEN.pack(len(data)) + data)
+def _send(sock, *frames):
+    """Length-prefixed frames of bytes."""
+    sock.sendall(b"".join(_LEN.pack(len(f)) + f for f in frames))
+
+
+def _encode(obj):
+    return json.dumps(obj, ensure_ascii=False).encode("utf-8", "surrogatepass")
+
+
+def _decode(data):
+    return json.loads(data.decode("utf-8", "surrogatepass"))
 
 
 def _recv_exact(sock, n):
@@ -59,10 +76,13 @@ def _recv_exact(sock, n):
 
 
 def _recv(sock, limit):
+    """One frame; one over `limit` bytes is read past (the stream stays in step) and refused."""
     (n,) = _LEN.unpack(_recv_exact(sock, _LEN.size))
     if n > limit:
-        raise ValueError(f"message of {n} bytes over the limit of {limit}")
-    return json.loads(_recv_exact(sock, n).decode("utf-8", "surrogatepass"))
+        while n:
+            n -= len(_recv_exact(sock, min(n, 1 << 20)))
+        raise ValueError(f"message over the limit of {limit} bytes")
+    return _recv_exact(sock, n)
 
 
 def _vm_size():
@@ -74,112 +94,248 @@ def _vm_size():
 
 
 class RenderWorker:
-    """The daemon's side: start() forks the worker (before the sandbox); render() is what
-    edged.text.chat.render calls for every template while the worker runs."""
+    """The daemon's side: start() forks the zygote (before the sandbox) and takes a worker from
+    it; render() is what edged.text.chat.render calls for every template. `pid` is the current
+    worker's, `zygote` the zygote's."""
 
     def __init__(self, mode="enforce", on_deny="eperm", max_memory=RENDER_MEMORY):
         self.mode, self.on_deny, self.max_memory = mode, on_deny, max_memory
-        self.sock = None
-        self.pid = None
+        self.ctl = self.sock = None
+        self.zygote = self.pid = None
         self._lock = threading.Lock()
 
     def start(self):
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         pid = os.fork()
-        if pid == 0:                                         # the worker
+        if pid == 0:                                         # the zygote
             code = 0
             try:
                 parent.close()
-                _Worker(child, self.mode, self.on_deny, self.max_memory).serve()
+                _Zygote(child, self.mode, self.on_deny, self.max_memory).serve()
             except BaseException:  # noqa: BLE001 - a forked process must never return to the caller
                 code = 1
             finally:
                 os._exit(code)
         child.close()
         parent.set_inheritable(False)
-        self.sock, self.pid = parent, pid
+        self.ctl, self.zygote = parent, pid
         chat.use_renderer(self.render)
-        log.info("chat templates render in worker process %d (limits: %d MiB, %g s, %d characters)",
-                 pid, self.max_memory >> 20, chat.MAX_SECONDS, chat.MAX_OUTPUT_CHARS)
+        try:
+            self._spawn()
+        except NotReady:                # logged; chat requests say so, the rest is served
+            return
+        log.info("chat templates render in children of worker process %d (zygote %d; limits: %d MiB, "
+                 "%g s, %d characters)", self.pid, pid, self.max_memory >> 20, chat.MAX_SECONDS,
+                 chat.MAX_OUTPUT_CHARS)
+
+    def _spawn(self):
+        """A new worker from the zygote: its socket comes back over the control socket.
+        Raises NotReady when there is none (the zygote gone: for good)."""
+        try:
+            self.ctl.settimeout(_SPAWN_TIMEOUT)
+            self.ctl.sendall(b"w")
+            msg, fds, _, _ = socket.recv_fds(self.ctl, 256, 1, socket.MSG_CMSG_CLOEXEC)
+        except OSError as e:
+            msg, fds = b"", []
+            log.error("chat-template render zygote %s: %s", self.zygote, e)
+        if len(fds) == 1:
+            self.sock, self.pid = socket.socket(fileno=fds[0]), int(msg)
+            return
+        for fd in fds:
+            os.close(fd)
+        if msg:                             # the zygote could not fork this time
+            log.error("chat-template render zygote %s: %s", self.zygote, msg.decode(errors="replace"))
+            raise NotReady(f"chat templates cannot be rendered now: {msg.decode(errors='replace')}")
+        log.error("chat-template render zygote %s is gone: chat requests answer 503 until the "
+                  "daemon restarts", self.zygote)
+        self.ctl.close()
+        self.ctl = None
+        raise NotReady("chat templates cannot be rendered: the render worker cannot be restarted "
+                       "(restart the daemon)")
+
+    def _worker(self):
+        """The socket of a live worker, replacing a dead one. The worker never writes unasked,
+        so a socket readable between renders means it closed (the worker is gone)."""
+        if self.sock is not None and select.select([self.sock], [], [], 0)[0]:
+            log.error("chat-template render worker %s is gone; starting a new one", self.pid)
+            self._drop()
+        if self.sock is None:
+            if self.ctl is None:
+                raise NotReady("chat templates cannot be rendered: no render worker (restart the daemon)")
+            self._spawn()
+            log.info("chat-template render worker %d started", self.pid)
+        return self.sock
 
     def render(self, op, source, **kw):
         """Run `op` ("render" or "compile") for `source` in a fresh bounded child."""
-        request = dict(kw, op=op, source=source)
+        max_seconds = kw.get("max_seconds", chat.MAX_SECONDS)
+        max_chars = kw.get("max_chars", chat.MAX_OUTPUT_CHARS)
+        try:
+            payload = _encode(dict(kw, op=op, source=source))
+        except RecursionError:
+            raise RequestError("the conversation is nested too deeply to render") from None
+        except (TypeError, ValueError) as e:                 # not JSON-serialisable
+            raise TemplateError(f"chat template request cannot go to the render worker: {e}") from None
+        header = _encode({"op": op, "max_seconds": max_seconds, "max_chars": max_chars})
         with self._lock:
-            if self.sock is None:
-                raise TemplateError("the chat-template render worker is not running (restart the "
-                                    "daemon); chat requests cannot be served")
-            try:
-                self.sock.settimeout(kw.get("max_seconds", chat.MAX_SECONDS) + 30)
-                _send(self.sock, request)
-                reply = _recv(self.sock, 8 * kw.get("max_chars", chat.MAX_OUTPUT_CHARS) + 65536)
-            except (TypeError, ValueError) as e:     # not JSON-serialisable, or a bad reply
-                raise TemplateError(f"chat template request cannot go to the render worker: {e}") from None
-            except (OSError, EOFError) as e:
-                log.error("chat-template render worker %s is gone: %s", self.pid, e)
-                self._close()
-                raise TemplateError("the chat-template render worker stopped (restart the daemon)") from None
-        if "text" in reply:
+            for attempt in (1, 2):
+                sock = self._worker()
+                try:
+                    sock.settimeout(max_seconds + 30)
+                    _send(sock, header, payload)
+                    reply = _decode(_recv(sock, 8 * max_chars + 65536))
+                    break
+                except (EOFError, ConnectionError) as e:
+                    # closed before it answered: killed from outside, maybe just before this
+                    # render was sent; one more try with a new worker
+                    log.error("chat-template render worker %s is gone (%s); starting a new one", self.pid, e)
+                    self._drop()
+                    if attempt == 2:
+                        raise NotReady("the chat-template render worker stopped during this request "
+                                       "(a new one serves the next)") from None
+                except (OSError, ValueError) as e:      # stuck past the time limit, or a bad reply
+                    log.error("chat-template render worker %s failed: %s; it is replaced", self.pid, e)
+                    self._drop()
+                    raise NotReady("the chat-template render worker failed during this request "
+                                   "(a new one serves the next)") from None
+        if not isinstance(reply, dict):
+            raise TemplateError("the chat-template render worker sent a malformed reply")
+        if isinstance(reply.get("text"), str):
             return reply["text"]
-        raise (TemplateRaised if reply.get("raised") else TemplateError)(reply["error"])
+        error = TemplateRaised if reply.get("raised") is True else \
+            RequestError if reply.get("request") is True else TemplateError
+        raise error(str(reply.get("error")))
 
-    def _close(self):
+    def _drop(self):
+        """Forget the current worker (the zygote kills it, if alive, when it starts the next)."""
         if self.sock is not None:
             self.sock.close()
             self.sock = None
-        chat.use_renderer(None)
 
     def close(self):
+        """Stop: the zygote ends when its socket closes, the worker dies with it."""
         with self._lock:
-            self._close()
-        if self.pid is not None:
+            self._drop()
+            if self.ctl is not None:
+                self.ctl.close()
+                self.ctl = None
+            chat.use_renderer(None)
+        if self.zygote is not None:
             deadline = time.monotonic() + 2.0
             while time.monotonic() < deadline:
-                pid, _ = os.waitpid(self.pid, os.WNOHANG)
+                pid, _ = os.waitpid(self.zygote, os.WNOHANG)
                 if pid:
                     break
                 time.sleep(0.02)
             else:
-                os.kill(self.pid, signal.SIGKILL)
-                os.waitpid(self.pid, 0)
-            self.pid = None
+                os.kill(self.zygote, signal.SIGKILL)
+                os.waitpid(self.zygote, 0)
+            self.zygote = self.pid = None
+
+
+def _confine_to(fd, mode, on_deny):
+    """The start of the zygote: die with the daemon, ignore the daemon's signals, keep only
+    `fd` and stderr, apply the sandbox (forks allowed)."""
+    sandbox.die_with_parent()
+    signal.set_wakeup_fd(-1)                     # the daemon's event loop is not ours
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_IGN)       # stop when the daemon closes the socket
+    os.closerange(3, fd)
+    os.closerange(fd + 1, resource.getrlimit(resource.RLIMIT_NOFILE)[0])
+    os.dup2(os.open(os.devnull, os.O_RDWR), 0)
+    os.dup2(2, 1)
+    if mode != "off":
+        sandbox.apply(mode, on_deny=on_deny, allow_fork=True)
+
+
+class _Zygote:
+    """Forks render workers on request, one at a time; reads one byte per request and nothing
+    else, so no request can end it."""
+
+    def __init__(self, ctl, mode, on_deny, max_memory):
+        self.ctl, self.mode, self.on_deny, self.max_memory = ctl, mode, on_deny, max_memory
+
+    def serve(self):
+        _confine_to(self.ctl.fileno(), self.mode, self.on_deny)
+        current = None                                      # pid of the current worker
+        while self.ctl.recv(1):
+            if current is not None:     # replaced (a stuck one too). Reaped only here, so the
+                os.kill(current, signal.SIGKILL)            # pid is still this worker's
+                os.waitpid(current, 0)
+                current = None
+            mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                base = _vm_size()           # the worker's address space when it starts
+                pid = os.fork()
+            except OSError as e:            # out of processes or memory: say so, stay
+                mine.close()
+                theirs.close()
+                self.ctl.sendall(f"no render worker: {e}".encode()[:200])
+                continue
+            if pid == 0:                                    # the worker
+                code = 0
+                try:
+                    self.ctl.close()
+                    theirs.close()
+                    sandbox.die_with_parent()
+                    _Worker(mine, self.mode != "off", self.max_memory, base).serve()
+                except BaseException:  # noqa: BLE001 - a forked process must never return
+                    code = 1
+                finally:
+                    os._exit(code)
+            mine.close()
+            current = pid
+            socket.send_fds(self.ctl, [str(pid).encode()], [theirs.fileno()])
+            theirs.close()
 
 
 class _Worker:
     """The worker process: reads requests, forks one bounded child per request, relays its
-    reply. Never renders anything itself."""
+    reply. Never renders anything itself, never parses the request's payload, never ends
+    because of a request."""
 
-    def __init__(self, sock, mode, on_deny, max_memory):
-        self.sock, self.mode, self.on_deny, self.max_memory = sock, mode, on_deny, max_memory
+    def __init__(self, sock, confine, max_memory, base):
+        self.sock, self.confine, self.max_memory, self.base = sock, confine, max_memory, base
+
+    def _limit(self, payload):
+        """The address space a render child may reach: the worker's plus max_memory. Forked
+        after the sandbox, a worker may not read its own /proc entry: then its size is taken
+        as the zygote's at the fork, plus _WORKER_GROWTH, plus the request in memory."""
+        try:
+            return _vm_size() + self.max_memory
+        except OSError:
+            return self.base + _WORKER_GROWTH + len(payload) + self.max_memory
 
     def serve(self):
-        sandbox.die_with_parent()
-        signal.set_wakeup_fd(-1)                     # the daemon's event loop is not ours
-        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-            signal.signal(sig, signal.SIG_IGN)       # stop when the daemon closes the socket
-        fd = self.sock.fileno()                      # keep it and stderr; close the rest
-        os.closerange(3, fd)
-        os.closerange(fd + 1, resource.getrlimit(resource.RLIMIT_NOFILE)[0])
-        os.dup2(os.open(os.devnull, os.O_RDWR), 0)
-        os.dup2(2, 1)
-        if self.mode != "off":
-            sandbox.apply(self.mode, on_deny=self.on_deny, allow_fork=True)
         while True:
+            frames = []
+            for limit in (_MAX_HEADER, _MAX_REQUEST):    # the header, the request's bytes
+                try:
+                    frames.append(_recv(self.sock, limit))
+                except EOFError:
+                    return
+                except ValueError as e:
+                    frames.append(e)
             try:
-                request = _recv(self.sock, _MAX_REQUEST)
-            except EOFError:
-                return
-            _send(self.sock, self._one(request))
+                for f in frames:
+                    if isinstance(f, ValueError):
+                        raise f
+                reply = self._one(_decode(frames[0]), frames[1])
+            except Exception as e:  # noqa: BLE001 - one request's failure is its own answer
+                reply = {"error": f"chat template render failed in the render worker: "
+                                  f"{type(e).__name__}: {e}"}
+            _send(self.sock, _encode(reply))
 
-    def _one(self, req):
+    def _one(self, req, payload):
         max_seconds = float(req.get("max_seconds", chat.MAX_SECONDS))
-        max_bytes = 8 * int(req.get("max_chars", chat.MAX_OUTPUT_CHARS)) + 4096
-        limit = _vm_size() + self.max_memory        # the child cannot read its own /proc entry
+        max_chars = int(req.get("max_chars", chat.MAX_OUTPUT_CHARS))
+        max_bytes = 8 * max_chars + 4096
+        limit = self._limit(payload)
         r, w = os.pipe()
         pid = os.fork()
         if pid == 0:
             os.close(r)
-            _child(req, w, limit, max_seconds, self.mode != "off")
+            _child(payload, w, limit, max_seconds, self.confine)
         os.close(w)
         chunks, size, killed = [], 0, None
         deadline = time.monotonic() + max_seconds + _KILL_SLACK
@@ -208,34 +364,40 @@ class _Worker:
             return {"error": f"chat template took longer than {max_seconds:g} s to render "
                              "(render process killed)"}
         if killed == "size":
-            return {"error": f"chat template output exceeds {req.get('max_chars')} characters"}
+            return {"error": f"chat template output exceeds {max_chars} characters"}
         if not os.WIFEXITED(status) or os.WEXITSTATUS(status) != 0:
             how = (f"killed by {signal.Signals(os.WTERMSIG(status)).name}" if os.WIFSIGNALED(status)
                    else f"exit status {os.WEXITSTATUS(status)}")
             return {"error": f"chat template render process failed ({how}); limits "
                              f"{self.max_memory >> 20} MiB, {max_seconds:g} s"}
         try:
-            reply = json.loads(b"".join(chunks).decode("utf-8", "surrogatepass"))
-        except ValueError:
+            reply = _decode(b"".join(chunks))
+        except (ValueError, RecursionError):
             reply = None
         if isinstance(reply, dict) and isinstance(reply.get("text"), str):
             return {"text": reply["text"]}
         if isinstance(reply, dict) and isinstance(reply.get("error"), str):
-            return {"error": reply["error"], "raised": reply.get("raised") is True}
+            return {"error": reply["error"], "raised": reply.get("raised") is True,
+                    "request": reply.get("request") is True}
         return {"error": "chat template render process sent a malformed reply"}
 
 
-def _child(req, w, limit, max_seconds, confine):
+def _child(payload, w, limit, max_seconds, confine):
     """One render, in a fresh process whose address space cannot grow past `limit` bytes.
     Never returns."""
     code = 0
     try:
+        sandbox.die_with_parent()
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
         cpu = int(max_seconds) + 2
         resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu))
         if confine:
             sandbox.deny_new_tasks()
         try:
+            try:
+                req = _decode(payload)
+            except RecursionError:
+                raise RequestError("the conversation is nested too deeply to render") from None
             if req["op"] == "compile":
                 chat.compile_template(req["source"])
                 out = {"text": ""}
@@ -248,9 +410,13 @@ def _child(req, w, limit, max_seconds, confine):
             out = {"error": str(e), "raised": True}
         except TemplateError as e:
             out = {"error": str(e)}
+        except RequestError as e:
+            out = {"error": str(e), "request": True}
         except MemoryError:
             out = {"error": f"chat template needed more memory than a render may use ({RENDER_MEMORY >> 20} MiB)"}
-        data = json.dumps(out, ensure_ascii=False).encode("utf-8", "surrogatepass")
+        except RecursionError:
+            out = {"error": "chat template or conversation nested too deeply to render"}
+        data = _encode(out)
         view = memoryview(data)
         while view:
             view = view[os.write(w, view):]

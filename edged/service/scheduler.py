@@ -43,7 +43,7 @@ import time
 
 import numpy as np
 
-from ..errors import QueueFull, QueueTimeout
+from ..errors import CapacityError, QueueFull, QueueTimeout
 from .log import log
 
 PREFILL_CHUNK = 128     # default prompt_chunk_max: prompt tokens of a pass with nobody decoding
@@ -64,6 +64,7 @@ SPREAD_Q = 0.9          # ... the quantile of them a pass is sized to: 9 in 10 w
 FIT_WINDOW = 24         # prompt-carrying passes per path the cost fit reads
 FORGET = 0.85           # weight of an observation per newer one in the fit
 DEBUG_STEPS = os.environ.get("EDGED_DEBUG_STEPS") == "1"
+BUSY_WAIT = 0.05        # seconds the decode thread sleeps when every job waits for a session
 
 
 class Slots:
@@ -120,6 +121,11 @@ class Slots:
                 fut.set_result(None)
 
 
+class Busy(CapacityError):
+    """What a job's make_gen() raises when what it needs is taken for now (every session of
+    its model in use): the job waits, and the decode thread tries again at its next steps."""
+
+
 class Job:
     """One generation: the decode thread steps what `make_gen()` returns (an engine Generation,
     service/loader.py LoadedModel.steps) and posts events to `events`. An embedding job
@@ -131,7 +137,7 @@ class Job:
     def __init__(self, loop, make_gen, finish, deadline, embedding=False):
         self.embedding = embedding
         self.loop = loop
-        self.make_gen = make_gen        # () -> Generation (takes a session: called by the decode thread)
+        self.make_gen = make_gen        # () -> Generation (takes a session: called by the decode thread; Busy: later)
         self.finish = finish            # called in the decode thread when the job ends (session back)
         self.deadline = deadline        # time.monotonic() limit
         self.cancel = threading.Event()
@@ -436,10 +442,14 @@ class Decoder:
                     return
                 while self._pending:
                     self._active.append(self._pending.popleft())
-            self._step()
+            if not self._step():
+                with self._cv:          # every job waits for a session another thread gives back
+                    if not self._pending and not self._stop:
+                        self._cv.wait(BUSY_WAIT)
 
     def _step(self):
-        """One step: leavers out, newcomers in, then one Model.decode per model."""
+        """One step: leavers out, newcomers in (those that find no free session wait), then one
+        Model.decode per model. Returns whether any job ran."""
         now = time.monotonic()
         for job in list(self._active):
             if job.cancel.is_set():
@@ -449,16 +459,20 @@ class Decoder:
             elif job.gen is None:
                 try:
                     job.gen = job.make_gen()      # takes a session; finds the cached prefix
+                except Busy:
+                    pass                          # waits (in order) for a session to come back
                 except Exception as e:  # noqa: BLE001 - one bad request must not stop the others
                     self._end(job, "error", e)
         models = {}
         for job in self._active:
-            if not job.embedding:
+            if job.gen is not None and not job.embedding:
                 models.setdefault(id(job.gen.session.model), []).append(job)
         for jobs in models.values():
             self._step_model(jobs)
-        for job in [j for j in self._active if j.embedding]:
+        embedding = [j for j in self._active if j.embedding and j.gen is not None]
+        for job in embedding:
             self._step_embedding(job)
+        return bool(models) or bool(embedding)
 
     def _step_embedding(self, job):
         """One unit of an embedding job's compute (an encoder pass or a decoder chunk)."""

@@ -12,8 +12,13 @@ header within `header_timeout`, the next one within `keepalive_timeout`, a body 
 /metrics and logged once per `LOG_INTERVAL`, never once per attempt.
 
 TCP (opt-in, issue #14): sockets systemd passes (edged-tcp.socket) go through the same
-Listener, caps and deadlines; there is no peer uid, so the per-uid cap counts the remote
-address, and each request needs an API key (apikeys.py) and may not use the admin routes.
+Listener and deadlines; each request needs an API key (apikeys.py) and may not use the admin
+routes. There is no peer uid: until a request on it carries a valid key, a TCP connection is
+held in a small pool of its own (`PREAUTH_MAX`; when full, the oldest idle one is closed for
+the newcomer) and counts against no other cap, so unauthenticated peers cannot crowd out keyed
+clients or Unix peers. From its first authenticated request it counts against
+`max_connections` and, by remote address, `max_connections_per_uid`. A refused key closes the
+connection and is logged in a summary line per `LOG_INTERVAL`, never once per request.
 """
 import asyncio
 import collections
@@ -26,8 +31,9 @@ import socket
 import stat
 import struct
 import time
+import zlib
 
-from aiohttp import web
+from aiohttp import hdrs, web
 
 from ..errors import ConfigError
 from . import apikeys, systemd
@@ -133,24 +139,34 @@ def make_app(daemon):
         listener = daemon.listener
         conn = listener.lookup(request.transport) if listener is not None else None
         if conn is None:
-            return await serve(request, None)
+            return await serve(request, None, None)
         listener.request_started(conn)
         try:
-            return await serve(request, conn.peer)
+            return await serve(request, conn.peer, conn)
         finally:
             listener.request_done(conn)
 
-    async def serve(request, peer):
+    async def serve(request, peer, conn):
         t0 = time.monotonic()
         route = request.path if (request.method, request.path) in api.routes else "other"
         sock = request.transport.get_extra_info("socket") if request.transport else None
         if sock is not None and sock.family != socket.AF_UNIX:
             # TCP (opt-in): an API key instead of credentials
             refusal = _tcp_refusal(request, api, daemon.api_keys)
+            listener = daemon.listener
+            if refusal is None and conn is not None and not listener.authenticated(conn):
+                refusal = error_reply(503, "too many connections (max_connections, max_connections_per_uid)",
+                                      "server_error", "too_many_connections", {"Retry-After": "1"})
             if refusal is not None:
-                return _finish(daemon, request, route, None, refusal, {}, t0, web.Response(
-                    status=refusal.status, body=refusal.payload(), headers=refusal.headers,
-                    content_type="application/json"))
+                resp = web.Response(status=refusal.status, body=refusal.payload(), headers=refusal.headers,
+                                    content_type="application/json")
+                if refusal.status == 403:       # a keyed client asking for an admin route
+                    return _finish(daemon, request, route, None, refusal, {}, t0, resp)
+                resp.force_close()              # its place goes to the next client
+                daemon.metrics.request(route, refusal.status)
+                if refusal.status == 401 and listener is not None:     # one line per LOG_INTERVAL
+                    listener.auth_refusals.note(f"from {request.remote}")
+                return resp
         elif peer is None and sock is not None:
             try:
                 peer = peer_credentials(sock)
@@ -161,10 +177,17 @@ def make_app(daemon):
             if request.content_length is not None and request.content_length > limit:
                 raise web.HTTPRequestEntityTooLarge(max_size=limit, actual_size=request.content_length)
             body = await asyncio.wait_for(request.read(), timeout)
+            encoding = request.headers.get(hdrs.CONTENT_ENCODING, "identity").strip().lower()
+            if encoding != "identity":
+                body = await asyncio.get_running_loop().run_in_executor(None, inflate, body, encoding, limit)
         except web.HTTPRequestEntityTooLarge:
             reply = error_reply(413, f"request body exceeds max_body_bytes={limit}", code="body_too_large")
             return _finish(daemon, request, route, peer, reply, {}, t0, web.Response(
                 status=413, body=reply.payload(), content_type="application/json"))
+        except BodyError as e:
+            reply = error_reply(e.status, str(e), code="bad_content_encoding")
+            return _finish(daemon, request, route, peer, reply, {}, t0, web.Response(
+                status=e.status, body=reply.payload(), content_type="application/json"))
         except asyncio.TimeoutError:
             reply = error_reply(408, f"request body not received within body_timeout={timeout:g}s",
                                 code="body_timeout")
@@ -208,6 +231,37 @@ def make_app(daemon):
     return app
 
 
+class BodyError(ValueError):
+    """A compressed request body that cannot be read: `status` 400 (corrupt) or 415 (encoding)."""
+
+    def __init__(self, status, message):
+        super().__init__(message)
+        self.status = status
+
+
+# Content-Encoding -> zlib's wbits. aiohttp's own inflating is off (daemon.py: auto_decompress):
+# it ran on the event loop and before any size limit.
+_ENCODINGS = {"gzip": 16 + zlib.MAX_WBITS, "x-gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}
+
+
+def inflate(data, encoding, limit):
+    """The body of a request sent with Content-Encoding `encoding`, inflated to at most `limit`
+    bytes (the work stops there: HTTPRequestEntityTooLarge). Run off the event loop."""
+    wbits = _ENCODINGS.get(encoding)
+    if wbits is None:
+        raise BodyError(415, f"Content-Encoding {encoding!r} is not supported (gzip, deflate or none)")
+    d = zlib.decompressobj(wbits)
+    try:
+        out = d.decompress(data, limit + 1)
+    except zlib.error as e:
+        raise BodyError(400, f"request body is not valid {encoding} data: {e}") from None
+    if len(out) > limit:
+        raise web.HTTPRequestEntityTooLarge(max_size=limit, actual_size=len(out))
+    if not d.eof or d.unused_data:
+        raise BodyError(400, f"request body is not one complete {encoding} stream")
+    return out
+
+
 def _tcp_refusal(request, api, keys):
     """A 401 for a TCP request without a valid API key, 403 for an admin route (those need a
     Unix peer's credentials); None when the request may go on."""
@@ -247,6 +301,7 @@ def _finish(daemon, request, route, peer, reply, info, t0, resp):
 # --- accepting connections ------------------------------------------------------------------
 
 LOG_INTERVAL = 10.0            # seconds between summary lines about refused connections
+PREAUTH_MAX = 32               # TCP connections held before their first request with a valid key
 SWEEP_INTERVAL = 0.25          # how often deadlines are checked
 FD_RESERVE = 64                # descriptors kept for models, logs, the event loop, ...
 _BACKOFF_MIN, _BACKOFF_MAX = 0.01, 1.0
@@ -255,10 +310,11 @@ _OVER_CAP_REPLY = (b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\n"
 
 
 class RateLimitedLog:
-    """Counts events by description and logs one summary line per `interval` seconds."""
+    """Counts events by description and logs one summary line per `interval` seconds
+    ("refused N <what> since the last report: ...")."""
 
-    def __init__(self, interval=LOG_INTERVAL, clock=time.monotonic):
-        self.interval, self.clock = interval, clock
+    def __init__(self, interval=LOG_INTERVAL, clock=time.monotonic, what="connection(s)"):
+        self.interval, self.clock, self.what = interval, clock, what
         self.pending = collections.Counter()
         self.last = -interval
 
@@ -271,7 +327,7 @@ class RateLimitedLog:
         if self.pending and (force or now - self.last >= self.interval):
             total = sum(self.pending.values())
             parts = ", ".join(f"{n} {what}" for what, n in self.pending.most_common(5))
-            log.warning("refused %d connection(s) since the last report: %s", total, parts)
+            log.warning("refused %d %s since the last report: %s", total, self.what, parts)
             self.pending.clear()
             self.last = now
 
@@ -279,14 +335,18 @@ class RateLimitedLog:
 class Conn:
     """One accepted connection: who, and until when it may stay without a request in progress.
     `who` is what the per-client cap counts: the peer's uid over the Unix socket, the remote
-    address over TCP (whose peer is None: an API key, checked per request, says who it is)."""
-    __slots__ = ("sock", "peer", "who", "deadline", "busy", "transport")
+    address over TCP (whose peer is None: an API key, checked per request, says who it is).
+    `authed`: counted against the caps (a Unix peer at once, a TCP one from its first request
+    with a valid key; before that it is in the pre-auth pool)."""
+    __slots__ = ("sock", "peer", "who", "deadline", "busy", "transport", "authed", "evicted")
 
     def __init__(self, sock, peer, deadline, who=None):
         self.sock, self.peer, self.deadline = sock, peer, deadline
         self.who = peer.uid if who is None else who
         self.busy = 0              # requests being handled (their own timeouts apply)
         self.transport = None
+        self.authed = peer is not None
+        self.evicted = False       # closed for a newer one in the pre-auth pool
 
 
 class Listener:
@@ -298,8 +358,10 @@ class Listener:
         self.tcp = list(tcp)
         self.socks = [sock] + self.tcp
         self.conns = {}                                 # fd -> Conn
-        self.per_uid = collections.Counter()            # Conn.who -> connections
+        self.per_uid = collections.Counter()            # Conn.who -> authenticated connections
+        self.preauth = {}                               # fd -> Conn not authenticated yet, oldest first
         self.refusals = RateLimitedLog()
+        self.auth_refusals = RateLimitedLog(what="TCP request(s) without a valid API key")
         self.backoff = _BACKOFF_MIN
         self.loop = self._sweeper = None
         self.paused = False
@@ -320,6 +382,7 @@ class Listener:
         if self._sweeper is not None:
             self._sweeper.cancel()
         self.refusals.flush(force=True)
+        self.auth_refusals.flush(force=True)
 
     def lookup(self, transport):
         """The Conn of an aiohttp request's transport (None for one this listener did not accept)."""
@@ -380,43 +443,98 @@ class Listener:
             who = peer.uid
         else:
             peer, who = None, f"tcp:{addr[0]}"
-        cfg = self.cfg
         self._prune()
-        if len(self.conns) >= cfg.max_connections:
-            reason, what = "max_connections", f"over max_connections={cfg.max_connections}"
-        elif self.per_uid[who] >= cfg.max_connections_per_uid and (
-                peer is None or peer.uid not in cfg.uids("admin_uids")):
-            reason = "max_connections_per_uid"
-            what = (f"from uid {who}" if peer is not None else f"from {addr[0]}") + \
-                f" over max_connections_per_uid={cfg.max_connections_per_uid}"
-        else:
-            reason = None
-        if reason is not None:
+        if peer is None:
+            self._preadmit(sock, who)
+            return
+        if self._over_cap(who, f"from uid {who}", peer.uid in self.cfg.uids("admin_uids")):
             try:
                 sock.send(_OVER_CAP_REPLY, socket.MSG_DONTWAIT | socket.MSG_NOSIGNAL)
             except OSError:
                 pass
             sock.close()
-            self.daemon.metrics.connections_refused[reason] += 1
-            self.refusals.note(what)
             return
-        sock.setblocking(False)
-        conn = Conn(sock, peer, time.monotonic() + cfg.header_timeout, who)
-        self.conns[sock.fileno()] = conn
         self.per_uid[who] += 1
+        self._open(sock, peer, who)
+
+    def _over_cap(self, who, where, admin=False):
+        """Whether one more connection of `who` would be over max_connections (which counts
+        Unix peers and authenticated TCP ones) or, unless `admin`, max_connections_per_uid;
+        if so it is counted and noted."""
+        cfg = self.cfg
+        if sum(self.per_uid.values()) >= cfg.max_connections:
+            reason, what = "max_connections", f"over max_connections={cfg.max_connections}"
+        elif self.per_uid[who] >= cfg.max_connections_per_uid and not admin:
+            reason = "max_connections_per_uid"
+            what = f"{where} over max_connections_per_uid={cfg.max_connections_per_uid}"
+        else:
+            return False
+        self.daemon.metrics.connections_refused[reason] += 1
+        self.refusals.note(what)
+        return True
+
+    def _open(self, sock, peer, who):
+        sock.setblocking(False)
+        conn = Conn(sock, peer, time.monotonic() + self.cfg.header_timeout, who)
+        self.conns[sock.fileno()] = conn
         self.loop.create_task(self._connect(conn))
+        return conn
+
+    def _preadmit(self, sock, who):
+        """A TCP connection into the pre-auth pool; a full pool closes its oldest connection
+        that is idle: no request in progress, none waiting to be read (a client that sent its
+        request at once, accepted in the same burst, is not cut off). None idle: the newcomer
+        is refused."""
+        if len(self.preauth) >= PREAUTH_MAX:
+            old = next((c for c in self.preauth.values() if not c.busy and not _unread(c.sock)), None)
+            if old is None:
+                sock.close()
+                self.daemon.metrics.connections_refused["preauth_full"] += 1
+                self.refusals.note(f"unauthenticated TCP connection(s): all {PREAUTH_MAX} pre-auth places busy")
+                return
+            del self.preauth[old.sock.fileno()]
+            old.evicted = True          # closed by its transport (or _connect): never here, as
+            if old.transport is not None:   # asyncio may still hold the descriptor
+                old.transport.abort()
+            self.daemon.metrics.connections_refused["preauth_replaced"] += 1
+            self.refusals.note(f"unauthenticated TCP connection(s) closed for newer ones (pool of {PREAUTH_MAX})")
+        conn = self._open(sock, None, who)
+        self.preauth[sock.fileno()] = conn
+
+    def authenticated(self, conn):
+        """A request on TCP connection `conn` carried a valid key: from now on the connection
+        counts against max_connections and its address's max_connections_per_uid. False when
+        that is over a cap (the request is refused with 503, the connection closed)."""
+        if conn.authed:
+            return True
+        if self._over_cap(conn.who, f"from {conn.who.removeprefix('tcp:')}"):
+            return False
+        self.preauth.pop(conn.sock.fileno(), None)
+        conn.authed = True
+        self.per_uid[conn.who] += 1
+        return True
 
     async def _connect(self, conn):
+        if conn.evicted:                # replaced in the pre-auth pool before it was set up
+            conn.sock.close()
+            return
         try:
             conn.transport, _ = await self.loop.connect_accepted_socket(self.factory, conn.sock)
         except OSError:
             conn.sock.close()
+            return
+        if conn.evicted:
+            conn.transport.abort()
 
     def _prune(self):
         """Forget connections whose socket the transport has closed."""
         for fd, conn in list(self.conns.items()):
             if conn.sock.fileno() == -1:
                 del self.conns[fd]
+                if not conn.authed:
+                    if self.preauth.get(fd) is conn:
+                        del self.preauth[fd]
+                    continue
                 self.per_uid[conn.who] -= 1
                 if not self.per_uid[conn.who]:
                     del self.per_uid[conn.who]
@@ -433,6 +551,7 @@ class Listener:
             self._prune()
             self.daemon.metrics.connections_open = len(self.conns)
             self.refusals.flush()
+            self.auth_refusals.flush()
 
     def request_started(self, conn):
         conn.busy += 1
@@ -440,6 +559,14 @@ class Listener:
     def request_done(self, conn):
         conn.busy -= 1
         conn.deadline = time.monotonic() + self.cfg.keepalive_timeout
+
+
+def _unread(sock):
+    """Whether bytes from the peer wait to be read on `sock`."""
+    try:
+        return bool(sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT))
+    except OSError:             # nothing yet (EAGAIN), or a connection already broken
+        return False
 
 
 def fit_descriptor_limit(cfg):

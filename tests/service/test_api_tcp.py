@@ -13,9 +13,9 @@ import time
 import pytest
 
 from conftest import ROOT
-from daemon_support import Server, alpha_beta_models, needs_curl
+from daemon_support import Server, alpha_beta_models, needs_curl, request
 from edged.errors import ConfigError
-from edged.service import apikeys
+from edged.service import apikeys, transport
 
 KEY = "edged-test-key-0123456789abcdef"
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root: api_keys_file must be owned by root")
@@ -153,14 +153,16 @@ def test_tcp_socket_unit_verifies(tmp_path):
     assert "ListenStream=127.0.0.1:" in unit and "Service=edged.service" in unit
 
 
-def test_tcp_connections_go_through_the_listener_caps():
-    """The TCP sockets share the Unix socket's accept loop: one count of connections, and the
-    per-uid cap counts a TCP client's remote address (it has no uid)."""
+def test_tcp_connections_count_against_the_caps_once_authenticated(monkeypatch):
+    """The TCP sockets share the Unix socket's accept loop. A TCP connection waits in the
+    pre-auth pool (a full pool closes its oldest idle connection for the newcomer) and counts
+    against max_connections and its address's max_connections_per_uid only from its first
+    request with a valid key (issue 41.7)."""
     import asyncio
     from types import SimpleNamespace
-    from edged.service import transport
     from edged.service.metrics import Metrics
 
+    monkeypatch.setattr(transport, "PREAUTH_MAX", 3)
     cfg = SimpleNamespace(max_connections=8, max_connections_per_uid=1, header_timeout=30.0,
                           keepalive_timeout=30.0, uids=lambda key: ())
     d = SimpleNamespace(stopping=False, metrics=Metrics(), cfg=cfg)
@@ -169,6 +171,8 @@ def test_tcp_connections_go_through_the_listener_caps():
     tcp.listen(8)
     tcp.setblocking(False)
     unix_l = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)    # nobody connects to it
+    unix_l.bind("")                                                # an abstract address of its own
+    unix_l.listen(1)
     unix_l.setblocking(False)
 
     async def run():
@@ -176,22 +180,89 @@ def test_tcp_connections_go_through_the_listener_caps():
         lst = transport.Listener(d, unix_l, asyncio.Protocol, tcp=[tcp])
         lst.start()
         port = tcp.getsockname()[1]
-        first = socket.create_connection(("127.0.0.1", port))
-        await asyncio.sleep(0.3)
-        second = socket.create_connection(("127.0.0.1", port))
-        second.settimeout(5)
-        reply = await loop.run_in_executor(None, second.recv, 100)
-        conns = list(lst.conns.values())
+        clients = []
+        for _ in range(4):                  # one more than the pool holds
+            clients.append(socket.create_connection(("127.0.0.1", port)))
+            await asyncio.sleep(0.2)
+        clients[0].settimeout(5)
+        oldest = await loop.run_in_executor(None, clients[0].recv, 100)
+        conns = {(c.peer, c.who, c.authed) for c in lst.conns.values()}
+        pooled = sorted(lst.preauth)
+        first, second = (lst.preauth[fd] for fd in pooled[:2])
+        verdicts = lst.authenticated(first), lst.authenticated(second)
+        state = len(lst.preauth), dict(lst.per_uid)
         lst.stop()
-        first.close()
-        second.close()
-        return reply, conns
+        for c in clients:
+            c.close()
+        return oldest, conns, verdicts, state
 
     try:
-        reply, conns = asyncio.run(run())
+        oldest, conns, verdicts, state = asyncio.run(run())
     finally:
         for s in (tcp, unix_l):
             s.close()
-    assert reply.startswith(b"HTTP/1.1 503")
-    assert [(c.peer, c.who) for c in conns] == [(None, "tcp:127.0.0.1")]
+    assert oldest == b""                                # closed for the newcomer, no 503
+    assert conns == {(None, "tcp:127.0.0.1", False)}
+    assert d.metrics.connections_refused["preauth_replaced"] == 1
+    assert verdicts == (True, False)                    # the second is over the address's cap
+    assert state == (2, {"tcp:127.0.0.1": 1})
     assert d.metrics.connections_refused["max_connections_per_uid"] == 1
+
+
+@pytest.mark.skipif(shutil.which("systemd-socket-activate") is None, reason="systemd-socket-activate missing")
+def test_unauthenticated_tcp_peers_crowd_out_no_one_and_are_logged_in_summaries(tmp_path, models):
+    """Issue 41.7 and 41.8: 190 idle unauthenticated connections from three loopback addresses
+    made keyed clients from the same address (max_connections_per_uid) and root on the Unix
+    socket (max_connections = 100) get 503; now they only fill the pre-auth pool. 300 requests
+    with a bad key wrote 300 log lines; now a summary line per interval."""
+    import http.client
+    path, port = str(tmp_path / "edged.sock"), free_port()
+    srv = Server(tmp_path, *models, default_model="alpha",
+                 extra={"api_keys_file": keys_file(tmp_path), "max_connections": 100},
+                 argv_prefix=["systemd-socket-activate", "-l", path, "-l", f"127.0.0.1:{port}",
+                              "-E", "NOTIFY_SOCKET", "-E", "PYTHONPATH"], wait=False)
+
+    def get(route, key=None):
+        c = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+        try:
+            c.request("GET", route, headers={"Authorization": f"Bearer {key}"} if key else {})
+            r = c.getresponse()
+            return r.status, r.read()
+        finally:
+            c.close()
+
+    idle = []
+    try:
+        deadline = time.monotonic() + 10
+        while not os.path.exists(path) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert get("/health")[0] == 401             # starts the daemon
+        srv.wait_ready(60)
+        before = srv.logtext().count("\n")
+        statuses = {get("/v1/models", "bad-key-0123456789abcdef")[0] for _ in range(300)}
+        assert statuses == {401}
+        lines = srv.logtext().splitlines()[before:]
+        assert len(lines) <= 3 and not [line for line in lines if " 401 " in line], lines
+        assert "refused 1 TCP request(s) without a valid API key since the last report: 1 from 127.0.0.1" \
+            in srv.logtext()
+        for src in ("127.0.0.1", "127.0.0.2", "127.0.0.3"):
+            for _ in range(65):
+                s = socket.socket()
+                s.bind((src, 0))
+                s.connect(("127.0.0.1", port))
+                idle.append(s)
+        def replaced():         # root on the Unix socket is answered meanwhile
+            text = request(path, "GET", "/metrics")[2]
+            return sum(float(line.split()[-1]) for line in text.splitlines()
+                       if line.startswith('edged_connections_refused_total{reason="preauth_replaced"}'))
+
+        deadline = time.monotonic() + 60                # until the daemon has taken all of them in
+        while replaced() < len(idle) - transport.PREAUTH_MAX and time.monotonic() < deadline:
+            time.sleep(0.05)
+        status, body = get("/v1/models", KEY)
+        assert status == 200, (status, body, srv.logtext()[-2000:])
+        assert request(path, "GET", "/v1/models")[0] == 200       # root on the Unix socket
+    finally:
+        for s in idle:
+            s.close()
+        srv.stop()

@@ -2,6 +2,7 @@
 render limits (issue 13.3), and the daemon starts with no thread outside its sandbox and no
 warning, whatever the operator's environment (issue 13.7)."""
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -18,6 +19,9 @@ HOSTILE = {
                  "{% endfor %}{{ ns.s }}"),
     "spin": "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}",
 }
+# 2**28 characters, doubled once more: past the render process's 256 MiB, nothing a check sees
+BIG = ("{% set ns = namespace(s='x') %}{% for i in range(28) %}{% set ns.s = ns.s ~ ns.s %}"
+       "{% endfor %}{{ ns.s|length }}")
 
 
 def _peak_rss_kib(pid):
@@ -36,7 +40,7 @@ def hostile_models(tmp_path_factory):
     d = model_dir(tmp, key, models)
     from daemon_support import add_chat_template
     from edged.trust.sign import sign_file
-    for name, template in HOSTILE.items():
+    for name, template in dict(HOSTILE, big=BIG).items():
         dst = os.path.join(d, f"{name}.gguf")
         add_chat_template(stories(), dst, template=template)
         os.chmod(dst, 0o644)
@@ -99,3 +103,72 @@ def test_daemon_refuses_to_start_with_a_thread_its_sandbox_would_not_cover(tmp_p
                        env=dict(os.environ, PYTHONPATH=ROOT))
     assert r.returncode != 0
     assert "thread(s) started before the sandbox" in r.stderr and "OPENBLAS_NUM_THREADS=1" in r.stderr, r.stderr
+
+
+def _children(pid):
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as fh:
+            return [int(p) for p in fh.read().split()]
+    except OSError:
+        return []
+
+
+def _render_worker(daemon_pid):
+    """The render worker: the one process below the daemon with no child while nothing renders."""
+    todo, leaves = _children(daemon_pid), []
+    while todo:
+        p = todo.pop()
+        kids = _children(p)
+        todo += kids
+        if not kids:
+            leaves.append(p)
+    assert len(leaves) == 1, leaves
+    return leaves[0]
+
+
+def _gone(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().split(") ")[-1].startswith(("Z", "X"))
+    except OSError:
+        return True
+
+
+def test_no_request_kills_the_render_worker_and_a_killed_worker_is_replaced(tmp_path, hostile_models):
+    """Issue 41.3: tool-call arguments nested 975 deep made the worker's own json.loads raise and
+    the worker exit; chat then rendered inside the daemon (a template the render process refuses
+    for memory then succeeded, peak RSS +770 MB). Now the worker answers such a request with an
+    error and stays; one killed with SIGKILL is replaced by the next request, and no template
+    ever renders in the daemon's process."""
+    models, trusted = hostile_models
+    extra = {"sandbox": "enforce", "max_loaded_models": 4, "auto_load": True, "swap_interval": 0}
+    deep = "[" * 975 + "]" * 975
+    attack = [{"role": "user", "content": "hi"},
+              {"role": "assistant", "content": "", "tool_calls": [
+                  {"id": "c1", "type": "function", "function": {"name": "f", "arguments": deep}}]},
+              {"role": "tool", "tool_call_id": "c1", "content": "ok"}]
+
+    def chat(srv, model="good", messages=None):
+        return srv.request("POST", "/v1/chat/completions", {
+            "model": model, "messages": messages or [{"role": "user", "content": "hi"}], "max_tokens": 2})
+
+    with running(tmp_path, models, trusted, default_model="good", extra=extra) as srv:
+        srv.request("POST", "/v1/models/load", {"model": "big"})
+        assert chat(srv)[0] == 200
+        worker = _render_worker(srv.proc.pid)
+        status, _, body = chat(srv, messages=attack)
+        assert status == 400 and "nested too deeply" in body["error"]["message"], (status, body)
+        assert not _gone(worker), srv.logtext()[-3000:]          # the same worker, still there
+        assert chat(srv)[0] == 200
+        os.kill(worker, signal.SIGKILL)
+        for _ in range(3):                      # the next request and those after it succeed
+            status, _, body = chat(srv)
+            assert status == 200, (status, body, srv.logtext()[-3000:])
+        assert _render_worker(srv.proc.pid) != worker
+        # a template only the render process's memory limit stops is still refused: it never
+        # renders in the daemon
+        base = _peak_rss_kib(srv.proc.pid)
+        status, _, body = chat(srv, "big")
+        assert status == 422 and "memory" in body["error"]["message"], (status, body)
+        assert _peak_rss_kib(srv.proc.pid) - base < 100 * 1024
+        assert srv.proc.poll() is None

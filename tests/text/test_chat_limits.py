@@ -151,16 +151,24 @@ def test_a_killed_render_process_and_a_dead_worker_do_not_take_the_caller_down(w
     assert chat.render("{{ messages[0].content }}", MSGS) == "hi"     # a fresh child next time
 
 
-def test_worker_gone_is_a_clear_error(tmp_path):
+def test_a_killed_worker_is_replaced_and_without_one_nothing_renders_here(tmp_path):
+    """A worker killed from outside is replaced by the next render (issue 41.3); with the
+    zygote gone too, renders answer 503 and never fall back to rendering in this process."""
+    from edged.errors import NotReady
     w = RenderWorker("off")
     w.start()
     try:
-        os.kill(w.pid, signal.SIGKILL)
-        os.waitpid(w.pid, 0)
-        w.pid = None
-        with pytest.raises(TemplateError, match="render worker"):
-            chat.render("{{ 1 }}", MSGS)
-        assert chat._RENDERER is None                       # back to in-process rendering
+        first = w.pid
+        os.kill(first, signal.SIGKILL)
+        assert chat.render("{{ messages[0].content }}", MSGS) == "hi"
+        assert w.pid != first
+        os.kill(w.zygote, signal.SIGKILL)
+        os.waitpid(w.zygote, 0)
+        w.zygote = None
+        for _ in range(2):
+            with pytest.raises(NotReady, match="render worker"):
+                chat.render("{{ 1 }}", MSGS)
+        assert chat._RENDERER is not None                   # never back to in-process rendering
     finally:
         w.close()
-
+    assert chat._RENDERER is None
