@@ -37,9 +37,9 @@ from .backends import backend_class
 from .batch import LOGITS, BatchEntry
 from .kvcache import CacheTypes
 from .generation import Generation, GenerationOutput  # noqa: F401 - GenerationOutput: the public API
-from .threads import default_threads as physical
 from ..errors import CapacityError, ConfigError, RequestError
 from ..format.gguf import GGUFFile, Key
+from ..system import available_memory, default_threads
 from ..text.tokenizer import Tokenizer
 
 NUMA_POLICIES = ("none", "isolate", "distribute", "numactl")
@@ -65,11 +65,6 @@ def available_memory():
 
 def _mib(n):
     return f"{n / 2**20:.1f} MiB"
-
-
-def default_threads():
-    """Physical cores in this process's allowed CPU set (SMT siblings counted once)."""
-    return physical()
 
 
 @dataclass(frozen=True)
