@@ -16,9 +16,10 @@ Model is shared. Model.decode is the one call that runs the model: Session.eval 
 Session.generate are thin loops over it, the daemon's scheduler fills it with the work of
 all its slots (docs/engine.md).
 
-Load order: (signature check on the open descriptor) -> map -> validate every tensor against
-the architecture table -> memory plan against the budget -> backend init. Nothing is
-allocated before the plan fits.
+Load order: map (the descriptor the trust layer verified, `Model.load(path, verified=...)`, or
+the path as is) -> validate every tensor against the architecture table -> memory plan against
+the budget -> backend init. Nothing is allocated before the plan fits. The engine never checks
+signatures itself: edged/trust sits above it (docs/architecture.md).
 """
 from __future__ import annotations
 
@@ -107,49 +108,44 @@ class Model:
         raise TypeError("use Model.load(path, ...)")
 
     @classmethod
-    def load(cls, path, n_threads=None, numa="none", mmap=True, mlock=False, trusted_keys=None,
-             require_signature=False, max_memory=None, backend=None, verbose=False, log=None,
-             n_ctx_plan=None, cache_type_k=None, cache_type_v=None):
+    def load(cls, path, n_threads=None, numa="none", mmap=True, mlock=False, verified=None,
+             max_memory=None, backend=None, verbose=False, log=None, n_ctx_plan=None,
+             cache_type_k=None, cache_type_v=None):
         """Load and validate a GGUF model.
 
-        trusted_keys: a store.TrustStore (or a directory of trusted public keys);
-        require_signature: refuse unsigned files; max_memory: byte budget (default: available
-        memory); backend: "cpu" or "reference" (default: $EDGED_BACKEND or cpu);
-        verbose/log: report each tensor and the memory plan as the load proceeds;
-        n_ctx_plan: also check that a session of this many tokens fits the budget;
-        cache_type_k / cache_type_v: the KV cache's storage, "f16" (default), "q8_0" or "q4_0"
-        (llama.cpp's -ctk/-ctv; every session of the model uses them; kvcache.py).
+        verified: the model opened by the trust layer (edged.trust.verify.open_verified(path,
+        trust, require_signature), which checks the signature): its very descriptor is mapped,
+        up to the signed length, and the model owns it from here (closed with the model, or
+        when the load fails); None: `path` is opened as is, nothing checked.
+        max_memory: byte budget (default: available memory); backend: "cpu" or "reference"
+        (default: $EDGED_BACKEND or cpu); verbose/log: report each tensor and the memory plan
+        as the load proceeds; n_ctx_plan: also check that a session of this many tokens fits
+        the budget; cache_type_k / cache_type_v: the KV cache's storage, "f16" (default),
+        "q8_0" or "q4_0" (llama.cpp's -ctk/-ctv; every session of the model uses them;
+        kvcache.py).
         """
         self = object.__new__(cls)
-        self.cache = CacheTypes.parse(cache_type_k, cache_type_v)
-        if numa not in NUMA_POLICIES:
-            raise ConfigError(f"numa={numa!r}: expected one of {', '.join(NUMA_POLICIES)}")
+        self._verified, self.file, self.signer = verified, None, None  # closed if the load fails
         if log is None:
             log = (lambda msg: print(f"edged: {msg}", file=sys.stderr)) if verbose else None
         self._log = log
         t0 = time.perf_counter()
-        self.path = os.fspath(path)
-        self._verified = None
-        self.signer = None
-        if trusted_keys is not None or require_signature:
-            from ..trust import store, verify   # only for signed loads; trust sits above the engine
-            trust = trusted_keys
-            if isinstance(trust, (str, os.PathLike)):
-                trust = store.TrustStore.load(trust)
-            vf = verify.open_verified(self.path, trust, require_signature)
-            self._verified = vf
-            self.signer = vf.signer
-            try:
-                # map the very descriptor that was hashed, up to the signed length
-                self.file = GGUFFile.from_fd(vf.fd, name=self.path, size=vf.signed_length)
-            except BaseException:
-                vf.close()
-                raise
-            if log:
-                log(f"signature: {'signed by ' + vf.signer if vf.signer else 'unsigned (allowed)'}")
-        else:
-            self.file = GGUFFile.open(self.path)
         try:
+            self.path = os.fspath(path)
+            self.cache = CacheTypes.parse(cache_type_k, cache_type_v)
+            if numa not in NUMA_POLICIES:
+                raise ConfigError(f"numa={numa!r}: expected one of {', '.join(NUMA_POLICIES)}")
+            if verified is None:
+                self.file = GGUFFile.open(self.path)
+            else:
+                if os.fspath(verified.path) != self.path:
+                    raise ConfigError(f"Model.load({self.path!r}, verified=...): the verified "
+                                      f"file is {verified.path!r}")
+                self.signer = verified.signer
+                # map the very descriptor that was hashed, up to the signed length
+                self.file = GGUFFile.from_fd(verified.fd, name=self.path, size=verified.signed_length)
+                if log:
+                    log(f"signature: {'signed by ' + self.signer if self.signer else 'unsigned (allowed)'}")
             self._init(n_threads, numa, mmap, mlock, max_memory, backend, n_ctx_plan)
         except BaseException:
             self._close_file()
