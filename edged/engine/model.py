@@ -259,8 +259,8 @@ class Model:
         plan.check(f"model {os.path.basename(self.path)}")
         weights = {n: f.tensor_bytes(n) if mmap else np.array(f.tensor_bytes(n)) for n in used}
         self.mmap, self.mlock = mmap, False
-        name = backend or os.environ.get("EDGED_BACKEND") or "cpu"
-        if name == "reference":
+        cls = backend_class(backend)   # no backend object: its name picks NumPy or the core
+        if cls.name == "reference":
             core = pool = None
         else:
             from .cpu import _require_core
@@ -268,7 +268,7 @@ class Model:
             pool = core.Pool(self.n_threads)
         self.encoder = _encoder.Encoder.build(self.spec, f.tensors, weights, core, pool)
         self.backend = None
-        self.backend_name = "reference" if core is None else "cpu"
+        self.backend_name = cls.name
         self.memory_plan = plan
 
     def _plan(self, cls, n_ctx, paged=None):  # paged: instead of self._paged (a trial)
