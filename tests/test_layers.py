@@ -137,3 +137,21 @@ def test_the_check_sees_imports_inside_functions_and_by_name():
         "edged/text/planted.py:2: text layer imports edged.trust.verify (trust layer)",
         "edged/trust/planted.py:1: trust layer imports edged (entry layer)",
     ]
+
+
+def test_test_modules_share_code_through_tests_support_only():
+    """A test module imported by another runs its module-level code twice and couples the two:
+    what tests share lives in tests/support (or conftest.py)."""
+    found = []
+    for d, _, files in os.walk(os.path.join(ROOT, "tests")):
+        for f in sorted(files):
+            if f.endswith(".py"):
+                path = os.path.join(d, f)
+                with open(path, encoding="utf-8") as fh:
+                    tree = ast.parse(fh.read())
+                for node in ast.walk(tree):
+                    names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                             [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+                    found += [f"{os.path.relpath(path, ROOT)}:{node.lineno}: imports {n}"
+                              for n in names if n.split(".")[0].startswith("test_")]
+    assert found == []
