@@ -52,18 +52,6 @@ EMBED_BATCH_TOKENS = 8192   # an encoder pass takes inputs up to this many token
 _COMPUTE = threading.Lock()
 
 
-def available_memory():
-    """MemAvailable from /proc/meminfo in bytes (None when unknown)."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None
-
-
 def _mib(n):
     return f"{n / 2**20:.1f} MiB"
 
