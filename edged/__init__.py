@@ -8,6 +8,7 @@ _LAZY = {
     "Model": "edged.engine.model",
     "Session": "edged.engine.model",
     "BatchEntry": "edged.engine.batch",
+    "SamplingParams": "edged.text.sampling",
     "Tokenizer": "edged.text.tokenizer",
     "GGUFFile": "edged.format.gguf",
 }

@@ -59,7 +59,7 @@ def logits(kind, n):
 
 
 def timed(config, x, reps):
-    s = sampling.Sampler(len(x), seed=1, **config)
+    s = sampling.Sampler(len(x), sampling.SamplingParams(seed=1, **config))
     s.accept_many(list(range(0, 64 * 2311, 2311)))
     s.sample(x)
     wall, cpu = [], []

@@ -23,7 +23,7 @@ sys.path.insert(0, os.path.dirname(HERE))
 
 from edged.engine.model import Model  # noqa: E402
 from edged.text import grammar  # noqa: E402
-from edged.text.sampling import Sampler  # noqa: E402
+from edged.text.sampling import Sampler, SamplingParams  # noqa: E402
 from edged.text.tokenizer import Tokenizer  # noqa: E402
 
 QWEN2_VOCAB = os.path.join(os.path.dirname(HERE), "..", "shared", "testdata", "vocab", "ggml-vocab-qwen2.gguf")
@@ -56,7 +56,8 @@ def run(model, tok, g, n, seed):
     forward pass + (mask) + sample, as in the daemon."""
     s = model.session(n_ctx=n + 16)
     constraint = _Timed(grammar.Constraint(g, tok, model.n_vocab)) if g else None
-    sampler = Sampler(model.n_vocab, temperature=0.8, top_k=40, top_p=0.95, seed=seed, constraint=constraint)
+    sampler = Sampler(model.n_vocab, SamplingParams(temperature=0.8, top_k=40, top_p=0.95, seed=seed),
+                      constraint=constraint)
     logits = s.eval([tok.bos_id or 0] + tok.encode("Data:", add_special=False))
     t0 = None
     for i in range(n):

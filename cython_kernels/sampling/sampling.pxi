@@ -265,16 +265,22 @@ def sample_work_bytes(int n):
     return _work_bytes(n) + _al(n * sizeof(float))
 
 
-def sample_logits(const float[::1] logits, const int32_t[::1] bias_ids, const float[::1] bias_vals,
-                  const int32_t[::1] pen_ids, const int32_t[::1] pen_counts, float repeat_penalty,
-                  double presence_penalty, double frequency_penalty, double temperature, int top_k,
-                  double top_p, double min_p, double u, uint8_t[::1] work=None,
+def sample_logits(const float[::1] logits, params, const int32_t[::1] bias_ids,
+                  const float[::1] bias_vals, const int32_t[::1] pen_ids,
+                  const int32_t[::1] pen_counts, double u, uint8_t[::1] work=None,
                   const uint32_t[::1] mask=None):
     """Bias, penalties, then greedy or top-k/top-p/min-p/temperature with the uniform draw u.
-    work: optional scratch of sample_work_bytes(len(logits)) bytes, reused across calls (a fresh
-    allocation per token costs page faults). mask: optional allowed-token bitmask (structured
-    output), bit i % 32 of word i // 32 set = token i may be drawn; the others are -inf before
-    anything else."""
+    params: a SamplingParams (edged/text/sampling.py, already checked against its bounds); its
+    logit bias comes as the arrays bias_ids / bias_vals. work: optional scratch of
+    sample_work_bytes(len(logits)) bytes, reused across calls (a fresh allocation per token
+    costs page faults). mask: optional allowed-token bitmask (structured output), bit i % 32 of
+    word i // 32 set = token i may be drawn; the others are -inf before anything else."""
+    cdef float repeat_penalty = params.repeat_penalty
+    cdef double presence_penalty = params.presence_penalty
+    cdef double frequency_penalty = params.frequency_penalty
+    cdef double temperature = params.temperature
+    cdef int top_k = params.top_k
+    cdef double top_p = params.top_p, min_p = params.min_p
     global _sample_path
     cdef int n = logits.shape[0], i, t
     cdef float v

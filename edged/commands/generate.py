@@ -4,6 +4,7 @@ import sys
 import time
 
 from .loadargs import add_load_args, load_model
+from ..text.sampling import SamplingParams
 
 
 def configure(p):
@@ -51,12 +52,13 @@ def run(args):
         s = m.session(n_ctx=n_ctx)
         stats = {}
         pieces, tokens, finish = [], [], None
-        for out in s.generate(prompt, max_tokens=args.n_predict, temperature=args.temp,
-                              top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
-                              seed=args.seed, stop=args.stop, repeat_penalty=args.repeat_penalty,
-                              penalty_last_n=args.repeat_last_n,
-                              presence_penalty=args.presence_penalty,
-                              frequency_penalty=args.frequency_penalty, stats=stats):
+        params = SamplingParams(temperature=args.temp, top_k=args.top_k, top_p=args.top_p,
+                                min_p=args.min_p, seed=args.seed, repeat_penalty=args.repeat_penalty,
+                                penalty_last_n=args.repeat_last_n,
+                                presence_penalty=args.presence_penalty,
+                                frequency_penalty=args.frequency_penalty)
+        for out in s.generate(prompt, params, max_tokens=args.n_predict, stop=args.stop,
+                              stats=stats):
             if out.token is not None and out.finish_reason != "stop":
                 tokens.append(out.token)
             if out.text:

@@ -20,7 +20,7 @@ from .threads import address_ranges, memory_policy, pin_workers, place_memory, r
 from ..errors import UnsupportedModelError
 from ..format.gguf import GGMLType, TYPE_INFO
 from ..format.quants import dequantize
-from ..text.sampling import Sampler
+from ..text.sampling import Sampler, SamplingParams
 
 try:
     from .. import _core
@@ -252,8 +252,8 @@ class CPUBackend(Backend):
                 if k.startswith("matmul type "):
                     k = "matmul " + GGMLType(int(k.rsplit(" ", 1)[1])).name
                 ops[k] = v
-            sampler = Sampler(self.spec.hp.n_vocab, temperature=0.8, top_k=40, top_p=0.95,
-                              min_p=0.05, seed=0)
+            sampler = Sampler(self.spec.hp.n_vocab, SamplingParams(temperature=0.8, top_k=40,
+                                                                   top_p=0.95, min_p=0.05, seed=0))
             t1 = time.perf_counter()
             sampler.sample(logits[0])
             ops["sampling"] = (time.perf_counter() - t1) * 1000

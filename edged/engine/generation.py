@@ -4,7 +4,7 @@ A Generation holds what changes per request besides the KV cache: the prompt tok
 evaluate, the sampler (RNG, penalties), the stop matcher and the UTF-8 stream decoder. It never
 runs the model itself; its driver does, one step at a time:
 
-    g = session.start(ids, max_tokens=32, temperature=0.8, seed=1)
+    g = session.start(ids, SamplingParams(temperature=0.8, seed=1), max_tokens=32)
     while True:
         entry = g.entry(budget)                 # a prompt chunk, or the last sampled token
         out = g.accept(model.decode([entry])[0])  # None while the prompt is still going in
@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from .batch import BatchEntry
 from ..errors import RequestError
-from ..text.sampling import Sampler, StopMatcher
+from ..text.sampling import Sampler, SamplingParams, StopMatcher
 
 
 @dataclass(frozen=True)
@@ -38,20 +38,14 @@ class Generation:
     Made by Session.start(), which has already found the prompt prefix the session's KV cache
     holds (n_cached tokens are not evaluated again)."""
 
-    def __init__(self, session, ids, n_cached, max_tokens=128, temperature=0.0, top_k=0,
-                 top_p=1.0, min_p=0.0, seed=None, stop=(), repeat_penalty=1.0,
-                 presence_penalty=0.0, frequency_penalty=0.0, penalty_last_n=64,
-                 logit_bias=None, sampler=None):
+    def __init__(self, session, ids, n_cached, params=SamplingParams(), max_tokens=128, stop=(),
+                 sampler=None):
         if max_tokens is not None and max_tokens < 0:
             raise RequestError(f"max_tokens={max_tokens}: must be >= 0")
         tok = session.model.tokenizer
         self.session = session
-        # a caller's own sampler (structured output, logprobs), else one from the arguments
-        self.sampler = sampler or Sampler(
-            session.model.hp.n_vocab, temperature=temperature, top_k=top_k, top_p=top_p,
-            min_p=min_p, seed=seed, repeat_penalty=repeat_penalty,
-            presence_penalty=presence_penalty, frequency_penalty=frequency_penalty,
-            penalty_last_n=penalty_last_n, logit_bias=logit_bias)
+        # a caller's own sampler (structured output, logprobs), else one drawing with `params`
+        self.sampler = sampler or Sampler(session.model.hp.n_vocab, params)
         self.sampler.accept_many(ids)
         self.max_tokens = max_tokens
         self.n_prompt, self.n_cached = len(ids), n_cached

@@ -41,6 +41,7 @@ from .generation import Generation, GenerationOutput  # noqa: F401 - GenerationO
 from ..errors import CapacityError, ConfigError, RequestError
 from ..format.gguf import GGUFFile, Key
 from ..system import available_memory, default_threads
+from ..text.sampling import SamplingParams
 from ..text.tokenizer import Tokenizer
 
 NUMA_POLICIES = ("none", "isolate", "distribute", "numactl")
@@ -620,14 +621,14 @@ class Session:
             return None
         return rows[0] if len(rows) == 1 else np.concatenate(rows)
 
-    def start(self, prompt, add_special=True, parse_special=False, **sampling):
+    def start(self, prompt, params=SamplingParams(), max_tokens=128, stop=(), sampler=None,
+              add_special=True, parse_special=False):
         """Begin a generation on this session: a Generation (engine/generation.py) whose steps
         the caller drives through Model.decode. prompt: text (tokenized with add_special /
-        parse_special) or token ids. The prefix the KV cache already holds is not evaluated
-        again (at least the last prompt token is, for its logits). sampling: max_tokens,
-        temperature, top_k, top_p, min_p, seed, stop, repeat_penalty, presence_penalty,
-        frequency_penalty, penalty_last_n, logit_bias, and sampler (a text.sampling.Sampler
-        to draw with instead of one made from the others)."""
+        parse_special) or token ids. params: the SamplingParams to draw with; sampler: a
+        text.sampling.Sampler to draw with instead (structured output, logprobs). stop: strings
+        that end generation. The prefix the KV cache already holds is not evaluated again (at
+        least the last prompt token is, for its logits)."""
         ids = self.model.tokenizer.encode(prompt, add_special=add_special,
                                           parse_special=parse_special) \
             if isinstance(prompt, str) else [int(t) for t in prompt]
@@ -637,26 +638,22 @@ class Session:
             raise RequestError(f"prompt of {len(ids)} tokens is longer than the context "
                                f"(n_ctx {self.n_ctx})")
         cached = min(self.common_prefix(ids), len(ids) - 1)
-        self.generation = Generation(self, ids, cached, **sampling)
+        self.generation = Generation(self, ids, cached, params, max_tokens=max_tokens, stop=stop,
+                                     sampler=sampler)
         return self.generation
 
-    def generate(self, prompt, max_tokens=128, temperature=0.0, top_k=0, top_p=1.0, min_p=0.0,
-                 seed=None, stop=(), repeat_penalty=1.0, presence_penalty=0.0,
-                 frequency_penalty=0.0, penalty_last_n=64, logit_bias=None, add_special=True,
-                 parse_special=False, stats=None, sampler=None):
+    def generate(self, prompt, params=SamplingParams(), max_tokens=128, stop=(), sampler=None,
+                 add_special=True, parse_special=False, stats=None):
         """Yield GenerationOutput items; the last one carries finish_reason.
 
         prompt: text (tokenized with add_special/parse_special) or a list of token ids.
-        stop: strings that end generation (they may span tokens; the text before them is
-        emitted, the stop string is not). stats: optional dict filled with timings.
-        sampler: a text.sampling.Sampler to draw with (structured output, logprobs) instead of
-        one made from the sampling arguments.
+        params: SamplingParams (greedy by default). stop: strings that end generation (they may
+        span tokens; the text before them is emitted, the stop string is not). stats: optional
+        dict filled with timings. sampler: a text.sampling.Sampler to draw with (structured
+        output, logprobs) instead of one made from params.
         A thin loop over start() and Model.decode, one entry per step."""
-        g = self.start(prompt, add_special=add_special, parse_special=parse_special,
-                       max_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
-                       min_p=min_p, seed=seed, stop=stop, repeat_penalty=repeat_penalty,
-                       presence_penalty=presence_penalty, frequency_penalty=frequency_penalty,
-                       penalty_last_n=penalty_last_n, logit_bias=logit_bias, sampler=sampler)
+        g = self.start(prompt, params, max_tokens=max_tokens, stop=stop, sampler=sampler,
+                       add_special=add_special, parse_special=parse_special)
         decode = self.model.decode
         while True:
             out = g.accept(decode([g.entry()])[0])

@@ -2,8 +2,12 @@
 
 - transport.py: the Unix socket (systemd activation or bound here), HTTP framing by aiohttp,
   the peer-credential check;
-- api.py: routing and handlers, pure coroutines from an `ApiRequest` to a `Reply` or a
-  `StreamReply`, testable without a socket;
+- api.py: the route table and dispatch, pure coroutines from an `ApiRequest` to a `Reply` or
+  a `StreamReply` (wire.py), testable without a socket; one module per wire protocol
+  (openai.py, its bodies in openai_schema.py) parses a body into the one internal request
+  (request.py: SamplingParams, Output, ConstraintSpec, ToolUse) and renders the events back;
+  prepare.py turns a request into prompt ids and a grammar; jobs.py runs it on the decode
+  thread as a Generation;
 - registry.py / scheduler.py: models by name (verify, load, warm, swap, pin, idle unload)
   and the bounded FIFO of requests over `n_parallel` generation slots.
 

@@ -81,12 +81,12 @@ class LoadedModel:
                 return best
         return self.model.session(n_ctx=self.n_ctx)
 
-    def steps(self, session, ids, info, **sampling):
+    def steps(self, session, ids, info, max_tokens, stop=(), sampler=None):
         """The request as steps for the decode loop: the engine Generation on `session` (its
         prompt, then one token per step; service/scheduler.py drives it). The prompt prefix
         already in the session's KV cache is not evaluated again: info["cached"] gets its
         length, info["evaluated"] the prompt tokens to evaluate."""
-        g = session.start(ids, **sampling)
+        g = session.start(ids, max_tokens=max_tokens, stop=stop, sampler=sampler)
         info["cached"] = g.n_cached
         info["evaluated"] = g.n_pending
         return g

@@ -31,7 +31,7 @@ from aiohttp import web
 
 from ..errors import ConfigError
 from . import apikeys, systemd
-from .api import ApiRequest, Peer, Reply, error_reply
+from .wire import ApiRequest, Peer, Reply, error_reply
 from .log import log
 
 SO_PEERGROUPS = getattr(socket, "SO_PEERGROUPS", 59)

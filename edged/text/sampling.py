@@ -32,70 +32,111 @@ FLT_MIN = 1.1754943508222875e-38  # smallest normal float32: 1 / FLT_MIN still f
 
 @dataclasses.dataclass(frozen=True)
 class Bound:
-    """The range a request may give a sampling parameter: inside what the compiled sampler
-    accepts (a C int, a float32 or a double), so no value reaches it that it cannot hold."""
+    """The range a sampling parameter may take: inside what the compiled sampler accepts (a C
+    int, a float32 or a double), so no value reaches it that it cannot hold."""
     lo: float
     hi: float
-    default: float
     integer: bool = False
 
 
-# The one table request parsing (edged/service/api.py) checks numbers against.
+# The one bounds table of the sampling parameters: SamplingParams checks against it, the wire
+# protocols' validators and docs read it.
 REQUEST_BOUNDS = {
-    "temperature": Bound(0.0, 2.0, 1.0),
-    "top_p": Bound(0.0, 1.0, 1.0),
-    "top_k": Bound(0, INT32_MAX, 0, integer=True),
-    "min_p": Bound(0.0, 1.0, 0.0),
-    "presence_penalty": Bound(-2.0, 2.0, 0.0),
-    "frequency_penalty": Bound(-2.0, 2.0, 0.0),
+    "temperature": Bound(0.0, 2.0),
+    "top_p": Bound(0.0, 1.0),
+    "top_k": Bound(0, INT32_MAX, integer=True),
+    "min_p": Bound(0.0, 1.0),
+    "presence_penalty": Bound(-2.0, 2.0),
+    "frequency_penalty": Bound(-2.0, 2.0),
     # it divides logits (as a float32): 0, or a value that is 0 in float32, is +inf
-    "repeat_penalty": Bound(0.001, 10.0, 1.0),
+    "repeat_penalty": Bound(0.001, 10.0),
+    "penalty_last_n": Bound(0, 1 << 16, integer=True),
+    "seed": Bound(-(1 << 63), (1 << 64) - 1, integer=True),
+    "logit_bias": Bound(-100.0, 100.0),          # each value
 }
 
 
-def greedy_temperature(temperature):
-    """A temperature so small that 1/temperature overflows float32 samples exactly as greedy
-    (temperature 0) would; the compiled sampler would otherwise scale logits to inf and NaN."""
-    return 0.0 if 0.0 <= temperature < FLT_MIN else temperature
+@dataclasses.dataclass(frozen=True)
+class SamplingParams:
+    """How a request draws its tokens: built once (from a request body, the CLI's flags or a
+    caller), checked once against REQUEST_BOUNDS, then taken as it is by Generation, Sampler
+    and the compiled sampler. temperature 0 (or one so small that 1/temperature overflows a
+    float32) is greedy; seed None draws from the OS's entropy. logit_bias: ((token id, bias),
+    ...). A new parameter is a field here, a row in REQUEST_BOUNDS and the code that uses it."""
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    min_p: float = 0.0
+    repeat_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    penalty_last_n: int = 64
+    seed: int | None = None
+    logit_bias: tuple = ()
+
+    def __post_init__(self):
+        put = object.__setattr__
+        for f in dataclasses.fields(self):
+            b = REQUEST_BOUNDS[f.name]
+            v = getattr(self, f.name)
+            if f.name == "seed" and v is None:
+                continue
+            if f.name == "logit_bias":
+                pairs = tuple(sorted((_number(f"logit_bias[{k}]", k, True), _number(f"logit_bias[{k}]", x))
+                                     for k, x in (v.items() if isinstance(v, dict) else v or ())))
+                for k, x in pairs:
+                    _within(f"logit_bias[{k}]", x, b)
+                put(self, "logit_bias", pairs)
+                continue
+            v = _number(f.name, v, b.integer)
+            _within(f.name, v, b)
+            put(self, f.name, v)
+        if self.temperature < FLT_MIN:
+            put(self, "temperature", 0.0)    # 1/temperature would overflow float32: greedy
+
+    @property
+    def greedy(self):
+        return self.temperature == 0.0
+
+    def with_seed(self, seed):
+        return dataclasses.replace(self, seed=seed)
 
 
-def _check(name, v, lo, hi):
-    if not (lo <= v <= hi):
-        raise RequestError(f"{name}={v}: must be in [{lo}, {hi}]")
+def _number(name, v, integer=False):
+    if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)):
+        try:
+            v = int(v) if integer else float(v)
+        except (TypeError, ValueError):
+            raise RequestError(f"{name}={v!r}: must be a{'n integer' if integer else ' number'}",
+                               param=name.split("[")[0]) from None
+    if integer:
+        if isinstance(v, (float, np.floating)) and not float(v).is_integer():
+            raise RequestError(f"{name}={v!r}: must be an integer", param=name.split("[")[0])
+        return int(v)
+    return float(v)
+
+
+def _within(name, v, b):
+    if not (b.lo <= v <= b.hi):       # NaN fails too
+        raise RequestError(f"'{name}' must be between {b.lo:g} and {b.hi:g} (got {v!r})",
+                           param=name.split("[")[0])
 
 
 class Sampler:
-    def __init__(self, n_vocab, temperature=0.0, top_k=0, top_p=1.0, min_p=0.0, seed=None,
-                 repeat_penalty=1.0, presence_penalty=0.0, frequency_penalty=0.0,
-                 penalty_last_n=64, logit_bias=None, constraint=None, logprobs=None):
-        _check("temperature", float(temperature), 0.0, 100.0)    # before: -1 is not greedy
-        temperature = greedy_temperature(float(temperature))
-        top_p, min_p = float(top_p), float(min_p)
-        _check("top_p", top_p, 0.0, 1.0)
-        _check("min_p", min_p, 0.0, 1.0)
-        _check("repeat_penalty", float(repeat_penalty), 0.0, 100.0)
-        _check("presence_penalty", float(presence_penalty), -100.0, 100.0)
-        _check("frequency_penalty", float(frequency_penalty), -100.0, 100.0)
-        if not 0 <= int(top_k) <= INT32_MAX:
-            raise RequestError(f"top_k={top_k}: must be in [0, {INT32_MAX}]")
-        if int(penalty_last_n) < 0:
-            raise RequestError(f"penalty_last_n={penalty_last_n}: must be >= 0")
+    """A request's draws: SamplingParams plus the state that changes per token (penalty
+    history, RNG, grammar constraint, logprob records)."""
+
+    def __init__(self, n_vocab, params=SamplingParams(), constraint=None, logprobs=None):
         self.n_vocab = n_vocab
-        self.temperature, self.top_k, self.top_p, self.min_p = temperature, int(top_k), top_p, min_p
-        self.repeat_penalty = float(repeat_penalty)
-        self.presence_penalty = float(presence_penalty)
-        self.frequency_penalty = float(frequency_penalty)
-        self.penalty_last_n = int(penalty_last_n)
-        self.history = collections.deque(maxlen=max(self.penalty_last_n, 1))
-        self.bias_ids = np.zeros(0, np.int32)
-        self.bias_vals = np.zeros(0, np.float32)
-        if logit_bias:
-            items = [(int(k), float(v)) for k, v in dict(logit_bias).items()]
-            for k, _ in items:
-                if not 0 <= k < n_vocab:
-                    raise RequestError(f"logit_bias: token id {k} out of range [0, {n_vocab})")
-            self.bias_ids = np.array([k for k, _ in items], np.int32)
-            self.bias_vals = np.array([v for _, v in items], np.float32)
+        self.params = params
+        self.history = collections.deque(maxlen=max(params.penalty_last_n, 1))
+        for k, _ in params.logit_bias:
+            if not 0 <= k < n_vocab:
+                raise RequestError(f"logit_bias: token id {k} out of range [0, {n_vocab})",
+                                   param="logit_bias")
+        self.bias_ids = np.array([k for k, _ in params.logit_bias], np.int32)
+        self.bias_vals = np.array([v for _, v in params.logit_bias], np.float32)
+        seed = params.seed
         if seed is None:
             seed = int.from_bytes(np.random.SeedSequence().entropy.to_bytes(16, "little")[:8],
                                   "little")
@@ -109,16 +150,18 @@ class Sampler:
     def accept(self, token):
         if self.constraint is not None:
             self.constraint.consume(token)
-        if self.penalty_last_n:
+        if self.params.penalty_last_n:
             self.history.append(int(token))
 
     def accept_many(self, tokens):
-        for t in tokens[-self.penalty_last_n:] if self.penalty_last_n else ():
+        n = self.params.penalty_last_n
+        for t in tokens[-n:] if n else ():
             self.history.append(int(t))
 
     def _penalties(self):
-        if not self.history or (self.repeat_penalty == 1.0 and self.presence_penalty == 0.0
-                                and self.frequency_penalty == 0.0):
+        p = self.params
+        if not self.history or (p.repeat_penalty == 1.0 and p.presence_penalty == 0.0
+                                and p.frequency_penalty == 0.0):
             return np.zeros(0, np.int32), np.zeros(0, np.int32)
         ids, counts = np.unique(np.fromiter(self.history, np.int32), return_counts=True)
         return ids.astype(np.int32), counts.astype(np.int32)
@@ -127,20 +170,16 @@ class Sampler:
         """logits: float32 (n_vocab,). Returns the chosen token id."""
         logits = np.ascontiguousarray(logits, dtype=np.float32)
         pen_ids, pen_counts = self._penalties()
-        u = float(self.rng.random()) if self.temperature > 0 else 0.0
+        u = 0.0 if self.params.greedy else float(self.rng.random())
         mask = self.constraint.mask() if self.constraint is not None else None
         if _compiled_sample is not None:
             if self._work is None or len(self._work) < _work_bytes(len(logits)):
                 self._work = np.empty(_work_bytes(len(logits)), np.uint8)
-            t = int(_compiled_sample(logits, self.bias_ids, self.bias_vals, pen_ids,
-                                     pen_counts, self.repeat_penalty, self.presence_penalty,
-                                     self.frequency_penalty, self.temperature, self.top_k,
-                                     self.top_p, self.min_p, u, self._work, mask))
+            t = int(_compiled_sample(logits, self.params, self.bias_ids, self.bias_vals, pen_ids,
+                                     pen_counts, u, self._work, mask))
         else:
-            t = sample_reference(logits, self.bias_ids, self.bias_vals, pen_ids, pen_counts,
-                                 self.repeat_penalty, self.presence_penalty,
-                                 self.frequency_penalty, self.temperature, self.top_k,
-                                 self.top_p, self.min_p, u, mask)
+            t = sample_reference(logits, self.params, self.bias_ids, self.bias_vals, pen_ids,
+                                 pen_counts, u, mask)
         if self.n_logprobs is not None:
             self.records.append(token_logprobs(logits, t, self.n_logprobs))
         return t
@@ -165,11 +204,13 @@ def token_logprobs(logits, token, k):
     return int(token), float(x[token] - lse), top
 
 
-def sample_reference(logits, bias_ids, bias_vals, pen_ids, pen_counts, repeat_penalty,
-                     presence_penalty, frequency_penalty, temperature, top_k, top_p, min_p, u,
-                     mask=None):
-    """The NumPy twin of the compiled sampler; u is the uniform draw in [0, 1); mask: the
-    allowed-token bitmask (uint32 words, bit i % 32 of word i // 32) or None."""
+def sample_reference(logits, params, bias_ids, bias_vals, pen_ids, pen_counts, u, mask=None):
+    """The NumPy twin of the compiled sampler; params: SamplingParams (its bias as the arrays
+    bias_ids / bias_vals); u is the uniform draw in [0, 1); mask: the allowed-token bitmask
+    (uint32 words, bit i % 32 of word i // 32) or None."""
+    repeat_penalty, presence_penalty = params.repeat_penalty, params.presence_penalty
+    frequency_penalty, temperature = params.frequency_penalty, params.temperature
+    top_k, top_p, min_p = params.top_k, params.top_p, params.min_p
     x = logits.astype(np.float32, copy=True)
     x[np.isnan(x)] = -np.inf       # a NaN logit (a broken model) is never drawn
     if mask is not None:

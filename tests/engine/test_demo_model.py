@@ -21,7 +21,7 @@ def test_demo_model_is_the_shared_stories260k():
 def test_demo_model_tells_its_story():
     m = Model.load(DEMO_MODEL)
     s = m.session(n_ctx=256)
-    text = "".join(o.text for o in s.generate("Once upon a time", max_tokens=24, temperature=0))
+    text = "".join(o.text for o in s.generate("Once upon a time", max_tokens=24))
     s.close()
     m.close()
     assert text.startswith(", there was a little girl named Lily. She loved to play outside")

@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 from conftest import testdata
+from edged.text.sampling import SamplingParams
 
 
 @pytest.fixture(scope="module", params=["cpu", "reference"])
@@ -23,7 +24,7 @@ def golden_stories():
 def test_stories_60_greedy_tokens(stories):
     prompt, want = golden_stories()
     s = stories.session(n_ctx=256)
-    outs = list(s.generate(prompt, max_tokens=60, temperature=0.0))
+    outs = list(s.generate(prompt, max_tokens=60))
     assert [o.token for o in outs] == want
     assert outs[-1].finish_reason == "length"
     assert all(o.finish_reason is None for o in outs[:-1])
@@ -96,7 +97,7 @@ def test_stop_string_spanning_tokens(stories):
 def test_seeded_sampling_is_reproducible(stories):
     prompt, _ = golden_stories()
     run = lambda seed: [o.token for o in stories.session(128).generate(  # noqa: E731
-        prompt, max_tokens=30, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, seed=seed)]
+        prompt, SamplingParams(temperature=1.0, seed=seed), max_tokens=30)]
     a, b, c = run(7), run(7), run(8)
     assert a == b
     assert a != c
@@ -105,7 +106,7 @@ def test_seeded_sampling_is_reproducible(stories):
 def test_eog_stops_generation(stories):
     prompt, _ = golden_stories()
     eos = stories.tokenizer.eos_id
-    outs = list(stories.session(128).generate(prompt, max_tokens=50, logit_bias={eos: 100.0}))
+    outs = list(stories.session(128).generate(prompt, SamplingParams(logit_bias={eos: 100.0}), max_tokens=50))
     assert len(outs) == 1 and outs[0].finish_reason == "stop" and outs[0].text == ""
 
 

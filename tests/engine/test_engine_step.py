@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 from conftest import testdata
+from edged.text.sampling import SamplingParams
 
 
 @pytest.fixture(scope="module", params=["cpu", "reference"])
@@ -109,5 +110,5 @@ def test_fork_copies_the_cache(m):
     other.eval(p)
     np.testing.assert_array_equal(s.eval([12]), other.eval([12]))
     # n > 1: forks of one prefill sampled with different seeds evaluate one prompt token each
-    gens = [s.fork().start(p + [12], max_tokens=4, temperature=1.0, seed=k) for k in range(3)]
+    gens = [s.fork().start(p + [12], SamplingParams(temperature=1.0, seed=k), max_tokens=4) for k in range(3)]
     assert [g.n_pending for g in gens] == [1, 1, 1]

@@ -6,7 +6,8 @@ import pytest
 
 from conftest import testdata
 from daemon_support import make_daemon
-from edged.service.api import ApiRequest, Peer, StreamReply, parse_params
+from edged.service.openai import parse
+from edged.service.wire import ApiRequest, Peer, StreamReply
 from edged.text.chat import render
 from edged.errors import RequestError
 
@@ -69,41 +70,42 @@ def test_chat_validation_400(tmp_path, body, needle):
 
 def test_fields_clients_send_are_accepted_and_ignored():
     """What OpenAI, llama-server and common clients send beside the fields edged uses."""
-    from edged.service import requests
-    body = {**CHAT, **{k: None for k in requests.IGNORED}, "user": "u", "cache_prompt": True,
+    from edged.service import openai_schema
+    body = {**CHAT, **{k: None for k in openai_schema.IGNORED}, "user": "u", "cache_prompt": True,
             "parallel_tool_calls": False, "stream_options": {"include_usage": True}}
-    p = parse_params(body, chat=True)
-    assert p["messages"] == [{"role": "user", "content": "hi"}] and p["include_usage"]
+    r = parse(body, chat=True)
+    assert r.messages == ({"role": "user", "content": "hi"},) and r.output.include_usage
 
 
 def test_a_tool_without_description_or_parameters_renders_in_gpt_oss_template():
     """Both are optional in OpenAI's API; gpt-oss's template reads `tool.description` unguarded,
     so the request's tools reach templates with "" and {} filled in (as llama-server does)."""
     body = {**CHAT, "tools": [{"type": "function", "function": {"name": "get_time"}}]}
-    p = parse_params(body, chat=True)
-    assert p["tools"] == [{"type": "function", "function": {"name": "get_time", "description": "",
-                                                            "parameters": {}}}]
+    r = parse(body, chat=True)
+    assert r.tools.tools == ({"type": "function", "function": {"name": "get_time", "description": "",
+                                                               "parameters": {}}},)
     with open(testdata("templates", "openai-gpt-oss-120b.jinja")) as f:
         template = f.read()
-    assert "type get_time = () => any;" in render(template, p["messages"], tools=p["tools"])
+    assert "type get_time = () => any;" in render(template, list(r.messages), tools=list(r.tools.tools))
 
 
 def test_completion_validation_and_accepted_fields():
-    p = parse_params({"prompt": "x", "max_tokens": 5, "stop": "\n", "seed": 1, "top_k": 4, "user": "u",
-                      "stream": True, "stream_options": {"include_usage": True}, "logit_bias": {"7": -100}},
-                     chat=False)
-    assert p["prompts"] == ["x"] and p["stop"] == ["\n"] and p["include_usage"] and p["logit_bias"] == {7: -100.0}
-    assert parse_params({"prompt": [1, 2, 3]}, chat=False)["prompts"] == [[1, 2, 3]]
-    assert parse_params({"prompt": ["a", "b"]}, chat=False)["prompts"] == ["a", "b"]
-    assert parse_params({"prompt": [[1, 2], [3]]}, chat=False)["prompts"] == [[1, 2], [3]]
+    r = parse({"prompt": "x", "max_tokens": 5, "stop": "\n", "seed": 1, "top_k": 4, "user": "u",
+               "stream": True, "stream_options": {"include_usage": True}, "logit_bias": {"7": -100}},
+              chat=False)
+    assert r.prompts == ("x",) and r.output.stop == ("\n",) and r.output.include_usage
+    assert r.sampling.logit_bias == ((7, -100.0),) and r.sampling.top_k == 4 and r.sampling.seed == 1
+    assert parse({"prompt": [1, 2, 3]}, chat=False).prompts == ([1, 2, 3],)
+    assert parse({"prompt": ["a", "b"]}, chat=False).prompts == ("a", "b")
+    assert parse({"prompt": [[1, 2], [3]]}, chat=False).prompts == ([1, 2], [3])
     with pytest.raises(RequestError, match="'echo'"):
-        parse_params({"prompt": "x", "echo": True}, chat=False)
+        parse({"prompt": "x", "echo": True}, chat=False)
     with pytest.raises(RequestError, match="exceed 8 choices"):
-        parse_params({"prompt": ["a", "b", "c"], "n": 3}, chat=False)
+        parse({"prompt": ["a", "b", "c"], "n": 3}, chat=False)
     with pytest.raises(RequestError, match="messages"):
-        parse_params({"prompt": "x", "messages": []}, chat=False)
+        parse({"prompt": "x", "messages": []}, chat=False)
     with pytest.raises(RequestError, match="'prompt' must be a string, a list of token ids"):
-        parse_params({"prompt": [1, "a"]}, chat=False)
+        parse({"prompt": [1, "a"]}, chat=False)
 
 
 def test_bad_json_body_too_large_unknown_model_and_route(tmp_path):
@@ -197,7 +199,7 @@ def test_long_prompt_chunked_prefill_matches_the_engine(tmp_path):
     m = Model.load(src)
     ids = m.tokenizer.encode(prompt)
     assert len(ids) > 2 * PREFILL_CHUNK
-    want = "".join(o.text for o in m.session(1024).generate(ids, max_tokens=12, temperature=0))
+    want = "".join(o.text for o in m.session(1024).generate(ids, max_tokens=12))
     m.close()
     d.start_threads()
 

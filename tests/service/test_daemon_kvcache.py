@@ -9,7 +9,7 @@ import pytest
 
 from conftest import ROOT
 from daemon_support import make_daemon
-from edged.service.api import ApiRequest
+from edged.service.wire import ApiRequest
 
 pytest.importorskip("edged._core")
 

@@ -17,9 +17,11 @@ from hypothesis import strategies as st
 
 from daemon_support import Server
 from edged.service import config
-from edged.service.api import ApiRequest, Peer
-from edged.service.requests import CHAT_FIELDS, COMPLETION_FIELDS
+from edged.service.wire import ApiRequest, Peer
+from edged.service.openai_schema import CHAT_FIELDS, COMPLETION_FIELDS
 from edged.service.daemon import Daemon
+from edged.errors import RequestError
+from edged.text.sampling import SamplingParams
 
 EXAMPLES = int(os.environ.get("EDGED_FUZZ_EXAMPLES", "200"))
 FUZZ = settings(max_examples=EXAMPLES, deadline=5000, derandomize=not os.environ.get("EDGED_FUZZ_RANDOM"),
@@ -206,7 +208,7 @@ def test_template_errors_are_not_server_errors():
     that fails or tries to escape is the model's (422); neither is a 500."""
     from edged.text import chat
     from edged.errors import TemplateError
-    from edged.service.api import error_for
+    from edged.service.wire import error_for
     with pytest.raises(chat.TemplateRaised) as raised:
         chat.render("{{ raise_exception('roles must alternate') }}", [{"role": "user", "content": "x"}])
     reply = error_for(raised.value)
@@ -297,7 +299,11 @@ elif case == "top_p-over-1":
     x[7], top_p = -np.inf, 1.5
 elif case == "penalty-0":
     pen_ids, pen_counts, penalty = np.array([500], np.int32), np.array([1], np.int32), 0.0
-t = sample_logits(x, e, ef, pen_ids, pen_counts, penalty, 0.0, 0.0, 1.0, 0, top_p, 0.0, 0.5)
+# raw values past SamplingParams' bounds: the compiled sampler itself must hold
+from types import SimpleNamespace
+p = SimpleNamespace(repeat_penalty=penalty, presence_penalty=0.0, frequency_penalty=0.0,
+                    temperature=1.0, top_k=0, top_p=top_p, min_p=0.0)
+t = sample_logits(x, p, e, ef, pen_ids, pen_counts, 0.5)
 assert 0 <= t < 512
 print(t)
 '''
@@ -325,10 +331,6 @@ def test_tiny_repeat_penalty_cannot_hang_the_daemon(tmp_path_factory):
         reply = loop.run_until_complete(asyncio.wait_for(daemon.api.handle(
             ApiRequest("POST", "/v1/completions", json.dumps(body).encode(), Peer(1, 0, 0))), 60))
         assert reply.status == status, (value, reply.body)
-    # and through the engine directly (the library API has no request validation)
-    from daemon_support import stories
-    from edged.engine.model import Model
-    with Model.load(stories()) as m:
-        out = list(m.session(64).generate("Once upon a time", max_tokens=4, temperature=1.0,
-                                          repeat_penalty=1e-300, seed=1))
-        assert out[-1].finish_reason
+    # and through the library API: SamplingParams refuses it before it can reach the sampler
+    with pytest.raises(RequestError, match="repeat_penalty"):
+        SamplingParams(temperature=1.0, repeat_penalty=1e-300, seed=1)

@@ -12,7 +12,7 @@ import pytest
 
 from conftest import ROOT, testdata
 from daemon_support import add_chat_template, make_daemon
-from edged.service.api import ApiRequest
+from edged.service.wire import ApiRequest
 
 gguf = pytest.importorskip("gguf")
 pytest.importorskip("llguidance")

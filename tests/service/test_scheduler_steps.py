@@ -8,6 +8,7 @@ import time
 import pytest
 
 from conftest import testdata
+from edged.text.sampling import SamplingParams
 
 
 class FakeMachine:
@@ -226,7 +227,7 @@ def test_long_prompt_goes_in_between_the_streams_tokens():
     no_eos = {t: -100.0 for t in m.tokenizer.eog_ids}
     shorts = ["Once upon a time", "The little dog", "Lily and Ben went to the park"]
     long_ids = (m.tokenizer.encode("The sun was warm and the birds sang in the tall trees. ") * 40)[:400]
-    want = ["".join(o.text for o in m.session(512).generate(p, max_tokens=400, logit_bias=no_eos))
+    want = ["".join(o.text for o in m.session(512).generate(p, SamplingParams(logit_bias=no_eos), max_tokens=400))
             for p in shorts]
     want_long = "".join(o.text for o in m.session(512).generate(long_ids, max_tokens=3))
 
@@ -262,7 +263,7 @@ def test_long_prompt_goes_in_between_the_streams_tokens():
 
     async def main():
         sessions = []
-        streams = [asyncio.create_task(run(p, {"max_tokens": 400, "logit_bias": no_eos}, sessions))
+        streams = [asyncio.create_task(run(p, {"params": SamplingParams(logit_bias=no_eos), "max_tokens": 400}, sessions))
                    for p in shorts]
         while len(calls) < 5:
             await asyncio.sleep(0.001)

@@ -3,7 +3,11 @@ import numpy as np
 import pytest
 
 from edged.errors import RequestError
-from edged.text.sampling import Sampler, StopMatcher, sample_reference
+from edged.text.sampling import Sampler, SamplingParams, StopMatcher, sample_reference
+
+
+def sampler(n, **params):
+    return Sampler(n, SamplingParams(**params))
 
 
 def logits_fixture(n=1000, seed=0):
@@ -12,15 +16,14 @@ def logits_fixture(n=1000, seed=0):
 
 def test_greedy_is_argmax():
     x = logits_fixture()
-    assert Sampler(len(x)).sample(x) == int(np.argmax(x))
+    assert sampler(len(x)).sample(x) == int(np.argmax(x))
 
 
 def test_same_seed_same_tokens_different_seed_differs():
     x = logits_fixture()
-    draw = lambda seed: [Sampler(len(x), temperature=1.5, seed=seed).sample(x) for _ in range(1)]  # noqa
-    a = Sampler(len(x), temperature=1.5, seed=42)
-    b = Sampler(len(x), temperature=1.5, seed=42)
-    c = Sampler(len(x), temperature=1.5, seed=43)
+    a = sampler(len(x), temperature=1.5, seed=42)
+    b = sampler(len(x), temperature=1.5, seed=42)
+    c = sampler(len(x), temperature=1.5, seed=43)
     sa = [a.sample(x) for _ in range(50)]
     assert sa == [b.sample(x) for _ in range(50)]
     assert sa != [c.sample(x) for _ in range(50)]
@@ -29,7 +32,7 @@ def test_same_seed_same_tokens_different_seed_differs():
 def test_top_k_restricts_candidates():
     x = logits_fixture()
     top3 = set(np.argsort(-x)[:3].tolist())
-    s = Sampler(len(x), temperature=5.0, top_k=3, top_p=1.0, seed=1)
+    s = sampler(len(x), temperature=2.0, top_k=3, top_p=1.0, seed=1)
     assert {s.sample(x) for _ in range(300)} <= top3
     assert len({s.sample(x) for _ in range(300)}) == 3
 
@@ -37,7 +40,7 @@ def test_top_k_restricts_candidates():
 def test_top_p_keeps_smallest_nucleus():
     x = np.full(100, -10.0, np.float32)
     x[[5, 9, 20]] = [4.0, 3.0, 2.0]  # probabilities ~0.665, 0.245, 0.09
-    s = Sampler(len(x), temperature=1.0, top_p=0.8, seed=3)
+    s = sampler(len(x), temperature=1.0, top_p=0.8, seed=3)
     got = {s.sample(x) for _ in range(400)}
     assert got == {5, 9}
 
@@ -45,20 +48,20 @@ def test_top_p_keeps_smallest_nucleus():
 def test_min_p_drops_unlikely_tokens():
     x = np.full(50, 0.0, np.float32)
     x[7] = 5.0
-    s = Sampler(len(x), temperature=1.0, min_p=0.05, seed=0)
+    s = sampler(len(x), temperature=1.0, min_p=0.05, seed=0)
     assert {s.sample(x) for _ in range(200)} == {7}  # e^-5 < 0.05
 
 
 def test_repetition_presence_frequency_penalties():
     x = np.zeros(10, np.float32)
     x[3], x[4] = 2.0, 1.9
-    s = Sampler(10, repeat_penalty=1.5)
+    s = sampler(10, repeat_penalty=1.5)
     s.accept(3)
     assert s.sample(x) == 4          # 2.0 / 1.5 < 1.9
-    s = Sampler(10, presence_penalty=0.5)
+    s = sampler(10, presence_penalty=0.5)
     s.accept_many([3])
     assert s.sample(x) == 4
-    s = Sampler(10, frequency_penalty=0.06, penalty_last_n=2)
+    s = sampler(10, frequency_penalty=0.06, penalty_last_n=2)
     s.accept_many([3, 3])
     assert s.sample(x) == 4          # 2.0 - 2 * 0.06 < 1.9 (one occurrence would not be enough)
     s.accept_many([5, 6])            # 3 falls out of the last-2 window
@@ -68,15 +71,23 @@ def test_repetition_presence_frequency_penalties():
 def test_logit_bias():
     x = logits_fixture()
     worst = int(np.argmin(x))
-    assert Sampler(len(x), logit_bias={worst: 100.0}).sample(x) == worst
+    assert sampler(len(x), logit_bias={worst: 100.0}).sample(x) == worst
     with pytest.raises(RequestError):
-        Sampler(len(x), logit_bias={len(x): 1.0})
+        sampler(len(x), logit_bias={len(x): 1.0})
 
 
 def test_invalid_parameters_refused():
-    for kw in ({"temperature": -1}, {"top_p": 1.5}, {"min_p": -0.1}, {"top_k": -2}):
-        with pytest.raises(RequestError):
-            Sampler(10, **kw)
+    for kw in ({"temperature": -1}, {"temperature": 2.5}, {"top_p": 1.5}, {"min_p": -0.1},
+               {"top_k": -2}, {"top_k": 1.5}, {"temperature": float("nan")}, {"repeat_penalty": 0},
+               {"penalty_last_n": -1}, {"logit_bias": {1: 101.0}}, {"seed": 1 << 64}):
+        with pytest.raises(RequestError, match=next(iter(kw))):
+            SamplingParams(**kw)
+
+
+def test_tiny_temperature_is_greedy():
+    """1/temperature would overflow float32: drawn as greedy, never inf or NaN."""
+    assert SamplingParams(temperature=1e-39).temperature == 0.0
+    assert SamplingParams(temperature=1e-30).temperature == 1e-30
 
 
 def test_compiled_matches_reference():
@@ -86,10 +97,11 @@ def test_compiled_matches_reference():
     rng = np.random.default_rng(5)
     for trial in range(200):
         x = (rng.standard_normal(2000) * 4).astype(np.float32)
-        args = (np.array([3, 17], np.int32), np.array([1.5, -2.0], np.float32),
-                np.array([5, 9, 11], np.int32), np.array([1, 2, 3], np.int32),
-                1.1, 0.2, 0.1, float(rng.uniform(0.1, 2.0)), int(rng.integers(0, 50)),
-                float(rng.uniform(0.5, 1.0)), float(rng.uniform(0, 0.2)), float(rng.random()))
+        params = SamplingParams(repeat_penalty=1.1, presence_penalty=0.2, frequency_penalty=0.1,
+                                temperature=float(rng.uniform(0.1, 2.0)), top_k=int(rng.integers(0, 50)),
+                                top_p=float(rng.uniform(0.5, 1.0)), min_p=float(rng.uniform(0, 0.2)))
+        args = (params, np.array([3, 17], np.int32), np.array([1.5, -2.0], np.float32),
+                np.array([5, 9, 11], np.int32), np.array([1, 2, 3], np.int32), float(rng.random()))
         assert core.sample_logits(x, *args) == sample_reference(x, *args), trial
 
 
@@ -99,7 +111,7 @@ def test_compiled_sampler_is_fast_on_152k_vocab():
         pytest.skip("compiled sampler not built")
     import time
     x = logits_fixture(151936)
-    s = Sampler(len(x), temperature=0.8, top_k=40, top_p=0.95, min_p=0.05, seed=0,
+    s = sampler(len(x), temperature=0.8, top_k=40, top_p=0.95, min_p=0.05, seed=0,
                 repeat_penalty=1.1)
     s.accept_many(list(range(64)))
     s.sample(x)
@@ -162,7 +174,7 @@ CONFIGS = [  # temperature, top_k, top_p, min_p, penalties (repeat, presence, fr
     dict(temperature=0.0),
     dict(temperature=1.0),
     dict(temperature=0.7),
-    dict(temperature=2.5),
+    dict(temperature=2.0),
     dict(temperature=0.8, top_k=40),
     dict(temperature=1.0, top_k=1),
     dict(temperature=1.3, top_k=5000),
@@ -184,7 +196,7 @@ CONFIGS = [  # temperature, top_k, top_p, min_p, penalties (repeat, presence, fr
 def _run(config, kind, n, seed, n_tokens, compiled):
     import edged.text.sampling as sampling
     rng = np.random.default_rng(seed)
-    s = Sampler(n, seed=seed, **config)
+    s = sampler(n, seed=seed, **config)
     saved = sampling._compiled_sample
     if not compiled:
         sampling._compiled_sample = None   # the Sampler falls back to sample_reference
@@ -247,12 +259,18 @@ def test_compiled_tiny_and_degenerate_vocabularies():
              np.array([1e30, -1e30, 1e30], np.float32)]            # huge spread
     for x in cases:
         for args in ((1.0, 0, 1.0, 0.0), (0.7, 2, 0.9, 0.0), (1.0, 0, 0.5, 0.1)):
+            p = _params(*args)
             for u in (0.0, 0.3, 0.999999):
-                a = core.sample_logits(x, e32, ef, e32, e32, 1.0, 0.0, 0.0, *args, u)
-                assert a == sample_reference(x, e32, ef, e32, e32, 1.0, 0.0, 0.0, *args, u)
+                a = core.sample_logits(x, p, e32, ef, e32, e32, u)
+                assert a == sample_reference(x, p, e32, ef, e32, e32, u)
                 assert 0 <= a < len(x) and not np.isnan(x[a])
     x = (rng.standard_normal(3000) * 3).astype(np.float32)
     for u in np.linspace(0, 1, 41, endpoint=False):   # every part of the distribution
         for args in ((1.0, 0, 1.0, 0.0), (2.0, 0, 0.97, 0.0), (0.5, 300, 1.0, 0.0)):
-            assert (core.sample_logits(x, e32, ef, e32, e32, 1.0, 0.0, 0.0, *args, float(u))
-                    == sample_reference(x, e32, ef, e32, e32, 1.0, 0.0, 0.0, *args, float(u)))
+            p = _params(*args)
+            assert (core.sample_logits(x, p, e32, ef, e32, e32, float(u))
+                    == sample_reference(x, p, e32, ef, e32, e32, float(u)))
+
+
+def _params(temperature, top_k, top_p, min_p):
+    return SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p)

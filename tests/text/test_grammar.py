@@ -14,7 +14,7 @@ from edged.errors import GrammarError
 
 pytest.importorskip("llguidance")
 from edged.text import grammar  # noqa: E402
-from edged.text.sampling import Sampler, sample_reference  # noqa: E402
+from edged.text.sampling import Sampler, SamplingParams, sample_reference  # noqa: E402
 
 SCHEMA = {"type": "object", "properties": {
     "name": {"type": "string", "maxLength": 12},
@@ -32,7 +32,7 @@ def tok():
 def draw(tok, g, seed, temperature, compiled=True, limit=200):
     """Generate from random logits under the grammar until an end token; returns the text."""
     rng = np.random.default_rng(seed)
-    s = Sampler(tok.n_vocab, temperature=temperature, seed=seed,
+    s = Sampler(tok.n_vocab, SamplingParams(temperature=temperature, seed=seed),
                 constraint=grammar.Constraint(g, tok))
     out = []
     for _ in range(limit):
@@ -40,9 +40,8 @@ def draw(tok, g, seed, temperature, compiled=True, limit=200):
         if compiled:
             t = s.sample(logits)
         else:
-            t = sample_reference(logits, s.bias_ids, s.bias_vals, np.zeros(0, np.int32), np.zeros(0, np.int32),
-                                 1.0, 0.0, 0.0, temperature, 0, 1.0, 0.0, float(s.rng.random()),
-                                 s.constraint.mask())
+            t = sample_reference(logits, s.params, s.bias_ids, s.bias_vals, np.zeros(0, np.int32),
+                                 np.zeros(0, np.int32), float(s.rng.random()), s.constraint.mask())
         if t in tok.eog_ids:
             return tok.decode(out)
         s.accept(t)
@@ -106,20 +105,19 @@ def test_compiled_mask_matches_the_reference(tok):
         x = rng.normal(0, 2, tok.n_vocab).astype(np.float32)
         temp, top_k, top_p, min_p, u = [(0.0, 0, 1.0, 0.0, 0.0), (1.0, 0, 1.0, 0.0, 0.5),
                                          (0.7, 40, 0.9, 0.0, 0.3), (1.3, 0, 0.95, 0.05, 0.9)][i % 4]
-        a = core.sample_logits(x, e, np.zeros(0, np.float32), e, e, 1.0, 0.0, 0.0, temp, top_k, top_p, min_p, u,
-                               None, mask)
-        b = sample_reference(x, e, np.zeros(0, np.float32), e, e, 1.0, 0.0, 0.0, temp, top_k, top_p, min_p, u,
-                             mask)
+        p = SamplingParams(temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p)
+        a = core.sample_logits(x, p, e, np.zeros(0, np.float32), e, e, u, None, mask)
+        b = sample_reference(x, p, e, np.zeros(0, np.float32), e, e, u, mask)
         assert a == b and bits[a]
     with pytest.raises(ValueError, match="mask"):
-        core.sample_logits(x, e, np.zeros(0, np.float32), e, e, 1.0, 0.0, 0.0, 1.0, 0, 1.0, 0.0, 0.5, None,
+        core.sample_logits(x, SamplingParams(temperature=1.0), e, np.zeros(0, np.float32), e, e, 0.5, None,
                            mask[:10])
 
 
 def test_logit_bias_cannot_revive_a_masked_token(tok):
     g = grammar.check(grammar.from_grammar('root ::= "no"'), tok)
     yes = tok.encode("yes", add_special=False)[0]
-    s = Sampler(tok.n_vocab, temperature=0.0, logit_bias={yes: 100.0}, constraint=grammar.Constraint(g, tok))
+    s = Sampler(tok.n_vocab, SamplingParams(logit_bias={yes: 100.0}), constraint=grammar.Constraint(g, tok))
     t = s.sample(np.zeros(tok.n_vocab, np.float32))
     assert t != yes and tok.decode([t]) in ("n", "no")
 

@@ -1,6 +1,8 @@
-"""Request bodies of the OpenAI-compatible routes, validated by pydantic (v2) models: a field
-of the wrong type, out of its bounds or unknown gets a RequestError that names it (OpenAI's
-`error.param`), e.g. "'messages[1].role' must be one of ...".
+"""Request bodies of OpenAI's routes, validated by pydantic (v2) models: a field of the wrong
+type, out of its bounds or unknown gets a RequestError that names it (OpenAI's `error.param`),
+e.g. "'messages[1].role' must be one of ...". The sampling parameters' bounds are checked once,
+by SamplingParams (text/sampling.py REQUEST_BOUNDS), when service/openai.py builds it; here only
+their types.
 
 Fields that OpenAI, llama-server and common clients (openai SDK, LangChain, litellm, Home
 Assistant) send but that do not change what edged generates are accepted and ignored
@@ -12,19 +14,14 @@ import pydantic
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..errors import RequestError
-from ..text.sampling import REQUEST_BOUNDS
 from .names import check_model_name
+from .request import MAX_N
 
-MAX_N = 8                 # choices per request (each holds a KV cache while it decodes)
 MAX_TOP_LOGPROBS = 20     # OpenAI's limit
 MAX_STOP = 4
 
-# Numeric request fields: (lowest, highest). One table: validation and docs read it; the
-# sampling parameters come from text.sampling.REQUEST_BOUNDS (what the compiled sampler holds).
+# Numeric request fields besides the sampling parameters: (lowest, highest).
 BOUNDS = {
-    **{name: (b.lo, b.hi) for name, b in REQUEST_BOUNDS.items()},
-    "penalty_last_n": (0, 1 << 16),
-    "seed": (-(1 << 63), (1 << 64) - 1),
     "n": (1, MAX_N),
     "top_logprobs": (0, MAX_TOP_LOGPROBS),
     "logprobs": (0, MAX_TOP_LOGPROBS),            # completions: how many alternatives
@@ -127,15 +124,16 @@ class _Common(_Strict):
     model: str | None = None
     max_tokens: Annotated[int, Field(ge=1)] | None = None
     max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
-    temperature: _num("temperature") = 1.0
-    top_p: _num("top_p") = 1.0
-    top_k: _num("top_k", True) = 0
-    min_p: _num("min_p") = 0.0
-    presence_penalty: _num("presence_penalty") = 0.0
-    frequency_penalty: _num("frequency_penalty") = 0.0
-    repeat_penalty: _num("repeat_penalty") = 1.0
-    penalty_last_n: _num("penalty_last_n", True) = 64
-    seed: _num("seed", True) | None = None
+    # sampling: bounds checked by SamplingParams (text/sampling.py REQUEST_BOUNDS)
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repeat_penalty: float = 1.0
+    penalty_last_n: int = 64
+    seed: int | None = None
     stop: Union[str, list[str], None] = None
     logit_bias: dict[str, float] | None = None
     stream: bool = False
@@ -260,17 +258,11 @@ def validate(body, chat):
     if len(stop) > MAX_STOP or not all(stop):
         raise RequestError(f"'stop' must be a non-empty string or a list of up to {MAX_STOP} of them",
                            param="stop")
-    if req.repeat_penalty < 1e-3:      # it divides logits: 0 (or a float32 underflow) is +inf
-        raise RequestError(f"'repeat_penalty' must be at least 0.001 (got {req.repeat_penalty!r}); "
-                           "1 disables it", param="repeat_penalty")
-    for k, v in (req.logit_bias or {}).items():
+    for k in req.logit_bias or {}:
         try:
             int(k)
         except ValueError:
             raise RequestError(f"'logit_bias' key {k!r} is not a token id", param="logit_bias") from None
-        if not -100 <= v <= 100:
-            raise RequestError(f"'logit_bias' value for {k} must be a number in [-100, 100]",
-                               param="logit_bias")
     if req.best_of not in (None, 1, req.n):
         raise RequestError("'best_of' must equal 'n' (no server-side ranking)", param="best_of")
     if chat:

@@ -1,0 +1,283 @@
+"""OpenAI's wire protocol: chat completions, (legacy) completions and embeddings.
+
+Parses a request body (validated by the pydantic models of service/openai_schema.py) into the
+one internal request (service/request.py), and renders a generation's events (service/jobs.py)
+back in OpenAI's shapes: chat.completion(.chunk), text_completion, server-sent events ending in
+`data: [DONE]`, logprobs objects, embedding lists. Errors are {"error": {"message", "type",
+"param", "code"}} (service/wire.py).
+"""
+import base64
+import dataclasses
+import secrets
+import time
+
+import numpy as np
+
+from ..errors import RequestError
+from ..text.sampling import SamplingParams
+from . import openai_schema as schema
+from .request import MAX_N, ConstraintSpec, GenerateRequest, Output, ToolUse
+from .wire import Reply, StreamReply, error_for, sse
+
+
+# --- request bodies -> GenerateRequest -----------------------------------------------------
+
+def parse(body, chat):
+    """A chat (chat=True) or completions body -> GenerateRequest; RequestError naming the field."""
+    r = schema.validate(body, chat)
+    # the body's fields of the same names (openai_schema.py declares each with its type)
+    sampling = SamplingParams(**{f.name: getattr(r, f.name) for f in dataclasses.fields(SamplingParams)})
+    stop = (r.stop,) if isinstance(r.stop, str) else tuple(r.stop or ())
+    common = dict(model=r.model, sampling=sampling, constraint=_constraint(r))
+    max_tokens = r.max_completion_tokens or r.max_tokens
+    include_usage = bool(r.stream_options and r.stream_options.include_usage)
+    if chat:
+        tools = tuple(_tool(t) for t in r.tools or ())
+        tc = r.tool_choice
+        choice = tc.function.name if isinstance(tc, schema.NamedToolChoice) else (
+            tc or ("auto" if tools else "none"))
+        kwargs = dict(r.chat_template_kwargs or {})
+        if r.reasoning_effort is not None:
+            kwargs.setdefault("reasoning_effort", r.reasoning_effort)
+        output = Output(max_tokens=max_tokens, n=r.n, stop=stop,
+                        logprobs=(r.top_logprobs or 0) if r.logprobs else None,
+                        reasoning=r.reasoning_format != "none", stream=r.stream,
+                        include_usage=include_usage)
+        return GenerateRequest(**common, output=output,
+                               tools=ToolUse(tools, choice, r.parallel_tool_calls),
+                               messages=tuple(_message(m) for m in r.messages),
+                               template_kwargs=kwargs)
+    prompts = r.prompt
+    if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
+        prompts = [prompts]
+    prompts = tuple(list(x) if isinstance(x, list) else x for x in prompts)
+    if len(prompts) * r.n > MAX_N:
+        raise RequestError(f"{len(prompts)} prompts x n={r.n} choices exceed {MAX_N} "
+                           "choices per request", param="prompt")
+    output = Output(max_tokens=max_tokens, n=r.n, stop=stop, logprobs=r.logprobs,
+                    stream=r.stream, include_usage=include_usage)
+    return GenerateRequest(**common, output=output, prompts=prompts)
+
+
+def _tool(t):
+    """A request's tool as chat templates see it: `description` and `parameters` are optional
+    in OpenAI's API but templates read them unguarded (gpt-oss's `tool.description`), so absent
+    ones become "" and {} (what llama-server hands its templates)."""
+    d = t.model_dump(exclude_none=True)
+    d["function"].setdefault("description", "")
+    d["function"].setdefault("parameters", {})
+    return d
+
+
+def _constraint(r):
+    """The ConstraintSpec of response_format, grammar or json_schema (validation allowed one)."""
+    rf = r.response_format
+    if rf is not None and rf.type == "json_object":
+        return ConstraintSpec("json_schema", rf.schema_ or {"type": "object"}, "response_format")
+    if rf is not None and rf.type == "json_schema":
+        return ConstraintSpec("json_schema", rf.json_schema.schema_, "response_format.json_schema.schema")
+    if r.json_schema is not None:
+        return ConstraintSpec("json_schema", r.json_schema, "json_schema")
+    if r.grammar is not None:
+        return ConstraintSpec("grammar", r.grammar, "grammar")
+    return None
+
+
+def _message(m):
+    """A validated message as the chat template gets it."""
+    content = m.content
+    if isinstance(content, list):
+        content = "".join(part.text for part in content)
+    out = {"role": "system" if m.role == "developer" else m.role,
+           "content": "" if content is None else content}
+    for key in ("name", "tool_call_id", "reasoning_content"):
+        if getattr(m, key) is not None:
+            out[key] = getattr(m, key)
+    if m.tool_calls:
+        out["tool_calls"] = [c.model_dump(exclude_none=True) for c in m.tool_calls]
+    return out
+
+
+# --- generation events -> OpenAI replies ---------------------------------------------------
+
+def _piece(tok, t):
+    b = tok.token_piece(t)
+    return b.decode("utf-8", "replace"), list(b)
+
+
+def chat_logprobs(tok, records):
+    """OpenAI's chat `logprobs` object for (token, logprob, top) records."""
+    content = []
+    for t, lp, top in records:
+        text, raw = _piece(tok, t)
+        alts = []
+        for i, l in top:
+            s, b = _piece(tok, i)
+            alts.append({"token": s, "logprob": l, "bytes": b})
+        content.append({"token": text, "logprob": lp, "bytes": raw, "top_logprobs": alts})
+    return {"content": content, "refusal": None}
+
+
+def completion_logprobs(tok, records, offset=0):
+    """OpenAI's (legacy) completions `logprobs` object; text_offset counts from `offset`."""
+    out = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+    for t, lp, top in records:
+        text, _ = _piece(tok, t)
+        out["tokens"].append(text)
+        out["token_logprobs"].append(lp)
+        out["top_logprobs"].append({_piece(tok, i)[0]: l for i, l in top})
+        out["text_offset"].append(offset)
+        offset += len(text)
+    return out
+
+
+def _delta(reasoning_text, content, calls=()):
+    """A chat stream delta with what is non-empty: reasoning, content, tool calls (indexed)."""
+    delta = {}
+    if reasoning_text:
+        delta["reasoning_content"] = reasoning_text
+    if content:
+        delta["content"] = content
+    if calls:
+        delta["tool_calls"] = [dict(call, index=i) for i, call in enumerate(calls)]
+    return delta
+
+
+class _Render:
+    """One generation in OpenAI's shapes (chat or completions)."""
+
+    def __init__(self, gen):
+        self.gen, self.chat = gen, gen.request.chat
+        self.id = ("chatcmpl-" if self.chat else "cmpl-") + secrets.token_hex(12)
+        self.created = int(time.time())
+        self.model = gen.lm.name
+
+    def _logprobs(self, records, offset=0):
+        if self.gen.request.output.logprobs is None:
+            return None
+        tok = self.gen.lm.tokenizer
+        return chat_logprobs(tok, records) if self.chat else completion_logprobs(tok, records, offset)
+
+    def _usage(self):
+        u = self.gen.usage()
+        out = {"prompt_tokens": u["prompt"], "completion_tokens": u["completion"],
+               "total_tokens": u["prompt"] + u["completion"]}
+        if "cached" in u:
+            # prompt tokens found in the slot's KV cache (a follow-up turn evaluates only the new ones)
+            out["prompt_tokens_details"] = {"cached_tokens": u["cached"]}
+        return out
+
+    async def whole(self, req):
+        async for _ in self.gen.events(req):
+            pass
+        choices = []
+        for c in self.gen.choices:
+            r, content, calls = c.result()
+            fin = c.finish_reason(calls)
+            if self.chat:
+                msg = {"role": "assistant", "content": content if content or not calls else None}
+                if r is not None:
+                    msg["reasoning_content"] = r
+                if calls:
+                    msg["tool_calls"] = calls
+                choices.append({"index": c.index, "message": msg, "logprobs": self._logprobs(c.records),
+                                "finish_reason": fin})
+            else:
+                choices.append({"index": c.index, "text": content, "logprobs": self._logprobs(c.records),
+                                "finish_reason": fin})
+        return Reply(200, {"id": self.id, "object": "chat.completion" if self.chat else "text_completion",
+                           "created": self.created, "model": self.model, "choices": choices,
+                           "usage": self._usage(), "system_fingerprint": None})
+
+    async def events(self, req):
+        chat = self.chat
+        obj = "chat.completion.chunk" if chat else "text_completion"
+        usage = self.gen.request.output.include_usage
+        offsets = {}
+
+        def chunk(c, delta=None, text=None, finish=None):
+            lp = None
+            if c.unsent and (delta or text or finish):
+                off = offsets.get(c.index, 0)
+                lp = self._logprobs(c.unsent, off)
+                if lp is not None and not chat:
+                    offsets[c.index] = off + sum(len(s) for s in lp["tokens"])
+                c.unsent = []
+            if chat:
+                choice = {"index": c.index, "delta": delta or {}, "logprobs": lp, "finish_reason": finish}
+            else:
+                choice = {"index": c.index, "text": text or "", "logprobs": lp, "finish_reason": finish}
+            out = {"id": self.id, "object": obj, "created": self.created, "model": self.model,
+                   "system_fingerprint": None, "choices": [choice]}
+            if usage:
+                out["usage"] = None
+            return sse(out)
+
+        if chat:
+            for c in self.gen.choices:
+                yield chunk(c, {"role": "assistant", "content": ""})
+        try:
+            async for c, text, fin in self.gen.events(req):
+                if fin is None:
+                    if not chat:
+                        if text:
+                            yield chunk(c, text=text)
+                        continue
+                    delta = _delta(*c.stream_delta(text))
+                    if delta:
+                        yield chunk(c, delta)
+                elif fin != "cancelled":
+                    if not chat:
+                        yield chunk(c, text="", finish=fin)
+                        continue
+                    r, content, calls = c.stream_end()
+                    delta = _delta(r, content, calls)
+                    if delta:
+                        yield chunk(c, delta)
+                    yield chunk(c, {}, finish=c.finish_reason(calls))
+        except Exception as e:  # noqa: BLE001 - the status line is gone; report in-band
+            yield sse(error_for(e).body)
+        if usage:
+            yield sse({"id": self.id, "object": obj, "created": self.created, "model": self.model,
+                       "system_fingerprint": None, "choices": [], "usage": self._usage()})
+        yield b"data: [DONE]\n\n"
+
+
+async def reply(gen, req):
+    """The started generation `gen` as OpenAI's reply: a stream of chunks or one object."""
+    render = _Render(gen)
+    if gen.request.output.stream:
+        return StreamReply(render.events(req), gen.close)
+    try:
+        return await render.whole(req)
+    finally:
+        await gen.close()
+
+
+# --- embeddings ----------------------------------------------------------------------------
+
+def embeddings_reply(name, vecs, n_tokens, dimensions=None, encoding_format="float"):
+    """POST /v1/embeddings: pooled, L2-normalised vectors, float or base64."""
+    if isinstance(vecs, list):      # the model's own pooling type is none (llama-server too)
+        raise RequestError(f"model {name!r} has no pooling type (<arch>.pooling_type): "
+                           "ask for one with 'pooling' (mean, cls or last)", param="pooling")
+    if dimensions is not None:
+        if dimensions > vecs.shape[1]:
+            raise RequestError(f"'dimensions' {dimensions} is more than the model's "
+                               f"{vecs.shape[1]}", param="dimensions")
+        # OpenAI's text-embedding-3 shortening: the first values, normalised again
+        vecs = vecs[:, :dimensions]
+        vecs = vecs / np.maximum(np.linalg.norm(vecs, axis=1, keepdims=True), 1e-30)
+    vecs = vecs.astype("<f4")
+    data = [{"object": "embedding", "index": i,
+             "embedding": base64.b64encode(v.tobytes()).decode() if encoding_format == "base64"
+             else v.tolist()} for i, v in enumerate(vecs)]
+    return Reply(200, {"object": "list", "data": data, "model": name,
+                       "usage": {"prompt_tokens": n_tokens, "total_tokens": n_tokens}})
+
+
+def llama_embedding_reply(vecs):
+    """POST /embedding (llama-server): [{"index", "embedding": [vector]}], one vector per token
+    (not normalised) when the pooling is none."""
+    return Reply(200, [{"index": i, "embedding": v.tolist() if v.ndim == 2 else [v.tolist()]}
+                       for i, v in enumerate(vecs)])

@@ -1,0 +1,90 @@
+"""A request's prompt as the model takes it: chat template, tools, reasoning and grammar.
+
+Runs in a worker thread (template rendering and grammar compilation take milliseconds to a
+second), before the request takes a place on the decode thread. Knows no wire protocol: it
+reads a GenerateRequest (service/request.py).
+"""
+import dataclasses
+
+from ..errors import RequestError
+from ..text import grammar, harmony, reasoning, tools
+
+
+@dataclasses.dataclass
+class Prepared:
+    prompts: list                   # token ids per prompt
+    family: str | None = None       # tool-call family when tools are on
+    tools: list = dataclasses.field(default_factory=list)   # the tools offered (their schemas)
+    think: bool = False             # split <think> reasoning out
+    think_inside: bool = False      # the prompt opened the think block
+    harmony: bool = False           # gpt-oss's channels: analysis / final / calls (text/harmony.py)
+    constraint: object = None       # grammar.Constraint in its start state (each choice a copy)
+    what: str = ""                  # the field the grammar came from (errors name it)
+
+
+RESERVED_TEMPLATE_VARS = {"messages", "tools", "add_generation_prompt", "bos_token", "eos_token",
+                          "max_chars", "max_seconds", "template_file", "template_name"}
+
+
+def prepare(lm, request):
+    """Prompt ids, tool-call family, reasoning split and grammar of `request` on the loaded
+    model `lm` (service/loader.py LoadedModel)."""
+    tok = lm.tokenizer
+    prep = Prepared([])
+    spec = request.constraint
+    constraint = None if spec is None else (spec.kind, spec.source, spec.what)
+    if request.chat:
+        template = lm.template_source()
+        messages = tools.messages_for_template(list(request.messages))
+        prep.harmony = harmony.is_harmony(template)
+        if prep.harmony:
+            messages = harmony.messages_for_template(messages)
+        kwargs = request.template_kwargs
+        bad = sorted(k for k in kwargs if k in RESERVED_TEMPLATE_VARS or not k.isidentifier())
+        if bad:
+            raise RequestError(f"'chat_template_kwargs' may not set {', '.join(bad)}",
+                               param="chat_template_kwargs")
+        use = request.tools.offered()
+        choice = request.tools.choice
+        if use:
+            prep.family = tools.family_of(template)
+            prep.tools = use
+            if tools.template_takes_tools(template):
+                kwargs = dict(kwargs, tools=use)
+            else:
+                note = tools.generic_system_prompt(use, required=choice != "auto")
+                if messages[0]["role"] == "system":
+                    messages = [dict(messages[0], content=messages[0]["content"] + "\n\n" + note)] + messages[1:]
+                else:
+                    messages = [{"role": "system", "content": note}] + messages
+            if choice != "auto":
+                # a named function is called once; "required" may call several unless told not to
+                parallel = request.tools.parallel and choice == "required"
+                constraint = ("lark", tools.call_grammar(
+                    prep.family, use, parallel=parallel,
+                    args_style=tools.mistral_args_style(template), token=special_token(tok)), "tools")
+        ids = lm.encode_chat(messages, **kwargs)
+        prep.prompts.append(ids)
+        prep.think = request.output.reasoning and (prep.harmony or reasoning.OPEN in template)
+        if prep.think and not prep.harmony:
+            prep.think_inside = reasoning.starts_inside(tok.decode(ids[-8:], special=True))
+    else:
+        for prompt in request.prompts:
+            prep.prompts.append(prompt if isinstance(prompt, list)
+                                else lm.encode_text(prompt, add_special=True, parse_special=False))
+    if constraint is not None:
+        kind, source, prep.what = constraint
+        g = (grammar.from_json_schema(source, prep.what) if kind == "json_schema" else
+             grammar.from_grammar(source, prep.what) if kind == "grammar" else
+             grammar.from_lark(source, prep.what))
+        grammar.check(g, tok, lm.model.n_vocab, prep.what)
+        prep.constraint = grammar.Constraint(g, tok, lm.model.n_vocab, prep.what)
+    return prep
+
+
+def special_token(tok):
+    """text -> `<[id]>` (llguidance's token syntax) when text is one control token."""
+    def token(text):
+        ids = tok.encode(text, add_special=False, parse_special=True)
+        return f"<[{ids[0]}]>" if len(ids) == 1 and tok.is_control(ids[0]) else None
+    return token
