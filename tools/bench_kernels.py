@@ -35,7 +35,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from edged import _core  # noqa: E402
 from edged.format import quants  # noqa: E402
 from edged.format.gguf import GGMLType, TYPE_INFO  # noqa: E402
-from edged.engine.threads import default_threads  # noqa: E402
+from edged.system import default_threads  # noqa: E402
 
 
 def best(fn, reps):

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Hashes of a model's logits, to check that a kernel change keeps every bit (run it before and
-after, on each kernel path or emulated CPU; BENCHMARKS.md "Arm instruction counts (s20)").
+after, on each kernel path or emulated CPU: docs/development.md, "How to check a kernel change").
 
     A  5 prompt tokens, then 2 greedy tokens (the one-token row kernels)
     B  a 13-token prompt (packed panels: tiles of 4 tokens and a remainder), 2 greedy tokens,

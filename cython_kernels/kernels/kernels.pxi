@@ -347,8 +347,8 @@ def read_pass_loads():
 
 
 def default_threads():
-    """Physical cores in the allowed CPU set (edged.engine.threads)."""
-    from edged.engine.threads import default_threads as _dt
+    """Physical cores in the allowed CPU set (edged.system)."""
+    from edged.system import default_threads as _dt
     return _dt()
 
 

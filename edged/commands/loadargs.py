@@ -49,12 +49,17 @@ def add_cache_args(p):
 
 
 def load_model(args, n_ctx_plan=None):
+    """The model of -m, its signature checked first when --trusted-keys or
+    --require-signature ask for it (the trust layer opens it; the engine maps that descriptor)."""
     # Imported here: `edged info` shares these flags but must start without the engine.
     from ..engine.model import Model
+    verified = None
+    if args.trusted_keys is not None or args.require_signature:
+        from ..trust import verify
+        verified = verify.open_verified(args.model, args.trusted_keys, args.require_signature)
     return Model.load(args.model, n_threads=getattr(args, "threads", None),
                       numa=getattr(args, "numa", "none"), mmap=not args.no_mmap,
-                      mlock=args.mlock, trusted_keys=args.trusted_keys,
-                      require_signature=args.require_signature, max_memory=args.max_memory,
+                      mlock=args.mlock, verified=verified, max_memory=args.max_memory,
                       verbose=args.verbose, n_ctx_plan=n_ctx_plan,
                       cache_type_k=args.cache_type_k, cache_type_v=args.cache_type_v)
 

@@ -16,9 +16,10 @@ Model is shared. Model.decode is the one call that runs the model: Session.eval 
 Session.generate are thin loops over it, the daemon's scheduler fills it with the work of
 all its slots (docs/engine.md).
 
-Load order: (signature check on the open descriptor) -> map -> validate every tensor against
-the architecture table -> memory plan against the budget -> backend init. Nothing is
-allocated before the plan fits.
+Load order: map (the descriptor the trust layer verified, `Model.load(path, verified=...)`, or
+the path as is) -> validate every tensor against the architecture table -> memory plan against
+the budget -> backend init. Nothing is allocated before the plan fits. The engine never checks
+signatures itself: edged/trust sits above it (docs/architecture.md).
 """
 from __future__ import annotations
 
@@ -37,9 +38,9 @@ from .backends import backend_class
 from .batch import LOGITS, BatchEntry
 from .kvcache import CacheTypes
 from .generation import Generation, GenerationOutput  # noqa: F401 - GenerationOutput: the public API
-from .threads import default_threads as physical
 from ..errors import CapacityError, ConfigError, RequestError
 from ..format.gguf import GGUFFile, Key
+from ..system import available_memory, default_threads
 from ..text.sampling import SamplingParams
 from ..text.tokenizer import Tokenizer
 
@@ -52,25 +53,8 @@ EMBED_BATCH_TOKENS = 8192   # an encoder pass takes inputs up to this many token
 _COMPUTE = threading.Lock()
 
 
-def available_memory():
-    """MemAvailable from /proc/meminfo in bytes (None when unknown)."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None
-
-
 def _mib(n):
     return f"{n / 2**20:.1f} MiB"
-
-
-def default_threads():
-    """Physical cores in this process's allowed CPU set (SMT siblings counted once)."""
-    return physical()
 
 
 @dataclass(frozen=True)
@@ -113,49 +97,44 @@ class Model:
         raise TypeError("use Model.load(path, ...)")
 
     @classmethod
-    def load(cls, path, n_threads=None, numa="none", mmap=True, mlock=False, trusted_keys=None,
-             require_signature=False, max_memory=None, backend=None, verbose=False, log=None,
-             n_ctx_plan=None, cache_type_k=None, cache_type_v=None):
+    def load(cls, path, n_threads=None, numa="none", mmap=True, mlock=False, verified=None,
+             max_memory=None, backend=None, verbose=False, log=None, n_ctx_plan=None,
+             cache_type_k=None, cache_type_v=None):
         """Load and validate a GGUF model.
 
-        trusted_keys: a store.TrustStore (or a directory of trusted public keys);
-        require_signature: refuse unsigned files; max_memory: byte budget (default: available
-        memory); backend: "cpu" or "reference" (default: $EDGED_BACKEND or cpu);
-        verbose/log: report each tensor and the memory plan as the load proceeds;
-        n_ctx_plan: also check that a session of this many tokens fits the budget;
-        cache_type_k / cache_type_v: the KV cache's storage, "f16" (default), "q8_0" or "q4_0"
-        (llama.cpp's -ctk/-ctv; every session of the model uses them; kvcache.py).
+        verified: the model opened by the trust layer (edged.trust.verify.open_verified(path,
+        trust, require_signature), which checks the signature): its very descriptor is mapped,
+        up to the signed length, and the model owns it from here (closed with the model, or
+        when the load fails); None: `path` is opened as is, nothing checked.
+        max_memory: byte budget (default: available memory); backend: "cpu" or "reference"
+        (default: $EDGED_BACKEND or cpu); verbose/log: report each tensor and the memory plan
+        as the load proceeds; n_ctx_plan: also check that a session of this many tokens fits
+        the budget; cache_type_k / cache_type_v: the KV cache's storage, "f16" (default),
+        "q8_0" or "q4_0" (llama.cpp's -ctk/-ctv; every session of the model uses them;
+        kvcache.py).
         """
         self = object.__new__(cls)
-        self.cache = CacheTypes.parse(cache_type_k, cache_type_v)
-        if numa not in NUMA_POLICIES:
-            raise ConfigError(f"numa={numa!r}: expected one of {', '.join(NUMA_POLICIES)}")
+        self._verified, self.file, self.signer = verified, None, None  # closed if the load fails
         if log is None:
             log = (lambda msg: print(f"edged: {msg}", file=sys.stderr)) if verbose else None
         self._log = log
         t0 = time.perf_counter()
-        self.path = os.fspath(path)
-        self._verified = None
-        self.signer = None
-        if trusted_keys is not None or require_signature:
-            from ..trust import store, verify   # only for signed loads; trust sits above the engine
-            trust = trusted_keys
-            if isinstance(trust, (str, os.PathLike)):
-                trust = store.TrustStore.load(trust)
-            vf = verify.open_verified(self.path, trust, require_signature)
-            self._verified = vf
-            self.signer = vf.signer
-            try:
-                # map the very descriptor that was hashed, up to the signed length
-                self.file = GGUFFile.from_fd(vf.fd, name=self.path, size=vf.signed_length)
-            except BaseException:
-                vf.close()
-                raise
-            if log:
-                log(f"signature: {'signed by ' + vf.signer if vf.signer else 'unsigned (allowed)'}")
-        else:
-            self.file = GGUFFile.open(self.path)
         try:
+            self.path = os.fspath(path)
+            self.cache = CacheTypes.parse(cache_type_k, cache_type_v)
+            if numa not in NUMA_POLICIES:
+                raise ConfigError(f"numa={numa!r}: expected one of {', '.join(NUMA_POLICIES)}")
+            if verified is None:
+                self.file = GGUFFile.open(self.path)
+            else:
+                if os.fspath(verified.path) != self.path:
+                    raise ConfigError(f"Model.load({self.path!r}, verified=...): the verified "
+                                      f"file is {verified.path!r}")
+                self.signer = verified.signer
+                # map the very descriptor that was hashed, up to the signed length
+                self.file = GGUFFile.from_fd(verified.fd, name=self.path, size=verified.signed_length)
+                if log:
+                    log(f"signature: {'signed by ' + self.signer if self.signer else 'unsigned (allowed)'}")
             self._init(n_threads, numa, mmap, mlock, max_memory, backend, n_ctx_plan)
         except BaseException:
             self._close_file()
@@ -269,8 +248,8 @@ class Model:
         plan.check(f"model {os.path.basename(self.path)}")
         weights = {n: f.tensor_bytes(n) if mmap else np.array(f.tensor_bytes(n)) for n in used}
         self.mmap, self.mlock = mmap, False
-        name = backend or os.environ.get("EDGED_BACKEND") or "cpu"
-        if name == "reference":
+        cls = backend_class(backend)   # no backend object: its name picks NumPy or the core
+        if cls.name == "reference":
             core = pool = None
         else:
             from .cpu import _require_core
@@ -278,7 +257,7 @@ class Model:
             pool = core.Pool(self.n_threads)
         self.encoder = _encoder.Encoder.build(self.spec, f.tensors, weights, core, pool)
         self.backend = None
-        self.backend_name = "reference" if core is None else "cpu"
+        self.backend_name = cls.name
         self.memory_plan = plan
 
     def _plan(self, cls, n_ctx, paged=None):  # paged: instead of self._paged (a trial)

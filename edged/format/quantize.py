@@ -23,6 +23,7 @@ import numpy as np
 from . import quants
 from ..errors import ConfigError, UnsupportedModelError
 from ..files import creation_mode
+from ..system import default_threads
 from .gguf import (FileType, GGMLType, GGUFFile, GGUFWriter, Key, QUANTIZATION_VERSION,
                    TYPE_INFO, ValueType)
 from .imatrix import read_imatrix
@@ -240,7 +241,6 @@ def _row_quantizer(compiled, n_threads):
         except ImportError:
             _core = None
         if _core is not None and hasattr(_core, "quantize_rows"):
-            from ..engine.threads import default_threads   # the engine sits above the format layer
             pool = _core.Pool(n_threads or default_threads())
 
             def q(x, t, qw=None):

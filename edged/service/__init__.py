@@ -1,4 +1,4 @@
-"""The daemon behind `edged serve`, in three layers (STYLE.md §9):
+"""The daemon behind `edged serve`, in three layers (docs/architecture.md, "The service"):
 
 - transport.py: the Unix socket (systemd activation or bound here), HTTP framing by aiohttp,
   the peer-credential check;

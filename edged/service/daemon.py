@@ -14,7 +14,7 @@ from aiohttp import web
 from ..errors import ConfigError, EdgedError
 from ..trust import store
 from . import config as config_mod
-from . import apikeys, systemd
+from . import apikeys, sandbox, systemd
 from .api import Api
 from .loader import Loader
 from .log import log, setup as setup_log
@@ -124,11 +124,6 @@ class Daemon:
 
     def _sandbox(self):
         if self.cfg.sandbox == "off":
-            return
-        try:
-            from . import sandbox
-        except ImportError:
-            log.warning("sandbox = %r but this build has no sandbox module; running unconfined", self.cfg.sandbox)
             return
         cfg = self.cfg
         # The config and revocation list are re-read on SIGHUP, possibly after being replaced

@@ -171,25 +171,23 @@ class Loader:
     def load(self, name, path):
         """verify + map/validate; returns a LoadedModel (not yet warm). Raises EdgedError.
 
-        The signature check is timed on its own (open_verified hashes the file); the engine then
-        opens the model through open_verified again, which the verification cache answers
-        without re-hashing an unchanged file (a replaced file misses the cache and is verified
-        afresh), and maps that very descriptor up to the signed length."""
+        The model is opened once: open_verified hashes that descriptor (or answers from its
+        cache for an unchanged file) and the engine maps the very same one, up to the signed
+        length."""
 
         cfg = self.cfg
         t0 = time.monotonic()
         try:
-            verify.open_verified(path, self.trust, cfg.require_signature).close()
+            vf = verify.open_verified(path, self.trust, cfg.require_signature)
         except FileNotFoundError:
             raise RequestError(f"model {name!r} not found ({path})") from None
         except OSError as e:        # unreadable (mode, ownership, Landlock), I/O error
             raise EdgedError(f"model {name!r} cannot be opened ({path}): {e.strerror}") from None
         t1 = time.monotonic()
-        checked = self.trust is not None or cfg.require_signature
         model = Model.load(path, n_threads=cfg.threads or None, numa=cfg.numa, mlock=cfg.mlock,
-                           trusted_keys=self.trust if checked else None, require_signature=cfg.require_signature,
-                           max_memory=cfg.memory_budget or None, n_ctx_plan=cfg.ctx_size,
-                           cache_type_k=cfg.cache_type_k, cache_type_v=cfg.cache_type_v)
+                           verified=vf, max_memory=cfg.memory_budget or None,
+                           n_ctx_plan=cfg.ctx_size, cache_type_k=cfg.cache_type_k,
+                           cache_type_v=cfg.cache_type_v)
         t2 = time.monotonic()
         plan = model.memory_plan
         # weights once, a session (KV cache and scratch) per slot: all the sessions it may hold

@@ -14,21 +14,11 @@ import time
 
 from ..errors import (CapacityError, EdgedError, ModelFormatError, ModelNotFound, RequestError,
                       SignatureError, UnsupportedModelError)
+from ..system import available_memory
 from ..trust import blocks
 from .loader import LoadedModel
 from .log import log
 from .names import check_model_name, list_models, model_path
-
-
-def _available_memory():
-    try:
-        with open("/proc/meminfo") as fh:
-            for line in fh:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None
 
 
 def settle_heap():
@@ -218,7 +208,7 @@ class Registry:
     def _budget(self):
         if self.cfg.memory_budget:
             return self.cfg.memory_budget
-        avail = _available_memory()
+        avail = available_memory()
         return None if avail is None else avail + sum(m.size for m in self.models.values())
 
     def _victims_for(self, new):

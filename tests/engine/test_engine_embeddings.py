@@ -9,7 +9,7 @@ import pytest
 
 from conftest import testdata
 from edged.engine.model import Model
-from edged.errors import RequestError, UnsupportedModelError
+from edged.errors import ConfigError, RequestError, UnsupportedModelError
 from edged.format.gguf import GGUFFile, Key
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -129,3 +129,13 @@ def test_encoder_files_are_validated_at_load(tmp_path):
         Model.load(causal)
     with GGUFFile.open(src) as f:
         assert f.metadata[Key.arch(Key.POOLING_TYPE, "bert")] == 1
+
+
+def test_an_encoder_takes_its_backend_by_the_same_rule_as_a_decoder(monkeypatch):
+    """backend= and EDGED_BACKEND pick an encoder's backend as a decoder's (engine/backends.py):
+    an unknown name is refused, not run on the compiled core."""
+    with pytest.raises(ConfigError, match="'gpu': unknown backend"):
+        Model.load(model_path("bert"), backend="gpu")
+    monkeypatch.setenv("EDGED_BACKEND", "reference")
+    with Model.load(model_path("bert")) as m:
+        assert m.backend_name == "reference"

@@ -306,7 +306,6 @@ def test_gpt_oss_sinks_take_part(tmp_path):
     ([], ["gpt-oss.attention.sliding_window"], "gpt-oss.attention.sliding_window"),
 ])
 def test_gpt_oss_refusals(tmp_path, drop, drop_meta, message):
-    from test_engine_refusals import clone
     p = clone(GPT_OSS, tmp_path / "x.gguf", drop=drop, drop_meta=drop_meta)
     with pytest.raises(UnsupportedModelError, match=message):
         Model.load(str(p), backend="reference")

@@ -4,12 +4,13 @@ and the real thing on this machine: after a load with numa=distribute/isolate,
 import pytest
 
 from conftest import testdata
+from edged import system
 from edged.engine import threads
 from fake_sysfs import make_sysfs, two_nodes_smt  # noqa: F401  (fixture)
 
 
 def test_isolate_prefers_the_node_of_the_first_worker(two_nodes_smt):  # noqa: F811
-    t = threads.read_topology(two_nodes_smt, allowed=range(8))
+    t = system.read_topology(two_nodes_smt, allowed=range(8))
     p = threads.memory_policy(t, "isolate", cpu=6, mems={0, 1})
     assert (p.mode, p.nodes, p.reason) == ("prefer", (1,), "")
     assert threads.node_mask(p.nodes) == [0b10]
@@ -18,7 +19,7 @@ def test_isolate_prefers_the_node_of_the_first_worker(two_nodes_smt):  # noqa: F
 
 
 def test_distribute_interleaves_over_the_allowed_nodes(two_nodes_smt):  # noqa: F811
-    t = threads.read_topology(two_nodes_smt, allowed=range(8))
+    t = system.read_topology(two_nodes_smt, allowed=range(8))
     p = threads.memory_policy(t, "distribute", mems={0, 1})
     assert (p.mode, p.nodes) == ("interleave", (0, 1))
     assert threads.node_mask(p.nodes) == [0b11]
@@ -27,18 +28,18 @@ def test_distribute_interleaves_over_the_allowed_nodes(two_nodes_smt):  # noqa: 
     assert p.nodes == (1,) and threads.node_mask(p.nodes) == [0b10]
     assert threads.memory_policy(t, "isolate", cpu=0, mems={1}).nodes == (1,)
     # a CPU mask that only allows node 1's CPUs: node 0 has no worker, no interleaving there
-    t1 = threads.read_topology(two_nodes_smt, allowed={2, 3})
+    t1 = system.read_topology(two_nodes_smt, allowed={2, 3})
     assert threads.memory_policy(t1, "distribute", mems={0, 1}).nodes == (1,)
 
 
 def test_none_and_numactl_keep_the_inherited_policy(two_nodes_smt):  # noqa: F811
-    t = threads.read_topology(two_nodes_smt, allowed=range(8))
+    t = system.read_topology(two_nodes_smt, allowed=range(8))
     assert threads.memory_policy(t, "none") is None
     assert threads.memory_policy(t, "numactl") is None
 
 
 def test_single_node_is_recorded_as_such(tmp_path):
-    t = threads.read_topology(make_sysfs(tmp_path, "0-3", {0: "0-3"}), allowed=range(4))
+    t = system.read_topology(make_sysfs(tmp_path, "0-3", {0: "0-3"}), allowed=range(4))
     p = threads.memory_policy(t, "distribute", mems={0})
     assert (p.mode, p.nodes, p.reason) == ("interleave", (0,), "one NUMA node")
 
@@ -101,7 +102,7 @@ def test_real_load_places_weights_and_arena(numa, policy, mmap):
         if mmap:   # one range: the file's mapping
             assert len(weights) == 1 and "file=" in maps[weights[0][0]][1]
         if numa == "isolate":
-            node = threads.read_topology().node_of(be.pinned_cpus[0])
+            node = system.read_topology().node_of(be.pinned_cpus[0])
             assert _policy_at(maps, arena)[0] == f"prefer:{node}"
         be.free(buf)
         del buf

@@ -1,27 +1,15 @@
-"""Handlers without a socket (STYLE.md §9): ApiRequest in, Reply out."""
+"""Handlers without a socket (docs/architecture.md, "The service"): ApiRequest in, Reply out."""
 import asyncio
 import json
 
 import pytest
 
 from conftest import testdata
-from edged.service import config
+from daemon_support import make_daemon
 from edged.service.openai import parse
 from edged.service.wire import ApiRequest, Peer, StreamReply
-from edged.service.daemon import Daemon
 from edged.text.chat import render
 from edged.errors import RequestError
-
-
-def make_daemon(tmp_path, **over):
-    models = tmp_path / "models"
-    models.mkdir(exist_ok=True)
-    values = {"models_dir": str(models), "require_signature": False, "trusted_keys": str(tmp_path / "none"),
-              "ctx_size": 128, "max_body_bytes": 4096}
-    values.update(over)
-    d = Daemon(config.load(None, values))
-    d.prepare(None)
-    return d
 
 
 def call(d, method, path, body=None, raw=None, peer=None):

@@ -8,8 +8,8 @@ import shutil
 import pytest
 
 from conftest import ROOT
+from daemon_support import make_daemon
 from edged.service.wire import ApiRequest
-from test_daemon_handlers import make_daemon
 
 pytest.importorskip("edged._core")
 

@@ -11,9 +11,8 @@ import os
 import pytest
 
 from conftest import ROOT, testdata
-from daemon_support import add_chat_template
+from daemon_support import add_chat_template, make_daemon
 from edged.service.wire import ApiRequest
-from test_daemon_handlers import make_daemon
 
 gguf = pytest.importorskip("gguf")
 pytest.importorskip("llguidance")

@@ -13,7 +13,7 @@ from edged.text.sampling import SamplingParams
 
 class FakeMachine:
     """A cost clock for StepCosts, shaped like the measured costs of SmolLM2-135M on one thread
-    (BENCHMARKS.md, "Mixed load (s15)"): a pass costs `base` ms plus `row` per decode row; a
+    (what tools/bench_pass_cost.py prints): a pass costs `base` ms plus `row` per decode row; a
     prompt token `a_rows` ms for its row while the pass has fewer than PANEL_ROWS rows, else
     `a_panels`, plus `panel` once per pass (unpacking the weights); and `b` per key its
     attention reads (the prompt so far); `b_decode` per key a stream's own attention reads

@@ -1,5 +1,5 @@
 """Helpers for tests/test_daemon_*.py and tests/test_hardening_*.py: a real `edged serve`
-subprocess on a socket in a temp dir, a real sd_notify datagram socket, signed model directories,
+subprocess on a socket in a temp dir, a Daemon in this process for handler tests, a real sd_notify datagram socket, signed model directories,
 a tiny stdlib HTTP client, and the concurrent aiohttp client and SSE parsing the tests share."""
 import asyncio
 import contextlib
@@ -61,6 +61,21 @@ def add_chat_template(src, dst, template=TEMPLATE, skip=(), add=None):
     for t in r.tensors:
         w.write_tensor_data(t.data)
     w.close()
+
+
+def make_daemon(tmp_path, **over):
+    """A Daemon in this process over tmp_path/models (unsigned models allowed, small limits),
+    prepared without a socket: tests call its handlers (d.api.handle) directly."""
+    from edged.service import config
+    from edged.service.daemon import Daemon
+    models = tmp_path / "models"
+    models.mkdir(exist_ok=True)
+    values = {"models_dir": str(models), "require_signature": False, "trusted_keys": str(tmp_path / "none"),
+              "ctx_size": 128, "max_body_bytes": 4096}
+    values.update(over)
+    d = Daemon(config.load(None, values))
+    d.prepare(None)
+    return d
 
 
 def model_dir(tmp_path, key, models):

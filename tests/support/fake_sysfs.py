@@ -2,14 +2,14 @@
 which CPUs are online, their SMT siblings and their nodes, under a temporary root."""
 import pytest
 
-from edged.engine import threads
+from edged import system
 
 
 def make_sysfs(root, online, nodes, siblings=None, offline=()):
     cpu = root / "devices" / "system" / "cpu"
     cpu.mkdir(parents=True)
     (cpu / "online").write_text(online + "\n")
-    all_cpus = threads.parse_cpu_list(online) + list(offline)
+    all_cpus = system.parse_cpu_list(online) + list(offline)
     for c in all_cpus:
         t = cpu / f"cpu{c}" / "topology"
         t.mkdir(parents=True)

@@ -10,6 +10,7 @@ import pytest
 from conftest import testdata
 from edged.text import harmony, tools
 from edged.text.chat import render
+from grammar_support import feed as run
 
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "Weather in a city",
@@ -135,7 +136,6 @@ def smol_tokenizer():
 def test_call_grammar(smol_tokenizer):
     """tool_choice required / named: the grammar lets through exactly one harmony call of a
     given tool with arguments of its schema (markers as text in a vocabulary without them)."""
-    from test_tools import run
     from edged.text import grammar
     g = grammar.from_lark(tools.call_grammar("harmony", [WEATHER, TIME]))
     grammar.check(g, smol_tokenizer)

@@ -3,7 +3,6 @@ llama.cpp runs them, and encode/decode on arbitrary text (no exception, ids in r
 import functools
 import re
 import sys
-import unicodedata
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -16,43 +15,11 @@ from edged.text.tokenizer import (A_LSTRIP, A_RSTRIP, CJK_HANGUL, CL_CRLF, CL_L,
                                   CL_P_FALCON, CL_RANGES, DEEPSEEK_LETTERS, DEEPSEEK_PUNCT, OP_DIGITS3,
                                   OP_NEWLINES, OP_ONE, OP_QWEN2, OP_QWEN35, OP_RUN, OP_TRAIL_WS, OP_WS_RUN,
                                   PRE_TOKENIZERS, TokenType)
-
-# llama.cpp's whitespace: Unicode White_Space without U+001C..U+001F
-WS_CHARS = "\t\n\x0b\x0c\r \x85\xa0\u1680" + "".join(map(chr, range(0x2000, 0x200B))) + \
-           "\u2028\u2029\u202f\u205f\u3000"
-WS = "[" + re.escape(WS_CHARS) + "]"
-
-# characters whose category is the same in Python's unicodedata and in edged's Unicode 15.1 table
-ALPHABET = ("abcXYZ019 \t\r\n!\"#$%&'()*+,-./:;<=>?@[\\]^_`{|}~" "\u00e9\u00df\u00b5\u00b2\u0663\u4e2d"
-            "\uac00\u3002\uff01\u3000\u00a0\u2003\u0303\x1c\x85\u2126\U0001F999\u2018\u20ac\u0800\u00c4")
-
-
-def category_class(prefix):
-    chars = [chr(c) for c in range(0x30000) if unicodedata.category(chr(c)).startswith(prefix)
-             and chr(c) not in WS_CHARS]
-    return "".join(re.escape(c) for c in chars)
-
-
-@functools.lru_cache(maxsize=None)
-def classes():
-    return {"N": category_class("N"), "L": category_class("L"), "P": category_class("P")}
+from regex_oracle import ALPHABET, WS, classes, stl_split
 
 
 def ranges_class(rng):
     return "".join(f"{re.escape(chr(a))}-{re.escape(chr(b))}" for a, b in rng)
-
-
-def stl_split(text, pattern):
-    """llama.cpp's std::regex splitting: matches and the text between them are the pieces."""
-    out, last = [], 0
-    for m in re.finditer(pattern, text):
-        if m.start() > last:
-            out.append(text[last:m.start()])
-        out.append(m.group())
-        last = m.end()
-    if last < len(text):
-        out.append(text[last:])
-    return out
 
 
 def op_cases():

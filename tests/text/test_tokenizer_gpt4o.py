@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from conftest import testdata_files
 from edged import _bpe
 from edged.text.tokenizer import PRE_TOKENIZERS
-from test_tokenizer_fuzz import ALPHABET, WS, WS_CHARS, classes, stl_split
+from regex_oracle import ALPHABET, WS, WS_CHARS, classes, stl_split
 
 
 def gpt4o_pattern():
