@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .._gguf_scan import scan_strings   # compiled; no silent slow fallback
-from ..errors import ModelFormatError
+from ..errors import MetadataValueError, ModelFormatError
 
 GGUF_MAGIC = b"GGUF"
 GGUF_VERSIONS = (2, 3)
@@ -25,6 +25,10 @@ MAX_DIMS = 4
 MAX_NAME_BYTES = 63                 # GGML_MAX_NAME is 64 including the terminating NUL
 MAX_STRING_BYTES = 1 << 30          # 1 GiB: no legitimate key, value or token is larger
 MAX_ARRAY_BYTES = 1 << 30
+# What a metadata number may hold where edged uses it: llama.cpp keeps hyperparameters in
+# (u)int32 and float; the compiled core takes them as C int and float.
+INT32_MAX = 2**31 - 1
+FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 
 class ValueType(enum.IntEnum):
@@ -258,6 +262,32 @@ class Key:
     @staticmethod
     def arch(template, arch):
         return template.format(arch=arch)
+
+
+def check_number(name, v, kind, lo=0, hi=None, positive=False):
+    """Metadata value `v` of key `name` as `kind` (int or float), type- and range-checked:
+    ints in lo..hi (default INT32_MAX), floats finite as float32 and >= lo (> 0 if positive).
+    Raises MetadataValueError naming the key and the value. GGUF integers are accepted as
+    floats (a rope.freq_base written as u32); bools, strings and arrays are refused."""
+    if isinstance(v, (bool, np.bool_)) or isinstance(v, (str, list, np.ndarray)):
+        ok = False
+    else:
+        ok = isinstance(v, (int, np.integer)) or kind is float and isinstance(v, (float, np.floating))
+    if not ok:
+        raise MetadataValueError(f"{name} must be {'an integer' if kind is int else 'a number'}, "
+                                 f"got {v!r}")
+    if kind is int:
+        v, hi = int(v), INT32_MAX if hi is None else hi
+    else:
+        v, hi = float(v), FLOAT32_MAX if hi is None else hi
+        if not abs(v) <= FLOAT32_MAX:
+            raise MetadataValueError(f"{name} must be a finite float32, got {v!r}")
+    if positive and v <= 0 or v < lo:
+        raise MetadataValueError(f"{name} must be positive, got {v!r}" if positive or lo == 1
+                                 else f"{name} must be at least {lo}, got {v!r}")
+    if v > hi:
+        raise MetadataValueError(f"{name} must be at most {hi}, got {v!r}")
+    return v
 
 
 @dataclass(frozen=True)
