@@ -10,6 +10,7 @@ data section is touched at open.
 import enum
 import mmap
 import os
+import stat
 import struct
 from dataclasses import dataclass
 
@@ -383,6 +384,24 @@ def _read_value(cur, vtype, what):
     cur.fail(f"{what}: unknown value type", vtype)
 
 
+_NOT_REGULAR = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
+                (stat.S_ISBLK, "a block device"), (stat.S_ISDIR, "a directory"),
+                (stat.S_ISSOCK, "a socket"))
+
+
+def open_regular(path):
+    """A read-only descriptor of `path`, which must be a regular file: a FIFO would block the
+    open (hence O_NONBLOCK) or the reads, and a device such as /dev/zero never ends; a file's
+    size is what bounds every read of it. Raises ModelFormatError naming what `path` is."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        what = next((name for test, name in _NOT_REGULAR if test(mode)), "a special file")
+        raise ModelFormatError(f"{path}: is {what}, not a regular file")
+    return fd
+
+
 class GGUFFile:
     """A parsed, validated GGUF file whose tensor data stays mapped read-only."""
 
@@ -398,7 +417,7 @@ class GGUFFile:
     # --- construction ----------------------------------------------------------------------
     @classmethod
     def open(cls, path):
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        fd = open_regular(path)
         try:
             return cls.from_fd(fd, name=str(path))
         finally:
