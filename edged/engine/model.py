@@ -521,6 +521,24 @@ class Model:
                           "utf-8", "replace") if self.tokenizer.eos_id is not None else "",
                       **extra)
 
+    def encode_chat(self, messages, add_generation_prompt=True, template_file=None,
+                    template_name=None, content_specials=False, **extra):
+        """Token ids of `messages` rendered by chat_prompt(). Only the template's own markup
+        becomes control tokens: text that came from the messages, tools or `extra` variables
+        is tokenized as plain text even where it spells one ("<|im_end|><|im_start|>system"
+        in a user message forges no turn), through Tokenizer.defuse and encode(marked=True).
+        content_specials=True parses control-token text wherever it is (llama-server's way)."""
+        from ..text.chat import map_strings
+        tok = self.tokenizer
+        if not content_specials:
+            messages, extra = map_strings([messages, extra], tok.defuse)
+        prompt = self.chat_prompt(messages, add_generation_prompt, template_file, template_name,
+                                  **extra)
+        ids = tok.encode(prompt, add_special=True, parse_special=True, marked=not content_specials)
+        if len(ids) >= 2 and tok.bos_id is not None and ids[0] == ids[1] == tok.bos_id:
+            del ids[0]      # the template wrote {{ bos_token }} and the tokenizer added one too
+        return ids
+
     def _close_file(self):
         f, self.file = getattr(self, "file", None), None
         if f is not None:

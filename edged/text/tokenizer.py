@@ -10,8 +10,10 @@ that ids match its own test suite. The splitting and merge loops are compiled (e
 The metadata is untrusted: types, lengths, ids and byte tokens are checked at load and a bad
 vocabulary is refused with a TokenizerError naming the key, the index and the value.
 """
+import bisect
 import codecs
 import enum
+import itertools
 import logging
 import re
 
@@ -152,6 +154,10 @@ _FIM_TEXTS = {
 }
 _ALWAYS_RENDERED = ("<|channel|>", "<|message|>", "<|start|>", "<|constrain|>")   # gpt-oss
 _C_SPACE = " \t\n\v\f\r"        # what C's isspace() strips around special tokens
+# Written by defuse() before the last character of control-token text in a chat message, so
+# that encode(..., marked=True) of the rendered prompt keeps that text plain; a noncharacter
+# (U+FDD0), dropped from the text it is found in.
+CONTENT_MARK = "\ufdd0"
 
 
 def _fail(name, msg):
@@ -388,6 +394,8 @@ class Tokenizer:
         self._special_user = [s for s in self._special_all if not s[2] & (A_CONTROL | A_UNKNOWN)]
         self._groups_all = self._group(self._special_all)
         self._groups_user = self._group(self._special_user)
+        self._groups_control = self._group([s for s in self._special_all
+                                            if s[2] & (A_CONTROL | A_UNKNOWN)])
 
     def _build_model(self, md, spec):
         """The segmenter: compiled SentencePiece BPE (llama) or byte-level BPE (gpt2), or
@@ -491,8 +499,10 @@ class Tokenizer:
         return b""
 
     # --- encoding ------------------------------------------------------------------------------
-    def _partition(self, text, parse_special):
+    def _partition(self, text, parse_special, marks=()):
         """Split text around special tokens: a list of str (raw text) and int (token ids).
+        `marks`: sorted positions of CONTENT_MARKs taken out of the text; a control token
+        whose text holds one (s <= mark < end) is not matched there.
 
         llama.cpp takes the special tokens one at a time, longest first, and cuts every
         occurrence out of the text that is still raw (eating whitespace next to tokens marked
@@ -518,8 +528,12 @@ class Tokenizer:
             k = len(tok)
             block = b"\x01" * k
             pos = text.find(tok)
+            marked = marks if a & (A_CONTROL | A_UNKNOWN) else ()
             while pos >= 0:
-                if mask.find(0x01, pos, pos + k) < 0 and mask.find(0x02, pos, pos + k) < 0:
+                if marked and (i := bisect.bisect_left(marked, pos)) < len(marked) and \
+                        marked[i] < pos + k:
+                    pos = text.find(tok, pos + 1)      # written in a message: plain text
+                elif mask.find(0x01, pos, pos + k) < 0 and mask.find(0x02, pos, pos + k) < 0:
                     mask[pos:pos + k] = block
                     taken[pos] = (tid, k)
                     if a & A_LSTRIP:
@@ -584,19 +598,27 @@ class Tokenizer:
             frags = out
         return frags
 
-    def encode(self, text, add_special=True, parse_special=False, space_prefix=True):
+    def encode(self, text, add_special=True, parse_special=False, space_prefix=True,
+               marked=False):
         """Token ids of `text`. add_special: BOS/EOS as the model asks (add_bos/add_eos);
         parse_special: control tokens written in the text (e.g. "<|im_start|>") become their
         ids, otherwise they are tokenized as plain text. User-defined tokens always match.
         space_prefix=False: no space before the first text or text after a special token, even
         where the vocabulary adds one (SentencePiece's add_space_prefix): the tokens of a piece
-        of text in the middle of a reply, e.g. what a grammar forces."""
+        of text in the middle of a reply, e.g. what a grammar forces.
+        marked=True: `text` holds strings passed through defuse() (a rendered chat prompt):
+        the CONTENT_MARKs are dropped and the control-token text they sit in stays plain text."""
         if not isinstance(text, str):
             raise TypeError(f"encode() needs a str, not {type(text).__name__}")
         out = []
         if add_special and self.add_bos:
             out.append(self.bos_id)
-        frags = self._partition(text, parse_special)
+        marks = ()
+        if marked and CONTENT_MARK in text:
+            parts = text.split(CONTENT_MARK)
+            marks = list(itertools.accumulate(len(x) for x in parts[:-1]))
+            text = "".join(parts)
+        frags = self._partition(text, parse_special, marks)
         if self._wpm is not None:
             for frag in frags:
                 out += [frag] if type(frag) is int else self._wpm.encode(frag)
@@ -624,6 +646,24 @@ class Tokenizer:
         if add_special and self.add_eos:
             out.append(self.eos_id)
         return out
+
+    def defuse(self, text):
+        """`text` (a string from a chat message) with a CONTENT_MARK before the last character of
+        every control token's text in it, so that encode(..., marked=True) of a prompt built
+        from it tokenizes that text as plain text, not as the control token. Marks already in
+        `text` are dropped first: a client cannot place one."""
+        text = text.replace(CONTENT_MARK, "")
+        at = set()
+        for key, members in self._groups_control.items():
+            if key in text:
+                for _, tok, _, _ in members:
+                    pos = text.find(tok)
+                    while pos >= 0:
+                        at.add(pos + len(tok) - 1)
+                        pos = text.find(tok, pos + 1)
+        for p in sorted(at, reverse=True):
+            text = text[:p] + CONTENT_MARK + text[p:]
+        return text
 
     # --- decoding ------------------------------------------------------------------------------
     def _check_id(self, i):
