@@ -247,16 +247,22 @@ class Encoder:
         return x
 
     # --- the pass -------------------------------------------------------------------------
-    def hidden(self, seqs):
+    def hidden(self, seqs, types=None):
         """Token sequences (lists of ids) -> list of float32 (len(seq), n_embd) hidden states,
-        all sequences in one pass."""
+        all sequences in one pass. types: per sequence, each token's type (segment) id, e.g.
+        Tokenizer.encode_pair's; None adds type 0's row to every token, as llama.cpp does."""
         hp, a = self.hp, self.spec.arch
         lens = [len(s) for s in seqs]
         ids = np.concatenate([np.asarray(s, np.int64) for s in seqs])
         pos = np.concatenate([np.arange(n) for n in lens])
         x = self._rows("token_embd", ids)                           # (T, E)
+        if types is not None:
+            types = np.concatenate([np.asarray(t, np.int64) for t in types])
+            n_types = self._mat["token_types"][2][1] if "token_types" in self._mat else 1
+            if len(types) != len(ids) or types.min() < 0 or types.max() >= n_types:
+                raise RequestError(f"token types must give each token a type in 0..{n_types - 1}")
         if "token_types" in self._mat:
-            x += self._rows("token_types", [0])                     # "sentence A"
+            x += self._rows("token_types", [0] if types is None else types)   # 0: "sentence A"
         if a.learned_pos:
             x += self._rows("position_embd", pos)
         x = self._ln(x, "token_embd_norm")

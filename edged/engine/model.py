@@ -341,7 +341,7 @@ class Model:
             out.append(ids)
         return out
 
-    def embed(self, inputs, pooling=None, normalize=True, add_special=True):
+    def embed(self, inputs, pooling=None, normalize=True, add_special=True, token_types=None):
         """Embeddings of texts (or token-id lists), as llama.cpp's llama_get_embeddings_seq:
         the final hidden states pooled over each input ("mean", "cls": the first token,
         "last"; "none": every token's row) and L2-normalised when `normalize`.
@@ -350,31 +350,36 @@ class Model:
         one gives every token's row, as llama.cpp's pooling none). Returns float32 (n_inputs, n_embd), or with
         pooling "none" a list of (n_tokens, n_embd) arrays. An encoder runs all inputs in one
         pass (in groups of at most `EMBED_BATCH_TOKENS` tokens); a decoder runs them one by
-        one through a session (causal attention, as llama.cpp does for it)."""
+        one through a session (causal attention, as llama.cpp does for it). token_types: an
+        encoder's per-token type ids for each input (a pair's from Tokenizer.encode_pair); by
+        default type 0 for every token, as llama.cpp."""
         pooling = pooling or self.pooling
         if pooling not in _encoder.POOLING_NAMES:
             raise RequestError(f"pooling {pooling!r}: expected one of "
                                f"{', '.join(_encoder.POOLING_NAMES)}")
         seqs = self.tokenize_inputs(inputs, add_special)
-        hidden = self._hidden_states(seqs)
+        if token_types is not None and (self.encoder is None or len(token_types) != len(seqs)):
+            raise RequestError("token_types: one list per input, for an encoder model only")
+        hidden = self._hidden_states(seqs, token_types)
         vecs = [_encoder.pool(h, pooling) for h in hidden]
         if normalize:
             vecs = [_encoder.normalize(v) for v in vecs]
         return vecs if pooling == "none" else np.stack(vecs)
 
-    def _hidden_states(self, seqs):
-        """(len(seq), n_embd) float32 final hidden states of each token-id list."""
+    def _hidden_states(self, seqs, types=None):
+        """(len(seq), n_embd) float32 final hidden states of each token-id list (with its
+        token types, for an encoder)."""
         if self.encoder is not None:
             out, group, n = [], [], 0
-            for ids in seqs:
+            for i, ids in enumerate(seqs):
                 if group and n + len(ids) > EMBED_BATCH_TOKENS:
                     with _COMPUTE:
-                        out += self.encoder.hidden(group)
+                        out += self.encoder.hidden(group, types and types[i - len(group):i])
                     group, n = [], 0
                 group.append(ids)
                 n += len(ids)
             with _COMPUTE:
-                out += self.encoder.hidden(group)
+                out += self.encoder.hidden(group, types and types[len(seqs) - len(group):])
             return out
         out = []
         longest = max(len(s) for s in seqs)
