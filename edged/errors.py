@@ -26,6 +26,12 @@ class SignatureError(EdgedError):
     status, type, code = 403, "permission_error", "model_not_trusted"
 
 
+class MetadataValueError(ModelFormatError, UnsupportedModelError):
+    """A metadata value (a hyperparameter) has the wrong type or lies outside the range edged
+    accepts: a string or NaN where a count belongs, 2^63 where a C int goes. Names the key and
+    the value; both a malformed file and a model edged cannot run, so either catch sees it."""
+
+
 class TemplateError(EdgedError):
     """A chat template failed to render or tried to escape its sandbox (a broken or hostile
     template in the model file)."""

@@ -44,8 +44,7 @@ def run(args):
     try:
         tok = m.tokenizer
         if args.chat:
-            prompt = tok.encode(m.chat_prompt([{"role": "user", "content": args.prompt}]),
-                                add_special=False, parse_special=True)
+            prompt = m.encode_chat([{"role": "user", "content": args.prompt}])
         else:
             prompt = tok.encode(args.prompt, add_special=True)
         n_ctx = args.ctx_size or min(m.n_ctx_train, max(512, len(prompt) + max(args.n_predict, 0)))

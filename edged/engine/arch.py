@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..errors import UnsupportedModelError
-from ..format.gguf import GGMLType, Key, TYPE_INFO
+from ..errors import MetadataValueError, UnsupportedModelError
+from ..format.gguf import GGMLType, Key, TYPE_INFO, check_number
 from ..format.quants import SUPPORTED
 
 # Weight types the engine runs: the format layer's table of block layouts (edged.format.quants;
@@ -226,8 +226,42 @@ def _refuse(msg):
     raise UnsupportedModelError(msg)
 
 
+@dataclass(frozen=True)
+class Bound:
+    """What one hyperparameter key may hold (format.gguf.check_number: ints lo..hi, default
+    INT32_MAX; floats finite in float32, >= lo, > 0 when positive)."""
+    kind: type
+    lo: int = 0
+    hi: int | None = None
+    positive: bool = False
+
+
+_POS_INT, _POS, _NONNEG = Bound(int, lo=1), Bound(float, positive=True), Bound(float)
+# Every key the decoder and encoder tables read, with its kind and range: a value of another
+# type, NaN, or 2^63 where a C int goes is refused at load naming the key and the value
+# (MetadataValueError). Relations between keys are checked where they are used.
+HPARAM_KEYS = {
+    Key.CONTEXT_LENGTH: _POS_INT, Key.EMBEDDING_LENGTH: _POS_INT,
+    Key.BLOCK_COUNT: Bound(int, lo=1, hi=MAX_LAYERS), Key.HEAD_COUNT: _POS_INT,
+    Key.HEAD_COUNT_KV: _POS_INT, Key.FEED_FORWARD_LENGTH: _POS_INT, Key.KEY_LENGTH: _POS_INT,
+    Key.VALUE_LENGTH: _POS_INT, Key.ROPE_DIMENSION_COUNT: _POS_INT, Key.VOCAB_SIZE: _POS_INT,
+    Key.SLIDING_WINDOW: Bound(int), Key.SLIDING_WINDOW_PATTERN: Bound(int),
+    Key.ROPE_SCALING_ORIG_CTX_LEN: _POS_INT,
+    Key.EXPERT_COUNT: _POS_INT, Key.EXPERT_USED_COUNT: _POS_INT,
+    Key.EXPERT_FEED_FORWARD_LENGTH: _POS_INT, Key.EXPERT_SHARED_FEED_FORWARD_LENGTH: Bound(int),
+    Key.TOKEN_TYPE_COUNT: Bound(int),
+    Key.ROPE_FREQ_BASE: _POS, Key.ROPE_FREQ_BASE_SWA: _POS, Key.ROPE_SCALING_FACTOR: _NONNEG,
+    Key.ROPE_SCALE_LINEAR: _NONNEG, Key.ROPE_SCALING_ATTN_FACTOR: _NONNEG,
+    Key.LAYERNORM_RMS_EPS: _POS, Key.LAYERNORM_EPS: _POS,
+    Key.FINAL_LOGIT_SOFTCAPPING: _NONNEG, Key.ATTN_LOGIT_SOFTCAPPING: _NONNEG,
+    Key.EMBEDDING_SCALE: _NONNEG, Key.RESIDUAL_SCALE: _NONNEG, Key.ATTENTION_SCALE: _NONNEG,
+    Key.LOGIT_SCALE: _POS,
+    Key.ROPE_SCALING_TYPE: Bound(str), Key.CAUSAL: Bound(bool),
+}
+
+
 class _Meta:
-    """Typed reads of `<arch>.*` keys with the key name in every error."""
+    """Typed, range-checked reads of the keys in HPARAM_KEYS, with the key name in every error."""
 
     def __init__(self, metadata, arch):
         self.md, self.arch = metadata, arch
@@ -235,85 +269,66 @@ class _Meta:
     def name(self, key):
         return Key.arch(key, self.arch)
 
-    def get(self, key, kind, default=None, required=False, arch=True):
-        name = self.name(key) if arch else key
+    def get(self, key, default=None, required=False):
+        bound = HPARAM_KEYS[key]
+        name = self.name(key)
         if name not in self.md:
             if required:
                 _refuse(f"missing required key {name!r} for architecture {self.arch!r}")
             return default
         v = self.md[name]
-        if kind is int:
-            if hasattr(v, "__len__") and not isinstance(v, str):  # per-layer array
-                vals = {int(x) for x in v}
-                if len(vals) != 1:
-                    _refuse(f"{name} differs per layer ({sorted(vals)}); not supported")
-                v = vals.pop()
-            if isinstance(v, bool) or not isinstance(v, (int,)) and not hasattr(v, "__index__"):
-                _refuse(f"key {name!r} must be an integer, got {v!r}")
-            v = int(v)
-            if v < 0:
-                _refuse(f"key {name!r} is negative ({v})")
+        if bound.kind in (str, bool):
+            if not isinstance(v, bound.kind):
+                raise MetadataValueError(f"{name} must be a {bound.kind.__name__}, got {v!r}")
             return v
-        if kind is float:
-            if isinstance(v, bool) or not isinstance(v, (int, float)):
-                _refuse(f"key {name!r} must be a number, got {v!r}")
-            v = float(v)
-            if not math.isfinite(v):
-                _refuse(f"key {name!r} is not finite ({v})")
-            return v
-        if kind is str:
-            if not isinstance(v, str):
-                _refuse(f"key {name!r} must be a string, got {v!r}")
-            return v
-        raise AssertionError(kind)
+        if bound.kind is int and isinstance(v, np.ndarray) and v.dtype.kind in "iu" and v.ndim == 1:
+            vals = {int(x) for x in v}                 # a per-layer array: one value for all
+            if len(vals) != 1:
+                _refuse(f"{name} differs per layer ({sorted(vals)[:8]}); not supported")
+            v = vals.pop()
+        return check_number(name, v, bound.kind, bound.lo, bound.hi, bound.positive)
 
 
 def hparams(metadata, arch_name, n_vocab):
     a = ARCHS[arch_name]
     m = _Meta(metadata, arch_name)
-    n_embd = m.get(Key.EMBEDDING_LENGTH, int, required=True)
-    n_layer = m.get(Key.BLOCK_COUNT, int, required=True)
-    n_head = m.get(Key.HEAD_COUNT, int, required=True)
+    n_embd = m.get(Key.EMBEDDING_LENGTH, required=True)
+    n_layer = m.get(Key.BLOCK_COUNT, required=True)
+    n_head = m.get(Key.HEAD_COUNT, required=True)
     # a MoE file's dense feed_forward_length is not used (llama.cpp: optional there)
-    n_ff = m.get(Key.FEED_FORWARD_LENGTH, int, required=not a.moe, default=None)
+    n_ff = m.get(Key.FEED_FORWARD_LENGTH, required=not a.moe, default=None)
     if n_ff is None:
-        n_ff = m.get(Key.EXPERT_FEED_FORWARD_LENGTH, int, default=0)
-    n_head_kv = m.get(Key.HEAD_COUNT_KV, int, default=n_head)
-    for k, v in (("embedding_length", n_embd), ("block_count", n_layer), ("head_count", n_head),
-                 ("feed_forward_length", n_ff), ("head_count_kv", n_head_kv)):
-        if v <= 0:
-            _refuse(f"{arch_name}.{k} must be positive, got {v}")
-    if n_layer > MAX_LAYERS:
-        _refuse(f"{arch_name}.block_count {n_layer} is over the limit of {MAX_LAYERS} layers")
+        n_ff = m.get(Key.EXPERT_FEED_FORWARD_LENGTH, default=0)
+    n_head_kv = m.get(Key.HEAD_COUNT_KV, default=n_head)
+    if n_ff <= 0:
+        _refuse(f"{arch_name}: no feed_forward_length or expert_feed_forward_length")
     if n_head % n_head_kv:
         _refuse(f"{arch_name}: head_count {n_head} is not a multiple of head_count_kv {n_head_kv}")
-    head_dim = m.get(Key.KEY_LENGTH, int, default=n_embd // n_head)
-    head_dim_v = m.get(Key.VALUE_LENGTH, int, default=n_embd // n_head)
-    if head_dim <= 0 or head_dim_v != head_dim:
+    head_dim = m.get(Key.KEY_LENGTH, default=n_embd // n_head)
+    head_dim_v = m.get(Key.VALUE_LENGTH, default=n_embd // n_head)
+    if head_dim <= 0 or head_dim_v != head_dim:       # the defaults are 0 when n_embd < n_head
         _refuse(f"{arch_name}: key_length {head_dim} / value_length {head_dim_v} not supported "
                 "(must be equal and positive)")
     if head_dim % 2:
         _refuse(f"{arch_name}: key_length {head_dim} is odd")
-    n_rot = m.get(Key.ROPE_DIMENSION_COUNT, int, default=head_dim)
-    if n_rot > head_dim or n_rot % 2 or n_rot <= 0:
+    n_rot = m.get(Key.ROPE_DIMENSION_COUNT, default=head_dim)
+    if n_rot > head_dim or n_rot % 2:
         _refuse(f"{arch_name}.rope.dimension_count {n_rot} invalid for head dim {head_dim}")
     if a.rope_n_rot_must_equal_head and n_rot != head_dim:
         _refuse(f"{arch_name}.rope.dimension_count {n_rot} != head dim {head_dim}")
 
-    scaling = m.get(Key.ROPE_SCALING_TYPE, str, default="linear" if not a.rope_factors else "none")
+    scaling = m.get(Key.ROPE_SCALING_TYPE, default="linear" if not a.rope_factors else "none")
     if scaling not in ("none", "linear", "longrope", "yarn"):
         _refuse(f"{m.name(Key.ROPE_SCALING_TYPE)} = {scaling!r} is not supported (none, "
                 "linear, yarn, and longrope for phi3)")
     if scaling == "longrope" and not a.rope_factors:
         _refuse(f"{m.name(Key.ROPE_SCALING_TYPE)} = 'longrope' is not supported for {arch_name}")
-    factor = m.get(Key.ROPE_SCALING_FACTOR, float)
+    factor = m.get(Key.ROPE_SCALING_FACTOR)
     if factor is None:
-        factor = m.get(Key.ROPE_SCALE_LINEAR, float, default=0.0)
-    if factor < 0:
-        _refuse(f"{m.name(Key.ROPE_SCALING_FACTOR)} is negative ({factor})")
+        factor = m.get(Key.ROPE_SCALE_LINEAR, default=0.0)
     freq_scale = 1.0 if factor == 0.0 or scaling == "none" else 1.0 / factor
-    n_ctx_train = m.get(Key.CONTEXT_LENGTH, int, default=2048)
-    attn_factor = m.get(Key.ROPE_SCALING_ATTN_FACTOR, float, default=1.0)
+    n_ctx_train = m.get(Key.CONTEXT_LENGTH, default=2048)
+    attn_factor = m.get(Key.ROPE_SCALING_ATTN_FACTOR, default=1.0)
     ext_factor = 0.0
     if scaling == "yarn":
         # llama-context.cpp: mscale = 1 + 0.1 ln(factor), divided by the same term that ggml's
@@ -325,24 +340,18 @@ def hparams(metadata, arch_name, n_vocab):
         msc = f32(msc * (f32(1.0) / (f32(1.0) + f32(0.1) * np.log(fac))))
         attn_factor = float(f32(msc * f32(attn_factor)))
 
-    n_swa = m.get(Key.SLIDING_WINDOW, int, required=a.name == "gpt-oss",
+    n_swa = m.get(Key.SLIDING_WINDOW, required=a.name == "gpt-oss",
                   default=4096 if a.name == "gemma2" else 0)
     if a.swa_pattern and n_swa > 0:
-        pattern = m.get(Key.SLIDING_WINDOW_PATTERN, int, default=a.swa_pattern)
+        pattern = m.get(Key.SLIDING_WINDOW_PATTERN, default=a.swa_pattern)
         swa = tuple(pattern == 0 or (il % pattern < pattern - 1) for il in range(n_layer))
     else:
         n_swa = 0  # phi3: llama.cpp ignores the window; others have none
         swa = (False,) * n_layer
-    rope_base = m.get(Key.ROPE_FREQ_BASE, float, default=10000.0)
-    rope_base_swa = m.get(Key.ROPE_FREQ_BASE_SWA, float,
+    rope_base = m.get(Key.ROPE_FREQ_BASE, default=10000.0)
+    rope_base_swa = m.get(Key.ROPE_FREQ_BASE_SWA,
                           default=rope_base if a.swa_rope_global else 10000.0)
-    rms_eps = m.get(Key.LAYERNORM_RMS_EPS, float, required=True)
-    # Values no trained model has: a zero or negative RoPE base gives NaN angles, an epsilon of
-    # zero or less divides by zero (or a negative) on an all-zero row.
-    for key, v in ((Key.ROPE_FREQ_BASE, rope_base), (Key.ROPE_FREQ_BASE_SWA, rope_base_swa),
-                   (Key.LAYERNORM_RMS_EPS, rms_eps)):
-        if v <= 0:
-            _refuse(f"key {m.name(key)!r} must be positive, got {v!r}")
+    rms_eps = m.get(Key.LAYERNORM_RMS_EPS, required=True)
     attn_scale = 1.0 / math.sqrt(head_dim)
     # gemma 27B models scale by n_embd / n_head (llama.cpp, gemma_pytorch)
     if (arch_name, n_layer) in (("gemma3", 62), ("gemma2", 46)):
@@ -350,20 +359,18 @@ def hparams(metadata, arch_name, n_vocab):
     embd_scale = math.sqrt(n_embd) if a.embd_scale else 1.0
     residual_scale = logit_mul = 1.0
     if a.multipliers:  # granite: each key optional but logit_scale (llama.cpp requires it)
-        embd_scale = m.get(Key.EMBEDDING_SCALE, float, default=0.0) or 1.0
-        residual_scale = m.get(Key.RESIDUAL_SCALE, float, default=0.0) or 1.0
-        attn_scale = m.get(Key.ATTENTION_SCALE, float, default=0.0) or attn_scale
-        logit_scale = m.get(Key.LOGIT_SCALE, float, required=True)
-        if logit_scale == 0.0:
-            _refuse(f"{m.name(Key.LOGIT_SCALE)} is 0")
+        embd_scale = m.get(Key.EMBEDDING_SCALE, default=0.0) or 1.0
+        residual_scale = m.get(Key.RESIDUAL_SCALE, default=0.0) or 1.0
+        attn_scale = m.get(Key.ATTENTION_SCALE, default=0.0) or attn_scale
+        logit_scale = m.get(Key.LOGIT_SCALE, required=True)
         logit_mul = float(np.float32(1.0) / np.float32(logit_scale))
     rope_layers = tuple(not a.no_rope_step or (il + 1) % a.no_rope_step != 0
                         for il in range(n_layer))
     n_expert = n_used = n_ff_exp = 0
     if a.moe:
-        n_expert = m.get(Key.EXPERT_COUNT, int, required=True)
-        n_used = m.get(Key.EXPERT_USED_COUNT, int, required=True)
-        n_ff_exp = m.get(Key.EXPERT_FEED_FORWARD_LENGTH, int, required=True)
+        n_expert = m.get(Key.EXPERT_COUNT, required=True)
+        n_used = m.get(Key.EXPERT_USED_COUNT, required=True)
+        n_ff_exp = m.get(Key.EXPERT_FEED_FORWARD_LENGTH, required=True)
         if not 0 < n_used <= n_expert <= MAX_EXPERTS or n_ff_exp <= 0:
             _refuse(f"{arch_name}: expert_used_count {n_used} / expert_count {n_expert} / "
                     f"expert_feed_forward_length {n_ff_exp} invalid")
@@ -375,16 +382,16 @@ def hparams(metadata, arch_name, n_vocab):
         rope_freq_scale_swa=freq_scale if a.swa_rope_global else 1.0,
         rope_ext_factor=ext_factor, yarn_beta_fast=YARN_BETA_FAST, yarn_beta_slow=YARN_BETA_SLOW,
         rope_attn_factor=attn_factor,
-        n_ctx_orig=m.get(Key.ROPE_SCALING_ORIG_CTX_LEN, int, default=n_ctx_train),
+        n_ctx_orig=m.get(Key.ROPE_SCALING_ORIG_CTX_LEN, default=n_ctx_train),
         rms_eps=rms_eps,
         n_swa=n_swa, swa_layers=swa, attn_scale=attn_scale, embd_scale=embd_scale,
-        final_logit_softcap=m.get(Key.FINAL_LOGIT_SOFTCAPPING, float,
+        final_logit_softcap=m.get(Key.FINAL_LOGIT_SOFTCAPPING,
                                   default=30.0 if a.softcap else 0.0),
-        attn_softcap=m.get(Key.ATTN_LOGIT_SOFTCAPPING, float, default=50.0) if a.softcap else 0.0,
+        attn_softcap=m.get(Key.ATTN_LOGIT_SOFTCAPPING, default=50.0) if a.softcap else 0.0,
         residual_scale=residual_scale, logit_mul=logit_mul, rope_layers=rope_layers,
         n_expert=n_expert, n_expert_used=n_used, n_ff_exp=n_ff_exp,
         expert_weights_norm=a.moe_norm_w, expert_softmax_topk=a.moe_softmax_topk,
-        n_ff_shexp=m.get(Key.EXPERT_SHARED_FEED_FORWARD_LENGTH, int, default=0) or n_ff
+        n_ff_shexp=m.get(Key.EXPERT_SHARED_FEED_FORWARD_LENGTH, default=0) or n_ff
         if a.shared_expert else 0,
     )
 
@@ -446,8 +453,8 @@ def validate(metadata, tensors, n_vocab_tokenizer=None, log=None):
     if int(embd.shape[0]) != hp.n_embd:
         _refuse(f"tensor 'token_embd.weight' has shape {tuple(int(x) for x in embd.shape)}, "
                 f"expected ({hp.n_embd}, {n_vocab}) from {Key.arch(Key.EMBEDDING_LENGTH, arch_name)}")
-    vocab_key = Key.arch(Key.VOCAB_SIZE, arch_name)
-    if vocab_key in metadata and int(metadata[vocab_key]) != n_vocab:
+    if _Meta(metadata, arch_name).get(Key.VOCAB_SIZE, default=n_vocab) != n_vocab:
+        vocab_key = Key.arch(Key.VOCAB_SIZE, arch_name)
         _refuse(f"{vocab_key} = {metadata[vocab_key]} contradicts token_embd.weight rows {n_vocab}")
 
     T = _Tensors(tensors, log)

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .arch import SUPPORTED_TYPES, VECTOR_TYPES, MAX_LAYERS, _Meta
+from .arch import SUPPORTED_TYPES, VECTOR_TYPES, _Meta
 from .reference import gelu_ggml, rope, silu
 from ..errors import RequestError, UnsupportedModelError
 from ..format.gguf import TYPE_INFO, Key
@@ -94,28 +94,18 @@ def validate(metadata, tensors, n_vocab_tokenizer=None, log=None):
     name = metadata.get(Key.ARCHITECTURE)
     a = ENCODERS[name]
     m = _Meta(metadata, name)
-    E = m.get(Key.EMBEDDING_LENGTH, int, required=True)
-    n_layer = m.get(Key.BLOCK_COUNT, int, required=True)
-    n_head = m.get(Key.HEAD_COUNT, int, required=True)
-    F = m.get(Key.FEED_FORWARD_LENGTH, int, required=True)
-    n_head_kv = m.get(Key.HEAD_COUNT_KV, int, default=n_head)
-    for k, v in (("embedding_length", E), ("block_count", n_layer), ("head_count", n_head),
-                 ("feed_forward_length", F)):
-        if v <= 0:
-            _refuse(f"{name}.{k} must be positive, got {v}")
-    if n_layer > MAX_LAYERS:
-        _refuse(f"{name}.block_count {n_layer} is over the limit of {MAX_LAYERS} layers")
+    E = m.get(Key.EMBEDDING_LENGTH, required=True)
+    n_layer = m.get(Key.BLOCK_COUNT, required=True)
+    n_head = m.get(Key.HEAD_COUNT, required=True)
+    F = m.get(Key.FEED_FORWARD_LENGTH, required=True)
+    n_head_kv = m.get(Key.HEAD_COUNT_KV, default=n_head)
     if n_head_kv != n_head or E % n_head or (E // n_head) % 2:
         _refuse(f"{name}: head_count {n_head} / head_count_kv {n_head_kv} with embedding_length "
                 f"{E} not supported (equal counts, an even head size)")
-    eps = m.get(Key.LAYERNORM_EPS, float, required=True)
-    if eps <= 0:
-        _refuse(f"key {m.name(Key.LAYERNORM_EPS)!r} must be positive, got {eps!r}")
-    base = m.get(Key.ROPE_FREQ_BASE, float, default=10000.0)
-    if base <= 0:
-        _refuse(f"key {m.name(Key.ROPE_FREQ_BASE)!r} must be positive, got {base!r}")
-    n_ctx = m.get(Key.CONTEXT_LENGTH, int, required=True)
-    if metadata.get(m.name(Key.CAUSAL), False) is True:
+    eps = m.get(Key.LAYERNORM_EPS, required=True)
+    base = m.get(Key.ROPE_FREQ_BASE, default=10000.0)
+    n_ctx = m.get(Key.CONTEXT_LENGTH, required=True)
+    if m.get(Key.CAUSAL, default=False):
         _refuse(f"{m.name(Key.CAUSAL)} is true: a causal {name} is not supported")
     embd = tensors.get("token_embd.weight")
     if embd is None or len(embd.shape) != 2 or int(embd.shape[0]) != E:
@@ -123,7 +113,7 @@ def validate(metadata, tensors, n_vocab_tokenizer=None, log=None):
     V = int(embd.shape[1])
     if n_vocab_tokenizer is not None and n_vocab_tokenizer != V:
         _refuse(f"tokenizer has {n_vocab_tokenizer} tokens but token_embd.weight has {V} rows")
-    n_types = int(metadata.get(Key.TOKEN_TYPE_COUNT, 0) or 0)
+    n_types = m.get(Key.TOKEN_TYPE_COUNT, default=0)
 
     roles = {}
 
@@ -257,16 +247,22 @@ class Encoder:
         return x
 
     # --- the pass -------------------------------------------------------------------------
-    def hidden(self, seqs):
+    def hidden(self, seqs, types=None):
         """Token sequences (lists of ids) -> list of float32 (len(seq), n_embd) hidden states,
-        all sequences in one pass."""
+        all sequences in one pass. types: per sequence, each token's type (segment) id, e.g.
+        Tokenizer.encode_pair's; None adds type 0's row to every token, as llama.cpp does."""
         hp, a = self.hp, self.spec.arch
         lens = [len(s) for s in seqs]
         ids = np.concatenate([np.asarray(s, np.int64) for s in seqs])
         pos = np.concatenate([np.arange(n) for n in lens])
         x = self._rows("token_embd", ids)                           # (T, E)
+        if types is not None:
+            types = np.concatenate([np.asarray(t, np.int64) for t in types])
+            n_types = self._mat["token_types"][2][1] if "token_types" in self._mat else 1
+            if len(types) != len(ids) or types.min() < 0 or types.max() >= n_types:
+                raise RequestError(f"token types must give each token a type in 0..{n_types - 1}")
         if "token_types" in self._mat:
-            x += self._rows("token_types", [0])                     # "sentence A"
+            x += self._rows("token_types", [0] if types is None else types)   # 0: "sentence A"
         if a.learned_pos:
             x += self._rows("position_embd", pos)
         x = self._ln(x, "token_embd_norm")

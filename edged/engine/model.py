@@ -322,7 +322,7 @@ class Model:
             out.append(ids)
         return out
 
-    def embed(self, inputs, pooling=None, normalize=True, add_special=True):
+    def embed(self, inputs, pooling=None, normalize=True, add_special=True, token_types=None):
         """Embeddings of texts (or token-id lists), as llama.cpp's llama_get_embeddings_seq:
         the final hidden states pooled over each input ("mean", "cls": the first token,
         "last"; "none": every token's row) and L2-normalised when `normalize`.
@@ -331,14 +331,18 @@ class Model:
         one gives every token's row, as llama.cpp's pooling none). Returns float32 (n_inputs, n_embd), or with
         pooling "none" a list of (n_tokens, n_embd) arrays. An encoder runs all inputs in one
         pass (in groups of at most `EMBED_BATCH_TOKENS` tokens); a decoder runs them one by
-        one through a session (causal attention, as llama.cpp does for it)."""
+        one through a session (causal attention, as llama.cpp does for it). token_types: an
+        encoder's per-token type ids for each input (a pair's from Tokenizer.encode_pair); by
+        default type 0 for every token, as llama.cpp."""
         pooling = pooling or self.pooling
-        steps = self.embed_steps(self.tokenize_inputs(inputs, add_special), pooling, normalize)
+        steps = self.embed_steps(self.tokenize_inputs(inputs, add_special), pooling, normalize,
+                                 token_types=token_types)
         for _ in steps:
             pass
         return steps.result
 
-    def embed_steps(self, seqs, pooling, normalize=True, unit_tokens=EMBED_BATCH_TOKENS):
+    def embed_steps(self, seqs, pooling, normalize=True, unit_tokens=EMBED_BATCH_TOKENS,
+                    token_types=None):
         """embed() of token-id lists (tokenize_inputs) as steps someone else drives: iterate it,
         each step one unit of compute under the engine's lock (an encoder pass over inputs of
         at most `unit_tokens` tokens together, or at least one whole input; a decoder's chunk of
@@ -348,23 +352,25 @@ class Model:
         if pooling not in _encoder.POOLING_NAMES:
             raise RequestError(f"pooling {pooling!r}: expected one of "
                                f"{', '.join(_encoder.POOLING_NAMES)}")
-        return EmbedSteps(self, seqs, pooling, normalize, unit_tokens)
+        if token_types is not None and (self.encoder is None or len(token_types) != len(seqs)):
+            raise RequestError("token_types: one list per input, for an encoder model only")
+        return EmbedSteps(self, seqs, pooling, normalize, unit_tokens, token_types)
 
-    def _hidden_states(self, seqs, unit_tokens):
+    def _hidden_states(self, seqs, unit_tokens, types=None):
         """Yields None after each unit of compute, then the (len(seq), n_embd) float32 final
-        hidden states of each token-id list (a list)."""
+        hidden states of each token-id list (with its token types, for an encoder), a list."""
         if self.encoder is not None:
             out, group, n = [], [], 0
-            for ids in seqs:
+            for i, ids in enumerate(seqs):
                 if group and n + len(ids) > unit_tokens:
                     with _COMPUTE:
-                        out += self.encoder.hidden(group)
+                        out += self.encoder.hidden(group, types and types[i - len(group):i])
                     yield None
                     group, n = [], 0
                 group.append(ids)
                 n += len(ids)
             with _COMPUTE:
-                out += self.encoder.hidden(group)
+                out += self.encoder.hidden(group, types and types[len(seqs) - len(group):])
             yield out
             return
         out = []
@@ -514,6 +520,24 @@ class Model:
                           "utf-8", "replace") if self.tokenizer.eos_id is not None else "",
                       **extra)
 
+    def encode_chat(self, messages, add_generation_prompt=True, template_file=None,
+                    template_name=None, content_specials=False, **extra):
+        """Token ids of `messages` rendered by chat_prompt(). Only the template's own markup
+        becomes control tokens: text that came from the messages, tools or `extra` variables
+        is tokenized as plain text even where it spells one ("<|im_end|><|im_start|>system"
+        in a user message forges no turn), through Tokenizer.defuse and encode(marked=True).
+        content_specials=True parses control-token text wherever it is (llama-server's way)."""
+        from ..text.chat import map_strings
+        tok = self.tokenizer
+        if not content_specials:
+            messages, extra = map_strings([messages, extra], tok.defuse)
+        prompt = self.chat_prompt(messages, add_generation_prompt, template_file, template_name,
+                                  **extra)
+        ids = tok.encode(prompt, add_special=True, parse_special=True, marked=not content_specials)
+        if len(ids) >= 2 and tok.bos_id is not None and ids[0] == ids[1] == tok.bos_id:
+            del ids[0]      # the template wrote {{ bos_token }} and the tokenizer added one too
+        return ids
+
     def _close_file(self):
         f, self.file = getattr(self, "file", None), None
         if f is not None:
@@ -546,11 +570,11 @@ class EmbedSteps:
     """Model.embed_steps: iterate for the units of compute; `.result` once exhausted (float32
     (n_inputs, n_embd), or with pooling "none" a list of (n_tokens, n_embd) arrays)."""
 
-    def __init__(self, model, seqs, pooling, normalize, unit_tokens):
+    def __init__(self, model, seqs, pooling, normalize, unit_tokens, token_types=None):
         self.n_tokens = sum(len(x) for x in seqs)
         self.result = None
         self._pooling, self._normalize = pooling, normalize
-        self._units = model._hidden_states(seqs, unit_tokens)
+        self._units = model._hidden_states(seqs, unit_tokens, token_types)
 
     def __iter__(self):
         return self

@@ -10,13 +10,14 @@ data section is touched at open.
 import enum
 import mmap
 import os
+import stat
 import struct
 from dataclasses import dataclass
 
 import numpy as np
 
 from .._gguf_scan import scan_strings   # compiled; no silent slow fallback
-from ..errors import ModelFormatError
+from ..errors import MetadataValueError, ModelFormatError
 
 GGUF_MAGIC = b"GGUF"
 GGUF_VERSIONS = (2, 3)
@@ -25,6 +26,10 @@ MAX_DIMS = 4
 MAX_NAME_BYTES = 63                 # GGML_MAX_NAME is 64 including the terminating NUL
 MAX_STRING_BYTES = 1 << 30          # 1 GiB: no legitimate key, value or token is larger
 MAX_ARRAY_BYTES = 1 << 30
+# What a metadata number may hold where edged uses it: llama.cpp keeps hyperparameters in
+# (u)int32 and float; the compiled core takes them as C int and float.
+INT32_MAX = 2**31 - 1
+FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 
 class ValueType(enum.IntEnum):
@@ -260,6 +265,32 @@ class Key:
         return template.format(arch=arch)
 
 
+def check_number(name, v, kind, lo=0, hi=None, positive=False):
+    """Metadata value `v` of key `name` as `kind` (int or float), type- and range-checked:
+    ints in lo..hi (default INT32_MAX), floats finite as float32 and >= lo (> 0 if positive).
+    Raises MetadataValueError naming the key and the value. GGUF integers are accepted as
+    floats (a rope.freq_base written as u32); bools, strings and arrays are refused."""
+    if isinstance(v, (bool, np.bool_)) or isinstance(v, (str, list, np.ndarray)):
+        ok = False
+    else:
+        ok = isinstance(v, (int, np.integer)) or kind is float and isinstance(v, (float, np.floating))
+    if not ok:
+        raise MetadataValueError(f"{name} must be {'an integer' if kind is int else 'a number'}, "
+                                 f"got {v!r}")
+    if kind is int:
+        v, hi = int(v), INT32_MAX if hi is None else hi
+    else:
+        v, hi = float(v), FLOAT32_MAX if hi is None else hi
+        if not abs(v) <= FLOAT32_MAX:
+            raise MetadataValueError(f"{name} must be a finite float32, got {v!r}")
+    if positive and v <= 0 or v < lo:
+        raise MetadataValueError(f"{name} must be positive, got {v!r}" if positive or lo == 1
+                                 else f"{name} must be at least {lo}, got {v!r}")
+    if v > hi:
+        raise MetadataValueError(f"{name} must be at most {hi}, got {v!r}")
+    return v
+
+
 @dataclass(frozen=True)
 class TensorInfo:
     name: str
@@ -353,6 +384,24 @@ def _read_value(cur, vtype, what):
     cur.fail(f"{what}: unknown value type", vtype)
 
 
+_NOT_REGULAR = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
+                (stat.S_ISBLK, "a block device"), (stat.S_ISDIR, "a directory"),
+                (stat.S_ISSOCK, "a socket"))
+
+
+def open_regular(path):
+    """A read-only descriptor of `path`, which must be a regular file: a FIFO would block the
+    open (hence O_NONBLOCK) or the reads, and a device such as /dev/zero never ends; a file's
+    size is what bounds every read of it. Raises ModelFormatError naming what `path` is."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        what = next((name for test, name in _NOT_REGULAR if test(mode)), "a special file")
+        raise ModelFormatError(f"{path}: is {what}, not a regular file")
+    return fd
+
+
 class GGUFFile:
     """A parsed, validated GGUF file whose tensor data stays mapped read-only."""
 
@@ -368,7 +417,7 @@ class GGUFFile:
     # --- construction ----------------------------------------------------------------------
     @classmethod
     def open(cls, path):
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        fd = open_regular(path)
         try:
             return cls.from_fd(fd, name=str(path))
         finally:

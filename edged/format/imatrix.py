@@ -18,13 +18,15 @@ gets 1; legacy: value / ncall), in float32, so the weights are bit for bit llama
 """
 from __future__ import annotations
 
+import mmap
+import os
 import struct
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from ..errors import ModelFormatError
-from .gguf import GGMLType, GGUF_MAGIC, GGUFFile, Key
+from .gguf import GGMLType, GGUF_MAGIC, GGUFFile, Key, check_number, open_regular
 
 IN_SUM2, COUNTS = ".in_sum2", ".counts"   # tensor name suffixes of the GGUF format
 
@@ -37,20 +39,33 @@ class Imatrix:
 
 
 def read_imatrix(path):
-    with open(path, "rb") as fh:
-        magic = fh.read(4)
-    if magic == GGUF_MAGIC:
-        return _read_gguf(path)
-    return _read_legacy(path)
+    """Read either format. Only a regular file is read (a FIFO or /dev/zero is refused), and
+    never beyond its size: the legacy format is parsed from a read-only mapping."""
+    fd = open_regular(path)
+    try:
+        size = os.fstat(fd).st_size
+        if size < 4:
+            raise ModelFormatError(f"{path}: {size} bytes is too short for an importance matrix")
+        if os.pread(fd, 4, 0) == GGUF_MAGIC:
+            return _read_gguf(fd, path)
+        with mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ) as data:
+            return _read_legacy(data, path)
+    finally:
+        os.close(fd)
 
 
-def _read_gguf(path):
-    with GGUFFile.open(path) as f:
+def _read_gguf(fd, path):
+    with GGUFFile.from_fd(fd, name=str(path)) as f:
         if f.metadata.get(Key.GENERAL_TYPE) != "imatrix":
             raise ModelFormatError(f"{path}: not an importance matrix (general.type is "
                                    f"{f.metadata.get(Key.GENERAL_TYPE)!r}, want 'imatrix')")
-        out = Imatrix(datasets=[str(d) for d in f.metadata.get(Key.IMATRIX_DATASETS, [])],
-                      chunk_count=int(f.metadata.get(Key.IMATRIX_CHUNK_COUNT, 0)))
+        datasets = f.metadata.get(Key.IMATRIX_DATASETS, [])
+        if not isinstance(datasets, list) or not all(isinstance(d, str) for d in datasets):
+            raise ModelFormatError(f"{path}: {Key.IMATRIX_DATASETS} must be an array of strings, "
+                                   f"got {datasets!r:.80}")
+        out = Imatrix(datasets=datasets,
+                      chunk_count=check_number(Key.IMATRIX_CHUNK_COUNT,
+                                               f.metadata.get(Key.IMATRIX_CHUNK_COUNT, 0), int))
         for tname, ti in f.tensors.items():
             if not tname.endswith(IN_SUM2):
                 continue
@@ -73,9 +88,7 @@ def _read_gguf(path):
         return out
 
 
-def _read_legacy(path):
-    with open(path, "rb") as fh:
-        data = fh.read()
+def _read_legacy(data, path):
     pos = 0
 
     def take(n, what):

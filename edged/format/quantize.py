@@ -25,7 +25,7 @@ from ..errors import ConfigError, UnsupportedModelError
 from ..files import creation_mode
 from ..system import default_threads
 from .gguf import (FileType, GGMLType, GGUFFile, GGUFWriter, Key, QUANTIZATION_VERSION,
-                   TYPE_INFO, ValueType)
+                   TYPE_INFO, ValueType, check_number)
 from .imatrix import read_imatrix
 
 F = FileType
@@ -107,13 +107,18 @@ def choose_types(f, ftype, has_imatrix=False):
     default = DEFAULT_TYPE[ftype]
     md = f.metadata
     arch = md.get(Key.ARCHITECTURE, "")
-    n_layer = int(md.get(Key.arch(Key.BLOCK_COUNT, arch), 0))
-    n_head = md.get(Key.arch(Key.HEAD_COUNT, arch), 1)
-    n_head_kv = md.get(Key.arch(Key.HEAD_COUNT_KV, arch), n_head)
-    n_head = int(np.max(n_head)) if np.ndim(n_head) else int(n_head)
-    n_head_kv = int(np.max(n_head_kv)) if np.ndim(n_head_kv) else int(n_head_kv)
-    n_gqa = n_head // max(1, n_head_kv)
-    n_expert = int(md.get(Key.arch(Key.EXPERT_COUNT, arch), 0) or 0)
+
+    def count(key, default):        # a per-layer array counts as its largest value
+        name = Key.arch(key, arch)
+        v = md.get(name, default)
+        if isinstance(v, np.ndarray) and v.dtype.kind in "iu" and v.size:
+            v = v.max()
+        return check_number(name, v, int)
+
+    n_layer = count(Key.BLOCK_COUNT, 0)
+    n_head = count(Key.HEAD_COUNT, 1)
+    n_gqa = n_head // max(1, count(Key.HEAD_COUNT_KV, n_head))
+    n_expert = count(Key.EXPERT_COUNT, 0)
     falcon = arch == "falcon"
     cats = {name: _category(name) for name in f.tensors}
     tied = "output.weight" not in f.tensors

@@ -33,7 +33,8 @@ DEFAULT_PATH = "/etc/edged/edged.toml"
 class KeySpec:
     name: str
     default: object
-    kind: str          # "str", "path", "int", "float", "bool", "mode", "size", "ids", "enum", "acl"
+    kind: str          # "str", "path", "int", "float", "bool", "mode", "size", "ids", "enum", "acl",
+                       # "models" (model names or "*")
     doc: str
     choices: tuple = ()
     minimum: float | None = None
@@ -106,6 +107,12 @@ KEYS = [
             "attention reads it.", choices=tuple(CACHE_TYPES)),
     KeySpec("mlock", False, "bool", "Lock model weights in memory (needs CAP_IPC_LOCK or a large LimitMEMLOCK)."),
     KeySpec("warmup", True, "bool", "Run one token through a freshly loaded model before serving it."),
+    KeySpec("content_special_tokens", [], "models",
+            "Models (names, or \"*\" for all) whose chat messages may write control tokens: "
+            "\"<|im_start|>\" in a message's text becomes the control token, as in llama-server, "
+            "so a client can forge turns of other roles. By default only the chat template's own "
+            "markup becomes control tokens and text from messages, tools and template variables "
+            "is tokenized as plain text."),
     # --- scheduling and limits -------------------------------------------------------------
     KeySpec("n_parallel", 1, "int", "Generation slots: requests decoded at the same time.", minimum=1),
     KeySpec("decode_latency_budget", DECODE_LATENCY_BUDGET, "float",
@@ -221,6 +228,11 @@ def _principal(value):
     return value
 
 
+def _model_list(value):
+    _model_names([n for n in value if n != "*"])
+    return value
+
+
 def _model_names(value):
     for name in value:
         try:
@@ -240,6 +252,7 @@ _KINDS = {
     "mode": lambda k: Annotated[int, BeforeValidator(_mode)],
     "size": lambda k: Annotated[int, BeforeValidator(_size), Field(ge=k.minimum)],
     "ids": lambda k: Annotated[list, BeforeValidator(_ids)],
+    "models": lambda k: Annotated[list[StrictStr], AfterValidator(_model_list)],
     "acl": lambda k: Annotated[dict[StrictStr, list[Annotated[StrictStr, AfterValidator(_principal)]]],
                                AfterValidator(_model_names)],
 }

@@ -19,8 +19,11 @@ from .scheduler import Busy
 class LoadedModel:
     """A verified, mapped engine Model plus the per-daemon state the registry keeps for it."""
 
-    def __init__(self, name, path, model, signer, size, timings, n_ctx, max_sessions=1):
+    def __init__(self, name, path, model, signer, size, timings, n_ctx, max_sessions=1,
+                 content_specials=False):
         self.name, self.path, self.model = name, path, model
+        # config content_special_tokens lists this model: control-token text in messages counts
+        self.content_specials = content_specials
         self.signer = signer            # fingerprint of the key that signed it, None if unsigned
         self.size = size                # bytes it needs: the engine's memory plan (weights, KV, scratch)
         self.max_sessions = max_sessions    # the sessions (KV cache + scratch) `size` counts
@@ -61,18 +64,10 @@ class LoadedModel:
 
     def encode_chat(self, messages, **template_vars):
         """Chat messages -> prompt token ids, through the model's own (sandboxed) template;
-        template_vars: `tools` and a request's chat_template_kwargs."""
-        prompt = self.model.chat_prompt(messages, add_generation_prompt=True,
-                                        template_file=self.template_file, **template_vars)
-        if isinstance(prompt, str):
-            # The rendered template spells its special tokens out (<|im_start|>...): parse them.
-            ids = list(self.tokenizer.encode(prompt, add_special=True, parse_special=True))
-        else:
-            ids = list(prompt)
-        bos = self.tokenizer.bos_id
-        if len(ids) >= 2 and bos is not None and ids[0] == ids[1] == bos:
-            del ids[0]      # the template wrote {{ bos_token }} and the tokenizer added one too
-        return ids
+        template_vars: `tools` and a request's chat_template_kwargs. Control-token text in
+        them stays plain text unless the model is listed in content_special_tokens."""
+        return self.model.encode_chat(messages, template_file=self.template_file,
+                                      content_specials=self.content_specials, **template_vars)
 
     def piece_json(self):
         """['{"id": ID, "piece": "TEXT"}'] for every token id (the /tokenize reply's items),
@@ -193,7 +188,8 @@ class Loader:
         # weights once, a session (KV cache and scratch) per slot: all the sessions it may hold
         size = plan.weights + cfg.n_parallel * (plan.kv_cache + plan.scratch)
         return LoadedModel(name, path, model, model.signer, size, {"verify": t1 - t0, "map": t2 - t1},
-                           cfg.ctx_size, max_sessions=cfg.n_parallel)
+                           cfg.ctx_size, max_sessions=cfg.n_parallel,
+                           content_specials=bool({name, "*"} & set(cfg.content_special_tokens)))
 
     def warm(self, lm):
         """One forward pass so the first request does not pay for page faults and allocation."""

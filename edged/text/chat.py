@@ -388,6 +388,30 @@ def _render(tpl, messages, add_generation_prompt, tools, max_chars, max_seconds,
     return "".join(out)
 
 
+def map_strings(value, fn):
+    """`value` (messages, tools, template variables: dicts and lists at any depth) with every
+    string in it replaced by fn(string); dict keys are kept. Iterative: a request nested as deep
+    as its JSON parser allows does not overflow the stack here."""
+    if isinstance(value, str):
+        return fn(value)
+    if not isinstance(value, (list, dict)):
+        return value
+    root = [value]
+    todo = [(root, 0)]                 # (container, key) whose value still has to be mapped
+    while todo:
+        parent, key = todo.pop()
+        v = parent[key]
+        if isinstance(v, str):
+            parent[key] = fn(v)
+        elif isinstance(v, list):
+            parent[key] = copy = list(v)
+            todo.extend((copy, i) for i in range(len(copy)))
+        elif isinstance(v, dict):
+            parent[key] = copy = dict(v)
+            todo.extend((copy, k) for k in copy)
+    return root[0]
+
+
 def _check_messages(messages):
     if not isinstance(messages, list) or not messages:
         raise TemplateError("messages must be a non-empty list")

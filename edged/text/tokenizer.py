@@ -10,8 +10,10 @@ that ids match its own test suite. The splitting and merge loops are compiled (e
 The metadata is untrusted: types, lengths, ids and byte tokens are checked at load and a bad
 vocabulary is refused with a TokenizerError naming the key, the index and the value.
 """
+import bisect
 import codecs
 import enum
+import itertools
 import logging
 import re
 
@@ -94,12 +96,13 @@ GPT2 = (OP_GPT2, 0, None)          # 's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| 
 class PreSpec:
     """A pre-tokenizer: its ops and the vocabulary settings llama.cpp ties to its name."""
 
-    def __init__(self, name, ops, ignore_merges=False, add_bos=None, no_bos=False):
+    def __init__(self, name, ops, ignore_merges=False, add_bos=None, no_bos=False, add_sep=False):
         self.name = name
         self.ops = ops
         self.ignore_merges = ignore_merges    # a word that is itself a token is not merged
         self.add_bos = add_bos                # default for add_bos (the GGUF key overrides it)
         self.no_bos = no_bos                  # the vocabulary has no BOS by default
+        self.add_sep = add_sep                # default for add_sep (a pair's separator)
 
 
 _DEFAULT = [(OP_RUN, CL_P_DEFAULT, None), GPT2, (OP_RUN, CL_N, None), (OP_DIGITS3, 0, None)]
@@ -121,6 +124,7 @@ _GROUPS = [
     (("falcon",), [(OP_RUN, CL_P_FALCON, None), GPT2, (OP_DIGITS3, 0, None)], {}),
     (("gpt-2", "phi-2", "mpt", "olmo", "jais", "jina-es", "jina-de", "gigachat", "jina-v2-es",
       "jina-v2-de", "a.x-4.0", "mellum", "trillion", "granite-docling", "exaone4"), [GPT2], {}),
+    (("jina-v1-en", "jina-v2-code", "roberta-bpe"), [GPT2], dict(add_sep=True)),
     (("starcoder", "refact", "command-r", "smollm", "codeshell", "exaone", "minerva-7b", "mellum2"),
      _STARCODER, {}),
     (("qwen2", "deepseek-r1-qwen", "stablelm2", "hunyuan", "solar-open", "kormo", "f2llmv2",
@@ -131,6 +135,41 @@ _GROUPS = [
     (("gpt-4o", "llama4", "kanana2", "talkie"), [(OP_GPT4O, 0, None)], {}),
 ]
 PRE_TOKENIZERS = {name: PreSpec(name, ops, **kw) for names, ops, kw in _GROUPS for name in names}
+
+
+class VocabRule:
+    """What one tokenizer model adds around text, with llama.cpp's defaults."""
+
+    def __init__(self, ids, add_bos, add_eos, add_sep, space_prefix, wordpiece=False):
+        self.ids = ids                        # default special ids by slot
+        self.add_bos, self.add_eos, self.add_sep = add_bos, add_eos, add_sep   # flag defaults
+        self.space_prefix = space_prefix      # SentencePiece's leading space
+        # encode(add_special): [BOS if add_bos] text [EOS if add_eos], or for WordPiece
+        # [CLS] text [SEP] whatever the flags say
+        self.wordpiece = wordpiece
+
+
+# The special-token rules per `tokenizer.ggml.model`, as llama.cpp applies them (src/llama-vocab.cpp
+# of the llama.cpp in llama-cpp-python 0.3.36):
+# - defaults: llama_vocab::impl::load sets the ids and flags by model ("llama" SPM, "gpt2" BPE,
+#   "bert" WPM), a "gpt2" pre-tokenizer may set add_bos (llama3, ...) or add_sep (jina-v1-en,
+#   jina-v2-code, roberta-bpe) or drop the BOS (chatglm), then tokenizer.ggml.add_bos_token,
+#   add_eos_token and add_sep_token override the flags;
+# - one text: llama_vocab::impl::tokenize with add_special (SPM and UGM inline,
+#   llm_tokenizer_bpe_session::append_bos/append_eos for BPE) adds BOS if add_bos and EOS if
+#   add_eos; WPM adds [CLS] before and [SEP] after, always (the flags are not read there; the
+#   current BERT converter writes add_sep false and add_eos true for [SEP]);
+# - a pair (a reranker's query and document): format_prompt_rerank (tools/server/server-common.cpp)
+#   builds [BOS if add_bos] a [EOS if add_eos] [SEP if add_sep] b [EOS if add_eos], with SEP
+#   in the EOS places when the vocabulary has no EOS. See Tokenizer.encode_pair.
+VOCAB_RULES = {
+    "llama": VocabRule(dict(bos=1, eos=2, unk=0), add_bos=True, add_eos=False, add_sep=False,
+                       space_prefix=True),
+    "gpt2": VocabRule(dict(bos=11, eos=11), add_bos=False, add_eos=False, add_sep=False,
+                      space_prefix=False),
+    "bert": VocabRule(dict(bos=101, unk=100, sep=102, pad=0, mask=103), add_bos=True,
+                      add_eos=False, add_sep=True, space_prefix=False, wordpiece=True),
+}
 
 # llama.cpp recognises these by their text (its issue 9606): tokens that end a generation ...
 _EOG_TEXTS = frozenset([
@@ -152,6 +191,10 @@ _FIM_TEXTS = {
 }
 _ALWAYS_RENDERED = ("<|channel|>", "<|message|>", "<|start|>", "<|constrain|>")   # gpt-oss
 _C_SPACE = " \t\n\v\f\r"        # what C's isspace() strips around special tokens
+# Written by defuse() before the last character of control-token text in a chat message, so
+# that encode(..., marked=True) of the rendered prompt keeps that text plain; a noncharacter
+# (U+FDD0), dropped from the text it is found in.
+CONTENT_MARK = "\ufdd0"
 
 
 def _fail(name, msg):
@@ -177,7 +220,7 @@ class Tokenizer:
         self.name = name
         md = metadata
         self.model = self._str(md, Key.TOKENIZER_MODEL, required=True)
-        if self.model not in ("llama", "gpt2", "bert"):
+        if self.model not in VOCAB_RULES:
             _fail(name, f"tokenizer model {self.model!r} ({Key.TOKENIZER_MODEL}) is not supported "
                         "(supported: 'llama' SentencePiece BPE, 'gpt2' byte-level BPE, 'bert' "
                         "WordPiece)")
@@ -186,13 +229,19 @@ class Tokenizer:
         special, spec = self._read_settings(md, allow_unknown_pre)
         eog = self._end_of_generation(special, attr)
         self._order_specials(md, attr)
-        if self.add_bos and special["bos"] is None:
-            _fail(name, f"{Key.ADD_BOS} is set but the vocabulary has no BOS token")
-        if self.add_eos and special["eos"] is None:
-            _fail(name, f"{Key.ADD_EOS} is set but the vocabulary has no EOS token")
-        if self.model == "bert" and (special["unk"] is None or special["sep"] is None):
-            _fail(name, f"a 'bert' vocabulary needs an unknown token ({Key.UNK_ID}) and a "
-                        f"separator ({Key.SEP_ID})")
+        rule = VOCAB_RULES[self.model]
+        if rule.wordpiece:
+            if special["unk"] is None or special["sep"] is None or special["bos"] is None:
+                _fail(name, f"a 'bert' vocabulary needs an unknown token ({Key.UNK_ID}), a "
+                            f"[CLS] ({Key.BOS_ID}) and a separator ({Key.SEP_ID})")
+            self._first, self._last = [special["bos"]], [special["sep"]]
+        else:
+            if self.add_bos and special["bos"] is None:
+                _fail(name, f"{Key.ADD_BOS} is set but the vocabulary has no BOS token")
+            if self.add_eos and special["eos"] is None:
+                _fail(name, f"{Key.ADD_EOS} is set but the vocabulary has no EOS token")
+            self._first = [special["bos"]] if self.add_bos else []
+            self._last = [special["eos"]] if self.add_eos else []
         self.bos_id, self.eos_id, self.eot_id = special["bos"], special["eos"], special["eot"]
         self.eom_id, self.unk_id, self.pad_id = special["eom"], special["unk"], special["pad"]
         self.sep_id, self.mask_id = special["sep"], special["mask"]
@@ -241,24 +290,21 @@ class Tokenizer:
 
     def _read_settings(self, md, allow_unknown_pre):
         """Vocabulary settings as llama.cpp derives them from the model and pre-tokenizer: sets
-        pre, add_space_prefix, add_bos, add_eos; returns (special ids by slot, PreSpec or None)."""
+        pre, add_space_prefix, add_bos, add_eos, add_sep; returns (special ids by slot, PreSpec
+        or None)."""
         name, n = self.name, self.n_vocab
         special = {"bos": None, "eos": None, "unk": None, "sep": None, "pad": None, "mask": None,
                    "eot": None, "eom": None, Key.FIM_PAD_ID: None, Key.FIM_REP_ID: None,
                    Key.FIM_SEP_ID: None}
         pre_name = self._str(md, Key.PRE)
-        if self.model == "llama":
-            special.update(bos=1, eos=2, unk=0)
+        rule = VOCAB_RULES[self.model]
+        special.update(rule.ids)
+        add_bos, add_eos, add_sep = rule.add_bos, rule.add_eos, rule.add_sep
+        self.add_space_prefix = rule.space_prefix
+        spec = None
+        if self.model != "gpt2":                       # only BPE has pre-tokenizers
             self.pre = "default" if pre_name is None else pre_name
-            add_bos, add_eos, self.add_space_prefix = True, False, True
-            spec = None
-        elif self.model == "bert":                     # llama.cpp's WPM defaults: [CLS] ... [SEP]
-            special.update(bos=101, unk=100, sep=102, pad=0, mask=103)
-            self.pre = "default" if pre_name is None else pre_name
-            add_bos, add_eos, self.add_space_prefix = True, False, False
-            spec = None
         else:
-            special.update(bos=11, eos=11)
             if pre_name is None:
                 log.warning("%s: no %s; using the 'default' pre-tokenizer (quality may suffer)",
                             name, Key.PRE)
@@ -272,9 +318,7 @@ class Tokenizer:
                             "token ids may differ from the model's own tokenizer", name, pre_name)
                 spec = PRE_TOKENIZERS["default"]
             self.pre = spec.name
-            add_bos = bool(spec.add_bos)
-            add_eos = False
-            self.add_space_prefix = False
+            add_bos, add_sep = bool(spec.add_bos), spec.add_sep
             if spec.no_bos:
                 special["bos"] = None
         prefix = self._bool(md, Key.ADD_PREFIX)
@@ -298,17 +342,9 @@ class Tokenizer:
                             name, key, int(v), n)
                 continue
             special[slot] = int(v)
-        add_sep = self.model == "bert"
-        for key in (Key.ADD_BOS, Key.ADD_EOS, Key.ADD_SEP):
-            v = self._bool(md, key)
-            if v is not None:
-                if key == Key.ADD_BOS:
-                    add_bos = v
-                elif key == Key.ADD_EOS:
-                    add_eos = v
-                else:
-                    add_sep = v
-        self.add_bos, self.add_eos, self.add_sep = add_bos, add_eos, add_sep
+        flags = [self._bool(md, key) for key in (Key.ADD_BOS, Key.ADD_EOS, Key.ADD_SEP)]
+        self.add_bos, self.add_eos, self.add_sep = (d if v is None else v for v, d in
+                                                    zip(flags, (add_bos, add_eos, add_sep)))
         return special, spec
 
     def _end_of_generation(self, special, attr):
@@ -388,6 +424,8 @@ class Tokenizer:
         self._special_user = [s for s in self._special_all if not s[2] & (A_CONTROL | A_UNKNOWN)]
         self._groups_all = self._group(self._special_all)
         self._groups_user = self._group(self._special_user)
+        self._groups_control = self._group([s for s in self._special_all
+                                            if s[2] & (A_CONTROL | A_UNKNOWN)])
 
     def _build_model(self, md, spec):
         """The segmenter: compiled SentencePiece BPE (llama) or byte-level BPE (gpt2), or
@@ -491,8 +529,10 @@ class Tokenizer:
         return b""
 
     # --- encoding ------------------------------------------------------------------------------
-    def _partition(self, text, parse_special):
+    def _partition(self, text, parse_special, marks=()):
         """Split text around special tokens: a list of str (raw text) and int (token ids).
+        `marks`: sorted positions of CONTENT_MARKs taken out of the text; a control token
+        whose text holds one (s <= mark < end) is not matched there.
 
         llama.cpp takes the special tokens one at a time, longest first, and cuts every
         occurrence out of the text that is still raw (eating whitespace next to tokens marked
@@ -518,8 +558,12 @@ class Tokenizer:
             k = len(tok)
             block = b"\x01" * k
             pos = text.find(tok)
+            marked = marks if a & (A_CONTROL | A_UNKNOWN) else ()
             while pos >= 0:
-                if mask.find(0x01, pos, pos + k) < 0 and mask.find(0x02, pos, pos + k) < 0:
+                if marked and (i := bisect.bisect_left(marked, pos)) < len(marked) and \
+                        marked[i] < pos + k:
+                    pos = text.find(tok, pos + 1)      # written in a message: plain text
+                elif mask.find(0x01, pos, pos + k) < 0 and mask.find(0x02, pos, pos + k) < 0:
                     mask[pos:pos + k] = block
                     taken[pos] = (tid, k)
                     if a & A_LSTRIP:
@@ -584,26 +628,29 @@ class Tokenizer:
             frags = out
         return frags
 
-    def encode(self, text, add_special=True, parse_special=False, space_prefix=True):
+    def encode(self, text, add_special=True, parse_special=False, space_prefix=True,
+               marked=False):
         """Token ids of `text`. add_special: BOS/EOS as the model asks (add_bos/add_eos);
         parse_special: control tokens written in the text (e.g. "<|im_start|>") become their
         ids, otherwise they are tokenized as plain text. User-defined tokens always match.
         space_prefix=False: no space before the first text or text after a special token, even
         where the vocabulary adds one (SentencePiece's add_space_prefix): the tokens of a piece
-        of text in the middle of a reply, e.g. what a grammar forces."""
+        of text in the middle of a reply, e.g. what a grammar forces.
+        marked=True: `text` holds strings passed through defuse() (a rendered chat prompt):
+        the CONTENT_MARKs are dropped and the control-token text they sit in stays plain text."""
         if not isinstance(text, str):
             raise TypeError(f"encode() needs a str, not {type(text).__name__}")
-        out = []
-        if add_special and self.add_bos:
-            out.append(self.bos_id)
-        frags = self._partition(text, parse_special)
+        out = list(self._first) if add_special else []
+        marks = ()
+        if marked and CONTENT_MARK in text:
+            parts = text.split(CONTENT_MARK)
+            marks = list(itertools.accumulate(len(x) for x in parts[:-1]))
+            text = "".join(parts)
+        frags = self._partition(text, parse_special, marks)
         if self._wpm is not None:
             for frag in frags:
                 out += [frag] if type(frag) is int else self._wpm.encode(frag)
-            if add_special and self.add_sep:
-                out.append(self.sep_id)
-            return out
-        if self._spm is not None:
+        elif self._spm is not None:
             prev_special = True                        # a space before the first text, and after specials
             for frag in frags:
                 if type(frag) is int:
@@ -621,9 +668,45 @@ class Tokenizer:
                     out.append(frag)
                 else:
                     out += self._bpe.encode(frag)
-        if add_special and self.add_eos:
-            out.append(self.eos_id)
+        if add_special:
+            out += self._last
         return out
+
+    def encode_pair(self, first, second, parse_special=False):
+        """A pair of texts as one sequence, the way llama.cpp lays out a reranker's query and
+        document (VOCAB_RULES): for a BERT vocabulary as the converter writes it,
+        [CLS] first [SEP] second [SEP]. Returns (ids, token_types): the segment of each token,
+        0 up to the first text's closing token, 1 after it (BERT's token type ids; llama.cpp's
+        BERT graph adds type 0's row to every token, and so does the encoder unless given
+        these)."""
+        end = self.eos_id if self.eos_id is not None else self.sep_id
+        for flag, tid, key in ((self.add_bos, self.bos_id, Key.BOS_ID), (self.add_eos, end, Key.EOS_ID),
+                               (self.add_sep, self.sep_id, Key.SEP_ID)):
+            if flag and tid is None:
+                raise TokenizerError(f"{self.name}: a pair needs {key}, which the vocabulary lacks")
+        a = ([self.bos_id] if self.add_bos else []) + self.encode(first, False, parse_special) \
+            + ([end] if self.add_eos else [])
+        b = ([self.sep_id] if self.add_sep else []) + self.encode(second, False, parse_special) \
+            + ([end] if self.add_eos else [])
+        return a + b, [0] * len(a) + [1] * len(b)
+
+    def defuse(self, text):
+        """`text` (a string from a chat message) with a CONTENT_MARK before the last character of
+        every control token's text in it, so that encode(..., marked=True) of a prompt built
+        from it tokenizes that text as plain text, not as the control token. Marks already in
+        `text` are dropped first: a client cannot place one."""
+        text = text.replace(CONTENT_MARK, "")
+        at = set()
+        for key, members in self._groups_control.items():
+            if key in text:
+                for _, tok, _, _ in members:
+                    pos = text.find(tok)
+                    while pos >= 0:
+                        at.add(pos + len(tok) - 1)
+                        pos = text.find(tok, pos + 1)
+        for p in sorted(at, reverse=True):
+            text = text[:p] + CONTENT_MARK + text[p:]
+        return text
 
     # --- decoding ------------------------------------------------------------------------------
     def _check_id(self, i):

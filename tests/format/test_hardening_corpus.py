@@ -86,7 +86,7 @@ def test_engine_accepts_the_control_model(tmp_path):
 @pytest.mark.parametrize("key,value,pattern", [
     (Key.HEAD_COUNT, 0, "head_count must be positive"),
     (Key.HEAD_COUNT, 2**32 - 1, "key_length|head"),
-    (Key.EMBEDDING_LENGTH, 2**32 - 1, "key_length|token_embd.weight"),
+    (Key.EMBEDDING_LENGTH, 2**32 - 1, "embedding_length|key_length|token_embd.weight"),
 ])
 def test_engine_refuses_absurd_hyperparameters(tmp_path, key, value, pattern):
     data = llama_file()

@@ -108,3 +108,47 @@ def test_cli_imatrix(f16, tmp_path):
     got = GGUFFile.open(str(out))
     sha = hashlib.sha256(np.asarray(got.tensor_bytes("blk.0.ffn_up.weight")).tobytes()).hexdigest()
     assert sha == REF["IQ4_XS dat"]["blk.0.ffn_up.weight"][1]
+
+
+def run_limited(args, timeout=60):
+    """`edged ARGS` in a child held to 2 GiB of address space: a reader that does not stop at
+    the file's size fails there (or at the timeout) instead of exhausting the machine."""
+    import resource
+
+    def limit():
+        resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))
+    return subprocess.run([sys.executable, "-m", "edged", *args], cwd=ROOT, capture_output=True,
+                          text=True, timeout=timeout, preexec_fn=limit)
+
+
+@pytest.mark.parametrize("special", ["fifo", "/dev/zero", "dir"])
+@pytest.mark.parametrize("role", ["imatrix", "input"])
+def test_quantize_refuses_files_that_never_end(special, role, f16, tmp_path):
+    """Issue 41.14: `--imatrix /dev/zero` read until memory ran out and a FIFO hung the open.
+    Now anything but a regular file is refused at once, as the model to quantize is."""
+    path = {"fifo": str(tmp_path / "fifo"), "dir": str(tmp_path), "/dev/zero": "/dev/zero"}[special]
+    if special == "fifo":
+        os.mkfifo(path)
+    out = str(tmp_path / "out.gguf")
+    args = ["quantize", f16, out, "Q4_0", "--imatrix", path] if role == "imatrix" else \
+        ["quantize", path, out, "Q4_0"]
+    r = run_limited(args)
+    assert r.returncode != 0 and "Traceback" not in r.stderr, r.stderr
+    kind = {"fifo": "a FIFO", "/dev/zero": "a character device", "dir": "a directory"}[special]
+    assert f"{path}: is {kind}, not a regular file" in r.stderr
+    assert not os.path.exists(out)
+
+
+def test_legacy_imatrix_is_read_within_its_size(tmp_path):
+    """A legacy header that claims more than the file holds is refused without reading on."""
+    raw = open(imatrix_path("dat"), "rb").read()
+    name_len = int.from_bytes(raw[4:8], "little")
+    at = 8 + name_len + 4                         # entry 0's value count
+    bad = raw[:at] + (2**31 - 1).to_bytes(4, "little") + raw[at + 4:]
+    path = tmp_path / "big.dat"
+    path.write_bytes(bad)
+    with pytest.raises(ModelFormatError, match="truncated importance matrix"):
+        read_imatrix(str(path))
+    path.write_bytes(b"\0\0")
+    with pytest.raises(ModelFormatError, match="too short"):
+        read_imatrix(str(path))

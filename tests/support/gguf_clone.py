@@ -24,8 +24,8 @@ def clone(src, dst, drop=(), meta=None, drop_meta=(), reshape=None, arch=None, t
             w.add_key_value(nk, v, vt, sub_type=f.types[-1])
         else:
             w.add_key_value(nk, v, vt)
-    for k, v in (meta or {}).items():
-        w.add_key_value(k.format(arch=arch), v[0], v[1])
+    for k, v in (meta or {}).items():   # (value, type) or (items, ARRAY, element type)
+        w.add_key_value(k.format(arch=arch), v[0], v[1], *v[2:])
     for t in r.tensors:
         if t.name in drop:
             continue
