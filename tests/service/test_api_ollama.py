@@ -1,0 +1,219 @@
+"""The Ollama API with the real `ollama` Python client (and curl for one NDJSON stream) against a
+real daemon serving the real, signed SmolLM2-135M-Instruct and all-MiniLM-L6-v2: chat, chat
+streamed, generate (templated and raw), embed, the legacy embeddings route, tags, show, ps,
+tools, format (a JSON schema and "json"), options, the load/unload forms, and the refusals.
+
+A 135M model cannot pick tools sensibly: what these tests check is that output constrained by
+edged (format, the tool-call grammar) arrives well-formed and in Ollama's shape."""
+import json
+import shutil
+import subprocess
+
+import pytest
+
+from conftest import testdata
+from daemon_support import Server, signing_key
+
+pytest.importorskip("llguidance")
+httpx = pytest.importorskip("httpx")
+ollama = pytest.importorskip("ollama")
+
+SMOL = "SmolLM2-135M-Instruct.Q4_1.gguf"
+MINILM = "all-MiniLM-L6-v2.Q8_0.gguf"
+ASK = [{"role": "user", "content": "What is the capital of France?"}]
+DURATIONS = ("total_duration", "load_duration", "prompt_eval_count", "prompt_eval_duration",
+             "eval_count", "eval_duration")
+
+
+@pytest.fixture(scope="module")
+def srv(tmp_path_factory):
+    from edged.trust.sign import sign_file
+    key, trusted = signing_key(tmp_path_factory)
+    tmp = tmp_path_factory.mktemp("api-ollama")
+    models = tmp / "models"
+    models.mkdir()
+    for src, name in ((SMOL, "smol"), (MINILM, "minilm")):
+        dst = models / f"{name}.gguf"
+        shutil.copyfile(testdata("models", src), dst)
+        sign_file(str(dst), key)
+    s = Server(tmp, str(models), trusted, default_model="smol",
+               extra={"n_parallel": 2, "ctx_size": 1024, "max_queue": 16, "threads": 2,
+                      "max_loaded_models": 2})
+    yield s
+    assert s.stop() == 0, s.logtext()
+
+
+@pytest.fixture(scope="module")
+def client(srv):
+    return ollama.Client(host="http://edged", transport=httpx.HTTPTransport(uds=srv.socket), timeout=300)
+
+
+@pytest.fixture(scope="module")
+def http(srv):
+    with httpx.Client(transport=httpx.HTTPTransport(uds=srv.socket), base_url="http://edged",
+                      timeout=300) as c:
+        yield c
+
+
+GREEDY = {"temperature": 0, "num_predict": 24}
+
+
+def test_chat_whole_and_streamed_agree(client):
+    r = client.chat(model="smol", messages=ASK, options=GREEDY)
+    assert r.done and r.done_reason in ("stop", "length")
+    assert r.message.role == "assistant" and r.message.content
+    assert r.model == "smol" and r.created_at.endswith("Z")
+    assert all(isinstance(r[k], int) for k in DURATIONS), r
+    assert r.eval_count <= 24 and r.prompt_eval_count > 5
+    assert r.total_duration >= r.eval_duration > 0
+    parts = list(client.chat(model="smol:latest", messages=ASK, options=GREEDY, stream=True))
+    assert [p.done for p in parts] == [False] * (len(parts) - 1) + [True]
+    assert "".join(p.message.content for p in parts) == r.message.content
+    assert parts[-1].eval_count == r.eval_count and parts[-1].done_reason == r.done_reason
+
+
+def test_generate_templated_raw_and_options(client):
+    r = client.generate(model="smol", prompt="Name a colour.", system="Answer in one word.",
+                        options={**GREEDY, "num_thread": 8, "mirostat": 1})
+    assert r.done and r.response and r.eval_count <= 24
+    raw = client.generate(model="smol", prompt="The capital of France is", raw=True,
+                          options={"temperature": 0, "num_predict": 8, "stop": ["."]})
+    assert raw.done and "." not in raw.response and raw.eval_count <= 8
+    # num_predict bounds the reply; seed makes a sampled reply reproducible
+    a, b = (client.generate(model="smol", prompt="Tell me a story.", options={"seed": 7, "num_predict": 12,
+                                                                                "temperature": 1.0})
+            for _ in range(2))
+    assert a.response == b.response and a.eval_count == 12 and a.done_reason == "length"
+
+
+def test_num_ctx_bounds_prompt_and_reply(client):
+    with pytest.raises(ollama.ResponseError) as e:
+        client.generate(model="smol", prompt="word " * 100, options={"num_ctx": 32})
+    assert e.value.status_code == 400 and "num_ctx" in e.value.error
+    r = client.generate(model="smol", prompt="Hi", raw=True, options={"num_ctx": 8, "temperature": 0})
+    assert r.prompt_eval_count + r.eval_count <= 8 and r.done_reason == "length"
+
+
+def test_format_json_schema_and_json(client):
+    schema = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20},
+                                               "population": {"type": "integer"}},
+              "required": ["city", "population"]}
+    r = client.chat(model="smol", messages=[{"role": "user", "content": "Describe Paris as JSON."}],
+                    format=schema, options={"temperature": 0, "num_predict": 60})
+    v = json.loads(r.message.content)
+    assert {"city", "population"} <= set(v) and isinstance(v["population"], int)
+    g = client.generate(model="smol", prompt="A JSON object about cats:", format="json",
+                        options={"temperature": 0, "num_predict": 60})
+    assert isinstance(json.loads(g.response), dict)
+
+
+def test_tools_give_ollama_shaped_calls(client):
+    def get_weather(city: str) -> str:
+        """Current weather in a city.
+
+        Args:
+          city: the city's name
+        """
+        return "sunny"
+
+    for stream in (False, True):
+        # a 135M model rarely chooses a call on its own: ask plainly and check the shape of
+        # what comes back; the call, when there is one, is parsed into an object
+        parts = client.chat(model="smol", messages=[
+            {"role": "system", "content": "Always call a function."},
+            {"role": "user", "content": "What is the weather in Paris? Call get_weather."}],
+            tools=[get_weather], options={"temperature": 0, "num_predict": 60}, stream=stream)
+        parts = list(parts) if stream else [parts]
+        calls = [c for p in parts for c in (p.message.tool_calls or [])]
+        assert parts[-1].done
+        for c in calls:
+            assert c.function.name == "get_weather" and isinstance(c.function.arguments, dict)
+    # a call sent back in Ollama's shape (arguments an object) and its result
+    r = client.chat(model="smol", messages=ASK[:1] + [
+        {"role": "assistant", "content": "", "tool_calls": [
+            {"function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]},
+        {"role": "tool", "content": "sunny, 21 C", "tool_name": "get_weather"}],
+        tools=[get_weather], options=GREEDY)
+    assert r.done
+
+
+def test_embed_and_legacy_embeddings(client):
+    r = client.embed(model="minilm", input=["The cat sat.", "A dog ran."])
+    assert len(r.embeddings) == 2 and len(r.embeddings[0]) == 384
+    assert abs(sum(x * x for x in r.embeddings[0]) - 1) < 1e-3
+    assert r.prompt_eval_count > 4 and r.model == "minilm"
+    short = client.embed(model="minilm:latest", input="The cat sat.", dimensions=64)
+    assert len(short.embeddings[0]) == 64
+    legacy = client.embeddings(model="minilm", prompt="The cat sat.")
+    assert legacy.embedding == pytest.approx(r.embeddings[0], abs=1e-5)
+
+
+def test_tags_show_ps_version(client, http):
+    names = {m.model: m for m in client.list().models}
+    assert {"smol:latest", "minilm:latest"} <= set(names)
+    assert names["smol:latest"].size > 1e7 and names["smol:latest"].details.format == "gguf"
+    s = client.show("smol")
+    assert s.details.family == "llama" and s.details.quantization_level == "Q4_1"
+    assert s.details.parameter_size.endswith("M")
+    assert s.modelinfo["general.architecture"] == "llama" and s.modelinfo["llama.context_length"] > 0
+    assert s.modelinfo["tokenizer.ggml.tokens"] == []
+    assert "completion" in s.capabilities and "embedding" not in s.capabilities
+    assert "im_start" in s.template and "num_ctx" in s.parameters
+    assert "embedding" in client.show("minilm").capabilities
+    ps = {m.model: m for m in client.ps().models}
+    assert "smol:latest" in ps and ps["smol:latest"].context_length == 1024
+    assert ps["smol:latest"].expires_at.year > 2200            # the default model stays loaded
+    assert http.get("/api/version").json()["version"]
+    root = http.get("/")
+    assert root.status_code == 200 and root.text == "Ollama is running"
+    assert http.head("/").status_code == 200
+
+
+def test_load_and_unload_forms(client, http):
+    r = http.post("/api/generate", json={"model": "minilm", "prompt": ""}).json()
+    assert r["done"] and r["done_reason"] == "load"
+    r = http.post("/api/chat", json={"model": "smol", "messages": []}).json()
+    assert r["done_reason"] == "load" and r["message"] == {"role": "assistant", "content": ""}
+    r = http.post("/api/generate", json={"model": "minilm", "keep_alive": 0}).json()
+    assert r["done_reason"] == "unload"
+    assert "minilm:latest" not in {m.model for m in client.ps().models}
+
+
+@pytest.mark.parametrize("body, field", [
+    ({"model": "smol", "prompt": "x", "options": {"temperature": 9}}, "options.temperature"),
+    ({"model": "smol", "prompt": "x", "images": ["aGk="]}, "images"),
+    ({"model": "smol", "prompt": "x", "context": [1, 2]}, "context"),
+    ({"model": "smol", "prompt": "x", "keep_alive": "5 minutes"}, "keep_alive"),
+    ({"model": "smol", "prompt": "x", "bogus": 1}, "bogus"),
+    ({"model": "smol", "prompt": "x", "format": {"type": "objekt"}}, "format"),
+])
+def test_bad_requests_name_the_field(http, body, field):
+    r = http.post("/api/generate", json=body)
+    assert r.status_code == 400 and field in r.json()["error"], r.text
+    assert http.get("/api/version").status_code == 200          # still serving
+
+
+def test_model_management_refused(client, http):
+    for call in (lambda: client.pull("llama3"), lambda: client.create("x", from_="smol"),
+                 lambda: client.push("smol")):
+        with pytest.raises(ollama.ResponseError) as e:
+            call()
+        assert e.value.status_code == 403 and "signed" in e.value.error
+    assert http.request("DELETE", "/api/delete", json={"model": "smol"}).status_code == 403
+    assert http.post("/api/copy", json={"source": "smol", "destination": "x"}).status_code == 403
+    assert http.post("/api/chat", json={"model": "nope", "messages": ASK}).status_code == 404
+
+
+def test_curl_ndjson_stream(srv):
+    curl = shutil.which("curl")
+    if curl is None:
+        pytest.skip("no curl")
+    body = json.dumps({"model": "smol", "prompt": "Hello", "options": GREEDY})
+    out = subprocess.run([curl, "-sS", "-i", "--unix-socket", srv.socket, "http://x/api/generate",
+                          "-d", body], capture_output=True, text=True, timeout=120, check=True).stdout
+    head, _, text = out.partition("\n\n")      # text mode: CRLF read as LF
+    assert "application/x-ndjson" in head.lower()
+    lines = [json.loads(x) for x in text.strip().split("\n")]
+    assert lines[-1]["done"] is True and all(x["done"] is False for x in lines[:-1])
+    assert all(set(x) >= {"model", "created_at", "response", "done"} for x in lines)
+    assert set(DURATIONS) <= set(lines[-1])
