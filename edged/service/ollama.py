@@ -341,9 +341,10 @@ class Ollama:
         return name
 
     def _keep_alive(self, req, lm, keep_alive):
-        """Map a request's keep_alive to the model's unload timer: a change of when a model
-        unloads is the operator's, so only peers allowed the admin routes set it."""
-        if keep_alive is None:
+        """Map a request's keep_alive to the model's unload timer (an embedding's applies from
+        the next idle sweep): when a model unloads is the operator's business, so only peers
+        allowed the admin routes set it."""
+        if keep_alive is None or lm is None:
             return
         if not self.api.admitted(req.peer, "/v1/models/unload"):
             log.info("%s: ignored keep_alive from a peer without admin rights", req.path)
@@ -406,7 +407,9 @@ class Ollama:
             return Reply(200, {"model": name, "embeddings": vecs.astype("<f4").tolist(),
                                "total_duration": _ns(time.monotonic() - t0), "load_duration": 0,
                                "prompt_eval_count": n})
-        return await self.api._embed(req, self._name(r.model), inputs, None, build)
+        reply = await self.api._embed(req, self._name(r.model), inputs, None, build)
+        self._keep_alive(req, self.st.registry.models.get(req.info["model"]), schema.keep_alive(r.keep_alive))
+        return reply
 
     @_ollama_errors
     async def embeddings(self, req):
@@ -414,8 +417,10 @@ class Ollama:
         r = schema.validate(schema.EmbeddingsBody, json_body(req, self.st.cfg.max_body_bytes))
         if not r.prompt:
             raise RequestError("'prompt' must be a non-empty string", param="prompt")
-        return await self.api._embed(req, self._name(r.model), [r.prompt], None, lambda name, vecs, n: Reply(
+        reply = await self.api._embed(req, self._name(r.model), [r.prompt], None, lambda name, vecs, n: Reply(
             200, {"embedding": _pooled(name, vecs)[0].astype("<f4").tolist()}))
+        self._keep_alive(req, self.st.registry.models.get(req.info["model"]), schema.keep_alive(r.keep_alive))
+        return reply
 
     # --- models ---------------------------------------------------------------------------
     @_ollama_errors

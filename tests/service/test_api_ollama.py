@@ -8,6 +8,7 @@ edged (format, the tool-call grammar) arrives well-formed and in Ollama's shape.
 import json
 import shutil
 import subprocess
+import time
 
 import pytest
 
@@ -32,13 +33,13 @@ def srv(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("api-ollama")
     models = tmp / "models"
     models.mkdir()
-    for src, name in ((SMOL, "smol"), (MINILM, "minilm")):
+    for src, name in ((SMOL, "smol"), (SMOL, "smol2"), (MINILM, "minilm")):
         dst = models / f"{name}.gguf"
         shutil.copyfile(testdata("models", src), dst)
         sign_file(str(dst), key)
     s = Server(tmp, str(models), trusted, default_model="smol",
                extra={"n_parallel": 2, "ctx_size": 1024, "max_queue": 16, "threads": 2,
-                      "max_loaded_models": 2})
+                      "max_loaded_models": 3})
     yield s
     assert s.stop() == 0, s.logtext()
 
@@ -107,6 +108,17 @@ def test_format_json_schema_and_json(client):
     assert isinstance(json.loads(g.response), dict)
 
 
+# The generic tool-call format (text/tools.py) as a JSON schema: Ollama's API has no
+# tool_choice, and a 135M model does not choose a call on its own, so `format` makes it write
+# one; what is checked is the path from tools offered to a call parsed and sent in Ollama's shape.
+CALL_FORMAT = {"type": "object", "required": ["tool_calls"], "additionalProperties": False, "properties": {
+    "tool_calls": {"type": "array", "minItems": 1, "maxItems": 1, "items": {
+        "type": "object", "required": ["name", "arguments"], "additionalProperties": False, "properties": {
+            "name": {"const": "get_weather"},
+            "arguments": {"type": "object", "required": ["city"], "additionalProperties": False,
+                          "properties": {"city": {"type": "string", "maxLength": 20}}}}}}}}
+
+
 def test_tools_give_ollama_shaped_calls(client):
     def get_weather(city: str) -> str:
         """Current weather in a city.
@@ -116,25 +128,22 @@ def test_tools_give_ollama_shaped_calls(client):
         """
         return "sunny"
 
-    for stream in (False, True):
-        # a 135M model rarely chooses a call on its own: ask plainly and check the shape of
-        # what comes back; the call, when there is one, is parsed into an object
-        parts = client.chat(model="smol", messages=[
-            {"role": "system", "content": "Always call a function."},
-            {"role": "user", "content": "What is the weather in Paris? Call get_weather."}],
-            tools=[get_weather], options={"temperature": 0, "num_predict": 60}, stream=stream)
-        parts = list(parts) if stream else [parts]
-        calls = [c for p in parts for c in (p.message.tool_calls or [])]
-        assert parts[-1].done
-        for c in calls:
-            assert c.function.name == "get_weather" and isinstance(c.function.arguments, dict)
-    # a call sent back in Ollama's shape (arguments an object) and its result
-    r = client.chat(model="smol", messages=ASK[:1] + [
-        {"role": "assistant", "content": "", "tool_calls": [
-            {"function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]},
+    ask = [{"role": "user", "content": "What is the weather in Paris?"}]
+    opts = {"temperature": 0, "num_predict": 60}
+    r = client.chat(model="smol", messages=ask, tools=[get_weather], format=CALL_FORMAT, options=opts)
+    assert r.done_reason == "stop" and r.message.content == ""
+    [call] = r.message.tool_calls
+    assert call.function.name == "get_weather" and set(call.function.arguments) == {"city"}
+    parts = list(client.chat(model="smol", messages=ask, tools=[get_weather], format=CALL_FORMAT,
+                             options=opts, stream=True))
+    assert [c for p in parts for c in p.message.tool_calls or []] == [call]
+    assert "".join(p.message.content for p in parts) == "" and parts[-1].done
+    # the call sent back in Ollama's shape (arguments an object) with its result
+    r = client.chat(model="smol", messages=ask + [
+        {"role": "assistant", "content": "", "tool_calls": [call.model_dump(exclude_none=True)]},
         {"role": "tool", "content": "sunny, 21 C", "tool_name": "get_weather"}],
         tools=[get_weather], options=GREEDY)
-    assert r.done
+    assert r.done and r.message.content
 
 
 def test_embed_and_legacy_embeddings(client):
@@ -177,6 +186,19 @@ def test_load_and_unload_forms(client, http):
     r = http.post("/api/generate", json={"model": "minilm", "keep_alive": 0}).json()
     assert r["done_reason"] == "unload"
     assert "minilm:latest" not in {m.model for m in client.ps().models}
+
+
+def test_keep_alive_sets_the_models_unload_timer(client):
+    import datetime
+    client.generate(model="smol2", prompt="Hi", options={"num_predict": 1}, keep_alive="1h")
+    [m] = [m for m in client.ps().models if m.model == "smol2:latest"]
+    left = m.expires_at - datetime.datetime.now(datetime.timezone.utc)
+    assert datetime.timedelta(minutes=59) < left <= datetime.timedelta(hours=1)
+    client.generate(model="smol2", prompt="Hi", options={"num_predict": 1}, keep_alive=0)
+    deadline = time.monotonic() + 60    # the unload is a task started when the request lets go
+    while "smol2:latest" in {m.model for m in client.ps().models}:
+        assert time.monotonic() < deadline, "smol2 still loaded after a request with keep_alive 0"
+        time.sleep(0.05)
 
 
 @pytest.mark.parametrize("body, field", [
