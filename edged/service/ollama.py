@@ -471,7 +471,7 @@ class Ollama:
 
     def _show(self, lm):
         caps = capabilities(lm)
-        params = {k: v for k, v in DEFAULTS.items()}
+        params = {SAMPLING[k]: v for k, v in DEFAULTS.items()}     # what a request without options gets
         params["num_ctx"] = lm.n_ctx
         return Reply(200, {
             "license": "", "modelfile": f"# {lm.name}.gguf, signed, served by edged\nFROM {lm.name}.gguf\n",

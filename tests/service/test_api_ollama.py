@@ -226,6 +226,54 @@ def test_model_management_refused(client, http):
     assert http.post("/api/chat", json={"model": "nope", "messages": ASK}).status_code == 404
 
 
+# --- bodies -> GenerateRequest, no daemon ------------------------------------------------
+
+def test_options_map_to_sampling_and_output():
+    from edged.service.ollama import parse_chat, parse_generate
+    r, ka, empty = parse_chat({"model": "m", "messages": ASK, "stream": False, "keep_alive": "1h30m", "options": {
+        "temperature": 0.2, "top_k": 5, "top_p": 0.5, "min_p": 0.1, "seed": 3, "stop": ["x"],
+        "repeat_penalty": 1.3, "repeat_last_n": 16, "presence_penalty": 0.5, "frequency_penalty": 0.25,
+        "num_predict": 7.0, "num_ctx": 512, "num_thread": 4, "num_gpu": 1}})
+    s = r.sampling
+    assert (s.temperature, s.top_k, s.top_p, s.min_p, s.seed, s.repeat_penalty, s.penalty_last_n,
+            s.presence_penalty, s.frequency_penalty) == (0.2, 5, 0.5, 0.1, 3, 1.3, 16, 0.5, 0.25)
+    assert (r.output.stop, r.output.max_tokens, r.output.context, r.output.stream) == (("x",), 7, 512, False)
+    assert ka == 5400 and not empty
+    # Ollama's defaults where options are left out; -1 means "none" / "random" / "the whole context"
+    r, ka, _ = parse_generate({"model": "m", "prompt": "hi", "options": {"num_predict": -1, "seed": -1,
+                                                                         "repeat_last_n": -1}})
+    assert (r.sampling.temperature, r.sampling.top_k, r.sampling.top_p, r.sampling.repeat_penalty) == \
+        (0.8, 40, 0.9, 1.1)
+    assert r.sampling.seed is None and r.output.max_tokens is None and r.sampling.penalty_last_n == 1 << 16
+    assert r.output.stream and ka is None and r.messages == ({"role": "user", "content": "hi"},)
+    raw, _, empty = parse_generate({"model": "m", "prompt": "", "raw": True})
+    assert raw.prompts == ("",) and not raw.chat and empty
+
+
+def test_think_format_and_messages():
+    from edged.service.ollama import parse_chat
+    r, _, _ = parse_chat({"model": "m", "messages": ASK, "think": False, "format": "json"})
+    assert r.template_kwargs == {"enable_thinking": False} and not r.output.reasoning
+    assert r.constraint.source == {"type": "object"} and r.constraint.what == "format"
+    r, _, _ = parse_chat({"model": "m", "think": "high", "messages": [
+        {"role": "assistant", "content": "", "thinking": "hmm",
+         "tool_calls": [{"function": {"name": "f", "arguments": {"a": 1}}}]},
+        {"role": "tool", "content": "2", "tool_name": "f"}]})
+    assert r.template_kwargs == {"enable_thinking": True, "reasoning_effort": "high"} and r.output.reasoning
+    assert r.messages[0]["tool_calls"] == [{"type": "function", "function": {"name": "f", "arguments": {"a": 1}}}]
+    assert r.messages[0]["reasoning_content"] == "hmm" and r.messages[1]["name"] == "f"
+
+
+def test_keep_alive_durations():
+    from edged.errors import RequestError
+    from edged.service.ollama_schema import keep_alive
+    assert [keep_alive(v) for v in (None, 0, -1, 30, "5m", "1h30m", "-1s", "250ms", "10")] == \
+        [None, 0, -1, 30, 300, 5400, -1, 0.25, 10]
+    for bad in ("5 minutes", "m", "1d", True):
+        with pytest.raises(RequestError, match="keep_alive"):
+            keep_alive(bad)
+
+
 def test_curl_ndjson_stream(srv):
     curl = shutil.which("curl")
     if curl is None:
