@@ -18,7 +18,7 @@ import time
 
 import numpy as np
 
-from ..errors import HTTPError, ModelNotFound, RequestError
+from ..errors import HTTPError, ModelNotFound, RequestError, TemplateError
 from ..format.gguf import FileType, Key
 from ..text import harmony, reasoning
 from ..text.sampling import SamplingParams
@@ -302,12 +302,20 @@ def model_info(lm):
     return dict(sorted(out.items()))
 
 
+def _template(lm):
+    """The chat template of a decoder, "" when it has none (chat is then refused, raw prompts work)."""
+    try:
+        return lm.template_source() if lm.model.encoder is None else ""
+    except TemplateError:
+        return ""
+
+
 def capabilities(lm):
     m, caps = lm.model, []
     decoder = m.encoder is None
     if decoder:
         caps += ["completion", "tools"]
-        template = lm.template_source() or ""
+        template = _template(lm)
         if reasoning.OPEN in template or harmony.is_harmony(template):
             caps.append("thinking")
     if not decoder or m.pooling not in (None, "none"):
@@ -440,8 +448,7 @@ class Ollama:
         for name, lm in sorted(self.st.registry.models.items()):
             if lm.draining:
                 continue
-            ka = getattr(lm, "keep_alive", None)
-            ka = cfg.keep_alive if ka is None else ka
+            ka = self.st.registry.keep_alive(lm)
             now = datetime.datetime.now(datetime.timezone.utc)
             if ka < 0 or lm.pinned or name == cfg.default_model:
                 expires = now + FOREVER
@@ -476,7 +483,7 @@ class Ollama:
         return Reply(200, {
             "license": "", "modelfile": f"# {lm.name}.gguf, signed, served by edged\nFROM {lm.name}.gguf\n",
             "parameters": "\n".join(f"{k:<30} {v}" for k, v in params.items()),
-            "template": lm.template_source() if "completion" in caps else "",
+            "template": _template(lm),
             "details": details(lm), "model_info": model_info(lm), "capabilities": caps,
             "modified_at": _rfc3339(os.stat(lm.path).st_mtime)})
 
