@@ -13,7 +13,7 @@ import time
 import urllib.parse
 
 from ..errors import ModelNotFound, NotReady, QueueTimeout, RequestError
-from . import jobs, openai, openai_schema
+from . import jobs, ollama, openai, openai_schema
 from .jobs import Generation
 from .log import log
 from .metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
@@ -43,6 +43,7 @@ class Api:
             ("POST", "/v1/models/load"): self.load,
             ("POST", "/v1/models/unload"): self.unload,
         }
+        self.routes.update(ollama.routes(self))
 
     def admitted(self, peer, path):
         """Peer-credential policy: allow_uids/allow_gids; admin routes admin_uids/admin_gids."""
@@ -276,16 +277,17 @@ class Api:
             try:
                 lm.model.require_decoder()
                 prep = await asyncio.get_running_loop().run_in_executor(None, prepare, lm, request)
-                limit = min(cfg.prompt_limit(), lm.n_ctx - 1)
+                n_ctx = min(lm.n_ctx, request.output.context or lm.n_ctx)
+                limit = min(cfg.prompt_limit(), n_ctx - 1)
                 for ids in prep.prompts:
                     if len(ids) > limit:
                         raise RequestError(f"prompt of {len(ids)} tokens exceeds the limit of "
-                                           f"{limit} (max_prompt_tokens / ctx_size)")
+                                           f"{limit} (max_prompt_tokens / ctx_size / num_ctx)")
                 bad = [t for t in [k for k, _ in request.sampling.logit_bias] +
                        [t for ids in prep.prompts for t in ids] if not 0 <= t < lm.n_vocab]
                 if bad:
                     raise RequestError(f"token id {bad[0]} out of range (vocabulary of {lm.n_vocab})")
-                room = lm.n_ctx - max(len(ids) for ids in prep.prompts)
+                room = n_ctx - max(len(ids) for ids in prep.prompts)
                 asked = request.output.max_tokens
                 max_tokens = min(asked or cfg.max_output_tokens, cfg.max_output_tokens, room)
                 info["queue_ms"] = (time.monotonic() - t0) * 1e3

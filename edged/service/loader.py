@@ -39,6 +39,7 @@ class LoadedModel:
         self.refs = 0                   # requests holding this model (registry, event loop only)
         self.draining = False           # being unloaded: new requests wait for the next load
         self.pinned = False
+        self.keep_alive = None          # seconds idle before unloading (a request's, Ollama's); None: config's
         self._sessions = []             # idle Sessions (KV caches), reused for prefix caching
         self._open = 0                  # Sessions that exist, idle or in use: at most max_sessions
         self._closed = False

@@ -126,7 +126,7 @@ class Registry:
         for f in waiters:
             if not f.done():
                 f.set_result(None)
-        if (lm.refs == 0 and self.cfg.keep_alive == 0 and not lm.pinned and not lm.draining
+        if (lm.refs == 0 and self.keep_alive(lm) == 0 and not lm.pinned and not lm.draining
                 and lm.name != self.cfg.default_model):
             asyncio.get_running_loop().create_task(self.unload(lm.name, only_if_idle=True))
 
@@ -247,16 +247,18 @@ class Registry:
 
     async def idle_sweep(self):
         """Unload unpinned models idle for longer than keep_alive (negative keep_alive: never)."""
-        ka = self.cfg.keep_alive
-        if ka < 0:
-            return
         now = time.monotonic()
         for lm in list(self.models.values()):
-            if lm.name == self.cfg.default_model:
+            ka = self.keep_alive(lm)
+            if lm.name == self.cfg.default_model or ka < 0:
                 continue
             if not lm.pinned and lm.refs == 0 and not lm.draining and now - lm.last_used >= ka:
                 log.info("model %s idle for %.0fs (keep_alive %gs): unloading", lm.name, now - lm.last_used, ka)
                 await self.unload(lm.name, only_if_idle=True)
+
+    def keep_alive(self, lm):
+        """Seconds `lm` stays loaded once idle: a request's keep_alive (Ollama's API), else the config's."""
+        return self.cfg.keep_alive if lm.keep_alive is None else lm.keep_alive
 
     def reconfigure(self, cfg):
         self.cfg = cfg

@@ -24,7 +24,9 @@ MAX_N = 8                 # choices per request (each holds a KV cache while it 
 class Output:
     """What a request asks back: up to max_tokens tokens (None: the server's limit) per
     choice, n choices per prompt, stop strings, logprobs (None: none; k: each token's and the
-    k most likely alternatives'), reasoning split out of the content, streamed or whole."""
+    k most likely alternatives'), reasoning split out of the content, streamed or whole;
+    context: the request's own context window (Ollama's num_ctx), prompt and reply within the
+    smaller of it and the model's."""
     max_tokens: int | None = None
     n: int = 1
     stop: tuple = ()
@@ -32,6 +34,7 @@ class Output:
     reasoning: bool = True
     stream: bool = False
     include_usage: bool = False
+    context: int | None = None
 
 
 @dataclasses.dataclass(frozen=True)

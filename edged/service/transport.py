@@ -290,7 +290,8 @@ def _finish(daemon, request, route, peer, reply, info, t0, resp):
     if "error" in info:
         parts.append(f"error={info['error']!r}")
     if reply.status >= 400 and isinstance(reply, Reply) and isinstance(reply.body, dict):
-        parts.append(f"reason={reply.body.get('error', {}).get('message', '')!r}")
+        err = reply.body.get("error", {})     # OpenAI's {"message": ...}; Ollama's a string
+        parts.append(f"reason={err.get('message', '') if isinstance(err, dict) else err!r}")
     for k in ("prompt", "reply"):
         if k in info:
             parts.append(f"{k}={json.dumps(info[k], ensure_ascii=False)}")
