@@ -27,6 +27,7 @@ the daemon down (a crash there is a crash of the process):
 A Constraint is per choice (mutable parser state); the compiled grammar and the tokenizer view
 are shared per model.
 """
+import contextlib
 import json
 import math
 import os
@@ -45,7 +46,7 @@ os.environ.setdefault("RUST_LIB_BACKTRACE", "0")
 
 try:
     import llguidance
-    from llguidance.gbnf_to_lark import is_lark_syntax
+    from llguidance.gbnf_to_lark import gbnf_to_lark, is_lark_syntax
 except ImportError:  # an install without the structured-output dependency
     llguidance = None
 
@@ -131,8 +132,24 @@ def constraint(kind, source, what, tok, n_vocab=None):
     of stack; GrammarError names `what` and the problem."""
     make = {"json_schema": from_json_schema, "grammar": from_grammar, "lark": from_lark}[kind]
     lltokenizer(tok, n_vocab)
-    return _on_compile_thread(
-        lambda: Constraint(check(make(source, what), tok, n_vocab, what), tok, n_vocab, what))
+    with _panics(what):
+        return _on_compile_thread(
+            lambda: Constraint(check(make(source, what), tok, n_vocab, what), tok, n_vocab, what))
+
+
+@contextlib.contextmanager
+def _panics(what):
+    """A panic in llguidance's Rust code arrives as pyo3's PanicException, a BaseException that
+    the handlers' and the decode thread's `except Exception` let through (seen: the regex
+    `((\\p{L}|(\\p{L}|é)))`): a GrammarError instead."""
+    try:
+        yield
+    except Exception:
+        raise
+    except BaseException as e:
+        if type(e).__name__ != "PanicException":
+            raise
+        raise GrammarError(f"{what}: llguidance failed on it ({e})") from None
 
 
 _COMPILE_LOCK = threading.Lock()
@@ -283,23 +300,33 @@ def from_json_schema(schema, what="json_schema"):
 
 
 def from_grammar(text, what="grammar"):
-    """A grammar from llama-server's `grammar` field: GBNF (`root ::= ...`) or Lark."""
+    """A grammar from llama-server's `grammar` field: GBNF (`root ::= ...`) or Lark. Compiled
+    without byte forcing (see from_lark)."""
     _require()
     if not isinstance(text, str) or not text.strip():
         raise GrammarError(f"{what} must be a non-empty string")
-    if is_lark_syntax(text):
-        return from_lark(text, what)
-    _check_size(what, text)
-    try:
-        return llguidance.grammar_from("grammar", _gbnf_dependency_order(text))
-    except ValueError as e:
-        raise GrammarError(f"{what}: {e}") from None
+    if not is_lark_syntax(text):
+        _check_size(what, text)
+        try:
+            text = gbnf_to_lark(_gbnf_dependency_order(text))
+        except Exception as e:  # noqa: BLE001 - the converter raises whatever its parser meets
+            raise GrammarError(f"{what}: GBNF: {e}") from None
+    return from_lark(text, what, forcing=False)
 
 
-def from_lark(text, what="grammar"):
+def from_lark(text, what="grammar", forcing=True):
+    """A grammar from llguidance's Lark. Where the grammar allows one byte only, llguidance
+    `forces` it (the text goes in as its canonical tokens); but a grammar whose lexer can only
+    ever continue with one byte (`start: /z+/ "z"`: the greedy /z+/ takes every "z") made
+    that loop forever inside mask(), on the decode thread (llguidance 1.9, force_bytes). So
+    grammars from clients compile with forcing=False (the model picks the tokens of forced
+    text); schemas and the tool-call grammars, which llguidance and edged lay out, keep it."""
     _require()
     _check_lark(text, what)
-    return llguidance.LLMatcher.grammar_from_lark(text)
+    return llguidance.LLMatcher.grammar_from_lark(text if forcing else _NO_FORCING + text)
+
+
+_NO_FORCING = '%llguidance {"no_forcing": true}\n'
 
 
 def check(grammar, tok, n_vocab=None, what="grammar"):
@@ -333,12 +360,14 @@ class Constraint:
 
     def mask(self):
         """uint32 bitmask of the tokens allowed next (the end tokens once the grammar may stop)."""
-        self._m.unsafe_compute_mask_ptr(self._mask.ctypes.data, self._mask.nbytes)
+        with _panics(self.what):
+            self._m.unsafe_compute_mask_ptr(self._mask.ctypes.data, self._mask.nbytes)
         self._fail()
         return self._mask
 
     def consume(self, token):
-        self._m.consume_token(int(token))
+        with _panics(self.what):
+            self._m.consume_token(int(token))
         self._fail()
 
     def is_accepting(self):
