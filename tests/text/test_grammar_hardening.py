@@ -116,8 +116,14 @@ ws ::= | " " | "\n" [ \t]{0,20}
 def test_gbnf_dependency_order_keeps_the_grammar(text):
     from llguidance.gbnf_to_lark import gbnf_to_lark
 
-    def rules(t):
-        return sorted(r.strip() for r in gbnf_to_lark(t).split("\n\n") if r.strip())
+    def rules(t):           # the Lark rules, comments aside (they go with the next rule)
+        out = []
+        for line in gbnf_to_lark(t).split("\n"):
+            if line.startswith((" ", "\t")):
+                out[-1] += line                 # `     | ...`: the rule goes on
+            elif line and not line.startswith("//"):
+                out.append(line)
+        return sorted(out)
     assert rules(grammar._gbnf_dependency_order(text)) == rules(text)
 
 
