@@ -18,7 +18,7 @@ from conftest import ROOT, testdata
 from edged.errors import GrammarError, RequestError
 
 pytest.importorskip("llguidance")
-from edged.service import requests  # noqa: E402
+from edged.service import openai_schema  # noqa: E402
 from edged.text import grammar, tools  # noqa: E402
 from grammar_shapes import CASES, DEEPEST, REPRODUCTIONS, gbnf_chain  # noqa: E402
 
@@ -193,12 +193,12 @@ def _nest(n):
 ])
 def test_deep_json_in_a_chat_request_is_a_400_naming_the_field(body, param):
     with pytest.raises(RequestError, match=r"nested more than 100 levels deep") as e:
-        requests.validate(json.loads(json.dumps(body)), chat=True)
+        openai_schema.validate(json.loads(json.dumps(body)), chat=True)
     assert e.value.param == param
 
 
 def test_json_as_deep_as_allowed_passes_and_parses_as_text_when_deeper():
-    requests.validate(_chat("[" * 100 + "]" * 100, tools=[{"type": "function", "function": {
+    openai_schema.validate(_chat("[" * 100 + "]" * 100, tools=[{"type": "function", "function": {
         "name": "f", "parameters": _nest(49)}}]), chat=True)
     deep = "[" * 5000 + "]" * 5000
     # past validation (another protocol's adapter): the template gets the text as sent
