@@ -11,18 +11,21 @@ parser's work by llguidance's fuel limits (LIMITS), so a hostile schema fails wi
 GrammarError naming what is wrong, never a hang.
 
 A request's grammar goes through constraint(), which keeps llguidance's native code from taking
-the daemon down (a crash there is a crash of the process):
+the daemon down (a crash or a hang there is one of the whole process):
 - llguidance compiles rules, terminals and `$ref`s recursively, 2-130 KB of stack per level
-  (measured: a chain of 20 rules of 28 nested groups each needs 1 MiB), so a 64 KiB grammar
-  can need ~60 MB of stack; a 3,600-rule chain overflowed a thread's 8 MiB. Compilation runs on
-  a fresh thread with COMPILE_STACK bytes of stack (address space; only the pages a compile
-  touches are used, and they are freed with the thread), one compile at a time.
-- What no stack holds is refused before llguidance sees it (_check_schema): an integer range at
-  -2**63 recursed forever, and bounds beyond 64-bit floats were silently clamped, so numbers
-  in a schema must lie within +-MAX_EXACT; nesting deeper than MAX_JSON_DEPTH (llguidance's JSON
-  parser stops at 128).
+  (a chain of 20 rules of 28 nested groups each needs 1 MiB), so a 64 KiB grammar can need
+  ~50 MB of stack; a 3,600-rule chain overflowed a thread's 8 MiB. Compilation runs on a fresh
+  thread with COMPILE_STACK bytes of stack (address space: a compile uses the pages it
+  touches, which glibc gives back when the thread ends), one compile at a time.
+- What no stack holds is refused before llguidance sees it (_check_schema): an integer range
+  at -2**63 recursed forever, and bounds beyond 64-bit floats were silently clamped, so the
+  numbers of a schema must lie within +-MAX_EXACT; nesting deeper than MAX_JSON_DEPTH
+  (llguidance's JSON parser stops at 128).
 - mask() and consume() on the decode thread do not recurse with the grammar's depth (the
-  deepest accepted grammars step on a 256 KiB stack: tests/text/test_grammar_hardening.py).
+  deepest grammars under the size cap step on a 256 KiB stack); grammars from clients compile
+  without byte forcing, which looped forever in mask() (from_lark); a Rust panic becomes a
+  GrammarError (_panics).
+tests/text/test_grammar_hardening.py holds the measurements and a fuzz over grammar shapes.
 
 A Constraint is per choice (mutable parser state); the compiled grammar and the tokenizer view
 are shared per model.
@@ -201,9 +204,17 @@ def _nodes(value, path=""):
 
 def too_deep(value, limit=MAX_JSON_DEPTH):
     """The path of a list or object nested more than `limit` deep in a parsed JSON value ("" for
-    the value itself), else None."""
-    return next((path for path, depth, v in _nodes(value)
-                 if depth > limit and isinstance(v, (dict, list))), None)
+    the value itself), else None. Iterative; walks the lists and objects only (a request may
+    hold a large flat array)."""
+    stack = [("", 1, value)] if isinstance(value, (dict, list)) else []
+    while stack:
+        path, depth, v = stack.pop()
+        if depth > limit:
+            return path
+        items = v.items() if isinstance(v, dict) else enumerate(v)
+        fmt = "{}.{}" if isinstance(v, dict) else "{}[{}]"
+        stack.extend((fmt.format(path, k), depth + 1, x) for k, x in items if isinstance(x, (dict, list)))
+    return None
 
 
 def _check_schema(schema, what):

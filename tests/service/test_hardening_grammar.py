@@ -8,7 +8,7 @@ import time
 import pytest
 
 from daemon_support import model_dir, running, signing_key, stories
-from grammar_shapes import gbnf_chain, lark_chain, largest
+from grammar_shapes import lark_chain, largest, short_chain
 
 pytest.importorskip("llguidance")
 pytest.importorskip("pyseccomp")
@@ -30,7 +30,7 @@ def deep_tool_call():
 # name -> (request, expected status, text the reply's text starts with or the error names)
 ATTACKS = {
     "lark_chain_3600": (completion(*lark_chain(3600)), 200, "y"),
-    "gbnf_chain_64k": (completion(*largest(gbnf_chain)), 200, "y"),
+    "gbnf_chain_64k": (completion(*largest(short_chain, gbnf=True)), 200, "y"),
     "const_int64_min": (completion("json_schema", {"const": -2**63}), 400, "'const' is -9223372036854775808"),
     "integer_beyond_int64": (completion("json_schema", {"type": "integer", "minimum": 2**63,
                                                         "maximum": 2**63 + 5}), 400, "2**53"),
