@@ -323,7 +323,7 @@ def _check_depth(where, value):
         except RecursionError:
             deep = True
     if deep or too_deep(value) is not None:
-        raise RequestError(f"'{where}' is nested more than {MAX_JSON_DEPTH} levels deep", param=where)
+        raise RequestError(f"'{where}' is nested too deeply (more than {MAX_JSON_DEPTH} levels)", param=where)
 
 
 MAX_EMBEDDING_INPUTS = 2048     # OpenAI's limit of inputs per embeddings request

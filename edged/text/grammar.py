@@ -221,8 +221,8 @@ def _check_schema(schema, what):
     """Refuse what llguidance cannot hold exactly (see the module docstring)."""
     path = too_deep(schema)
     if path is not None:
-        raise GrammarError(f"{what}: nested more than {MAX_JSON_DEPTH} levels deep "
-                           f"(at '...{path[-60:]}')")
+        raise GrammarError(f"{what}: nested too deeply (more than {MAX_JSON_DEPTH} levels, "
+                           f"at '...{path[-60:]}')")
     for path, _, v in _nodes(schema):
         if isinstance(v, (int, float)) and not isinstance(v, bool) and \
                 not (math.isfinite(v) and -MAX_EXACT <= v <= MAX_EXACT):
@@ -244,8 +244,8 @@ def _check_lark(text, what):
         except ValueError:
             continue                    # not JSON after all (e.g. in a string): llguidance says
         except RecursionError:
-            raise GrammarError(f"{what}: a %json schema nested more than {MAX_JSON_DEPTH} "
-                               "levels deep") from None
+            raise GrammarError(f"{what}: a %json schema nested too deeply (more than "
+                               f"{MAX_JSON_DEPTH} levels)") from None
         _check_schema(schema, f"{what}: %json at {m.start()}")
 
 

@@ -36,7 +36,7 @@ ATTACKS = {
                                                         "maximum": 2**63 + 5}), 400, "2**53"),
     "forced_forever": (completion("grammar", 'start: /z+/ "z"'), 200, "z"),
     "regex_panic": (completion("grammar", "start: /((\\p{L}|(\\p{L}|\u00e9)))/"), 400, "llguidance failed"),
-    "deep_tool_arguments": (deep_tool_call(), 400, f"'{ARGS}' is nested more than 100 levels deep"),
+    "deep_tool_arguments": (deep_tool_call(), 400, f"'{ARGS}' is nested too deeply (more than 100 levels)"),
 }
 
 
