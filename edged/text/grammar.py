@@ -262,9 +262,9 @@ def _gbnf_dependency_order(text):
     per pass: a 5,500-rule chain written top-down took 3.3 s (quadratic; 27 s in the issue);
     in this order two passes do. A name defined twice keeps its last definition, as there."""
     head, rules, refs, name = "", {}, {}, None
-    start = 0
+    start, fresh = 0, True                      # fresh: nothing but blanks since a line began
     for m in _GBNF_LEXEME.finditer(text):
-        if m.group(2):                          # `name ::=`: a new rule from here
+        if m.group(2) and fresh:                # `name ::=` opening a line: a new rule
             if name is None:
                 head = text[:m.start()]
             else:
@@ -273,6 +273,7 @@ def _gbnf_dependency_order(text):
             refs[name] = []
         elif m.group(1) and name is not None:
             refs[name].append(m.group(1))
+        fresh = m.group() in ("\n", "\r") or (fresh and m.group() in (" ", "\t"))
     if name is None:
         return text
     rules[name] = text[start:]
