@@ -32,7 +32,6 @@ are shared per model.
 """
 import contextlib
 import json
-import math
 import os
 import re
 import threading
@@ -225,9 +224,10 @@ def _check_schema(schema, what):
                            f"at '...{path[-60:]}')")
     for path, _, v in _nodes(schema):
         if isinstance(v, (int, float)) and not isinstance(v, bool) and \
-                not (math.isfinite(v) and -MAX_EXACT <= v <= MAX_EXACT):
-            key = path.rsplit(".", 1)[-1] or "the schema"
-            raise GrammarError(f"{what}: '{key}' is {v} (at '{path}'); numbers in a JSON schema must "
+                not (-MAX_EXACT <= v <= MAX_EXACT):      # NaN too; an int is compared exactly
+            key, shown = path.rsplit(".", 1)[-1] or "the schema", str(v)
+            shown = shown if len(shown) <= 40 else shown[:30] + f"... ({len(shown)} digits)"
+            raise GrammarError(f"{what}: '{key}' is {shown} (at '{path}'); numbers in a JSON schema must "
                                f"lie within +-{MAX_EXACT} (2**53), which 64-bit floats hold exactly")
 
 
