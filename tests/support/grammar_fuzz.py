@@ -23,7 +23,6 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 import grammar_shapes
-from edged.text import grammar
 
 MASK_STACK = 256 << 10
 BATCH = 40                  # examples per hypothesis run; runs repeat until the time is up

@@ -20,7 +20,7 @@ from edged.errors import GrammarError, RequestError
 pytest.importorskip("llguidance")
 from edged.service import openai_schema  # noqa: E402
 from edged.text import grammar, tools  # noqa: E402
-from grammar_shapes import CASES, DEEPEST, REPRODUCTIONS, gbnf_chain  # noqa: E402
+from grammar_shapes import DEEPEST, REPRODUCTIONS, gbnf_chain  # noqa: E402
 
 SHAPES = os.path.join(ROOT, "tests", "support", "grammar_shapes.py")
 FUZZ = os.path.join(ROOT, "tests", "support", "grammar_fuzz.py")
