@@ -8,12 +8,14 @@ Fields that OpenAI, llama-server and common clients (openai SDK, LangChain, lite
 Assistant) send but that do not change what edged generates are accepted and ignored
 (IGNORED, listed in docs/api.md); any other unknown field is refused with 400.
 """
+import json
 from typing import Annotated, Any, Literal, Union
 
 import pydantic
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..errors import RequestError
+from ..text.grammar import MAX_JSON_DEPTH, too_deep
 from .names import check_model_name
 from .request import MAX_N
 
@@ -272,6 +274,12 @@ def validate(body, chat):
                                    param=f"messages[{i}].tool_call_id")
             if m.content is None and m.role not in ("assistant",):
                 raise RequestError(f"'messages[{i}].content' must be a string", param=f"messages[{i}].content")
+        nested = [(f"messages[{i}].tool_calls[{j}].function.arguments", c.function.arguments)
+                  for i, m in enumerate(req.messages) for j, c in enumerate(m.tool_calls or ())]
+        nested += [(f"tools[{i}].function.parameters", t.function.parameters)
+                   for i, t in enumerate(req.tools or ())]
+        for where, value in nested + [("chat_template_kwargs", req.chat_template_kwargs)]:
+            _check_depth(where, value)
         if req.top_logprobs and not req.logprobs:
             raise RequestError("'top_logprobs' needs 'logprobs': true", param="top_logprobs")
         if isinstance(req.tool_choice, NamedToolChoice):
@@ -300,6 +308,22 @@ def validate(body, chat):
         raise RequestError("'response_format.json_schema.schema' is required for type json_schema",
                            param="response_format.json_schema.schema")
     return req
+
+
+def _check_depth(where, value):
+    """JSON given to chat templates (a tool call's arguments, also as a JSON string; a tool's
+    schema; template variables) nests at most MAX_JSON_DEPTH deep: deeper, Python's JSON
+    reached its recursion limit (a 500)."""
+    deep = False
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError:
+            return                      # not JSON: the template gets the text as sent
+        except RecursionError:
+            deep = True
+    if deep or too_deep(value) is not None:
+        raise RequestError(f"'{where}' is nested too deeply (more than {MAX_JSON_DEPTH} levels)", param=where)
 
 
 MAX_EMBEDDING_INPUTS = 2048     # OpenAI's limit of inputs per embeddings request

@@ -74,11 +74,7 @@ def prepare(lm, request):
                                 else lm.encode_text(prompt, add_special=True, parse_special=False))
     if constraint is not None:
         kind, source, prep.what = constraint
-        g = (grammar.from_json_schema(source, prep.what) if kind == "json_schema" else
-             grammar.from_grammar(source, prep.what) if kind == "grammar" else
-             grammar.from_lark(source, prep.what))
-        grammar.check(g, tok, lm.model.n_vocab, prep.what)
-        prep.constraint = grammar.Constraint(g, tok, lm.model.n_vocab, prep.what)
+        prep.constraint = grammar.constraint(kind, source, prep.what, tok, lm.model.n_vocab)
     return prep
 
 

@@ -10,23 +10,52 @@ be a second product. Compilation is bounded: the grammar text by MAX_GRAMMAR_BYT
 parser's work by llguidance's fuel limits (LIMITS), so a hostile schema fails with a
 GrammarError naming what is wrong, never a hang.
 
+A request's grammar goes through constraint(), which keeps llguidance's native code from taking
+the daemon down (a crash or a hang there is one of the whole process):
+- llguidance compiles rules, terminals and `$ref`s recursively, 2-130 KB of stack per level
+  (a chain of 20 rules of 28 nested groups each needs 1 MiB), so a 64 KiB grammar can need
+  ~50 MB of stack; a 3,600-rule chain overflowed a thread's 8 MiB. Compilation runs on a fresh
+  thread with COMPILE_STACK bytes of stack (address space: a compile uses the pages it
+  touches, which glibc gives back when the thread ends), one compile at a time.
+- What no stack holds is refused before llguidance sees it (_check_schema): an integer range
+  at -2**63 recursed forever, and bounds beyond 64-bit floats were silently clamped, so the
+  numbers of a schema must lie within +-MAX_EXACT; nesting deeper than MAX_JSON_DEPTH
+  (llguidance's JSON parser stops at 128).
+- mask() and consume() on the decode thread do not recurse with the grammar's depth (the
+  deepest grammars under the size cap step on a 256 KiB stack); grammars from clients compile
+  without byte forcing, which looped forever in mask() (from_lark); a Rust panic becomes a
+  GrammarError (_panics).
+tests/text/test_grammar_hardening.py holds the measurements and a fuzz over grammar shapes.
+
 A Constraint is per choice (mutable parser state); the compiled grammar and the tokenizer view
 are shared per model.
 """
+import contextlib
 import json
+import os
+import re
 import threading
 import weakref
 
 import numpy as np
 
-from ..errors import GrammarError
+from ..errors import CapacityError, GrammarError
+
+# llguidance reports errors with anyhow, which captures a backtrace per error when
+# RUST_BACKTRACE is set; a compile that fails deep in a chain makes one per level: a 2,000-rule
+# chain ending in an unknown name took 39 s instead of 3 ms. Read once, so set before any error.
+os.environ.setdefault("RUST_LIB_BACKTRACE", "0")
 
 try:
     import llguidance
+    from llguidance.gbnf_to_lark import gbnf_to_lark, is_lark_syntax
 except ImportError:  # an install without the structured-output dependency
     llguidance = None
 
 MAX_GRAMMAR_BYTES = 64 * 1024       # schema / grammar text of one request
+COMPILE_STACK = 256 << 20           # stack of the compiling thread: 4x the most a 64 KiB grammar took
+MAX_JSON_DEPTH = 100                # lists/objects in lists/objects, in a schema or a tool call
+MAX_EXACT = 2 ** 53                 # numbers in a schema: llguidance holds them as 64-bit floats
 # llguidance's parser limits (its defaults are 5-10x larger): building the lexer and each
 # mask step have a fuel budget; the grammar a bounded number of symbols.
 LIMITS = dict(initial_lexer_fuel=400_000, step_lexer_fuel=200_000, step_max_items=50_000,
@@ -98,9 +127,171 @@ def lltokenizer(tok, n_vocab=None):
 
 # --- grammar sources -> llguidance grammars ------------------------------------------------
 
+def constraint(kind, source, what, tok, n_vocab=None):
+    """The Constraint (in its start state) of a request's grammar: kind "json_schema" (a schema),
+    "grammar" (llama-server's field: GBNF or Lark text) or "lark" (llguidance's Lark, e.g.
+    tools.call_grammar). Checked, then compiled on a thread of its own with COMPILE_STACK bytes
+    of stack; GrammarError names `what` and the problem."""
+    make = {"json_schema": from_json_schema, "grammar": from_grammar, "lark": from_lark}[kind]
+    lltokenizer(tok, n_vocab)
+    with _panics(what):
+        return _on_compile_thread(
+            lambda: Constraint(check(make(source, what), tok, n_vocab, what), tok, n_vocab, what))
+
+
+@contextlib.contextmanager
+def _panics(what):
+    """A panic in llguidance's Rust code arrives as pyo3's PanicException, a BaseException that
+    the handlers' and the decode thread's `except Exception` let through (seen: the regex
+    `((\\p{L}|(\\p{L}|é)))`): a GrammarError instead."""
+    try:
+        yield
+    except Exception:
+        raise
+    except BaseException as e:
+        if type(e).__name__ != "PanicException":
+            raise
+        raise GrammarError(f"{what}: llguidance failed on it ({e})") from None
+
+
+_COMPILE_LOCK = threading.Lock()
+
+
+def _on_compile_thread(fn):
+    """fn() on a new thread with COMPILE_STACK bytes of stack; its result or its exception."""
+    out = {}
+
+    def run():
+        try:
+            out["value"] = fn()
+        except BaseException as e:  # noqa: BLE001 - handed to the caller's thread
+            out["error"] = e
+
+    with _COMPILE_LOCK:         # one compile at a time; threading.stack_size is process-wide
+        old = threading.stack_size(COMPILE_STACK)
+        try:
+            t = threading.Thread(target=run, name="edged-grammar", daemon=True)
+            t.start()
+        except RuntimeError as e:
+            raise CapacityError(f"cannot start a thread to compile the grammar "
+                                f"({COMPILE_STACK >> 20} MiB of stack): {e}") from None
+        finally:
+            threading.stack_size(old)
+        t.join()
+    if "error" in out:
+        raise out.pop("error")
+    return out["value"]
+
+
 def _check_size(what, text):
     if len(text.encode("utf-8", "surrogatepass")) > MAX_GRAMMAR_BYTES:
         raise GrammarError(f"{what} is larger than {MAX_GRAMMAR_BYTES} bytes")
+
+
+def _nodes(value, path=""):
+    """(path, depth, value) of every part of a parsed JSON value, e.g. (".items[0]", 3, {...});
+    iterative, so any depth is walked."""
+    stack = [(path, 1, value)]
+    while stack:
+        path, depth, v = stack.pop()
+        yield path, depth, v
+        if isinstance(v, dict):
+            stack.extend((f"{path}.{k}", depth + 1, x) for k, x in v.items())
+        elif isinstance(v, list):
+            stack.extend((f"{path}[{i}]", depth + 1, x) for i, x in enumerate(v))
+
+
+def too_deep(value, limit=MAX_JSON_DEPTH):
+    """The path of a list or object nested more than `limit` deep in a parsed JSON value ("" for
+    the value itself), else None. Iterative; walks the lists and objects only (a request may
+    hold a large flat array)."""
+    stack = [("", 1, value)] if isinstance(value, (dict, list)) else []
+    while stack:
+        path, depth, v = stack.pop()
+        if depth > limit:
+            return path
+        items = v.items() if isinstance(v, dict) else enumerate(v)
+        fmt = "{}.{}" if isinstance(v, dict) else "{}[{}]"
+        stack.extend((fmt.format(path, k), depth + 1, x) for k, x in items if isinstance(x, (dict, list)))
+    return None
+
+
+def _check_schema(schema, what):
+    """Refuse what llguidance cannot hold exactly (see the module docstring)."""
+    path = too_deep(schema)
+    if path is not None:
+        raise GrammarError(f"{what}: nested too deeply (more than {MAX_JSON_DEPTH} levels, "
+                           f"at '...{path[-60:]}')")
+    for path, _, v in _nodes(schema):
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and \
+                not (-MAX_EXACT <= v <= MAX_EXACT):      # NaN too; an int is compared exactly
+            key, shown = path.rsplit(".", 1)[-1] or "the schema", str(v)
+            shown = shown if len(shown) <= 40 else shown[:30] + f"... ({len(shown)} digits)"
+            raise GrammarError(f"{what}: '{key}' is {shown} (at '{path}'); numbers in a JSON schema must "
+                               f"lie within +-{MAX_EXACT} (2**53), which 64-bit floats hold exactly")
+
+
+_JSON_BLOCK = re.compile(r"%json\s*")
+
+
+def _check_lark(text, what):
+    """The size, and the JSON schemas a Lark grammar holds (`%json {...}`)."""
+    _check_size(what, text)
+    decoder = json.JSONDecoder()
+    for m in _JSON_BLOCK.finditer(text):
+        try:
+            schema = decoder.raw_decode(text, m.end())[0]
+        except ValueError:
+            continue                    # not JSON after all (e.g. in a string): llguidance says
+        except RecursionError:
+            raise GrammarError(f"{what}: a %json schema nested too deeply (more than "
+                               f"{MAX_JSON_DEPTH} levels)") from None
+        _check_schema(schema, f"{what}: %json at {m.start()}")
+
+
+# GBNF, one lexeme at a time: a string, a character class, a comment, a name (and whether it is
+# being defined: `name ::=`), or any other character.
+_GBNF_LEXEME = re.compile(r'"(?:\\.|[^"\\])*"?|\[(?:\\.|[^\]\\])*\]?|#[^\r\n]*'
+                          r'|([\w-]+)[ \t]*(::=)?|[\s\S]')
+
+
+def _gbnf_dependency_order(text):
+    """The rules of a GBNF grammar reordered so that each follows the rules it refers to (a
+    grammar means the same in any order). llguidance's GBNF-to-Lark converter finds the rules
+    that can be lexer terminals in passes over the rules in their order, one link of a chain
+    per pass: a 5,500-rule chain written top-down took 3.3 s (quadratic; 27 s in the issue);
+    in this order two passes do. A name defined twice keeps its last definition, as there."""
+    head, rules, refs, name = "", {}, {}, None
+    start, fresh = 0, True                      # fresh: nothing but blanks since a line began
+    for m in _GBNF_LEXEME.finditer(text):
+        if m.group(2) and fresh:                # `name ::=` opening a line: a new rule
+            if name is None:
+                head = text[:m.start()]
+            else:
+                rules[name] = text[start:m.start()]
+            name, start = m.group(1), m.start()
+            refs[name] = []
+        elif m.group(1) and name is not None:
+            refs[name].append(m.group(1))
+        fresh = m.group() in ("\n", "\r") or (fresh and m.group() in (" ", "\t"))
+    if name is None:
+        return text
+    rules[name] = text[start:]
+    order, seen = [], set()
+    for root in rules:                          # depth-first, each rule after its references
+        if root in seen:
+            continue
+        seen.add(root)
+        stack = [(root, iter(refs[root]))]
+        while stack:
+            for ref in stack[-1][1]:
+                if ref in rules and ref not in seen:
+                    seen.add(ref)
+                    stack.append((ref, iter(refs[ref])))
+                    break
+            else:
+                order.append(stack.pop()[0])
+    return head + "".join(r if r.endswith(("\n", "\r")) else r + "\n" for r in map(rules.get, order))
 
 
 def from_json_schema(schema, what="json_schema"):
@@ -111,6 +302,7 @@ def from_json_schema(schema, what="json_schema"):
         schema = {"type": "object"}
     if not isinstance(schema, dict):
         raise GrammarError(f"{what}: a JSON schema must be an object (got {type(schema).__name__})")
+    _check_schema(schema, what)
     text = json.dumps(schema)
     _check_size(what, text)
     try:
@@ -120,21 +312,33 @@ def from_json_schema(schema, what="json_schema"):
 
 
 def from_grammar(text, what="grammar"):
-    """A grammar from llama-server's `grammar` field: GBNF (`root ::= ...`) or Lark."""
+    """A grammar from llama-server's `grammar` field: GBNF (`root ::= ...`) or Lark. Compiled
+    without byte forcing (see from_lark)."""
     _require()
     if not isinstance(text, str) or not text.strip():
         raise GrammarError(f"{what} must be a non-empty string")
-    _check_size(what, text)
-    try:
-        return llguidance.grammar_from("grammar", text)
-    except ValueError as e:
-        raise GrammarError(f"{what}: {e}") from None
+    if not is_lark_syntax(text):
+        _check_size(what, text)
+        try:
+            text = gbnf_to_lark(_gbnf_dependency_order(text))
+        except Exception as e:  # noqa: BLE001 - the converter raises whatever its parser meets
+            raise GrammarError(f"{what}: GBNF: {e}") from None
+    return from_lark(text, what, forcing=False)
 
 
-def from_lark(text, what="grammar"):
+def from_lark(text, what="grammar", forcing=True):
+    """A grammar from llguidance's Lark. Where the grammar allows one byte only, llguidance
+    `forces` it (the text goes in as its canonical tokens); but a grammar whose lexer can only
+    ever continue with one byte (`start: /z+/ "z"`: the greedy /z+/ takes every "z") made
+    that loop forever inside mask(), on the decode thread (llguidance 1.9, force_bytes). So
+    grammars from clients compile with forcing=False (the model picks the tokens of forced
+    text); schemas and the tool-call grammars, which llguidance and edged lay out, keep it."""
     _require()
-    _check_size(what, text)
-    return llguidance.LLMatcher.grammar_from_lark(text)
+    _check_lark(text, what)
+    return llguidance.LLMatcher.grammar_from_lark(text if forcing else _NO_FORCING + text)
+
+
+_NO_FORCING = '%llguidance {"no_forcing": true}\n'
 
 
 def check(grammar, tok, n_vocab=None, what="grammar"):
@@ -168,12 +372,14 @@ class Constraint:
 
     def mask(self):
         """uint32 bitmask of the tokens allowed next (the end tokens once the grammar may stop)."""
-        self._m.unsafe_compute_mask_ptr(self._mask.ctypes.data, self._mask.nbytes)
+        with _panics(self.what):
+            self._m.unsafe_compute_mask_ptr(self._mask.ctypes.data, self._mask.nbytes)
         self._fail()
         return self._mask
 
     def consume(self, token):
-        self._m.consume_token(int(token))
+        with _panics(self.what):
+            self._m.consume_token(int(token))
         self._fail()
 
     def is_accepting(self):

@@ -90,8 +90,8 @@ def messages_for_template(messages):
                 if isinstance(args, str):
                     try:
                         fn["arguments"] = json.loads(args) if args.strip() else {}
-                    except ValueError:
-                        pass            # not JSON: the template gets the string as sent
+                    except (ValueError, RecursionError):
+                        pass            # not JSON (or deeper than Python parses): the string as sent
                 fixed.append(dict(c, function=fn))
             m = dict(m, tool_calls=fixed)
         out.append(m)
@@ -329,7 +329,7 @@ def parse(family, text, tools=None):
     try:
         content, calls = _qwen3coder(text, tools) if family == "qwen3coder" else \
             _PARSERS[family](text)
-    except (ValueError, TypeError, KeyError):
+    except (ValueError, TypeError, KeyError, RecursionError):   # JSON nested ~1,000 deep
         return text, []
     if calls:
         content = content.rstrip()
