@@ -369,7 +369,7 @@ static void ed_gate_act(const ed_model *m, float *hb, int F, int n, int64_t a, i
         if (gb) for (int64_t i = a; i < b; i++) { u[i] += ub[i]; g[i] += gb[i]; }
         if (m->act_oai) for (int64_t i = a; i < b; i++) g[i] = ed_swiglu_oai(g[i], u[i]);
         else if (m->act_gelu) for (int64_t i = a; i < b; i++) g[i] = ed_gelu(g[i]) * u[i];
-        else             ed_pm_silu_mul(ed_pm_simd(ED_PATH), (int)(b - a), g + a, u + a);
+        else             ed_pm_silu_mul(ED_PM, (int)(b - a), g + a, u + a);
     }
 }
 
@@ -419,10 +419,10 @@ static void ed_ffn_gate_up(ed_state *s, ed_pool *p, const ed_model *m, const ed_
 #define ED_MAX_EXPERT 512
 
 /* ggml_soft_max of one row in place: ggml's expf, the sum in double */
-static void ed_softmax_row(int simd, int n, float *x) {
+static void ed_softmax_row(const ed_pm_fns *pm, int n, float *x) {
     float mx = -INFINITY;
     for (int i = 0; i < n; i++) if (x[i] > mx) mx = x[i];
-    ed_pm_expf_sub(simd, n, x, mx, x);
+    ed_pm_expf_sub(pm, n, x, mx, x);
     double sum = 0.0;
     for (int i = 0; i < n; i++) sum += x[i];
     const float inv = (float)(1.0 / sum);
@@ -445,7 +445,7 @@ static inline ed_tensor ed_expert(const ed_tensor *W, int e) {
 static void ed_moe_ffn(ed_state *s, ed_pool *p, const ed_model *m, const ed_layer *L, int n,
                        int ith, int nth) {
     const int E = m->n_embd, X = m->n_expert, k = m->n_expert_used, Fe = m->n_ff_exp;
-    const int simd = ed_pm_simd(ED_PATH);
+    const ed_pm_fns pm = *ED_PM;  /* the path's (ed_parity.h), copied once for the loops */
     int64_t a, b;
     ed_matmul(s, p, s->probs, X, &L->ffn_gate_inp, s->xb, E, n, 0, ith, nth);
     ed_range(n, ith, nth, &a, &b);
@@ -453,7 +453,7 @@ static void ed_moe_ffn(ed_state *s, ed_pool *p, const ed_model *m, const ed_laye
     for (int64_t t = a; t < b; t++) {
         float *pr = s->probs + t * X;
         if (rb) for (int i = 0; i < X; i++) pr[i] += rb[i];
-        if (!m->expert_softmax_topk) ed_softmax_row(simd, X, pr);
+        if (!m->expert_softmax_topk) ed_softmax_row(&pm, X, pr);
         int32_t *sel = s->sel + t * k;
         float *w = s->selw + t * k;
         for (int j = 0; j < k; j++) {             /* top k, the lower id first on ties */
@@ -466,7 +466,7 @@ static void ed_moe_ffn(ed_state *s, ed_pool *p, const ed_model *m, const ed_laye
             sel[j] = best;
             w[j] = pr[best];
         }
-        if (m->expert_softmax_topk) ed_softmax_row(simd, k, w);  /* gpt-oss: over the k logits */
+        if (m->expert_softmax_topk) ed_softmax_row(&pm, k, w);  /* gpt-oss: over the k logits */
         if (m->expert_norm) {
             double ws = 0.0;
             for (int j = 0; j < k; j++) ws += w[j];
@@ -575,7 +575,7 @@ static inline size_t ed_kv_bytes(int type, int64_t n) {
  * q4_0 with the reference quantizer, the from_float llama.cpp's set_rows uses for each. */
 static inline void ed_kv_store(int type, const float *x, uint8_t *dst, int n) {
     if (type == ED_F16) {
-        ed_pm_f16_row(ed_pm_simd(ED_PATH), n, x, (ed_half *)dst);
+        ed_pm_f16_row(ED_PM, n, x, (ed_half *)dst);
     } else if (type == ED_Q8_0) {
         ED_QUANT[ED_Q8_0](x, dst, n);
     } else {
@@ -658,14 +658,15 @@ static inline void ed_v_acc_quant(int type, int hd, const uint8_t *v, float vs, 
 static void ed_attn_flash_row(const ed_state *s, int hd, const float *q, float scale,
                               float cap, float sink, const uint8_t *kc, size_t krow, const uint8_t *vc,
                               size_t vrow, int nj, void *qk, float *acc, float *out) {
-    const int tk = s->type_k, tv = s->type_v, simd = ed_pm_simd(ED_PATH);
+    const int tk = s->type_k, tv = s->type_v;
+    const ed_pm_fns pm = *ED_PM;
     ed_kq_query(tk, q, hd, qk);
     const float sc = cap != 0.0f ? scale / cap : scale;
     float S = 0.0f, M = -INFINITY;
     memset(acc, 0, sizeof(float) * hd);
     for (int j = 0; j < nj; j++) {
         const uint8_t *k = kc + (size_t)j * krow;
-        float d = tk == ED_F16 ? ed_pm_dot(simd, hd, (const uint16_t *)k, (const uint16_t *)qk, 0)
+        float d = tk == ED_F16 ? ed_pm_dot(&pm, hd, (const uint16_t *)k, (const uint16_t *)qk)
                                : ed_kq_dot_quant(tk, hd, k, qk);
         d *= sc;
         if (cap != 0.0f) d = cap * tanhf(d);
@@ -721,7 +722,7 @@ static const float ED_ZERO_ROW[1024];
 static void ed_attention_exact(ed_state *s, const ed_model *m, int il, int ith, int nth, int ldqkv) {
     const int n = s->n_tokens, hd = m->head_dim, group = m->n_head / m->n_head_kv;
     const int kvd = m->n_head_kv * hd, Qd = m->n_head * hd, lanes = ED_ATTN_LANES;
-    const int simd = ed_pm_simd(ED_PATH);
+    const ed_pm_fns pm = *ED_PM;  /* the path's (ed_parity.h), copied once for the loops */
     const float kqscale = m->scale_q ? 1.0f : m->attn_scale;
     const float cap = m->attn_softcap;
     float *sc = s->att + (size_t)ith * s->att_stride;
@@ -749,12 +750,12 @@ static void ed_attention_exact(ed_state *s, const ed_model *m, int il, int ith, 
             continue;
         }
         const uint16_t *vc = (const uint16_t *)vl;
-        if (s->type_k == ED_F16) ed_pm_f16_row(simd, hd, q, q16);
+        if (s->type_k == ED_F16) ed_pm_f16_row(&pm, hd, q, q16);
         else ed_kq_query(s->type_k, q, hd, q16);
         float mx = sink ? sink[h] : -INFINITY;  /* llama.cpp: the sink joins the max... */
         for (int j = j0; j <= pt; j++) {
             float d = s->type_k == ED_F16
-                ? ed_pm_dot(simd, hd, (const uint16_t *)kl + (size_t)j * kvd + (size_t)kvh * hd, q16, 0)
+                ? ed_pm_dot(&pm, hd, (const uint16_t *)kl + (size_t)j * kvd + (size_t)kvh * hd, q16)
                 : ed_kq_dot_quant(s->type_k, hd, kl + (size_t)j * s->k_row + koff, q16);
             if (cap != 0.0f) d = tanhf(d * (1.0f / cap)) * cap;  /* llama.cpp: before the scale */
             d *= kqscale;
@@ -762,7 +763,7 @@ static void ed_attention_exact(ed_state *s, const ed_model *m, int il, int ith, 
             if (d > mx) mx = d;
         }
         /* softmax: ggml's expf; groups of 16 cache cells summed in float, the groups in double */
-        ed_pm_expf_sub(simd, nj, sc + j0, mx, sc + j0);
+        ed_pm_expf_sub(&pm, nj, sc + j0, mx, sc + j0);
         double sum = 0.0;
         for (int g = j0 & ~15; g <= pt; g += 16) {
             float l[16];
@@ -770,7 +771,7 @@ static void ed_attention_exact(ed_state *s, const ed_model *m, int il, int ith, 
             sum += ed_pm_hsum16(l);
         }
         if (sink) sum += (double)expf(sink[h] - mx);  /* ... and the sum, not the output */
-        ed_pm_round_scale(simd, nj, sc + j0, (float)(1.0 / sum));  /* the F16 softmax row */
+        ed_pm_round_scale(&pm, nj, sc + j0, (float)(1.0 / sum));  /* the F16 softmax row */
         /* softmax row x V: cell j adds into lane j % lanes */
         const int used = nj < lanes ? nj : lanes;
         for (int r = 0; r < lanes; r++) lane[r] = ED_ZERO_ROW;

@@ -9,6 +9,7 @@ cdef extern from "stdlib.h" nogil:
 from libc.string cimport memcpy, memset
 
 cdef extern from "forward.h" nogil:
+    enum: ED_NTYPES       # the type tables' size (ed_types.h)
     ctypedef struct ed_tensor:
         const uint8_t *data
         int type
@@ -64,7 +65,7 @@ cdef extern from "forward.h" nogil:
         int32_t *tokens
         int profile
         double prof_ns[7]
-        double prof_mm[40]
+        double prof_mm[ED_NTYPES]
     ed_pool *ed_pool_create(int n_threads)
     void ed_pool_destroy(ed_pool *p)
     void ed_pool_set_adapt(ed_pool *p, int on)
@@ -84,11 +85,10 @@ cdef extern from "forward.h" nogil:
     int ED_MAX_EXPERT
     int ed_types_init(const char *want)
     const char *ED_PATH
-    int ED_NTYPES
     ctypedef struct ed_traits:
         int block, type_size, vec_type
         void *ref
-    ed_traits ED_TRAITS[40]
+    ed_traits ED_TRAITS[ED_NTYPES]
 
 import os as _os
 
@@ -116,7 +116,7 @@ def kernel_path():
 
 
 def supported_types():
-    return [t for t in range(40) if ED_TRAITS[t].ref != NULL]
+    return [t for t in range(ED_NTYPES) if ED_TRAITS[t].ref != NULL]
 
 
 cdef class Pool:
@@ -423,7 +423,7 @@ cdef class ForwardState:
         names = ("matmul", "quantize", "attention", "norms+residual", "bias/qk-norm/rope/kv-store",
                  "activation", "output matmul")
         out = {names[i]: self.s.prof_ns[i] / 1e6 for i in range(7) if self.s.prof_ns[i]}
-        for t in range(40):
+        for t in range(ED_NTYPES):
             if self.s.prof_mm[t]:
                 out[f"matmul type {t}"] = self.s.prof_mm[t] / 1e6
         return out
