@@ -35,43 +35,78 @@ typedef struct {
     int layout;            /* ED_LAYOUT_MAPPED, or ED_LAYOUT_R4: repacked at load (ed_repack.h) */
 } ed_tensor;
 
+/* A layer's weight tensors by role, one X(name) each: the field of the same name of
+ * edged.engine.arch.LayerTensors, set by name at load (ForwardModel.setup); absent ones are zero */
+#define ED_LAYER_TENSORS(X) \
+    X(attn_norm) X(attn_q) X(attn_k) X(attn_v) X(attn_qkv) X(attn_q_bias) X(attn_k_bias) X(attn_v_bias) \
+    X(attn_q_norm) X(attn_k_norm) X(attn_output) X(post_attention_norm) \
+    X(ffn_norm) X(ffn_gate) X(ffn_up) X(ffn_down) X(post_ffw_norm) \
+    /* MoE: router (ne0 n_embd, ne1 n_expert) and 3-D experts: ne1 is the rows of one expert, \
+       expert e starts at row e * ne1 (ffn_down_exps: ne0 n_ff_exp, ne1 n_embd) */ \
+    X(ffn_gate_inp) X(ffn_gate_exps) X(ffn_up_exps) X(ffn_down_exps) \
+    /* shared expert (qwen2moe): gate (ne0 n_embd, one row), gate/up/down of n_ff_shexp */ \
+    X(ffn_gate_inp_shexp) X(ffn_gate_shexp) X(ffn_up_shexp) X(ffn_down_shexp) \
+    /* gpt-oss: a sink logit per head (n_head), attn_output's bias (n_embd), the router's bias \
+       (n_expert) and per-expert biases: row e of gate/up (ne0 n_ff_exp) and down (ne0 n_embd) */ \
+    X(attn_sinks) X(attn_output_bias) \
+    X(ffn_gate_inp_bias) X(ffn_gate_exps_bias) X(ffn_up_exps_bias) X(ffn_down_exps_bias)
+
 typedef struct {
-    ed_tensor attn_norm, attn_q, attn_k, attn_v, attn_qkv, attn_q_bias, attn_k_bias, attn_v_bias;
-    ed_tensor attn_q_norm, attn_k_norm, attn_output, post_attention_norm;
-    ed_tensor ffn_norm, ffn_gate, ffn_up, ffn_down, post_ffw_norm;
-    /* MoE: router (ne0 n_embd, ne1 n_expert) and 3-D experts: ne1 is the rows of one expert,
-       expert e starts at row e * ne1 (ffn_down_exps: ne0 n_ff_exp, ne1 n_embd) */
-    ed_tensor ffn_gate_inp, ffn_gate_exps, ffn_up_exps, ffn_down_exps;
-    /* shared expert (qwen2moe): gate (ne0 n_embd, one row), gate/up/down of n_ff_shexp */
-    ed_tensor ffn_gate_inp_shexp, ffn_gate_shexp, ffn_up_shexp, ffn_down_shexp;
-    /* gpt-oss: a sink logit per head (n_head), attn_output's bias (n_embd), the router's bias
-       (n_expert) and per-expert biases: row e of gate/up (ne0 n_ff_exp) and down (ne0 n_embd) */
-    ed_tensor attn_sinks, attn_output_bias;
-    ed_tensor ffn_gate_inp_bias, ffn_gate_exps_bias, ffn_up_exps_bias, ffn_down_exps_bias;
+#define ED_LT_MEMBER(name) ed_tensor name;
+    ED_LAYER_TENSORS(ED_LT_MEMBER)
+#undef ED_LT_MEMBER
     int swa;               /* this layer uses the sliding window (and the local RoPE base) */
     int rope;              /* this layer rotates q and k (smollm3: not every fourth) */
 } ed_layer;
 
+/* The model's scalar hyperparameters, one X(C type, name) each: the field of the same name of
+ * edged.engine.arch.HParams, copied by name at load (forward.pxi, ForwardModel.setup, which
+ * fails on a name HParams lacks and on an HParams field that is neither here nor marked as not
+ * read by this pass). A new hyperparameter of the forward pass is a row here and its field there. */
+#define ED_HPARAMS(X) \
+    X(int, n_vocab) X(int, n_embd) X(int, n_ff) X(int, n_layer) X(int, n_head) X(int, n_head_kv) \
+    X(int, head_dim) X(int, n_rot) \
+    X(int, rope_neox)             /* RoPE rotates halves (NeoX), not adjacent pairs */ \
+    X(int, act_gelu)              /* the gate's activation is GELU, not SiLU */ \
+    X(int, n_swa)                 /* sliding window (0: none) */ \
+    X(int, scale_q)               /* attn_scale multiplies q before attention (gemma3), not q.k */ \
+    X(float, rope_freq_base) X(float, rope_freq_scale) \
+    X(float, rope_freq_base_swa)  /* local layers' RoPE base */ \
+    X(float, rope_attn_factor) X(float, rms_eps) X(float, attn_scale) X(float, embd_scale) \
+    X(float, final_logit_softcap) \
+    X(float, rope_freq_scale_swa) /* local layers' RoPE scale */ \
+    X(float, rope_ext_factor) X(float, yarn_beta_fast) X(float, yarn_beta_slow)  /* YaRN (0: off) */ \
+    X(int, n_ctx_orig)            /* YaRN's original context */ \
+    X(float, attn_softcap)        /* tanh cap of q.k before the softmax scale, 0: off (gemma2) */ \
+    X(float, residual_scale)      /* multiplies attention and FFN outputs (granite; else 1) */ \
+    X(float, logit_mul)           /* multiplies the logits (granite: 1 / logit_scale; else 1) */ \
+    X(int, n_expert) X(int, n_expert_used) X(int, n_ff_exp)  /* MoE (n_expert 0: dense) */ \
+    X(int, expert_weights_norm)   /* the k router weights renormalised to sum 1 */ \
+    X(int, n_ff_shexp)            /* shared expert width (0: none) */ \
+    X(int, expert_softmax_topk)   /* top k of the router logits, then softmax over those k (gpt-oss) */ \
+    X(int, act_oai)               /* gpt-oss's clamped SwiGLU instead of silu/gelu */
+
 typedef struct {
-    int n_vocab, n_embd, n_ff, n_layer, n_head, n_head_kv, head_dim, n_rot;
-    int rope_neox, act_gelu, n_swa;
-    int scale_q;           /* attn_scale multiplies q before attention (gemma3), not q.k */
-    float rope_base, rope_scale, rope_base_swa, rope_attn_factor;
-    float rms_eps, attn_scale, embd_scale, softcap;
-    float rope_scale_swa;        /* local layers' RoPE scale */
-    float ext_factor, beta_fast, beta_slow;  /* YaRN (ext_factor 0: off) */
-    int n_ctx_orig;              /* YaRN's original context */
-    float attn_softcap;          /* tanh cap of q.k before the softmax scale, 0: off (gemma2) */
-    float residual_scale;        /* multiplies attention and FFN outputs (granite; else 1) */
-    float logit_mul;             /* multiplies the logits (granite: 1 / logit_scale; else 1) */
-    int n_expert, n_expert_used, n_ff_exp, expert_norm;  /* MoE (n_expert 0: dense) */
-    int n_ff_shexp;              /* shared expert width (0: none) */
-    int expert_softmax_topk;     /* top k of the router logits, then softmax over those k (gpt-oss) */
-    int act_oai;                 /* gpt-oss's clamped SwiGLU instead of silu/gelu */
+#define ED_HP_MEMBER(T, name) T name;
+    ED_HPARAMS(ED_HP_MEMBER)
+#undef ED_HP_MEMBER
     ed_tensor token_embd, output_norm, output;
     const float *rope_factors;   /* (n_rot/2) or NULL */
     ed_layer *layers;            /* (n_layer) */
 } ed_model;
+
+/* ED_HPARAMS as data, for ForwardModel.setup: name, 1 for float (else int), offset in ed_model */
+typedef struct { const char *name; int is_float; size_t offset; } ed_hparam;
+#define ED_HP_IS_FLOAT_int 0
+#define ED_HP_IS_FLOAT_float 1
+#define ED_HP_ROW(T, name) {#name, ED_HP_IS_FLOAT_##T, offsetof(ed_model, name)},
+static const ed_hparam ED_HPARAM_LIST[] = {ED_HPARAMS(ED_HP_ROW) {NULL, 0, 0}};
+#undef ED_HP_ROW
+/* ED_LAYER_TENSORS as data: name, offset in ed_layer */
+typedef struct { const char *name; size_t offset; } ed_layer_role;
+#define ED_LT_ROW(name) {#name, offsetof(ed_layer, name)},
+static const ed_layer_role ED_LAYER_ROLES[] = {ED_LAYER_TENSORS(ED_LT_ROW) {NULL, 0}};
+#undef ED_LT_ROW
 
 /* logits rows kept per call: a batch asking for every row's logits is at most this long
    (a 152k vocabulary costs 0.6 MB per row; the prompt itself only needs its last row) */
@@ -467,7 +502,7 @@ static void ed_moe_ffn(ed_state *s, ed_pool *p, const ed_model *m, const ed_laye
             w[j] = pr[best];
         }
         if (m->expert_softmax_topk) ed_softmax_row(&pm, k, w);  /* gpt-oss: over the k logits */
-        if (m->expert_norm) {
+        if (m->expert_weights_norm) {
             double ws = 0.0;
             for (int j = 0; j < k; j++) ws += w[j];
             float wsum = (float)ws;
@@ -920,8 +955,8 @@ static void ed_forward_worker(void *arg, int ith, int nth) {
                       L->attn_v.type == L->attn_k.type && !(ed_reads_info(&L->attn_v) & ~ed_reads_info(&L->attn_k)), ith, nth);
         }
         ED_MARK(prof_mm, L->attn_qkv.data ? L->attn_qkv.type : L->attn_q.type);
-        const float base = L->swa ? m->rope_base_swa : m->rope_base;
-        const float fscale = L->swa ? m->rope_scale_swa : m->rope_scale;
+        const float base = L->swa ? m->rope_freq_base_swa : m->rope_freq_base;
+        const float fscale = L->swa ? m->rope_freq_scale_swa : m->rope_freq_scale;
         for (int64_t t = a; t < b; t++) {
             float *q = s->qkv + t * QKV, *k = q + Qd, *v = k + KVd;
             if (L->attn_q_bias.data) {
@@ -936,9 +971,9 @@ static void ed_forward_worker(void *arg, int ith, int nth) {
             const int pt = ed_row_pos(s, t);
             if (L->rope) {
                 ed_rope_ext(q, m->n_head, hd, m->n_rot, pt, base, fscale, m->rope_factors, m->rope_attn_factor,
-                            m->rope_neox, m->ext_factor, m->n_ctx_orig, m->beta_fast, m->beta_slow);
+                            m->rope_neox, m->rope_ext_factor, m->n_ctx_orig, m->yarn_beta_fast, m->yarn_beta_slow);
                 ed_rope_ext(k, m->n_head_kv, hd, m->n_rot, pt, base, fscale, m->rope_factors, m->rope_attn_factor,
-                            m->rope_neox, m->ext_factor, m->n_ctx_orig, m->beta_fast, m->beta_slow);
+                            m->rope_neox, m->rope_ext_factor, m->n_ctx_orig, m->yarn_beta_fast, m->yarn_beta_slow);
             }
             if (rot_k) { ed_fwht(q, Qd, rot_k); ed_fwht(k, KVd, rot_k); }
             if (rot_v) ed_fwht(v, KVd, rot_v);
@@ -1007,9 +1042,9 @@ static void ed_forward_worker(void *arg, int ith, int nth) {
                     ed_vec(&m->output_norm), E, eps);
     ed_barrier(p);
     ed_matmul(s, p, s->logits, m->n_vocab, &m->output, s->xb, E, rows, 0, ith, nth);
-    if (m->softcap > 0.0f) {
+    if (m->final_logit_softcap > 0.0f) {
         ed_range((int64_t)rows * m->n_vocab, ith, nth, &a, &b);
-        for (int64_t i = a; i < b; i++) s->logits[i] = tanhf(s->logits[i] / m->softcap) * m->softcap;
+        for (int64_t i = a; i < b; i++) s->logits[i] = tanhf(s->logits[i] / m->final_logit_softcap) * m->final_logit_softcap;
         ed_barrier(p);
     }
     if (m->logit_mul != 1.0f) {
