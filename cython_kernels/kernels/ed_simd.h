@@ -354,24 +354,22 @@ static const ed_tile_fn ED_NO_TILES[ED_NTYPES] = {NULL};
 static const ed_rows_fn ED_NO_ROWS[ED_NTYPES] = {NULL};
 
 /* the paths this build knows, best first (ed_types_init takes the first the CPU runs) */
+#if defined(__x86_64__)
+/* the rows one x86 build of ed_simd_x86.inc made (its prefix P) */
+#define ED_X86_BUILD(P) .dot = ed_##P##_dot, .quant = ed_##P##_quant, .tile = ed_##P##_tile, \
+    .rows = ed_##P##_rows, .rows_r4 = ed_##P##_rows_r4, .axpy_f16 = ed_##P##_axpy_f16, \
+    .rows_n = ED_X86_ROWS_N, .pm = ED_PM_FNS_X86
+#endif
 static const ed_kernels ED_PATHS[] = {
 #if defined(__x86_64__)
-    {.family = "avx512", .name = "avx512+vnni", .need = ED_NEED_AVX512 | ED_CPU_AVX512VNNI,
-     .dot = ed_avx512_dot, .quant = ed_avx512_quant, .tile = ed_avx512_tile, .rows = ed_avx512_rows,
-     .gemm = &ED_AVX512V_GEMM, .axpy_f16 = ed_avx512_axpy_f16, .attn = ed_z_attn, .rows_n = ED_X86_ROWS_N,
-     .rows_r4 = ed_avx512_rows_r4, .pm = ED_PM_FNS_X86, .sample = &ED_SAMPLE_AVX512},
-    {.family = "avx512", .name = "avx512", .need = ED_NEED_AVX512,
-     .dot = ed_avx512nv_dot, .quant = ed_avx512nv_quant, .tile = ed_avx512nv_tile, .rows = ed_avx512nv_rows,
-     .gemm = &ed_avx512nv_gemm_path, .axpy_f16 = ed_avx512nv_axpy_f16, .attn = ed_z_attn, .rows_n = ED_X86_ROWS_N,
-     .rows_r4 = ed_avx512nv_rows_r4, .pm = ED_PM_FNS_X86, .sample = &ED_SAMPLE_AVX512},
-    {.family = "avx2", .name = "avx2+vnni", .need = ED_NEED_AVX2 | ED_CPU_AVXVNNI,
-     .dot = ed_avx2vnni_dot, .quant = ed_avx2vnni_quant, .tile = ed_avx2vnni_tile, .rows = ed_avx2vnni_rows,
-     .gemm = &ed_avx2vnni_gemm_path, .axpy_f16 = ed_avx2vnni_axpy_f16, .attn = ed_avx2_attn, .rows_n = ED_X86_ROWS_N,
-     .rows_r4 = ed_avx2vnni_rows_r4, .pm = ED_PM_FNS_X86, .sample = &ED_SAMPLE_AVX2},
-    {.family = "avx2", .name = "avx2", .need = ED_NEED_AVX2,
-     .dot = ed_avx2_dot, .quant = ed_avx2_quant, .tile = ed_avx2_tile, .rows = ed_avx2_rows,
-     .gemm = &ed_avx2_gemm_path, .axpy_f16 = ed_avx2_axpy_f16, .attn = ed_avx2_attn, .rows_n = ED_X86_ROWS_N,
-     .rows_r4 = ed_avx2_rows_r4, .pm = ED_PM_FNS_X86, .sample = &ED_SAMPLE_AVX2},
+    {.family = "avx512", .name = "avx512+vnni", .need = ED_NEED_AVX512 | ED_CPU_AVX512VNNI, ED_X86_BUILD(avx512),
+     .gemm = &ED_AVX512V_GEMM, .attn = ed_z_attn, .sample = &ED_SAMPLE_AVX512},
+    {.family = "avx512", .name = "avx512", .need = ED_NEED_AVX512, ED_X86_BUILD(avx512nv),
+     .gemm = &ed_avx512nv_gemm_path, .attn = ed_z_attn, .sample = &ED_SAMPLE_AVX512},
+    {.family = "avx2", .name = "avx2+vnni", .need = ED_NEED_AVX2 | ED_CPU_AVXVNNI, ED_X86_BUILD(avx2vnni),
+     .gemm = &ed_avx2vnni_gemm_path, .attn = ed_avx2_attn, .sample = &ED_SAMPLE_AVX2},
+    {.family = "avx2", .name = "avx2", .need = ED_NEED_AVX2, ED_X86_BUILD(avx2),
+     .gemm = &ed_avx2_gemm_path, .attn = ed_avx2_attn, .sample = &ED_SAMPLE_AVX2},
 #elif defined(__aarch64__)
     {.family = "neon", .name = "neon+dotprod", .need = ED_CPU_NEON | ED_CPU_DOTPROD,
      .dot = ed_neondp_dot, .quant = ed_neondp_quant, .tile = ed_neondp_tile, .rows = ed_neondp_rows,
