@@ -147,6 +147,22 @@ while _r.name != NULL:
     _r += 1
 
 
+cdef int _check_roles(roles, where) except -1:
+    if roles != _ROLE_OFFSET.keys():
+        raise TypeError(f"{where}tensor roles {sorted(set(roles) ^ _ROLE_OFFSET.keys())} are not in both "
+                        "the layer and the compiled pass's list (forward.h ED_LAYER_TENSORS)")
+    return 0
+
+
+def check_fields(hp, roles):
+    """What ForwardModel.setup checks, before anything is built: TypeError naming the field
+    unless hp (HParams) has every field of ED_HPARAMS and no other one not marked
+    {"compiled": False}, and `roles` are the layer roles of ED_LAYER_TENSORS."""
+    cdef ed_model m
+    _set_hparams(&m, hp)
+    _check_roles(set(roles), "")
+
+
 cdef int _set_hparams(ed_model *m, hp) except -1:
     # Every ED_HPARAMS field from the attribute of the same name; an HParams dataclass field that
     # the list lacks fails too, unless its metadata says {"compiled": False} (per-layer tables,
@@ -337,10 +353,7 @@ cdef class ForwardModel:
             l = &self.layers[i]
             l.swa = L["swa"]
             l.rope = L.get("rope", 1)
-            roles = set(L) - {"swa", "rope"}
-            if roles != _ROLE_OFFSET.keys():
-                raise TypeError(f"layer {i}: tensor roles {sorted(roles ^ _ROLE_OFFSET.keys())} are not in both "
-                                "the layer and the compiled pass's list (forward.h ED_LAYER_TENSORS)")
+            _check_roles(set(L) - {"swa", "rope"}, f"layer {i}: ")
             for role, spec in L.items():
                 if role in ("swa", "rope") or spec is None:
                     continue

@@ -75,6 +75,7 @@ class CPUBackend(Backend):
         super().__init__(spec, weights, n_threads, numa, cache, resident_experts)
         cache.check(spec.hp.head_dim)
         core = _require_core()
+        core.check_fields(spec.hp, _ROLES)  # the C model takes both by name: a mismatch fails the load
         self._dequantize = dequantize
         supported = set(core.supported_types())
         hp = spec.hp
