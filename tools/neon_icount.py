@@ -94,7 +94,7 @@ def main():
         nm = subprocess.run([nm_tool, "-S", "--defined-only", exe], capture_output=True, text=True)
         for line in nm.stdout.splitlines():
             p = line.split()
-            if len(p) == 4 and re.fullmatch(r"ed_(neon_|neondp_)?(m?dot|rows)_\w+", p[3]):
+            if len(p) == 4 and re.fullmatch(r"ed_(neon_|neondp_)?(dot|tile|rows)_\w+", p[3]):
                 syms.append((int(p[0], 16), int(p[0], 16) + int(p[1], 16), p[3]))
         tb_len, runs, start, n = {}, collections.Counter(), None, 0
         with open(log, errors="replace") as fh:  # translated blocks (IN:), then one Trace line per run
