@@ -9,7 +9,7 @@
  * avx2-vnni / avx512-vnni / neon-dotprod (the variant without that feature; default: the best
  * this CPU runs); MIB of weights (default 256). One token goes through ed_mdot_rows (the engine's
  * one-token path: row kernels or the dot), the batch as forward.h's ed_rows calls it (the row
- * kernels where the type has them, else the tile ED_MDOT per row). Best of PASSES (default 9) passes each, interleaved, in thread CPU time (so a busy machine inflates
+ * kernels where the type has them, else the tile ED_TILE per row). Best of PASSES (default 9) passes each, interleaved, in thread CPU time (so a busy machine inflates
  * them less than wall time). Built against another checkout's headers (-I../base/...), the
  * same source measures that checkout: compare the printed ms side by side.
  */
@@ -31,13 +31,13 @@ enum { CHUNK = 112 };
 
 /* the next token of nc sessions, as forward.h's ed_rows runs a decode batch */
 static void batch(int type, int K, const uint8_t *w, size_t rb, int R, const uint8_t *xs, size_t sr, int nc, float *out) {
-#ifdef ED_MROWS_N  /* row kernels (rows as lanes) take every column */
-    if (ED_MROWS[type]) {
+#ifdef ED_ROWS_N  /* row kernels (rows as lanes) take every column */
+    if (ED_ROWS[type]) {
         for (int r = 0; r < R; r += CHUNK) ed_mdot_rows(type, K, w + r * rb, rb, R - r < CHUNK ? R - r : CHUNK, xs, sr, nc, out + r, R);
         return;
     }
 #endif
-    for (int r = 0; r < R; r++) ED_MDOT[type](K, w + r * rb, xs, sr, nc, out + r, R);
+    for (int r = 0; r < R; r++) ED_TILE[type](K, w + r * rb, xs, sr, nc, out + r, R);
 }
 
 int main(int argc, char **argv) {
@@ -66,7 +66,7 @@ int main(int argc, char **argv) {
     const size_t kr = ed_act_row_bytes(type, K), sr = kr;
     uint8_t *xq = aligned_alloc(64, (kr * 4 + 63) & ~(size_t)63), *xs = xq;
     for (int c = 0; c < 4; c++) ED_QUANT[vt](xf + c * K, xq + c * kr, K);
-    if (!ED_MDOT[type]) { printf("%s: no tile on %s\n", argv[1], ED_PATH); return 0; }
+    if (!ED_TILE[type]) { printf("%s: no tile on %s\n", argv[1], ED_PATH); return 0; }
     float *out = malloc(sizeof(float) * R * 64);
     /* a 64-token prompt through the panels, over the first 16 MiB of rows (per token) */
     enum { NP = 64 };

@@ -31,7 +31,8 @@ def main():
     ap.add_argument("model", help="GGUF file")
     a = ap.parse_args()
     m = Model.load(a.model, n_threads=1)
-    toks = [(i * 7919) % 1000 + 10 for i in range(32)]
+    # fixed ids (taken modulo the vocabulary: the same ids wherever it has more than 1010 tokens)
+    toks = [((i * 7919) % 1000 + 10) % m.n_vocab for i in range(32)]
 
     def prompt_then_greedy(n):
         s = m.session(n_ctx=256)

@@ -117,7 +117,7 @@ def main():
             raise SystemExit("unknown type %s (R4 types: %s)" % (t, ",".join(TYPES)))
     with tempfile.TemporaryDirectory() as tmp:
         regions = compile_regions(tmp)
-        fn_prefix = "ed_%s_rc_r4_" % args.table
+        fn_prefix = "ed_%s_rows_r4_" % args.table
         print("table %s, %d column(s), %s GHz; cycles per 8-row block (GB/s per core%s)"
               % (args.table, args.nc, args.ghz, ", %% of a 2-core read of %.1f GB/s" % args.read if args.read else ""))
         print("| type | bytes | " + " | ".join(cpus) + " |")

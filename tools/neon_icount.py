@@ -55,11 +55,11 @@ int main(void) {
         /* the two NEON tables' rows (ed_simd.h), without and with dotprod */
         sink += ed_neon_dot[t](%(K)d, w, xq); ed_neon_tile[t](%(K)d, w, xq, xr, %(C)d, out, 1); sink += out[0];
         sink += ed_neondp_dot[t](%(K)d, w, xq); ed_neondp_tile[t](%(K)d, w, xq, xr, %(C)d, out, 1); sink += out[0];
-        /* the row kernels (ED_MROWS) for one token: ED_MROWS_N rows, as ed_mdot_rows calls them
+        /* the row kernels (ED_ROWS) for one token: ED_ROWS_N rows, as ed_mdot_rows calls them
            (the same row each time, ws = 0) */
         if (ed_neon_rows[t]) {
-            ed_neon_rows[t](%(K)d, w, 0, ED_MROWS_N, xq, xr, 1, rows, 1); sink += rows[0];
-            ed_neondp_rows[t](%(K)d, w, 0, ED_MROWS_N, xq, xr, 1, rows, 1); sink += rows[0];
+            ed_neon_rows[t](%(K)d, w, 0, ED_ROWS_N, xq, xr, 1, rows, 1); sink += rows[0];
+            ed_neondp_rows[t](%(K)d, w, 0, ED_ROWS_N, xq, xr, 1, rows, 1); sink += rows[0];
         }
         if (ed_neondp_rows_r4[t]) {  /* 16 copies of the row, repacked */
             const size_t rb = (size_t)(%(K)d / tr.block) * tr.type_size;
@@ -94,7 +94,7 @@ def main():
         nm = subprocess.run([nm_tool, "-S", "--defined-only", exe], capture_output=True, text=True)
         for line in nm.stdout.splitlines():
             p = line.split()
-            if len(p) == 4 and re.fullmatch(r"ed_(neon_|neondp_)?(m?dot|rows)_\w+", p[3]):
+            if len(p) == 4 and re.fullmatch(r"ed_(neon_|neondp_)?(dot|tile|rows)_\w+", p[3]):
                 syms.append((int(p[0], 16), int(p[0], 16) + int(p[1], 16), p[3]))
         tb_len, runs, start, n = {}, collections.Counter(), None, 0
         with open(log, errors="replace") as fh:  # translated blocks (IN:), then one Trace line per run
@@ -114,13 +114,13 @@ def main():
                 count[name] += k * tb_len.get(pc, 0)
     g = K // 32
     print(f"instructions per 32 weights (K = {K}; tile = {C} tokens, per token)")
-    print("rows: the row kernel (ED_MROWS: 8 rows, one token), per row, where the type has one")
+    print("rows: the row kernel (ED_ROWS: 8 rows, one token), per row, where the type has one")
     print(f"{'type':6s} {'generic':>8s} {'neon':>7s} {'neon+dp':>8s} {'tile':>7s} {'tile+dp':>8s} {'rows':>7s} {'rows+dp':>8s}"
           f" {'r4+dp':>7s}")
     for t in TYPES:
         n = t.lower().replace("_k", "_K")
         v = [count[f"ed_dot_{n}"] / g, count[f"ed_neon_dot_{n}"] / g, count[f"ed_neondp_dot_{n}"] / g,
-             count[f"ed_neon_mdot_{n}"] / g / C, count[f"ed_neondp_mdot_{n}"] / g / C,
+             count[f"ed_neon_tile_{n}"] / g / C, count[f"ed_neondp_tile_{n}"] / g / C,
              count[f"ed_neon_rows_{n}"] / g / 8, count[f"ed_neondp_rows_{n}"] / g / 8]
         rows = f" {v[5]:7.1f} {v[6]:8.1f}" if v[5] else f" {'-':>7s} {'-':>8s}"
         r4 = count[f"ed_neondp_rows_r4_{n}"] / g / 16

@@ -67,7 +67,7 @@ static void ed_enc_act_task(void *arg, int ith, int nth) {
     for (int64_t t = r0; t < r1; t++) {
         float *h = a->h + t * F;
         if (a->up) {
-            ed_pm_silu_mul(ed_pm_simd(ED_PATH), F, h, a->up + t * F);
+            ed_pm_silu_mul(ED_PM, F, h, a->up + t * F);
             continue;
         }
         if (a->bias) for (int i = 0; i < F; i++) h[i] = ed_pm_gelu(h[i] + a->bias[i]);

@@ -35,43 +35,78 @@ typedef struct {
     int layout;            /* ED_LAYOUT_MAPPED, or ED_LAYOUT_R4: repacked at load (ed_repack.h) */
 } ed_tensor;
 
+/* A layer's weight tensors by role, one X(name) each: the field of the same name of
+ * edged.engine.arch.LayerTensors, set by name at load (ForwardModel.setup); absent ones are zero */
+#define ED_LAYER_TENSORS(X) \
+    X(attn_norm) X(attn_q) X(attn_k) X(attn_v) X(attn_qkv) X(attn_q_bias) X(attn_k_bias) X(attn_v_bias) \
+    X(attn_q_norm) X(attn_k_norm) X(attn_output) X(post_attention_norm) \
+    X(ffn_norm) X(ffn_gate) X(ffn_up) X(ffn_down) X(post_ffw_norm) \
+    /* MoE: router (ne0 n_embd, ne1 n_expert) and 3-D experts: ne1 is the rows of one expert, \
+       expert e starts at row e * ne1 (ffn_down_exps: ne0 n_ff_exp, ne1 n_embd) */ \
+    X(ffn_gate_inp) X(ffn_gate_exps) X(ffn_up_exps) X(ffn_down_exps) \
+    /* shared expert (qwen2moe): gate (ne0 n_embd, one row), gate/up/down of n_ff_shexp */ \
+    X(ffn_gate_inp_shexp) X(ffn_gate_shexp) X(ffn_up_shexp) X(ffn_down_shexp) \
+    /* gpt-oss: a sink logit per head (n_head), attn_output's bias (n_embd), the router's bias \
+       (n_expert) and per-expert biases: row e of gate/up (ne0 n_ff_exp) and down (ne0 n_embd) */ \
+    X(attn_sinks) X(attn_output_bias) \
+    X(ffn_gate_inp_bias) X(ffn_gate_exps_bias) X(ffn_up_exps_bias) X(ffn_down_exps_bias)
+
 typedef struct {
-    ed_tensor attn_norm, attn_q, attn_k, attn_v, attn_qkv, attn_q_bias, attn_k_bias, attn_v_bias;
-    ed_tensor attn_q_norm, attn_k_norm, attn_output, post_attention_norm;
-    ed_tensor ffn_norm, ffn_gate, ffn_up, ffn_down, post_ffw_norm;
-    /* MoE: router (ne0 n_embd, ne1 n_expert) and 3-D experts: ne1 is the rows of one expert,
-       expert e starts at row e * ne1 (ffn_down_exps: ne0 n_ff_exp, ne1 n_embd) */
-    ed_tensor ffn_gate_inp, ffn_gate_exps, ffn_up_exps, ffn_down_exps;
-    /* shared expert (qwen2moe): gate (ne0 n_embd, one row), gate/up/down of n_ff_shexp */
-    ed_tensor ffn_gate_inp_shexp, ffn_gate_shexp, ffn_up_shexp, ffn_down_shexp;
-    /* gpt-oss: a sink logit per head (n_head), attn_output's bias (n_embd), the router's bias
-       (n_expert) and per-expert biases: row e of gate/up (ne0 n_ff_exp) and down (ne0 n_embd) */
-    ed_tensor attn_sinks, attn_output_bias;
-    ed_tensor ffn_gate_inp_bias, ffn_gate_exps_bias, ffn_up_exps_bias, ffn_down_exps_bias;
+#define ED_LT_MEMBER(name) ed_tensor name;
+    ED_LAYER_TENSORS(ED_LT_MEMBER)
+#undef ED_LT_MEMBER
     int swa;               /* this layer uses the sliding window (and the local RoPE base) */
     int rope;              /* this layer rotates q and k (smollm3: not every fourth) */
 } ed_layer;
 
+/* The model's scalar hyperparameters, one X(C type, name) each: the field of the same name of
+ * edged.engine.arch.HParams, copied by name at load (forward.pxi, ForwardModel.setup, which
+ * fails on a name HParams lacks and on an HParams field that is neither here nor marked as not
+ * read by this pass). A new hyperparameter of the forward pass is a row here and its field there. */
+#define ED_HPARAMS(X) \
+    X(int, n_vocab) X(int, n_embd) X(int, n_ff) X(int, n_layer) X(int, n_head) X(int, n_head_kv) \
+    X(int, head_dim) X(int, n_rot) \
+    X(int, rope_neox)             /* RoPE rotates halves (NeoX), not adjacent pairs */ \
+    X(int, act_gelu)              /* the gate's activation is GELU, not SiLU */ \
+    X(int, n_swa)                 /* sliding window (0: none) */ \
+    X(int, scale_q)               /* attn_scale multiplies q before attention (gemma3), not q.k */ \
+    X(float, rope_freq_base) X(float, rope_freq_scale) \
+    X(float, rope_freq_base_swa)  /* local layers' RoPE base */ \
+    X(float, rope_attn_factor) X(float, rms_eps) X(float, attn_scale) X(float, embd_scale) \
+    X(float, final_logit_softcap) \
+    X(float, rope_freq_scale_swa) /* local layers' RoPE scale */ \
+    X(float, rope_ext_factor) X(float, yarn_beta_fast) X(float, yarn_beta_slow)  /* YaRN (0: off) */ \
+    X(int, n_ctx_orig)            /* YaRN's original context */ \
+    X(float, attn_softcap)        /* tanh cap of q.k before the softmax scale, 0: off (gemma2) */ \
+    X(float, residual_scale)      /* multiplies attention and FFN outputs (granite; else 1) */ \
+    X(float, logit_mul)           /* multiplies the logits (granite: 1 / logit_scale; else 1) */ \
+    X(int, n_expert) X(int, n_expert_used) X(int, n_ff_exp)  /* MoE (n_expert 0: dense) */ \
+    X(int, expert_weights_norm)   /* the k router weights renormalised to sum 1 */ \
+    X(int, n_ff_shexp)            /* shared expert width (0: none) */ \
+    X(int, expert_softmax_topk)   /* top k of the router logits, then softmax over those k (gpt-oss) */ \
+    X(int, act_oai)               /* gpt-oss's clamped SwiGLU instead of silu/gelu */
+
 typedef struct {
-    int n_vocab, n_embd, n_ff, n_layer, n_head, n_head_kv, head_dim, n_rot;
-    int rope_neox, act_gelu, n_swa;
-    int scale_q;           /* attn_scale multiplies q before attention (gemma3), not q.k */
-    float rope_base, rope_scale, rope_base_swa, rope_attn_factor;
-    float rms_eps, attn_scale, embd_scale, softcap;
-    float rope_scale_swa;        /* local layers' RoPE scale */
-    float ext_factor, beta_fast, beta_slow;  /* YaRN (ext_factor 0: off) */
-    int n_ctx_orig;              /* YaRN's original context */
-    float attn_softcap;          /* tanh cap of q.k before the softmax scale, 0: off (gemma2) */
-    float residual_scale;        /* multiplies attention and FFN outputs (granite; else 1) */
-    float logit_mul;             /* multiplies the logits (granite: 1 / logit_scale; else 1) */
-    int n_expert, n_expert_used, n_ff_exp, expert_norm;  /* MoE (n_expert 0: dense) */
-    int n_ff_shexp;              /* shared expert width (0: none) */
-    int expert_softmax_topk;     /* top k of the router logits, then softmax over those k (gpt-oss) */
-    int act_oai;                 /* gpt-oss's clamped SwiGLU instead of silu/gelu */
+#define ED_HP_MEMBER(T, name) T name;
+    ED_HPARAMS(ED_HP_MEMBER)
+#undef ED_HP_MEMBER
     ed_tensor token_embd, output_norm, output;
     const float *rope_factors;   /* (n_rot/2) or NULL */
     ed_layer *layers;            /* (n_layer) */
 } ed_model;
+
+/* ED_HPARAMS as data, for ForwardModel.setup: name, 1 for float (else int), offset in ed_model */
+typedef struct { const char *name; int is_float; size_t offset; } ed_hparam;
+#define ED_HP_IS_FLOAT_int 0
+#define ED_HP_IS_FLOAT_float 1
+#define ED_HP_ROW(T, name) {#name, ED_HP_IS_FLOAT_##T, offsetof(ed_model, name)},
+static const ed_hparam ED_HPARAM_LIST[] = {ED_HPARAMS(ED_HP_ROW) {NULL, 0, 0}};
+#undef ED_HP_ROW
+/* ED_LAYER_TENSORS as data: name, offset in ed_layer */
+typedef struct { const char *name; size_t offset; } ed_layer_role;
+#define ED_LT_ROW(name) {#name, offsetof(ed_layer, name)},
+static const ed_layer_role ED_LAYER_ROLES[] = {ED_LAYER_TENSORS(ED_LT_ROW) {NULL, 0}};
+#undef ED_LT_ROW
 
 /* logits rows kept per call: a batch asking for every row's logits is at most this long
    (a 152k vocabulary costs 0.6 MB per row; the prompt itself only needs its last row) */
@@ -369,7 +404,7 @@ static void ed_gate_act(const ed_model *m, float *hb, int F, int n, int64_t a, i
         if (gb) for (int64_t i = a; i < b; i++) { u[i] += ub[i]; g[i] += gb[i]; }
         if (m->act_oai) for (int64_t i = a; i < b; i++) g[i] = ed_swiglu_oai(g[i], u[i]);
         else if (m->act_gelu) for (int64_t i = a; i < b; i++) g[i] = ed_gelu(g[i]) * u[i];
-        else             ed_pm_silu_mul(ed_pm_simd(ED_PATH), (int)(b - a), g + a, u + a);
+        else             ed_pm_silu_mul(ED_PM, (int)(b - a), g + a, u + a);
     }
 }
 
@@ -419,10 +454,10 @@ static void ed_ffn_gate_up(ed_state *s, ed_pool *p, const ed_model *m, const ed_
 #define ED_MAX_EXPERT 512
 
 /* ggml_soft_max of one row in place: ggml's expf, the sum in double */
-static void ed_softmax_row(int simd, int n, float *x) {
+static void ed_softmax_row(const ed_pm_fns *pm, int n, float *x) {
     float mx = -INFINITY;
     for (int i = 0; i < n; i++) if (x[i] > mx) mx = x[i];
-    ed_pm_expf_sub(simd, n, x, mx, x);
+    ed_pm_expf_sub(pm, n, x, mx, x);
     double sum = 0.0;
     for (int i = 0; i < n; i++) sum += x[i];
     const float inv = (float)(1.0 / sum);
@@ -445,7 +480,7 @@ static inline ed_tensor ed_expert(const ed_tensor *W, int e) {
 static void ed_moe_ffn(ed_state *s, ed_pool *p, const ed_model *m, const ed_layer *L, int n,
                        int ith, int nth) {
     const int E = m->n_embd, X = m->n_expert, k = m->n_expert_used, Fe = m->n_ff_exp;
-    const int simd = ed_pm_simd(ED_PATH);
+    const ed_pm_fns pm = *ED_PM;  /* the path's (ed_parity.h), copied once for the loops */
     int64_t a, b;
     ed_matmul(s, p, s->probs, X, &L->ffn_gate_inp, s->xb, E, n, 0, ith, nth);
     ed_range(n, ith, nth, &a, &b);
@@ -453,7 +488,7 @@ static void ed_moe_ffn(ed_state *s, ed_pool *p, const ed_model *m, const ed_laye
     for (int64_t t = a; t < b; t++) {
         float *pr = s->probs + t * X;
         if (rb) for (int i = 0; i < X; i++) pr[i] += rb[i];
-        if (!m->expert_softmax_topk) ed_softmax_row(simd, X, pr);
+        if (!m->expert_softmax_topk) ed_softmax_row(&pm, X, pr);
         int32_t *sel = s->sel + t * k;
         float *w = s->selw + t * k;
         for (int j = 0; j < k; j++) {             /* top k, the lower id first on ties */
@@ -466,8 +501,8 @@ static void ed_moe_ffn(ed_state *s, ed_pool *p, const ed_model *m, const ed_laye
             sel[j] = best;
             w[j] = pr[best];
         }
-        if (m->expert_softmax_topk) ed_softmax_row(simd, k, w);  /* gpt-oss: over the k logits */
-        if (m->expert_norm) {
+        if (m->expert_softmax_topk) ed_softmax_row(&pm, k, w);  /* gpt-oss: over the k logits */
+        if (m->expert_weights_norm) {
             double ws = 0.0;
             for (int j = 0; j < k; j++) ws += w[j];
             float wsum = (float)ws;
@@ -575,7 +610,7 @@ static inline size_t ed_kv_bytes(int type, int64_t n) {
  * q4_0 with the reference quantizer, the from_float llama.cpp's set_rows uses for each. */
 static inline void ed_kv_store(int type, const float *x, uint8_t *dst, int n) {
     if (type == ED_F16) {
-        ed_pm_f16_row(ed_pm_simd(ED_PATH), n, x, (ed_half *)dst);
+        ed_pm_f16_row(ED_PM, n, x, (ed_half *)dst);
     } else if (type == ED_Q8_0) {
         ED_QUANT[ED_Q8_0](x, dst, n);
     } else {
@@ -658,14 +693,15 @@ static inline void ed_v_acc_quant(int type, int hd, const uint8_t *v, float vs, 
 static void ed_attn_flash_row(const ed_state *s, int hd, const float *q, float scale,
                               float cap, float sink, const uint8_t *kc, size_t krow, const uint8_t *vc,
                               size_t vrow, int nj, void *qk, float *acc, float *out) {
-    const int tk = s->type_k, tv = s->type_v, simd = ed_pm_simd(ED_PATH);
+    const int tk = s->type_k, tv = s->type_v;
+    const ed_pm_fns pm = *ED_PM;
     ed_kq_query(tk, q, hd, qk);
     const float sc = cap != 0.0f ? scale / cap : scale;
     float S = 0.0f, M = -INFINITY;
     memset(acc, 0, sizeof(float) * hd);
     for (int j = 0; j < nj; j++) {
         const uint8_t *k = kc + (size_t)j * krow;
-        float d = tk == ED_F16 ? ed_pm_dot(simd, hd, (const uint16_t *)k, (const uint16_t *)qk, 0)
+        float d = tk == ED_F16 ? ed_pm_dot(&pm, hd, (const uint16_t *)k, (const uint16_t *)qk)
                                : ed_kq_dot_quant(tk, hd, k, qk);
         d *= sc;
         if (cap != 0.0f) d = cap * tanhf(d);
@@ -721,7 +757,7 @@ static const float ED_ZERO_ROW[1024];
 static void ed_attention_exact(ed_state *s, const ed_model *m, int il, int ith, int nth, int ldqkv) {
     const int n = s->n_tokens, hd = m->head_dim, group = m->n_head / m->n_head_kv;
     const int kvd = m->n_head_kv * hd, Qd = m->n_head * hd, lanes = ED_ATTN_LANES;
-    const int simd = ed_pm_simd(ED_PATH);
+    const ed_pm_fns pm = *ED_PM;  /* the path's (ed_parity.h), copied once for the loops */
     const float kqscale = m->scale_q ? 1.0f : m->attn_scale;
     const float cap = m->attn_softcap;
     float *sc = s->att + (size_t)ith * s->att_stride;
@@ -749,12 +785,12 @@ static void ed_attention_exact(ed_state *s, const ed_model *m, int il, int ith, 
             continue;
         }
         const uint16_t *vc = (const uint16_t *)vl;
-        if (s->type_k == ED_F16) ed_pm_f16_row(simd, hd, q, q16);
+        if (s->type_k == ED_F16) ed_pm_f16_row(&pm, hd, q, q16);
         else ed_kq_query(s->type_k, q, hd, q16);
         float mx = sink ? sink[h] : -INFINITY;  /* llama.cpp: the sink joins the max... */
         for (int j = j0; j <= pt; j++) {
             float d = s->type_k == ED_F16
-                ? ed_pm_dot(simd, hd, (const uint16_t *)kl + (size_t)j * kvd + (size_t)kvh * hd, q16, 0)
+                ? ed_pm_dot(&pm, hd, (const uint16_t *)kl + (size_t)j * kvd + (size_t)kvh * hd, q16)
                 : ed_kq_dot_quant(s->type_k, hd, kl + (size_t)j * s->k_row + koff, q16);
             if (cap != 0.0f) d = tanhf(d * (1.0f / cap)) * cap;  /* llama.cpp: before the scale */
             d *= kqscale;
@@ -762,7 +798,7 @@ static void ed_attention_exact(ed_state *s, const ed_model *m, int il, int ith, 
             if (d > mx) mx = d;
         }
         /* softmax: ggml's expf; groups of 16 cache cells summed in float, the groups in double */
-        ed_pm_expf_sub(simd, nj, sc + j0, mx, sc + j0);
+        ed_pm_expf_sub(&pm, nj, sc + j0, mx, sc + j0);
         double sum = 0.0;
         for (int g = j0 & ~15; g <= pt; g += 16) {
             float l[16];
@@ -770,7 +806,7 @@ static void ed_attention_exact(ed_state *s, const ed_model *m, int il, int ith, 
             sum += ed_pm_hsum16(l);
         }
         if (sink) sum += (double)expf(sink[h] - mx);  /* ... and the sum, not the output */
-        ed_pm_round_scale(simd, nj, sc + j0, (float)(1.0 / sum));  /* the F16 softmax row */
+        ed_pm_round_scale(&pm, nj, sc + j0, (float)(1.0 / sum));  /* the F16 softmax row */
         /* softmax row x V: cell j adds into lane j % lanes */
         const int used = nj < lanes ? nj : lanes;
         for (int r = 0; r < lanes; r++) lane[r] = ED_ZERO_ROW;
@@ -919,8 +955,8 @@ static void ed_forward_worker(void *arg, int ith, int nth) {
                       L->attn_v.type == L->attn_k.type && !(ed_reads_info(&L->attn_v) & ~ed_reads_info(&L->attn_k)), ith, nth);
         }
         ED_MARK(prof_mm, L->attn_qkv.data ? L->attn_qkv.type : L->attn_q.type);
-        const float base = L->swa ? m->rope_base_swa : m->rope_base;
-        const float fscale = L->swa ? m->rope_scale_swa : m->rope_scale;
+        const float base = L->swa ? m->rope_freq_base_swa : m->rope_freq_base;
+        const float fscale = L->swa ? m->rope_freq_scale_swa : m->rope_freq_scale;
         for (int64_t t = a; t < b; t++) {
             float *q = s->qkv + t * QKV, *k = q + Qd, *v = k + KVd;
             if (L->attn_q_bias.data) {
@@ -935,9 +971,9 @@ static void ed_forward_worker(void *arg, int ith, int nth) {
             const int pt = ed_row_pos(s, t);
             if (L->rope) {
                 ed_rope_ext(q, m->n_head, hd, m->n_rot, pt, base, fscale, m->rope_factors, m->rope_attn_factor,
-                            m->rope_neox, m->ext_factor, m->n_ctx_orig, m->beta_fast, m->beta_slow);
+                            m->rope_neox, m->rope_ext_factor, m->n_ctx_orig, m->yarn_beta_fast, m->yarn_beta_slow);
                 ed_rope_ext(k, m->n_head_kv, hd, m->n_rot, pt, base, fscale, m->rope_factors, m->rope_attn_factor,
-                            m->rope_neox, m->ext_factor, m->n_ctx_orig, m->beta_fast, m->beta_slow);
+                            m->rope_neox, m->rope_ext_factor, m->n_ctx_orig, m->yarn_beta_fast, m->yarn_beta_slow);
             }
             if (rot_k) { ed_fwht(q, Qd, rot_k); ed_fwht(k, KVd, rot_k); }
             if (rot_v) ed_fwht(v, KVd, rot_v);
@@ -1006,9 +1042,9 @@ static void ed_forward_worker(void *arg, int ith, int nth) {
                     ed_vec(&m->output_norm), E, eps);
     ed_barrier(p);
     ed_matmul(s, p, s->logits, m->n_vocab, &m->output, s->xb, E, rows, 0, ith, nth);
-    if (m->softcap > 0.0f) {
+    if (m->final_logit_softcap > 0.0f) {
         ed_range((int64_t)rows * m->n_vocab, ith, nth, &a, &b);
-        for (int64_t i = a; i < b; i++) s->logits[i] = tanhf(s->logits[i] / m->softcap) * m->softcap;
+        for (int64_t i = a; i < b; i++) s->logits[i] = tanhf(s->logits[i] / m->final_logit_softcap) * m->final_logit_softcap;
         ed_barrier(p);
     }
     if (m->logit_mul != 1.0f) {

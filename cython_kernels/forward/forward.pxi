@@ -9,6 +9,7 @@ cdef extern from "stdlib.h" nogil:
 from libc.string cimport memcpy, memset
 
 cdef extern from "forward.h" nogil:
+    enum: ED_NTYPES       # the type tables' size (ed_types.h)
     ctypedef struct ed_tensor:
         const uint8_t *data
         int type
@@ -16,28 +17,27 @@ cdef extern from "forward.h" nogil:
         size_t row_bytes
         int layout
     ctypedef struct ed_layer:
-        ed_tensor attn_norm, attn_q, attn_k, attn_v, attn_qkv, attn_q_bias, attn_k_bias, attn_v_bias
-        ed_tensor attn_q_norm, attn_k_norm, attn_output, post_attention_norm
-        ed_tensor ffn_norm, ffn_gate, ffn_up, ffn_down, post_ffw_norm
-        ed_tensor ffn_gate_inp, ffn_gate_exps, ffn_up_exps, ffn_down_exps
-        ed_tensor ffn_gate_inp_shexp, ffn_gate_shexp, ffn_up_shexp, ffn_down_shexp
-        ed_tensor attn_sinks, attn_output_bias
-        ed_tensor ffn_gate_inp_bias, ffn_gate_exps_bias, ffn_up_exps_bias, ffn_down_exps_bias
+        # the tensors are set by name (ED_LAYER_ROLES)
+        ed_tensor attn_sinks
         int swa
         int rope
+    ctypedef struct ed_layer_role:
+        const char *name
+        size_t offset
+    const ed_layer_role ED_LAYER_ROLES[]
     ctypedef struct ed_model:
-        int n_vocab, n_embd, n_ff, n_layer, n_head, n_head_kv, head_dim, n_rot
-        int rope_neox, act_gelu, n_swa, scale_q
-        float rope_base, rope_scale, rope_base_swa, rope_attn_factor
-        float rms_eps, attn_scale, embd_scale, softcap
-        float rope_scale_swa, ext_factor, beta_fast, beta_slow
-        int n_ctx_orig
-        float attn_softcap, residual_scale, logit_mul
-        int n_expert, n_expert_used, n_ff_exp, expert_norm, n_ff_shexp
-        int expert_softmax_topk, act_oai
+        # the hyperparameters are set by name (ED_HPARAM_LIST); declared here: those Cython reads
+        int n_vocab, n_embd, n_layer, n_head, n_head_kv, head_dim, n_rot, n_swa
+        int n_expert, n_expert_used
+        float attn_scale
         ed_tensor token_embd, output_norm, output
         const float *rope_factors
         ed_layer *layers
+    ctypedef struct ed_hparam:
+        const char *name
+        int is_float
+        size_t offset
+    const ed_hparam ED_HPARAM_LIST[]
     ctypedef struct ed_pool:
         int n_threads, n_active, adapt, n_dropped, probing, slow_worker
         int *claimed
@@ -64,7 +64,7 @@ cdef extern from "forward.h" nogil:
         int32_t *tokens
         int profile
         double prof_ns[7]
-        double prof_mm[40]
+        double prof_mm[ED_NTYPES]
     ed_pool *ed_pool_create(int n_threads)
     void ed_pool_destroy(ed_pool *p)
     void ed_pool_set_adapt(ed_pool *p, int on)
@@ -84,11 +84,10 @@ cdef extern from "forward.h" nogil:
     int ED_MAX_EXPERT
     int ed_types_init(const char *want)
     const char *ED_PATH
-    int ED_NTYPES
     ctypedef struct ed_traits:
         int block, type_size, vec_type
         void *ref
-    ed_traits ED_TRAITS[40]
+    ed_traits ED_TRAITS[ED_NTYPES]
 
 import os as _os
 
@@ -116,7 +115,82 @@ def kernel_path():
 
 
 def supported_types():
-    return [t for t in range(40) if ED_TRAITS[t].ref != NULL]
+    return [t for t in range(ED_NTYPES) if ED_TRAITS[t].ref != NULL]
+
+
+def hparam_names():
+    """The hyperparameters the compiled forward pass reads (forward.h ED_HPARAMS), in order: each
+    a field of edged.engine.arch.HParams by that name."""
+    cdef const ed_hparam *f = ED_HPARAM_LIST
+    out = []
+    while f.name != NULL:
+        out.append(f.name.decode())
+        f += 1
+    return out
+
+
+def layer_roles():
+    """A layer's tensor roles the compiled forward pass reads (forward.h ED_LAYER_TENSORS), in
+    order: each a field of edged.engine.arch.LayerTensors by that name."""
+    cdef const ed_layer_role *r = ED_LAYER_ROLES
+    out = []
+    while r.name != NULL:
+        out.append(r.name.decode())
+        r += 1
+    return out
+
+
+cdef dict _ROLE_OFFSET = {}
+cdef const ed_layer_role *_r = ED_LAYER_ROLES
+while _r.name != NULL:
+    _ROLE_OFFSET[_r.name.decode()] = _r.offset
+    _r += 1
+
+
+cdef int _check_roles(roles, where) except -1:
+    if roles != _ROLE_OFFSET.keys():
+        raise TypeError(f"{where}tensor roles {sorted(set(roles) ^ _ROLE_OFFSET.keys())} are not in both "
+                        "the layer and the compiled pass's list (forward.h ED_LAYER_TENSORS)")
+    return 0
+
+
+def check_fields(hp, roles):
+    """What ForwardModel.setup checks, before anything is built: TypeError naming the field
+    unless hp (HParams) has every field of ED_HPARAMS and no other one not marked
+    {"compiled": False}, and `roles` are the layer roles of ED_LAYER_TENSORS."""
+    cdef ed_model m
+    _set_hparams(&m, hp)
+    _check_roles(set(roles), "")
+
+
+cdef int _set_hparams(ed_model *m, hp) except -1:
+    # Every ED_HPARAMS field from the attribute of the same name; an HParams dataclass field that
+    # the list lacks fails too, unless its metadata says {"compiled": False} (per-layer tables,
+    # values only the Python side reads).
+    import dataclasses
+    cdef const ed_hparam *f = ED_HPARAM_LIST
+    cdef char *base = <char *>m
+    names = set()
+    while f.name != NULL:
+        name = f.name.decode()
+        names.add(name)
+        if not hasattr(hp, name):
+            raise TypeError(f"hyperparameter {name!r}: the compiled forward pass reads it "
+                            f"(forward.h ED_HPARAMS) but {type(hp).__name__} has no such field")
+        v = getattr(hp, name)
+        if f.is_float:
+            (<float *>(base + f.offset))[0] = v
+        else:
+            (<int *>(base + f.offset))[0] = v
+        f += 1
+    if dataclasses.is_dataclass(hp):
+        unread = [x.name for x in dataclasses.fields(hp)
+                  if x.name not in names and x.metadata.get("compiled", True)]
+        if unread:
+            raise TypeError(f"hyperparameters {', '.join(unread)} of {type(hp).__name__}: not read by "
+                            "the compiled forward pass; add them to ED_HPARAMS (forward.h), or mark "
+                            "them field(metadata={'compiled': False})")
+    return 0
 
 
 cdef class Pool:
@@ -244,30 +318,13 @@ cdef class ForwardModel:
         t.row_bytes = row_bytes
         t.layout = spec[4] if len(spec) > 4 else 0  # ED_LAYOUT_R4: repacked at load (engine/repack.py)
 
-    def setup(self, dict hp, list layers, dict globals_):
-        """hp: scalar hyperparameters; layers: per layer a dict role -> (uint8 array, type,
-        shape, row_bytes[, layout]) or None, plus 'swa'; globals_: token_embd/output_norm/output/rope."""
+    def setup(self, hp, list layers, dict globals_):
+        """hp: the model's hyperparameters (HParams: every ED_HPARAMS name read from it by name);
+        layers: per layer a dict role -> (uint8 array, type, shape, row_bytes[, layout]) or None,
+        plus 'swa' and 'rope'; globals_: token_embd/output_norm/output/rope."""
         cdef int i
         m = &self.m
-        m.n_vocab = hp["n_vocab"]; m.n_embd = hp["n_embd"]; m.n_ff = hp["n_ff"]
-        m.n_layer = hp["n_layer"]; m.n_head = hp["n_head"]; m.n_head_kv = hp["n_head_kv"]
-        m.head_dim = hp["head_dim"]; m.n_rot = hp["n_rot"]; m.rope_neox = hp["rope_neox"]
-        m.act_gelu = hp["act_gelu"]; m.n_swa = hp["n_swa"]; m.scale_q = hp.get("scale_q", 0)
-        m.rope_base = hp["rope_freq_base"]; m.rope_scale = hp["rope_freq_scale"]
-        m.rope_base_swa = hp["rope_freq_base_swa"]; m.rope_attn_factor = hp["rope_attn_factor"]
-        m.rms_eps = hp["rms_eps"]; m.attn_scale = hp["attn_scale"]; m.embd_scale = hp["embd_scale"]
-        m.softcap = hp["final_logit_softcap"]
-        m.rope_scale_swa = hp.get("rope_freq_scale_swa", 1.0)
-        m.ext_factor = hp.get("rope_ext_factor", 0.0)
-        m.beta_fast = hp.get("yarn_beta_fast", 32.0); m.beta_slow = hp.get("yarn_beta_slow", 1.0)
-        m.n_ctx_orig = hp.get("n_ctx_orig", 0)
-        m.attn_softcap = hp.get("attn_softcap", 0.0)
-        m.residual_scale = hp.get("residual_scale", 1.0); m.logit_mul = hp.get("logit_mul", 1.0)
-        m.n_expert = hp.get("n_expert", 0); m.n_expert_used = hp.get("n_expert_used", 0)
-        m.n_ff_exp = hp.get("n_ff_exp", 0); m.expert_norm = hp.get("expert_weights_norm", False)
-        m.n_ff_shexp = hp.get("n_ff_shexp", 0)
-        m.expert_softmax_topk = hp.get("expert_softmax_topk", False)
-        m.act_oai = hp.get("act_oai", 0)
+        _set_hparams(m, hp)
         if m.head_dim > 1024 or m.n_rot > 1024:
             raise ValueError(f"head_dim {m.head_dim} > 1024 not supported by the compiled path")
         if m.n_expert > ED_MAX_EXPERT or m.n_expert_used > m.n_expert:
@@ -296,46 +353,11 @@ cdef class ForwardModel:
             l = &self.layers[i]
             l.swa = L["swa"]
             l.rope = L.get("rope", 1)
+            _check_roles(set(L) - {"swa", "rope"}, f"layer {i}: ")
             for role, spec in L.items():
-                if role in ("swa", "rope"):
+                if role in ("swa", "rope") or spec is None:
                     continue
-                if spec is None:
-                    continue
-                self._set(self._field(l, role), spec)
-
-    cdef ed_tensor *_field(self, ed_layer *l, str role) except NULL:
-        if role == "attn_norm": return &l.attn_norm
-        if role == "attn_q": return &l.attn_q
-        if role == "attn_k": return &l.attn_k
-        if role == "attn_v": return &l.attn_v
-        if role == "attn_qkv": return &l.attn_qkv
-        if role == "attn_q_bias": return &l.attn_q_bias
-        if role == "attn_k_bias": return &l.attn_k_bias
-        if role == "attn_v_bias": return &l.attn_v_bias
-        if role == "attn_q_norm": return &l.attn_q_norm
-        if role == "attn_k_norm": return &l.attn_k_norm
-        if role == "attn_output": return &l.attn_output
-        if role == "post_attention_norm": return &l.post_attention_norm
-        if role == "ffn_norm": return &l.ffn_norm
-        if role == "ffn_gate": return &l.ffn_gate
-        if role == "ffn_up": return &l.ffn_up
-        if role == "ffn_down": return &l.ffn_down
-        if role == "post_ffw_norm": return &l.post_ffw_norm
-        if role == "ffn_gate_inp": return &l.ffn_gate_inp
-        if role == "ffn_gate_exps": return &l.ffn_gate_exps
-        if role == "ffn_up_exps": return &l.ffn_up_exps
-        if role == "ffn_down_exps": return &l.ffn_down_exps
-        if role == "ffn_gate_inp_shexp": return &l.ffn_gate_inp_shexp
-        if role == "ffn_gate_shexp": return &l.ffn_gate_shexp
-        if role == "ffn_up_shexp": return &l.ffn_up_shexp
-        if role == "ffn_down_shexp": return &l.ffn_down_shexp
-        if role == "attn_sinks": return &l.attn_sinks
-        if role == "attn_output_bias": return &l.attn_output_bias
-        if role == "ffn_gate_inp_bias": return &l.ffn_gate_inp_bias
-        if role == "ffn_gate_exps_bias": return &l.ffn_gate_exps_bias
-        if role == "ffn_up_exps_bias": return &l.ffn_up_exps_bias
-        if role == "ffn_down_exps_bias": return &l.ffn_down_exps_bias
-        raise KeyError(role)
+                self._set(<ed_tensor *>(<char *>l + <size_t>_ROLE_OFFSET[role]), spec)
 
     cdef void _check_cache(self, int type_k, int type_v) except *:
         for name, t in (("cache_type_k", type_k), ("cache_type_v", type_v)):
@@ -423,7 +445,7 @@ cdef class ForwardState:
         names = ("matmul", "quantize", "attention", "norms+residual", "bias/qk-norm/rope/kv-store",
                  "activation", "output matmul")
         out = {names[i]: self.s.prof_ns[i] / 1e6 for i in range(7) if self.s.prof_ns[i]}
-        for t in range(40):
+        for t in range(ED_NTYPES):
             if self.s.prof_mm[t]:
                 out[f"matmul type {t}"] = self.s.prof_mm[t] / 1e6
         return out

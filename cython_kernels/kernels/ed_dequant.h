@@ -125,9 +125,9 @@ static int ed_dequantize_row(int type, const void *vx, float *y, int64_t k) {
     case ED_F32: memcpy(y, x, (size_t)k * 4); return 0;
     case ED_F16: for (int64_t i = 0; i < k; i++) y[i] = H2F(((const ed_half *)x)[i]); return 0;
     case ED_BF16: for (int64_t i = 0; i < k; i++) y[i] = ed_bf16_to_fp32(((const uint16_t *)x)[i]); return 0;
-#define ED_DQCASE(T, name, bs) \
-    case T: for (int64_t i = 0; i < k / (bs); i++) ed_dq_##name((const blk_##name *)x + i, y + i * (bs)); return 0;
-    ED_WEIGHT_BLOCK_TYPES(ED_DQCASE)
+#define ED_DQCASE(N, ID, NM, T, BS, VEC, W, A) ED_IF_##W( \
+    case ED_##N: for (int64_t i = 0; i < k / (BS); i++) ed_dq_##NM((const T *)x + i, y + i * (BS)); return 0;)
+    ED_BLOCK_TYPES(ED_DQCASE)
 #undef ED_DQCASE
     default: return -1;
     }

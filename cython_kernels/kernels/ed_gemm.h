@@ -1,6 +1,6 @@
 /* Packed matrix-matrix products for prompt batches (included by ed_simd.h).
  *
- * A tile of one weight row against a few tokens (ED_MDOT) ends every block in a horizontal
+ * A tile of one weight row against a few tokens (ED_TILE) ends every block in a horizontal
  * sum and a scalar scale. For a batch of many tokens edged instead unpacks a panel of
  * ED_PANEL (16) weight rows into a scratch buffer, once per call, in an interleaved layout:
  * for each group of G weights, G/4 vectors of 64 bytes, vector q holding weights 4q..4q+3 of
@@ -52,7 +52,7 @@
 #endif
 
 #define ED_PANEL 16
-/* Below this many tokens the row tiles (ED_MDOT) are used: unpacking every weight into panels
+/* Below this many tokens the row tiles (ED_TILE) are used: unpacking every weight into panels
  * is a fixed cost per product that fewer tokens do not repay. 0 (the default): the selected
  * path's own threshold (ed_gemm_path.min_cols, measured: BENCHMARKS.md "Packed panels: from
  * how many tokens"); tests set one with gemm_min_cols(). */
@@ -249,14 +249,19 @@ static void ed_unpack_iq4_xs(const void *vx, int K, uint8_t *u, float *A, float 
 }
 
 static const ed_gemm_traits ED_GEMM_TRAITS[ED_NTYPES] = {
-    [ED_Q4_0] = {32, 8, ed_unpack_q4_0, 0},   [ED_Q4_1] = {32, 0, ed_unpack_q4_1, 0},
-    [ED_Q5_0] = {32, 16, ed_unpack_q5_0, 0},  [ED_Q5_1] = {32, 0, ed_unpack_q5_1, 0},
-    [ED_Q8_0] = {32, 128, ed_unpack_q8_0, 0, 1},
-    [ED_Q2_K] = {16, 0, ed_unpack_q2_K, 16},  [ED_Q3_K] = {16, 4, ed_unpack_q3_K, 16},
-    [ED_Q4_K] = {32, 0, ed_unpack_q4_K, 8},   [ED_Q5_K] = {32, 0, ed_unpack_q5_K, 8},
-    [ED_Q6_K] = {16, 32, ed_unpack_q6_K, 16},
-    [ED_IQ4_NL] = {32, 128, ed_unpack_iq4_nl, 0, 1}, [ED_IQ4_XS] = {32, 128, ed_unpack_iq4_xs, 8, 1},
-    [ED_MXFP4] = {32, 12, ed_unpack_mxfp4, 0},
+    [ED_Q4_0] = {.G = 32, .off = 8, .unpack = ed_unpack_q4_0},
+    [ED_Q4_1] = {.G = 32, .off = 0, .unpack = ed_unpack_q4_1},
+    [ED_Q5_0] = {.G = 32, .off = 16, .unpack = ed_unpack_q5_0},
+    [ED_Q5_1] = {.G = 32, .off = 0, .unpack = ed_unpack_q5_1},
+    [ED_Q8_0] = {.G = 32, .off = 128, .unpack = ed_unpack_q8_0, .wide = 1},
+    [ED_Q2_K] = {.G = 16, .off = 0, .unpack = ed_unpack_q2_K, .gps = 16},
+    [ED_Q3_K] = {.G = 16, .off = 4, .unpack = ed_unpack_q3_K, .gps = 16},
+    [ED_Q4_K] = {.G = 32, .off = 0, .unpack = ed_unpack_q4_K, .gps = 8},
+    [ED_Q5_K] = {.G = 32, .off = 0, .unpack = ed_unpack_q5_K, .gps = 8},
+    [ED_Q6_K] = {.G = 16, .off = 32, .unpack = ed_unpack_q6_K, .gps = 16},
+    [ED_IQ4_NL] = {.G = 32, .off = 128, .unpack = ed_unpack_iq4_nl, .wide = 1},
+    [ED_IQ4_XS] = {.G = 32, .off = 128, .unpack = ed_unpack_iq4_xs, .gps = 8, .wide = 1},
+    [ED_MXFP4] = {.G = 32, .off = 12, .unpack = ed_unpack_mxfp4},
 };
 
 /* A K-quant super-block's integer group scales and mins (0 where the type has an offset
@@ -345,7 +350,8 @@ struct ed_gemm_path {
     int signed_v;
 };
 /* no panels; min_cols keeps the former 8, which the scheduler's two cost fits split at */
-static const struct ed_gemm_path ED_GEMM_NONE = {NULL, 1, 0, ed_gemm_transpose_generic, {NULL}, 8};
+static const struct ed_gemm_path ED_GEMM_NONE = {.kernel = NULL, .lift = 1, .i16 = 0,
+                                                 .transpose = ed_gemm_transpose_generic, .min_cols = 8};
 #define ED_GEMM_KERNEL (ed_kern->gemm->kernel)
 /* 1 when an R4 matrix of `type` has the path's own R4 panels (pack_r4): only the types the path
  * repacks itself (EDGED_REPACK=r4 gives other types the layout on any path) */

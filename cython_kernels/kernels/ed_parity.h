@@ -364,63 +364,50 @@ static void ed_pm_reduce_lanes_sparse(int n, const float *const *L, const float 
     else if (r != out) memcpy(out, r, sizeof(float) * n);
 }
 
-/* Dispatch: the x86 versions on the avx2/avx512 kernel paths, the scalar ones elsewhere. */
-static inline int ed_pm_simd(const char *path) {
+/* The paths' tables (ed_kernels.pm, chosen with the kernel path in ed_simd.h): the x86 versions
+ * on the avx2/avx512 paths, the NEON ones on neon (the F16 dot, expf, the F16 rows and SiLU;
+ * the others are scalar there); NULL entries (and the generic path): the scalar code. */
 #if defined(__x86_64__)
-    return path[0] == 'a';  /* "avx2", "avx512" */
+static float ED_PM_X86 ed_pm_dot_f16_row_x86(int n, const ed_half *x, const ed_half *y) {
+    return ed_pm_dot_f16_x86(n, x, y, 0);
+}
+#define ED_PM_FNS_X86 {.dot_f16 = ed_pm_dot_f16_row_x86, .expf_sub = ed_pm_expf_sub_x86, \
+                       .silu_mul = ed_pm_silu_mul_x86, .round_scale = ed_pm_round_scale_x86}
 #elif defined(__aarch64__)
-    return path[0] == 'n';  /* "neon", "neon+dotprod": the F16 dot, expf and SiLU (the others are scalar there) */
-#else
-    (void)path; return 0;
+static float ed_pm_dot_f16_row_neon(int n, const ed_half *x, const ed_half *y) {
+    return ed_pm_dot_f16_neon(n, x, y, 0);
+}
+#define ED_PM_FNS_NEON {.dot_f16 = ed_pm_dot_f16_row_neon, .expf_sub = ed_pm_expf_sub_neon, \
+                        .f16_row = ed_pm_f16_row_neon, .silu_mul = ed_pm_silu_mul_neon, \
+                        .round_scale = ed_pm_round_scale_neon}
 #endif
+
+/* Dispatch: pm's function where it has one, else the scalar code (callers in a loop copy the
+ * path's table once: const ed_pm_fns pm = *ED_PM). The attention's dot is one row's
+ * (ggml_vec_dot_f16's order: the forward pass's; the batch order is the blocked kernels'). */
+static inline float ed_pm_dot(const ed_pm_fns *pm, int n, const ed_half *x, const ed_half *y) {
+    if (pm->dot_f16) return pm->dot_f16(n, x, y);
+    return ed_pm_dot_f16(n, x, y, 0);
 }
 
-static inline float ed_pm_dot(int simd, int n, const ed_half *x, const ed_half *y, int batch) {
-#if defined(__x86_64__)
-    if (simd) return ed_pm_dot_f16_x86(n, x, y, batch);
-#elif defined(__aarch64__)
-    if (simd) return ed_pm_dot_f16_neon(n, x, y, batch);
-#endif
-    (void)simd;
-    return ed_pm_dot_f16(n, x, y, batch);
-}
-
-static inline void ed_pm_expf_sub(int simd, int n, const float *x, float mx, float *y) {
-#if defined(__x86_64__)
-    if (simd) { ed_pm_expf_sub_x86(n, x, mx, y); return; }
-#elif defined(__aarch64__)
-    if (simd) { ed_pm_expf_sub_neon(n, x, mx, y); return; }
-#endif
-    (void)simd;
+static inline void ed_pm_expf_sub(const ed_pm_fns *pm, int n, const float *x, float mx, float *y) {
+    if (pm->expf_sub) { pm->expf_sub(n, x, mx, y); return; }
     for (int i = 0; i < n; i++) y[i] = ed_pm_expf(x[i] - mx);
 }
 
 /* y[i] = ed_fp32_to_fp16(x[i]) for i < n */
-static inline void ed_pm_f16_row(int simd, int n, const float *x, ed_half *y) {
-#if defined(__aarch64__)
-    if (simd) { ed_pm_f16_row_neon(n, x, y); return; }
-#endif
-    (void)simd;
+static inline void ed_pm_f16_row(const ed_pm_fns *pm, int n, const float *x, ed_half *y) {
+    if (pm->f16_row) { pm->f16_row(n, x, y); return; }
     for (int i = 0; i < n; i++) y[i] = ed_fp32_to_fp16(x[i]);
 }
 
-static inline void ed_pm_silu_mul(int simd, int n, float *g, const float *u) {
-#if defined(__x86_64__)
-    if (simd) { ed_pm_silu_mul_x86(n, g, u); return; }
-#elif defined(__aarch64__)
-    if (simd) { ed_pm_silu_mul_neon(n, g, u); return; }
-#endif
-    (void)simd;
+static inline void ed_pm_silu_mul(const ed_pm_fns *pm, int n, float *g, const float *u) {
+    if (pm->silu_mul) { pm->silu_mul(n, g, u); return; }
     for (int i = 0; i < n; i++) g[i] = ed_pm_silu(g[i]) * u[i];
 }
 
-static inline void ed_pm_round_scale(int simd, int n, float *x, float s) {
-#if defined(__x86_64__)
-    if (simd) { ed_pm_round_scale_x86(n, x, s); return; }
-#elif defined(__aarch64__)
-    if (simd) { ed_pm_round_scale_neon(n, x, s); return; }
-#endif
-    (void)simd;
+static inline void ed_pm_round_scale(const ed_pm_fns *pm, int n, float *x, float s) {
+    if (pm->round_scale) { pm->round_scale(n, x, s); return; }
     for (int i = 0; i < n; i++) x[i] = ED_PM_F(ed_fp32_to_fp16(x[i] * s));
 }
 

@@ -678,9 +678,9 @@ static ED_NOFMA void ed_q_mxfp4(const float *x, blk_mxfp4 *y) {
 static int ed_quantize_row(int type, const float *x, void *vy, int64_t k) {
     uint8_t *y = (uint8_t *)vy;
     switch (type) {
-#define ED_QCASE(T, name, bs) \
-    case T: for (int64_t i = 0; i < k / (bs); i++) ed_q_##name(x + i * (bs), (blk_##name *)y + i); return 0;
-    ED_WEIGHT_BLOCK_TYPES(ED_QCASE)
+#define ED_QCASE(N, ID, NM, T, BS, VEC, W, A) ED_IF_##W( \
+    case ED_##N: for (int64_t i = 0; i < k / (BS); i++) ed_q_##NM(x + i * (BS), (T *)y + i); return 0;)
+    ED_BLOCK_TYPES(ED_QCASE)
 #undef ED_QCASE
     default: return -1;
     }

@@ -17,7 +17,10 @@
  * neon and neon+dotprod (aarch64 Advanced SIMD, with vdotq_s32). Each x86 build is the same
  * source (ed_simd_x86.inc: one body per weight type) compiled with per-function target
  * attributes, so the build stays portable (no -march); the 512-bit kernels below are rows of
- * the avx512 tables where they measured faster.
+ * the avx512 tables where they measured faster. Each table (ED_PATHS, at the end) is written
+ * with designated initializers; its dot and tile rows come from the one type list (ED_TYPES,
+ * ed_types.h), its pm and sample entries name the same instruction set's float details
+ * (ed_parity.h) and sampler passes (ed_sample.h).
  */
 #ifndef EDGED_ED_SIMD_H
 #define EDGED_ED_SIMD_H
@@ -26,6 +29,8 @@
 #include <stdlib.h>
 #include "ed_types.h"
 #include "ed_gemm.h"
+#include "ed_parity.h"
+#include "ed_sample.h"
 
 enum {
     ED_CPU_AVX2 = 1, ED_CPU_FMA = 2, ED_CPU_F16C = 4, ED_CPU_AVX512F = 8, ED_CPU_AVX512BW = 16,
@@ -89,14 +94,14 @@ static void ed_attn_rowwise(int nr, const ed_attn_row *rw, const ed_half *k, con
 /* out[c * ldo + r] = W[r] . xq[c] for r < nr, c < nc (any nc): the matmul inner tile */
 static void ed_mdot_rows(int type, int k, const uint8_t *w, size_t wstride, int nr,
                          const uint8_t *xq, size_t xs, int nc, float *out, size_t ldo) {
-    const ed_mdot_fn md = ED_MDOT[type];
+    const ed_tile_fn md = ED_TILE[type];
     const ed_dot_fn dot = ED_DOT[type];
-    if (ED_MROWS[type]) {  /* rows as lanes: the path's rows_n rows x up to ED_MAX_COLS tokens */
-        const int rn = ed_kern->rows_n ? ed_kern->rows_n : ED_MROWS_N;
+    if (ED_ROWS[type]) {  /* rows as lanes: the path's rows_n rows x up to ED_MAX_COLS tokens */
+        const int rn = ed_kern->rows_n ? ed_kern->rows_n : ED_ROWS_N;
         for (int c0 = 0; c0 < nc; c0 += ED_MAX_COLS)
             for (int r = 0; r < nr; r += rn)
-                ED_MROWS[type](k, w + r * wstride, wstride, nr - r < rn ? nr - r : rn,
-                               xq + c0 * xs, xs, nc - c0 < ED_MAX_COLS ? nc - c0 : ED_MAX_COLS, out + c0 * ldo + r, ldo);
+                ED_ROWS[type](k, w + r * wstride, wstride, nr - r < rn ? nr - r : rn,
+                              xq + c0 * xs, xs, nc - c0 < ED_MAX_COLS ? nc - c0 : ED_MAX_COLS, out + c0 * ldo + r, ldo);
         return;
     }
     for (int c0 = 0; c0 < nc; c0 += ED_MAX_COLS) {
@@ -112,7 +117,7 @@ static void ed_mdot_rows(int type, int k, const uint8_t *w, size_t wstride, int 
  * the path's R4 row kernel, or the generic twin on a path without one */
 static void ed_mdot_rows_r4(int type, int k, const uint8_t *w, size_t row_bytes, int nr,
                             const uint8_t *xq, size_t xs, int nc, float *out, size_t ldo) {
-    const ed_mrows_fn fn = ed_kern->rows_r4 ? ed_kern->rows_r4[type] : NULL;
+    const ed_rows_fn fn = ed_kern->rows_r4 ? ed_kern->rows_r4[type] : NULL;
     for (int c0 = 0; c0 < nc; c0 += ED_MAX_COLS) {
         const int cn = nc - c0 < ED_MAX_COLS ? nc - c0 : ED_MAX_COLS;
         if (fn) fn(k, w, row_bytes, nr, xq + c0 * xs, xs, cn, out + c0 * ldo, ldo);
@@ -295,12 +300,14 @@ static void ED_T512V ed_z_gemm_transpose(const uint8_t *u, int K, int G, uint8_t
 
 /* avx512 with VNNI: the 256-bit build's kernels and the 512-bit packed panels */
 static const struct ed_gemm_path ED_AVX512V_GEMM = {
-    ed_z_gemm, 1, 0, ed_z_gemm_transpose,
-    {[ED_Q4_0] = ed_avx512_unpack_q4_0, [ED_Q5_0] = ed_avx512_unpack_q5_0, [ED_Q8_0] = ed_avx512_unpack_q8_0,
-     [ED_Q4_K] = ed_avx512_unpack_q4_K, [ED_Q6_K] = ed_avx512_unpack_q6_K, [ED_IQ4_NL] = ed_avx512_unpack_iq4_nl,
-     [ED_MXFP4] = ed_avx512_unpack_mxfp4, [ED_IQ4_XS] = ed_avx512_unpack_iq4_xs}, 16, NULL, NULL,
-    {[ED_Q4_0] = ed_avx512_unpack_r4_q4_0, [ED_Q5_0] = ed_avx512_unpack_r4_q5_0, [ED_Q8_0] = ed_avx512_unpack_r4_q8_0,
-     [ED_IQ4_NL] = ed_avx512_unpack_r4_iq4_nl, [ED_MXFP4] = ed_avx512_unpack_r4_mxfp4}};
+    .kernel = ed_z_gemm, .lift = 1, .i16 = 0, .transpose = ed_z_gemm_transpose,
+    .unpack = {[ED_Q4_0] = ed_avx512_unpack_q4_0, [ED_Q5_0] = ed_avx512_unpack_q5_0, [ED_Q8_0] = ed_avx512_unpack_q8_0,
+               [ED_Q4_K] = ed_avx512_unpack_q4_K, [ED_Q6_K] = ed_avx512_unpack_q6_K, [ED_IQ4_NL] = ed_avx512_unpack_iq4_nl,
+               [ED_MXFP4] = ed_avx512_unpack_mxfp4, [ED_IQ4_XS] = ed_avx512_unpack_iq4_xs},
+    .min_cols = 16,
+    .unpack_r4 = {[ED_Q4_0] = ed_avx512_unpack_r4_q4_0, [ED_Q5_0] = ed_avx512_unpack_r4_q5_0,
+                  [ED_Q8_0] = ed_avx512_unpack_r4_q8_0, [ED_IQ4_NL] = ed_avx512_unpack_r4_iq4_nl,
+                  [ED_MXFP4] = ed_avx512_unpack_r4_mxfp4}};
 
 #elif defined(__aarch64__)
 #include <arm_neon.h>
@@ -337,41 +344,46 @@ static unsigned ed_cpu_features(void) { return 0; }
 #endif
 
 /* ------------------------------------------------------------------- the paths ------- */
-static const ed_dot_fn ED_GENERIC_DOT[ED_NTYPES] = {
-    [ED_F32] = ed_dot_f32, [ED_F16] = ed_dot_f16, [ED_BF16] = ed_dot_bf16,
-    [ED_Q4_0] = ed_dot_q4_0, [ED_Q4_1] = ed_dot_q4_1, [ED_Q5_0] = ed_dot_q5_0,
-    [ED_Q5_1] = ed_dot_q5_1, [ED_Q8_0] = ed_dot_q8_0, [ED_Q2_K] = ed_dot_q2_K,
-    [ED_Q3_K] = ed_dot_q3_K, [ED_Q4_K] = ed_dot_q4_K, [ED_Q5_K] = ed_dot_q5_K,
-    [ED_Q6_K] = ed_dot_q6_K, [ED_IQ4_NL] = ed_dot_iq4_nl, [ED_IQ4_XS] = ed_dot_iq4_xs,
-    [ED_MXFP4] = ed_dot_mxfp4};
-static const ed_quant_fn ED_GENERIC_QUANT[ED_NTYPES] = {
-    [ED_F32] = ed_quant_f32, [ED_F16] = ed_quant_f16, [ED_BF16] = ed_quant_bf16,
-    [ED_Q8_0] = ed_quant_q8_0, [ED_Q8_1] = ed_quant_q8_1, [ED_Q8_K] = ed_quant_q8_K};
-static const ed_mdot_fn ED_NO_TILES[ED_NTYPES] = {NULL};
-static const ed_mrows_fn ED_NO_ROWS[ED_NTYPES] = {NULL};
+#define ED_GENERIC_DOT_ROW(N, ID, NM, T, BS, VEC, W, A) ED_IF_##W([ED_##N] = ed_dot_##NM,)
+#define ED_GENERIC_QUANT_ROW(N, ID, NM, T, BS, VEC, W, A) ED_IF_##A([ED_##N] = ed_quant_##NM,)
+static const ed_dot_fn ED_GENERIC_DOT[ED_NTYPES] = {ED_TYPES(ED_GENERIC_DOT_ROW)};
+static const ed_quant_fn ED_GENERIC_QUANT[ED_NTYPES] = {ED_TYPES(ED_GENERIC_QUANT_ROW)};
+#undef ED_GENERIC_DOT_ROW
+#undef ED_GENERIC_QUANT_ROW
+static const ed_tile_fn ED_NO_TILES[ED_NTYPES] = {NULL};
+static const ed_rows_fn ED_NO_ROWS[ED_NTYPES] = {NULL};
 
 /* the paths this build knows, best first (ed_types_init takes the first the CPU runs) */
+#if defined(__x86_64__)
+/* the rows one x86 build of ed_simd_x86.inc made (its prefix P) */
+#define ED_X86_BUILD(P) .dot = ed_##P##_dot, .quant = ed_##P##_quant, .tile = ed_##P##_tile, \
+    .rows = ed_##P##_rows, .rows_r4 = ed_##P##_rows_r4, .axpy_f16 = ed_##P##_axpy_f16, \
+    .rows_n = ED_X86_ROWS_N, .pm = ED_PM_FNS_X86
+#endif
 static const ed_kernels ED_PATHS[] = {
 #if defined(__x86_64__)
-    {"avx512", "avx512+vnni", ED_NEED_AVX512 | ED_CPU_AVX512VNNI, ed_avx512_dot, ed_avx512_quant,
-     ed_avx512_tile, ed_avx512_rows, &ED_AVX512V_GEMM,
-     ed_avx512_axpy_f16, ed_z_attn, ED_X86_ROWS_N, ed_avx512_rows_r4},
-    {"avx512", "avx512", ED_NEED_AVX512, ed_avx512nv_dot, ed_avx512nv_quant, ed_avx512nv_tile,
-     ed_avx512nv_rows, &ed_avx512nv_gemm_path, ed_avx512nv_axpy_f16, ed_z_attn, ED_X86_ROWS_N,
-     ed_avx512nv_rows_r4},
-    {"avx2", "avx2+vnni", ED_NEED_AVX2 | ED_CPU_AVXVNNI, ed_avx2vnni_dot, ed_avx2vnni_quant,
-     ed_avx2vnni_tile, ed_avx2vnni_rows, &ed_avx2vnni_gemm_path,
-     ed_avx2vnni_axpy_f16, ed_avx2_attn, ED_X86_ROWS_N, ed_avx2vnni_rows_r4},
-    {"avx2", "avx2", ED_NEED_AVX2, ed_avx2_dot, ed_avx2_quant, ed_avx2_tile, ed_avx2_rows,
-     &ed_avx2_gemm_path, ed_avx2_axpy_f16, ed_avx2_attn, ED_X86_ROWS_N, ed_avx2_rows_r4},
+    {.family = "avx512", .name = "avx512+vnni", .need = ED_NEED_AVX512 | ED_CPU_AVX512VNNI, ED_X86_BUILD(avx512),
+     .gemm = &ED_AVX512V_GEMM, .attn = ed_z_attn, .sample = &ED_SAMPLE_AVX512},
+    {.family = "avx512", .name = "avx512", .need = ED_NEED_AVX512, ED_X86_BUILD(avx512nv),
+     .gemm = &ed_avx512nv_gemm_path, .attn = ed_z_attn, .sample = &ED_SAMPLE_AVX512},
+    {.family = "avx2", .name = "avx2+vnni", .need = ED_NEED_AVX2 | ED_CPU_AVXVNNI, ED_X86_BUILD(avx2vnni),
+     .gemm = &ed_avx2vnni_gemm_path, .attn = ed_avx2_attn, .sample = &ED_SAMPLE_AVX2},
+    {.family = "avx2", .name = "avx2", .need = ED_NEED_AVX2, ED_X86_BUILD(avx2),
+     .gemm = &ed_avx2_gemm_path, .attn = ed_avx2_attn, .sample = &ED_SAMPLE_AVX2},
 #elif defined(__aarch64__)
-    {"neon", "neon+dotprod", ED_CPU_NEON | ED_CPU_DOTPROD, ed_neondp_dot, ed_neondp_quant, ed_neondp_tile,
-     ed_neondp_rows, &ed_neondp_gemm_path, ed_neondp_axpy_f16, ed_attn_rowwise, 0, ed_neondp_rows_r4},
-    {"neon", "neon", ED_CPU_NEON, ed_neon_dot, ed_neon_quant, ed_neon_tile, ed_neon_rows,
-     &ED_GEMM_NONE, ed_neon_axpy_f16, ed_attn_rowwise},
+    {.family = "neon", .name = "neon+dotprod", .need = ED_CPU_NEON | ED_CPU_DOTPROD,
+     .dot = ed_neondp_dot, .quant = ed_neondp_quant, .tile = ed_neondp_tile, .rows = ed_neondp_rows,
+     .gemm = &ed_neondp_gemm_path, .axpy_f16 = ed_neondp_axpy_f16, .attn = ed_attn_rowwise,
+     .rows_r4 = ed_neondp_rows_r4, .pm = ED_PM_FNS_NEON, .sample = &ED_SAMPLE_BASE},
+    {.family = "neon", .name = "neon", .need = ED_CPU_NEON,
+     .dot = ed_neon_dot, .quant = ed_neon_quant, .tile = ed_neon_tile, .rows = ed_neon_rows,
+     .gemm = &ED_GEMM_NONE, .axpy_f16 = ed_neon_axpy_f16, .attn = ed_attn_rowwise,
+     .pm = ED_PM_FNS_NEON, .sample = &ED_SAMPLE_BASE},
 #endif
-    {"generic", "generic", 0, ED_GENERIC_DOT, ED_GENERIC_QUANT, ED_NO_TILES, ED_NO_ROWS,
-     &ED_GEMM_NONE, ed_axpy_f16_generic, ed_attn_rowwise},
+    {.family = "generic", .name = "generic", .need = 0,
+     .dot = ED_GENERIC_DOT, .quant = ED_GENERIC_QUANT, .tile = ED_NO_TILES, .rows = ED_NO_ROWS,
+     .gemm = &ED_GEMM_NONE, .axpy_f16 = ed_axpy_f16_generic, .attn = ed_attn_rowwise,
+     .sample = &ED_SAMPLE_BASE},
 };
 #define ED_NPATHS (int)(sizeof ED_PATHS / sizeof ED_PATHS[0])
 static const ed_kernels *ed_kern = &ED_PATHS[ED_NPATHS - 1];

@@ -1,8 +1,9 @@
-/* Weight-type traits for the forward pass: block layouts (llama.cpp's, as stored in GGUF),
- * activation quantizers (Q8_0, Q8_1, Q8_K, F16, BF16) and one dot product per weight type
- * against its activation format. Generic C here; SIMD variants in ed_simd.h are chosen once
- * at start-up (ed_types_init). One const table per path binds each type to its functions
- * (ed_kernels), so the forward pass never branches on the quantization type or the CPU.
+/* Weight-type traits for the forward pass: the one list of types (ED_TYPES), block layouts
+ * (llama.cpp's, as stored in GGUF), activation quantizers (Q8_0, Q8_1, Q8_K, F16, BF16) and one
+ * dot product per weight type against its activation format. Generic C here; SIMD variants in
+ * ed_simd.h are chosen once at start-up (ed_types_init). One const table per path binds each
+ * type to its functions (ed_kernels), so the forward pass never branches on the quantization
+ * type or the CPU.
  */
 #ifndef EDGED_ED_TYPES_H
 #define EDGED_ED_TYPES_H
@@ -11,12 +12,51 @@
 #include <stdint.h>
 #include <string.h>
 
-/* ggml type ids (the GGUF tensor-info type field) */
-enum {
-    ED_F32 = 0, ED_F16 = 1, ED_Q4_0 = 2, ED_Q4_1 = 3, ED_Q5_0 = 6, ED_Q5_1 = 7, ED_Q8_0 = 8,
-    ED_Q8_1 = 9, ED_Q2_K = 10, ED_Q3_K = 11, ED_Q4_K = 12, ED_Q5_K = 13, ED_Q6_K = 14,
-    ED_Q8_K = 15, ED_IQ4_NL = 20, ED_IQ4_XS = 23, ED_BF16 = 30, ED_MXFP4 = 39, ED_NTYPES = 40
-};
+/* The types, one list: every table of weight types and activation formats (the enum below,
+ * ED_TRAITS, ED_ACT, ED_TYPE_LIST, the weight quantizers and dequantizers, each path's dot and
+ * tile tables in ed_simd.h / ed_simd_x86.inc / ed_simd_neon.inc, kernels_check.c's list) is
+ * generated from these rows; edged/format/gguf.py and quants.py are checked against
+ * ED_TYPE_LIST (core.type_list(), tests/format/test_type_list.py). One row per type:
+ *     X(NAME, id, name, T, block, vec, W, A)
+ *   NAME   ED_NAME, and the type's name in ggml and Python (GGMLType.NAME)
+ *   id     the ggml type id (the GGUF tensor-info type field)
+ *   name   the suffix of its per-type code: ed_dot_name, ed_q_name, ed_dq_name, ed_quant_name,
+ *          and each path's dot_name / tile_name
+ *   T      the C type of one block (of one element for the float types)
+ *   block  elements per block
+ *   vec    the activation format a weight of this type is multiplied with (ED_vec)
+ *   W      1: a weight type (a plain C dot here and a dot and tile on every path)
+ *   A      1: an activation format (a plain C quantizer ed_quant_name here, ED_QUANT on a path)
+ * Float rows first, then the quantized blocks (ED_BLOCK_TYPES: the weight quantizers and
+ * dequantizers take its W rows); the order is the order of the tests' tables. */
+#define ED_FLOAT_TYPES(X) \
+    X(F32,    0,  f32,    float,      1,   F32,  1, 1) \
+    X(F16,    1,  f16,    ed_half,    1,   F16,  1, 1) \
+    X(BF16,   30, bf16,   uint16_t,   1,   BF16, 1, 1)
+#define ED_BLOCK_TYPES(X) \
+    X(Q4_0,   2,  q4_0,   blk_q4_0,   QK,  Q8_0, 1, 0) \
+    X(Q4_1,   3,  q4_1,   blk_q4_1,   QK,  Q8_1, 1, 0) \
+    X(Q5_0,   6,  q5_0,   blk_q5_0,   QK,  Q8_0, 1, 0) \
+    X(Q5_1,   7,  q5_1,   blk_q5_1,   QK,  Q8_1, 1, 0) \
+    X(Q8_0,   8,  q8_0,   blk_q8_0,   QK,  Q8_0, 1, 1) \
+    X(Q2_K,   10, q2_K,   blk_q2_K,   QKK, Q8_K, 1, 0) \
+    X(Q3_K,   11, q3_K,   blk_q3_K,   QKK, Q8_K, 1, 0) \
+    X(Q4_K,   12, q4_K,   blk_q4_K,   QKK, Q8_K, 1, 0) \
+    X(Q5_K,   13, q5_K,   blk_q5_K,   QKK, Q8_K, 1, 0) \
+    X(Q6_K,   14, q6_K,   blk_q6_K,   QKK, Q8_K, 1, 0) \
+    X(IQ4_NL, 20, iq4_nl, blk_iq4_nl, QK,  Q8_0, 1, 0) \
+    X(IQ4_XS, 23, iq4_xs, blk_iq4_xs, QKK, Q8_K, 1, 0) \
+    X(MXFP4,  39, mxfp4,  blk_mxfp4,  QK,  Q8_0, 1, 0) \
+    X(Q8_1,   9,  q8_1,   blk_q8_1,   QK,  Q8_1, 0, 1) \
+    X(Q8_K,   15, q8_K,   blk_q8_K,   QKK, Q8_K, 0, 1)
+#define ED_TYPES(X) ED_FLOAT_TYPES(X) ED_BLOCK_TYPES(X)
+/* ED_IF_W(...): the arguments where a row's flag W (or A) is 1, nothing where it is 0 */
+#define ED_IF_1(...) __VA_ARGS__
+#define ED_IF_0(...)
+
+#define ED_TYPE_ENUM(N, ID, NM, T, BS, VEC, W, A) ED_##N = ID,
+enum { ED_TYPES(ED_TYPE_ENUM) ED_NTYPES = 40 /* the tables' size: every id is below it */ };
+#undef ED_TYPE_ENUM
 
 enum { ED_PROF_MATMUL, ED_PROF_QUANT, ED_PROF_ATTN, ED_PROF_NORM, ED_PROF_ROPE, ED_PROF_ACT,
        ED_PROF_OUTPUT, ED_PROF_N };
@@ -62,15 +102,6 @@ static inline float ed_e8m0_half(uint8_t e) {
     const uint32_t bits = e < 2 ? 0x00200000u << e : (uint32_t)(e - 1) << 23;
     float f; memcpy(&f, &bits, 4); return f;
 }
-
-/* The block weight types, one X(type id, name, elements per block) each: the per-type code of
- * ed_quant.h (ed_q_NAME) and ed_dequant.h (ed_dq_NAME), block type blk_NAME, is dispatched from
- * this one list. */
-#define ED_WEIGHT_BLOCK_TYPES(X) \
-    X(ED_Q4_0, q4_0, QK) X(ED_Q4_1, q4_1, QK) X(ED_Q5_0, q5_0, QK) X(ED_Q5_1, q5_1, QK) \
-    X(ED_Q8_0, q8_0, QK) X(ED_Q2_K, q2_K, QKK) X(ED_Q3_K, q3_K, QKK) X(ED_Q4_K, q4_K, QKK) \
-    X(ED_Q5_K, q5_K, QKK) X(ED_Q6_K, q6_K, QKK) X(ED_IQ4_NL, iq4_nl, QK) X(ED_IQ4_XS, iq4_xs, QKK) \
-    X(ED_MXFP4, mxfp4, QK)
 
 /* ---------------------------------------------------------------- f16 / bf16 ------------ */
 static inline float ed_fp16_to_fp32(ed_half h) {
@@ -508,42 +539,46 @@ typedef struct {
  * (the same bytes) is ED_QUANT[format]. */
 typedef struct { int block, type_size; ed_quant_fn ref; } ed_act_traits;
 
-static const ed_traits ED_TRAITS[ED_NTYPES] = {
-    [ED_F32] = {1, 4, ED_F32, ed_dot_f32},
-    [ED_F16] = {1, 2, ED_F16, ed_dot_f16},
-    [ED_BF16] = {1, 2, ED_BF16, ed_dot_bf16},
-    [ED_Q4_0] = {QK, sizeof(blk_q4_0), ED_Q8_0, ed_dot_q4_0},
-    [ED_Q4_1] = {QK, sizeof(blk_q4_1), ED_Q8_1, ed_dot_q4_1},
-    [ED_Q5_0] = {QK, sizeof(blk_q5_0), ED_Q8_0, ed_dot_q5_0},
-    [ED_Q5_1] = {QK, sizeof(blk_q5_1), ED_Q8_1, ed_dot_q5_1},
-    [ED_Q8_0] = {QK, sizeof(blk_q8_0), ED_Q8_0, ed_dot_q8_0},
-    [ED_Q2_K] = {QKK, sizeof(blk_q2_K), ED_Q8_K, ed_dot_q2_K},
-    [ED_Q3_K] = {QKK, sizeof(blk_q3_K), ED_Q8_K, ed_dot_q3_K},
-    [ED_Q4_K] = {QKK, sizeof(blk_q4_K), ED_Q8_K, ed_dot_q4_K},
-    [ED_Q5_K] = {QKK, sizeof(blk_q5_K), ED_Q8_K, ed_dot_q5_K},
-    [ED_Q6_K] = {QKK, sizeof(blk_q6_K), ED_Q8_K, ed_dot_q6_K},
-    [ED_IQ4_NL] = {QK, sizeof(blk_iq4_nl), ED_Q8_0, ed_dot_iq4_nl},
-    [ED_IQ4_XS] = {QKK, sizeof(blk_iq4_xs), ED_Q8_K, ed_dot_iq4_xs},
-    [ED_MXFP4] = {QK, sizeof(blk_mxfp4), ED_Q8_0, ed_dot_mxfp4},
-};
+#define ED_TRAITS_ROW(N, ID, NM, T, BS, VEC, W, A) \
+    ED_IF_##W([ED_##N] = {.block = BS, .type_size = sizeof(T), .vec_type = ED_##VEC, .ref = ed_dot_##NM},)
+static const ed_traits ED_TRAITS[ED_NTYPES] = {ED_TYPES(ED_TRAITS_ROW)};
+#undef ED_TRAITS_ROW
+#define ED_ACT_ROW(N, ID, NM, T, BS, VEC, W, A) \
+    ED_IF_##A([ED_##N] = {.block = BS, .type_size = sizeof(T), .ref = ed_quant_##NM},)
+static const ed_act_traits ED_ACT[ED_NTYPES] = {ED_TYPES(ED_ACT_ROW)};
+#undef ED_ACT_ROW
 
-static const ed_act_traits ED_ACT[ED_NTYPES] = {
-    [ED_F32] = {1, 4, ed_quant_f32},
-    [ED_F16] = {1, 2, ed_quant_f16},
-    [ED_BF16] = {1, 2, ed_quant_bf16},
-    [ED_Q8_0] = {QK, sizeof(blk_q8_0), ed_quant_q8_0},
-    [ED_Q8_1] = {QK, sizeof(blk_q8_1), ed_quant_q8_1},
-    [ED_Q8_K] = {QKK, sizeof(blk_q8_K), ed_quant_q8_K},
-};
+/* The list itself, for the tests and the Python side (core.type_list()): the rows above in
+ * order, ended by a NULL name */
+typedef struct { int id; const char *name; int block, type_size, vec_type, weight, act; } ed_type_row;
+#define ED_LIST_ROW(N, ID, NM, T, BS, VEC, W, A) {ID, #N, BS, sizeof(T), ED_##VEC, W, A},
+static const ed_type_row ED_TYPE_LIST[] = {ED_TYPES(ED_LIST_ROW) {0, NULL, 0, 0, 0, 0, 0}};
+#undef ED_LIST_ROW
+
+/* Checked here: ids below ED_NTYPES, no id twice (the sum of the rows' bits is their union
+ * only if no bit is set twice), and each weight type's activation format is one */
+#define ED_ID_BIT(N, ID, NM, T, BS, VEC, W, A) + (1ull << ID)
+#define ED_ID_OR(N, ID, NM, T, BS, VEC, W, A) | (1ull << ID)
+#define ED_ACT_FLAG(N, ID, NM, T, BS, VEC, W, A) ED_IS_ACT_##N = A,
+enum { ED_TYPES(ED_ACT_FLAG) };
+_Static_assert(ED_NTYPES <= 64 && (0 ED_TYPES(ED_ID_OR)) < (1ull << ED_NTYPES), "a type id is not below ED_NTYPES");
+_Static_assert((0 ED_TYPES(ED_ID_BIT)) == (0 ED_TYPES(ED_ID_OR)), "two rows of ED_TYPES have one id");
+#define ED_VEC_CHECK(N, ID, NM, T, BS, VEC, W, A) \
+    _Static_assert(!W || ED_IS_ACT_##VEC, #N "'s activation format " #VEC " has A 0");
+ED_TYPES(ED_VEC_CHECK)
+#undef ED_VEC_CHECK
+#undef ED_ID_BIT
+#undef ED_ID_OR
+#undef ED_ACT_FLAG
 
 /* Tiles: out[c * ldo] = dot(w_row, xq + c * xs) for c < nc <= ED_MAX_COLS, the weight row
  * decoded once for all columns. Row kernels: out[c * ldo + r] = W[r] . xq[c] for
- * r < nr <= ED_MROWS_N (or the path's rows_n), c < nc <= ED_MAX_COLS (rows as SIMD lanes; the
+ * r < nr <= ED_ROWS_N (or the path's rows_n), c < nc <= ED_MAX_COLS (rows as SIMD lanes; the
  * same bits as the dot). */
 #define ED_MAX_COLS 4
-#define ED_MROWS_N 8
-typedef void (*ed_mdot_fn)(int k, const void *w, const void *xq, size_t xs, int nc, float *out, size_t ldo);
-typedef void (*ed_mrows_fn)(int k, const void *w, size_t wstride, int nr, const void *xq, size_t xs, int nc,
+#define ED_ROWS_N 8
+typedef void (*ed_tile_fn)(int k, const void *w, const void *xq, size_t xs, int nc, float *out, size_t ldo);
+typedef void (*ed_rows_fn)(int k, const void *w, size_t wstride, int nr, const void *xq, size_t xs, int nc,
                             float *out, size_t ldo);
 /* y[i] += a * x[i] over an F16 row (attention's V accumulation) */
 typedef void (*ed_axpy_f16_fn)(int n, float a, const ed_half *x, float *y);
@@ -554,28 +589,41 @@ typedef struct { const float *q; float *o; int lo, hi; float sink; } ed_attn_row
 typedef void (*ed_attn_fn)(int nr, const ed_attn_row *rw, const ed_half *k, const ed_half *v,
                            size_t ld, int hd, float scale, float *ws);
 struct ed_gemm_path;  /* the packed-panel kernel of a path (ed_gemm.h) */
+/* llama.cpp's float details of attention and the activations in a path's instructions
+ * (ed_parity.h: the same bits as its portable C); NULL: that portable C */
+typedef struct {
+    float (*dot_f16)(int n, const ed_half *x, const ed_half *y);  /* attention's q.k, one row */
+    void (*expf_sub)(int n, const float *x, float mx, float *y);            /* the softmax's exp */
+    void (*f16_row)(int n, const float *x, ed_half *y);                     /* rounding to F16 */
+    void (*silu_mul)(int n, float *g, const float *u);                      /* SwiGLU */
+    void (*round_scale)(int n, float *x, float s);                          /* the F16 softmax row */
+} ed_pm_fns;
+struct ed_sample_fns;  /* the sampler's passes over the vocabulary (ed_sample.h) */
 
 /* A kernel path: every function the forward pass calls that depends on the instruction set,
  * as one const table per path (ed_simd.h defines them, ed_types_init picks one). Per weight
  * type: the one-token dot, the tile (up to ED_MAX_COLS tokens: of one prompt, or the next
  * tokens of several sessions; every column equal to the one-token path bit for bit, the
- * canonical order above) and the row kernel (ED_MROWS_N weight rows x up to ED_MAX_COLS
- * tokens; optional). NULL tile: repeated dots. */
+ * canonical order above) and the row kernel (ED_ROWS_N weight rows x up to ED_MAX_COLS
+ * tokens; optional). NULL tile: repeated dots. Beside the weight kernels: attention, the
+ * float details the forward pass mirrors from llama.cpp, and the sampler's vocabulary passes. */
 typedef struct {
     const char *family;              /* what EDGED_KERNELS names: generic, avx2, avx512, neon */
     const char *name;                /* the variant: "avx2+vnni", "neon+dotprod", ... */
     unsigned need;                   /* ED_CPU_* features (ed_simd.h) the CPU must have */
     const ed_dot_fn *dot;            /* [weight type] */
     const ed_quant_fn *quant;        /* [activation format] */
-    const ed_mdot_fn *tile;          /* [weight type] */
-    const ed_mrows_fn *rows;         /* [weight type] */
+    const ed_tile_fn *tile;          /* [weight type] */
+    const ed_rows_fn *rows;          /* [weight type] */
     const struct ed_gemm_path *gemm; /* packed panels for prompt batches */
     ed_axpy_f16_fn axpy_f16;
     ed_attn_fn attn;
-    int rows_n;                      /* rows per row-kernel call (0: ED_MROWS_N) */
+    int rows_n;                      /* rows per row-kernel call (0: ED_ROWS_N) */
     /* [weight type] row kernels over weights repacked at load in the R4 layout (ed_repack.h);
      * the types listed here are repacked on this path (NULL: none, the mapped layout) */
-    const ed_mrows_fn *rows_r4;
+    const ed_rows_fn *rows_r4;
+    ed_pm_fns pm;                    /* llama.cpp's float details (ed_parity.h) */
+    const struct ed_sample_fns *sample;  /* the sampler's passes (ed_sample.h) */
 } ed_kernels;
 
 /* The path in use: chosen by ed_types_init (ed_simd.h, which defines it: the generic path
@@ -584,11 +632,12 @@ typedef struct {
 static const ed_kernels *ed_kern;
 #define ED_DOT (ed_kern->dot)
 #define ED_QUANT (ed_kern->quant)
-#define ED_MDOT (ed_kern->tile)
-#define ED_MROWS (ed_kern->rows)
+#define ED_TILE (ed_kern->tile)
+#define ED_ROWS (ed_kern->rows)
 #define ED_PATH (ed_kern->family)
 #define ed_axpy_f16 (ed_kern->axpy_f16)
 #define ed_attn (ed_kern->attn)
+#define ED_PM (&ed_kern->pm)
 
 /* F16 bits -> float for every half (the exact conversion), for kernels that would rather load
  * a float than convert; filled once by ed_types_init */

@@ -50,11 +50,30 @@ cdef extern from "ed_simd.h" nogil:
     ctypedef struct ed_act_traits:
         int block, type_size
         ed_quant_fn ref
-    ed_act_traits ED_ACT[40]
-    ed_quant_fn ED_QUANT[40]
+    ed_act_traits ED_ACT[ED_NTYPES]
+    ed_quant_fn ED_QUANT[ED_NTYPES]
+    ctypedef void (*ed_tile_fn)(int k, const void *w, const void *xq, size_t xs, int nc, float *out,
+                                size_t ldo) noexcept nogil
+    ctypedef void (*ed_rows_fn)(int k, const void *w, size_t wstride, int nr, const void *xq, size_t xs,
+                                int nc, float *out, size_t ldo) noexcept nogil
+    ctypedef void (*ed_unpack_lift_fn)(const void *row, int K, uint8_t *u, float *A, float *C,
+                                       uint8_t lift) noexcept nogil
+    cdef struct ed_gemm_path:
+        ed_unpack_lift_fn unpack[ED_NTYPES]
     ctypedef struct ed_kernels:
         const char *name
+        const ed_dot_fn *dot
+        const ed_quant_fn *quant
+        const ed_tile_fn *tile
+        const ed_rows_fn *rows
+        const ed_rows_fn *rows_r4
+        const ed_gemm_path *gemm
     const ed_kernels *ed_kern
+    ctypedef struct ed_type_row:
+        int id
+        const char *name
+        int block, type_size, vec_type, weight, act
+    const ed_type_row ED_TYPE_LIST[]
     size_t ed_act_row_bytes(int type, int64_t k)
     size_t ed_attn_ws_floats(int hd, int n_ctx)
     void ed_mdot_rows(int type, int k, const uint8_t *w, size_t wstride, int nr,
@@ -116,6 +135,31 @@ def available_paths():
     return [p for p in PATHS if ed_path_supported(p.encode())]
 
 
+def type_list():
+    """The one list of types the compiled core knows (ed_types.h ED_TYPES), in its order: per type
+    its ggml id, name, elements and bytes per block, the activation format it is multiplied with
+    (vec_type), and whether it is a weight type (weight) and an activation format (act)."""
+    cdef const ed_type_row *r = ED_TYPE_LIST
+    out = []
+    while r.name != NULL:
+        out.append({"id": r.id, "name": r.name.decode(), "block": r.block, "type_size": r.type_size,
+                    "vec_type": r.vec_type, "weight": bool(r.weight), "act": bool(r.act)})
+        r += 1
+    return out
+
+
+def kernel_tables():
+    """The selected path's tables: for each role (dot, tile, rows, rows_r4, quant, gemm) the type
+    ids it has a function for."""
+    cdef const ed_kernels *k = ed_kern
+    return {"dot": [t for t in range(ED_NTYPES) if k.dot[t] != NULL],
+            "tile": [t for t in range(ED_NTYPES) if k.tile[t] != NULL],
+            "rows": [t for t in range(ED_NTYPES) if k.rows[t] != NULL],
+            "rows_r4": [t for t in range(ED_NTYPES) if k.rows_r4 != NULL and k.rows_r4[t] != NULL],
+            "quant": [t for t in range(ED_NTYPES) if k.quant[t] != NULL],
+            "gemm": [t for t in range(ED_NTYPES) if k.gemm.unpack[t] != NULL]}
+
+
 def kernel_variant():
     """The table the selected path runs: "avx2+vnni", "avx2", "neon+dotprod", ..."""
     return ed_kern.name.decode()
@@ -137,7 +181,7 @@ def set_path(name=None):
 
 
 cdef int _check_type(int qtype) except -1:
-    if qtype < 0 or qtype >= 40 or ED_TRAITS[qtype].ref == NULL:
+    if qtype < 0 or qtype >= ED_NTYPES or ED_TRAITS[qtype].ref == NULL:
         raise ValueError(f"no kernel for ggml type {qtype}")
     return 0
 
@@ -272,7 +316,7 @@ def gemm_min_cols(n=None):
 
 def gemm_types():
     """ggml type ids the selected path multiplies with packed panels."""
-    return [t for t in range(40) if ed_gemm_ok(t)]
+    return [t for t in range(ED_NTYPES) if ed_gemm_ok(t)]
 
 
 def pin_pool(Pool pool, cpus):
@@ -359,8 +403,10 @@ cdef extern from "forward.h" nogil:
                  float freq_scale, const float *ff, float mscale, int neox)
     float ed_gelu(float x)
     float ed_silu(float x)
-    void ed_pm_silu_mul(int simd, int n, float *g, const float *u)
-    int ed_pm_simd(const char *path)
+    ctypedef struct ed_pm_fns:
+        pass
+    const ed_pm_fns *ED_PM
+    void ed_pm_silu_mul(const ed_pm_fns *pm, int n, float *g, const float *u)
     void ed_attention(ed_state *s, const ed_model *m, int il, int ith, int nth, int ldqkv)
 
 
@@ -399,7 +445,7 @@ def activation(float[::1] x, str kind, const float[::1] up=None):
         raise ValueError(f"up has {up.shape[0]} values, x {x.shape[0]}")
     if up is not None and not g:
         with nogil:
-            ed_pm_silu_mul(ed_pm_simd(ED_PATH), <int>x.shape[0], &x[0], &up[0])
+            ed_pm_silu_mul(ED_PM, <int>x.shape[0], &x[0], &up[0])
         return
     with nogil:
         for i in range(x.shape[0]):
@@ -480,7 +526,7 @@ def quantize_rows(const float[:, ::1] x, int qtype, Pool pool=None, const float[
     quant_weights (k,): an importance row (llama-imatrix's, for these rows' matrix or expert):
     llama.cpp's weighted algorithms instead (quantize_<type> with quant_weights)."""
     cdef int64_t n = x.shape[0], k = x.shape[1]
-    if qtype < 0 or qtype >= 40 or ED_TRAITS[qtype].ref == NULL or ED_TRAITS[qtype].block == 1:
+    if qtype < 0 or qtype >= ED_NTYPES or ED_TRAITS[qtype].ref == NULL or ED_TRAITS[qtype].block == 1:
         raise ValueError(f"no compiled quantizer for ggml type {qtype}")
     if k % ED_TRAITS[qtype].block:
         raise ValueError(f"row length {k} is not a multiple of the block size {ED_TRAITS[qtype].block}")
@@ -560,7 +606,7 @@ R4_ROWS = ED_R4_ROWS  # rows per group of the R4 layout: 8 on x86, 4 on Arm
 def r4_types():
     """The weight types the selected path's row kernels read in the R4 layout (repacked at
     load, edged/engine/repack.py); none on most paths."""
-    return [t for t in range(40) if ed_r4_wanted(t)]
+    return [t for t in range(ED_NTYPES) if ed_r4_wanted(t)]
 
 
 def r4_ok(int qtype, int64_t ne0, int64_t ne1):

@@ -18,8 +18,8 @@
  * as v decreases, so bucket order is sorted order.
  *
  * Written once with GCC vector extensions and compiled for the baseline ISA (SSE2 on x86-64,
- * Advanced SIMD on aarch64) and, on x86-64, for AVX2+FMA and AVX-512, chosen at run time
- * (ed_sample_init follows the kernels' path). exp is computed in double (Cody-Waite reduction,
+ * Advanced SIMD on aarch64) and, on x86-64, for AVX2+FMA and AVX-512, chosen with the kernel
+ * path (ed_kernels.sample: the names above call the selected path's). exp is computed in double (Cody-Waite reduction,
  * degree-13 Taylor polynomial evaluated by Estrin's scheme): within a few ulp of libm, so sums
  * agree with NumPy's float64 ones to ~1e-15 relative and never move a cut the reference would
  * not make (a float exp would, about once in a thousand draws on a flat distribution).
@@ -30,6 +30,7 @@
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
+#include "ed_types.h"  /* ed_kern: the selected kernel path */
 
 /* the vector helpers pass 32/64-byte vectors by value between static functions of one file */
 #pragma GCC diagnostic ignored "-Wpsabi"
@@ -169,7 +170,6 @@ ED_SAMPLE_FNS(base, , 2, 4)
 #undef MASK_GE
 #if defined(__x86_64__)
 #include <immintrin.h>
-#include "ed_cpu.h"
 static inline unsigned __attribute__((target("avx2,fma"))) ed_mask_ge_avx2(const float *p, float t) {
     return (unsigned)_mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(p), _mm256_set1_ps(t), _CMP_GE_OQ));
 }
@@ -205,39 +205,28 @@ ed_sabove_avx512c(const float *x, int n, float t, int32_t *idx, float *val) {
 }
 #endif
 
-static float (*ed_smax)(const float *x, int n) = ed_smax_base;
-static double (*ed_sexp)(const float *x, int n, float mx, double s, double *out) = ed_sexp_base;
-static void (*ed_shist)(const float *x, int n, float mx, int *cnt, uint16_t *bk) = ed_shist_base;
-static int (*ed_sabove)(const float *x, int n, float t, int32_t *idx, float *val) = ed_sabove_base;
-static int (*ed_sfind)(const float *x, int n, float t) = ed_sfind_base;
-
-/* path: the kernels' path name ("generic" keeps the baseline build) */
-static void ed_sample_init(const char *path) {
-    ed_smax = ed_smax_base;
-    ed_sexp = ed_sexp_base;
-    ed_shist = ed_shist_base;
-    ed_sabove = ed_sabove_base;
-    ed_sfind = ed_sfind_base;
+/* One set per kernel path (ed_kernels.sample, ed_simd.h): the avx512 paths take the AVX-512
+ * build, the avx2 paths the AVX2 one, generic and neon the baseline build. */
+struct ed_sample_fns {
+    float (*max)(const float *x, int n);
+    double (*exp)(const float *x, int n, float mx, double s, double *out);
+    void (*hist)(const float *x, int n, float mx, int *cnt, uint16_t *bk);
+    int (*above)(const float *x, int n, float t, int32_t *idx, float *val);
+    int (*find)(const float *x, int n, float t);
+};
+static const struct ed_sample_fns ED_SAMPLE_BASE = {
+    .max = ed_smax_base, .exp = ed_sexp_base, .hist = ed_shist_base, .above = ed_sabove_base, .find = ed_sfind_base};
 #if defined(__x86_64__)
-    const ed_x86_cpu cpu = ed_x86_cpu_detect();
-    int avx2 = cpu.avx2 && cpu.fma;
-    int avx512 = avx2 && cpu.avx512f && cpu.avx512dq && cpu.avx512vl;
-    if (!strcmp(path, "avx512") && avx512) {
-        ed_smax = ed_smax_avx512;
-        ed_sexp = ed_sexp_avx512;
-        ed_shist = ed_shist_avx512;
-        ed_sabove = ed_sabove_avx512c;
-        ed_sfind = ed_sfind_avx512;
-    } else if (strcmp(path, "generic") != 0 && avx2) {
-        ed_smax = ed_smax_avx2;
-        ed_sexp = ed_sexp_avx2;
-        ed_shist = ed_shist_avx2;
-        ed_sabove = ed_sabove_avx2;
-        ed_sfind = ed_sfind_avx2;
-    }
-#else
-    (void)path;
+static const struct ed_sample_fns ED_SAMPLE_AVX2 = {
+    .max = ed_smax_avx2, .exp = ed_sexp_avx2, .hist = ed_shist_avx2, .above = ed_sabove_avx2, .find = ed_sfind_avx2};
+static const struct ed_sample_fns ED_SAMPLE_AVX512 = {
+    .max = ed_smax_avx512, .exp = ed_sexp_avx512, .hist = ed_shist_avx512, .above = ed_sabove_avx512c,
+    .find = ed_sfind_avx512};
 #endif
-}
+#define ed_smax (ed_kern->sample->max)
+#define ed_sexp (ed_kern->sample->exp)
+#define ed_shist (ed_kern->sample->hist)
+#define ed_sabove (ed_kern->sample->above)
+#define ed_sfind (ed_kern->sample->find)
 
 #endif

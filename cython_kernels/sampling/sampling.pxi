@@ -23,7 +23,6 @@ cdef extern from "ed_sample.h" nogil:
     void ed_shist(const float *x, int n, float mx, int *cnt, uint16_t *bk)
     int ed_sabove(const float *x, int n, float t, int32_t *idx, float *val)
     int ed_sfind(const float *x, int n, float t)
-    void ed_sample_init(const char *path)
 
 cdef enum:
     _NBMAX = 4096         # ED_SNB, for the stack arrays
@@ -257,8 +256,6 @@ cdef int _sample(const float *x, int n, int top_k, double top_p, double min_p, d
         return s.c[j].id
 
 
-cdef const char *_sample_path = NULL
-
 
 def sample_work_bytes(int n):
     """Bytes of scratch sample_logits needs for n logits (pass it as `work` to reuse it)."""
@@ -281,7 +278,6 @@ def sample_logits(const float[::1] logits, params, const int32_t[::1] bias_ids,
     cdef double temperature = params.temperature
     cdef int top_k = params.top_k
     cdef double top_p = params.top_p, min_p = params.min_p
-    global _sample_path
     cdef int n = logits.shape[0], i, t
     cdef float v
     cdef float *x
@@ -302,9 +298,6 @@ def sample_logits(const float[::1] logits, params, const int32_t[::1] bias_ids,
             raise ValueError(f"penalty id {pen_ids[i]} out of range")
     if pen_counts.shape[0] != pen_ids.shape[0] or bias_vals.shape[0] != bias_ids.shape[0]:
         raise ValueError("ids and values differ in length")
-    if _sample_path != ED_PATH:    # follow the kernels' path (EDGED_KERNELS=generic included)
-        ed_sample_init(ED_PATH)
-        _sample_path = ED_PATH
     if work is not None and <size_t>work.shape[0] >= _work_bytes(n) + _al(n * sizeof(float)):
         buf = &work[0]
     else:

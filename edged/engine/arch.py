@@ -5,8 +5,12 @@ into a `Spec` (hyperparameters + the tensor of every weight role), or raises
 UnsupportedModelError naming the key, tensor, shape or type that is wrong. Nothing here reads
 tensor data: the backends get a validated Spec and trust it.
 
-Adding an architecture is a table entry (`ARCHS`) and, at most, a small forward variant keyed
-by one of the feature flags below.
+An architecture whose layers the forward pass already computes is a table entry (`ARCHS`). One
+with a new kind of layer also needs its feature flag below, its hyperparameters (`HParams`, read
+in `hparams()`) and tensors (`LayerTensors`, found in `validate()`) under the same names in the
+compiled pass's lists (ED_HPARAMS and ED_LAYER_TENSORS in cython_kernels/forward/forward.h: the
+load fails naming a field that is on one side only), and the computation in forward.h and
+reference.py; docs/checklists.md lists the files and tests.
 """
 from __future__ import annotations
 
@@ -94,18 +98,24 @@ EXPERT_WEIGHTS_SUM_MIN = 6.103515625e-5
 SWIGLU_OAI_ALPHA, SWIGLU_OAI_LIMIT = 1.702, 7.0
 
 
+# The compiled forward pass copies the hyperparameters by name: each HParams field is a row of
+# ED_HPARAMS (cython_kernels/forward/forward.h) unless marked with this (per-layer tables it
+# gets per layer, values only the Python side reads); ForwardModel.setup fails on any other.
+NOT_COMPILED = {"compiled": False}
+
+
 @dataclass(frozen=True)
 class HParams:
     """Hyperparameters with llama.cpp's short names."""
     n_vocab: int
-    n_ctx_train: int
+    n_ctx_train: int = field(metadata=NOT_COMPILED)
     n_embd: int
     n_ff: int
     n_layer: int
     n_head: int
     n_head_kv: int
     head_dim: int                 # n_embd_head_k (attention.key_length)
-    head_dim_v: int               # n_embd_head_v (attention.value_length)
+    head_dim_v: int = field(metadata=NOT_COMPILED)  # n_embd_head_v (attention.value_length)
     n_rot: int                    # rope.dimension_count
     rope_freq_base: float
     rope_freq_scale: float        # 1 / rope.scaling.factor (linear scaling)
@@ -119,20 +129,25 @@ class HParams:
     n_ctx_orig: int               # rope.scaling.original_context_length (phi3 long/short factors)
     rms_eps: float
     n_swa: int                    # sliding window (0: none)
-    swa_layers: tuple             # per layer: True when the layer uses the sliding window
+    swa_layers: tuple = field(metadata=NOT_COMPILED)  # per layer: True when it uses the sliding window
     attn_scale: float             # multiplies q.k
     embd_scale: float             # multiplies the input embeddings
     final_logit_softcap: float    # 0: off
     attn_softcap: float = 0.0     # q.k soft-capping (gemma2), 0: off
     residual_scale: float = 1.0   # multiplies each block's attention and FFN output (granite)
     logit_mul: float = 1.0        # multiplies the logits: 1 / logit_scale (granite)
-    rope_layers: tuple = ()       # per layer: True when the layer applies RoPE
+    rope_layers: tuple = field(default=(), metadata=NOT_COMPILED)  # per layer: True when it applies RoPE
     n_expert: int = 0             # routed experts (0: dense FFN)
     n_expert_used: int = 0        # experts per token (top-k)
     n_ff_exp: int = 0             # rows of one expert's gate/up
     expert_weights_norm: bool = False  # renormalise the k router weights to sum 1
     n_ff_shexp: int = 0           # rows of the shared expert's gate/up (0: none)
     expert_softmax_topk: bool = False  # top k of the router logits, softmax over those k
+    # the architecture's forward variant (Arch) as the compiled pass reads it
+    rope_neox: bool = False       # RoPE rotates halves (ROPE_NEOX), not adjacent pairs
+    act_gelu: bool = False        # the gate's activation is GELU (tanh form), not SiLU
+    act_oai: bool = False         # gpt-oss's clamped SwiGLU
+    scale_q: bool = False         # attn_scale multiplies q before attention, not q.k
 
     @property
     def n_embd_q(self):
@@ -391,6 +406,8 @@ def hparams(metadata, arch_name, n_vocab):
         residual_scale=residual_scale, logit_mul=logit_mul, rope_layers=rope_layers,
         n_expert=n_expert, n_expert_used=n_used, n_ff_exp=n_ff_exp,
         expert_weights_norm=a.moe_norm_w, expert_softmax_topk=a.moe_softmax_topk,
+        rope_neox=a.rope_type == ROPE_NEOX, act_gelu=a.act == "gelu", act_oai=a.act == "swiglu_oai",
+        scale_q=a.scale_q,
         n_ff_shexp=m.get(Key.EXPERT_SHARED_FEED_FORWARD_LENGTH, default=0) or n_ff
         if a.shared_expert else 0,
     )

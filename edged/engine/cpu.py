@@ -7,11 +7,12 @@ activations, logits).
 """
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import numpy as np
 
-from .arch import ROPE_NEOX, VECTOR_TYPES
+from .arch import LayerTensors, VECTOR_TYPES
 from . import repack
 from .backend import Backend, BufferPlan
 from .kvcache import DEFAULT as DEFAULT_CACHE
@@ -28,12 +29,8 @@ except ImportError as e:  # the service must not fall back silently to the refer
     _core = None
     _IMPORT_ERROR = e
 
-_ROLES = ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_qkv", "attn_q_bias", "attn_k_bias",
-          "attn_v_bias", "attn_q_norm", "attn_k_norm", "attn_output", "post_attention_norm",
-          "ffn_norm", "ffn_gate", "ffn_up", "ffn_down", "post_ffw_norm", "ffn_gate_inp",
-          "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps", "ffn_gate_inp_shexp", "ffn_gate_shexp",
-          "ffn_up_shexp", "ffn_down_shexp", "attn_sinks", "attn_output_bias", "ffn_gate_inp_bias",
-          "ffn_gate_exps_bias", "ffn_up_exps_bias", "ffn_down_exps_bias")
+# a layer's tensor roles: LayerTensors's fields, the C layer's by name (forward.h ED_LAYER_TENSORS)
+_ROLES = tuple(f.name for f in dataclasses.fields(LayerTensors))
 
 
 def _require_core():
@@ -78,6 +75,7 @@ class CPUBackend(Backend):
         super().__init__(spec, weights, n_threads, numa, cache, resident_experts)
         cache.check(spec.hp.head_dim)
         core = _require_core()
+        core.check_fields(spec.hp, _ROLES)  # the C model takes both by name: a mismatch fails the load
         self._dequantize = dequantize
         supported = set(core.supported_types())
         hp = spec.hp
@@ -112,18 +110,13 @@ class CPUBackend(Backend):
                 name = getattr(L, role)
                 d[role] = vector(name) if role.endswith(("norm", "bias", "sinks")) else matrix(name)
             layers.append(d)
-        fm = core.ForwardModel()
-        hpd = dict(vars(hp))
-        hpd.update(rope_neox=int(spec.arch.rope_type == ROPE_NEOX),
-                   act_gelu=int(spec.arch.act == "gelu"),
-                   act_oai=int(spec.arch.act == "swiglu_oai"), scale_q=int(spec.arch.scale_q))
         self._factors_ctx = {}
         g = {"token_embd": matrix(spec.token_embd), "output_norm": vector(spec.output_norm),
              "output": matrix(spec.output), "rope_factors": None}
         # the matrices the path's kernels read in another layout: copied once, mapping released
         self.repacked = repack.apply(core, spec, layers, g, repack.mode_from_env(),
                                      experts=resident_experts)
-        self._hpd, self._layers, self._globals = hpd, layers, g
+        self._layers, self._globals = layers, g
         self._models = {}  # rope-factor choice -> ForwardModel (phi3 long/short by n_ctx)
         self._embd_type = int(spec.tensors[spec.token_embd].type)
         self._embd_bytes = np.asarray(weights[spec.token_embd]).reshape(-1)  # (n_vocab * row_bytes,)
@@ -149,7 +142,7 @@ class CPUBackend(Backend):
                 g["rope_factors"] = np.ascontiguousarray(self._dequantize(
                     np.asarray(self.weights[name]), t.type, tuple(int(x) for x in t.shape)),
                     dtype=np.float32).reshape(-1)
-            fm.setup(self._hpd, self._layers, g)
+            fm.setup(self.spec.hp, self._layers, g)  # the hyperparameters by name (HParams)
             self._models[name] = fm
         return fm
 

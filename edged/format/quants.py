@@ -222,16 +222,6 @@ def _dq_mxfp4(b):
 _BLOCK32 = {GGMLType.Q4_0: (4, False), GGMLType.Q4_1: (4, True), GGMLType.Q5_0: (5, False),
             GGMLType.Q5_1: (5, True)}
 
-_DEQUANT = {
-    **{t: partial(_dq_block32, bits=b, with_min=m) for t, (b, m) in _BLOCK32.items()},
-    GGMLType.Q8_0: _dq_q8_0, GGMLType.Q2_K: _dq_q2_K, GGMLType.Q3_K: _dq_q3_K,
-    GGMLType.Q4_K: partial(_dq_k4, with_qh=False), GGMLType.Q5_K: partial(_dq_k4, with_qh=True),
-    GGMLType.Q6_K: _dq_q6_K, GGMLType.IQ4_NL: _dq_iq4_nl, GGMLType.IQ4_XS: _dq_iq4_xs,
-    GGMLType.MXFP4: _dq_mxfp4,
-}
-
-SUPPORTED = (GGMLType.F32, GGMLType.F16, GGMLType.BF16) + tuple(_DEQUANT)
-
 
 def _type(qtype):
     try:
@@ -273,7 +263,7 @@ def dequantize(raw, qtype, shape):
     elif t == GGMLType.BF16:
         out = (raw.view(np.uint16).astype(np.uint32) << 16).view(F32)
     else:
-        out = _DEQUANT[t](raw.reshape(-1, info.type_size)).astype(F32, copy=False)
+        out = _BLOCK_TYPES[t][0](raw.reshape(-1, info.type_size)).astype(F32, copy=False)
     return out.reshape(shape)
 
 
@@ -701,13 +691,26 @@ def _q_mxfp4(x):
     return np.concatenate([e[:, None], _pack_nibbles(q)], axis=-1)
 
 
-_QUANT = {
-    **{t: partial(_q_block32, bits=b, with_min=m) for t, (b, m) in _BLOCK32.items()},
-    GGMLType.Q8_0: _q_q8_0, GGMLType.Q2_K: _q_q2_K,
-    GGMLType.Q3_K: _q_q3_K, GGMLType.Q4_K: _q_q4_K, GGMLType.Q5_K: _q_q5_K,
-    GGMLType.Q6_K: _q_q6_K, GGMLType.IQ4_NL: _q_iq4_nl, GGMLType.IQ4_XS: _q_iq4_xs,
-    GGMLType.MXFP4: _q_mxfp4,
+# Every weight type, one row each: the float types (converted inline), then each block type's
+# dequantizer and quantizer. The compiled core's list (cython_kernels/kernels/ed_types.h,
+# ED_TYPES) is checked against this one, and gguf.py's ids and block sizes against both
+# (tests/format/test_type_list.py).
+FLOAT_TYPES = (GGMLType.F32, GGMLType.F16, GGMLType.BF16)
+_BLOCK_TYPES = {
+    **{t: (partial(_dq_block32, bits=b, with_min=m), partial(_q_block32, bits=b, with_min=m))
+       for t, (b, m) in _BLOCK32.items()},
+    GGMLType.Q8_0: (_dq_q8_0, _q_q8_0),
+    GGMLType.Q2_K: (_dq_q2_K, _q_q2_K),
+    GGMLType.Q3_K: (_dq_q3_K, _q_q3_K),
+    GGMLType.Q4_K: (partial(_dq_k4, with_qh=False), _q_q4_K),
+    GGMLType.Q5_K: (partial(_dq_k4, with_qh=True), _q_q5_K),
+    GGMLType.Q6_K: (_dq_q6_K, _q_q6_K),
+    GGMLType.IQ4_NL: (_dq_iq4_nl, _q_iq4_nl),
+    GGMLType.IQ4_XS: (_dq_iq4_xs, _q_iq4_xs),
+    GGMLType.MXFP4: (_dq_mxfp4, _q_mxfp4),
 }
+BLOCK_TYPES = tuple(_BLOCK_TYPES)
+SUPPORTED = FLOAT_TYPES + BLOCK_TYPES
 
 
 # the types whose quantizer takes an importance matrix here (llama.cpp's *_impl with
@@ -730,7 +733,7 @@ def quantize(x, qtype, quant_weights=None):
         bs = TYPE_INFO[t].block_size
         rows = x.reshape(-1, k)
         qw = np.tile(np.asarray(quant_weights, F32).reshape(-1, bs), (rows.shape[0], 1))
-        out = _QUANT[t](np.ascontiguousarray(rows.reshape(-1, bs)), qw)
+        out = _BLOCK_TYPES[t][1](np.ascontiguousarray(rows.reshape(-1, bs)), qw)
         return out.reshape(rows.shape[0], row_bytes(t, k))
     x = np.asarray(x, dtype=F32)
     k = x.shape[-1] if x.ndim else 1
@@ -747,7 +750,7 @@ def quantize(x, qtype, quant_weights=None):
     out = np.empty((blocks.shape[0], info.type_size), np.uint8)
     step = 4096  # bound the temporaries
     for i in range(0, blocks.shape[0], step):
-        out[i:i + step] = _QUANT[t](blocks[i:i + step])
+        out[i:i + step] = _BLOCK_TYPES[t][1](blocks[i:i + step])
     return out.reshape(x2.shape[0], rb)
 
 

@@ -12,13 +12,11 @@ import pytest
 
 from conftest import ROOT, TESTDATA
 from edged.format import quants
-from edged.format.gguf import GGMLType, GGUFFile, row_bytes
+from edged.format.gguf import GGUFFile, row_bytes
 
 core = pytest.importorskip("edged._core")
 
-QTYPES = [GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0, GGMLType.Q5_1, GGMLType.Q8_0,
-          GGMLType.Q2_K, GGMLType.Q3_K, GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K,
-          GGMLType.IQ4_NL, GGMLType.IQ4_XS, GGMLType.MXFP4]
+QTYPES = list(quants.BLOCK_TYPES)  # every quantized weight type
 PATHS = core.available_paths() + [v for v in core.VARIANTS if v.split("-")[0] in core.available_paths()]
 
 

@@ -29,6 +29,9 @@ def test_native_paths_match_generic(tmp_path):
     r = build_and_run(cc, tmp_path / "check")
     assert r.returncode == 0, r.stdout + r.stderr
     assert " ok" in r.stdout and "FAIL" not in r.stdout  # incl. the tiles bit for bit (same-ok)
+    # every compiled path's tables cover the one type list (ed_types.h ED_TYPES)
+    tables = [l for l in r.stdout.splitlines() if l.startswith("tables ")]
+    assert len(tables) == {"x86_64": 5, "aarch64": 3}.get(os.uname().machine, 1) and all(l.endswith(" ok") for l in tables)
     if "x86" in os.uname().machine:  # the AVX2 softmax expf and SiLU (ed_parity.h) equal the scalar code
         assert any(l in r.stdout.splitlines() for l in ("parity simd expf silu ok", "parity scalar expf silu ok")), r.stdout
         assert any(l in r.stdout.splitlines() for l in ("parity simd dot ok", "parity scalar dot ok")), r.stdout
@@ -36,7 +39,7 @@ def test_native_paths_match_generic(tmp_path):
     # every path's Q8_0 activation quantizer gives the generic bytes (ties, zeros, huge values)
     aq = [l for l in r.stdout.splitlines() if l.startswith("actquant ")]
     assert aq and all(l.endswith(" same-bytes ok") for l in aq), r.stdout
-    # every type has a tile (ED_MDOT: a prompt's tokens, a decode batch's sessions) equal to the
+    # every type has a tile (ED_TILE: a prompt's tokens, a decode batch's sessions) equal to the
     # one-token path on the x86 SIMD paths (the generic path runs its dot per column)
     digests = [l.split() for l in r.stdout.splitlines() if l.startswith("digest ")]
     x86 = [d for d in digests if d[1] in ("avx2", "avx2nv", "avx512", "avx512nv")]
@@ -51,7 +54,7 @@ def test_native_paths_match_generic(tmp_path):
     # attention over a quantized KV cache: 4 cache type pairs on every path that ran, the same
     # stored bytes and outputs within float rounding of the generic path's
     kv = [l for l in r.stdout.splitlines() if l.startswith("kvcache ")]
-    ran = {l.split()[0] for l in r.stdout.splitlines() if l.endswith(" ok") and not l.startswith(("kvcache", "digest", "extreme", "long", "parity", "repack", "actquant"))}
+    ran = {l.split()[0] for l in r.stdout.splitlines() if l.endswith(" ok") and not l.startswith(("kvcache", "digest", "extreme", "long", "parity", "repack", "actquant", "tables"))}
     assert len(kv) == 4 * len(ran) and all(l.endswith(" same-bytes ok") for l in kv), r.stdout
     if "x86" in os.uname().machine:  # Q4_0 / Q5_0 row kernels over rows too long for their per-call column sums
         long_rows = {l for l in r.stdout.splitlines() if l.startswith("long ")}
@@ -76,6 +79,8 @@ def test_neon_path_matches_generic_under_qemu(tmp_path):
     r = build_and_run(cc, tmp_path / "check-arm64", runner=(qemu, "-cpu", "max"), extra=("-static",))
     assert r.returncode == 0, r.stdout + r.stderr
     assert "dotprod" in r.stdout.splitlines()[0]  # the dotprod variant ran
+    assert {l for l in r.stdout.splitlines() if l.startswith("tables ")} == {
+        "tables neon+dotprod ok", "tables neon ok", "tables generic ok"}, r.stdout
     # the NEON softmax expf and SiLU (ed_parity.h) equal the scalar code bit for bit
     assert "parity simd expf silu ok" in r.stdout.splitlines(), r.stdout
     # and the attention's F16 dot (ed_pm_dot: 64 and 16 lanes, NEON on both variants)
@@ -88,7 +93,7 @@ def test_neon_path_matches_generic_under_qemu(tmp_path):
     assert len(lines) == 16 and all(l.endswith(" ok") for l in lines), r.stdout
     # dotprod has the packed panels for the 13 quantized types (each also checked in an ok line)
     assert sum(" panels " in l for l in r.stdout.splitlines() if l.startswith("neon ")) == 13, r.stdout
-    # the row kernels (ED_MROWS, 4 rows as lanes) of the 32-block types on both variants, with
+    # the row kernels (ED_ROWS, 4 rows as lanes) of the 32-block types on both variants, with
     # extreme weights and quants; their outputs are in the canon-ok digests below
     # the NEON+dotprod row kernel over weights repacked at load (R4: 4 rows interleaved, SDOT
     # by lane) and the panels over them, bit for bit with the mapped rows' plain C dot

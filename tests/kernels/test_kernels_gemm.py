@@ -6,14 +6,13 @@ import numpy as np
 import pytest
 
 from conftest import testdata
-from edged.format.gguf import GGMLType, TYPE_INFO
+from edged.format import quants
+from edged.format.gguf import TYPE_INFO
 from matmul_reference import check_matmul, random_weights
 
 core = pytest.importorskip("edged._core")
 
-PACKED = [GGMLType.Q8_0, GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0, GGMLType.Q5_1,
-          GGMLType.Q2_K, GGMLType.Q3_K, GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K,
-          GGMLType.IQ4_NL, GGMLType.IQ4_XS, GGMLType.MXFP4]
+PACKED = list(quants.BLOCK_TYPES)  # every quantized weight type
 # the x86 paths, and each as a CPU without (AVX-)VNNI runs it: there the u8 x s8 pairs sum in
 # i16, and the wide types (u = weight + 128 spans 0..255: Q8_0, IQ4_NL, IQ4_XS) split u in nibbles
 PANEL_PATHS = [p for p in core.available_paths() if p in ("avx2", "avx512")]

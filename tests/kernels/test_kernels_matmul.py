@@ -14,9 +14,7 @@ from matmul_reference import check_matmul, q8_act_llama_x86, random_weights
 
 core = pytest.importorskip("edged._core")
 
-TYPES = [GGMLType.F32, GGMLType.F16, GGMLType.BF16, GGMLType.Q8_0, GGMLType.Q4_0, GGMLType.Q4_1,
-         GGMLType.Q5_0, GGMLType.Q5_1, GGMLType.Q2_K, GGMLType.Q3_K, GGMLType.Q4_K, GGMLType.Q5_K,
-         GGMLType.Q6_K, GGMLType.IQ4_NL, GGMLType.IQ4_XS, GGMLType.MXFP4]
+TYPES = list(quants.SUPPORTED)  # every weight type
 PATHS = core.available_paths()
 # a family less a feature (EDGED_KERNELS=avx2-vnni, ...): the table a CPU without it runs
 VARIANTS = [v for v in core.VARIANTS if v.split("-")[0] in PATHS]

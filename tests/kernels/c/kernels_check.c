@@ -3,7 +3,7 @@
  * dots and the tiled ed_mdot_rows. Prints one line per path/type and exits non-zero on a
  * mismatch; a "digest" line per path/type hashes the dot and tile results (so two builds or
  * CPUs can be compared bit for bit), says whether the dot is SIMD, and checks the tiles
- * (ED_MDOT: a prompt's tokens, a decode batch's sessions) against the one-token path bit for
+ * (ED_TILE: a prompt's tokens, a decode batch's sessions) against the one-token path bit for
  * bit ("same-ok"). Built and run by
  * tests/test_kernels_cross.py (natively, and for aarch64 under qemu when a cross compiler is
  * installed), so the NEON path is exercised on an x86 machine.
@@ -42,12 +42,26 @@ static void fix_halves(int type, uint8_t *blk) {
     }
 }
 
+/* the attention's F16 dot in one row's order (ed_pm_dot: the path's table) or a batch's (the
+   ISA's function itself: no table names it) */
+static float pm_dot(const ed_pm_fns *pm, int batch, int n, const ed_half *x, const ed_half *y) {
+    if (!batch) return ed_pm_dot(pm, n, x, y);
+#if defined(__x86_64__)
+    if (pm->dot_f16) return ed_pm_dot_f16_x86(n, x, y, 1);
+#elif defined(__aarch64__)
+    if (pm->dot_f16) return ed_pm_dot_f16_neon(n, x, y, 1);
+#endif
+    return ed_pm_dot_f16(n, x, y, 1);
+}
+
 int main(void) {
-    static const int types[] = {ED_F32, ED_F16, ED_BF16, ED_Q4_0, ED_Q4_1, ED_Q5_0, ED_Q5_1,
-                                ED_Q8_0, ED_Q2_K, ED_Q3_K, ED_Q4_K, ED_Q5_K, ED_Q6_K, ED_IQ4_NL,
-                                ED_IQ4_XS, ED_MXFP4};
-    static const char *names[] = {"F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0",
-                                  "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS", "MXFP4"};
+    /* every weight type of the one list (ed_types.h ED_TYPES), in its order */
+#define W_ID(N, ID, NM, T, BS, VEC, W, A) ED_IF_##W(ED_##N,)
+#define W_NAME(N, ID, NM, T, BS, VEC, W, A) ED_IF_##W(#N,)
+    static const int types[] = {ED_TYPES(W_ID)};
+    static const char *names[] = {ED_TYPES(W_NAME)};
+#undef W_ID
+#undef W_NAME
     enum { NTYPES = sizeof types / sizeof types[0] };
     /* avx512nv: the AVX-512 path as a CPU without VNNI gets it; avx2nv: the AVX2 path as a
        CPU without AVX-VNNI gets it (the avx2 path takes AVX-VNNI where the CPU has it); neonnd:
@@ -62,6 +76,20 @@ int main(void) {
     printf("features");
     for (int i = 0; ED_CPU_FEATURE_NAMES[i]; i++) if (ed_cpu_features() & (1u << i)) printf(" %s", ED_CPU_FEATURE_NAMES[i]);
     printf("\n");
+    /* every compiled path's tables against the one list (ed_types.h): a dot for each weight type,
+       a quantizer for each activation format, the sampler's passes; no kernel for a type that is
+       no weight type: "tables VARIANT ok" */
+    for (int i = 0; i < ED_NPATHS; i++) {
+        const ed_kernels *k = &ED_PATHS[i];
+        int ok = k->sample != NULL && k->gemm != NULL;
+        for (const ed_type_row *r = ED_TYPE_LIST; r->name; r++)
+            ok &= (!r->weight || k->dot[r->id] != NULL) && (!r->act || k->quant[r->id] != NULL);
+        for (int t = 0; t < ED_NTYPES; t++)
+            ok &= ED_TRAITS[t].ref != NULL || (!k->dot[t] && !k->tile[t] && !k->rows[t] &&
+                                               !(k->rows_r4 && k->rows_r4[t]) && !k->gemm->unpack[t]);
+        printf("tables %s %s\n", k->name, ok ? "ok" : "FAIL");
+        failures += !ok;
+    }
     for (int p = 0; p < 7; p++) {
         if (!ed_path_supported(force[p])) { printf("%s: not supported here\n", paths[p]); continue; }
         for (int ti = 0; ti < NTYPES; ti++) {
@@ -118,13 +146,13 @@ int main(void) {
                 ed_mdot_rows(t, K, w, rb, nr, xq, xr, 1, got, nr);
                 canon_ok &= !memcmp(got, ref, sizeof(float) * nr);
             }
-            /* ED_MDOT: every column equal to the one-token path bit for bit, for 1..4 columns;
+            /* ED_TILE: every column equal to the one-token path bit for bit, for 1..4 columns;
                also over a row length
                whose tails differ: an odd number of 32-blocks (Q4_0's two chains), a float row
                that is not a multiple of 16 (the scalar tail) */
             int same_ok = 1;
             const int k2 = tr.block == QK ? K - QK : tr.block == 1 ? K - 8 : K;
-            for (int k = K; ED_MDOT[t] && k >= k2; k -= (K - k2 ? K - k2 : 1)) {
+            for (int k = K; ED_TILE[t] && k >= k2; k -= (K - k2 ? K - k2 : 1)) {
                 const size_t kr = ed_act_row_bytes(t, k);
                 const float *want = one;
                 if (k != K) {
@@ -135,7 +163,7 @@ int main(void) {
                     want = one2;
                 }
                 for (int nc = 1; nc <= ED_MAX_COLS; nc++) {
-                    for (int r = 0; r < ROWS; r++) ED_MDOT[t](k, w + r * rb, k == K ? xq : xq2, kr, nc, got + r, ROWS);
+                    for (int r = 0; r < ROWS; r++) ED_TILE[t](k, w + r * rb, k == K ? xq : xq2, kr, nc, got + r, ROWS);
                     same_ok &= !memcmp(got, want, sizeof(float) * nc * ROWS);
                     if (k == K) canon_ok &= !memcmp(got, ref, sizeof(float) * nc * ROWS);
                 }
@@ -158,7 +186,7 @@ int main(void) {
             }
             printf("digest %s %s %016llx %s%s%s\n", paths[p], names[ti], (unsigned long long)digest,
                    ED_DOT[t] == tr.ref ? "generic-dot" : "simd-dot",
-                   ED_MDOT[t] ? (same_ok ? " same-ok" : " same-FAIL") : "",
+                   ED_TILE[t] ? (same_ok ? " same-ok" : " same-FAIL") : "",
                    canon ? (canon_ok ? " canon-ok" : " canon-FAIL") : "");
             failures += canon && !canon_ok;
             const int ok = err <= 1e-4 * (scale + 1e-3);
@@ -233,7 +261,7 @@ int main(void) {
                Q6_K: weights 63 with scales -1 (0xFF), and scales -128 (0x80); Q2_K: weights 3,
                scales and mins 15; Q3_K: weights 3 (7 - 4) with scales 31, and -4 with -32;
                IQ4_XS: weights -127 with scales -32, and 113 with 31). */
-            if (ED_MROWS[t] || ed_r4_wanted(t)) {
+            if (ED_ROWS[t] || ed_r4_wanted(t)) {
                 static const struct { int type; uint8_t fill; } edge[] = {
                     {ED_Q4_0, 0x00}, {ED_Q4_0, 0xFF}, {ED_Q5_0, 0x00}, {ED_Q5_0, 0xFF}, {ED_Q8_0, 0x80},
                     {ED_Q4_1, 0xFF}, {ED_Q5_1, 0xFF}, {ED_IQ4_NL, 0x00}, {ED_MXFP4, 0x77}, {ED_Q4_K, 0xFF},
@@ -298,10 +326,10 @@ int main(void) {
                 failures += !eok;
             }
 #if defined(__x86_64__)
-            /* Q4_0 / Q5_0 rows of more than ED_RC_CS_MAX blocks (K = 16640): the x86 row kernels
+            /* Q4_0 / Q5_0 rows of more than ED_ROWS_CS_MAX blocks (K = 16640): the x86 row kernels
                then form the columns' block sums per 16 rows instead of once per call; equal to the
                plain C dot bit for bit: "long PATH TYPE rows ok" */
-            if (ED_MROWS[t] && (t == ED_Q4_0 || t == ED_Q5_0)) {
+            if (ED_ROWS[t] && (t == ED_Q4_0 || t == ED_Q5_0)) {
                 enum { LK = 32 * 520, LR = 16 };
                 static uint8_t wl[LR * LK], xl[4 * LK];
                 static float fl[2 * LK], gl[2 * LR];
@@ -403,16 +431,15 @@ int main(void) {
         }
         const float special[] = {0.0f, -0.0f, INFINITY, -INFINITY, NAN, 88.7f, -88.7f, 103.0f, -103.0f, 1e30f, -1e30f};
         for (int i = 0; i < (int)(sizeof special / sizeof special[0]); i++) x[100 + 5 * i] = special[i];
-#if defined(__x86_64__)
-        const int simd = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && ed_pm_simd("avx2");
-#else
-        const int simd = ed_pm_simd("neon");
-#endif
-        ed_pm_expf_sub(simd, NP, x, 0.5f, e1);
-        ed_pm_expf_sub(0, NP, x, 0.5f, e2);
+        /* the SIMD table: the best path this CPU runs (x86: avx2 or avx512, aarch64: neon) */
+        const ed_kernels *pk = ed_path_find(NULL);
+        const ed_pm_fns none = {NULL}, *pm = pk && strcmp(pk->family, "generic") ? &pk->pm : &none;
+        const int simd = pm->dot_f16 != NULL;
+        ed_pm_expf_sub(pm, NP, x, 0.5f, e1);
+        ed_pm_expf_sub(&none, NP, x, 0.5f, e2);
         memcpy(g1, x, sizeof x); memcpy(g2, x, sizeof x);
-        ed_pm_silu_mul(simd, NP, g1, u);
-        ed_pm_silu_mul(0, NP, g2, u);
+        ed_pm_silu_mul(pm, NP, g1, u);
+        ed_pm_silu_mul(&none, NP, g2, u);
         int pok = 1;  /* bit for bit; a NaN's sign may differ (libm's fmaf against FMA's) */
         for (int i = 0; i < NP; i++)
             pok &= (isnan(e1[i]) ? isnan(e2[i]) : !memcmp(e1 + i, e2 + i, 4)) &&
@@ -429,7 +456,7 @@ int main(void) {
         for (int b = 0; b < 2; b++)
             for (size_t i = 0; i < sizeof dn / sizeof dn[0]; i++)
                 for (int o = 0; o + dn[i] <= NP && o < 64 * 4; o += 64) {
-                    const float d1 = ed_pm_dot(simd, dn[i], h1 + o, h2 + o, b), d2 = ed_pm_dot(0, dn[i], h1 + o, h2 + o, b);
+                    const float d1 = pm_dot(pm, b, dn[i], h1 + o, h2 + o), d2 = pm_dot(&none, b, dn[i], h1 + o, h2 + o);
                     dok &= !memcmp(&d1, &d2, 4);
                 }
         printf("parity %s dot %s\n", simd ? "simd" : "scalar", dok ? "ok" : "FAIL");
@@ -441,12 +468,12 @@ int main(void) {
         static float fx[NP];
         for (int i = 0; i < NP; i++)
             fx[i] = i % 4 == 0 ? x[i] * 1e-6f : i % 4 == 1 ? x[i] * 400.0f : i % 4 == 2 ? x[i] : ldexpf(1.0f + (float)(i % 8) / 2048.0f, -14 - i % 12);
-        ed_pm_f16_row(simd, NP, fx, f1);
+        ed_pm_f16_row(pm, NP, fx, f1);
         for (int i = 0; i < NP; i++) f2[i] = ed_fp32_to_fp16(fx[i]);
         int lok = !memcmp(f1, f2, sizeof f1);
         memcpy(g1, fx, sizeof fx); memcpy(g2, fx, sizeof fx);  /* the softmax row's F16 rounding */
-        ed_pm_round_scale(simd, NP, g1, 0.37f);
-        ed_pm_round_scale(0, NP, g2, 0.37f);
+        ed_pm_round_scale(pm, NP, g1, 0.37f);
+        ed_pm_round_scale(&none, NP, g2, 0.37f);
         lok &= !memcmp(g1, g2, sizeof g1);
         enum { HD = 80 };
         static float lr[64][HD], zr[HD], tmp[16 * HD], o1[HD], o2[HD];
