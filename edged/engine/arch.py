@@ -10,7 +10,7 @@ with a new kind of layer also needs its feature flag below, its hyperparameters 
 in `hparams()`) and tensors (`LayerTensors`, found in `validate()`) under the same names in the
 compiled pass's lists (ED_HPARAMS and ED_LAYER_TENSORS in cython_kernels/forward/forward.h: the
 load fails naming a field that is on one side only), and the computation in forward.h and
-reference.py; docs/checklists.md lists the files and tests.
+reference.py; docs/development.md ("Adding an architecture") lists the files and tests.
 """
 from __future__ import annotations
 
