@@ -32,12 +32,16 @@ import random
 import shutil
 import signal
 import socket
+import subprocess
 import sys
 import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+from attack_connections import _Unix  # noqa: E402 - http.client over a Unix socket
+from bench_daemon import signed_models, start  # noqa: E402
 MODELS = {"chat": "SmolLM2-135M-Instruct.Q4_1.gguf", "embed": "all-MiniLM-L6-v2.Q8_0.gguf",
           "story": "stories260K.gguf"}
 # The daemon's configuration for the run: small contexts so that several requests fit.
@@ -51,17 +55,6 @@ TOOLS = [{"type": "function", "function": {
     "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
 SCHEMA = {"type": "object", "properties": {"n": {"type": "integer"}, "ok": {"type": "boolean"}},
           "required": ["n", "ok"]}
-
-
-class _Unix(http.client.HTTPConnection):
-    def __init__(self, path, timeout=TIMEOUT):
-        super().__init__("edged", timeout=timeout)
-        self.unix_path = path
-
-    def connect(self):
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.sock.settimeout(self.timeout)
-        self.sock.connect(self.unix_path)
 
 
 def _chat(text, **kw):
@@ -162,7 +155,7 @@ def one_request(sock_path, rnd, i):
         return op, "closed", ""
     _, method, path, body = next(b for b in _bodies(rnd, i) if b[0] == op)
     raw = body if isinstance(body, bytes) else (json.dumps(body).encode() if body is not None else None)
-    c = _Unix(sock_path)
+    c = _Unix(sock_path, TIMEOUT)
     try:
         c.request(method, path, body=raw, headers={"Content-Type": "application/json"} if raw else {})
         r = c.getresponse()
@@ -198,17 +191,13 @@ def client(sock_path, uid, seed, until, out_fd):
         json.dump({"uid": uid, "counts": counts, "failures": failures}, f)
 
 
-def _children(pid):
-    try:
-        with open(f"/proc/{pid}/task/{pid}/children") as fh:
-            return [int(p) for p in fh.read().split()]
-    except OSError:
-        return []
-
-
 def render_workers(daemon_pid):
-    """The render workers: children of the daemon's zygote (the daemon's children)."""
-    return [w for z in _children(daemon_pid) for w in _children(z)]
+    """The render workers: children of the daemon's zygote (the daemon's child)."""
+    zygotes = subprocess.run(["pgrep", "-P", str(daemon_pid)], capture_output=True, text=True).stdout.split()
+    if not zygotes:
+        return []
+    out = subprocess.run(["pgrep", "-P", ",".join(zygotes)], capture_output=True, text=True).stdout
+    return [int(p) for p in out.split()]
 
 
 def sample(pid):
@@ -338,15 +327,10 @@ def _cpu_name():
     return "unknown"
 
 
-def prepare_models(src_dir, dst_dir, key):
-    """Copy MODELS from src_dir to dst_dir under their soak names, signed (appended) by key."""
-    from edged.trust.sign import sign_file
-    os.makedirs(dst_dir, 0o755, exist_ok=True)
-    for name, fname in MODELS.items():
-        dst = os.path.join(dst_dir, name + ".gguf")
-        shutil.copyfile(os.path.join(src_dir, fname), dst)
-        os.chmod(dst, 0o644)
-        sign_file(dst, key)
+def prepare_models(tmp, src_dir, key=None):
+    """(models dir, trusted-keys dir) under tmp: MODELS from src_dir under their soak names,
+    signed by key (a new throwaway key by default)."""
+    return signed_models(tmp, {name: os.path.join(src_dir, f) for name, f in MODELS.items()}, key)
 
 
 def main():
@@ -361,20 +345,10 @@ def main():
     ap.add_argument("--warmup", type=float, default=0.3, help="fraction of the run that is warm-up")
     args = ap.parse_args()
     uids = [int(u) for u in args.uids.split(",")]
-    sys.path.insert(0, ROOT)
-    sys.path.insert(0, HERE)
-    from bench_daemon import start
-    from edged.trust.sign import generate_key, public_pem
-
     tmp = tempfile.mkdtemp(prefix="edged-soak-")
     try:
         os.chmod(tmp, 0o755)
-        models, keys = os.path.join(tmp, "models"), os.path.join(tmp, "keys")
-        os.mkdir(keys, 0o755)
-        key = generate_key(2048)
-        with open(os.path.join(keys, "soak.pem"), "wb") as f:
-            f.write(public_pem(key))
-        prepare_models(args.models_dir, models, key)
+        models, keys = prepare_models(tmp, args.models_dir)
         proc, sock = start(tmp, models, keys, dict(CONFIG, allow_uids=sorted(set(uids)), log_level="warning"))
         try:
             report = run(sock, proc.pid, args.minutes * 60, uids, clients=args.clients, kill_every=args.kill_every,

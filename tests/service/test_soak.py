@@ -53,14 +53,14 @@ def test_soak_mixed_load_with_kills_and_reloads(tmp_path, tmp_path_factory):
     for f in soak.MODELS.values():
         testdata("models", f)
     key, trusted = signing_key(tmp_path_factory)
-    soak.prepare_models(src, str(tmp_path / "models"), key)
+    models, _ = soak.prepare_models(str(tmp_path), src, key)
     uids = [0, 65534, 65533] if os.getuid() == 0 else [os.getuid()]   # other uids need root
     public = tempfile.mkdtemp(prefix="edged-soak-")     # tmp_path is not reachable for other uids
     os.chmod(public, 0o755)
     seconds = MINUTES * 60
     extra = dict(soak.CONFIG, socket=os.path.join(public, "edged.sock"), allow_uids=uids)
     try:
-        with running(tmp_path, str(tmp_path / "models"), trusted, extra=extra) as srv:
+        with running(tmp_path, models, trusted, extra=extra) as srv:
             r = soak.run(srv.socket, srv.proc.pid, seconds, uids, clients=CLIENTS,
                          kill_every=max(20.0, seconds / 30), reload_every=max(30.0, seconds / 20))
             summary = {k: r[k] for k in ("by_status", "failures", "warmup", "end", "idle_end", "kills",
