@@ -3,26 +3,28 @@
 while the daemon's RSS, open descriptors and threads are sampled, its render worker is killed
 with SIGKILL and its configuration reloaded (SIGHUP) now and then.
 
-    sudo tools/soak.py --minutes 30 --models-dir ../shared/testdata/models [--clients 8]
-                       [--uids 0,65534,65533] [--kill-every 60] [--reload-every 90]
+    sudo .venv/bin/python tools/soak.py --minutes 30 --models-dir ../shared/testdata/models
+         [--clients 6] [--uids 0,65534,65533] [--kill-every 60] [--reload-every 90]
 
 The three models are copied to a temporary directory and signed with a throwaway key: chat =
 SmolLM2-135M-Instruct (chat, tools, grammar, JSON schema, prompt lists, streams), embed =
 all-MiniLM-L6-v2 and story = stories260K; with max_loaded_models = 2 and chat pinned, embed
 and story swap each other out. Each client is a forked process that drops to its uid (needs
-root) and loops over the mix below until the time is up; every answer is checked:
+root) and loops over the mix (WEIGHTS) until the time is up; every answer is checked:
 
 - well-formed: 200 with a JSON body (a stream: ending in `data: [DONE]`), or one of the
-  documented refusals (400/403/404/408/413/415/422/429/503) with a JSON `error.message`;
+  documented refusals (400/403/404/408/413/415/422/429/503) with a JSON `error.message`,
+  counted as "STATUS CODE" (e.g. "429 swap_rate_limited");
 - lost: no answer, a cut connection or a truncated stream, on a request the client did not
-  drop itself; server_error: any other 5xx.
+  drop itself; server_error: any other 5xx; malformed: anything else.
 
-Prints one JSON object: the counts by operation and status, examples of lost, server-error
-and malformed answers, the daemon's VmRSS/fds/threads at warm-up (the maximum over the
-samples of the last --window seconds before warm-up ends, at --warmup of the run) and at the
-end (the same over the last --window seconds of load), once more idle after the load, the
-kills and reloads done, the daemon's CPU seconds, and whether it answered a chat and /health
-after the last kill. The pytest wrapper is tests/service/test_soak.py.
+Prints one JSON object (the daemon's own log goes to stderr): counts by operation and
+verdict, examples of failures, the daemon's VmRSS, RssAnon, open fds and threads at warm-up
+(the maximum over the samples of the last tenth of the run, at least 10 s, before warm-up
+ends at --warmup of the run), at the end (the same over the last tenth) and idle after the
+load, every sample as [seconds, VmRSS, RssAnon, fds, threads], the kills and reloads done,
+the daemon's CPU seconds, and whether it answered a chat and /health after the last kill.
+The pytest wrapper is tests/service/test_soak.py.
 """
 import argparse
 import http.client
@@ -42,6 +44,7 @@ ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 from attack_connections import _Unix  # noqa: E402 - http.client over a Unix socket
 from bench_daemon import signed_models, start  # noqa: E402
+
 MODELS = {"chat": "SmolLM2-135M-Instruct.Q4_1.gguf", "embed": "all-MiniLM-L6-v2.Q8_0.gguf",
           "story": "stories260K.gguf"}
 # The daemon's configuration for the run: small contexts so that several requests fit.
@@ -221,7 +224,7 @@ def _window_max(samples, t0, t1):
     return {k: max(s[k] for s in inside) for k in SAMPLED}
 
 
-def run(sock_path, pid, seconds, uids, clients=8, kill_every=60.0, reload_every=90.0, warmup=0.3,
+def run(sock_path, pid, seconds, uids, clients=6, kill_every=60.0, reload_every=90.0, warmup=0.3,
         window=None, sample_every=2.0, seed=1):
     """The soak against the daemon `pid` serving `sock_path` (a path every uid in `uids` may
     reach); returns the report (a dict). Call from a process without threads (clients fork)."""
@@ -337,7 +340,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--minutes", type=float, default=30.0)
     ap.add_argument("--models-dir", required=True, help="directory holding " + ", ".join(MODELS.values()))
-    ap.add_argument("--clients", type=int, default=8)
+    ap.add_argument("--clients", type=int, default=6)
     ap.add_argument("--uids", default="0,65534,65533", help="client uids, round robin (comma-separated)")
     ap.add_argument("--kill-every", type=float, default=60.0, help="seconds between kills of the render worker")
     ap.add_argument("--reload-every", type=float, default=90.0, help="seconds between SIGHUPs")
