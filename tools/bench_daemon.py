@@ -75,6 +75,28 @@ def start(tmp, models_dir, keys, extra, root=ROOT, env=None):
     sys.exit("daemon not ready")
 
 
+def signed_models(tmp, models, key=None):
+    """(models dir, trusted-keys dir) under tmp: each of models {NAME: source file} (None: left
+    out) copied to NAME.gguf and signed by `key`, a new throwaway key by default."""
+    sys.path.insert(0, ROOT)
+    from edged.trust.sign import generate_key, public_pem, sign_file
+    models_dir, keys = os.path.join(tmp, "models"), os.path.join(tmp, "keys")
+    os.makedirs(models_dir, 0o755, exist_ok=True)
+    os.makedirs(keys, 0o755, exist_ok=True)
+    if key is None:
+        key = generate_key(2048)
+        with open(os.path.join(keys, "bench.pem"), "wb") as f:
+            f.write(public_pem(key))
+    for name, src in models.items():
+        if src is None:
+            continue
+        dst = os.path.join(models_dir, name + ".gguf")
+        shutil.copyfile(src, dst)
+        os.chmod(dst, 0o644)
+        sign_file(dst, key)
+    return models_dir, keys
+
+
 def session(sock):
     import aiohttp
     return aiohttp.ClientSession(connector=aiohttp.UnixConnector(path=sock, limit=0),
@@ -361,25 +383,10 @@ def main():
     args = ap.parse_args()
     if args.only in (None, "swap") and not args.model2:
         ap.error("the swap benchmark needs --model2 (or choose --only parallel/mixed)")
-    sys.path.insert(0, ROOT)
-    from edged.trust.sign import generate_key, public_pem, sign_file
-
     tmp = tempfile.mkdtemp(prefix="edged-bench-")
     try:
         os.chmod(tmp, 0o755)
-        models_dir, keys = os.path.join(tmp, "models"), os.path.join(tmp, "keys")
-        os.mkdir(models_dir, 0o755)
-        os.mkdir(keys, 0o755)
-        key = generate_key(2048)
-        with open(os.path.join(keys, "bench.pem"), "wb") as f:
-            f.write(public_pem(key))
-        for name, src in (("a", args.model), ("b", args.model2)):
-            if src is None:
-                continue
-            dst = os.path.join(models_dir, name + ".gguf")
-            shutil.copyfile(src, dst)
-            os.chmod(dst, 0o644)
-            sign_file(dst, key)
+        models_dir, keys = signed_models(tmp, {"a": args.model, "b": args.model2})
         if args.only in (None, "swap"):
             bench_swap(tmp, models_dir, keys, args)
         if args.only in (None, "parallel"):

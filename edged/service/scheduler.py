@@ -40,6 +40,7 @@ import os
 import statistics
 import threading
 import time
+import weakref
 
 import numpy as np
 
@@ -394,7 +395,7 @@ class Decoder:
         self._waits = {}                # job -> (start position, perf_counter of its first mixed pass)
         self._pending = collections.deque()
         self._active = []
-        self._costs = {}                # id(model) -> StepCosts
+        self._costs = weakref.WeakKeyDictionary()    # model -> StepCosts, dropped with the model
         self._last_step = None          # perf_counter of the previous pass's start (debug log)
         self._cv = threading.Condition()
         self._stop = False
@@ -484,13 +485,17 @@ class Decoder:
         if job.gen.result is not None:
             self._end(job, "done", job.gen.result)
 
+    def _costs_for(self, model):
+        costs = self._costs.get(model)
+        if costs is None:
+            costs = self._costs[model] = StepCosts(
+                *self._policy, panel_rows=getattr(model.backend, "gemm_min_cols", PANEL_ROWS))
+        return costs
+
     def _step_model(self, jobs):
         """The next token of every job past its prompt and prompt chunks, in one decode call."""
         model = jobs[0].gen.session.model
-        costs = self._costs.get(id(model))
-        if costs is None:
-            costs = self._costs[id(model)] = StepCosts(
-                *self._policy, panel_rows=getattr(model.backend, "gemm_min_cols", PANEL_ROWS))
+        costs = self._costs_for(model)
         decoding = [j for j in jobs if not j.gen.prefilling]
         prefilling = [j for j in jobs if j.gen.prefilling]
         # where each prompt goes on: the session's cache (a cached prefix is already in it)

@@ -295,3 +295,26 @@ def test_long_prompt_goes_in_between_the_streams_tokens():
         assert d[ls] <= PREFILL_CHUNK
         if i + 1 < len(absorbing):
             assert d[ls] >= MIN_CHUNK
+
+
+def test_step_costs_go_with_their_model():
+    """The decode thread keeps one StepCosts per model, keyed by the model itself: before, by
+    id(model), one more was kept for every load of a model swapped in and out (a soak's swaps),
+    and a model loaded at a freed one's address inherited that one's costs."""
+    import gc
+
+    from edged.service.scheduler import Decoder
+
+    class Model:
+        backend = None
+
+    d = Decoder()
+    try:
+        for _ in range(5):
+            m = Model()
+            assert d._costs_for(m) is d._costs_for(m)
+            del m
+        gc.collect()
+        assert len(d._costs) == 0
+    finally:
+        d.stop()
