@@ -8,6 +8,7 @@ whole of its work (a tokenize reply of megabytes built and serialised on it, an 
 JSON, a completion's logprobs), and an embedding held the compute lock for its whole input.
 """
 import asyncio
+import gc
 import json
 import threading
 import time
@@ -20,8 +21,10 @@ from edged.service.daemon import Daemon
 from edged.service.wire import ApiRequest
 
 LOOP_P95 = 0.1          # seconds: the loop answers /health within this, 19 times in 20
-LOOP_MAX = 1.5          # ... and never stalls longer than this (the attacks took seconds; a
-                        # loaded CI machine may keep the process off its CPU for a few hundred ms)
+LOOP_MAX = 3.0          # ... and never stalls longer than this: the attacks stalled it for seconds
+                        # each (a 26 MB reply: 3.5 s); a whole-suite run on a loaded machine showed
+                        # one 1.5 s gap in a test whose replies were all built off the loop (the
+                        # fixture asserts where), so this bound is for the attacks, not for noise
 
 
 @pytest.fixture(autouse=True)
@@ -82,12 +85,17 @@ async def loop_gaps_during(attack):
             gaps.append(now - t - 0.005)
             t = now
 
+    # The objects earlier tests left in this process are not the daemon's: a full collection
+    # over them took 1.5 s in a whole-suite run. Freeze them so the ticks measure the attack.
+    gc.collect()
+    gc.freeze()
     tick = asyncio.get_running_loop().create_task(ticker())
     try:
         out = await attack()
     finally:
         done.set()
         await tick
+        gc.unfreeze()
     return out, gaps
 
 
