@@ -571,7 +571,6 @@ class EmbedSteps:
     (n_inputs, n_embd), or with pooling "none" a list of (n_tokens, n_embd) arrays)."""
 
     def __init__(self, model, seqs, pooling, normalize, unit_tokens, token_types=None):
-        self.n_tokens = sum(len(x) for x in seqs)
         self.result = None
         self._pooling, self._normalize = pooling, normalize
         self._units = model._hidden_states(seqs, unit_tokens, token_types)

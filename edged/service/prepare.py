@@ -8,6 +8,7 @@ import dataclasses
 
 from ..errors import RequestError
 from ..text import grammar, harmony, reasoning, tools
+from .request import ConstraintSpec
 
 
 @dataclasses.dataclass
@@ -19,7 +20,6 @@ class Prepared:
     think_inside: bool = False      # the prompt opened the think block
     harmony: bool = False           # gpt-oss's channels: analysis / final / calls (text/harmony.py)
     constraint: object = None       # grammar.Constraint in its start state (each choice a copy)
-    what: str = ""                  # the field the grammar came from (errors name it)
 
 
 RESERVED_TEMPLATE_VARS = {"messages", "tools", "add_generation_prompt", "bos_token", "eos_token",
@@ -32,7 +32,6 @@ def prepare(lm, request):
     tok = lm.tokenizer
     prep = Prepared([])
     spec = request.constraint
-    constraint = None if spec is None else (spec.kind, spec.source, spec.what)
     if request.chat:
         template = lm.template_source()
         messages = tools.messages_for_template(list(request.messages))
@@ -60,7 +59,7 @@ def prepare(lm, request):
             if choice != "auto":
                 # a named function is called once; "required" may call several unless told not to
                 parallel = request.tools.parallel and choice == "required"
-                constraint = ("lark", tools.call_grammar(
+                spec = ConstraintSpec("lark", tools.call_grammar(
                     prep.family, use, parallel=parallel,
                     args_style=tools.mistral_args_style(template), token=special_token(tok)), "tools")
         ids = lm.encode_chat(messages, **kwargs)
@@ -72,9 +71,8 @@ def prepare(lm, request):
         for prompt in request.prompts:
             prep.prompts.append(prompt if isinstance(prompt, list)
                                 else lm.encode_text(prompt, add_special=True, parse_special=False))
-    if constraint is not None:
-        kind, source, prep.what = constraint
-        prep.constraint = grammar.constraint(kind, source, prep.what, tok, lm.model.n_vocab)
+    if spec is not None:
+        prep.constraint = grammar.constraint(spec.kind, spec.source, spec.what, tok, lm.model.n_vocab)
     return prep
 
 
