@@ -58,8 +58,11 @@ def test_address_ranges_merge_touching_arrays():
     r = threads.address_ranges([a, b, buf[:0]])
     first = (base + 100) // 4096 * 4096              # the buffer may start anywhere in a page
     assert r == [(first, (base + 4096 + 20 + 4095) // 4096 * 4096)]
-    far = np.zeros(3 * 4096, np.uint8)
-    assert len(threads.address_ranges([a, far])) == 2
+    far = buf[3 * 4096 + 10:3 * 4096 + 20]   # a whole untouched page between (not a second array,
+                                             # which the allocator may place right after): two ranges
+    assert threads.address_ranges([a, far]) == [
+        (first, (base + 200 + 4095) // 4096 * 4096),
+        ((base + 3 * 4096 + 10) // 4096 * 4096, (base + 3 * 4096 + 20 + 4095) // 4096 * 4096)]
 
 
 def _numa_maps():
