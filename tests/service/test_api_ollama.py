@@ -205,6 +205,12 @@ def test_keep_alive_sets_the_models_unload_timer(client):
     while "smol2:latest" in {m.model for m in client.ps().models}:
         assert time.monotonic() < deadline, "smol2 still loaded after a request with keep_alive 0"
         time.sleep(0.05)
+    # a short keep_alive: the idle sweep (every 10 s at most) unloads it, not a request
+    client.generate(model="smol2", prompt="Hi", options={"num_predict": 1}, keep_alive="1s")
+    deadline = time.monotonic() + 60
+    while "smol2:latest" in {m.model for m in client.ps().models}:
+        assert time.monotonic() < deadline, "smol2 still loaded a minute after keep_alive 1s"
+        time.sleep(0.2)
 
 
 @pytest.mark.parametrize("body, field", [
