@@ -5,7 +5,8 @@ Parses a body (the pydantic models of service/ollama_schema.py) into the one int
 (service/request.py) and renders a generation's events (service/jobs.py) back in Ollama's
 shape: JSON objects one a line (application/x-ndjson), the last with "done": true, done_reason
 and the timings in nanoseconds; with "stream": false that last object alone, carrying the whole
-message. Errors are {"error": MESSAGE}. The routes that manage model files (pull, create, push,
+message. Errors are {"error": MESSAGE}, on every Ollama path (reshaped(): Api.handle's own 404,
+405 and 403 too). The routes that manage model files (pull, create, push,
 copy, delete) are refused: models arrive signed through the deployment pipeline. Admission,
 authorization and scheduling are the Api's (service/api.py), as for every protocol.
 """
