@@ -6,9 +6,9 @@ Parses a body (the pydantic models of service/ollama_schema.py) into the one int
 shape: JSON objects one a line (application/x-ndjson), the last with "done": true, done_reason
 and the timings in nanoseconds; with "stream": false that last object alone, carrying the whole
 message. Errors are {"error": MESSAGE}, on every Ollama path (reshaped(): Api.handle's own 404,
-405 and 403 too). The routes that manage model files (pull, create, push,
-copy, delete) are refused: models arrive signed through the deployment pipeline. Admission,
-authorization and scheduling are the Api's (service/api.py), as for every protocol.
+405 and 403 too). The routes that manage model files (pull, create, push, copy, delete) are
+refused: models arrive signed through the deployment pipeline. Admission, authorization and
+scheduling are the Api's (service/api.py), as for every protocol.
 """
 import asyncio
 import concurrent.futures
@@ -29,6 +29,7 @@ from ..text.sampling import SamplingParams
 from . import ollama_schema as schema
 from .log import log
 from .names import model_path
+from .registry import _identity as file_version
 from .openai import _tool, chat_logprobs
 from .request import ConstraintSpec, GenerateRequest, Output, ToolUse
 from .wire import Reply, StreamReply, error_for, json_body, serialised
@@ -518,7 +519,7 @@ class Ollama:
     @_ollama_errors
     async def ps(self, req):
         cfg, out = self.st.cfg, []
-        loaded = sorted(((n, lm) for n, lm in self.st.registry.models.items() if not lm.draining), key=lambda x: x[0])
+        loaded = [(n, lm) for n, lm in sorted(self.st.registry.models.items()) if not lm.draining]
         digests = await self.digests.of([lm.path for _, lm in loaded])
         for (name, lm), digest in zip(loaded, digests):
             ka = self.st.registry.keep_alive(lm)
@@ -585,14 +586,6 @@ class Digests:
         self.running = {}       # (path, file version) -> future
         self.pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="edged-digest")
 
-    @staticmethod
-    def _version(path):
-        try:
-            st = os.stat(path)
-        except OSError:
-            return None
-        return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
-
     def _hash(self, path, version):
         try:
             with open(path, "rb") as f:
@@ -600,7 +593,7 @@ class Digests:
         except OSError as e:
             log.warning("digest of %s: %s", path, e)
             digest = ""
-        if self._version(path) == version:      # not replaced while it was read
+        if file_version(path) == version:      # not replaced while it was read
             self.known[path] = (version, digest)
         return digest
 
@@ -609,7 +602,7 @@ class Digests:
         loop = asyncio.get_running_loop()
         out, waiting = [], {}
         for path in paths:
-            version = self._version(path)
+            version = file_version(path)
             if version is None:
                 out.append("")
                 continue

@@ -423,7 +423,8 @@ def owui_usage(last):
 
 def test_open_webui_chat_stream_and_ignored_options(srv, http):
     lines = ndjson(send(http, "owui_chat_stream.json"))
-    # convert_streaming_response_ollama_to_openai: model, message.content/thinking/tool_calls, done, done_reason
+    # convert_streaming_response_ollama_to_openai: model, message (content, thinking, tool_calls),
+    # done, done_reason
     assert all(x["model"] == "smol" and isinstance(x["message"].get("content"), str) for x in lines)
     assert lines[-1]["done"] and lines[-1]["done_reason"] in ("stop", "length")
     assert "".join(x["message"]["content"] for x in lines) and lines[-1]["eval_count"] <= 48
