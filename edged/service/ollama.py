@@ -29,8 +29,8 @@ from ..text.sampling import SamplingParams
 from . import ollama_schema as schema
 from .log import log
 from .names import model_path
-from .registry import _identity as file_version
 from .openai import _tool, chat_logprobs
+from .registry import _identity as file_version
 from .request import ConstraintSpec, GenerateRequest, Output, ToolUse
 from .wire import Reply, StreamReply, error_for, json_body, serialised
 
@@ -473,23 +473,21 @@ class Ollama:
         """`inputs` as token-id lists, each cut to what the model embeds (its limit and ctx_size),
         as Ollama's `truncate` does: the end of the text goes, the separator or end token the
         tokenizer appends stays."""
-        lm = await self.api._acquire(self.st.registry.resolve(name), self.st.cfg.queue_timeout, req)
-        try:
-            m = lm.model
-            most = min(self.st.cfg.ctx_size, m.embed_limit)
-
-            def cut():
-                out = []
-                for text in inputs:
-                    ids = m.tokenizer.encode(text)
-                    if len(ids) > most:
-                        tail = ids[-1:] if m.tokenizer.is_control(ids[-1]) else []
-                        ids = ids[:most - len(tail)] + tail
-                    out.append(ids)
-                return out
-            return await asyncio.get_running_loop().run_in_executor(None, cut)
-        finally:
-            self.st.registry.release(lm)
+        def cut(m):
+            most, out = min(self.st.cfg.ctx_size, m.embed_limit), []
+            for text in inputs:
+                ids = m.tokenizer.encode(text)
+                if len(ids) > most:
+                    tail = ids[-1:] if m.tokenizer.is_control(ids[-1]) else []
+                    ids = ids[:most - len(tail)] + tail
+                out.append(ids)
+            return out
+        async with self.api._slot(req):     # tokenizing a megabyte is work: queued like the rest
+            lm = await self.api._acquire(self.st.registry.resolve(name), self.st.cfg.queue_timeout, req)
+            try:
+                return await asyncio.get_running_loop().run_in_executor(None, cut, lm.model)
+            finally:
+                self.st.registry.release(lm)
 
     @_ollama_errors
     async def embeddings(self, req):

@@ -12,14 +12,13 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ..errors import RequestError
 from .names import check_model_name
-from .openai_schema import MAX_STOP, Tool, _message, _where
+from .openai_schema import MAX_STOP, MAX_TOP_LOGPROBS, Tool, _message, _where
 
 __all__ = ["MAX_STOP", "validate", "keep_alive"]
 
 # Accepted and ignored: fields Ollama's clients send that change nothing here (`truncate` and
 # `shift` of a generation: a prompt longer than the context is a 400 here, never cut).
 IGNORED = frozenset({"truncate", "shift"})
-MAX_TOP_LOGPROBS = 20       # Ollama's limit
 
 
 class _Strict(BaseModel):
