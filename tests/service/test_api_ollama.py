@@ -196,6 +196,10 @@ def test_load_and_unload_forms(client, http):
 
 def test_keep_alive_sets_the_models_unload_timer(client):
     import datetime
+    # Home Assistant's default, -1 (entity.py KEEP_ALIVE_FOREVER): never unloaded
+    client.generate(model="smol2", prompt="Hi", options={"num_predict": 1}, keep_alive=-1)
+    [m] = [m for m in client.ps().models if m.model == "smol2:latest"]
+    assert m.expires_at.year > 2200
     client.generate(model="smol2", prompt="Hi", options={"num_predict": 1}, keep_alive="1h")
     [m] = [m for m in client.ps().models if m.model == "smol2:latest"]
     left = m.expires_at - datetime.datetime.now(datetime.timezone.utc)
