@@ -57,6 +57,10 @@ class Api:
         return peer.gid in gids or any(g in gids for g in peer.groups)
 
     async def handle(self, req):
+        reply = await self._dispatch(req)       # errors (404, 405, 403 too) in the route family's shape
+        return ollama.reshaped(reply) if ollama.owns(req.path) else reply
+
+    async def _dispatch(self, req):
         handler = self.routes.get((req.method, req.path))
         if handler is None and req.method == "GET" and req.path.startswith(self.MODEL_PREFIX) \
                 and req.path not in self.ADMIN:
