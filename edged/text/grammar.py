@@ -135,10 +135,11 @@ def lltokenizer(tok, n_vocab=None):
 
 def constraint(kind, source, what, tok, n_vocab=None):
     """The Constraint (in its start state) of a request's grammar: kind "json_schema" (a schema),
-    "grammar" (llama-server's field: GBNF or Lark text) or "lark" (llguidance's Lark, e.g.
-    tools.call_grammar). Checked, then compiled on a thread of its own with COMPILE_STACK bytes
-    of stack; GrammarError names `what` and the problem."""
-    make = {"json_schema": from_json_schema, "grammar": from_grammar, "lark": from_lark}[kind]
+    "grammar" (llama-server's field: GBNF or Lark text), "regex" (the whole reply matches it) or
+    "lark" (llguidance's Lark, e.g. tools.call_grammar). Checked, then compiled on a thread of
+    its own with COMPILE_STACK bytes of stack; GrammarError names `what` and the problem."""
+    make = {"json_schema": from_json_schema, "grammar": from_grammar, "regex": from_regex,
+            "lark": from_lark}[kind]
     lltokenizer(tok, n_vocab)
     with _panics(what):
         return _on_compile_thread(
@@ -384,6 +385,20 @@ def from_grammar(text, what="grammar"):
         except Exception as e:  # noqa: BLE001 - the converter raises whatever its parser meets
             raise GrammarError(f"{what}: GBNF: {e}") from None
     return from_lark(text, what, forcing=False)
+
+
+def from_regex(text, what="regex"):
+    """A grammar whose whole text matches the regular expression `text` (Python / Rust regex
+    syntax), compiled as a client's grammar (no byte forcing, see from_lark)."""
+    _require()
+    if not isinstance(text, str) or not text:
+        raise GrammarError(f"{what} must be a non-empty string")
+    _check_size(what, text)
+    try:
+        lark = "start: /" + llguidance.regex_to_lark(text, "") + "/\n"
+    except Exception as e:  # noqa: BLE001 - the converter raises what its parser meets
+        raise GrammarError(f"{what}: {e}") from None
+    return from_lark(lark, what, forcing=False)
 
 
 def from_lark(text, what="grammar", forcing=True):
