@@ -7,8 +7,9 @@ temperature 0.8, top-k 40, top-p 0.95, min-p 0.05):
   before     the schema handed to llguidance as it is (what edged did before grammar.llama_like)
   after      grammar.from_json_schema: the schema read as llama.cpp reads it (grammar.llama_like)
   llama.cpp  `llama-completion --json-schema-file` (its own converter and sampler), if given
-"Valid" is jsonschema's check against the schema as llama.cpp reads it (objects with
-properties closed): an extra key counts as invalid.
+"Valid" is jsonschema's check against the schema with its objects closed as llama.cpp closes
+them (an extra key counts as invalid), without the digit bounds llama_like adds (which only
+make the reply end).
 
   .venv/bin/python tools/bench_json_schema.py [--model M.gguf] [--seeds 4] [-n 128] \
       [--llama-completion PATH/llama-completion]
@@ -81,6 +82,19 @@ def llama_reply(binary, model_path, prompt, case, seed, n):
 END = "[end of text]"      # what llama-completion prints after an end token
 
 
+def closed(schema):
+    """grammar.llama_like(schema) without the bounds it adds to numbers."""
+    added = {"minimum": -grammar.INT_LIMIT, "maximum": grammar.INT_LIMIT, "multipleOf": grammar.FRACTION}
+
+    def strip(x):
+        if isinstance(x, list):
+            return [strip(v) for v in x]
+        if isinstance(x, dict):
+            return {k: strip(v) for k, v in x.items() if not (k in added and v == added[k])}
+        return x
+    return strip(grammar.llama_like(schema))
+
+
 def judge(text, schema):
     """(parses, valid) of a reply."""
     try:
@@ -88,7 +102,7 @@ def judge(text, schema):
     except ValueError:
         return False, False
     try:
-        jsonschema.validate(v, grammar.llama_like(schema))
+        jsonschema.validate(v, closed(schema))
     except jsonschema.ValidationError:
         return True, False
     return True, True
