@@ -261,3 +261,22 @@ def test_guided_json_and_options_over_the_wire(srv):
         r = h.post("/v1/chat/completions", json={"messages": ASK, "echo": True})
         assert r.status_code == 400 and r.json()["error"]["param"] == "echo"
         assert "unsupported field(s): echo" in r.json()["error"]["message"]    # chat has no echo
+
+
+def test_docs_field_tables_name_every_field():
+    """docs/api.md's Chat Completions and Completions tables name every field a body may have
+    (the Completions section refers to the chat table for the ignored and refused ones)."""
+    import os
+    import re
+    from conftest import ROOT
+    from edged.service import openai as wire
+    with open(os.path.join(ROOT, "docs", "api.md")) as f:
+        doc = f.read()
+    for title, fields in (("### Chat Completions", openai_schema.CHAT_FIELDS | set(openai_schema.REFUSED)),
+                          ("### Completions", (openai_schema.COMPLETION_FIELDS - openai_schema.IGNORED)
+                           | set(openai_schema.COMPLETION_REFUSED))):
+        section = doc[doc.index(title):]
+        section = section[:section.index("\n## ")]
+        named = set(re.findall(r"`([a-z_]+)`", section))
+        assert not fields - named, (title, sorted(fields - named))
+    assert set(wire.SYNONYMS) | {"options"} <= named
