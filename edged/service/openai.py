@@ -53,8 +53,8 @@ def parse(body, chat):
                  "/api routes, from an admin peer)")
     if chat:
         legacy = r.functions is not None
-        tools = tuple(_tool(f) for f in r.functions or ()) if legacy else \
-            tuple(_tool(t.function) for t in r.tools or ())
+        tools = tuple(_tool(t) for t in r.tools or [schema.Tool(type="function", function=f)
+                                                    for f in r.functions or ()])
         tc = r.function_call if legacy or r.function_call is not None else r.tool_choice
         if tc is not None and not tools:
             log.info("%s ignored: no tools given (as llama-server does)",
@@ -116,14 +116,14 @@ def _knobs(r):
     return values, names
 
 
-def _tool(fn):
-    """A request's function (FunctionDef) as chat templates see a tool: `description` and
-    `parameters` are optional in OpenAI's API but templates read them unguarded (gpt-oss's
-    `tool.description`), so absent ones become "" and {} (what llama-server hands its templates)."""
-    d = fn.model_dump(exclude_none=True)
-    d.setdefault("description", "")
-    d.setdefault("parameters", {})
-    return {"type": "function", "function": d}
+def _tool(t):
+    """A request's tool as chat templates see it: `description` and `parameters` are optional
+    in OpenAI's API but templates read them unguarded (gpt-oss's `tool.description`), so absent
+    ones become "" and {} (what llama-server hands its templates)."""
+    d = t.model_dump(exclude_none=True)
+    d["function"].setdefault("description", "")
+    d["function"].setdefault("parameters", {})
+    return d
 
 
 def _constraint(r):
