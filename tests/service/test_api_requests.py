@@ -4,12 +4,11 @@ openai SDK's model_dump(), legacy `functions`, `tool_choice` without tools, othe
 instead. Parsing is checked without a socket; the shapes that come back, and what the model
 does under them, against a real daemon serving SmolLM2-135M through the openai SDK."""
 import json
-import shutil
 
 import pytest
 
 from conftest import testdata
-from daemon_support import Server, signing_key, sse_events
+from daemon_support import openai_client, smol_daemon, sse_events, uds_httpx
 from edged.errors import RequestError
 from edged.service import openai_schema
 from edged.service.openai import parse
@@ -141,32 +140,16 @@ def test_a_refused_field_names_itself_and_what_to_use_instead(field):
 
 # --- against a real daemon -----------------------------------------------------------------
 
-SMOL = "SmolLM2-135M-Instruct.Q4_1.gguf"
-
-
 @pytest.fixture(scope="module")
 def srv(tmp_path_factory):
     pytest.importorskip("llguidance")
-    from edged.trust.sign import sign_file
-    key, trusted = signing_key(tmp_path_factory)
-    tmp = tmp_path_factory.mktemp("api-requests")
-    models = tmp / "models"
-    models.mkdir()
-    dst = models / "smol.gguf"
-    shutil.copyfile(testdata("models", SMOL), dst)
-    sign_file(str(dst), key)
-    s = Server(tmp, str(models), trusted, default_model="smol",
-               extra={"n_parallel": 2, "ctx_size": 1024, "threads": 2})
-    yield s
-    assert s.stop() == 0, s.logtext()
+    with smol_daemon(tmp_path_factory, "api-requests", n_parallel=2, ctx_size=1024, threads=2) as s:
+        yield s
 
 
 @pytest.fixture(scope="module")
 def client(srv):
-    openai = pytest.importorskip("openai")
-    httpx = pytest.importorskip("httpx")
-    return openai.OpenAI(base_url="http://edged/v1", api_key="unused", max_retries=0,
-                         http_client=httpx.Client(transport=httpx.HTTPTransport(uds=srv.socket), timeout=300))
+    return openai_client(srv.socket)
 
 
 ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
@@ -250,8 +233,7 @@ def test_the_issue_city_schema_gives_json_within_max_tokens(client, schema):
 
 
 def test_guided_json_and_options_over_the_wire(srv):
-    httpx = pytest.importorskip("httpx")
-    with httpx.Client(transport=httpx.HTTPTransport(uds=srv.socket), base_url="http://edged", timeout=300) as h:
+    with uds_httpx(srv.socket) as h:
         r = h.post("/v1/chat/completions", json={
             "messages": ASK, "guided_json": CITY, "options": {"temperature": 0, "num_predict": 60, "num_ctx": 4096},
             "keep_alive": "10m", "stream": True})
