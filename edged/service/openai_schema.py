@@ -52,7 +52,7 @@ IGNORED = frozenset({
     "spaces_between_special_tokens",
 })
 
-# Refused when set (null, false and "" count as unset): what to use instead.
+# Refused when set (null, false, "", [] and {} count as unset): what to use instead.
 REFUSED = {
     "audio": "no model here speaks: leave 'audio' out and read the text",
     "web_search_options": "no web search here: put what the model needs in the messages",
@@ -291,7 +291,7 @@ def _message(err, where):
 def _validate(cls, body, refused=None):
     refused = refused or {}
     for k, instead in refused.items():
-        if body.get(k) not in (None, False, ""):
+        if body.get(k):         # null, false, "", [], {} and 0 ask for nothing
             raise RequestError(f"'{k}' is not supported: {instead}", param=k)
     extra = sorted(k for k in body if k not in cls.model_fields and k not in IGNORED and k not in refused
                    and not any(f.alias == k for f in cls.model_fields.values()))
