@@ -13,15 +13,14 @@ the Api's (service/api.py), as for every protocol.
 """
 import asyncio
 import dataclasses
-import functools
 import json
 import secrets
 
 from ..text.sampling import SamplingParams
-from . import anthropic_schema as schema
+from . import anthropic_schema as schema, openai
 from .prepare import prepare
 from .request import ConstraintSpec, GenerateRequest, Output, ToolUse
-from .wire import Reply, StreamReply, error_for, json_body
+from .wire import Reply, error_for, errors_as, json_body
 
 JOIN = "\n\n"       # between the text blocks of one turn
 
@@ -45,14 +44,7 @@ def error_reply(e):
                  headers=r.headers)
 
 
-def _anthropic_errors(handler):
-    @functools.wraps(handler)
-    async def run(self, req):
-        try:
-            return await handler(self, req)
-        except Exception as e:  # noqa: BLE001 - every error becomes an Anthropic-shaped reply
-            return error_reply(e)
-    return run
+_anthropic_errors = errors_as(error_reply)
 
 
 # --- request bodies -> GenerateRequest -----------------------------------------------------
@@ -284,13 +276,7 @@ class _Render:
 
 async def reply(gen, req):
     """The started generation `gen` as Anthropic's reply: a stream of events or one message."""
-    render = _Render(gen)
-    if gen.request.output.stream:
-        return StreamReply(render.events(req), gen.close)
-    try:
-        return await render.whole(req)
-    finally:
-        await gen.close()
+    return await openai.reply(gen, req, _Render(gen))
 
 
 class Anthropic:

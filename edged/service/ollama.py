@@ -11,7 +11,6 @@ authorization and scheduling are the Api's (service/api.py), as for every protoc
 """
 import dataclasses
 import datetime
-import functools
 import json
 import os
 import time
@@ -27,7 +26,7 @@ from .log import log
 from .names import model_path
 from .openai import _tool
 from .request import ConstraintSpec, GenerateRequest, Output, ToolUse
-from .wire import Reply, StreamReply, error_for, json_body, serialised
+from .wire import Reply, StreamReply, error_for, errors_as, json_body, serialised
 
 # The Ollama release whose API these routes follow: clients gate features (tools, think) on it.
 OLLAMA_VERSION = "0.12.0"
@@ -48,20 +47,13 @@ def routes(api):
     return table
 
 
-def _ollama_errors(handler):
-    """Errors as Ollama shapes them: {"error": MESSAGE}, with the status edged/errors.py gives."""
-    @functools.wraps(handler)
-    async def run(self, req):
-        try:
-            return await handler(self, req)
-        except Exception as e:  # noqa: BLE001 - every error becomes an Ollama-shaped reply
-            return error_reply(e)
-    return run
-
-
 def error_reply(e):
+    """Errors as Ollama shapes them: {"error": MESSAGE}, with the status edged/errors.py gives."""
     r = error_for(e)
     return Reply(r.status, {"error": r.body["error"]["message"]}, headers=r.headers)
+
+
+_ollama_errors = errors_as(error_reply)
 
 
 def _now():

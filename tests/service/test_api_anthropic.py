@@ -10,12 +10,11 @@ import importlib
 import json
 import os
 import shutil
-import time
 
 import pytest
 
 from conftest import testdata
-from daemon_support import Server, signing_key
+from daemon_support import Server, signing_key, socket_activated
 
 pytest.importorskip("llguidance")
 httpx = pytest.importorskip("httpx")
@@ -165,8 +164,8 @@ def test_structured_output(client):
     fmt = {"type": "json_schema", "schema": {"type": "object", "properties": {"city": {"type": "string",
                                                                                         "maxLength": 20}},
                                              "required": ["city"], "additionalProperties": False}}
-    m = client.messages.create(model="smol", max_tokens=40, messages=ASK, output_config={"format": fmt},
-                               extra_body=GREEDY)
+    m = client.messages.create(model="smol", max_tokens=40, messages=ASK,
+                               extra_body={"output_config": {"format": fmt}, **GREEDY})
     assert set(json.loads(m.content[0].text)) == {"city"}
 
 
@@ -217,15 +216,10 @@ def test_tcp_with_x_api_key(tmp_path, tmp_path_factory):
     models.mkdir()
     shutil.copyfile(testdata("models", SMOL), models / "smol.gguf")
     sign_file(str(models / "smol.gguf"), key)
-    path, port = str(tmp_path / "edged.sock"), free_port()
-    srv = Server(tmp_path, str(models), trusted, default_model="smol",
-                 extra={"api_keys_file": keys_file(tmp_path), "ctx_size": 512},
-                 argv_prefix=["systemd-socket-activate", "-l", path, "-l", f"127.0.0.1:{port}",
-                              "-E", "NOTIFY_SOCKET", "-E", "PYTHONPATH"], wait=False)
+    port = free_port()
+    srv, _ = socket_activated(tmp_path, str(models), trusted, port, default_model="smol",
+                              extra={"api_keys_file": keys_file(tmp_path), "ctx_size": 512})
     try:
-        deadline = time.monotonic() + 10
-        while not os.path.exists(path) and time.monotonic() < deadline:
-            time.sleep(0.05)
         url = f"http://127.0.0.1:{port}"
         with pytest.raises(anthropic.AuthenticationError):     # the first connection starts the daemon
             anthropic.Anthropic(base_url=url, api_key="z" * 24, max_retries=0, timeout=120).messages.create(
@@ -250,3 +244,27 @@ def test_stop_matcher_names_the_stop_string():
     m = StopMatcher(["world", "lo w"])
     assert m.push("He") == ("He", False) and m.hit is None
     assert m.push("llo world") == ("l", True) and m.hit == "lo w"     # the earliest in the text
+
+
+def test_blocks_map_to_chat_turns():
+    """No daemon: the chat turns a conversation with thinking, a tool call and its result becomes
+    (tool results before the text that follows them, named after their call)."""
+    from edged.service.anthropic import parse
+    r = parse({"model": "m", "max_tokens": 8, "system": [{"type": "text", "text": "Be brief."},
+                                                         {"type": "text", "text": "Use tools."}],
+               "tools": [WEATHER], "tool_choice": {"type": "any", "disable_parallel_tool_use": True},
+               "thinking": {"type": "disabled"}, "metadata": {"user_id": "u"}, "messages": [
+                   ASK[0],
+                   {"role": "assistant", "content": [{"type": "thinking", "thinking": "Paris?", "signature": "s"},
+                                                     {"type": "tool_use", "id": "toolu_1", "name": "get_weather",
+                                                      "input": {"city": "Paris"}}]},
+                   {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "Sunny"},
+                                                {"type": "text", "text": "And"}, {"type": "text", "text": "tomorrow?"}]}]})
+    assert r.messages == (
+        {"role": "system", "content": "Be brief.\n\nUse tools."}, ASK[0],
+        {"role": "assistant", "content": "", "reasoning_content": "Paris?", "tool_calls": [
+            {"id": "toolu_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+        {"role": "tool", "tool_call_id": "toolu_1", "content": "Sunny", "name": "get_weather"},
+        {"role": "user", "content": "And\n\ntomorrow?"})
+    assert (r.tools.choice, r.tools.parallel, r.template_kwargs) == ("required", False, {"enable_thinking": False})
+    assert r.tools.tools[0]["function"]["parameters"] == WEATHER["input_schema"]
