@@ -268,3 +268,27 @@ def test_blocks_map_to_chat_turns():
         {"role": "user", "content": "And\n\ntomorrow?"})
     assert (r.tools.choice, r.tools.parallel, r.template_kwargs) == ("required", False, {"enable_thinking": False})
     assert r.tools.tools[0]["function"]["parameters"] == WEATHER["input_schema"]
+
+
+def test_stream_blocks_open_close_and_add_up():
+    """No daemon: thinking, then text, then a tool call as one stream's blocks: indexes in
+    order, a ping after the first start, blank text before a block held back, thinking stripped
+    at both ends as the whole reply strips it."""
+    from edged.service.anthropic import _Blocks
+    b = _Blocks()
+    for kind, text in [("thinking", "\n Hmm,"), ("thinking", " Paris. \n"), ("text", "\n"), ("thinking", " "),
+                       ("text", "It is"), ("text", " Paris.")]:
+        getattr(b, kind)(text)
+    b.tool_use({"type": "tool_use", "id": "toolu_1", "name": "f", "input": {"a": 1}})
+    b.close()
+    events = [(e.split(b"\n", 1)[0].decode()[len("event: "):], json.loads(e.split(b"data: ", 1)[1]))
+              for e in b.take()]
+    assert [(k, d.get("index")) for k, d in events] == [
+        ("content_block_start", 0), ("ping", None), ("content_block_delta", 0), ("content_block_delta", 0),
+        ("content_block_stop", 0), ("content_block_start", 1), ("content_block_delta", 1), ("content_block_delta", 1),
+        ("content_block_stop", 1), ("content_block_start", 2), ("content_block_delta", 2), ("content_block_stop", 2)]
+    deltas = [d["delta"] for k, d in events if k == "content_block_delta"]
+    assert "".join(d.get("thinking", "") for d in deltas) == "Hmm, Paris."
+    assert "".join(d.get("text", "") for d in deltas) == "\nIt is Paris."
+    assert events[-3][1]["content_block"] == {"type": "tool_use", "id": "toolu_1", "name": "f", "input": {}}
+    assert deltas[-1] == {"type": "input_json_delta", "partial_json": '{"a": 1}'}
