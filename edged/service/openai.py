@@ -49,8 +49,8 @@ def parse(body, chat):
     common = dict(model=r.model, sampling=sampling, constraint=_constraint(r))
     include_usage = bool(r.stream_options and r.stream_options.include_usage)
     if r.keep_alive is not None:
-        log.info("keep_alive ignored: when a model unloads is the daemon's idle_unload (or Ollama's "
-                 "/api routes, from an admin peer)")
+        log.info("keep_alive ignored: the daemon's keep_alive setting decides when a model unloads "
+                 "(Ollama's /api routes take a request's, from an admin peer)")
     if chat:
         legacy = r.functions is not None
         tools = tuple(_tool(t) for t in r.tools or [schema.Tool(type="function", function=f)
