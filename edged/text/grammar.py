@@ -320,7 +320,7 @@ def llama_like(schema):
       INT_LIMIT: at most 16 digits (llama.cpp: 16); unbounded, a small model wrote
       "11112222323333..." until max_tokens.
     - a number gets the same bounds, and `multipleOf` FRACTION (at most 10 decimals; llama.cpp:
-      16) unless it has its own.
+      16) unless it has its own. Neither where `const` or `enum` already bounds the value.
     White space needs no rewrite: JSON_LAYOUT allows json.dumps's separators only.
     A schema nested deeper than MAX_JSON_DEPTH is returned as it is (_check_schema refuses it)."""
     if too_deep(schema) is not None:
@@ -345,7 +345,7 @@ def _llama_like(schema, part_of_all_of=False):
     if "properties" in schema and not part_of_all_of and "additionalProperties" not in schema \
             and "unevaluatedProperties" not in schema:
         out["additionalProperties"] = False
-    if types & {"integer", "number"}:
+    if types & {"integer", "number"} and "const" not in schema and "enum" not in schema:
         if "minimum" not in schema and "exclusiveMinimum" not in schema:
             out["minimum"] = -INT_LIMIT
         if "maximum" not in schema and "exclusiveMaximum" not in schema:

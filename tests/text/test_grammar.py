@@ -198,6 +198,8 @@ def test_schemas_are_read_as_llama_cpp_reads_them(tok):
     assert s == {"type": "object", "additionalProperties": False, "properties": {
         "properties": {"type": "integer", "minimum": 0, "maximum": grammar.INT_LIMIT}}}
     assert grammar.llama_like(city) != city and "additionalProperties" not in city    # a copy
+    pi = {"type": "number", "const": 3.14159265358979}        # more decimals than FRACTION allows
+    assert accepts(tok, grammar.check(grammar.from_json_schema(pi), tok), "3.14159265358979")
 
 
 def test_tool_call_arguments_are_read_as_llama_cpp_reads_them(tok):
