@@ -45,7 +45,7 @@ IGNORED = frozenset({
     "dry_multiplier", "dry_base", "dry_allowed_length", "dry_penalty_last_n",
     "dry_sequence_breakers", "xtc_probability", "xtc_threshold", "penalize_nl", "ignore_eos",
     "min_keep", "parse_tool_calls",
-    # OpenAI: a hint that changes the speed, not the text; an assistant's audio reference
+    # OpenAI: predicted outputs, a hint that changes the speed, not the text
     "prediction",
     # vLLM
     "guided_decoding_backend", "guided_whitespace_pattern", "skip_special_tokens",
