@@ -47,7 +47,7 @@ class Generation:
         tok = session.model.tokenizer
         self.session = session
         # a caller's own sampler (structured output, logprobs), else one drawing with `params`
-        self.sampler = sampler or Sampler(session.model.hp.n_vocab, params)
+        self.sampler = sampler or Sampler(session.model.hp.n_vocab, params, end_ids=tok.eog_ids)
         self.sampler.accept_many(ids)
         self.max_tokens = max_tokens
         self.n_prompt, self.n_cached = len(ids), n_cached
@@ -109,7 +109,9 @@ class Generation:
         if t in self._eog:
             return self._end(GenerationOutput(stopper.flush(decoder.flush()), t, "stop"))
         self.sampler.accept(t)
-        text, hit = stopper.push(decoder.push(t))
+        text = decoder.push(t)
+        # stop strings count from the min_tokens-th token on (vLLM's rule); before, the text passes
+        text, hit = stopper.push(text) if self.n_gen >= self.sampler.params.min_tokens else (text, False)
         if hit:  # the text before the stop string; the sampled token is not evaluated
             return self._end(GenerationOutput(text, t, "stop", stopper.hit))
         s = self.session

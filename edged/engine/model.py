@@ -315,10 +315,11 @@ class Model:
             if len(ids) > most:
                 raise RequestError(f"input {i} has {len(ids)} tokens, more than the limit of "
                                    f"{most} (the model's{'' if limit is None else ' and ctx_size'})")
-            bad = [t for t in ids if not 0 <= t < self.n_vocab]
-            if bad:
-                raise RequestError(f"input {i}: token id {bad[0]} out of range "
-                                   f"[0, {self.n_vocab})")
+            bad = [(j, t) for j, t in enumerate(ids) if not 0 <= t < self.n_vocab]
+            if bad:     # e.g. tiktoken's cl100k ids, which a client sent for a model of its own
+                j, t = bad[0]
+                raise RequestError(f"input {i}, token {j}: id {t} out of range: the model's "
+                                   f"vocabulary is [0, {self.n_vocab})", param="input")
             out.append(ids)
         return out
 

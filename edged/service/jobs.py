@@ -144,7 +144,8 @@ class Generation:
         for pi, ids in enumerate(prep.prompts):
             for j, sp in enumerate(params):
                 constraint = prep.constraint.copy() if prep.constraint is not None else None
-                sampler = Sampler(nv, sp, constraint=constraint, logprobs=request.output.logprobs)
+                sampler = Sampler(nv, sp, constraint=constraint, logprobs=request.output.logprobs,
+                                  end_ids=tok.eog_ids)
                 self.choices.append(Choice(pi * n + j, pi, sampler, prep, tok))
 
     # --- jobs --------------------------------------------------------------------------

@@ -40,7 +40,7 @@ class Output:
 @dataclasses.dataclass(frozen=True)
 class ConstraintSpec:
     """Structured output as asked: kind "json_schema" (source: a schema), "grammar" (GBNF or
-    Lark text) or "lark"; `what` is the request field it came from (errors name it)."""
+    Lark text), "regex" or "lark"; `what` is the request field it came from (errors name it)."""
     kind: str
     source: object
     what: str
@@ -50,10 +50,12 @@ class ConstraintSpec:
 class ToolUse:
     """The functions offered (as chat templates see them: {"type": "function", "function":
     {name, description, parameters}}) and `choice`: "none", "auto", "required" or a function's
-    name; parallel: "required" may call several."""
+    name; parallel: "required" may call several. legacy: offered as OpenAI's legacy
+    `functions` (one call, answered as `function_call`)."""
     tools: tuple = ()
     choice: str = "none"
     parallel: bool = True
+    legacy: bool = False
 
     def offered(self):
         """The tools the model may call under `choice`."""

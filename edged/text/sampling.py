@@ -3,7 +3,9 @@
 Sampler applies, in llama.cpp's order: logit bias, repetition/presence/frequency penalties
 over the last `penalty_last_n` tokens, then greedy (temperature <= 0) or top-k -> top-p ->
 min-p -> temperature -> a draw from a seeded RNG (same seed, same tokens). A structured-output
-Constraint (text/grammar.py) masks the tokens its grammar does not allow before all of that.
+Constraint (text/grammar.py) masks the tokens its grammar does not allow before all of that;
+`min_tokens` masks the end tokens until that many were drawn (vLLM's MinTokensLogitsProcessor),
+unless the grammar allows nothing else.
 With `logprobs`, each draw also records the chosen token's log-probability and the most likely
 alternatives, from the model's own distribution: the log-softmax of the raw logits, before
 bias, penalties, grammar mask, temperature and truncation. The per-token work
@@ -52,6 +54,7 @@ REQUEST_BOUNDS = {
     "repeat_penalty": Bound(0.001, 10.0),
     "penalty_last_n": Bound(0, 1 << 16, integer=True),
     "seed": Bound(-(1 << 63), (1 << 64) - 1, integer=True),
+    "min_tokens": Bound(0, INT32_MAX, integer=True),
     "logit_bias": Bound(-100.0, 100.0),          # each value
 }
 
@@ -62,7 +65,9 @@ class SamplingParams:
     caller), checked once against REQUEST_BOUNDS, then taken as it is by Generation, Sampler
     and the compiled sampler. temperature 0 (or one so small that 1/temperature overflows a
     float32) is greedy; seed None draws from the OS's entropy. logit_bias: ((token id, bias),
-    ...). A new parameter is a field here, a row in REQUEST_BOUNDS and the code that uses it."""
+    ...). min_tokens: no end token drawn (Sampler) and no stop string matched (the engine's
+    Generation) before that many tokens. A new parameter is a field here, a row in
+    REQUEST_BOUNDS and the code that uses it."""
     temperature: float = 0.0
     top_k: int = 0
     top_p: float = 1.0
@@ -73,6 +78,7 @@ class SamplingParams:
     penalty_last_n: int = 64
     seed: int | None = None
     logit_bias: tuple = ()
+    min_tokens: int = 0
 
     def __post_init__(self):
         put = object.__setattr__
@@ -124,9 +130,10 @@ def _within(name, v, b):
 
 class Sampler:
     """A request's draws: SamplingParams plus the state that changes per token (penalty
-    history, RNG, grammar constraint, logprob records)."""
+    history, RNG, grammar constraint, logprob records, draws so far). end_ids: the tokens that
+    end a reply, which params.min_tokens holds back."""
 
-    def __init__(self, n_vocab, params=SamplingParams(), constraint=None, logprobs=None):
+    def __init__(self, n_vocab, params=SamplingParams(), constraint=None, logprobs=None, end_ids=()):
         self.n_vocab = n_vocab
         self.params = params
         self.history = collections.deque(maxlen=max(params.penalty_last_n, 1))
@@ -146,6 +153,13 @@ class Sampler:
         self.constraint = constraint      # text.grammar.Constraint or None
         self.n_logprobs = logprobs        # None: not recorded; k: the top k alternatives too
         self.records = []                 # (token, logprob, [(id, logprob)] top k) per draw
+        self.n_drawn = 0
+        # while fewer than min_tokens were drawn: the end tokens get a -inf bias
+        ends = np.array(sorted(t for t in end_ids if 0 <= t < n_vocab), np.int32)
+        self._hold = None
+        if params.min_tokens and len(ends):
+            self._hold = (np.concatenate([self.bias_ids, ends]),
+                          np.concatenate([self.bias_vals, np.full(len(ends), -np.inf, np.float32)]), ends)
 
     def accept(self, token):
         if self.constraint is not None:
@@ -172,14 +186,19 @@ class Sampler:
         pen_ids, pen_counts = self._penalties()
         u = 0.0 if self.params.greedy else float(self.rng.random())
         mask = self.constraint.mask() if self.constraint is not None else None
+        bias_ids, bias_vals = self.bias_ids, self.bias_vals
+        if self._hold is not None and self.n_drawn < self.params.min_tokens and \
+                not _only_ends(mask, self._hold[2]):
+            bias_ids, bias_vals = self._hold[:2]
         if _compiled_sample is not None:
             if self._work is None or len(self._work) < _work_bytes(len(logits)):
                 self._work = np.empty(_work_bytes(len(logits)), np.uint8)
-            t = int(_compiled_sample(logits, self.params, self.bias_ids, self.bias_vals, pen_ids,
+            t = int(_compiled_sample(logits, self.params, bias_ids, bias_vals, pen_ids,
                                      pen_counts, u, self._work, mask))
         else:
-            t = sample_reference(logits, self.params, self.bias_ids, self.bias_vals, pen_ids,
+            t = sample_reference(logits, self.params, bias_ids, bias_vals, pen_ids,
                                  pen_counts, u, mask)
+        self.n_drawn += 1
         if self.n_logprobs is not None:
             self.records.append(token_logprobs(logits, t, self.n_logprobs))
         return t
@@ -188,6 +207,16 @@ class Sampler:
         """The logprob records of the draws since the last call."""
         out, self.records = self.records, []
         return out
+
+
+def _only_ends(mask, ends):
+    """True when the grammar's mask (None: no grammar) allows no token but the end tokens: the
+    structure is complete, and min_tokens must not force text past it."""
+    if mask is None:
+        return False
+    rest = np.asarray(mask, np.uint32).copy()
+    np.bitwise_and.at(rest, ends >> 5, ~(np.uint32(1) << (ends & 31).astype(np.uint32)))
+    return not rest.any()
 
 
 def token_logprobs(logits, token, k):

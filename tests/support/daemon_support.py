@@ -372,3 +372,19 @@ def openai_client(sock_path):
     openai = pytest.importorskip("openai")
     return openai.OpenAI(base_url="http://edged/v1", api_key="unused", max_retries=0,
                          http_client=uds_httpx(sock_path))
+
+
+@contextlib.contextmanager
+def smol_daemon(tmp_path_factory, label, name="smol", **extra):
+    """A daemon serving the real SmolLM2-135M-Instruct, signed, as model `name` (the default),
+    with config `extra`; must stop with status 0."""
+    from edged.trust.sign import sign_file
+    key, trusted = signing_key(tmp_path_factory)
+    tmp = tmp_path_factory.mktemp(label)
+    models = tmp / "models"
+    models.mkdir()
+    dst = models / f"{name}.gguf"
+    shutil.copyfile(testdata("models", "SmolLM2-135M-Instruct.Q4_1.gguf"), dst)
+    sign_file(str(dst), key)
+    with running(tmp, str(models), trusted, default_model=name, extra=extra) as srv:
+        yield srv

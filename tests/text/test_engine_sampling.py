@@ -274,3 +274,33 @@ def test_compiled_tiny_and_degenerate_vocabularies():
 
 def _params(temperature, top_k, top_p, min_p):
     return SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p)
+
+
+class _OnlyEnd:
+    """A grammar that is complete: its mask allows only token 40 (an end token)."""
+
+    def mask(self):
+        m = np.zeros(2, np.uint32)
+        m[40 >> 5] = np.uint32(1) << np.uint32(40 & 31)
+        return m
+
+    def consume(self, token):
+        pass
+
+
+@pytest.mark.parametrize("compiled", [True, False])
+def test_min_tokens_holds_back_the_end_tokens_unless_the_grammar_allows_nothing_else(compiled, monkeypatch):
+    from edged.text import sampling
+    if compiled:
+        pytest.importorskip("edged._core")
+    else:
+        monkeypatch.setattr(sampling, "_compiled_sample", None)
+    ends = (3, 40)
+    x = np.zeros(64, np.float32)
+    x[list(ends)] = 10.0                 # the end tokens are the most likely
+    s = Sampler(len(x), SamplingParams(min_tokens=3), end_ids=ends)
+    drawn = [s.sample(x) for _ in range(4)]
+    assert all(t not in ends for t in drawn[:3]) and drawn[3] in ends
+    assert Sampler(len(x), SamplingParams(), end_ids=ends).sample(x) in ends
+    s = Sampler(len(x), SamplingParams(min_tokens=3), constraint=_OnlyEnd(), end_ids=ends)
+    assert s.sample(x) == 40
