@@ -388,3 +388,22 @@ def smol_daemon(tmp_path_factory, label, name="smol", **extra):
     sign_file(str(dst), key)
     with running(tmp, str(models), trusted, default_model=name, extra=extra) as srv:
         yield srv
+
+
+# API keys and ports for the TCP listener
+KEY = "edged-test-key-0123456789abcdef"
+
+
+def keys_file(tmp_path, text=KEY + "\n", mode=0o600):
+    p = tmp_path / "api-keys"
+    p.write_text(text)
+    os.chmod(p, mode)
+    return str(p)
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
