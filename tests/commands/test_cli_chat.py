@@ -1,0 +1,103 @@
+"""`edged chat` in a terminal (issue 43.7), driven through a real pty by pexpect against a real
+daemon serving SmolLM2-135M: commands are handled locally (/help is never sent), Ctrl-C during
+a reply stops only the reply (the conversation goes on, without the partial reply, as in
+`ollama run`), Ctrl-C at the prompt clears the line, readline's history survives a restart."""
+import os
+import re
+import shutil
+import sys
+
+import pytest
+
+from conftest import ROOT, testdata
+from daemon_support import Server, signing_key
+
+pexpect = pytest.importorskip("pexpect")
+SMOL = "SmolLM2-135M-Instruct.Q4_1.gguf"
+STORY = "Write a very long story about a dragon and a knight."
+
+
+@pytest.fixture(scope="module")
+def srv(tmp_path_factory):
+    from edged.trust.sign import sign_file
+    key, trusted = signing_key(tmp_path_factory)
+    tmp = tmp_path_factory.mktemp("chat")
+    models = tmp / "models"
+    models.mkdir()
+    shutil.copyfile(testdata("models", SMOL), models / "smol.gguf")
+    sign_file(str(models / "smol.gguf"), key)
+    s = Server(tmp, str(models), trusted, default_model="smol",
+               extra={"ctx_size": 1024, "log_prompts": True, "max_output_tokens": 1000})
+    yield s
+    assert s.stop() == 0, s.logtext()
+
+
+def chat_lines(srv):
+    return [line for line in srv.logtext().splitlines() if "POST /v1/chat/completions" in line]
+
+
+def spawn(srv, home):
+    env = dict(os.environ, HOME=str(home), TERM="xterm", PYTHONPATH=ROOT)
+    env.pop("XDG_STATE_HOME", None)
+    child = pexpect.spawn(sys.executable, ["-m", "edged", "chat", "--socket", srv.socket, "--temp", "0"],
+                          cwd=ROOT, env=env, encoding="utf-8", timeout=60, dimensions=(40, 200))
+    child.expect_exact(">>> ")
+    return child
+
+
+def test_chat_commands_ctrl_c_and_history_in_a_terminal(srv, tmp_path):
+    child = spawn(srv, tmp_path)
+    try:
+        child.sendline("/help")
+        child.expect_exact("/bye")
+        child.expect_exact(">>> ")
+        child.sendline("/set temperature 9")                    # over SamplingParams' bound
+        child.expect_exact("error: 'temperature' must be between 0 and 2 (got 9.0)")
+        child.expect_exact(">>> ")
+        child.sendline("/nonsense")
+        child.expect_exact("Unknown command '/nonsense'")
+        child.expect_exact(">>> ")
+        assert chat_lines(srv) == []                            # nothing went to the model
+
+        child.sendline(STORY)                                   # Ctrl-C in the middle of the reply
+        child.expect_exact(STORY)
+        child.expect(r"\w+ \w+ \w+")                            # the reply is streaming
+        child.sendintr()
+        child.expect_exact(">>> ")
+        child.sendline("/set max_tokens 4")
+        child.expect_exact("Set max_tokens to 4.")
+        child.expect_exact(">>> ")
+        child.sendline('"""Say')                               # a two-line message
+        child.expect_exact("... ")
+        child.sendline('hello."""')
+        child.expect_exact(">>> ")
+        child.sendcontrol("d")
+        child.expect(pexpect.EOF)
+        child.close()
+        assert child.exitstatus == 0
+
+        lines = chat_lines(srv)
+        assert len(lines) == 2, srv.logtext()
+        assert "finish=cancelled" in lines[0], lines[0]
+        assert " 200 " in lines[1] and "finish=length" in lines[1] and "completion_tokens=4" in lines[1]
+        # the interrupted reply was dropped; the user's turn and the two-line message were sent
+        prompt = re.search(r"prompt=(\[.*\]) reply=", lines[1]).group(1)
+        assert prompt.count('"role": "user"') == 2 and '"role": "assistant"' not in prompt, prompt
+        assert '"Say\\nhello."' in prompt
+
+        hist = tmp_path / ".local" / "state" / "edged" / "chat_history"
+        saved = hist.read_text().splitlines()
+        assert saved[-2:] == ['"""Say', 'hello."""'] and STORY in saved
+
+        child = spawn(srv, tmp_path)                            # a new session: the history is back
+        child.send("\x1b[A")                                    # Up: the last line entered
+        child.expect_exact('hello."""')
+        child.sendintr()                                        # Ctrl-C clears the line
+        child.expect_exact(">>> ")
+        child.sendline("/bye")
+        child.expect(pexpect.EOF)
+        child.close()
+        assert child.exitstatus == 0 and len(chat_lines(srv)) == 2
+    finally:
+        if child.isalive():
+            child.terminate(force=True)
