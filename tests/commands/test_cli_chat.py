@@ -54,6 +54,8 @@ def test_chat_commands_ctrl_c_and_history_in_a_terminal(srv, tmp_path):
         child.sendline("/set temperature 9")                    # over SamplingParams' bound
         child.expect_exact("error: 'temperature' must be between 0 and 2 (got 9.0)")
         child.expect_exact(">>> ")
+        child.sendline("/system Be brief.")
+        child.expect_exact("Set the system message.")
         child.sendline("/nonsense")
         child.expect_exact("Unknown command '/nonsense'")
         child.expect_exact(">>> ")
@@ -71,6 +73,16 @@ def test_chat_commands_ctrl_c_and_history_in_a_terminal(srv, tmp_path):
         child.expect_exact("... ")
         child.sendline('hello."""')
         child.expect_exact(">>> ")
+        child.sendline("/show")
+        child.expect(r"model: smol\r\n  size: \d+")
+        child.expect_exact("system: 'Be brief.'")
+        child.expect_exact("parameters: temperature=0.0, max_tokens=4")
+        child.expect_exact("conversation: 2 message(s) sent")
+        child.sendline("/clear")
+        child.expect_exact("Cleared the conversation.")
+        child.sendline("/show")
+        child.expect_exact("conversation: 0 message(s) sent")
+        child.expect_exact(">>> ")
         child.sendcontrol("d")
         child.expect(pexpect.EOF)
         child.close()
@@ -83,17 +95,22 @@ def test_chat_commands_ctrl_c_and_history_in_a_terminal(srv, tmp_path):
         # the interrupted reply was dropped; the user's turn and the two-line message were sent
         prompt = re.search(r"prompt=(\[.*\]) reply=", lines[1]).group(1)
         assert prompt.count('"role": "user"') == 2 and '"role": "assistant"' not in prompt, prompt
+        assert prompt.startswith('[{"role": "system", "content": "Be brief."}')
         assert '"Say\\nhello."' in prompt
 
         hist = tmp_path / ".local" / "state" / "edged" / "chat_history"
         saved = hist.read_text().splitlines()
-        assert saved[-2:] == ['"""Say', 'hello."""'] and STORY in saved
+        assert saved[-5:] == ['"""Say', 'hello."""', "/show", "/clear", "/show"] and STORY in saved
 
         child = spawn(srv, tmp_path)                            # a new session: the history is back
-        child.send("\x1b[A")                                    # Up: the last line entered
-        child.expect_exact('hello."""')
+        child.send("\x1b[A\x1b[A")                            # Up twice: "/clear" from the last session
+        child.sendline("")
+        child.expect_exact("Cleared the conversation.")
+        child.send("Hello")
         child.sendintr()                                        # Ctrl-C clears the line
         child.expect_exact(">>> ")
+        child.sendline("/show")
+        child.expect_exact("conversation: 0 message(s) sent")
         child.sendline("/bye")
         child.expect(pexpect.EOF)
         child.close()
