@@ -4,13 +4,12 @@ a reply stops only the reply (the conversation goes on, without the partial repl
 `ollama run`), Ctrl-C at the prompt clears the line, readline's history survives a restart."""
 import os
 import re
-import shutil
 import sys
 
 import pytest
 
-from conftest import ROOT, testdata
-from daemon_support import Server, signing_key
+from conftest import ROOT
+from daemon_support import Server, signed_shared_models
 
 pexpect = pytest.importorskip("pexpect")
 SMOL = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -19,14 +18,8 @@ STORY = "Write a very long story about a dragon and a knight."
 
 @pytest.fixture(scope="module")
 def srv(tmp_path_factory):
-    from edged.trust.sign import sign_file
-    key, trusted = signing_key(tmp_path_factory)
-    tmp = tmp_path_factory.mktemp("chat")
-    models = tmp / "models"
-    models.mkdir()
-    shutil.copyfile(testdata("models", SMOL), models / "smol.gguf")
-    sign_file(str(models / "smol.gguf"), key)
-    s = Server(tmp, str(models), trusted, default_model="smol",
+    tmp, models, trusted = signed_shared_models(tmp_path_factory, "chat", {"smol": SMOL})
+    s = Server(tmp, models, trusted, default_model="smol",
                extra={"ctx_size": 1024, "log_prompts": True, "max_output_tokens": 1000})
     yield s
     assert s.stop() == 0, s.logtext()
