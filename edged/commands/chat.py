@@ -228,6 +228,7 @@ def _save_history(rl, path):
     try:
         os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
         rl.write_history_file(path)                 # at most HISTORY_LINES lines
+        os.chmod(path, 0o600)                       # what the user typed: theirs alone
     except OSError as e:
         print(f"edged chat: history not saved: {e.strerror}: {path}", file=sys.stderr)
 

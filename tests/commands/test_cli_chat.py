@@ -39,6 +39,9 @@ def spawn(srv, home):
 
 
 def test_chat_commands_ctrl_c_and_history_in_a_terminal(srv, tmp_path):
+    hist = tmp_path / ".local" / "state" / "edged" / "chat_history"
+    hist.parent.mkdir(parents=True)
+    hist.write_text("".join(f"old line {i}\n" for i in range(1100)))     # more than it keeps
     child = spawn(srv, tmp_path)
     try:
         child.sendline("/help")
@@ -91,8 +94,8 @@ def test_chat_commands_ctrl_c_and_history_in_a_terminal(srv, tmp_path):
         assert prompt.startswith('[{"role": "system", "content": "Be brief."}')
         assert '"Say\\nhello."' in prompt
 
-        hist = tmp_path / ".local" / "state" / "edged" / "chat_history"
         saved = hist.read_text().splitlines()
+        assert len(saved) == 1000 and hist.stat().st_mode & 0o777 == 0o600
         assert saved[-5:] == ['"""Say', 'hello."""', "/show", "/clear", "/show"] and STORY in saved
 
         child = spawn(srv, tmp_path)                            # a new session: the history is back
