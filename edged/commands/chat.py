@@ -136,8 +136,10 @@ class Session:
     def show(self):
         from ..service.client import Daemon
         with Daemon(self.socket) as daemon:
-            name = self.model or (daemon.request("GET", "/health").get("models") or [None])[0]
-            info = daemon.request("GET", f"/v1/models/{name}") if name else {}
+            models = daemon.request("GET", "/v1/models")["data"]
+        # the model asked for, else the one the daemon would use: its loaded model
+        info = next((m for m in models if m["id"] == self.model or not self.model and m.get("loaded")), {})
+        name = self.model or info.get("id")
         turns = sum(1 for m in self.messages if m["role"] == "user")
         lines = [f"model: {name or '(none loaded)'}"]
         for key in ("size", "signer", "kernel_path", "kv_cache"):
