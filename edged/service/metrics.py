@@ -81,7 +81,8 @@ class Metrics:
 
     def generation(self, model, route, queued, ttft, n_gen, elapsed):
         """A generation ended: `queued` seconds in the queue, then `elapsed` seconds (its first
-        token `ttft` seconds in, None when there was none) for `n_gen` tokens."""
+        token `ttft` seconds in, None when there was none) for `n_gen` tokens (of its longest
+        choice: the choices of n > 1 decode side by side)."""
         self.duration.labels(model, route).observe(queued + elapsed)
         if ttft is not None:
             self.ttft.labels(model, route).observe(queued + ttft)
