@@ -97,8 +97,7 @@ class Api:
     async def metrics(self, req):
         st = self.state
         live = {n: m for n, m in st.registry.models.items() if not m.draining}
-        text = st.metrics.render(st.slots.waiting, st.slots.busy, list(live), st.slots.n,
-                                 {n: m.kv_cache() for n, m in live.items()})
+        text = st.metrics.render(st.slots.waiting, st.slots.busy, live, st.slots.n)
         return Reply(200, text, content_type=METRICS_CONTENT_TYPE)
 
     async def models(self, req):

@@ -33,7 +33,7 @@ DEFAULT_PATH = "/etc/edged/edged.toml"
 class KeySpec:
     name: str
     default: object
-    kind: str          # "str", "path", "int", "float", "bool", "mode", "size", "ids", "enum", "acl",
+    kind: str          # "str", "path", "int", "float", "bool", "mode", "size", "ids", "listen", "enum", "acl",
                        # "models" (model names or "*")
     doc: str
     choices: tuple = ()
@@ -58,8 +58,12 @@ KEYS = [
     KeySpec("admin_gids", [], "ids",
             "Peer groups allowed to use the admin routes."),
     KeySpec("api_keys_file", "/etc/edged/api-keys", "path",
-            "Keys for the opt-in TCP listener (edged-tcp.socket): one per line, file owned by root, "
-            "mode 0600/0640; every request on TCP needs `Authorization: Bearer KEY`. Read at start."),
+            "Keys for the opt-in TCP listeners (edged-tcp.socket, `listen`): one per line, file owned by "
+            "root, mode 0600/0640; every request on TCP needs `Authorization: Bearer KEY`. Read at start."),
+    KeySpec("listen", [], "listen",
+            "TCP addresses the daemon binds itself, beside the Unix socket (\"HOST:PORT\", \"[::1]:PORT\"; "
+            "`edged serve --listen`), for inits without socket activation and containers. Same API keys, "
+            "caps and admin-route refusal as edged-tcp.socket; start-up fails without api_keys_file."),
     # --- models and trust ------------------------------------------------------------------
     KeySpec("models_dir", "/var/lib/edged/models", "path",
             "Directory of models: model NAME is the file MODELS_DIR/NAME.gguf."),
@@ -216,6 +220,26 @@ def _ids(value):
     return list(value)
 
 
+def split_host_port(text):
+    """("HOST", PORT) of a `listen` entry "HOST:PORT" or "[IPV6]:PORT"; ValueError saying why not."""
+    host, sep, port = text.rpartition(":")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    elif ":" in host:
+        raise ValueError(f"{text!r}: write an IPv6 address in brackets, like \"[::1]:8091\"")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ValueError(f"{text!r} is not \"HOST:PORT\" (like \"127.0.0.1:8091\", \"[::1]:8091\")")
+    return host, int(port)
+
+
+def _listen(value):
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise ValueError("expected a list of \"HOST:PORT\" strings")
+    for v in value:
+        split_host_port(v)
+    return value
+
+
 def _abs_path(value):
     if value and not os.path.isabs(value):
         raise ValueError("expected an absolute path")
@@ -252,6 +276,7 @@ _KINDS = {
     "mode": lambda k: Annotated[int, BeforeValidator(_mode)],
     "size": lambda k: Annotated[int, BeforeValidator(_size), Field(ge=k.minimum)],
     "ids": lambda k: Annotated[list, BeforeValidator(_ids)],
+    "listen": lambda k: Annotated[list, BeforeValidator(_listen)],
     "models": lambda k: Annotated[list[StrictStr], AfterValidator(_model_list)],
     "acl": lambda k: Annotated[dict[StrictStr, list[Annotated[StrictStr, AfterValidator(_principal)]]],
                                AfterValidator(_model_names)],

@@ -26,8 +26,8 @@ from .scheduler import Decoder, Slots
 from .transport import Listener, fit_descriptor_limit, make_app, open_socket
 
 # Keys read once at start-up; a reload keeps the running value and says so.
-RESTART_KEYS = ("socket", "socket_mode", "socket_group", "sandbox", "sandbox_on_deny", "n_parallel",
-                "max_connections")
+RESTART_KEYS = ("socket", "listen", "api_keys_file", "socket_mode", "socket_group", "sandbox",
+                "sandbox_on_deny", "n_parallel", "max_connections")
 
 
 def load_trust(cfg):
@@ -73,6 +73,11 @@ class Daemon:
         loop = asyncio.get_running_loop()
         self.events = asyncio.Queue()
         systemd.notify("STATUS=starting")
+        if cfg.listen:      # refused before anything is bound or loaded: no TCP without keys
+            try:
+                self.api_keys = apikeys.load(cfg.api_keys_file)
+            except ConfigError as e:
+                raise ConfigError(f"config key 'listen' needs API keys: {e}") from None
         trust = load_trust(cfg)
         cfg.resolve_names()
         self.prepare(trust)
@@ -81,7 +86,7 @@ class Daemon:
         self.renderer = RenderWorker(cfg.sandbox, cfg.sandbox_on_deny)
         self.renderer.start()
         self.sock, self.how, self.tcp = open_socket(cfg)
-        if self.tcp:        # keys are read now: after the sandbox, /etc is out of reach
+        if self.tcp and not self.api_keys:  # read now: after the sandbox, /etc is out of reach
             self.api_keys = apikeys.load(cfg.api_keys_file)
         self._sandbox()
         self.start_threads()
@@ -95,8 +100,9 @@ class Daemon:
         await runner.setup()
         self.listener = Listener(self, self.sock, runner.server, tcp=self.tcp)
         self.listener.start()
-        for s in self.tcp:
-            log.info("also listening on TCP %s (from systemd; API key required)", s.getsockname()[:2])
+        for i, s in enumerate(self.tcp):
+            log.info("also listening on TCP %s (%s; API key required)", s.getsockname()[:2],
+                     "config key 'listen'" if i < len(cfg.listen) else "from systemd")
         where = self.sock.getsockname() or "(socket from systemd)"
         log.info("listening on %s (%s); models in %s; n_parallel=%d max_queue=%d", where, self.how,
                  cfg.models_dir, cfg.n_parallel, cfg.max_queue)

@@ -294,6 +294,9 @@ class Generation:
             info["ttft_ms"] = (self.t_first - self.t_start) * 1e3
         info["gen_ms"] = elapsed * 1e3
         self.st.metrics.tokens(info.get("prompt_tokens", 0), n_gen, elapsed)
+        self.st.metrics.generation(self.lm.name, self.req.path, info.get("queue_ms", 0.0) / 1e3,
+                                   None if self.t_first is None else self.t_first - self.t_start,
+                                   max(c.n_gen for c in self.choices), elapsed)    # n > 1: in parallel
         if self.st.cfg.log_prompts:
             replies = ["".join(c.pieces) for c in self.choices]
             info["reply"] = replies if len(replies) > 1 else replies[0]

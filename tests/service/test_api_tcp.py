@@ -13,7 +13,7 @@ import time
 import pytest
 
 from conftest import ROOT
-from daemon_support import KEY, alpha_beta_models, free_port, keys_file, needs_curl, request, socket_activated
+from daemon_support import KEY, Server, alpha_beta_models, free_port, keys_file, needs_curl, request, running, socket_activated
 from edged.errors import ConfigError
 from edged.service import apikeys, transport
 
@@ -235,3 +235,71 @@ def test_unauthenticated_tcp_peers_crowd_out_no_one_and_are_logged_in_summaries(
         for s in idle:
             s.close()
         srv.stop()
+
+
+def listening_port(srv, timeout=60):
+    """The port of the daemon's `listen` socket, from its start-up log line."""
+    import re
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        m = re.search(r"also listening on TCP \('127\.0\.0\.1', (\d+)\) \(config key 'listen'", srv.logtext())
+        if m:
+            return int(m.group(1))
+        assert srv.proc.poll() is None, srv.logtext()
+        time.sleep(0.05)
+    raise AssertionError("no 'listening on TCP' line:\n" + srv.logtext())
+
+
+def test_listen_binds_tcp_itself_with_the_same_key_policy(tmp_path, models):
+    """`edged serve --listen 127.0.0.1:0` (issue 43.5): no systemd, the sandbox on; the openai
+    SDK with the key works, without it 401, an admin route 403, the Unix socket as before."""
+    openai = pytest.importorskip("openai")
+    with running(tmp_path, *models, default_model="alpha", args=["--listen", "127.0.0.1:0"],
+                 extra={"api_keys_file": keys_file(tmp_path), "sandbox": "enforce"}) as srv:
+        url = f"http://127.0.0.1:{listening_port(srv)}"
+        client = openai.OpenAI(base_url=url + "/v1", api_key=KEY, max_retries=0)
+        r = client.chat.completions.create(model="alpha", messages=[{"role": "user", "content": "Hi"}],
+                                           max_tokens=4, temperature=0)
+        assert r.choices[0].message.content and r.usage.completion_tokens <= 4
+        with pytest.raises(openai.AuthenticationError):
+            openai.OpenAI(base_url=url + "/v1", api_key="not-the-key-0123456789", max_retries=0).models.list()
+        import httpx
+        r = httpx.get(url + "/v1/models", timeout=60)                      # no key at all
+        assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
+        r = httpx.post(url + "/v1/models/load", json={"model": "beta"}, timeout=60,
+                       headers={"Authorization": f"Bearer {KEY}"})
+        assert r.status_code == 403, r.text
+        assert srv.request("GET", "/v1/models")[0] == 200                  # Unix peer: credentials
+        assert "sandbox: enforce (Landlock" in srv.logtext()
+
+
+def test_listen_without_a_key_file_refuses_to_start(tmp_path, models):
+    """No api_keys_file: the daemon exits 2 with an error naming both keys, before it binds
+    anything (neither the TCP port nor the Unix socket)."""
+    port = free_port()
+    srv = Server(tmp_path, *models, args=["--listen", f"127.0.0.1:{port}"],
+                 extra={"api_keys_file": str(tmp_path / "none")}, wait=False)
+    try:
+        assert srv.proc.wait(60) == 2, srv.logtext()
+        text = srv.logtext()
+        assert "config key 'listen' needs API keys: config key 'api_keys_file'" in text, text
+        assert "cannot open" in text and not os.path.exists(srv.socket)
+    finally:
+        srv.stop()
+
+
+def test_listen_values_are_checked(monkeypatch):
+    from edged.commands.serve import env_overrides
+    from edged.service import config
+    assert env_overrides({"EDGED_LISTEN": "127.0.0.1:8091, [::1]:8091"}) == \
+        {"listen": ["127.0.0.1:8091", "[::1]:8091"]}
+    assert config.split_host_port("[::1]:8091") == ("::1", 8091)
+    for bad, needle in [("8091", "is not \"HOST:PORT\""), ("::1:8091", "in brackets"),
+                        ("127.0.0.1:65536", "is not"), ("localhost:http", "is not")]:
+        with pytest.raises(ConfigError, match=f"config key 'listen': .*{needle}"):
+            config.load(None, {"listen": [bad]})
+    with pytest.raises(ConfigError, match="cannot listen on 127.0.0.1:"):
+        with socket.socket() as taken:
+            taken.bind(("127.0.0.1", 0))
+            taken.listen(1)
+            transport.bind_tcp("127.0.0.1:%d" % taken.getsockname()[1])

@@ -94,6 +94,21 @@ def model_dir(tmp_path, key, models):
     return str(d)
 
 
+def signed_shared_models(tmp_path_factory, name, models):
+    """(temp dir `name`, models dir, trusted-keys dir): models {NAME: file in
+    ../shared/testdata/models} copied as they are (their own chat templates) and signed by the
+    session's test key."""
+    from edged.trust.sign import sign_file
+    key, trusted = signing_key(tmp_path_factory)
+    tmp = tmp_path_factory.mktemp(name)
+    d = tmp / "models"
+    d.mkdir()
+    for model, src in models.items():
+        shutil.copyfile(testdata("models", src), d / f"{model}.gguf")
+        sign_file(str(d / f"{model}.gguf"), key)
+    return tmp, str(d), trusted
+
+
 def alpha_beta_models(tmp_path_factory, name):
     """(models dir, trusted-keys dir) in a new temp dir `name`: alpha = stories260K and beta = the
     synthetic llama Q8_0 model, each with a chat template and signed by the session's test key."""
