@@ -1,0 +1,177 @@
+"""Prompt-cache files (engine/statefile.py): a restored session gives the bits of recomputation,
+and a file that does not match, is damaged, or was MAC'd with another key is refused whole."""
+import errno
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+from conftest import ROOT
+from edged import Model
+from edged.engine import statefile
+from edged.engine.model import Session
+from edged.errors import ConfigError, StateFileError
+
+pytest.importorskip("edged._core")
+
+KVQ = os.path.join(ROOT, "tests", "data", "goldens", "synthetic-kv-q8_0.gguf")  # head_dim 32
+OTHER = os.path.join(ROOT, "tests", "data", "goldens", "synthetic-gemma2.gguf")
+PROMPT = [1, 5, 9, 200, 17, 3, 44, 81, 2, 7, 300, 12, 64, 99, 5, 6, 250, 11, 18, 40]
+NEXT = [33, 71, 8]
+KEY = bytes(range(32))
+
+
+def load(ck="f16", cv="f16", path=KVQ):
+    return Model.load(path, n_threads=2, cache_type_k=ck, cache_type_v=cv)
+
+
+def saved(tmp_path, ck="f16", cv="f16", n_ctx=64):
+    path = tmp_path / "p.edkv"
+    with load(ck, cv) as m, m.session(n_ctx=n_ctx) as s:
+        s.eval(PROMPT)
+        size = s.save(path, KEY)
+    assert size == os.path.getsize(path)
+    return path
+
+
+@pytest.mark.parametrize("ck, cv", [("f16", "f16"), ("q8_0", "q8_0"), ("q4_0", "f16")])
+def test_restored_session_gives_the_bits_of_recomputation(tmp_path, ck, cv):
+    path = saved(tmp_path, ck, cv)
+    with load(ck, cv) as m:         # a new process's model: loaded again from the file
+        with m.session(n_ctx=64) as fresh:
+            fresh.eval(PROMPT)
+            want = fresh.eval(NEXT, logits="all")
+        with Session.load(m, path, KEY) as s:
+            assert s.tokens == PROMPT and s.n_ctx == 64
+            assert np.array_equal(s.eval(NEXT, logits="all"), want)
+        # a prefix of the file: the first 12 rows, the rest evaluated again
+        with m.session(n_ctx=64) as s:
+            assert statefile.restore(s, path, KEY, n_tokens=12) == 12
+            s.eval(PROMPT[12:])
+            assert np.array_equal(s.eval(NEXT, logits="all"), want)
+
+
+def test_file_holds_the_used_rows_only(tmp_path):
+    path = saved(tmp_path, "q8_0", "q8_0")
+    with load("q8_0", "q8_0") as m:
+        hp = m.hp
+        row = hp.n_head_kv * hp.head_dim // 32 * 34          # q8_0: 34 bytes per 32 values
+        assert os.path.getsize(path) == (statefile.HEADER.size + 4 * len(PROMPT) + hp.n_layer
+                                         * len(PROMPT) * 2 * row + statefile.MAC_BYTES)
+
+
+def _refused(path, match, ck="f16", cv="f16", n_ctx=64, key=KEY, model=KVQ):
+    with load(ck, cv, model) as m, m.session(n_ctx=n_ctx) as s:
+        s.eval([4, 4, 4])
+        with pytest.raises(StateFileError, match=match):
+            statefile.restore(s, path, key)
+        assert s.n_past == 0        # nothing of the file, nothing of before: recomputed
+
+
+def _flip(path, offset):
+    data = bytearray(path.read_bytes())
+    data[offset] ^= 0x10
+    path.write_bytes(bytes(data))
+
+
+def test_flipped_bits_anywhere_are_refused(tmp_path):
+    path = saved(tmp_path)
+    good = path.read_bytes()
+    size, H = len(good), statefile.HEADER.size
+    cases = [(3, "magic"), (40, "model_sha256"), (H - 8, "truncated or padded"),  # n_tokens
+             (H + 5, "HMAC"), (H + 4 * len(PROMPT) + 7, "HMAC"), (size // 2, "HMAC"),
+             (size - 40, "HMAC"), (size - 1, "HMAC")]               # tokens, K, V, the MAC
+    for offset, match in cases:
+        path.write_bytes(good)
+        _flip(path, offset)
+        _refused(path, match)
+
+
+def test_truncated_and_padded_files_are_refused(tmp_path):
+    path = saved(tmp_path)
+    good = path.read_bytes()
+    for data in (good[:-1], good[:len(good) // 2], good[:100], good + b"\0"):
+        path.write_bytes(data)
+        _refused(path, "too short|truncated or padded")
+
+
+def test_another_model_cache_type_context_key_or_build_is_refused(tmp_path):
+    path = saved(tmp_path)
+    _refused(path, "model_sha256", model=OTHER)
+    _refused(path, "type_k f16 differs from this session's q8_0", ck="q8_0")
+    _refused(path, "type_v", cv="q4_0")
+    _refused(path, "n_ctx 64 differs from this session's 128", n_ctx=128)
+    _refused(path, "HMAC does not verify", key=bytes(32))
+    real = dict(statefile._builds)
+    try:   # a file written by another build of the compiled core
+        statefile._builds.update({k: b"\x01" * 32 for k in real})
+        _refused(path, "build_id")
+    finally:
+        statefile._builds.clear()
+        statefile._builds.update(real)
+
+
+def test_key_is_made_once_private_and_checked(tmp_path):
+    key = statefile.load_key(tmp_path / "state")
+    kf = tmp_path / "state" / statefile.KEY_FILE
+    assert len(key) == 32 and (kf.stat().st_mode & 0o777) == 0o600
+    assert statefile.load_key(tmp_path / "state") == key
+    kf.chmod(0o644)
+    with pytest.raises(ConfigError, match="mode 0644.*must be 0600"):
+        statefile.load_key(tmp_path / "state")
+    kf.chmod(0o600)
+    kf.write_bytes(b"short")
+    with pytest.raises(ConfigError, match="not a regular file of 32 bytes"):
+        statefile.load_key(tmp_path / "state")
+    kf.unlink()                     # rotation: a new key, and the old files fail their MAC
+    assert statefile.load_key(tmp_path / "state") != key
+
+
+def test_a_full_filesystem_leaves_no_file(tmp_path):
+    d = tmp_path / "small"
+    d.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(d)],
+                      capture_output=True).returncode:
+        pytest.skip("cannot mount a tmpfs here (needs root and mount(2))")
+    try:
+        with load() as m, m.session(n_ctx=512) as s:
+            s.eval(list(range(1, 400)))     # ~100 KB of f16 rows: more than the 64 KB
+            with pytest.raises(OSError) as e:
+                s.save(d / "p.edkv", KEY)
+            assert e.value.errno == errno.ENOSPC
+            assert os.listdir(d) == []      # neither the file nor its temporary
+            s.save(d / "small.edkv", KEY, n_tokens=8)   # room for a small one afterwards
+    finally:
+        subprocess.run(["umount", str(d)], check=True)
+
+
+def test_kill_during_a_write_leaves_the_old_file(tmp_path):
+    path = saved(tmp_path)
+    old = path.read_bytes()
+    child = textwrap.dedent(f"""
+        import os, sys
+        from edged import Model
+        m = Model.load({KVQ!r}, n_threads=1)
+        s = m.session(n_ctx=64)
+        s.eval(list(range(1, 30)))
+        real = os.fsync
+        def stall(fd):      # everything written to the temporary file, not yet renamed
+            print("writing", flush=True)
+            sys.stdin.readline()
+        os.fsync = stall
+        s.save({str(path)!r}, {KEY!r})
+    """)
+    p = subprocess.Popen([sys.executable, "-c", child], stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE, env={**os.environ, "PYTHONPATH": ROOT})
+    try:
+        assert p.stdout.readline() == b"writing\n"
+        p.kill()
+    finally:
+        p.wait()
+    assert path.read_bytes() == old         # the old file, whole
+    with load() as m, Session.load(m, path, KEY) as s:
+        assert s.tokens == PROMPT
+    assert [f for f in os.listdir(tmp_path) if f.endswith(".tmp")]   # only a hidden temporary
