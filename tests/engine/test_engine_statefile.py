@@ -1,6 +1,7 @@
 """Prompt-cache files (engine/statefile.py): a restored session gives the bits of recomputation,
 and a file that does not match, is damaged, or was MAC'd with another key is refused whole."""
 import errno
+import json
 import os
 import subprocess
 import sys
@@ -175,3 +176,28 @@ def test_kill_during_a_write_leaves_the_old_file(tmp_path):
     with load() as m, Session.load(m, path, KEY) as s:
         assert s.tokens == PROMPT
     assert [f for f in os.listdir(tmp_path) if f.endswith(".tmp")]   # only a hidden temporary
+
+
+def test_generate_prompt_cache_creates_then_reuses_then_recomputes_a_bad_file(tmp_path):
+    cache = tmp_path / "story.edkv"
+    env = {**os.environ, "PYTHONPATH": ROOT, "EDGED_STATE_DIR": str(tmp_path / "state")}
+
+    def generate():
+        r = subprocess.run([sys.executable, "-m", "edged", "generate", "-m", KVQ, "-p",
+                            "a b c d e f g h i j k l m n o p", "-n", "8", "--temp", "0",
+                            "--json", "--prompt-cache", str(cache), "-t", "2"],
+                           capture_output=True, text=True, env=env, timeout=120)
+        assert r.returncode == 0, r.stderr
+        return json.loads(r.stdout), r.stderr
+
+    first, _ = generate()
+    assert cache.exists() and first["timings"]["prompt_tokens"] == first["n_prompt"]
+    again, err = generate()
+    assert "tokens restored" in err and again["timings"]["prompt_tokens"] == 1
+    assert again["tokens"] == first["tokens"]           # the same bits, so the same text
+    _flip(cache, os.path.getsize(cache) // 2)
+    third, err = generate()
+    assert "refused (HMAC does not verify" in err and "recomputing" in err
+    assert third["tokens"] == first["tokens"] and third["timings"]["prompt_tokens"] == first["n_prompt"]
+    _, err = generate()             # the recomputed state was saved again
+    assert "tokens restored" in err
