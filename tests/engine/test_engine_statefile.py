@@ -1,6 +1,7 @@
 """Prompt-cache files (engine/statefile.py): a restored session gives the bits of recomputation,
 and a file that does not match, is damaged, or was MAC'd with another key is refused whole."""
 import errno
+import hashlib
 import json
 import os
 import subprocess
@@ -201,3 +202,33 @@ def test_generate_prompt_cache_creates_then_reuses_then_recomputes_a_bad_file(tm
     assert third["tokens"] == first["tokens"] and third["timings"]["prompt_tokens"] == first["n_prompt"]
     _, err = generate()             # the recomputed state was saved again
     assert "tokens restored" in err
+
+
+def test_a_signed_model_files_carry_its_digest_and_signer(tmp_path):
+    from edged.trust import verify
+    os.chmod(tmp_path, 0o755)
+    (tmp_path / "trusted").mkdir(mode=0o755)
+
+    def edged(*args):
+        subprocess.run([sys.executable, "-m", "edged", *args], check=True, capture_output=True,
+                       env={**os.environ, "PYTHONPATH": ROOT}, timeout=120)
+    edged("keygen", "--bits", "2048", "--out", str(tmp_path / "k.pem"))
+    os.rename(tmp_path / "k.pub.pem", tmp_path / "trusted" / "k.pub.pem")
+    model = tmp_path / "m.gguf"
+    model.write_bytes(open(KVQ, "rb").read())
+    os.chmod(model, 0o644)
+    unsigned_digest = hashlib.sha256(model.read_bytes()).digest()
+    edged("sign", "--key", str(tmp_path / "k.pem"), str(model))
+    os.utime(model, (1e9, 1e9))     # an old file: its verification is cached
+    path = tmp_path / "p.edkv"
+    for _ in range(2):      # the second open answers from the verification cache
+        vf = verify.open_verified(model, str(tmp_path / "trusted"), require_signature=True)
+        assert vf.sha256 == unsigned_digest         # the signed bytes: the file before its block
+        with Model.load(str(model), verified=vf) as m, m.session(n_ctx=64) as s:
+            assert statefile.model_digest(m) == unsigned_digest
+            s.eval(PROMPT)
+            s.save(path, KEY)
+            s.reset()
+            assert statefile.restore(s, path, KEY) == len(PROMPT)
+    # the same bytes loaded without their signature: another signer field, refused
+    _refused(path, "the file's signer '[0-9a-f]{64}' differs from this session's ''", model=KVQ)
