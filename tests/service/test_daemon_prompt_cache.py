@@ -36,10 +36,11 @@ def start(tmp_path, models, cache, **extra):
                   extra={"cache_dir": str(cache), "ctx_size": 512, **extra})
 
 
-def test_conversation_prefix_survives_a_restart_and_a_bad_file_is_recomputed(tmp_path, models):
+@pytest.mark.parametrize("sandbox", ["off", "enforce"])   # enforce: Landlock grants cache_dir
+def test_conversation_prefix_survives_a_restart_and_a_bad_file_is_recomputed(tmp_path, models, sandbox):
     cache = tmp_path / "cache"
     conv = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Tell me a story."}]
-    srv = start(tmp_path, models, cache)
+    srv = start(tmp_path, models, cache, sandbox=sandbox)
     try:
         first, usage = chat(srv, conv)
         assert usage.get("prompt_tokens_details", {}).get("cached_tokens", 0) == 0
@@ -48,7 +49,7 @@ def test_conversation_prefix_survives_a_restart_and_a_bad_file_is_recomputed(tmp
     files = [f for f in os.listdir(cache) if f.endswith(".edkv")]
     assert len(files) == 1 and (cache / "cache.key").stat().st_mode & 0o777 == 0o600
 
-    srv = start(tmp_path, models, cache)
+    srv = start(tmp_path, models, cache, sandbox=sandbox)
     try:
         again, usage = chat(srv, conv)             # the same conversation after the restart
         assert again == first
@@ -69,7 +70,7 @@ def test_conversation_prefix_survives_a_restart_and_a_bad_file_is_recomputed(tmp
             data = bytearray((cache / f).read_bytes())
             data[len(data) // 2] ^= 1
             (cache / f).write_bytes(bytes(data))
-    srv = start(tmp_path, models, cache)
+    srv = start(tmp_path, models, cache, sandbox=sandbox)
     try:
         recomputed, usage = chat(srv, conv)
         assert recomputed == first                  # nothing served from the bad file
@@ -119,3 +120,49 @@ def test_cache_max_bytes_removes_the_least_recently_used(tmp_path, models):
         assert "over cache_max_bytes 150000" in srv.logtext()
     finally:
         assert srv.stop() == 0, srv.logtext()
+
+
+def test_named_prefix_admin_routes_save_restore_erase(tmp_path, models):
+    cache = tmp_path / "cache"
+    system = [{"role": "system", "content": SYSTEM}]
+    srv = start(tmp_path, models, cache)
+    try:
+        status, _, r = srv.request("POST", "/v1/prefixes/save",
+                                   {"model": "alpha", "name": "story-v1", "messages": system})
+        assert status == 200, r
+        n = r["tokens"]
+        assert n > 64 and (cache / "named-story-v1.edkv").stat().st_size == r["bytes"]
+        status, _, r = srv.request("GET", "/v1/prefixes")
+        assert r["data"] == [{"name": "story-v1", "tokens": n, "bytes": r["data"][0]["bytes"]}]
+        for body, code in (({"name": "../x", "model": "alpha", "prompt": "a"}, 400),
+                           ({"name": "nope", "model": "alpha"}, 404)):
+            path = "/v1/prefixes/save" if "prompt" in body else "/v1/prefixes/restore"
+            status, _, r = srv.request("POST", path, body)
+            assert status == code, r
+    finally:
+        assert srv.stop() == 0, srv.logtext()
+    srv = start(tmp_path, models, cache)
+    try:
+        status, _, r = srv.request("POST", "/v1/prefixes/restore", {"model": "alpha", "name": "story-v1"})
+        assert status == 200 and r["tokens"] == n, r
+        _, usage = chat(srv, system + [{"role": "user", "content": "Go on."}])
+        assert usage["prompt_tokens_details"]["cached_tokens"] >= n
+        assert srv.request("POST", "/v1/prefixes/erase", {"name": "story-v1"})[0] == 200
+        assert not (cache / "named-story-v1.edkv").exists()
+        assert srv.request("POST", "/v1/prefixes/erase", {"name": "story-v1"})[0] == 404
+    finally:
+        assert srv.stop() == 0, srv.logtext()
+
+
+def test_prefix_routes_are_admin_only(tmp_path):
+    import asyncio
+    from daemon_support import make_daemon
+    from edged.service.wire import ApiRequest, Peer
+    d = make_daemon(tmp_path, admin_uids=[4242], allow_uids=[1000], cache_dir=str(tmp_path / "c"))
+    peer = Peer(1, 1000, 1000)
+    for method, path in (("POST", "/v1/prefixes/save"), ("POST", "/v1/prefixes/erase"),
+                         ("GET", "/v1/prefixes")):
+        r = asyncio.run(d.api.handle(ApiRequest(method, path, b"{}", peer=peer)))
+        assert r.status == 403, (path, r.body)
+    r = asyncio.run(d.api.handle(ApiRequest("GET", "/v1/prefixes", peer=Peer(1, 4242, 4242))))
+    assert r.status == 200 and r.body == {"object": "list", "data": []}
