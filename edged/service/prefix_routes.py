@@ -71,7 +71,7 @@ class PrefixRoutes:
 
     async def save(self, req):
         store, body = self._store(), self._body(req)
-        path = store.named_path(body.get("name"))
+        store.named_path(body.get("name"))      # a bad name: 400 before any work
         model = self.api.state.registry.resolve(body.get("model"))
         req.info["model"] = model
         given = [k for k in ("prompt", "messages", "tokens") if k in body]

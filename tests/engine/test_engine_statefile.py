@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from conftest import ROOT
+from small_fs import small_tmpfs
 from edged import Model
 from edged.engine import statefile
 from edged.engine.model import Session
@@ -133,21 +134,13 @@ def test_key_is_made_once_private_and_checked(tmp_path):
 
 
 def test_a_full_filesystem_leaves_no_file(tmp_path):
-    d = tmp_path / "small"
-    d.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(d)],
-                      capture_output=True).returncode:
-        pytest.skip("cannot mount a tmpfs here (needs root and mount(2))")
-    try:
-        with load() as m, m.session(n_ctx=512) as s:
-            s.eval(list(range(1, 400)))     # ~100 KB of f16 rows: more than the 64 KB
-            with pytest.raises(OSError) as e:
-                s.save(d / "p.edkv", KEY)
-            assert e.value.errno == errno.ENOSPC
-            assert os.listdir(d) == []      # neither the file nor its temporary
-            s.save(d / "small.edkv", KEY, n_tokens=8)   # room for a small one afterwards
-    finally:
-        subprocess.run(["umount", str(d)], check=True)
+    with small_tmpfs(tmp_path / "small") as d, load() as m, m.session(n_ctx=512) as s:
+        s.eval(list(range(1, 400)))     # ~100 KB of f16 rows: more than the 64 KB
+        with pytest.raises(OSError) as e:
+            s.save(d / "p.edkv", KEY)
+        assert e.value.errno == errno.ENOSPC
+        assert os.listdir(d) == []      # neither the file nor its temporary
+        s.save(d / "small.edkv", KEY, n_tokens=8)   # room for a small one afterwards
 
 
 def test_kill_during_a_write_leaves_the_old_file(tmp_path):

@@ -3,11 +3,11 @@ restart, a damaged file is refused with one log line and recomputed, a full disk
 file, and the daemon keeps serving throughout."""
 import os
 import re
-import subprocess
 
 import pytest
 
 from daemon_support import Server, alpha_beta_models
+from small_fs import small_tmpfs
 
 SYSTEM = ("You are a storyteller. " * 12).strip()       # > SPILL_MIN_TOKENS tokens
 
@@ -83,12 +83,7 @@ def test_conversation_prefix_survives_a_restart_and_a_bad_file_is_recomputed(tmp
 
 
 def test_a_full_cache_filesystem_costs_the_file_not_the_service(tmp_path, models):
-    cache = tmp_path / "small"
-    cache.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k,mode=0700", "tmpfs", str(cache)],
-                      capture_output=True).returncode:
-        pytest.skip("cannot mount a tmpfs here (needs root and mount(2))")
-    try:
+    with small_tmpfs(tmp_path / "small") as cache:
         srv = start(tmp_path, models, cache, n_parallel=1)
         try:
             conv = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Hi."}]
@@ -103,8 +98,6 @@ def test_a_full_cache_filesystem_costs_the_file_not_the_service(tmp_path, models
             chat(srv, conv)
         finally:
             assert srv.stop() == 0, srv.logtext()
-    finally:
-        subprocess.run(["umount", str(cache)], check=True)
 
 
 def test_cache_max_bytes_removes_the_least_recently_used(tmp_path, models):
