@@ -101,6 +101,7 @@ def _open_prompt_cache(m, args, prompt, n_ctx):
     key, s = statefile.load_key(), None
     try:
         h, _, _ = statefile.read_header(args.prompt_cache)
+        statefile.check_model(h, m)         # before its context size is used
         if not args.ctx_size and h["n_ctx"] >= len(prompt) + max(args.n_predict, 0):
             n_ctx = h["n_ctx"]
         s = m.session(n_ctx=n_ctx)

@@ -670,6 +670,7 @@ class Session:
         from . import statefile
         key = key or statefile.load_key()
         h, _, _ = statefile.read_header(path)
+        statefile.check_model(h, model)     # before the context it names is allocated
         s = cls(model, h["n_ctx"], n_batch)
         try:
             statefile.restore(s, path, key)

@@ -83,17 +83,36 @@ def build_id(backend):
     return d
 
 
+def _model_fields(m):
+    """The header fields that depend on the model and its configuration only."""
+    be = m.backend
+    return {"model_sha256": model_digest(m), "signer": m.signer or "", "arch": m.arch,
+            "backend": be.name, "kernel_path": be.kernel_path, "build_id": build_id(be),
+            "type_k": int(m.cache.k), "type_v": int(m.cache.v), "n_layer": m.hp.n_layer}
+
+
 def _header(session, n_tokens):
     """The header fields a file of `session`'s first n_tokens would carry (a dict)."""
-    m = session.model
-    be = m.backend
-    k, v = be.kv_cache(session._buf)
+    k, v = session.model.backend.kv_cache(session._buf)
     return {"magic": MAGIC, "version": VERSION, "header_bytes": HEADER.size,
-            "model_sha256": model_digest(m), "signer": m.signer or "", "arch": m.arch,
-            "backend": be.name, "kernel_path": be.kernel_path, "build_id": build_id(be),
-            "type_k": int(m.cache.k), "type_v": int(m.cache.v), "n_layer": k.shape[0],
-            "n_ctx": session.n_ctx, "row_bytes_k": k.shape[2], "row_bytes_v": v.shape[2],
-            "n_tokens": n_tokens, "reserved": 0}
+            **_model_fields(session.model), "n_ctx": session.n_ctx, "row_bytes_k": k.shape[2],
+            "row_bytes_v": v.shape[2], "n_tokens": n_tokens, "reserved": 0}
+
+
+def _compare(h, want):
+    for field, value in want.items():
+        if h[field] != value:
+            raise StateFileError(f"the file's {field} {_describe(field, h[field])} differs "
+                                 f"from this session's {_describe(field, value)}")
+
+
+def check_model(h, model):
+    """StateFileError unless header h (read_header) was made by this model and configuration,
+    and its token count fits its context: what Session.load checks before it allocates."""
+    _compare(h, _model_fields(model))
+    if not 0 < h["n_tokens"] <= h["n_ctx"] <= model.n_ctx_train:
+        raise StateFileError(f"{h['n_tokens']} tokens for a context of {h['n_ctx']} (the "
+                             f"model's is at most {model.n_ctx_train})")
 
 
 def _pack(h):
@@ -257,11 +276,7 @@ def _restore(session, path, key, n_tokens):
     with _open(path) as f:
         size = os.fstat(f.fileno()).st_size
         h = _read_header(f, size)
-        want = _header(session, h["n_tokens"])
-        for field, value in want.items():
-            if h[field] != value:
-                raise StateFileError(f"the file's {field} {_describe(field, h[field])} differs "
-                                     f"from this session's {_describe(field, value)}")
+        _compare(h, _header(session, h["n_tokens"]))
         n = h["n_tokens"]
         if not 0 < n <= session.n_ctx:
             raise StateFileError(f"{n} tokens for a context of {session.n_ctx}")

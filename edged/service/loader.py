@@ -9,6 +9,7 @@ import os
 import threading
 import time
 
+from ..engine import statefile
 from ..engine.model import Model
 from ..errors import EdgedError, RequestError
 from ..text.chat import template_for
@@ -213,8 +214,9 @@ class Loader:
         lm = LoadedModel(name, path, model, model.signer, size, {"verify": t1 - t0, "map": t2 - t1},
                          cfg.ctx_size, max_sessions=cfg.n_parallel,
                          content_specials=bool({name, "*"} & set(cfg.content_special_tokens)))
-        if model.encoder is None:
+        if model.encoder is None and self.store is not None:
             lm.store = self.store
+            statefile.model_digest(model)   # here, not on the decode thread (unsigned: hashed)
         return lm
 
     def warm(self, lm):

@@ -225,3 +225,17 @@ def test_a_signed_model_files_carry_its_digest_and_signer(tmp_path):
             assert statefile.restore(s, path, KEY) == len(PROMPT)
     # the same bytes loaded without their signature: another signer field, refused
     _refused(path, "the file's signer '[0-9a-f]{64}' differs from this session's ''", model=KVQ)
+
+
+def test_load_checks_the_header_before_allocating_its_context(tmp_path):
+    path = saved(tmp_path)
+    data = bytearray(path.read_bytes())
+    n_ctx_at = statefile.HEADER.size - 20              # n_ctx: the fifth u32 from the end
+    data[n_ctx_at:n_ctx_at + 4] = (1 << 31).to_bytes(4, "little")
+    path.write_bytes(bytes(data))
+    with load("q8_0", "f16") as m:                      # another cache type: refused first
+        with pytest.raises(StateFileError, match="type_k"):
+            Session.load(m, path, KEY)
+    with load() as m:           # the model's file, for a context of 2^31 tokens
+        with pytest.raises(StateFileError, match="20 tokens for a context of 2147483648"):
+            Session.load(m, path, KEY)
