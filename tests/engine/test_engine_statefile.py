@@ -42,8 +42,15 @@ def saved(tmp_path, ck="f16", cv="f16", n_ctx=64):
 
 @pytest.mark.parametrize("ck, cv", [("f16", "f16"), ("q8_0", "q8_0"), ("q4_0", "f16")])
 def test_restored_session_gives_the_bits_of_recomputation(tmp_path, ck, cv):
-    path = saved(tmp_path, ck, cv)
-    with load(ck, cv) as m:         # a new process's model: loaded again from the file
+    path = tmp_path / "p.edkv"      # saved by another process: a restart
+    subprocess.run([sys.executable, "-c", textwrap.dedent(f"""
+        from edged import Model
+        with Model.load({KVQ!r}, n_threads=2, cache_type_k={ck!r}, cache_type_v={cv!r}) as m:
+            s = m.session(n_ctx=64)
+            s.eval({PROMPT!r})
+            s.save({str(path)!r}, {KEY!r})
+    """)], check=True, env={**os.environ, "PYTHONPATH": ROOT}, timeout=120)
+    with load(ck, cv) as m:
         with m.session(n_ctx=64) as fresh:
             fresh.eval(PROMPT)
             want = fresh.eval(NEXT, logits="all")
