@@ -6,7 +6,7 @@
 
 Layout (little-endian; docs/daemon.md, "Prompt-cache files"):
 
-    header   HEADER (224 bytes): magic, version, header size, model SHA-256, signer, architecture,
+    header   HEADER (232 bytes): magic, version, header size, model SHA-256, signer, architecture,
              backend, kernel path, build id, K/V cache types, n_layer, n_ctx, K/V row bytes,
              n_tokens
     tokens   n_tokens x uint32
@@ -45,8 +45,8 @@ KEY_FILE = "cache.key"
 SUFFIX = ".edkv"
 # magic, version, header bytes, model sha256, signer, arch, backend, kernel path, build id,
 # type_k, type_v, n_layer, n_ctx, row_bytes_k, row_bytes_v, n_tokens, reserved
-HEADER = struct.Struct("<8sII32s64s24s16s8s32sIIIIIIII")
-_TEXT = {"signer": 64, "arch": 24, "backend": 16, "kernel_path": 8}
+HEADER = struct.Struct("<8sII32s64s24s16s16s32sIIIIIIII")
+_TEXT = {"signer": 64, "arch": 24, "backend": 16, "kernel_path": 16}
 _CHUNK = 1 << 22
 
 _digests = weakref.WeakKeyDictionary()   # Model -> SHA-256 of its file (hashed once)

@@ -246,3 +246,16 @@ def test_load_checks_the_header_before_allocating_its_context(tmp_path):
     with load() as m:           # the model's file, for a context of 2^31 tokens
         with pytest.raises(StateFileError, match="20 tokens for a context of 2147483648"):
             Session.load(m, path, KEY)
+
+
+@pytest.mark.parametrize("ck", ["f16", "q8_0"])
+def test_reference_backend_files_round_trip_and_are_not_the_cpu_backends(tmp_path, ck):
+    path = tmp_path / "p.edkv"
+    with Model.load(KVQ, backend="reference", cache_type_k=ck, cache_type_v=ck) as m:
+        with m.session(n_ctx=64) as s:
+            s.eval(PROMPT)
+            want = s.eval(NEXT, logits="all")
+            s.save(path, KEY, n_tokens=len(PROMPT))
+        with Session.load(m, path, KEY) as s:
+            assert np.array_equal(s.eval(NEXT, logits="all"), want)
+    _refused(path, "the file's backend 'reference' differs from this session's 'cpu'", ck, ck)
