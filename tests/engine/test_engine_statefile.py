@@ -259,3 +259,32 @@ def test_reference_backend_files_round_trip_and_are_not_the_cpu_backends(tmp_pat
         with Session.load(m, path, KEY) as s:
             assert np.array_equal(s.eval(NEXT, logits="all"), want)
     _refused(path, "the file's backend 'reference' differs from this session's 'cpu'", ck, ck)
+
+
+def test_mutated_files_raise_only_state_file_errors(tmp_path):
+    """Overwrites, truncations and insertions anywhere: each refused with StateFileError (never
+    another exception, an allocation from a bad size, or a half-restored session)."""
+    from hypothesis import HealthCheck, given, settings, strategies as st
+    good = saved(tmp_path).read_bytes()
+    path = tmp_path / "m.edkv"
+    with load() as m, m.session(n_ctx=64) as s:
+        @settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
+        @given(st.integers(0, len(good) - 1), st.binary(min_size=1, max_size=8),
+               st.sampled_from(["overwrite", "truncate", "insert"]))
+        def check(at, data, how):
+            if how == "overwrite":
+                b = good[:at] + data + good[at + len(data):]
+                b = b[:len(good)]
+            elif how == "truncate":
+                b = good[:at]
+            else:
+                b = good[:at] + data + good[at:]
+            if b == good:
+                return
+            path.write_bytes(b)
+            s.reset()
+            s.eval([4, 4])
+            with pytest.raises(StateFileError):
+                statefile.restore(s, path, KEY)
+            assert s.n_past == 0
+        check()
