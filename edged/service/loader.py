@@ -217,6 +217,7 @@ class Loader:
         if model.encoder is None and self.store is not None:
             lm.store = self.store
             statefile.model_digest(model)   # here, not on the decode thread (unsigned: hashed)
+            statefile.build_id(model.backend)
         return lm
 
     def warm(self, lm):
