@@ -4,7 +4,7 @@
     statefile.save(session, path, key)           # atomic: temp file, fsync, rename, fsync dir
     n = statefile.restore(session, path, key)    # StateFileError (nothing used) or n tokens
 
-Layout (little-endian; docs/daemon.md, "Prompt-cache files"):
+Layout (little-endian; docs/daemon.md, "Prompt cache on disk"):
 
     header   HEADER (232 bytes): magic, version, header size, model SHA-256, signer, architecture,
              backend, kernel path, build id, K/V cache types, n_layer, n_ctx, K/V row bytes,
