@@ -656,6 +656,30 @@ class Session:
         s.tokens = list(self.tokens)
         return s
 
+    def save(self, path, key=None, n_tokens=None):
+        """Write this session's tokens and KV cache (the first n_tokens) to a prompt-cache file,
+        atomically, MAC'd with `key` (default: the installation's, statefile.load_key()).
+        Returns the file's size (engine/statefile.py)."""
+        from . import statefile
+        return statefile.save(self, path, key or statefile.load_key(), n_tokens)
+
+    @classmethod
+    def load(cls, model, path, key=None, n_batch=DEFAULT_N_BATCH):
+        """A new session of `model` holding a prompt-cache file's tokens and KV cache, with the
+        file's context size. StateFileError when the file was made for another model, cache
+        type, kernel path or build, is damaged or its MAC does not verify."""
+        from . import statefile
+        key = key or statefile.load_key()
+        h, _, _ = statefile.read_header(path)
+        statefile.check_model(h, model)     # before the context it names is allocated
+        s = cls(model, h["n_ctx"], n_batch)
+        try:
+            statefile.restore(s, path, key)
+        except BaseException:
+            s.close()
+            raise
+        return s
+
     def eval(self, ids, logits="last"):
         """Append ids to the context and run them: Model.decode of one entry. logits: "last" ->
         (1, n_vocab) float32, "all" -> (len(ids), n_vocab)."""

@@ -13,7 +13,7 @@ import time
 import urllib.parse
 
 from ..errors import ModelNotFound, NotReady, QueueTimeout, RequestError
-from . import anthropic, jobs, ollama, openai, openai_schema
+from . import anthropic, jobs, ollama, openai, openai_schema, prefix_routes
 from .jobs import Generation
 from .log import log
 from .metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
@@ -25,7 +25,7 @@ from .wire import TCP_PEER, Reply, error_for, error_reply, json_body, reply_too_
 class Api:
     """Routes. `state` is the daemon: .cfg, .registry, .slots, .decoder, .metrics, .stopping."""
 
-    ADMIN = {"/v1/models/load", "/v1/models/unload"}
+    ADMIN = {"/v1/models/load", "/v1/models/unload", *prefix_routes.PATHS}
     MODEL_PREFIX = "/v1/models/"
 
     def __init__(self, state):
@@ -45,6 +45,7 @@ class Api:
         }
         self.routes.update(ollama.routes(self))
         self.routes.update(anthropic.routes(self))
+        self.routes.update(prefix_routes.routes(self))
 
     def admitted(self, peer, path):
         """Peer-credential policy: allow_uids/allow_gids; admin routes admin_uids/admin_gids."""

@@ -109,6 +109,14 @@ KEYS = [
     KeySpec("cache_type_v", "f16", "enum",
             "KV cache storage of V (llama.cpp's -ctv); a quantized V is read as llama.cpp's flash "
             "attention reads it.", choices=tuple(CACHE_TYPES)),
+    KeySpec("cache_dir", "", "path",
+            "Directory of prompt-cache files (made 0700 when missing, with their MAC key cache.key): "
+            "idle prompt prefixes are spilled there and restored after a restart. \"\": systemd's "
+            "$STATE_DIRECTORY (the unit's StateDirectory=edged/cache), else off. The daemon's one "
+            "writable data directory; an unusable one is logged and the daemon serves without it."),
+    KeySpec("cache_max_bytes", 1 << 30, "size",
+            "Bytes the prompt-cache files may take; the least recently used go first; 0 = off.",
+            minimum=0),
     KeySpec("mlock", False, "bool", "Lock model weights in memory (needs CAP_IPC_LOCK or a large LimitMEMLOCK)."),
     KeySpec("warmup", True, "bool", "Run one token through a freshly loaded model before serving it."),
     KeySpec("content_special_tokens", [], "models",

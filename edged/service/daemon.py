@@ -20,6 +20,7 @@ from .loader import Loader
 from .log import log, setup as setup_log
 from .metrics import Metrics
 from .policy import LoadPolicy
+from .prompt_store import PromptStore
 from .registry import Registry
 from .renderer import RenderWorker
 from .scheduler import Decoder, Slots
@@ -27,7 +28,7 @@ from .transport import Listener, fit_descriptor_limit, make_app, open_socket
 
 # Keys read once at start-up; a reload keeps the running value and says so.
 RESTART_KEYS = ("socket", "listen", "api_keys_file", "socket_mode", "socket_group", "sandbox",
-                "sandbox_on_deny", "n_parallel", "max_connections")
+                "sandbox_on_deny", "n_parallel", "max_connections", "cache_dir", "cache_max_bytes")
 
 
 def load_trust(cfg):
@@ -56,7 +57,7 @@ class Daemon:
     # --- start ------------------------------------------------------------------------
     def prepare(self, trust):
         """Everything but the socket and the threads; used by tests that drive the Api directly."""
-        self.loader = Loader(self.cfg, trust)
+        self.loader = Loader(self.cfg, trust, PromptStore.open(self.cfg, self.metrics))
         self.executor = concurrent.futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="edged-load")
         self.registry = Registry(self.cfg, self.loader, self.metrics, self.executor)
         self.registry.on_change = self._status
@@ -147,7 +148,10 @@ class Daemon:
                 "(both are per thread before Landlock ABI 8); start the daemon with `edged serve`, "
                 "which sets " + ", ".join(f"{k}=1" for k in sandbox.LIBRARY_THREAD_ENV) +
                 " before numpy starts its pools")
-        sandbox.apply(cfg.sandbox, read_only=read_only, read_write=[sock_dir] if sock_dir else [],
+        read_write = [sock_dir] if sock_dir else []
+        if self.loader.store is not None:   # the prompt cache: the one data directory written
+            read_write.append(self.loader.store.dir)
+        sandbox.apply(cfg.sandbox, read_only=read_only, read_write=read_write,
                       on_deny=cfg.sandbox_on_deny)
 
     def _status(self, what=None):

@@ -9,10 +9,12 @@ import os
 import threading
 import time
 
+from ..engine import statefile
 from ..engine.model import Model
 from ..errors import EdgedError, RequestError
 from ..text.chat import template_for
 from ..trust import verify
+from . import prompt_store
 from .scheduler import Busy
 
 
@@ -41,6 +43,7 @@ class LoadedModel:
         self.pinned = False
         self.keep_alive = None          # seconds idle before unloading (a request's, Ollama's); None: config's
         self._sessions = []             # idle Sessions (KV caches), reused for prefix caching
+        self.store = None               # prompt_store.PromptStore: the prompt cache on disk
         self._open = 0                  # Sessions that exist, idle or in use: at most max_sessions
         self._closed = False
         self._template = None           # chat template source, read on first use
@@ -94,16 +97,31 @@ class LoadedModel:
             best = max(self._sessions, key=lambda s: s.common_prefix(ids), default=None)
             if best is not None:
                 self._sessions.remove(best)
-                return best
+                return self._from_disk(best, ids)
             if self._open >= self.max_sessions:
                 raise Busy(f"model {self.name}: all {self.max_sessions} sessions in use")
             self._open += 1
         try:
-            return self.model.session(n_ctx=self.n_ctx)
+            return self._from_disk(self.model.session(n_ctx=self.n_ctx), ids)
         except BaseException:
             with self._lock:
                 self._open -= 1
             raise
+
+    def _from_disk(self, s, ids):
+        """`s` ready for `ids`: what it holds beyond their common prefix spilled to disk when
+        that is long (it is about to be overwritten), and a longer prefix of ids restored from
+        disk when the store has one (prompt_store.py)."""
+        store = self.store
+        if store is None or not ids:
+            return s
+        cached = s.common_prefix(ids)
+        entry, n = store.lookup(self.model, s.n_ctx, ids)
+        if s.n_past - cached >= prompt_store.SPILL_MIN_TOKENS:
+            store.spill(s)
+        if n >= cached + prompt_store.RESTORE_MIN_GAIN:
+            store.restore(s, entry, n)
+        return s
 
     def fork_session(self, session, n):
         """Up to n copies of `session` (KV cache and tokens): as many as max_sessions leaves room
@@ -115,6 +133,8 @@ class LoadedModel:
             del self._sessions[:len(evict)]
             self._open += k - len(evict)
         for s in evict:
+            if self.store is not None:
+                self.store.spill(s)
             s.close()
         forks = []
         try:
@@ -151,6 +171,8 @@ class LoadedModel:
             sessions, self._sessions = self._sessions, []
             self._open -= len(sessions)
         for s in sessions:
+            if self.store is not None:      # unload and shutdown: the prompt cache survives
+                self.store.spill(s)
             s.close()
         close = getattr(self.model, "close", None)
         if close:
@@ -160,9 +182,10 @@ class LoadedModel:
 class Loader:
     """Verifies and loads models for the registry. `trust` is swapped on SIGHUP."""
 
-    def __init__(self, cfg, trust):
+    def __init__(self, cfg, trust, store=None):
         self.cfg = cfg
         self.trust = trust
+        self.store = store      # prompt_store.PromptStore, None: no prompt cache on disk
 
     def load(self, name, path):
         """verify + map/validate; returns a LoadedModel (not yet warm). Raises EdgedError.
@@ -188,9 +211,14 @@ class Loader:
         plan = model.memory_plan
         # weights once, a session (KV cache and scratch) per slot: all the sessions it may hold
         size = plan.weights + cfg.n_parallel * (plan.kv_cache + plan.scratch)
-        return LoadedModel(name, path, model, model.signer, size, {"verify": t1 - t0, "map": t2 - t1},
-                           cfg.ctx_size, max_sessions=cfg.n_parallel,
-                           content_specials=bool({name, "*"} & set(cfg.content_special_tokens)))
+        lm = LoadedModel(name, path, model, model.signer, size, {"verify": t1 - t0, "map": t2 - t1},
+                         cfg.ctx_size, max_sessions=cfg.n_parallel,
+                         content_specials=bool({name, "*"} & set(cfg.content_special_tokens)))
+        if model.encoder is None and self.store is not None:
+            lm.store = self.store
+            statefile.model_digest(model)   # here, not on the decode thread (unsigned: hashed)
+            statefile.build_id(model.backend)
+        return lm
 
     def warm(self, lm):
         """One forward pass so the first request does not pay for page faults and allocation."""

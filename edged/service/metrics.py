@@ -17,6 +17,8 @@ import time
 from prometheus_client import CollectorRegistry, Histogram, ProcessCollector, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+from .prompt_store import metric_families
+
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 # seconds; from a fast x86 box with a tiny model to a busy Pi with a 1.5B one
@@ -68,6 +70,7 @@ class Metrics:
         self.connections_open = 0
         self.batch_steps = 0                           # batched decode passes (decode thread)
         self.batch_rows = 0                            # tokens decoded in them
+        self.prompt_cache = {}                         # the prompt cache on disk: prompt_store.py
 
     def request(self, route, status):
         self.requests[(route, int(status))] += 1
@@ -144,5 +147,7 @@ class Metrics:
                "max_connections_per_uid, accept_EMFILE, ...).",
                [({"reason": k}, v) for k, v in sorted(self.connections_refused.items())])
         metric("edged_connections_open", "gauge", "Open client connections.", [({}, self.connections_open)])
+        for family in metric_families(self.prompt_cache):
+            metric(*family)
         metric("edged_uptime_seconds", "gauge", "Seconds since start.", [({}, time.time() - self.started)])
         return generate_latest(self.registry).decode()
