@@ -309,7 +309,7 @@ class _Render:
             item = _Item("reasoning", 0)
             item.text = r
             output.append(item.item(status))
-        if content or not calls:
+        if content or not (calls or r):
             item = _Item("message", len(output))
             item.text = content
             output.append(item.item(status))

@@ -186,8 +186,16 @@ FIELDS = frozenset(ResponsesRequest.model_fields) | IGNORED
 
 def _loc(loc):
     """pydantic's location without the discriminated unions' tags ('message', 'input_text'...)."""
-    tags = set(ITEM_TYPES) | {"input_text", "output_text", "refusal", "NamedFunction", "AllowedTools"}
-    return tuple(p for p in loc if not (isinstance(p, str) and p in tags))
+    tags = set(ITEM_TYPES) | {"input_text", "output_text", "refusal", "NamedFunction", "AllowedTools", "str"}
+    return tuple(p for p in loc if not (isinstance(p, str) and (p in tags or "[" in p)))
+
+
+def _error(err, where):
+    """openai_schema's wording of a validation error at `where` (its rule for an embeddings
+    'input' does not apply to items, hence the stand-in name)."""
+    if err["type"] == "greater_than_equal" and where == "max_output_tokens":
+        return f"'{where}' must be a positive integer (got {err.get('input')!r})"
+    return _message(err, "\0").replace("\0", where)
 
 
 def _refusal(r):
@@ -217,7 +225,7 @@ def validate(body):
     except pydantic.ValidationError as e:
         err = max(e.errors(include_url=False), key=lambda x: len(x["loc"]))
         where = _where(_loc(err["loc"]))
-        raise RequestError(_message(err, where), param=where) from None
+        raise RequestError(_error(err, where), param=where) from None
     refused = _refusal(r)
     if refused:
         raise RequestError(f"'{refused}' is not supported: {REFUSED[refused]}", param=refused)
@@ -257,9 +265,7 @@ def _check_item_types(body):
     """An input item or content part of a type edged has no use for gets a 400 saying what to
     send instead (pydantic would only list the tags it knows)."""
     items = body.get("input")
-    if not isinstance(items, list):
-        return
-    for i, x in enumerate(items):
+    for i, x in enumerate(items if isinstance(items, list) else ()):
         if not isinstance(x, dict):
             continue
         kind = x.get("type")
@@ -276,7 +282,8 @@ def _check_item_types(body):
             if t in ("input_image", "input_file", "input_audio"):
                 raise RequestError(f"'input[{i}].content[{j}]': no model here takes {t[6:]}s: send "
                                    "'input_text' parts", param=f"input[{i}].content[{j}].type")
-    for i, t in enumerate(body.get("tools") or ()):
+    tools = body.get("tools")
+    for i, t in enumerate(tools if isinstance(tools, list) else ()):
         kind = t.get("type") if isinstance(t, dict) else None
         if isinstance(kind, str) and kind != "function":
             raise RequestError(f"'tools[{i}].type' {kind!r} is not supported: only function tools "
