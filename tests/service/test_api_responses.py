@@ -243,8 +243,9 @@ def test_fields_with_no_meaning_here_are_accepted(http):
 def test_openai_agents_default_model_runs_a_tool(srv):
     agents = pytest.importorskip("agents")
     agents.set_tracing_disabled(True)
-    agents.set_default_openai_client(async_client(srv), use_for_tracing=False)
-    agents.set_default_openai_api("responses")
+    # the provider an agent gets by default, given the daemon's client (no global state)
+    provider = agents.OpenAIProvider(openai_client=async_client(srv))
+    assert isinstance(provider.get_model("smol"), agents.OpenAIResponsesModel)
     asked = []
 
     @agents.function_tool
@@ -253,13 +254,16 @@ def test_openai_agents_default_model_runs_a_tool(srv):
         asked.append(city)
         return f"sunny in {city}"
 
+    # the first turn is forced to call the tool (the SDK then resets tool_choice): the second
+    # gets the call and its output back as items and answers in text
     agent = agents.Agent(name="weather", instructions="Answer briefly.", model="smol", tools=[get_weather],
-                         tool_use_behavior="stop_on_first_tool",
-                         model_settings=agents.ModelSettings(tool_choice="get_weather", temperature=0, max_tokens=40))
-    assert isinstance(agent.model, str)         # the default provider's model: OpenAIResponsesModel
-    r = asyncio.run(agents.Runner.run(agent, "What is the weather in Paris?"))
-    assert len(asked) == 1 and r.final_output == f"sunny in {asked[0]}"
-    assert type(r.raw_responses[0]).__name__ == "ModelResponse" and r.raw_responses[0].response_id.startswith("resp_")
+                         model_settings=agents.ModelSettings(tool_choice="get_weather", temperature=0, max_tokens=60))
+    r = asyncio.run(agents.Runner.run(agent, "What is the weather in Paris?", max_turns=3,
+                                      run_config=agents.RunConfig(model_provider=provider)))
+    assert len(asked) == 1 and isinstance(r.final_output, str) and r.final_output
+    assert len(r.raw_responses) == 2 and all(x.response_id.startswith("resp_") for x in r.raw_responses)
+    kinds = [type(i).__name__ for i in r.new_items]
+    assert kinds == ["ToolCallItem", "ToolCallOutputItem", "MessageOutputItem"], kinds
 
 
 def test_pydantic_ai_responses_model(srv):
