@@ -214,10 +214,9 @@ def _event(kind, seq, **fields):
 class _Item:
     """One output item as it streams: a reasoning item or a message (one text part)."""
 
-    def __init__(self, kind, index):
-        self.kind, self.index = kind, index
+    def __init__(self, kind, index, text=""):
+        self.kind, self.index, self.text = kind, index, text
         self.id = _id("rs" if kind == "reasoning" else "msg")
-        self.text = ""
 
     @property
     def part_type(self):
@@ -248,9 +247,9 @@ class _Render:
     """One generation as a `response` object, whole or as semantic events; stores it at the end
     unless `store` is false."""
 
-    def __init__(self, owner_, gen, r, new, history, who):
+    def __init__(self, responses, gen, r, new, history, who):
         self.r, self.gen, self.new, self.history, self.who = r, gen, new, history, who
-        self.responses = owner_
+        self.responses = responses
         self.id = _id("resp")
         self.created = int(time.time())
         self.seq = 0
@@ -306,13 +305,9 @@ class _Render:
         status = "incomplete" if c.finish == "length" else "completed"
         output = []
         if r:
-            item = _Item("reasoning", 0)
-            item.text = r
-            output.append(item.item(status))
+            output.append(_Item("reasoning", 0, r).item(status))
         if content or not (calls or r):
-            item = _Item("message", len(output))
-            item.text = content
-            output.append(item.item(status))
+            output.append(_Item("message", len(output), content).item(status))
         output += [_call_item(call) for call in calls]
         obj = self.final(c, output, r, content, calls)
         return await serialised(lambda: Reply(200, obj), self.gen.st.cfg.max_reply_bytes)
@@ -325,10 +320,10 @@ class _Render:
     def _open(self, kind, output):
         item = _Item(kind, len(output))
         output.append(None)             # its place; the finished item goes there
-        return item, [self._ev("response.output_item.added", output_index=item.index, item=item.item("in_progress")),
-                      self._ev("response.content_part.added", item_id=item.id, output_index=item.index,
-                               content_index=0, part={"type": item.part_type, "text": "",
-                                                      **({"annotations": []} if item.kind == "message" else {})})]
+        return item, [
+            self._ev("response.output_item.added", output_index=item.index, item=item.item("in_progress")),
+            self._ev("response.content_part.added", item_id=item.id, output_index=item.index, content_index=0,
+                     part=item.part())]
 
     def _delta(self, item, delta):
         item.text += delta

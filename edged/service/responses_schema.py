@@ -237,9 +237,6 @@ def validate(body):
     if len(stop) > MAX_STOP or not all(stop):
         raise RequestError(f"'stop' must be a non-empty string or a list of up to {MAX_STOP} of them",
                            param="stop")
-    for k in r.logit_bias or {}:
-        if not k.lstrip("-").isdigit():
-            raise RequestError(f"'logit_bias' key {k!r} is not a token id", param="logit_bias")
     names = [t.name for t in r.tools or ()]
     tc = r.tool_choice
     wanted = [tc.name] if isinstance(tc, NamedFunction) else \

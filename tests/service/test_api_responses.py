@@ -11,20 +11,17 @@ import asyncio
 import json
 import os
 import re
-import shutil
 import time
 
 import pytest
 
-from conftest import testdata
-from daemon_support import Server, make_daemon, signing_key
+from daemon_support import make_daemon, openai_client, smol_server, uds_httpx
 from edged.service.wire import ApiRequest, Peer, StreamReply
 
 pytest.importorskip("llguidance")
 httpx = pytest.importorskip("httpx")
 openai = pytest.importorskip("openai")
 
-SMOL = "SmolLM2-135M-Instruct.Q4_1.gguf"
 WEATHER = {"type": "function", "name": "get_weather", "description": "Current weather in a city",
            "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 24}},
                           "required": ["city"], "additionalProperties": False}, "strict": True}
@@ -35,31 +32,20 @@ GREEDY = {"temperature": 0, "max_output_tokens": 16}
 
 @pytest.fixture(scope="module")
 def srv(tmp_path_factory):
-    from edged.trust.sign import sign_file
-    key, trusted = signing_key(tmp_path_factory)
-    tmp = tmp_path_factory.mktemp("api-responses")
-    models = tmp / "models"
-    models.mkdir()
-    dst = models / "smol.gguf"
-    shutil.copyfile(testdata("models", SMOL), dst)
-    sign_file(str(dst), key)
-    s = Server(tmp, str(models), trusted, default_model="smol",
-               extra={"n_parallel": 2, "ctx_size": 1024, "max_queue": 16, "threads": 2})
+    s = smol_server(tmp_path_factory, "api-responses")
     yield s
     assert s.stop() == 0, s.logtext()
 
 
 @pytest.fixture(scope="module")
 def http(srv):
-    with httpx.Client(transport=httpx.HTTPTransport(uds=srv.socket), base_url="http://edged",
-                      timeout=300) as c:
+    with uds_httpx(srv.socket) as c:
         yield c
 
 
 @pytest.fixture(scope="module")
 def client(srv):
-    return openai.OpenAI(base_url="http://edged/v1", api_key="unused", max_retries=0,
-                         http_client=httpx.Client(transport=httpx.HTTPTransport(uds=srv.socket), timeout=300))
+    return openai_client(srv.socket)
 
 
 def async_client(srv):
@@ -84,7 +70,8 @@ def test_string_input_with_instructions(client, http):
     chat = http.post("/v1/chat/completions", json={"messages": [
         {"role": "system", "content": "Answer in one short sentence."},
         {"role": "user", "content": "What is the capital of France?"}], "temperature": 0, "max_tokens": 16}).json()
-    assert u.input_tokens == chat["usage"]["prompt_tokens"] and r.output_text == chat["choices"][0]["message"]["content"]
+    assert u.input_tokens == chat["usage"]["prompt_tokens"]
+    assert r.output_text == chat["choices"][0]["message"]["content"]
     assert r.instructions == "Answer in one short sentence."
     # max_output_tokens reached: incomplete, and says why
     short = client.responses.create(model="smol", input="Tell me a long story.", temperature=0, max_output_tokens=3)

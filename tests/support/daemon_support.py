@@ -102,6 +102,21 @@ def alpha_beta_models(tmp_path_factory, name):
     return model_dir(tmp, key, {"alpha": stories(), "beta": synthetic("llama", "Q8_0")}), trusted
 
 
+def smol_server(tmp_path_factory, name, **extra):
+    """A Server over a temp dir `name` serving the real SmolLM2-135M-Instruct, signed, as the
+    default model "smol" (two slots, a context of 1024)."""
+    from edged.trust.sign import sign_file
+    key, trusted = signing_key(tmp_path_factory)
+    tmp = tmp_path_factory.mktemp(name)
+    models = tmp / "models"
+    models.mkdir()
+    dst = models / "smol.gguf"
+    shutil.copyfile(testdata("models", "SmolLM2-135M-Instruct.Q4_1.gguf"), dst)
+    sign_file(str(dst), key)
+    return Server(tmp, str(models), trusted, default_model="smol",
+                  extra={"n_parallel": 2, "ctx_size": 1024, "max_queue": 16, "threads": 2, **extra})
+
+
 def empty_models_dir(tmp_path):
     """tmp_path/models, created empty, for tests that put their own (often hostile) files in it."""
     d = tmp_path / "models"
