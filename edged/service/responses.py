@@ -24,7 +24,7 @@ import time
 from ..errors import HTTPError, RequestError
 from ..text.sampling import SamplingParams
 from . import responses_schema as schema
-from .openai import _tool
+from .openai import _tool, chat_logprobs
 from .openai_schema import FunctionDef, Tool
 from .request import ConstraintSpec, GenerateRequest, Output, ToolUse
 from .wire import Reply, StreamReply, error_for, json_body, serialised
@@ -196,9 +196,11 @@ def parse(r, history=()):
     elif effort is not None:
         kwargs.setdefault("reasoning_effort", effort)
     stop = (r.stop,) if isinstance(r.stop, str) else tuple(r.stop or ())
+    # logprobs when included (or alternatives asked for): each token's and top_logprobs others'
+    logprobs = (r.top_logprobs or 0) if schema.LOGPROBS in (r.include or ()) or r.top_logprobs else None
     request = GenerateRequest(
         model=r.model, sampling=sampling, constraint=_constraint(r),
-        output=Output(max_tokens=r.max_output_tokens, stop=stop, stream=bool(r.stream)),
+        output=Output(max_tokens=r.max_output_tokens, stop=stop, stream=bool(r.stream), logprobs=logprobs),
         tools=ToolUse(tuple(tools), choice, r.parallel_tool_calls is not False),
         messages=tuple(convo), template_kwargs=kwargs)
     return request, new
@@ -214,8 +216,9 @@ def _event(kind, seq, **fields):
 class _Item:
     """One output item as it streams: a reasoning item or a message (one text part)."""
 
-    def __init__(self, kind, index, text=""):
+    def __init__(self, kind, index, text="", logprobs=None):
         self.kind, self.index, self.text = kind, index, text
+        self.logprobs = logprobs or []      # a message's: OpenAI's chat logprobs `content`
         self.id = _id("rs" if kind == "reasoning" else "msg")
 
     @property
@@ -225,7 +228,7 @@ class _Item:
     def part(self):
         p = {"type": self.part_type, "text": self.text}
         if self.kind == "message":
-            p["annotations"] = []
+            p.update(annotations=[], logprobs=self.logprobs)
         return p
 
     def item(self, status):
@@ -307,7 +310,7 @@ class _Render:
         if r:
             output.append(_Item("reasoning", 0, r).item(status))
         if content or not (calls or r):
-            output.append(_Item("message", len(output), content).item(status))
+            output.append(_Item("message", len(output), content, self._logprobs(c.records)).item(status))
         output += [_call_item(call) for call in calls]
         obj = self.final(c, output, r, content, calls)
         return await serialised(lambda: Reply(200, obj), self.gen.st.cfg.max_reply_bytes)
@@ -325,16 +328,28 @@ class _Render:
             self._ev("response.content_part.added", item_id=item.id, output_index=item.index, content_index=0,
                      part=item.part())]
 
-    def _delta(self, item, delta):
+    def _logprobs(self, records):
+        if self.gen.request.output.logprobs is None:
+            return []
+        return chat_logprobs(self.gen.lm.tokenizer, records)["content"]
+
+    def _delta(self, item, delta, choice):
+        """A text delta, with the logprobs of the tokens not yet sent (a reasoning delta's are
+        dropped)."""
         item.text += delta
-        kind = "response.reasoning_text.delta" if item.kind == "reasoning" else "response.output_text.delta"
-        extra = {"logprobs": []} if item.kind == "message" else {}
-        return self._ev(kind, item_id=item.id, output_index=item.index, content_index=0, delta=delta, **extra)
+        records, choice.unsent = choice.unsent, []
+        if item.kind == "reasoning":
+            return self._ev("response.reasoning_text.delta", item_id=item.id, output_index=item.index,
+                            content_index=0, delta=delta)
+        lp = self._logprobs(records)
+        item.logprobs += lp
+        return self._ev("response.output_text.delta", item_id=item.id, output_index=item.index, content_index=0,
+                        delta=delta, logprobs=lp)
 
     def _close(self, item, output, status):
         where = dict(item_id=item.id, output_index=item.index, content_index=0)
         done = "response.reasoning_text.done" if item.kind == "reasoning" else "response.output_text.done"
-        extra = {"logprobs": []} if item.kind == "message" else {}
+        extra = {"logprobs": item.logprobs} if item.kind == "message" else {}
         output[item.index] = item.item(status)
         return [self._ev(done, **where, text=item.text, **extra),
                 self._ev("response.content_part.done", **where, part=item.part()),
@@ -366,7 +381,7 @@ class _Render:
                         for b in evs:
                             yield b
                     texts[kind] += delta
-                    yield self._delta(item, delta)
+                    yield self._delta(item, delta, c)
                 if fin is None:
                     continue
                 status = "incomplete" if c.finish == "length" else "completed"

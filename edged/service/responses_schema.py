@@ -14,7 +14,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ..errors import RequestError
 from .names import check_model_name
-from .openai_schema import MAX_STOP, FunctionDef, JsonSchemaSpec, _check_depth, _message, _where
+from .openai_schema import (MAX_STOP, MAX_TOP_LOGPROBS, FunctionDef, JsonSchemaSpec, _check_depth, _message,
+                            _where)
 
 # Accepted and ignored: no meaning here (docs/api.md, "Responses API").
 IGNORED = frozenset({
@@ -28,10 +29,10 @@ REFUSED = {
     "prompt": "saved prompts are not served here: send 'instructions' and 'input'",
     "background": "responses run in the foreground here: stream with 'stream': true",
     "truncation": "only 'disabled' is served (an input over the context is a 400): shorten the input",
-    "include": "only 'reasoning.encrypted_content' and 'message.output_text.logprobs' are known, and "
-               "logprobs are served by /v1/chat/completions ('logprobs': true)",
-    "top_logprobs": "logprobs are served by /v1/chat/completions ('logprobs', 'top_logprobs')",
+    "include": "only 'message.output_text.logprobs' (and 'reasoning.encrypted_content', of which there "
+               "is none) can be included: no built-in tools run here",
 }
+LOGPROBS = "message.output_text.logprobs"       # `include` this: each output_text carries logprobs
 
 
 class _Strict(BaseModel):
@@ -176,7 +177,7 @@ class ResponsesRequest(_Strict):
     background: bool | None = None
     truncation: Literal["auto", "disabled"] | None = None
     include: list[str] | None = None
-    top_logprobs: int | None = None
+    top_logprobs: Annotated[int, Field(ge=0, le=MAX_TOP_LOGPROBS)] | None = None
 
 
 FIELDS = frozenset(ResponsesRequest.model_fields) | IGNORED
@@ -195,16 +196,16 @@ def _error(err, where):
     'input' does not apply to items, hence the stand-in name)."""
     if err["type"] == "greater_than_equal" and where == "max_output_tokens":
         return f"'{where}' must be a positive integer (got {err.get('input')!r})"
-    return _message(err, "\0").replace("\0", where)
+    return _message(err, "\0" if where.startswith("input") else where).replace("\0", where)
 
 
 def _refusal(r):
-    """The REFUSED field `r` sets, or None: off values (false, 'disabled', none included but
-    encrypted reasoning, which there is none of) pass."""
-    include = [x for x in r.include or () if x != "reasoning.encrypted_content"]
+    """The REFUSED field `r` sets, or None: off values (false, 'disabled', nothing included but
+    logprobs and encrypted reasoning, of which there is none) pass."""
+    include = [x for x in r.include or () if x not in ("reasoning.encrypted_content", LOGPROBS)]
     on = {"conversation": r.conversation is not None, "prompt": r.prompt is not None,
           "background": bool(r.background), "truncation": r.truncation == "auto",
-          "include": bool(include), "top_logprobs": bool(r.top_logprobs)}
+          "include": bool(include)}
     return next((k for k, v in on.items() if v), None)
 
 

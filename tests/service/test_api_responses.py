@@ -187,12 +187,27 @@ def test_previous_response_id_store_false_retrieve_delete(client):
         client.responses.delete("resp_unknown")
 
 
+def test_logprobs_whole_and_streamed(client):
+    ask = dict(model="smol", input="Say hello.", temperature=0, max_output_tokens=6,
+               include=["message.output_text.logprobs"], top_logprobs=2)
+    r = client.responses.create(**ask)
+    lps = r.output[0].content[0].logprobs
+    assert r.status == "incomplete" and len(lps) == r.usage.output_tokens == 6
+    assert "".join(x.token for x in lps) == r.output_text
+    assert all(len(x.top_logprobs) == 2 and x.top_logprobs[0].logprob >= x.logprob - 1e-6 for x in lps)
+    events = list(client.responses.create(**ask, stream=True))
+    streamed = [x for e in events if e.type == "response.output_text.delta" for x in e.logprobs]
+    assert [(x.token, round(x.logprob, 4)) for x in streamed] == [(x.token, round(x.logprob, 4)) for x in lps]
+    assert len(events[-1].response.output[0].content[0].logprobs) == 6
+    assert client.responses.create(**{**ask, "include": [], "top_logprobs": None}).output[0].content[0].logprobs == []
+
+
 @pytest.mark.parametrize("body, param, needle", [
     ({"input": "x", "conversation": "conv_1"}, "conversation", "previous_response_id"),
     ({"input": "x", "background": True}, "background", "stream"),
     ({"input": "x", "truncation": "auto"}, "truncation", "disabled"),
-    ({"input": "x", "include": ["message.output_text.logprobs"]}, "include", "/v1/chat/completions"),
-    ({"input": "x", "top_logprobs": 2}, "top_logprobs", "/v1/chat/completions"),
+    ({"input": "x", "include": ["file_search_call.results"]}, "include", "no built-in tools"),
+    ({"input": "x", "top_logprobs": 21}, "top_logprobs", "between 0 and 20"),
     ({"input": "x", "frobnicate": 1}, "frobnicate", "unsupported field"),
     ({"input": "x", "tools": [{"type": "web_search"}]}, "tools[0].type", "only function tools"),
     ({"input": [{"type": "item_reference", "id": "msg_1"}]}, "input[0].type", "previous_response_id"),
