@@ -152,7 +152,8 @@ KEYS = [
             minimum=1 << 16),
     KeySpec("responses_store_max", 256, "int",
             "Responses (POST /v1/responses) kept in memory for previous_response_id and GET "
-            "/v1/responses/{id}; the oldest is dropped first; 0 keeps none.", minimum=0),
+            "/v1/responses/{id}; the oldest is dropped first; 0 keeps none. Each holds at most "
+            "about its request body (max_body_bytes) and its reply.", minimum=0),
     KeySpec("responses_store_max_age", 3600.0, "float",
             "Seconds a kept response stays available; older ones are dropped.", minimum=0),
     KeySpec("max_connections", 512, "int",

@@ -170,7 +170,10 @@ class ResponsesRequest(_Strict):
     stream: bool | None = False
     store: bool | None = True
     previous_response_id: str | None = None
-    metadata: dict[str, str] | None = None          # echoed back in the response, nothing else
+    # echoed back in the response, nothing else; OpenAI's limits: 16 pairs, keys of 64 characters,
+    # values of 512
+    metadata: Annotated[dict[Annotated[str, Field(max_length=64)], Annotated[str, Field(max_length=512)]],
+                        Field(max_length=16)] | None = None
     # refused unless off (REFUSED)
     conversation: Any = None
     prompt: Any = None
@@ -226,6 +229,9 @@ def validate(body):
     except pydantic.ValidationError as e:
         err = max(e.errors(include_url=False), key=lambda x: len(x["loc"]))
         where = _where(_loc(err["loc"]))
+        if where.startswith("metadata"):
+            raise RequestError("'metadata' takes at most 16 pairs, keys of up to 64 characters and string "
+                               "values of up to 512", param="metadata") from None
         raise RequestError(_error(err, where), param=where) from None
     refused = _refusal(r)
     if refused:

@@ -221,6 +221,7 @@ def test_logprobs_whole_and_streamed(client):
     ({"input": "x", "temperature": 3}, "temperature", "between"),
     ({"input": "x", "max_output_tokens": 0}, "max_output_tokens", "positive"),
     ({"input": []}, "input", "non-empty"),
+    ({"input": "x", "metadata": {"k": "v" * 513}}, "metadata", "512"),
 ])
 def test_refusals_name_the_field(http, body, param, needle):
     r = http.post("/v1/responses", json=body)
@@ -386,6 +387,13 @@ def test_a_stored_response_belongs_to_its_peer(tiny):
         await tiny.registry.close_all()
 
     asyncio.run(main())
+
+
+def test_api_key_ids():
+    from edged.service.apikeys import key_id
+    a = key_id("Bearer edged-test-key-0123456789abcdef")
+    assert a == key_id("bearer  edged-test-key-0123456789abcdef") and len(a) == 32
+    assert a != key_id("Bearer edged-test-key-0123456789abcdeF")
 
 
 def test_the_store_is_bounded(tmp_path):
