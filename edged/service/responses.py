@@ -367,8 +367,8 @@ class _Render:
                 if fin is None:
                     deltas = c.stream_delta(text)
                 else:
-                    r, content, calls = c.stream_end()
-                    deltas = (r, content)
+                    reason, content, calls = c.stream_end()
+                    deltas = (reason, content)
                 for kind, delta in zip(("reasoning", "message"), deltas):
                     if not delta:
                         continue
