@@ -162,6 +162,15 @@ def test_function_tool_round_trip(client, http):
     kinds = " ".join(e.type for e in events) + " "
     assert re.fullmatch(r"response\.created response\.in_progress " + CALL_EVENTS + r"response\.completed ", kinds)
     assert events[-1].response.output[0].arguments == call.arguments == events[3].delta == events[4].arguments
+    # allowed_tools narrows what is offered (to a tool the question does not call for);
+    # "required" with one call at most
+    clock = {"type": "function", "name": "get_time", "parameters": {"type": "object", "properties": {}}}
+    only = client.responses.create(model="smol", input=ASK, tools=[WEATHER, clock], parallel_tool_calls=False,
+                                   tool_choice={"type": "allowed_tools", "mode": "required",
+                                                "tools": [{"type": "function", "name": "get_time"}]},
+                                   temperature=0, max_output_tokens=40)
+    assert [(o.type, o.name) for o in only.output] == [("function_call", "get_time")]
+    assert only.tool_choice.type == "allowed_tools"
 
 
 def test_previous_response_id_store_false_retrieve_delete(client):
@@ -305,7 +314,8 @@ def test_litellm_responses(srv):
 # --- without a socket: reasoning items, the store's owners ----------------------------------
 
 THINKING = ("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
-            "{% if add_generation_prompt %}assistant:<think>{% endif %}")
+            "{% if add_generation_prompt %}assistant:{% if enable_thinking is defined and not enable_thinking %}"
+            "<think></think>{% else %}<think>{% endif %}{% endif %}")
 
 
 @pytest.fixture
@@ -360,6 +370,9 @@ def test_reasoning_items_whole_streamed_and_sent_back(tiny):
             **body, "input": [{"role": "user", "content": "Once upon a time"}, item,
                               {"role": "user", "content": "Go on."}]})
         assert back.status == 200, back.body
+        # reasoning effort "none": the template is asked not to think, the reply is a message
+        off = (await handle(tiny, "POST", "/v1/responses", {**body, "reasoning": {"effort": "none"}})).body
+        assert [x["type"] for x in off["output"]] == ["message"] and off["output"][0]["content"][0]["text"]
         await tiny.registry.close_all()
 
     asyncio.run(main())
