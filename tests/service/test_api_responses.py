@@ -11,6 +11,8 @@ import asyncio
 import json
 import os
 import re
+import shutil
+import socket
 import time
 
 import pytest
@@ -309,6 +311,44 @@ def test_litellm_responses(srv):
     events = list(litellm.responses(input="What is the capital of France?", stream=True, **common))
     assert str(events[0].type).endswith(("RESPONSE_CREATED", "response.created"))
     assert "".join(getattr(e, "delta", "") or "" for e in events) == r.output[0].content[0].text
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("systemd-socket-activate") is None,
+                    reason="needs root (api_keys_file owned by root) and systemd-socket-activate")
+def test_over_tcp_a_stored_response_belongs_to_its_api_key(tmp_path_factory, tmp_path):
+    """Two API keys on the TCP listener: what one stored, the other cannot see or continue."""
+    keys = ["responses-key-one-0123456789", "responses-key-two-0123456789"]
+    kf = tmp_path / "api-keys"
+    kf.write_text("\n".join(keys) + "\n")
+    os.chmod(kf, 0o600)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    path = str(tmp_path / "edged.sock")
+    srv = smol_server(tmp_path_factory, "api-responses-tcp", api_keys_file=str(kf), socket=path,
+                      argv_prefix=["systemd-socket-activate", "-l", path, "-l", f"127.0.0.1:{port}",
+                                   "-E", "NOTIFY_SOCKET", "-E", "PYTHONPATH"], wait=False)
+    try:                    # the daemon starts at the first connection, as with systemd's sockets
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=10).close()
+                break
+            except ConnectionRefusedError:
+                assert time.monotonic() < deadline, srv.logtext()
+                time.sleep(0.05)
+        one, two = (openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key=k, max_retries=0) for k in keys)
+        first = one.responses.create(model="smol", input="Hi", **GREEDY)
+        assert one.responses.retrieve(first.id).id == first.id
+        with pytest.raises(openai.NotFoundError):
+            two.responses.retrieve(first.id)
+        with pytest.raises(openai.NotFoundError):
+            two.responses.create(model="smol", input="Go on.", previous_response_id=first.id, **GREEDY)
+        with pytest.raises(openai.NotFoundError):       # nor does a Unix peer
+            openai_client(path).responses.retrieve(first.id)
+        assert one.responses.create(model="smol", input="Go on.", previous_response_id=first.id, **GREEDY).output_text
+    finally:
+        srv.stop()
 
 
 # --- without a socket: reasoning items, the store's owners ----------------------------------
