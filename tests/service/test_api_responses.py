@@ -12,12 +12,12 @@ import json
 import os
 import re
 import shutil
-import socket
 import time
 
 import pytest
 
-from daemon_support import make_daemon, openai_client, smol_server, uds_httpx
+from daemon_support import (SMOL_CONFIG, make_daemon, openai_client, smol_models, smol_server,
+                            socket_activated, uds_httpx)
 from edged.service.wire import ApiRequest, Peer, StreamReply
 
 pytest.importorskip("llguidance")
@@ -315,29 +315,17 @@ def test_litellm_responses(srv):
 
 @pytest.mark.skipif(os.geteuid() != 0 or shutil.which("systemd-socket-activate") is None,
                     reason="needs root (api_keys_file owned by root) and systemd-socket-activate")
-def test_over_tcp_a_stored_response_belongs_to_its_api_key(tmp_path_factory, tmp_path):
+def test_over_tcp_a_stored_response_belongs_to_its_api_key(tmp_path_factory):
     """Two API keys on the TCP listener: what one stored, the other cannot see or continue."""
-    keys = ["responses-key-one-0123456789", "responses-key-two-0123456789"]
-    kf = tmp_path / "api-keys"
-    kf.write_text("\n".join(keys) + "\n")
-    os.chmod(kf, 0o600)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    path = str(tmp_path / "edged.sock")
-    srv = smol_server(tmp_path_factory, "api-responses-tcp", api_keys_file=str(kf), socket=path,
-                      argv_prefix=["systemd-socket-activate", "-l", path, "-l", f"127.0.0.1:{port}",
-                                   "-E", "NOTIFY_SOCKET", "-E", "PYTHONPATH"], wait=False)
-    try:                    # the daemon starts at the first connection, as with systemd's sockets
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=10).close()
-                break
-            except ConnectionRefusedError:
-                assert time.monotonic() < deadline, srv.logtext()
-                time.sleep(0.05)
-        one, two = (openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key=k, max_retries=0) for k in keys)
+    from test_api_tcp import KEY, free_port, keys_file
+    tmp, models, trusted = smol_models(tmp_path_factory, "api-responses-tcp")
+    other = "responses-second-key-0123456789"
+    port = free_port()
+    srv, path = socket_activated(tmp, models, trusted, port, default_model="smol",
+                                 extra={**SMOL_CONFIG, "api_keys_file": keys_file(tmp, f"{KEY}\n{other}\n")})
+    try:                    # the first connection starts the daemon
+        one, two = (openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key=k, max_retries=0, timeout=120)
+                    for k in (KEY, other))
         first = one.responses.create(model="smol", input="Hi", **GREEDY)
         assert one.responses.retrieve(first.id).id == first.id
         with pytest.raises(openai.NotFoundError):
@@ -443,10 +431,14 @@ def test_a_stored_response_belongs_to_its_peer(tiny):
 
 
 def test_api_key_ids():
+    """The id of the key that admitted a request, whichever header carried it; None for none."""
     from edged.service.apikeys import key_id
-    a = key_id("Bearer edged-test-key-0123456789abcdef")
-    assert a == key_id("bearer  edged-test-key-0123456789abcdef") and len(a) == 32
-    assert a != key_id("Bearer edged-test-key-0123456789abcdeF")
+    keys = (b"edged-test-key-0123456789abcdef", b"edged-test-key-0123456789abcdeF")
+    a = key_id("Bearer edged-test-key-0123456789abcdef", keys)
+    assert a == key_id("bearer  edged-test-key-0123456789abcdef", keys) and len(a) == 32
+    assert a == key_id("Bearer not-a-key", keys, "edged-test-key-0123456789abcdef")
+    assert a != key_id("Bearer edged-test-key-0123456789abcdeF", keys)
+    assert key_id("Bearer not-a-key", keys) is None and key_id(None, keys) is None
 
 
 def test_the_store_is_bounded(tmp_path):

@@ -102,9 +102,9 @@ def alpha_beta_models(tmp_path_factory, name):
     return model_dir(tmp, key, {"alpha": stories(), "beta": synthetic("llama", "Q8_0")}), trusted
 
 
-def smol_server(tmp_path_factory, name, argv_prefix=(), wait=True, **extra):
-    """A Server over a temp dir `name` serving the real SmolLM2-135M-Instruct, signed, as the
-    default model "smol" (two slots, a context of 1024); `extra`: more config keys."""
+def smol_models(tmp_path_factory, name):
+    """(temp dir `name`, its models dir, trusted-keys dir): the real SmolLM2-135M-Instruct,
+    signed, as model "smol"."""
     from edged.trust.sign import sign_file
     key, trusted = signing_key(tmp_path_factory)
     tmp = tmp_path_factory.mktemp(name)
@@ -113,8 +113,17 @@ def smol_server(tmp_path_factory, name, argv_prefix=(), wait=True, **extra):
     dst = models / "smol.gguf"
     shutil.copyfile(testdata("models", "SmolLM2-135M-Instruct.Q4_1.gguf"), dst)
     sign_file(str(dst), key)
-    return Server(tmp, str(models), trusted, default_model="smol", argv_prefix=argv_prefix, wait=wait,
-                  extra={"n_parallel": 2, "ctx_size": 1024, "max_queue": 16, "threads": 2, **extra})
+    return tmp, str(models), trusted
+
+
+SMOL_CONFIG = {"n_parallel": 2, "ctx_size": 1024, "max_queue": 16, "threads": 2}
+
+
+def smol_server(tmp_path_factory, name, **extra):
+    """A Server serving smol_models() with "smol" the default model (SMOL_CONFIG, and `extra`
+    config keys)."""
+    tmp, models, trusted = smol_models(tmp_path_factory, name)
+    return Server(tmp, models, trusted, default_model="smol", extra={**SMOL_CONFIG, **extra})
 
 
 def empty_models_dir(tmp_path):
