@@ -209,7 +209,7 @@ def test_refusals_in_anthropic_shape(client, http):
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root: api_keys_file must be owned by root")
 @pytest.mark.skipif(shutil.which("systemd-socket-activate") is None, reason="systemd-socket-activate missing")
 def test_tcp_with_x_api_key(tmp_path, tmp_path_factory):
-    from test_api_tcp import KEY, free_port, keys_file
+    from daemon_support import KEY, free_port, keys_file
     from edged.trust.sign import sign_file
     key, trusted = signing_key(tmp_path_factory)
     models = tmp_path / "models"

@@ -317,7 +317,7 @@ def test_litellm_responses(srv):
                     reason="needs root (api_keys_file owned by root) and systemd-socket-activate")
 def test_over_tcp_a_stored_response_belongs_to_its_api_key(tmp_path_factory):
     """Two API keys on the TCP listener: what one stored, the other cannot see or continue."""
-    from test_api_tcp import KEY, free_port, keys_file
+    from daemon_support import KEY, free_port, keys_file
     tmp, models, trusted = smol_models(tmp_path_factory, "api-responses-tcp")
     other = "responses-second-key-0123456789"
     port = free_port()

@@ -13,27 +13,11 @@ import time
 import pytest
 
 from conftest import ROOT
-from daemon_support import alpha_beta_models, needs_curl, request, socket_activated
+from daemon_support import KEY, alpha_beta_models, free_port, keys_file, needs_curl, request, socket_activated
 from edged.errors import ConfigError
 from edged.service import apikeys, transport
 
-KEY = "edged-test-key-0123456789abcdef"
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root: api_keys_file must be owned by root")
-
-
-def keys_file(tmp_path, text=KEY + "\n", mode=0o600):
-    p = tmp_path / "api-keys"
-    p.write_text(text)
-    os.chmod(p, mode)
-    return str(p)
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
 
 
 def test_keys_file_rules(tmp_path):

@@ -360,6 +360,25 @@ def running(*args, **kw):
     assert code == 0, srv.logtext()
 
 
+KEY = "edged-test-key-0123456789abcdef"      # an API key for the TCP listener's tests
+
+
+def keys_file(tmp_path, text=KEY + "\n", mode=0o600):
+    """An api_keys_file in tmp_path (the daemon wants it owned by root: tests run as root)."""
+    p = tmp_path / "api-keys"
+    p.write_text(text)
+    os.chmod(p, mode)
+    return str(p)
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
 def socket_activated(tmp_path, models_dir, trusted, port, **kw):
     """(Server, Unix socket path): the daemon under real systemd-socket-activate, which listens
     on a Unix socket and on 127.0.0.1:`port` as edged.socket + edged-tcp.socket do. Returns once
