@@ -13,7 +13,7 @@ import time
 import urllib.parse
 
 from ..errors import ModelNotFound, NotReady, QueueTimeout, RequestError
-from . import anthropic, jobs, ollama, openai, openai_schema, prefix_routes
+from . import anthropic, jobs, ollama, openai, openai_schema, prefix_routes, responses
 from .jobs import Generation
 from .log import log
 from .metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
@@ -46,6 +46,8 @@ class Api:
         self.routes.update(ollama.routes(self))
         self.routes.update(anthropic.routes(self))
         self.routes.update(prefix_routes.routes(self))
+        routes, self.prefixes = responses.routes(self)    # prefixes: (method, PREFIX) -> handler of PREFIX{id}
+        self.routes.update(routes)
 
     def admitted(self, peer, path):
         """Peer-credential policy: allow_uids/allow_gids; admin routes admin_uids/admin_gids."""
@@ -67,6 +69,8 @@ class Api:
         if handler is None and req.method == "GET" and req.path.startswith(self.MODEL_PREFIX) \
                 and req.path not in self.ADMIN:
             handler = self.model_info
+        if handler is None:
+            handler = self.prefixes.get((req.method, req.path[:req.path.rfind("/") + 1]))
         if handler is None:
             if any(path == req.path for _, path in self.routes):
                 return error_reply(405, f"method {req.method} not allowed on {req.path}", code="method_not_allowed")

@@ -162,6 +162,12 @@ KEYS = [
             "embeddings, tokenize with pieces); a request whose reply would be larger is refused "
             "with 400 reply_too_large, before the work where its size can be foreseen.",
             minimum=1 << 16),
+    KeySpec("responses_store_max", 256, "int",
+            "Responses (POST /v1/responses) kept in memory for previous_response_id and GET "
+            "/v1/responses/{id}; the oldest is dropped first; 0 keeps none. Each holds at most "
+            "about its request body (max_body_bytes) and its reply.", minimum=0),
+    KeySpec("responses_store_max_age", 3600.0, "float",
+            "Seconds a kept response stays available; older ones are dropped.", minimum=0),
     KeySpec("max_connections", 512, "int",
             "Open client connections at once; one more is closed right after accept (counted in "
             "/metrics). Needs this many descriptors plus 64 under LimitNOFILE.", minimum=1),

@@ -222,8 +222,10 @@ def make_app(daemon):
             t = request.transport
             return t is None or t.is_closing()
 
-        areq = ApiRequest(request.method, request.path, body, peer, gone,
-                          tcp=sock is not None and sock.family != socket.AF_UNIX)
+        tcp = sock is not None and sock.family != socket.AF_UNIX
+        areq = ApiRequest(request.method, request.path, body, peer, gone, tcp=tcp,
+                          api_key=apikeys.key_id(request.headers.get("Authorization"), daemon.api_keys,
+                                                 request.headers.get("x-api-key")) if tcp else None)
         reply = await api.handle(areq)
         if isinstance(reply, Reply):
             ct, _, charset = reply.content_type.partition("; ")

@@ -36,6 +36,7 @@ class ApiRequest:
     disconnected: object = lambda: False      # () -> bool, True once the client has gone
     info: dict = dataclasses.field(default_factory=dict)   # filled by handlers for the request log line
     tcp: bool = False                         # over the opt-in TCP listener (an API key admitted it)
+    api_key: str | None = None                # over TCP: apikeys.key_id of the key that admitted it
 
 
 @dataclasses.dataclass

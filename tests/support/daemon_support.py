@@ -117,6 +117,30 @@ def alpha_beta_models(tmp_path_factory, name):
     return model_dir(tmp, key, {"alpha": stories(), "beta": synthetic("llama", "Q8_0")}), trusted
 
 
+def smol_models(tmp_path_factory, name):
+    """(temp dir `name`, its models dir, trusted-keys dir): the real SmolLM2-135M-Instruct,
+    signed, as model "smol"."""
+    from edged.trust.sign import sign_file
+    key, trusted = signing_key(tmp_path_factory)
+    tmp = tmp_path_factory.mktemp(name)
+    models = tmp / "models"
+    models.mkdir()
+    dst = models / "smol.gguf"
+    shutil.copyfile(testdata("models", "SmolLM2-135M-Instruct.Q4_1.gguf"), dst)
+    sign_file(str(dst), key)
+    return tmp, str(models), trusted
+
+
+SMOL_CONFIG = {"n_parallel": 2, "ctx_size": 1024, "max_queue": 16, "threads": 2}
+
+
+def smol_server(tmp_path_factory, name, **extra):
+    """A Server serving smol_models() with "smol" the default model (SMOL_CONFIG, and `extra`
+    config keys)."""
+    tmp, models, trusted = smol_models(tmp_path_factory, name)
+    return Server(tmp, models, trusted, default_model="smol", extra={**SMOL_CONFIG, **extra})
+
+
 def empty_models_dir(tmp_path):
     """tmp_path/models, created empty, for tests that put their own (often hostile) files in it."""
     d = tmp_path / "models"
@@ -351,6 +375,25 @@ def running(*args, **kw):
     assert code == 0, srv.logtext()
 
 
+KEY = "edged-test-key-0123456789abcdef"      # an API key for the TCP listener's tests
+
+
+def keys_file(tmp_path, text=KEY + "\n", mode=0o600):
+    """An api_keys_file in tmp_path (the daemon wants it owned by root: tests run as root)."""
+    p = tmp_path / "api-keys"
+    p.write_text(text)
+    os.chmod(p, mode)
+    return str(p)
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
 def socket_activated(tmp_path, models_dir, trusted, port, **kw):
     """(Server, Unix socket path): the daemon under real systemd-socket-activate, which listens
     on a Unix socket and on 127.0.0.1:`port` as edged.socket + edged-tcp.socket do. Returns once
@@ -390,35 +433,9 @@ def openai_client(sock_path):
 
 
 @contextlib.contextmanager
-def smol_daemon(tmp_path_factory, label, name="smol", **extra):
-    """A daemon serving the real SmolLM2-135M-Instruct, signed, as model `name` (the default),
-    with config `extra`; must stop with status 0."""
-    from edged.trust.sign import sign_file
-    key, trusted = signing_key(tmp_path_factory)
-    tmp = tmp_path_factory.mktemp(label)
-    models = tmp / "models"
-    models.mkdir()
-    dst = models / f"{name}.gguf"
-    shutil.copyfile(testdata("models", "SmolLM2-135M-Instruct.Q4_1.gguf"), dst)
-    sign_file(str(dst), key)
-    with running(tmp, str(models), trusted, default_model=name, extra=extra) as srv:
+def smol_daemon(tmp_path_factory, label, **extra):
+    """A daemon serving smol_models() with "smol" the default model and config `extra`; must
+    stop with status 0."""
+    tmp, models, trusted = smol_models(tmp_path_factory, label)
+    with running(tmp, models, trusted, default_model="smol", extra=extra) as srv:
         yield srv
-
-
-# API keys and ports for the TCP listener
-KEY = "edged-test-key-0123456789abcdef"
-
-
-def keys_file(tmp_path, text=KEY + "\n", mode=0o600):
-    p = tmp_path / "api-keys"
-    p.write_text(text)
-    os.chmod(p, mode)
-    return str(p)
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
