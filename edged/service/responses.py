@@ -23,11 +23,11 @@ import time
 
 from ..errors import HTTPError, RequestError
 from ..text.sampling import SamplingParams
-from . import responses_schema as schema
+from . import openai, responses_schema as schema
 from .openai import _tool, chat_logprobs
 from .openai_schema import FunctionDef, Tool
 from .request import ConstraintSpec, GenerateRequest, Output, ToolUse
-from .wire import Reply, StreamReply, error_for, json_body, serialised
+from .wire import Reply, error_for, json_body, serialised
 
 PATH = "/v1/responses"
 # Chat Completions' defaults for what a request leaves out (openai_schema._Common)
@@ -436,13 +436,7 @@ class Responses:
             history = e.messages
         request, new = parse(r, history)
         gen = await self.api.generate(req, request)
-        render = _Render(self, gen, r, new, history, who)
-        if request.output.stream:
-            return StreamReply(render.events(req), gen.close)
-        try:
-            return await render.whole(req)
-        finally:
-            await gen.close()
+        return await openai.reply(gen, req, _Render(self, gen, r, new, history, who))
 
     def _rid(self, req):
         return req.path[len(PATH) + 1:]

@@ -26,7 +26,7 @@ _KEY = {}
 def signing_key(tmp_path_factory):
     """(private key, trusted-keys dir) generated once per session."""
     if not _KEY:
-        from edged.trust.sign import generate_key, public_pem, sign_file
+        from edged.trust.sign import generate_key, public_pem
         key = generate_key(2048)
         d = tmp_path_factory.mktemp("trusted")
         os.chmod(d, 0o755)
@@ -81,7 +81,7 @@ def make_daemon(tmp_path, **over):
 def model_dir(tmp_path, key, models):
     """A model directory with models {NAME: source file}, each copied with a chat template
     and signed (appended signature) by `key`."""
-    from edged.trust.sign import generate_key, public_pem, sign_file
+    from edged.trust.sign import sign_file
     d = tmp_path / "models"
     d.mkdir(exist_ok=True)
     os.chmod(d, 0o755)
