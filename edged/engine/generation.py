@@ -101,7 +101,7 @@ class Generation:
         if self.max_tokens is not None and self.n_gen >= self.max_tokens:
             return self._end(GenerationOutput(stopper.flush(decoder.flush()), None, "length"))
         ts = time.perf_counter()
-        t = self.sampler.sample(row)
+        t = self.sampler.sample(row, self.n_gen)
         self._t_sample += time.perf_counter() - ts
         self.n_gen += 1
         if t in self._eog:
