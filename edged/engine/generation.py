@@ -141,7 +141,7 @@ class Generation:
                 break
         s.truncate(base + i)                    # forget the drafts after the accepted ones
         self.n_drafted += k
-        self.n_accepted += i
+        self.n_accepted += i + (i < k and outs[-1].token == drafts[i])   # a draft that ended it
         return outs
 
     def _sample(self, row, n_past):
