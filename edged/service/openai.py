@@ -28,7 +28,7 @@ def parse(body, chat):
     # the body's fields of the same names (openai_schema.py declares each with its type)
     sampling = SamplingParams(**{f.name: getattr(r, f.name) for f in dataclasses.fields(SamplingParams)})
     stop = (r.stop,) if isinstance(r.stop, str) else tuple(r.stop or ())
-    common = dict(model=r.model, sampling=sampling, constraint=_constraint(r))
+    common = dict(model=r.model, sampling=sampling, constraint=_constraint(r), speculative=r.speculative)
     max_tokens = r.max_completion_tokens or r.max_tokens
     include_usage = bool(r.stream_options and r.stream_options.include_usage)
     if chat:

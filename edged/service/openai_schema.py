@@ -145,6 +145,7 @@ class _Common(_Strict):
     response_format: ResponseFormat | None = None
     grammar: str | None = None                       # llama-server: GBNF or Lark
     json_schema: dict[str, Any] | None = None        # llama-server
+    speculative: bool = True                         # edged: false opts out of the model's speculation
 
 
 class ChatRequest(_Common):
