@@ -78,7 +78,7 @@ def run_speculative(m, spec, prompt, n_gen, reps):
     """Greedy generation of n_gen tokens from prompt, without and with speculation, reps timed
     runs each after a warm-up, interleaved: [plain result, speculative result]; the speculative
     one carries drafted, accepted, acceptance and whether the tokens were the same."""
-    ids = m.tokenizer.encode(prompt)
+    ids = m.tokenizer.encode(prompt, parse_special=True)    # as llama.cpp's -f: control tokens
     s = m.session(n_ctx=len(ids) + n_gen + 1)
     mode = spec.mode
     runs = {"plain": [], mode: []}
@@ -118,7 +118,7 @@ def run(args):
             if args.file:
                 with open(args.file, encoding="utf-8") as f:
                     prompt = f.read()
-            spec, draft = load_speculation(args, m, len(m.tokenizer.encode(prompt)) + args.n_gen + 1)
+            spec, draft = load_speculation(args, m, len(m.tokenizer.encode(prompt, parse_special=True)) + args.n_gen + 1)
             res = run_speculative(m, spec, prompt, max(args.n_gen, 1), max(1, args.repetitions))
         else:
             res = run_bench(m, args.n_prompt, args.n_gen, max(1, args.repetitions), args.n_depth)

@@ -104,6 +104,11 @@ class Generation:
             return ()
         s = self.session
         k = min(self.drafter.draft_max, s.n_ctx - s.n_past - 1)
+        # k + 1 rows below the kernel path's packed-panel threshold: from there a pass unpacks
+        # every weight into panels, a fixed cost of several decode passes (docs/kernels.md)
+        panels = getattr(s.model.backend, "gemm_min_cols", 0)
+        if panels > 2:
+            k = min(k, panels - 2)
         if self.max_tokens is not None:
             k = min(k, self.max_tokens - self.n_gen - 1)
         return tuple(self.drafter.draft(self._context, k)[:k]) if k > 0 else ()

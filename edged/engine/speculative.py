@@ -31,9 +31,9 @@ from .batch import BatchEntry
 from ..errors import ConfigError
 
 MODES = ("off", "lookup", "draft")
-DRAFT_MAX = 8           # default draft length (tokens guessed per step)
+DRAFT_MAX = 10          # default draft length (tokens guessed per step)
 DRAFT_MAX_LIMIT = 64    # most draft tokens of a step: a verify entry is k + 1 rows of one pass
-NGRAM_MIN, NGRAM_MAX = 1, 3
+NGRAM_MIN, NGRAM_MAX = 2, 4   # a 1-gram match guesses too often wrong to pay for its rows
 
 
 @dataclass(frozen=True)

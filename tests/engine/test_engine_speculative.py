@@ -101,7 +101,7 @@ def other(m):
 def specs(m, prompt, ref, other=None):
     toks = [t for t, _, _ in ref if t is not None]
     extra = {"draft-other": Speculation("draft", draft_model=other, draft_max=4)} if other else {}
-    return {**extra, "lookup": Speculation("lookup", draft_max=6),
+    return {**extra, "lookup": Speculation("lookup", draft_max=6, ngram_min=1), "lookup-default": Speculation("lookup"),
             "lookup-1": Speculation("lookup", draft_max=1, ngram_min=1, ngram_max=1),
             "draft-self": Speculation("draft", draft_model=m, draft_max=4),
             "right": Oracle(len(prompt), toks, m.n_vocab, wrong=False),
