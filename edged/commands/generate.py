@@ -3,7 +3,7 @@ import json
 import sys
 import time
 
-from .loadargs import add_load_args, load_model
+from .loadargs import add_load_args, add_speculation_args, load_model, load_speculation
 from ..engine import statefile
 from ..errors import StateFileError
 from ..text.sampling import SamplingParams
@@ -41,12 +41,14 @@ def configure(p):
                         "$EDGED_STATE_DIR (default ~/.local/state/edged)")
     p.add_argument("--json", action="store_true",
                    help="print one JSON object (text, tokens, finish_reason, timings) at the end")
+    add_speculation_args(p)
     p.set_defaults(func=run)
 
 
 def run(args):
     t_start = time.perf_counter()
     m = load_model(args)
+    draft = None
     try:
         tok = m.tokenizer
         if args.chat:
@@ -54,6 +56,7 @@ def run(args):
         else:
             prompt = tok.encode(args.prompt, add_special=True)
         n_ctx = args.ctx_size or min(m.n_ctx_train, max(512, len(prompt) + max(args.n_predict, 0)))
+        spec, draft = load_speculation(args, m, n_ctx)
         if args.prompt_cache:
             s, key = _open_prompt_cache(m, args, prompt, n_ctx)
         else:
@@ -66,7 +69,7 @@ def run(args):
                                 presence_penalty=args.presence_penalty,
                                 frequency_penalty=args.frequency_penalty)
         for out in s.generate(prompt, params, max_tokens=args.n_predict, stop=args.stop,
-                              stats=stats):
+                              stats=stats, speculative=spec):
             if out.token is not None and out.finish_reason != "stop":
                 tokens.append(out.token)
             if out.text:
@@ -90,6 +93,8 @@ def run(args):
         _print_timings(timings, m)
         s.close()
     finally:
+        if draft is not None:
+            draft.close()
         m.close()
     return 0
 
@@ -127,6 +132,7 @@ def _timings(m, st, t_start):
             "gen_tokens": ng, "gen_ms": round(gms, 2),
             "gen_tps": round(ng / gms * 1000, 2) if gms else 0.0,
             "sample_ms": round(st.get("sample_ms", 0.0), 2),
+            "drafted": st.get("n_drafted", 0), "accepted": st.get("n_accepted", 0),
             "total_ms": round((time.perf_counter() - t_start) * 1000, 2)}
 
 
@@ -142,4 +148,7 @@ def _print_timings(t, m):
     line("prompt eval time", t["prompt_ms"], t["prompt_tokens"], "tokens")
     line("eval time", t["gen_ms"], t["gen_tokens"], "runs  ")
     print(f"edged: {'sampling time':>16} = {t['sample_ms']:10.2f} ms", file=sys.stderr)
+    if t["drafted"]:
+        print(f"edged: {'drafted':>16} = {t['drafted']:10d} tokens, accepted {t['accepted']} "
+              f"({100 * t['accepted'] / t['drafted']:.1f}%)", file=sys.stderr)
     print(f"edged: {'total time':>16} = {t['total_ms']:10.2f} ms", file=sys.stderr)

@@ -37,6 +37,7 @@ from . import encoder as _encoder
 from .backends import backend_class
 from .batch import LOGITS, BatchEntry
 from .kvcache import CacheTypes
+from .speculative import Speculation
 from .generation import Generation, GenerationOutput  # noqa: F401 - GenerationOutput: the public API
 from ..errors import CapacityError, ConfigError, RequestError
 from ..format.gguf import GGUFFile, Key
@@ -620,6 +621,7 @@ class Session:
         self._buf = be.alloc(n_ctx, self.n_batch)
         self.tokens: list[int] = []         # the tokens in the KV cache, by position
         self.generation = None              # the Generation start() began (sampler state)
+        self.draft_session = None           # a draft model's session (engine/speculative.py)
         self.t_eval_ms = 0.0
         self.n_eval = 0
 
@@ -715,13 +717,15 @@ class Session:
         return rows[0] if len(rows) == 1 else np.concatenate(rows)
 
     def start(self, prompt, params=SamplingParams(), max_tokens=128, stop=(), sampler=None,
-              add_special=True, parse_special=False):
+              add_special=True, parse_special=False, speculative=None):
         """Begin a generation on this session: a Generation (engine/generation.py) whose steps
         the caller drives through Model.decode. prompt: text (tokenized with add_special /
         parse_special) or token ids. params: the SamplingParams to draw with; sampler: a
         text.sampling.Sampler to draw with instead (structured output, logprobs). stop: strings
         that end generation. The prefix the KV cache already holds is not evaluated again (at
-        least the last prompt token is, for its logits)."""
+        least the last prompt token is, for its logits). speculative: an
+        engine.speculative.Speculation (or "lookup") to draft and verify tokens with; the tokens
+        are the same as without it."""
         ids = self.model.tokenizer.encode(prompt, add_special=add_special,
                                           parse_special=parse_special) \
             if isinstance(prompt, str) else [int(t) for t in prompt]
@@ -731,34 +735,40 @@ class Session:
             raise RequestError(f"prompt of {len(ids)} tokens is longer than the context "
                                f"(n_ctx {self.n_ctx})")
         cached = min(self.common_prefix(ids), len(ids) - 1)
+        if isinstance(speculative, str):
+            speculative = Speculation(speculative)
+        drafter = speculative.drafter(self) if speculative is not None else None
         self.generation = Generation(self, ids, cached, params, max_tokens=max_tokens, stop=stop,
-                                     sampler=sampler)
+                                     sampler=sampler, drafter=drafter)
         return self.generation
 
     def generate(self, prompt, params=SamplingParams(), max_tokens=128, stop=(), sampler=None,
-                 add_special=True, parse_special=False, stats=None):
+                 add_special=True, parse_special=False, stats=None, speculative=None):
         """Yield GenerationOutput items; the last one carries finish_reason.
 
         prompt: text (tokenized with add_special/parse_special) or a list of token ids.
         params: SamplingParams (greedy by default). stop: strings that end generation (they may
         span tokens; the text before them is emitted, the stop string is not). stats: optional
         dict filled with timings. sampler: a text.sampling.Sampler to draw with (structured
-        output, logprobs) instead of one made from params.
+        output, logprobs) instead of one made from params. speculative: as start() (the same
+        tokens, drafted and verified several per pass; stats gets n_drafted and n_accepted).
         A thin loop over start() and Model.decode, one entry per step."""
         g = self.start(prompt, params, max_tokens=max_tokens, stop=stop, sampler=sampler,
-                       add_special=add_special, parse_special=parse_special)
+                       add_special=add_special, parse_special=parse_special,
+                       speculative=speculative)
         decode = self.model.decode
         while True:
-            out = g.accept(decode([g.entry()])[0])
-            if out is None:
-                continue
-            if stats is not None:
-                stats.update(g.stats())
-            yield out
-            if out.finish_reason:
-                return
+            for out in g.accept_all(decode([g.entry()])[0]):
+                if stats is not None:
+                    stats.update(g.stats())
+                yield out
+                if out.finish_reason:
+                    return
 
     def close(self):
+        if self.draft_session is not None:
+            self.draft_session.close()
+            self.draft_session = None
         if self._buf is not None:
             self.model.backend.free(self._buf)
             self._buf = None

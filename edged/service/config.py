@@ -21,6 +21,7 @@ import pydantic
 from pydantic import AfterValidator, BeforeValidator, Field, StrictBool, StrictInt, StrictStr
 
 from ..engine.kvcache import CACHE_TYPES
+from ..engine.speculative import DRAFT_MAX, DRAFT_MAX_LIMIT, MODES as SPECULATIVE_MODES
 from ..errors import ConfigError, RequestError
 from ..trust.store import DEFAULT_REVOKED_FILE
 from .names import check_model_name
@@ -34,7 +35,8 @@ class KeySpec:
     name: str
     default: object
     kind: str          # "str", "path", "int", "float", "bool", "mode", "size", "ids", "listen", "enum", "acl",
-                       # "models" (model names or "*")
+                       # "models" (model names or "*"), "speculative" (model -> mode), "drafts"
+                       # (model -> model), "draft_max"
     doc: str
     choices: tuple = ()
     minimum: float | None = None
@@ -117,6 +119,17 @@ KEYS = [
     KeySpec("cache_max_bytes", 1 << 30, "size",
             "Bytes the prompt-cache files may take; the least recently used go first; 0 = off.",
             minimum=0),
+    KeySpec("speculative", {}, "speculative",
+            "Per model (name, or \"*\" for the others), speculative decoding: \"lookup\" (drafts from "
+            "the prompt and the text so far), \"draft\" (a draft model, see draft_model) or \"off\" "
+            "(the default). The replies are the same tokens as without it; a request opts out with "
+            "\"speculative\": false."),
+    KeySpec("draft_model", {}, "drafts",
+            "Per model, the model (a name in models_dir, signed like any model, with the same "
+            "vocabulary) that drafts for it when speculative = \"draft\"; loaded with it and counted "
+            "in its memory (its weights and a KV cache per slot)."),
+    KeySpec("draft_max", DRAFT_MAX, "draft_max",
+            f"Tokens drafted per step and stream (at most {DRAFT_MAX_LIMIT}).", minimum=1),
     KeySpec("mlock", False, "bool", "Lock model weights in memory (needs CAP_IPC_LOCK or a large LimitMEMLOCK)."),
     KeySpec("warmup", True, "bool", "Run one token through a freshly loaded model before serving it."),
     KeySpec("content_special_tokens", [], "models",
@@ -292,6 +305,10 @@ _KINDS = {
     "ids": lambda k: Annotated[list, BeforeValidator(_ids)],
     "listen": lambda k: Annotated[list, BeforeValidator(_listen)],
     "models": lambda k: Annotated[list[StrictStr], AfterValidator(_model_list)],
+    "draft_max": lambda k: Annotated[StrictInt, Field(ge=k.minimum, le=DRAFT_MAX_LIMIT)],
+    "speculative": lambda k: Annotated[dict[StrictStr, Literal[SPECULATIVE_MODES]], AfterValidator(_model_list)],
+    "drafts": lambda k: Annotated[dict[StrictStr, Annotated[StrictStr, AfterValidator(lambda v: _model_names([v])[0])]],
+                                  AfterValidator(_model_names)],
     "acl": lambda k: Annotated[dict[StrictStr, list[Annotated[StrictStr, AfterValidator(_principal)]]],
                                AfterValidator(_model_names)],
 }

@@ -41,9 +41,14 @@ class Steps:
     def entry(self, budget=None):
         return self.gen.entry(budget)
 
-    def accept(self, logits):
-        out = self.gen.accept(logits)
-        return None if out is None else Out(out, self.sampler.take_records())
+    def accept_all(self, logits):
+        """The step's outputs (several when drafts were accepted); the logprob records of all
+        its tokens ride on the last."""
+        outs = self.gen.accept_all(logits)
+        if not outs:
+            return outs
+        records = self.sampler.take_records()
+        return [Out(o, records if i == len(outs) - 1 else []) for i, o in enumerate(outs)]
 
 
 class Out:
@@ -173,7 +178,7 @@ class Generation:
         job.session = session           # the decode loop batches it with the other streams
         gen = self.lm.steps(session, self.prep.prompts[choice.prompt], info,
                             max_tokens=self.max_tokens, stop=self.request.output.stop,
-                            sampler=choice.sampler)
+                            sampler=choice.sampler, speculative=self.request.speculative)
         return Steps(gen, choice.sampler)
 
     async def start(self, req):
@@ -285,6 +290,11 @@ class Generation:
         n_gen = sum(c.n_gen for c in self.choices)
         finishes = {c.finish or "cancelled" for c in self.choices}
         info.update(completion_tokens=n_gen, finish=",".join(sorted(finishes)))
+        gens = [c.job.gen.gen for c in self.choices if c.job is not None and isinstance(c.job.gen, Steps)]
+        drafted, accepted = sum(g.n_drafted for g in gens), sum(g.n_accepted for g in gens)
+        if drafted:
+            info.update(drafted=drafted, accepted=accepted)
+            self.st.metrics.drafted(drafted, accepted)
         if "cached" in self.prefill:
             info["cached_tokens"] = self.prefill["cached"]
         if "evaluated" in self.prefill:

@@ -71,6 +71,12 @@ class Metrics:
         self.batch_steps = 0                           # batched decode passes (decode thread)
         self.batch_rows = 0                            # tokens decoded in them
         self.prompt_cache = {}                         # the prompt cache on disk: prompt_store.py
+        self.draft_tokens = 0                          # speculative decoding: tokens drafted
+        self.draft_accepted = 0                        # ... and accepted
+
+    def drafted(self, n, accepted):
+        self.draft_tokens += n
+        self.draft_accepted += accepted
 
     def request(self, route, status):
         self.requests[(route, int(status))] += 1
@@ -119,6 +125,10 @@ class Metrics:
                [({}, self.batch_steps)])
         metric("edged_batched_decode_tokens_total", "counter", "Tokens decoded in those passes.",
                [({}, self.batch_rows)])
+        metric("edged_draft_tokens_total", "counter", "Tokens drafted by speculative decoding.",
+               [({}, self.draft_tokens)])
+        metric("edged_draft_accepted_tokens_total", "counter", "Drafted tokens that were accepted.",
+               [({}, self.draft_accepted)])
         metric("edged_model_loads_total", "counter", "Model loads by outcome.",
                [({"outcome": k}, v) for k, v in sorted(self.loads.items())])
         metric("edged_model_load_seconds_total", "counter",

@@ -46,7 +46,7 @@ def parse(body, chat):
     except RequestError as e:           # name the field as the body did
         theirs = names.get(e.param, e.param)
         raise RequestError(str(e).replace(f"'{e.param}'", f"'{theirs}'", 1), param=theirs) from None
-    common = dict(model=r.model, sampling=sampling, constraint=_constraint(r))
+    common = dict(model=r.model, sampling=sampling, constraint=_constraint(r), speculative=r.speculative)
     include_usage = bool(r.stream_options and r.stream_options.include_usage)
     if r.keep_alive is not None:
         log.info("keep_alive ignored: the daemon's keep_alive setting decides when a model unloads "

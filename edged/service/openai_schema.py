@@ -194,6 +194,7 @@ class _Common(_Strict):
     guided_choice: list[str] | None = None           # vLLM: the reply is one of these strings
     options: dict[str, Any] | None = None            # Ollama's options object
     keep_alive: Union[int, float, str, None] = None  # Ollama's; ignored here (logged)
+    speculative: bool = True                         # edged: false opts out of the model's speculation
 
 
 class ChatRequest(_Common):

@@ -10,6 +10,7 @@ validated. Scheduling, limits, authorization and logging see only this, never th
       constraint  ConstraintSpec | None           structured output (JSON schema, grammar)
       tools       ToolUse                         functions offered and how they may be called
       messages    chat turns, as templates see them (chat) | prompts: texts or id lists
+      speculative False: no speculative decoding for this request (it never changes the tokens)
 """
 from __future__ import annotations
 
@@ -77,6 +78,7 @@ class GenerateRequest:
     messages: tuple | None = None
     prompts: tuple = ()
     template_kwargs: dict = dataclasses.field(default_factory=dict)
+    speculative: bool = True
 
     @property
     def chat(self):

@@ -303,7 +303,8 @@ def _finish(daemon, request, route, peer, reply, info, t0, resp):
     daemon.metrics.request(route, reply.status)
     ms = (time.monotonic() - t0) * 1e3
     parts = [f"{request.method} {request.path} {reply.status}"]
-    for k in ("model", "prompt_tokens", "cached_tokens", "prompt_eval", "completion_tokens", "finish"):
+    for k in ("model", "prompt_tokens", "cached_tokens", "prompt_eval", "completion_tokens", "finish",
+              "drafted", "accepted"):
         if k in info:
             parts.append(f"{k}={info[k]}")
     for k in ("queue_ms", "ttft_ms", "gen_ms"):

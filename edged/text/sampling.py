@@ -2,9 +2,13 @@
 
 Sampler applies, in llama.cpp's order: logit bias, repetition/presence/frequency penalties
 over the last `penalty_last_n` tokens, then greedy (temperature <= 0) or top-k -> top-p ->
-min-p -> temperature -> a draw from a seeded RNG (same seed, same tokens). A structured-output
+min-p -> temperature -> a draw with the uniform `keyed_uniform(seed, position)` (same seed, same
+tokens). The uniform of the token at position p (the p-th token the request generates) is a
+pure function of (seed, p), never the next value of a stream: a draw that is thrown away (a
+rejected speculative draft, a retry) consumes nothing, so speculation and batching cannot change
+a sampled token (docs/engine.md, "Reproducibility"). A structured-output
 Constraint (text/grammar.py) masks the tokens its grammar does not allow before all of that;
-`min_tokens` masks the end tokens until that many were drawn (vLLM's MinTokensLogitsProcessor),
+`min_tokens` masks the end tokens at positions below it (vLLM's MinTokensLogitsProcessor),
 unless the grammar allows nothing else.
 With `logprobs`, each draw also records the chosen token's log-probability and the most likely
 alternatives, from the model's own distribution: the log-softmax of the raw logits, before
@@ -28,6 +32,7 @@ except ImportError:  # reference build without the compiled core
     _compiled_sample = _work_bytes = None
 
 
+MASK64 = (1 << 64) - 1
 INT32_MAX = (1 << 31) - 1        # top_k is a C int in the compiled sampler
 FLT_MIN = 1.1754943508222875e-38  # smallest normal float32: 1 / FLT_MIN still fits a float32
 
@@ -128,9 +133,24 @@ def _within(name, v, b):
                            param=name.split("[")[0])
 
 
+def _mix64(z):
+    """SplitMix64's finalizer: a bijection of 64-bit integers that spreads every input bit."""
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & MASK64
+    return z ^ (z >> 31)
+
+
+def keyed_uniform(seed, pos):
+    """The uniform in [0, 1) that draws the token at position `pos` of a generation seeded with
+    `seed`: a pure function of the two (a counter-based generator, SplitMix64 keyed by the
+    seed), 53 random bits as a double."""
+    z = _mix64((_mix64(int(seed) & MASK64) + (int(pos) & MASK64) * 0x9E3779B97F4A7C15) & MASK64)
+    return (z >> 11) * (1.0 / (1 << 53))
+
+
 class Sampler:
     """A request's draws: SamplingParams plus the state that changes per token (penalty
-    history, RNG, grammar constraint, logprob records, draws so far). end_ids: the tokens that
+    history, seed, grammar constraint, logprob records, draws so far). end_ids: the tokens that
     end a reply, which params.min_tokens holds back."""
 
     def __init__(self, n_vocab, params=SamplingParams(), constraint=None, logprobs=None, end_ids=()):
@@ -147,13 +167,12 @@ class Sampler:
         if seed is None:
             seed = int.from_bytes(np.random.SeedSequence().entropy.to_bytes(16, "little")[:8],
                                   "little")
-        self.seed = int(seed) & 0xFFFFFFFFFFFFFFFF
-        self.rng = np.random.Generator(np.random.PCG64(self.seed))
+        self.seed = int(seed) & MASK64
+        self.n_drawn = 0                  # draws so far: the position of a sample() without one
         self._work = None   # the compiled sampler's scratch, reused for every token
         self.constraint = constraint      # text.grammar.Constraint or None
         self.n_logprobs = logprobs        # None: not recorded; k: the top k alternatives too
         self.records = []                 # (token, logprob, [(id, logprob)] top k) per draw
-        self.n_drawn = 0
         # while fewer than min_tokens were drawn: the end tokens get a -inf bias
         ends = np.array(sorted(t for t in end_ids if 0 <= t < n_vocab), np.int32)
         self._hold = None
@@ -180,14 +199,18 @@ class Sampler:
         ids, counts = np.unique(np.fromiter(self.history, np.int32), return_counts=True)
         return ids.astype(np.int32), counts.astype(np.int32)
 
-    def sample(self, logits):
-        """logits: float32 (n_vocab,). Returns the chosen token id."""
+    def sample(self, logits, pos=None):
+        """logits: float32 (n_vocab,); pos: the position of the token among those the request
+        generates (0 for the first), whose keyed uniform draws it (default: the number of
+        draws so far). Returns the chosen token id."""
         logits = np.ascontiguousarray(logits, dtype=np.float32)
         pen_ids, pen_counts = self._penalties()
-        u = 0.0 if self.params.greedy else float(self.rng.random())
+        pos = self.n_drawn if pos is None else pos
+        self.n_drawn = pos + 1
+        u = 0.0 if self.params.greedy else keyed_uniform(self.seed, pos)
         mask = self.constraint.mask() if self.constraint is not None else None
         bias_ids, bias_vals = self.bias_ids, self.bias_vals
-        if self._hold is not None and self.n_drawn < self.params.min_tokens and \
+        if self._hold is not None and pos < self.params.min_tokens and \
                 not _only_ends(mask, self._hold[2]):
             bias_ids, bias_vals = self._hold[:2]
         if _compiled_sample is not None:
@@ -198,7 +221,6 @@ class Sampler:
         else:
             t = sample_reference(logits, self.params, bias_ids, bias_vals, pen_ids,
                                  pen_counts, u, mask)
-        self.n_drawn += 1
         if self.n_logprobs is not None:
             self.records.append(token_logprobs(logits, t, self.n_logprobs))
         return t

@@ -409,10 +409,11 @@ def socket_activated(tmp_path, models_dir, trusted, port, **kw):
 
 
 def to_toml(d):
-    lines = []
-    for k, v in d.items():
-        lines.append(f"{k} = {json.dumps(v)}")
-    return "\n".join(lines) + "\n"
+    def value(v):       # a dict is an inline table; JSON's scalars and lists are TOML's
+        if isinstance(v, dict):
+            return "{" + ", ".join(f"{json.dumps(k)} = {value(x)}" for k, x in v.items()) + "}"
+        return json.dumps(v)
+    return "".join(f"{k} = {value(v)}\n" for k, v in d.items())
 
 
 needs_curl = pytest.mark.skipif(shutil.which("curl") is None, reason="curl not installed")
