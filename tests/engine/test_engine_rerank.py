@@ -98,3 +98,25 @@ def test_head_shape_checked_at_load(tmp_path):
     dst = clone(src, tmp_path / "r.gguf", add={"cls.output.weight": np.zeros((3, 32), np.float32)})
     with pytest.raises(UnsupportedModelError, match="cls.output.weight"):
         Model.load(dst)
+
+
+def test_cli_prints_scores_highest_first(files, golden):
+    import subprocess
+    import sys
+    from conftest import ROOT
+    g = golden["tiny-bert-dense"]
+
+    def edged(*args):
+        return subprocess.run([sys.executable, "-m", "edged", "rerank", "-m", files["tiny-bert-dense"],
+                               "-t", "1", *args], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    r = edged("-q", g["query"], *g["documents"], "--json")
+    assert r.returncode == 0, r.stderr
+    res = json.loads(r.stdout)["results"]
+    want = np.array(g["scores"])[:, 0]
+    assert [x["index"] for x in res] == list(np.argsort(-want))
+    assert all(abs(x["relevance_score"] - want[x["index"]]) <= 5e-4 for x in res)
+    r = edged("-q", g["query"], *g["documents"], "--top-n", "2")
+    lines = r.stdout.splitlines()
+    assert len(lines) == 2 and lines[0].endswith(g["documents"][int(np.argmax(want))])
+    r = edged("-q", "q")
+    assert r.returncode == 2 and "at least one DOC" in r.stderr
