@@ -13,7 +13,7 @@ import time
 import urllib.parse
 
 from ..errors import ModelNotFound, NotReady, QueueTimeout, RequestError
-from . import jobs, ollama, openai, openai_schema, rerank
+from . import infill, jobs, ollama, openai, openai_schema, rerank
 from .jobs import Generation
 from .log import log
 from .metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
@@ -45,6 +45,7 @@ class Api:
         }
         self.routes.update(ollama.routes(self))
         self.routes.update(rerank.routes(self))
+        self.routes.update(infill.routes(self))
 
     def admitted(self, peer, path):
         """Peer-credential policy: allow_uids/allow_gids; admin routes admin_uids/admin_gids."""

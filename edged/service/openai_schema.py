@@ -293,8 +293,8 @@ def validate(body, chat):
     else:
         if req.echo:
             raise RequestError("'echo' is not supported", param="echo")
-        if req.suffix not in (None, ""):
-            raise RequestError("'suffix' is not supported", param="suffix")
+        if req.suffix not in (None, "") and not isinstance(req.prompt, str):
+            raise RequestError("'suffix' (fill-in-the-middle) needs one text 'prompt'", param="suffix")
         if isinstance(req.prompt, list) and not req.prompt:
             raise RequestError("'prompt' must be a string, a list of token ids, or a list of those",
                                param="prompt")

@@ -10,6 +10,7 @@ validated. Scheduling, limits, authorization and logging see only this, never th
       constraint  ConstraintSpec | None           structured output (JSON schema, grammar)
       tools       ToolUse                         functions offered and how they may be called
       messages    chat turns, as templates see them (chat) | prompts: texts or id lists
+    infill      text.infill.Infill | None          fill-in-the-middle (its prompt replaces prompts)
 """
 from __future__ import annotations
 
@@ -75,6 +76,7 @@ class GenerateRequest:
     messages: tuple | None = None
     prompts: tuple = ()
     template_kwargs: dict = dataclasses.field(default_factory=dict)
+    infill: object = None
 
     @property
     def chat(self):
