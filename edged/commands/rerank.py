@@ -4,6 +4,7 @@ llama-server's /rerank scores them."""
 import json
 import sys
 
+from .embed import texts_with_file
 from .loadargs import add_load_args, load_model
 
 
@@ -22,11 +23,7 @@ def configure(p):
 
 
 def run(args):
-    docs = list(args.documents)
-    if args.file:
-        fh = sys.stdin if args.file == "-" else open(args.file, encoding="utf-8")
-        with fh:
-            docs += [line.rstrip("\n") for line in fh if line.strip()]
+    docs = texts_with_file(args.documents, args.file)
     if not docs:
         print("edged rerank: give at least one DOC or -f FILE", file=sys.stderr)
         return 2

@@ -26,8 +26,7 @@ from ..errors import RequestError
 from ..text.infill import Infill
 from ..text.sampling import SamplingParams
 from .openai import _constraint
-from .openai_schema import MAX_STOP, _Common, _Strict, _validate
-from .names import check_model_name
+from .openai_schema import MAX_STOP, _Common, _Strict, validated
 from .request import GenerateRequest, Output
 from .wire import Reply, StreamReply, error_for, json_body, serialised, sse
 
@@ -58,11 +57,7 @@ def routes(api):
 
 def parse(body):
     """An /infill body -> (GenerateRequest, InfillRequest); RequestError naming the field."""
-    if not isinstance(body, dict):
-        raise RequestError("request body must be a JSON object")
-    r = _validate(InfillRequest, body)
-    if r.model is not None:
-        check_model_name(r.model)
+    r = validated(InfillRequest, body)
     stop = [r.stop] if isinstance(r.stop, str) else (r.stop or [])
     if len(stop) > MAX_STOP or not all(stop):
         raise RequestError(f"'stop' must be a non-empty string or a list of up to {MAX_STOP} of them",

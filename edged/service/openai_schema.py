@@ -247,6 +247,17 @@ def _validate(cls, body):
         raise RequestError(_message(err, where), param=where) from None
 
 
+def validated(cls, body):
+    """`body` (a parsed JSON value) as the request model `cls`, its model name checked;
+    RequestError naming the field (the routes of llama-server's extras: rerank, infill)."""
+    if not isinstance(body, dict):
+        raise RequestError("request body must be a JSON object")
+    req = _validate(cls, body)
+    if req.model is not None:
+        check_model_name(req.model)
+    return req
+
+
 def validate(body, chat):
     """The request model for `body` (a parsed JSON value); RequestError naming the field."""
     if not isinstance(body, dict):

@@ -19,8 +19,7 @@ from typing import Annotated, Union
 from pydantic import Field
 
 from ..errors import RequestError
-from .names import check_model_name
-from .openai_schema import _Strict, _validate
+from .openai_schema import _Strict, validated
 from .wire import Reply, json_body
 
 MAX_DOCUMENTS = 1000        # Cohere's limit per request
@@ -49,11 +48,7 @@ def routes(api):
 
 def validate(body):
     """(RerankRequest, document texts); RequestError naming the field."""
-    if not isinstance(body, dict):
-        raise RequestError("request body must be a JSON object")
-    r = _validate(RerankRequest, body)
-    if r.model is not None:
-        check_model_name(r.model)
+    r = validated(RerankRequest, body)
     if (r.documents is None) == (r.texts is None):
         raise RequestError("give 'documents' (or TEI's 'texts'): a non-empty list of strings",
                            param="documents")

@@ -20,8 +20,7 @@ TOLERANCE = {"tiny-bert-dense": 5e-4, "minilm-cross-encoder": 0.03, "qwen3-reran
 
 @pytest.fixture(scope="module")
 def golden():
-    with open(rerank_files.GOLDENS, encoding="utf-8") as f:
-        return json.load(f)
+    return rerank_files.goldens()
 
 
 @pytest.fixture(scope="module")

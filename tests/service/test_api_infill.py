@@ -10,7 +10,7 @@ import os
 import pytest
 
 from conftest import testdata
-from daemon_support import Server, UnixHTTPConnection, request, signing_key
+from daemon_support import Server, UnixHTTPConnection, model_dir, request, signing_key
 from gguf_clone import clone
 
 FIM = ["<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>", "<|fim_pad|>", "<|repo_name|>",
@@ -48,17 +48,10 @@ def coder(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def srv(tmp_path_factory, coder):
-    import shutil
-    from edged.trust.sign import sign_file
     key, trusted = signing_key(tmp_path_factory)
     tmp = tmp_path_factory.mktemp("api-infill")
-    models = tmp / "models"
-    models.mkdir()
-    shutil.copyfile(coder, models / "coder.gguf")
-    shutil.copyfile(testdata("models", "stories260K.gguf"), models / "stories.gguf")
-    for name in ("coder", "stories"):
-        sign_file(str(models / f"{name}.gguf"), key)
-    s = Server(tmp, str(models), trusted, default_model="coder",
+    models = model_dir(tmp, key, {"coder": str(coder), "stories": testdata("models", "stories260K.gguf")})
+    s = Server(tmp, models, trusted, default_model="coder",
                extra={"n_parallel": 2, "ctx_size": 512, "threads": 2, "auto_load": True})
     yield s
     assert s.stop() == 0, s.logtext()

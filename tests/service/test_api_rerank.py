@@ -4,16 +4,14 @@ own rerank tests (tools/server/tests/unit/test_rerank.py: Jina shape, TEI's `tex
 invalid documents, usage), Jina's and Cohere's shapes ({"text"} documents, return_documents),
 scores against llama.cpp's goldens, and the errors (limits, a plain encoder, embeddings asked
 of a reranker)."""
-import json
 import os
-import shutil
 
 import numpy as np
 import pytest
 
 from conftest import testdata
 import rerank_files
-from daemon_support import Server, request, signing_key
+from daemon_support import Server, model_dir, request, signing_key
 from edged.service.rerank import MAX_DOCUMENTS, MAX_TOKENS
 
 # llama-server's tools/server/tests/unit/test_rerank.py
@@ -28,27 +26,21 @@ GOLDENS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "data",
 
 @pytest.fixture(scope="module")
 def golden():
-    with open(rerank_files.GOLDENS, encoding="utf-8") as f:
-        return json.load(f)
+    return rerank_files.goldens()
 
 
 @pytest.fixture(scope="module")
 def srv(tmp_path_factory):
-    from edged.trust.sign import sign_file
     testdata("models", "synthetic-qwen3-f32.gguf")
     testdata("models", "all-MiniLM-L6-v2.Q8_0.gguf")
     key, trusted = signing_key(tmp_path_factory)
     tmp = tmp_path_factory.mktemp("api-rerank")
-    models = tmp / "models"
-    models.mkdir()
     build = str(tmp_path_factory.mktemp("build"))
-    shutil.copyfile(rerank_files.build("minilm-cross-encoder", build), models / "ce.gguf")
-    shutil.copyfile(rerank_files.build("tiny-bert-dense", build), models / "tiny.gguf")
-    shutil.copyfile(rerank_files.build("qwen3-reranker", build), models / "qwen3rr.gguf")
-    shutil.copyfile(os.path.join(GOLDENS, "embed-bert.gguf"), models / "bert.gguf")
-    for name in ("ce", "tiny", "qwen3rr", "bert"):
-        sign_file(str(models / f"{name}.gguf"), key)
-    s = Server(tmp, str(models), trusted, default_model="ce",
+    models = model_dir(tmp, key, {"ce": rerank_files.build("minilm-cross-encoder", build),
+                                  "tiny": rerank_files.build("tiny-bert-dense", build),
+                                  "qwen3rr": rerank_files.build("qwen3-reranker", build),
+                                  "bert": os.path.join(GOLDENS, "embed-bert.gguf")})
+    s = Server(tmp, models, trusted, default_model="ce",
                extra={"n_parallel": 2, "ctx_size": 512, "threads": 2, "auto_load": True})
     yield s
     assert s.stop() == 0, s.logtext()

@@ -3,6 +3,7 @@ an encoder or decoder file with a seeded random classification head added and it
 set to rank (4), as llama.cpp's converter writes BERT cross-encoders and Qwen3-Reranker.
 tools/make_rerank_goldens.py records llama.cpp's scores for the same files; the tests rebuild
 them from the same recipe (nothing large is committed)."""
+import json
 import os
 
 import gguf
@@ -96,3 +97,9 @@ def build(name, tmp):
 
 
 NAMES = ("tiny-bert-dense", "minilm-cross-encoder", "qwen3-reranker")
+
+
+def goldens():
+    """name -> llama.cpp's {"query", "documents", "tokens", "scores"} (tests/data/goldens)."""
+    with open(GOLDENS, encoding="utf-8") as f:
+        return json.load(f)
