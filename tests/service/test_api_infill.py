@@ -37,6 +37,17 @@ LLAMA_VIM_WARMUP = {"input_prefix": "", "input_suffix": "", "input_extra": EXTRA
                     "response_fields": [""]}
 
 
+# llama.vscode's (src/llama-server.ts createRequestPayload; chunks from src/extra-context.ts)
+VSCODE_CHUNKS = [{"text": "Lily had a dog.\n", "time": 1733500000000, "filename": "/src/notes.txt"}]
+LLAMA_VSCODE = {"input_prefix": PREFIX, "input_suffix": SUFFIX, "input_extra": VSCODE_CHUNKS,
+                "prompt": "", "n_predict": 8, "top_k": 40, "top_p": 0.99, "stream": False,
+                "samplers": ["top_k", "top_p", "infill"], "cache_prompt": True, "n_indent": 4,
+                "t_max_prompt_ms": 500, "t_max_predict_ms": 2500}
+LLAMA_VSCODE_WARMUP = {"input_prefix": "", "input_suffix": "", "input_extra": VSCODE_CHUNKS,
+                       "prompt": "", "n_predict": 0, "samplers": [], "cache_prompt": True,
+                       "t_max_prompt_ms": 500, "t_max_predict_ms": 1}
+
+
 @pytest.fixture(scope="module")
 def coder(tmp_path_factory):
     import gguf
@@ -92,6 +103,18 @@ def test_llama_vim_request(srv, tok):
 def test_llama_vim_warmup(srv):
     st, _, r = request(srv.socket, "POST", "/infill", LLAMA_VIM_WARMUP)
     assert st == 200 and r == {}          # response_fields [""] names nothing
+
+
+def test_llama_vscode_request(srv):
+    """It reads content, tokens_cached, truncated and timings.* of the whole reply."""
+    st, _, r = request(srv.socket, "POST", "/infill", LLAMA_VSCODE)
+    assert st == 200, r
+    assert isinstance(r["content"], str) and r["truncated"] is False and r["tokens_cached"] > 0
+    assert {"prompt_n", "prompt_ms", "prompt_per_second", "predicted_n", "predicted_ms",
+            "predicted_per_second"} <= set(r["timings"])
+    assert 0 < r["timings"]["predicted_n"] <= 8
+    st, _, r = request(srv.socket, "POST", "/infill", LLAMA_VSCODE_WARMUP)
+    assert st == 200 and r["content"] == "" and r["stop"] is True
 
 
 def test_completions_suffix_is_infill(srv, tok):
