@@ -372,6 +372,8 @@ class Model:
         gives them: float32 (n_documents,), in the documents' order; each pair laid out by
         rerank_ids and scored by the model's classification head (engine/rank.py: a BERT
         cross-encoder's raw logit, a Qwen3-Reranker's P(yes))."""
+        if not documents:
+            raise RequestError("rerank: no documents")
         seqs = self.tokenize_inputs([(query, d) for d in documents])
         steps = self.embed_steps(seqs, "rank")
         for _ in steps:

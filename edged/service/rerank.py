@@ -2,7 +2,7 @@
 
 The body as llama-server, Jina and Cohere take it: `query`, `documents` (strings, or Jina's and
 Cohere's {"text": ...} objects), `top_n`, `return_documents`, `model`; or Hugging Face TEI's
-`texts` (+ `return_text`), which llama-server also answers, as a bare list. Each document is
+`texts` (+ `return_text`, `raw_scores`), which llama-server also answers, as a bare list. Each document is
 paired with the query (Model.rerank_ids: the model's rerank template, or [CLS] query [SEP]
 document [SEP]) and scored by the model's classification head on the decode thread, like an
 embedding (Api._embed, jobs.embed): queued for a slot, under request_timeout, stopped when the
@@ -16,6 +16,7 @@ pair within ctx_size; past them a 400 that names the limit.
 import secrets
 from typing import Annotated, Union
 
+import numpy as np
 from pydantic import Field
 
 from ..errors import RequestError
@@ -38,6 +39,7 @@ class RerankRequest(_Strict):
     top_n: Annotated[int, Field(ge=1)] | None = None
     return_documents: bool = False
     return_text: bool = False                       # TEI
+    raw_scores: bool | None = None                  # TEI: false -> sigmoid (default: raw, as llama-server)
 
 
 def routes(api):
@@ -73,10 +75,13 @@ def reply(r, docs, name, scores, n_tokens):
     """llama-server's reply (Jina's and Cohere's shape), or TEI's bare list for `texts`."""
     tei = r.texts is not None
     key = "score" if tei else "relevance_score"
-    order = sorted(range(len(docs)), key=lambda i: -float(scores[i, 0]))[:r.top_n]
+    values = scores[:, 0].astype(float)
+    if r.raw_scores is False:
+        values = 1 / (1 + np.exp(-values))
+    order = sorted(range(len(docs)), key=lambda i: -values[i])[:r.top_n]
     results = []
     for i in order:
-        item = {"index": i, key: float(scores[i, 0])}
+        item = {"index": i, key: float(values[i])}
         if tei and r.return_text:
             item["text"] = docs[i]
         elif not tei and r.return_documents:

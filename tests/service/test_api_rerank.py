@@ -84,6 +84,10 @@ def test_tei_texts_give_a_bare_list(srv):
     assert st == 200 and isinstance(r, list) and len(r) == 4
     assert [x["score"] for x in r] == sorted((x["score"] for x in r), reverse=True)
     assert all(x["text"] == TEST_DOCUMENTS[x["index"]] for x in r)
+    # TEI's raw_scores false: the sigmoid of the raw score (true, or absent: raw, as llama-server)
+    st, _, s = post(srv, {"query": "Machine learning is", "texts": TEST_DOCUMENTS, "raw_scores": False})
+    raw = {x["index"]: x["score"] for x in r}
+    assert all(abs(x["score"] - 1 / (1 + np.exp(-raw[x["index"]]))) < 1e-6 for x in s)
 
 
 @pytest.mark.parametrize("top_n,n", [(None, 4), (2, 2), (4, 4), (99, 4)])
