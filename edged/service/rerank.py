@@ -1,4 +1,5 @@
-"""Reranking: POST /v1/rerank, /rerank (and llama-server's /reranking, /v1/reranking).
+"""Reranking: POST /v1/rerank, /rerank (and llama-server's /reranking, /v1/reranking; Cohere's
+/v2/rerank).
 
 The body as llama-server, Jina and Cohere take it: `query`, `documents` (strings, or Jina's and
 Cohere's {"text": ...} objects), `top_n`, `return_documents`, `model`; or Hugging Face TEI's
@@ -45,7 +46,8 @@ class RerankRequest(_Strict):
 def routes(api):
     """(method, path) -> handler of the rerank routes, for Api's table."""
     handler = Rerank(api).rerank
-    return {("POST", path): handler for path in ("/v1/rerank", "/rerank", "/v1/reranking", "/reranking")}
+    return {("POST", path): handler
+            for path in ("/v1/rerank", "/rerank", "/v1/reranking", "/reranking", "/v2/rerank")}
 
 
 def validate(body):

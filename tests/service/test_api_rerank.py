@@ -151,3 +151,19 @@ def test_wrong_model_kinds(srv):
     assert st == 400 and "unknown" in r["error"]["message"]
     st, _, r = request(srv.socket, "GET", "/health")
     assert st == 200
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_cohere_sdk(srv, version):
+    """Cohere's own SDK (v1: /v1/rerank with return_documents; v2: /v2/rerank) over the socket."""
+    cohere = pytest.importorskip("cohere")
+    from daemon_support import uds_httpx
+    kind = cohere.Client if version == 1 else cohere.ClientV2
+    client = kind(api_key="unused", base_url="http://edged", httpx_client=uds_httpx(srv.socket))
+    extra = {"return_documents": True} if version == 1 else {}
+    r = client.rerank(model="ce", query="Machine learning is", documents=TEST_DOCUMENTS, top_n=3, **extra)
+    assert len(r.results) == 3 and sorted({x.index for x in r.results}) == sorted(x.index for x in r.results)
+    scores = [x.relevance_score for x in r.results]
+    assert scores == sorted(scores, reverse=True)
+    if version == 1:
+        assert all(x.document.text == TEST_DOCUMENTS[x.index] for x in r.results)
