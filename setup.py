@@ -85,6 +85,7 @@ setup(
     extras_require={
         "test": ["pytest>=7", "hypothesis>=6", "gguf>=0.10", "openai>=1.30",
                  "langchain-openai>=0.2", "litellm>=1.40", "ollama>=0.4",   # real clients in the API tests
+                 "anthropic>=0.50",
                  "cohere>=5",            # Cohere's SDK against /v1/rerank and /v2/rerank
                  "tokenizers>=0.15",     # Hugging Face's WordPiece: fuzz oracle for text/wordpiece.py
                  # the sdist -> wheel test builds without isolation, from these

@@ -104,8 +104,10 @@ def validate(metadata, tensors, n_vocab_tokenizer=None, log=None):
     eps = m.get(Key.LAYERNORM_EPS, required=True)
     base = m.get(Key.ROPE_FREQ_BASE, default=10000.0)
     n_ctx = m.get(Key.CONTEXT_LENGTH, required=True)
-    if m.get(Key.CAUSAL, default=False):
-        _refuse(f"{m.name(Key.CAUSAL)} is true: a causal {name} is not supported")
+    causal = m.get(Key.CAUSAL)          # llama.cpp: absent means causal attention
+    if causal is None or causal:
+        _refuse(f"{m.name(Key.CAUSAL)} is {'absent (llama.cpp then runs the file causally)' if causal is None else 'true'}: "
+                f"a causal {name} is not supported (converters write false)")
     embd = tensors.get("token_embd.weight")
     if embd is None or len(embd.shape) != 2 or int(embd.shape[0]) != E:
         _refuse(f"tensor 'token_embd.weight' missing or not ({E}, n_vocab)")

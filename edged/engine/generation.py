@@ -26,10 +26,12 @@ from ..text.sampling import Sampler, SamplingParams, StopMatcher
 @dataclass(frozen=True)
 class GenerationOutput:
     """One step of a generation: the new text (complete UTF-8 only), the token id, and the
-    finish reason ("stop", "length") on the last item, else None."""
+    finish reason ("stop", "length") on the last item, else None; `stop`: the stop string
+    that ended it."""
     text: str
     token: int | None
     finish_reason: str | None = None
+    stop: str | None = None
 
 
 class Generation:
@@ -109,7 +111,7 @@ class Generation:
         self.sampler.accept(t)
         text, hit = stopper.push(decoder.push(t))
         if hit:  # the text before the stop string; the sampled token is not evaluated
-            return self._end(GenerationOutput(text, t, "stop"))
+            return self._end(GenerationOutput(text, t, "stop", stopper.hit))
         s = self.session
         if (self.max_tokens is not None and self.n_gen >= self.max_tokens) or s.n_past >= s.n_ctx:
             # the last token asked for, or no room left in the context to evaluate it

@@ -231,6 +231,8 @@ class Key:
     ROPE_SCALING_FACTOR = "{arch}.rope.scaling.factor"
     ROPE_SCALING_ATTN_FACTOR = "{arch}.rope.scaling.attn_factor"
     ROPE_SCALING_ORIG_CTX_LEN = "{arch}.rope.scaling.original_context_length"
+    ROPE_SCALING_FINETUNED = "{arch}.rope.scaling.finetuned"
+    NEXTN_PREDICT_LAYERS = "{arch}.nextn_predict_layers"
 
     # tokenizer
     TOKENIZER_MODEL = "tokenizer.ggml.model"

@@ -13,7 +13,7 @@ import time
 import urllib.parse
 
 from ..errors import ModelNotFound, NotReady, QueueTimeout, RequestError
-from . import infill, jobs, ollama, openai, openai_schema, rerank
+from . import anthropic, infill, jobs, ollama, openai, openai_schema, rerank
 from .jobs import Generation
 from .log import log
 from .metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
@@ -44,6 +44,7 @@ class Api:
             ("POST", "/v1/models/unload"): self.unload,
         }
         self.routes.update(ollama.routes(self))
+        self.routes.update(anthropic.routes(self))
         self.routes.update(rerank.routes(self))
         self.routes.update(infill.routes(self))
 
@@ -59,6 +60,10 @@ class Api:
         return peer.gid in gids or any(g in gids for g in peer.groups)
 
     async def handle(self, req):
+        reply = await self._dispatch(req)       # errors (404, 405, 403 too) in the route family's shape
+        return ollama.reshaped(reply) if ollama.owns(req.path) else reply
+
+    async def _dispatch(self, req):
         handler = self.routes.get((req.method, req.path))
         if handler is None and req.method == "GET" and req.path.startswith(self.MODEL_PREFIX) \
                 and req.path not in self.ADMIN:

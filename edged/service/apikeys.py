@@ -1,7 +1,8 @@
 """API keys for the opt-in TCP listener. Peers on the Unix socket are admitted by their
 credentials (SO_PEERCRED); a TCP peer has none, so every request on TCP must carry
-`Authorization: Bearer KEY` with a key from `api_keys_file`: one key per line (blank lines and
-`#` comments skipped), in a file owned by root that nobody else may write or other users read.
+`Authorization: Bearer KEY` (or `x-api-key: KEY`, as Anthropic's clients send it) with a key
+from `api_keys_file`: one key per line (blank lines and `#` comments skipped), in a file owned
+by root that nobody else may write or other users read.
 Keys are compared in constant time.
 """
 import hmac
@@ -47,12 +48,16 @@ def load(path):
     return tuple(keys)
 
 
-def admitted(authorization, keys):
-    """Whether an Authorization header value carries one of `keys` (every key is compared, in
-    constant time, whatever matches)."""
+def admitted(authorization, keys, api_key=None):
+    """Whether an Authorization header value (Bearer) or an x-api-key header value carries one
+    of `keys` (every key is compared, in constant time, whatever matches)."""
     scheme, _, token = (authorization or "").partition(" ")
-    token = token.strip().encode("ascii", "replace")
+    tokens = [token] if scheme.lower() == "bearer" else []
+    if api_key is not None:
+        tokens.append(api_key)
     ok = False
-    for k in keys:
-        ok |= hmac.compare_digest(token, k)
-    return scheme.lower() == "bearer" and ok
+    for t in tokens:
+        t = t.strip().encode("ascii", "replace")
+        for k in keys:
+            ok |= hmac.compare_digest(t, k)
+    return ok

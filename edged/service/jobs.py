@@ -49,10 +49,10 @@ class Steps:
 class Out:
     """What a choice's generator posts: the engine's output plus the logprob records of its
     token (taken on the decode thread, right after the draw)."""
-    __slots__ = ("text", "token", "finish_reason", "records")
+    __slots__ = ("text", "token", "finish_reason", "stop", "records")
 
     def __init__(self, out, records):
-        self.text, self.token, self.finish_reason = out.text, out.token, out.finish_reason
+        self.text, self.token, self.finish_reason, self.stop = out.text, out.token, out.finish_reason, out.stop
         self.records = records
 
 
@@ -65,6 +65,7 @@ class Choice:
         self.pieces = []
         self.n_gen = 0
         self.finish = None
+        self.stop = None            # the stop string that ended it
         self.records = []           # (token, logprob, top) of every generated token
         self.unsent = []            # records not yet in a stream chunk
         self.done = False
@@ -80,6 +81,7 @@ class Choice:
         self.unsent += recs
         if out.token is not None:
             self.n_gen += 1
+        self.stop = out.stop or self.stop
         self.pieces.append(out.text or "")
 
     def stream_delta(self, text):

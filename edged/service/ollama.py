@@ -5,13 +5,16 @@ Parses a body (the pydantic models of service/ollama_schema.py) into the one int
 (service/request.py) and renders a generation's events (service/jobs.py) back in Ollama's
 shape: JSON objects one a line (application/x-ndjson), the last with "done": true, done_reason
 and the timings in nanoseconds; with "stream": false that last object alone, carrying the whole
-message. Errors are {"error": MESSAGE}. The routes that manage model files (pull, create, push,
-copy, delete) are refused: models arrive signed through the deployment pipeline. Admission,
-authorization and scheduling are the Api's (service/api.py), as for every protocol.
+message. Errors are {"error": MESSAGE}, on every Ollama path (reshaped(): Api.handle's own 404,
+405 and 403 too). The routes that manage model files (pull, create, push, copy, delete) are
+refused: models arrive signed through the deployment pipeline. Admission, authorization and
+scheduling are the Api's (service/api.py), as for every protocol.
 """
+import asyncio
+import concurrent.futures
 import dataclasses
 import datetime
-import functools
+import hashlib
 import json
 import os
 import time
@@ -25,9 +28,10 @@ from ..text.sampling import SamplingParams
 from . import ollama_schema as schema
 from .log import log
 from .names import model_path
-from .openai import _tool
+from .openai import _tool, chat_logprobs
+from .registry import _identity as file_version
 from .request import ConstraintSpec, GenerateRequest, Output, ToolUse
-from .wire import Reply, StreamReply, error_for, json_body, serialised
+from .wire import Reply, StreamReply, error_for, errors_as, json_body, serialised
 
 # The Ollama release whose API these routes follow: clients gate features (tools, think) on it.
 OLLAMA_VERSION = "0.12.0"
@@ -48,20 +52,25 @@ def routes(api):
     return table
 
 
-def _ollama_errors(handler):
-    """Errors as Ollama shapes them: {"error": MESSAGE}, with the status edged/errors.py gives."""
-    @functools.wraps(handler)
-    async def run(self, req):
-        try:
-            return await handler(self, req)
-        except Exception as e:  # noqa: BLE001 - every error becomes an Ollama-shaped reply
-            return error_reply(e)
-    return run
-
-
 def error_reply(e):
-    r = error_for(e)
-    return Reply(r.status, {"error": r.body["error"]["message"]}, headers=r.headers)
+    return reshaped(error_for(e))
+
+
+def owns(path):
+    """Is `path` one of Ollama's (its errors then come in Ollama's shape, the route known or not)?"""
+    return path == "/" or path.startswith("/api/")
+
+
+def reshaped(reply):
+    """An OpenAI-shaped error reply ({"error": {"message", ...}}: what Api.handle answers
+    before a route runs, 403, 404, 405) as Ollama's {"error": MESSAGE}; other replies as they are."""
+    body = getattr(reply, "body", None)
+    if isinstance(body, dict) and isinstance(body.get("error"), dict):
+        return Reply(reply.status, {"error": body["error"]["message"]}, headers=reply.headers)
+    return reply
+
+
+_ollama_errors = errors_as(error_reply)
 
 
 def _now():
@@ -131,14 +140,21 @@ def _think(think):
     return kwargs, think is not False
 
 
-def _message(m, i):
+def _logprobs(r):
+    """Output.logprobs of `logprobs` / `top_logprobs` (the alternatives only with logprobs on, as Ollama)."""
+    return r.top_logprobs if r.logprobs else None
+
+
+def _message(m, i, model):
     if m.images:
-        raise RequestError(f"'messages[{i}].images': no model here takes images", param=f"messages[{i}].images")
+        schema.no_images(model, f"messages[{i}].images")
     out = {"role": m.role, "content": m.content}
     if m.thinking:
         out["reasoning_content"] = m.thinking
     if m.tool_name:
         out["name"] = m.tool_name
+    if m.tool_call_id:
+        out["tool_call_id"] = m.tool_call_id
     if m.tool_calls:
         out["tool_calls"] = [{"type": "function", **({"id": c.id} if c.id else {}),
                               "function": {"name": c.function.name, "arguments": c.function.arguments}}
@@ -155,9 +171,9 @@ def parse_chat(body):
     tools = tuple(_tool(t) for t in r.tools or ())
     request = GenerateRequest(
         model=r.model, sampling=sampling, constraint=_constraint(r.format),
-        output=Output(**out, reasoning=split, stream=r.stream),
+        output=Output(**out, reasoning=split, stream=r.stream, logprobs=_logprobs(r)),
         tools=ToolUse(tools, "auto" if tools else "none"),
-        messages=tuple(_message(m, i) for i, m in enumerate(r.messages)), template_kwargs=kwargs)
+        messages=tuple(_message(m, i, r.model) for i, m in enumerate(r.messages)), template_kwargs=kwargs)
     return request, schema.keep_alive(r.keep_alive), not r.messages
 
 
@@ -168,6 +184,7 @@ def parse_generate(body):
     sampling, out = _options(r.options, "/api/generate")
     kwargs, split = _think(r.think)
     common = dict(model=r.model, sampling=sampling, constraint=_constraint(r.format))
+    out["logprobs"] = _logprobs(r)
     if r.raw:
         request = GenerateRequest(**common, output=Output(**out, reasoning=False, stream=r.stream),
                                   prompts=(r.prompt,))
@@ -198,7 +215,19 @@ class _Render:
         self.gen, self.t0, self.chat = gen, t0, chat
         self.model = gen.lm.name
 
-    def part(self, r, content, calls=()):
+    def logprobs(self, records):
+        """Ollama's `logprobs` of (token, logprob, top) records: OpenAI's entries (token,
+        logprob, bytes, top_logprobs), top_logprobs left out when none were asked for."""
+        if self.gen.request.output.logprobs is None:
+            return None
+        out = chat_logprobs(self.gen.lm.tokenizer, records)["content"]
+        for e in out:
+            if not e["top_logprobs"]:
+                del e["top_logprobs"]
+        return out
+
+    def part(self, r, content, calls=(), c=None):
+        """One object; `c`: the choice whose logprob records not yet sent go with it."""
         out = {"model": self.model, "created_at": _now()}
         if self.chat:
             msg = {"role": "assistant", "content": content}
@@ -211,6 +240,11 @@ class _Render:
             out["response"] = content
             if r:
                 out["thinking"] = r
+        if c is not None:
+            lp = self.logprobs(c.unsent)
+            c.unsent = []
+            if lp is not None:
+                out["logprobs"] = lp
         out["done"] = False
         return out
 
@@ -218,7 +252,7 @@ class _Render:
         g, end = self.gen, time.monotonic()
         first = g.t_first or end
         u = g.usage()
-        out = self.part(r, content, calls)
+        out = self.part(r, content, calls, choice)
         out.update(done=True, done_reason="length" if choice.finish == "length" else "stop",
                    total_duration=_ns(end - self.t0), load_duration=_ns(g.t_start - self.t0),
                    prompt_eval_count=u["prompt"], prompt_eval_duration=_ns(first - g.t_start),
@@ -230,7 +264,10 @@ class _Render:
             pass
         c = self.gen.choices[0]
         r, content, calls = c.result()
-        return Reply(200, self.final(c, r or "", content, calls))
+        c.unsent = c.records
+        # logprobs of thousands of tokens make megabytes of JSON: built off the event loop
+        return await serialised(lambda: Reply(200, self.final(c, r or "", content, calls)),
+                                self.gen.st.cfg.max_reply_bytes)
 
     async def events(self, req):
         try:
@@ -238,11 +275,11 @@ class _Render:
                 if fin is None:
                     r, content = c.stream_delta(text)
                     if r or content:
-                        yield _line(self.part(r, content))
+                        yield _line(self.part(r, content, c=c))
                 elif fin != "cancelled":
                     r, content, calls = c.stream_end()
                     if r or content or calls:
-                        yield _line(self.part(r, content, calls))
+                        yield _line(self.part(r, content, calls, c))
                     yield _line(self.final(c))
         except Exception as e:  # noqa: BLE001 - the status line is gone; report in-band
             yield _line(error_reply(e).body)
@@ -336,6 +373,7 @@ class Ollama:
 
     def __init__(self, api):
         self.api = api
+        self.digests = Digests()
 
     @property
     def st(self):
@@ -415,9 +453,32 @@ class Ollama:
             return Reply(200, {"model": name, "embeddings": vecs.astype("<f4").tolist(),
                                "total_duration": _ns(time.monotonic() - t0), "load_duration": 0,
                                "prompt_eval_count": n})
-        reply = await self.api._embed(req, self._name(r.model), inputs, None, build)
+        name = self._name(r.model)
+        if r.truncate:
+            inputs = await self._truncated(req, name, inputs)
+        reply = await self.api._embed(req, name, inputs, None, build)
         self._keep_alive(req, self.st.registry.models.get(req.info["model"]), schema.keep_alive(r.keep_alive))
         return reply
+
+    async def _truncated(self, req, name, inputs):
+        """`inputs` as token-id lists, each cut to what the model embeds (its limit and ctx_size),
+        as Ollama's `truncate` does: the end of the text goes, the separator or end token the
+        tokenizer appends stays."""
+        def cut(m):
+            most, out = min(self.st.cfg.ctx_size, m.embed_limit), []
+            for text in inputs:
+                ids = m.tokenizer.encode(text)
+                if len(ids) > most:
+                    tail = ids[-1:] if m.tokenizer.is_control(ids[-1]) else []
+                    ids = ids[:most - len(tail)] + tail
+                out.append(ids)
+            return out
+        async with self.api._slot(req):     # tokenizing a megabyte is work: queued like the rest
+            lm = await self.api._acquire(self.st.registry.resolve(name), self.st.cfg.queue_timeout, req)
+            try:
+                return await asyncio.get_running_loop().run_in_executor(None, cut, lm.model)
+            finally:
+                self.st.registry.release(lm)
 
     @_ollama_errors
     async def embeddings(self, req):
@@ -434,20 +495,22 @@ class Ollama:
     @_ollama_errors
     async def tags(self, req):
         reg = self.st.registry
+        listing = reg.listing()
+        digests = await self.digests.of([reg.path(e["id"]) for e in listing])
         models = []
-        for e in reg.listing():
+        for e, digest in zip(listing, digests):
             lm = reg.models.get(e["id"])
             name = _tagged(e["id"])
             models.append({"name": name, "model": name, "modified_at": _rfc3339(e["created"]),
-                           "size": e["size"], "details": details(lm)})
+                           "size": e["size"], "digest": digest, "details": details(lm)})
         return Reply(200, {"models": models})
 
     @_ollama_errors
     async def ps(self, req):
         cfg, out = self.st.cfg, []
-        for name, lm in sorted(self.st.registry.models.items()):
-            if lm.draining:
-                continue
+        loaded = [(n, lm) for n, lm in sorted(self.st.registry.models.items()) if not lm.draining]
+        digests = await self.digests.of([lm.path for _, lm in loaded])
+        for (name, lm), digest in zip(loaded, digests):
             ka = self.st.registry.keep_alive(lm)
             now = datetime.datetime.now(datetime.timezone.utc)
             if ka < 0 or lm.pinned or name == cfg.default_model:
@@ -455,7 +518,7 @@ class Ollama:
             else:
                 expires = now + datetime.timedelta(seconds=max(ka - (time.monotonic() - lm.last_used), 0))
             tagged = _tagged(name)
-            out.append({"name": tagged, "model": tagged, "size": lm.size, "size_vram": 0,
+            out.append({"name": tagged, "model": tagged, "size": lm.size, "digest": digest, "size_vram": 0,
                         "details": details(lm), "expires_at": expires.isoformat().replace("+00:00", "Z"),
                         "context_length": lm.n_ctx})
         return Reply(200, {"models": out})
@@ -498,6 +561,57 @@ class Ollama:
             403, f"{req.path.rsplit('/', 1)[-1]} is not available: models arrive signed through the "
             "deployment pipeline (a signed NAME.gguf in the model directory; see docs/signing.md)",
             "permission_error", "model_management_refused"))
+
+
+class Digests:
+    """The SHA-256 of model files (hex), Ollama's `digest`, cached by file version (device,
+    inode, size, modification and change times). A file is hashed once per version, in a
+    thread of its own (about a second a gigabyte); a listing waits up to `wait` seconds for
+    the hashes it lacks and gives "" for those still running (they are there the next time)."""
+
+    def __init__(self, wait=2.0):
+        self.wait = wait
+        self.known = {}         # path -> (file version, hex digest)
+        self.running = {}       # (path, file version) -> future
+        self.pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="edged-digest")
+
+    def _hash(self, path, version):
+        try:
+            with open(path, "rb") as f:
+                digest = hashlib.file_digest(f, "sha256").hexdigest()
+        except OSError as e:
+            log.warning("digest of %s: %s", path, e)
+            digest = ""
+        if file_version(path) == version:      # not replaced while it was read
+            self.known[path] = (version, digest)
+        return digest
+
+    async def of(self, paths):
+        """The digest of each path ("" for a file not there, or not hashed within `wait`)."""
+        loop = asyncio.get_running_loop()
+        out, waiting = [], {}
+        for path in paths:
+            version = file_version(path)
+            if version is None:
+                out.append("")
+                continue
+            hit = self.known.get(path)
+            if hit is not None and hit[0] == version:
+                out.append(hit[1])
+                continue
+            key = (path, version)
+            if key not in self.running:
+                fut = loop.run_in_executor(self.pool, self._hash, path, version)
+                fut.add_done_callback(lambda _, key=key: self.running.pop(key, None))
+                self.running[key] = fut
+            waiting[len(out)] = self.running[key]
+            out.append("")
+        if waiting:
+            await asyncio.wait(set(waiting.values()), timeout=self.wait)
+            for i, fut in waiting.items():
+                if fut.done() and not fut.cancelled():
+                    out[i] = fut.result()
+        return out
 
 
 def _pooled(name, vecs):

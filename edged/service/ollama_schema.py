@@ -12,12 +12,13 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ..errors import RequestError
 from .names import check_model_name
-from .openai_schema import MAX_STOP, Tool, _message, _where
+from .openai_schema import MAX_STOP, MAX_TOP_LOGPROBS, Tool, _message, _where
 
 __all__ = ["MAX_STOP", "validate", "keep_alive"]
 
-# Accepted and ignored: fields Ollama's clients send that change nothing here.
-IGNORED = frozenset({"truncate", "shift", "logprobs", "top_logprobs"})
+# Accepted and ignored: fields Ollama's clients send that change nothing here (`truncate` and
+# `shift` of a generation: a prompt longer than the context is a 400 here, never cut).
+IGNORED = frozenset({"truncate", "shift"})
 
 
 class _Strict(BaseModel):
@@ -52,6 +53,7 @@ class ToolCall(_Strict):
     function: CallFunction
     id: str | None = None
     type: Literal["function"] | None = None
+    index: int | None = None        # Open WebUI sends the OpenAI call's index back
 
 
 class Message(_Strict):
@@ -61,6 +63,7 @@ class Message(_Strict):
     images: list[str] | None = None
     tool_calls: list[ToolCall] | None = None
     tool_name: str | None = None
+    tool_call_id: str | None = None     # Open WebUI's tool results carry the call's id
 
 
 class _Generate(_Strict):
@@ -70,6 +73,8 @@ class _Generate(_Strict):
     stream: bool = True
     keep_alive: Union[int, float, str, None] = None
     think: Union[bool, Literal["low", "medium", "high"], None] = None
+    logprobs: bool = False
+    top_logprobs: int = 0
 
 
 class ChatBody(_Generate):
@@ -114,7 +119,6 @@ UNSUPPORTED = {
     "suffix": "no fill-in-the-middle here",
     "template": "the model's own chat template applies (or MODELS_DIR/NAME.jinja)",
     "context": "send the conversation as /api/chat messages",
-    "images": "no model here takes images",
 }
 
 
@@ -126,7 +130,7 @@ def validate(cls, body):
     if extra:
         raise RequestError(f"unsupported field(s): {', '.join(extra)}", param=extra[0])
     try:
-        r = cls.model_validate({k: v for k, v in body.items() if k not in IGNORED})
+        r = cls.model_validate({k: v for k, v in body.items() if k in cls.model_fields})
     except pydantic.ValidationError as e:
         err = max(e.errors(include_url=False), key=lambda x: len(x["loc"]))
         where = _where(err["loc"])
@@ -134,10 +138,20 @@ def validate(cls, body):
     for field, instead in UNSUPPORTED.items():
         if getattr(r, field, None):
             raise RequestError(f"'{field}' is not supported: {instead}", param=field)
+    if getattr(r, "images", None):
+        no_images(r.model, "images")
+    if not 0 <= getattr(r, "top_logprobs", 0) <= MAX_TOP_LOGPROBS:
+        raise RequestError(f"'top_logprobs' must be between 0 and {MAX_TOP_LOGPROBS}", param="top_logprobs")
     for field in ("model", "name"):
         if getattr(r, field, None) is not None:
             check_model_name(getattr(r, field))
     return r
+
+
+def no_images(model, where):
+    """Images need a vision model, and edged runs none yet: a 400 naming the field."""
+    raise RequestError(f"'{where}': model {model!r} has no image support (edged runs no vision "
+                       "models yet); send text only", param=where)
 
 
 _DURATION = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)")

@@ -250,9 +250,10 @@ class _Render:
         yield b"data: [DONE]\n\n"
 
 
-async def reply(gen, req):
-    """The started generation `gen` as OpenAI's reply: a stream of chunks or one object."""
-    render = _Render(gen)
+async def reply(gen, req, render=None):
+    """The started generation `gen` as OpenAI's reply (or as `render`'s, another protocol's
+    renderer with the same whole() and events()): a stream of chunks or one object."""
+    render = render or _Render(gen)
     if gen.request.output.stream:
         return StreamReply(render.events(req), gen.close)
     try:

@@ -265,9 +265,10 @@ def inflate(data, encoding, limit):
 def _tcp_refusal(request, api, keys):
     """A 401 for a TCP request without a valid API key, 403 for an admin route (those need a
     Unix peer's credentials); None when the request may go on."""
-    if not keys or not apikeys.admitted(request.headers.get("Authorization"), keys):
-        return error_reply(401, "a request over TCP needs 'Authorization: Bearer KEY' with a key from "
-                           "api_keys_file", "authentication_error", "invalid_api_key",
+    if not keys or not apikeys.admitted(request.headers.get("Authorization"), keys,
+                                        request.headers.get("x-api-key")):
+        return error_reply(401, "a request over TCP needs 'Authorization: Bearer KEY' (or 'x-api-key: KEY') "
+                           "with a key from api_keys_file", "authentication_error", "invalid_api_key",
                            {"WWW-Authenticate": "Bearer"})
     if request.path in api.ADMIN:
         return error_reply(403, f"{request.path} is not available over TCP", "permission_error", "forbidden")

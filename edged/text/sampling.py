@@ -246,22 +246,25 @@ def sample_reference(logits, params, bias_ids, bias_vals, pen_ids, pen_counts, u
 
 
 class StopMatcher:
-    """Finds stop strings in streamed text, holding back what could be the start of one."""
+    """Finds stop strings in streamed text, holding back what could be the start of one;
+    `hit` is the stop string found (the earliest in the text), None until then."""
 
     def __init__(self, stops):
         if isinstance(stops, str):
             stops = [stops]
         self.stops = [s for s in (stops or ()) if s]
         self.pending = ""
+        self.hit = None
 
     def push(self, text):
         """Returns (text safe to emit, hit). On a hit the text is everything before the stop."""
         if not self.stops:
             return text, False
         self.pending += text
-        hits = [i for i in (self.pending.find(s) for s in self.stops) if i >= 0]
+        hits = [(i, s) for i, s in ((self.pending.find(s), s) for s in self.stops) if i >= 0]
         if hits:
-            out = self.pending[:min(hits)]
+            i, self.hit = min(hits)
+            out = self.pending[:i]
             self.pending = ""
             return out, True
         hold = 0

@@ -1,11 +1,17 @@
 """The Ollama API with the real `ollama` Python client (and curl for one NDJSON stream) against a
 real daemon serving the real, signed SmolLM2-135M-Instruct and all-MiniLM-L6-v2: chat, chat
 streamed, generate (templated and raw), embed, the legacy embeddings route, tags, show, ps,
-tools, format (a JSON schema and "json"), options, the load/unload forms, and the refusals.
+tools, format (a JSON schema and "json"), options, logprobs, the load/unload forms, the refusals,
+and the request bodies Home Assistant and Open WebUI send (recorded from their source in
+tests/data/clients/ollama), each answered with what that tool reads.
 
 A 135M model cannot pick tools sensibly: what these tests check is that output constrained by
 edged (format, the tool-call grammar) arrives well-formed and in Ollama's shape."""
+import datetime
+import hashlib
 import json
+import pathlib
+import re
 import shutil
 import subprocess
 import time
@@ -13,7 +19,7 @@ import time
 import pytest
 
 from conftest import testdata
-from daemon_support import Server, signing_key
+from daemon_support import Server, make_daemon, signing_key
 
 pytest.importorskip("llguidance")
 httpx = pytest.importorskip("httpx")
@@ -190,6 +196,10 @@ def test_load_and_unload_forms(client, http):
 
 def test_keep_alive_sets_the_models_unload_timer(client):
     import datetime
+    # Home Assistant's default, -1 (entity.py KEEP_ALIVE_FOREVER): never unloaded
+    client.generate(model="smol2", prompt="Hi", options={"num_predict": 1}, keep_alive=-1)
+    [m] = [m for m in client.ps().models if m.model == "smol2:latest"]
+    assert m.expires_at.year > 2200
     client.generate(model="smol2", prompt="Hi", options={"num_predict": 1}, keep_alive="1h")
     [m] = [m for m in client.ps().models if m.model == "smol2:latest"]
     left = m.expires_at - datetime.datetime.now(datetime.timezone.utc)
@@ -199,6 +209,12 @@ def test_keep_alive_sets_the_models_unload_timer(client):
     while "smol2:latest" in {m.model for m in client.ps().models}:
         assert time.monotonic() < deadline, "smol2 still loaded after a request with keep_alive 0"
         time.sleep(0.05)
+    # a short keep_alive: the idle sweep (every 10 s at most) unloads it, not a request
+    client.generate(model="smol2", prompt="Hi", options={"num_predict": 1}, keep_alive="1s")
+    deadline = time.monotonic() + 60
+    while "smol2:latest" in {m.model for m in client.ps().models}:
+        assert time.monotonic() < deadline, "smol2 still loaded a minute after keep_alive 1s"
+        time.sleep(0.2)
 
 
 @pytest.mark.parametrize("body, field", [
@@ -287,3 +303,186 @@ def test_curl_ndjson_stream(srv):
     assert lines[-1]["done"] is True and all(x["done"] is False for x in lines[:-1])
     assert all(set(x) >= {"model", "created_at", "response", "done"} for x in lines)
     assert set(DURATIONS) <= set(lines[-1])
+
+
+# --- logprobs, truncate, digests, error shapes ------------------------------------------
+
+def test_logprobs_whole_and_streamed(client, http):
+    ask = dict(model="smol", messages=ASK, options=GREEDY, logprobs=True, top_logprobs=3)
+    r = client.chat(**ask)
+    assert r.logprobs and len(r.logprobs) <= r.eval_count
+    assert "".join(e.token for e in r.logprobs) == r.message.content
+    for e in r.logprobs:
+        assert e.logprob <= 0 and len(e.top_logprobs) == 3
+        assert e.top_logprobs[0].logprob >= e.logprob - 1e-6      # greedy: the most likely one
+    parts = list(client.chat(**ask, stream=True))
+    assert [e.token for p in parts for e in p.logprobs or []] == [e.token for e in r.logprobs]
+    g = http.post("/api/generate", json={"model": "smol", "prompt": "Hi", "stream": False, "logprobs": True,
+                                         "options": {"num_predict": 4, "temperature": 0}}).json()
+    assert len(g["logprobs"]) == g["eval_count"] and all(set(e) == {"token", "logprob", "bytes"}
+                                                          for e in g["logprobs"])
+    plain = client.generate(model="smol", prompt="Hi", options={"num_predict": 2})
+    assert plain.logprobs is None
+    r = http.post("/api/chat", json={"model": "smol", "messages": ASK, "logprobs": True, "top_logprobs": 21})
+    assert r.status_code == 400 and "top_logprobs" in r.json()["error"]
+
+
+def test_embed_truncate(http):
+    words = " ".join(f"word{i}" for i in range(400))      # well past all-MiniLM's 512 tokens
+    r = http.post("/api/embed", json={"model": "minilm", "input": [words, words + " and a different end"]})
+    assert r.status_code == 200, r.text
+    a, b = r.json()["embeddings"]
+    assert a == pytest.approx(b, abs=1e-6)             # what differs was past the limit: cut
+    assert r.json()["prompt_eval_count"] == 2 * 512
+    r = http.post("/api/embed", json={"model": "minilm", "input": [words], "truncate": False})
+    assert r.status_code == 400 and "input 0" in r.json()["error"] and "512" in r.json()["error"]
+
+
+def test_digest_and_sizes_in_tags_and_ps(srv, client):
+    tags = {m.model: m for m in client.list().models}
+    path = pathlib.Path(srv.tmp) / "models" / "smol.gguf"
+    assert tags["smol:latest"].digest == hashlib.sha256(path.read_bytes()).hexdigest()
+    assert tags["smol:latest"].size == path.stat().st_size
+    ps = {m.model: m for m in client.ps().models}
+    assert ps["smol:latest"].digest == tags["smol:latest"].digest and ps["smol:latest"].size > 1e7
+
+
+def test_unknown_routes_and_methods_answer_in_ollama_shape(http):
+    for method, path, status in (("GET", "/api/nope", 404), ("GET", "/api/chat", 405),
+                                 ("PUT", "/", 405)):
+        r = http.request(method, path)
+        assert r.status_code == status and isinstance(r.json()["error"], str), r.text
+    r = http.get("/v1/nope")
+    assert r.status_code == 404 and isinstance(r.json()["error"], dict)       # OpenAI's stays OpenAI's
+
+
+def test_refused_peer_gets_ollama_shape(tmp_path):
+    import asyncio
+    from edged.service.wire import ApiRequest, Peer
+    d = make_daemon(tmp_path, allow_uids=[1000])
+    for path, shape in (("/api/tags", str), ("/v1/models", dict)):
+        reply = asyncio.run(d.api.handle(ApiRequest("GET", path, b"", Peer(10, 1001, 1001))))
+        assert reply.status == 403 and isinstance(reply.body["error"], shape)
+        assert "uid 1001" in (reply.body["error"] if shape is str else reply.body["error"]["message"])
+
+
+# --- recorded bodies of Home Assistant and Open WebUI --------------------------------------
+
+RECORDED = pathlib.Path(__file__).resolve().parents[1] / "data" / "clients" / "ollama"
+
+
+def send(http, name):
+    rec = json.loads((RECORDED / name).read_text())
+    assert rec["source"]
+    return http.request(rec["method"], rec["path"], json=rec["body"])
+
+
+def ndjson(r):
+    assert r.status_code == 200, r.text
+    assert r.headers["content-type"].startswith("application/x-ndjson")
+    return [json.loads(x) for x in r.text.splitlines() if x.strip()]
+
+
+def ha_stream(r):
+    """What Home Assistant's _transform_stream reads of each chunk, parsed as its ollama client
+    parses it (ChatResponse): message content, thinking, tool_calls[].function name and
+    arguments (a dict: it calls .items() on them)."""
+    chunks = [ollama.ChatResponse(**x) for x in ndjson(r)]
+    assert [c.done for c in chunks] == [False] * (len(chunks) - 1) + [True]
+    for c in chunks:
+        assert c.message.role == "assistant" and isinstance(c.message.content, str)
+        for call in c.message.tool_calls or ():
+            assert isinstance(call.function.name, str) and isinstance(call.function.arguments, dict)
+    return chunks
+
+
+def test_home_assistant_chat_with_tools(http):
+    chunks = ha_stream(send(http, "ha_chat_tools.json"))
+    last = chunks[-1]
+    assert last.done_reason in ("stop", "length") and last.prompt_eval_count > 50
+    assert "".join(c.message.content for c in chunks) or any(c.message.tool_calls for c in chunks)
+    chunks = ha_stream(send(http, "ha_chat_tool_result.json"))
+    assert chunks[-1].done
+
+
+def test_home_assistant_structured_task(http):
+    chunks = ha_stream(send(http, "ha_ai_task_structured.json"))
+    assert isinstance(json.loads("".join(c.message.content for c in chunks))["name"], str)
+
+
+def test_home_assistant_list_and_ps(client):
+    """config_flow.py: {model_info["model"] for model_info in client.list()["models"]};
+    coordinator.py: client.list() and client.ps() parsed as ListResponse / ProcessResponse."""
+    assert "smol:latest" in {m["model"] for m in client.list().get("models", [])}
+    assert all(m.model and m.expires_at for m in client.ps().models)
+
+
+def owui_usage(last):
+    """utils/response.py convert_ollama_usage_to_openai: the counts and durations, integers."""
+    keys = ("prompt_eval_count", "eval_count", "eval_duration", "prompt_eval_duration",
+            "total_duration", "load_duration")
+    assert all(isinstance(last[k], int) for k in keys), last
+    assert last["eval_duration"] > 0 and last["prompt_eval_duration"] > 0
+
+
+def test_open_webui_chat_stream_and_ignored_options(srv, http):
+    lines = ndjson(send(http, "owui_chat_stream.json"))
+    # convert_streaming_response_ollama_to_openai: model, message (content, thinking, tool_calls),
+    # done, done_reason
+    assert all(x["model"] == "smol" and isinstance(x["message"].get("content"), str) for x in lines)
+    assert lines[-1]["done"] and lines[-1]["done_reason"] in ("stop", "length")
+    assert "".join(x["message"]["content"] for x in lines) and lines[-1]["eval_count"] <= 48
+    owui_usage(lines[-1])
+    assert re.search(r"ignored options num_thread, use_mlock", srv.logtext())
+
+
+def test_open_webui_tool_round_trip_and_format(http):
+    r = send(http, "owui_chat_tools_roundtrip.json")
+    assert r.status_code == 200, r.text
+    x = r.json()
+    # convert_response_ollama_to_openai: message.content, thinking, tool_calls; done_reason
+    assert isinstance(x["message"]["content"], str) and x["done_reason"] in ("stop", "length")
+    owui_usage(x)
+    r = send(http, "owui_chat_format.json")
+    v = json.loads(r.json()["message"]["content"])
+    assert set(v) == {"city", "population"} and isinstance(v["population"], int)
+
+
+def test_open_webui_images_refused(http):
+    r = send(http, "owui_chat_image.json")
+    assert r.status_code == 400
+    err = r.json()["error"]         # send_request raises HTTPException(detail=res["error"])
+    assert "messages[0].images" in err and "no image support" in err
+
+
+def test_open_webui_generate_and_unload(client, http):
+    lines = ndjson(send(http, "owui_generate.json"))
+    assert all(isinstance(x["response"], str) for x in lines) and lines[-1]["done"]
+    assert http.post("/api/generate", json={"model": "smol2", "prompt": ""}).json()["done_reason"] == "load"
+    assert "smol2:latest" in {m.model for m in client.ps().models}
+    r = send(http, "owui_unload.json")
+    assert r.status_code == 200 and r.json()["done_reason"] == "unload"
+    deadline = time.monotonic() + 60
+    while "smol2:latest" in {m.model for m in client.ps().models}:
+        assert time.monotonic() < deadline, "smol2 still loaded after Open WebUI's unload"
+        time.sleep(0.05)
+
+
+def test_open_webui_embed_embeddings_show(http):
+    r = send(http, "owui_embed.json")           # retrieval/utils.py reads data["embeddings"]
+    assert r.status_code == 200 and [len(v) for v in r.json()["embeddings"]] == [384, 384]
+    r = send(http, "owui_embeddings.json")      # utils/response.py reads response["embedding"]
+    assert r.status_code == 200 and len(r.json()["embedding"]) == 384
+    r = send(http, "owui_show.json")            # returned as it is to its frontend
+    assert r.status_code == 200 and {"details", "model_info", "capabilities", "template"} <= set(r.json())
+
+
+def test_open_webui_tags_ps_version(http):
+    """get_all_models: models[].model and name; expires_at from /api/ps through
+    datetime.fromisoformat; get_ollama_versions: re.sub(r"^v|-.*", "", version) as integers."""
+    tags = http.get("/api/tags").json()
+    assert all(m["model"] and m["name"] for m in tags["models"])
+    for m in http.get("/api/ps").json()["models"]:
+        assert datetime.datetime.fromisoformat(m["expires_at"]).timestamp() > time.time()
+    version = http.get("/api/version").json()["version"]
+    assert all(isinstance(int(p), int) for p in re.sub(r"^v|-.*", "", version).split("."))

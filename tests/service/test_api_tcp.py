@@ -13,7 +13,7 @@ import time
 import pytest
 
 from conftest import ROOT
-from daemon_support import Server, alpha_beta_models, needs_curl, request
+from daemon_support import alpha_beta_models, needs_curl, request, socket_activated
 from edged.errors import ConfigError
 from edged.service import apikeys, transport
 
@@ -59,16 +59,11 @@ def models(tmp_path_factory):
 @needs_curl
 @pytest.mark.skipif(shutil.which("systemd-socket-activate") is None, reason="systemd-socket-activate missing")
 def test_tcp_listener_needs_a_key_and_unix_peers_do_not(tmp_path, models):
-    path, port = str(tmp_path / "edged.sock"), free_port()
-    srv = Server(tmp_path, *models, default_model="alpha", extra={"api_keys_file": keys_file(tmp_path)},
-                 argv_prefix=["systemd-socket-activate", "-l", path, "-l", f"127.0.0.1:{port}",
-                              "-E", "NOTIFY_SOCKET", "-E", "PYTHONPATH"], wait=False)
+    port = free_port()
+    srv, path = socket_activated(tmp_path, *models, port, default_model="alpha",
+                                 extra={"api_keys_file": keys_file(tmp_path)})
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 10
-        while not os.path.exists(path) and time.monotonic() < deadline:
-            time.sleep(0.05)
-
         def curl(route, *extra, body=None, unix=False):
             cmd = ["curl", "-sS", "--max-time", "120", "-w", "\n%{http_code}"] + list(extra)
             if body is not None:
@@ -113,14 +108,9 @@ def test_tcp_listener_needs_a_key_and_unix_peers_do_not(tmp_path, models):
 
 @pytest.mark.skipif(shutil.which("systemd-socket-activate") is None, reason="systemd-socket-activate missing")
 def test_tcp_listener_without_keys_refuses_to_start(tmp_path, models):
-    path, port = str(tmp_path / "edged.sock"), free_port()
-    srv = Server(tmp_path, *models, extra={"api_keys_file": str(tmp_path / "none")},
-                 argv_prefix=["systemd-socket-activate", "-l", path, "-l", f"127.0.0.1:{port}",
-                              "-E", "NOTIFY_SOCKET", "-E", "PYTHONPATH"], wait=False)
+    port = free_port()
+    srv, _ = socket_activated(tmp_path, *models, port, extra={"api_keys_file": str(tmp_path / "none")})
     try:
-        deadline = time.monotonic() + 10
-        while not os.path.exists(path) and time.monotonic() < deadline:
-            time.sleep(0.05)
         with socket.create_connection(("127.0.0.1", port), timeout=10) as c:
             c.sendall(b"GET /health HTTP/1.0\r\n\r\n")
             c.settimeout(60)
@@ -216,11 +206,9 @@ def test_unauthenticated_tcp_peers_crowd_out_no_one_and_are_logged_in_summaries(
     socket (max_connections = 100) get 503; now they only fill the pre-auth pool. 300 requests
     with a bad key wrote 300 log lines; now a summary line per interval."""
     import http.client
-    path, port = str(tmp_path / "edged.sock"), free_port()
-    srv = Server(tmp_path, *models, default_model="alpha",
-                 extra={"api_keys_file": keys_file(tmp_path), "max_connections": 100},
-                 argv_prefix=["systemd-socket-activate", "-l", path, "-l", f"127.0.0.1:{port}",
-                              "-E", "NOTIFY_SOCKET", "-E", "PYTHONPATH"], wait=False)
+    port = free_port()
+    srv, path = socket_activated(tmp_path, *models, port, default_model="alpha",
+                                 extra={"api_keys_file": keys_file(tmp_path), "max_connections": 100})
 
     def get(route, key=None):
         c = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
@@ -233,9 +221,6 @@ def test_unauthenticated_tcp_peers_crowd_out_no_one_and_are_logged_in_summaries(
 
     idle = []
     try:
-        deadline = time.monotonic() + 10
-        while not os.path.exists(path) and time.monotonic() < deadline:
-            time.sleep(0.05)
         assert get("/health")[0] == 401             # starts the daemon
         srv.wait_ready(60)
         before = srv.logtext().count("\n")

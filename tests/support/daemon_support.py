@@ -336,6 +336,20 @@ def running(*args, **kw):
     assert code == 0, srv.logtext()
 
 
+def socket_activated(tmp_path, models_dir, trusted, port, **kw):
+    """(Server, Unix socket path): the daemon under real systemd-socket-activate, which listens
+    on a Unix socket and on 127.0.0.1:`port` as edged.socket + edged-tcp.socket do. Returns once
+    they listen; the daemon itself starts at the first connection (then srv.wait_ready())."""
+    path = str(tmp_path / "edged.sock")
+    srv = Server(tmp_path, models_dir, trusted, argv_prefix=[
+        "systemd-socket-activate", "-l", path, "-l", f"127.0.0.1:{port}", "-E", "NOTIFY_SOCKET", "-E", "PYTHONPATH"],
+        wait=False, **kw)
+    deadline = time.monotonic() + 10
+    while not os.path.exists(path) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return srv, path
+
+
 def to_toml(d):
     lines = []
     for k, v in d.items():
