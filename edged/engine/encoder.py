@@ -77,16 +77,15 @@ def _refuse(msg):
 
 
 def pooling_of(metadata, arch_name, default="none"):
-    """The file's `<arch>.pooling_type` as a name ("none" when absent, as llama.cpp)."""
+    """The file's `<arch>.pooling_type` as a name ("none" when absent, as llama.cpp; "rank"
+    for a reranker)."""
     key = Key.arch(Key.POOLING_TYPE, arch_name)
     v = metadata.get(key)
     if v is None:
         return default
     if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or int(v) not in POOLING:
-        _refuse(f"{key} = {v!r} is not a pooling type (0 none, 1 mean, 2 cls, 3 last)")
-    if POOLING[int(v)] == "rank":
-        _refuse(f"{key} = 4 (rank: a reranker's classification head) is not supported")
-    return POOLING[int(v)]
+        _refuse(f"{key} = {v!r} is not a pooling type (0 none, 1 mean, 2 cls, 3 last, 4 rank)")
+    return POOLING[int(v)]       # "rank": a reranker's head (engine/rank.py)
 
 
 def validate(metadata, tensors, n_vocab_tokenizer=None, log=None):

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import re
 import sys
 import threading
 import time
@@ -34,6 +35,7 @@ import numpy as np
 
 from . import arch as _arch
 from . import encoder as _encoder
+from . import rank as _rank
 from .backends import backend_class
 from .batch import LOGITS, BatchEntry
 from .kvcache import CacheTypes
@@ -167,6 +169,7 @@ class Model:
                                    log=log_tensor if log else None)
         self.hp = self.spec.hp
         self.arch = self.spec.arch.name
+        self.rank_head = _rank.load(f, self.arch, self.hp.n_embd, causal=True)
         self.cache.check(self.hp.head_dim)  # before any memory is planned or taken
         self.n_threads = int(n_threads) if n_threads else default_threads()
         if self.n_threads < 1:
@@ -233,6 +236,7 @@ class Model:
         self.hp = self.spec.hp
         self.arch = self.spec.arch.name
         self.pooling = self.hp.pooling
+        self.rank_head = _rank.load(f, self.arch, self.hp.n_embd, causal=False)
         self.n_threads = int(n_threads) if n_threads else default_threads()
         if self.n_threads < 1:
             raise ConfigError(f"n_threads={n_threads}: must be >= 1")
@@ -302,24 +306,25 @@ class Model:
         return self.hp.n_ctx_train if self.encoder else min(self.hp.n_ctx_train, 8192)
 
     def tokenize_inputs(self, inputs, add_special=True, limit=None):
-        """Texts or token-id lists -> token-id lists, each checked against embed_limit (and
-        `limit` when given: the daemon's ctx_size)."""
+        """Texts, token-id lists or (query, document) pairs (rerank_ids) -> token-id lists,
+        each checked against embed_limit (and `limit` when given: the daemon's ctx_size)."""
         if isinstance(inputs, str) or (inputs and isinstance(inputs[0], int)):
             inputs = [inputs]
         out = []
         for i, x in enumerate(inputs):
+            what = f"document {i} with the query" if isinstance(x, tuple) else f"input {i}"
             ids = self.tokenizer.encode(x, add_special=add_special) if isinstance(x, str) \
-                else [int(t) for t in x]
+                else self.rerank_ids(*x) if isinstance(x, tuple) else [int(t) for t in x]
             if not ids:
-                raise RequestError(f"input {i} is empty")
+                raise RequestError(f"{what} is empty")
             most = self.embed_limit if limit is None else min(limit, self.embed_limit)
             if len(ids) > most:
-                raise RequestError(f"input {i} has {len(ids)} tokens, more than the limit of "
+                raise RequestError(f"{what} has {len(ids)} tokens, more than the limit of "
                                    f"{most} (the model's{'' if limit is None else ' and ctx_size'})")
             bad = [(j, t) for j, t in enumerate(ids) if not 0 <= t < self.n_vocab]
             if bad:     # e.g. tiktoken's cl100k ids, which a client sent for a model of its own
                 j, t = bad[0]
-                raise RequestError(f"input {i}, token {j}: id {t} out of range: the model's "
+                raise RequestError(f"{what}, token {j}: id {t} out of range: the model's "
                                    f"vocabulary is [0, {self.n_vocab})", param="input")
             out.append(ids)
         return out
@@ -337,6 +342,9 @@ class Model:
         encoder's per-token type ids for each input (a pair's from Tokenizer.encode_pair); by
         default type 0 for every token, as llama.cpp."""
         pooling = pooling or self.pooling
+        if pooling == "rank":
+            raise RequestError(f"model {os.path.basename(self.path)} is a reranker (pooling "
+                               "type rank): rank with Model.rerank, or ask for a pooling")
         steps = self.embed_steps(self.tokenize_inputs(inputs, add_special), pooling, normalize,
                                  token_types=token_types)
         for _ in steps:
@@ -351,12 +359,49 @@ class Model:
         at most `unit_tokens` tokens), then `.result`. The daemon's decode thread takes one step
         at a time between its generation passes (service/scheduler.py); close() it to stop
         early."""
-        if pooling not in _encoder.POOLING_NAMES:
+        if pooling == "rank" and self.rank_head is None:
+            raise RequestError(f"model {os.path.basename(self.path)} has no classification "
+                               "head (cls / cls.output tensors): it is not a reranker")
+        if pooling not in _encoder.POOLING_NAMES + ("rank",):
             raise RequestError(f"pooling {pooling!r}: expected one of "
                                f"{', '.join(_encoder.POOLING_NAMES)}")
         if token_types is not None and (self.encoder is None or len(token_types) != len(seqs)):
             raise RequestError("token_types: one list per input, for an encoder model only")
         return EmbedSteps(self, seqs, pooling, normalize, unit_tokens, token_types)
+
+    def rerank(self, query, documents):
+        """Relevance scores of `documents` (texts) for `query`, as llama-server's /rerank
+        gives them: float32 (n_documents,), in the documents' order; each pair laid out by
+        rerank_ids and scored by the model's classification head (engine/rank.py: a BERT
+        cross-encoder's raw logit, a Qwen3-Reranker's P(yes))."""
+        if not documents:
+            raise RequestError("rerank: no documents")
+        seqs = self.tokenize_inputs([(query, d) for d in documents])
+        steps = self.embed_steps(seqs, "rank")
+        for _ in steps:
+            pass
+        return steps.result[:, 0].copy()
+
+    @property
+    def rerank_template(self):
+        """The file's `tokenizer.chat_template.rerank` (llama-server fills in {query} and
+        {document}), or None."""
+        t = self.file.metadata.get(Key.CHAT_TEMPLATE_N.format(name="rerank"))
+        return t if isinstance(t, str) else None
+
+    def rerank_ids(self, query, document):
+        """The token ids of a (query, document) pair as llama-server ranks it
+        (format_prompt_rerank, tools/server/server-common.cpp): the rerank template with the
+        two texts filled in, its own control tokens parsed (those spelled in the texts stay
+        plain text: Tokenizer.defuse), no BOS/EOS added; without a template the pair as
+        Tokenizer.encode_pair lays it out ([CLS] query [SEP] document [SEP] for BERT)."""
+        tok = self.tokenizer
+        tmpl = self.rerank_template
+        if tmpl is None:
+            return tok.encode_pair(query, document)[0]
+        fill = {"{query}": tok.defuse(query), "{document}": tok.defuse(document)}
+        text = re.sub(r"\{query\}|\{document\}", lambda m: fill[m.group()], tmpl)
+        return tok.encode(text, add_special=False, parse_special=True, marked=True)
 
     def _hidden_states(self, seqs, unit_tokens, types=None):
         """Yields None after each unit of compute, then the (len(seq), n_embd) float32 final
@@ -570,11 +615,13 @@ class Model:
 
 class EmbedSteps:
     """Model.embed_steps: iterate for the units of compute; `.result` once exhausted (float32
-    (n_inputs, n_embd), or with pooling "none" a list of (n_tokens, n_embd) arrays)."""
+    (n_inputs, n_embd), or with pooling "none" a list of (n_tokens, n_embd) arrays, or with
+    pooling "rank" the classification head's (n_inputs, n_cls_out) outputs)."""
 
     def __init__(self, model, seqs, pooling, normalize, unit_tokens, token_types=None):
         self.result = None
         self._pooling, self._normalize = pooling, normalize
+        self._head = model.rank_head
         self._units = model._hidden_states(seqs, unit_tokens, token_types)
 
     def __iter__(self):
@@ -587,6 +634,10 @@ class EmbedSteps:
         if hidden is None:
             return None
         self._units.close()
+        if self._pooling == "rank":
+            head = self._head
+            self.result = head.scores(np.stack([head.pooled_row(h) for h in hidden]))
+            return None
         vecs = [_encoder.pool(h, self._pooling) for h in hidden]
         if self._normalize:
             vecs = [_encoder.normalize(v) for v in vecs]

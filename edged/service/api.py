@@ -13,7 +13,7 @@ import time
 import urllib.parse
 
 from ..errors import ModelNotFound, NotReady, QueueTimeout, RequestError
-from . import anthropic, jobs, ollama, openai, openai_schema, prefix_routes, responses
+from . import anthropic, infill, jobs, ollama, openai, openai_schema, prefix_routes, rerank, responses
 from .jobs import Generation
 from .log import log
 from .metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
@@ -48,6 +48,8 @@ class Api:
         self.routes.update(prefix_routes.routes(self))
         routes, self.prefixes = responses.routes(self)    # prefixes: (method, PREFIX) -> handler of PREFIX{id}
         self.routes.update(routes)
+        self.routes.update(rerank.routes(self))
+        self.routes.update(infill.routes(self))
 
     def admitted(self, peer, path):
         """Peer-credential policy: allow_uids/allow_gids; admin routes admin_uids/admin_gids."""
@@ -231,10 +233,11 @@ class Api:
         return await self._embed(req, r.model, inputs, r.pooling,
                                  lambda name, vecs, n: openai.llama_embedding_reply(vecs))
 
-    async def _embed(self, req, model, inputs, pooling, reply):
+    async def _embed(self, req, model, inputs, pooling, reply, check=None):
         """The reply to an embeddings request: `reply(name, vectors, prompt tokens)` built and
         serialised off the event loop; queued like a completion, computed on the decode thread
-        beside the generations (jobs.embed), each input bounded by ctx_size."""
+        beside the generations (jobs.embed), each input bounded by ctx_size (and `check` of the
+        token-id lists). Pooling "rank": a reranker's head outputs (service/rerank.py)."""
         st, cfg = self.state, self.state.cfg
         if st.stopping:
             raise NotReady("shutting down")
@@ -246,8 +249,13 @@ class Api:
             try:
                 m = lm.model
                 pool = pooling or m.pooling
+                if pool == "rank" and pooling is None:
+                    raise RequestError(f"model {name!r} is a reranker: POST /v1/rerank, or ask "
+                                       "for a 'pooling'", param="model")
                 loop = asyncio.get_running_loop()
                 seqs = await loop.run_in_executor(None, lambda: m.tokenize_inputs(inputs, limit=cfg.ctx_size))
+                if check:
+                    check(seqs)
                 n = sum(len(s) for s in seqs)
                 # what the reply's JSON will take, foreseen: ~12 bytes a value
                 values = (n if pool == "none" else len(seqs)) * m.hp.n_embd

@@ -15,6 +15,7 @@ import time
 import numpy as np
 
 from ..errors import RequestError
+from ..text.infill import Infill
 from ..text.sampling import SamplingParams
 from . import openai_schema as schema
 from .log import log
@@ -82,7 +83,9 @@ def parse(body, chat):
                            "choices per request", param="prompt")
     output = Output(max_tokens=max_tokens, n=r.n, stop=stop, logprobs=r.logprobs,
                     stream=r.stream, include_usage=include_usage)
-    return GenerateRequest(**common, output=output, prompts=prompts)
+    # a suffix: fill in between the prompt and it (llama-server's /infill layout, text/infill.py)
+    fill = Infill(prefix=r.prompt, suffix=r.suffix) if r.suffix else None
+    return GenerateRequest(**common, output=output, prompts=prompts, infill=fill)
 
 
 def _knobs(r):

@@ -61,7 +61,6 @@ REFUSED = {
 }
 COMPLETION_REFUSED = {
     "echo": "the prompt is not echoed: prepend it to the text yourself",
-    "suffix": "no fill-in-the-middle here",
 }
 # A content part of these types asks for what no model here takes.
 PART_REFUSED = {"image_url": "no model here takes images", "input_audio": "no model here takes audio",
@@ -309,6 +308,17 @@ def _validate(cls, body, refused=None):
         raise RequestError(_message(err, where), param=where) from None
 
 
+def validated(cls, body):
+    """`body` (a parsed JSON value) as the request model `cls`, its model name checked;
+    RequestError naming the field (the routes of llama-server's extras: rerank, infill)."""
+    if not isinstance(body, dict):
+        raise RequestError("request body must be a JSON object")
+    req = _validate(cls, body)
+    if req.model is not None:
+        check_model_name(req.model)
+    return req
+
+
 def validate(body, chat):
     """The request model for `body` (a parsed JSON value); RequestError naming the field."""
     if not isinstance(body, dict):
@@ -368,6 +378,8 @@ def validate(body, chat):
                     raise RequestError(f"'{field}' names function {name!r}, which is not in "
                                        f"'{where}' ({', '.join(names)})", param=field)
     else:
+        if req.suffix not in (None, "") and not isinstance(req.prompt, str):
+            raise RequestError("'suffix' (fill-in-the-middle) needs one text 'prompt'", param="suffix")
         if isinstance(req.prompt, list) and not req.prompt:
             raise RequestError("'prompt' must be a string, a list of token ids, or a list of those",
                                param="prompt")

@@ -11,6 +11,7 @@ validated. Scheduling, limits, authorization and logging see only this, never th
       tools       ToolUse                         functions offered and how they may be called
       messages    chat turns, as templates see them (chat) | prompts: texts or id lists
       speculative False: no speculative decoding for this request (it never changes the tokens)
+      infill      text.infill.Infill | None     fill-in-the-middle (its prompt replaces prompts)
 """
 from __future__ import annotations
 
@@ -79,6 +80,7 @@ class GenerateRequest:
     prompts: tuple = ()
     template_kwargs: dict = dataclasses.field(default_factory=dict)
     speculative: bool = True
+    infill: object = None
 
     @property
     def chat(self):
