@@ -11,7 +11,8 @@ like any completion (Api.generate), and is answered in llama-server's own comple
 (`content`, `stop`, `stop_type`, `tokens_predicted`, `tokens_evaluated`, `tokens_cached`,
 `truncated`, `timings`), or streamed as server-sent events of that shape without a closing
 [DONE], as llama-server does for its non-OpenAI routes. `response_fields` keeps only the named
-fields, nested ones as "timings/prompt_n" keys. `n_predict` 0 (llama.vim's warm-up of its
+fields, nested ones as "timings/prompt_n" keys; `t_max_predict_ms` bounds the generation once
+it has a new line (PredictLimit). `n_predict` 0 (llama.vim's warm-up of its
 extra context) is answered at once with an empty completion; nothing is evaluated.
 
 /v1/completions with `suffix` goes through service/openai.py with the same Infill.
@@ -48,6 +49,7 @@ class InfillRequest(_Common):
     repeat_last_n: int | None = None    # llama-server's name of penalty_last_n
     response_fields: list[str] | None = None
     t_max_prompt_ms: int | None = None  # accepted, not enforced (request_timeout bounds a request)
+    t_max_predict_ms: Annotated[int, Field(ge=0)] | None = None
 
 
 def routes(api):
@@ -95,6 +97,24 @@ def pick(fields, obj):
     return out
 
 
+class PredictLimit:
+    """llama-server's t_max_predict_ms: once the reply has a new line, generation stops when
+    this many milliseconds have passed since its first token (an editor's latency bound)."""
+
+    def __init__(self, ms):
+        self.ms, self.t0, self.new_line, self.hit = ms, None, False, False
+
+    def see(self, choice, text):
+        if not self.ms:
+            return
+        now = time.monotonic()
+        self.t0 = self.t0 or now
+        self.new_line = self.new_line or "\n" in text
+        if self.new_line and (now - self.t0) * 1e3 > self.ms and not self.hit:
+            self.hit = True
+            choice.job.cancel.set()
+
+
 class InfillRoute:
     def __init__(self, api):
         self.api = api
@@ -106,11 +126,13 @@ class InfillRoute:
             req.info.update(model=name, prompt_tokens=0, completion_tokens=0)
             return Reply(200, self._final(name, "", 0, 0, 0, "limit", {}, r.response_fields))
         gen = await self.api.generate(req, request)
+        limit = PredictLimit(r.t_max_predict_ms)
         if request.output.stream:
-            return StreamReply(self._events(gen, req, r.response_fields), gen.close)
+            return StreamReply(self._events(gen, req, r.response_fields, limit), gen.close)
         try:
-            async for _ in gen.events(req):
-                pass
+            async for c, text, fin in gen.events(req):
+                if fin is None:
+                    limit.see(c, text)
         finally:
             await gen.close()
         return await serialised(lambda: Reply(200, self._result(gen, r.response_fields, whole=True)),
@@ -139,20 +161,21 @@ class InfillRoute:
                    "predicted_per_token_ms": gen_ms / max(c.n_gen, 1),
                    "predicted_per_second": c.n_gen * 1e3 / gen_ms if gen_ms > 0 else 0.0}
         content = c.result()[1] if whole else ""
-        stop_type = "limit" if c.finish == "length" else "eos"
+        stop_type = "limit" if c.finish in ("length", "cancelled") else "eos"
         return self._final(gen.lm.name, content, u["prompt"], c.n_gen, u["prompt"] + c.n_gen,
                            stop_type, timings, response_fields)
 
-    async def _events(self, gen, req, response_fields):
+    async def _events(self, gen, req, response_fields, limit):
         n = 0
         try:
             async for c, text, fin in gen.events(req):
                 if fin is None:
                     n += 1
+                    limit.see(c, text)
                     if text:
                         yield sse({"index": 0, "content": text, "tokens": [], "stop": False, "id_slot": 0,
                                    "tokens_predicted": n, "tokens_evaluated": gen.usage()["prompt"]})
-                elif fin != "cancelled":
+                elif fin != "cancelled" or limit.hit:
                     yield sse(self._result(gen, response_fields, whole=False))
         except Exception as e:  # noqa: BLE001 - the status line is gone; report in-band
             yield sse(error_for(e).body)

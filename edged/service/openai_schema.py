@@ -215,6 +215,7 @@ class ChatRequest(_Common):
 class CompletionRequest(_Common):
     prompt: Union[str, list[str], list[int], list[list[int]]]
     logprobs: _num("logprobs", True) | None = None
+    suffix: str | None = None           # fill-in-the-middle between prompt and suffix
 
 
 class EmbeddingRequest(_Strict):

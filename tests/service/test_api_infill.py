@@ -157,3 +157,34 @@ def test_errors(srv):
                                                         "n_predict": -2})
     assert st == 400 and "n_predict" in r["error"]["message"]
     assert os.path.exists(srv.socket)
+
+
+def test_t_max_predict_ms_after_a_new_line(srv):
+    """llama-server's latency bound for editors: once the reply has a new line, it stops when
+    t_max_predict_ms have passed since its first token (a grammar makes every line short)."""
+    body = {"input_prefix": PREFIX, "input_suffix": SUFFIX, "n_predict": 200, "temperature": 0,
+            "grammar": 'root ::= ("ab\\n")+'}
+    st, _, r = request(srv.socket, "POST", "/infill", dict(body, t_max_predict_ms=1))
+    assert st == 200, r
+    assert r["content"].startswith("ab\n") and r["stop_type"] == "limit"
+    assert r["tokens_predicted"] < 200
+    st, _, r = request(srv.socket, "POST", "/infill", dict(body, n_predict=12))
+    assert st == 200 and r["tokens_predicted"] == 12 and r["stop_type"] == "limit"
+
+
+def test_predict_limit_waits_for_a_new_line():
+    import threading
+    import time
+    from types import SimpleNamespace
+    from edged.service.infill import PredictLimit
+    c = SimpleNamespace(job=SimpleNamespace(cancel=threading.Event()))
+    lim = PredictLimit(1)
+    lim.see(c, "no line yet")
+    time.sleep(0.01)                    # at least 10 ms pass, however loaded the machine
+    lim.see(c, "still none")
+    assert not c.job.cancel.is_set()
+    lim.see(c, "a new line\n")
+    assert c.job.cancel.is_set() and lim.hit
+    off = PredictLimit(None)
+    off.see(c, "\n")
+    assert off.t0 is None
