@@ -11,15 +11,22 @@ waits for each round), medians and their ratio.
       --llama-python /path/to/venv/bin/python
 
 The interpreter with llama_cpp comes from --llama-python or $EDGED_LLAMA_PYTHON (without one,
-edged alone is measured); LLAMA_CPP_LIB_PATH picks its native build as usual.
+edged alone is measured); LLAMA_CPP_LIB_PATH picks its native build as usual. Without
+llama-cpp-python, --llama-embedding BIN runs llama.cpp's own `llama-embedding` once per round
+(`-t N --pooling mean`, the texts one per line, its default batch size: all of them in one
+batch) and takes the time between its log's first "batch_decode" line and its performance print
+(the model's load and warm-up are before it; its printed "prompt eval time" is 0 for encoders);
+edged then embeds with mean pooling too.
 """
 import argparse
 import json
 import os
 import random
 import statistics
+import re
 import subprocess
 import sys
+import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -68,6 +75,32 @@ def exactly(m, n_tokens, seed, n=8):
     return out
 
 
+def _stamp(line):
+    """Seconds of a llama.cpp log line's timestamp (minutes.seconds.ms.us)."""
+    m, sec, ms, us = (int(v) for v in line.split()[0].split("."))
+    return m * 60 + sec + ms / 1e3 + us / 1e6
+
+
+def llama_embedding(binary, model, threads, texts):
+    """Seconds llama-embedding spends from its first batch_decode to its performance print (the
+    batches' evaluation and its printing of the embeddings; the load and warm-up are before),
+    from its log's timestamps, and the tokens it counted."""
+    with tempfile.NamedTemporaryFile("w", suffix=".txt") as f:
+        f.write("\n".join(texts))
+        f.flush()
+        r = subprocess.run([binary, "-m", model, "-t", str(threads), "-tb", str(threads),
+                            "--pooling", "mean", "-f", f.name, "--perf", "-v"],
+                           capture_output=True, text=True)
+    lines = r.stderr.splitlines()
+    start = next((ln for ln in lines if "batch_decode: n_tokens" in ln), None)
+    end = next((ln for ln in lines if "prompt eval time" in ln), None)
+    if r.returncode or not start or not end:
+        sys.exit(f"llama-embedding failed ({r.returncode}): {r.stderr[-2000:]}")
+    tokens = sum(int(re.search(r"n_tokens = (\d+)", ln).group(1))
+                 for ln in lines if "batch_decode: n_tokens" in ln)
+    return _stamp(end) - _stamp(start), tokens
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", required=True, help="an encoder GGUF (edged synth --shape bert-base)")
@@ -77,6 +110,8 @@ def main():
                     help="python with llama_cpp installed (default $EDGED_LLAMA_PYTHON)")
     ap.add_argument("--sets", default="short,long512", help="short, medium, long512 (default short,long512)")
     ap.add_argument("--long-n", type=int, default=8, help="inputs in the long512 set (default 8)")
+    ap.add_argument("--llama-embedding", metavar="BIN",
+                    help="llama.cpp's llama-embedding binary (instead of --llama-python)")
     a = ap.parse_args()
     m = Model.load(a.model, n_threads=a.threads)
     makers = {"short": lambda: sentences(10, 1), "medium": lambda: sentences(120, 2),
@@ -91,17 +126,22 @@ def main():
         assert child.stdout.readline().strip() == "ready", "llama.cpp child did not start"
     ours = {k: [] for k in sets}
     theirs = {k: [] for k in sets}
+    their_tokens = {}
+    pooling = "mean" if a.llama_embedding else None
     for name, texts in sets.items():
-        m.embed(texts)                                # warm-up
+        m.embed(texts, pooling=pooling)               # warm-up
     for _ in range(a.reps):                           # A B A B ...
         for name, texts in sets.items():
             t0 = time.perf_counter()
-            m.embed(texts)
+            m.embed(texts, pooling=pooling)
             ours[name].append(time.perf_counter() - t0)
             if child:
                 child.stdin.write(name + "\n")
                 child.stdin.flush()
                 theirs[name].append(float(child.stdout.readline()))
+            elif a.llama_embedding:
+                t, their_tokens[name] = llama_embedding(a.llama_embedding, a.model, a.threads, texts)
+                theirs[name].append(t)
     if child:
         child.stdin.close()
         child.wait()
@@ -114,7 +154,9 @@ def main():
                 f"{n / e:7.2f} inputs/s ({e * 1000:.0f} ms)")
         if theirs[name]:
             ll = statistics.median(theirs[name])
-            line += f", llama.cpp {n / ll:7.2f} inputs/s ({ll * 1000:.0f} ms), ratio {ll / e:.2f}"
+            line += f", llama.cpp {n / ll:7.2f} inputs/s ({ll * 1000:.0f} ms"
+            line += f", {their_tokens[name]} tokens)" if name in their_tokens else ")"
+            line += f", ratio {ll / e:.2f}"
         print(line)
         print(f"         edged runs {[round(t, 3) for t in ours[name]]}"
               + (f" llama.cpp runs {[round(t, 3) for t in theirs[name]]}" if theirs[name] else ""))

@@ -6,7 +6,8 @@
  * Numerics as llama.cpp's CPU backend builds llm_build_bert / nomic-bert:
  *   ggml_add(bias), ggml_add(residual), ggml_norm (mean and variance summed in double, float
  *   scale 1/sqrtf(var + eps)), ggml_mul(w), ggml_add(b); GELU through ggml's F16 table
- *   (ed_pm_gelu); softmax(scale * q.k) with expf; the products q.k and p.v are the selected
+ *   (ed_pm_gelu); softmax(scale * q.k) with ggml's vector expf (ed_pm_expf_sub: the same bits on
+ *   every path); the products q.k and p.v are the selected
  *   path's F32 row kernels (ed_mdot_rows, ED_F32).
  *
  * All functions are task bodies for ed_pool_run (or plain calls with ith 0, nth 1); every
@@ -115,6 +116,7 @@ static void ed_enc_attn_task(void *arg, int ith, int nth) {
     }
     if (nth > 1) ed_barrier(a->pool);
     float *sc = a->ws + (size_t)ith * a->ws_floats;
+    const ed_pm_fns pm = *ED_PM;
     const size_t row = a->ld * sizeof(float);
     int64_t task = 0;
     for (int s = 0; s < a->n_seq; s++) {
@@ -132,8 +134,9 @@ static void ed_enc_attn_task(void *arg, int ith, int nth) {
             for (int i = 0; i < n; i++) {
                 float *p = sc + (size_t)i * n, mx = -INFINITY;
                 for (int j = 0; j < n; j++) { p[j] *= a->scale; if (p[j] > mx) mx = p[j]; }
+                ed_pm_expf_sub(&pm, n, p, mx, p);   /* ggml's vector expf, the path's SIMD form */
                 double sum = 0.0;
-                for (int j = 0; j < n; j++) { p[j] = expf(p[j] - mx); sum += (double)p[j]; }
+                for (int j = 0; j < n; j++) sum += (double)p[j];
                 const float inv = (float)(1.0 / sum);
                 for (int j = 0; j < n; j++) p[j] *= inv;
             }

@@ -144,36 +144,44 @@ static unsigned ed_cpu_features(void) {
 
 #define ED_TARGET __attribute__((target("avx2,fma,f16c")))
 #define ED_FN(name) ed_avx2_##name
+#define ED_W512 0
 #define ED_VNNI 0
 #include "ed_simd_x86.inc"
 #undef ED_TARGET
 #undef ED_FN
 #undef ED_VNNI
+#undef ED_W512
 
 #define ED_TARGET __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")))
 #define ED_FN(name) ed_avx512_##name
+#define ED_W512 1
 #define ED_VNNI 1
 #include "ed_simd_x86.inc"
 #undef ED_TARGET
 #undef ED_FN
 #undef ED_VNNI
+#undef ED_W512
 
 /* AVX2 with AVX-VNNI (Alder Lake / Intel N100 and later without AVX-512): the VEX dpbusd */
 #define ED_TARGET __attribute__((target("avx2,fma,f16c,avxvnni")))
 #define ED_FN(name) ed_avx2vnni_##name
+#define ED_W512 0
 #define ED_VNNI 2
 #include "ed_simd_x86.inc"
 #undef ED_TARGET
 #undef ED_FN
 #undef ED_VNNI
+#undef ED_W512
 /* AVX-512 without VNNI (Skylake-SP, Cascade Lake has it): maddubs + madd instead of dpbusd */
 #define ED_TARGET __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq")))
 #define ED_FN(name) ed_avx512nv_##name
+#define ED_W512 1
 #define ED_VNNI 0
 #include "ed_simd_x86.inc"
 #undef ED_TARGET
 #undef ED_FN
 #undef ED_VNNI
+#undef ED_W512
 
 #define ED_T512 __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq")))
 #define ED_T512V __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")))

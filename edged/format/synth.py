@@ -269,6 +269,8 @@ ENCODER_SHAPES = {
                       n_ctx_train=512, pooling=2),
     "bge-small": dict(arch="bert", n_embd=384, n_head=12, n_ff=1536, n_layer=12, n_vocab=30522,
                       n_ctx_train=512, pooling=2),
+    "minilm-l6": dict(arch="bert", n_embd=384, n_head=12, n_ff=1536, n_layer=6, n_vocab=30522,
+                      n_ctx_train=512, pooling=1),    # all-MiniLM-L6-v2
     "nomic-embed-text": dict(arch="nomic-bert", n_embd=768, n_head=12, n_ff=3072, n_layer=12,
                              n_vocab=30522, n_ctx_train=2048, pooling=1),
     # small ones for tests and goldens

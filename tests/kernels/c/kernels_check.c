@@ -127,30 +127,38 @@ int main(void) {
                 }
             digest = fnv(digest, got, COLS * ROWS);
             canon_ok &= !memcmp(got, ref, sizeof(float) * COLS * ROWS);
+            /* every row kernel and tile output equal to the path's own dot bit for bit (the
+               float types keep the path's dot order: ED_FLOAT_BODY, the float row kernels) */
+            static float dots[COLS * ROWS];
+            memcpy(dots, got, sizeof dots);
+            int same_ok = 1;
             ed_mdot_rows(t, K, w, rb, ROWS, xq, xr, COLS, got, ROWS);
             canon_ok &= !memcmp(got, ref, sizeof(float) * COLS * ROWS);
+            same_ok &= !memcmp(got, dots, sizeof(float) * COLS * ROWS);
             for (int i = 0; i < COLS * ROWS; i++) err = fmax(err, fabs(got[i] - ref[i]));
             digest = fnv(digest, got, COLS * ROWS);
             for (int c = 0; c < COLS; c++)  /* matrix-vector rows, per token */
                 ed_mdot_rows(t, K, w, rb, ROWS, xq + c * xr, xr, 1, one + c * ROWS, ROWS);
             for (int i = 0; i < COLS * ROWS; i++) err = fmax(err, fabs(one[i] - ref[i]));
             canon_ok &= !memcmp(one, ref, sizeof(float) * COLS * ROWS);
+            same_ok &= !memcmp(one, dots, sizeof(float) * COLS * ROWS);
             digest = fnv(digest, one, COLS * ROWS);
             /* the row kernels' other shapes: decode batches of 2 .. COLS - 1 columns, and one
                token over 5 .. 7 rows (a partly filled 8-row step) */
             for (int nc = 2; nc < COLS; nc++) {
                 ed_mdot_rows(t, K, w, rb, ROWS, xq, xr, nc, got, ROWS);
                 canon_ok &= !memcmp(got, ref, sizeof(float) * nc * ROWS);
+                same_ok &= !memcmp(got, dots, sizeof(float) * nc * ROWS);
             }
             for (int nr = 5; nr <= 7; nr++) {
                 ed_mdot_rows(t, K, w, rb, nr, xq, xr, 1, got, nr);
                 canon_ok &= !memcmp(got, ref, sizeof(float) * nr);
+                same_ok &= !memcmp(got, dots, sizeof(float) * nr);
             }
             /* ED_TILE: every column equal to the one-token path bit for bit, for 1..4 columns;
                also over a row length
                whose tails differ: an odd number of 32-blocks (Q4_0's two chains), a float row
                that is not a multiple of 16 (the scalar tail) */
-            int same_ok = 1;
             const int k2 = tr.block == QK ? K - QK : tr.block == 1 ? K - 8 : K;
             for (int k = K; ED_TILE[t] && k >= k2; k -= (K - k2 ? K - k2 : 1)) {
                 const size_t kr = ed_act_row_bytes(t, k);
@@ -261,7 +269,7 @@ int main(void) {
                Q6_K: weights 63 with scales -1 (0xFF), and scales -128 (0x80); Q2_K: weights 3,
                scales and mins 15; Q3_K: weights 3 (7 - 4) with scales 31, and -4 with -32;
                IQ4_XS: weights -127 with scales -32, and 113 with 31). */
-            if (ED_ROWS[t] || ed_r4_wanted(t)) {
+            if ((ED_ROWS[t] && tr.block > 1) || ed_r4_wanted(t)) {  /* the quantized types' ranges */
                 static const struct { int type; uint8_t fill; } edge[] = {
                     {ED_Q4_0, 0x00}, {ED_Q4_0, 0xFF}, {ED_Q5_0, 0x00}, {ED_Q5_0, 0xFF}, {ED_Q8_0, 0x80},
                     {ED_Q4_1, 0xFF}, {ED_Q5_1, 0xFF}, {ED_IQ4_NL, 0x00}, {ED_MXFP4, 0x77}, {ED_Q4_K, 0xFF},
