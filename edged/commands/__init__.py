@@ -26,6 +26,8 @@ COMMANDS = {
            "list the models the daemon has loaded"),
     "quantize": ("quantize:configure",
                  "quantize a GGUF model (Q4_K_M, Q8_0, ...)"),
+    "rerank": ("rerank:configure",
+               "score documents against a query with a reranker"),
     "serve": ("serve:configure",
               "run the daemon: serve signed models over a Unix socket"),
     "sign": ("sign:configure",

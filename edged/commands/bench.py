@@ -6,7 +6,7 @@ import time
 
 import numpy as np
 
-from .loadargs import add_load_args, load_model
+from .loadargs import add_load_args, add_speculation_args, load_model, load_speculation
 from ..errors import ConfigError
 
 
@@ -27,7 +27,17 @@ def configure(p):
     p.add_argument("--json", action="store_true", help="print results as JSON")
     p.add_argument("--profile", action="store_true",
                    help="also print time per op kind for one token and for one prompt batch")
+    add_speculation_args(p)
+    p.add_argument("-f", "--file", metavar="FILE", default=None,
+                   help="with --lookup/--draft: the prompt (a text file) -n tokens are generated "
+                        "from, greedy, with and without speculation (default: a short built-in one)")
     p.set_defaults(func=run)
+
+
+# What speculation is measured on without -f: a reply that copies its prompt with one change.
+SPEC_PROMPT = ('Record: {"id": 4521, "name": "pump station 7", "status": "running", '
+               '"pressure_bar": 3.2, "flow_lpm": 118, "last_service": "2026-03-14", '
+               '"operator": "M. Keller"}\nThe same record with status "stopped":\nRecord: {"id": 4521,')
 
 
 def _tokens(m, n, rng):
@@ -64,12 +74,54 @@ def run_bench(m, n_prompt, n_gen, reps, n_depth=0):
     return results
 
 
+def run_speculative(m, spec, prompt, n_gen, reps):
+    """Greedy generation of n_gen tokens from prompt, without and with speculation, reps timed
+    runs each after a warm-up, interleaved: [plain result, speculative result]; the speculative
+    one carries drafted, accepted, acceptance and whether the tokens were the same."""
+    ids = m.tokenizer.encode(prompt, parse_special=True)    # as llama.cpp's -f: control tokens
+    s = m.session(n_ctx=len(ids) + n_gen + 1)
+    mode = spec.mode
+    runs = {"plain": [], mode: []}
+    toks, st = {}, {}
+    for r in range(reps + 1):
+        for name, sp in (("plain", None), (mode, spec)):
+            s.reset()                       # the prompt is evaluated again, not timed
+            st = {}
+            toks[name] = [o.token for o in s.generate(ids, max_tokens=n_gen, stats=st, speculative=sp)]
+            if r:
+                runs[name].append((st["n_gen"] / st["gen_ms"] * 1000 if st["gen_ms"] else 0.0, st))
+    s.close()
+    out = []
+    for name, rs in runs.items():
+        tps = [t for t, _ in rs]
+        res = {"test": f"tg{n_gen} {name}", "n": n_gen, "tps_mean": statistics.mean(tps),
+               "tps_stdev": statistics.stdev(tps) if len(tps) > 1 else 0.0, "samples": tps}
+        if name != "plain":
+            drafted = sum(x["n_drafted"] for _, x in rs)
+            accepted = sum(x["n_accepted"] for _, x in rs)
+            res.update(drafted=drafted, accepted=accepted,
+                       acceptance=accepted / drafted if drafted else 0.0,
+                       speedup=res["tps_mean"] / out[0]["tps_mean"] if out[0]["tps_mean"] else 0.0,
+                       same_tokens=toks[name] == toks["plain"])
+        out.append(res)
+    return out
+
+
 def run(args):
     m = load_model(args)
+    draft = None
     try:
         if args.n_depth < 0:
             raise ConfigError(f"--n-depth {args.n_depth}: must be >= 0")
-        res = run_bench(m, args.n_prompt, args.n_gen, max(1, args.repetitions), args.n_depth)
+        if args.lookup or args.draft:
+            prompt = SPEC_PROMPT
+            if args.file:
+                with open(args.file, encoding="utf-8") as f:
+                    prompt = f.read()
+            spec, draft = load_speculation(args, m, len(m.tokenizer.encode(prompt, parse_special=True)) + args.n_gen + 1)
+            res = run_speculative(m, spec, prompt, max(args.n_gen, 1), max(1, args.repetitions))
+        else:
+            res = run_bench(m, args.n_prompt, args.n_gen, max(1, args.repetitions), args.n_depth)
         prof = m.backend.profile(args.n_prompt) if args.profile and hasattr(m.backend, "profile") \
             else None
         info = {"model": args.model, "arch": m.arch, "backend": m.backend_name,
@@ -84,8 +136,10 @@ def run(args):
         print(f"| model | backend | threads | KV cache | test | t/s |")
         print(f"| --- | --- | ---: | --- | ---: | ---: |")
         for r in res:
+            extra = (f" (accepted {r['accepted']}/{r['drafted']} = {100 * r['acceptance']:.1f}%, "
+                     f"{r['speedup']:.2f}x{'' if r['same_tokens'] else ', TOKENS DIFFER'})") if "drafted" in r else ""
             print(f"| {m.arch} {m.path.rsplit('/', 1)[-1]} | {m.backend_name} | {m.n_threads} | "
-                  f"{m.cache} | {r['test']} | {r['tps_mean']:.2f} ± {r['tps_stdev']:.2f} |")
+                  f"{m.cache} | {r['test']} | {r['tps_mean']:.2f} ± {r['tps_stdev']:.2f}{extra} |")
         if args.profile:
             if prof is None:
                 print(f"(no per-op profile from the {m.backend_name} backend)")
@@ -96,5 +150,7 @@ def run(args):
                     for k, v in sorted(ops.items(), key=lambda kv: -kv[1]):
                         print(f"  {k:<24} {v:9.3f} ms  {100 * v / total:5.1f}%")
     finally:
+        if draft is not None:
+            draft.close()
         m.close()
     return 0

@@ -22,12 +22,18 @@ def configure(p):
     p.set_defaults(func=run)
 
 
-def run(args):
-    texts = list(args.prompt or ())
-    if args.file:
-        fh = sys.stdin if args.file == "-" else open(args.file, encoding="utf-8")
+def texts_with_file(texts, path):
+    """`texts` and each non-empty line of the file at `path` (- for stdin), if given."""
+    texts = list(texts or ())
+    if path:
+        fh = sys.stdin if path == "-" else open(path, encoding="utf-8")
         with fh:
             texts += [line.rstrip("\n") for line in fh if line.strip()]
+    return texts
+
+
+def run(args):
+    texts = texts_with_file(args.prompt, args.file)
     if not texts:
         print("edged embed: give at least one -p TEXT or -f FILE", file=sys.stderr)
         return 2

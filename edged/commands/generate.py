@@ -3,7 +3,9 @@ import json
 import sys
 import time
 
-from .loadargs import add_load_args, load_model
+from .loadargs import add_load_args, add_speculation_args, load_model, load_speculation
+from ..engine import statefile
+from ..errors import StateFileError
 from ..text.sampling import SamplingParams
 
 
@@ -33,14 +35,20 @@ def configure(p):
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     p.add_argument("--chat", action="store_true",
                    help="wrap the prompt as a user message in the model's chat template")
+    p.add_argument("--prompt-cache", metavar="FILE", default=None,
+                   help="reuse the prompt's state from FILE when it holds a prefix of it, and save "
+                        "the prompt's state there (llama.cpp's --prompt-cache); MAC'd with the key in "
+                        "$EDGED_STATE_DIR (default ~/.local/state/edged)")
     p.add_argument("--json", action="store_true",
                    help="print one JSON object (text, tokens, finish_reason, timings) at the end")
+    add_speculation_args(p)
     p.set_defaults(func=run)
 
 
 def run(args):
     t_start = time.perf_counter()
     m = load_model(args)
+    draft = None
     try:
         tok = m.tokenizer
         if args.chat:
@@ -48,7 +56,11 @@ def run(args):
         else:
             prompt = tok.encode(args.prompt, add_special=True)
         n_ctx = args.ctx_size or min(m.n_ctx_train, max(512, len(prompt) + max(args.n_predict, 0)))
-        s = m.session(n_ctx=n_ctx)
+        spec, draft = load_speculation(args, m, n_ctx)
+        if args.prompt_cache:
+            s, key = _open_prompt_cache(m, args, prompt, n_ctx)
+        else:
+            s = m.session(n_ctx=n_ctx)
         stats = {}
         pieces, tokens, finish = [], [], None
         params = SamplingParams(temperature=args.temp, top_k=args.top_k, top_p=args.top_p,
@@ -57,7 +69,7 @@ def run(args):
                                 presence_penalty=args.presence_penalty,
                                 frequency_penalty=args.frequency_penalty)
         for out in s.generate(prompt, params, max_tokens=args.n_predict, stop=args.stop,
-                              stats=stats):
+                              stats=stats, speculative=spec):
             if out.token is not None and out.finish_reason != "stop":
                 tokens.append(out.token)
             if out.text:
@@ -69,6 +81,9 @@ def run(args):
         if not args.json:
             sys.stdout.write("\n")
             sys.stdout.flush()
+        if args.prompt_cache and s.common_prefix(prompt) == len(prompt) \
+                and stats.get("n_prompt_eval", 0) > 1:    # more than the last token was computed
+            s.save(args.prompt_cache, key, n_tokens=len(prompt))
         timings = _timings(m, stats, t_start)
         if args.json:
             json.dump({"text": "".join(pieces), "tokens": tokens, "finish_reason": finish,
@@ -78,8 +93,35 @@ def run(args):
         _print_timings(timings, m)
         s.close()
     finally:
+        if draft is not None:
+            draft.close()
         m.close()
     return 0
+
+
+def _open_prompt_cache(m, args, prompt, n_ctx):
+    """(session, key): a session holding the prompt-cache file's state when the file is there
+    and valid (the context size it was made with, unless -c names another), else a new one. A
+    refused file is named with its reason on stderr and recomputed."""
+    key, s = statefile.load_key(), None
+    try:
+        h, _, _ = statefile.read_header(args.prompt_cache)
+        statefile.check_model(h, m)         # before its context size is used
+        if not args.ctx_size and h["n_ctx"] >= len(prompt) + max(args.n_predict, 0):
+            n_ctx = h["n_ctx"]
+        s = m.session(n_ctx=n_ctx)
+        n = statefile.restore(s, args.prompt_cache, key)
+        print(f"edged: prompt cache {args.prompt_cache}: {n} tokens restored, "
+              f"{s.common_prefix(prompt)} of them a prefix of this prompt", file=sys.stderr)
+        return s, key
+    except FileNotFoundError:
+        pass
+    except (StateFileError, OSError) as e:
+        print(f"edged: prompt cache {args.prompt_cache} refused ({e}): recomputing",
+              file=sys.stderr)
+    if s is not None:
+        s.close()
+    return m.session(n_ctx=n_ctx), key
 
 
 def _timings(m, st, t_start):
@@ -90,6 +132,7 @@ def _timings(m, st, t_start):
             "gen_tokens": ng, "gen_ms": round(gms, 2),
             "gen_tps": round(ng / gms * 1000, 2) if gms else 0.0,
             "sample_ms": round(st.get("sample_ms", 0.0), 2),
+            "drafted": st.get("n_drafted", 0), "accepted": st.get("n_accepted", 0),
             "total_ms": round((time.perf_counter() - t_start) * 1000, 2)}
 
 
@@ -105,4 +148,7 @@ def _print_timings(t, m):
     line("prompt eval time", t["prompt_ms"], t["prompt_tokens"], "tokens")
     line("eval time", t["gen_ms"], t["gen_tokens"], "runs  ")
     print(f"edged: {'sampling time':>16} = {t['sample_ms']:10.2f} ms", file=sys.stderr)
+    if t["drafted"]:
+        print(f"edged: {'drafted':>16} = {t['drafted']:10d} tokens, accepted {t['accepted']} "
+              f"({100 * t['accepted'] / t['drafted']:.1f}%)", file=sys.stderr)
     print(f"edged: {'total time':>16} = {t['total_ms']:10.2f} ms", file=sys.stderr)

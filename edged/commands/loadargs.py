@@ -48,20 +48,61 @@ def add_cache_args(p):
                    help=f"KV cache type for V: {names} (default f16; q4_0 is 0.28x the memory)")
 
 
-def load_model(args, n_ctx_plan=None):
-    """The model of -m, its signature checked first when --trusted-keys or
-    --require-signature ask for it (the trust layer opens it; the engine maps that descriptor)."""
+def load_model(args, n_ctx_plan=None, path=None, max_memory=None):
+    """The model of -m (or `path`: a draft model, within `max_memory`), its signature checked
+    first when --trusted-keys or --require-signature ask for it (the trust layer opens it; the
+    engine maps that descriptor)."""
     # Imported here: `edged info` shares these flags but must start without the engine.
     from ..engine.model import Model
+    path = path or args.model
     verified = None
     if args.trusted_keys is not None or args.require_signature:
         from ..trust import verify
-        verified = verify.open_verified(args.model, args.trusted_keys, args.require_signature)
-    return Model.load(args.model, n_threads=getattr(args, "threads", None),
+        verified = verify.open_verified(path, args.trusted_keys, args.require_signature)
+    return Model.load(path, n_threads=getattr(args, "threads", None),
                       numa=getattr(args, "numa", "none"), mmap=not args.no_mmap,
-                      mlock=args.mlock, verified=verified, max_memory=args.max_memory,
+                      mlock=args.mlock, verified=verified, max_memory=max_memory or args.max_memory,
                       verbose=args.verbose, n_ctx_plan=n_ctx_plan,
                       cache_type_k=args.cache_type_k, cache_type_v=args.cache_type_v)
+
+
+def add_speculation_args(p):
+    """--lookup | --draft FILE, --draft-max, --lookup-ngram (engine/speculative.py)."""
+    from ..engine.speculative import DRAFT_MAX, NGRAM_MAX, NGRAM_MIN
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--lookup", action="store_true",
+                   help="speculative decoding with prompt lookup (n-gram drafts from the prompt "
+                        "and the text so far); the output is the same, only faster where it copies")
+    g.add_argument("--draft", metavar="FILE", default=None,
+                   help="speculative decoding with this draft model (same vocabulary; signed and "
+                        "verified like -m, loaded within what -m leaves of the memory budget)")
+    p.add_argument("--draft-max", type=int, default=DRAFT_MAX, metavar="K",
+                   help=f"tokens drafted per step (default {DRAFT_MAX})")
+    p.add_argument("--lookup-ngram", default=f"{NGRAM_MIN}:{NGRAM_MAX}", metavar="MIN:MAX",
+                   help=f"n-gram sizes prompt lookup matches, longest first (default {NGRAM_MIN}:{NGRAM_MAX})")
+
+
+def load_speculation(args, m, n_ctx):
+    """The Speculation the flags ask for (None: off) and the draft model to close (or None)."""
+    from ..engine.speculative import Speculation
+    if not getattr(args, "lookup", False) and not getattr(args, "draft", None):
+        return None, None
+    lo, _, hi = str(args.lookup_ngram).partition(":")
+    try:
+        ngram = (int(lo), int(hi or lo))
+    except ValueError:
+        raise ConfigError(f"--lookup-ngram {args.lookup_ngram!r}: expected MIN:MAX, e.g. 1:3") from None
+    if args.lookup:
+        return Speculation("lookup", args.draft_max, *ngram), None
+    left = m.budget - m.plan(n_ctx).total       # what the target leaves of the budget
+    if left <= 0:
+        raise ConfigError(f"--draft {args.draft}: {m.path} leaves nothing of the memory budget")
+    d = load_model(args, n_ctx_plan=n_ctx, path=args.draft, max_memory=left)
+    try:
+        return Speculation("draft", args.draft_max, *ngram, draft_model=d), d
+    except BaseException:
+        d.close()
+        raise
 
 
 def add_socket_arg(p):

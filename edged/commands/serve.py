@@ -24,6 +24,9 @@ def configure(p):
     p.add_argument("--config", metavar="FILE",
                    help="configuration file (default /etc/edged/edged.toml if it exists)")
     p.add_argument("--socket", metavar="PATH", help="Unix socket to bind (ignored under socket activation)")
+    p.add_argument("--listen", action="append", metavar="HOST:PORT",
+                   help="also serve TCP on this address (repeatable; needs api_keys_file): for "
+                        "containers and inits without systemd socket activation")
     p.add_argument("--models-dir", metavar="DIR", help="model directory: model NAME is DIR/NAME.gguf")
     p.add_argument("--trusted-keys", metavar="DIR", help="directory of trusted public keys (PEM)")
     p.add_argument("--revoked-keys", "--revoked", metavar="FILE", help="file of revoked key fingerprints")
@@ -86,6 +89,8 @@ def _typed(kind, text):
         return int(text) if text.isdigit() else text
     if kind == "acl":      # JSON: {"NAME": ["uid:1000", "gid:apps"]}
         return json.loads(text)
+    if kind == "listen":   # comma-separated HOST:PORT
+        return [x.strip() for x in text.split(",") if x.strip()]
     if kind == "ids":      # comma-separated names or numbers
         return [int(x) if x.strip().isdigit() else x.strip() for x in text.split(",") if x.strip()]
     return text            # str, path, enum, mode ("0660"): checked by the config module
@@ -98,7 +103,7 @@ def run(args):
     path = args.config
     if path is None and os.path.exists(config.DEFAULT_PATH):
         path = config.DEFAULT_PATH
-    flags = {"socket": _abs(args.socket), "models_dir": _abs(args.models_dir),
+    flags = {"socket": _abs(args.socket), "listen": args.listen, "models_dir": _abs(args.models_dir),
              "trusted_keys": _abs(args.trusted_keys), "revoked_keys": _abs(args.revoked_keys),
              "require_signature": args.require_signature, "default_model": args.model,
              "max_loaded_models": args.max_loaded_models, "memory_budget": args.memory_budget,

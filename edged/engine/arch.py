@@ -272,6 +272,7 @@ HPARAM_KEYS = {
     Key.EMBEDDING_SCALE: _NONNEG, Key.RESIDUAL_SCALE: _NONNEG, Key.ATTENTION_SCALE: _NONNEG,
     Key.LOGIT_SCALE: _POS,
     Key.ROPE_SCALING_TYPE: Bound(str), Key.CAUSAL: Bound(bool),
+    Key.ROPE_SCALING_FINETUNED: Bound(bool), Key.NEXTN_PREDICT_LAYERS: Bound(int),
 }
 
 
@@ -304,12 +305,28 @@ class _Meta:
         return check_number(name, v, bound.kind, bound.lo, bound.hi, bound.positive)
 
 
+def _swa_layers(m, n_layer):
+    """`attention.sliding_window_pattern` as a per-layer bool array (the form newer converters
+    write), or None when it is absent or a period (an integer)."""
+    v = m.md.get(m.name(Key.SLIDING_WINDOW_PATTERN))
+    if not (isinstance(v, (list, tuple, np.ndarray)) and len(v) and
+            all(isinstance(x, (bool, np.bool_)) for x in v)):
+        return None
+    if len(v) != n_layer:
+        _refuse(f"{m.name(Key.SLIDING_WINDOW_PATTERN)} has {len(v)} entries for {n_layer} layers")
+    return tuple(bool(x) for x in v)
+
+
 def hparams(metadata, arch_name, n_vocab):
     a = ARCHS[arch_name]
     m = _Meta(metadata, arch_name)
     n_embd = m.get(Key.EMBEDDING_LENGTH, required=True)
     n_layer = m.get(Key.BLOCK_COUNT, required=True)
     n_head = m.get(Key.HEAD_COUNT, required=True)
+    if m.get(Key.NEXTN_PREDICT_LAYERS, default=0):
+        # llama.cpp leaves the last N blocks (multi-token prediction) out of the forward pass
+        _refuse(f"{m.name(Key.NEXTN_PREDICT_LAYERS)} = {m.get(Key.NEXTN_PREDICT_LAYERS)}: "
+                "multi-token-prediction blocks are not supported")
     # a MoE file's dense feed_forward_length is not used (llama.cpp: optional there)
     n_ff = m.get(Key.FEED_FORWARD_LENGTH, required=not a.moe, default=None)
     if n_ff is None:
@@ -342,7 +359,7 @@ def hparams(metadata, arch_name, n_vocab):
     if factor is None:
         factor = m.get(Key.ROPE_SCALE_LINEAR, default=0.0)
     freq_scale = 1.0 if factor == 0.0 or scaling == "none" else 1.0 / factor
-    n_ctx_train = m.get(Key.CONTEXT_LENGTH, default=2048)
+    n_ctx_train = m.get(Key.CONTEXT_LENGTH, required=True)   # llama.cpp requires it too
     attn_factor = m.get(Key.ROPE_SCALING_ATTN_FACTOR, default=1.0)
     ext_factor = 0.0
     if scaling == "yarn":
@@ -357,7 +374,10 @@ def hparams(metadata, arch_name, n_vocab):
 
     n_swa = m.get(Key.SLIDING_WINDOW, required=a.name == "gpt-oss",
                   default=4096 if a.name == "gemma2" else 0)
-    if a.swa_pattern and n_swa > 0:
+    per_layer = _swa_layers(m, n_layer)
+    if a.swa_pattern and n_swa > 0 and per_layer is not None:
+        swa = per_layer
+    elif a.swa_pattern and n_swa > 0:
         pattern = m.get(Key.SLIDING_WINDOW_PATTERN, default=a.swa_pattern)
         swa = tuple(pattern == 0 or (il % pattern < pattern - 1) for il in range(n_layer))
     else:
@@ -381,6 +401,8 @@ def hparams(metadata, arch_name, n_vocab):
         logit_mul = float(np.float32(1.0) / np.float32(logit_scale))
     rope_layers = tuple(not a.no_rope_step or (il + 1) % a.no_rope_step != 0
                         for il in range(n_layer))
+    if a.multipliers and not m.get(Key.ROPE_SCALING_FINETUNED, default=True):
+        rope_layers = (False,) * n_layer     # granite: llama.cpp's switch for RoPE, default on
     n_expert = n_used = n_ff_exp = 0
     if a.moe:
         n_expert = m.get(Key.EXPERT_COUNT, required=True)

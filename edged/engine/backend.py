@@ -118,6 +118,18 @@ class Backend:
                 rows.append(self.copy_out(buf, 1))
         return np.concatenate(rows) if rows else np.zeros((0, self.spec.hp.n_vocab), np.float32)
 
+    @property
+    def code_file(self) -> str:
+        """The file holding the code that computes the logits (its hash is the build id
+        prompt-cache files carry, engine/statefile.py)."""
+        import sys
+        return sys.modules[type(self).__module__].__file__
+
+    def kv_cache(self, buf):
+        """(k, v): uint8 views (n_layer, n_ctx, bytes of a row) of a session's KV cache, one
+        position's row after another (prompt-cache files read and write them in place)."""
+        raise NotImplementedError
+
     def copy_kv(self, dst, src, n: int) -> None:
         """Copy the KV cache of positions [0, n) from session buffer src to dst (same n_ctx):
         Session.fork."""

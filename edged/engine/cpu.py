@@ -220,6 +220,13 @@ class CPUBackend(Backend):
             return np.empty((0, self.spec.hp.n_vocab), np.float32)
         return np.array(lead.state.logits(n_out))
 
+    @property
+    def code_file(self):
+        return _core.__file__
+
+    def kv_cache(self, buf):
+        return buf.state.kv_cache()
+
     def copy_kv(self, dst, src, n):
         for d, s in zip(dst.state.kv_cache(), src.state.kv_cache()):
             d[:, :n] = s[:, :n]     # (n_layer, n_ctx, row bytes): the first n positions

@@ -77,16 +77,15 @@ def _refuse(msg):
 
 
 def pooling_of(metadata, arch_name, default="none"):
-    """The file's `<arch>.pooling_type` as a name ("none" when absent, as llama.cpp)."""
+    """The file's `<arch>.pooling_type` as a name ("none" when absent, as llama.cpp; "rank"
+    for a reranker)."""
     key = Key.arch(Key.POOLING_TYPE, arch_name)
     v = metadata.get(key)
     if v is None:
         return default
     if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or int(v) not in POOLING:
-        _refuse(f"{key} = {v!r} is not a pooling type (0 none, 1 mean, 2 cls, 3 last)")
-    if POOLING[int(v)] == "rank":
-        _refuse(f"{key} = 4 (rank: a reranker's classification head) is not supported")
-    return POOLING[int(v)]
+        _refuse(f"{key} = {v!r} is not a pooling type (0 none, 1 mean, 2 cls, 3 last, 4 rank)")
+    return POOLING[int(v)]       # "rank": a reranker's head (engine/rank.py)
 
 
 def validate(metadata, tensors, n_vocab_tokenizer=None, log=None):
@@ -105,8 +104,10 @@ def validate(metadata, tensors, n_vocab_tokenizer=None, log=None):
     eps = m.get(Key.LAYERNORM_EPS, required=True)
     base = m.get(Key.ROPE_FREQ_BASE, default=10000.0)
     n_ctx = m.get(Key.CONTEXT_LENGTH, required=True)
-    if m.get(Key.CAUSAL, default=False):
-        _refuse(f"{m.name(Key.CAUSAL)} is true: a causal {name} is not supported")
+    causal = m.get(Key.CAUSAL)          # llama.cpp: absent means causal attention
+    if causal is None or causal:
+        _refuse(f"{m.name(Key.CAUSAL)} is {'absent (llama.cpp then runs the file causally)' if causal is None else 'true'}: "
+                f"a causal {name} is not supported (converters write false)")
     embd = tensors.get("token_embd.weight")
     if embd is None or len(embd.shape) != 2 or int(embd.shape[0]) != E:
         _refuse(f"tensor 'token_embd.weight' missing or not ({E}, n_vocab)")

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import re
 import sys
 import threading
 import time
@@ -34,9 +35,11 @@ import numpy as np
 
 from . import arch as _arch
 from . import encoder as _encoder
+from . import rank as _rank
 from .backends import backend_class
 from .batch import LOGITS, BatchEntry
 from .kvcache import CacheTypes
+from .speculative import Speculation
 from .generation import Generation, GenerationOutput  # noqa: F401 - GenerationOutput: the public API
 from ..errors import CapacityError, ConfigError, RequestError
 from ..format.gguf import GGUFFile, Key
@@ -166,6 +169,7 @@ class Model:
                                    log=log_tensor if log else None)
         self.hp = self.spec.hp
         self.arch = self.spec.arch.name
+        self.rank_head = _rank.load(f, self.arch, self.hp.n_embd, causal=True)
         self.cache.check(self.hp.head_dim)  # before any memory is planned or taken
         self.n_threads = int(n_threads) if n_threads else default_threads()
         if self.n_threads < 1:
@@ -232,6 +236,7 @@ class Model:
         self.hp = self.spec.hp
         self.arch = self.spec.arch.name
         self.pooling = self.hp.pooling
+        self.rank_head = _rank.load(f, self.arch, self.hp.n_embd, causal=False)
         self.n_threads = int(n_threads) if n_threads else default_threads()
         if self.n_threads < 1:
             raise ConfigError(f"n_threads={n_threads}: must be >= 1")
@@ -301,24 +306,26 @@ class Model:
         return self.hp.n_ctx_train if self.encoder else min(self.hp.n_ctx_train, 8192)
 
     def tokenize_inputs(self, inputs, add_special=True, limit=None):
-        """Texts or token-id lists -> token-id lists, each checked against embed_limit (and
-        `limit` when given: the daemon's ctx_size)."""
+        """Texts, token-id lists or (query, document) pairs (rerank_ids) -> token-id lists,
+        each checked against embed_limit (and `limit` when given: the daemon's ctx_size)."""
         if isinstance(inputs, str) or (inputs and isinstance(inputs[0], int)):
             inputs = [inputs]
         out = []
         for i, x in enumerate(inputs):
+            what = f"document {i} with the query" if isinstance(x, tuple) else f"input {i}"
             ids = self.tokenizer.encode(x, add_special=add_special) if isinstance(x, str) \
-                else [int(t) for t in x]
+                else self.rerank_ids(*x) if isinstance(x, tuple) else [int(t) for t in x]
             if not ids:
-                raise RequestError(f"input {i} is empty")
+                raise RequestError(f"{what} is empty")
             most = self.embed_limit if limit is None else min(limit, self.embed_limit)
             if len(ids) > most:
-                raise RequestError(f"input {i} has {len(ids)} tokens, more than the limit of "
+                raise RequestError(f"{what} has {len(ids)} tokens, more than the limit of "
                                    f"{most} (the model's{'' if limit is None else ' and ctx_size'})")
-            bad = [t for t in ids if not 0 <= t < self.n_vocab]
-            if bad:
-                raise RequestError(f"input {i}: token id {bad[0]} out of range "
-                                   f"[0, {self.n_vocab})")
+            bad = [(j, t) for j, t in enumerate(ids) if not 0 <= t < self.n_vocab]
+            if bad:     # e.g. tiktoken's cl100k ids, which a client sent for a model of its own
+                j, t = bad[0]
+                raise RequestError(f"{what}, token {j}: id {t} out of range: the model's "
+                                   f"vocabulary is [0, {self.n_vocab})", param="input")
             out.append(ids)
         return out
 
@@ -335,6 +342,9 @@ class Model:
         encoder's per-token type ids for each input (a pair's from Tokenizer.encode_pair); by
         default type 0 for every token, as llama.cpp."""
         pooling = pooling or self.pooling
+        if pooling == "rank":
+            raise RequestError(f"model {os.path.basename(self.path)} is a reranker (pooling "
+                               "type rank): rank with Model.rerank, or ask for a pooling")
         steps = self.embed_steps(self.tokenize_inputs(inputs, add_special), pooling, normalize,
                                  token_types=token_types)
         for _ in steps:
@@ -349,12 +359,49 @@ class Model:
         at most `unit_tokens` tokens), then `.result`. The daemon's decode thread takes one step
         at a time between its generation passes (service/scheduler.py); close() it to stop
         early."""
-        if pooling not in _encoder.POOLING_NAMES:
+        if pooling == "rank" and self.rank_head is None:
+            raise RequestError(f"model {os.path.basename(self.path)} has no classification "
+                               "head (cls / cls.output tensors): it is not a reranker")
+        if pooling not in _encoder.POOLING_NAMES + ("rank",):
             raise RequestError(f"pooling {pooling!r}: expected one of "
                                f"{', '.join(_encoder.POOLING_NAMES)}")
         if token_types is not None and (self.encoder is None or len(token_types) != len(seqs)):
             raise RequestError("token_types: one list per input, for an encoder model only")
         return EmbedSteps(self, seqs, pooling, normalize, unit_tokens, token_types)
+
+    def rerank(self, query, documents):
+        """Relevance scores of `documents` (texts) for `query`, as llama-server's /rerank
+        gives them: float32 (n_documents,), in the documents' order; each pair laid out by
+        rerank_ids and scored by the model's classification head (engine/rank.py: a BERT
+        cross-encoder's raw logit, a Qwen3-Reranker's P(yes))."""
+        if not documents:
+            raise RequestError("rerank: no documents")
+        seqs = self.tokenize_inputs([(query, d) for d in documents])
+        steps = self.embed_steps(seqs, "rank")
+        for _ in steps:
+            pass
+        return steps.result[:, 0].copy()
+
+    @property
+    def rerank_template(self):
+        """The file's `tokenizer.chat_template.rerank` (llama-server fills in {query} and
+        {document}), or None."""
+        t = self.file.metadata.get(Key.CHAT_TEMPLATE_N.format(name="rerank"))
+        return t if isinstance(t, str) else None
+
+    def rerank_ids(self, query, document):
+        """The token ids of a (query, document) pair as llama-server ranks it
+        (format_prompt_rerank, tools/server/server-common.cpp): the rerank template with the
+        two texts filled in, its own control tokens parsed (those spelled in the texts stay
+        plain text: Tokenizer.defuse), no BOS/EOS added; without a template the pair as
+        Tokenizer.encode_pair lays it out ([CLS] query [SEP] document [SEP] for BERT)."""
+        tok = self.tokenizer
+        tmpl = self.rerank_template
+        if tmpl is None:
+            return tok.encode_pair(query, document)[0]
+        fill = {"{query}": tok.defuse(query), "{document}": tok.defuse(document)}
+        text = re.sub(r"\{query\}|\{document\}", lambda m: fill[m.group()], tmpl)
+        return tok.encode(text, add_special=False, parse_special=True, marked=True)
 
     def _hidden_states(self, seqs, unit_tokens, types=None):
         """Yields None after each unit of compute, then the (len(seq), n_embd) float32 final
@@ -568,11 +615,13 @@ class Model:
 
 class EmbedSteps:
     """Model.embed_steps: iterate for the units of compute; `.result` once exhausted (float32
-    (n_inputs, n_embd), or with pooling "none" a list of (n_tokens, n_embd) arrays)."""
+    (n_inputs, n_embd), or with pooling "none" a list of (n_tokens, n_embd) arrays, or with
+    pooling "rank" the classification head's (n_inputs, n_cls_out) outputs)."""
 
     def __init__(self, model, seqs, pooling, normalize, unit_tokens, token_types=None):
         self.result = None
         self._pooling, self._normalize = pooling, normalize
+        self._head = model.rank_head
         self._units = model._hidden_states(seqs, unit_tokens, token_types)
 
     def __iter__(self):
@@ -585,6 +634,10 @@ class EmbedSteps:
         if hidden is None:
             return None
         self._units.close()
+        if self._pooling == "rank":
+            head = self._head
+            self.result = head.scores(np.stack([head.pooled_row(h) for h in hidden]))
+            return None
         vecs = [_encoder.pool(h, self._pooling) for h in hidden]
         if self._normalize:
             vecs = [_encoder.normalize(v) for v in vecs]
@@ -619,6 +672,7 @@ class Session:
         self._buf = be.alloc(n_ctx, self.n_batch)
         self.tokens: list[int] = []         # the tokens in the KV cache, by position
         self.generation = None              # the Generation start() began (sampler state)
+        self.draft_session = None           # a draft model's session (engine/speculative.py)
         self.t_eval_ms = 0.0
         self.n_eval = 0
 
@@ -653,6 +707,30 @@ class Session:
         with _COMPUTE:
             self.model.backend.copy_kv(s._buf, self._buf, self.n_past)
         s.tokens = list(self.tokens)
+        return s
+
+    def save(self, path, key=None, n_tokens=None):
+        """Write this session's tokens and KV cache (the first n_tokens) to a prompt-cache file,
+        atomically, MAC'd with `key` (default: the installation's, statefile.load_key()).
+        Returns the file's size (engine/statefile.py)."""
+        from . import statefile
+        return statefile.save(self, path, key or statefile.load_key(), n_tokens)
+
+    @classmethod
+    def load(cls, model, path, key=None, n_batch=DEFAULT_N_BATCH):
+        """A new session of `model` holding a prompt-cache file's tokens and KV cache, with the
+        file's context size. StateFileError when the file was made for another model, cache
+        type, kernel path or build, is damaged or its MAC does not verify."""
+        from . import statefile
+        key = key or statefile.load_key()
+        h, _, _ = statefile.read_header(path)
+        statefile.check_model(h, model)     # before the context it names is allocated
+        s = cls(model, h["n_ctx"], n_batch)
+        try:
+            statefile.restore(s, path, key)
+        except BaseException:
+            s.close()
+            raise
         return s
 
     def eval(self, ids, logits="last"):
@@ -690,13 +768,15 @@ class Session:
         return rows[0] if len(rows) == 1 else np.concatenate(rows)
 
     def start(self, prompt, params=SamplingParams(), max_tokens=128, stop=(), sampler=None,
-              add_special=True, parse_special=False):
+              add_special=True, parse_special=False, speculative=None):
         """Begin a generation on this session: a Generation (engine/generation.py) whose steps
         the caller drives through Model.decode. prompt: text (tokenized with add_special /
         parse_special) or token ids. params: the SamplingParams to draw with; sampler: a
         text.sampling.Sampler to draw with instead (structured output, logprobs). stop: strings
         that end generation. The prefix the KV cache already holds is not evaluated again (at
-        least the last prompt token is, for its logits)."""
+        least the last prompt token is, for its logits). speculative: an
+        engine.speculative.Speculation (or "lookup") to draft and verify tokens with; the tokens
+        are the same as without it."""
         ids = self.model.tokenizer.encode(prompt, add_special=add_special,
                                           parse_special=parse_special) \
             if isinstance(prompt, str) else [int(t) for t in prompt]
@@ -706,34 +786,40 @@ class Session:
             raise RequestError(f"prompt of {len(ids)} tokens is longer than the context "
                                f"(n_ctx {self.n_ctx})")
         cached = min(self.common_prefix(ids), len(ids) - 1)
+        if isinstance(speculative, str):
+            speculative = Speculation(speculative)
+        drafter = speculative.drafter(self) if speculative is not None else None
         self.generation = Generation(self, ids, cached, params, max_tokens=max_tokens, stop=stop,
-                                     sampler=sampler)
+                                     sampler=sampler, drafter=drafter)
         return self.generation
 
     def generate(self, prompt, params=SamplingParams(), max_tokens=128, stop=(), sampler=None,
-                 add_special=True, parse_special=False, stats=None):
+                 add_special=True, parse_special=False, stats=None, speculative=None):
         """Yield GenerationOutput items; the last one carries finish_reason.
 
         prompt: text (tokenized with add_special/parse_special) or a list of token ids.
         params: SamplingParams (greedy by default). stop: strings that end generation (they may
         span tokens; the text before them is emitted, the stop string is not). stats: optional
         dict filled with timings. sampler: a text.sampling.Sampler to draw with (structured
-        output, logprobs) instead of one made from params.
+        output, logprobs) instead of one made from params. speculative: as start() (the same
+        tokens, drafted and verified several per pass; stats gets n_drafted and n_accepted).
         A thin loop over start() and Model.decode, one entry per step."""
         g = self.start(prompt, params, max_tokens=max_tokens, stop=stop, sampler=sampler,
-                       add_special=add_special, parse_special=parse_special)
+                       add_special=add_special, parse_special=parse_special,
+                       speculative=speculative)
         decode = self.model.decode
         while True:
-            out = g.accept(decode([g.entry()])[0])
-            if out is None:
-                continue
-            if stats is not None:
-                stats.update(g.stats())
-            yield out
-            if out.finish_reason:
-                return
+            for out in g.accept_all(decode([g.entry()])[0]):
+                if stats is not None:
+                    stats.update(g.stats())
+                yield out
+                if out.finish_reason:
+                    return
 
     def close(self):
+        if self.draft_session is not None:
+            self.draft_session.close()
+            self.draft_session = None
         if self._buf is not None:
             self.model.backend.free(self._buf)
             self._buf = None

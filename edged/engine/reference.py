@@ -168,6 +168,9 @@ class ReferenceBackend(Backend):
     def free(self, buf):
         buf.k = buf.v = None
 
+    def kv_cache(self, buf):
+        return tuple(a.view(np.uint8).reshape(a.shape[0], a.shape[1], -1) for a in (buf.k, buf.v))
+
     def copy_kv(self, dst, src, n):
         dst.k[:, :n] = src.k[:, :n]
         dst.v[:, :n] = src.v[:, :n]

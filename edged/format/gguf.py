@@ -217,6 +217,7 @@ class Key:
     LAYERNORM_EPS = "{arch}.attention.layer_norm_epsilon"
     CAUSAL = "{arch}.attention.causal"
     POOLING_TYPE = "{arch}.pooling_type"
+    CLASSIFIER_OUTPUT_LABELS = "{arch}.classifier.output_labels"
     LAYERNORM_RMS_EPS = "{arch}.attention.layer_norm_rms_epsilon"
     SLIDING_WINDOW = "{arch}.attention.sliding_window"
     SLIDING_WINDOW_PATTERN = "{arch}.attention.sliding_window_pattern"
@@ -230,6 +231,8 @@ class Key:
     ROPE_SCALING_FACTOR = "{arch}.rope.scaling.factor"
     ROPE_SCALING_ATTN_FACTOR = "{arch}.rope.scaling.attn_factor"
     ROPE_SCALING_ORIG_CTX_LEN = "{arch}.rope.scaling.original_context_length"
+    ROPE_SCALING_FINETUNED = "{arch}.rope.scaling.finetuned"
+    NEXTN_PREDICT_LAYERS = "{arch}.nextn_predict_layers"
 
     # tokenizer
     TOKENIZER_MODEL = "tokenizer.ggml.model"
@@ -247,9 +250,15 @@ class Key:
     SEP_ID = "tokenizer.ggml.seperator_token_id"   # sic: the GGUF spelling
     PAD_ID = "tokenizer.ggml.padding_token_id"
     MASK_ID = "tokenizer.ggml.mask_token_id"
+    FIM_PRE_ID = "tokenizer.ggml.fim_pre_token_id"
+    FIM_SUF_ID = "tokenizer.ggml.fim_suf_token_id"
+    FIM_MID_ID = "tokenizer.ggml.fim_mid_token_id"
     FIM_PAD_ID = "tokenizer.ggml.fim_pad_token_id"
     FIM_REP_ID = "tokenizer.ggml.fim_rep_token_id"
     FIM_SEP_ID = "tokenizer.ggml.fim_sep_token_id"
+    PREFIX_ID = "tokenizer.ggml.prefix_token_id"    # older files' FIM prefix/suffix/middle
+    SUFFIX_ID = "tokenizer.ggml.suffix_token_id"
+    MIDDLE_ID = "tokenizer.ggml.middle_token_id"
     ADD_BOS = "tokenizer.ggml.add_bos_token"
     ADD_EOS = "tokenizer.ggml.add_eos_token"
     ADD_SEP = "tokenizer.ggml.add_sep_token"

@@ -13,7 +13,7 @@ import time
 import urllib.parse
 
 from ..errors import ModelNotFound, NotReady, QueueTimeout, RequestError
-from . import jobs, ollama, openai, openai_schema
+from . import anthropic, infill, jobs, ollama, openai, openai_schema, prefix_routes, rerank, responses
 from .jobs import Generation
 from .log import log
 from .metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
@@ -25,7 +25,7 @@ from .wire import TCP_PEER, Reply, error_for, error_reply, json_body, reply_too_
 class Api:
     """Routes. `state` is the daemon: .cfg, .registry, .slots, .decoder, .metrics, .stopping."""
 
-    ADMIN = {"/v1/models/load", "/v1/models/unload"}
+    ADMIN = {"/v1/models/load", "/v1/models/unload", *prefix_routes.PATHS}
     MODEL_PREFIX = "/v1/models/"
 
     def __init__(self, state):
@@ -44,6 +44,12 @@ class Api:
             ("POST", "/v1/models/unload"): self.unload,
         }
         self.routes.update(ollama.routes(self))
+        self.routes.update(anthropic.routes(self))
+        self.routes.update(prefix_routes.routes(self))
+        routes, self.prefixes = responses.routes(self)    # prefixes: (method, PREFIX) -> handler of PREFIX{id}
+        self.routes.update(routes)
+        self.routes.update(rerank.routes(self))
+        self.routes.update(infill.routes(self))
 
     def admitted(self, peer, path):
         """Peer-credential policy: allow_uids/allow_gids; admin routes admin_uids/admin_gids."""
@@ -65,6 +71,8 @@ class Api:
         if handler is None and req.method == "GET" and req.path.startswith(self.MODEL_PREFIX) \
                 and req.path not in self.ADMIN:
             handler = self.model_info
+        if handler is None:
+            handler = self.prefixes.get((req.method, req.path[:req.path.rfind("/") + 1]))
         if handler is None:
             if any(path == req.path for _, path in self.routes):
                 return error_reply(405, f"method {req.method} not allowed on {req.path}", code="method_not_allowed")
@@ -96,8 +104,7 @@ class Api:
     async def metrics(self, req):
         st = self.state
         live = {n: m for n, m in st.registry.models.items() if not m.draining}
-        text = st.metrics.render(st.slots.waiting, st.slots.busy, list(live), st.slots.n,
-                                 {n: m.kv_cache() for n, m in live.items()})
+        text = st.metrics.render(st.slots.waiting, st.slots.busy, live, st.slots.n)
         return Reply(200, text, content_type=METRICS_CONTENT_TYPE)
 
     async def models(self, req):
@@ -226,10 +233,11 @@ class Api:
         return await self._embed(req, r.model, inputs, r.pooling,
                                  lambda name, vecs, n: openai.llama_embedding_reply(vecs))
 
-    async def _embed(self, req, model, inputs, pooling, reply):
+    async def _embed(self, req, model, inputs, pooling, reply, check=None):
         """The reply to an embeddings request: `reply(name, vectors, prompt tokens)` built and
         serialised off the event loop; queued like a completion, computed on the decode thread
-        beside the generations (jobs.embed), each input bounded by ctx_size."""
+        beside the generations (jobs.embed), each input bounded by ctx_size (and `check` of the
+        token-id lists). Pooling "rank": a reranker's head outputs (service/rerank.py)."""
         st, cfg = self.state, self.state.cfg
         if st.stopping:
             raise NotReady("shutting down")
@@ -241,8 +249,13 @@ class Api:
             try:
                 m = lm.model
                 pool = pooling or m.pooling
+                if pool == "rank" and pooling is None:
+                    raise RequestError(f"model {name!r} is a reranker: POST /v1/rerank, or ask "
+                                       "for a 'pooling'", param="model")
                 loop = asyncio.get_running_loop()
                 seqs = await loop.run_in_executor(None, lambda: m.tokenize_inputs(inputs, limit=cfg.ctx_size))
+                if check:
+                    check(seqs)
                 n = sum(len(s) for s in seqs)
                 # what the reply's JSON will take, foreseen: ~12 bytes a value
                 values = (n if pool == "none" else len(seqs)) * m.hp.n_embd

@@ -1,9 +1,11 @@
 """API keys for the opt-in TCP listener. Peers on the Unix socket are admitted by their
 credentials (SO_PEERCRED); a TCP peer has none, so every request on TCP must carry
-`Authorization: Bearer KEY` with a key from `api_keys_file`: one key per line (blank lines and
-`#` comments skipped), in a file owned by root that nobody else may write or other users read.
+`Authorization: Bearer KEY` (or `x-api-key: KEY`, as Anthropic's clients send it) with a key
+from `api_keys_file`: one key per line (blank lines and `#` comments skipped), in a file owned
+by root that nobody else may write or other users read.
 Keys are compared in constant time.
 """
+import hashlib
 import hmac
 import os
 import stat
@@ -47,12 +49,28 @@ def load(path):
     return tuple(keys)
 
 
-def admitted(authorization, keys):
-    """Whether an Authorization header value carries one of `keys` (every key is compared, in
-    constant time, whatever matches)."""
+def _tokens(authorization, api_key):
     scheme, _, token = (authorization or "").partition(" ")
-    token = token.strip().encode("ascii", "replace")
+    tokens = [token] if scheme.lower() == "bearer" else []
+    if api_key is not None:
+        tokens.append(api_key)
+    return [t.strip().encode("ascii", "replace") for t in tokens]
+
+
+def admitted(authorization, keys, api_key=None):
+    """Whether an Authorization header value (Bearer) or an x-api-key header value carries one
+    of `keys` (every key is compared, in constant time, whatever matches)."""
     ok = False
-    for k in keys:
-        ok |= hmac.compare_digest(token, k)
-    return scheme.lower() == "bearer" and ok
+    for t in _tokens(authorization, api_key):
+        for k in keys:
+            ok |= hmac.compare_digest(t, k)
+    return ok
+
+
+def key_id(authorization, keys, api_key=None):
+    """A stand-in for the key of `keys` that admitted a request (a digest, so the key itself is
+    not kept with the request), None when none did: what is stored for one key is its alone."""
+    for t in _tokens(authorization, api_key):
+        if any([hmac.compare_digest(t, k) for k in keys]):
+            return hashlib.sha256(t).hexdigest()[:32]
+    return None

@@ -21,6 +21,7 @@ import pydantic
 from pydantic import AfterValidator, BeforeValidator, Field, StrictBool, StrictInt, StrictStr
 
 from ..engine.kvcache import CACHE_TYPES
+from ..engine.speculative import DRAFT_MAX, DRAFT_MAX_LIMIT, MODES as SPECULATIVE_MODES
 from ..errors import ConfigError, RequestError
 from ..trust.store import DEFAULT_REVOKED_FILE
 from .names import check_model_name
@@ -33,8 +34,9 @@ DEFAULT_PATH = "/etc/edged/edged.toml"
 class KeySpec:
     name: str
     default: object
-    kind: str          # "str", "path", "int", "float", "bool", "mode", "size", "ids", "enum", "acl",
-                       # "models" (model names or "*")
+    kind: str          # "str", "path", "int", "float", "bool", "mode", "size", "ids", "listen", "enum", "acl",
+                       # "models" (model names or "*"), "speculative" (model -> mode), "drafts"
+                       # (model -> model), "draft_max"
     doc: str
     choices: tuple = ()
     minimum: float | None = None
@@ -58,8 +60,12 @@ KEYS = [
     KeySpec("admin_gids", [], "ids",
             "Peer groups allowed to use the admin routes."),
     KeySpec("api_keys_file", "/etc/edged/api-keys", "path",
-            "Keys for the opt-in TCP listener (edged-tcp.socket): one per line, file owned by root, "
-            "mode 0600/0640; every request on TCP needs `Authorization: Bearer KEY`. Read at start."),
+            "Keys for the opt-in TCP listeners (edged-tcp.socket, `listen`): one per line, file owned by "
+            "root, mode 0600/0640; every request on TCP needs `Authorization: Bearer KEY`. Read at start."),
+    KeySpec("listen", [], "listen",
+            "TCP addresses the daemon binds itself, beside the Unix socket (\"HOST:PORT\", \"[::1]:PORT\"; "
+            "`edged serve --listen`), for inits without socket activation and containers. Same API keys, "
+            "caps and admin-route refusal as edged-tcp.socket; start-up fails without api_keys_file."),
     # --- models and trust ------------------------------------------------------------------
     KeySpec("models_dir", "/var/lib/edged/models", "path",
             "Directory of models: model NAME is the file MODELS_DIR/NAME.gguf."),
@@ -105,6 +111,25 @@ KEYS = [
     KeySpec("cache_type_v", "f16", "enum",
             "KV cache storage of V (llama.cpp's -ctv); a quantized V is read as llama.cpp's flash "
             "attention reads it.", choices=tuple(CACHE_TYPES)),
+    KeySpec("cache_dir", "", "path",
+            "Directory of prompt-cache files (made 0700 when missing, with their MAC key cache.key): "
+            "idle prompt prefixes are spilled there and restored after a restart. \"\": systemd's "
+            "$STATE_DIRECTORY (the unit's StateDirectory=edged/cache), else off. The daemon's one "
+            "writable data directory; an unusable one is logged and the daemon serves without it."),
+    KeySpec("cache_max_bytes", 1 << 30, "size",
+            "Bytes the prompt-cache files may take; the least recently used go first; 0 = off.",
+            minimum=0),
+    KeySpec("speculative", {}, "speculative",
+            "Per model (name, or \"*\" for the others), speculative decoding: \"lookup\" (drafts from "
+            "the prompt and the text so far), \"draft\" (a draft model, see draft_model) or \"off\" "
+            "(the default). The replies are the same tokens as without it; a request opts out with "
+            "\"speculative\": false."),
+    KeySpec("draft_model", {}, "drafts",
+            "Per model, the model (a name in models_dir, signed like any model, with the same "
+            "vocabulary) that drafts for it when speculative = \"draft\"; loaded with it and counted "
+            "in its memory (its weights and a KV cache per slot)."),
+    KeySpec("draft_max", DRAFT_MAX, "draft_max",
+            f"Tokens drafted per step and stream (at most {DRAFT_MAX_LIMIT}).", minimum=1),
     KeySpec("mlock", False, "bool", "Lock model weights in memory (needs CAP_IPC_LOCK or a large LimitMEMLOCK)."),
     KeySpec("warmup", True, "bool", "Run one token through a freshly loaded model before serving it."),
     KeySpec("content_special_tokens", [], "models",
@@ -150,6 +175,12 @@ KEYS = [
             "embeddings, tokenize with pieces); a request whose reply would be larger is refused "
             "with 400 reply_too_large, before the work where its size can be foreseen.",
             minimum=1 << 16),
+    KeySpec("responses_store_max", 256, "int",
+            "Responses (POST /v1/responses) kept in memory for previous_response_id and GET "
+            "/v1/responses/{id}; the oldest is dropped first; 0 keeps none. Each holds at most "
+            "about its request body (max_body_bytes) and its reply.", minimum=0),
+    KeySpec("responses_store_max_age", 3600.0, "float",
+            "Seconds a kept response stays available; older ones are dropped.", minimum=0),
     KeySpec("max_connections", 512, "int",
             "Open client connections at once; one more is closed right after accept (counted in "
             "/metrics). Needs this many descriptors plus 64 under LimitNOFILE.", minimum=1),
@@ -216,6 +247,26 @@ def _ids(value):
     return list(value)
 
 
+def split_host_port(text):
+    """("HOST", PORT) of a `listen` entry "HOST:PORT" or "[IPV6]:PORT"; ValueError saying why not."""
+    host, sep, port = text.rpartition(":")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    elif ":" in host:
+        raise ValueError(f"{text!r}: write an IPv6 address in brackets, like \"[::1]:8091\"")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ValueError(f"{text!r} is not \"HOST:PORT\" (like \"127.0.0.1:8091\", \"[::1]:8091\")")
+    return host, int(port)
+
+
+def _listen(value):
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise ValueError("expected a list of \"HOST:PORT\" strings")
+    for v in value:
+        split_host_port(v)
+    return value
+
+
 def _abs_path(value):
     if value and not os.path.isabs(value):
         raise ValueError("expected an absolute path")
@@ -252,7 +303,12 @@ _KINDS = {
     "mode": lambda k: Annotated[int, BeforeValidator(_mode)],
     "size": lambda k: Annotated[int, BeforeValidator(_size), Field(ge=k.minimum)],
     "ids": lambda k: Annotated[list, BeforeValidator(_ids)],
+    "listen": lambda k: Annotated[list, BeforeValidator(_listen)],
     "models": lambda k: Annotated[list[StrictStr], AfterValidator(_model_list)],
+    "draft_max": lambda k: Annotated[StrictInt, Field(ge=k.minimum, le=DRAFT_MAX_LIMIT)],
+    "speculative": lambda k: Annotated[dict[StrictStr, Literal[SPECULATIVE_MODES]], AfterValidator(_model_list)],
+    "drafts": lambda k: Annotated[dict[StrictStr, Annotated[StrictStr, AfterValidator(lambda v: _model_names([v])[0])]],
+                                  AfterValidator(_model_names)],
     "acl": lambda k: Annotated[dict[StrictStr, list[Annotated[StrictStr, AfterValidator(_principal)]]],
                                AfterValidator(_model_names)],
 }

@@ -20,14 +20,15 @@ from .loader import Loader
 from .log import log, setup as setup_log
 from .metrics import Metrics
 from .policy import LoadPolicy
+from .prompt_store import PromptStore
 from .registry import Registry
 from .renderer import RenderWorker
 from .scheduler import Decoder, Slots
 from .transport import Listener, fit_descriptor_limit, make_app, open_socket
 
 # Keys read once at start-up; a reload keeps the running value and says so.
-RESTART_KEYS = ("socket", "socket_mode", "socket_group", "sandbox", "sandbox_on_deny", "n_parallel",
-                "max_connections")
+RESTART_KEYS = ("socket", "listen", "api_keys_file", "socket_mode", "socket_group", "sandbox",
+                "sandbox_on_deny", "n_parallel", "max_connections", "cache_dir", "cache_max_bytes")
 
 
 def load_trust(cfg):
@@ -56,7 +57,7 @@ class Daemon:
     # --- start ------------------------------------------------------------------------
     def prepare(self, trust):
         """Everything but the socket and the threads; used by tests that drive the Api directly."""
-        self.loader = Loader(self.cfg, trust)
+        self.loader = Loader(self.cfg, trust, PromptStore.open(self.cfg, self.metrics))
         self.executor = concurrent.futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="edged-load")
         self.registry = Registry(self.cfg, self.loader, self.metrics, self.executor)
         self.registry.on_change = self._status
@@ -73,6 +74,11 @@ class Daemon:
         loop = asyncio.get_running_loop()
         self.events = asyncio.Queue()
         systemd.notify("STATUS=starting")
+        if cfg.listen:      # refused before anything is bound or loaded: no TCP without keys
+            try:
+                self.api_keys = apikeys.load(cfg.api_keys_file)
+            except ConfigError as e:
+                raise ConfigError(f"config key 'listen' needs API keys: {e}") from None
         trust = load_trust(cfg)
         cfg.resolve_names()
         self.prepare(trust)
@@ -81,7 +87,7 @@ class Daemon:
         self.renderer = RenderWorker(cfg.sandbox, cfg.sandbox_on_deny)
         self.renderer.start()
         self.sock, self.how, self.tcp = open_socket(cfg)
-        if self.tcp:        # keys are read now: after the sandbox, /etc is out of reach
+        if self.tcp and not self.api_keys:  # read now: after the sandbox, /etc is out of reach
             self.api_keys = apikeys.load(cfg.api_keys_file)
         self._sandbox()
         self.start_threads()
@@ -95,8 +101,9 @@ class Daemon:
         await runner.setup()
         self.listener = Listener(self, self.sock, runner.server, tcp=self.tcp)
         self.listener.start()
-        for s in self.tcp:
-            log.info("also listening on TCP %s (from systemd; API key required)", s.getsockname()[:2])
+        for i, s in enumerate(self.tcp):
+            log.info("also listening on TCP %s (%s; API key required)", s.getsockname()[:2],
+                     "config key 'listen'" if i < len(cfg.listen) else "from systemd")
         where = self.sock.getsockname() or "(socket from systemd)"
         log.info("listening on %s (%s); models in %s; n_parallel=%d max_queue=%d", where, self.how,
                  cfg.models_dir, cfg.n_parallel, cfg.max_queue)
@@ -141,7 +148,10 @@ class Daemon:
                 "(both are per thread before Landlock ABI 8); start the daemon with `edged serve`, "
                 "which sets " + ", ".join(f"{k}=1" for k in sandbox.LIBRARY_THREAD_ENV) +
                 " before numpy starts its pools")
-        sandbox.apply(cfg.sandbox, read_only=read_only, read_write=[sock_dir] if sock_dir else [],
+        read_write = [sock_dir] if sock_dir else []
+        if self.loader.store is not None:   # the prompt cache: the one data directory written
+            read_write.append(self.loader.store.dir)
+        sandbox.apply(cfg.sandbox, read_only=read_only, read_write=read_write,
                       on_deny=cfg.sandbox_on_deny)
 
     def _status(self, what=None):

@@ -41,18 +41,23 @@ class Steps:
     def entry(self, budget=None):
         return self.gen.entry(budget)
 
-    def accept(self, logits):
-        out = self.gen.accept(logits)
-        return None if out is None else Out(out, self.sampler.take_records())
+    def accept_all(self, logits):
+        """The step's outputs (several when drafts were accepted); the logprob records of all
+        its tokens ride on the last."""
+        outs = self.gen.accept_all(logits)
+        if not outs:
+            return outs
+        records = self.sampler.take_records()
+        return [Out(o, records if i == len(outs) - 1 else []) for i, o in enumerate(outs)]
 
 
 class Out:
     """What a choice's generator posts: the engine's output plus the logprob records of its
     token (taken on the decode thread, right after the draw)."""
-    __slots__ = ("text", "token", "finish_reason", "records")
+    __slots__ = ("text", "token", "finish_reason", "stop", "records")
 
     def __init__(self, out, records):
-        self.text, self.token, self.finish_reason = out.text, out.token, out.finish_reason
+        self.text, self.token, self.finish_reason, self.stop = out.text, out.token, out.finish_reason, out.stop
         self.records = records
 
 
@@ -65,6 +70,7 @@ class Choice:
         self.pieces = []
         self.n_gen = 0
         self.finish = None
+        self.stop = None            # the stop string that ended it
         self.records = []           # (token, logprob, top) of every generated token
         self.unsent = []            # records not yet in a stream chunk
         self.done = False
@@ -80,6 +86,7 @@ class Choice:
         self.unsent += recs
         if out.token is not None:
             self.n_gen += 1
+        self.stop = out.stop or self.stop
         self.pieces.append(out.text or "")
 
     def stream_delta(self, text):
@@ -142,7 +149,8 @@ class Generation:
         for pi, ids in enumerate(prep.prompts):
             for j, sp in enumerate(params):
                 constraint = prep.constraint.copy() if prep.constraint is not None else None
-                sampler = Sampler(nv, sp, constraint=constraint, logprobs=request.output.logprobs)
+                sampler = Sampler(nv, sp, constraint=constraint, logprobs=request.output.logprobs,
+                                  end_ids=tok.eog_ids)
                 self.choices.append(Choice(pi * n + j, pi, sampler, prep, tok))
 
     # --- jobs --------------------------------------------------------------------------
@@ -170,7 +178,7 @@ class Generation:
         job.session = session           # the decode loop batches it with the other streams
         gen = self.lm.steps(session, self.prep.prompts[choice.prompt], info,
                             max_tokens=self.max_tokens, stop=self.request.output.stop,
-                            sampler=choice.sampler)
+                            sampler=choice.sampler, speculative=self.request.speculative)
         return Steps(gen, choice.sampler)
 
     async def start(self, req):
@@ -282,6 +290,11 @@ class Generation:
         n_gen = sum(c.n_gen for c in self.choices)
         finishes = {c.finish or "cancelled" for c in self.choices}
         info.update(completion_tokens=n_gen, finish=",".join(sorted(finishes)))
+        gens = [c.job.gen.gen for c in self.choices if c.job is not None and isinstance(c.job.gen, Steps)]
+        drafted, accepted = sum(g.n_drafted for g in gens), sum(g.n_accepted for g in gens)
+        if drafted:
+            info.update(drafted=drafted, accepted=accepted)
+            self.st.metrics.drafted(drafted, accepted)
         if "cached" in self.prefill:
             info["cached_tokens"] = self.prefill["cached"]
         if "evaluated" in self.prefill:
@@ -291,6 +304,9 @@ class Generation:
             info["ttft_ms"] = (self.t_first - self.t_start) * 1e3
         info["gen_ms"] = elapsed * 1e3
         self.st.metrics.tokens(info.get("prompt_tokens", 0), n_gen, elapsed)
+        self.st.metrics.generation(self.lm.name, self.req.path, info.get("queue_ms", 0.0) / 1e3,
+                                   None if self.t_first is None else self.t_first - self.t_start,
+                                   max(c.n_gen for c in self.choices), elapsed)    # n > 1: in parallel
         if self.st.cfg.log_prompts:
             replies = ["".join(c.pieces) for c in self.choices]
             info["reply"] = replies if len(replies) > 1 else replies[0]

@@ -9,10 +9,13 @@ import os
 import threading
 import time
 
+from ..engine import statefile
 from ..engine.model import Model
-from ..errors import EdgedError, RequestError
+from ..engine.speculative import Speculation, check_vocab
+from ..errors import ConfigError, EdgedError, RequestError
 from ..text.chat import template_for
 from ..trust import verify
+from . import prompt_store
 from .scheduler import Busy
 
 
@@ -20,8 +23,11 @@ class LoadedModel:
     """A verified, mapped engine Model plus the per-daemon state the registry keeps for it."""
 
     def __init__(self, name, path, model, signer, size, timings, n_ctx, max_sessions=1,
-                 content_specials=False):
+                 content_specials=False, speculation=None):
         self.name, self.path, self.model = name, path, model
+        # config speculative / draft_model: how its generations draft (None: off); a draft model
+        # is closed with it
+        self.speculation = speculation
         # config content_special_tokens lists this model: control-token text in messages counts
         self.content_specials = content_specials
         self.signer = signer            # fingerprint of the key that signed it, None if unsigned
@@ -41,6 +47,7 @@ class LoadedModel:
         self.pinned = False
         self.keep_alive = None          # seconds idle before unloading (a request's, Ollama's); None: config's
         self._sessions = []             # idle Sessions (KV caches), reused for prefix caching
+        self.store = None               # prompt_store.PromptStore: the prompt cache on disk
         self._open = 0                  # Sessions that exist, idle or in use: at most max_sessions
         self._closed = False
         self._template = None           # chat template source, read on first use
@@ -94,16 +101,31 @@ class LoadedModel:
             best = max(self._sessions, key=lambda s: s.common_prefix(ids), default=None)
             if best is not None:
                 self._sessions.remove(best)
-                return best
+                return self._from_disk(best, ids)
             if self._open >= self.max_sessions:
                 raise Busy(f"model {self.name}: all {self.max_sessions} sessions in use")
             self._open += 1
         try:
-            return self.model.session(n_ctx=self.n_ctx)
+            return self._from_disk(self.model.session(n_ctx=self.n_ctx), ids)
         except BaseException:
             with self._lock:
                 self._open -= 1
             raise
+
+    def _from_disk(self, s, ids):
+        """`s` ready for `ids`: what it holds beyond their common prefix spilled to disk when
+        that is long (it is about to be overwritten), and a longer prefix of ids restored from
+        disk when the store has one (prompt_store.py)."""
+        store = self.store
+        if store is None or not ids:
+            return s
+        cached = s.common_prefix(ids)
+        entry, n = store.lookup(self.model, s.n_ctx, ids)
+        if s.n_past - cached >= prompt_store.SPILL_MIN_TOKENS:
+            store.spill(s)
+        if n >= cached + prompt_store.RESTORE_MIN_GAIN:
+            store.restore(s, entry, n)
+        return s
 
     def fork_session(self, session, n):
         """Up to n copies of `session` (KV cache and tokens): as many as max_sessions leaves room
@@ -115,6 +137,8 @@ class LoadedModel:
             del self._sessions[:len(evict)]
             self._open += k - len(evict)
         for s in evict:
+            if self.store is not None:
+                self.store.spill(s)
             s.close()
         forks = []
         try:
@@ -126,12 +150,14 @@ class LoadedModel:
                     self._open -= k - len(forks)
         return forks
 
-    def steps(self, session, ids, info, max_tokens, stop=(), sampler=None):
+    def steps(self, session, ids, info, max_tokens, stop=(), sampler=None, speculative=True):
         """The request as steps for the decode loop: the engine Generation on `session` (its
-        prompt, then one token per step; service/scheduler.py drives it). The prompt prefix
+        prompt, then one token per step, or several with the model's speculation unless the
+        request opted out; service/scheduler.py drives it). The prompt prefix
         already in the session's KV cache is not evaluated again: info["cached"] gets its
         length, info["evaluated"] the prompt tokens to evaluate."""
-        g = session.start(ids, max_tokens=max_tokens, stop=stop, sampler=sampler)
+        spec = self.speculation if speculative and max_tokens != 0 else None
+        g = session.start(ids, max_tokens=max_tokens, stop=stop, sampler=sampler, speculative=spec)
         info["cached"] = g.n_cached
         info["evaluated"] = g.n_pending
         return g
@@ -151,18 +177,24 @@ class LoadedModel:
             sessions, self._sessions = self._sessions, []
             self._open -= len(sessions)
         for s in sessions:
+            if self.store is not None:      # unload and shutdown: the prompt cache survives
+                self.store.spill(s)
             s.close()
         close = getattr(self.model, "close", None)
         if close:
             close()
+        draft = self.speculation.draft_model if self.speculation else None
+        if draft is not None:
+            draft.close()
 
 
 class Loader:
     """Verifies and loads models for the registry. `trust` is swapped on SIGHUP."""
 
-    def __init__(self, cfg, trust):
+    def __init__(self, cfg, trust, store=None):
         self.cfg = cfg
         self.trust = trust
+        self.store = store      # prompt_store.PromptStore, None: no prompt cache on disk
 
     def load(self, name, path):
         """verify + map/validate; returns a LoadedModel (not yet warm). Raises EdgedError.
@@ -173,6 +205,35 @@ class Loader:
 
         cfg = self.cfg
         t0 = time.monotonic()
+        model, t_verify = self._open(name, path, cfg.memory_budget or None)
+        size = self._size(model)
+        speculation = None
+        try:
+            mode = cfg.speculative.get(name, cfg.speculative.get("*", "off"))
+            if mode == "lookup":
+                speculation = Speculation("lookup", cfg.draft_max)
+            elif mode == "draft" and model.encoder is None:
+                speculation = self._draft(name, model, size)
+                size += self._size(speculation.draft_model)
+        except BaseException:
+            model.close()
+            raise
+        t2 = time.monotonic()
+        lm = LoadedModel(name, path, model, model.signer, size, {"verify": t_verify, "map": t2 - t0 - t_verify},
+                         cfg.ctx_size, max_sessions=cfg.n_parallel,
+                         content_specials=bool({name, "*"} & set(cfg.content_special_tokens)),
+                         speculation=speculation)
+        if model.encoder is None and self.store is not None:
+            lm.store = self.store
+            statefile.model_digest(model)   # here, not on the decode thread (unsigned: hashed)
+            statefile.build_id(model.backend)
+        return lm
+
+    def _open(self, name, path, max_memory):
+        """Verify the signature of `path`, then map and validate it within max_memory bytes:
+        (Model, seconds the verification took)."""
+        cfg = self.cfg
+        t0 = time.monotonic()
         try:
             vf = verify.open_verified(path, self.trust, cfg.require_signature)
         except FileNotFoundError:
@@ -181,16 +242,32 @@ class Loader:
             raise EdgedError(f"model {name!r} cannot be opened ({path}): {e.strerror}") from None
         t1 = time.monotonic()
         model = Model.load(path, n_threads=cfg.threads or None, numa=cfg.numa, mlock=cfg.mlock,
-                           verified=vf, max_memory=cfg.memory_budget or None,
-                           n_ctx_plan=cfg.ctx_size, cache_type_k=cfg.cache_type_k,
-                           cache_type_v=cfg.cache_type_v)
-        t2 = time.monotonic()
+                           verified=vf, max_memory=max_memory, n_ctx_plan=cfg.ctx_size,
+                           cache_type_k=cfg.cache_type_k, cache_type_v=cfg.cache_type_v)
+        return model, t1 - t0
+
+    def _size(self, model):
+        """Bytes a model needs: its weights once, a session (KV cache and scratch) per slot."""
         plan = model.memory_plan
-        # weights once, a session (KV cache and scratch) per slot: all the sessions it may hold
-        size = plan.weights + cfg.n_parallel * (plan.kv_cache + plan.scratch)
-        return LoadedModel(name, path, model, model.signer, size, {"verify": t1 - t0, "map": t2 - t1},
-                           cfg.ctx_size, max_sessions=cfg.n_parallel,
-                           content_specials=bool({name, "*"} & set(cfg.content_special_tokens)))
+        return plan.weights + self.cfg.n_parallel * (plan.kv_cache + plan.scratch)
+
+    def _draft(self, name, model, size):
+        """The Speculation of model `name` with its draft_model: verified and loaded like any
+        model, within what `size` bytes of the target leave of the budget; same vocabulary."""
+        cfg = self.cfg
+        dname = cfg.draft_model.get(name)
+        if not dname:
+            raise ConfigError(f"model {name!r}: speculative = \"draft\" needs draft_model.{name}")
+        budget = (cfg.memory_budget or model.budget or 0) - size
+        if budget <= 0:
+            raise ConfigError(f"model {name!r}: no memory budget left for its draft model {dname!r}")
+        draft, _ = self._open(dname, os.path.join(cfg.models_dir, dname + ".gguf"), budget)
+        try:
+            check_vocab(model, draft)
+            return Speculation("draft", cfg.draft_max, draft_model=draft)
+        except BaseException:
+            draft.close()
+            raise
 
     def warm(self, lm):
         """One forward pass so the first request does not pay for page faults and allocation."""

@@ -14,7 +14,6 @@ import asyncio
 import concurrent.futures
 import dataclasses
 import datetime
-import functools
 import hashlib
 import json
 import os
@@ -32,7 +31,7 @@ from .names import model_path
 from .openai import _tool, chat_logprobs
 from .registry import _identity as file_version
 from .request import ConstraintSpec, GenerateRequest, Output, ToolUse
-from .wire import Reply, StreamReply, error_for, json_body, serialised
+from .wire import Reply, StreamReply, error_for, errors_as, json_body, serialised
 
 # The Ollama release whose API these routes follow: clients gate features (tools, think) on it.
 OLLAMA_VERSION = "0.12.0"
@@ -53,17 +52,6 @@ def routes(api):
     return table
 
 
-def _ollama_errors(handler):
-    """Errors as Ollama shapes them: {"error": MESSAGE}, with the status edged/errors.py gives."""
-    @functools.wraps(handler)
-    async def run(self, req):
-        try:
-            return await handler(self, req)
-        except Exception as e:  # noqa: BLE001 - every error becomes an Ollama-shaped reply
-            return error_reply(e)
-    return run
-
-
 def error_reply(e):
     return reshaped(error_for(e))
 
@@ -80,6 +68,9 @@ def reshaped(reply):
     if isinstance(body, dict) and isinstance(body.get("error"), dict):
         return Reply(reply.status, {"error": body["error"]["message"]}, headers=reply.headers)
     return reply
+
+
+_ollama_errors = errors_as(error_reply)
 
 
 def _now():

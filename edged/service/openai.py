@@ -8,34 +8,61 @@ back in OpenAI's shapes: chat.completion(.chunk), text_completion, server-sent e
 """
 import base64
 import dataclasses
+import json
 import secrets
 import time
 
 import numpy as np
 
 from ..errors import RequestError
+from ..text.infill import Infill
 from ..text.sampling import SamplingParams
 from . import openai_schema as schema
+from .log import log
 from .request import MAX_N, ConstraintSpec, GenerateRequest, Output, ToolUse
 from .wire import Reply, StreamReply, error_for, serialised, sse
 
 
 # --- request bodies -> GenerateRequest -----------------------------------------------------
 
+# Other servers' names for our fields: body field -> the field it sets (SamplingParams', or
+# "max_tokens")
+SYNONYMS = {"max_completion_tokens": "max_tokens", "n_predict": "max_tokens",
+            "repetition_penalty": "repeat_penalty", "repeat_last_n": "penalty_last_n"}
+# Ollama's `options` keys -> ours; the others (num_ctx, num_thread, ...) are ignored, logged
+OPTIONS = {"num_predict": "max_tokens", "temperature": "temperature", "top_k": "top_k",
+           "top_p": "top_p", "min_p": "min_p", "seed": "seed", "stop": "stop",
+           "repeat_penalty": "repeat_penalty", "repeat_last_n": "penalty_last_n",
+           "presence_penalty": "presence_penalty", "frequency_penalty": "frequency_penalty"}
+
+
 def parse(body, chat):
     """A chat (chat=True) or completions body -> GenerateRequest; RequestError naming the field."""
     r = schema.validate(body, chat)
-    # the body's fields of the same names (openai_schema.py declares each with its type)
-    sampling = SamplingParams(**{f.name: getattr(r, f.name) for f in dataclasses.fields(SamplingParams)})
-    stop = (r.stop,) if isinstance(r.stop, str) else tuple(r.stop or ())
-    common = dict(model=r.model, sampling=sampling, constraint=_constraint(r))
-    max_tokens = r.max_completion_tokens or r.max_tokens
+    knobs, names = _knobs(r)
+    stop = schema.check_stop(knobs.pop("stop"), names.get("stop", "stop"))
+    max_tokens = knobs.pop("max_tokens")
+    try:
+        sampling = SamplingParams(**knobs)
+    except RequestError as e:           # name the field as the body did
+        theirs = names.get(e.param, e.param)
+        raise RequestError(str(e).replace(f"'{e.param}'", f"'{theirs}'", 1), param=theirs) from None
+    common = dict(model=r.model, sampling=sampling, constraint=_constraint(r), speculative=r.speculative)
     include_usage = bool(r.stream_options and r.stream_options.include_usage)
+    if r.keep_alive is not None:
+        log.info("keep_alive ignored: the daemon's keep_alive setting decides when a model unloads "
+                 "(Ollama's /api routes take a request's, from an admin peer)")
     if chat:
-        tools = tuple(_tool(t) for t in r.tools or ())
-        tc = r.tool_choice
-        choice = tc.function.name if isinstance(tc, schema.NamedToolChoice) else (
-            tc or ("auto" if tools else "none"))
+        legacy = r.functions is not None
+        tools = tuple(_tool(t) for t in r.tools or [schema.Tool(type="function", function=f)
+                                                    for f in r.functions or ()])
+        tc = r.function_call if legacy or r.function_call is not None else r.tool_choice
+        if tc is not None and not tools:
+            log.info("%s ignored: no tools given (as llama-server does)",
+                     "tool_choice" if r.tool_choice is not None else "function_call")
+            tc = None
+        choice = tc.function.name if isinstance(tc, schema.NamedToolChoice) else \
+            tc.name if isinstance(tc, schema.NamedFunction) else tc or ("auto" if tools else "none")
         kwargs = dict(r.chat_template_kwargs or {})
         if r.reasoning_effort is not None:
             kwargs.setdefault("reasoning_effort", r.reasoning_effort)
@@ -44,7 +71,7 @@ def parse(body, chat):
                         reasoning=r.reasoning_format != "none", stream=r.stream,
                         include_usage=include_usage)
         return GenerateRequest(**common, output=output,
-                               tools=ToolUse(tools, choice, r.parallel_tool_calls),
+                               tools=ToolUse(tools, choice, r.parallel_tool_calls and not legacy, legacy),
                                messages=tuple(_message(m) for m in r.messages),
                                template_kwargs=kwargs)
     prompts = r.prompt
@@ -56,7 +83,40 @@ def parse(body, chat):
                            "choices per request", param="prompt")
     output = Output(max_tokens=max_tokens, n=r.n, stop=stop, logprobs=r.logprobs,
                     stream=r.stream, include_usage=include_usage)
-    return GenerateRequest(**common, output=output, prompts=prompts)
+    # a suffix: fill in between the prompt and it (llama-server's /infill layout, text/infill.py)
+    fill = Infill(prefix=r.prompt, suffix=r.suffix) if r.suffix else None
+    return GenerateRequest(**common, output=output, prompts=prompts, infill=fill)
+
+
+def _knobs(r):
+    """({SamplingParams field: value, "max_tokens": .., "stop": ..}, {our field: the body's
+    name for it}) of a validated body, other servers' names mapped (SYNONYMS, Ollama's
+    `options`). A field set under two names must have one value."""
+    values = {f.name: getattr(r, f.name) for f in dataclasses.fields(SamplingParams)}
+    values.update(max_tokens=r.max_tokens, stop=r.stop)
+    names = {k: k for k in values if k in r.model_fields_set}
+
+    def put(ours, value, theirs):
+        if ours in names and values[ours] != value:
+            raise RequestError(f"'{theirs}' and '{names[ours]}' both set {ours}: give one",
+                               param=theirs)
+        values[ours], names[ours] = value, theirs
+
+    for theirs, ours in SYNONYMS.items():
+        v = getattr(r, theirs)
+        if v is not None and not (theirs == "n_predict" and v < 0):      # -1: no limit
+            put(ours, v, theirs)
+    if r.options is not None:
+        o = schema.validate_options(r.options)
+        ignored = sorted(set(o.model_extra or ()) | ({"num_ctx"} if o.num_ctx is not None else set()))
+        if ignored:
+            log.info("options ignored (no meaning here): %s", ", ".join(ignored))
+        for theirs, ours in OPTIONS.items():
+            v = getattr(o, theirs)
+            if v is None or (theirs in ("num_predict", "seed", "repeat_last_n") and v < 0):
+                continue            # Ollama's -1: no limit, a random seed, the whole context
+            put(ours, list(v) if theirs == "stop" else v, f"options.{theirs}")
+    return values, names
 
 
 def _tool(t):
@@ -70,7 +130,8 @@ def _tool(t):
 
 
 def _constraint(r):
-    """The ConstraintSpec of response_format, grammar or json_schema (validation allowed one)."""
+    """The ConstraintSpec of response_format, grammar, json_schema or vLLM's guided_* fields
+    (validation allowed one)."""
     rf = r.response_format
     if rf is not None and rf.type == "json_object":
         return ConstraintSpec("json_schema", rf.schema_ or {"type": "object"}, "response_format")
@@ -80,21 +141,40 @@ def _constraint(r):
         return ConstraintSpec("json_schema", r.json_schema, "json_schema")
     if r.grammar is not None:
         return ConstraintSpec("grammar", r.grammar, "grammar")
+    if r.guided_json is not None:
+        source = r.guided_json
+        if isinstance(source, str):
+            try:
+                source = json.loads(source)
+            except (ValueError, RecursionError):
+                raise RequestError("'guided_json' is a string that is not a JSON schema",
+                                   param="guided_json") from None
+        return ConstraintSpec("json_schema", source, "guided_json")
+    if r.guided_regex is not None:
+        return ConstraintSpec("regex", r.guided_regex, "guided_regex")
+    if r.guided_grammar is not None:
+        return ConstraintSpec("grammar", r.guided_grammar, "guided_grammar")
+    if r.guided_choice is not None:
+        return ConstraintSpec("grammar", "start: " + " | ".join(json.dumps(c) for c in r.guided_choice),
+                              "guided_choice")
     return None
 
 
 def _message(m):
-    """A validated message as the chat template gets it."""
+    """A validated message as the chat template gets it: text and refusal parts joined, a
+    legacy `function` message as a tool message, a legacy `function_call` as a tool call."""
     content = m.content
     if isinstance(content, list):
-        content = "".join(part.text for part in content)
-    out = {"role": "system" if m.role == "developer" else m.role,
-           "content": "" if content is None else content}
+        content = "".join(p.text if isinstance(p, schema.TextPart) else p.refusal for p in content)
+    role = {"developer": "system", "function": "tool"}.get(m.role, m.role)
+    out = {"role": role, "content": "" if content is None else content}
     for key in ("name", "tool_call_id", "reasoning_content"):
         if getattr(m, key) is not None:
             out[key] = getattr(m, key)
     if m.tool_calls:
         out["tool_calls"] = [c.model_dump(exclude_none=True) for c in m.tool_calls]
+    elif m.function_call is not None:
+        out["tool_calls"] = [{"type": "function", "function": m.function_call.model_dump()}]
     return out
 
 
@@ -131,14 +211,17 @@ def completion_logprobs(tok, records, offset=0):
     return out
 
 
-def _delta(reasoning_text, content, calls=()):
-    """A chat stream delta with what is non-empty: reasoning, content, tool calls (indexed)."""
+def _delta(reasoning_text, content, calls=(), legacy=False):
+    """A chat stream delta with what is non-empty: reasoning, content, tool calls (indexed; the
+    first as a legacy `function_call` when the request gave `functions`)."""
     delta = {}
     if reasoning_text:
         delta["reasoning_content"] = reasoning_text
     if content:
         delta["content"] = content
-    if calls:
+    if calls and legacy:
+        delta["function_call"] = calls[0]["function"]
+    elif calls:
         delta["tool_calls"] = [dict(call, index=i) for i, call in enumerate(calls)]
     return delta
 
@@ -148,6 +231,7 @@ class _Render:
 
     def __init__(self, gen):
         self.gen, self.chat = gen, gen.request.chat
+        self.legacy = gen.request.tools.legacy
         self.id = ("chatcmpl-" if self.chat else "cmpl-") + secrets.token_hex(12)
         self.created = int(time.time())
         self.model = gen.lm.name
@@ -167,6 +251,10 @@ class _Render:
             out["prompt_tokens_details"] = {"cached_tokens": u["cached"]}
         return out
 
+    def _finish(self, choice, calls):
+        fin = choice.finish_reason(calls)
+        return "function_call" if self.legacy and fin == "tool_calls" else fin
+
     async def whole(self, req):
         async for _ in self.gen.events(req):
             pass
@@ -177,12 +265,14 @@ class _Render:
         choices = []
         for c in self.gen.choices:
             r, content, calls = c.result()
-            fin = c.finish_reason(calls)
+            fin = self._finish(c, calls)
             if self.chat:
                 msg = {"role": "assistant", "content": content if content or not calls else None}
                 if r is not None:
                     msg["reasoning_content"] = r
-                if calls:
+                if calls and self.legacy:
+                    msg["function_call"] = calls[0]["function"]
+                elif calls:
                     msg["tool_calls"] = calls
                 choices.append({"index": c.index, "message": msg, "logprobs": self._logprobs(c.records),
                                 "finish_reason": fin})
@@ -235,10 +325,10 @@ class _Render:
                         yield chunk(c, text="", finish=fin)
                         continue
                     r, content, calls = c.stream_end()
-                    delta = _delta(r, content, calls)
+                    delta = _delta(r, content, calls, self.legacy)
                     if delta:
                         yield chunk(c, delta)
-                    yield chunk(c, {}, finish=c.finish_reason(calls))
+                    yield chunk(c, {}, finish=self._finish(c, calls))
         except Exception as e:  # noqa: BLE001 - the status line is gone; report in-band
             yield sse(error_for(e).body)
         if usage:
@@ -247,9 +337,10 @@ class _Render:
         yield b"data: [DONE]\n\n"
 
 
-async def reply(gen, req):
-    """The started generation `gen` as OpenAI's reply: a stream of chunks or one object."""
-    render = _Render(gen)
+async def reply(gen, req, render=None):
+    """The started generation `gen` as OpenAI's reply (or as `render`'s, another protocol's
+    renderer with the same whole() and events()): a stream of chunks or one object."""
+    render = render or _Render(gen)
     if gen.request.output.stream:
         return StreamReply(render.events(req), gen.close)
     try:

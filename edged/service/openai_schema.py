@@ -6,7 +6,11 @@ their types.
 
 Fields that OpenAI, llama-server and common clients (openai SDK, LangChain, litellm, Home
 Assistant) send but that do not change what edged generates are accepted and ignored
-(IGNORED, listed in docs/api.md); any other unknown field is refused with 400.
+(IGNORED); other servers' names for fields edged has (vLLM's `repetition_penalty`,
+`guided_json`, an Ollama-style `options` object, OpenAI's legacy `functions`, ...) are declared
+here and mapped by service/openai.py; a field that asks for what edged cannot do is refused
+with a 400 saying what to use instead (REFUSED); any other unknown field is refused with 400.
+docs/api.md lists every field and which of these it is.
 """
 import json
 from typing import Annotated, Any, Literal, Union
@@ -41,7 +45,26 @@ IGNORED = frozenset({
     "dry_multiplier", "dry_base", "dry_allowed_length", "dry_penalty_last_n",
     "dry_sequence_breakers", "xtc_probability", "xtc_threshold", "penalize_nl", "ignore_eos",
     "min_keep", "parse_tool_calls",
+    # OpenAI: predicted outputs, a hint that changes the speed, not the text
+    "prediction",
+    # vLLM
+    "guided_decoding_backend", "guided_whitespace_pattern", "skip_special_tokens",
+    "spaces_between_special_tokens",
 })
+
+# Refused when set (null, false, "", [] and {} count as unset): what to use instead.
+REFUSED = {
+    "audio": "no model here speaks: leave 'audio' out and read the text",
+    "web_search_options": "no web search here: put what the model needs in the messages",
+    "stop_token_ids": "use 'stop' (strings) or 'logit_bias'",
+    "use_beam_search": "no beam search here: use 'n' choices",
+}
+COMPLETION_REFUSED = {
+    "echo": "the prompt is not echoed: prepend it to the text yourself",
+}
+# A content part of these types asks for what no model here takes.
+PART_REFUSED = {"image_url": "no model here takes images", "input_audio": "no model here takes audio",
+                "file": "no model here takes files: send their text as a text part"}
 
 
 def _num(name, integer=False):
@@ -59,6 +82,15 @@ class TextPart(_Strict):
     text: str
 
 
+class RefusalPart(_Strict):
+    """An assistant's refusal as a content part (what it said)."""
+    type: Literal["refusal"]
+    refusal: str
+
+
+Part = Annotated[Union[TextPart, RefusalPart], Field(discriminator="type")]
+
+
 class FunctionCall(_Strict):
     name: str
     arguments: Union[str, dict] = "{}"
@@ -72,13 +104,18 @@ class ToolCall(_Strict):
 
 
 class Message(_Strict):
-    role: Literal["system", "developer", "user", "assistant", "tool", "ipython"]
-    content: Union[str, list[TextPart], None] = None
+    # "function": the legacy reply to a function_call (a tool message with the function's name)
+    role: Literal["system", "developer", "user", "assistant", "tool", "ipython", "function"]
+    content: Union[str, list[Part], None] = None
     name: str | None = None
     tool_calls: list[ToolCall] | None = None
     tool_call_id: str | None = None
     reasoning_content: str | None = None
+    function_call: FunctionCall | None = None     # legacy: becomes the message's tool call
+    # accepted, no meaning here: the rest of what the openai SDK's message.model_dump() holds
     refusal: str | None = None
+    annotations: list[Any] | None = None
+    audio: dict[str, Any] | None = None
 
 
 class FunctionDef(_Strict):
@@ -145,6 +182,18 @@ class _Common(_Strict):
     response_format: ResponseFormat | None = None
     grammar: str | None = None                       # llama-server: GBNF or Lark
     json_schema: dict[str, Any] | None = None        # llama-server
+    min_tokens: int = 0                              # vLLM: no end token or stop string before
+    # other servers' names, mapped by service/openai.py
+    repetition_penalty: float | None = None          # vLLM: repeat_penalty
+    repeat_last_n: int | None = None                 # llama-server: penalty_last_n
+    n_predict: int | None = None                     # llama-server: max_tokens (-1: no limit)
+    guided_json: Union[dict[str, Any], str, None] = None    # vLLM: json_schema (a schema or its text)
+    guided_regex: str | None = None                  # vLLM: the reply matches the regex
+    guided_grammar: str | None = None                # vLLM: grammar (GBNF or Lark)
+    guided_choice: list[str] | None = None           # vLLM: the reply is one of these strings
+    options: dict[str, Any] | None = None            # Ollama's options object
+    keep_alive: Union[int, float, str, None] = None  # Ollama's; ignored here (logged)
+    speculative: bool = True                         # edged: false opts out of the model's speculation
 
 
 class ChatRequest(_Common):
@@ -154,6 +203,8 @@ class ChatRequest(_Common):
     tools: list[Tool] | None = None
     tool_choice: Union[Literal["none", "auto", "required"], NamedToolChoice, None] = None
     parallel_tool_calls: bool = True
+    functions: list[FunctionDef] | None = None       # legacy tools, answered in the legacy shape
+    function_call: Union[Literal["none", "auto"], NamedFunction, None] = None   # legacy tool_choice
     chat_template_kwargs: dict[str, Any] | None = None
     reasoning_format: Literal["none", "auto", "deepseek", "deepseek-legacy"] | None = None
     # OpenAI's; given to the chat template as `reasoning_effort` (gpt-oss reads it), unless
@@ -164,8 +215,7 @@ class ChatRequest(_Common):
 class CompletionRequest(_Common):
     prompt: Union[str, list[str], list[int], list[list[int]]]
     logprobs: _num("logprobs", True) | None = None
-    echo: bool = False
-    suffix: str | None = None
+    suffix: str | None = None           # fill-in-the-middle between prompt and suffix
 
 
 class EmbeddingRequest(_Strict):
@@ -185,6 +235,9 @@ class LlamaEmbeddingRequest(_Strict):
 
 CHAT_FIELDS = frozenset(ChatRequest.model_fields) | IGNORED          # every field a chat request may have
 COMPLETION_FIELDS = frozenset(CompletionRequest.model_fields) | IGNORED
+# constraint fields: a request gives at most one
+CONSTRAINTS = ("response_format", "grammar", "json_schema", "guided_json", "guided_regex",
+               "guided_grammar", "guided_choice")
 
 
 # --- errors -------------------------------------------------------------------------------
@@ -197,7 +250,8 @@ def _where(loc):
         elif part in ("str", "list[TextPart]", "list[str]", "list[int]", "list[list[int]]",
                       "function-after", "constrained-str", "int", "float", "dict[str,any]",
                       "literal['none','auto','required']", "NamedToolChoice", "JsonSchemaSpec",
-                      "bool", "none") or "[" in str(part) and not out:
+                      "bool", "none") or "[" in str(part) and not out or \
+                str(part).startswith(("list[", "tagged-union[", "dict[")):
             continue                               # pydantic's union-member labels
         else:
             out += ("." if out else "") + str(part)
@@ -210,6 +264,10 @@ def _message(err, where):
         return f"unsupported field '{where}'"
     if kind == "missing":
         return f"'{where}' is required"
+    if kind == "union_tag_invalid":
+        tag = ctx.get("tag")
+        instead = PART_REFUSED.get(tag, "send text parts")
+        return f"'{where}' of type {tag!r} is not supported: {instead}"
     if where.startswith(("prompt", "input", "content")):
         field = where.split("[")[0].split(".")[0]
         return (f"'{field}' must be a string, a list of token ids, or a list of strings or of "
@@ -231,14 +289,18 @@ def _message(err, where):
     return f"'{where}': {err['msg']} (got {got!r})"
 
 
-def _validate(cls, body):
-    extra = sorted(k for k in body if k not in cls.model_fields and k not in IGNORED
+def _validate(cls, body, refused=None):
+    refused = refused or {}
+    for k, instead in refused.items():
+        if body.get(k):         # null, false, "", [], {} and 0 ask for nothing
+            raise RequestError(f"'{k}' is not supported: {instead}", param=k)
+    extra = sorted(k for k in body if k not in cls.model_fields and k not in IGNORED and k not in refused
                    and not any(f.alias == k for f in cls.model_fields.values()))
     if extra:
         raise RequestError(f"unsupported field(s): {', '.join(extra)}", param=extra[0])
     try:
         return cls.model_validate({k: v for k, v in body.items()
-                                   if k not in IGNORED or k in cls.model_fields})
+                                   if (k not in IGNORED or k in cls.model_fields) and k not in refused})
     except pydantic.ValidationError as e:
         errs = e.errors(include_url=False)
         # a union reports one error per member; the member that got furthest names the field
@@ -247,19 +309,28 @@ def _validate(cls, body):
         raise RequestError(_message(err, where), param=where) from None
 
 
+def validated(cls, body):
+    """`body` (a parsed JSON value) as the request model `cls`, its model name checked;
+    RequestError naming the field (the routes of llama-server's extras: rerank, infill)."""
+    if not isinstance(body, dict):
+        raise RequestError("request body must be a JSON object")
+    req = _validate(cls, body)
+    if req.model is not None:
+        check_model_name(req.model)
+    return req
+
+
 def validate(body, chat):
     """The request model for `body` (a parsed JSON value); RequestError naming the field."""
     if not isinstance(body, dict):
         raise RequestError("request body must be a JSON object")
-    req = _validate(ChatRequest if chat else CompletionRequest, body)
+    req = _validate(ChatRequest if chat else CompletionRequest, body,
+                    REFUSED if chat else dict(REFUSED, **COMPLETION_REFUSED))
     if req.model is not None:
         check_model_name(req.model)
     if chat and not req.messages:
         raise RequestError("'messages' must be a non-empty list", param="messages")
-    stop = [req.stop] if isinstance(req.stop, str) else (req.stop or [])
-    if len(stop) > MAX_STOP or not all(stop):
-        raise RequestError(f"'stop' must be a non-empty string or a list of up to {MAX_STOP} of them",
-                           param="stop")
+    check_stop(req.stop, "stop")
     for k in req.logit_bias or {}:
         try:
             int(k)
@@ -274,40 +345,79 @@ def validate(body, chat):
                                    param=f"messages[{i}].tool_call_id")
             if m.content is None and m.role not in ("assistant",):
                 raise RequestError(f"'messages[{i}].content' must be a string", param=f"messages[{i}].content")
+            if m.role == "function" and m.name is None:
+                raise RequestError(f"'messages[{i}].name' is required for a function message",
+                                   param=f"messages[{i}].name")
+            if m.function_call is not None and m.tool_calls:
+                raise RequestError(f"'messages[{i}]' has both 'function_call' and 'tool_calls': give one",
+                                   param=f"messages[{i}].function_call")
         nested = [(f"messages[{i}].tool_calls[{j}].function.arguments", c.function.arguments)
                   for i, m in enumerate(req.messages) for j, c in enumerate(m.tool_calls or ())]
+        nested += [(f"messages[{i}].function_call.arguments", m.function_call.arguments)
+                   for i, m in enumerate(req.messages) if m.function_call is not None]
         nested += [(f"tools[{i}].function.parameters", t.function.parameters)
                    for i, t in enumerate(req.tools or ())]
+        nested += [(f"functions[{i}].parameters", f.parameters) for i, f in enumerate(req.functions or ())]
         for where, value in nested + [("chat_template_kwargs", req.chat_template_kwargs)]:
             _check_depth(where, value)
         if req.top_logprobs and not req.logprobs:
             raise RequestError("'top_logprobs' needs 'logprobs': true", param="top_logprobs")
-        if isinstance(req.tool_choice, NamedToolChoice):
-            names = [t.function.name for t in req.tools or ()]
-            if req.tool_choice.function.name not in names:
-                raise RequestError(f"'tool_choice' names function {req.tool_choice.function.name!r}, "
-                                   f"which is not in 'tools' ({', '.join(names) or 'none given'})",
-                                   param="tool_choice")
-        if req.tool_choice == "required" and not req.tools:
-            raise RequestError("'tool_choice' is 'required' but no 'tools' were given", param="tool_choice")
+        if req.functions is not None and req.tools is not None:
+            raise RequestError("give 'tools' or the legacy 'functions', not both", param="functions")
+        if req.function_call is not None and req.tool_choice is not None:
+            raise RequestError("give 'tool_choice' or the legacy 'function_call', not both",
+                               param="function_call")
+        # a named function must be offered; without any tools the choice is ignored, as
+        # llama-server does (service/openai.py logs it)
+        for field, named, offered, where in (
+                ("tool_choice", req.tool_choice, req.tools, "tools"),
+                ("function_call", req.function_call, req.functions, "functions")):
+            if offered and isinstance(named, (NamedToolChoice, NamedFunction)):
+                name = named.function.name if isinstance(named, NamedToolChoice) else named.name
+                names = [t.function.name if isinstance(t, Tool) else t.name for t in offered]
+                if name not in names:
+                    raise RequestError(f"'{field}' names function {name!r}, which is not in "
+                                       f"'{where}' ({', '.join(names)})", param=field)
     else:
-        if req.echo:
-            raise RequestError("'echo' is not supported", param="echo")
-        if req.suffix not in (None, ""):
-            raise RequestError("'suffix' is not supported", param="suffix")
+        if req.suffix not in (None, "") and not isinstance(req.prompt, str):
+            raise RequestError("'suffix' (fill-in-the-middle) needs one text 'prompt'", param="suffix")
         if isinstance(req.prompt, list) and not req.prompt:
             raise RequestError("'prompt' must be a string, a list of token ids, or a list of those",
                                param="prompt")
-    constraints = sum(x is not None for x in (req.grammar, req.json_schema)) + \
-        (req.response_format is not None and req.response_format.type != "text")
-    if constraints > 1:
-        raise RequestError("give only one of 'response_format', 'grammar' and 'json_schema'",
-                           param="response_format")
+    given = [k for k in CONSTRAINTS if getattr(req, k) is not None and
+             (k != "response_format" or req.response_format.type != "text")]
+    if len(given) > 1:
+        raise RequestError(f"give only one of {', '.join(repr(k) for k in CONSTRAINTS)} "
+                           f"(got {', '.join(given)})", param=given[1])
+    if req.guided_choice is not None and not (req.guided_choice and all(req.guided_choice)):
+        raise RequestError("'guided_choice' must be a list of non-empty strings", param="guided_choice")
     rf = req.response_format
     if rf is not None and rf.type == "json_schema" and (rf.json_schema is None or rf.json_schema.schema_ is None):
         raise RequestError("'response_format.json_schema.schema' is required for type json_schema",
                            param="response_format.json_schema.schema")
     return req
+
+
+def check_stop(stop, where):
+    """`stop` (a string or a list of them) as a tuple; RequestError naming `where` unless it is
+    at most MAX_STOP non-empty strings."""
+    stop = (stop,) if isinstance(stop, str) else tuple(stop or ())
+    if len(stop) > MAX_STOP or not all(stop):
+        raise RequestError(f"'{where}' must be a non-empty string or a list of up to {MAX_STOP} of them",
+                           param=where)
+    return stop
+
+
+def validate_options(options):
+    """An Ollama-style `options` object, typed as Ollama reads it (ollama_schema.Options: lax
+    types, unknown keys kept in model_extra); RequestError naming the key."""
+    from .ollama_schema import Options
+    try:
+        return Options.model_validate(options)
+    except pydantic.ValidationError as e:
+        err = max(e.errors(include_url=False), key=lambda x: len(x["loc"]))
+        where = "options." + _where(err["loc"])
+        raise RequestError(_message(err, where), param=where) from None
 
 
 def _check_depth(where, value):

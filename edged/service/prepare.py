@@ -7,7 +7,7 @@ reads a GenerateRequest (service/request.py).
 import dataclasses
 
 from ..errors import RequestError
-from ..text import grammar, harmony, reasoning, tools
+from ..text import grammar, harmony, infill, reasoning, tools
 from .request import ConstraintSpec
 
 
@@ -67,6 +67,8 @@ def prepare(lm, request):
         prep.think = request.output.reasoning and (prep.harmony or reasoning.OPEN in template)
         if prep.think and not prep.harmony:
             prep.think_inside = reasoning.starts_inside(tok.decode(ids[-8:], special=True))
+    elif request.infill is not None:
+        prep.prompts.append(infill_ids(tok, request.infill, lm.n_ctx, request.output.max_tokens))
     else:
         for prompt in request.prompts:
             prep.prompts.append(prompt if isinstance(prompt, list)
@@ -74,6 +76,14 @@ def prepare(lm, request):
     if spec is not None:
         prep.constraint = grammar.constraint(spec.kind, spec.source, spec.what, tok, lm.model.n_vocab)
     return prep
+
+
+def infill_ids(tok, fill, n_ctx, max_tokens):
+    """llama-server's /infill prompt (text/infill.py) within a context of n_ctx: the prefix and
+    suffix within half of it (llama-server: n_batch, 2048), room kept for the reply (max_tokens,
+    or an eighth of the context), the extra context in what is left."""
+    return infill.prompt_ids(tok, fill, n_ctx, n_batch=min(infill.N_BATCH, n_ctx // 2),
+                             n_predict=max_tokens or n_ctx // 8)
 
 
 def special_token(tok):

@@ -10,6 +10,8 @@ validated. Scheduling, limits, authorization and logging see only this, never th
       constraint  ConstraintSpec | None           structured output (JSON schema, grammar)
       tools       ToolUse                         functions offered and how they may be called
       messages    chat turns, as templates see them (chat) | prompts: texts or id lists
+      speculative False: no speculative decoding for this request (it never changes the tokens)
+      infill      text.infill.Infill | None     fill-in-the-middle (its prompt replaces prompts)
 """
 from __future__ import annotations
 
@@ -40,7 +42,7 @@ class Output:
 @dataclasses.dataclass(frozen=True)
 class ConstraintSpec:
     """Structured output as asked: kind "json_schema" (source: a schema), "grammar" (GBNF or
-    Lark text) or "lark"; `what` is the request field it came from (errors name it)."""
+    Lark text), "regex" or "lark"; `what` is the request field it came from (errors name it)."""
     kind: str
     source: object
     what: str
@@ -50,10 +52,12 @@ class ConstraintSpec:
 class ToolUse:
     """The functions offered (as chat templates see them: {"type": "function", "function":
     {name, description, parameters}}) and `choice`: "none", "auto", "required" or a function's
-    name; parallel: "required" may call several."""
+    name; parallel: "required" may call several. legacy: offered as OpenAI's legacy
+    `functions` (one call, answered as `function_call`)."""
     tools: tuple = ()
     choice: str = "none"
     parallel: bool = True
+    legacy: bool = False
 
     def offered(self):
         """The tools the model may call under `choice`."""
@@ -75,6 +79,8 @@ class GenerateRequest:
     messages: tuple | None = None
     prompts: tuple = ()
     template_kwargs: dict = dataclasses.field(default_factory=dict)
+    speculative: bool = True
+    infill: object = None
 
     @property
     def chat(self):

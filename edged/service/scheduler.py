@@ -13,7 +13,9 @@ the weights once for all rows, decode tokens and prompt chunk alike. Every row i
 the engine's canonical order (docs/engine.md, "Reproducibility"): a row equals the session's own
 single step bit for bit, so a reply does not depend on what it was batched with.
 Each job then samples from its logits and posts its token. A job that finishes, is cancelled or
-fails leaves at the next step; a new one joins at once.
+fails leaves at the next step; a new one joins at once. A job whose model speculates
+(engine/speculative.py) brings its last token plus its drafts (k + 1 verify rows) and may post
+several tokens from one pass; the cost model counts every verify row as a decode row.
 
 Mixed load (llama-server's continuous batching: prompts compete with decode for each pass): a
 long prompt must neither stall the streams that are decoding nor starve. While any stream
@@ -501,7 +503,9 @@ class Decoder:
         # where each prompt goes on: the session's cache (a cached prefix is already in it)
         at = [(j.gen.session.n_past, j.gen.n_pending) for j in prefilling]
         work = [(j, j.gen.entry()) for j in decoding]
-        decode_keys = sum(j.gen.session.n_past + 1 for j in decoding)
+        # decode rows: one per stream, plus its drafts when it speculates (verify rows)
+        n_rows = sum(len(e.tokens) for _, e in work)
+        decode_keys = sum(StepCosts.keys(j.gen.session.n_past, len(e.tokens)) for j, e in work)
         now = time.perf_counter()
         for j in list(self._waits):
             if j not in prefilling:
@@ -513,7 +517,7 @@ class Decoder:
             w = self._waits.get(j)
             waits.append(None if w is None else (w[0], (now - w[1]) * 1000))
         pieces = []
-        for j, (pos, _), n in zip(prefilling, at, costs.plan(len(decoding), at, decode_keys, waits)):
+        for j, (pos, _), n in zip(prefilling, at, costs.plan(n_rows, at, decode_keys, waits)):
             if n:
                 e = j.gen.entry(n)
                 pieces.append((pos, len(e.tokens)))
@@ -533,8 +537,8 @@ class Decoder:
             ms = (time.perf_counter() - t0) * 1000
             if DEBUG_STEPS:
                 cpu = (time.thread_time() - c0) * 1000
-                self._debug(costs, len(decoding), pieces, ms, t0, decode_keys, cpu)
-            costs.record(ms, len(decoding), pieces, decode_keys)
+                self._debug(costs, n_rows, pieces, ms, t0, decode_keys, cpu)
+            costs.record(ms, n_rows, pieces, decode_keys)
             if len(decoding) > 1 and self.metrics is not None:
                 self.metrics.batch_steps += 1
                 self.metrics.batch_rows += len(decoding)
@@ -543,15 +547,14 @@ class Decoder:
                 self._end(job, "error", logits)
                 continue
             try:
-                out = job.gen.accept(logits)
+                outs = job.gen.accept_all(logits)   # none while the prompt goes in
             except Exception as e:  # noqa: BLE001
                 self._end(job, "error", e)
                 continue
-            if out is None:                  # a chunk of the prompt went in
-                continue
-            job.post("token", out)
-            if out.finish_reason:
-                self._end(job, "done", out.finish_reason)
+            for out in outs:
+                job.post("token", out)
+                if out.finish_reason:
+                    self._end(job, "done", out.finish_reason)
 
     def _debug(self, costs, n_decode, pieces, ms, t0, decode_keys, cpu):
         """One line per pass (EDGED_DEBUG_STEPS=1): its rows, measured and predicted time, the

@@ -11,7 +11,8 @@ header within `header_timeout`, the next one within `keepalive_timeout`, a body 
 `body_timeout`), so slow or stalled clients cannot hold descriptors. Refusals are counted in
 /metrics and logged once per `LOG_INTERVAL`, never once per attempt.
 
-TCP (opt-in, issue #14): sockets systemd passes (edged-tcp.socket) go through the same
+TCP (opt-in, issue #14): sockets systemd passes (edged-tcp.socket) or the daemon binds
+itself before its sandbox (config key `listen`, `edged serve --listen`) go through the same
 Listener and deadlines; each request needs an API key (apikeys.py) and may not use the admin
 routes. There is no peer uid: until a request on it carries a valid key, a TCP connection is
 held in a small pool of its own (`PREAUTH_MAX`; when full, the oldest idle one is closed for
@@ -37,6 +38,7 @@ from aiohttp import hdrs, web
 
 from ..errors import ConfigError
 from . import apikeys, systemd
+from .config import split_host_port
 from .wire import ApiRequest, Peer, Reply, error_reply
 from .log import log
 
@@ -58,9 +60,9 @@ def peer_credentials(sock):
 
 def open_socket(cfg):
     """The listening sockets: the Unix socket from systemd (LISTEN_FDS) or bound at cfg.socket,
-    and the TCP sockets systemd passed (edged-tcp.socket; never opened by the daemon itself).
-    Returns (unix socket, how, [tcp sockets])."""
-    unix, tcp = None, []
+    and the TCP sockets: those systemd passed (edged-tcp.socket) and those bound at cfg.listen
+    (`edged serve --listen`, before the sandbox forbids it). Returns (unix socket, how, [tcp sockets])."""
+    unix, tcp = None, [bind_tcp(addr) for addr in cfg.listen]
     for s in systemd.listen_fds():
         if s.type == socket.SOCK_STREAM and (s.family == socket.AF_UNIX and unix is None
                                              or s.family in (socket.AF_INET, socket.AF_INET6)):
@@ -74,6 +76,26 @@ def open_socket(cfg):
     if unix is not None:
         return unix, "systemd", tcp
     return bind_socket(cfg.socket, cfg.socket_mode, cfg.socket_group), "bound", tcp
+
+
+def bind_tcp(addr):
+    """A listening TCP socket at `addr` ("HOST:PORT" from the config key 'listen')."""
+    host, port = split_host_port(addr)
+    try:
+        family, kind, proto, _, sockaddr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                                              flags=socket.AI_PASSIVE)[0]
+    except socket.gaierror as e:
+        raise ConfigError(f"config key 'listen': {addr!r}: {e.strerror}") from None
+    sock = socket.socket(family, kind | socket.SOCK_CLOEXEC, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)     # a restart within TIME_WAIT
+        sock.bind(sockaddr)
+        sock.listen(socket.SOMAXCONN)
+    except OSError as e:
+        sock.close()
+        raise ConfigError(f"config key 'listen': cannot listen on {addr}: {e.strerror}") from None
+    sock.setblocking(False)
+    return sock
 
 
 def bind_socket(path, mode, group):
@@ -200,8 +222,10 @@ def make_app(daemon):
             t = request.transport
             return t is None or t.is_closing()
 
-        areq = ApiRequest(request.method, request.path, body, peer, gone,
-                          tcp=sock is not None and sock.family != socket.AF_UNIX)
+        tcp = sock is not None and sock.family != socket.AF_UNIX
+        areq = ApiRequest(request.method, request.path, body, peer, gone, tcp=tcp,
+                          api_key=apikeys.key_id(request.headers.get("Authorization"), daemon.api_keys,
+                                                 request.headers.get("x-api-key")) if tcp else None)
         reply = await api.handle(areq)
         if isinstance(reply, Reply):
             ct, _, charset = reply.content_type.partition("; ")
@@ -265,9 +289,10 @@ def inflate(data, encoding, limit):
 def _tcp_refusal(request, api, keys):
     """A 401 for a TCP request without a valid API key, 403 for an admin route (those need a
     Unix peer's credentials); None when the request may go on."""
-    if not keys or not apikeys.admitted(request.headers.get("Authorization"), keys):
-        return error_reply(401, "a request over TCP needs 'Authorization: Bearer KEY' with a key from "
-                           "api_keys_file", "authentication_error", "invalid_api_key",
+    if not keys or not apikeys.admitted(request.headers.get("Authorization"), keys,
+                                        request.headers.get("x-api-key")):
+        return error_reply(401, "a request over TCP needs 'Authorization: Bearer KEY' (or 'x-api-key: KEY') "
+                           "with a key from api_keys_file", "authentication_error", "invalid_api_key",
                            {"WWW-Authenticate": "Bearer"})
     if request.path in api.ADMIN:
         return error_reply(403, f"{request.path} is not available over TCP", "permission_error", "forbidden")
@@ -278,7 +303,8 @@ def _finish(daemon, request, route, peer, reply, info, t0, resp):
     daemon.metrics.request(route, reply.status)
     ms = (time.monotonic() - t0) * 1e3
     parts = [f"{request.method} {request.path} {reply.status}"]
-    for k in ("model", "prompt_tokens", "cached_tokens", "prompt_eval", "completion_tokens", "finish"):
+    for k in ("model", "prompt_tokens", "cached_tokens", "prompt_eval", "completion_tokens", "finish",
+              "drafted", "accepted"):
         if k in info:
             parts.append(f"{k}={info[k]}")
     for k in ("queue_ms", "ttft_ms", "gen_ms"):

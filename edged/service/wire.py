@@ -9,6 +9,7 @@ protocol shapes the body (OpenAI's {"error": {...}} by default).
 import asyncio
 import concurrent.futures
 import dataclasses
+import functools
 import json
 
 from ..errors import EdgedError, HTTPError, RequestError, http_error
@@ -35,6 +36,7 @@ class ApiRequest:
     disconnected: object = lambda: False      # () -> bool, True once the client has gone
     info: dict = dataclasses.field(default_factory=dict)   # filled by handlers for the request log line
     tcp: bool = False                         # over the opt-in TCP listener (an API key admitted it)
+    api_key: str | None = None                # over TCP: apikeys.key_id of the key that admitted it
 
 
 @dataclasses.dataclass
@@ -155,6 +157,20 @@ def error_for(e):
         log.exception("internal error: %s", e)
         return error_reply(status, f"internal error: {type(e).__name__}", type_, code)
     return error_reply(status, str(e), type_, code, headers, param=getattr(e, "param", None))
+
+
+def errors_as(shape):
+    """A decorator for a wire protocol's handlers (methods taking an ApiRequest): an exception
+    becomes `shape(e)`, the protocol's own error reply."""
+    def decorate(handler):
+        @functools.wraps(handler)
+        async def run(self, req):
+            try:
+                return await handler(self, req)
+            except Exception as e:  # noqa: BLE001 - every error becomes the protocol's reply
+                return shape(e)
+        return run
+    return decorate
 
 
 def json_body(req, limit):

@@ -65,6 +65,12 @@ LIMITS = dict(initial_lexer_fuel=400_000, step_lexer_fuel=200_000, step_max_item
 # JSON is written as json.dumps writes it ({"a": 1, "b": [2, 3]}): the layout models see in
 # their templates, and no room for a small model to loop on white space.
 JSON_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+# What llama.cpp's schema converter bounds and llguidance does not (see llama_like): digits of
+# an integer (16 there: [1-9][0-9]{0,15}; +-2**53 here, 16 digits that a float64 holds
+# exactly) and of a number's fraction (16 there; 10 here, the most llguidance's `multipleOf`
+# takes as a decimal).
+INT_LIMIT = MAX_EXACT
+FRACTION = 1e-10
 
 _TOKENIZERS = weakref.WeakKeyDictionary()       # edged Tokenizer -> llguidance LLTokenizer
 _TOKENIZERS_LOCK = threading.Lock()
@@ -129,10 +135,11 @@ def lltokenizer(tok, n_vocab=None):
 
 def constraint(kind, source, what, tok, n_vocab=None):
     """The Constraint (in its start state) of a request's grammar: kind "json_schema" (a schema),
-    "grammar" (llama-server's field: GBNF or Lark text) or "lark" (llguidance's Lark, e.g.
-    tools.call_grammar). Checked, then compiled on a thread of its own with COMPILE_STACK bytes
-    of stack; GrammarError names `what` and the problem."""
-    make = {"json_schema": from_json_schema, "grammar": from_grammar, "lark": from_lark}[kind]
+    "grammar" (llama-server's field: GBNF or Lark text), "regex" (the whole reply matches it) or
+    "lark" (llguidance's Lark, e.g. tools.call_grammar). Checked, then compiled on a thread of
+    its own with COMPILE_STACK bytes of stack; GrammarError names `what` and the problem."""
+    make = {"json_schema": from_json_schema, "grammar": from_grammar, "regex": from_regex,
+            "lark": from_lark}[kind]
     lltokenizer(tok, n_vocab)
     with _panics(what):
         return _on_compile_thread(
@@ -294,17 +301,71 @@ def _gbnf_dependency_order(text):
     return head + "".join(r if r.endswith(("\n", "\r")) else r + "\n" for r in map(rules.get, order))
 
 
+# Keywords whose value is a schema, a list of schemas, or a map of names to schemas.
+_SUB_SCHEMA = ("items", "additionalProperties", "additionalItems", "unevaluatedProperties",
+               "unevaluatedItems", "not", "contains", "propertyNames", "if", "then", "else")
+_SUB_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems", "items")
+_SUB_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
+
+
+def llama_like(schema):
+    """`schema` (a parsed JSON schema) as llama.cpp's converter
+    (common/json-schema-to-grammar.cpp) reads it, for the parts llguidance reads otherwise;
+    a copy, the input is left as it is. The one place edged rewrites a client's schema:
+    - an object schema with `properties` and no `additionalProperties` is closed
+      (`additionalProperties: false`), as there; without `properties` it stays any object.
+      pydantic's schemas leave the key out, and an open object lets a small model add keys
+      until max_tokens. Not the direct members of an `allOf`, which are merged parts.
+    - an integer without `minimum` (`exclusiveMinimum`) or `maximum` gets -INT_LIMIT /
+      INT_LIMIT: at most 16 digits (llama.cpp: 16); unbounded, a small model wrote
+      "11112222323333..." until max_tokens.
+    - a number gets the same bounds, and `multipleOf` FRACTION (at most 10 decimals; llama.cpp:
+      16) unless it has its own. Neither where `const` or `enum` already bounds the value.
+    White space needs no rewrite: JSON_LAYOUT allows json.dumps's separators only.
+    A schema nested deeper than MAX_JSON_DEPTH is returned as it is (_check_schema refuses it)."""
+    if too_deep(schema) is not None:
+        return schema
+    return _llama_like(schema)
+
+
+def _llama_like(schema, part_of_all_of=False):
+    if not isinstance(schema, dict):
+        return schema
+    out = {}
+    for key, v in schema.items():
+        if key in _SUB_MAPS and isinstance(v, dict):
+            v = {name: _llama_like(x) for name, x in v.items()}
+        elif key in _SUB_LISTS and isinstance(v, list):
+            v = [_llama_like(x, key == "allOf") for x in v]
+        elif key in _SUB_SCHEMA:
+            v = _llama_like(v)
+        out[key] = v
+    types = schema.get("type")
+    types = set(types) if isinstance(types, list) else {types}
+    if "properties" in schema and not part_of_all_of and "additionalProperties" not in schema \
+            and "unevaluatedProperties" not in schema:
+        out["additionalProperties"] = False
+    if types & {"integer", "number"} and "const" not in schema and "enum" not in schema:
+        if "minimum" not in schema and "exclusiveMinimum" not in schema:
+            out["minimum"] = -INT_LIMIT
+        if "maximum" not in schema and "exclusiveMaximum" not in schema:
+            out["maximum"] = INT_LIMIT
+        if "number" in types and "multipleOf" not in schema:
+            out["multipleOf"] = FRACTION
+    return out
+
+
 def from_json_schema(schema, what="json_schema"):
     """A grammar for JSON text that validates against `schema` (a dict; True/{} = any JSON
-    object)."""
+    object), read as llama.cpp reads it (llama_like)."""
     _require()
     if schema is True or schema is None:
         schema = {"type": "object"}
     if not isinstance(schema, dict):
         raise GrammarError(f"{what}: a JSON schema must be an object (got {type(schema).__name__})")
     _check_schema(schema, what)
-    text = json.dumps(schema)
-    _check_size(what, text)
+    _check_size(what, json.dumps(schema))
+    text = json.dumps(llama_like(schema))
     try:
         return llguidance.LLMatcher.grammar_from_json_schema(text, defaults=JSON_LAYOUT)
     except ValueError as e:
@@ -324,6 +385,20 @@ def from_grammar(text, what="grammar"):
         except Exception as e:  # noqa: BLE001 - the converter raises whatever its parser meets
             raise GrammarError(f"{what}: GBNF: {e}") from None
     return from_lark(text, what, forcing=False)
+
+
+def from_regex(text, what="regex"):
+    """A grammar whose whole text matches the regular expression `text` (Python / Rust regex
+    syntax), compiled as a client's grammar (no byte forcing, see from_lark)."""
+    _require()
+    if not isinstance(text, str) or not text:
+        raise GrammarError(f"{what} must be a non-empty string")
+    _check_size(what, text)
+    try:
+        lark = "start: /" + llguidance.regex_to_lark(text, "") + "/\n"
+    except Exception as e:  # noqa: BLE001 - the converter raises what its parser meets
+        raise GrammarError(f"{what}: {e}") from None
+    return from_lark(lark, what, forcing=False)
 
 
 def from_lark(text, what="grammar", forcing=True):

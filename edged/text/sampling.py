@@ -2,8 +2,14 @@
 
 Sampler applies, in llama.cpp's order: logit bias, repetition/presence/frequency penalties
 over the last `penalty_last_n` tokens, then greedy (temperature <= 0) or top-k -> top-p ->
-min-p -> temperature -> a draw from a seeded RNG (same seed, same tokens). A structured-output
-Constraint (text/grammar.py) masks the tokens its grammar does not allow before all of that.
+min-p -> temperature -> a draw with the uniform `keyed_uniform(seed, position)` (same seed, same
+tokens). The uniform of the token at position p (the p-th token the request generates) is a
+pure function of (seed, p), never the next value of a stream: a draw that is thrown away (a
+rejected speculative draft, a retry) consumes nothing, so speculation and batching cannot change
+a sampled token (docs/engine.md, "Reproducibility"). A structured-output
+Constraint (text/grammar.py) masks the tokens its grammar does not allow before all of that;
+`min_tokens` masks the end tokens at positions below it (vLLM's MinTokensLogitsProcessor),
+unless the grammar allows nothing else.
 With `logprobs`, each draw also records the chosen token's log-probability and the most likely
 alternatives, from the model's own distribution: the log-softmax of the raw logits, before
 bias, penalties, grammar mask, temperature and truncation. The per-token work
@@ -26,6 +32,7 @@ except ImportError:  # reference build without the compiled core
     _compiled_sample = _work_bytes = None
 
 
+MASK64 = (1 << 64) - 1
 INT32_MAX = (1 << 31) - 1        # top_k is a C int in the compiled sampler
 FLT_MIN = 1.1754943508222875e-38  # smallest normal float32: 1 / FLT_MIN still fits a float32
 
@@ -52,6 +59,7 @@ REQUEST_BOUNDS = {
     "repeat_penalty": Bound(0.001, 10.0),
     "penalty_last_n": Bound(0, 1 << 16, integer=True),
     "seed": Bound(-(1 << 63), (1 << 64) - 1, integer=True),
+    "min_tokens": Bound(0, INT32_MAX, integer=True),
     "logit_bias": Bound(-100.0, 100.0),          # each value
 }
 
@@ -62,7 +70,9 @@ class SamplingParams:
     caller), checked once against REQUEST_BOUNDS, then taken as it is by Generation, Sampler
     and the compiled sampler. temperature 0 (or one so small that 1/temperature overflows a
     float32) is greedy; seed None draws from the OS's entropy. logit_bias: ((token id, bias),
-    ...). A new parameter is a field here, a row in REQUEST_BOUNDS and the code that uses it."""
+    ...). min_tokens: no end token drawn (Sampler) and no stop string matched (the engine's
+    Generation) before that many tokens. A new parameter is a field here, a row in
+    REQUEST_BOUNDS and the code that uses it."""
     temperature: float = 0.0
     top_k: int = 0
     top_p: float = 1.0
@@ -73,6 +83,7 @@ class SamplingParams:
     penalty_last_n: int = 64
     seed: int | None = None
     logit_bias: tuple = ()
+    min_tokens: int = 0
 
     def __post_init__(self):
         put = object.__setattr__
@@ -122,11 +133,27 @@ def _within(name, v, b):
                            param=name.split("[")[0])
 
 
+def _mix64(z):
+    """SplitMix64's finalizer: a bijection of 64-bit integers that spreads every input bit."""
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & MASK64
+    return z ^ (z >> 31)
+
+
+def keyed_uniform(seed, pos):
+    """The uniform in [0, 1) that draws the token at position `pos` of a generation seeded with
+    `seed`: a pure function of the two (a counter-based generator, SplitMix64 keyed by the
+    seed), 53 random bits as a double."""
+    z = _mix64((_mix64(int(seed) & MASK64) + (int(pos) & MASK64) * 0x9E3779B97F4A7C15) & MASK64)
+    return (z >> 11) * (1.0 / (1 << 53))
+
+
 class Sampler:
     """A request's draws: SamplingParams plus the state that changes per token (penalty
-    history, RNG, grammar constraint, logprob records)."""
+    history, seed, grammar constraint, logprob records, draws so far). end_ids: the tokens that
+    end a reply, which params.min_tokens holds back."""
 
-    def __init__(self, n_vocab, params=SamplingParams(), constraint=None, logprobs=None):
+    def __init__(self, n_vocab, params=SamplingParams(), constraint=None, logprobs=None, end_ids=()):
         self.n_vocab = n_vocab
         self.params = params
         self.history = collections.deque(maxlen=max(params.penalty_last_n, 1))
@@ -140,12 +167,18 @@ class Sampler:
         if seed is None:
             seed = int.from_bytes(np.random.SeedSequence().entropy.to_bytes(16, "little")[:8],
                                   "little")
-        self.seed = int(seed) & 0xFFFFFFFFFFFFFFFF
-        self.rng = np.random.Generator(np.random.PCG64(self.seed))
+        self.seed = int(seed) & MASK64
+        self.n_drawn = 0                  # draws so far: the position of a sample() without one
         self._work = None   # the compiled sampler's scratch, reused for every token
         self.constraint = constraint      # text.grammar.Constraint or None
         self.n_logprobs = logprobs        # None: not recorded; k: the top k alternatives too
         self.records = []                 # (token, logprob, [(id, logprob)] top k) per draw
+        # while fewer than min_tokens were drawn: the end tokens get a -inf bias
+        ends = np.array(sorted(t for t in end_ids if 0 <= t < n_vocab), np.int32)
+        self._hold = None
+        if params.min_tokens and len(ends):
+            self._hold = (np.concatenate([self.bias_ids, ends]),
+                          np.concatenate([self.bias_vals, np.full(len(ends), -np.inf, np.float32)]), ends)
 
     def accept(self, token):
         if self.constraint is not None:
@@ -166,19 +199,27 @@ class Sampler:
         ids, counts = np.unique(np.fromiter(self.history, np.int32), return_counts=True)
         return ids.astype(np.int32), counts.astype(np.int32)
 
-    def sample(self, logits):
-        """logits: float32 (n_vocab,). Returns the chosen token id."""
+    def sample(self, logits, pos=None):
+        """logits: float32 (n_vocab,); pos: the position of the token among those the request
+        generates (0 for the first), whose keyed uniform draws it (default: the number of
+        draws so far). Returns the chosen token id."""
         logits = np.ascontiguousarray(logits, dtype=np.float32)
         pen_ids, pen_counts = self._penalties()
-        u = 0.0 if self.params.greedy else float(self.rng.random())
+        pos = self.n_drawn if pos is None else pos
+        self.n_drawn = pos + 1
+        u = 0.0 if self.params.greedy else keyed_uniform(self.seed, pos)
         mask = self.constraint.mask() if self.constraint is not None else None
+        bias_ids, bias_vals = self.bias_ids, self.bias_vals
+        if self._hold is not None and pos < self.params.min_tokens and \
+                not _only_ends(mask, self._hold[2]):
+            bias_ids, bias_vals = self._hold[:2]
         if _compiled_sample is not None:
             if self._work is None or len(self._work) < _work_bytes(len(logits)):
                 self._work = np.empty(_work_bytes(len(logits)), np.uint8)
-            t = int(_compiled_sample(logits, self.params, self.bias_ids, self.bias_vals, pen_ids,
+            t = int(_compiled_sample(logits, self.params, bias_ids, bias_vals, pen_ids,
                                      pen_counts, u, self._work, mask))
         else:
-            t = sample_reference(logits, self.params, self.bias_ids, self.bias_vals, pen_ids,
+            t = sample_reference(logits, self.params, bias_ids, bias_vals, pen_ids,
                                  pen_counts, u, mask)
         if self.n_logprobs is not None:
             self.records.append(token_logprobs(logits, t, self.n_logprobs))
@@ -188,6 +229,16 @@ class Sampler:
         """The logprob records of the draws since the last call."""
         out, self.records = self.records, []
         return out
+
+
+def _only_ends(mask, ends):
+    """True when the grammar's mask (None: no grammar) allows no token but the end tokens: the
+    structure is complete, and min_tokens must not force text past it."""
+    if mask is None:
+        return False
+    rest = np.asarray(mask, np.uint32).copy()
+    np.bitwise_and.at(rest, ends >> 5, ~(np.uint32(1) << (ends & 31).astype(np.uint32)))
+    return not rest.any()
 
 
 def token_logprobs(logits, token, k):
@@ -246,22 +297,25 @@ def sample_reference(logits, params, bias_ids, bias_vals, pen_ids, pen_counts, u
 
 
 class StopMatcher:
-    """Finds stop strings in streamed text, holding back what could be the start of one."""
+    """Finds stop strings in streamed text, holding back what could be the start of one;
+    `hit` is the stop string found (the earliest in the text), None until then."""
 
     def __init__(self, stops):
         if isinstance(stops, str):
             stops = [stops]
         self.stops = [s for s in (stops or ()) if s]
         self.pending = ""
+        self.hit = None
 
     def push(self, text):
         """Returns (text safe to emit, hit). On a hit the text is everything before the stop."""
         if not self.stops:
             return text, False
         self.pending += text
-        hits = [i for i in (self.pending.find(s) for s in self.stops) if i >= 0]
+        hits = [(i, s) for i, s in ((self.pending.find(s), s) for s in self.stops) if i >= 0]
         if hits:
-            out = self.pending[:min(hits)]
+            i, self.hit = min(hits)
+            out = self.pending[:i]
             self.pending = ""
             return out, True
         hold = 0

@@ -183,6 +183,15 @@ _EOT_TEXTS = (
     "<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<|end_of_text|>",
     "<EOT>", "_<EOT>", "[EOT]", "<\uff5cend\u2581of\u2581sentence\uff5c>", "<end_of_utterance>",
 )
+# ... fill-in-the-middle tokens (llama_vocab::impl::load, "find FIM_PRE token" ...) ...
+_FIM_IO_TEXTS = {
+    Key.FIM_PRE_ID: ("<|fim_prefix|>", "<fim-prefix>", "<fim_prefix>", "<\uff5cfim\u2581begin\uff5c>",
+                     "<PRE>", "\u2581<PRE>", "<|code_prefix|>", "<|prefix|>"),
+    Key.FIM_SUF_ID: ("<|fim_suffix|>", "<fim-suffix>", "<fim_suffix>", "<\uff5cfim\u2581hole\uff5c>",
+                     "<SUF>", "\u2581<SUF>", "<|code_suffix|>", "<|suffix|>"),
+    Key.FIM_MID_ID: ("<|fim_middle|>", "<fim-middle>", "<fim_middle>", "<\uff5cfim\u2581end\uff5c>",
+                     "<MID>", "\u2581<MID>", "<|code_middle|>", "<|middle|>"),
+}
 # ... and fill-in-the-middle tokens that also end a generation
 _FIM_TEXTS = {
     Key.FIM_PAD_ID: ("<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", "[PAD]"),
@@ -245,6 +254,10 @@ class Tokenizer:
         self.bos_id, self.eos_id, self.eot_id = special["bos"], special["eos"], special["eot"]
         self.eom_id, self.unk_id, self.pad_id = special["eom"], special["unk"], special["pad"]
         self.sep_id, self.mask_id = special["sep"], special["mask"]
+        # fill-in-the-middle: "pre", "suf", "mid", "pad", "rep", "sep" -> id or None
+        self.fim = {name: special[key] for name, key in (
+            ("pre", Key.FIM_PRE_ID), ("suf", Key.FIM_SUF_ID), ("mid", Key.FIM_MID_ID),
+            ("pad", Key.FIM_PAD_ID), ("rep", Key.FIM_REP_ID), ("sep", Key.FIM_SEP_ID))}
         self.eog_ids = frozenset(eog)
         # pieces (token -> bytes), made on first use; byte tokens checked now
         self._pieces = [None] * self.n_vocab
@@ -295,7 +308,8 @@ class Tokenizer:
         name, n = self.name, self.n_vocab
         special = {"bos": None, "eos": None, "unk": None, "sep": None, "pad": None, "mask": None,
                    "eot": None, "eom": None, Key.FIM_PAD_ID: None, Key.FIM_REP_ID: None,
-                   Key.FIM_SEP_ID: None}
+                   Key.FIM_SEP_ID: None, Key.FIM_PRE_ID: None, Key.FIM_SUF_ID: None,
+                   Key.FIM_MID_ID: None}
         pre_name = self._str(md, Key.PRE)
         rule = VOCAB_RULES[self.model]
         special.update(rule.ids)
@@ -327,7 +341,12 @@ class Tokenizer:
         for key, slot in ((Key.BOS_ID, "bos"), (Key.EOS_ID, "eos"), (Key.EOT_ID, "eot"),
                           (Key.EOM_ID, "eom"), (Key.UNK_ID, "unk"), (Key.SEP_ID, "sep"),
                           (Key.PAD_ID, "pad"), (Key.MASK_ID, "mask"), (Key.FIM_PAD_ID, Key.FIM_PAD_ID),
-                          (Key.FIM_REP_ID, Key.FIM_REP_ID), (Key.FIM_SEP_ID, Key.FIM_SEP_ID)):
+                          (Key.FIM_REP_ID, Key.FIM_REP_ID), (Key.FIM_SEP_ID, Key.FIM_SEP_ID),
+                          (Key.FIM_PRE_ID, Key.FIM_PRE_ID), (Key.FIM_SUF_ID, Key.FIM_SUF_ID),
+                          (Key.FIM_MID_ID, Key.FIM_MID_ID),
+                          # the older keys, read after (and so over) the fim_* ones, as llama.cpp
+                          (Key.PREFIX_ID, Key.FIM_PRE_ID), (Key.SUFFIX_ID, Key.FIM_SUF_ID),
+                          (Key.MIDDLE_ID, Key.FIM_MID_ID)):
             if special[slot] is not None and special[slot] >= n:
                 special[slot] = None                   # a default outside this vocabulary
             v = md.get(key)
@@ -357,7 +376,8 @@ class Tokenizer:
 
         known = {}                                     # text -> id, for the texts llama.cpp looks for
         for t in self._id.keys() & (_EOG_TEXTS | set(_EOT_TEXTS) | {"<|eom_id|>"}
-                                    | {x for names in _FIM_TEXTS.values() for x in names}):
+                                    | {x for names in _FIM_TEXTS.values() for x in names}
+                                    | {x for names in _FIM_IO_TEXTS.values() for x in names}):
             known[t] = self._id[t]
 
         def first(names):                              # lowest id among these texts
@@ -373,7 +393,7 @@ class Tokenizer:
         if special["eom"] is None and "<|eom_id|>" in known:
             special["eom"] = known["<|eom_id|>"]
             mark_control(special["eom"])
-        for key, names in _FIM_TEXTS.items():
+        for key, names in (_FIM_IO_TEXTS | _FIM_TEXTS).items():
             if special[key] is None and first(names) is not None:
                 special[key] = first(names)
                 mark_control(special[key])

@@ -30,7 +30,7 @@ import re
 import secrets
 
 from . import harmony
-from .grammar import JSON_LAYOUT
+from .grammar import JSON_LAYOUT, llama_like
 
 FAMILIES = ("hermes", "qwen3coder", "llama3", "mistral", "phi4", "harmony", "generic")
 
@@ -403,8 +403,9 @@ def _call_schema(tools, args_key="arguments"):
 
 
 def _json(schema):
-    """`%json {...}` for llguidance's Lark: the schema, laid out as JSON_LAYOUT says."""
-    return "%json " + json.dumps(dict(schema, **{"x-guidance": JSON_LAYOUT}))
+    """`%json {...}` for llguidance's Lark: the schema read as llama.cpp reads it
+    (grammar.llama_like), laid out as JSON_LAYOUT says."""
+    return "%json " + json.dumps(dict(llama_like(schema), **{"x-guidance": JSON_LAYOUT}))
 
 
 def _lit(s):

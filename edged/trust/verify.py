@@ -65,11 +65,13 @@ CACHE = VerificationCache()
 class VerifiedFile:
     """An open model file: `fd` is the very descriptor that was hashed (map this one).
     `signed_length`: bytes of model data covered by the signature; appended blocks start there.
-    `signer`: the accepted key's fingerprint, or None when the file was not verified."""
+    `signer`: the accepted key's fingerprint, or None when the file was not verified.
+    `sha256`: the digest of the signed bytes when they were hashed (prompt-cache files name it)."""
 
-    def __init__(self, fd, path, size, signed_length, signer=None, kind=None, algorithm=None):
+    def __init__(self, fd, path, size, signed_length, signer=None, kind=None, algorithm=None,
+                 sha256=None):
         self.fd, self.path, self.size, self.signed_length = fd, path, size, signed_length
-        self.signer, self.kind, self.algorithm = signer, kind, algorithm
+        self.signer, self.kind, self.algorithm, self.sha256 = signer, kind, algorithm, sha256
 
     def fileno(self):
         return self.fd
@@ -187,8 +189,8 @@ def _verify_fd(fd, st, dfd, path, trust, require_signature, progress, cache):
     key = stat_key(st)
     hit = cache.get(key) if cache is not None else None
     if hit is not None and trust.is_trusted(hit[0]):
-        signer, kind, algorithm, payload_end = hit
-        return VerifiedFile(fd, path, size, payload_end, signer, kind, algorithm)
+        signer, kind, algorithm, payload_end, digest = hit
+        return VerifiedFile(fd, path, size, payload_end, signer, kind, algorithm, digest)
 
     try:
         blocks = read_blocks(fd, size, path)
@@ -216,8 +218,8 @@ def _verify_fd(fd, st, dfd, path, trust, require_signature, progress, cache):
     # A file changed within the file system's timestamp granularity of now could change again
     # without a new timestamp: such results are not cached (as git does with "racy" entries).
     if cache is not None and time.time_ns() - max(after.st_mtime_ns, after.st_ctime_ns) > _CACHE_SETTLE_NS:
-        cache.put(key, (signer, kind, algorithm, payload_end))
-    return VerifiedFile(fd, path, size, payload_end, signer, kind, algorithm)
+        cache.put(key, (signer, kind, algorithm, payload_end, digests[payload_end]))
+    return VerifiedFile(fd, path, size, payload_end, signer, kind, algorithm, digests[payload_end])
 
 
 def _judge(path, trust, blocks, detached, digests, size):

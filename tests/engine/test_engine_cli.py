@@ -78,3 +78,34 @@ def test_synth_fallback_types_for_rows_not_multiple_of_256():
     assert tensor_type("output", 896, "Q4_K_M") == GGMLType.Q8_0
     assert tensor_type("ffn_down", 4864, "Q4_K_M", il=0, n_layer=24) == GGMLType.Q6_K
     assert tensor_type("ffn_down", 4864, "Q4_K_M", il=4, n_layer=24) == GGMLType.Q4_K
+
+
+def test_generate_lookup_and_draft_give_the_same_tokens_and_report_acceptance():
+    m = testdata("models", "stories260K.gguf")
+    base = ("generate", "-m", m, "-p", "Once upon a time, a cat sat. Once upon a time, a cat", "-n", "16",
+            "--temp", "0.9", "--seed", "3", "--json", "-t", "1")
+    plain = json.loads(edged(*base).stdout)
+    for extra in (("--lookup", "--draft-max", "4", "--lookup-ngram", "1:3"),
+                  ("--draft", testdata("models", "synthetic-llama-Q4_0.gguf"))):
+        r = edged(*base, *extra)
+        got = json.loads(r.stdout)
+        assert got["tokens"] == plain["tokens"] and got["text"] == plain["text"], extra
+        assert got["timings"]["drafted"] > 0 and "drafted =" in r.stderr
+
+
+def test_generate_draft_of_another_vocabulary_is_one_line_naming_it():
+    r = edged("generate", "-m", testdata("models", "stories260K.gguf"), "-p", "x", "-n", "2",
+              "--draft", testdata("models", "SmolLM2-135M-Instruct.Q4_1.gguf"), check=False)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1
+    assert "vocabulary differs" in r.stderr and "tokens against" in r.stderr
+    r = edged("generate", "-m", testdata("models", "stories260K.gguf"), "-p", "x", "--lookup",
+              "--lookup-ngram", "3:1", check=False)
+    assert r.returncode == 2 and "ngram" in r.stderr
+
+
+def test_bench_lookup_json_reports_acceptance_and_speedup():
+    r = edged("bench", "-m", testdata("models", "stories260K.gguf"), "-n", "16", "-r", "1", "--lookup", "--json")
+    plain, spec = json.loads(r.stdout)["results"]
+    assert plain["test"] == "tg16 plain" and spec["test"] == "tg16 lookup"
+    assert spec["same_tokens"] is True and spec["drafted"] > 0 and 0 <= spec["acceptance"] <= 1
+    assert spec["speedup"] > 0

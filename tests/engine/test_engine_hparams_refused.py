@@ -61,11 +61,11 @@ FILES = {   # golden file -> keys its architecture reads
     "synthetic-gpt-oss": COMMON + [Key.SLIDING_WINDOW, Key.SLIDING_WINDOW_PATTERN,
                                    Key.ROPE_FREQ_BASE_SWA, Key.ROPE_SCALING_ORIG_CTX_LEN,
                                    Key.EXPERT_COUNT, Key.EXPERT_USED_COUNT,
-                                   Key.EXPERT_FEED_FORWARD_LENGTH],
+                                   Key.EXPERT_FEED_FORWARD_LENGTH, Key.NEXTN_PREDICT_LAYERS],
     "synthetic-gemma2": [Key.FINAL_LOGIT_SOFTCAPPING, Key.ATTN_LOGIT_SOFTCAPPING,
                          Key.ROPE_SCALE_LINEAR],   # read where rope.scaling.factor is absent
     "synthetic-granite": [Key.EMBEDDING_SCALE, Key.RESIDUAL_SCALE, Key.ATTENTION_SCALE,
-                          Key.LOGIT_SCALE],
+                          Key.LOGIT_SCALE, Key.ROPE_SCALING_FINETUNED],
     "synthetic-qwen2moe": [Key.EXPERT_SHARED_FEED_FORWARD_LENGTH],
     "embed-bert": [Key.LAYERNORM_EPS, Key.TOKEN_TYPE_COUNT, Key.CAUSAL, Key.EMBEDDING_LENGTH,
                    Key.BLOCK_COUNT, Key.HEAD_COUNT, Key.HEAD_COUNT_KV, Key.FEED_FORWARD_LENGTH,

@@ -32,7 +32,8 @@ def srv(tmp_path_factory):
     models.mkdir()
     for name, src in (("bert", os.path.join(GOLDENS, "embed-bert.gguf")),
                       ("nomic", os.path.join(GOLDENS, "embed-nomic-bert.gguf")),
-                      ("stories", testdata("models", "stories260K.gguf"))):
+                      ("stories", testdata("models", "stories260K.gguf")),
+                      ("minilm", testdata("models", "all-MiniLM-L6-v2.Q8_0.gguf"))):
         shutil.copyfile(src, models / f"{name}.gguf")
         sign_file(str(models / f"{name}.gguf"), key)
     s = Server(tmp, str(models), trusted, default_model="bert",
@@ -87,6 +88,31 @@ def test_langchain_openai_embeddings(srv):
     docs = emb.embed_documents(TEXTS)
     assert close_to(docs, golden("bert", "mean"))
     assert close_to([emb.embed_query(TEXTS[0])], golden("bert", "mean")[:1])
+
+
+def test_langchain_openai_embeddings_on_minilm(srv, http):
+    """A real sentence-embedding model (all-MiniLM-L6-v2) through LangChain as docs/api.md says to
+    set it up: check_embedding_ctx_length=False sends the texts, which the daemon tokenizes
+    with the model's own WordPiece vocabulary, against llama.cpp's vectors. The default sends
+    tiktoken's cl100k ids instead (docs/api.md): ids past MiniLM's 30,522 are a 400 that names
+    the token, as here."""
+    lc = pytest.importorskip("langchain_openai")
+    with open(testdata("models", "all-MiniLM-L6-v2.Q8_0.reference.json")) as f:
+        rows = json.load(f)["rows"][:4]
+    emb = lc.OpenAIEmbeddings(model="minilm", base_url="http://edged/v1", api_key="unused",
+                              check_embedding_ctx_length=False, max_retries=0,
+                              http_client=uds_httpx(srv.socket))
+    got = np.array(emb.embed_documents([r["text"] for r in rows]))
+    want = np.array([r["embedding"] for r in rows])
+    assert got.shape == want.shape and ((got * want).sum(1) / np.linalg.norm(want, axis=1)).min() > 0.999
+    # the same model's ids, as a list of lists, give the same vectors
+    r = http.post("/v1/embeddings", json={"model": "minilm", "input": [r["tokens"] for r in rows]})
+    assert np.abs(np.array([d["embedding"] for d in r.json()["data"]]) - got).max() < 1e-5
+    # cl100k's ids for "hello world" ([15339, 1917]) are MiniLM ids of other words: no error can
+    # tell; an id past the vocabulary is refused, naming where it is
+    r = http.post("/v1/embeddings", json={"model": "minilm", "input": [[101, 7592, 102], [15339, 31373, 1917]]})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "input"
+    assert "input 1, token 1: id 31373 out of range: the model's vocabulary is [0, 30522)" in r.text
 
 
 def test_curl_token_ids_dimensions_and_pooling(srv, http):

@@ -13,27 +13,11 @@ import time
 import pytest
 
 from conftest import ROOT
-from daemon_support import Server, alpha_beta_models, needs_curl, request
+from daemon_support import KEY, Server, alpha_beta_models, free_port, keys_file, needs_curl, request, running, socket_activated
 from edged.errors import ConfigError
 from edged.service import apikeys, transport
 
-KEY = "edged-test-key-0123456789abcdef"
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root: api_keys_file must be owned by root")
-
-
-def keys_file(tmp_path, text=KEY + "\n", mode=0o600):
-    p = tmp_path / "api-keys"
-    p.write_text(text)
-    os.chmod(p, mode)
-    return str(p)
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
 
 
 def test_keys_file_rules(tmp_path):
@@ -59,16 +43,11 @@ def models(tmp_path_factory):
 @needs_curl
 @pytest.mark.skipif(shutil.which("systemd-socket-activate") is None, reason="systemd-socket-activate missing")
 def test_tcp_listener_needs_a_key_and_unix_peers_do_not(tmp_path, models):
-    path, port = str(tmp_path / "edged.sock"), free_port()
-    srv = Server(tmp_path, *models, default_model="alpha", extra={"api_keys_file": keys_file(tmp_path)},
-                 argv_prefix=["systemd-socket-activate", "-l", path, "-l", f"127.0.0.1:{port}",
-                              "-E", "NOTIFY_SOCKET", "-E", "PYTHONPATH"], wait=False)
+    port = free_port()
+    srv, path = socket_activated(tmp_path, *models, port, default_model="alpha",
+                                 extra={"api_keys_file": keys_file(tmp_path)})
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 10
-        while not os.path.exists(path) and time.monotonic() < deadline:
-            time.sleep(0.05)
-
         def curl(route, *extra, body=None, unix=False):
             cmd = ["curl", "-sS", "--max-time", "120", "-w", "\n%{http_code}"] + list(extra)
             if body is not None:
@@ -113,14 +92,9 @@ def test_tcp_listener_needs_a_key_and_unix_peers_do_not(tmp_path, models):
 
 @pytest.mark.skipif(shutil.which("systemd-socket-activate") is None, reason="systemd-socket-activate missing")
 def test_tcp_listener_without_keys_refuses_to_start(tmp_path, models):
-    path, port = str(tmp_path / "edged.sock"), free_port()
-    srv = Server(tmp_path, *models, extra={"api_keys_file": str(tmp_path / "none")},
-                 argv_prefix=["systemd-socket-activate", "-l", path, "-l", f"127.0.0.1:{port}",
-                              "-E", "NOTIFY_SOCKET", "-E", "PYTHONPATH"], wait=False)
+    port = free_port()
+    srv, _ = socket_activated(tmp_path, *models, port, extra={"api_keys_file": str(tmp_path / "none")})
     try:
-        deadline = time.monotonic() + 10
-        while not os.path.exists(path) and time.monotonic() < deadline:
-            time.sleep(0.05)
         with socket.create_connection(("127.0.0.1", port), timeout=10) as c:
             c.sendall(b"GET /health HTTP/1.0\r\n\r\n")
             c.settimeout(60)
@@ -216,11 +190,9 @@ def test_unauthenticated_tcp_peers_crowd_out_no_one_and_are_logged_in_summaries(
     socket (max_connections = 100) get 503; now they only fill the pre-auth pool. 300 requests
     with a bad key wrote 300 log lines; now a summary line per interval."""
     import http.client
-    path, port = str(tmp_path / "edged.sock"), free_port()
-    srv = Server(tmp_path, *models, default_model="alpha",
-                 extra={"api_keys_file": keys_file(tmp_path), "max_connections": 100},
-                 argv_prefix=["systemd-socket-activate", "-l", path, "-l", f"127.0.0.1:{port}",
-                              "-E", "NOTIFY_SOCKET", "-E", "PYTHONPATH"], wait=False)
+    port = free_port()
+    srv, path = socket_activated(tmp_path, *models, port, default_model="alpha",
+                                 extra={"api_keys_file": keys_file(tmp_path), "max_connections": 100})
 
     def get(route, key=None):
         c = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
@@ -233,9 +205,6 @@ def test_unauthenticated_tcp_peers_crowd_out_no_one_and_are_logged_in_summaries(
 
     idle = []
     try:
-        deadline = time.monotonic() + 10
-        while not os.path.exists(path) and time.monotonic() < deadline:
-            time.sleep(0.05)
         assert get("/health")[0] == 401             # starts the daemon
         srv.wait_ready(60)
         before = srv.logtext().count("\n")
@@ -266,3 +235,71 @@ def test_unauthenticated_tcp_peers_crowd_out_no_one_and_are_logged_in_summaries(
         for s in idle:
             s.close()
         srv.stop()
+
+
+def listening_port(srv, timeout=60):
+    """The port of the daemon's `listen` socket, from its start-up log line."""
+    import re
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        m = re.search(r"also listening on TCP \('127\.0\.0\.1', (\d+)\) \(config key 'listen'", srv.logtext())
+        if m:
+            return int(m.group(1))
+        assert srv.proc.poll() is None, srv.logtext()
+        time.sleep(0.05)
+    raise AssertionError("no 'listening on TCP' line:\n" + srv.logtext())
+
+
+def test_listen_binds_tcp_itself_with_the_same_key_policy(tmp_path, models):
+    """`edged serve --listen 127.0.0.1:0` (issue 43.5): no systemd, the sandbox on; the openai
+    SDK with the key works, without it 401, an admin route 403, the Unix socket as before."""
+    openai = pytest.importorskip("openai")
+    with running(tmp_path, *models, default_model="alpha", args=["--listen", "127.0.0.1:0"],
+                 extra={"api_keys_file": keys_file(tmp_path), "sandbox": "enforce"}) as srv:
+        url = f"http://127.0.0.1:{listening_port(srv)}"
+        client = openai.OpenAI(base_url=url + "/v1", api_key=KEY, max_retries=0)
+        r = client.chat.completions.create(model="alpha", messages=[{"role": "user", "content": "Hi"}],
+                                           max_tokens=4, temperature=0)
+        assert r.choices[0].message.content and r.usage.completion_tokens <= 4
+        with pytest.raises(openai.AuthenticationError):
+            openai.OpenAI(base_url=url + "/v1", api_key="not-the-key-0123456789", max_retries=0).models.list()
+        import httpx
+        r = httpx.get(url + "/v1/models", timeout=60)                      # no key at all
+        assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
+        r = httpx.post(url + "/v1/models/load", json={"model": "beta"}, timeout=60,
+                       headers={"Authorization": f"Bearer {KEY}"})
+        assert r.status_code == 403, r.text
+        assert srv.request("GET", "/v1/models")[0] == 200                  # Unix peer: credentials
+        assert "sandbox: enforce (Landlock" in srv.logtext()
+
+
+def test_listen_without_a_key_file_refuses_to_start(tmp_path, models):
+    """No api_keys_file: the daemon exits 2 with an error naming both keys, before it binds
+    anything (neither the TCP port nor the Unix socket)."""
+    port = free_port()
+    srv = Server(tmp_path, *models, args=["--listen", f"127.0.0.1:{port}"],
+                 extra={"api_keys_file": str(tmp_path / "none")}, wait=False)
+    try:
+        assert srv.proc.wait(60) == 2, srv.logtext()
+        text = srv.logtext()
+        assert "config key 'listen' needs API keys: config key 'api_keys_file'" in text, text
+        assert "cannot open" in text and not os.path.exists(srv.socket)
+    finally:
+        srv.stop()
+
+
+def test_listen_values_are_checked(monkeypatch):
+    from edged.commands.serve import env_overrides
+    from edged.service import config
+    assert env_overrides({"EDGED_LISTEN": "127.0.0.1:8091, [::1]:8091"}) == \
+        {"listen": ["127.0.0.1:8091", "[::1]:8091"]}
+    assert config.split_host_port("[::1]:8091") == ("::1", 8091)
+    for bad, needle in [("8091", "is not \"HOST:PORT\""), ("::1:8091", "in brackets"),
+                        ("127.0.0.1:65536", "is not"), ("localhost:http", "is not")]:
+        with pytest.raises(ConfigError, match=f"config key 'listen': .*{needle}"):
+            config.load(None, {"listen": [bad]})
+    with pytest.raises(ConfigError, match="cannot listen on 127.0.0.1:"):
+        with socket.socket() as taken:
+            taken.bind(("127.0.0.1", 0))
+            taken.listen(1)
+            transport.bind_tcp("127.0.0.1:%d" % taken.getsockname()[1])

@@ -141,7 +141,7 @@ def test_sampler_is_greedy_below_float32_range():
 def test_request_bounds_fit_the_compiled_sampler():
     """Every integer bound fits a C int and every float bound is finite in float32."""
     for name, b in REQUEST_BOUNDS.items():
-        if name == "seed":          # seeds the RNG (PCG64, 64 bits), never reaches the C sampler
+        if name == "seed":          # keys the uniforms (keyed_uniform, 64 bits), never reaches the C sampler
             assert b.hi == (1 << 64) - 1
             continue
         if b.integer:

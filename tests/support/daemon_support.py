@@ -26,7 +26,7 @@ _KEY = {}
 def signing_key(tmp_path_factory):
     """(private key, trusted-keys dir) generated once per session."""
     if not _KEY:
-        from edged.trust.sign import generate_key, public_pem, sign_file
+        from edged.trust.sign import generate_key, public_pem
         key = generate_key(2048)
         d = tmp_path_factory.mktemp("trusted")
         os.chmod(d, 0o755)
@@ -81,7 +81,7 @@ def make_daemon(tmp_path, **over):
 def model_dir(tmp_path, key, models):
     """A model directory with models {NAME: source file}, each copied with a chat template
     and signed (appended signature) by `key`."""
-    from edged.trust.sign import generate_key, public_pem, sign_file
+    from edged.trust.sign import sign_file
     d = tmp_path / "models"
     d.mkdir(exist_ok=True)
     os.chmod(d, 0o755)
@@ -94,12 +94,51 @@ def model_dir(tmp_path, key, models):
     return str(d)
 
 
+def signed_shared_models(tmp_path_factory, name, models):
+    """(temp dir `name`, models dir, trusted-keys dir): models {NAME: file in
+    ../shared/testdata/models} copied as they are (their own chat templates) and signed by the
+    session's test key."""
+    from edged.trust.sign import sign_file
+    key, trusted = signing_key(tmp_path_factory)
+    tmp = tmp_path_factory.mktemp(name)
+    d = tmp / "models"
+    d.mkdir()
+    for model, src in models.items():
+        shutil.copyfile(testdata("models", src), d / f"{model}.gguf")
+        sign_file(str(d / f"{model}.gguf"), key)
+    return tmp, str(d), trusted
+
+
 def alpha_beta_models(tmp_path_factory, name):
     """(models dir, trusted-keys dir) in a new temp dir `name`: alpha = stories260K and beta = the
     synthetic llama Q8_0 model, each with a chat template and signed by the session's test key."""
     key, trusted = signing_key(tmp_path_factory)
     tmp = tmp_path_factory.mktemp(name)
     return model_dir(tmp, key, {"alpha": stories(), "beta": synthetic("llama", "Q8_0")}), trusted
+
+
+def smol_models(tmp_path_factory, name):
+    """(temp dir `name`, its models dir, trusted-keys dir): the real SmolLM2-135M-Instruct,
+    signed, as model "smol"."""
+    from edged.trust.sign import sign_file
+    key, trusted = signing_key(tmp_path_factory)
+    tmp = tmp_path_factory.mktemp(name)
+    models = tmp / "models"
+    models.mkdir()
+    dst = models / "smol.gguf"
+    shutil.copyfile(testdata("models", "SmolLM2-135M-Instruct.Q4_1.gguf"), dst)
+    sign_file(str(dst), key)
+    return tmp, str(models), trusted
+
+
+SMOL_CONFIG = {"n_parallel": 2, "ctx_size": 1024, "max_queue": 16, "threads": 2}
+
+
+def smol_server(tmp_path_factory, name, **extra):
+    """A Server serving smol_models() with "smol" the default model (SMOL_CONFIG, and `extra`
+    config keys)."""
+    tmp, models, trusted = smol_models(tmp_path_factory, name)
+    return Server(tmp, models, trusted, default_model="smol", extra={**SMOL_CONFIG, **extra})
 
 
 def empty_models_dir(tmp_path):
@@ -336,11 +375,45 @@ def running(*args, **kw):
     assert code == 0, srv.logtext()
 
 
+KEY = "edged-test-key-0123456789abcdef"      # an API key for the TCP listener's tests
+
+
+def keys_file(tmp_path, text=KEY + "\n", mode=0o600):
+    """An api_keys_file in tmp_path (the daemon wants it owned by root: tests run as root)."""
+    p = tmp_path / "api-keys"
+    p.write_text(text)
+    os.chmod(p, mode)
+    return str(p)
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def socket_activated(tmp_path, models_dir, trusted, port, **kw):
+    """(Server, Unix socket path): the daemon under real systemd-socket-activate, which listens
+    on a Unix socket and on 127.0.0.1:`port` as edged.socket + edged-tcp.socket do. Returns once
+    they listen; the daemon itself starts at the first connection (then srv.wait_ready())."""
+    path = str(tmp_path / "edged.sock")
+    srv = Server(tmp_path, models_dir, trusted, argv_prefix=[
+        "systemd-socket-activate", "-l", path, "-l", f"127.0.0.1:{port}", "-E", "NOTIFY_SOCKET", "-E", "PYTHONPATH"],
+        wait=False, **kw)
+    deadline = time.monotonic() + 10
+    while not os.path.exists(path) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return srv, path
+
+
 def to_toml(d):
-    lines = []
-    for k, v in d.items():
-        lines.append(f"{k} = {json.dumps(v)}")
-    return "\n".join(lines) + "\n"
+    def value(v):       # a dict is an inline table; JSON's scalars and lists are TOML's
+        if isinstance(v, dict):
+            return "{" + ", ".join(f"{json.dumps(k)} = {value(x)}" for k, x in v.items()) + "}"
+        return json.dumps(v)
+    return "".join(f"{k} = {value(v)}\n" for k, v in d.items())
 
 
 needs_curl = pytest.mark.skipif(shutil.which("curl") is None, reason="curl not installed")
@@ -358,3 +431,12 @@ def openai_client(sock_path):
     openai = pytest.importorskip("openai")
     return openai.OpenAI(base_url="http://edged/v1", api_key="unused", max_retries=0,
                          http_client=uds_httpx(sock_path))
+
+
+@contextlib.contextmanager
+def smol_daemon(tmp_path_factory, label, **extra):
+    """A daemon serving smol_models() with "smol" the default model and config `extra`; must
+    stop with status 0."""
+    tmp, models, trusted = smol_models(tmp_path_factory, label)
+    with running(tmp, models, trusted, default_model="smol", extra=extra) as srv:
+        yield srv

@@ -4,8 +4,10 @@ import gguf
 import numpy as np
 
 
-def clone(src, dst, drop=(), meta=None, drop_meta=(), reshape=None, arch=None, tokens=None):
-    """Copy a GGUF file with the PyPI writer, changing metadata/tensors."""
+def clone(src, dst, drop=(), meta=None, drop_meta=(), reshape=None, arch=None, tokens=None,
+          add=None):
+    """Copy a GGUF file with the PyPI writer, changing metadata/tensors; add: name -> array
+    of tensors to append (numpy's (rows, cols) is GGUF's (cols, rows))."""
     r = gguf.GGUFReader(src)
     old_arch = r.fields["general.architecture"].contents()
     arch = arch or old_arch
@@ -33,6 +35,8 @@ def clone(src, dst, drop=(), meta=None, drop_meta=(), reshape=None, arch=None, t
         if reshape and t.name in reshape:
             data = np.zeros(reshape[t.name], np.float32)
         w.add_tensor(t.name, data, raw_dtype=t.tensor_type if t.tensor_type != 0 else None)
+    for name, data in (add or {}).items():
+        w.add_tensor(name, np.ascontiguousarray(data))
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

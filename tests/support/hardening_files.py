@@ -36,6 +36,7 @@ def kv_i32_array(key, items):
 def hp_kvs(block_count=1, n_embd=8, n_head=2, n_ff=16):
     a = lambda k: Key.arch(k, ARCH)  # noqa: E731
     return [gb.kv_str(Key.ARCHITECTURE, ARCH),
+            kv_u32(a(Key.CONTEXT_LENGTH), 64),
             kv_u32(a(Key.EMBEDDING_LENGTH), n_embd),
             kv_u64(a(Key.BLOCK_COUNT), block_count),
             kv_u32(a(Key.HEAD_COUNT), n_head),

@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 from edged.errors import RequestError
-from edged.text.sampling import Sampler, SamplingParams, StopMatcher, sample_reference
+from edged.text.sampling import Sampler, SamplingParams, StopMatcher, keyed_uniform, sample_reference
 
 
 def sampler(n, **params):
@@ -27,6 +27,31 @@ def test_same_seed_same_tokens_different_seed_differs():
     sa = [a.sample(x) for _ in range(50)]
     assert sa == [b.sample(x) for _ in range(50)]
     assert sa != [c.sample(x) for _ in range(50)]
+
+
+def test_draw_is_keyed_by_seed_and_position_not_a_stream():
+    """The token at position p depends on (seed, p) only: draws thrown away (a rejected
+    speculative draft) or made out of order change nothing."""
+    x = logits_fixture()
+    a = sampler(len(x), temperature=1.5, seed=42)
+    seq = [a.sample(x, p) for p in range(40)]
+    b = sampler(len(x), temperature=1.5, seed=42)
+    for p in range(40):
+        b.sample(x * 0.5, p + 7)            # a draw at another position, thrown away
+        assert b.sample(x, p) == seq[p]
+    assert [sampler(len(x), temperature=1.5, seed=42).sample(x, p) for p in reversed(range(40))] == seq[::-1]
+    assert len(set(seq)) > 5
+
+
+def test_keyed_uniform_is_uniform_and_64_bit_keyed():
+    u = np.array([keyed_uniform(7, p) for p in range(20000)])
+    assert 0.0 <= u.min() and u.max() < 1.0
+    hist = np.histogram(u, bins=10, range=(0, 1))[0]
+    assert np.all(np.abs(hist - 2000) < 200), hist             # ~4.5 sigma
+    assert abs(np.corrcoef(u[:-1], u[1:])[0, 1]) < 0.03         # neighbours uncorrelated
+    assert keyed_uniform(7, 3) == keyed_uniform(7 + (1 << 64), 3)   # the seed is taken mod 2**64
+    assert keyed_uniform(7, 3) != keyed_uniform(7 + (1 << 32), 3)   # ... all 64 bits of it
+    assert keyed_uniform(0, 0) != keyed_uniform(1, 0)
 
 
 def test_top_k_restricts_candidates():
@@ -274,3 +299,33 @@ def test_compiled_tiny_and_degenerate_vocabularies():
 
 def _params(temperature, top_k, top_p, min_p):
     return SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p)
+
+
+class _OnlyEnd:
+    """A grammar that is complete: its mask allows only token 40 (an end token)."""
+
+    def mask(self):
+        m = np.zeros(2, np.uint32)
+        m[40 >> 5] = np.uint32(1) << np.uint32(40 & 31)
+        return m
+
+    def consume(self, token):
+        pass
+
+
+@pytest.mark.parametrize("compiled", [True, False])
+def test_min_tokens_holds_back_the_end_tokens_unless_the_grammar_allows_nothing_else(compiled, monkeypatch):
+    from edged.text import sampling
+    if compiled:
+        pytest.importorskip("edged._core")
+    else:
+        monkeypatch.setattr(sampling, "_compiled_sample", None)
+    ends = (3, 40)
+    x = np.zeros(64, np.float32)
+    x[list(ends)] = 10.0                 # the end tokens are the most likely
+    s = Sampler(len(x), SamplingParams(min_tokens=3), end_ids=ends)
+    drawn = [s.sample(x) for _ in range(4)]
+    assert all(t not in ends for t in drawn[:3]) and drawn[3] in ends
+    assert Sampler(len(x), SamplingParams(), end_ids=ends).sample(x) in ends
+    s = Sampler(len(x), SamplingParams(min_tokens=3), constraint=_OnlyEnd(), end_ids=ends)
+    assert s.sample(x) == 40

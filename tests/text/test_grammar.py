@@ -14,7 +14,7 @@ from edged.errors import GrammarError
 
 pytest.importorskip("llguidance")
 from edged.text import grammar  # noqa: E402
-from edged.text.sampling import Sampler, SamplingParams, sample_reference  # noqa: E402
+from edged.text.sampling import Sampler, SamplingParams, keyed_uniform, sample_reference  # noqa: E402
 
 SCHEMA = {"type": "object", "properties": {
     "name": {"type": "string", "maxLength": 12},
@@ -41,7 +41,7 @@ def draw(tok, g, seed, temperature, compiled=True, limit=200):
             t = s.sample(logits)
         else:
             t = sample_reference(logits, s.params, s.bias_ids, s.bias_vals, np.zeros(0, np.int32),
-                                 np.zeros(0, np.int32), float(s.rng.random()), s.constraint.mask())
+                                 np.zeros(0, np.int32), keyed_uniform(s.seed, len(out)), s.constraint.mask())
         if t in tok.eog_ids:
             return tok.decode(out)
         s.accept(t)
@@ -64,7 +64,8 @@ def test_random_logits_give_valid_json(tok, seed, compiled):
     g = grammar.check(grammar.from_json_schema(SCHEMA), tok)
     text = draw(tok, g, seed, temperature=1.0 if seed % 2 else 0.0, compiled=compiled)
     valid(json.loads(text))
-    assert text == json.dumps(json.loads(text))       # json.dumps's layout: no stray white space
+    # json.dumps's layout: no stray white space (a string may hold any character the grammar allows)
+    assert text == json.dumps(json.loads(text), ensure_ascii=False)
 
 
 def accepts(tok, g, text):
@@ -174,3 +175,38 @@ def test_forced_text_on_a_sentencepiece_vocabulary_has_no_space_prefix(seed):
             c.consume(t)
         text = b"".join(out)
         assert text == want if want else text in (b" Once", b"Lily")
+
+
+def test_schemas_are_read_as_llama_cpp_reads_them(tok):
+    """grammar.llama_like: an object with properties and no additionalProperties is closed, an
+    integer has at most 16 digits (|n| <= 2**53), a number at most 10 decimals; an object
+    without properties stays any object, an explicit additionalProperties stays, and the
+    members of an allOf (merged parts) stay open."""
+    city = {"type": "object", "properties": {"city": {"type": "string"}, "n": {"type": "integer"},
+                                             "x": {"type": "number"}}}
+    g = grammar.check(grammar.from_json_schema(city), tok)
+    assert accepts(tok, g, '{"city": "Paris", "n": 9007199254740992, "x": -0.1234567891}')
+    assert not accepts(tok, g, '{"city": "Paris", "n": 1, "x": 1, "extra": 1}')
+    assert not accepts(tok, g, '{"n": 90071992547409921}')
+    assert not accepts(tok, g, '{"x": 1.12345678901}')
+    opened = grammar.check(grammar.from_json_schema(dict(city, additionalProperties=True)), tok)
+    assert accepts(tok, opened, '{"city": "Paris", "extra": 1}')
+    assert accepts(tok, grammar.check(grammar.from_json_schema({"type": "object"}), tok), '{"any": [1]}')
+    merged = {"allOf": [{"properties": {"a": {"type": "integer"}}}, {"properties": {"b": {"type": "integer"}}}]}
+    assert accepts(tok, grammar.check(grammar.from_json_schema(merged), tok), '{"a": 1, "b": 2}')
+    # the rewrite knows which keys hold schemas: a property named "properties" is a name
+    s = grammar.llama_like({"type": "object", "properties": {"properties": {"type": "integer", "minimum": 0}}})
+    assert s == {"type": "object", "additionalProperties": False, "properties": {
+        "properties": {"type": "integer", "minimum": 0, "maximum": grammar.INT_LIMIT}}}
+    assert grammar.llama_like(city) != city and "additionalProperties" not in city    # a copy
+    pi = {"type": "number", "const": 3.14159265358979}        # more decimals than FRACTION allows
+    assert accepts(tok, grammar.check(grammar.from_json_schema(pi), tok), "3.14159265358979")
+
+
+def test_tool_call_arguments_are_read_as_llama_cpp_reads_them(tok):
+    from edged.text import tools
+    fn = {"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}}}
+    g = grammar.check(grammar.from_lark(tools.call_grammar("llama3", [fn])), tok)
+    assert accepts(tok, g, '{"name": "f", "parameters": {"n": 12}}')
+    assert not accepts(tok, g, '{"name": "f", "parameters": {"n": 12, "m": 1}}')

@@ -1,0 +1,262 @@
+"""The metadata keys each architecture reads, which are required and what an absent one means,
+as llama.cpp applies them (src/llama-model.cpp `load_hparams`, src/models/ARCH.cpp
+`load_arch_hparams`, llama-hparams.h defaults) and as its converter writes them
+(convert_hf_to_gguf.py / conversion/*.py, gguf-py's constants), in the llama.cpp of the
+llama-cpp-python 0.3.36 sdist.
+
+CONVENTIONS is the list; docs/models.md "Metadata keys" prints it (a test checks the two agree).
+For every architecture:
+- a file is written with the PyPI `gguf` package's writer from a real-shaped file of that
+  architecture keeping only the listed keys: edged loads it, and no key the converter wrote is
+  left off the list;
+- each required key left out is refused, naming the key;
+- each optional key left out gives llama.cpp's default.
+"""
+import math
+import os
+import re
+
+import numpy as np
+import pytest
+
+from edged.engine import arch as arch_mod
+from edged.engine import encoder as enc_mod
+from edged.errors import UnsupportedModelError
+from edged.format.gguf import GGUFFile, Key
+
+from gguf_clone import clone
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+SHARED = os.path.join(ROOT, "..", "shared", "testdata", "models")
+GOLD = os.path.join(ROOT, "tests", "data", "goldens")
+
+# one file per architecture, written by the PyPI gguf writer with real shapes
+FILES = {
+    "llama": os.path.join(SHARED, "SmolLM2-135M-Instruct.Q4_1.gguf"),
+    "qwen2": os.path.join(GOLD, "synthetic-qwen2-yarn.gguf"),
+    "qwen3": os.path.join(SHARED, "synthetic-qwen3-f32.gguf"),
+    "qwen3moe": os.path.join(GOLD, "synthetic-qwen3moe.gguf"),
+    "qwen2moe": os.path.join(GOLD, "synthetic-qwen2moe.gguf"),
+    "phi3": os.path.join(GOLD, "synthetic-phi4mini.gguf"),
+    "gemma2": os.path.join(GOLD, "synthetic-gemma2.gguf"),
+    "gemma3": os.path.join(SHARED, "synthetic-gemma3-f32.gguf"),
+    "granite": os.path.join(GOLD, "synthetic-granite.gguf"),
+    "smollm3": os.path.join(GOLD, "synthetic-smollm3.gguf"),
+    "gpt-oss": os.path.join(GOLD, "synthetic-gpt-oss.gguf"),
+    "bert": os.path.join(SHARED, "all-MiniLM-L6-v2.Q8_0.gguf"),
+    "nomic-bert": os.path.join(GOLD, "embed-nomic-bert.gguf"),
+}
+ENCODERS = ("bert", "nomic-bert")
+MOE = ("qwen3moe", "qwen2moe", "gpt-oss")
+DECODERS = tuple(a for a in FILES if a not in ENCODERS)
+DENSE = tuple(a for a in DECODERS if a not in MOE)
+ALL = DECODERS + ENCODERS
+
+
+def _k(md, arch, key):
+    return md[f"{arch}.{key}"]
+
+
+def _head(md, arch):
+    return _k(md, arch, "embedding_length") // _k(md, arch, "attention.head_count")
+
+
+def _key_len(md, arch):
+    return md.get(f"{arch}.attention.key_length", _head(md, arch))
+
+
+# (key after "ARCH.", architectures, when absent, the parsed field, llama.cpp's default given the
+# rest of the metadata or None when required). "when absent" is what docs/models.md prints.
+CONVENTIONS = [
+    ("context_length", ALL, "required", "n_ctx_train", None),
+    ("embedding_length", ALL, "required", "n_embd", None),
+    ("block_count", ALL, "required", "n_layer", None),
+    ("attention.head_count", ALL, "required", "n_head", None),
+    ("feed_forward_length", DENSE + ENCODERS,
+     "required (llama.cpp: its tensors' shapes then fail)", "n_ff", None),
+    ("feed_forward_length", MOE, "expert_feed_forward_length", "n_ff",
+     lambda md, a: _k(md, a, "expert_feed_forward_length")),
+    ("attention.head_count_kv", DECODERS, "head_count", "n_head_kv",
+     lambda md, a: _k(md, a, "attention.head_count")),
+    ("attention.key_length", DECODERS, "embedding_length / head_count", "head_dim", _head),
+    ("attention.value_length", DECODERS, "embedding_length / head_count", "head_dim_v", _head),
+    ("rope.dimension_count", DECODERS, "key_length", "n_rot", _key_len),
+    ("attention.layer_norm_rms_epsilon", DECODERS, "required", "rms_eps", None),
+    ("attention.layer_norm_epsilon", ENCODERS, "required", "norm_eps", None),
+    ("rope.freq_base", DECODERS + ("nomic-bert",), "10000", "rope_freq_base",
+     lambda md, a: 10000.0),
+    ("rope.scaling.factor", DECODERS, "rope.scale_linear, else no scaling", "rope_freq_scale",
+     lambda md, a: 1.0 / md[f"{a}.rope.scale_linear"] if f"{a}.rope.scale_linear" in md else 1.0),
+    ("rope.scaling.original_context_length", DECODERS, "context_length", "n_ctx_orig",
+     lambda md, a: _k(md, a, "context_length")),
+    ("rope.freq_base_swa", ("gemma2", "gpt-oss"), "rope.freq_base", "rope_freq_base_swa",
+     lambda md, a: md.get(f"{a}.rope.freq_base", 10000.0)),
+    ("rope.freq_base_swa", ("gemma3",), "10000", "rope_freq_base_swa", lambda md, a: 10000.0),
+    ("attention.sliding_window", ("gpt-oss",), "required", "n_swa", None),
+    ("attention.sliding_window", ("gemma2",), "4096", "n_swa", lambda md, a: 4096),
+    ("attention.sliding_window", ("gemma3",), "0 (no sliding window)", "n_swa", lambda md, a: 0),
+    ("attention.sliding_window_pattern", ("gemma2", "gpt-oss"),
+     "2 (or a per-layer bool array)", "swa_layers",
+     lambda md, a: tuple(il % 2 < 1 for il in range(_k(md, a, "block_count")))),
+    ("attention.sliding_window_pattern", ("gemma3",), "6 (or a per-layer bool array)",
+     "swa_layers", lambda md, a: tuple(il % 6 < 5 for il in range(_k(md, a, "block_count")))),
+    ("attn_logit_softcapping", ("gemma2",), "50", "attn_softcap", lambda md, a: 50.0),
+    ("final_logit_softcapping", ("gemma2",), "30", "final_logit_softcap", lambda md, a: 30.0),
+    ("final_logit_softcapping", ("gemma3",), "0 (off)", "final_logit_softcap", lambda md, a: 0.0),
+    ("expert_count", MOE, "required", "n_expert", None),
+    ("expert_used_count", MOE, "required", "n_expert_used", None),
+    ("expert_feed_forward_length", MOE,
+     "required (llama.cpp: its tensors' shapes then fail)", "n_ff_exp", None),
+    ("expert_shared_feed_forward_length", ("qwen2moe",), "feed_forward_length", "n_ff_shexp",
+     lambda md, a: _k(md, a, "feed_forward_length")),
+    ("logit_scale", ("granite",), "required", "logit_mul", None),
+    ("residual_scale", ("granite",), "1", "residual_scale", lambda md, a: 1.0),
+    ("embedding_scale", ("granite",), "1", "embd_scale", lambda md, a: 1.0),
+    ("attention.scale", ("granite",), "1 / sqrt(key_length)", "attn_scale",
+     lambda md, a: 1.0 / math.sqrt(_key_len(md, a))),
+    ("rope.scaling.finetuned", ("granite",), "true (false: no RoPE in any layer)", "rope_layers",
+     lambda md, a: (True,) * _k(md, a, "block_count")),
+    ("nextn_predict_layers", DECODERS, "0 (more: refused)", None, None),
+    ("attention.causal", ENCODERS, "true, which is refused (converters write false)", None, None),
+    ("pooling_type", ENCODERS, "0 (none)", "pooling", lambda md, a: "none"),
+]
+# Keys the converter writes that edged reads as llama.cpp does only where they matter here
+# (listed so that a file's every key is accounted for).
+IGNORED = [
+    ("vocab_size", DECODERS, "the tokenizer's token count (checked against it when present)"),
+    ("rope.scaling.type", DECODERS, "linear (yarn, longrope for phi3, none also read)"),
+    ("rope.scaling.attn_factor", DECODERS, "1"),
+]
+
+
+def _load(path):
+    f = GGUFFile.open(path)
+    return f.metadata, f.tensors
+
+
+def _parse(md, tensors, a):
+    if a in ENCODERS:
+        return enc_mod.validate(md, tensors).hp
+    return arch_mod.validate(md, tensors).hp
+
+
+def _rows(a):
+    return [r for r in CONVENTIONS if a in r[1]]
+
+
+@pytest.fixture(scope="module", params=sorted(FILES))
+def arch_file(request):
+    a = request.param
+    if not os.path.exists(FILES[a]):
+        pytest.skip(f"{FILES[a]} not present")
+    md, tensors = _load(FILES[a])
+    assert md["general.architecture"] == a
+    return a, md, tensors
+
+
+def test_every_key_the_file_has_is_on_the_list(arch_file):
+    a, md, _ = arch_file
+    listed = {r[0] for r in _rows(a)} | {k for k, archs, _ in IGNORED if a in archs}
+    listed.add("rope.scale_linear")
+    present = {k[len(a) + 1:] for k in md if k.startswith(a + ".")}
+    assert present <= listed, f"{a}: keys the converter wrote that the list misses: " \
+        f"{sorted(present - listed)}"
+
+
+def test_a_file_written_from_the_list_loads(arch_file, tmp_path):
+    """The PyPI writer copies the file keeping only the listed keys (and the general/tokenizer
+    ones); edged loads it and reads the same hyperparameters."""
+    a, md, tensors = arch_file
+    listed = {r[0] for r in _rows(a)} | {k for k, archs, _ in IGNORED if a in archs}
+    drop = [k for k in md if k.startswith(a + ".") and k[len(a) + 1:] not in listed]
+    out = clone(FILES[a], tmp_path / "copy.gguf", drop_meta=drop)
+    md2, tensors2 = _load(out)
+    assert _parse(md2, tensors2, a) == _parse(md, tensors, a)
+
+
+def test_required_keys_are_refused_by_name(arch_file):
+    a, md, tensors = arch_file
+    required = [r[0] for r in _rows(a) if r[4] is None and r[3] is not None]
+    assert required
+    for key in required:
+        name = f"{a}.{key}"
+        if name not in md:
+            continue
+        md2 = {k: v for k, v in md.items() if k != name}
+        with pytest.raises(UnsupportedModelError, match=re.escape(name)):
+            _parse(md2, tensors, a)
+
+
+def test_absent_optional_keys_take_llama_cpp_defaults(arch_file):
+    a, md, tensors = arch_file
+    for key, _, _, fld, default in _rows(a):
+        if default is None:
+            continue
+        md2 = {k: v for k, v in md.items() if k != f"{a}.{key}"}
+        try:
+            hp = _parse(md2, tensors, a)
+        except UnsupportedModelError as e:
+            # a default that contradicts the tensors' shapes (or a sibling key) is refused,
+            # as llama.cpp refuses it
+            assert any(w in str(e) for w in ("shape", "tensor", key.rsplit(".", 1)[-1])), (key, e)
+            continue
+        got, want = getattr(hp, fld), default(md2, a)
+        if isinstance(want, float):
+            assert got == pytest.approx(want, rel=1e-6), (a, key, got, want)
+        else:
+            assert got == want, (a, key, got, want)
+
+
+def test_sliding_window_pattern_as_a_bool_array(tmp_path):
+    md, tensors = _load(FILES["gemma3"])
+    n = md["gemma3.block_count"]
+    layers = [il % 3 == 0 for il in range(n)]
+    md2 = dict(md, **{"gemma3.attention.sliding_window_pattern": np.array(layers)})
+    assert arch_mod.validate(md2, tensors).hp.swa_layers == tuple(layers)
+    md3 = dict(md, **{"gemma3.attention.sliding_window_pattern": np.array(layers[:-1])})
+    with pytest.raises(UnsupportedModelError, match="sliding_window_pattern"):
+        arch_mod.validate(md3, tensors)
+
+
+def test_granite_rope_finetuned_false_turns_rope_off():
+    md, tensors = _load(FILES["granite"])
+    md2 = dict(md, **{"granite.rope.scaling.finetuned": False})
+    assert arch_mod.validate(md2, tensors).hp.rope_layers == (False,) * md["granite.block_count"]
+
+
+def test_multi_token_prediction_layers_are_refused():
+    md, tensors = _load(FILES["qwen3moe"])
+    md2 = dict(md, **{"qwen3moe.nextn_predict_layers": 1})
+    with pytest.raises(UnsupportedModelError, match="qwen3moe.nextn_predict_layers"):
+        arch_mod.validate(md2, tensors)
+
+
+def test_encoder_without_causal_key_is_refused():
+    md, tensors = _load(FILES["bert"])
+    md2 = {k: v for k, v in md.items() if k != "bert.attention.causal"}
+    with pytest.raises(UnsupportedModelError, match="bert.attention.causal"):
+        enc_mod.validate(md2, tensors)
+
+
+def docs_table():
+    """The markdown table docs/models.md prints from CONVENTIONS and IGNORED."""
+    def who(archs):
+        if set(archs) == set(ALL):
+            return "all"
+        if set(archs) == set(DECODERS):
+            return "every decoder"
+        if set(archs) == set(DENSE + ENCODERS):
+            return "every dense decoder, the encoders"
+        if set(archs) == set(DECODERS + ("nomic-bert",)):
+            return "every decoder, `nomic-bert`"
+        return ", ".join(f"`{x}`" for x in archs)
+    lines = ["| key (`ARCH.` + ) | read by | when absent |", "|---|---|---|"]
+    lines += [f"| `{k}` | {who(archs)} | {absent} |" for k, archs, absent, _, _ in CONVENTIONS]
+    lines += [f"| `{k}` | {who(archs)} | {absent} |" for k, archs, absent in IGNORED]
+    return "\n".join(lines)
+
+
+def test_docs_print_the_list():
+    text = open(os.path.join(ROOT, "docs", "models.md"), encoding="utf-8").read()
+    assert docs_table() in text, "docs/models.md 'Metadata keys' is out of date; it should " \
+        "contain:\n" + docs_table()

@@ -1,0 +1,161 @@
+"""The prompt cache on disk (service/prompt_store.py): a conversation's prefix survives a daemon
+restart, a damaged file is refused with one log line and recomputed, a full disk costs only the
+file, and the daemon keeps serving throughout."""
+import os
+import re
+
+import pytest
+
+from daemon_support import Server, alpha_beta_models
+from small_fs import small_tmpfs
+
+SYSTEM = ("You are a storyteller. " * 12).strip()       # > SPILL_MIN_TOKENS tokens
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    return alpha_beta_models(tmp_path_factory, "pcache")
+
+
+def chat(srv, messages):
+    status, _, r = srv.request("POST", "/v1/chat/completions",
+                               {"model": "alpha", "messages": messages, "max_tokens": 6,
+                                "temperature": 0})
+    assert status == 200, r
+    return r["choices"][0]["message"]["content"], r["usage"]
+
+
+def metric(srv, name):
+    _, _, text = srv.request("GET", "/metrics")
+    m = re.search(rf"^{re.escape(name)} (\S+)$", text, re.M)
+    return float(m.group(1)) if m else None
+
+
+def start(tmp_path, models, cache, **extra):
+    return Server(tmp_path, *models, default_model="alpha",
+                  extra={"cache_dir": str(cache), "ctx_size": 512, **extra})
+
+
+@pytest.mark.parametrize("sandbox", ["off", "enforce"])   # enforce: Landlock grants cache_dir
+def test_conversation_prefix_survives_a_restart_and_a_bad_file_is_recomputed(tmp_path, models, sandbox):
+    cache = tmp_path / "cache"
+    conv = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Tell me a story."}]
+    srv = start(tmp_path, models, cache, sandbox=sandbox)
+    try:
+        first, usage = chat(srv, conv)
+        assert usage.get("prompt_tokens_details", {}).get("cached_tokens", 0) == 0
+    finally:
+        assert srv.stop() == 0, srv.logtext()      # SIGTERM: the idle session is spilled
+    files = [f for f in os.listdir(cache) if f.endswith(".edkv")]
+    assert len(files) == 1 and (cache / "cache.key").stat().st_mode & 0o777 == 0o600
+
+    srv = start(tmp_path, models, cache, sandbox=sandbox)
+    try:
+        again, usage = chat(srv, conv)             # the same conversation after the restart
+        assert again == first
+        n_prompt = usage["prompt_tokens"]
+        assert usage["prompt_tokens_details"]["cached_tokens"] == n_prompt - 1
+        assert metric(srv, "edged_prompt_cache_disk_hits_total") == 1
+        assert metric(srv, "edged_prompt_cache_load_seconds_total") > 0
+        assert "tokens of " in srv.logtext() and "restored" in srv.logtext()
+        # the conversation goes on: its earlier turns come from memory now
+        more, usage = chat(srv, conv + [{"role": "assistant", "content": again},
+                                        {"role": "user", "content": "And then?"}])
+        assert usage["prompt_tokens_details"]["cached_tokens"] >= n_prompt - 8
+    finally:
+        assert srv.stop() == 0, srv.logtext()
+
+    for f in os.listdir(cache):                     # damage every file in the middle
+        if f.endswith(".edkv"):
+            data = bytearray((cache / f).read_bytes())
+            data[len(data) // 2] ^= 1
+            (cache / f).write_bytes(bytes(data))
+    srv = start(tmp_path, models, cache, sandbox=sandbox)
+    try:
+        recomputed, usage = chat(srv, conv)
+        assert recomputed == first                  # nothing served from the bad file
+        assert usage.get("prompt_tokens_details", {}).get("cached_tokens", 0) == 0
+        assert re.search(r"prompt cache: \w+\.edkv refused \(HMAC does not verify", srv.logtext())
+        assert metric(srv, 'edged_prompt_cache_files_total{event="refused"}') >= 1
+        srv.assert_serving()
+    finally:
+        assert srv.stop() == 0, srv.logtext()
+
+
+def test_a_full_cache_filesystem_costs_the_file_not_the_service(tmp_path, models):
+    with small_tmpfs(tmp_path / "small") as cache:
+        srv = start(tmp_path, models, cache, n_parallel=1)
+        try:
+            conv = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Hi."}]
+            chat(srv, conv)
+            # an unrelated prompt evicts the idle session: its ~300 KB do not fit 64 KB
+            chat(srv, [{"role": "system", "content": "Be brief. " * 20}, {"role": "user", "content": "Yo"}])
+            assert re.search(r"prompt cache: cannot write \w+\.edkv \(\d+ tokens\): No space left",
+                             srv.logtext())
+            assert metric(srv, 'edged_prompt_cache_files_total{event="write_failed"}') >= 1
+            assert [f for f in os.listdir(cache) if f != "cache.key"] == []   # nothing partial
+            srv.assert_serving()
+            chat(srv, conv)
+        finally:
+            assert srv.stop() == 0, srv.logtext()
+
+
+def test_cache_max_bytes_removes_the_least_recently_used(tmp_path, models):
+    cache = tmp_path / "cache"
+    srv = start(tmp_path, models, cache, cache_max_bytes=150_000)
+    try:
+        for topic in ("dragons", "ships", "bees"):
+            chat(srv, [{"role": "system", "content": f"Tell stories about {topic}. " * 8},
+                       {"role": "user", "content": "Go."}])
+        files = [cache / f for f in os.listdir(cache) if f.endswith(".edkv")]
+        assert len(files) == 1 and files[0].stat().st_size <= 150_000    # ~105 KB each
+        assert metric(srv, 'edged_prompt_cache_files_total{event="evicted"}') == 1
+        assert "over cache_max_bytes 150000" in srv.logtext()
+    finally:
+        assert srv.stop() == 0, srv.logtext()
+
+
+def test_named_prefix_admin_routes_save_restore_erase(tmp_path, models):
+    cache = tmp_path / "cache"
+    system = [{"role": "system", "content": SYSTEM}]
+    srv = start(tmp_path, models, cache)
+    try:
+        status, _, r = srv.request("POST", "/v1/prefixes/save",
+                                   {"model": "alpha", "name": "story-v1", "messages": system})
+        assert status == 200, r
+        n = r["tokens"]
+        assert n > 64 and (cache / "named-story-v1.edkv").stat().st_size == r["bytes"]
+        status, _, r = srv.request("GET", "/v1/prefixes")
+        assert r["data"] == [{"name": "story-v1", "tokens": n, "bytes": r["data"][0]["bytes"]}]
+        for body, code in (({"name": "../x", "model": "alpha", "prompt": "a"}, 400),
+                           ({"name": "nope", "model": "alpha"}, 404)):
+            path = "/v1/prefixes/save" if "prompt" in body else "/v1/prefixes/restore"
+            status, _, r = srv.request("POST", path, body)
+            assert status == code, r
+    finally:
+        assert srv.stop() == 0, srv.logtext()
+    srv = start(tmp_path, models, cache)
+    try:
+        status, _, r = srv.request("POST", "/v1/prefixes/restore", {"model": "alpha", "name": "story-v1"})
+        assert status == 200 and r["tokens"] == n, r
+        _, usage = chat(srv, system + [{"role": "user", "content": "Go on."}])
+        assert usage["prompt_tokens_details"]["cached_tokens"] >= n
+        assert srv.request("POST", "/v1/prefixes/erase", {"name": "story-v1"})[0] == 200
+        assert not (cache / "named-story-v1.edkv").exists()
+        assert srv.request("POST", "/v1/prefixes/erase", {"name": "story-v1"})[0] == 404
+    finally:
+        assert srv.stop() == 0, srv.logtext()
+
+
+def test_prefix_routes_are_admin_only(tmp_path):
+    import asyncio
+    from daemon_support import make_daemon
+    from edged.service.wire import ApiRequest, Peer
+    d = make_daemon(tmp_path, admin_uids=[4242], allow_uids=[1000], cache_dir=str(tmp_path / "c"))
+    peer = Peer(1, 1000, 1000)
+    for method, path in (("POST", "/v1/prefixes/save"), ("POST", "/v1/prefixes/erase"),
+                         ("GET", "/v1/prefixes")):
+        r = asyncio.run(d.api.handle(ApiRequest(method, path, b"{}", peer=peer)))
+        assert r.status == 403, (path, r.body)
+    r = asyncio.run(d.api.handle(ApiRequest("GET", "/v1/prefixes", peer=Peer(1, 4242, 4242))))
+    assert r.status == 200 and r.body == {"object": "list", "data": []}
