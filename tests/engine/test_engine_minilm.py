@@ -66,3 +66,31 @@ def test_pair_as_llama_cpp_builds_it_for_rerankers(minilm):
     assert float(slow @ typed) > 0.999
     with pytest.raises(RequestError, match="token types"):
         m.embed([ids], token_types=[[2] * len(ids)])
+
+
+def test_many_inputs_in_one_pass_give_the_bits_of_each_alone(minilm):
+    """Several inputs share one encoder pass (the request path's 512-token units, as
+    llama-server's n_ubatch), and each vector is bit for bit the vector of its input alone:
+    every product keeps one order per (row, token), attention runs per input."""
+    m, ref = minilm
+    texts = [r["text"] for r in ref] * 3 + ["a", "word " * 60]
+    alone = np.stack([m.embed(t)[0] for t in texts])
+    calls = []
+    hidden = m.encoder.hidden
+
+    def counted(seqs, types=None):
+        calls.append(len(seqs))
+        return hidden(seqs, types)
+
+    m.encoder.hidden = counted
+    try:
+        for unit in (512, 64, 1):
+            calls.clear()
+            steps = m.embed_steps(m.tokenize_inputs(texts), m.pooling, unit_tokens=unit)
+            for _ in steps:
+                pass
+            assert np.array_equal(steps.result, alone), unit
+            assert sum(calls) == len(texts)
+            assert len(calls) == len(texts) if unit == 1 else len(calls) < len(texts) // 2, (unit, calls)
+    finally:
+        m.encoder.hidden = hidden

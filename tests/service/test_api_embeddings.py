@@ -115,6 +115,22 @@ def test_langchain_openai_embeddings_on_minilm(srv, http):
     assert "input 1, token 1: id 31373 out of range: the model's vocabulary is [0, 30522)" in r.text
 
 
+def test_many_texts_in_one_request_give_the_bits_of_each_alone(http):
+    """/v1/embeddings with 32 texts runs them through shared encoder passes (512-token units);
+    each vector (base64: the float32 bytes) is the one its text gets in a request of its own."""
+    texts = [f"text {i}: " + "the quick brown fox " * (i % 9) for i in range(32)]
+
+    def vecs(inputs):
+        r = http.post("/v1/embeddings", json={"model": "minilm", "input": inputs,
+                                              "encoding_format": "base64"})
+        assert r.status_code == 200, r.text
+        return [base64.b64decode(d["embedding"]) for d in r.json()["data"]]
+
+    together = vecs(texts)
+    assert len(together) == 32 and all(len(v) == 384 * 4 for v in together)
+    assert together == [vecs([t])[0] for t in texts]
+
+
 def test_curl_token_ids_dimensions_and_pooling(srv, http):
     curl = shutil.which("curl")
     if curl is None:
