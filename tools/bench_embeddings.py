@@ -16,7 +16,9 @@ llama-cpp-python, --llama-embedding BIN runs llama.cpp's own `llama-embedding` o
 (`-t N --pooling mean`, the texts one per line, its default batch size: all of them in one
 batch) and takes the time between its log's first "batch_decode" line and its performance print
 (the model's load and warm-up are before it; its printed "prompt eval time" is 0 for encoders);
-edged then embeds with mean pooling too.
+edged then embeds with mean pooling too. --serve 32,256 adds the request path: one
+/v1/embeddings request of 32 (256) short texts to a real daemon, against llama-embedding's
+end-to-end run (process start and model load included; llama-server is not measured).
 """
 import argparse
 import json
@@ -84,13 +86,16 @@ def _stamp(line):
 def llama_embedding(binary, model, threads, texts):
     """Seconds llama-embedding spends from its first batch_decode to its performance print (the
     batches' evaluation and its printing of the embeddings; the load and warm-up are before),
-    from its log's timestamps, and the tokens it counted."""
+    from its log's timestamps, the tokens it counted, and the process's wall time (load
+    included: its end-to-end time)."""
     with tempfile.NamedTemporaryFile("w", suffix=".txt") as f:
         f.write("\n".join(texts))
         f.flush()
+        t0 = time.perf_counter()
         r = subprocess.run([binary, "-m", model, "-t", str(threads), "-tb", str(threads),
                             "--pooling", "mean", "-f", f.name, "--perf", "-v"],
                            capture_output=True, text=True)
+        wall = time.perf_counter() - t0
     lines = r.stderr.splitlines()
     start = next((ln for ln in lines if "batch_decode: n_tokens" in ln), None)
     end = next((ln for ln in lines if "prompt eval time" in ln), None)
@@ -98,7 +103,37 @@ def llama_embedding(binary, model, threads, texts):
         sys.exit(f"llama-embedding failed ({r.returncode}): {r.stderr[-2000:]}")
     tokens = sum(int(re.search(r"n_tokens = (\d+)", ln).group(1))
                  for ln in lines if "batch_decode: n_tokens" in ln)
-    return _stamp(end) - _stamp(start), tokens
+    return _stamp(end) - _stamp(start), tokens, wall
+
+
+def serve_rounds(model, threads, sets, reps, llama_bin):
+    """The request path: POST /v1/embeddings with each set's texts in one request to a real
+    daemon (tools/bench_daemon.py's signed temporary one), from sending to the whole JSON reply,
+    after one warm-up request; alternated with llama-embedding's end-to-end run (load
+    included; llama-server is not measured here). Returns {set: ([ours], [its wall])}."""
+    import asyncio
+    from bench_daemon import post, signed_models, start
+    out = {k: ([], []) for k in sets}
+    with tempfile.TemporaryDirectory() as tmp:
+        models_dir, keys = signed_models(tmp, {"m": model})
+        proc, sock = start(tmp, models_dir, keys, {"default_model": "m", "threads": threads,
+                                                   "auto_load": True, "ctx_size": 512})
+        try:
+            for texts in sets.values():
+                st, _ = asyncio.run(post(sock, "/v1/embeddings", {"model": "m", "input": texts}))
+                assert st == 200, st
+            for _ in range(reps):
+                for name, texts in sets.items():
+                    t0 = time.perf_counter()
+                    st, body = asyncio.run(post(sock, "/v1/embeddings", {"model": "m", "input": texts}))
+                    out[name][0].append(time.perf_counter() - t0)
+                    assert st == 200 and len(body["data"]) == len(texts), st
+                    if llama_bin:
+                        out[name][1].append(llama_embedding(llama_bin, model, threads, texts)[2])
+        finally:
+            proc.terminate()
+            proc.wait()
+    return out
 
 
 def main():
@@ -112,6 +147,9 @@ def main():
     ap.add_argument("--long-n", type=int, default=8, help="inputs in the long512 set (default 8)")
     ap.add_argument("--llama-embedding", metavar="BIN",
                     help="llama.cpp's llama-embedding binary (instead of --llama-python)")
+    ap.add_argument("--serve", metavar="N,N", help="also the request path: /v1/embeddings with N short "
+                    "texts in one request to a real daemon (e.g. 32,256), against llama-embedding's "
+                    "end-to-end time")
     a = ap.parse_args()
     m = Model.load(a.model, n_threads=a.threads)
     makers = {"short": lambda: sentences(10, 1), "medium": lambda: sentences(120, 2),
@@ -140,7 +178,7 @@ def main():
                 child.stdin.flush()
                 theirs[name].append(float(child.stdout.readline()))
             elif a.llama_embedding:
-                t, their_tokens[name] = llama_embedding(a.llama_embedding, a.model, a.threads, texts)
+                t, their_tokens[name], _ = llama_embedding(a.llama_embedding, a.model, a.threads, texts)
                 theirs[name].append(t)
     if child:
         child.stdin.close()
@@ -160,6 +198,16 @@ def main():
         print(line)
         print(f"         edged runs {[round(t, 3) for t in ours[name]]}"
               + (f" llama.cpp runs {[round(t, 3) for t in theirs[name]]}" if theirs[name] else ""))
+    if a.serve:
+        m.close()
+        reqs = {f"req{n}": sentences(10, 4, int(n)) for n in a.serve.split(",")}
+        for name, (e, ll) in serve_rounds(a.model, a.threads, reqs, a.reps, a.llama_embedding).items():
+            line = f"{name:>7}: /v1/embeddings, {len(reqs[name])} texts in one request: {statistics.median(e) * 1000:.0f} ms"
+            if ll:
+                line += (f", llama-embedding end to end {statistics.median(ll) * 1000:.0f} ms, "
+                         f"ratio {statistics.median(ll) / statistics.median(e):.2f}")
+            print(line)
+            print(f"         edged runs {[round(t, 3) for t in e]} llama-embedding runs {[round(t, 3) for t in ll]}")
 
 
 if __name__ == "__main__":
