@@ -16,8 +16,8 @@ import time
 
 import pytest
 
-from daemon_support import (SMOL_CONFIG, make_daemon, openai_client, smol_models, smol_server,
-                            socket_activated, uds_httpx)
+from daemon_support import (SMOL_CONFIG, make_daemon, open_stream, openai_client, smol_models,
+                            smol_server, socket_activated, uds_httpx)
 from edged.service.wire import ApiRequest, Peer, StreamReply
 
 pytest.importorskip("llguidance")
@@ -120,6 +120,25 @@ def test_stream_events_in_order(client):
         deltas = [e.delta for e in s if e.type == "response.output_text.delta"]
         done = s.get_final_response()
     assert done.status == "completed" and "".join(deltas) == done.output_text
+
+
+def test_disconnect_mid_stream_closes_the_generation(srv):
+    body = {"model": "smol", "input": "Count from 1 to 300, one number a line.", "stream": True,
+            "temperature": 0, "max_output_tokens": 300}
+    c, r = open_stream(srv.socket, body, path="/v1/responses")
+    assert r.status == 200
+    while b"response.output_text.delta" not in r.readline():
+        pass
+    c.sock.shutdown(2)
+    c.close()
+    deadline, lines = time.monotonic() + 60, []
+    while not lines and time.monotonic() < deadline:
+        lines = [line for line in srv.logtext().splitlines()
+                 if "POST /v1/responses 200" in line and "finish=cancelled" in line]
+        time.sleep(0.1)
+    assert lines, srv.logtext()[-2000:]
+    assert int(lines[-1].split("completion_tokens=")[1].split()[0]) < 300
+    assert srv.request("GET", "/health")[2]["in_flight"] == 0
 
 
 def test_parse_with_a_pydantic_model(client):
