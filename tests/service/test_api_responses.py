@@ -164,9 +164,31 @@ def test_parse_with_a_pydantic_model(client):
                                temperature=0, max_output_tokens=60)
     assert r.status == "completed" and isinstance(r.output_parsed, City), r.output_text
     assert r.text.format.type == "json_schema"
+    for seed in range(3):              # sampled, not only greedy: each reply is a City
+        s = client.responses.parse(model="smol", input="Describe a city you like as JSON.", text_format=City,
+                                   temperature=1, extra_body={"seed": seed}, max_output_tokens=60)
+        assert s.status == "completed" and isinstance(s.output_parsed, City), s.output_text
     o = client.responses.create(model="smol", input="Describe Paris as JSON.", temperature=0,
                                 max_output_tokens=80, text={"format": {"type": "json_object"}})
     assert o.status == "completed" and isinstance(json.loads(o.output_text), dict), o.output_text
+
+
+# no additionalProperties: closed, as llama.cpp's converter reads it; the integer is bounded
+CITY = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 24}, "population": {"type": "integer"}},
+        "required": ["city", "population"]}
+
+
+def test_text_format_json_schema_whole_and_streamed(client):
+    ask = dict(model="smol", input="Paris as JSON, with its population.", temperature=0, max_output_tokens=80,
+               text={"format": {"type": "json_schema", "name": "city", "schema": CITY, "strict": True}})
+    r = client.responses.create(**ask)
+    assert r.status == "completed" and r.text.format.name == "city" and r.text.format.schema_ == CITY
+    value = json.loads(r.output_text)
+    assert set(value) == {"city", "population"}, value
+    assert isinstance(value["city"], str) and type(value["population"]) is int
+    events = list(client.responses.create(**ask, stream=True))
+    assert "".join(e.delta for e in events if e.type == "response.output_text.delta") == r.output_text
+    assert events[-1].type == "response.completed"
 
 
 def test_function_tool_round_trip(client, http):
@@ -248,6 +270,9 @@ def test_logprobs_whole_and_streamed(client):
     ({"input": "x", "conversation": "conv_1"}, "conversation", "previous_response_id"),
     ({"input": "x", "background": True}, "background", "stream"),
     ({"input": "x", "truncation": "auto"}, "truncation", "disabled"),
+    ({"input": "x", "context_management": [{"type": "compaction"}]}, "context_management", "shorten"),
+    ({"input": "x", "moderation": {"model": "omni-moderation-latest"}}, "moderation", "yourself"),
+    ({"input": "x", "tools": [{**WEATHER, "allowed_callers": ["robots"]}]}, "tools[0].allowed_callers[0]", "programmatic"),
     ({"input": "x", "include": ["file_search_call.results"]}, "include", "no built-in tools"),
     ({"input": "x", "top_logprobs": 21}, "top_logprobs", "between 0 and 20"),
     ({"input": "x", "frobnicate": 1}, "frobnicate", "unsupported field"),
@@ -276,11 +301,43 @@ def test_fields_with_no_meaning_here_are_accepted(http):
     r = http.post("/v1/responses", json={
         "input": "Hi", **GREEDY, "metadata": {"k": "v"}, "user": "u", "parallel_tool_calls": True,
         "truncation": "disabled", "service_tier": "auto", "store": True, "include": ["reasoning.encrypted_content"],
-        "reasoning": {"summary": "auto"}, "text": {"verbosity": "low"}, "prompt_cache_key": "p"})
+        "reasoning": {"summary": "auto", "context": "auto", "mode": "standard"}, "text": {"verbosity": "low"},
+        "prompt_cache_key": "p", "access_programs": {"cyber": "standard"}, "image": {"context_compression": "auto"},
+        "background_options": {"completion_window": "soonest"}, "context_management": [], "moderation": None})
     assert r.status_code == 200, r.text
     assert r.json()["metadata"] == {"k": "v"}
+    # what newer SDKs put in items and tools, sent back as they return them
+    tool = {**WEATHER, "defer_loading": False, "allowed_callers": ["direct"], "async": False,
+            "output_schema": {"type": "string"}}
+    items = ASK + [{"type": "function_call", "call_id": "call_1", "name": "get_weather", "arguments": '{"city": "Paris"}',
+                    "caller": {"type": "direct"}, "async": False, "namespace": "x", "status": "completed"},
+                   {"type": "function_call_output", "call_id": "call_1", "output": "sunny", "caller": None,
+                    "namespace": None},
+                   {"role": "user", "content": [{"type": "input_text", "text": "And tomorrow?",
+                                                 "prompt_cache_breakpoint": {"mode": "explicit"}}]}]
+    r = http.post("/v1/responses", json={"input": items, "tools": [tool], "tool_choice": "none", **GREEDY})
+    assert r.status_code == 200, r.text
+    assert r.json()["tools"][0]["async"] is False
     assert http.get("/v1/responses").status_code == 405
     assert http.post("/v1/responses/x").status_code == 404
+
+
+def test_docs_table_names_every_field():
+    """docs/api.md's Responses table names every field a body may have, and every field of the
+    installed openai SDK's responses.create is one of them (honoured, ignored or refused)."""
+    import typing
+    from conftest import ROOT
+    from edged.service import responses_schema
+    from openai.types.responses.response_create_params import ResponseCreateParamsBase
+    with open(os.path.join(ROOT, "docs", "api.md")) as f:
+        doc = f.read()
+    section = doc[doc.index("## Responses API"):]
+    section = section[:section.index("\n## ")]
+    named = set(re.findall(r"`([a-z_]+)[`:.]", section))
+    fields = responses_schema.FIELDS | set(responses_schema.REFUSED)
+    assert not fields - named, sorted(fields - named)
+    sdk = set(typing.get_type_hints(ResponseCreateParamsBase))
+    assert not sdk - fields, f"classify in responses_schema and docs/api.md: {sorted(sdk - fields)}"
 
 
 # --- agent frameworks and litellm ------------------------------------------------------------
