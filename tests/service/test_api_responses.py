@@ -12,6 +12,7 @@ import json
 import os
 import re
 import shutil
+import socket
 import time
 
 import pytest
@@ -137,18 +138,37 @@ def test_stream_events_in_order(client):
     assert done.status == "completed" and "".join(deltas) == done.output_text
 
 
-def test_disconnect_mid_stream_closes_the_generation(srv, http):
-    body = {"model": "smol", "input": "Count from 1 to 300, one number a line.", "stream": True,
-            "temperature": 0, "max_output_tokens": 300}
-    with http.stream("POST", "/v1/responses", json=body) as r:     # leaving it drops the connection
-        assert r.status_code == 200
-        next(line for line in r.iter_lines() if "response.output_text.delta" in line)
+def cancelled(srv):
+    """The log lines of /v1/responses requests whose generation was cancelled."""
+    return [line for line in srv.logtext().splitlines() if "POST /v1/responses" in line and "finish=cancelled" in line]
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_a_client_that_goes_away_closes_the_generation(srv, stream):
+    """Streamed, once the first delta has come; whole, once the request is in flight."""
+    before = len(cancelled(srv))
+    data = json.dumps({"model": "smol", "input": "Count from 1 to 300, one number a line.", "stream": stream,
+                       "temperature": 0, "max_output_tokens": 300}).encode()
+    if srv.url == "http://edged":
+        sock = socket.socket(socket.AF_UNIX)
+        sock.connect(srv.socket)
+    else:
+        sock = socket.create_connection(("127.0.0.1", int(srv.url.rsplit(":", 1)[1])))
+    with sock:
+        sock.sendall(f"POST /v1/responses HTTP/1.1\r\nHost: edged\r\nAuthorization: Bearer {srv.key}\r\n"
+                     f"Content-Type: application/json\r\nContent-Length: {len(data)}\r\n\r\n".encode() + data)
+        if stream:
+            got = b""
+            while b"response.output_text.delta" not in got:
+                got += sock.recv(65536)
+        else:
+            while srv.request("GET", "/health")[2]["in_flight"] == 0:
+                time.sleep(0.01)
     deadline, lines = time.monotonic() + 60, []
-    while not lines and time.monotonic() < deadline:
-        lines = [line for line in srv.logtext().splitlines()
-                 if "POST /v1/responses 200" in line and "finish=cancelled" in line]
+    while len(lines) <= before and time.monotonic() < deadline:
+        lines = cancelled(srv)
         time.sleep(0.1)
-    assert lines, srv.logtext()[-2000:]
+    assert len(lines) > before, srv.logtext()[-2000:]
     assert int(lines[-1].split("completion_tokens=")[1].split()[0]) < 300
     assert srv.request("GET", "/health")[2]["in_flight"] == 0
 
