@@ -212,7 +212,8 @@ FIELDS = frozenset(ResponsesRequest.model_fields) | IGNORED
 def _loc(loc):
     """pydantic's location without the discriminated unions' tags ('message', 'input_text'...)."""
     tags = set(ITEM_TYPES) | {"input_text", "output_text", "refusal", "NamedFunction", "AllowedTools", "str"}
-    return tuple(p for p in loc if not (isinstance(p, str) and (p in tags or "[" in p)))
+    # the first is a field of the body ('reasoning' is one, and an item's tag)
+    return loc[:1] + tuple(p for p in loc[1:] if not (isinstance(p, str) and (p in tags or "[" in p)))
 
 
 def _error(err, where):
