@@ -392,6 +392,19 @@ def test_openai_agents_default_model_runs_a_tool(srv):
     kinds = [type(i).__name__ for i in r.new_items]
     assert kinds == ["ToolCallItem", "ToolCallOutputItem", "MessageOutputItem"], kinds
 
+    async def streamed():           # the same run streamed: the model's events, then the same items
+        fresh = agents.OpenAIProvider(openai_client=async_client(srv))      # a client of this loop
+        run = agents.Runner.run_streamed(agent, "What is the weather in Paris?", max_turns=3,
+                                         run_config=agents.RunConfig(model_provider=fresh))
+        raw = [e.data.type async for e in run.stream_events() if e.type == "raw_response_event"]
+        return run, raw
+
+    run, raw = asyncio.run(streamed())
+    assert len(asked) == 2 and run.final_output == r.final_output
+    assert [type(i).__name__ for i in run.new_items] == kinds
+    assert raw.count("response.completed") == 2 and "response.output_text.delta" in raw
+    assert "response.function_call_arguments.delta" in raw
+
 
 def test_pydantic_ai_responses_model(srv):
     pytest.importorskip("pydantic_ai")
