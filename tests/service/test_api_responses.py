@@ -184,6 +184,9 @@ def test_parse_with_a_pydantic_model(client):
                                temperature=0, max_output_tokens=60)
     assert r.status == "completed" and isinstance(r.output_parsed, City), r.output_text
     assert r.text.format.type == "json_schema"
+    with client.responses.stream(model="smol", input="Describe Paris as JSON.", text_format=City,
+                                 temperature=0, max_output_tokens=60) as st:
+        assert st.get_final_response().output_parsed == r.output_parsed
     for seed in range(3):              # sampled, not only greedy: each reply is a City
         s = client.responses.parse(model="smol", input="Describe a city you like as JSON.", text_format=City,
                                    temperature=1, extra_body={"seed": seed}, max_output_tokens=60)
@@ -424,6 +427,15 @@ def test_pydantic_ai_responses_model(srv):
     assert isinstance(text.output, str) and text.output
     city = Agent(model, output_type=NativeOutput(City)).run_sync("Describe Paris.", model_settings=settings)
     assert isinstance(city.output, City)
+
+    async def streamed():
+        fresh = OpenAIResponsesModel("smol", provider=OpenAIProvider(openai_client=async_client(srv)))
+        agent = Agent(fresh, instructions="Answer in one short sentence.")
+        async with agent.run_stream("What is the capital of France?", model_settings=settings) as run:
+            return [d async for d in run.stream_text(delta=True, debounce_by=None)]
+
+    deltas = asyncio.run(streamed())
+    assert len(deltas) > 1 and "".join(deltas) == text.output
 
 
 def test_litellm_responses(srv):
