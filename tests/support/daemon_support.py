@@ -6,6 +6,7 @@ import contextlib
 import http.client
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -440,3 +441,15 @@ def smol_daemon(tmp_path_factory, label, **extra):
     tmp, models, trusted = smol_models(tmp_path_factory, label)
     with running(tmp, models, trusted, default_model="smol", extra=extra) as srv:
         yield srv
+
+
+def listening_port(srv, timeout=60):
+    """The port of the daemon's `listen` socket, from its start-up log line."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        m = re.search(r"also listening on TCP \('127\.0\.0\.1', (\d+)\) \(config key 'listen'", srv.logtext())
+        if m:
+            return int(m.group(1))
+        assert srv.proc.poll() is None, srv.logtext()
+        time.sleep(0.05)
+    raise AssertionError("no 'listening on TCP' line:\n" + srv.logtext())
