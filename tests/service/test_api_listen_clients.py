@@ -1,7 +1,7 @@
 """Every protocol's own client over TCP with `edged serve --listen` (no systemd, the sandbox
 on), against the real SmolLM2-135M: the openai SDK (chat completions and Responses), the
 anthropic SDK (its key as x-api-key), the ollama client and litellm, each with the key, and
-each refused without it."""
+each refused without it, in its own protocol's error shape."""
 import os
 
 import pytest
@@ -63,3 +63,22 @@ def test_litellm(url):
     r = litellm.completion(model="openai/smol", api_base=url + "/v1", api_key=KEY, max_tokens=6,
                            messages=ASK, temperature=0)
     assert r.choices[0].message.content
+
+
+def test_refusals_before_any_route_come_in_each_protocols_shape(url):
+    """The transport's 401 (no key) and 413 (body over max_body_bytes) on each protocol's path:
+    OpenAI's {"error": {...}}, Anthropic's {"type": "error", ...}, Ollama's {"error": MESSAGE}."""
+    import httpx
+    for path, shape in [("/v1/chat/completions", "openai"), ("/v1/responses", "openai"),
+                        ("/v1/messages", "anthropic"), ("/api/chat", "ollama")]:
+        for headers, body, status in [({}, b"{}", 401),
+                                      ({"Authorization": f"Bearer {KEY}"}, b" " * (2 << 20), 413)]:
+            r = httpx.post(url + path, content=body, headers=headers, timeout=120)
+            assert r.status_code == status, (path, r.text)
+            e = r.json()
+            if shape == "openai":
+                assert isinstance(e["error"], dict) and e["error"]["message"], (path, e)
+            elif shape == "anthropic":
+                assert e["type"] == "error" and e["error"]["type"] in ("authentication_error", "request_too_large"), e
+            else:
+                assert isinstance(e["error"], str) and e["error"], (path, e)
