@@ -42,6 +42,11 @@ def test_dockerfile_runs_edged_serve_unprivileged_with_the_sandbox_and_a_key():
     with open(DOCKERFILE + ".dockerignore") as f:
         ignore = [line for line in f.read().splitlines() if line and not line.startswith("#")]
     assert ignore[0] == "*" and "**/*.so" in ignore and "!edged/**" in ignore     # only the sources
+    # what the build stage copies is exactly what the context lets in (a file left out fails the build)
+    copied = {src for line in re.findall(r"^COPY (?!--from)(.*)$", text, re.M) for src in line.split()[:-1]}
+    assert copied == {e[1:].removesuffix("/**") for e in ignore if e.startswith("!")}
+    health = instruction(text, "HEALTHCHECK .*CMD")
+    assert health[0] == "edged" and build_parser(only={health[1]}).parse_args(health[1:]).command == health[1]
 
 
 def linter(name, machines):
