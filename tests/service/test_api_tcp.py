@@ -300,9 +300,9 @@ def test_clients_over_listen_with_an_api_key(tmp_path_factory):
                 model="smol", messages=hi, max_tokens=1)
 
         an = anthropic.Anthropic(base_url=url, api_key=KEY, max_retries=0, timeout=120)
-        m = an.messages.create(model="smol", max_tokens=4, messages=hi)
+        m = an.messages.create(model="smol", max_tokens=4, messages=hi, extra_body={"temperature": 0})
         assert m.content[0].text and m.usage.output_tokens <= 4
-        with an.messages.stream(model="smol", max_tokens=4, messages=hi) as stream:
+        with an.messages.stream(model="smol", max_tokens=4, messages=hi, extra_body={"temperature": 0}) as stream:
             assert "".join(stream.text_stream) == m.content[0].text
         assert an.messages.count_tokens(model="smol", messages=hi).input_tokens > 1
         with pytest.raises(anthropic.AuthenticationError):
