@@ -1,7 +1,7 @@
-"""Every protocol's own client over TCP with `edged serve --listen` (no systemd, the sandbox
-on), against the real SmolLM2-135M: the openai SDK (chat completions and Responses), the
-anthropic SDK (its key as x-api-key), the ollama client and litellm, each with the key, and
-each refused without it, in its own protocol's error shape."""
+"""`edged serve --listen` (no systemd, the sandbox on) serving the real SmolLM2-135M: litellm
+with the key, and what the transport refuses before any route runs (no key, a body too large)
+in each protocol's own error shape. The openai, anthropic and ollama clients over --listen are
+in test_api_tcp.py."""
 import os
 
 import pytest
@@ -19,43 +19,6 @@ def url(tmp_path_factory):
                  extra={"api_keys_file": keys_file(tmp), "sandbox": "enforce", "ctx_size": 512,
                         "threads": 2}) as srv:
         yield f"http://127.0.0.1:{listening_port(srv)}"
-
-
-def test_openai_chat_and_responses(url):
-    openai = pytest.importorskip("openai")
-    c = openai.OpenAI(base_url=url + "/v1", api_key=KEY, max_retries=0, timeout=300)
-    r = c.chat.completions.create(model="smol", messages=ASK, max_tokens=6, temperature=0)
-    assert r.choices[0].message.content and r.usage.completion_tokens <= 6
-    r = c.responses.create(model="smol", input="What is the capital of France?", max_output_tokens=6)
-    assert r.output_text and r.usage.output_tokens <= 6
-    with pytest.raises(openai.AuthenticationError):
-        openai.OpenAI(base_url=url + "/v1", api_key="z" * 24, max_retries=0).responses.create(
-            model="smol", input="Hi", max_output_tokens=2)
-
-
-def test_anthropic(url):
-    anthropic = pytest.importorskip("anthropic")
-    c = anthropic.Anthropic(base_url=url, api_key=KEY, max_retries=0, timeout=300)
-    m = c.messages.create(model="smol", max_tokens=6, messages=ASK)
-    assert m.content[0].text and m.usage.output_tokens <= 6
-    with c.messages.stream(model="smol", max_tokens=6, messages=ASK) as s:
-        assert "".join(s.text_stream)
-    with pytest.raises(anthropic.AuthenticationError):
-        anthropic.Anthropic(base_url=url, api_key="z" * 24, max_retries=0).messages.create(
-            model="smol", max_tokens=2, messages=ASK)
-
-
-def test_ollama(url):
-    ollama = pytest.importorskip("ollama")
-    c = ollama.Client(host=url, headers={"Authorization": f"Bearer {KEY}"}, timeout=300)
-    r = c.chat(model="smol", messages=ASK, options={"num_predict": 6, "temperature": 0})
-    assert r.message.content and r.eval_count <= 6
-    assert "".join(p.message.content for p in c.chat(model="smol", messages=ASK, stream=True,
-                                                     options={"num_predict": 6}))
-    assert [m.model for m in c.list().models] == ["smol:latest"]     # as Ollama names a tag
-    with pytest.raises(ollama.ResponseError) as e:
-        ollama.Client(host=url).chat(model="smol", messages=ASK)
-    assert e.value.status_code == 401
 
 
 def test_litellm(url):
