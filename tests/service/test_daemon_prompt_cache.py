@@ -283,3 +283,47 @@ def test_each_refusal_is_logged_recomputed_and_the_daemon_keeps_serving(
         chat(srv, [{"role": "user", "content": "Another one."}])
     finally:
         assert srv.stop() == 0, srv.logtext()
+
+
+def test_the_unit_makes_the_cache_its_one_data_directory():
+    """Under ProtectSystem=strict the unit's writable paths are the ones it names: the socket's
+    RuntimeDirectory and the cache's StateDirectory (private, the daemon's $STATE_DIRECTORY,
+    which an unset cache_dir means), nothing else."""
+    settings = {}
+    with open(os.path.join(ROOT, "systemd", "edged.service")) as f:
+        for line in f:
+            key, eq, value = line.strip().partition("=")
+            if eq and not key.startswith("#"):
+                settings.setdefault(key, []).append(value)
+    assert settings["ProtectSystem"] == ["strict"] and settings["PrivateTmp"] == ["yes"]
+    assert settings["StateDirectory"] == ["edged/cache"] and settings["StateDirectoryMode"] == ["0700"]
+    writable = {"ReadWritePaths", "StateDirectory", "CacheDirectory", "LogsDirectory",
+                "RuntimeDirectory", "ConfigurationDirectory"} & set(settings)
+    assert writable == {"StateDirectory", "RuntimeDirectory"}
+    example = open(os.path.join(ROOT, "systemd", "edged.toml.example")).read()
+    assert '\n#cache_dir = ""\n' in example
+
+
+def test_landlock_grants_the_cache_dir_and_nothing_else_to_write(tmp_path):
+    """`edged serve --check-sandbox` with cache_dir unset under systemd ($STATE_DIRECTORY): the
+    Landlock policy's writable directories are the socket's and the cache's; a write beside
+    them is denied. (The daemon writing its cache under Landlock: test_conversation_...)"""
+    import subprocess
+    import sys
+    from daemon_support import to_toml
+    from edged.service import sandbox
+    models, keys, run, state = (tmp_path / d for d in ("models", "keys", "run", "state"))
+    for d in (models, keys, run, state):
+        d.mkdir()
+    cfg = tmp_path / "edged.toml"
+    cfg.write_text(to_toml({"socket": str(run / "edged.sock"), "models_dir": str(models),
+                            "trusted_keys": str(keys), "socket_group": "", "sandbox": "enforce"}))
+    p = subprocess.run([sys.executable, "-m", "edged", "serve", "--config", str(cfg),
+                        "--check-sandbox"], capture_output=True, text=True, timeout=120, cwd=ROOT,
+                       env=dict(os.environ, PYTHONPATH=ROOT, OPENBLAS_NUM_THREADS="1",
+                                STATE_DIRECTORY=str(state)))
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert f"  read-write: {run}, {state}\n" in p.stdout
+    assert os.listdir(state) == []              # the check makes no key
+    if sandbox.landlock_abi():
+        assert "probe: write outside allowed dirs: denied (EACCES)" in p.stdout
