@@ -41,6 +41,8 @@ def srv(request, tmp_path_factory):
         s = smol_server(tmp_path_factory, "api-responses")
         s.url, s.key = "http://edged", "unused"
     else:
+        if os.geteuid() != 0:
+            pytest.skip("needs root: api_keys_file must be owned by root")
         keys = keys_file(tmp_path_factory.mktemp("responses-keys"))
         s = smol_server(tmp_path_factory, "api-responses-tcp", args=["--listen", "127.0.0.1:0"], api_keys_file=keys)
         s.url, s.key = f"http://127.0.0.1:{listening_port(s)}", KEY
