@@ -16,8 +16,8 @@ import time
 
 import pytest
 
-from daemon_support import (SMOL_CONFIG, make_daemon, openai_client, smol_models, smol_server,
-                            socket_activated, uds_httpx)
+from daemon_support import (KEY, SMOL_CONFIG, keys_file, listening_port, make_daemon, openai_client,
+                            smol_models, smol_server, socket_activated)
 from edged.service.wire import ApiRequest, Peer, StreamReply
 
 pytest.importorskip("llguidance")
@@ -32,27 +32,42 @@ ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
 GREEDY = {"temperature": 0, "max_output_tokens": 16}
 
 
-@pytest.fixture(scope="module")
-def srv(tmp_path_factory):
-    s = smol_server(tmp_path_factory, "api-responses")
+@pytest.fixture(scope="module", params=["unix", "tcp"])
+def srv(request, tmp_path_factory):
+    """The daemon, reached over its Unix socket or over TCP (`edged serve --listen`, with an API
+    key): `srv.url`, `srv.key` and transport(srv, cls) say how."""
+    if request.param == "unix":
+        s = smol_server(tmp_path_factory, "api-responses")
+        s.url, s.key = "http://edged", "unused"
+    else:
+        keys = keys_file(tmp_path_factory.mktemp("responses-keys"))
+        s = smol_server(tmp_path_factory, "api-responses-tcp", args=["--listen", "127.0.0.1:0"], api_keys_file=keys)
+        s.url, s.key = f"http://127.0.0.1:{listening_port(s)}", KEY
     yield s
     assert s.stop() == 0, s.logtext()
 
 
+def transport(srv, cls=httpx.HTTPTransport):
+    """An httpx transport (cls: sync or async) to the daemon the way `srv` reaches it."""
+    return cls(uds=srv.socket) if srv.url == "http://edged" else cls()
+
+
 @pytest.fixture(scope="module")
 def http(srv):
-    with uds_httpx(srv.socket) as c:
+    with httpx.Client(transport=transport(srv), base_url=srv.url, timeout=300,
+                      headers={"Authorization": f"Bearer {srv.key}"}) as c:
         yield c
 
 
 @pytest.fixture(scope="module")
 def client(srv):
-    return openai_client(srv.socket)
+    return openai.OpenAI(base_url=srv.url + "/v1", api_key=srv.key, max_retries=0,
+                         http_client=httpx.Client(transport=transport(srv), timeout=300))
 
 
 def async_client(srv):
-    return openai.AsyncOpenAI(base_url="http://edged/v1", api_key="unused", max_retries=0,
-                              http_client=httpx.AsyncClient(transport=httpx.AsyncHTTPTransport(uds=srv.socket),
+    return openai.AsyncOpenAI(base_url=srv.url + "/v1", api_key=srv.key, max_retries=0,
+                              http_client=httpx.AsyncClient(transport=transport(srv, httpx.AsyncHTTPTransport),
                                                             timeout=300))
 
 
@@ -120,6 +135,22 @@ def test_stream_events_in_order(client):
         deltas = [e.delta for e in s if e.type == "response.output_text.delta"]
         done = s.get_final_response()
     assert done.status == "completed" and "".join(deltas) == done.output_text
+
+
+def test_disconnect_mid_stream_closes_the_generation(srv, http):
+    body = {"model": "smol", "input": "Count from 1 to 300, one number a line.", "stream": True,
+            "temperature": 0, "max_output_tokens": 300}
+    with http.stream("POST", "/v1/responses", json=body) as r:     # leaving it drops the connection
+        assert r.status_code == 200
+        next(line for line in r.iter_lines() if "response.output_text.delta" in line)
+    deadline, lines = time.monotonic() + 60, []
+    while not lines and time.monotonic() < deadline:
+        lines = [line for line in srv.logtext().splitlines()
+                 if "POST /v1/responses 200" in line and "finish=cancelled" in line]
+        time.sleep(0.1)
+    assert lines, srv.logtext()[-2000:]
+    assert int(lines[-1].split("completion_tokens=")[1].split()[0]) < 300
+    assert srv.request("GET", "/health")[2]["in_flight"] == 0
 
 
 def test_parse_with_a_pydantic_model(client):
@@ -304,8 +335,8 @@ def test_litellm_responses(srv):
     os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")     # offline: its own copy
     litellm = pytest.importorskip("litellm")
     from litellm.llms.custom_httpx.http_handler import HTTPHandler
-    handler = HTTPHandler(client=httpx.Client(transport=httpx.HTTPTransport(uds=srv.socket), timeout=300))
-    common = dict(model="openai/smol", api_base="http://edged/v1", api_key="unused", client=handler, **GREEDY)
+    handler = HTTPHandler(client=httpx.Client(transport=transport(srv), timeout=300))
+    common = dict(model="openai/smol", api_base=srv.url + "/v1", api_key=srv.key, client=handler, **GREEDY)
     r = litellm.responses(input="What is the capital of France?", **common)
     assert r.status in ("completed", "incomplete") and r.output[0].content[0].text
     events = list(litellm.responses(input="What is the capital of France?", stream=True, **common))

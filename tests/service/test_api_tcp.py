@@ -15,8 +15,8 @@ import time
 import pytest
 
 from conftest import ROOT
-from daemon_support import (KEY, SMOL_CONFIG, Server, alpha_beta_models, free_port, keys_file, needs_curl, request, running,
-                             smol_models, socket_activated)
+from daemon_support import (KEY, SMOL_CONFIG, Server, alpha_beta_models, free_port, keys_file, listening_port,
+                            needs_curl, request, running, smol_models, socket_activated)
 from edged.errors import ConfigError
 from edged.service import apikeys, transport
 
@@ -238,19 +238,6 @@ def test_unauthenticated_tcp_peers_crowd_out_no_one_and_are_logged_in_summaries(
         for s in idle:
             s.close()
         srv.stop()
-
-
-def listening_port(srv, timeout=60):
-    """The port of the daemon's `listen` socket, from its start-up log line."""
-    import re
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        m = re.search(r"also listening on TCP \('127\.0\.0\.1', (\d+)\) \(config key 'listen'", srv.logtext())
-        if m:
-            return int(m.group(1))
-        assert srv.proc.poll() is None, srv.logtext()
-        time.sleep(0.05)
-    raise AssertionError("no 'listening on TCP' line:\n" + srv.logtext())
 
 
 def test_listen_binds_tcp_itself_with_the_same_key_policy(tmp_path, models):
