@@ -104,11 +104,14 @@ class CPUBackend(Backend):
             return (v.view(np.uint8), int(GGMLType.F32), shape, 4 * shape[0])
 
         layers = []
+        conv_slots = iter(range(1, hp.n_conv_layers + 1))
         for il, L in enumerate(spec.layers):
-            d = {"swa": int(hp.swa_layers[il]), "rope": int(hp.rope_layers[il])}
+            d = {"swa": int(hp.swa_layers[il]), "rope": int(hp.rope_layers[il]),
+                 "conv": next(conv_slots) if hp.conv_layers and hp.conv_layers[il] else 0}
             for role in _ROLES:
                 name = getattr(L, role)
-                d[role] = vector(name) if role.endswith(("norm", "bias", "sinks")) else matrix(name)
+                d[role] = (vector(name) if role.endswith(("norm", "bias", "sinks", "conv"))
+                           else matrix(name))
             layers.append(d)
         self._factors_ctx = {}
         g = {"token_embd": matrix(spec.token_embd), "output_norm": vector(spec.output_norm),
@@ -227,9 +230,13 @@ class CPUBackend(Backend):
     def kv_cache(self, buf):
         return buf.state.kv_cache()
 
+    def conv_cache(self, buf):
+        return buf.state.conv_cache()
+
     def copy_kv(self, dst, src, n):
-        for d, s in zip(dst.state.kv_cache(), src.state.kv_cache()):
-            d[:, :n] = s[:, :n]     # (n_layer, n_ctx, row bytes): the first n positions
+        for d, s in zip((*dst.state.kv_cache(), dst.state.conv_cache()),
+                        (*src.state.kv_cache(), src.state.conv_cache())):
+            d[:, :n] = s[:, :n]     # (layers, n_ctx, row bytes): the first n positions
 
     def profile(self, n_prompt=512):
         """Time per op kind for one prompt batch and for one token after it (ms)."""
