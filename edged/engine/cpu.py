@@ -156,11 +156,12 @@ class CPUBackend(Backend):
         kv = cache.nbytes(hp, n_ctx)
         F = max(F, hp.n_ff_exp, hp.n_ff_shexp)
         widest = max(E, Qd, F)
-        per_tok = 4 * (E + max(E, Qd) + E + Qd + 2 * KVd + 2 * F) + 4 * widest + 16
+        qkv = max(Qd + 2 * KVd, 3 * E if hp.n_conv_layers else 0)  # or a convolution's B|C|x
+        per_tok = 4 * (E + max(E, Qd) + E + qkv + 2 * F) + 4 * widest + 16
         if hp.n_expert:  # router probabilities, choices, gathered inputs, expert outputs
             per_tok += 4 * (hp.n_expert + 4 * hp.n_expert_used + E + hp.n_expert_used * E)
         logits = 4 * min(n_batch, 32) * hp.n_vocab  # ED_MAX_LOGIT_ROWS rows
-        per_tok += 24  # the row's position, context and cache pointers (a batch of sessions)
+        per_tok += 32  # the row's position, context and cache pointers (a batch of sessions)
         # attention scratch per thread: every key's score for a block of 32 query rows
         # (ed_attn_ws_floats), the queries, the lane rows of the V sums
         att = 4 * (32 * (n_ctx + 32 + hp.head_dim) + 4 * hp.head_dim + 80 * hp.head_dim + 64)

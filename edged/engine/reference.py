@@ -160,7 +160,8 @@ class ReferenceBackend(Backend):
     def plan_for(cls, spec, n_ctx, n_batch, cache=DEFAULT_CACHE):
         hp = spec.hp
         kv = hp.n_layer * n_ctx * hp.n_head_kv * hp.head_dim * (
-            (2 if cache.k == GGMLType.F16 else 4) + (2 if cache.v == GGMLType.F16 else 4))
+            (2 if cache.k == GGMLType.F16 else 4) + (2 if cache.v == GGMLType.F16 else 4)) \
+            + hp.n_conv_layers * n_ctx * 4 * hp.n_embd
         scratch = 8 * n_batch * (4 * hp.n_embd + 3 * hp.n_ff + hp.n_vocab) \
             + 8 * n_batch * hp.n_head * n_ctx
         return BufferPlan(kv, scratch)
