@@ -343,12 +343,10 @@ def _conv_layers(m, n_layer, n_head):
     if v is None:
         _refuse(f"missing required key {name!r} for architecture {m.arch!r} (per layer: 0 marks "
                 "a convolution layer)")
-    if not (isinstance(v, np.ndarray) and v.dtype.kind in "iu" and v.ndim == 1):
-        if isinstance(v, (list, tuple)):
-            v = np.asarray(v)
-        if not (isinstance(v, np.ndarray) and v.dtype.kind in "iu" and v.ndim == 1):
-            raise MetadataValueError(f"{name} must be an array of integers (one per layer), "
-                                     f"got {v!r}")
+    arr = np.asarray(v) if isinstance(v, (list, tuple, np.ndarray)) else None
+    if arr is None or arr.dtype.kind not in "iu" or arr.ndim != 1:
+        raise MetadataValueError(f"{name} must be an array of integers (one per layer), got {v!r}")
+    v = arr
     if len(v) != n_layer:
         _refuse(f"{name} has {len(v)} entries for {n_layer} layers")
     conv = tuple(int(x) == 0 for x in v)
