@@ -11,7 +11,6 @@ import os
 import numpy as np
 import pytest
 
-from conftest import ROOT
 from edged import Model
 from edged.errors import StateFileError
 from edged.text.sampling import SamplingParams
@@ -124,12 +123,14 @@ def test_prompt_cache_files_are_refused_clearly(core, tmp_path):
             s.save(tmp_path / "x.edkv", key=b"k" * 32)
 
 
-def test_info_and_memory_plan_count_the_convolution_cache(core):
-    """The session's arena holds n_conv_layers * n_ctx * n_embd floats of convolution cache."""
+def test_memory_plan_counts_the_convolution_cache(core):
+    """The KV cache of the memory plan (`edged info`) holds n_conv_layers * n_ctx * n_embd
+    floats of convolution cache beside the F16 K/V rows, and the arena holds that view."""
     with Model.load(LFM2, n_threads=2) as m:
         hp = m.hp
-        small = m.backend.plan_for(m.spec, 64, 8) if hasattr(m.backend, "plan_for") else None
         s = m.session(n_ctx=64)
         c = m.backend.conv_cache(s._buf)
         assert c.shape == (hp.n_conv_layers, 64, 4 * hp.n_embd)
-        assert small is None or small.kv_cache + small.scratch >= c.nbytes
+        kv = hp.n_layer * 64 * 2 * (2 * hp.n_head_kv * hp.head_dim)
+        assert m.backend.plan(64, 8).kv_cache == kv + c.nbytes
+        assert type(m.backend).plan_for(m.spec, 64, 8).kv_cache == kv + c.nbytes
