@@ -7,7 +7,7 @@ import os
 import pytest
 
 from conftest import ROOT
-from daemon_support import Server, gather, model_dir, signing_key, sse_events
+from daemon_support import Server, model_dir, signing_key, streamed
 
 LFM2 = os.path.join(ROOT, "tests", "data", "goldens", "synthetic-lfm2.gguf")
 PASSAGE = ("the little bird sat on the old wall and looked at the garden where the children "
@@ -28,21 +28,15 @@ def srv(tmp_path_factory):
 
 
 def _complete(srv, bodies):
-    """(texts, usage) of each request, all sent at once, each streamed."""
-    async def one(session, body):
-        async with session.post("http://edged/v1/completions",
-                                json=dict(body, stream=True, stream_options={"include_usage": True})) as r:
-            text = await r.text()
-            assert r.status == 200, text
-        events = sse_events(text)
-        usage = next((e["usage"] for e in events if e.get("usage")), {})
+    """(texts of its choices, usage) of each request, all sent at once, each streamed."""
+    out = []
+    for events, usage in streamed(srv.socket, bodies):
         texts = {}
         for e in events:
             for c in e.get("choices", []):
                 texts[c["index"]] = texts.get(c["index"], "") + c["text"]
-        return [texts[i] for i in sorted(texts)], usage
-
-    return gather(srv.socket, one, bodies, timeout=600)
+        out.append(([texts[i] for i in sorted(texts)], usage))
+    return out
 
 
 def test_same_text_cold_after_prefix_hit_with_other_streams_and_forked(srv):
