@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from edged import Model
+from edged.engine.speculative import Speculation
 from edged.errors import StateFileError
 from edged.text.sampling import SamplingParams
 
@@ -134,3 +135,17 @@ def test_memory_plan_counts_the_convolution_cache(core):
         kv = hp.n_layer * 64 * 2 * (2 * hp.n_head_kv * hp.head_dim)
         assert m.backend.plan(64, 8).kv_cache == kv + c.nbytes
         assert type(m.backend).plan_for(m.spec, 64, 8).kv_cache == kv + c.nbytes
+
+
+def test_lookup_speculation_gives_the_same_tokens(core):
+    """n-gram drafts (1-grams: many, mostly rejected) rewind the session inside convolution
+    windows: the tokens are those of plain greedy decoding."""
+    with Model.load(LFM2, n_threads=2) as m:
+        plain = [o.token for o in m.session(n_ctx=128).generate(
+            TOKENS, SamplingParams(temperature=0.0), max_tokens=32) if o.token is not None]
+        stats = {}
+        spec = [o.token for o in m.session(n_ctx=128).generate(
+            TOKENS, SamplingParams(temperature=0.0), max_tokens=32,
+            speculative=Speculation("lookup", ngram_min=1), stats=stats) if o.token is not None]
+    assert spec == plain and len(plain) == 32
+    assert stats["n_drafted"] > stats["n_accepted"]   # rejected drafts: rewinds
