@@ -149,3 +149,9 @@ def test_lookup_speculation_gives_the_same_tokens(core):
             speculative=Speculation("lookup", ngram_min=1), stats=stats) if o.token is not None]
     assert spec == plain and len(plain) == 32
     assert stats["n_drafted"] > stats["n_accepted"]   # rejected drafts: rewinds
+
+
+def test_info_names_the_convolution_layers(capsys):
+    from edged.cli import main
+    main(["info", "-m", LFM2, "-c", "512"])
+    assert "short convolutions (3 taps) on layers [0, 1, 3, 4]" in capsys.readouterr().out
