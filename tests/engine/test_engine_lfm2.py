@@ -16,7 +16,7 @@ from edged.engine.speculative import Speculation
 from edged.errors import StateFileError
 from edged.text.sampling import SamplingParams
 
-from test_engine_families import GOLDENS, check
+from family_goldens import GOLDENS, check
 
 LFM2 = os.path.join(GOLDENS, "synthetic-lfm2.gguf")
 GOLDEN = np.load(os.path.join(GOLDENS, "synthetic-lfm2.golden.npz"))
