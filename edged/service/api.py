@@ -63,8 +63,18 @@ class Api:
         return peer.gid in gids or any(g in gids for g in peer.groups)
 
     async def handle(self, req):
-        reply = await self._dispatch(req)       # errors (404, 405, 403 too) in the route family's shape
-        return ollama.reshaped(reply) if ollama.owns(req.path) else reply
+        return self.shaped(req.path, await self._dispatch(req))
+
+    @staticmethod
+    def shaped(path, reply):
+        """An error reply made before a route ran (404, 405, 403; the transport's 401, 408,
+        413, 503) in the shape of the protocol `path` belongs to: Ollama's, Anthropic's, else
+        OpenAI's as it is."""
+        if ollama.owns(path):
+            return ollama.reshaped(reply)
+        if anthropic.owns(path):
+            return anthropic.reshaped(reply)
+        return reply
 
     async def _dispatch(self, req):
         handler = self.routes.get((req.method, req.path))

@@ -149,8 +149,14 @@ class Daemon:
                 "which sets " + ", ".join(f"{k}=1" for k in sandbox.LIBRARY_THREAD_ENV) +
                 " before numpy starts its pools")
         read_write = [sock_dir] if sock_dir else []
-        if self.loader.store is not None:   # the prompt cache: the one data directory written
-            read_write.append(self.loader.store.dir)
+        # the prompt cache: the one data directory written (--check-sandbox: no loader, and
+        # the check makes no directory or key)
+        if self.loader is None:
+            cache = PromptStore.directory(cfg)
+        else:
+            cache = self.loader.store and self.loader.store.dir
+        if cache:
+            read_write.append(cache)
         sandbox.apply(cfg.sandbox, read_only=read_only, read_write=read_write,
                       on_deny=cfg.sandbox_on_deny)
 

@@ -24,6 +24,7 @@ import numpy as np
 from ..errors import HTTPError, ModelNotFound, RequestError, TemplateError
 from ..format.gguf import FileType, Key
 from ..text import harmony, reasoning
+from ..text.infill import Infill
 from ..text.sampling import SamplingParams
 from . import ollama_schema as schema
 from .log import log
@@ -179,13 +180,17 @@ def parse_chat(body):
 
 def parse_generate(body):
     """A /api/generate body -> (GenerateRequest, keep_alive, no prompt?): the prompt through the model's
-    chat template (with `system`), or as it is with "raw": true."""
+    chat template (with `system`), as it is with "raw": true, or with a `suffix` the middle
+    between the two (llama-server's infill layout, text/infill.py)."""
     r = schema.validate(schema.GenerateBody, body)
     sampling, out = _options(r.options, "/api/generate")
     kwargs, split = _think(r.think)
     common = dict(model=r.model, sampling=sampling, constraint=_constraint(r.format))
     out["logprobs"] = _logprobs(r)
-    if r.raw:
+    if r.suffix:    # fill-in-the-middle with the file's FIM tokens, as Ollama's code models
+        request = GenerateRequest(**common, output=Output(**out, reasoning=False, stream=r.stream),
+                                  prompts=(r.prompt,), infill=Infill(prefix=r.prompt, suffix=r.suffix))
+    elif r.raw:
         request = GenerateRequest(**common, output=Output(**out, reasoning=False, stream=r.stream),
                                   prompts=(r.prompt,))
     else:

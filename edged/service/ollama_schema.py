@@ -2,7 +2,7 @@
 type or unknown gets a RequestError that names it. `options` takes any key, as Ollama does:
 the ones edged maps become sampling and output parameters (service/ollama.py), the others are
 ignored with a log line. Fields that need what edged does not have (images, a Go `template`,
-a `context` of token ids, `suffix`) are refused with a 400 that names them.
+a `context` of token ids) are refused with a 400 that names them.
 """
 import re
 from typing import Annotated, Any, Literal, Union
@@ -116,7 +116,6 @@ class ShowBody(_Strict):
 
 # Fields refused when set: what to use instead
 UNSUPPORTED = {
-    "suffix": "no fill-in-the-middle here",
     "template": "the model's own chat template applies (or MODELS_DIR/NAME.jinja)",
     "context": "send the conversation as /api/chat messages",
 }

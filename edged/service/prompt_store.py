@@ -68,14 +68,20 @@ class PromptStore:
         self._index = {}            # path -> Entry
         self._lock = threading.RLock()
 
+    @staticmethod
+    def directory(cfg):
+        """The cache's directory: cfg.cache_dir, else systemd's $STATE_DIRECTORY; None when the
+        cache on disk is off (cache_max_bytes 0, or neither directory given)."""
+        d = cfg.cache_dir or os.environ.get("STATE_DIRECTORY", "").split(":")[0]
+        return os.path.abspath(d) if d and cfg.cache_max_bytes else None
+
     @classmethod
     def open(cls, cfg, metrics=None):
-        """The store of cfg.cache_dir or systemd's $STATE_DIRECTORY (made 0700 when missing, with
-        its key), or None when the cache on disk is off (cache_max_bytes 0, neither directory
-        given) or the directory is unusable
-        (logged: the daemon serves without it). Runs before the sandbox is applied."""
-        d = cfg.cache_dir or os.environ.get("STATE_DIRECTORY", "").split(":")[0]
-        if not d or not cfg.cache_max_bytes:
+        """The store of directory(cfg) (made 0700 when missing, with its key), or None when the
+        cache on disk is off or the directory is unusable (logged: the daemon serves without
+        it). Runs before the sandbox is applied."""
+        d = cls.directory(cfg)
+        if d is None:
             return None
         try:
             os.makedirs(d, mode=0o700, exist_ok=True)
@@ -84,7 +90,7 @@ class PromptStore:
             log.warning("prompt cache on disk off: cache_dir %s: %s", d,
                         getattr(e, "strerror", None) or e)
             return None
-        store = cls(os.path.abspath(d), cfg.cache_max_bytes, key, metrics)
+        store = cls(d, cfg.cache_max_bytes, key, metrics)
         store.scan()
         return store
 

@@ -180,6 +180,7 @@ def make_app(daemon):
                 refusal = error_reply(503, "too many connections (max_connections, max_connections_per_uid)",
                                       "server_error", "too_many_connections", {"Retry-After": "1"})
             if refusal is not None:
+                refusal = api.shaped(request.path, refusal)
                 resp = web.Response(status=refusal.status, body=refusal.payload(), headers=refusal.headers,
                                     content_type="application/json")
                 if refusal.status == 403:       # a keyed client asking for an admin route
@@ -203,16 +204,17 @@ def make_app(daemon):
             if encoding != "identity":
                 body = await asyncio.get_running_loop().run_in_executor(None, inflate, body, encoding, limit)
         except web.HTTPRequestEntityTooLarge:
-            reply = error_reply(413, f"request body exceeds max_body_bytes={limit}", code="body_too_large")
+            reply = api.shaped(request.path, error_reply(413, f"request body exceeds max_body_bytes={limit}",
+                                                         code="body_too_large"))
             return _finish(daemon, request, route, peer, reply, {}, t0, web.Response(
                 status=413, body=reply.payload(), content_type="application/json"))
         except BodyError as e:
-            reply = error_reply(e.status, str(e), code="bad_content_encoding")
+            reply = api.shaped(request.path, error_reply(e.status, str(e), code="bad_content_encoding"))
             return _finish(daemon, request, route, peer, reply, {}, t0, web.Response(
                 status=e.status, body=reply.payload(), content_type="application/json"))
         except asyncio.TimeoutError:
-            reply = error_reply(408, f"request body not received within body_timeout={timeout:g}s",
-                                code="body_timeout")
+            reply = api.shaped(request.path, error_reply(
+                408, f"request body not received within body_timeout={timeout:g}s", code="body_timeout"))
             resp = web.Response(status=408, body=reply.payload(), content_type="application/json",
                                 headers={"Connection": "close"})
             resp.force_close()

@@ -129,6 +129,19 @@ def test_completions_suffix_is_infill(srv, tok):
     assert st == 400 and r["error"]["param"] == "suffix"
 
 
+def test_ollama_generate_with_suffix_is_infill(srv):
+    """Ollama's /api/generate with `suffix` (Continue's and Ollama's own code completion) fills
+    in the middle as /infill does."""
+    body = {"model": "coder", "prompt": PREFIX, "suffix": SUFFIX, "stream": False,
+            "options": {"num_predict": 12, "temperature": 0, "repeat_penalty": 1.0}}   # Ollama: 1.1
+    st, _, r = request(srv.socket, "POST", "/api/generate", body)
+    assert st == 200, r
+    st, _, i = request(srv.socket, "POST", "/infill", {"input_prefix": PREFIX, "input_suffix": SUFFIX,
+                                                        "n_predict": 12, "temperature": 0})
+    assert r["response"] == i["content"] and r["done"] is True
+    assert r["prompt_eval_count"] == i["tokens_evaluated"]
+
+
 def test_stream(srv):
     body = {"input_prefix": PREFIX, "input_suffix": SUFFIX, "n_predict": 10, "temperature": 0}
     st, _, whole = request(srv.socket, "POST", "/infill", body)

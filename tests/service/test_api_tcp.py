@@ -13,7 +13,8 @@ import time
 import pytest
 
 from conftest import ROOT
-from daemon_support import KEY, Server, alpha_beta_models, free_port, keys_file, needs_curl, request, running, socket_activated
+from daemon_support import (KEY, SMOL_CONFIG, Server, alpha_beta_models, free_port, keys_file, listening_port,
+                            needs_curl, request, running, smol_models, socket_activated)
 from edged.errors import ConfigError
 from edged.service import apikeys, transport
 
@@ -237,19 +238,6 @@ def test_unauthenticated_tcp_peers_crowd_out_no_one_and_are_logged_in_summaries(
         srv.stop()
 
 
-def listening_port(srv, timeout=60):
-    """The port of the daemon's `listen` socket, from its start-up log line."""
-    import re
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        m = re.search(r"also listening on TCP \('127\.0\.0\.1', (\d+)\) \(config key 'listen'", srv.logtext())
-        if m:
-            return int(m.group(1))
-        assert srv.proc.poll() is None, srv.logtext()
-        time.sleep(0.05)
-    raise AssertionError("no 'listening on TCP' line:\n" + srv.logtext())
-
-
 def test_listen_binds_tcp_itself_with_the_same_key_policy(tmp_path, models):
     """`edged serve --listen 127.0.0.1:0` (issue 43.5): no systemd, the sandbox on; the openai
     SDK with the key works, without it 401, an admin route 403, the Unix socket as before."""
@@ -270,6 +258,51 @@ def test_listen_binds_tcp_itself_with_the_same_key_policy(tmp_path, models):
                        headers={"Authorization": f"Bearer {KEY}"})
         assert r.status_code == 403, r.text
         assert srv.request("GET", "/v1/models")[0] == 200                  # Unix peer: credentials
+        assert "sandbox: enforce (Landlock" in srv.logtext()
+
+
+def test_clients_over_listen_with_an_api_key(tmp_path_factory):
+    """Issue 43's "Done when" over TCP: against `edged serve --listen` serving SmolLM2-135M, the
+    openai SDK (chat, stream, Responses), the anthropic SDK (create, stream, count_tokens; its key
+    goes as x-api-key) and the ollama client (a Bearer header) pass with the key, and each is
+    refused in its own way without it."""
+    openai = pytest.importorskip("openai")
+    anthropic = pytest.importorskip("anthropic")
+    ollama = pytest.importorskip("ollama")
+    tmp, models, trusted = smol_models(tmp_path_factory, "tcp-listen-clients")
+    hi = [{"role": "user", "content": "Hi"}]
+    with running(tmp, models, trusted, default_model="smol", args=["--listen", "127.0.0.1:0"],
+                 extra={**SMOL_CONFIG, "api_keys_file": keys_file(tmp), "sandbox": "enforce"}) as srv:
+        url = f"http://127.0.0.1:{listening_port(srv)}"
+        oa = openai.OpenAI(base_url=url + "/v1", api_key=KEY, max_retries=0, timeout=120)
+        r = oa.chat.completions.create(model="smol", messages=hi, max_tokens=4, temperature=0)
+        assert r.choices[0].message.content and r.usage.completion_tokens <= 4
+        chunks = list(oa.chat.completions.create(model="smol", messages=hi, max_tokens=4, temperature=0,
+                                                 stream=True))
+        assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == r.choices[0].message.content
+        resp = oa.responses.create(model="smol", input="Hi", max_output_tokens=16, temperature=0)
+        assert resp.status in ("completed", "incomplete") and resp.output_text
+        with pytest.raises(openai.AuthenticationError):
+            openai.OpenAI(base_url=url + "/v1", api_key="z" * 24, max_retries=0).chat.completions.create(
+                model="smol", messages=hi, max_tokens=1)
+
+        an = anthropic.Anthropic(base_url=url, api_key=KEY, max_retries=0, timeout=120)
+        m = an.messages.create(model="smol", max_tokens=4, messages=hi, extra_body={"temperature": 0})
+        assert m.content[0].text and m.usage.output_tokens <= 4
+        with an.messages.stream(model="smol", max_tokens=4, messages=hi, extra_body={"temperature": 0}) as stream:
+            assert "".join(stream.text_stream) == m.content[0].text
+        assert an.messages.count_tokens(model="smol", messages=hi).input_tokens > 1
+        with pytest.raises(anthropic.AuthenticationError):
+            anthropic.Anthropic(base_url=url, api_key="z" * 24, max_retries=0).messages.create(
+                model="smol", max_tokens=1, messages=hi)
+
+        ol = ollama.Client(host=url, headers={"Authorization": f"Bearer {KEY}"}, timeout=120)
+        reply = ol.chat(model="smol", messages=hi, options={"num_predict": 4, "temperature": 0})
+        assert reply.message.content == m.content[0].text and reply.eval_count <= 4
+        assert [x.model for x in ol.list().models] == ["smol:latest"]
+        with pytest.raises(ollama.ResponseError) as e:
+            ollama.Client(host=url).list()
+        assert e.value.status_code == 401
         assert "sandbox: enforce (Landlock" in srv.logtext()
 
 

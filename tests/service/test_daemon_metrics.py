@@ -2,7 +2,9 @@
 streamed and a non-streamed request, then the text parsed by prometheus_client's own parser:
 the latency histograms counted them under the right model and route, the process metrics
 (ProcessCollector, read through the sandbox) are there, and the sample Grafana dashboard asks
-only for metrics the daemon exports."""
+only for metrics the daemon exports. The queue depth gauge, with requests held waiting for a
+slot, through the handler without a socket."""
+import asyncio
 import json
 import os
 import re
@@ -10,7 +12,8 @@ import re
 import pytest
 
 from conftest import ROOT
-from daemon_support import ONCE, alpha_beta_models, running
+from daemon_support import ONCE, alpha_beta_models, make_daemon, running
+from edged.service.wire import ApiRequest
 
 parser = pytest.importorskip("prometheus_client.parser")
 HISTOGRAMS = ("edged_time_to_first_token_seconds", "edged_time_per_output_token_seconds",
@@ -83,3 +86,29 @@ def test_grafana_dashboard_asks_for_exported_metrics(tmp_path, models):
     asked = {m for e in exprs for m in re.findall(r"\b((?:edged|process)_[a-z_]+)", e)}
     assert asked and asked <= exported, asked - exported
     assert any("histogram_quantile(0.95" in e for e in exprs) and any("histogram_quantile(0.5" in e for e in exprs)
+
+
+def test_queue_depth_counts_requests_waiting_for_a_slot(tmp_path):
+    """Every slot taken and two more requests waiting: the scrape says 2 queued, n in flight;
+    once the waiters give up, 0 queued again."""
+    d = make_daemon(tmp_path, n_parallel=2, max_queue=4)
+
+    async def gauges():
+        reply = await d.api.handle(ApiRequest("GET", "/metrics", b"", None))
+        return {s.name: s.value for f in parser.text_string_to_metric_families(reply.body) for s in f.samples}
+
+    async def scenario():
+        for _ in range(2):
+            await d.slots.acquire(timeout=10)
+        waiters = [asyncio.create_task(d.slots.acquire(timeout=60)) for _ in range(2)]
+        while d.slots.waiting < 2:
+            await asyncio.sleep(0)
+        during = await gauges()
+        for w in waiters:
+            w.cancel()
+        await asyncio.gather(*waiters, return_exceptions=True)
+        return during, await gauges()
+
+    during, after = asyncio.run(scenario())
+    assert during["edged_queue_depth"] == 2 and during["edged_requests_in_flight"] == 2 and during["edged_slots"] == 2
+    assert after["edged_queue_depth"] == 0

@@ -6,6 +6,7 @@ import contextlib
 import http.client
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -134,11 +135,11 @@ def smol_models(tmp_path_factory, name):
 SMOL_CONFIG = {"n_parallel": 2, "ctx_size": 1024, "max_queue": 16, "threads": 2}
 
 
-def smol_server(tmp_path_factory, name, **extra):
+def smol_server(tmp_path_factory, name, args=(), **extra):
     """A Server serving smol_models() with "smol" the default model (SMOL_CONFIG, and `extra`
-    config keys)."""
+    config keys; `args` after `edged serve`)."""
     tmp, models, trusted = smol_models(tmp_path_factory, name)
-    return Server(tmp, models, trusted, default_model="smol", extra={**SMOL_CONFIG, **extra})
+    return Server(tmp, models, trusted, default_model="smol", extra={**SMOL_CONFIG, **extra}, args=args)
 
 
 def empty_models_dir(tmp_path):
@@ -392,6 +393,18 @@ def free_port():
     port = s.getsockname()[1]
     s.close()
     return port
+
+
+def listening_port(srv, timeout=60):
+    """The port of the daemon's `listen` socket, from its start-up log line."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        m = re.search(r"also listening on TCP \('127\.0\.0\.1', (\d+)\) \(config key 'listen'", srv.logtext())
+        if m:
+            return int(m.group(1))
+        assert srv.proc.poll() is None, srv.logtext()
+        time.sleep(0.05)
+    raise AssertionError("no 'listening on TCP' line:\n" + srv.logtext())
 
 
 def socket_activated(tmp_path, models_dir, trusted, port, **kw):
