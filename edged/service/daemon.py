@@ -151,8 +151,10 @@ class Daemon:
         read_write = [sock_dir] if sock_dir else []
         # the prompt cache: the one data directory written (--check-sandbox: no loader, and
         # the check makes no directory or key)
-        cache = self.loader.store.dir if self.loader and self.loader.store else \
-            None if self.loader else PromptStore.directory(cfg)
+        if self.loader is None:
+            cache = PromptStore.directory(cfg)
+        else:
+            cache = self.loader.store and self.loader.store.dir
         if cache:
             read_write.append(cache)
         sandbox.apply(cfg.sandbox, read_only=read_only, read_write=read_write,

@@ -74,7 +74,11 @@ def prepare(lm, request):
             prep.prompts.append(prompt if isinstance(prompt, list)
                                 else lm.encode_text(prompt, add_special=True, parse_special=False))
     if spec is not None:
-        prep.constraint = grammar.constraint(spec.kind, spec.source, spec.what, tok, lm.model.n_vocab)
+        try:
+            prep.constraint = grammar.constraint(spec.kind, spec.source, spec.what, tok, lm.model.n_vocab)
+        except RequestError as e:       # the field's name as OpenAI's error.param too
+            e.param = e.param or spec.what
+            raise
     return prep
 
 

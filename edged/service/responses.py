@@ -156,7 +156,7 @@ def messages(items, history=()):
 def _tools(r):
     """(chat-template tools, ToolUse choice) of `tools` and `tool_choice`."""
     tools = [_tool(Tool(type="function", function=FunctionDef(
-        **t.model_dump(exclude_none=True, exclude={"type", "defer_loading"})))) for t in r.tools or ()]
+        **t.model_dump(exclude_none=True, exclude=schema.FunctionTool.EXTRA)))) for t in r.tools or ()]
     tc = r.tool_choice
     if isinstance(tc, schema.AllowedTools):
         allowed = {t.name for t in tc.tools}
@@ -273,7 +273,7 @@ class _Render:
             "store": r.store is not False, "temperature": self.gen.request.sampling.temperature,
             "text": {"format": fmt}, "top_p": self.gen.request.sampling.top_p, "truncation": "disabled",
             "tool_choice": tc.model_dump() if hasattr(tc, "model_dump") else tc or "auto",
-            "tools": [t.model_dump(exclude_none=True) for t in r.tools or ()],
+            "tools": [t.model_dump(by_alias=True, exclude_none=True) for t in r.tools or ()],
             "usage": usage, "user": None, "metadata": r.metadata or {}}
         if status == "incomplete":
             out["incomplete_details"] = {"reason": "max_output_tokens"}

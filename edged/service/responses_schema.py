@@ -7,7 +7,7 @@ Fields that OpenAI's clients send but that change nothing here are accepted and 
 ask for what edged does not do are refused with a 400 that names the field and what to use
 instead (REFUSED). Every other unknown field is refused too, so a typo is not dropped.
 """
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, ClassVar, Literal, Union
 
 import pydantic
 from pydantic import BaseModel, ConfigDict, Field
@@ -20,7 +20,8 @@ from .openai_schema import (MAX_STOP, MAX_TOP_LOGPROBS, FunctionDef, JsonSchemaS
 # Accepted and ignored: no meaning here (docs/api.md, "Responses API").
 IGNORED = frozenset({
     "user", "safety_identifier", "prompt_cache_key", "prompt_cache_retention",
-    "prompt_cache_options", "service_tier", "max_tool_calls", "stream_options",
+    "prompt_cache_options", "service_tier", "max_tool_calls", "stream_options", "access_programs",
+    "image", "background_options",
 })
 
 # Refused when set (to something that asks for work): what to use instead.
@@ -31,6 +32,9 @@ REFUSED = {
     "truncation": "only 'disabled' is served (an input over the context is a 400): shorten the input",
     "include": "only 'message.output_text.logprobs' (and 'reasoning.encrypted_content', of which there "
                "is none) can be included: no built-in tools run here",
+    "context_management": "nothing is compacted here (an input over the context is a 400): shorten the "
+                          "input or start a new chain",
+    "moderation": "no moderation model runs here: moderate the input and the reply yourself",
 }
 LOGPROBS = "message.output_text.logprobs"       # `include` this: each output_text carries logprobs
 
@@ -44,6 +48,7 @@ class _Strict(BaseModel):
 class InputText(_Strict):
     type: Literal["input_text"]
     text: str
+    prompt_cache_breakpoint: dict[str, Any] | None = None   # the prompt cache needs no marks here
 
 
 class OutputText(_Strict):
@@ -77,6 +82,9 @@ class FunctionCallItem(_Strict):
     id: str | None = None
     status: str | None = None
     namespace: str | None = None
+    caller: dict[str, Any] | None = None            # sent back as the SDK returns them; no meaning here
+    async_: bool | None = Field(None, alias="async")
+    model_config = ConfigDict(strict=True, extra="forbid", populate_by_name=True)
 
 
 class FunctionCallOutput(_Strict):
@@ -86,6 +94,8 @@ class FunctionCallOutput(_Strict):
     id: str | None = None
     status: str | None = None
     name: str | None = None
+    namespace: str | None = None
+    caller: dict[str, Any] | None = None
 
 
 class ReasoningText(_Strict):
@@ -113,7 +123,14 @@ class FunctionTool(FunctionDef):
     """Responses' flat function tool: {"type": "function", "name", "description", "parameters",
     "strict"}."""
     type: Literal["function"]
-    defer_loading: bool | None = None               # no meaning here
+    # no meaning here: who may call it, whether the call waits, what its output holds
+    defer_loading: bool | None = None
+    allowed_callers: list[Literal["direct", "programmatic"]] | None = None
+    async_: bool | None = Field(None, alias="async")
+    output_schema: dict[str, Any] | None = None
+    model_config = ConfigDict(strict=True, extra="forbid", populate_by_name=True)
+
+    EXTRA: ClassVar[frozenset] = frozenset({"type", "defer_loading", "allowed_callers", "async_", "output_schema"})
 
 
 class NamedFunction(_Strict):
@@ -142,6 +159,8 @@ class Reasoning(_Strict):
     effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = None
     summary: str | None = None                      # reasoning comes back whole, as its content
     generate_summary: str | None = None
+    context: str | None = None                      # reasoning sent back goes where the template puts it
+    mode: str | None = None
 
 
 class ResponsesRequest(_Strict):
@@ -180,6 +199,8 @@ class ResponsesRequest(_Strict):
     background: bool | None = None
     truncation: Literal["auto", "disabled"] | None = None
     include: list[str] | None = None
+    context_management: list[Any] | None = None
+    moderation: Any = None
     top_logprobs: Annotated[int, Field(ge=0, le=MAX_TOP_LOGPROBS)] | None = None
 
 
@@ -191,7 +212,8 @@ FIELDS = frozenset(ResponsesRequest.model_fields) | IGNORED
 def _loc(loc):
     """pydantic's location without the discriminated unions' tags ('message', 'input_text'...)."""
     tags = set(ITEM_TYPES) | {"input_text", "output_text", "refusal", "NamedFunction", "AllowedTools", "str"}
-    return tuple(p for p in loc if not (isinstance(p, str) and (p in tags or "[" in p)))
+    # the first is a field of the body ('reasoning' is one, and an item's tag)
+    return loc[:1] + tuple(p for p in loc[1:] if not (isinstance(p, str) and (p in tags or "[" in p)))
 
 
 def _error(err, where):
@@ -208,7 +230,8 @@ def _refusal(r):
     include = [x for x in r.include or () if x not in ("reasoning.encrypted_content", LOGPROBS)]
     on = {"conversation": r.conversation is not None, "prompt": r.prompt is not None,
           "background": bool(r.background), "truncation": r.truncation == "auto",
-          "include": bool(include)}
+          "include": bool(include), "context_management": bool(r.context_management),
+          "moderation": r.moderation is not None}
     return next((k for k, v in on.items() if v), None)
 
 

@@ -68,6 +68,9 @@ def test_every_path_has_a_kernel_for_every_type(restore_path):
         assert tables["dot"] == WEIGHTS, name
         assert tables["quant"] == ACTS, name
         assert tables["tile"] == (set() if name == "generic" else WEIGHTS), name
-        for role in ("rows", "rows_r4", "gemm"):  # a path's own kernels for some block types
+        for role in ("rows_r4", "gemm"):  # a path's own packed kernels: block types only
             assert tables[role] <= WEIGHTS - floats, (name, role)
+        # row kernels: a path's own for some types; on x86 the float weights' too (register blocks)
+        assert tables["rows"] <= WEIGHTS, name
+        assert (floats <= tables["rows"]) == name.startswith("avx"), name
     assert "generic" in ran and len(ran) >= 2

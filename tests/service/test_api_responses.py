@@ -12,6 +12,7 @@ import json
 import os
 import re
 import shutil
+import socket
 import time
 
 import pytest
@@ -40,6 +41,8 @@ def srv(request, tmp_path_factory):
         s = smol_server(tmp_path_factory, "api-responses")
         s.url, s.key = "http://edged", "unused"
     else:
+        if os.geteuid() != 0:
+            pytest.skip("needs root: api_keys_file must be owned by root")
         keys = keys_file(tmp_path_factory.mktemp("responses-keys"))
         s = smol_server(tmp_path_factory, "api-responses-tcp", args=["--listen", "127.0.0.1:0"], api_keys_file=keys)
         s.url, s.key = f"http://127.0.0.1:{listening_port(s)}", KEY
@@ -137,18 +140,37 @@ def test_stream_events_in_order(client):
     assert done.status == "completed" and "".join(deltas) == done.output_text
 
 
-def test_disconnect_mid_stream_closes_the_generation(srv, http):
-    body = {"model": "smol", "input": "Count from 1 to 300, one number a line.", "stream": True,
-            "temperature": 0, "max_output_tokens": 300}
-    with http.stream("POST", "/v1/responses", json=body) as r:     # leaving it drops the connection
-        assert r.status_code == 200
-        next(line for line in r.iter_lines() if "response.output_text.delta" in line)
+def cancelled(srv):
+    """The log lines of /v1/responses requests whose generation was cancelled."""
+    return [line for line in srv.logtext().splitlines() if "POST /v1/responses" in line and "finish=cancelled" in line]
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_a_client_that_goes_away_closes_the_generation(srv, stream):
+    """Streamed, once the first delta has come; whole, once the request is in flight."""
+    before = len(cancelled(srv))
+    data = json.dumps({"model": "smol", "input": "Count from 1 to 300, one number a line.", "stream": stream,
+                       "temperature": 0, "max_output_tokens": 300}).encode()
+    if srv.url == "http://edged":
+        sock = socket.socket(socket.AF_UNIX)
+        sock.connect(srv.socket)
+    else:
+        sock = socket.create_connection(("127.0.0.1", int(srv.url.rsplit(":", 1)[1])))
+    with sock:
+        sock.sendall(f"POST /v1/responses HTTP/1.1\r\nHost: edged\r\nAuthorization: Bearer {srv.key}\r\n"
+                     f"Content-Type: application/json\r\nContent-Length: {len(data)}\r\n\r\n".encode() + data)
+        if stream:
+            got = b""
+            while b"response.output_text.delta" not in got:
+                got += sock.recv(65536)
+        else:
+            while srv.request("GET", "/health")[2]["in_flight"] == 0:
+                time.sleep(0.01)
     deadline, lines = time.monotonic() + 60, []
-    while not lines and time.monotonic() < deadline:
-        lines = [line for line in srv.logtext().splitlines()
-                 if "POST /v1/responses 200" in line and "finish=cancelled" in line]
+    while len(lines) <= before and time.monotonic() < deadline:
+        lines = cancelled(srv)
         time.sleep(0.1)
-    assert lines, srv.logtext()[-2000:]
+    assert len(lines) > before, srv.logtext()[-2000:]
     assert int(lines[-1].split("completion_tokens=")[1].split()[0]) < 300
     assert srv.request("GET", "/health")[2]["in_flight"] == 0
 
@@ -164,9 +186,36 @@ def test_parse_with_a_pydantic_model(client):
                                temperature=0, max_output_tokens=60)
     assert r.status == "completed" and isinstance(r.output_parsed, City), r.output_text
     assert r.text.format.type == "json_schema"
+    with client.responses.stream(model="smol", input="Describe Paris as JSON.", text_format=City,
+                                 temperature=0, max_output_tokens=60) as st:
+        assert st.get_final_response().output_parsed == r.output_parsed
+    # sampled, not only greedy: each reply is a City (its two strings of up to 30 characters and
+    # the JSON around them fit in 100 tokens, whatever is sampled)
+    for seed in range(3):
+        s = client.responses.parse(model="smol", input="Describe a city you like as JSON.", text_format=City,
+                                   temperature=1, extra_body={"seed": seed}, max_output_tokens=100)
+        assert s.status == "completed" and isinstance(s.output_parsed, City), s.output_text
     o = client.responses.create(model="smol", input="Describe Paris as JSON.", temperature=0,
                                 max_output_tokens=80, text={"format": {"type": "json_object"}})
     assert o.status == "completed" and isinstance(json.loads(o.output_text), dict), o.output_text
+
+
+# no additionalProperties: closed, as llama.cpp's converter reads it; the integer is bounded
+CITY = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 24}, "population": {"type": "integer"}},
+        "required": ["city", "population"]}
+
+
+def test_text_format_json_schema_whole_and_streamed(client):
+    ask = dict(model="smol", input="Paris as JSON, with its population.", temperature=0, max_output_tokens=80,
+               text={"format": {"type": "json_schema", "name": "city", "schema": CITY, "strict": True}})
+    r = client.responses.create(**ask)
+    assert r.status == "completed" and r.text.format.name == "city" and r.text.format.schema_ == CITY
+    value = json.loads(r.output_text)
+    assert set(value) == {"city", "population"}, value
+    assert isinstance(value["city"], str) and type(value["population"]) is int
+    events = list(client.responses.create(**ask, stream=True))
+    assert "".join(e.delta for e in events if e.type == "response.output_text.delta") == r.output_text
+    assert events[-1].type == "response.completed"
 
 
 def test_function_tool_round_trip(client, http):
@@ -248,6 +297,9 @@ def test_logprobs_whole_and_streamed(client):
     ({"input": "x", "conversation": "conv_1"}, "conversation", "previous_response_id"),
     ({"input": "x", "background": True}, "background", "stream"),
     ({"input": "x", "truncation": "auto"}, "truncation", "disabled"),
+    ({"input": "x", "context_management": [{"type": "compaction"}]}, "context_management", "shorten"),
+    ({"input": "x", "moderation": {"model": "omni-moderation-latest"}}, "moderation", "yourself"),
+    ({"input": "x", "tools": [{**WEATHER, "allowed_callers": ["robots"]}]}, "tools[0].allowed_callers[0]", "programmatic"),
     ({"input": "x", "include": ["file_search_call.results"]}, "include", "no built-in tools"),
     ({"input": "x", "top_logprobs": 21}, "top_logprobs", "between 0 and 20"),
     ({"input": "x", "frobnicate": 1}, "frobnicate", "unsupported field"),
@@ -258,6 +310,11 @@ def test_logprobs_whole_and_streamed(client):
     ({"input": [{"role": "wizard", "content": "x"}]}, "input[0].role", "must be"),
     ({"input": [{"type": "function_call_output", "output": "x"}]}, "input[0].call_id", "required"),
     ({"input": "x", "text": {"format": {"type": "json_schema", "name": "a"}}}, "text.format.schema", "required"),
+    ({"input": "x", "text": {"format": {"type": "json_schema", "name": "a", "schema": {"type": "bogus"}}}},
+     "text.format.schema", "bogus"),
+    ({"input": "x", "tools": [{**WEATHER, "parameters": {"type": "bogus"}}], "tool_choice": "required"}, "tools",
+     "bogus"),
+    ({"input": "x", "reasoning": {"effort": "max"}}, "reasoning.effort", "'high'"),
     ({"input": "x", "tools": [WEATHER], "tool_choice": {"type": "function", "name": "nope"}}, "tool_choice",
      "not in 'tools'"),
     ({"input": "x", "temperature": 3}, "temperature", "between"),
@@ -276,11 +333,43 @@ def test_fields_with_no_meaning_here_are_accepted(http):
     r = http.post("/v1/responses", json={
         "input": "Hi", **GREEDY, "metadata": {"k": "v"}, "user": "u", "parallel_tool_calls": True,
         "truncation": "disabled", "service_tier": "auto", "store": True, "include": ["reasoning.encrypted_content"],
-        "reasoning": {"summary": "auto"}, "text": {"verbosity": "low"}, "prompt_cache_key": "p"})
+        "reasoning": {"summary": "auto", "context": "auto", "mode": "standard"}, "text": {"verbosity": "low"},
+        "prompt_cache_key": "p", "access_programs": {"cyber": "standard"}, "image": {"context_compression": "auto"},
+        "background_options": {"completion_window": "soonest"}, "context_management": [], "moderation": None})
     assert r.status_code == 200, r.text
     assert r.json()["metadata"] == {"k": "v"}
+    # what newer SDKs put in items and tools, sent back as they return them
+    tool = {**WEATHER, "defer_loading": False, "allowed_callers": ["direct"], "async": False,
+            "output_schema": {"type": "string"}}
+    items = ASK + [{"type": "function_call", "call_id": "call_1", "name": "get_weather", "arguments": '{"city": "Paris"}',
+                    "caller": {"type": "direct"}, "async": False, "namespace": "x", "status": "completed"},
+                   {"type": "function_call_output", "call_id": "call_1", "output": "sunny", "caller": None,
+                    "namespace": None},
+                   {"role": "user", "content": [{"type": "input_text", "text": "And tomorrow?",
+                                                 "prompt_cache_breakpoint": {"mode": "explicit"}}]}]
+    r = http.post("/v1/responses", json={"input": items, "tools": [tool], "tool_choice": "none", **GREEDY})
+    assert r.status_code == 200, r.text
+    assert r.json()["tools"][0]["async"] is False
     assert http.get("/v1/responses").status_code == 405
     assert http.post("/v1/responses/x").status_code == 404
+
+
+def test_docs_table_names_every_field():
+    """docs/api.md's Responses table names every field a body may have, and every field of the
+    installed openai SDK's responses.create is one of them (honoured, ignored or refused)."""
+    import typing
+    from conftest import ROOT
+    from edged.service import responses_schema
+    from openai.types.responses.response_create_params import ResponseCreateParamsBase
+    with open(os.path.join(ROOT, "docs", "api.md")) as f:
+        doc = f.read()
+    section = doc[doc.index("## Responses API"):]
+    section = section[:section.index("\n## ")]
+    named = set(re.findall(r"`([a-z_]+)[`:.]", section))
+    fields = responses_schema.FIELDS | set(responses_schema.REFUSED)
+    assert not fields - named, sorted(fields - named)
+    sdk = set(typing.get_type_hints(ResponseCreateParamsBase))
+    assert not sdk - fields, f"classify in responses_schema and docs/api.md: {sorted(sdk - fields)}"
 
 
 # --- agent frameworks and litellm ------------------------------------------------------------
@@ -310,6 +399,19 @@ def test_openai_agents_default_model_runs_a_tool(srv):
     kinds = [type(i).__name__ for i in r.new_items]
     assert kinds == ["ToolCallItem", "ToolCallOutputItem", "MessageOutputItem"], kinds
 
+    async def streamed():           # the same run streamed: the model's events, then the same items
+        fresh = agents.OpenAIProvider(openai_client=async_client(srv))      # a client of this loop
+        run = agents.Runner.run_streamed(agent, "What is the weather in Paris?", max_turns=3,
+                                         run_config=agents.RunConfig(model_provider=fresh))
+        raw = [e.data.type async for e in run.stream_events() if e.type == "raw_response_event"]
+        return run, raw
+
+    run, raw = asyncio.run(streamed())
+    assert len(asked) == 2 and run.final_output == r.final_output
+    assert [type(i).__name__ for i in run.new_items] == kinds
+    assert raw.count("response.completed") == 2 and "response.output_text.delta" in raw
+    assert "response.function_call_arguments.delta" in raw
+
 
 def test_pydantic_ai_responses_model(srv):
     pytest.importorskip("pydantic_ai")
@@ -329,6 +431,15 @@ def test_pydantic_ai_responses_model(srv):
     assert isinstance(text.output, str) and text.output
     city = Agent(model, output_type=NativeOutput(City)).run_sync("Describe Paris.", model_settings=settings)
     assert isinstance(city.output, City)
+
+    async def streamed():
+        fresh = OpenAIResponsesModel("smol", provider=OpenAIProvider(openai_client=async_client(srv)))
+        agent = Agent(fresh, instructions="Answer in one short sentence.")
+        async with agent.run_stream("What is the capital of France?", model_settings=settings) as run:
+            return [d async for d in run.stream_text(delta=True, debounce_by=None)]
+
+    deltas = asyncio.run(streamed())
+    assert len(deltas) > 1 and "".join(deltas) == text.output
 
 
 def test_litellm_responses(srv):

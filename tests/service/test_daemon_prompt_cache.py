@@ -287,8 +287,8 @@ def test_each_refusal_is_logged_recomputed_and_the_daemon_keeps_serving(
 
 def test_the_unit_makes_the_cache_its_one_data_directory():
     """Under ProtectSystem=strict the unit's writable paths are the ones it names: the socket's
-    RuntimeDirectory and the cache's StateDirectory (private, the daemon's $STATE_DIRECTORY,
-    which an unset cache_dir means), nothing else."""
+    RuntimeDirectory, the cache's StateDirectory (0700, the daemon's $STATE_DIRECTORY,
+    which an unset cache_dir means) and a private /tmp, nothing else."""
     settings = {}
     with open(os.path.join(ROOT, "systemd", "edged.service")) as f:
         for line in f:

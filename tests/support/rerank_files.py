@@ -23,6 +23,9 @@ QWEN3_RERANK_TEMPLATE = (
     "answer the query\n<Query>: {query}\n<Document>: {document}<|im_end|>\n"
     "<|im_start|>assistant\n<think>\n\n</think>\n\n")
 
+# stories260K tokens -> ChatML control tokens in the Qwen3-Reranker file
+CHATML = {"\u2122": "<|im_start|>", "~": "<|im_end|>", "\u200a": "<|endoftext|>"}
+
 QUERY = "what is a cat?"
 DOCUMENTS = ["a cat is a small domesticated animal", "the stock market fell today",
              "cats purr and hunt mice", "a", "Paris est la capitale de la France."]
@@ -63,17 +66,26 @@ def bert_reranker(src, dst, seed=0, dense=True, n_out=1, converter_flags=False):
 
 def qwen3_reranker(src, dst, yes="\u2581y", no="\u2581n"):
     """A qwen3 decoder (tied embeddings) as a Qwen3-Reranker: cls.output = the token_embd rows
-    of "yes" and "no", labels ["yes", "no"], the rerank template."""
+    of "yes" and "no", labels ["yes", "no"], the rerank template, and ChatML's control tokens
+    (in the places of three tokens no text here uses) so that the template's <|im_start|> and
+    <|im_end|> are single tokens, as in the real vocabulary."""
     r = gguf.GGUFReader(src)
-    toks = r.fields["tokenizer.ggml.tokens"].contents()
+    toks = list(r.fields["tokenizer.ggml.tokens"].contents())
+    types = list(r.fields["tokenizer.ggml.token_type"].contents())
+    for old, new in CHATML.items():
+        i = toks.index(old)
+        toks[i], types[i] = new, 3          # control
     emb = next(t for t in r.tensors if t.name == "token_embd.weight")
     rows = np.array(emb.data, np.float32).reshape(len(toks), -1)
     head = np.stack([rows[toks.index(yes)], rows[toks.index(no)]])
     meta = {"{arch}.pooling_type": (4, U32),
             "{arch}.classifier.output_labels": (["yes", "no"], ARR, STR),
             "tokenizer.chat_template.rerank": (QWEN3_RERANK_TEMPLATE, STR),
-            "tokenizer.ggml.add_bos_token": (False, BOOL)}    # Qwen3's BPE adds none
-    return clone(src, dst, add={"cls.output.weight": head}, meta=meta)
+            "tokenizer.ggml.add_bos_token": (False, BOOL),   # Qwen3's BPE adds none
+            "tokenizer.ggml.tokens": (toks, ARR, STR),
+            "tokenizer.ggml.token_type": (types, ARR, gguf.GGUFValueType.INT32)}
+    return clone(src, dst, add={"cls.output.weight": head}, meta=meta,
+                 drop_meta=("tokenizer.ggml.tokens", "tokenizer.ggml.token_type"))
 
 
 def tiny_bert(dst, seed=7):

@@ -3,11 +3,15 @@ format_prompt_infill and llama_vocab's FIM token discovery, 0.3.36), one small s
 vocabulary per family: Qwen2.5-Coder (<|fim_prefix|>, repo and file separators), StarCoder2
 (<fim_prefix>, no separators: the snippet marker), CodeLlama (SentencePiece, ▁<PRE>, BOS),
 DeepSeek-Coder (<｜fim▁begin｜>), ids from tokenizer.ggml.fim_*_token_id and from the older
-prefix/suffix/middle keys, and a vocabulary without FIM tokens."""
+prefix/suffix/middle keys, and a vocabulary without FIM tokens. Then the same families on real
+vocabularies (tests/support/fim_vocabs.py) against what llama.cpp itself found and tokenized
+(tests/data/goldens/infill.json, tools/make_infill_goldens.py), Codestral among them."""
 import numpy as np
 import pytest
 
 from bpe_vocab import bpe_metadata
+from conftest import testdata
+import fim_vocabs
 from edged.errors import RequestError
 from edged.format.gguf import Key
 from edged.text import infill
@@ -133,3 +137,41 @@ def test_mixed_fragments_and_missing_tokens():
     plain = bpe(["<|endoftext|>", "<fim_prefix>"])
     with pytest.raises(RequestError, match="no suffix token, middle token"):
         infill.prompt_ids(plain, Infill(prefix="a", suffix="b"), n_ctx=4096)
+
+
+@pytest.fixture(scope="module")
+def fim_golden():
+    return fim_vocabs.goldens()
+
+
+@pytest.mark.parametrize("name", fim_vocabs.NAMES)
+def test_families_on_real_vocabularies_as_llama_cpp(fim_golden, name):
+    """llama.cpp's FIM tokens, end-of-generation set, BOS and ids of each part, then the prompt
+    llama-server's format_prompt_infill lays out from them: repo header, the extra files,
+    [BOS], [PRE] prefix prompt, [SUF] suffix, [MID]."""
+    testdata(fim_vocabs.FAMILIES[name][0])
+    g, b = fim_golden[name], fim_vocabs.BODY
+    tok = fim_vocabs.tokenizer(name)
+    assert tok.fim == g["fim"]
+    assert sorted(tok.eog_ids) == g["eog"]
+    assert (tok.bos_id if tok.add_bos else None) == g["bos"]
+    for text, want in g["ids"].items():
+        assert ids(tok, text) == want, text
+    body = Infill(prefix=b["input_prefix"], suffix=b["input_suffix"], prompt=b["prompt"],
+                  extra=tuple((c.get("filename"), c["text"]) for c in b["input_extra"]))
+    if g["fim"]["pre"] is None:             # llama-server: "Infill is not supported by this model"
+        with pytest.raises(RequestError, match="prefix token, suffix token, middle token"):
+            infill.prompt_ids(tok, body, n_ctx=4096)
+        return
+    t, fim = g["ids"], g["fim"]
+    extra = [fim["rep"]] + t["myproject\n"] if fim["rep"] is not None else []
+    for c in b["input_extra"]:
+        extra += ([fim["sep"]] + t[c.get("filename", "tmp") + "\n"] if fim["sep"] is not None
+                  else t[infill.SNIPPET]) + t[c["text"]]
+    extra += [fim["sep"]] + t["filename\n"] if fim["sep"] is not None else []
+    bos = [g["bos"]] if g["bos"] is not None else []
+    pre = [fim["pre"]] + t[b["input_prefix"]] + t[b["prompt"]]
+    suf = [fim["suf"]] + t[b["input_suffix"]]
+    assert infill.prompt_ids(tok, body, n_ctx=4096) == extra + bos + pre + suf + [fim["mid"]]
+    # llama-server's --spm-infill (Codestral's order): the suffix part first
+    assert infill.prompt_ids(tok, body, n_ctx=4096, spm_infill=True) == extra + bos + suf + pre + [fim["mid"]]
