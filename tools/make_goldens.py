@@ -92,6 +92,12 @@ CASES = {
     # cache stores them, and the attention output back
     "kv-q4_0-hd64": dict(arch="llama", seed=1010, prompt_seed=10, n_head=2, n_head_kv=1, head_dim=64,
                          tied=True, cache=("q4_0", "q4_0"), n_prompt=40),
+    # a scaled-down LFM2-350M: gated short convolutions (l_cache 3) on layers 0, 1, 3 and 4,
+    # attention with q/k norms on layers 2 and 5 (head_count_kv 0 marks a conv layer), the
+    # output norm stored as token_embd_norm, its own output matrix (a varied greedy path); a
+    # 40-token prompt
+    "lfm2": dict(arch="lfm2", seed=1011, prompt_seed=11, n_layer=6, l_cache=3,
+                 attn_layers=(2, 5), qk_norm=True, n_prompt=40),
 }
 # gpt-oss as it ships: the same file with its experts in MXFP4, quantized by the PyPI gguf
 # package (llama-quantize's MXFP4_MOE would also make the rest Q8_0, which this machine's
@@ -131,6 +137,22 @@ np.savez_compressed(out, tokens=np.array(toks, np.int32), n_prompt=np.int32(len(
 """
 
 
+def teacher_c(binary, model, golden, prompt, ck, cv):
+    """The LLAMA_TEACHER recording through tools/llama_teacher.cpp (F16 KV cache)."""
+    if (ck, cv) != ("f16", "f16"):
+        sys.exit("--llama-teacher records F16 KV caches only")
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "logits.bin")
+        subprocess.run([binary, model, out, str(N_GEN), *map(str, prompt)], check=True,
+                       capture_output=True)
+        raw = np.fromfile(out, dtype=np.int32)
+    n_pos, n_vocab = int(raw[0]), int(raw[1])
+    toks = raw[2:2 + n_pos]
+    logits = raw[2 + n_pos:].view(np.float32).reshape(n_pos, n_vocab)
+    np.savez_compressed(golden, tokens=toks, n_prompt=np.int32(len(prompt)), logits=logits,
+                        cache_type_k=ck, cache_type_v=cv)
+
+
 def vocab():
     """<unk> <s> </s>, 256 byte pieces, then characters and pairs (edged's synthetic SPM)."""
     sys.path.insert(0, ROOT)
@@ -151,7 +173,11 @@ def write_gguf(name, c, path, seed):
     w.add_block_count(L)
     w.add_feed_forward_length(F)
     w.add_head_count(H)
-    w.add_head_count_kv(KV)
+    if arch == "lfm2":      # per layer: 0 on the convolution layers
+        w.add_head_count_kv([KV if il in c["attn_layers"] else 0 for il in range(L)])
+        w.add_shortconv_l_cache(c["l_cache"])
+    else:
+        w.add_head_count_kv(KV)
     w.add_key_length(D)
     w.add_value_length(D)
     w.add_rope_dimension_count(c.get("n_rot", D))
@@ -207,7 +233,7 @@ def write_gguf(name, c, path, seed):
         w.add_tensor(tname, rng.uniform(lo, hi, n).astype(np.float32))
 
     mat("token_embd.weight", N_VOCAB, E, scale=1.0)
-    vec("output_norm.weight", E)
+    vec("token_embd_norm.weight" if arch == "lfm2" else "output_norm.weight", E)
     if not c.get("tied"):
         mat("output.weight", N_VOCAB, E)
     if c.get("longrope"):
@@ -217,6 +243,16 @@ def write_gguf(name, c, path, seed):
     for il in range(L):
         p = f"blk.{il}."
         vec(p + "attn_norm.weight", E)
+        if arch == "lfm2" and il not in c["attn_layers"]:
+            mat(p + "shortconv.in_proj.weight", 3 * E, E)
+            w.add_tensor(p + "shortconv.conv.weight",
+                         (rng.standard_normal((E, c["l_cache"])) * 0.5).astype(np.float32))
+            mat(p + "shortconv.out_proj.weight", E, E)
+            vec(p + "ffn_norm.weight", E)
+            mat(p + "ffn_gate.weight", F, E)
+            mat(p + "ffn_up.weight", F, E)
+            mat(p + "ffn_down.weight", E, F)
+            continue
         if arch == "phi3":
             mat(p + "attn_qkv.weight", H * D + 2 * KV * D, E)
         else:
@@ -280,12 +316,16 @@ def main():
     ap.add_argument("--llama-bin", default=os.environ.get("EDGED_LLAMA_BIN"),
                     help="directory with llama.cpp's llama-quantize (or $EDGED_LLAMA_BIN), "
                          "for the quantized cases")
+    ap.add_argument("--llama-teacher", default=os.environ.get("EDGED_LLAMA_TEACHER"),
+                    help="tools/llama_teacher.cpp built against llama.cpp (or "
+                         "$EDGED_LLAMA_TEACHER): the same teacher forcing without llama-cpp-python "
+                         "(F16 KV cache only)")
     ap.add_argument("--out", default=OUT)
     ap.add_argument("cases", nargs="*", help=f"subset of: {', '.join([*CASES, *QUANTIZED])} "
                                              "(default: the F16 cases)")
     a = ap.parse_args()
-    if not a.llama_python:
-        ap.error("--llama-python (or $EDGED_LLAMA_PYTHON) is required")
+    if not a.llama_python and not a.llama_teacher:
+        ap.error("--llama-python (or $EDGED_LLAMA_PYTHON) or --llama-teacher is required")
     os.makedirs(a.out, exist_ok=True)
     index = {name: i for i, name in enumerate(CASES)}
     for name in a.cases or [n for n in CASES if n != "llama256"]:
@@ -310,8 +350,11 @@ def main():
                 subprocess.run([os.path.join(a.llama_bin, "llama-quantize"), f16, model, mix, "2"],
                                check=True, capture_output=True)
         prompt = [1] + np.random.default_rng(i).integers(3, N_VOCAB, n_prompt - 1).tolist()
-        subprocess.run([a.llama_python, "-c", LLAMA_TEACHER, model, golden, json.dumps(prompt),
-                        str(N_GEN), str(GGML_TYPE[ck]), str(GGML_TYPE[cv]), ck, cv], check=True)
+        if a.llama_python:
+            subprocess.run([a.llama_python, "-c", LLAMA_TEACHER, model, golden, json.dumps(prompt),
+                            str(N_GEN), str(GGML_TYPE[ck]), str(GGML_TYPE[cv]), ck, cv], check=True)
+        else:
+            teacher_c(a.llama_teacher, model, golden, prompt, ck, cv)
         print(f"{name}: {os.path.getsize(model)} + {os.path.getsize(golden)} bytes", flush=True)
 
 

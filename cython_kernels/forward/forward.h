@@ -49,7 +49,11 @@ typedef struct {
     /* gpt-oss: a sink logit per head (n_head), attn_output's bias (n_embd), the router's bias \
        (n_expert) and per-expert biases: row e of gate/up (ne0 n_ff_exp) and down (ne0 n_embd) */ \
     X(attn_sinks) X(attn_output_bias) \
-    X(ffn_gate_inp_bias) X(ffn_gate_exps_bias) X(ffn_up_exps_bias) X(ffn_down_exps_bias)
+    X(ffn_gate_inp_bias) X(ffn_gate_exps_bias) X(ffn_up_exps_bias) X(ffn_down_exps_bias) \
+    /* a gated short convolution layer (lfm2) instead of attention: in_proj (ne0 n_embd, \
+       ne1 3 n_embd: B | C | x), the depthwise kernel (F32, l_cache taps per channel, the \
+       current input's last), out_proj (n_embd, n_embd) */ \
+    X(shortconv_in_proj) X(shortconv_conv) X(shortconv_out_proj)
 
 typedef struct {
 #define ED_LT_MEMBER(name) ed_tensor name;
@@ -57,6 +61,7 @@ typedef struct {
 #undef ED_LT_MEMBER
     int swa;               /* this layer uses the sliding window (and the local RoPE base) */
     int rope;              /* this layer rotates q and k (smollm3: not every fourth) */
+    int conv;              /* a convolution layer: 1 + its slot in the convolution cache; 0: attention */
 } ed_layer;
 
 /* The model's scalar hyperparameters, one X(C type, name) each: the field of the same name of
@@ -84,7 +89,9 @@ typedef struct {
     X(int, expert_weights_norm)   /* the k router weights renormalised to sum 1 */ \
     X(int, n_ff_shexp)            /* shared expert width (0: none) */ \
     X(int, expert_softmax_topk)   /* top k of the router logits, then softmax over those k (gpt-oss) */ \
-    X(int, act_oai)               /* gpt-oss's clamped SwiGLU instead of silu/gelu */
+    X(int, act_oai)               /* gpt-oss's clamped SwiGLU instead of silu/gelu */ \
+    X(int, n_shortconv_l_cache)   /* taps of the short convolutions (lfm2; 0: none) */ \
+    X(int, n_conv_layers)         /* how many layers are convolutions (slots of the conv cache) */
 
 typedef struct {
 #define ED_HP_MEMBER(T, name) T name;
@@ -119,6 +126,10 @@ typedef struct {
     size_t k_row, v_row; /* bytes of one cache row (one position, n_head_kv * head_dim values) */
     uint8_t *k_cache;    /* (n_layer, n_ctx, k_row) rows of type_k */
     uint8_t *v_cache;    /* (n_layer, n_ctx, v_row) rows of type_v */
+    float *conv_cache;   /* (n_conv_layers, n_ctx, n_embd): a convolution layer's input B * x at
+                            each position. Kept per position like a K/V row, so the kernel's
+                            window at any position is in the cache and a session rewound to an
+                            earlier position (prefix reuse, speculation) needs no state rollback */
     float *x;            /* (n_batch, n_embd) residual stream */
     float *xb;           /* (n_batch, max(n_embd, n_head*head_dim)) normed input / attn out */
     float *xb2;          /* (n_batch, n_embd) projection output */
@@ -162,6 +173,7 @@ typedef struct {
     int batched;
     int32_t *row_pos, *row_nctx;   /* (n_batch) */
     uint8_t **row_k, **row_v;      /* (n_batch) */
+    float **row_c;                 /* (n_batch) their convolution caches */
     const ed_model *m;
     struct ed_pool *pool;
     /* profiling: nanoseconds per op kind, summed by thread 0 */
@@ -592,6 +604,46 @@ static inline uint8_t *ed_layer_cache(const ed_state *s, int kv, int64_t t, int 
     return (kv ? s->v_cache : s->k_cache) + (size_t)il * s->n_ctx * row;
 }
 
+/* The convolution cache of layer L that batch row t uses: (n_ctx, n_embd) floats. */
+static inline float *ed_conv_cache(const ed_state *s, const ed_layer *L, int64_t t, int E) {
+    const size_t slot = (size_t)(L->conv - 1);
+    if (s->batched) return s->row_c[t] + slot * (size_t)s->row_nctx[t] * E;
+    return s->conv_cache + slot * (size_t)s->n_ctx * E;
+}
+
+/* A gated short convolution block (lfm2) as llama.cpp's build_shortconv_block computes it:
+ * in_proj gives B | C | x per token; B * x is stored at the token's position in the layer's
+ * convolution cache; then per channel c the causal depthwise convolution over the l_cache
+ * inputs ending at the token (ggml_ssm_conv: taps oldest first, summed in float from 0; inputs
+ * before position 0 are zero), times C. Output (n, n_embd) in xb. Ends in a barrier. */
+static void ed_shortconv(ed_state *s, ed_pool *p, const ed_model *m, const ed_layer *L, int n,
+                         int64_t a, int64_t b, int ith, int nth) {
+    const int E = m->n_embd, taps = m->n_shortconv_l_cache;
+    ed_matmul(s, p, s->qkv, 3 * E, &L->shortconv_in_proj, s->xb, E, n, 0, ith, nth);
+    for (int64_t t = a; t < b; t++) {
+        const float *bcx = s->qkv + (size_t)t * 3 * E;
+        float *row = ed_conv_cache(s, L, t, E) + (size_t)ed_row_pos(s, t) * E;
+        for (int i = 0; i < E; i++) row[i] = bcx[i] * bcx[2 * E + i];
+    }
+    ed_barrier(p);  /* every row of the batch stored: a token's window may hold its neighbours' */
+    const float *w = ed_vec(&L->shortconv_conv);
+    for (int64_t t = a; t < b; t++) {
+        const int pt = ed_row_pos(s, t);
+        const float *cache = ed_conv_cache(s, L, t, E), *C = s->qkv + (size_t)t * 3 * E + E;
+        float *out = s->xb + (size_t)t * E;
+        for (int c = 0; c < E; c++) {
+            const float *wc = w + (size_t)c * taps;
+            float sum = 0.0f;
+            for (int k = 0; k < taps; k++) {
+                const int j = pt - (taps - 1) + k;
+                sum += (j >= 0 ? cache[(size_t)j * E + c] : 0.0f) * wc[k];
+            }
+            out[c] = C[c] * sum;
+        }
+    }
+    ed_barrier(p);
+}
+
 /* ---------------------------------------------------------------- the KV cache types --- */
 /* As llama.cpp's --cache-type-k/-v: a cache row (one position, all KV heads) is stored as a
  * row of the type, so a q8_0/q4_0 block of 32 never straddles two heads (head_dim % 32 == 0,
@@ -941,6 +993,10 @@ static void ed_forward_worker(void *arg, int ith, int nth) {
             ed_barrier(p);
             ED_MARK(prof_ns, ED_PROF_NORM);
         }
+        const int ldo = L->conv ? E : Qd;  /* the output projection's input rows (xb) */
+        if (L->conv) {
+            ed_shortconv(s, p, m, L, n, a, b, ith, nth);
+        } else {
         if (L->attn_qkv.data) {
             ed_matmul(s, p, s->qkv, QKV, &L->attn_qkv, s->xb, E, n, 0, ith, nth);
         } else if (ed_same_act(&L->attn_q, &L->attn_k) && ed_same_act(&L->attn_q, &L->attn_v)) {
@@ -991,8 +1047,9 @@ static void ed_forward_worker(void *arg, int ith, int nth) {
             for (int64_t t = a; t < b; t++) ed_fwht(s->xb + (size_t)t * Qd, Qd, rot_v);
             ed_barrier(p);
         }
+        }
         if (il == m->n_layer - 1) {
-            rows = ed_last_rows(s, n, Qd, E, ith);
+            rows = ed_last_rows(s, n, ldo, E, ith);
             if (rows < n) {
                 ed_barrier(p);
                 n = rows;
@@ -1001,8 +1058,9 @@ static void ed_forward_worker(void *arg, int ith, int nth) {
             }
         }
         ED_MARK(prof_ns, ED_PROF_ATTN);
-        ed_matmul(s, p, s->xb2, E, &L->attn_output, s->xb, Qd, n, 0, ith, nth);
-        ED_MARK(prof_mm, L->attn_output.type);
+        const ed_tensor *Wo = L->conv ? &L->shortconv_out_proj : &L->attn_output;
+        ed_matmul(s, p, s->xb2, E, Wo, s->xb, ldo, n, 0, ith, nth);
+        ED_MARK(prof_mm, Wo->type);
         for (int64_t t = a; t < b; t++) {
             float *o = s->xb2 + t * E, *x = s->x + t * E;
             if (L->attn_output_bias.data) {
@@ -1088,7 +1146,9 @@ static size_t ed_state_layout(ed_state *s, const ed_model *m, int n_ctx, int n_b
     CARVE(x, float, (size_t)n_batch * E);
     CARVE(xb, float, (size_t)n_batch * XB);
     CARVE(xb2, float, (size_t)n_batch * E);
-    CARVE(qkv, float, (size_t)n_batch * (Qd + 2 * KVd));
+    const int QKVW = m->n_conv_layers && 3 * E > Qd + 2 * KVd ? 3 * E : Qd + 2 * KVd;
+    CARVE(conv_cache, float, (size_t)m->n_conv_layers * n_ctx * E);
+    CARVE(qkv, float, (size_t)n_batch * QKVW);  /* q|k|v, or a convolution's B|C|x */
     CARVE(hb, float, (size_t)n_batch * 2 * F);
     const size_t att_stride = ED_ALIGN(sizeof(float) * (ed_attn_ws_floats(hd, n_ctx) > (size_t)n_ctx
                                                         ? ed_attn_ws_floats(hd, n_ctx) : (size_t)n_ctx)) / sizeof(float);
@@ -1108,6 +1168,7 @@ static size_t ed_state_layout(ed_state *s, const ed_model *m, int n_ctx, int n_b
     CARVE(row_nctx, int32_t, n_batch);
     CARVE(row_k, uint8_t *, n_batch);
     CARVE(row_v, uint8_t *, n_batch);
+    CARVE(row_c, float *, n_batch);
     if (m->n_expert) {
         const size_t nk = (size_t)n_batch * m->n_expert_used;
         CARVE(probs, float, (size_t)n_batch * m->n_expert);
@@ -1150,6 +1211,7 @@ static void ed_forward_rows(ed_state *s, ed_pool *p, int n, ed_state *const *row
         s->row_nctx[t] = rows[t]->n_ctx;
         s->row_k[t] = rows[t]->k_cache;
         s->row_v[t] = rows[t]->v_cache;
+        s->row_c[t] = rows[t]->conv_cache;
     }
     for (int i = 0; i < n_out; i++) s->out_rows[i] = out[i];
     s->n_tokens = n; s->pos = 0; s->pool = p; s->n_out = n_out; s->all_rows = 0;

@@ -21,6 +21,7 @@ cdef extern from "forward.h" nogil:
         ed_tensor attn_sinks
         int swa
         int rope
+        int conv
     ctypedef struct ed_layer_role:
         const char *name
         size_t offset
@@ -28,7 +29,7 @@ cdef extern from "forward.h" nogil:
     ctypedef struct ed_model:
         # the hyperparameters are set by name (ED_HPARAM_LIST); declared here: those Cython reads
         int n_vocab, n_embd, n_layer, n_head, n_head_kv, head_dim, n_rot, n_swa
-        int n_expert, n_expert_used
+        int n_expert, n_expert_used, n_conv_layers
         float attn_scale
         ed_tensor token_embd, output_norm, output
         const float *rope_factors
@@ -53,6 +54,7 @@ cdef extern from "forward.h" nogil:
         size_t k_row, v_row
         uint8_t *k_cache
         uint8_t *v_cache
+        float *conv_cache
         float *x
         float *xb
         float *qkv
@@ -321,7 +323,8 @@ cdef class ForwardModel:
     def setup(self, hp, list layers, dict globals_):
         """hp: the model's hyperparameters (HParams: every ED_HPARAMS name read from it by name);
         layers: per layer a dict role -> (uint8 array, type, shape, row_bytes[, layout]) or None,
-        plus 'swa' and 'rope'; globals_: token_embd/output_norm/output/rope."""
+        plus 'swa', 'rope' and 'conv' (1 + the layer's slot in the convolution cache, 0 for
+        attention); globals_: token_embd/output_norm/output/rope."""
         cdef int i
         m = &self.m
         _set_hparams(m, hp)
@@ -353,9 +356,12 @@ cdef class ForwardModel:
             l = &self.layers[i]
             l.swa = L["swa"]
             l.rope = L.get("rope", 1)
-            _check_roles(set(L) - {"swa", "rope"}, f"layer {i}: ")
+            l.conv = L.get("conv", 0)
+            if not 0 <= l.conv <= m.n_conv_layers:
+                raise ValueError(f"layer {i}: convolution slot {l.conv - 1} of {m.n_conv_layers}")
+            _check_roles(set(L) - {"swa", "rope", "conv"}, f"layer {i}: ")
             for role, spec in L.items():
-                if role in ("swa", "rope") or spec is None:
+                if role in ("swa", "rope", "conv") or spec is None:
                     continue
                 self._set(<ed_tensor *>(<char *>l + <size_t>_ROLE_OFFSET[role]), spec)
 
@@ -432,6 +438,15 @@ cdef class ForwardState:
         v = np.asarray(<uint8_t[:m.n_layer * self.s.n_ctx * self.s.v_row]> self.s.v_cache)
         return (k.reshape(m.n_layer, self.s.n_ctx, self.s.k_row),
                 v.reshape(m.n_layer, self.s.n_ctx, self.s.v_row))
+
+    def conv_cache(self):
+        """uint8 view (n_conv_layers, n_ctx, 4 * n_embd) of the convolution layers' inputs
+        (float32 B * x per position; lfm2), laid out per position like kv_cache()'s rows."""
+        m = &self.model.m
+        if m.n_conv_layers == 0:
+            return np.zeros((0, self.s.n_ctx, 4 * m.n_embd), np.uint8)
+        c = np.asarray(<uint8_t[:m.n_conv_layers * self.s.n_ctx * 4 * m.n_embd]> <uint8_t *>self.s.conv_cache)
+        return c.reshape(m.n_conv_layers, self.s.n_ctx, 4 * m.n_embd)
 
     def set_profile(self, bint on):
         """Start (and zero) or stop per-op timing by thread 0."""

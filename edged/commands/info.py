@@ -145,6 +145,10 @@ def run(args):
         mscale = hp["rope_attn_factor"] * (1 + 0.1 * math.log(factor))  # as the rope applies it
         print(f"rope scaling: YaRN, factor {factor:g} over an original context of "
               f"{hp['n_ctx_orig']} (cos/sin x {mscale:.4f})")
+    if hp.get("n_conv_layers"):
+        conv = [i for i, c in enumerate(hp["conv_layers"]) if c]
+        print(f"short convolutions ({hp['n_shortconv_l_cache']} taps) on layers {conv}; their "
+              f"cache of {4 * hp['n_embd']} bytes per position per layer counts with the KV cache")
     if not all(hp["rope_layers"]):
         print(f"layers without RoPE: {[i for i, r in enumerate(hp['rope_layers']) if not r]}")
     if hp["n_expert"]:

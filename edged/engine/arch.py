@@ -68,6 +68,11 @@ class Arch:
     out_bias: bool = False
     attn_sinks: bool = False
     ffn_norm_tensor: str = "ffn_norm"
+    # lfm2: the layers whose head_count_kv entry is 0 are gated short convolutions
+    # (shortconv.in_proj -> B, C, x; C * conv(B * x) over the last shortconv.l_cache inputs ->
+    # shortconv.out_proj) instead of attention; the output norm is stored as token_embd_norm
+    shortconv: bool = False
+    output_norm_tensor: str = "output_norm"
 
 
 ARCHS = {
@@ -88,6 +93,8 @@ ARCHS = {
     "gpt-oss": Arch("gpt-oss", ROPE_NEOX, qkv_bias=True, act="swiglu_oai", swa_pattern=2,
                     swa_rope_global=True, moe=True, moe_softmax_topk=True, moe_bias=True,
                     out_bias=True, attn_sinks=True, ffn_norm_tensor="post_attention_norm"),
+    "lfm2": Arch("lfm2", ROPE_NEOX, qk_norm=True, shortconv=True,
+                 output_norm_tensor="token_embd_norm"),
 }
 # llama.cpp's YaRN defaults (ggml_rope_yarn_corr_dims); it reads no beta keys for these archs
 YARN_BETA_FAST, YARN_BETA_SLOW = 32.0, 1.0
@@ -148,6 +155,11 @@ class HParams:
     act_gelu: bool = False        # the gate's activation is GELU (tanh form), not SiLU
     act_oai: bool = False         # gpt-oss's clamped SwiGLU
     scale_q: bool = False         # attn_scale multiplies q before attention, not q.k
+    # gated short convolutions (lfm2): the kernel's taps (shortconv.l_cache: the current input
+    # and l_cache - 1 before it) and how many layers are convolutions (conv_layers: which)
+    n_shortconv_l_cache: int = 0
+    n_conv_layers: int = 0
+    conv_layers: tuple = field(default=(), metadata=NOT_COMPILED)
 
     @property
     def n_embd_q(self):
@@ -175,7 +187,7 @@ class LayerTensors:
     attn_v_bias: str | None
     attn_q_norm: str | None
     attn_k_norm: str | None
-    attn_output: str
+    attn_output: str | None       # None in a convolution layer (lfm2)
     post_attention_norm: str | None
     ffn_norm: str
     ffn_gate: str | None
@@ -196,6 +208,11 @@ class LayerTensors:
     ffn_gate_exps_bias: str | None = None  # (n_ff_exp, n_expert): expert e's bias is row e
     ffn_up_exps_bias: str | None = None    # (n_ff_exp, n_expert)
     ffn_down_exps_bias: str | None = None  # (n_embd, n_expert)
+    # a gated short convolution layer (lfm2): in_proj (n_embd, 3 n_embd) -> B | C | x, the
+    # depthwise kernel (l_cache, n_embd): tap l_cache - 1 is the current input's, out_proj
+    shortconv_in_proj: str | None = None
+    shortconv_conv: str | None = None
+    shortconv_out_proj: str | None = None
 
 
 @dataclass(frozen=True)
@@ -273,6 +290,7 @@ HPARAM_KEYS = {
     Key.LOGIT_SCALE: _POS,
     Key.ROPE_SCALING_TYPE: Bound(str), Key.CAUSAL: Bound(bool),
     Key.ROPE_SCALING_FINETUNED: Bound(bool), Key.NEXTN_PREDICT_LAYERS: Bound(int),
+    Key.SHORTCONV_L_CACHE: Bound(int, lo=2),
 }
 
 
@@ -317,6 +335,27 @@ def _swa_layers(m, n_layer):
     return tuple(bool(x) for x in v)
 
 
+def _conv_layers(m, n_layer, n_head):
+    """lfm2's `attention.head_count_kv`: one entry per layer, 0 on a convolution layer, the
+    attention layers' KV head count elsewhere (one value). Returns (n_head_kv, conv per layer)."""
+    name = m.name(Key.HEAD_COUNT_KV)
+    v = m.md.get(name)
+    if v is None:
+        _refuse(f"missing required key {name!r} for architecture {m.arch!r} (per layer: 0 marks "
+                "a convolution layer)")
+    arr = np.asarray(v) if isinstance(v, (list, tuple, np.ndarray)) else None
+    if arr is None or arr.dtype.kind not in "iu" or arr.ndim != 1:
+        raise MetadataValueError(f"{name} must be an array of integers (one per layer), got {v!r}")
+    v = arr
+    if len(v) != n_layer:
+        _refuse(f"{name} has {len(v)} entries for {n_layer} layers")
+    conv = tuple(int(x) == 0 for x in v)
+    kv = {check_number(name, int(x), int, 0, n_head) for x in v if int(x) != 0}
+    if len(kv) > 1:
+        _refuse(f"{name} differs between attention layers ({sorted(kv)}); not supported")
+    return (kv.pop() if kv else n_head), conv
+
+
 def hparams(metadata, arch_name, n_vocab):
     a = ARCHS[arch_name]
     m = _Meta(metadata, arch_name)
@@ -331,7 +370,11 @@ def hparams(metadata, arch_name, n_vocab):
     n_ff = m.get(Key.FEED_FORWARD_LENGTH, required=not a.moe, default=None)
     if n_ff is None:
         n_ff = m.get(Key.EXPERT_FEED_FORWARD_LENGTH, default=0)
-    n_head_kv = m.get(Key.HEAD_COUNT_KV, default=n_head)
+    conv_layers = (False,) * n_layer
+    if a.shortconv:
+        n_head_kv, conv_layers = _conv_layers(m, n_layer, n_head)
+    else:
+        n_head_kv = m.get(Key.HEAD_COUNT_KV, default=n_head)
     if n_ff <= 0:
         _refuse(f"{arch_name}: no feed_forward_length or expert_feed_forward_length")
     if n_head % n_head_kv:
@@ -375,7 +418,9 @@ def hparams(metadata, arch_name, n_vocab):
     n_swa = m.get(Key.SLIDING_WINDOW, required=a.name == "gpt-oss",
                   default=4096 if a.name == "gemma2" else 0)
     per_layer = _swa_layers(m, n_layer)
-    if a.swa_pattern and n_swa > 0 and per_layer is not None:
+    if a.shortconv and n_swa > 0:     # llama.cpp: every attention layer slides
+        swa = tuple(not c for c in conv_layers)
+    elif a.swa_pattern and n_swa > 0 and per_layer is not None:
         swa = per_layer
     elif a.swa_pattern and n_swa > 0:
         pattern = m.get(Key.SLIDING_WINDOW_PATTERN, default=a.swa_pattern)
@@ -403,6 +448,10 @@ def hparams(metadata, arch_name, n_vocab):
                         for il in range(n_layer))
     if a.multipliers and not m.get(Key.ROPE_SCALING_FINETUNED, default=True):
         rope_layers = (False,) * n_layer     # granite: llama.cpp's switch for RoPE, default on
+    if a.shortconv and m.get(Key.CAUSAL, default=True) is False:
+        _refuse(f"{m.name(Key.CAUSAL)} = false (a bidirectional LFM2 embedding model) is not "
+                "supported")
+    l_cache = m.get(Key.SHORTCONV_L_CACHE, required=True) if a.shortconv else 0
     n_expert = n_used = n_ff_exp = 0
     if a.moe:
         n_expert = m.get(Key.EXPERT_COUNT, required=True)
@@ -432,6 +481,7 @@ def hparams(metadata, arch_name, n_vocab):
         scale_q=a.scale_q,
         n_ff_shexp=m.get(Key.EXPERT_SHARED_FEED_FORWARD_LENGTH, default=0) or n_ff
         if a.shared_expert else 0,
+        n_shortconv_l_cache=l_cache, n_conv_layers=sum(conv_layers), conv_layers=conv_layers,
     )
 
 
@@ -499,7 +549,7 @@ def validate(metadata, tensors, n_vocab_tokenizer=None, log=None):
     T = _Tensors(tensors, log)
     E, V = hp.n_embd, n_vocab
     token_embd = T.get("token_embd.weight", (E, V))
-    output_norm = T.get("output_norm.weight", (E,), vector=True)
+    output_norm = T.get(a.output_norm_tensor + ".weight", (E,), vector=True)
     output = T.get("output.weight", (E, V), required=False) or token_embd
 
     R = (hp.n_rot // 2,)
@@ -515,8 +565,11 @@ def validate(metadata, tensors, n_vocab_tokenizer=None, log=None):
     for i in range(hp.n_layer):
         p = f"blk.{i}."
         has = lambda n: (p + n) in tensors  # noqa: E731
+        conv = hp.conv_layers[i] if hp.conv_layers else False
         qkv = q = k = v = None
-        if a.fused_qkv and has("attn_qkv.weight"):
+        if conv:
+            pass
+        elif a.fused_qkv and has("attn_qkv.weight"):
             qkv = T.get(p + "attn_qkv.weight", (E, Q + K + Vv))
         else:
             q = T.get(p + "attn_q.weight", (E, Q))
@@ -528,7 +581,7 @@ def validate(metadata, tensors, n_vocab_tokenizer=None, log=None):
                     T.get(p + "attn_k.bias", (K,), required=arch_name == "qwen2", vector=True),
                     T.get(p + "attn_v.bias", (Vv,), required=arch_name == "qwen2", vector=True))
         qn = kn = None
-        if a.qk_norm:
+        if a.qk_norm and not conv:
             qn = T.get(p + "attn_q_norm.weight", (D,), vector=True)
             kn = T.get(p + "attn_k_norm.weight", (D,), vector=True)
         down = ginp = gexp = uexp = dexp = None
@@ -564,7 +617,11 @@ def validate(metadata, tensors, n_vocab_tokenizer=None, log=None):
             attn_q=q, attn_k=k, attn_v=v, attn_qkv=qkv,
             attn_q_bias=bias[0], attn_k_bias=bias[1], attn_v_bias=bias[2],
             attn_q_norm=qn, attn_k_norm=kn,
-            attn_output=T.get(p + "attn_output.weight", (Q, E)),
+            attn_output=None if conv else T.get(p + "attn_output.weight", (Q, E)),
+            shortconv_in_proj=T.get(p + "shortconv.in_proj.weight", (E, 3 * E)) if conv else None,
+            shortconv_conv=T.get(p + "shortconv.conv.weight", (hp.n_shortconv_l_cache, E),
+                                 vector=True) if conv else None,
+            shortconv_out_proj=T.get(p + "shortconv.out_proj.weight", (E, E)) if conv else None,
             post_attention_norm=T.get(p + "post_attention_norm.weight", (E,), vector=True)
             if a.sandwich_norm else None,
             ffn_norm=T.get(p + a.ffn_norm_tensor + ".weight", (E,), vector=True),

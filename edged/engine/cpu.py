@@ -104,11 +104,14 @@ class CPUBackend(Backend):
             return (v.view(np.uint8), int(GGMLType.F32), shape, 4 * shape[0])
 
         layers = []
+        conv_slots = iter(range(1, hp.n_conv_layers + 1))
         for il, L in enumerate(spec.layers):
-            d = {"swa": int(hp.swa_layers[il]), "rope": int(hp.rope_layers[il])}
+            d = {"swa": int(hp.swa_layers[il]), "rope": int(hp.rope_layers[il]),
+                 "conv": next(conv_slots) if hp.conv_layers and hp.conv_layers[il] else 0}
             for role in _ROLES:
                 name = getattr(L, role)
-                d[role] = vector(name) if role.endswith(("norm", "bias", "sinks")) else matrix(name)
+                d[role] = (vector(name) if role.endswith(("norm", "bias", "sinks", "conv"))
+                           else matrix(name))
             layers.append(d)
         self._factors_ctx = {}
         g = {"token_embd": matrix(spec.token_embd), "output_norm": vector(spec.output_norm),
@@ -153,11 +156,12 @@ class CPUBackend(Backend):
         kv = cache.nbytes(hp, n_ctx)
         F = max(F, hp.n_ff_exp, hp.n_ff_shexp)
         widest = max(E, Qd, F)
-        per_tok = 4 * (E + max(E, Qd) + E + Qd + 2 * KVd + 2 * F) + 4 * widest + 16
+        qkv = max(Qd + 2 * KVd, 3 * E if hp.n_conv_layers else 0)  # or a convolution's B|C|x
+        per_tok = 4 * (E + max(E, Qd) + E + qkv + 2 * F) + 4 * widest + 16
         if hp.n_expert:  # router probabilities, choices, gathered inputs, expert outputs
             per_tok += 4 * (hp.n_expert + 4 * hp.n_expert_used + E + hp.n_expert_used * E)
         logits = 4 * min(n_batch, 32) * hp.n_vocab  # ED_MAX_LOGIT_ROWS rows
-        per_tok += 24  # the row's position, context and cache pointers (a batch of sessions)
+        per_tok += 32  # the row's position, context and cache pointers (a batch of sessions)
         # attention scratch per thread: every key's score for a block of 32 query rows
         # (ed_attn_ws_floats), the queries, the lane rows of the V sums
         att = 4 * (32 * (n_ctx + 32 + hp.head_dim) + 4 * hp.head_dim + 80 * hp.head_dim + 64)
@@ -227,9 +231,13 @@ class CPUBackend(Backend):
     def kv_cache(self, buf):
         return buf.state.kv_cache()
 
+    def conv_cache(self, buf):
+        return buf.state.conv_cache()
+
     def copy_kv(self, dst, src, n):
-        for d, s in zip(dst.state.kv_cache(), src.state.kv_cache()):
-            d[:, :n] = s[:, :n]     # (n_layer, n_ctx, row bytes): the first n positions
+        for d, s in zip((*dst.state.kv_cache(), dst.state.conv_cache()),
+                        (*src.state.kv_cache(), src.state.conv_cache())):
+            d[:, :n] = s[:, :n]     # (layers, n_ctx, row bytes): the first n positions
 
     def profile(self, n_prompt=512):
         """Time per op kind for one prompt batch and for one token after it (ms)."""

@@ -122,6 +122,9 @@ class _Session:
         shape = (hp.n_layer, n_ctx, hp.n_head_kv, hp.head_dim)
         self.k = np.zeros(shape, np.float16 if cache.k == GGMLType.F16 else np.float32)
         self.v = np.zeros(shape, np.float16 if cache.v == GGMLType.F16 else np.float32)
+        # a convolution layer's input B * x at each position (lfm2), in float32 as llama.cpp's
+        # conv state; a row per position like K/V, so a rewind needs no rollback
+        self.conv = np.zeros((hp.n_conv_layers, n_ctx, hp.n_embd), np.float32)
         self.n_ctx = n_ctx
         self.tokens = None
         self.logits = None
@@ -157,7 +160,8 @@ class ReferenceBackend(Backend):
     def plan_for(cls, spec, n_ctx, n_batch, cache=DEFAULT_CACHE):
         hp = spec.hp
         kv = hp.n_layer * n_ctx * hp.n_head_kv * hp.head_dim * (
-            (2 if cache.k == GGMLType.F16 else 4) + (2 if cache.v == GGMLType.F16 else 4))
+            (2 if cache.k == GGMLType.F16 else 4) + (2 if cache.v == GGMLType.F16 else 4)) \
+            + hp.n_conv_layers * n_ctx * 4 * hp.n_embd
         scratch = 8 * n_batch * (4 * hp.n_embd + 3 * hp.n_ff + hp.n_vocab) \
             + 8 * n_batch * hp.n_head * n_ctx
         return BufferPlan(kv, scratch)
@@ -171,9 +175,13 @@ class ReferenceBackend(Backend):
     def kv_cache(self, buf):
         return tuple(a.view(np.uint8).reshape(a.shape[0], a.shape[1], -1) for a in (buf.k, buf.v))
 
+    def conv_cache(self, buf):
+        return buf.conv.view(np.uint8).reshape(buf.conv.shape[0], buf.conv.shape[1], -1)
+
     def copy_kv(self, dst, src, n):
         dst.k[:, :n] = src.k[:, :n]
         dst.v[:, :n] = src.v[:, :n]
+        dst.conv[:, :n] = src.conv[:, :n]
 
     def copy_in(self, buf, tokens, pos):
         buf.tokens = np.asarray(tokens, dtype=np.int64)
@@ -204,72 +212,14 @@ class ReferenceBackend(Backend):
         factors_name = sp.rope_factors(buf.n_ctx)
         factors = self._w[factors_name].astype(np.float64) if factors_name else None
         group = hp.n_head // hp.n_head_kv
+        conv_slot = 0
         for il, L in enumerate(sp.layers):
             h = rms_norm(x, self._w[L.attn_norm], hp.rms_eps)
-            if L.attn_qkv:
-                qkv = self._mm(h, L.attn_qkv)
-                q, k, v = np.split(qkv, [hp.n_embd_q, hp.n_embd_q + hp.n_embd_k_gqa], axis=1)
+            if L.shortconv_in_proj:
+                x = x + self._shortconv(buf, conv_slot, h, L, pos) * hp.residual_scale
+                conv_slot += 1
             else:
-                q, k, v = self._mm(h, L.attn_q), self._mm(h, L.attn_k), self._mm(h, L.attn_v)
-            if L.attn_q_bias:
-                q = q + self._w[L.attn_q_bias]
-                k = k + self._w[L.attn_k_bias]
-                v = v + self._w[L.attn_v_bias]
-            q = q.reshape(n, hp.n_head, hp.head_dim)
-            k = k.reshape(n, hp.n_head_kv, hp.head_dim)
-            v = v.reshape(n, hp.n_head_kv, hp.head_dim)
-            if L.attn_q_norm:
-                q = rms_norm(q, self._w[L.attn_q_norm], hp.rms_eps)
-                k = rms_norm(k, self._w[L.attn_k_norm], hp.rms_eps)
-            swa = hp.swa_layers[il]
-            base = hp.rope_freq_base_swa if swa else hp.rope_freq_base
-            scale = hp.rope_freq_scale_swa if swa else hp.rope_freq_scale
-            if hp.rope_layers[il]:
-                yarn = (hp.rope_ext_factor, hp.n_ctx_orig, hp.yarn_beta_fast, hp.yarn_beta_slow)
-                args = (hp.n_rot, base, scale, neox, factors, hp.rope_attn_factor, yarn)
-                q = rope(q, positions, *args)
-                k = rope(k, positions, *args)
-            ck, cv = self.cache.k, self.cache.v
-            rot_k, rot_v = self.cache.rotation(hp.head_dim)
-            q, k, v = _rotate(q, rot_k), _rotate(k, rot_k), _rotate(v, rot_v)
-            buf.k[il, pos:pos + n] = k if ck == GGMLType.F16 else _stored(k, ck)
-            buf.v[il, pos:pos + n] = v if cv == GGMLType.F16 else _stored(v, cv)
-            K = buf.k[il, :pos + n].astype(np.float64)  # (n_kv, n_head_kv, hd)
-            V = buf.v[il, :pos + n].astype(np.float64)
-            # mask (n, n_kv): causal, and the sliding window on SWA layers
-            kpos = np.arange(pos + n)
-            masked = kpos[None, :] > positions[:, None]
-            if swa and hp.n_swa:
-                masked |= positions[:, None] - kpos[None, :] >= hp.n_swa
-            # llama.cpp (no flash attention) rounds q to F16 for the product with the F16 K
-            # cache (gemma3: after scaling it) and the softmax row to F16 for the one with V
-            qs, kqs = (hp.attn_scale, 1.0) if a.scale_q else (1.0, hp.attn_scale)
-            # (a quantized K: q in q8_0, as ggml's mul_mat / flash attention convert it)
-            q16 = (q * qs).astype(np.float16).astype(np.float64) if ck == GGMLType.F16 \
-                else _stored((q * qs).astype(np.float32), GGMLType.Q8_0).astype(np.float64)
-            out = np.empty((n, hp.n_head, hp.head_dim))
-            for hh in range(hp.n_head):
-                kv = hh // group
-                s = np.stack([K[:, kv, :] @ row for row in q16[:, hh, :]])  # (n, n_kv)
-                if hp.attn_softcap:  # llama.cpp caps q.k before the softmax's scale
-                    s = np.tanh(s / hp.attn_softcap) * hp.attn_softcap
-                s = s * kqs
-                s[masked] = -np.inf
-                if L.attn_sinks:  # gpt-oss: one more logit per head, in the sum only
-                    sink = np.full((n, 1), float(self._w[L.attn_sinks][hh]))
-                    s = softmax(np.concatenate([s, sink], axis=1))[:, :-1]
-                else:
-                    s = softmax(s)
-                if cv == GGMLType.F16:
-                    s = s.astype(np.float16).astype(np.float64)
-                # else flash attention (llama.cpp's only way with a quantized V): float weights
-                out[:, hh, :] = s @ V[:, kv, :]
-            o = self._mm(_rotate(out, rot_v).reshape(n, -1), L.attn_output)
-            if L.attn_output_bias:
-                o = o + self._w[L.attn_output_bias]
-            if L.post_attention_norm:
-                o = rms_norm(o, self._w[L.post_attention_norm], hp.rms_eps)
-            x = x + o * hp.residual_scale
+                x = self._attention_block(buf, il, L, x, h, pos, positions, factors, neox, group)
             h = rms_norm(x, self._w[L.ffn_norm], hp.rms_eps)
             if L.ffn_gate_inp:
                 d = self._moe(h, L)
@@ -292,6 +242,88 @@ class ReferenceBackend(Backend):
             c = hp.final_logit_softcap
             logits = np.tanh(logits / c) * c
         buf.logits = logits * hp.logit_mul
+
+    def _shortconv(self, buf, slot, h, L, pos):
+        """lfm2's gated short convolution: in_proj -> B | C | x; B * x stored per position;
+        per channel the causal convolution over the last l_cache inputs (zeros before
+        position 0), times C; out_proj."""
+        n, E, taps = len(h), self.spec.hp.n_embd, self.spec.hp.n_shortconv_l_cache
+        bcx = self._mm(h, L.shortconv_in_proj)
+        B, C, X = bcx[:, :E], bcx[:, E:2 * E], bcx[:, 2 * E:]
+        buf.conv[slot, pos:pos + n] = (B * X).astype(np.float32)
+        w = self._w[L.shortconv_conv].astype(np.float64)            # (n_embd, taps)
+        hist = np.concatenate([np.zeros((taps - 1, E)), buf.conv[slot, :pos + n].astype(np.float64)])
+        y = np.stack([(hist[pos + t:pos + t + taps].T * w).sum(1) for t in range(n)])
+        return self._mm(C * y, L.shortconv_out_proj)
+
+    def _attention_block(self, buf, il, L, x, h, pos, positions, factors, neox, group):
+        """x plus the attention block's output for the rows h (the normed x)."""
+        hp, a = self.spec.hp, self.spec.arch
+        n = len(h)
+        if L.attn_qkv:
+            qkv = self._mm(h, L.attn_qkv)
+            q, k, v = np.split(qkv, [hp.n_embd_q, hp.n_embd_q + hp.n_embd_k_gqa], axis=1)
+        else:
+            q, k, v = self._mm(h, L.attn_q), self._mm(h, L.attn_k), self._mm(h, L.attn_v)
+        if L.attn_q_bias:
+            q = q + self._w[L.attn_q_bias]
+            k = k + self._w[L.attn_k_bias]
+            v = v + self._w[L.attn_v_bias]
+        q = q.reshape(n, hp.n_head, hp.head_dim)
+        k = k.reshape(n, hp.n_head_kv, hp.head_dim)
+        v = v.reshape(n, hp.n_head_kv, hp.head_dim)
+        if L.attn_q_norm:
+            q = rms_norm(q, self._w[L.attn_q_norm], hp.rms_eps)
+            k = rms_norm(k, self._w[L.attn_k_norm], hp.rms_eps)
+        swa = hp.swa_layers[il]
+        base = hp.rope_freq_base_swa if swa else hp.rope_freq_base
+        scale = hp.rope_freq_scale_swa if swa else hp.rope_freq_scale
+        if hp.rope_layers[il]:
+            yarn = (hp.rope_ext_factor, hp.n_ctx_orig, hp.yarn_beta_fast, hp.yarn_beta_slow)
+            args = (hp.n_rot, base, scale, neox, factors, hp.rope_attn_factor, yarn)
+            q = rope(q, positions, *args)
+            k = rope(k, positions, *args)
+        ck, cv = self.cache.k, self.cache.v
+        rot_k, rot_v = self.cache.rotation(hp.head_dim)
+        q, k, v = _rotate(q, rot_k), _rotate(k, rot_k), _rotate(v, rot_v)
+        buf.k[il, pos:pos + n] = k if ck == GGMLType.F16 else _stored(k, ck)
+        buf.v[il, pos:pos + n] = v if cv == GGMLType.F16 else _stored(v, cv)
+        K = buf.k[il, :pos + n].astype(np.float64)  # (n_kv, n_head_kv, hd)
+        V = buf.v[il, :pos + n].astype(np.float64)
+        # mask (n, n_kv): causal, and the sliding window on SWA layers
+        kpos = np.arange(pos + n)
+        masked = kpos[None, :] > positions[:, None]
+        if swa and hp.n_swa:
+            masked |= positions[:, None] - kpos[None, :] >= hp.n_swa
+        # llama.cpp (no flash attention) rounds q to F16 for the product with the F16 K
+        # cache (gemma3: after scaling it) and the softmax row to F16 for the one with V
+        qs, kqs = (hp.attn_scale, 1.0) if a.scale_q else (1.0, hp.attn_scale)
+        # (a quantized K: q in q8_0, as ggml's mul_mat / flash attention convert it)
+        q16 = (q * qs).astype(np.float16).astype(np.float64) if ck == GGMLType.F16 \
+            else _stored((q * qs).astype(np.float32), GGMLType.Q8_0).astype(np.float64)
+        out = np.empty((n, hp.n_head, hp.head_dim))
+        for hh in range(hp.n_head):
+            kv = hh // group
+            s = np.stack([K[:, kv, :] @ row for row in q16[:, hh, :]])  # (n, n_kv)
+            if hp.attn_softcap:  # llama.cpp caps q.k before the softmax's scale
+                s = np.tanh(s / hp.attn_softcap) * hp.attn_softcap
+            s = s * kqs
+            s[masked] = -np.inf
+            if L.attn_sinks:  # gpt-oss: one more logit per head, in the sum only
+                sink = np.full((n, 1), float(self._w[L.attn_sinks][hh]))
+                s = softmax(np.concatenate([s, sink], axis=1))[:, :-1]
+            else:
+                s = softmax(s)
+            if cv == GGMLType.F16:
+                s = s.astype(np.float16).astype(np.float64)
+            # else flash attention (llama.cpp's only way with a quantized V): float weights
+            out[:, hh, :] = s @ V[:, kv, :]
+        o = self._mm(_rotate(out, rot_v).reshape(n, -1), L.attn_output)
+        if L.attn_output_bias:
+            o = o + self._w[L.attn_output_bias]
+        if L.post_attention_norm:
+            o = rms_norm(o, self._w[L.post_attention_norm], hp.rms_eps)
+        return x + o * hp.residual_scale
 
     def _moe(self, h, L):
         """Routed experts, token by token: softmax over the router's logits, the top k, their

@@ -91,6 +91,19 @@ def _model_fields(m):
             "type_k": int(m.cache.k), "type_v": int(m.cache.v), "n_layer": m.hp.n_layer}
 
 
+def supported(model):
+    """Whether this format can hold `model`'s state: K/V rows only, so not the convolution
+    cache of a model with convolution layers (lfm2)."""
+    return not getattr(model.hp, "n_conv_layers", 0)
+
+
+def _check_supported(model):
+    if not supported(model):
+        raise StateFileError(f"prompt-cache files hold K/V rows only; {model.arch}'s "
+                             f"{model.hp.n_conv_layers} convolution layers keep state they "
+                             "cannot hold")
+
+
 def _header(session, n_tokens):
     """The header fields a file of `session`'s first n_tokens would carry (a dict)."""
     k, v = session.model.backend.kv_cache(session._buf)
@@ -172,6 +185,7 @@ def save(session, path, key, n_tokens=None):
     if not 0 < n <= session.n_past:
         raise StateFileError(f"cannot save {n} tokens of a session holding {session.n_past}")
     _check_key(key)
+    _check_supported(session.model)
     h = _header(session, n)
     k, v = session.model.backend.kv_cache(session._buf)  # uint8 (n_layer, n_ctx, row bytes)
     path = os.fspath(path)
@@ -273,6 +287,7 @@ def restore(session, path, key, n_tokens=None):
 
 
 def _restore(session, path, key, n_tokens):
+    _check_supported(session.model)
     with _open(path) as f:
         size = os.fstat(f.fileno()).st_size
         h = _read_header(f, size)

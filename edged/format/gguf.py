@@ -233,6 +233,7 @@ class Key:
     ROPE_SCALING_ORIG_CTX_LEN = "{arch}.rope.scaling.original_context_length"
     ROPE_SCALING_FINETUNED = "{arch}.rope.scaling.finetuned"
     NEXTN_PREDICT_LAYERS = "{arch}.nextn_predict_layers"
+    SHORTCONV_L_CACHE = "{arch}.shortconv.l_cache"
 
     # tokenizer
     TOKENIZER_MODEL = "tokenizer.ggml.model"

@@ -67,6 +67,7 @@ FILES = {   # golden file -> keys its architecture reads
     "synthetic-granite": [Key.EMBEDDING_SCALE, Key.RESIDUAL_SCALE, Key.ATTENTION_SCALE,
                           Key.LOGIT_SCALE, Key.ROPE_SCALING_FINETUNED],
     "synthetic-qwen2moe": [Key.EXPERT_SHARED_FEED_FORWARD_LENGTH],
+    "synthetic-lfm2": [Key.SHORTCONV_L_CACHE, Key.HEAD_COUNT_KV],   # an array per layer there
     "embed-bert": [Key.LAYERNORM_EPS, Key.TOKEN_TYPE_COUNT, Key.CAUSAL, Key.EMBEDDING_LENGTH,
                    Key.BLOCK_COUNT, Key.HEAD_COUNT, Key.HEAD_COUNT_KV, Key.FEED_FORWARD_LENGTH,
                    Key.CONTEXT_LENGTH, Key.ROPE_FREQ_BASE],

@@ -43,6 +43,7 @@ FILES = {
     "granite": os.path.join(GOLD, "synthetic-granite.gguf"),
     "smollm3": os.path.join(GOLD, "synthetic-smollm3.gguf"),
     "gpt-oss": os.path.join(GOLD, "synthetic-gpt-oss.gguf"),
+    "lfm2": os.path.join(GOLD, "synthetic-lfm2.gguf"),
     "bert": os.path.join(SHARED, "all-MiniLM-L6-v2.Q8_0.gguf"),
     "nomic-bert": os.path.join(GOLD, "embed-nomic-bert.gguf"),
 }
@@ -51,6 +52,7 @@ MOE = ("qwen3moe", "qwen2moe", "gpt-oss")
 DECODERS = tuple(a for a in FILES if a not in ENCODERS)
 DENSE = tuple(a for a in DECODERS if a not in MOE)
 ALL = DECODERS + ENCODERS
+ATTENTION_ONLY = tuple(a for a in DECODERS if a != "lfm2")
 
 
 def _k(md, arch, key):
@@ -76,8 +78,11 @@ CONVENTIONS = [
      "required (llama.cpp: its tensors' shapes then fail)", "n_ff", None),
     ("feed_forward_length", MOE, "expert_feed_forward_length", "n_ff",
      lambda md, a: _k(md, a, "expert_feed_forward_length")),
-    ("attention.head_count_kv", DECODERS, "head_count", "n_head_kv",
+    ("attention.head_count_kv", ATTENTION_ONLY, "head_count", "n_head_kv",
      lambda md, a: _k(md, a, "attention.head_count")),
+    ("attention.head_count_kv", ("lfm2",),
+     "required (per layer; 0 marks a convolution layer)", "n_head_kv", None),
+    ("shortconv.l_cache", ("lfm2",), "required", "n_shortconv_l_cache", None),
     ("attention.key_length", DECODERS, "embedding_length / head_count", "head_dim", _head),
     ("attention.value_length", DECODERS, "embedding_length / head_count", "head_dim_v", _head),
     ("rope.dimension_count", DECODERS, "key_length", "n_rot", _key_len),
@@ -95,6 +100,8 @@ CONVENTIONS = [
     ("attention.sliding_window", ("gpt-oss",), "required", "n_swa", None),
     ("attention.sliding_window", ("gemma2",), "4096", "n_swa", lambda md, a: 4096),
     ("attention.sliding_window", ("gemma3",), "0 (no sliding window)", "n_swa", lambda md, a: 0),
+    ("attention.sliding_window", ("lfm2",), "0 (no sliding window; else on every attention layer)",
+     "n_swa", lambda md, a: 0),
     ("attention.sliding_window_pattern", ("gemma2", "gpt-oss"),
      "2 (or a per-layer bool array)", "swa_layers",
      lambda md, a: tuple(il % 2 < 1 for il in range(_k(md, a, "block_count")))),
@@ -118,6 +125,8 @@ CONVENTIONS = [
      lambda md, a: (True,) * _k(md, a, "block_count")),
     ("nextn_predict_layers", DECODERS, "0 (more: refused)", None, None),
     ("attention.causal", ENCODERS, "true, which is refused (converters write false)", None, None),
+    ("attention.causal", ("lfm2",), "true (false, a bidirectional embedding model: refused)",
+     None, None),
     ("pooling_type", ENCODERS, "0 (none)", "pooling", lambda md, a: "none"),
 ]
 # Keys the converter writes that edged reads as llama.cpp does only where they matter here
@@ -231,6 +240,38 @@ def test_multi_token_prediction_layers_are_refused():
         arch_mod.validate(md2, tensors)
 
 
+@pytest.mark.parametrize("value, msg", [
+    (np.array([0, 0, 2, 0, 0]), "has 5 entries for 6 layers"),
+    (np.array([0, 0, 2, 0, 0, 1]), "differs between attention layers"),
+    (np.array([0, 0, 8, 0, 0, 8]), "must be at most 4"),
+    (2, "must be an array of integers"),
+])
+def test_lfm2_bad_head_count_kv_is_refused_by_name(value, msg):
+    md, tensors = _load(FILES["lfm2"])
+    md2 = dict(md, **{"lfm2.attention.head_count_kv": value})
+    with pytest.raises(UnsupportedModelError, match="lfm2.attention.head_count_kv.*" + msg):
+        arch_mod.validate(md2, tensors)
+
+
+@pytest.mark.parametrize("value, msg", [(1, "must be at least 2"), (4, "shortconv.conv.weight"),
+                                        ("3", "must be an integer")])
+def test_lfm2_bad_l_cache_is_refused_by_name(value, msg):
+    md, tensors = _load(FILES["lfm2"])
+    md2 = dict(md, **{"lfm2.shortconv.l_cache": value})
+    with pytest.raises(UnsupportedModelError, match=msg):
+        arch_mod.validate(md2, tensors)
+
+
+def test_lfm2_conv_and_attention_layers_from_head_count_kv():
+    md, tensors = _load(FILES["lfm2"])
+    hp = arch_mod.validate(md, tensors).hp
+    assert hp.conv_layers == (True, True, False, True, True, False)
+    assert (hp.n_conv_layers, hp.n_head_kv, hp.n_shortconv_l_cache) == (4, 2, 3)
+    md2 = dict(md, **{"lfm2.attention.causal": False})
+    with pytest.raises(UnsupportedModelError, match="lfm2.attention.causal"):
+        arch_mod.validate(md2, tensors)
+
+
 def test_encoder_without_causal_key_is_refused():
     md, tensors = _load(FILES["bert"])
     md2 = {k: v for k, v in md.items() if k != "bert.attention.causal"}
@@ -245,6 +286,8 @@ def docs_table():
             return "all"
         if set(archs) == set(DECODERS):
             return "every decoder"
+        if set(archs) == set(ATTENTION_ONLY):
+            return "every decoder but `lfm2`"
         if set(archs) == set(DENSE + ENCODERS):
             return "every dense decoder, the encoders"
         if set(archs) == set(DECODERS + ("nomic-bert",)):

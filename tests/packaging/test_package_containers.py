@@ -39,6 +39,8 @@ def test_dockerfile_runs_edged_serve_unprivileged_with_the_sandbox_and_a_key():
     assert user.split(":")[0] not in ("root", "0")
     assert "sandbox" not in " ".join(argv) and "EDGED_SANDBOX" not in text     # the default: enforce
     assert "libseccomp2" in text                                               # pyseccomp's library
+    # the default socket's directory is the daemon's to bind in (a tmpfs over it in the docs' run)
+    assert f"-o edged -g edged {os.path.dirname(config.load(None, {}).socket)}" in text
     with open(DOCKERFILE + ".dockerignore") as f:
         ignore = [line for line in f.read().splitlines() if line and not line.startswith("#")]
     assert ignore[0] == "*" and "**/*.so" in ignore and "!edged/**" in ignore     # only the sources

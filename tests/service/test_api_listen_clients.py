@@ -1,6 +1,6 @@
-"""`edged serve --listen` (no systemd, the sandbox on) serving the real SmolLM2-135M: litellm
-with the key, and what the transport refuses before any route runs (no key, a body too large)
-in each protocol's own error shape. The openai, anthropic and ollama clients over --listen are
+"""`edged serve --listen` (no systemd, the sandbox on) serving the real SmolLM2-135M: litellm and
+LangChain with the key, and what the transport refuses before any route runs (no key, a body
+too large) in each protocol's own error shape. The openai, anthropic and ollama clients over --listen are
 in test_api_tcp.py."""
 import os
 
@@ -26,6 +26,12 @@ def test_litellm(url):
     r = litellm.completion(model="openai/smol", api_base=url + "/v1", api_key=KEY, max_tokens=6,
                            messages=ASK, temperature=0)
     assert r.choices[0].message.content
+
+
+def test_langchain(url):
+    lc = pytest.importorskip("langchain_openai")
+    chat = lc.ChatOpenAI(model="smol", base_url=url + "/v1", api_key=KEY, max_tokens=6, temperature=0, max_retries=0)
+    assert chat.invoke(ASK).content
 
 
 def test_refusals_before_any_route_come_in_each_protocols_shape(url):

@@ -1,7 +1,8 @@
 """The opt-in TCP listener: real systemd-socket-activate hands the daemon a Unix socket and a
 127.0.0.1 TCP socket (as edged.socket + edged-tcp.socket do); on TCP every request needs a
 Bearer key from api_keys_file, admin routes are refused, and Unix peers are still admitted by
-their credentials. curl, the openai SDK and litellm over TCP."""
+their credentials. curl, the openai SDK and litellm over TCP. `edged serve --listen` binding TCP
+itself, and the openai, anthropic and ollama clients against it by URL and key."""
 import json
 import os
 import shutil
@@ -261,7 +262,19 @@ def test_listen_binds_tcp_itself_with_the_same_key_policy(tmp_path, models):
         assert "sandbox: enforce (Landlock" in srv.logtext()
 
 
-def test_clients_over_listen_with_an_api_key(tmp_path_factory):
+@pytest.fixture(scope="module")
+def smol_listen(tmp_path_factory):
+    """(Server, URL): `edged serve --listen 127.0.0.1:0` serving SmolLM2-135M, sandbox on."""
+    tmp, models, trusted = smol_models(tmp_path_factory, "tcp-listen-clients")
+    with running(tmp, models, trusted, default_model="smol", args=["--listen", "127.0.0.1:0"],
+                 extra={**SMOL_CONFIG, "api_keys_file": keys_file(tmp), "sandbox": "enforce"}) as srv:
+        yield srv, f"http://127.0.0.1:{listening_port(srv)}"
+
+
+HI = [{"role": "user", "content": "Hi"}]
+
+
+def test_clients_over_listen_with_an_api_key(smol_listen):
     """Issue 43's "Done when" over TCP: against `edged serve --listen` serving SmolLM2-135M, the
     openai SDK (chat, stream, Responses), the anthropic SDK (create, stream, count_tokens; its key
     goes as x-api-key) and the ollama client (a Bearer header) pass with the key, and each is
@@ -269,41 +282,37 @@ def test_clients_over_listen_with_an_api_key(tmp_path_factory):
     openai = pytest.importorskip("openai")
     anthropic = pytest.importorskip("anthropic")
     ollama = pytest.importorskip("ollama")
-    tmp, models, trusted = smol_models(tmp_path_factory, "tcp-listen-clients")
-    hi = [{"role": "user", "content": "Hi"}]
-    with running(tmp, models, trusted, default_model="smol", args=["--listen", "127.0.0.1:0"],
-                 extra={**SMOL_CONFIG, "api_keys_file": keys_file(tmp), "sandbox": "enforce"}) as srv:
-        url = f"http://127.0.0.1:{listening_port(srv)}"
-        oa = openai.OpenAI(base_url=url + "/v1", api_key=KEY, max_retries=0, timeout=120)
-        r = oa.chat.completions.create(model="smol", messages=hi, max_tokens=4, temperature=0)
-        assert r.choices[0].message.content and r.usage.completion_tokens <= 4
-        chunks = list(oa.chat.completions.create(model="smol", messages=hi, max_tokens=4, temperature=0,
-                                                 stream=True))
-        assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == r.choices[0].message.content
-        resp = oa.responses.create(model="smol", input="Hi", max_output_tokens=16, temperature=0)
-        assert resp.status in ("completed", "incomplete") and resp.output_text
-        with pytest.raises(openai.AuthenticationError):
-            openai.OpenAI(base_url=url + "/v1", api_key="z" * 24, max_retries=0).chat.completions.create(
-                model="smol", messages=hi, max_tokens=1)
+    srv, url = smol_listen
+    oa = openai.OpenAI(base_url=url + "/v1", api_key=KEY, max_retries=0, timeout=120)
+    r = oa.chat.completions.create(model="smol", messages=HI, max_tokens=4, temperature=0)
+    assert r.choices[0].message.content and r.usage.completion_tokens <= 4
+    chunks = list(oa.chat.completions.create(model="smol", messages=HI, max_tokens=4, temperature=0,
+                                             stream=True))
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == r.choices[0].message.content
+    resp = oa.responses.create(model="smol", input="Hi", max_output_tokens=16, temperature=0)
+    assert resp.status in ("completed", "incomplete") and resp.output_text
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=url + "/v1", api_key="z" * 24, max_retries=0).chat.completions.create(
+            model="smol", messages=HI, max_tokens=1)
 
-        an = anthropic.Anthropic(base_url=url, api_key=KEY, max_retries=0, timeout=120)
-        m = an.messages.create(model="smol", max_tokens=4, messages=hi, extra_body={"temperature": 0})
-        assert m.content[0].text and m.usage.output_tokens <= 4
-        with an.messages.stream(model="smol", max_tokens=4, messages=hi, extra_body={"temperature": 0}) as stream:
-            assert "".join(stream.text_stream) == m.content[0].text
-        assert an.messages.count_tokens(model="smol", messages=hi).input_tokens > 1
-        with pytest.raises(anthropic.AuthenticationError):
-            anthropic.Anthropic(base_url=url, api_key="z" * 24, max_retries=0).messages.create(
-                model="smol", max_tokens=1, messages=hi)
+    an = anthropic.Anthropic(base_url=url, api_key=KEY, max_retries=0, timeout=120)
+    m = an.messages.create(model="smol", max_tokens=4, messages=HI, extra_body={"temperature": 0})
+    assert m.content[0].text and m.usage.output_tokens <= 4
+    with an.messages.stream(model="smol", max_tokens=4, messages=HI, extra_body={"temperature": 0}) as stream:
+        assert "".join(stream.text_stream) == m.content[0].text
+    assert an.messages.count_tokens(model="smol", messages=HI).input_tokens > 1
+    with pytest.raises(anthropic.AuthenticationError):
+        anthropic.Anthropic(base_url=url, api_key="z" * 24, max_retries=0).messages.create(
+            model="smol", max_tokens=1, messages=HI)
 
-        ol = ollama.Client(host=url, headers={"Authorization": f"Bearer {KEY}"}, timeout=120)
-        reply = ol.chat(model="smol", messages=hi, options={"num_predict": 4, "temperature": 0})
-        assert reply.message.content == m.content[0].text and reply.eval_count <= 4
-        assert [x.model for x in ol.list().models] == ["smol:latest"]
-        with pytest.raises(ollama.ResponseError) as e:
-            ollama.Client(host=url).list()
-        assert e.value.status_code == 401
-        assert "sandbox: enforce (Landlock" in srv.logtext()
+    ol = ollama.Client(host=url, headers={"Authorization": f"Bearer {KEY}"}, timeout=120)
+    reply = ol.chat(model="smol", messages=HI, options={"num_predict": 4, "temperature": 0})
+    assert reply.message.content == m.content[0].text and reply.eval_count <= 4
+    assert [x.model for x in ol.list().models] == ["smol:latest"]
+    with pytest.raises(ollama.ResponseError) as e:
+        ollama.Client(host=url).list()
+    assert e.value.status_code == 401
+    assert "sandbox: enforce (Landlock" in srv.logtext()
 
 
 def test_listen_without_a_key_file_refuses_to_start(tmp_path, models):

@@ -13,7 +13,7 @@ import sys
 import pytest
 
 from conftest import ROOT, testdata
-from daemon_support import Server, gather, model_dir, signing_key, sse_events
+from daemon_support import Server, model_dir, signing_key, streamed
 
 SMOL = "SmolLM2-135M-Instruct.Q4_1"
 ENDINGS = [" When she finally saw the house,", " Her grandmother had told her that",
@@ -34,16 +34,8 @@ def srv(request, tmp_path_factory):
 
 def _complete(srv, bodies):
     """(text, usage) of each request, all sent at once, each streamed."""
-    async def one(session, body):
-        async with session.post("http://edged/v1/completions",
-                                json=dict(body, stream=True, stream_options={"include_usage": True})) as r:
-            text = await r.text()
-            assert r.status == 200, text
-        events = sse_events(text)
-        usage = next((e["usage"] for e in events if e.get("usage")), {})
-        return "".join(e["choices"][0]["text"] for e in events if e.get("choices")), usage
-
-    return gather(srv.socket, one, bodies, timeout=600)
+    return [("".join(e["choices"][0]["text"] for e in events if e.get("choices")), usage)
+            for events, usage in streamed(srv.socket, bodies)]
 
 
 def test_same_text_cold_after_cache_hit_and_with_three_other_streams(srv):

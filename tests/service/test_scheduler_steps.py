@@ -318,3 +318,67 @@ def test_step_costs_go_with_their_model():
         assert len(d._costs) == 0
     finally:
         d.stop()
+
+
+def test_cost_model_counts_verify_rows(monkeypatch):
+    """A stream that speculates brings its last token and its drafts (k + 1 rows) to a pass:
+    the decode thread's StepCosts gets every verify row and its attention keys (what the pass
+    costs), not one row per stream, or it would size prompt chunks for a cheaper pass."""
+    from edged import Model
+    from edged.service import scheduler
+    from edged.service.scheduler import Decoder, Job, StepCosts
+
+    class Guess:
+        """Drafts `k` tokens every step (mostly wrong: the rows are what counts here)."""
+        def __init__(self, k):
+            self.draft_max = k
+
+        def drafter(self, session):
+            return self
+
+        def draft(self, context, k):
+            return [(context[-1] + i + 1) % 200 + 3 for i in range(k)]
+
+    m = Model.load(testdata("models", "stories260K.gguf"), n_threads=1)
+    passes, recorded = [], []
+    real = m.decode
+
+    def spy(entries):
+        passes.append([(e.session.n_past, len(e.tokens)) for e in entries])
+        return real(entries)
+
+    class Spy(StepCosts):
+        def record(self, ms, n_decode, pieces, decode_keys=0):
+            recorded.append((n_decode, list(pieces), decode_keys))
+            return super().record(ms, n_decode, pieces, decode_keys)
+
+    m.decode = spy
+    monkeypatch.setattr(scheduler, "StepCosts", Spy)
+    no_eos = SamplingParams(logit_bias={t: -100.0 for t in m.tokenizer.eog_ids})
+    decoder = Decoder()
+
+    async def run(prompt, spec):
+        loop = asyncio.get_running_loop()
+        job = Job(loop, lambda: m.session(128).start(prompt, no_eos, max_tokens=12, speculative=spec),
+                  lambda: None, time.monotonic() + 300)
+        decoder.submit(job)
+        while (await job.events.get())[0] == "token":
+            pass
+
+    async def main():
+        await asyncio.gather(run("Once upon a time", Guess(3)), run("The little dog", Guess(5)),
+                             run("Lily and Ben", None))
+
+    try:
+        asyncio.run(main())
+    finally:
+        decoder.stop()
+        m.close()
+    assert len(recorded) == len(passes)
+    verify = 0
+    for rows, (n_decode, pieces, keys) in zip(passes, recorded):
+        decoding = rows[:len(rows) - len(pieces)]       # the prompt pieces come last
+        assert n_decode == sum(n for _, n in decoding), (rows, n_decode)
+        assert keys == sum(StepCosts.keys(p, n) for p, n in decoding)
+        verify = max(verify, n_decode - len(decoding))
+    assert verify >= 3 + 5          # two streams' drafts in one pass, counted as decode rows

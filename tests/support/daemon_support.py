@@ -254,6 +254,19 @@ def gather(sock_path, one, items, timeout=600):
     return asyncio.run(main())
 
 
+def streamed(sock_path, bodies, path="/v1/completions"):
+    """(SSE events, usage) of each request, all sent at once, each streamed with its usage."""
+    async def one(session, body):
+        async with session.post("http://edged" + path,
+                                json=dict(body, stream=True, stream_options={"include_usage": True})) as r:
+            text = await r.text()
+            assert r.status == 200, text
+        events = sse_events(text)
+        return events, next((e["usage"] for e in events if e.get("usage")), {})
+
+    return gather(sock_path, one, bodies, timeout=600)
+
+
 class Notify:
     """A real AF_UNIX datagram socket given to the daemon as NOTIFY_SOCKET."""
 
