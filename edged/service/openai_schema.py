@@ -309,12 +309,13 @@ def _validate(cls, body, refused=None):
         raise RequestError(_message(err, where), param=where) from None
 
 
-def validated(cls, body):
+def validated(cls, body, refused=None):
     """`body` (a parsed JSON value) as the request model `cls`, its model name checked;
-    RequestError naming the field (the routes of llama-server's extras: rerank, infill)."""
+    RequestError naming the field (chat and completions, and llama-server's extras: rerank,
+    infill). refused: fields refused when set, with what to use instead."""
     if not isinstance(body, dict):
         raise RequestError("request body must be a JSON object")
-    req = _validate(cls, body)
+    req = _validate(cls, body, refused)
     if req.model is not None:
         check_model_name(req.model)
     return req
@@ -322,12 +323,8 @@ def validated(cls, body):
 
 def validate(body, chat):
     """The request model for `body` (a parsed JSON value); RequestError naming the field."""
-    if not isinstance(body, dict):
-        raise RequestError("request body must be a JSON object")
-    req = _validate(ChatRequest if chat else CompletionRequest, body,
+    req = validated(ChatRequest if chat else CompletionRequest, body,
                     REFUSED if chat else dict(REFUSED, **COMPLETION_REFUSED))
-    if req.model is not None:
-        check_model_name(req.model)
     if chat and not req.messages:
         raise RequestError("'messages' must be a non-empty list", param="messages")
     check_stop(req.stop, "stop")
