@@ -247,8 +247,7 @@ class _Render:
                 "stop_reason": stop_reason, "stop_sequence": stop_sequence, "usage": self._usage()}
 
     async def whole(self, req):
-        async for _ in self.gen.events(req):
-            pass
+        await self.gen.drain(req)
         c = self.gen.choices[0]
         r, content, calls = c.result()
         blocks = [{"type": "thinking", "thinking": r.strip(), "signature": ""}] if r and r.strip() else []

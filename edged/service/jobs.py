@@ -338,6 +338,11 @@ class Generation:
                 choice.finish = "error"
                 raise value
 
+    async def drain(self, req):
+        """Run every choice to its end without streaming (a whole reply): events() consumed."""
+        async for _ in self.events(req):
+            pass
+
     def usage(self):
         """Tokens of the request: "prompt", "completion", and "cached" (prompt tokens found in
         the slot's KV cache) when the engine reported it."""

@@ -265,8 +265,7 @@ class _Render:
         return out
 
     async def whole(self, req):
-        async for _ in self.gen.events(req):
-            pass
+        await self.gen.drain(req)
         c = self.gen.choices[0]
         r, content, calls = c.result()
         c.unsent = c.records

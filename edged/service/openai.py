@@ -256,8 +256,7 @@ class _Render:
         return "function_call" if self.legacy and fin == "tool_calls" else fin
 
     async def whole(self, req):
-        async for _ in self.gen.events(req):
-            pass
+        await self.gen.drain(req)
         # logprobs of thousands of tokens make megabytes of JSON: built off the event loop
         return await serialised(self._whole, self.gen.st.cfg.max_reply_bytes)
 

@@ -301,8 +301,7 @@ class _Render:
         return obj
 
     async def whole(self, req):
-        async for _ in self.gen.events(req):
-            pass
+        await self.gen.drain(req)
         c = self.gen.choices[0]
         r, content, calls = c.result()
         status = "incomplete" if c.finish == "length" else "completed"
