@@ -57,20 +57,17 @@ def _tokens(authorization, api_key):
     return [t.strip().encode("ascii", "replace") for t in tokens]
 
 
-def admitted(authorization, keys, api_key=None):
-    """Whether an Authorization header value (Bearer) or an x-api-key header value carries one
-    of `keys` (every key is compared, in constant time, whatever matches)."""
-    ok = False
-    for t in _tokens(authorization, api_key):
-        for k in keys:
-            ok |= hmac.compare_digest(t, k)
-    return ok
-
-
 def key_id(authorization, keys, api_key=None):
-    """A stand-in for the key of `keys` that admitted a request (a digest, so the key itself is
-    not kept with the request), None when none did: what is stored for one key is its alone."""
+    """A stand-in for the key of `keys` that an Authorization header value (Bearer) or an
+    x-api-key header value carries (a digest, so the key itself is not kept with the request),
+    None when neither carries one: what is stored for one key is its alone. Every key is
+    compared, in constant time, whatever matches."""
     for t in _tokens(authorization, api_key):
         if any([hmac.compare_digest(t, k) for k in keys]):
             return hashlib.sha256(t).hexdigest()[:32]
     return None
+
+
+def admitted(authorization, keys, api_key=None):
+    """Whether the headers carry one of `keys` (key_id)."""
+    return key_id(authorization, keys, api_key) is not None

@@ -172,9 +172,12 @@ def make_app(daemon):
         t0 = time.monotonic()
         route = request.path if (request.method, request.path) in api.routes else "other"
         sock = request.transport.get_extra_info("socket") if request.transport else None
+        key = None          # over TCP: apikeys.key_id of the key the request carries
         if sock is not None and sock.family != socket.AF_UNIX:
             # TCP (opt-in): an API key instead of credentials
-            refusal = _tcp_refusal(request, api, daemon.api_keys)
+            key = apikeys.key_id(request.headers.get("Authorization"), daemon.api_keys or (),
+                                 request.headers.get("x-api-key"))
+            refusal = _tcp_refusal(request, api, key)
             listener = daemon.listener
             if refusal is None and conn is not None and not listener.authenticated(conn):
                 refusal = error_reply(503, "too many connections (max_connections, max_connections_per_uid)",
@@ -224,10 +227,8 @@ def make_app(daemon):
             t = request.transport
             return t is None or t.is_closing()
 
-        tcp = sock is not None and sock.family != socket.AF_UNIX
-        areq = ApiRequest(request.method, request.path, body, peer, gone, tcp=tcp,
-                          api_key=apikeys.key_id(request.headers.get("Authorization"), daemon.api_keys,
-                                                 request.headers.get("x-api-key")) if tcp else None)
+        areq = ApiRequest(request.method, request.path, body, peer, gone,
+                          tcp=sock is not None and sock.family != socket.AF_UNIX, api_key=key)
         reply = await api.handle(areq)
         if isinstance(reply, Reply):
             ct, _, charset = reply.content_type.partition("; ")
@@ -288,11 +289,10 @@ def inflate(data, encoding, limit):
     return out
 
 
-def _tcp_refusal(request, api, keys):
-    """A 401 for a TCP request without a valid API key, 403 for an admin route (those need a
-    Unix peer's credentials); None when the request may go on."""
-    if not keys or not apikeys.admitted(request.headers.get("Authorization"), keys,
-                                        request.headers.get("x-api-key")):
+def _tcp_refusal(request, api, key):
+    """A 401 for a TCP request without a valid API key (`key`: its apikeys.key_id), 403 for an
+    admin route (those need a Unix peer's credentials); None when the request may go on."""
+    if key is None:
         return error_reply(401, "a request over TCP needs 'Authorization: Bearer KEY' (or 'x-api-key: KEY') "
                            "with a key from api_keys_file", "authentication_error", "invalid_api_key",
                            {"WWW-Authenticate": "Bearer"})
