@@ -278,6 +278,32 @@ def test_previous_response_id_store_false_retrieve_delete(client):
         client.responses.delete("resp_unknown")
 
 
+def test_input_items_listed_paged_and_owned(client):
+    """GET /v1/responses/{id}/input_items through the SDK: the request's input items with ids,
+    newest first by default, `order`, `limit` and `after` paging; 404 once deleted."""
+    items = [{"role": "developer", "content": "Answer briefly."},
+             {"type": "message", "role": "user", "id": "msg_mine", "content": [{"type": "input_text", "text": "Hi"}]},
+             {"role": "assistant", "content": "Hello!"}, {"role": "user", "content": "Name a colour."}]
+    r = client.responses.create(model="smol", input=items, **GREEDY)
+    page = client.responses.input_items.list(r.id)
+    assert [x.role for x in page.data] == ["user", "assistant", "user", "developer"]
+    assert page.data[2].id == "msg_mine" and page.data[0].content[0].text == "Name a colour."
+    assert page.data[1].content[0].type == "output_text" and page.has_more is False
+    asc = client.responses.input_items.list(r.id, order="asc", limit=2)
+    assert [x.id for x in asc.data] == [page.data[3].id, "msg_mine"] and asc.has_more is True
+    rest = client.responses.input_items.list(r.id, order="asc", after="msg_mine")
+    assert [x.id for x in rest.data] == [page.data[1].id, page.data[0].id]
+    assert [x.id for x in client.responses.input_items.list(r.id, order="asc")] == [x.id for x in reversed(page.data)]
+    with pytest.raises(openai.BadRequestError) as e:
+        client.responses.input_items.list(r.id, limit=101)
+    assert "limit" in str(e.value)
+    one = client.responses.create(model="smol", input="Hi", **GREEDY)
+    assert [x.content[0].text for x in client.responses.input_items.list(one.id).data] == ["Hi"]
+    client.responses.delete(r.id)
+    with pytest.raises(openai.NotFoundError):
+        client.responses.input_items.list(r.id)
+
+
 def test_logprobs_whole_and_streamed(client):
     ask = dict(model="smol", input="Say hello.", temperature=0, max_output_tokens=6,
                include=["message.output_text.logprobs"], top_logprobs=2)
