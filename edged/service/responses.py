@@ -303,7 +303,7 @@ class _Render:
     def usage(self):
         u = self.gen.usage()
         return {"input_tokens": u["prompt"], "input_tokens_details": {"cached_tokens": u.get("cached", 0)},
-                "output_tokens": u["completion"], "output_tokens_details": {"reasoning_tokens": 0},
+                "output_tokens": u["completion"], "output_tokens_details": {"reasoning_tokens": u["reasoning"]},
                 "total_tokens": u["prompt"] + u["completion"]}
 
     def final(self, choice, output, reasoning, content, calls):

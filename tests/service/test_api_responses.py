@@ -546,6 +546,7 @@ def test_reasoning_items_whole_streamed_and_sent_back(tiny):
     async def main():
         r = (await handle(tiny, "POST", "/v1/responses", body)).body
         [item] = r["output"]            # all of it inside <think>: one reasoning item
+        assert r["usage"]["output_tokens_details"]["reasoning_tokens"] == r["usage"]["output_tokens"] == 8
         assert item["type"] == "reasoning" and item["id"].startswith("rs_") and item["summary"] == []
         thought = item["content"][0]["text"]
         assert item["content"][0]["type"] == "reasoning_text" and thought
@@ -569,9 +570,35 @@ def test_reasoning_items_whole_streamed_and_sent_back(tiny):
         # reasoning effort "none": the template is asked not to think, the reply is a message
         off = (await handle(tiny, "POST", "/v1/responses", {**body, "reasoning": {"effort": "none"}})).body
         assert [x["type"] for x in off["output"]] == ["message"] and off["output"][0]["content"][0]["text"]
+        assert off["usage"]["output_tokens_details"]["reasoning_tokens"] == 0
+        chat = (await handle(tiny, "POST", "/v1/chat/completions", {
+            "messages": [{"role": "user", "content": "Once upon a time"}], "temperature": 0, "max_tokens": 5})).body
+        assert chat["usage"]["completion_tokens_details"] == {"reasoning_tokens": 5}
         await tiny.registry.close_all()
 
     asyncio.run(main())
+
+
+def test_reasoning_tokens_counted_as_generated():
+    """A token is reasoning when it opens, continues or closes a think block (or is in a
+    harmony analysis message), whatever pieces the tags arrive in."""
+    from types import SimpleNamespace
+    from edged.service.jobs import Choice
+    tok = SimpleNamespace(eog_ids=())
+
+    def count(pieces, **prep):
+        base = dict(think=True, think_inside=False, harmony=False, family=None, tools=())
+        c = Choice(0, [], None, SimpleNamespace(**{**base, **prep}), tok)
+        for i, text in enumerate(pieces):
+            c.add(SimpleNamespace(text=text, token=i, records=(), stop=None))
+        return c.n_reasoning
+
+    assert count(["<think>", "a", " b", "</", "think>", "\n\n", "Hi", " there"]) == 5
+    assert count(["Hi", " <think>", "x"]) == 0                       # no think block at the start
+    assert count(["a", "</think>", "b"], think_inside=True) == 2      # the template opened it
+    assert count(["a", "b"], think=False) == 0
+    assert count(["<|channel|>analysis<|message|>", "mm", "<|end|>", "<|start|>assistant<|channel|>final<|message|>",
+                  "Hi"], harmony=True) == 3
 
 
 def test_a_stored_response_belongs_to_its_peer(tiny):
