@@ -68,7 +68,7 @@ def prepare(lm, request):
         if prep.think and not prep.harmony:
             prep.think_inside = reasoning.starts_inside(tok.decode(ids[-8:], special=True))
     elif request.infill is not None:
-        prep.prompts.append(infill_ids(tok, request.infill, lm.n_ctx, request.output.max_tokens))
+        prep.prompts.append(infill_ids(tok, request.infill, lm.n_ctx, request.output.max_tokens, lm.spm_infill))
     else:
         for prompt in request.prompts:
             prep.prompts.append(prompt if isinstance(prompt, list)
@@ -82,12 +82,12 @@ def prepare(lm, request):
     return prep
 
 
-def infill_ids(tok, fill, n_ctx, max_tokens):
+def infill_ids(tok, fill, n_ctx, max_tokens, spm_infill=False):
     """llama-server's /infill prompt (text/infill.py) within a context of n_ctx: the prefix and
     suffix within half of it (llama-server: n_batch, 2048), room kept for the reply (max_tokens,
     or an eighth of the context), the extra context in what is left."""
     return infill.prompt_ids(tok, fill, n_ctx, n_batch=min(infill.N_BATCH, n_ctx // 2),
-                             n_predict=max_tokens or n_ctx // 8)
+                             n_predict=max_tokens or n_ctx // 8, spm_infill=spm_infill)
 
 
 def special_token(tok):
