@@ -114,14 +114,26 @@ def test_fork_and_decode_batch_of_sessions(core):
     assert np.array_equal(forked, alone[0])
 
 
-def test_prompt_cache_files_are_refused_clearly(core, tmp_path):
-    """The prompt-cache format holds K/V rows only: saving or restoring an lfm2 session is
-    refused naming why, instead of restoring a state without its convolution cache."""
+def test_prompt_cache_file_holds_the_convolution_cache(core, tmp_path):
+    """A prompt-cache file carries the convolution rows after the K/V rows: a session restored
+    from it continues with the bits of the session that wrote it, and a file whose convolution
+    rows were altered fails its MAC."""
+    key = b"k" * 32
     with Model.load(LFM2, n_threads=2) as m:
         s = m.session(n_ctx=64)
-        s.eval(TOKENS[:8])
-        with pytest.raises(StateFileError, match="convolution"):
-            s.save(tmp_path / "x.edkv", key=b"k" * 32)
+        s.eval(TOKENS[:12])
+        path = tmp_path / "x.edkv"
+        s.save(path, key=key)
+        want = _last(s, TOKENS[12:14])
+        r = type(s).load(m, path, key=key)
+        assert r.n_past == 12 and np.array_equal(_last(r, TOKENS[12:14]), want)
+        conv = m.backend.conv_cache(s._buf)
+        assert os.path.getsize(path) > 12 * conv.shape[0] * conv.shape[2]
+        raw = bytearray(path.read_bytes())
+        raw[-40] ^= 1                          # inside the last convolution row
+        path.write_bytes(bytes(raw))
+        with pytest.raises(StateFileError, match="HMAC"):
+            type(s).load(m, path, key=key)
 
 
 def test_memory_plan_counts_the_convolution_cache(core):
