@@ -134,3 +134,11 @@ def test_compiled_backend_refuses_clearly(model_path):
     pytest.importorskip("edged._core")
     with pytest.raises(UnsupportedModelError, match="gemma3n"):
         Model.load(model_path, backend="cpu")
+
+
+def test_info_names_shared_kv_layers_and_the_backend(model_path, capsys):
+    from edged.cli import main
+    main(["info", "-m", model_path, "-c", "512"])
+    out = capsys.readouterr().out
+    assert "layers [20, 21] attend to layers [18, 19]'s K/V" in out
+    assert "runs on the reference backend only" in out
