@@ -142,3 +142,16 @@ def test_info_names_shared_kv_layers_and_the_backend(model_path, capsys):
     out = capsys.readouterr().out
     assert "layers [20, 21] attend to layers [18, 19]'s K/V" in out
     assert "runs on the reference backend only" in out
+
+
+def test_batch_chunks_and_single_tokens_agree(model_path):
+    """The prompt in one batch, in chunks of 7 and token by token: the same bits (layers 20
+    and 21 read rows of layers 18 and 19 that earlier chunks wrote)."""
+    p = TOKENS[:N_PROMPT]
+    with Model.load(model_path, backend="reference") as m:
+        whole = m.session(n_ctx=128).eval(p)[0]
+        chunks = m.session(n_ctx=128, n_batch=7).eval(p)[0]
+        s = m.session(n_ctx=128)
+        for t in p:
+            one = s.eval([t])[0]
+    assert np.array_equal(whole, chunks) and np.array_equal(whole, one)
