@@ -94,7 +94,10 @@ def params(md, n_layer):
     name = Key.arch(Key.ACTIVATION_SPARSITY_SCALE, ARCH)
     if name in md:
         v = md[name]
-        if not isinstance(v, (list, tuple, np.ndarray)) or len(v) != n_layer:
+        numbers = isinstance(v, (list, tuple, np.ndarray)) and all(
+            isinstance(x, (int, float, np.integer, np.floating)) and not isinstance(x, bool)
+            for x in v)
+        if not numbers or len(v) != n_layer:
             raise MetadataValueError(f"{name} must be an array of {n_layer} numbers (one per "
                                      f"layer), got {v!r}")
         # the converter writes icdf(p): -inf for p = 0 (no sparsity on that layer)

@@ -84,10 +84,11 @@ def test_a_value_llama_cpp_would_not_honour_is_refused_naming_the_key(file_table
         _validate(*file_tables, set_={name: value})
 
 
-def test_malformed_sparsity_array_is_refused(file_tables):
+@pytest.mark.parametrize("value", [np.array([1.0, 2.0]), ["a"] * 22, 1.6448533535003662])
+def test_malformed_sparsity_array_is_refused(file_tables, value):
     name = Key.arch(Key.ACTIVATION_SPARSITY_SCALE, "gemma3n")
     with pytest.raises(MetadataValueError, match=name.replace(".", r"\.")):
-        _validate(*file_tables, set_={name: np.array([1.0, 2.0])})
+        _validate(*file_tables, set_={name: value})
 
 
 def test_absent_optional_keys_take_llama_cpps_values(file_tables):
