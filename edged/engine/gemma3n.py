@@ -2,13 +2,12 @@
 
 llama.cpp 0.3.36 (src/models/gemma3n.cpp, llama-hparams.h) runs every Gemma 3n file with fixed
 values for the AltUp width (4 streams, stream 0 active), the per-layer input width (256), the
-LAuReL rank (64), KV sharing (layers from 20 on attend to layer 18's
-cache when sliding, 19's when global) and activation sparsity (a Gaussian top-k on the first 10
-layers' FFN gate, cut at mean + 1.6448533 std). The converter also writes these as keys; llama.cpp
-ignores them. edged reads each key that is present and refuses a value other than the fixed
+LAuReL rank (64), KV sharing (layers from 20 on attend to layer 18's cache when sliding, 19's
+when global) and activation sparsity (a Gaussian top-k on the first 10 layers' FFN gate, cut at
+mean + 1.6448533 std). The converter also writes these as keys; llama.cpp ignores them. edged reads each key that is present and refuses a value other than the fixed
 one, naming the key: such a file would not run as it says in llama.cpp either.
 
-`params(metadata, n_layer)` checks the keys; `tensors(get, hp)` finds the extra tensors with
+`params(metadata, n_layer)` checks the keys; `tensors(get, hp, params)` finds the extra tensors with
 arch.validate's checked lookup. The computation is in reference_gemma3n.py.
 """
 from __future__ import annotations
