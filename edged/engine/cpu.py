@@ -73,6 +73,10 @@ class CPUBackend(Backend):
     def __init__(self, spec, weights, n_threads=1, numa="none", cache=DEFAULT_CACHE,
                  resident_experts=False):
         super().__init__(spec, weights, n_threads, numa, cache, resident_experts)
+        if spec.gemma3n:
+            raise UnsupportedModelError(
+                "gemma3n (AltUp, LAuReL, per-layer inputs) is not in the compiled forward pass "
+                "yet; EDGED_BACKEND=reference runs it (slowly)")
         cache.check(spec.hp.head_dim)
         core = _require_core()
         core.check_fields(spec.hp, _ROLES)  # the C model takes both by name: a mismatch fails the load

@@ -234,6 +234,12 @@ class Key:
     ROPE_SCALING_FINETUNED = "{arch}.rope.scaling.finetuned"
     NEXTN_PREDICT_LAYERS = "{arch}.nextn_predict_layers"
     SHORTCONV_L_CACHE = "{arch}.shortconv.l_cache"
+    # gemma3n
+    ALTUP_ACTIVE_IDX = "{arch}.altup.active_idx"
+    ALTUP_NUM_INPUTS = "{arch}.altup.num_inputs"
+    EMBD_LENGTH_PER_LAYER_INP = "{arch}.embedding_length_per_layer_input"
+    SHARED_KV_LAYERS = "{arch}.attention.shared_kv_layers"
+    ACTIVATION_SPARSITY_SCALE = "{arch}.activation_sparsity_scale"
 
     # tokenizer
     TOKENIZER_MODEL = "tokenizer.ggml.model"
