@@ -112,6 +112,7 @@ class VisionHParams:
 class ImageEmbedding:
     embeddings: np.ndarray  # float32 (n_tokens, n_embd)
     digest: str             # sha256 hex of the image's shape and pixels
+    non_causal: bool = False    # its rows attend to each other (llama.cpp: gemma3)
 
     @property
     def n_tokens(self):
@@ -304,7 +305,8 @@ def validate(md, tensors):
     plain = frozenset({GGMLType.F32, GGMLType.F16})
     get("patch_embd", "v.patch_embd.weight", (p, p, 3, E), plain)
     get("patch_bias", "v.patch_embd.bias", (E,), VECTOR_TYPES, required=False)
-    get("position_embd", "v.position_embd.weight", (E, side * side), plain)
+    # added to the patches by ggml_add, which takes F32 only (llama.cpp's converter keeps it so)
+    get("position_embd", "v.position_embd.weight", (E, side * side), frozenset({GGMLType.F32}))
     for i in range(L):
         b = f"v.blk.{i}."
         for r in ("attn_q", "attn_k", "attn_v", "attn_out"):
@@ -482,7 +484,8 @@ class Projector:
             raise RequestError("mmproj is closed")
         x = self.preprocess(rgb)
         run = self._reference if self._core is None else self._compiled
-        return ImageEmbedding(embeddings=run(x), digest=image_digest(np.asarray(rgb)))
+        return ImageEmbedding(embeddings=run(x), digest=image_digest(np.asarray(rgb)),
+                              non_causal=self.kind.non_causal)
 
     def _mm(self, x, role, bias=None):
         raw, qtype, (k, n) = self._mat[role]
@@ -571,23 +574,98 @@ class Projector:
         return self._ref_mm(self._pool_norm(x), "input_projection")
 
     # --- prompts ----------------------------------------------------------------------------
-    def prompt_ids(self, model, text, images, add_special=True):
-        """A rendered prompt holding MEDIA_MARKER once per image -> token ids: the text
-        between markers tokenized (special tokens parsed, as mtmd does; BOS only at the start),
-        each image as its markers' text around its pseudo ids."""
-        parts = text.split(MEDIA_MARKER)
+    def prompt_ids(self, model, text, images, add_special=True, marker=MEDIA_MARKER,
+                   marked=False):
+        """A rendered prompt holding `marker` once per image -> token ids, as mtmd_tokenize
+        lays them out: each piece of text, and each image's markers (proj.markers), tokenized
+        on its own (special tokens parsed), the image as its pseudo ids, BOS/EOS around the
+        whole as the model asks. marker: pass a per-request string user text cannot contain
+        (the default is llama.cpp's); marked: the text holds tokenizer.defuse()d content."""
+        parts = text.split(marker)
         if len(parts) - 1 != len(images):
             raise RequestError(f"prompt holds {len(parts) - 1} image markers for "
                                f"{len(images)} images")
-        before, after = self.kind.markers
         tok, nv = model.tokenizer, model.hp.n_vocab
+        before, after = self.kind.markers
         ids = []
+
+        def add(piece, mk=False):
+            if piece:
+                ids.extend(tok.encode(piece, add_special=False, parse_special=True, marked=mk))
+
         for i, part in enumerate(parts):
-            if i:
-                part = after + part
+            add(part, marked)
             if i < len(images):
-                part = part + before
-            ids += tok.encode(part, add_special=add_special and i == 0, parse_special=True)
-            if i < len(images):
-                ids += images[i].token_ids(nv)
+                add(before)
+                ids.extend(images[i].token_ids(nv))
+                add(after)
+        if add_special:     # what encode(add_special=True) puts before and after a text
+            ids = list(tok._first) + ids + list(tok._last)
         return ids
+
+
+# --- a session's images ----------------------------------------------------------------------
+
+class ImageTable:
+    """The images a session's prompts refer to: pseudo id -> embedding row (engine/model.py's
+    Session.add_image fills it; its batches are staged from it)."""
+
+    def __init__(self, n_vocab):
+        self.n_vocab = n_vocab
+        self._by_base = {}          # base id -> ImageEmbedding
+        self._bases = []            # sorted
+
+    def add(self, emb):
+        b = emb.base_id(self.n_vocab)
+        old = self._by_base.get(b)
+        if old is not None and old.digest != emb.digest:
+            raise RequestError("two images share pseudo ids in one session (a digest collision)")
+        if old is None:
+            self._by_base[b] = emb
+            self._bases = sorted(self._by_base)
+
+    def lookup(self, t):
+        """(ImageEmbedding, row) of pseudo id t, or None."""
+        import bisect
+        i = bisect.bisect_right(self._bases, t) - 1
+        if i < 0:
+            return None
+        emb = self._by_base[self._bases[i]]
+        r = t - self._bases[i]
+        return (emb, r) if r < emb.n_tokens else None
+
+    def unknown(self, ids):
+        """The first id >= n_vocab no image here explains, or None."""
+        return next((t for t in ids if t >= self.n_vocab and self.lookup(t) is None), None)
+
+    def spans(self, ids):
+        """[(start, end)] index ranges of ids holding consecutive rows of one non-causal image."""
+        out, i, n = [], 0, len(ids)
+        while i < n:
+            hit = self.lookup(ids[i]) if ids[i] >= self.n_vocab else None
+            if hit is None or not hit[0].non_causal:
+                i += 1
+                continue
+            j = i + 1
+            while j < n and ids[j] == ids[j - 1] + 1 and self.lookup(ids[j]) is not None \
+                    and self.lookup(ids[j])[0] is hit[0]:
+                j += 1
+            out.append((i, j))
+            i = j
+        return out
+
+    def cut(self, ids, n):
+        """n, or the nearest cut that splits no non-causal image of ids[:...] (back to the
+        image's start when it does not start ids, else past its end)."""
+        for a, b in self.spans(ids):
+            if a < n < b:
+                return a if a > 0 else b
+        return n
+
+    def rows(self, ids):
+        """(indices into ids of image rows int64, their embeddings float32 (k, n_embd))."""
+        idx = [i for i, t in enumerate(ids) if t >= self.n_vocab]
+        if not idx:
+            return None
+        embd = np.stack([self.lookup(ids[i])[0].embeddings[self.lookup(ids[i])[1]] for i in idx])
+        return np.asarray(idx, np.int64), np.ascontiguousarray(embd, np.float32)

@@ -425,7 +425,7 @@ def synth_mmproj(shape, out, ftype="F16", seed=0):
 
     tensor("v.patch_embd.weight", (p, p, 3, E), 1.0 / p, t=mtype)
     tensor("v.patch_embd.bias", (E,), 0.05)
-    tensor("v.position_embd.weight", (E, n_pos), 0.3, t=mtype)
+    tensor("v.position_embd.weight", (E, n_pos), 0.3)   # ggml adds F32 only
     for il in range(L):
         b = f"v.blk.{il}."
         for r in ("attn_q", "attn_k", "attn_v", "attn_out"):
