@@ -112,12 +112,27 @@ def image_prompt(proj, model, golden):
 
 
 def test_logits_after_the_image_match_llama_cpp(proj, text_model, golden):
-    emb, ids = image_prompt(proj, text_model, golden)
-    s = text_model.new_session(n_ctx=128) if hasattr(text_model, "new_session") else None
     from edged.engine.model import Session
-    s = s or Session(text_model, n_ctx=128)
+    emb, ids = image_prompt(proj, text_model, golden)
+    s = Session(text_model, n_ctx=128)
     s.add_image(emb)
     close_to(s.eval(ids)[0], golden["logits"])
+
+
+def test_the_numpy_twins_match_llama_cpp_too(golden):
+    """The reference backends (EDGED_BACKEND=reference): encoder and text model in NumPy."""
+    from edged.engine.model import Session
+    with Projector.load(MMPROJ, n_threads=1, backend="reference") as p:
+        m = Model.load(os.path.join(MODELS, str(golden["model"])), n_threads=1,
+                       backend="reference")
+        try:
+            emb, ids = image_prompt(p, m, golden)
+            close_to(emb.embeddings, golden["embd"])
+            s = Session(m, n_ctx=128)
+            s.add_image(emb)
+            close_to(s.eval(ids)[0], golden["logits"])
+        finally:
+            m.close()
 
 
 def test_image_prompt_same_bits_in_any_chunking(proj, text_model, golden):
