@@ -55,10 +55,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .arch import SUPPORTED_TYPES, VECTOR_TYPES
+from .arch import VECTOR_TYPES, _Tensors
 from .reference import gelu_ggml
 from ..errors import (ConfigError, MetadataValueError, RequestError, UnsupportedModelError)
-from ..format.gguf import GGMLType, GGUFFile, Key, TYPE_INFO, check_number
+from ..format.gguf import GGMLType, GGUFFile, Key, check_number
 from ..format.quants import dequantize
 
 CLIP_ARCH = "clip"
@@ -280,27 +280,14 @@ def validate(md, tensors):
     if not all(s > 0 for s in std):
         raise MetadataValueError(f"{Key.CLIP_IMAGE_STD} must be positive, got {std}")
 
-    roles = {}
+    ts, roles = _Tensors(tensors), {}
 
-    def get(role, name, shape, types=SUPPORTED_TYPES, required=True):
-        t = tensors.get(name)
-        if t is None:
-            if required:
-                _refuse(f"mmproj: missing tensor {name!r}")
-            roles[role] = None
-            return None
-        got = tuple(int(x) for x in t.shape)
-        if got != tuple(shape):
-            _refuse(f"mmproj: tensor {name!r} has shape {got}, expected {tuple(shape)} from "
-                    "the hyperparameters")
-        if t.type not in types:
-            _refuse(f"mmproj: tensor {name!r} has type {getattr(t.type, 'name', t.type)}, "
-                    f"expected one of {', '.join(sorted(x.name for x in types))}")
-        if len(shape) > 1 and shape[0] % TYPE_INFO[t.type].block_size:
-            _refuse(f"mmproj: tensor {name!r}: row length {shape[0]} is not a multiple of the "
-                    f"{t.type.name} block size")
-        roles[role] = name
-        return t
+    def get(role, name, shape, types=None, required=True):
+        """types: None (any matrix type the kernels take), VECTOR_TYPES, or a narrower set."""
+        roles[role] = ts.get(name, shape, required, vector=types is VECTOR_TYPES)
+        if roles[role] and types is not None and tensors[name].type not in types:
+            _refuse(f"mmproj: tensor {name!r} has type {tensors[name].type.name}, expected one "
+                    f"of {', '.join(sorted(x.name for x in types))}")
 
     plain = frozenset({GGMLType.F32, GGMLType.F16})
     get("patch_embd", "v.patch_embd.weight", (p, p, 3, E), plain)
@@ -353,18 +340,18 @@ class Projector:
         from .backends import backend_class
         self = object.__new__(cls)
         self.path = os.fspath(path)
-        self.signer = None
+        self.signer, self.file, self._verified = None, None, verified   # closed if the load fails
         t0 = time.perf_counter()
-        if verified is None:
-            self.file = GGUFFile.open(self.path)
-        else:
-            if os.fspath(verified.path) != self.path:
-                raise ConfigError(f"Projector.load({self.path!r}, verified=...): the verified "
-                                  f"file is {verified.path!r}")
-            self.signer = verified.signer
-            self.file = GGUFFile.from_fd(verified.fd, name=self.path, size=verified.signed_length)
-        self._verified = verified
         try:
+            if verified is None:
+                self.file = GGUFFile.open(self.path)
+            else:   # map the very descriptor the trust layer hashed, up to the signed length
+                if os.fspath(verified.path) != self.path:
+                    raise ConfigError(f"Projector.load({self.path!r}, verified=...): the "
+                                      f"verified file is {verified.path!r}")
+                self.signer = verified.signer
+                self.file = GGUFFile.from_fd(verified.fd, name=self.path,
+                                             size=verified.signed_length)
             self._init(n_threads, backend, max_memory, default_threads, available_memory,
                        backend_class)
         except BaseException:
