@@ -192,12 +192,17 @@ class CPUBackend(Backend):
     def max_logit_rows(self, buf):
         return buf.state.max_logit_rows
 
-    def copy_in(self, buf, tokens, pos):
+    def copy_in(self, buf, tokens, pos, rows=None):
         toks = np.asarray(tokens, dtype=np.int64)
-        rows = buf.inp[:len(toks)]  # (n, n_embd) float32: the embedding lookup, compiled
-        _core.dequantize_rows(rows, self._embd_bytes, self._embd_type, toks)
+        inp = buf.inp[:len(toks)]  # (n, n_embd) float32: the embedding lookup, compiled
+        _core.dequantize_rows(inp, self._embd_bytes, self._embd_type, toks)
         if self.spec.hp.embd_scale != 1.0:
-            rows *= np.float32(self.spec.hp.embd_scale)
+            inp *= np.float32(self.spec.hp.embd_scale)
+        if rows is not None:
+            inp[rows[0]] = rows[1]
+
+    def set_noncausal(self, buf, lo, hi):
+        buf.state.set_noncausal(lo, hi)
 
     def forward(self, buf, n_tokens, pos, all_logits, all_rows=False):
         buf.state.forward(n_tokens, pos, all_logits, all_rows)

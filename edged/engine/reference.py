@@ -183,8 +183,12 @@ class ReferenceBackend(Backend):
         dst.v[:, :n] = src.v[:, :n]
         dst.conv[:, :n] = src.conv[:, :n]
 
-    def copy_in(self, buf, tokens, pos):
+    def copy_in(self, buf, tokens, pos, rows=None):
         buf.tokens = np.asarray(tokens, dtype=np.int64)
+        buf.rows = rows
+
+    def set_noncausal(self, buf, lo, hi):
+        buf.noncausal = (lo, hi)
 
     def hidden_rows(self, buf, n_rows):
         return rms_norm(buf.hidden[:n_rows], self._w[self.spec.output_norm],
@@ -212,6 +216,8 @@ class ReferenceBackend(Backend):
         n = len(toks)
         positions = np.arange(pos, pos + n)
         x = self._w[sp.token_embd][toks].astype(np.float64) * hp.embd_scale  # (n, n_embd)
+        if getattr(buf, "rows", None) is not None:
+            x[buf.rows[0]] = buf.rows[1]                # an image's rows (engine/vision.py)
         neox = a.rope_type == ROPE_NEOX
         factors_name = sp.rope_factors(buf.n_ctx)
         factors = self._w[factors_name].astype(np.float64) if factors_name else None
@@ -304,7 +310,9 @@ class ReferenceBackend(Backend):
         V = buf.v[src, :pos + n].astype(np.float64)
         # mask (n, n_kv): causal, and the sliding window on SWA layers
         kpos = np.arange(pos + n)
-        masked = kpos[None, :] > positions[:, None]
+        lo, hi = getattr(buf, "noncausal", (0, -1))
+        last = np.where((positions >= lo) & (positions <= hi), hi, positions)
+        masked = kpos[None, :] > last[:, None]
         if swa and hp.n_swa:
             masked |= positions[:, None] - kpos[None, :] >= hp.n_swa
         # llama.cpp (no flash attention) rounds q to F16 for the product with the F16 K
