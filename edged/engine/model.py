@@ -468,6 +468,7 @@ class Model:
             for s, ids, pos, _ in runs:
                 if pos < s.n_past:
                     s.truncate(pos)         # forget the cache from pos on
+                s._sync_recurrent()
             if len(runs) > 1 and self._one_pass(runs):
                 return self._decode_rows(runs)
             singles = [i for i, r in enumerate(runs) if len(r[1]) == 1]
@@ -510,6 +511,8 @@ class Model:
         """Whether the entries fit one pass: their rows in the scratch of the session with the
         longest context (the backend lends it to the batch), their logit rows in its buffer."""
         lead = max((r[0] for r in runs), key=lambda s: (s.n_ctx, s.n_batch))
+        if self.hp.n_recr_layers and any(len(r[1]) > 1 for r in runs):
+            return False    # a recurrent model's prompt chunks run as their session's batches
         return (sum(len(r[1]) for r in runs) <= lead.n_batch
                 and sum(self._logit_rows(r[1], r[3]) for r in runs)
                 <= self.backend.max_logit_rows(lead._buf)
@@ -530,6 +533,7 @@ class Model:
         out, k = [], 0
         for s, ids, _, want in runs:
             s.tokens.extend(ids)
+            s._advance_recurrent(len(ids) > 1)
             s.t_eval_ms += ms * len(ids)    # the pass's time, shared by rows
             s.n_eval += len(ids)
             n = self._logit_rows(ids, want)
@@ -684,8 +688,31 @@ class Session:
         self.tokens = []
 
     def truncate(self, n):
-        """Forget everything after the first n tokens (the cache beyond is overwritten)."""
+        """Forget everything after the first n tokens (the cache beyond is overwritten; a
+        recurrent state is rewound before the next evaluation, _sync_recurrent)."""
         del self.tokens[n:]
+
+    def _sync_recurrent(self):
+        """Bring a recurrent state (engine/recurrent.py) back to n_past after a truncate:
+        restore the newest checkpoint at or before it and replay the tokens since, through the
+        same forward pass (the rows give the bits they gave the first time)."""
+        rs = self.model.backend.recurrent(self._buf)
+        if rs is None or rs.pos == self.n_past:
+            return
+        p = rs.rewind(self.n_past)
+        replay = self.tokens[p:]
+        del self.tokens[p:]
+        if replay:
+            self._run(replay, None)
+
+    def _advance_recurrent(self, checkpoint):
+        """After a pass: the recurrent state is at n_past; the batches of a prompt (checkpoint)
+        end in a checkpoint."""
+        rs = self.model.backend.recurrent(self._buf)
+        if rs is not None:
+            rs.pos = self.n_past
+            if checkpoint:
+                rs.checkpoint()
 
     def common_prefix(self, ids):
         """How many leading tokens of ids this session's KV cache already holds: the one home
@@ -751,12 +778,11 @@ class Session:
         rows = []
         want_all = logits == "all"
         step = min(self.n_batch, be.max_logit_rows(buf)) if want_all else self.n_batch
-        for i in range(0, len(ids), step):
-            chunk = ids[i:i + step]
-            last = i + step >= len(ids)
+        for chunk, last in self._chunks(ids, step):
             be.copy_in(buf, chunk, self.n_past)
             be.forward(buf, len(chunk), self.n_past, want_all)
             self.tokens.extend(chunk)
+            self._advance_recurrent(len(ids) > 1)
             if want_all:
                 rows.append(be.copy_out(buf, len(chunk)))
             elif last and logits:
@@ -766,6 +792,15 @@ class Session:
         if not rows:
             return None
         return rows[0] if len(rows) == 1 else np.concatenate(rows)
+
+    def _chunks(self, ids, step):
+        """(chunk, is_last) batches of at most step tokens. With recurrent layers a batch's last
+        token runs alone, so that checkpoints hold the state before and after it (a prompt
+        evaluated again for its last token's logits, n > 1 forks, restores the first)."""
+        cut = [*range(0, len(ids), step), len(ids)]
+        if self.model.backend.recurrent(self._buf) is not None and len(ids) - cut[-2] > 1:
+            cut.insert(-1, len(ids) - 1)
+        return [(ids[a:b], b == len(ids)) for a, b in zip(cut, cut[1:])]
 
     def start(self, prompt, params=SamplingParams(), max_tokens=128, stop=(), sampler=None,
               add_special=True, parse_special=False, speculative=None):

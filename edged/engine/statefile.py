@@ -93,15 +93,16 @@ def _model_fields(m):
 
 def supported(model):
     """Whether this format can hold `model`'s state: K/V rows only, so not the convolution
-    cache of a model with convolution layers (lfm2)."""
-    return not getattr(model.hp, "n_conv_layers", 0)
+    cache of a model with convolution layers (lfm2) nor a recurrent state (qwen35)."""
+    return not getattr(model.hp, "n_conv_layers", 0) and not getattr(model.hp, "n_recr_layers", 0)
 
 
 def _check_supported(model):
     if not supported(model):
+        kind = (f"{model.hp.n_conv_layers} convolution" if model.hp.n_conv_layers
+                else f"{model.hp.n_recr_layers} recurrent")
         raise StateFileError(f"prompt-cache files hold K/V rows only; {model.arch}'s "
-                             f"{model.hp.n_conv_layers} convolution layers keep state they "
-                             "cannot hold")
+                             f"{kind} layers keep state they cannot hold")
 
 
 def _header(session, n_tokens):

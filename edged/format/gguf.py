@@ -234,6 +234,14 @@ class Key:
     ROPE_SCALING_FINETUNED = "{arch}.rope.scaling.finetuned"
     NEXTN_PREDICT_LAYERS = "{arch}.nextn_predict_layers"
     SHORTCONV_L_CACHE = "{arch}.shortconv.l_cache"
+    ROPE_DIMENSION_SECTIONS = "{arch}.rope.dimension_sections"
+    FULL_ATTENTION_INTERVAL = "{arch}.full_attention_interval"
+    ATTENTION_RECURRENT_LAYERS = "{arch}.attention.recurrent_layers"
+    SSM_CONV_KERNEL = "{arch}.ssm.conv_kernel"
+    SSM_INNER_SIZE = "{arch}.ssm.inner_size"
+    SSM_STATE_SIZE = "{arch}.ssm.state_size"
+    SSM_TIME_STEP_RANK = "{arch}.ssm.time_step_rank"
+    SSM_GROUP_COUNT = "{arch}.ssm.group_count"
 
     # tokenizer
     TOKENIZER_MODEL = "tokenizer.ggml.model"

@@ -19,6 +19,11 @@ Q_MAX_ABS, Q_MEAN_ABS = 0.35, 0.06   # testdata/README.md, any quantized type
 # llama.cpp applies: max 3.5, mean 0.51). The compiled path stores llama.cpp's values and meets
 # MAX_ABS/MEAN_ABS.
 KVQ_REF_MAX_ABS, KVQ_REF_MEAN_ABS = 0.65, 0.045
+# The NumPy reference against the qwen35 golden: llama.cpp's F16 matrix products round their
+# input rows to F16 and the reference does not; through the DeltaNet's L2 norms and exp gates
+# one logit of 64 rows lands 0.064 away (max 0.005 with the rows rounded as llama.cpp does,
+# mean 0.0011 either way). The compiled path rounds them and meets MAX_ABS/MEAN_ABS.
+DELTANET_REF_MAX_ABS = 0.08
 
 
 def teacher_forced(path, backend, batch=True, golden=None):
@@ -54,5 +59,7 @@ def check(name, backend):
     misses = int((decided & (got.argmax(1) != ref.argmax(1))).sum())
     if backend == "reference" and name.startswith("synthetic-kv-"):
         max_abs, mean_abs = KVQ_REF_MAX_ABS, KVQ_REF_MEAN_ABS
+    if backend == "reference" and name == "synthetic-qwen35":
+        max_abs = DELTANET_REF_MAX_ABS
     assert d.max() <= max_abs and d.mean() <= mean_abs and misses == 0, \
         f"{name}/{backend}: max {d.max():.4f} mean {d.mean():.5f} top-1 misses {misses}"
