@@ -69,6 +69,7 @@ def model_info(path, ctx_sizes=None, cache=None):
             "hparams": {k: (list(v) if isinstance(v, tuple) else v)
                         for k, v in vars(hp).items() if k != "swa_layers"},
             "swa_layers": [i for i, s in enumerate(hp.swa_layers) if s],
+            "recurrent_state_bytes": 4 * hp.recurrent_state_floats(),
             "tied_embeddings": spec.tied_embeddings, "parameters": params,
             "weight_types": {k: {"tensors": types[k], "bytes": type_bytes[k]} for k in types},
             "vocabulary": tok.n_vocab, "bos_id": tok.bos_id, "eos_id": tok.eos_id,
@@ -115,6 +116,7 @@ def run(args):
         print("numa nodes:   " + ", ".join(f"node {n}: {len(c)} cpus" for n, c in nodes.items()))
         return 0
     from ..engine.kvcache import CacheTypes
+    from ..engine.recurrent import N_CHECKPOINTS
     info = model_info(args.model, args.ctx_size, CacheTypes.parse(args.cache_type_k, args.cache_type_v))
     info["machine"] = machine_info()
     if args.json:
@@ -149,6 +151,12 @@ def run(args):
         conv = [i for i, c in enumerate(hp["conv_layers"]) if c]
         print(f"short convolutions ({hp['n_shortconv_l_cache']} taps) on layers {conv}; their "
               f"cache of {4 * hp['n_embd']} bytes per position per layer counts with the KV cache")
+    if hp.get("n_recr_layers"):
+        recr = [i for i, r in enumerate(hp["recr_layers"]) if r]
+        print(f"Gated DeltaNet on layers {recr} ({hp['ssm_dt_rank']} value heads of "
+              f"{hp['ssm_d_state']}, {hp['ssm_d_conv']}-tap convolution); their recurrent state "
+              f"of {mib(info['recurrent_state_bytes'])} per sequence, with {N_CHECKPOINTS} "
+              "checkpoints, counts with the KV cache")
     if not all(hp["rope_layers"]):
         print(f"layers without RoPE: {[i for i, r in enumerate(hp['rope_layers']) if not r]}")
     if hp["n_expert"]:
