@@ -11,7 +11,9 @@ from edged import Tokenizer
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 BERT_BGE = os.path.join(HERE, "..", "data", "vocab", "ggml-vocab-bert-bge.gguf")
+QWEN35 = os.path.join(HERE, "..", "data", "vocab", "ggml-vocab-qwen35.gguf")  # 50 cases
 LOSSLESS = [p for p in testdata_files("vocab", ".gguf") if os.path.exists(p + ".inp")]
+LOSSLESS += [QWEN35] if LOSSLESS else []
 VOCABS = LOSSLESS + [BERT_BGE] if LOSSLESS else []
 needs_vocabs = pytest.mark.skipif(not VOCABS, reason="shared test data missing: ../shared/testdata/vocab")
 
@@ -33,8 +35,9 @@ def test_llama_cpp_suite_passes_completely(path):
     tok = tokenizer(path)
     got = [(text, tok.encode(text, add_special=False, parse_special=False)) for text, _ in cases(path)]
     bad = [(text, ids, want) for (text, ids), (_, want) in zip(got, cases(path)) if ids != want]
-    assert len(cases(path)) == 46
-    assert not bad, f"{len(bad)} of 46 differ, first: {bad[0]!r}"
+    n = 50 if path == QWEN35 else 46
+    assert len(cases(path)) == n
+    assert not bad, f"{len(bad)} of {n} differ, first: {bad[0]!r}"
 
 
 @needs_vocabs
