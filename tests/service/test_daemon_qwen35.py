@@ -3,7 +3,6 @@ greedy request gives the same text on a cold start, after a prefix-cache hit (a 
 another request's recurrent state restored, the rest replayed), while other streams decode in
 the same steps, and as each of n=2 choices (forked sessions); a chat conversation sent again
 with one more turn hits the cache and answers as a cold daemon would."""
-import json
 import os
 
 import pytest
@@ -65,10 +64,9 @@ def test_same_text_cold_after_prefix_hit_with_other_streams_and_forked(srv):
 
 
 def _chat(sock, messages):
-    st, _, body = request(sock, "POST", "/v1/chat/completions",
-                          {"messages": messages, "max_tokens": 16, "temperature": 0})
-    assert st == 200, body
-    r = json.loads(body)
+    st, _, r = request(sock, "POST", "/v1/chat/completions",
+                       {"messages": messages, "max_tokens": 16, "temperature": 0})
+    assert st == 200, r
     return r["choices"][0]["message"]["content"], r["usage"]
 
 
