@@ -16,8 +16,6 @@ first, then ssm (ssm_dt_rank, S, S) float32 where ssm[h, j, i] is the state's S[
 """
 from __future__ import annotations
 
-import numpy as np
-
 # checkpoints kept per sequence (the live state is one more copy); the memory plan counts them
 N_CHECKPOINTS = 4
 

@@ -18,9 +18,8 @@ from edged.engine import recurrent
 from edged.engine.speculative import Speculation
 from edged.errors import MetadataValueError, StateFileError, UnsupportedModelError
 from edged.format.gguf import Key
-from edged.text.sampling import SamplingParams
 
-from family_goldens import GOLDENS, check
+from family_goldens import GOLDENS, alone_batched_forked, check_every_kernel_path, greedy
 from gguf_clone import clone
 
 QWEN35 = os.path.join(GOLDENS, "synthetic-qwen35.gguf")
@@ -40,13 +39,7 @@ def _last(s, ids):
 def test_golden_every_kernel_path(core):
     """Teacher-forced logits within the F16 tolerances on generic, avx2 and avx512 (every
     path this CPU has)."""
-    before = core.kernel_path()
-    try:
-        for path in core.available_paths():
-            core.set_path(path)
-            check("synthetic-qwen35", "cpu")
-    finally:
-        core.set_path(before)
+    check_every_kernel_path(core, "synthetic-qwen35")
 
 
 @pytest.mark.parametrize("backend", ["cpu", "reference"])
@@ -54,11 +47,7 @@ def test_greedy_16_tokens_as_llama_cpp(backend):
     """Greedy generation from the prompt gives llama.cpp's 16 next tokens."""
     if backend == "cpu":
         pytest.importorskip("edged._core")
-    with Model.load(QWEN35, backend=backend, n_threads=2) as m:
-        s = m.session(n_ctx=128)
-        out = [o.token for o in s.generate(TOKENS[:N_PROMPT], SamplingParams(temperature=0.0),
-                                           max_tokens=16) if o.token is not None]
-    assert out == TOKENS[N_PROMPT:N_PROMPT + 16]
+    assert greedy(QWEN35, backend, TOKENS[:N_PROMPT], 16) == TOKENS[N_PROMPT:N_PROMPT + 16]
 
 
 @pytest.mark.parametrize("backend", ["cpu", "reference"])
@@ -108,21 +97,8 @@ def test_fork_and_decode_batch_of_sessions(core):
     each session's own state."""
     prompts = [TOKENS[:12], TOKENS[5:9], [1, 300, 301, 302, 303, 304, 305]]
     with Model.load(QWEN35, n_threads=2) as m:
-        alone = []
-        for p in prompts:
-            s = m.session(n_ctx=64)
-            s.eval(p[:-1])
-            alone.append(_last(s, p[-1:]))
-        ss = [m.session(n_ctx=64) for _ in prompts]
-        for s, p in zip(ss, prompts):
-            s.eval(p[:-1])
-        batched = m.decode_batch(ss, [p[-1] for p in prompts])
+        alone, batched, forked, ss = alone_batched_forked(m, prompts)
         again = m.decode_batch(ss, [5, 6, 7])   # a second step from the states the first left
-        base = m.session(n_ctx=64)
-        base.eval(prompts[0][:-1])
-        fork = base.fork()
-        base.eval([5, 6, 7])  # the original moves on; the fork keeps its own state
-        forked = _last(fork, prompts[0][-1:])
         s = m.session(n_ctx=64)
         s.eval(prompts[0])
         second = _last(s, [5])
@@ -133,13 +109,9 @@ def test_fork_and_decode_batch_of_sessions(core):
 def test_lookup_speculation_gives_the_same_tokens(core):
     """n-gram drafts (many, mostly rejected) rewind the recurrent state to checkpoints: the
     tokens are those of plain greedy decoding."""
-    with Model.load(QWEN35, n_threads=2) as m:
-        plain = [o.token for o in m.session(n_ctx=128).generate(
-            TOKENS, SamplingParams(temperature=0.0), max_tokens=24) if o.token is not None]
-        stats = {}
-        spec = [o.token for o in m.session(n_ctx=128).generate(
-            TOKENS, SamplingParams(temperature=0.0), max_tokens=24,
-            speculative=Speculation("lookup", ngram_min=1), stats=stats) if o.token is not None]
+    plain = greedy(QWEN35, "cpu", TOKENS, 24)
+    stats = {}
+    spec = greedy(QWEN35, "cpu", TOKENS, 24, Speculation("lookup", ngram_min=1), stats)
     assert spec == plain and len(plain) == 24
     assert stats["n_drafted"] > stats["n_accepted"]   # rejected drafts: rewinds
 
