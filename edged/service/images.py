@@ -65,6 +65,45 @@ class Limits:
         return cls(cfg.image_max_bytes, cfg.image_max_pixels, tuple(cfg.image_dirs))
 
 
+@dataclasses.dataclass(frozen=True)
+class ImageRef:
+    """An image as a request names it, checked for its form when the body is parsed and read
+    (read()) when the request is prepared for its model: a data:/file:// URL (`url`) or base64
+    text; `where` is the field, for errors."""
+    source: str
+    where: str
+    url: bool = True
+
+    def read(self, limits):
+        """The ImageInput: its bytes, within limits (size, image_dirs)."""
+        if self.url:
+            return from_url(self.source, self.where, limits)
+        return from_base64(self.source, self.where, limits)
+
+
+def url_ref(url, where):
+    """ImageRef of an image URL field, refused now (400) unless a data: or file:// URL."""
+    if not isinstance(url, str):
+        raise RequestError(f"'{where}' must be a string URL", param=where)
+    _scheme(url, where)
+    return ImageRef(url, where)
+
+
+def base64_ref(text, where):
+    if not isinstance(text, str):
+        raise RequestError(f"'{where}' must be a base64 string", param=where)
+    return ImageRef(text, where, url=False)
+
+
+def _scheme(url, where):
+    scheme = url.split(":", 1)[0].lower() if ":" in url else ""
+    if scheme not in ("data", "file"):
+        raise RequestError(f"'{where}': only data: URLs and file:// paths under image_dirs are read; "
+                           f"edged does not fetch {scheme or 'relative'} URLs (send the image as "
+                           "data:image/...;base64,...)", param=where)
+    return scheme
+
+
 def from_base64(text, where, limits):
     """ImageInput from base64 text (Ollama's `images`, Anthropic's base64 source)."""
     if not isinstance(text, str):
@@ -89,18 +128,13 @@ def from_url(url, where, limits):
     https, ...) is refused: edged makes no network requests for a client."""
     if not isinstance(url, str):
         raise RequestError(f"'{where}' must be a string URL", param=where)
-    scheme = url.split(":", 1)[0].lower() if ":" in url else ""
-    if scheme == "data":
+    if _scheme(url, where) == "data":
         head, sep, body = url[5:].partition(",")
         if not sep or not head.lower().endswith(";base64"):
             raise RequestError(f"'{where}': a data URL must be base64 (data:image/png;base64,...)",
                                param=where)
         return from_base64(body, where, limits)
-    if scheme == "file":
-        return _from_file(url, where, limits)
-    raise RequestError(f"'{where}': only data: URLs and file:// paths under image_dirs are read; "
-                       f"edged does not fetch {scheme or 'relative'} URLs (send the image as "
-                       "data:image/...;base64,...)", param=where)
+    return _from_file(url, where, limits)
 
 
 def _from_file(url, where, limits):
