@@ -21,6 +21,7 @@ class Prepared:
     harmony: bool = False           # gpt-oss's channels: analysis / final / calls (text/harmony.py)
     constraint: object = None       # grammar.Constraint in its start state (each choice a copy)
     images: list = dataclasses.field(default_factory=list)  # ImageEmbedding of each image in the prompt
+    image_ids: frozenset = frozenset()      # their pseudo ids in prompts (>= n_vocab, engine/vision.py)
 
 
 RESERVED_TEMPLATE_VARS = {"messages", "tools", "add_generation_prompt", "bos_token", "eos_token",
@@ -34,6 +35,7 @@ def prepare(lm, request):
     prep = Prepared([])
     spec = request.constraint
     prep.images = lm.image_embeddings(request.images)      # 400 when the model takes none
+    prep.image_ids = frozenset(t for e in prep.images for t in e.token_ids(lm.model.hp.n_vocab))
     if request.chat:
         template = lm.template_source()
         messages = tools.messages_for_template(list(request.messages))
