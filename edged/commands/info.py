@@ -36,6 +36,8 @@ def model_info(path, ctx_sizes=None, cache=None):
 
     cache = DEFAULT_CACHE if cache is None else cache
     with GGUFFile.open(path) as f:
+        if f.metadata.get(Key.ARCHITECTURE) == "clip":      # llama.cpp's mmproj: no tokenizer
+            return projector_info(path)
         tok = Tokenizer.from_gguf_file(f)
         if f.metadata.get(Key.ARCHITECTURE) in _encoder.ENCODERS:
             spec = _encoder.validate(f.metadata, f.tensors, tok.n_vocab)
@@ -74,6 +76,13 @@ def model_info(path, ctx_sizes=None, cache=None):
             "vocabulary": tok.n_vocab, "bos_id": tok.bos_id, "eos_id": tok.eos_id,
             "memory": mem, "weights_bytes": weights, "active_weights_bytes": active,
         }
+
+
+def projector_info(path):
+    """Dict of facts about an mmproj file (an image projector), loaded as the daemon would."""
+    from ..engine.vision import Projector
+    with Projector.load(path, n_threads=1) as p:
+        return {"file": path, "architecture": "clip", "projector": p.describe()}
 
 
 def machine_info():
@@ -121,8 +130,15 @@ def run(args):
         json.dump(info, sys.stdout, indent=1, default=str)
         print()
         return 0
-    hp = info["hparams"]
     mib = lambda n: f"{n / 2**20:.1f} MiB"  # noqa: E731
+    if "projector" in info:
+        d = info["projector"]
+        print(f"mmproj:       {info['file']}")
+        print(f"projector:    {d['projector_type']}, images {d['image_size']}x{d['image_size']} "
+              f"pixels -> {d['tokens_per_image']} tokens of width {d['n_embd']} (a text model of "
+              f"that n_embd), memory {mib(d['memory_bytes'])}")
+        return 0
+    hp = info["hparams"]
     print(f"model:        {info['file']}")
     if info.get("encoder"):
         print(f"architecture: {info['architecture']} encoder, embeddings only ({info['parameters'] / 1e6:.2f} M "
