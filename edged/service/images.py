@@ -164,6 +164,13 @@ def _from_file(url, where, limits):
     return ImageInput(data, where)
 
 
+def mmproj_beside(model_path):
+    """llama.cpp's naming: DIR/mmproj-NAME.gguf pairs with DIR/NAME.gguf; its path when it exists."""
+    d, f = os.path.split(model_path)
+    p = os.path.join(d, "mmproj-" + (f[:-5] if f.endswith(".gguf") else f) + ".gguf")
+    return p if os.path.exists(p) else None
+
+
 # --- decoding --------------------------------------------------------------------------------
 
 _DECODER = None         # the daemon's render worker (edged/service/renderer.py), or None

@@ -299,10 +299,7 @@ class Loader:
         """The mmproj file paired with model `name` (at `path`): config mmproj, else
         mmproj-NAME.gguf beside it when that exists, else None."""
         given = self.cfg.mmproj.get(name)
-        if given:
-            return os.path.join(self.cfg.models_dir, given)
-        beside = os.path.join(os.path.dirname(path), f"mmproj-{name}.gguf")
-        return beside if os.path.exists(beside) else None
+        return os.path.join(self.cfg.models_dir, given) if given else images.mmproj_beside(path)
 
     def _projector(self, name, path, model):
         """The Projector of model `name`'s mmproj, verified like a model (same trust store),
