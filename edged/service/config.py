@@ -132,6 +132,10 @@ KEYS = [
             "in its memory (its weights and a KV cache per slot)."),
     KeySpec("draft_max", DRAFT_MAX, "draft_max",
             f"Tokens drafted per step and stream (at most {DRAFT_MAX_LIMIT}).", minimum=1),
+    KeySpec("spm_infill", [], "models",
+            "Models (names, or \"*\" for all) whose fill-in-the-middle prompts (/infill, a "
+            "completion with a suffix) put the suffix before the prefix, suffix-prefix-middle, "
+            "as llama-server's --spm-infill; by default prefix-suffix-middle."),
     KeySpec("mmproj", {}, "mmproj",
             "Per model, its image projector (llama.cpp's mmproj GGUF, a file name in models_dir, "
             "signed like a model): {NAME = \"mmproj-NAME.gguf\"}. Without an entry, "
