@@ -36,6 +36,8 @@ def model_info(path, ctx_sizes=None, cache=None):
 
     cache = DEFAULT_CACHE if cache is None else cache
     with GGUFFile.open(path) as f:
+        if f.metadata.get(Key.ARCHITECTURE) == "clip":      # llama.cpp's mmproj: no tokenizer
+            return projector_info(path)
         tok = Tokenizer.from_gguf_file(f)
         if f.metadata.get(Key.ARCHITECTURE) in _encoder.ENCODERS:
             spec = _encoder.validate(f.metadata, f.tensors, tok.n_vocab)
@@ -86,6 +88,11 @@ def _gemma3n(spec, cls):
             "per_layer_token_embd_bytes": spec.tensors[g.per_layer_token_embd].nbytes,
             "shared_kv_layers": shared, "kv_sources": [hp.kv_layers[il] for il in shared],
             "backend": cls.name, "backend_weight_copies_bytes": cls.extra_weight_bytes(spec)}
+def projector_info(path):
+    """Dict of facts about an mmproj file (an image projector), loaded as the daemon would."""
+    from ..engine.vision import Projector
+    with Projector.load(path, n_threads=1) as p:
+        return {"file": path, "architecture": "clip", "projector": p.describe()}
 
 
 def machine_info():
@@ -134,8 +141,15 @@ def run(args):
         json.dump(info, sys.stdout, indent=1, default=str)
         print()
         return 0
-    hp = info["hparams"]
     mib = lambda n: f"{n / 2**20:.1f} MiB"  # noqa: E731
+    if "projector" in info:
+        d = info["projector"]
+        print(f"mmproj:       {info['file']}")
+        print(f"projector:    {d['projector_type']}, images {d['image_size']}x{d['image_size']} "
+              f"pixels -> {d['tokens_per_image']} tokens of width {d['n_embd']} (a text model of "
+              f"that n_embd), memory {mib(d['memory_bytes'])}")
+        return 0
+    hp = info["hparams"]
     print(f"model:        {info['file']}")
     if info.get("encoder"):
         print(f"architecture: {info['architecture']} encoder, embeddings only ({info['parameters'] / 1e6:.2f} M "
