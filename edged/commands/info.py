@@ -88,6 +88,8 @@ def _gemma3n(spec, cls):
             "per_layer_token_embd_bytes": spec.tensors[g.per_layer_token_embd].nbytes,
             "shared_kv_layers": shared, "kv_sources": [hp.kv_layers[il] for il in shared],
             "backend": cls.name, "backend_weight_copies_bytes": cls.extra_weight_bytes(spec)}
+
+
 def projector_info(path):
     """Dict of facts about an mmproj file (an image projector), loaded as the daemon would."""
     from ..engine.vision import Projector
