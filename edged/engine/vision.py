@@ -66,6 +66,7 @@ MEDIA_MARKER = "<__media__>"        # where a rendered prompt holds an image (ll
 MAX_IMAGE_SIZE = 4096               # pixels per side of the encoder's square (real files: 224..1024)
 MAX_PATCHES = 65536                 # patches per image: attention is quadratic in them
 MAX_LAYERS = 256
+MAX_TILES_SIDE = 8                  # idefics3: tiles per side (real files: up to 4)
 PSEUDO_SPAN = 1 << 30               # pseudo ids live in [n_vocab, n_vocab + 2^30 + n_tokens)
 
 # Bilinear as Pillow's (and mtmd-image.cpp's) fixed-point resampler
@@ -75,12 +76,16 @@ _PRECISION_BITS = 32 - 8 - 2
 @dataclass(frozen=True)
 class ProjectorKind:
     name: str
-    markers: tuple          # text before and after an image's rows (mtmd.cpp)
+    markers: tuple          # text before and after an image's rows (mtmd.cpp); () when tiled
     non_causal: bool        # llama.cpp decodes the image's rows with bidirectional attention
+    resize: str             # the resampling filter (mtmd's image_resize_algo)
+    tiled: bool             # tiles of image_size plus an overview (idefics3), else one square
 
 
 PROJECTORS = {
-    "gemma3": ProjectorKind("gemma3", ("<start_of_image>", "<end_of_image>"), non_causal=True),
+    "gemma3": ProjectorKind("gemma3", ("<start_of_image>", "<end_of_image>"), non_causal=True,
+                            resize="bilinear", tiled=False),
+    "idefics3": ProjectorKind("idefics3", (), non_causal=False, resize="lanczos", tiled=True),
 }
 
 
@@ -94,7 +99,8 @@ class VisionHParams:
     eps: float
     image_size: int
     patch_size: int
-    n_merge: int            # gemma3: patches per side pooled into one token
+    n_merge: int            # patches per side pooled (gemma3) or shuffled (idefics3) into one token
+    longest_edge: int       # idefics3: the picture's longer side before tiling (0: gemma3)
     image_mean: tuple
     image_std: tuple
     n_embd_text: int        # the projector's output width
@@ -113,6 +119,8 @@ class ImageEmbedding:
     embeddings: np.ndarray  # float32 (n_tokens, n_embd)
     digest: str             # sha256 hex of the image's shape and pixels
     non_causal: bool = False    # its rows attend to each other (llama.cpp: gemma3)
+    grid: tuple = ()        # tiled (idefics3): (rows, columns) of tiles; the rows are the
+                            # tiles' row by row, then the overview's
 
     @property
     def n_tokens(self):
@@ -140,12 +148,24 @@ def _refuse(msg):
 
 # --- preprocessing (mtmd-image.cpp) ----------------------------------------------------------
 
-def _bilinear_coeffs(n_in, n_out):
-    """Pillow's precompute_coeffs for the bilinear filter: per output pixel the first input
-    pixel and fixed-point weights (n_out, ksize) int64 (zero past each pixel's count)."""
+def _sinc(x):
+    return 1.0 if x == 0.0 else math.sin(math.pi * x) / (math.pi * x)
+
+
+# Pillow's filters: (support, weight of a distance)
+FILTERS = {
+    "bilinear": (1.0, lambda x: max(0.0, 1.0 - abs(x))),
+    "lanczos": (3.0, lambda x: _sinc(x) * _sinc(x / 3.0) if -3.0 <= x < 3.0 else 0.0),
+}
+
+
+def _coeffs(n_in, n_out, kind):
+    """Pillow's precompute_coeffs: per output pixel the first input pixel and fixed-point
+    weights (n_out, ksize) int64 (zero past each pixel's count)."""
+    fsupport, fw = FILTERS[kind]
     scale = n_in / n_out
     filterscale = max(scale, 1.0)
-    support = 1.0 * filterscale
+    support = fsupport * filterscale
     ksize = int(math.ceil(support)) * 2 + 1
     xmin = np.empty(n_out, np.int64)
     k = np.zeros((n_out, ksize), np.int64)
@@ -153,7 +173,7 @@ def _bilinear_coeffs(n_in, n_out):
         center = (xx + 0.5) * scale
         lo = max(int(center - support + 0.5), 0)
         hi = min(int(center + support + 0.5), n_in) - lo
-        w = [max(0.0, 1.0 - abs((x + lo - center + 0.5) / filterscale)) for x in range(hi)]
+        w = [fw((x + lo - center + 0.5) / filterscale) for x in range(hi)]
         ww = sum(w)
         w = [v / ww if ww != 0.0 else v for v in w]
         xmin[xx] = lo
@@ -163,10 +183,10 @@ def _bilinear_coeffs(n_in, n_out):
     return xmin, k
 
 
-def _resample(img, n_out, axis):
+def _resample(img, n_out, axis, kind):
     """One pass of the separable filter along axis (1: width, 0: height) of (H, W, 3) uint8."""
     n_in = img.shape[axis]
-    xmin, k = _bilinear_coeffs(n_in, n_out)
+    xmin, k = _coeffs(n_in, n_out, kind)
     src = np.moveaxis(img, axis, 0).astype(np.int64)          # (n_in, other, 3)
     acc = np.full((n_out,) + src.shape[1:], 1 << (_PRECISION_BITS - 1), np.int64)
     for j in range(k.shape[1]):
@@ -176,14 +196,36 @@ def _resample(img, n_out, axis):
     return np.ascontiguousarray(np.moveaxis(out, 0, axis))
 
 
-def resize_bilinear(img, width, height):
-    """(H, W, 3) uint8 -> (height, width, 3): Pillow's Image.resize(BILINEAR) bits, width
-    first, as mtmd-image.cpp's resize_pillow."""
+def resize(img, width, height, kind="bilinear"):
+    """(H, W, 3) uint8 -> (height, width, 3): Pillow's Image.resize bits (BILINEAR or
+    LANCZOS), width first, as mtmd-image.cpp's resize_pillow."""
     if img.shape[1] != width:
-        img = _resample(img, width, 1)
+        img = _resample(img, width, 1, kind)
     if img.shape[0] != height:
-        img = _resample(img, height, 0)
+        img = _resample(img, height, 0, kind)
     return img
+
+
+def tiles(img, tile, longest_edge, kind="lanczos"):
+    """mtmd's idefics3 preprocessing: the longer side to longest_edge (the other by the
+    aspect ratio, truncated, made even), then up to whole tiles, cut into tile x tile squares
+    row by row; the overview is the whole picture resized to one tile. Returns (tiles list,
+    overview, (rows, columns))."""
+    h, w = img.shape[:2]
+    ar = w / h
+    if w >= h:
+        rw, rh = longest_edge, int(longest_edge / ar)
+        rh += rh % 2
+    else:
+        rw, rh = int(longest_edge * ar), longest_edge
+        rw += rw % 2
+    rw, rh = max(rw, 1), max(rh, 1)
+    gx, gy = -(-rw // tile), -(-rh // tile)
+    refined = resize(resize(img, rw, rh, kind), gx * tile, gy * tile, kind)
+    overview = resize(refined, tile, tile, kind)
+    cut = [refined[y * tile:(y + 1) * tile, x * tile:(x + 1) * tile]
+           for y in range(gy) for x in range(gx)]
+    return cut, overview, (gy, gx)
 
 
 def fit_padded(img, size, pad=(0, 0, 0)):
@@ -198,7 +240,7 @@ def fit_padded(img, size, pad=(0, 0, 0)):
     out = np.empty((size, size, 3), np.uint8)
     out[:] = np.asarray(pad, np.uint8)
     ox, oy = (size - nw) // 2, (size - nh) // 2
-    out[oy:oy + nh, ox:ox + nw] = resize_bilinear(img, nw, nh)
+    out[oy:oy + nh, ox:ox + nw] = resize(img, nw, nh, "bilinear")
     return out
 
 
@@ -207,6 +249,14 @@ def normalize(img, mean, std):
     x = img.astype(np.float32) / np.float32(255.0)
     x = (x - np.asarray(mean, np.float32)) / np.asarray(std, np.float32)
     return np.ascontiguousarray(x.transpose(2, 0, 1))
+
+
+def pixel_shuffle(h, side, s):
+    """idefics3's merge (clip.cpp's build_patch_merge_permute): (side^2, E) patch rows ->
+    ((side/s)^2, s*s*E), each row the s x s block's patches row by row."""
+    E = h.shape[1]
+    x = h.reshape(side // s, s, side // s, s, E).transpose(0, 2, 1, 3, 4)
+    return np.ascontiguousarray(x.reshape(-1, s * s * E))
 
 
 def patches(planes, p):
@@ -270,7 +320,12 @@ def validate(md, tensors):
     if side * side > MAX_PATCHES:
         raise MetadataValueError(f"{Key.CLIP_IMAGE_SIZE} {size} / {Key.CLIP_PATCH_SIZE} {p}: "
                                  f"{side * side} patches per image, at most {MAX_PATCHES}")
-    merge = _num(md, Key.CLIP_SCALE_FACTOR, required=False, default=4, lo=1, hi=side)
+    if kind.tiled:      # pixel shuffle: llama.cpp asserts a factor above 1
+        merge = _num(md, Key.CLIP_SCALE_FACTOR, lo=2, hi=side)
+        longest = _num(md, Key.CLIP_PREPROC_IMAGE_SIZE, lo=1, hi=MAX_TILES_SIDE * size)
+    else:
+        merge = _num(md, Key.CLIP_SCALE_FACTOR, required=False, default=4, lo=1, hi=side)
+        longest = 0
     if side % merge:
         raise MetadataValueError(f"{Key.CLIP_SCALE_FACTOR} {merge} does not divide the "
                                  f"{side} patches per side")
@@ -313,16 +368,22 @@ def validate(md, tensors):
         get(b + "ffn_down_b", b + down_name + ".bias", (E,), VECTOR_TYPES, required=False)
     get("post_ln", "v.post_ln.weight", (E,), VECTOR_TYPES, required=False)
     get("post_ln_b", "v.post_ln.bias", (E,), VECTOR_TYPES, required=roles["post_ln"] is not None)
-    proj = tensors.get("mm.input_projection.weight")
+    # the projector: its output width is the text model's n_embd
+    pname, pin = (("mm.model.fc.weight", E * merge * merge) if kind.tiled
+                  else ("mm.input_projection.weight", None))
+    proj = tensors.get(pname)
     if proj is None or len(proj.shape) != 2:
-        _refuse("mmproj: missing tensor 'mm.input_projection.weight' (n_embd_text, n_embd)")
-    n_text = int(proj.shape[0])
-    check_number("mm.input_projection.weight rows", n_text, int, lo=1, hi=1 << 17)
-    get("input_projection", "mm.input_projection.weight", (n_text, E), plain)
-    get("soft_emb_norm", "mm.soft_emb_norm.weight", (E,), VECTOR_TYPES)
+        _refuse(f"mmproj: missing tensor {pname!r}")
+    n_text = int(proj.shape[1] if kind.tiled else proj.shape[0])
+    check_number(f"{pname} output width", n_text, int, lo=1, hi=1 << 17)
+    if kind.tiled:
+        get("fc", pname, (pin, n_text))
+    else:
+        get("input_projection", pname, (n_text, E), plain)
+        get("soft_emb_norm", "mm.soft_emb_norm.weight", (E,), VECTOR_TYPES)
     hp = VisionHParams(n_embd=E, n_ff=F, n_layer=L, n_head=H, head_dim=E // H, eps=eps,
-                       image_size=size, patch_size=p, n_merge=merge, image_mean=mean,
-                       image_std=std, n_embd_text=n_text)
+                       image_size=size, patch_size=p, n_merge=merge, longest_edge=longest,
+                       image_mean=mean, image_std=std, n_embd_text=n_text)
     return kind, hp, roles
 
 
@@ -375,8 +436,10 @@ class Projector:
         # attention scratch per thread, plus the transposed projection the encoder keeps
         self.scratch_bytes = 4 * (n_p * (6 * hp.n_embd + hp.n_ff + 3 * hp.patch_size ** 2)
                                   + self.n_threads * (n_p * n_p + hp.head_dim * n_p))
-        self.memory_bytes = self.weights_bytes + self.scratch_bytes + \
-            f.tensors[self._roles["input_projection"]].nbytes
+        if self.kind.tiled:     # every tile and the overview run together
+            self.scratch_bytes *= (-(-hp.longest_edge // hp.image_size)) ** 2 + 1
+        self.memory_bytes = self.weights_bytes + self.scratch_bytes + (
+            0 if self.kind.tiled else f.tensors[self._roles["input_projection"]].nbytes)
         budget = int(max_memory) if max_memory else available_memory()
         if self.memory_bytes > budget:
             raise UnsupportedModelError(
@@ -423,10 +486,16 @@ class Projector:
     markers = property(lambda self: self.kind.markers)
     non_causal = property(lambda self: self.kind.non_causal)
 
+    @property
+    def max_squares(self):
+        """Squares the encoder runs per image: 1, or the most tiles plus the overview."""
+        hp = self.hp
+        return (-(-hp.longest_edge // hp.image_size)) ** 2 + 1 if self.kind.tiled else 1
+
     def describe(self):
         hp = self.hp
         return {"projector_type": self.kind.name, "image_size": hp.image_size,
-                "patch_size": hp.patch_size, "tokens_per_image": hp.n_tokens,
+                "patch_size": hp.patch_size, "tokens_per_image": hp.n_tokens * self.max_squares,
                 "n_embd": hp.n_embd_text, "vision_n_embd": hp.n_embd,
                 "vision_layers": hp.n_layer, "memory_bytes": self.memory_bytes,
                 "weights_bytes": self.weights_bytes, "signer": self.signer}
@@ -456,23 +525,44 @@ class Projector:
 
     # --- encode -----------------------------------------------------------------------------
     def preprocess(self, rgb):
-        """uint8 (H, W, 3) -> float32 (n_patches, 3 * patch^2) patch rows."""
+        """uint8 (H, W, 3) -> (list of float32 (n_patches, 3 * patch^2) patch rows, one per
+        square the encoder sees: the tiles row by row then the overview when tiled; the grid
+        (rows, columns) of tiles or ())."""
         rgb = np.asarray(rgb)
         if rgb.dtype != np.uint8 or rgb.ndim != 3 or rgb.shape[2] != 3 or min(rgb.shape[:2]) < 1:
             raise RequestError(f"image: expected uint8 (height, width, 3) pixels, got "
                                f"{rgb.dtype} {tuple(rgb.shape)}")
         hp = self.hp
-        img = fit_padded(rgb, hp.image_size)
-        return patches(normalize(img, hp.image_mean, hp.image_std), hp.patch_size)
+        if self.kind.tiled:
+            cut, overview, grid = tiles(rgb, hp.image_size, hp.longest_edge, self.kind.resize)
+            squares = cut + [overview]
+        else:
+            squares, grid = [fit_padded(rgb, hp.image_size)], ()
+        return [patches(normalize(q, hp.image_mean, hp.image_std), hp.patch_size)
+                for q in squares], grid
 
     def encode(self, rgb):
         """A decoded picture -> ImageEmbedding (n_tokens rows of the text model's width)."""
         if self.file is None:
             raise RequestError("mmproj is closed")
-        x = self.preprocess(rgb)
-        run = self._reference if self._core is None else self._compiled
-        return ImageEmbedding(embeddings=run(x), digest=image_digest(np.asarray(rgb)),
-                              non_causal=self.kind.non_causal)
+        xs, grid = self.preprocess(rgb)
+        return ImageEmbedding(embeddings=self._embed(xs, twin=self._core is None),
+                              digest=image_digest(np.asarray(rgb)),
+                              non_causal=self.kind.non_causal, grid=grid)
+
+    def _embed(self, xs, twin=False):
+        """Patch rows of each square -> the projected rows of all, in order. twin: NumPy."""
+        x = np.concatenate(xs)
+        h = (self._vit_reference if twin else self._vit)(x, len(xs))
+        mm = self._ref_mm if twin else self._mm
+        n = h.shape[0] // len(xs)
+        return np.concatenate([self._project(h[i * n:(i + 1) * n], mm) for i in range(len(xs))])
+
+    def _project(self, h, mm):
+        """One square's ViT output (n_patches, n_embd) -> its rows for the text model."""
+        if self.kind.tiled:     # idefics3: pixel shuffle, then mm.model.fc
+            return mm(pixel_shuffle(h, self.hp.n_patches_side, self.hp.n_merge), "fc")
+        return mm(self._pool_norm(h), "input_projection")
 
     def _mm(self, x, role, bias=None):
         raw, qtype, (k, n) = self._mat[role]
@@ -483,12 +573,14 @@ class Projector:
             y += b
         return y
 
-    def _compiled(self, x):
+    def _vit(self, x, n_seq):
+        """SigLIP over n_seq squares' patch rows (n_seq * n_patches, K), all in each product;
+        attention per square."""
         hp, core, pool, v = self.hp, self._core, self._pool, self._vec
         x = self._mm(x, "patch_embd", "patch_bias")
-        x += v["position_embd"]
-        n = x.shape[0]
-        starts = np.array([0, n], np.int64)
+        n = x.shape[0] // n_seq
+        x += np.tile(v["position_embd"], (n_seq, 1))
+        starts = np.arange(n_seq + 1, dtype=np.int64) * n
         scale = 1.0 / math.sqrt(hp.head_dim)
         for il in range(hp.n_layer):
             b = f"v.blk.{il}."
@@ -506,7 +598,7 @@ class Projector:
             x += self._mm(h, b + "ffn_down", b + "ffn_down_b")
         if "post_ln" in v:
             core.enc_norm(x, v["post_ln"], v["post_ln_b"], hp.eps, None, None, pool)
-        return self._mm(self._pool_norm(x), "input_projection")
+        return x
 
     def _pool_norm(self, x):
         """gemma3: n_merge x n_merge average pooling (ggml_pool_2d: a float sum in row, column
@@ -537,20 +629,20 @@ class Projector:
         b = self._vec.get(bias) if bias else None
         return y + b if b is not None else y
 
-    def _reference(self, x):
+    def _vit_reference(self, x, n_seq):
         from .encoder import layer_norm
         hp, v = self.hp, self._vec
         H, D = hp.n_head, hp.head_dim
-        x = self._ref_mm(x, "patch_embd", "patch_bias") + v["position_embd"]
+        x = self._ref_mm(x, "patch_embd", "patch_bias") + np.tile(v["position_embd"], (n_seq, 1))
         for il in range(hp.n_layer):
             b = f"v.blk.{il}."
             cur = layer_norm(x, v[b + "ln1"], v[b + "ln1_b"], hp.eps)
-            q, k, vv = (self._ref_mm(cur, b + r, b + r + "_b").reshape(-1, H, D).transpose(1, 0, 2)
-                        for r in ("attn_q", "attn_k", "attn_v"))
-            sc = (q.astype(np.float64) @ k.transpose(0, 2, 1)) / math.sqrt(D)
+            q, k, vv = (self._ref_mm(cur, b + r, b + r + "_b").reshape(n_seq, -1, H, D)
+                        .transpose(0, 2, 1, 3) for r in ("attn_q", "attn_k", "attn_v"))
+            sc = (q.astype(np.float64) @ k.transpose(0, 1, 3, 2)) / math.sqrt(D)
             sc = np.exp(sc - sc.max(-1, keepdims=True))
-            sc /= sc.sum(-1, keepdims=True)
-            att = (sc @ vv).transpose(1, 0, 2).reshape(x.shape).astype(np.float32)
+            sc /= sc.sum(-1, keepdims=True)     # (n_seq, H, n, n): each square on its own
+            att = (sc @ vv).transpose(0, 2, 1, 3).reshape(x.shape).astype(np.float32)
             x = x + self._ref_mm(att, b + "attn_out", b + "attn_out_b")
             cur = layer_norm(x, v[b + "ln2"], v[b + "ln2_b"], hp.eps)
             h = self._ref_mm(cur, b + "ffn_up", b + "ffn_up_b")
@@ -558,9 +650,55 @@ class Projector:
             x = x + self._ref_mm(h, b + "ffn_down", b + "ffn_down_b")
         if "post_ln" in v:
             x = layer_norm(x, v["post_ln"], v["post_ln_b"], hp.eps)
-        return self._ref_mm(self._pool_norm(x), "input_projection")
+        return x
 
     # --- prompts ----------------------------------------------------------------------------
+    def _layout(self, emb, rows, add, add_id, tok):
+        """One image's place in the prompt as mtmd.cpp lays it out: add(text) tokenizes a
+        piece (special tokens parsed), add_id(id) appends one id."""
+        if not self.kind.tiled:
+            before, after = self.kind.markers
+            add(before)
+            for r in rows:
+                add_id(r)
+            add(after)
+            return
+        # idefics3: each tile after "<fake_token_around_image><row_Y_col_X>", "\n" between
+        # rows of tiles; then "\n\n" <fake_token_around_image> <global-img> (tokens found by
+        # their exact text, as mtmd's lookup_token) and the overview, closed by
+        # <fake_token_around_image>
+        gy, gx = emb.grid
+        n = len(rows) // (gy * gx + 1)
+        if n * (gy * gx + 1) != len(rows):
+            raise RequestError(f"image of {len(rows)} rows does not split into {gy}x{gx} tiles "
+                               "and an overview")
+        for y in range(gy):
+            for x in range(gx):
+                add(f"<fake_token_around_image><row_{y + 1}_col_{x + 1}>")
+                k = (y * gx + x) * n
+                for r in rows[k:k + n]:
+                    add_id(r)
+            if y != gy - 1:
+                add_id(self._token(tok, "\n"))
+        for piece in ("\n\n", "<fake_token_around_image>", "<global-img>"):
+            add_id(self._token(tok, piece))
+        for r in rows[gy * gx * n:]:
+            add_id(r)
+        add_id(self._token(tok, "<fake_token_around_image>"))
+
+    def _token(self, tok, text):
+        """The id of the token whose text is exactly `text` (llama.cpp's lookup_token)."""
+        cache = self.__dict__.setdefault("_tokens", {})
+        key = (id(tok), text)
+        if key not in cache:
+            want = text.encode()
+            hit = next((i for i in range(tok.n_vocab) if tok.token_piece(i) == want), None)
+            if hit is None:
+                raise UnsupportedModelError(f"the text model has no token {text!r}, which "
+                                            f"{self.kind.name} images need")
+            cache[key] = hit
+        return cache[key]
+
     def prompt_ids(self, model, text, images, add_special=True, marker=MEDIA_MARKER,
                    marked=False):
         """A rendered prompt holding `marker` once per image -> token ids, as mtmd_tokenize
@@ -573,7 +711,6 @@ class Projector:
             raise RequestError(f"prompt holds {len(parts) - 1} image markers for "
                                f"{len(images)} images")
         tok, nv = model.tokenizer, model.hp.n_vocab
-        before, after = self.kind.markers
         ids = []
 
         def add(piece, mk=False):
@@ -583,9 +720,7 @@ class Projector:
         for i, part in enumerate(parts):
             add(part, marked)
             if i < len(images):
-                add(before)
-                ids.extend(images[i].token_ids(nv))
-                add(after)
+                self._layout(images[i], images[i].token_ids(nv), add, ids.append, tok)
         if add_special:     # what encode(add_special=True) puts before and after a text
             ids = list(tok._first) + ids + list(tok._last)
         return ids

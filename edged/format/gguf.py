@@ -253,6 +253,7 @@ class Key:
     CLIP_IMAGE_MEAN = "clip.vision.image_mean"
     CLIP_IMAGE_STD = "clip.vision.image_std"
     CLIP_SCALE_FACTOR = "clip.vision.projector.scale_factor"
+    CLIP_PREPROC_IMAGE_SIZE = "clip.vision.preproc_image_size"  # idefics3: the longest edge
 
     # tokenizer
     TOKENIZER_MODEL = "tokenizer.ggml.model"

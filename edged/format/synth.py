@@ -381,6 +381,13 @@ MMPROJ_SHAPES = {
     # (tests/data/goldens' synthetic gemma3 text model's width)
     "gemma3-tiny": dict(projector="gemma3", n_embd=64, n_ff=96, n_layer=2, n_head=4,
                         image_size=112, patch_size=7, n_merge=4, n_embd_text=256),
+    "smolvlm": dict(projector="idefics3", n_embd=768, n_ff=3072, n_layer=12, n_head=12,
+                    image_size=512, patch_size=16, n_merge=4, n_embd_text=576,
+                    longest_edge=1536),                      # SmolVLM-256M-Instruct
+    # 8 x 8 patches per tile shuffled 2 x 2 into 16 tokens; up to 2 x 2 tiles and an overview
+    "idefics3-tiny": dict(projector="idefics3", n_embd=64, n_ff=96, n_layer=2, n_head=4,
+                          image_size=32, patch_size=4, n_merge=2, n_embd_text=256,
+                          longest_edge=64),
 }
 
 
@@ -412,6 +419,8 @@ def synth_mmproj(shape, out, ftype="F16", seed=0):
     w.add(Key.CLIP_IMAGE_MEAN, [0.5, 0.5, 0.5], ValueType.ARRAY, ValueType.FLOAT32)
     w.add(Key.CLIP_IMAGE_STD, [0.5, 0.5, 0.5], ValueType.ARRAY, ValueType.FLOAT32)
     w.add(Key.CLIP_SCALE_FACTOR, s["n_merge"])
+    if "longest_edge" in s:
+        w.add(Key.CLIP_PREPROC_IMAGE_SIZE, s["longest_edge"])
     rng = np.random.default_rng(seed)
     mtype = GGMLType.F16 if ftype == "F16" else GGMLType.F32
     data, n_params = {}, 0
@@ -440,7 +449,11 @@ def synth_mmproj(shape, out, ftype="F16", seed=0):
         tensor(b + "ffn_down.bias", (E,), 0.05)
     tensor("v.post_ln.weight", (E,), 0.1, 1.0)
     tensor("v.post_ln.bias", (E,), 0.05)
-    tensor("mm.soft_emb_norm.weight", (E,), 0.1, 1.0)
-    tensor("mm.input_projection.weight", (s["n_embd_text"], E), 1.0 / np.sqrt(E), t=mtype)
+    if s["projector"] == "idefics3":
+        k = E * s["n_merge"] ** 2
+        tensor("mm.model.fc.weight", (k, s["n_embd_text"]), 1.0 / np.sqrt(k), t=mtype)
+    else:
+        tensor("mm.soft_emb_norm.weight", (E,), 0.1, 1.0)
+        tensor("mm.input_projection.weight", (s["n_embd_text"], E), 1.0 / np.sqrt(E), t=mtype)
     _write(w, data, out)
     return n_params

@@ -8,8 +8,7 @@ import numpy as np
 import pytest
 
 from edged.engine.model import Model
-from edged.engine.vision import (MAX_PATCHES, ImageEmbedding, Projector, fit_padded,
-                                 resize_bilinear)
+from edged.engine.vision import ImageEmbedding, Projector, fit_padded, resize
 from edged.errors import MetadataValueError, RequestError, UnsupportedModelError
 from tests.support.gguf_clone import clone
 
@@ -55,7 +54,7 @@ def test_resize_is_pillows_bilinear(src, dst):
     rng = np.random.default_rng(sum(src))
     img = rng.integers(0, 256, src + (3,), dtype=np.uint8)
     want = np.asarray(Image.fromarray(img).resize(dst, Image.Resampling.BILINEAR))
-    assert np.array_equal(resize_bilinear(img, *dst), want)
+    assert np.array_equal(resize(img, *dst), want)
 
 
 def test_fit_padded_keeps_aspect_and_centres():
@@ -81,8 +80,8 @@ def test_embeddings_match_llama_cpp(proj, golden):
 
 
 def test_compiled_encoder_matches_its_numpy_twin(proj, golden):
-    x = proj.preprocess(golden["image"])
-    close_to(proj._compiled(x), proj._reference(x))
+    xs, _ = proj.preprocess(golden["image"])
+    close_to(proj._embed(xs), proj._embed(xs, twin=True))
 
 
 def test_digest_names_the_pixels(proj, golden):
