@@ -221,3 +221,56 @@ def test_synth_mmproj_cli(tmp_path):
     assert main(["synth", "--mmproj", "gemma3-tiny", "--type", "F32", out]) == 0
     with Projector.load(out, n_threads=1) as p:
         assert p.encode(np.zeros((10, 20, 3), np.uint8)).embeddings.shape == (16, 256)
+
+
+# --- idefics3 (SmolVLM): tiles and an overview ------------------------------------------------
+IDEFICS3 = os.path.join(GOLDENS, "vision-idefics3.mmproj.gguf")
+
+
+@pytest.fixture(scope="module")
+def idefics3():
+    g = np.load(os.path.join(GOLDENS, "vision-idefics3.golden.npz"))
+    return {k: g[k] for k in g.files}
+
+
+@pytest.mark.parametrize("backend", ["cpu", "reference"])
+def test_idefics3_embeddings_match_llama_cpp(idefics3, backend):
+    with Projector.load(IDEFICS3, n_threads=2, backend=backend) as p:
+        emb = p.encode(idefics3["image"])
+        assert emb.grid == (2, 2) and emb.n_tokens == 5 * 16 == p.describe()["tokens_per_image"]
+        close_to(emb.embeddings, idefics3["embd"])
+
+
+def test_idefics3_prompt_layout_is_mtmds(idefics3, monkeypatch):
+    """Tiles row by row behind their <row_Y_col_X> text, the overview last. The synthetic
+    llama vocabulary lacks <fake_token_around_image> and "\n\n": mtmd's lookup gave -1 there,
+    and so does the lookup patched here (a real SmolVLM vocabulary has them)."""
+    m = Model.load(os.path.join(MODELS, str(idefics3["model"])), n_threads=1)
+    try:
+        with Projector.load(IDEFICS3, n_threads=1) as p:
+            with pytest.raises(UnsupportedModelError, match="fake_token_around_image"):
+                p._token(m.tokenizer, "<fake_token_around_image>")
+            lookup = p._token
+
+            def or_null(tok, text):
+                try:
+                    return lookup(tok, text)
+                except UnsupportedModelError:
+                    return -1
+            monkeypatch.setattr(p, "_token", or_null)
+            emb = p.encode(idefics3["image"])
+            ids = p.prompt_ids(m, str(idefics3["prompt"]), [emb])
+        got = [-1 if t >= m.hp.n_vocab else t for t in ids]
+        assert got == idefics3["ids"].tolist()
+    finally:
+        m.close()
+
+
+@pytest.mark.parametrize("src,dst", [((150, 200), (64, 48)), ((48, 64), (64, 64)),
+                                     ((64, 64), (32, 32)), ((9, 301), (300, 10))])
+def test_lanczos_is_pillows(src, dst):
+    Image = pytest.importorskip("PIL.Image")
+    rng = np.random.default_rng(sum(dst))
+    img = rng.integers(0, 256, src + (3,), dtype=np.uint8)
+    want = np.asarray(Image.fromarray(img).resize(dst, Image.Resampling.LANCZOS))
+    assert np.array_equal(resize(img, *dst, "lanczos"), want)
