@@ -8,13 +8,15 @@ Interface (the service half, edged/service/..., calls only this):
         # an mmproj GGUF, validated as strictly as a model (UnsupportedModelError /
         # MetadataValueError naming the key or tensor); verified: as Model.load's (the trust
         # layer's open file, mapped up to the signed length; the projector owns it from here)
-    proj.projector_type   # "gemma3", ...
-    proj.image_size       # the square the picture is resized/padded to (pixels)
-    proj.n_tokens         # rows (tokens) one image becomes (gemma3: 256 for the real files)
+    proj.projector_type   # "gemma3" or "idefics3" (SmolVLM)
+    proj.image_size       # the square (gemma3) or tile (idefics3) the encoder sees (pixels)
+    proj.n_tokens         # rows (tokens) per square (gemma3: 256 for the real files; idefics3
+                          # images are up to max_squares squares: tiles plus an overview)
     proj.n_embd           # width of those rows: must equal the text model's n_embd
     proj.memory_bytes     # weights (mapped) + the copies and scratch the encoder holds
     proj.markers          # (before, after): text around an image's rows, e.g. gemma3's
-                          # ("<start_of_image>", "<end_of_image>") as llama.cpp's mtmd.cpp
+                          # ("<start_of_image>", "<end_of_image>") as llama.cpp's mtmd.cpp;
+                          # () for idefics3, whose tiles prompt_ids lays out as mtmd does
     proj.describe()       # dict for `edged info`
     proj.check_model(model)   # UnsupportedModelError when the text model does not fit
     emb = proj.encode(rgb)    # rgb: numpy uint8 (H, W, 3), already decoded -> ImageEmbedding
@@ -40,7 +42,13 @@ Numerics follow llama.cpp's libmtmd (tools/mtmd: clip.cpp, mtmd-image.cpp, model
   v.patch_embd plus its bias and v.position_embd; pre-norm blocks x += attn(LN1(x)),
   x += ffn(LN2(x)) with biases, non-causal attention, GELU through ggml's F16 table; v.post_ln;
 - gemma3 projector: average pooling of n_merge x n_merge patches, RMSNorm * mm.soft_emb_norm,
-  then x @ mm.input_projection.
+  then x @ mm.input_projection;
+- idefics3: the longer side resized to clip.vision.preproc_image_size (Pillow's Lanczos), then
+  up to whole tiles of image_size, cut row by row, plus the whole picture as an overview tile
+  (every tile and the overview through the ViT together); per tile a pixel shuffle of
+  n_merge x n_merge patches into one row, then mm.model.fc. In the prompt each tile follows
+  "<fake_token_around_image><row_Y_col_X>", rows of tiles end in "\n", the overview comes last
+  between "\n\n" <fake_token_around_image> <global-img> and <fake_token_around_image>.
 The matrix products, LayerNorm, GELU and attention run in the compiled core on the
 projector's thread pool (edged._core: matmul, enc_norm, enc_act, enc_attention, the same
 kernels as the BERT encoders); `_reference` is the slow NumPy twin the tests hold it to.
