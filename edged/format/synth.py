@@ -41,6 +41,12 @@ SHAPES = {
                          rms_eps=1e-5, n_ctx_train=131072, tied=False, qkv_bias=True,
                          n_expert=32, n_expert_used=4, n_ff_exp=384, gpt_oss=True, n_swa=128,
                          yarn=(32.0, 4096)),
+    # LiquidAI LFM2-350M: gated short convolutions of 3 taps on 10 layers, grouped-query
+    # attention with q/k norms on layers 2, 5, 8, 10, 12 and 14, tied embeddings
+    "lfm2-350m": dict(arch="lfm2", n_embd=1024, n_head=16, n_head_kv=8, n_ff=4608, n_layer=16,
+                      n_vocab=65536, rope_freq_base=1e6, rms_eps=1e-5, n_ctx_train=128000,
+                      tied=True, qkv_bias=False, qk_norm=True, l_cache=3,
+                      attn_layers=(2, 5, 8, 10, 12, 14)),
     # a small model for demos and tests (seconds to make, milliseconds per token)
     "tiny": dict(arch="llama", n_embd=256, n_head=4, n_head_kv=2, n_ff=768, n_layer=4,
                  n_vocab=4096, rope_freq_base=10000.0, rms_eps=1e-5, n_ctx_train=2048,
@@ -174,7 +180,12 @@ def synth(shape, ftype, out, seed=0, progress=None):
     w = _header(shape, ftype, s)
     data = {}  # name -> bytes, written after the header in declaration order
     A = lambda k: Key.arch(k, arch)  # noqa: E731
-    w.add(A(Key.HEAD_COUNT_KV), KV)
+    attn_layers = s.get("attn_layers", range(L))      # lfm2: the others are convolutions
+    if "l_cache" in s:              # lfm2: a KV head count per layer, 0 on convolution layers
+        w.add(A(Key.HEAD_COUNT_KV), np.array([KV if il in attn_layers else 0 for il in range(L)], np.uint32))
+        w.add(A(Key.SHORTCONV_L_CACHE), s["l_cache"])
+    else:
+        w.add(A(Key.HEAD_COUNT_KV), KV)
     w.add(A(Key.ROPE_FREQ_BASE), float(s["rope_freq_base"]))
     if hd != E // H:
         w.add(A(Key.KEY_LENGTH), hd)
@@ -219,12 +230,25 @@ def synth(shape, ftype, out, seed=0, progress=None):
         n_params += n * rows
 
     mat("token_embd.weight", "output" if s["tied"] else "token_embd", E, V)
-    vec("output_norm.weight", E)
+    vec("token_embd_norm.weight" if arch == "lfm2" else "output_norm.weight", E)
     if not s["tied"]:
         mat("output.weight", "output", E, V)
     for il in range(L):
         p = f"blk.{il}."
         vec(p + "attn_norm.weight", E)
+        if il not in attn_layers:   # a gated short convolution; its taps stay F32 as llama.cpp's
+            mat(p + "shortconv.in_proj.weight", "attn_q", E, 3 * E, il)
+            w.add_tensor(p + "shortconv.conv.weight", (s["l_cache"], E), GGMLType.F32)
+            data[p + "shortconv.conv.weight"] = rng.standard_normal(s["l_cache"] * E, np.float32) * 0.3
+            n_params += s["l_cache"] * E
+            mat(p + "shortconv.out_proj.weight", "attn_output", E, E, il)
+            vec(p + "ffn_norm.weight", E)
+            mat(p + "ffn_gate.weight", "ffn_gate", E, F, il)
+            mat(p + "ffn_up.weight", "ffn_up", E, F, il)
+            mat(p + "ffn_down.weight", "ffn_down", F, E, il)
+            if progress:
+                progress(il + 1, L)
+            continue
         mat(p + "attn_q.weight", "attn_q", E, H * hd, il)
         mat(p + "attn_k.weight", "attn_k", E, KV * hd, il)
         mat(p + "attn_v.weight", "attn_v", E, KV * hd, il)
