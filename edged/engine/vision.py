@@ -8,7 +8,7 @@ Interface (the service half, edged/service/..., calls only this):
         # an mmproj GGUF, validated as strictly as a model (UnsupportedModelError /
         # MetadataValueError naming the key or tensor); verified: as Model.load's (the trust
         # layer's open file, mapped up to the signed length; the projector owns it from here)
-    proj.projector_type   # "gemma3" or "idefics3" (SmolVLM)
+    proj.projector_type   # "gemma3", "idefics3" (SmolVLM) or "mlp" (LLaVA-1.5 style)
     proj.image_size       # the square (gemma3) or tile (idefics3) the encoder sees (pixels)
     proj.n_tokens         # rows (tokens) per square (gemma3: 256 for the real files; idefics3
                           # images are up to max_squares squares: tiles plus an overview)
@@ -48,7 +48,11 @@ Numerics follow llama.cpp's libmtmd (tools/mtmd: clip.cpp, mtmd-image.cpp, model
   (every tile and the overview through the ViT together); per tile a pixel shuffle of
   n_merge x n_merge patches into one row, then mm.model.fc. In the prompt each tile follows
   "<fake_token_around_image><row_Y_col_X>", rows of tiles end in "\n", the overview comes last
-  between "\n\n" <fake_token_around_image> <global-img> and <fake_token_around_image>.
+  between "\n\n" <fake_token_around_image> <global-img> and <fake_token_around_image>;
+- mlp (LLaVA-1.5): fitted into image_size squared on (122, 116, 104) with Pillow's bicubic;
+  CLIP ViT: the class token appended after the patches, pre-norm, quick GELU (ggml's F16
+  table), all layers but the last; then, as clip.cpp's llava graph does, rows 1..n_patches
+  (the class token in, patch 0 out) through mm.0, GELU, mm.2; no text around the rows.
 The matrix products, LayerNorm, GELU and attention run in the compiled core on the
 projector's thread pool (edged._core: matmul, enc_norm, enc_act, enc_attention, the same
 kernels as the BERT encoders); `_reference` is the slow NumPy twin the tests hold it to.
@@ -94,7 +98,11 @@ PROJECTORS = {
     "gemma3": ProjectorKind("gemma3", ("<start_of_image>", "<end_of_image>"), non_causal=True,
                             resize="bilinear", tiled=False),
     "idefics3": ProjectorKind("idefics3", (), non_causal=False, resize="lanczos", tiled=True),
+    # LLaVA-1.5 style: CLIP ViT (class token, pre-norm), its second-to-last layer, a 2-layer
+    # GELU MLP; the picture fitted on llava's grey (122, 116, 104), no text around its rows
+    "mlp": ProjectorKind("mlp", ("", ""), non_causal=False, resize="bicubic", tiled=False),
 }
+PAD_COLOR = {"mlp": (122, 116, 104)}
 
 
 @dataclass(frozen=True)
@@ -112,6 +120,8 @@ class VisionHParams:
     image_mean: tuple
     image_std: tuple
     n_embd_text: int        # the projector's output width
+    act: str = "gelu"       # the ViT's FFN activation: "gelu" (SigLIP) or "gelu_quick" (CLIP)
+    n_layer_run: int = 0    # layers run (mlp: all but the last, llama.cpp's feature layer)
 
     @property
     def n_patches_side(self):
@@ -120,6 +130,11 @@ class VisionHParams:
     @property
     def n_tokens(self):
         return (self.n_patches_side // self.n_merge) ** 2
+
+    @property
+    def n_pos(self):
+        """Position rows: the patches, and the class token where the file has one (mlp)."""
+        return self.n_patches_side ** 2 + (self.act == "gelu_quick")
 
 
 @dataclass(frozen=True)
@@ -161,8 +176,16 @@ def _sinc(x):
 
 
 # Pillow's filters: (support, weight of a distance)
+def _bicubic(x, a=-0.5):     # Pillow's a (ggml and PyTorch use -0.75)
+    x = abs(x)
+    if x < 1.0:
+        return ((a + 2.0) * x - (a + 3.0)) * x * x + 1
+    return (((x - 5) * x + 8) * x - 4) * a if x < 2.0 else 0.0
+
+
 FILTERS = {
     "bilinear": (1.0, lambda x: max(0.0, 1.0 - abs(x))),
+    "bicubic": (2.0, _bicubic),
     "lanczos": (3.0, lambda x: _sinc(x) * _sinc(x / 3.0) if -3.0 <= x < 3.0 else 0.0),
 }
 
@@ -243,7 +266,7 @@ def tiles(img, tile, longest_edge, kind="lanczos"):
     return cut, overview, (gy, gx)
 
 
-def fit_padded(img, size, pad=(0, 0, 0)):
+def fit_padded(img, size, pad=(0, 0, 0), kind="bilinear"):
     """mtmd's resize with PAD_CEIL: scale to fit a size x size square keeping the aspect
     ratio (float32 arithmetic, sides rounded up), centred on `pad`."""
     h, w = img.shape[:2]
@@ -255,7 +278,7 @@ def fit_padded(img, size, pad=(0, 0, 0)):
     out = np.empty((size, size, 3), np.uint8)
     out[:] = np.asarray(pad, np.uint8)
     ox, oy = (size - nw) // 2, (size - nh) // 2
-    out[oy:oy + nh, ox:ox + nw] = resize(img, nw, nh, "bilinear")
+    out[oy:oy + nh, ox:ox + nw] = resize(img, nw, nh, kind)
     return out
 
 
@@ -264,6 +287,20 @@ def normalize(img, mean, std):
     x = img.astype(np.float32) / np.float32(255.0)
     x = (x - np.asarray(mean, np.float32)) / np.asarray(std, np.float32)
     return np.ascontiguousarray(x.transpose(2, 0, 1))
+
+
+_GELU_QUICK = []
+
+
+def gelu_quick_table():
+    """ggml's table: gelu_quick(x) = x / (1 + expf(-1.702 x)) in float over every F16 x,
+    rounded to F16; as float32 (65536,)."""
+    if not _GELU_QUICK:
+        x = np.arange(1 << 16, dtype=np.uint16).view(np.float16).astype(np.float32)
+        with np.errstate(over="ignore", invalid="ignore"):
+            y = x * (np.float32(1.0) / (np.float32(1.0) + np.exp(np.float32(-1.702) * x)))
+        _GELU_QUICK.append(y.astype(np.float16).astype(np.float32))
+    return _GELU_QUICK[0]
 
 
 def pixel_shuffle(h, side, s):
@@ -335,7 +372,11 @@ def validate(md, tensors):
     if side * side > MAX_PATCHES:
         raise MetadataValueError(f"{Key.CLIP_IMAGE_SIZE} {size} / {Key.CLIP_PATCH_SIZE} {p}: "
                                  f"{side * side} patches per image, at most {MAX_PATCHES}")
-    if kind.tiled:      # pixel shuffle: llama.cpp asserts a factor above 1
+    if kind.name == "mlp":
+        merge, longest = 1, 0
+        if md.get("clip.vision.image_grid_pinpoints") is not None:
+            _refuse("mmproj: clip.vision.image_grid_pinpoints (LLaVA-1.6 tiling) is not supported")
+    elif kind.tiled:      # pixel shuffle: llama.cpp asserts a factor above 1
         merge = _num(md, Key.CLIP_SCALE_FACTOR, lo=2, hi=side)
         longest = _num(md, Key.CLIP_PREPROC_IMAGE_SIZE, lo=1, hi=MAX_TILES_SIDE * size)
     else:
@@ -344,8 +385,12 @@ def validate(md, tensors):
     if side % merge:
         raise MetadataValueError(f"{Key.CLIP_SCALE_FACTOR} {merge} does not divide the "
                                  f"{side} patches per side")
-    if md.get(Key.CLIP_USE_GELU) is not True or md.get(Key.CLIP_USE_SILU):
-        _refuse(f"mmproj: {ptype} needs {Key.CLIP_USE_GELU} = true (SigLIP's GELU)")
+    if md.get(Key.CLIP_USE_SILU):
+        _refuse(f"mmproj: {Key.CLIP_USE_SILU} = true: edged runs GELU vision encoders")
+    act = "gelu" if md.get(Key.CLIP_USE_GELU) is True else "gelu_quick"   # clip.cpp's default
+    if (act == "gelu_quick") != (kind.name == "mlp"):
+        _refuse(f"mmproj: {ptype} with {Key.CLIP_USE_GELU} = {md.get(Key.CLIP_USE_GELU)!r}: "
+                "edged runs SigLIP (GELU) for gemma3/idefics3 and CLIP (quick GELU) for mlp")
     mean, std = _floats3(md, Key.CLIP_IMAGE_MEAN), _floats3(md, Key.CLIP_IMAGE_STD)
     if not all(s > 0 for s in std):
         raise MetadataValueError(f"{Key.CLIP_IMAGE_STD} must be positive, got {std}")
@@ -363,7 +408,12 @@ def validate(md, tensors):
     get("patch_embd", "v.patch_embd.weight", (p, p, 3, E), plain)
     get("patch_bias", "v.patch_embd.bias", (E,), VECTOR_TYPES, required=False)
     # added to the patches by ggml_add, which takes F32 only (llama.cpp's converter keeps it so)
-    get("position_embd", "v.position_embd.weight", (E, side * side), frozenset({GGMLType.F32}))
+    n_pos = side * side + (kind.name == "mlp")
+    get("position_embd", "v.position_embd.weight", (E, n_pos), frozenset({GGMLType.F32}))
+    if kind.name == "mlp":
+        get("class_embd", "v.class_embd", (E,), VECTOR_TYPES)
+        get("pre_ln", "v.pre_ln.weight", (E,), VECTOR_TYPES)
+        get("pre_ln_b", "v.pre_ln.bias", (E,), VECTOR_TYPES)
     for i in range(L):
         b = f"v.blk.{i}."
         for r in ("attn_q", "attn_k", "attn_v", "attn_out"):
@@ -384,21 +434,28 @@ def validate(md, tensors):
     get("post_ln", "v.post_ln.weight", (E,), VECTOR_TYPES, required=False)
     get("post_ln_b", "v.post_ln.bias", (E,), VECTOR_TYPES, required=roles["post_ln"] is not None)
     # the projector: its output width is the text model's n_embd
-    pname, pin = (("mm.model.fc.weight", E * merge * merge) if kind.tiled
-                  else ("mm.input_projection.weight", None))
+    pname, pin = {"idefics3": ("mm.model.fc.weight", E * merge * merge),
+                  "mlp": ("mm.2.weight", None)}.get(kind.name, ("mm.input_projection.weight", None))
     proj = tensors.get(pname)
     if proj is None or len(proj.shape) != 2:
         _refuse(f"mmproj: missing tensor {pname!r}")
-    n_text = int(proj.shape[1] if kind.tiled else proj.shape[0])
+    n_text = int(proj.shape[0] if kind.name == "gemma3" else proj.shape[1])
     check_number(f"{pname} output width", n_text, int, lo=1, hi=1 << 17)
-    if kind.tiled:
+    if kind.name == "mlp":
+        mid = int(proj.shape[0])
+        get("mm0", "mm.0.weight", (E, mid))
+        get("mm0_b", "mm.0.bias", (mid,), VECTOR_TYPES)
+        get("mm2", "mm.2.weight", (mid, n_text))
+        get("mm2_b", "mm.2.bias", (n_text,), VECTOR_TYPES)
+    elif kind.tiled:
         get("fc", pname, (pin, n_text))
     else:
         get("input_projection", pname, (n_text, E), plain)
         get("soft_emb_norm", "mm.soft_emb_norm.weight", (E,), VECTOR_TYPES)
     hp = VisionHParams(n_embd=E, n_ff=F, n_layer=L, n_head=H, head_dim=E // H, eps=eps,
                        image_size=size, patch_size=p, n_merge=merge, longest_edge=longest,
-                       image_mean=mean, image_std=std, n_embd_text=n_text)
+                       image_mean=mean, image_std=std, n_embd_text=n_text, act=act,
+                       n_layer_run=L - 1 if kind.name == "mlp" else L)
     return kind, hp, roles
 
 
@@ -453,8 +510,9 @@ class Projector:
                                   + self.n_threads * (n_p * n_p + hp.head_dim * n_p))
         if self.kind.tiled:     # every tile and the overview run together
             self.scratch_bytes *= (-(-hp.longest_edge // hp.image_size)) ** 2 + 1
+        proj = self._roles.get("input_projection")     # gemma3 keeps a transposed copy
         self.memory_bytes = self.weights_bytes + self.scratch_bytes + (
-            0 if self.kind.tiled else f.tensors[self._roles["input_projection"]].nbytes)
+            f.tensors[proj].nbytes if proj else 0)
         budget = int(max_memory) if max_memory else available_memory()
         if self.memory_bytes > budget:
             raise UnsupportedModelError(
@@ -552,7 +610,9 @@ class Projector:
             cut, overview, grid = tiles(rgb, hp.image_size, hp.longest_edge, self.kind.resize)
             squares = cut + [overview]
         else:
-            squares, grid = [fit_padded(rgb, hp.image_size)], ()
+            squares = [fit_padded(rgb, hp.image_size, PAD_COLOR.get(self.kind.name, (0, 0, 0)),
+                                  self.kind.resize)]
+            grid = ()
         return [patches(normalize(q, hp.image_mean, hp.image_std), hp.patch_size)
                 for q in squares], grid
 
@@ -569,15 +629,47 @@ class Projector:
         """Patch rows of each square -> the projected rows of all, in order. twin: NumPy."""
         x = np.concatenate(xs)
         h = (self._vit_reference if twin else self._vit)(x, len(xs))
-        mm = self._ref_mm if twin else self._mm
         n = h.shape[0] // len(xs)
-        return np.concatenate([self._project(h[i * n:(i + 1) * n], mm) for i in range(len(xs))])
+        return np.concatenate([self._project(h[i * n:(i + 1) * n], twin)
+                               for i in range(len(xs))])
 
-    def _project(self, h, mm):
-        """One square's ViT output (n_patches, n_embd) -> its rows for the text model."""
+    def _project(self, h, twin):
+        """One square's ViT output (n_pos, n_embd) -> its rows for the text model."""
+        mm = self._ref_mm if twin else self._mm
         if self.kind.tiled:     # idefics3: pixel shuffle, then mm.model.fc
             return mm(pixel_shuffle(h, self.hp.n_patches_side, self.hp.n_merge), "fc")
+        if self.kind.name == "mlp":
+            # llama.cpp appends the class token after the patches and then takes rows
+            # 1..n_patches (clip.cpp's "patches" input): patch 0 out, the class token in
+            y = mm(h[1:], "mm0", "mm0_b")
+            if twin:
+                y = gelu_ggml(y.astype(np.float64)).astype(np.float32)
+            else:
+                self._core.enc_act(y, None, None, self._pool)
+            return mm(y, "mm2", "mm2_b")
         return mm(self._pool_norm(h), "input_projection")
+
+    def _inputs(self, x, n_seq, mm):
+        """Patch rows -> the first layer's input: patch embeddings (+ the class token after
+        each square's patches, mlp) + positions, pre-normed (mlp)."""
+        v = self._vec
+        x = mm(x, "patch_embd", "patch_bias")
+        if "class_embd" in v:
+            n = x.shape[0] // n_seq
+            x = np.concatenate([r for i in range(n_seq)
+                                for r in (x[i * n:(i + 1) * n], v["class_embd"][None])])
+        return np.ascontiguousarray(x + np.tile(v["position_embd"], (n_seq, 1)), np.float32)
+
+    def _ffn_act(self, h, bias, twin):
+        """In place: the ViT FFN's activation after its up product's bias."""
+        if self.hp.act == "gelu_quick":     # ggml's F16 table of x * sigmoid(1.702 x)
+            if bias is not None:
+                h += bias
+            h[...] = gelu_quick_table()[h.astype(np.float16).view(np.uint16)]
+        elif twin:
+            h[...] = gelu_ggml((h + (0 if bias is None else bias)).astype(np.float64))
+        else:
+            self._core.enc_act(h, bias, None, self._pool)
 
     def _mm(self, x, role, bias=None):
         raw, qtype, (k, n) = self._mat[role]
@@ -592,12 +684,13 @@ class Projector:
         """SigLIP over n_seq squares' patch rows (n_seq * n_patches, K), all in each product;
         attention per square."""
         hp, core, pool, v = self.hp, self._core, self._pool, self._vec
-        x = self._mm(x, "patch_embd", "patch_bias")
+        x = self._inputs(x, n_seq, self._mm)
         n = x.shape[0] // n_seq
-        x += np.tile(v["position_embd"], (n_seq, 1))
+        if "pre_ln" in v:
+            core.enc_norm(x, v["pre_ln"], v["pre_ln_b"], hp.eps, None, None, pool)
         starts = np.arange(n_seq + 1, dtype=np.int64) * n
         scale = 1.0 / math.sqrt(hp.head_dim)
-        for il in range(hp.n_layer):
+        for il in range(hp.n_layer_run):
             b = f"v.blk.{il}."
             cur = x.copy()
             core.enc_norm(cur, v[b + "ln1"], v[b + "ln1_b"], hp.eps, None, None, pool)
@@ -609,7 +702,7 @@ class Projector:
             cur = x.copy()
             core.enc_norm(cur, v[b + "ln2"], v[b + "ln2_b"], hp.eps, None, None, pool)
             h = self._mm(cur, b + "ffn_up")
-            core.enc_act(h, v.get(b + "ffn_up_b"), None, pool)
+            self._ffn_act(h, v.get(b + "ffn_up_b"), False)
             x += self._mm(h, b + "ffn_down", b + "ffn_down_b")
         if "post_ln" in v:
             core.enc_norm(x, v["post_ln"], v["post_ln_b"], hp.eps, None, None, pool)
@@ -648,8 +741,10 @@ class Projector:
         from .encoder import layer_norm
         hp, v = self.hp, self._vec
         H, D = hp.n_head, hp.head_dim
-        x = self._ref_mm(x, "patch_embd", "patch_bias") + np.tile(v["position_embd"], (n_seq, 1))
-        for il in range(hp.n_layer):
+        x = self._inputs(x, n_seq, self._ref_mm)
+        if "pre_ln" in v:
+            x = layer_norm(x, v["pre_ln"], v["pre_ln_b"], hp.eps)
+        for il in range(hp.n_layer_run):
             b = f"v.blk.{il}."
             cur = layer_norm(x, v[b + "ln1"], v[b + "ln1_b"], hp.eps)
             q, k, vv = (self._ref_mm(cur, b + r, b + r + "_b").reshape(n_seq, -1, H, D)
@@ -660,8 +755,8 @@ class Projector:
             att = (sc @ vv).transpose(0, 2, 1, 3).reshape(x.shape).astype(np.float32)
             x = x + self._ref_mm(att, b + "attn_out", b + "attn_out_b")
             cur = layer_norm(x, v[b + "ln2"], v[b + "ln2_b"], hp.eps)
-            h = self._ref_mm(cur, b + "ffn_up", b + "ffn_up_b")
-            h = gelu_ggml(h.astype(np.float64)).astype(np.float32)
+            h = self._ref_mm(cur, b + "ffn_up")
+            self._ffn_act(h, v.get(b + "ffn_up_b"), True)
             x = x + self._ref_mm(h, b + "ffn_down", b + "ffn_down_b")
         if "post_ln" in v:
             x = layer_norm(x, v["post_ln"], v["post_ln_b"], hp.eps)

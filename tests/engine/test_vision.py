@@ -274,3 +274,29 @@ def test_lanczos_is_pillows(src, dst):
     img = rng.integers(0, 256, src + (3,), dtype=np.uint8)
     want = np.asarray(Image.fromarray(img).resize(dst, Image.Resampling.LANCZOS))
     assert np.array_equal(resize(img, *dst, "lanczos"), want)
+
+
+# --- LLaVA-style mlp: CLIP with a class token, its second-to-last layer, a GELU MLP ----------
+@pytest.mark.parametrize("backend", ["cpu", "reference"])
+def test_mlp_rows_and_logits_match_llama_cpp(backend):
+    from edged.engine.model import Session
+    g = np.load(os.path.join(GOLDENS, "vision-mlp.golden.npz"))
+    with Projector.load(os.path.join(GOLDENS, "vision-mlp.mmproj.gguf"), n_threads=2,
+                        backend=backend) as p:
+        m = Model.load(os.path.join(MODELS, str(g["model"])), n_threads=2, backend=backend)
+        try:
+            emb, ids = image_prompt(p, m, {k: g[k] for k in g.files})
+            close_to(emb.embeddings, g["embd"])
+            s = Session(m, n_ctx=128)
+            s.add_image(emb)
+            close_to(s.eval(ids)[0], g["logits"])
+        finally:
+            m.close()
+
+
+@pytest.mark.parametrize("src,dst", [((150, 200), (28, 21)), ((20, 21), (28, 28))])
+def test_bicubic_is_pillows(src, dst):
+    Image = pytest.importorskip("PIL.Image")
+    img = np.random.default_rng(sum(src)).integers(0, 256, src + (3,), dtype=np.uint8)
+    want = np.asarray(Image.fromarray(img).resize(dst, Image.Resampling.BICUBIC))
+    assert np.array_equal(resize(img, *dst, "bicubic"), want)
