@@ -81,6 +81,11 @@ MAX_LAYERS = 256
 MAX_TILES_SIDE = 8                  # idefics3: tiles per side (real files: up to 4)
 PSEUDO_SPAN = 1 << 30               # pseudo ids live in [n_vocab, n_vocab + 2^30 + n_tokens)
 
+
+def id_limit(n_vocab):
+    """Every token or image-row id of a session is below this (prompt-cache files check it)."""
+    return n_vocab + PSEUDO_SPAN + MAX_TILES_SIDE ** 2 * MAX_PATCHES
+
 # Bilinear as Pillow's (and mtmd-image.cpp's) fixed-point resampler
 _PRECISION_BITS = 32 - 8 - 2
 
@@ -374,8 +379,8 @@ def validate(md, tensors):
                                  f"{side * side} patches per image, at most {MAX_PATCHES}")
     if kind.name == "mlp":
         merge, longest = 1, 0
-        if md.get("clip.vision.image_grid_pinpoints") is not None:
-            _refuse("mmproj: clip.vision.image_grid_pinpoints (LLaVA-1.6 tiling) is not supported")
+        if md.get(Key.CLIP_IMAGE_GRID_PINPOINTS) is not None:
+            _refuse(f"mmproj: {Key.CLIP_IMAGE_GRID_PINPOINTS} (LLaVA-1.6 tiling) is not supported")
     elif kind.tiled:      # pixel shuffle: llama.cpp asserts a factor above 1
         merge = _num(md, Key.CLIP_SCALE_FACTOR, lo=2, hi=side)
         longest = _num(md, Key.CLIP_PREPROC_IMAGE_SIZE, lo=1, hi=MAX_TILES_SIDE * size)

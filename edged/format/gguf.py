@@ -254,6 +254,7 @@ class Key:
     CLIP_IMAGE_STD = "clip.vision.image_std"
     CLIP_SCALE_FACTOR = "clip.vision.projector.scale_factor"
     CLIP_PREPROC_IMAGE_SIZE = "clip.vision.preproc_image_size"  # idefics3: the longest edge
+    CLIP_IMAGE_GRID_PINPOINTS = "clip.vision.image_grid_pinpoints"  # LLaVA-1.6 tiling
 
     # tokenizer
     TOKENIZER_MODEL = "tokenizer.ggml.model"

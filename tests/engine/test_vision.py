@@ -300,3 +300,19 @@ def test_bicubic_is_pillows(src, dst):
     img = np.random.default_rng(sum(src)).integers(0, 256, src + (3,), dtype=np.uint8)
     want = np.asarray(Image.fromarray(img).resize(dst, Image.Resampling.BICUBIC))
     assert np.array_equal(resize(img, *dst, "bicubic"), want)
+
+
+def test_a_prompt_cache_file_keeps_the_image_rows(proj, text_model, golden, tmp_path):
+    """Saved and restored, a session with a picture reuses its KV rows for the same picture."""
+    from edged.engine.model import Session
+    emb, ids = image_prompt(proj, text_model, golden)
+    s = Session(text_model, n_ctx=128)
+    s.add_image(emb)
+    want = s.eval(ids)[0]
+    key = bytes(range(32))
+    s.save(tmp_path / "p.state", key=key)
+    r = Session.load(text_model, tmp_path / "p.state", key=key)
+    assert r.tokens == s.tokens and r.common_prefix(ids) == len(ids)
+    r.truncate(len(ids) - 1)
+    r.add_image(emb)
+    assert np.array_equal(r.eval(ids[-1:])[0], want)
