@@ -579,12 +579,16 @@ class Projector:
                 "weights_bytes": self.weights_bytes, "signer": self.signer}
 
     def check_model(self, model):
-        """The text model must read rows of this projector's width."""
+        """The text model must read rows of this projector's width (and, for idefics3, have
+        the tokens its tile layout names): UnsupportedModelError otherwise."""
         n = int(model.hp.n_embd)
         if n != self.hp.n_embd_text:
             raise UnsupportedModelError(
                 f"mmproj {os.path.basename(self.path)} projects to n_embd {self.hp.n_embd_text}, "
                 f"model {os.path.basename(getattr(model, 'path', '?'))} has n_embd {n}")
+        if self.kind.tiled:     # the tokens its prompt layout looks up
+            for piece in ("<fake_token_around_image>", "<global-img>", "\n", "\n\n"):
+                self._token(model.tokenizer, piece)
 
     def close(self):
         if getattr(self, "file", None) is not None:

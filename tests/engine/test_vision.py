@@ -249,7 +249,7 @@ def test_idefics3_prompt_layout_is_mtmds(idefics3, monkeypatch):
     try:
         with Projector.load(IDEFICS3, n_threads=1) as p:
             with pytest.raises(UnsupportedModelError, match="fake_token_around_image"):
-                p._token(m.tokenizer, "<fake_token_around_image>")
+                p.check_model(m)
             lookup = p._token
 
             def or_null(tok, text):
