@@ -47,14 +47,18 @@ def close_to(got, want):
     assert d.max() <= MAX_DIFF and d.mean() <= MEAN_DIFF, (d.max(), d.mean())
 
 
-@pytest.mark.parametrize("src,dst", [((150, 200), (112, 84)), ((31, 33), (112, 112)),
-                                     ((7, 300), (3, 112)), ((257, 129), (64, 255))])
-def test_resize_is_pillows_bilinear(src, dst):
+@pytest.mark.parametrize("kind,src,dst", [
+    ("bilinear", (150, 200), (112, 84)), ("bilinear", (31, 33), (112, 112)),
+    ("bilinear", (7, 300), (3, 112)), ("bilinear", (257, 129), (64, 255)),
+    ("lanczos", (150, 200), (64, 48)), ("lanczos", (48, 64), (64, 64)),
+    ("lanczos", (64, 64), (32, 32)), ("lanczos", (9, 301), (300, 10)),
+    ("bicubic", (150, 200), (28, 21)), ("bicubic", (20, 21), (28, 28))])
+def test_resize_is_pillows(kind, src, dst):
+    """mtmd-image.cpp reimplements Pillow's fixed-point resampler: Pillow is the oracle."""
     Image = pytest.importorskip("PIL.Image")
-    rng = np.random.default_rng(sum(src))
-    img = rng.integers(0, 256, src + (3,), dtype=np.uint8)
-    want = np.asarray(Image.fromarray(img).resize(dst, Image.Resampling.BILINEAR))
-    assert np.array_equal(resize(img, *dst), want)
+    img = np.random.default_rng(sum(src) + sum(dst)).integers(0, 256, src + (3,), dtype=np.uint8)
+    want = np.asarray(Image.fromarray(img).resize(dst, getattr(Image.Resampling, kind.upper())))
+    assert np.array_equal(resize(img, *dst, kind), want)
 
 
 def test_fit_padded_keeps_aspect_and_centres():
@@ -118,12 +122,12 @@ def test_logits_after_the_image_match_llama_cpp(proj, text_model, golden):
     close_to(s.eval(ids)[0], golden["logits"])
 
 
-def test_the_numpy_twins_match_llama_cpp_too(golden):
-    """The reference backends (EDGED_BACKEND=reference): encoder and text model in NumPy."""
+def rows_and_logits(mmproj, golden, backend):
+    """A projector and its golden's text model on `backend`: image rows and the logits after
+    the golden's prompt, both held to llama.cpp's."""
     from edged.engine.model import Session
-    with Projector.load(MMPROJ, n_threads=1, backend="reference") as p:
-        m = Model.load(os.path.join(MODELS, str(golden["model"])), n_threads=1,
-                       backend="reference")
+    with Projector.load(mmproj, n_threads=2, backend=backend) as p:
+        m = Model.load(os.path.join(MODELS, str(golden["model"])), n_threads=2, backend=backend)
         try:
             emb, ids = image_prompt(p, m, golden)
             close_to(emb.embeddings, golden["embd"])
@@ -132,6 +136,11 @@ def test_the_numpy_twins_match_llama_cpp_too(golden):
             close_to(s.eval(ids)[0], golden["logits"])
         finally:
             m.close()
+
+
+def test_the_numpy_twins_match_llama_cpp_too(golden):
+    """The reference backends (EDGED_BACKEND=reference): encoder and text model in NumPy."""
+    rows_and_logits(MMPROJ, golden, "reference")
 
 
 def test_image_prompt_same_bits_in_any_chunking(proj, text_model, golden):
@@ -266,40 +275,12 @@ def test_idefics3_prompt_layout_is_mtmds(idefics3, monkeypatch):
         m.close()
 
 
-@pytest.mark.parametrize("src,dst", [((150, 200), (64, 48)), ((48, 64), (64, 64)),
-                                     ((64, 64), (32, 32)), ((9, 301), (300, 10))])
-def test_lanczos_is_pillows(src, dst):
-    Image = pytest.importorskip("PIL.Image")
-    rng = np.random.default_rng(sum(dst))
-    img = rng.integers(0, 256, src + (3,), dtype=np.uint8)
-    want = np.asarray(Image.fromarray(img).resize(dst, Image.Resampling.LANCZOS))
-    assert np.array_equal(resize(img, *dst, "lanczos"), want)
-
-
 # --- LLaVA-style mlp: CLIP with a class token, its second-to-last layer, a GELU MLP ----------
 @pytest.mark.parametrize("backend", ["cpu", "reference"])
 def test_mlp_rows_and_logits_match_llama_cpp(backend):
-    from edged.engine.model import Session
     g = np.load(os.path.join(GOLDENS, "vision-mlp.golden.npz"))
-    with Projector.load(os.path.join(GOLDENS, "vision-mlp.mmproj.gguf"), n_threads=2,
-                        backend=backend) as p:
-        m = Model.load(os.path.join(MODELS, str(g["model"])), n_threads=2, backend=backend)
-        try:
-            emb, ids = image_prompt(p, m, {k: g[k] for k in g.files})
-            close_to(emb.embeddings, g["embd"])
-            s = Session(m, n_ctx=128)
-            s.add_image(emb)
-            close_to(s.eval(ids)[0], g["logits"])
-        finally:
-            m.close()
-
-
-@pytest.mark.parametrize("src,dst", [((150, 200), (28, 21)), ((20, 21), (28, 28))])
-def test_bicubic_is_pillows(src, dst):
-    Image = pytest.importorskip("PIL.Image")
-    img = np.random.default_rng(sum(src)).integers(0, 256, src + (3,), dtype=np.uint8)
-    want = np.asarray(Image.fromarray(img).resize(dst, Image.Resampling.BICUBIC))
-    assert np.array_equal(resize(img, *dst, "bicubic"), want)
+    rows_and_logits(os.path.join(GOLDENS, "vision-mlp.mmproj.gguf"), {k: g[k] for k in g.files},
+                    backend)
 
 
 def test_a_prompt_cache_file_keeps_the_image_rows(proj, text_model, golden, tmp_path):
