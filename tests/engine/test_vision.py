@@ -297,3 +297,22 @@ def test_a_prompt_cache_file_keeps_the_image_rows(proj, text_model, golden, tmp_
     r.truncate(len(ids) - 1)
     r.add_image(emb)
     assert np.array_equal(r.eval(ids[-1:])[0], want)
+
+
+def test_a_scheduler_budget_never_splits_an_image(proj, text_model, golden):
+    """Prompt chunks of a generation (the daemon's budget per step) keep a non-causal image
+    whole, so the first sampled token sees the same logits as one batch."""
+    from edged.engine.model import Session
+    from edged.text.sampling import SamplingParams
+    emb, ids = image_prompt(proj, text_model, golden)
+    first = int(np.argmax(golden["logits"]))
+    s = Session(text_model, n_ctx=128)
+    s.add_image(emb)
+    g = s.start(ids, SamplingParams(temperature=0.0), max_tokens=1)
+    out, sizes = None, []
+    while out is None:
+        e = g.entry(budget=7)
+        sizes.append(len(e.tokens))
+        out = g.accept(text_model.decode([e])[0])
+    assert emb.n_tokens in sizes     # cut before the image, then the image alone
+    assert out.token == first
