@@ -508,13 +508,12 @@ class Projector:
         used = [n for n in self._roles.values() if n]
         self.weights_bytes = sum(f.tensors[n].nbytes for n in used)
         hp = self.hp
-        n_p = hp.n_patches_side ** 2
-        # float32 activations of one image (a few (n_patches, n_embd|n_ff) buffers) and the
-        # attention scratch per thread, plus the transposed projection the encoder keeps
-        self.scratch_bytes = 4 * (n_p * (6 * hp.n_embd + hp.n_ff + 3 * hp.patch_size ** 2)
-                                  + self.n_threads * (n_p * n_p + hp.head_dim * n_p))
-        if self.kind.tiled:     # every tile and the overview run together
-            self.scratch_bytes *= (-(-hp.longest_edge // hp.image_size)) ** 2 + 1
+        # float32 activations of every square of one image (they run together: a few
+        # (n_patches, n_embd | n_ff) buffers each) and the attention scratch per thread, plus
+        # the transposed projection gemma3 keeps
+        self.scratch_bytes = 4 * (self.max_squares * hp.n_pos * (6 * hp.n_embd + hp.n_ff
+                                                                 + 3 * hp.patch_size ** 2)
+                                  + self.n_threads * (hp.n_pos ** 2 + hp.head_dim * hp.n_pos))
         proj = self._roles.get("input_projection")     # gemma3 keeps a transposed copy
         self.memory_bytes = self.weights_bytes + self.scratch_bytes + (
             f.tensors[proj].nbytes if proj else 0)

@@ -316,3 +316,8 @@ def test_a_scheduler_budget_never_splits_an_image(proj, text_model, golden):
         out = g.accept(text_model.decode([e])[0])
     assert emb.n_tokens in sizes     # cut before the image, then the image alone
     assert out.token == first
+
+
+def test_an_mmproj_over_the_memory_budget_is_refused_with_the_numbers():
+    with pytest.raises(UnsupportedModelError, match=r"needs .* MiB .* budget 0\.1 MiB"):
+        Projector.load(MMPROJ, n_threads=1, max_memory=100_000)
