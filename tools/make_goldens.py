@@ -98,11 +98,31 @@ CASES = {
     # 40-token prompt
     "lfm2": dict(arch="lfm2", seed=1011, prompt_seed=11, n_layer=6, l_cache=3,
                  attn_layers=(2, 5), qk_norm=True, n_prompt=40),
+    # a scaled-down Gemma 3n E2B: 22 layers (the first 10 with the FFN gate's Gaussian top-k,
+    # layers 20 (sliding) and 21 (global) attending to layers 18's and 19's K/V), AltUp's 4
+    # streams, LAuReL of rank 64 and per-layer inputs 256 wide (llama.cpp's fixed sizes), a
+    # window of 8 on the layers the per-layer pattern marks, tied embeddings; a 40-token
+    # prompt. 8.6 MB in F16: not committed, tests/engine/test_engine_gemma3n.py writes it
+    # again with write_gguf and checks its SHA-256 against the golden's `gguf_sha256`
+    "gemma3n": dict(arch="gemma3n", seed=1012, prompt_seed=12, n_layer=22, n_ff=512, n_swa=8,
+                    qk_norm=True, q_norm=(0.25, 0.35), sandwich=True, n_prompt=40),
+    # a scaled-down Qwen3.5: Gated DeltaNet on layers 0-2 (full_attention_interval 4), gated
+    # attention with q/k norms on layer 3; DeltaNet heads of 16 (ssm.state_size), 2 key heads
+    # and 4 value heads (value head h reads key head h % 2), a 4-tap convolution; attention
+    # heads of 32 with 16 rotated dims in interleaved M-RoPE sections (3, 3, 2, 0); the FFN
+    # norm stored as post_attention_norm; a 40-token prompt
+    "qwen35": dict(arch="qwen35", seed=1012, prompt_seed=12, n_layer=4, head_dim=32, n_rot=16,
+                   qk_norm=True, ssm=dict(d_conv=4, d_state=16, n_group=2, dt_rank=4),
+                   sections=(3, 3, 2, 0), n_prompt=40),
 }
 # gpt-oss as it ships: the same file with its experts in MXFP4, quantized by the PyPI gguf
 # package (llama-quantize's MXFP4_MOE would also make the rest Q8_0, which this machine's
 # llama.cpp build cannot run)
 CASES["gpt-oss-mxfp4"] = dict(CASES["gpt-oss"], mxfp4=True, prompt_seed=8)
+
+# cases whose model is too large to commit: written to a temporary directory, the golden records
+# its SHA-256 (`gguf_sha256`) and the test writes it again with write_gguf
+REGENERATED = {"gemma3n"}
 
 GGML_TYPE = {"f16": 1, "q4_0": 2, "q8_0": 8}  # the ggml type ids llama.cpp's type_k/type_v take
 
@@ -178,6 +198,15 @@ def write_gguf(name, c, path, seed):
         w.add_shortconv_l_cache(c["l_cache"])
     else:
         w.add_head_count_kv(KV)
+    if arch == "qwen35":
+        ssm = c["ssm"]
+        w.add_ssm_conv_kernel(ssm["d_conv"])
+        w.add_ssm_state_size(ssm["d_state"])
+        w.add_ssm_group_count(ssm["n_group"])
+        w.add_ssm_time_step_rank(ssm["dt_rank"])
+        w.add_ssm_inner_size(ssm["d_state"] * ssm["dt_rank"])
+        w.add_full_attention_interval(4)
+        w.add_rope_dimension_sections(list(c["sections"]))
     w.add_key_length(D)
     w.add_value_length(D)
     w.add_rope_dimension_count(c.get("n_rot", D))
@@ -185,6 +214,15 @@ def write_gguf(name, c, path, seed):
     w.add_layer_norm_rms_eps(c["rms_eps"])
     if "n_swa" in c:
         w.add_sliding_window(c["n_swa"])
+    if arch == "gemma3n":   # the keys its converter writes (llama.cpp uses fixed values)
+        A, P, R = 4, 256, 64
+        w.add_sliding_window_pattern([il % 5 < 4 for il in range(20)] + [True, False][:L - 20])
+        w.add_altup_active_idx(0)
+        w.add_altup_num_inputs(A)
+        w.add_embedding_length_per_layer_input(P)
+        w.add_shared_kv_layers(max(0, L - 20))
+        w.add_activation_sparsity_scale([1.6448533535003662] * 10 + [-np.inf] * (L - 10))
+        w.add_final_logit_softcapping(30.0)
     if "attn_softcap" in c:
         w.add_attn_logit_softcapping(c["attn_softcap"])
         w.add_final_logit_softcapping(c["final_softcap"])
@@ -240,8 +278,28 @@ def write_gguf(name, c, path, seed):
         half = c["n_rot"] // 2
         w.add_tensor("rope_factors_long.weight", rng.uniform(1.0, 8.0, half).astype(np.float32))
         w.add_tensor("rope_factors_short.weight", rng.uniform(1.0, 1.5, half).astype(np.float32))
+    if arch == "gemma3n":
+        def f32(tname, *shape, scale):
+            w.add_tensor(tname, (rng.standard_normal(shape) * scale).astype(np.float32))
+        mat("altup_proj.weight", A - 1, E, E)
+        mat("altup_unembd_proj.weight", A - 1, E, E)
+        mat("per_layer_token_embd.weight", N_VOCAB, P * L, scale=1.0 / 16)
+        mat("per_layer_model_proj.weight", P * L, E)
+        vec("per_layer_proj_norm.weight", P)
     for il in range(L):
         p = f"blk.{il}."
+        if arch == "gemma3n":
+            mat(p + "inp_gate.weight", P, E)
+            mat(p + "proj.weight", E, P)
+            vec(p + "post_norm.weight", E)
+            f32(p + "altup_correct_coef.weight", A, A, scale=0.02)
+            vec(p + "altup_correct_scale.weight", E)
+            f32(p + "altup_predict_coef.weight", A * A, A, scale=0.02)
+            f32(p + "altup_router.weight", A, E, scale=4.0)
+            vec(p + "altup_router_norm.weight", E)
+            mat(p + "laurel_l.weight", R, E)
+            mat(p + "laurel_r.weight", E, R)
+            vec(p + "laurel_post_norm.weight", E)
         vec(p + "attn_norm.weight", E)
         if arch == "lfm2" and il not in c["attn_layers"]:
             mat(p + "shortconv.in_proj.weight", 3 * E, E)
@@ -253,10 +311,29 @@ def write_gguf(name, c, path, seed):
             mat(p + "ffn_up.weight", F, E)
             mat(p + "ffn_down.weight", E, F)
             continue
+        if arch == "qwen35" and (il + 1) % 4:   # a Gated DeltaNet layer
+            ssm = c["ssm"]
+            S, Hk, Hv = ssm["d_state"], ssm["n_group"], ssm["dt_rank"]
+            C = S * (2 * Hk + Hv)
+            mat(p + "attn_qkv.weight", C, E)
+            mat(p + "attn_gate.weight", S * Hv, E)
+            w.add_tensor(p + "ssm_conv1d.weight",
+                         (rng.standard_normal((C, ssm["d_conv"])) * 0.5).astype(np.float32))
+            vec(p + "ssm_dt.bias", Hv, -1.0, 1.0)
+            vec(p + "ssm_a", Hv, -2.0, -0.2)       # -exp(A_log)
+            mat(p + "ssm_beta.weight", Hv, E)
+            mat(p + "ssm_alpha.weight", Hv, E)
+            vec(p + "ssm_norm.weight", S)
+            mat(p + "ssm_out.weight", E, S * Hv)
+            vec(p + "post_attention_norm.weight", E)
+            mat(p + "ffn_gate.weight", F, E)
+            mat(p + "ffn_up.weight", F, E)
+            mat(p + "ffn_down.weight", E, F)
+            continue
         if arch == "phi3":
             mat(p + "attn_qkv.weight", H * D + 2 * KV * D, E)
         else:
-            mat(p + "attn_q.weight", H * D, E)
+            mat(p + "attn_q.weight", (2 if arch == "qwen35" else 1) * H * D, E)  # qwen35: q | gate
             mat(p + "attn_k.weight", KV * D, E)
             mat(p + "attn_v.weight", KV * D, E)
         if c.get("qkv_bias"):
@@ -264,7 +341,7 @@ def write_gguf(name, c, path, seed):
             vec(p + "attn_k.bias", KV * D, -0.1, 0.1)
             vec(p + "attn_v.bias", KV * D, -0.1, 0.1)
         if c.get("qk_norm"):
-            vec(p + "attn_q_norm.weight", D)
+            vec(p + "attn_q_norm.weight", D, *c.get("q_norm", (0.8, 1.2)))
             vec(p + "attn_k_norm.weight", D)
         mat(p + "attn_output.weight", E, H * D)
         if c.get("gptoss"):
@@ -274,7 +351,8 @@ def write_gguf(name, c, path, seed):
             vec(p + "post_attention_norm.weight", E)
             vec(p + "post_ffw_norm.weight", E)
         # gpt-oss names the FFN's input norm post_attention_norm
-        vec(p + ("post_attention_norm.weight" if c.get("gptoss") else "ffn_norm.weight"), E)
+        vec(p + ("post_attention_norm.weight" if c.get("gptoss") or arch == "qwen35"
+                 else "ffn_norm.weight"), E)
         if "n_expert" in c:
             X, Fe = c["n_expert"], c["n_ff_exp"]
             w.add_tensor(p + "ffn_gate_inp.weight",
@@ -333,7 +411,8 @@ def main():
             ap.error(f"unknown case {name!r}")
         base, mix = QUANTIZED.get(name, (name, None))
         i = index[base]
-        model = os.path.join(a.out, f"synthetic-{name}.gguf")
+        tmp = tempfile.TemporaryDirectory() if name in REGENERATED else None
+        model = os.path.join(tmp.name if tmp else a.out, f"synthetic-{name}.gguf")
         golden = os.path.join(a.out, f"synthetic-{name}.golden.npz")
         case = dict(CASES[base])
         seed, i = case.pop("seed", 1000 + i), case.pop("prompt_seed", i)
@@ -355,7 +434,15 @@ def main():
                             str(N_GEN), str(GGML_TYPE[ck]), str(GGML_TYPE[cv]), ck, cv], check=True)
         else:
             teacher_c(a.llama_teacher, model, golden, prompt, ck, cv)
+        if tmp:
+            import hashlib
+            with open(model, "rb") as f:
+                sha = hashlib.sha256(f.read()).hexdigest()
+            z = dict(np.load(golden))
+            np.savez_compressed(golden, gguf_sha256=sha, **z)
         print(f"{name}: {os.path.getsize(model)} + {os.path.getsize(golden)} bytes", flush=True)
+        if tmp:
+            tmp.cleanup()
 
 
 if __name__ == "__main__":

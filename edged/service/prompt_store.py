@@ -219,7 +219,7 @@ class PromptStore:
         that fails (a full disk) is logged and leaves no file. Returns the path or None."""
         if session.n_past < (1 if name else SPILL_MIN_TOKENS):
             return None
-        if not statefile.supported(session.model):  # lfm2: the files hold no convolution cache
+        if not statefile.supported(session.model):  # qwen35: the files hold no recurrent state
             return None
         m = session.model
         fname = NAMED + name + statefile.SUFFIX if name else \

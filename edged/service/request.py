@@ -12,6 +12,7 @@ validated. Scheduling, limits, authorization and logging see only this, never th
       messages    chat turns, as templates see them (chat) | prompts: texts or id lists
       speculative False: no speculative decoding for this request (it never changes the tokens)
       infill      text.infill.Infill | None     fill-in-the-middle (its prompt replaces prompts)
+      images      images.ImageRef, in the order of the image markers in messages (chat)
 """
 from __future__ import annotations
 
@@ -42,10 +43,12 @@ class Output:
 @dataclasses.dataclass(frozen=True)
 class ConstraintSpec:
     """Structured output as asked: kind "json_schema" (source: a schema), "grammar" (GBNF or
-    Lark text), "regex" or "lark"; `what` is the request field it came from (errors name it)."""
+    Lark text), "regex" or "lark"; `what` is the request field it came from (errors name it);
+    `trigger`: the grammar is lazy (text/grammar.py LazyConstraint)."""
     kind: str
     source: object
     what: str
+    trigger: int | None = None      # a token the grammar starts with: it holds from there on
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,6 +84,7 @@ class GenerateRequest:
     template_kwargs: dict = dataclasses.field(default_factory=dict)
     speculative: bool = True
     infill: object = None
+    images: tuple = ()
 
     @property
     def chat(self):

@@ -23,7 +23,7 @@ import time
 
 from ..errors import HTTPError, RequestError
 from ..text.sampling import SamplingParams
-from . import openai, responses_schema as schema
+from . import images, openai, responses_schema as schema
 from .openai import _tool, chat_logprobs
 from .openai_schema import FunctionDef, Tool
 from .request import ConstraintSpec, GenerateRequest, Output, ToolUse
@@ -37,7 +37,8 @@ SAMPLING_DEFAULTS = {"temperature": 1.0}
 def routes(api):
     """((method, path) -> handler, (method, path prefix) -> handler of PREFIX{id}) for Api."""
     r = Responses(api)
-    return {("POST", PATH): r.create}, {("GET", PATH + "/"): r.retrieve, ("DELETE", PATH + "/"): r.delete}
+    return {("POST", PATH): r.create}, {("GET", PATH + "/"): r.retrieve, ("DELETE", PATH + "/"): r.delete,
+                                        ("GET", PATH + "/*/input_items"): r.input_items}
 
 
 def owner(req):
@@ -59,6 +60,7 @@ class Entry:
     t: float                    # time.monotonic() when stored
     messages: tuple             # the conversation so far (input and output), without instructions
     response: dict              # the response object, as GET returns it
+    input_items: tuple = ()     # this request's input as items with ids (GET .../input_items)
 
 
 class Store:
@@ -102,19 +104,49 @@ def not_found(rid, param=None):
     return e
 
 
+def input_items(r):
+    """The request's input as the items GET /v1/responses/{id}/input_items lists: each with an
+    id (the one sent, or a new one) and a status; message content as parts."""
+    items = [schema.Message(role="user", content=r.input)] if isinstance(r.input, str) else r.input
+    out = []
+    for x in items:
+        d = x.model_dump(by_alias=True, exclude_none=True)
+        d.setdefault("status", "completed")
+        if isinstance(x, schema.Message):
+            d.pop("phase", None)
+            if isinstance(x.content, str):
+                d["content"] = [{"type": "output_text" if x.role == "assistant" else "input_text",
+                                 "text": x.content}]
+        prefix = {"message": "msg", "function_call": "fc", "function_call_output": "fco"}.get(d["type"], "rs")
+        d.setdefault("id", _id(prefix))
+        out.append(d)
+    return tuple(out)
+
+
 # --- request bodies -> GenerateRequest -----------------------------------------------------
 
-def _text(content):
-    """The text of a message's content: a string, or its parts (text or refusal) joined."""
+def _text(content, refs=None, where=""):
+    """The text of a message's content: a string, or its parts (text or refusal) joined; an
+    input_image part the image marker, its ImageRef appended to `refs`."""
     if isinstance(content, str):
         return content
-    return "".join(p.refusal if p.type == "refusal" else p.text for p in content)
+    out = []
+    for j, p in enumerate(content):
+        if p.type == "input_image":
+            if refs is None:
+                raise RequestError(f"'{where}.content[{j}]': images go in input messages", param=where)
+            refs.append(images.url_ref(p.image_url, f"{where}.content[{j}].image_url"))
+            out.append(images.MARKER)
+        else:
+            out.append(p.refusal if p.type == "refusal" else p.text)
+    return "".join(out)
 
 
-def messages(items, history=()):
+def messages(items, history=(), refs=None):
     """Input items -> chat messages as templates see them (service/openai.py _message). The
     items of one assistant turn (reasoning, message, function calls, as a response's output
-    lists them) become one assistant message."""
+    lists them) become one assistant message. Images of input messages: their markers in the
+    text, their ImageRefs appended to `refs`."""
     names = {c["id"]: c["function"]["name"] for m in history for c in m.get("tool_calls", ())}
     out = []
 
@@ -122,14 +154,15 @@ def messages(items, history=()):
         """The assistant message items may still add to, or None."""
         return out[-1] if out and out[-1]["role"] == "assistant" else None
 
-    for x in items:
+    for i, x in enumerate(items):
         last = turn()
         if isinstance(x, schema.Message):
             role = "system" if x.role == "developer" else x.role
             if role == "assistant" and last is not None and not last["content"] and "tool_calls" not in last:
                 last["content"] = _text(x.content)
             else:
-                out.append({"role": role, "content": _text(x.content)})
+                out.append({"role": role, "content": _text(x.content, refs if role == "user" else None,
+                                                           f"input[{i}]")})
         elif isinstance(x, schema.FunctionCallItem):
             names[x.call_id] = x.name
             call = {"id": x.call_id, "type": "function", "function": {"name": x.name, "arguments": x.arguments}}
@@ -181,9 +214,12 @@ def parse(r, history=()):
     given = {f.name: getattr(r, f.name) for f in dataclasses.fields(SamplingParams)
              if getattr(r, f.name, None) is not None}
     sampling = SamplingParams(**{**SAMPLING_DEFAULTS, **given})
+    refs = []
     new = messages([schema.Message(role="user", content=r.input)] if isinstance(r.input, str) else r.input,
-                   history)
-    convo = list(history) + new
+                   history, refs)
+    # a stored turn's images are not kept: the conversation goes on without them
+    convo = [dict(m, content=m["content"].replace(images.MARKER, "")) if isinstance(m.get("content"), str)
+             else m for m in history] + new
     if r.instructions:
         convo.insert(0, {"role": "system", "content": r.instructions})
     if not convo:
@@ -202,7 +238,7 @@ def parse(r, history=()):
         model=r.model, sampling=sampling, constraint=_constraint(r),
         output=Output(max_tokens=r.max_output_tokens, stop=stop, stream=bool(r.stream), logprobs=logprobs),
         tools=ToolUse(tuple(tools), choice, r.parallel_tool_calls is not False),
-        messages=tuple(convo), template_kwargs=kwargs)
+        messages=tuple(convo), template_kwargs=kwargs, images=tuple(refs))
     return request, new
 
 
@@ -282,7 +318,7 @@ class _Render:
     def usage(self):
         u = self.gen.usage()
         return {"input_tokens": u["prompt"], "input_tokens_details": {"cached_tokens": u.get("cached", 0)},
-                "output_tokens": u["completion"], "output_tokens_details": {"reasoning_tokens": 0},
+                "output_tokens": u["completion"], "output_tokens_details": {"reasoning_tokens": u["reasoning"]},
                 "total_tokens": u["prompt"] + u["completion"]}
 
     def final(self, choice, output, reasoning, content, calls):
@@ -297,7 +333,8 @@ class _Render:
             if calls:
                 reply["tool_calls"] = calls
             convo = tuple(self.history) + tuple(self.new) + (reply,)
-            self.responses.store.put(self.responses.cfg, self.id, Entry(self.who, time.monotonic(), convo, obj))
+            self.responses.store.put(self.responses.cfg, self.id,
+                                     Entry(self.who, time.monotonic(), convo, obj, input_items(self.r)))
         return obj
 
     async def whole(self, req):
@@ -446,6 +483,33 @@ class Responses:
         if e is None:
             raise not_found(rid)
         return Reply(200, e.response)
+
+    async def input_items(self, req):
+        """GET /v1/responses/{id}/input_items: the response's input items, a page at a time
+        (`limit` 1-100, default 20; `order` asc or desc, default desc; `after` an item id)."""
+        rid = self._rid(req).removesuffix("/input_items")
+        e = self.store.get(self.cfg, rid, owner(req))
+        if e is None:
+            raise not_found(rid)
+        q = req.query
+        try:
+            limit = int(q.get("limit", 20))
+        except ValueError:
+            limit = 0
+        if not 1 <= limit <= 100:
+            raise RequestError(f"'limit' must be an integer from 1 to 100, got {q.get('limit')!r}", param="limit")
+        order = q.get("order", "desc")
+        if order not in ("asc", "desc"):
+            raise RequestError(f"'order' must be 'asc' or 'desc', got {order!r}", param="order")
+        items = list(e.input_items if order == "asc" else reversed(e.input_items))
+        if "after" in q:
+            ids = [x["id"] for x in items]
+            if q["after"] not in ids:
+                raise RequestError(f"'after' names no input item of {rid!r}: {q['after']!r}", param="after")
+            items = items[ids.index(q["after"]) + 1:]
+        page = items[:limit]
+        return Reply(200, {"object": "list", "data": page, "first_id": page[0]["id"] if page else None,
+                           "last_id": page[-1]["id"] if page else None, "has_more": len(items) > limit})
 
     async def delete(self, req):
         rid = self._rid(req)

@@ -14,9 +14,8 @@ import pytest
 from edged import Model
 from edged.engine.speculative import Speculation
 from edged.errors import StateFileError
-from edged.text.sampling import SamplingParams
 
-from family_goldens import GOLDENS, check
+from family_goldens import GOLDENS, alone_batched_forked, check_every_kernel_path, greedy
 
 LFM2 = os.path.join(GOLDENS, "synthetic-lfm2.gguf")
 GOLDEN = np.load(os.path.join(GOLDENS, "synthetic-lfm2.golden.npz"))
@@ -31,13 +30,7 @@ def core():
 def test_golden_every_kernel_path(core):
     """Teacher-forced logits within the F16 tolerances on generic, avx2 and avx512 (every
     path this CPU has)."""
-    before = core.kernel_path()
-    try:
-        for path in core.available_paths():
-            core.set_path(path)
-            check("synthetic-lfm2", "cpu")
-    finally:
-        core.set_path(before)
+    check_every_kernel_path(core, "synthetic-lfm2")
 
 
 @pytest.mark.parametrize("backend", ["cpu", "reference"])
@@ -45,11 +38,7 @@ def test_greedy_16_tokens_as_llama_cpp(backend):
     """Greedy generation from the prompt gives llama.cpp's 16 next tokens."""
     if backend == "cpu":
         pytest.importorskip("edged._core")
-    with Model.load(LFM2, backend=backend, n_threads=2) as m:
-        s = m.session(n_ctx=128)
-        out = [o.token for o in s.generate(TOKENS[:N_PROMPT], SamplingParams(temperature=0.0),
-                                           max_tokens=16) if o.token is not None]
-    assert out == TOKENS[N_PROMPT:N_PROMPT + 16]
+    assert greedy(LFM2, backend, TOKENS[:N_PROMPT], 16) == TOKENS[N_PROMPT:N_PROMPT + 16]
 
 
 def _last(s, ids):
@@ -96,32 +85,31 @@ def test_fork_and_decode_batch_of_sessions(core):
     each session's own cache."""
     prompts = [TOKENS[:12], TOKENS[5:9], [1, 300, 301, 302, 303, 304, 305]]
     with Model.load(LFM2, n_threads=2) as m:
-        alone = []
-        for p in prompts:
-            s = m.session(n_ctx=64)
-            s.eval(p[:-1])
-            alone.append(_last(s, p[-1:]))
-        ss = [m.session(n_ctx=64) for _ in prompts]
-        for s, p in zip(ss, prompts):
-            s.eval(p[:-1])
-        batched = m.decode_batch(ss, [p[-1] for p in prompts])
-        base = m.session(n_ctx=64)
-        base.eval(prompts[0][:-1])
-        fork = base.fork()
-        base.eval([5, 6, 7])  # the original moves on; the fork keeps its own state
-        forked = _last(fork, prompts[0][-1:])
+        alone, batched, forked, _ = alone_batched_forked(m, prompts)
     assert np.abs(np.array(alone) - batched).max() < 1e-4
     assert np.array_equal(forked, alone[0])
 
 
-def test_prompt_cache_files_are_refused_clearly(core, tmp_path):
-    """The prompt-cache format holds K/V rows only: saving or restoring an lfm2 session is
-    refused naming why, instead of restoring a state without its convolution cache."""
+def test_prompt_cache_file_holds_the_convolution_cache(core, tmp_path):
+    """A prompt-cache file carries the convolution rows after the K/V rows: a session restored
+    from it continues with the bits of the session that wrote it, and a file whose convolution
+    rows were altered fails its MAC."""
+    key = b"k" * 32
     with Model.load(LFM2, n_threads=2) as m:
         s = m.session(n_ctx=64)
-        s.eval(TOKENS[:8])
-        with pytest.raises(StateFileError, match="convolution"):
-            s.save(tmp_path / "x.edkv", key=b"k" * 32)
+        s.eval(TOKENS[:12])
+        path = tmp_path / "x.edkv"
+        s.save(path, key=key)
+        want = _last(s, TOKENS[12:14])
+        r = type(s).load(m, path, key=key)
+        assert r.n_past == 12 and np.array_equal(_last(r, TOKENS[12:14]), want)
+        conv = m.backend.conv_cache(s._buf)
+        assert os.path.getsize(path) > 12 * conv.shape[0] * conv.shape[2]
+        raw = bytearray(path.read_bytes())
+        raw[-40] ^= 1                          # inside the last convolution row
+        path.write_bytes(bytes(raw))
+        with pytest.raises(StateFileError, match="HMAC"):
+            type(s).load(m, path, key=key)
 
 
 def test_memory_plan_counts_the_convolution_cache(core):
@@ -140,13 +128,9 @@ def test_memory_plan_counts_the_convolution_cache(core):
 def test_lookup_speculation_gives_the_same_tokens(core):
     """n-gram drafts (1-grams: many, mostly rejected) rewind the session inside convolution
     windows: the tokens are those of plain greedy decoding."""
-    with Model.load(LFM2, n_threads=2) as m:
-        plain = [o.token for o in m.session(n_ctx=128).generate(
-            TOKENS, SamplingParams(temperature=0.0), max_tokens=32) if o.token is not None]
-        stats = {}
-        spec = [o.token for o in m.session(n_ctx=128).generate(
-            TOKENS, SamplingParams(temperature=0.0), max_tokens=32,
-            speculative=Speculation("lookup", ngram_min=1), stats=stats) if o.token is not None]
+    plain = greedy(LFM2, "cpu", TOKENS, 32)
+    stats = {}
+    spec = greedy(LFM2, "cpu", TOKENS, 32, Speculation("lookup", ngram_min=1), stats)
     assert spec == plain and len(plain) == 32
     assert stats["n_drafted"] > stats["n_accepted"]   # rejected drafts: rewinds
 
@@ -155,3 +139,32 @@ def test_info_names_the_convolution_layers(capsys):
     from edged.cli import main
     main(["info", "-m", LFM2, "-c", "512"])
     assert "short convolutions (3 taps) on layers [0, 1, 3, 4]" in capsys.readouterr().out
+
+
+def test_synth_shape_writes_lfm2_as_the_converter_does(core, tmp_path, monkeypatch):
+    """`edged synth --shape lfm2-350m`'s layout at a small size: per-layer head_count_kv with 0
+    on the convolution layers, shortconv.l_cache, F32 taps of llama.cpp's shape, the output norm
+    as token_embd_norm, tied embeddings; read back by the PyPI gguf reader, and the compiled
+    forward agrees with the NumPy reference on it. (The full-size Q4_K_M file loads in llama.cpp
+    0.3.36, whose teacher-forced logits edged's match within the quantized tolerances.)"""
+    import gguf
+    from edged.format import synth
+    small = dict(synth.SHAPES["lfm2-350m"], n_embd=64, n_head=4, n_head_kv=2, n_ff=128, n_layer=6,
+                 n_vocab=512, attn_layers=(2, 5))
+    monkeypatch.setitem(synth.SHAPES, "test-lfm2", small)
+    path = str(tmp_path / "lfm2.gguf")
+    synth.synth("test-lfm2", "Q8_0", path)
+    r = gguf.GGUFReader(path)
+    assert list(r.fields["lfm2.attention.head_count_kv"].contents()) == [0, 0, 2, 0, 0, 2]
+    assert r.fields["lfm2.shortconv.l_cache"].contents() == 3
+    names = {t.name: t for t in r.tensors}
+    assert list(names["blk.0.shortconv.conv.weight"].shape) == [3, 64]
+    assert names["blk.0.shortconv.conv.weight"].tensor_type == gguf.GGMLQuantizationType.F32
+    assert "token_embd_norm.weight" in names and "output.weight" not in names
+    assert "blk.0.attn_q.weight" not in names and "blk.2.attn_q_norm.weight" in names
+    ids = [1, 40, 41, 42, 43, 44, 45, 46]
+    with Model.load(path, n_threads=2) as m, Model.load(path, backend="reference") as ref:
+        assert m.hp.n_conv_layers == 4
+        got = np.asarray(m.session(n_ctx=32).eval(ids, logits="all"))
+        want = np.asarray(ref.session(n_ctx=32).eval(ids, logits="all"))
+    assert np.abs(got - want).max() < 0.05 * np.abs(want).max()
