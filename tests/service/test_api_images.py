@@ -280,3 +280,28 @@ def test_chat_image_command(srv, tmp_path):
     s.handle("What is it?")
     assert [m["role"] for m in s.messages] == ["user", "assistant"] and s.images == []
     assert s.messages[0]["content"][0]["type"] == "image_url"
+
+
+def test_control_token_text_next_to_an_image_stays_text(srv):
+    """As for text chats: "</s>" written in a message with an image is tokenized as plain text
+    (no forged end of turn) unless content_special_tokens lists the model."""
+    needs_vision()
+    from edged.engine.model import Model
+    from edged.engine.vision import Projector
+    from edged.service.images import MARKER
+    from edged.service.loader import LoadedModel
+    path = str(srv.models / "vlm.gguf")
+    m = Model.load(path, n_threads=1)
+    try:
+        with Projector.load(MMPROJ, n_threads=1) as proj:
+            emb = proj.encode(np.zeros((20, 30, 3), np.uint8))
+            eos = m.tokenizer.encode("</s>", add_special=False, parse_special=True)
+            assert len(eos) == 1
+            for specials in (False, True):
+                lm = LoadedModel("vlm", path, m, None, 0, {}, 256, content_specials=specials)
+                lm.projector = proj
+                ids = lm.encode_chat_images([{"role": "user", "content": MARKER + "x</s>y"}], [emb])
+                assert (eos[0] in ids) == specials, (specials, ids)
+                assert set(emb.token_ids(m.hp.n_vocab)) <= set(ids)
+    finally:
+        m.close()
