@@ -195,6 +195,8 @@ def test_ollama_client_images(srv):
     assert r.message.role == "assistant" and r.prompt_eval_count >= 16
     g = client.generate(model="vlm", prompt="what is it?", images=[PICTURE], options={"num_predict": 2})
     assert g.done and g.prompt_eval_count >= 16
+    assert "vision" in client.show("vlm").capabilities          # Open WebUI looks for it
+    assert "vision" not in client.show("text").capabilities
 
 
 def rss(pid):
