@@ -395,3 +395,76 @@ def synth_encoder(shape, ftype, out, seed=0, vocab=None, pooling=None):
         vec(p + "layer_output_norm.bias", E)
     _write(w, data, out)
     return n_params
+
+
+MMPROJ_SHAPES = {
+    # llama.cpp's mmproj files (general.architecture = clip): the ViT and the projector
+    "gemma3": dict(projector="gemma3", n_embd=1152, n_ff=4304, n_layer=27, n_head=16,
+                   image_size=896, patch_size=14, n_merge=4, n_embd_text=2560),  # gemma-3-4b
+    # small, for tests and goldens: 16 x 16 patches pooled 4 x 4 into 16 tokens, rows of 256
+    # (tests/data/goldens' synthetic gemma3 text model's width)
+    "gemma3-tiny": dict(projector="gemma3", n_embd=64, n_ff=96, n_layer=2, n_head=4,
+                        image_size=112, patch_size=7, n_merge=4, n_embd_text=256),
+}
+
+
+def synth_mmproj(shape, out, ftype="F16", seed=0):
+    """Write a random-weight mmproj GGUF (engine/vision.py's tensors, llama.cpp's names and
+    keys) of an MMPROJ_SHAPES shape; matrices in F16 (as llama.cpp's converter writes them) or
+    F32. Returns the number of parameters."""
+    if shape not in MMPROJ_SHAPES:
+        raise ConfigError(f"--mmproj {shape!r}: one of {', '.join(MMPROJ_SHAPES)}")
+    if ftype not in ("F32", "F16"):
+        raise ConfigError(f"--type {ftype!r} for an mmproj: F32 or F16")
+    s = MMPROJ_SHAPES[shape]
+    E, F, L, p = s["n_embd"], s["n_ff"], s["n_layer"], s["patch_size"]
+    n_pos = (s["image_size"] // p) ** 2
+    w = GGUFWriter()
+    w.add(Key.ARCHITECTURE, "clip")
+    w.add(Key.NAME, f"edged-synth-mmproj-{shape}-{ftype}")
+    w.add(Key.CLIP_PROJECTOR_TYPE, s["projector"])
+    w.add(Key.CLIP_HAS_VISION, True)
+    w.add(Key.CLIP_USE_GELU, True)
+    w.add(Key.CLIP_EMBEDDING_LENGTH, E)
+    w.add(Key.CLIP_FEED_FORWARD_LENGTH, F)
+    w.add(Key.CLIP_BLOCK_COUNT, L)
+    w.add(Key.CLIP_PROJECTION_DIM, s["n_embd_text"])
+    w.add(Key.CLIP_HEAD_COUNT, s["n_head"])
+    w.add(Key.CLIP_LAYERNORM_EPS, 1e-6)
+    w.add(Key.CLIP_IMAGE_SIZE, s["image_size"])
+    w.add(Key.CLIP_PATCH_SIZE, p)
+    w.add(Key.CLIP_IMAGE_MEAN, [0.5, 0.5, 0.5], ValueType.ARRAY, ValueType.FLOAT32)
+    w.add(Key.CLIP_IMAGE_STD, [0.5, 0.5, 0.5], ValueType.ARRAY, ValueType.FLOAT32)
+    w.add(Key.CLIP_SCALE_FACTOR, s["n_merge"])
+    rng = np.random.default_rng(seed)
+    mtype = GGMLType.F16 if ftype == "F16" else GGMLType.F32
+    data, n_params = {}, 0
+
+    def tensor(name, shape, scale, center=0.0, t=GGMLType.F32):
+        nonlocal n_params
+        x = (center + rng.standard_normal(tuple(reversed(shape)), dtype=np.float32) * scale)
+        w.add_tensor(name, shape, t)
+        data[name] = x.astype(np.float16 if t == GGMLType.F16 else np.float32)
+        n_params += x.size
+
+    tensor("v.patch_embd.weight", (p, p, 3, E), 1.0 / p, t=mtype)
+    tensor("v.patch_embd.bias", (E,), 0.05)
+    tensor("v.position_embd.weight", (E, n_pos), 0.3)   # ggml adds F32 only
+    for il in range(L):
+        b = f"v.blk.{il}."
+        for r in ("attn_q", "attn_k", "attn_v", "attn_out"):
+            tensor(b + r + ".weight", (E, E), 1.0 / np.sqrt(E), t=mtype)
+            tensor(b + r + ".bias", (E,), 0.05)
+        for r in ("ln1", "ln2"):
+            tensor(b + r + ".weight", (E,), 0.1, 1.0)
+            tensor(b + r + ".bias", (E,), 0.05)
+        tensor(b + "ffn_up.weight", (E, F), 1.0 / np.sqrt(E), t=mtype)
+        tensor(b + "ffn_up.bias", (F,), 0.05)
+        tensor(b + "ffn_down.weight", (F, E), 1.0 / np.sqrt(F), t=mtype)
+        tensor(b + "ffn_down.bias", (E,), 0.05)
+    tensor("v.post_ln.weight", (E,), 0.1, 1.0)
+    tensor("v.post_ln.bias", (E,), 0.05)
+    tensor("mm.soft_emb_norm.weight", (E,), 0.1, 1.0)
+    tensor("mm.input_projection.weight", (s["n_embd_text"], E), 1.0 / np.sqrt(E), t=mtype)
+    _write(w, data, out)
+    return n_params
