@@ -276,6 +276,9 @@ def test_chat_image_command(srv, tmp_path):
     assert f"Added image {srv.cam}/ok.png" in out.getvalue()
     s.handle("What is it?")         # the text model takes none: refused, nothing kept
     assert "takes no images" in out.getvalue() and s.messages == []
+    s.handle("/clear")
+    assert s.images == []
+    s.handle(f"/image {srv.cam}/ok.png")
     if vision_missing():
         return
     s.model = "vlm"
