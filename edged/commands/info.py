@@ -72,6 +72,7 @@ def model_info(path, ctx_sizes=None, cache=None):
             "hparams": {k: (list(v) if isinstance(v, tuple) else v)
                         for k, v in vars(hp).items() if k != "swa_layers"},
             "swa_layers": [i for i, s in enumerate(hp.swa_layers) if s],
+            "recurrent_state_bytes": 4 * hp.recurrent_state_floats(),
             "tied_embeddings": spec.tied_embeddings, "parameters": params,
             "weight_types": {k: {"tensors": types[k], "bytes": type_bytes[k]} for k in types},
             "vocabulary": tok.n_vocab, "bos_id": tok.bos_id, "eos_id": tok.eos_id,
@@ -135,6 +136,7 @@ def run(args):
         print("numa nodes:   " + ", ".join(f"node {n}: {len(c)} cpus" for n, c in nodes.items()))
         return 0
     from ..engine.kvcache import CacheTypes
+    from ..engine.recurrent import N_CHECKPOINTS
     info = model_info(args.model, args.ctx_size, CacheTypes.parse(args.cache_type_k, args.cache_type_v))
     info["machine"] = machine_info()
     if args.json:
@@ -183,6 +185,12 @@ def run(args):
               f"a token reads one row of it); layers {g['shared_kv_layers']} attend to "
               f"layers {g['kv_sources']}'s K/V; runs on the {g['backend']} backend only (float32 "
               f"copies of the weights: {mib(g['backend_weight_copies_bytes'])} more)")
+    if hp.get("n_recr_layers"):
+        recr = [i for i, r in enumerate(hp["recr_layers"]) if r]
+        print(f"Gated DeltaNet on layers {recr} ({hp['ssm_dt_rank']} value heads of "
+              f"{hp['ssm_d_state']}, {hp['ssm_d_conv']}-tap convolution); their recurrent state "
+              f"of {mib(info['recurrent_state_bytes'])} per sequence, with {N_CHECKPOINTS} "
+              "checkpoints, counts with the KV cache")
     if not all(hp["rope_layers"]):
         print(f"layers without RoPE: {[i for i, r in enumerate(hp['rope_layers']) if not r]}")
     if hp["n_expert"]:
