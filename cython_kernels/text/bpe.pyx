@@ -10,7 +10,9 @@ Three pieces, all over plain C arrays with the GIL released:
   llama.cpp's tables use; whitespace is Unicode's White_Space set (without U+001C..U+001F,
   as in llama.cpp).
 - byte-level BPE (`BPEModel`): words as raw UTF-8 bytes, merges by rank, lowest rank first and
-  leftmost first among equals (llama.cpp's priority queue).
+  leftmost first among equals (llama.cpp's priority queue). With `raw=True` the same merge loop
+  runs over UTF-8 characters of a vocabulary written as plain text (Gemma 4's SentencePiece-style
+  BPE: U+2581 for spaces, `<0xXX>` byte tokens for what no token covers).
 - SentencePiece BPE (`SPMModel`): UTF-8 characters merged by vocabulary score, highest first
   and leftmost first among equals, then byte fallback.
 
@@ -758,6 +760,11 @@ cdef class BPEModel:
     vocab: the token strings by id (GPT-2 byte-level text; tokens with other characters are
     never produced by merging); merges: "left right" strings in rank order. After
     construction, `bad_merge` is the index of the first merge without a separating space, or -1.
+
+    raw: the vocabulary and merges are plain UTF-8 text (llama.cpp's `byte_encode = false`, the
+    `gemma4` tokenizer model): a word starts as one symbol per UTF-8 character, and a symbol that
+    is no token comes out as its bytes' `<0xXX>` tokens. newline_tokens: a word made only of
+    newlines that is itself a token is that token (llama.cpp's Gemma 4 rule).
     """
     cdef StrTable strs
     cdef int32_t *sid_token          # sid -> token id or -1
@@ -766,18 +773,24 @@ cdef class BPEModel:
     cdef MergeSlot *mslots
     cdef uint64_t mmask
     cdef bint ignore_merges
+    cdef bint raw
+    cdef bint newline_tokens
     cdef PreTokenizer pre
     cdef readonly Py_ssize_t bad_merge
 
-    def __cinit__(self, list vocab, list merges, PreTokenizer pre, bint ignore_merges=False):
+    def __cinit__(self, list vocab, list merges, PreTokenizer pre, bint ignore_merges=False,
+                  bint raw=False, bint newline_tokens=False):
         cdef Py_ssize_t i, n, sp, maxlen = 1
         cdef int32_t s, sl, sr, sm
         cdef uint64_t size = 1024, h, key
         cdef str t
+        cdef bytes bl, br
         cdef unsigned char *buf = NULL
         cdef unsigned char one
         self.pre = pre
         self.ignore_merges = ignore_merges
+        self.raw = raw
+        self.newline_tokens = newline_tokens
         self.bad_merge = -1
         self.sid_token = NULL
         self.mslots = NULL
@@ -798,7 +811,10 @@ cdef class BPEModel:
             for i in range(len(vocab)):
                 t = vocab[i]
                 n = PyUnicode_GET_LENGTH(t)
-                if n > 0 and _decode_byte_level(t, 0, n, buf):
+                if raw and n > 0:
+                    s = self.strs.intern_bytes(t.encode("utf-8", "surrogateescape"))
+                    self.sid_token[s] = <int32_t> i
+                elif n > 0 and _decode_byte_level(t, 0, n, buf):
                     s = self.strs.intern(buf, n)
                     self.sid_token[s] = <int32_t> i    # the last of equal strings wins
             for i in range(256):
@@ -819,11 +835,18 @@ cdef class BPEModel:
                 if sp < 0:
                     self.bad_merge = i
                     return
-                if not (_decode_byte_level(t, 0, sp, buf) and _decode_byte_level(t, sp + 1, n, buf + sp)):
+                if raw:
+                    bl = t[:sp].encode("utf-8", "surrogateescape")
+                    br = t[sp + 1:].encode("utf-8", "surrogateescape")
+                    sl = self.strs.intern_bytes(bl)
+                    sr = self.strs.intern_bytes(br)
+                    sm = self.strs.intern_bytes(bl + br)
+                elif not (_decode_byte_level(t, 0, sp, buf) and _decode_byte_level(t, sp + 1, n, buf + sp)):
                     continue                            # a side that is not byte-level text
-                sl = self.strs.intern(buf, sp)
-                sr = self.strs.intern(buf + sp, n - sp - 1)
-                sm = self.strs.intern(buf, n - 1)
+                else:
+                    sl = self.strs.intern(buf, sp)
+                    sr = self.strs.intern(buf + sp, n - sp - 1)
+                    sm = self.strs.intern(buf, n - 1)
                 key = ((<uint64_t> sl + 1) << 32) | (<uint64_t> sr + 1)
                 h = (key * 0x9E3779B97F4A7C15ULL) >> 20 & self.mmask
                 while self.mslots[h].key != 0 and self.mslots[h].key != key:
@@ -837,6 +860,10 @@ cdef class BPEModel:
             free(buf)
         for i in range(256):
             self.byte_token[i] = self.sid_token[self.byte_sid[i]]
+            if raw:                                     # byte fallback through <0xXX> tokens
+                bl = f"<0x{i:02X}>".encode()
+                s = self.strs.find(bl, 6)
+                self.byte_token[i] = self.sid_token[s] if s >= 0 else -1
 
     def __dealloc__(self):
         free(self.sid_token)
@@ -856,7 +883,7 @@ cdef class BPEModel:
 
     cdef inline void add_bigram(self, Sym *sy, Bigram *heap, Py_ssize_t *nh, int32_t l, int32_t r) noexcept nogil:
         cdef Bigram bg
-        if l < 0 or r < 0:
+        if l < 0 or r < 0 or sy[l].sid < 0 or sy[r].sid < 0:
             return
         if not self.find_merge(sy[l].sid, sy[r].sid, &bg.rank, &bg.merged):
             return
@@ -881,10 +908,11 @@ cdef class BPEModel:
 
     cdef int encode_word(self, const unsigned char *w, Py_ssize_t n, Sym *sy, Bigram *heap, Vec *out) except -1 nogil:
         cdef Py_ssize_t i, nh = 0
-        cdef int32_t sid, l, r
-        cdef Bigram bg
+        cdef int32_t sid
         if n <= 0:
             return 0
+        if self.raw:
+            return self.encode_word_raw(w, n, sy, heap, out)
         if n == 1:
             return self.emit_sid(self.byte_sid[w[0]], out)
         if self.ignore_merges:
@@ -898,6 +926,17 @@ cdef class BPEModel:
             sy[i].next = <int32_t> i + 1 if i + 1 < n else -1
         for i in range(1, n):
             self.add_bigram(sy, heap, &nh, <int32_t> i - 1, <int32_t> i)
+        self.merge_loop(sy, heap, nh)
+        i = 0
+        while i >= 0:
+            self.emit_sid(sy[i].sid, out)
+            i = sy[i].next
+        return 0
+
+    cdef inline void merge_loop(self, Sym *sy, Bigram *heap, Py_ssize_t nh) noexcept nogil:
+        """Lowest rank first, leftmost among equals, until no pair of neighbours merges."""
+        cdef int32_t l, r
+        cdef Bigram bg
         while nh > 0:
             bg = heap_pop(heap, &nh)
             l = bg.left
@@ -911,9 +950,53 @@ cdef class BPEModel:
                 sy[sy[r].next].prev = l
             self.add_bigram(sy, heap, &nh, sy[l].prev, l)
             self.add_bigram(sy, heap, &nh, l, sy[l].next)
+
+    cdef int encode_word_raw(self, const unsigned char *w, Py_ssize_t n, Sym *sy, Bigram *heap,
+                             Vec *out) except -1 nogil:
+        """One word of a plain-text vocabulary (raw=True). A character that is neither a token
+        nor a side of a merge gets sid -2 - (its byte offset): it never merges and comes out
+        as its bytes."""
+        cdef Py_ssize_t i, nsym = 0, off = 0, nh = 0, clen
+        cdef int32_t sid, k
+        cdef const unsigned char *p
+        cdef unsigned char c
+        if self.newline_tokens:
+            i = 0
+            while i < n and w[i] == 0x0A:
+                i += 1
+            if i == n:
+                sid = self.strs.find(w, n)
+                if sid >= 0 and self.sid_token[sid] >= 0:
+                    vec_push(out, self.sid_token[sid])
+                    return 0
+        while off < n:                                  # one symbol per UTF-8 character
+            c = w[off]
+            clen = 1 if c < 0xC0 else (2 if c < 0xE0 else (3 if c < 0xF0 else 4))
+            if clen > n - off:
+                clen = n - off
+            sid = self.strs.find(w + off, clen)
+            sy[nsym].sid = sid if sid >= 0 else <int32_t> (-2 - off)
+            sy[nsym].prev = <int32_t> nsym - 1
+            off += clen
+            sy[nsym].next = -1 if off == n else <int32_t> nsym + 1
+            nsym += 1
+        for i in range(1, nsym):
+            self.add_bigram(sy, heap, &nh, <int32_t> i - 1, <int32_t> i)
+        self.merge_loop(sy, heap, nh)
         i = 0
         while i >= 0:
-            self.emit_sid(sy[i].sid, out)
+            sid = sy[i].sid
+            if sid >= 0:
+                self.emit_sid(sid, out)
+            else:                                       # an unknown character: its bytes
+                off = -2 - sid
+                c = w[off]
+                clen = 1 if c < 0xC0 else (2 if c < 0xE0 else (3 if c < 0xF0 else 4))
+                if clen > n - off:
+                    clen = n - off
+                for k in range(<int32_t> clen):
+                    if self.byte_token[w[off + k]] >= 0:
+                        vec_push(out, self.byte_token[w[off + k]])
             i = sy[i].next
         return 0
 

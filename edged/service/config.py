@@ -133,6 +133,10 @@ KEYS = [
     KeySpec("draft_adapt", True, "bool",
             "Draft fewer tokens after a rejected draft and more after accepted ones (up to "
             "draft_max); false: draft_max every step."),
+    KeySpec("spm_infill", [], "models",
+            "Models (names, or \"*\" for all) whose fill-in-the-middle prompts (/infill, a "
+            "completion with a suffix) put the suffix before the prefix, suffix-prefix-middle, "
+            "as llama-server's --spm-infill; by default prefix-suffix-middle."),
     KeySpec("mlock", False, "bool", "Lock model weights in memory (needs CAP_IPC_LOCK or a large LimitMEMLOCK)."),
     KeySpec("warmup", True, "bool", "Run one token through a freshly loaded model before serving it."),
     KeySpec("content_special_tokens", [], "models",

@@ -2,7 +2,8 @@
 
 `tokenizer.ggml.model` picks the algorithm: "llama" is SentencePiece-style BPE over scores with
 byte fallback; "gpt2" is byte-level BPE over `tokenizer.ggml.merges`, with the pre-tokenizer
-(the word-splitting regexes) chosen by `tokenizer.ggml.pre`; "bert" is WordPiece
+(the word-splitting regexes) chosen by `tokenizer.ggml.pre`; "gemma4" is BPE over merges on
+plain UTF-8 text (spaces as U+2581, `<0xXX>` byte fallback, always the "gemma4" pre-tokenizer); "bert" is WordPiece
 (text/wordpiece.py: [CLS] ... [SEP], lowercasing as the GGUF says). Token types, special ids, the
 end-of-generation set and the special-token partitioning follow llama.cpp's llama-vocab so
 that ids match its own test suite. The splitting and merge loops are compiled (edged._bpe).
@@ -96,13 +97,20 @@ GPT2 = (OP_GPT2, 0, None)          # 's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| 
 class PreSpec:
     """A pre-tokenizer: its ops and the vocabulary settings llama.cpp ties to its name."""
 
-    def __init__(self, name, ops, ignore_merges=False, add_bos=None, no_bos=False, add_sep=False):
+    def __init__(self, name, ops, ignore_merges=False, add_bos=None, no_bos=False, add_sep=False,
+                 raw=False, newline_tokens=False, always_bos=False):
         self.name = name
         self.ops = ops
         self.ignore_merges = ignore_merges    # a word that is itself a token is not merged
         self.add_bos = add_bos                # default for add_bos (the GGUF key overrides it)
         self.no_bos = no_bos                  # the vocabulary has no BOS by default
         self.add_sep = add_sep                # default for add_sep (a pair's separator)
+        # the vocabulary is plain UTF-8 text with U+2581 for spaces, not GPT-2 byte-level text
+        # (llama.cpp's escape_whitespaces with byte_encode = false); bytes no token covers are
+        # <0xXX> tokens
+        self.raw = raw
+        self.newline_tokens = newline_tokens  # a newline-only word that is a token stays whole
+        self.always_bos = always_bos          # add_bos even where the GGUF says false
 
 
 _DEFAULT = [(OP_RUN, CL_P_DEFAULT, None), GPT2, (OP_RUN, CL_N, None), (OP_DIGITS3, 0, None)]
@@ -133,6 +141,9 @@ _GROUPS = [
     (("laguna",), [(OP_NEWLINES, 0, None), (OP_QWEN2, 0, None)], {}),
     # o200k: gpt-oss, GPT-4o-style vocabularies (llama.cpp's LLAMA_VOCAB_PRE_TYPE_GPT4O)
     (("gpt-4o", "llama4", "kanana2", "talkie"), [(OP_GPT4O, 0, None)], {}),
+    # Gemma 4: no word splitting beyond newline runs; llama.cpp forces add_bos (its PR 21500)
+    (("gemma4",), [(OP_NEWLINES, 0, None)],
+     dict(add_bos=True, raw=True, newline_tokens=True, always_bos=True)),
 ]
 PRE_TOKENIZERS = {name: PreSpec(name, ops, **kw) for names, ops, kw in _GROUPS for name in names}
 
@@ -169,6 +180,8 @@ VOCAB_RULES = {
                       space_prefix=False),
     "bert": VocabRule(dict(bos=101, unk=100, sep=102, pad=0, mask=103), add_bos=True,
                       add_eos=False, add_sep=True, space_prefix=False, wordpiece=True),
+    # BPE with the "gemma4" pre-tokenizer whatever tokenizer.ggml.pre says; ids only from the file
+    "gemma4": VocabRule({}, add_bos=True, add_eos=False, add_sep=False, space_prefix=False),
 }
 
 # llama.cpp recognises these by their text (its issue 9606): tokens that end a generation ...
@@ -231,8 +244,8 @@ class Tokenizer:
         self.model = self._str(md, Key.TOKENIZER_MODEL, required=True)
         if self.model not in VOCAB_RULES:
             _fail(name, f"tokenizer model {self.model!r} ({Key.TOKENIZER_MODEL}) is not supported "
-                        "(supported: 'llama' SentencePiece BPE, 'gpt2' byte-level BPE, 'bert' "
-                        "WordPiece)")
+                        "(supported: 'llama' SentencePiece BPE, 'gpt2' byte-level BPE, 'gemma4' "
+                        "BPE, 'bert' WordPiece)")
         self._read_tokens(md)
         attr = self._read_types(md)
         special, spec = self._read_settings(md, allow_unknown_pre)
@@ -316,7 +329,10 @@ class Tokenizer:
         add_bos, add_eos, add_sep = rule.add_bos, rule.add_eos, rule.add_sep
         self.add_space_prefix = rule.space_prefix
         spec = None
-        if self.model != "gpt2":                       # only BPE has pre-tokenizers
+        self._raw = False                              # plain-text BPE vocabulary (PreSpec.raw)
+        if self.model == "gemma4":                     # llama.cpp sets the pre-tokenizer itself
+            pre_name = "gemma4"
+        if self.model not in ("gpt2", "gemma4"):       # only BPE has pre-tokenizers
             self.pre = "default" if pre_name is None else pre_name
         else:
             if pre_name is None:
@@ -332,6 +348,7 @@ class Tokenizer:
                             "token ids may differ from the model's own tokenizer", name, pre_name)
                 spec = PRE_TOKENIZERS["default"]
             self.pre = spec.name
+            self._raw = spec.raw
             add_bos, add_sep = bool(spec.add_bos), spec.add_sep
             if spec.no_bos:
                 special["bos"] = None
@@ -364,6 +381,8 @@ class Tokenizer:
         flags = [self._bool(md, key) for key in (Key.ADD_BOS, Key.ADD_EOS, Key.ADD_SEP)]
         self.add_bos, self.add_eos, self.add_sep = (d if v is None else v for v, d in
                                                     zip(flags, (add_bos, add_eos, add_sep)))
+        if spec is not None and spec.always_bos:
+            self.add_bos = True
         return special, spec
 
     def _end_of_generation(self, special, attr):
@@ -476,8 +495,10 @@ class Tokenizer:
         else:
             merges = md.get(Key.MERGES)
             if not isinstance(merges, list) or (merges and set(map(type, merges)) != {str}):
-                _fail(self.name, f"{Key.MERGES} must be an array of strings for a 'gpt2' tokenizer")
-            self._bpe = _bpe.BPEModel(texts, merges, _bpe.PreTokenizer(spec.ops), spec.ignore_merges)
+                _fail(self.name, f"{Key.MERGES} must be an array of strings for a "
+                                 f"{self.model!r} tokenizer")
+            self._bpe = _bpe.BPEModel(texts, merges, _bpe.PreTokenizer(spec.ops), spec.ignore_merges,
+                                      spec.raw, spec.newline_tokens)
             bad = self._bpe.bad_merge
             if bad >= 0:
                 _fail(self.name, f"{Key.MERGES}[{bad}] = {merges[bad][:40]!r} is not two tokens "
@@ -537,7 +558,7 @@ class Tokenizer:
         if a & (A_UNKNOWN | A_CONTROL | A_USER_DEFINED):
             return t.encode("utf-8", "surrogateescape")
         if a & A_NORMAL:
-            if self.model in ("llama", "bert"):
+            if self.model in ("llama", "bert") or self._raw:
                 return t.replace("\u2581", " ").encode("utf-8", "surrogateescape")
             raw = _bpe.byte_level_decode([t])[0]
             return raw if raw is not None else t.encode("utf-8", "surrogateescape")
@@ -687,7 +708,7 @@ class Tokenizer:
                 if type(frag) is int:
                     out.append(frag)
                 else:
-                    out += self._bpe.encode(frag)
+                    out += self._bpe.encode(frag.replace(" ", "\u2581") if self._raw else frag)
         if add_special:
             out += self._last
         return out

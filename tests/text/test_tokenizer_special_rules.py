@@ -48,6 +48,15 @@ def bpe(pre):
     return md
 
 
+def gemma4():
+    """A tiny plain-text BPE vocabulary of the `gemma4` tokenizer model."""
+    tokens = ["<s>", "</s>", "<sep>"] + [f"<0x{b:02X}>" for b in range(256)] + \
+        ["\u2581", "h", "i", "hi"]
+    types = [TokenType.CONTROL] * 3 + [TokenType.BYTE] * 256 + [TokenType.NORMAL] * 4
+    return {Key.TOKENIZER_MODEL: "gemma4", Key.TOKENS: tokens, Key.MERGES: ["h i"],
+            Key.TOKEN_TYPE: np.array(types, np.int32), Key.BOS_ID: 0, Key.EOS_ID: 1, Key.SEP_ID: 2}
+
+
 VOCABS = {   # name -> (metadata, tokenizer model, pre)
     "spm": (spm(), "llama", None),
     "bpe-gpt-2": (bpe("gpt-2"), "gpt2", "gpt-2"),
@@ -55,11 +64,14 @@ VOCABS = {   # name -> (metadata, tokenizer model, pre)
     "bpe-roberta-bpe": (bpe("roberta-bpe"), "gpt2", "roberta-bpe"),  # adds SEP by default
     "bert-bge": (None, "bert", None),                               # no EOS id in the file
     "bert-with-eos": (None, "bert", "eos"),                         # as the converter writes now
+    "gemma4": (gemma4(), "gemma4", None),                           # add_bos forced on
 }
 
 
 def llama_cpp_flags(model, pre, flags):
     """add_bos, add_eos, add_sep as llama_vocab::impl::load leaves them."""
+    if model == "gemma4":                                # llama.cpp PR 21500: BOS whatever the file says
+        return [True] + [False if f is None else f for f in flags[1:]]
     if model == "llama":
         add = [True, False, False]
     elif model == "bert":
@@ -114,3 +126,19 @@ def test_a_flag_that_needs_a_missing_token_is_refused():
         Tokenizer(spm(**{Key.ADD_EOS: True, Key.EOS_ID: 0xFFFFFFFF, Key.TOKENS: ["<unk>", "a"],
                          Key.TOKEN_TYPE: np.array([2, 1], np.int32),
                          Key.SCORES: np.zeros(2, np.float32)}))
+
+
+def test_gemma4_spaces_newlines_and_byte_fallback():
+    """Spaces become U+2581 before merging, a newline-only word that is a token stays whole,
+    a character no token covers comes out as its <0xXX> bytes, and all of it decodes back."""
+    md = gemma4()
+    md[Key.TOKENS] = md[Key.TOKENS] + ["\n\n", "\u2581hi"]
+    md[Key.TOKEN_TYPE] = np.append(md[Key.TOKEN_TYPE], [TokenType.NORMAL] * 2).astype(np.int32)
+    md[Key.MERGES] = ["h i", "\u2581 hi"]
+    tok = Tokenizer(md)
+    ids = {t: i for i, t in enumerate(md[Key.TOKENS])}
+    text = "hi hi\n\n\u00e9"
+    got = tok.encode(text, add_special=False)
+    assert got == [ids["hi"], ids["\u2581hi"], ids["\n\n"], ids["<0xC3>"], ids["<0xA9>"]]
+    assert tok.decode(got) == text
+    assert tok.encode("\n\n\n", add_special=False) == [ids["<0x0A>"]] * 3   # "\n\n\n" is no token
