@@ -234,6 +234,12 @@ class Key:
     ROPE_SCALING_FINETUNED = "{arch}.rope.scaling.finetuned"
     NEXTN_PREDICT_LAYERS = "{arch}.nextn_predict_layers"
     SHORTCONV_L_CACHE = "{arch}.shortconv.l_cache"
+    # Gemma 4: the sliding layers' head and rotary sizes, KV sharing, per-layer embeddings
+    KEY_LENGTH_SWA = "{arch}.attention.key_length_swa"
+    VALUE_LENGTH_SWA = "{arch}.attention.value_length_swa"
+    ROPE_DIMENSION_COUNT_SWA = "{arch}.rope.dimension_count_swa"
+    SHARED_KV_LAYERS = "{arch}.attention.shared_kv_layers"
+    EMBEDDING_LENGTH_PER_LAYER = "{arch}.embedding_length_per_layer_input"
 
     # tokenizer
     TOKENIZER_MODEL = "tokenizer.ggml.model"
