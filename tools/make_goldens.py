@@ -167,6 +167,32 @@ def vocab():
     return synth_vocab(N_VOCAB)
 
 
+def add_vocab(w):
+    toks, scores, types = vocab()
+    w.add_tokenizer_model("llama")
+    w.add_token_list(toks)
+    w.add_token_scores(scores.tolist())
+    w.add_token_types(types.tolist())
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    w.add_unk_token_id(0)
+    w.add_add_bos_token(True)
+
+
+def random_writers(w, rng):
+    """mat(name, *shape): F16 normal values (scale 1/sqrt(row length) unless given); vec(name,
+    n): F32 uniform in lo..hi."""
+    def mat(tname, *shape, scale=None):
+        # shape in numpy order (rows..., row length). F16: this llama.cpp build's quantized
+        # CPU kernels stop with SIGILL on this machine (AMX/VNNI under the sandbox)
+        s = scale if scale is not None else 1.0 / np.sqrt(shape[-1])
+        w.add_tensor(tname, (rng.standard_normal(shape) * s).astype(np.float16))
+
+    def vec(tname, n, lo=0.8, hi=1.2):
+        w.add_tensor(tname, rng.uniform(lo, hi, n).astype(np.float32))
+    return mat, vec
+
+
 def write_gguf(name, c, path, seed):
     import gguf
     rng = np.random.default_rng(seed)
@@ -214,30 +240,15 @@ def write_gguf(name, c, path, seed):
         w.add_expert_feed_forward_length(c["n_ff_exp"])
     if "n_ff_shexp" in c:
         w.add_expert_shared_feed_forward_length(c["n_ff_shexp"])
-    toks, scores, types = vocab()
-    w.add_tokenizer_model("llama")
-    w.add_token_list(toks)
-    w.add_token_scores(scores.tolist())
-    w.add_token_types(types.tolist())
-    w.add_bos_token_id(1)
-    w.add_eos_token_id(2)
-    w.add_unk_token_id(0)
-    w.add_add_bos_token(True)
+    add_vocab(w)
 
-    def mat(tname, *shape, scale=None):
-        # shape in numpy order (rows..., row length). F16: this llama.cpp build's quantized
-        # CPU kernels stop with SIGILL on this machine (AMX/VNNI under the sandbox)
-        s = scale if scale is not None else 1.0 / np.sqrt(shape[-1])
-        w.add_tensor(tname, (rng.standard_normal(shape) * s).astype(np.float16))
+    mat, vec = random_writers(w, rng)
 
     def mxfp4(tname, *shape):
         # the same random draw as mat(), quantized to MXFP4 by gguf-py (not by edged)
         data = (rng.standard_normal(shape) / np.sqrt(shape[-1])).astype(np.float32)
         q = gguf.quants.quantize(data, gguf.GGMLQuantizationType.MXFP4)
         w.add_tensor(tname, q, raw_dtype=gguf.GGMLQuantizationType.MXFP4)
-
-    def vec(tname, n, lo=0.8, hi=1.2):
-        w.add_tensor(tname, rng.uniform(lo, hi, n).astype(np.float32))
 
     mat("token_embd.weight", N_VOCAB, E, scale=1.0)
     vec("token_embd_norm.weight" if arch == "lfm2" else "output_norm.weight", E)
@@ -349,23 +360,9 @@ def write_gemma4_gguf(name, path, seed):
     w.add_uint32("gemma4.attention.shared_kv_layers", n_shared)
     w.add_uint32("gemma4.embedding_length_per_layer_input", P)
     w.add_final_logit_softcapping(30.0)
-    toks, scores, types = vocab()
-    w.add_tokenizer_model("llama")
-    w.add_token_list(toks)
-    w.add_token_scores(scores.tolist())
-    w.add_token_types(types.tolist())
-    w.add_bos_token_id(1)
-    w.add_eos_token_id(2)
-    w.add_unk_token_id(0)
-    w.add_add_bos_token(True)
+    add_vocab(w)
 
-    def mat(tname, *shape, scale=None):
-        s = scale if scale is not None else 1.0 / np.sqrt(shape[-1])
-        w.add_tensor(tname, (rng.standard_normal(shape) * s).astype(np.float16))
-
-    def vec(tname, n, lo=0.8, hi=1.2):
-        w.add_tensor(tname, rng.uniform(lo, hi, n).astype(np.float32))
-
+    mat, vec = random_writers(w, rng)
     mat("token_embd.weight", N_VOCAB, E, scale=1.0)
     vec("output_norm.weight", E)
     w.add_tensor("rope_freqs.weight", rng.uniform(1.0, 4.0, D // 2).astype(np.float32))

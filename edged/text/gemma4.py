@@ -113,31 +113,40 @@ def value(s, i=0, depth=0):
     if s.startswith("{", i):
         return _dict(s, i, depth)
     if s.startswith("[", i):
-        out, i = [], _skip_ws(s, i + 1)
-        if s.startswith("]", i):
-            return out, i + 1
-        while True:
+        out = []
+
+        def item(i):
             v, i = value(s, i, depth + 1)
             out.append(v)
-            i = _skip_ws(s, i)
-            if s.startswith("]", i):
-                return out, i + 1
-            if not s.startswith(",", i):
-                raise ValueError(f"expected ',' or ']' at {s[i:i + 20]!r}")
-            i = _skip_ws(s, i + 1)
+            return i
+        return out, _items(s, i, "]", item)
     for word, v in (("true", True), ("false", False), ("null", None)):
         if s.startswith(word, i):
             return v, i + len(word)
     return _number(s, i)
 
 
+def _items(s, i, close, item):
+    """The items of a `[...]` or `{...}` opening at s[i], each read by item(index) -> index
+    after it; returns the index after `close`."""
+    i = _skip_ws(s, i + 1)
+    if s.startswith(close, i):
+        return i + 1
+    while True:
+        i = _skip_ws(s, item(i))
+        if s.startswith(close, i):
+            return i + 1
+        if not s.startswith(",", i):
+            raise ValueError(f"expected ',' or {close!r} at {s[i:i + 20]!r}")
+        i = _skip_ws(s, i + 1)
+
+
 def _dict(s, i, depth=0):
     """`{key:VALUE,...}` at s[i] -> (dict, index after it). Keys are bare text up to ':'
     (a key the model quoted with <|"|> loses the quotes)."""
-    out, i = {}, _skip_ws(s, i + 1)
-    if s.startswith("}", i):
-        return out, i + 1
-    while True:
+    out = {}
+
+    def item(i):
         j = i
         while j < len(s) and s[j] not in ":}":
             j += 1
@@ -146,14 +155,9 @@ def _dict(s, i, depth=0):
         key = s[i:j]
         if key.startswith(QUOTE) and key.endswith(QUOTE) and len(key) >= 2 * len(QUOTE):
             key = key[len(QUOTE):-len(QUOTE)]
-        v, i = value(s, _skip_ws(s, j + 1), depth + 1)
-        out[key] = v
-        i = _skip_ws(s, i)
-        if s.startswith("}", i):
-            return out, i + 1
-        if not s.startswith(",", i):
-            raise ValueError(f"expected ',' or '}}' at {s[i:i + 20]!r}")
-        i = _skip_ws(s, i + 1)
+        out[key], i = value(s, _skip_ws(s, j + 1), depth + 1)
+        return i
+    return out, _items(s, i, "}", item)
 
 
 def parse_calls(text):

@@ -13,15 +13,10 @@ from grammar_support import feed as run
 from edged.format.gguf import GGUFFile, Key
 from edged.text import gemma4, reasoning, tools
 from edged.text.chat import render
+from test_tools import TOOLS, smol_tokenizer  # noqa: F401  (smol_tokenizer: a fixture)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 VOCAB = os.path.join(HERE, "..", "data", "vocab", "ggml-vocab-gemma-4.gguf")
-TOOLS = [{"type": "function", "function": {
-    "name": "get_weather", "description": "Weather in a city",
-    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}},
-    {"type": "function", "function": {
-        "name": "get_time", "description": "Local time",
-        "parameters": {"type": "object", "properties": {"tz": {"type": "string"}}, "required": ["tz"]}}}]
 CONVERSATION = [
     {"role": "user", "content": "Weather in Paris?"},
     {"role": "assistant", "content": "", "tool_calls": [{"id": "call00001", "type": "function", "function": {
@@ -126,13 +121,6 @@ def test_reasoning_split_on_the_thought_channel():
     parts = [s.push(text[i:i + 4]) for i in range(0, len(text), 4)] + [s.flush()]
     assert "".join(p[0] for p in parts).strip() == "The user wants X."
     assert "".join(p[1] for p in parts) == "The answer."
-
-
-@pytest.fixture(scope="module")
-def smol_tokenizer():
-    pytest.importorskip("llguidance")
-    from edged.text.tokenizer import Tokenizer
-    return Tokenizer.from_gguf(testdata("models", "SmolLM2-135M-Instruct.Q4_1.gguf"))
 
 
 @pytest.mark.parametrize("parallel, good, bad", [
