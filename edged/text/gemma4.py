@@ -83,6 +83,16 @@ def messages_for_template(messages, template):
     return out
 
 
+TURN_END, MODEL_TURN = "<turn|>\n", "<|turn>model\n"
+
+
+def generation_prompt(prompt):
+    """A rendered prompt with the model's turn opened where the template left it closed: after
+    a turn that holds both tool results and text the template writes no `<|turn>model`, which
+    confuses the model (llama.cpp adds it the same way)."""
+    return prompt + MODEL_TURN if prompt.endswith(TURN_END) else prompt
+
+
 # --- parsing the reply ---------------------------------------------------------------------
 
 def _skip_ws(s, i):

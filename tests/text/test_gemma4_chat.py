@@ -140,3 +140,26 @@ def test_call_grammar_accepts_calls_and_refuses_the_rest(smol_tokenizer, paralle
     assert not run(grammar.Constraint(g, smol_tokenizer), smol_tokenizer, bad)
     _, calls = tools.parse("gemma4", good)
     assert calls and all(c["function"]["name"] in ("get_weather", "get_time") for c in calls)
+
+
+def test_a_prompt_left_after_a_closed_turn_opens_the_model_turn():
+    """With thinking on, the older template ends a prompt after a turn with tool results and
+    text at `<turn|>`: the model's turn is opened after it (as llama.cpp does); other prompts
+    stay as they are."""
+    msgs = gemma4.messages_for_template(tools.messages_for_template(CONVERSATION[:4]), older())
+    prompt = render(older(), msgs, tools=TOOLS[:1], bos_token="<bos>", enable_thinking=True)
+    assert prompt.endswith("<tool_response|>It is 18 C.<turn|>\n")
+    assert gemma4.generation_prompt(prompt) == prompt + "<|turn>model\n"
+    assert gemma4.generation_prompt(OFFICIAL_PROMPT) == OFFICIAL_PROMPT
+
+
+def test_model_chat_prompt_opens_the_model_turn(tmp_path):
+    """Model.chat_prompt applies it to a Gemma 4 template (here an operator's template file on
+    another model: the compiled backend does not run gemma4 files yet)."""
+    from edged import Model
+    path = tmp_path / "gemma4.jinja"
+    path.write_text(older(), encoding="utf-8")
+    msgs = gemma4.messages_for_template(tools.messages_for_template(CONVERSATION[:4]), older())
+    with Model.load(testdata("models", "SmolLM2-135M-Instruct.Q4_1.gguf")) as m:
+        prompt = m.chat_prompt(msgs, template_file=str(path), enable_thinking=True)
+    assert prompt.endswith("It is 18 C.<turn|>\n<|turn>model\n")
