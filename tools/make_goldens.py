@@ -105,11 +105,23 @@ CASES = {
     # RMS-normed, attention unscaled; per-layer embeddings 8 wide; a scalar per layer output;
     # logits soft-capped at 30; a 40-token prompt. Written by write_gemma4_gguf.
     "gemma4": dict(arch="gemma4", seed=1012, prompt_seed=12, n_prompt=40),
+    # a scaled-down Gemma 3n E2B: 22 layers (the first 10 with the FFN gate's Gaussian top-k,
+    # layers 20 (sliding) and 21 (global) attending to layers 18's and 19's K/V), AltUp's 4
+    # streams, LAuReL of rank 64 and per-layer inputs 256 wide (llama.cpp's fixed sizes), a
+    # window of 8 on the layers the per-layer pattern marks, tied embeddings; a 40-token
+    # prompt. 8.6 MB in F16: not committed, tests/engine/test_engine_gemma3n.py writes it
+    # again with write_gguf and checks its SHA-256 against the golden's `gguf_sha256`
+    "gemma3n": dict(arch="gemma3n", seed=1012, prompt_seed=12, n_layer=22, n_ff=512, n_swa=8,
+                    qk_norm=True, q_norm=(0.25, 0.35), sandwich=True, n_prompt=40),
 }
 # gpt-oss as it ships: the same file with its experts in MXFP4, quantized by the PyPI gguf
 # package (llama-quantize's MXFP4_MOE would also make the rest Q8_0, which this machine's
 # llama.cpp build cannot run)
 CASES["gpt-oss-mxfp4"] = dict(CASES["gpt-oss"], mxfp4=True, prompt_seed=8)
+
+# cases whose model is too large to commit: written to a temporary directory, the golden records
+# its SHA-256 (`gguf_sha256`) and the test writes it again with write_gguf
+REGENERATED = {"gemma3n"}
 
 GGML_TYPE = {"f16": 1, "q4_0": 2, "q8_0": 8}  # the ggml type ids llama.cpp's type_k/type_v take
 
@@ -218,6 +230,15 @@ def write_gguf(name, c, path, seed):
     w.add_layer_norm_rms_eps(c["rms_eps"])
     if "n_swa" in c:
         w.add_sliding_window(c["n_swa"])
+    if arch == "gemma3n":   # the keys its converter writes (llama.cpp uses fixed values)
+        A, P, R = 4, 256, 64
+        w.add_sliding_window_pattern([il % 5 < 4 for il in range(20)] + [True, False][:L - 20])
+        w.add_altup_active_idx(0)
+        w.add_altup_num_inputs(A)
+        w.add_embedding_length_per_layer_input(P)
+        w.add_shared_kv_layers(max(0, L - 20))
+        w.add_activation_sparsity_scale([1.6448533535003662] * 10 + [-np.inf] * (L - 10))
+        w.add_final_logit_softcapping(30.0)
     if "attn_softcap" in c:
         w.add_attn_logit_softcapping(c["attn_softcap"])
         w.add_final_logit_softcapping(c["final_softcap"])
@@ -258,8 +279,28 @@ def write_gguf(name, c, path, seed):
         half = c["n_rot"] // 2
         w.add_tensor("rope_factors_long.weight", rng.uniform(1.0, 8.0, half).astype(np.float32))
         w.add_tensor("rope_factors_short.weight", rng.uniform(1.0, 1.5, half).astype(np.float32))
+    if arch == "gemma3n":
+        def f32(tname, *shape, scale):
+            w.add_tensor(tname, (rng.standard_normal(shape) * scale).astype(np.float32))
+        mat("altup_proj.weight", A - 1, E, E)
+        mat("altup_unembd_proj.weight", A - 1, E, E)
+        mat("per_layer_token_embd.weight", N_VOCAB, P * L, scale=1.0 / 16)
+        mat("per_layer_model_proj.weight", P * L, E)
+        vec("per_layer_proj_norm.weight", P)
     for il in range(L):
         p = f"blk.{il}."
+        if arch == "gemma3n":
+            mat(p + "inp_gate.weight", P, E)
+            mat(p + "proj.weight", E, P)
+            vec(p + "post_norm.weight", E)
+            f32(p + "altup_correct_coef.weight", A, A, scale=0.02)
+            vec(p + "altup_correct_scale.weight", E)
+            f32(p + "altup_predict_coef.weight", A * A, A, scale=0.02)
+            f32(p + "altup_router.weight", A, E, scale=4.0)
+            vec(p + "altup_router_norm.weight", E)
+            mat(p + "laurel_l.weight", R, E)
+            mat(p + "laurel_r.weight", E, R)
+            vec(p + "laurel_post_norm.weight", E)
         vec(p + "attn_norm.weight", E)
         if arch == "lfm2" and il not in c["attn_layers"]:
             mat(p + "shortconv.in_proj.weight", 3 * E, E)
@@ -282,7 +323,7 @@ def write_gguf(name, c, path, seed):
             vec(p + "attn_k.bias", KV * D, -0.1, 0.1)
             vec(p + "attn_v.bias", KV * D, -0.1, 0.1)
         if c.get("qk_norm"):
-            vec(p + "attn_q_norm.weight", D)
+            vec(p + "attn_q_norm.weight", D, *c.get("q_norm", (0.8, 1.2)))
             vec(p + "attn_k_norm.weight", D)
         mat(p + "attn_output.weight", E, H * D)
         if c.get("gptoss"):
@@ -420,7 +461,8 @@ def main():
             ap.error(f"unknown case {name!r}")
         base, mix = QUANTIZED.get(name, (name, None))
         i = index[base]
-        model = os.path.join(a.out, f"synthetic-{name}.gguf")
+        tmp = tempfile.TemporaryDirectory() if name in REGENERATED else None
+        model = os.path.join(tmp.name if tmp else a.out, f"synthetic-{name}.gguf")
         golden = os.path.join(a.out, f"synthetic-{name}.golden.npz")
         case = dict(CASES[base])
         seed, i = case.pop("seed", 1000 + i), case.pop("prompt_seed", i)
@@ -444,7 +486,15 @@ def main():
                             str(N_GEN), str(GGML_TYPE[ck]), str(GGML_TYPE[cv]), ck, cv], check=True)
         else:
             teacher_c(a.llama_teacher, model, golden, prompt, ck, cv)
+        if tmp:
+            import hashlib
+            with open(model, "rb") as f:
+                sha = hashlib.sha256(f.read()).hexdigest()
+            z = dict(np.load(golden))
+            np.savez_compressed(golden, gguf_sha256=sha, **z)
         print(f"{name}: {os.path.getsize(model)} + {os.path.getsize(golden)} bytes", flush=True)
+        if tmp:
+            tmp.cleanup()
 
 
 if __name__ == "__main__":

@@ -166,6 +166,10 @@ typedef struct {
     int all_rows;        /* every row's final residual is wanted (hidden states, embeddings): the
                             last layer runs all rows, not only out_rows (ed_last_rows) */
     atomic_int attn_next;  /* next attention block to take (ed_attention) */
+    /* rows at positions nc_lo..nc_hi of an ordinary batch attend to every key up to nc_hi, not
+       only the earlier ones: an image's rows, which llama.cpp decodes non-causally (gemma3).
+       nc_hi < nc_lo (the default, -1 / 0): every row is causal. Set by the caller per call. */
+    int nc_lo, nc_hi;
     /* a batch over several sessions (ed_forward_rows): row t is a token at position
        row_pos[t] with the KV cache of another state (row_k/row_v/row_nctx): the decode tokens
        of some sessions and prompt chunks of others; this state only lends its scratch. 0 for
@@ -597,6 +601,11 @@ static inline int ed_row_pos(const ed_state *s, int64_t t) {
     return s->batched ? s->row_pos[t] : s->pos + (int)t;
 }
 
+/* The last key row t attends to: its own position, or the end of a non-causal span it is in. */
+static inline int ed_row_hi(const ed_state *s, int pt) {
+    return !s->batched && pt >= s->nc_lo && pt <= s->nc_hi ? s->nc_hi : pt;
+}
+
 static inline uint8_t *ed_layer_cache(const ed_state *s, int kv, int64_t t, int il) {
     const size_t row = kv ? s->v_row : s->k_row;
     if (s->batched)
@@ -822,13 +831,13 @@ static void ed_attention_exact(ed_state *s, const ed_model *m, int il, int ith, 
     ed_range((int64_t)n * m->n_head, ith, nth, &a, &b);
     for (int64_t idx = a; idx < b; idx++) {
         const int t = (int)(idx / m->n_head), h = (int)(idx % m->n_head), kvh = h / group;
-        const int pt = ed_row_pos(s, t);
+        const int pt = ed_row_pos(s, t), hi = ed_row_hi(s, pt);
         const uint8_t *kl = ed_layer_cache(s, 0, t, il), *vl = ed_layer_cache(s, 1, t, il);
         const size_t koff = ed_kv_bytes(s->type_k, (int64_t)kvh * hd);
         const float *q = s->qkv + (size_t)t * ldqkv + (size_t)h * hd;
         int j0 = 0;
         if (swa && pt - m->n_swa + 1 > 0) j0 = pt - m->n_swa + 1;
-        const int nj = pt - j0 + 1;
+        const int nj = hi - j0 + 1;
         if (s->type_v != ED_F16) {  /* a quantized V: flash attention, as llama.cpp requires */
             ed_attn_flash_row(s, hd, q, kqscale, cap, sink ? sink[h] : -INFINITY,
                               kl + (size_t)j0 * s->k_row + koff, s->k_row,
@@ -840,7 +849,7 @@ static void ed_attention_exact(ed_state *s, const ed_model *m, int il, int ith, 
         if (s->type_k == ED_F16) ed_pm_f16_row(&pm, hd, q, q16);
         else ed_kq_query(s->type_k, q, hd, q16);
         float mx = sink ? sink[h] : -INFINITY;  /* llama.cpp: the sink joins the max... */
-        for (int j = j0; j <= pt; j++) {
+        for (int j = j0; j <= hi; j++) {
             float d = s->type_k == ED_F16
                 ? ed_pm_dot(&pm, hd, (const uint16_t *)kl + (size_t)j * kvd + (size_t)kvh * hd, q16)
                 : ed_kq_dot_quant(s->type_k, hd, kl + (size_t)j * s->k_row + koff, q16);
@@ -852,9 +861,9 @@ static void ed_attention_exact(ed_state *s, const ed_model *m, int il, int ith, 
         /* softmax: ggml's expf; groups of 16 cache cells summed in float, the groups in double */
         ed_pm_expf_sub(&pm, nj, sc + j0, mx, sc + j0);
         double sum = 0.0;
-        for (int g = j0 & ~15; g <= pt; g += 16) {
+        for (int g = j0 & ~15; g <= hi; g += 16) {
             float l[16];
-            for (int k = 0; k < 16; k++) l[k] = g + k >= j0 && g + k <= pt ? sc[g + k] : 0.0f;
+            for (int k = 0; k < 16; k++) l[k] = g + k >= j0 && g + k <= hi ? sc[g + k] : 0.0f;
             sum += ed_pm_hsum16(l);
         }
         if (sink) sum += (double)expf(sink[h] - mx);  /* ... and the sum, not the output */
@@ -867,7 +876,7 @@ static void ed_attention_exact(ed_state *s, const ed_model *m, int il, int ith, 
             memset(row, 0, sizeof(float) * hd);
             lane[j % lanes] = row;
         }
-        for (int j = j0; j <= pt; j++)
+        for (int j = j0; j <= hi; j++)
             if (sc[j] != 0.0f) ed_axpy_f16(hd, sc[j], vc + (size_t)j * kvd + (size_t)kvh * hd, acc + (size_t)(j % lanes) * hd);
         if (used < lanes)  /* fewer keys than lanes: only the used lanes' adds (the same bits) */
             ed_pm_reduce_lanes_sparse(hd, lane, ED_ZERO_ROW, tmp, s->xb + (size_t)t * Qd + (size_t)h * hd);
@@ -921,7 +930,7 @@ static void ed_attention_blocked(ed_state *s, const ed_model *m, int il, int ith
                     rw[nr].q = s->qkv + (size_t)t * ldqkv + (size_t)h * hd;
                     rw[nr].o = s->xb + (size_t)t * Qd + (size_t)h * hd;
                     rw[nr].lo = lo;
-                    rw[nr].hi = pt;
+                    rw[nr].hi = ed_row_hi(s, pt);
                     rw[nr].sink = sink ? sink[h] : -INFINITY;
                 }
             }

@@ -64,6 +64,7 @@ cdef extern from "forward.h" nogil:
         float *vacc
         float *logits
         int32_t *tokens
+        int nc_lo, nc_hi
         int profile
         double prof_ns[7]
         double prof_mm[ED_NTYPES]
@@ -468,6 +469,12 @@ cdef class ForwardState:
     @property
     def max_logit_rows(self):
         return min(self.s.n_batch, ED_MAX_LOGIT_ROWS)
+
+    def set_noncausal(self, int lo, int hi):
+        """Rows at positions lo..hi of the next forward() see every key up to hi (an image's
+        rows, decoded non-causally as llama.cpp does for gemma3); hi < lo: all causal."""
+        self.s.nc_lo = lo
+        self.s.nc_hi = hi
 
     def forward(self, int n_tokens, int pos, bint all_logits, bint all_rows=False):
         """Run the staged rows at positions pos.. . The last layer runs only for the rows whose

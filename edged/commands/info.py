@@ -53,7 +53,8 @@ def model_info(path, ctx_sizes=None, cache=None):
             types[n] += 1
             type_bytes[n] += t.nbytes
         weights = sum(t.nbytes for t in spec.tensors.values())
-        cls = backend_class()
+        # gemma3n runs on the reference backend only (the compiled pass refuses it)
+        cls = backend_class("reference" if spec.gemma3n else None)
         ctxs = ctx_sizes or sorted({512, 4096, hp.n_ctx_train})
         cache.check(hp.head_dim)
         mem = []
@@ -73,7 +74,17 @@ def model_info(path, ctx_sizes=None, cache=None):
             "weight_types": {k: {"tensors": types[k], "bytes": type_bytes[k]} for k in types},
             "vocabulary": tok.n_vocab, "bos_id": tok.bos_id, "eos_id": tok.eos_id,
             "memory": mem, "weights_bytes": weights, "active_weights_bytes": active,
+            **({"gemma3n": _gemma3n(spec, cls)} if spec.gemma3n else {}),
         }
+
+
+def _gemma3n(spec, cls):
+    g, hp = spec.gemma3n, spec.hp
+    shared = [il for il, src in enumerate(hp.kv_layers) if src != il]
+    return {"n_altup": g.params.n_altup, "n_embd_altup": g.params.n_embd_altup,
+            "per_layer_token_embd_bytes": spec.tensors[g.per_layer_token_embd].nbytes,
+            "shared_kv_layers": shared, "kv_sources": [hp.kv_layers[il] for il in shared],
+            "backend": cls.name, "backend_weight_copies_bytes": cls.extra_weight_bytes(spec)}
 
 
 def machine_info():
@@ -149,6 +160,13 @@ def run(args):
         conv = [i for i, c in enumerate(hp["conv_layers"]) if c]
         print(f"short convolutions ({hp['n_shortconv_l_cache']} taps) on layers {conv}; their "
               f"cache of {4 * hp['n_embd']} bytes per position per layer counts with the KV cache")
+    if "gemma3n" in info:
+        g = info["gemma3n"]
+        print(f"gemma3n: {g['n_altup']} AltUp streams; per-layer inputs {g['n_embd_altup']} wide "
+              f"per layer (per_layer_token_embd {mib(g['per_layer_token_embd_bytes'])}: "
+              f"a token reads one row of it); layers {g['shared_kv_layers']} attend to "
+              f"layers {g['kv_sources']}'s K/V; runs on the {g['backend']} backend only (float32 "
+              f"copies of the weights: {mib(g['backend_weight_copies_bytes'])} more)")
     if not all(hp["rope_layers"]):
         print(f"layers without RoPE: {[i for i, r in enumerate(hp['rope_layers']) if not r]}")
     if hp["n_expert"]:

@@ -3,7 +3,8 @@ import os
 import sys
 import time
 
-from ..format.synth import ENCODER_SHAPES, MIXES, SHAPES, synth, synth_encoder
+from ..format.synth import (ENCODER_SHAPES, MIXES, MMPROJ_SHAPES, SHAPES, synth, synth_encoder,
+                            synth_mmproj)
 from .progress import bar
 
 
@@ -12,9 +13,13 @@ def configure(p):
                      "edged's own quantizer with llama.cpp's type mix. For benchmarks; the text "
                      "such a model generates is random.")
     shapes = sorted(SHAPES) + sorted(ENCODER_SHAPES)
-    p.add_argument("--shape", required=True, choices=shapes,
-                   help="architecture and size to imitate: " + ", ".join(shapes) + " (the "
-                   "encoders, with a synthetic WordPiece vocabulary, take F32, F16 or Q8_0)")
+    what = p.add_mutually_exclusive_group(required=True)
+    what.add_argument("--shape", choices=shapes,
+                      help="architecture and size to imitate: " + ", ".join(shapes) + " (the "
+                      "encoders, with a synthetic WordPiece vocabulary, take F32, F16 or Q8_0)")
+    what.add_argument("--mmproj", choices=sorted(MMPROJ_SHAPES),
+                      help="write a vision projector (llama.cpp's mmproj file) instead: "
+                      + ", ".join(sorted(MMPROJ_SHAPES)) + " (F16 or F32)")
     p.add_argument("--type", default=None, choices=list(MIXES),
                    help="quantization mix of the weights (default Q4_K_M; encoders F16)")
     p.add_argument("--seed", type=int, default=0, help="random seed of the weights (default 0)")
@@ -24,6 +29,12 @@ def configure(p):
 
 def run(args):
     t0 = time.perf_counter()
+    if args.mmproj:
+        args.type = args.type or "F16"
+        n = synth_mmproj(args.mmproj, args.out, args.type, seed=args.seed)
+        print(f"edged synth: wrote {args.out}: mmproj {args.mmproj} {args.type}, {n / 1e6:.1f} M "
+              f"parameters in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
+        return 0
     if args.shape in ENCODER_SHAPES:
         args.type = args.type or "F16"
         n = synth_encoder(args.shape, args.type, args.out, seed=args.seed)

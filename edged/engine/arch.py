@@ -22,6 +22,7 @@ import numpy as np
 from ..errors import MetadataValueError, UnsupportedModelError
 from ..format.gguf import GGMLType, Key, TYPE_INFO, check_number
 from ..format.quants import SUPPORTED
+from . import gemma3n
 
 # Weight types the engine runs: the format layer's table of block layouts (edged.format.quants;
 # the compiled kernels' list, core.supported_types(), is checked against it by the tests).
@@ -73,6 +74,9 @@ class Arch:
     # shortconv.out_proj) instead of attention; the output norm is stored as token_embd_norm
     shortconv: bool = False
     output_norm_tensor: str = "output_norm"
+    # gemma3n: AltUp streams, LAuReL, per-layer inputs, activation sparsity and K/V shared by
+    # the last layers (edged/engine/gemma3n.py); v is RMS-normed without a weight, q.k unscaled
+    altup: bool = False
 
 
 ARCHS = {
@@ -95,6 +99,8 @@ ARCHS = {
                     out_bias=True, attn_sinks=True, ffn_norm_tensor="post_attention_norm"),
     "lfm2": Arch("lfm2", ROPE_NEOX, qk_norm=True, shortconv=True,
                  output_norm_tensor="token_embd_norm"),
+    "gemma3n": Arch("gemma3n", ROPE_NEOX, qk_norm=True, sandwich_norm=True, embd_scale=True,
+                    act="gelu", swa_pattern=5, scale_q=True, altup=True),
 }
 # llama.cpp's YaRN defaults (ggml_rope_yarn_corr_dims); it reads no beta keys for these archs
 YARN_BETA_FAST, YARN_BETA_SLOW = 32.0, 1.0
@@ -160,6 +166,8 @@ class HParams:
     n_shortconv_l_cache: int = 0
     n_conv_layers: int = 0
     conv_layers: tuple = field(default=(), metadata=NOT_COMPILED)
+    # per layer: the layer whose K/V cache it attends to (itself, but for gemma3n's last layers)
+    kv_layers: tuple = field(default=(), metadata=NOT_COMPILED)
 
     @property
     def n_embd_q(self):
@@ -227,6 +235,7 @@ class Spec:
     rope_short: str | None        # ... and for contexts <= n_ctx_orig
     layers: tuple                 # LayerTensors per block
     tensors: dict = field(repr=False)  # name -> TensorInfo of every tensor the model uses
+    gemma3n: gemma3n.Tensors | None = None  # AltUp / LAuReL / per-layer inputs (gemma3n)
 
     @property
     def tied_embeddings(self):
@@ -237,7 +246,8 @@ class Spec:
         the output matrix), k of n_expert experts, and every other weight."""
         hp, total = self.hp, 0
         for name, t in self.tensors.items():
-            if name == self.token_embd and not self.tied_embeddings:
+            if name == self.token_embd and not self.tied_embeddings or (
+                    self.gemma3n and name == self.gemma3n.per_layer_token_embd):
                 total += t.nbytes // hp.n_vocab
             elif name.endswith(("_exps.weight", "_exps.bias")):
                 total += t.nbytes * hp.n_expert_used // hp.n_expert
@@ -415,7 +425,7 @@ def hparams(metadata, arch_name, n_vocab):
         msc = f32(msc * (f32(1.0) / (f32(1.0) + f32(0.1) * np.log(fac))))
         attn_factor = float(f32(msc * f32(attn_factor)))
 
-    n_swa = m.get(Key.SLIDING_WINDOW, required=a.name == "gpt-oss",
+    n_swa = m.get(Key.SLIDING_WINDOW, required=a.name in ("gpt-oss", "gemma3n"),
                   default=4096 if a.name == "gemma2" else 0)
     per_layer = _swa_layers(m, n_layer)
     if a.shortconv and n_swa > 0:     # llama.cpp: every attention layer slides
@@ -436,6 +446,8 @@ def hparams(metadata, arch_name, n_vocab):
     # gemma 27B models scale by n_embd / n_head (llama.cpp, gemma_pytorch)
     if (arch_name, n_layer) in (("gemma3", 62), ("gemma2", 46)):
         attn_scale = 1.0 / math.sqrt(n_embd // n_head)
+    if a.altup:
+        attn_scale = 1.0       # q and k are RMS-normed (llama.cpp's f_attention_scale)
     embd_scale = math.sqrt(n_embd) if a.embd_scale else 1.0
     residual_scale = logit_mul = 1.0
     if a.multipliers:  # granite: each key optional but logit_scale (llama.cpp requires it)
@@ -471,8 +483,8 @@ def hparams(metadata, arch_name, n_vocab):
         n_ctx_orig=m.get(Key.ROPE_SCALING_ORIG_CTX_LEN, default=n_ctx_train),
         rms_eps=rms_eps,
         n_swa=n_swa, swa_layers=swa, attn_scale=attn_scale, embd_scale=embd_scale,
-        final_logit_softcap=m.get(Key.FINAL_LOGIT_SOFTCAPPING,
-                                  default=30.0 if a.softcap else 0.0),
+        final_logit_softcap=gemma3n.FINAL_LOGIT_SOFTCAP if a.altup else
+        m.get(Key.FINAL_LOGIT_SOFTCAPPING, default=30.0 if a.softcap else 0.0),
         attn_softcap=m.get(Key.ATTN_LOGIT_SOFTCAPPING, default=50.0) if a.softcap else 0.0,
         residual_scale=residual_scale, logit_mul=logit_mul, rope_layers=rope_layers,
         n_expert=n_expert, n_expert_used=n_used, n_ff_exp=n_ff_exp,
@@ -482,6 +494,7 @@ def hparams(metadata, arch_name, n_vocab):
         n_ff_shexp=m.get(Key.EXPERT_SHARED_FEED_FORWARD_LENGTH, default=0) or n_ff
         if a.shared_expert else 0,
         n_shortconv_l_cache=l_cache, n_conv_layers=sum(conv_layers), conv_layers=conv_layers,
+        kv_layers=gemma3n.kv_layers(n_layer, swa) if a.altup else tuple(range(n_layer)),
     )
 
 
@@ -642,6 +655,7 @@ def validate(metadata, tensors, n_vocab_tokenizer=None, log=None):
     if extra:
         _refuse(f"tensor {extra[0]!r} belongs to a block beyond {Key.arch(Key.BLOCK_COUNT, arch_name)}"
                 f" = {hp.n_layer}")
+    g3n = gemma3n.tensors(T.get, hp, gemma3n.params(metadata, hp.n_layer)) if a.altup else None
     return Spec(arch=a, hp=hp, token_embd=token_embd, output_norm=output_norm, output=output,
                 rope_freqs=rope_freqs, rope_long=rope_long, rope_short=rope_short,
-                layers=tuple(layers), tensors=dict(T.used))
+                layers=tuple(layers), tensors=dict(T.used), gemma3n=g3n)

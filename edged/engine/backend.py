@@ -83,8 +83,15 @@ class Backend:
         """Most rows one forward step can return logits for (eval splits longer batches)."""
         return 1 << 30
 
-    def copy_in(self, buf, tokens, pos: int) -> None:
-        """Stage a batch of token ids that will sit at positions pos, pos+1, ..."""
+    def copy_in(self, buf, tokens, pos: int, rows=None) -> None:
+        """Stage a batch of token ids that will sit at positions pos, pos+1, ... rows: None or
+        (indices int64, float32 (k, n_embd)): those batch rows take these input rows instead
+        of a token's embedding (an image's, engine/vision.py; no embedding scale)."""
+        raise NotImplementedError
+
+    def set_noncausal(self, buf, lo: int, hi: int) -> None:
+        """The rows at positions lo..hi of the next forward() attend to every key up to hi
+        (an image decoded non-causally); hi < lo: every row causal again."""
         raise NotImplementedError
 
     def forward(self, buf, n_tokens: int, pos: int, all_logits: bool, all_rows: bool = False) -> None:

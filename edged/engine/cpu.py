@@ -73,6 +73,10 @@ class CPUBackend(Backend):
     def __init__(self, spec, weights, n_threads=1, numa="none", cache=DEFAULT_CACHE,
                  resident_experts=False):
         super().__init__(spec, weights, n_threads, numa, cache, resident_experts)
+        if spec.gemma3n:
+            raise UnsupportedModelError(
+                "gemma3n (AltUp, LAuReL, per-layer inputs) is not in the compiled forward pass "
+                "yet; EDGED_BACKEND=reference runs it (slowly)")
         cache.check(spec.hp.head_dim)
         core = _require_core()
         core.check_fields(spec.hp, _ROLES)  # the C model takes both by name: a mismatch fails the load
@@ -188,12 +192,17 @@ class CPUBackend(Backend):
     def max_logit_rows(self, buf):
         return buf.state.max_logit_rows
 
-    def copy_in(self, buf, tokens, pos):
+    def copy_in(self, buf, tokens, pos, rows=None):
         toks = np.asarray(tokens, dtype=np.int64)
-        rows = buf.inp[:len(toks)]  # (n, n_embd) float32: the embedding lookup, compiled
-        _core.dequantize_rows(rows, self._embd_bytes, self._embd_type, toks)
+        inp = buf.inp[:len(toks)]  # (n, n_embd) float32: the embedding lookup, compiled
+        _core.dequantize_rows(inp, self._embd_bytes, self._embd_type, toks)
         if self.spec.hp.embd_scale != 1.0:
-            rows *= np.float32(self.spec.hp.embd_scale)
+            inp *= np.float32(self.spec.hp.embd_scale)
+        if rows is not None:
+            inp[rows[0]] = rows[1]
+
+    def set_noncausal(self, buf, lo, hi):
+        buf.state.set_noncausal(lo, hi)
 
     def forward(self, buf, n_tokens, pos, all_logits, all_rows=False):
         buf.state.forward(n_tokens, pos, all_logits, all_rows)

@@ -139,7 +139,7 @@ def hparams(md, n_vocab):
         rope_freq_base_swa=_key(md, Key.ROPE_FREQ_BASE_SWA, float, required=False, default=base),
         rms_eps=_key(md, Key.LAYERNORM_RMS_EPS, float),
         n_swa=_key(md, Key.SLIDING_WINDOW, int), swa_layers=swa, n_kv_shared=shared,
-        n_embd_per_layer=_key(md, Key.EMBEDDING_LENGTH_PER_LAYER, int),
+        n_embd_per_layer=_key(md, Key.EMBD_LENGTH_PER_LAYER_INP, int),
         final_logit_softcap=_key(md, Key.FINAL_LOGIT_SOFTCAPPING, float, required=False,
                                  default=0.0))
 

@@ -91,6 +91,8 @@ class Generation:
             raise RequestError("generation already finished")
         if self._pending:
             n = len(self._pending) if budget is None else max(1, min(int(budget), len(self._pending)))
+            if self.session.images is not None:     # an image decoded non-causally stays whole
+                n = self.session.images.cut(self._pending, n)
             self._inflight = n
             return BatchEntry(self.session, self._pending[:n], self._pos,
                               "last" if n == len(self._pending) else None)

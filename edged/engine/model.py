@@ -468,9 +468,11 @@ class Model:
             for s, ids, pos, _ in runs:
                 if pos < s.n_past:
                     s.truncate(pos)         # forget the cache from pos on
-            if len(runs) > 1 and self._one_pass(runs):
+            imaged = {i for i, r in enumerate(runs) if max(r[1]) >= self.hp.n_vocab}
+            if len(runs) > 1 and not imaged and self._one_pass(runs):
                 return self._decode_rows(runs)
-            singles = [i for i, r in enumerate(runs) if len(r[1]) == 1]
+            # image rows run as their session's own batches (a non-causal span needs them)
+            singles = [i for i, r in enumerate(runs) if len(r[1]) == 1 and i not in imaged]
             if len(singles) > 1:
                 for i, o in zip(singles, self._decode_rows([runs[i] for i in singles])):
                     out[i] = o
@@ -491,8 +493,12 @@ class Model:
             raise RequestError(f"decode: logits={e.logits!r}, expected 'last', 'all' or None")
         nv = self.hp.n_vocab
         bad = [t for t in ids if not 0 <= t < nv]
-        if bad:
-            raise RequestError(f"token id {bad[0]} out of range [0, {nv})")
+        if bad and (bad[0] < 0 or s.images is None or s.images.unknown(ids) is not None):
+            raise RequestError(f"token id {bad[0] if bad[0] < 0 or s.images is None else s.images.unknown(ids)} "
+                               f"out of range [0, {nv}) and not an image row this session holds")
+        if bad and any(b - a > s.n_batch for a, b in s.images.spans(ids)):
+            raise RequestError(f"an image of more rows than n_batch ({s.n_batch}) cannot be "
+                               "decoded in one batch")
         pos = s.n_past if e.pos is None else int(e.pos)
         if not 0 <= pos <= s.n_past:
             raise RequestError(f"decode: position {pos} outside [0, {s.n_past}] (the tokens in "
@@ -675,6 +681,7 @@ class Session:
         self.memory_plan = plan
         self._buf = be.alloc(n_ctx, self.n_batch)
         self.tokens: list[int] = []         # the tokens in the KV cache, by position
+        self.images = None                  # engine/vision.ImageTable: pseudo ids -> image rows
         self.generation = None              # the Generation start() began (sampler state)
         self.draft_session = None           # a draft model's session (engine/speculative.py)
         self.t_eval_ms = 0.0
@@ -690,6 +697,17 @@ class Session:
     def truncate(self, n):
         """Forget everything after the first n tokens (the cache beyond is overwritten)."""
         del self.tokens[n:]
+
+    def add_image(self, emb):
+        """Make an ImageEmbedding's pseudo ids (emb.token_ids(n_vocab)) usable in this
+        session's prompts (engine/vision.py)."""
+        from .vision import ImageTable
+        if emb.embeddings.shape[1:] != (self.model.hp.n_embd,):
+            raise RequestError(f"image rows of width {emb.embeddings.shape[1:]} for a model of "
+                               f"n_embd {self.model.hp.n_embd}")
+        if self.images is None:
+            self.images = ImageTable(self.model.hp.n_vocab)
+        self.images.add(emb)
 
     def common_prefix(self, ids):
         """How many leading tokens of ids this session's KV cache already holds: the one home
@@ -755,11 +773,18 @@ class Session:
         rows = []
         want_all = logits == "all"
         step = min(self.n_batch, be.max_logit_rows(buf)) if want_all else self.n_batch
-        for i in range(0, len(ids), step):
-            chunk = ids[i:i + step]
-            last = i + step >= len(ids)
-            be.copy_in(buf, chunk, self.n_past)
+        i = 0
+        while i < len(ids):
+            n = min(step, len(ids) - i)
+            if self.images is not None:     # never split an image decoded non-causally
+                n = self.images.cut(ids[i:], n)
+            chunk = ids[i:i + n]
+            i += n
+            last = i >= len(ids)
+            span = self._stage(chunk)
             be.forward(buf, len(chunk), self.n_past, want_all)
+            if span:
+                be.set_noncausal(buf, 0, -1)
             self.tokens.extend(chunk)
             if want_all:
                 rows.append(be.copy_out(buf, len(chunk)))
@@ -770,6 +795,24 @@ class Session:
         if not rows:
             return None
         return rows[0] if len(rows) == 1 else np.concatenate(rows)
+
+    def _stage(self, chunk):
+        """Stage a batch at n_past: token embeddings, image rows where it holds pseudo ids
+        (and their span non-causal where the image asks for it)."""
+        be, buf = self.model.backend, self._buf
+        rows = self.images.rows(chunk) if self.images is not None else None
+        if rows is None:
+            be.copy_in(buf, chunk, self.n_past)
+            return False
+        be.copy_in(buf, [t if t < self.model.hp.n_vocab else 0 for t in chunk], self.n_past, rows)
+        spans = self.images.spans(chunk)
+        if not spans:
+            return False
+        if len(spans) > 1:      # a second image starts its own batch (ImageTable.cut)
+            raise RequestError("two non-causal images in one batch")
+        a, b = spans[0]
+        be.set_noncausal(buf, self.n_past + a, self.n_past + b - 1)
+        return True
 
     def start(self, prompt, params=SamplingParams(), max_tokens=128, stop=(), sampler=None,
               add_special=True, parse_special=False, speculative=None):

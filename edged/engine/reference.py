@@ -183,8 +183,12 @@ class ReferenceBackend(Backend):
         dst.v[:, :n] = src.v[:, :n]
         dst.conv[:, :n] = src.conv[:, :n]
 
-    def copy_in(self, buf, tokens, pos):
+    def copy_in(self, buf, tokens, pos, rows=None):
         buf.tokens = np.asarray(tokens, dtype=np.int64)
+        buf.rows = rows
+
+    def set_noncausal(self, buf, lo, hi):
+        buf.noncausal = (lo, hi)
 
     def hidden_rows(self, buf, n_rows):
         return rms_norm(buf.hidden[:n_rows], self._w[self.spec.output_norm],
@@ -194,20 +198,26 @@ class ReferenceBackend(Backend):
         return np.ascontiguousarray(buf.logits[-n_rows:], dtype=np.float32)
 
     def _mm(self, x, name):
-        # x: (n, in) float64 -> (n, out) float64; weight (out, in) float32. Row by row, so a
+        # x: (n, in) float64 -> (n, out) float64; weight (out, in) float32 (by name, or the
+        # array: a slice of a stacked one, gemma3n's altup_proj). Row by row, so a
         # token's result does not depend on the batch it came in (BLAS sums a matrix-matrix
         # product in another order than a matrix-vector one, and the F16 roundings below
         # would turn that last-bit difference into a visible one now and then).
-        w = self._w[name]
+        w = self._w[name] if isinstance(name, str) else name
         x32 = x.astype(np.float32)
         return np.stack([w @ row for row in x32]).astype(np.float64)
 
     def forward(self, buf, n_tokens, pos, all_logits, all_rows=False):  # every row, always
         sp, hp, a = self.spec, self.spec.hp, self.spec.arch
+        if sp.gemma3n:
+            from .reference_gemma3n import forward   # it imports this module's helpers
+            return forward(self, buf, n_tokens, pos, all_logits)
         toks = buf.tokens[:n_tokens]
         n = len(toks)
         positions = np.arange(pos, pos + n)
         x = self._w[sp.token_embd][toks].astype(np.float64) * hp.embd_scale  # (n, n_embd)
+        if getattr(buf, "rows", None) is not None:
+            x[buf.rows[0]] = buf.rows[1]                # an image's rows (engine/vision.py)
         neox = a.rope_type == ROPE_NEOX
         factors_name = sp.rope_factors(buf.n_ctx)
         factors = self._w[factors_name].astype(np.float64) if factors_name else None
@@ -233,6 +243,10 @@ class ReferenceBackend(Backend):
             if L.post_ffw_norm:
                 d = rms_norm(d, self._w[L.post_ffw_norm], hp.rms_eps)
             x = x + d * hp.residual_scale
+        self._logits(buf, x, all_logits)
+
+    def _logits(self, buf, x, all_logits):
+        sp, hp = self.spec, self.spec.hp
         buf.hidden = x                                  # (n, n_embd) before output_norm
         if not all_logits:
             x = x[-1:]
@@ -275,6 +289,8 @@ class ReferenceBackend(Backend):
         if L.attn_q_norm:
             q = rms_norm(q, self._w[L.attn_q_norm], hp.rms_eps)
             k = rms_norm(k, self._w[L.attn_k_norm], hp.rms_eps)
+        if a.altup:  # gemma3n: v RMS-normed too, without a weight
+            v = rms_norm(v, 1.0, hp.rms_eps)
         swa = hp.swa_layers[il]
         base = hp.rope_freq_base_swa if swa else hp.rope_freq_base
         scale = hp.rope_freq_scale_swa if swa else hp.rope_freq_scale
@@ -286,13 +302,17 @@ class ReferenceBackend(Backend):
         ck, cv = self.cache.k, self.cache.v
         rot_k, rot_v = self.cache.rotation(hp.head_dim)
         q, k, v = _rotate(q, rot_k), _rotate(k, rot_k), _rotate(v, rot_v)
-        buf.k[il, pos:pos + n] = k if ck == GGMLType.F16 else _stored(k, ck)
-        buf.v[il, pos:pos + n] = v if cv == GGMLType.F16 else _stored(v, cv)
-        K = buf.k[il, :pos + n].astype(np.float64)  # (n_kv, n_head_kv, hd)
-        V = buf.v[il, :pos + n].astype(np.float64)
+        src = hp.kv_layers[il]   # gemma3n's last layers attend to an earlier layer's cache
+        if src == il:
+            buf.k[il, pos:pos + n] = k if ck == GGMLType.F16 else _stored(k, ck)
+            buf.v[il, pos:pos + n] = v if cv == GGMLType.F16 else _stored(v, cv)
+        K = buf.k[src, :pos + n].astype(np.float64)  # (n_kv, n_head_kv, hd)
+        V = buf.v[src, :pos + n].astype(np.float64)
         # mask (n, n_kv): causal, and the sliding window on SWA layers
         kpos = np.arange(pos + n)
-        masked = kpos[None, :] > positions[:, None]
+        lo, hi = getattr(buf, "noncausal", (0, -1))
+        last = np.where((positions >= lo) & (positions <= hi), hi, positions)
+        masked = kpos[None, :] > last[:, None]
         if swa and hp.n_swa:
             masked |= positions[:, None] - kpos[None, :] >= hp.n_swa
         # llama.cpp (no flash attention) rounds q to F16 for the product with the F16 K

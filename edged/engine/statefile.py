@@ -6,12 +6,14 @@
 
 Layout (little-endian; docs/daemon.md, "Prompt cache on disk"):
 
-    header   HEADER (232 bytes): magic, version, header size, model SHA-256, signer, architecture,
+    header   HEADER (240 bytes): magic, version, header size, model SHA-256, signer, architecture,
              backend, kernel path, build id, K/V cache types, n_layer, n_ctx, K/V row bytes,
-             n_tokens
+             n_tokens, convolution layers and their row bytes
     tokens   n_tokens x uint32
     K rows   per layer: n_tokens rows of row_bytes_k (the used rows only, position order)
     V rows   per layer: n_tokens rows of row_bytes_v
+    conv     per convolution layer (lfm2; none for other models): n_tokens rows of
+             row_bytes_conv, the convolution cache kept per position beside the K/V rows
     mac      HMAC-SHA256 with the installation's key over every byte before it
 
 A file is used only when every header field equals the session's (model bytes, signer, cache
@@ -38,14 +40,15 @@ from ..errors import ConfigError, StateFileError
 from ..format.gguf import GGMLType
 
 MAGIC = b"EDGEDKV\x00"
-VERSION = 1
+VERSION = 2
 KEY_BYTES = 32
 MAC_BYTES = 32
 KEY_FILE = "cache.key"
 SUFFIX = ".edkv"
 # magic, version, header bytes, model sha256, signer, arch, backend, kernel path, build id,
-# type_k, type_v, n_layer, n_ctx, row_bytes_k, row_bytes_v, n_tokens, reserved
-HEADER = struct.Struct("<8sII32s64s24s16s16s32sIIIIIIII")
+# type_k, type_v, n_layer, n_ctx, row_bytes_k, row_bytes_v, n_tokens, n_conv, row_bytes_conv,
+# reserved
+HEADER = struct.Struct("<8sII32s64s24s16s16s32sIIIIIIIIII")
 _TEXT = {"signer": 64, "arch": 24, "backend": 16, "kernel_path": 16}
 _CHUNK = 1 << 22
 
@@ -88,28 +91,26 @@ def _model_fields(m):
     be = m.backend
     return {"model_sha256": model_digest(m), "signer": m.signer or "", "arch": m.arch,
             "backend": be.name, "kernel_path": be.kernel_path, "build_id": build_id(be),
-            "type_k": int(m.cache.k), "type_v": int(m.cache.v), "n_layer": m.hp.n_layer}
+            "type_k": int(m.cache.k), "type_v": int(m.cache.v), "n_layer": m.hp.n_layer,
+            "n_conv": getattr(m.hp, "n_conv_layers", 0)}
 
 
-def supported(model):
-    """Whether this format can hold `model`'s state: K/V rows only, so not the convolution
-    cache of a model with convolution layers (lfm2)."""
-    return not getattr(model.hp, "n_conv_layers", 0)
-
-
-def _check_supported(model):
-    if not supported(model):
-        raise StateFileError(f"prompt-cache files hold K/V rows only; {model.arch}'s "
-                             f"{model.hp.n_conv_layers} convolution layers keep state they "
-                             "cannot hold")
+def _caches(session):
+    """The session's row caches in file order: K, V and the convolution cache, each uint8
+    (layers, n_ctx, row bytes)."""
+    be = session.model.backend
+    k, v = be.kv_cache(session._buf)
+    conv = be.conv_cache(session._buf) if session.model.hp.n_conv_layers else None
+    return (k, v) if conv is None else (k, v, conv)
 
 
 def _header(session, n_tokens):
     """The header fields a file of `session`'s first n_tokens would carry (a dict)."""
-    k, v = session.model.backend.kv_cache(session._buf)
+    caches = _caches(session)
     return {"magic": MAGIC, "version": VERSION, "header_bytes": HEADER.size,
-            **_model_fields(session.model), "n_ctx": session.n_ctx, "row_bytes_k": k.shape[2],
-            "row_bytes_v": v.shape[2], "n_tokens": n_tokens, "reserved": 0}
+            **_model_fields(session.model), "n_ctx": session.n_ctx, "row_bytes_k": caches[0].shape[2],
+            "row_bytes_v": caches[1].shape[2], "n_tokens": n_tokens,
+            "row_bytes_conv": caches[2].shape[2] if len(caches) > 2 else 0, "reserved": 0}
 
 
 def _compare(h, want):
@@ -136,13 +137,13 @@ def _pack(h):
     return HEADER.pack(h["magic"], h["version"], h["header_bytes"], h["model_sha256"],
                        t["signer"], t["arch"], t["backend"], t["kernel_path"], h["build_id"],
                        h["type_k"], h["type_v"], h["n_layer"], h["n_ctx"], h["row_bytes_k"],
-                       h["row_bytes_v"], h["n_tokens"], h["reserved"])
+                       h["row_bytes_v"], h["n_tokens"], h["n_conv"], h["row_bytes_conv"], h["reserved"])
 
 
 def _unpack(raw):
     names = ("magic", "version", "header_bytes", "model_sha256", "signer", "arch", "backend",
              "kernel_path", "build_id", "type_k", "type_v", "n_layer", "n_ctx", "row_bytes_k",
-             "row_bytes_v", "n_tokens", "reserved")
+             "row_bytes_v", "n_tokens", "n_conv", "row_bytes_conv", "reserved")
     h = dict(zip(names, HEADER.unpack(raw)))
     for f in _TEXT:
         b = h[f].rstrip(b"\x00")
@@ -161,9 +162,11 @@ def _describe(f, value):
     return repr(value)
 
 
-def file_size(n_layer, n_tokens, row_bytes_k, row_bytes_v):
-    """Bytes of a file of n_tokens: the format's one size formula."""
-    return HEADER.size + 4 * n_tokens + n_layer * n_tokens * (row_bytes_k + row_bytes_v) + MAC_BYTES
+def file_size(h):
+    """Bytes of the file header h describes: the format's one size formula."""
+    n = h["n_tokens"]
+    return HEADER.size + 4 * n + h["n_layer"] * n * (h["row_bytes_k"] + h["row_bytes_v"]) + \
+        h["n_conv"] * n * h["row_bytes_conv"] + MAC_BYTES
 
 
 # --- writing ------------------------------------------------------------------------------
@@ -185,9 +188,7 @@ def save(session, path, key, n_tokens=None):
     if not 0 < n <= session.n_past:
         raise StateFileError(f"cannot save {n} tokens of a session holding {session.n_past}")
     _check_key(key)
-    _check_supported(session.model)
     h = _header(session, n)
-    k, v = session.model.backend.kv_cache(session._buf)  # uint8 (n_layer, n_ctx, row bytes)
     path = os.fspath(path)
     d, base = os.path.split(path)
     tmp = os.path.join(d, f".{base}.{secrets.token_hex(4)}.tmp")
@@ -200,7 +201,7 @@ def save(session, path, key, n_tokens=None):
                 f.write(b)
             put(_pack(h))
             put(np.asarray(session.tokens[:n], dtype="<u4").tobytes())
-            for rows in (k, v):
+            for rows in _caches(session):         # uint8 (layers, n_ctx, row bytes)
                 for layer in rows:
                     put(layer[:n])        # (n, row bytes): contiguous, written without a copy
             f.write(mac.digest())
@@ -217,7 +218,7 @@ def save(session, path, key, n_tokens=None):
             pass
         raise
     fsync_dir(d)
-    return file_size(h["n_layer"], n, h["row_bytes_k"], h["row_bytes_v"])
+    return file_size(h)
 
 
 # --- reading ------------------------------------------------------------------------------
@@ -264,7 +265,7 @@ def _read_header(f, size):
     if h["version"] != VERSION or h["header_bytes"] != HEADER.size or h["reserved"]:
         raise StateFileError(f"format version {h['version']} (header {h['header_bytes']} bytes): "
                              f"this build reads version {VERSION} ({HEADER.size} bytes)")
-    want = file_size(h["n_layer"], h["n_tokens"], h["row_bytes_k"], h["row_bytes_v"])
+    want = file_size(h)
     if want != size:
         raise StateFileError(f"file is {size} bytes, its header describes {want} "
                              f"({h['n_tokens']} tokens): truncated or padded")
@@ -287,7 +288,6 @@ def restore(session, path, key, n_tokens=None):
 
 
 def _restore(session, path, key, n_tokens):
-    _check_supported(session.model)
     with _open(path) as f:
         size = os.fstat(f.fileno()).st_size
         h = _read_header(f, size)
@@ -300,8 +300,7 @@ def _restore(session, path, key, n_tokens):
         _read_exact(f, tokens, "tokens")
         mac.update(tokens)
         session.tokens = []         # from here the cache rows are overwritten: nothing is held
-        k, v = session.model.backend.kv_cache(session._buf)
-        for what, rows in (("K rows", k), ("V rows", v)):
+        for what, rows in zip(("K rows", "V rows", "convolution rows"), _caches(session)):
             for layer in rows:
                 dst = layer[:n]
                 _read_exact(f, dst, what)

@@ -234,12 +234,35 @@ class Key:
     ROPE_SCALING_FINETUNED = "{arch}.rope.scaling.finetuned"
     NEXTN_PREDICT_LAYERS = "{arch}.nextn_predict_layers"
     SHORTCONV_L_CACHE = "{arch}.shortconv.l_cache"
-    # Gemma 4: the sliding layers' head and rotary sizes, KV sharing, per-layer embeddings
+    # Gemma 4: the sliding layers' head and rotary sizes (with gemma3n's keys below)
     KEY_LENGTH_SWA = "{arch}.attention.key_length_swa"
     VALUE_LENGTH_SWA = "{arch}.attention.value_length_swa"
     ROPE_DIMENSION_COUNT_SWA = "{arch}.rope.dimension_count_swa"
+    # gemma3n
+    ALTUP_ACTIVE_IDX = "{arch}.altup.active_idx"
+    ALTUP_NUM_INPUTS = "{arch}.altup.num_inputs"
+    EMBD_LENGTH_PER_LAYER_INP = "{arch}.embedding_length_per_layer_input"
     SHARED_KV_LAYERS = "{arch}.attention.shared_kv_layers"
-    EMBEDDING_LENGTH_PER_LAYER = "{arch}.embedding_length_per_layer_input"
+    ACTIVATION_SPARSITY_SCALE = "{arch}.activation_sparsity_scale"
+
+    # mmproj files (general.architecture = "clip"; llama.cpp's tools/mtmd/clip-impl.h)
+    CLIP_PROJECTOR_TYPE = "clip.projector_type"
+    CLIP_VISION_PROJECTOR_TYPE = "clip.vision.projector_type"   # files with several modalities
+    CLIP_HAS_VISION = "clip.has_vision_encoder"
+    CLIP_USE_GELU = "clip.use_gelu"
+    CLIP_USE_SILU = "clip.use_silu"
+    CLIP_EMBEDDING_LENGTH = "clip.vision.embedding_length"
+    CLIP_FEED_FORWARD_LENGTH = "clip.vision.feed_forward_length"
+    CLIP_BLOCK_COUNT = "clip.vision.block_count"
+    CLIP_PROJECTION_DIM = "clip.vision.projection_dim"
+    CLIP_HEAD_COUNT = "clip.vision.attention.head_count"
+    CLIP_HEAD_COUNT_KV = "clip.vision.attention.head_count_kv"
+    CLIP_LAYERNORM_EPS = "clip.vision.attention.layer_norm_epsilon"
+    CLIP_IMAGE_SIZE = "clip.vision.image_size"
+    CLIP_PATCH_SIZE = "clip.vision.patch_size"
+    CLIP_IMAGE_MEAN = "clip.vision.image_mean"
+    CLIP_IMAGE_STD = "clip.vision.image_std"
+    CLIP_SCALE_FACTOR = "clip.vision.projector.scale_factor"
 
     # tokenizer
     TOKENIZER_MODEL = "tokenizer.ggml.model"

@@ -41,6 +41,12 @@ SHAPES = {
                          rms_eps=1e-5, n_ctx_train=131072, tied=False, qkv_bias=True,
                          n_expert=32, n_expert_used=4, n_ff_exp=384, gpt_oss=True, n_swa=128,
                          yarn=(32.0, 4096)),
+    # LiquidAI LFM2-350M: gated short convolutions of 3 taps on 10 layers, grouped-query
+    # attention with q/k norms on layers 2, 5, 8, 10, 12 and 14, tied embeddings
+    "lfm2-350m": dict(arch="lfm2", n_embd=1024, n_head=16, n_head_kv=8, n_ff=4608, n_layer=16,
+                      n_vocab=65536, rope_freq_base=1e6, rms_eps=1e-5, n_ctx_train=128000,
+                      tied=True, qkv_bias=False, qk_norm=True, l_cache=3,
+                      attn_layers=(2, 5, 8, 10, 12, 14)),
     # a small model for demos and tests (seconds to make, milliseconds per token)
     "tiny": dict(arch="llama", n_embd=256, n_head=4, n_head_kv=2, n_ff=768, n_layer=4,
                  n_vocab=4096, rope_freq_base=10000.0, rms_eps=1e-5, n_ctx_train=2048,
@@ -174,7 +180,12 @@ def synth(shape, ftype, out, seed=0, progress=None):
     w = _header(shape, ftype, s)
     data = {}  # name -> bytes, written after the header in declaration order
     A = lambda k: Key.arch(k, arch)  # noqa: E731
-    w.add(A(Key.HEAD_COUNT_KV), KV)
+    attn_layers = s.get("attn_layers", range(L))      # lfm2: the others are convolutions
+    if "l_cache" in s:              # lfm2: a KV head count per layer, 0 on convolution layers
+        w.add(A(Key.HEAD_COUNT_KV), np.array([KV if il in attn_layers else 0 for il in range(L)], np.uint32))
+        w.add(A(Key.SHORTCONV_L_CACHE), s["l_cache"])
+    else:
+        w.add(A(Key.HEAD_COUNT_KV), KV)
     w.add(A(Key.ROPE_FREQ_BASE), float(s["rope_freq_base"]))
     if hd != E // H:
         w.add(A(Key.KEY_LENGTH), hd)
@@ -219,12 +230,25 @@ def synth(shape, ftype, out, seed=0, progress=None):
         n_params += n * rows
 
     mat("token_embd.weight", "output" if s["tied"] else "token_embd", E, V)
-    vec("output_norm.weight", E)
+    vec("token_embd_norm.weight" if arch == "lfm2" else "output_norm.weight", E)
     if not s["tied"]:
         mat("output.weight", "output", E, V)
     for il in range(L):
         p = f"blk.{il}."
         vec(p + "attn_norm.weight", E)
+        if il not in attn_layers:   # a gated short convolution; its taps stay F32 as llama.cpp's
+            mat(p + "shortconv.in_proj.weight", "attn_q", E, 3 * E, il)
+            w.add_tensor(p + "shortconv.conv.weight", (s["l_cache"], E), GGMLType.F32)
+            data[p + "shortconv.conv.weight"] = rng.standard_normal(s["l_cache"] * E, np.float32) * 0.3
+            n_params += s["l_cache"] * E
+            mat(p + "shortconv.out_proj.weight", "attn_output", E, E, il)
+            vec(p + "ffn_norm.weight", E)
+            mat(p + "ffn_gate.weight", "ffn_gate", E, F, il)
+            mat(p + "ffn_up.weight", "ffn_up", E, F, il)
+            mat(p + "ffn_down.weight", "ffn_down", F, E, il)
+            if progress:
+                progress(il + 1, L)
+            continue
         mat(p + "attn_q.weight", "attn_q", E, H * hd, il)
         mat(p + "attn_k.weight", "attn_k", E, KV * hd, il)
         mat(p + "attn_v.weight", "attn_v", E, KV * hd, il)
@@ -369,5 +393,78 @@ def synth_encoder(shape, ftype, out, seed=0, vocab=None, pooling=None):
             vec(p + "ffn_down.bias", E)
         vec(p + "layer_output_norm.weight", E, 1.0)
         vec(p + "layer_output_norm.bias", E)
+    _write(w, data, out)
+    return n_params
+
+
+MMPROJ_SHAPES = {
+    # llama.cpp's mmproj files (general.architecture = clip): the ViT and the projector
+    "gemma3": dict(projector="gemma3", n_embd=1152, n_ff=4304, n_layer=27, n_head=16,
+                   image_size=896, patch_size=14, n_merge=4, n_embd_text=2560),  # gemma-3-4b
+    # small, for tests and goldens: 16 x 16 patches pooled 4 x 4 into 16 tokens, rows of 256
+    # (tests/data/goldens' synthetic gemma3 text model's width)
+    "gemma3-tiny": dict(projector="gemma3", n_embd=64, n_ff=96, n_layer=2, n_head=4,
+                        image_size=112, patch_size=7, n_merge=4, n_embd_text=256),
+}
+
+
+def synth_mmproj(shape, out, ftype="F16", seed=0):
+    """Write a random-weight mmproj GGUF (engine/vision.py's tensors, llama.cpp's names and
+    keys) of an MMPROJ_SHAPES shape; matrices in F16 (as llama.cpp's converter writes them) or
+    F32. Returns the number of parameters."""
+    if shape not in MMPROJ_SHAPES:
+        raise ConfigError(f"--mmproj {shape!r}: one of {', '.join(MMPROJ_SHAPES)}")
+    if ftype not in ("F32", "F16"):
+        raise ConfigError(f"--type {ftype!r} for an mmproj: F32 or F16")
+    s = MMPROJ_SHAPES[shape]
+    E, F, L, p = s["n_embd"], s["n_ff"], s["n_layer"], s["patch_size"]
+    n_pos = (s["image_size"] // p) ** 2
+    w = GGUFWriter()
+    w.add(Key.ARCHITECTURE, "clip")
+    w.add(Key.NAME, f"edged-synth-mmproj-{shape}-{ftype}")
+    w.add(Key.CLIP_PROJECTOR_TYPE, s["projector"])
+    w.add(Key.CLIP_HAS_VISION, True)
+    w.add(Key.CLIP_USE_GELU, True)
+    w.add(Key.CLIP_EMBEDDING_LENGTH, E)
+    w.add(Key.CLIP_FEED_FORWARD_LENGTH, F)
+    w.add(Key.CLIP_BLOCK_COUNT, L)
+    w.add(Key.CLIP_PROJECTION_DIM, s["n_embd_text"])
+    w.add(Key.CLIP_HEAD_COUNT, s["n_head"])
+    w.add(Key.CLIP_LAYERNORM_EPS, 1e-6)
+    w.add(Key.CLIP_IMAGE_SIZE, s["image_size"])
+    w.add(Key.CLIP_PATCH_SIZE, p)
+    w.add(Key.CLIP_IMAGE_MEAN, [0.5, 0.5, 0.5], ValueType.ARRAY, ValueType.FLOAT32)
+    w.add(Key.CLIP_IMAGE_STD, [0.5, 0.5, 0.5], ValueType.ARRAY, ValueType.FLOAT32)
+    w.add(Key.CLIP_SCALE_FACTOR, s["n_merge"])
+    rng = np.random.default_rng(seed)
+    mtype = GGMLType.F16 if ftype == "F16" else GGMLType.F32
+    data, n_params = {}, 0
+
+    def tensor(name, shape, scale, center=0.0, t=GGMLType.F32):
+        nonlocal n_params
+        x = (center + rng.standard_normal(tuple(reversed(shape)), dtype=np.float32) * scale)
+        w.add_tensor(name, shape, t)
+        data[name] = x.astype(np.float16 if t == GGMLType.F16 else np.float32)
+        n_params += x.size
+
+    tensor("v.patch_embd.weight", (p, p, 3, E), 1.0 / p, t=mtype)
+    tensor("v.patch_embd.bias", (E,), 0.05)
+    tensor("v.position_embd.weight", (E, n_pos), 0.3)   # ggml adds F32 only
+    for il in range(L):
+        b = f"v.blk.{il}."
+        for r in ("attn_q", "attn_k", "attn_v", "attn_out"):
+            tensor(b + r + ".weight", (E, E), 1.0 / np.sqrt(E), t=mtype)
+            tensor(b + r + ".bias", (E,), 0.05)
+        for r in ("ln1", "ln2"):
+            tensor(b + r + ".weight", (E,), 0.1, 1.0)
+            tensor(b + r + ".bias", (E,), 0.05)
+        tensor(b + "ffn_up.weight", (E, F), 1.0 / np.sqrt(E), t=mtype)
+        tensor(b + "ffn_up.bias", (F,), 0.05)
+        tensor(b + "ffn_down.weight", (F, E), 1.0 / np.sqrt(F), t=mtype)
+        tensor(b + "ffn_down.bias", (E,), 0.05)
+    tensor("v.post_ln.weight", (E,), 0.1, 1.0)
+    tensor("v.post_ln.bias", (E,), 0.05)
+    tensor("mm.soft_emb_norm.weight", (E,), 0.1, 1.0)
+    tensor("mm.input_projection.weight", (s["n_embd_text"], E), 1.0 / np.sqrt(E), t=mtype)
     _write(w, data, out)
     return n_params

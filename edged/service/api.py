@@ -83,6 +83,9 @@ class Api:
             handler = self.model_info
         if handler is None:
             handler = self.prefixes.get((req.method, req.path[:req.path.rfind("/") + 1]))
+        if handler is None:                     # PREFIX*/NAME: a route under one id
+            head, _, name = req.path.rpartition("/")
+            handler = self.prefixes.get((req.method, head[:head.rfind("/") + 1] + "*/" + name))
         if handler is None:
             if any(path == req.path for _, path in self.routes):
                 return error_reply(405, f"method {req.method} not allowed on {req.path}", code="method_not_allowed")

@@ -130,6 +130,10 @@ KEYS = [
             "in its memory (its weights and a KV cache per slot)."),
     KeySpec("draft_max", DRAFT_MAX, "draft_max",
             f"Tokens drafted per step and stream (at most {DRAFT_MAX_LIMIT}).", minimum=1),
+    KeySpec("spm_infill", [], "models",
+            "Models (names, or \"*\" for all) whose fill-in-the-middle prompts (/infill, a "
+            "completion with a suffix) put the suffix before the prefix, suffix-prefix-middle, "
+            "as llama-server's --spm-infill; by default prefix-suffix-middle."),
     KeySpec("mlock", False, "bool", "Lock model weights in memory (needs CAP_IPC_LOCK or a large LimitMEMLOCK)."),
     KeySpec("warmup", True, "bool", "Run one token through a freshly loaded model before serving it."),
     KeySpec("content_special_tokens", [], "models",

@@ -78,6 +78,10 @@ class Choice:
         self.harmony = harmony.HarmonyStream(prep.think, bool(prep.family)) if prep.harmony else None
         self.think = reasoning.ThinkSplitter(prep.think_inside, prep.think_tags) if prep.think and not self.harmony else None
         self.calls = tools.StreamSplitter(prep.family, prep.tools) if prep.family and not self.harmony else None
+        # a splitter of its own that sees each generated token once, to count reasoning tokens
+        self.counter = (harmony.HarmonyStream(prep.think, False) if prep.harmony else
+                        reasoning.ThinkSplitter(prep.think_inside) if prep.think else None)
+        self.n_reasoning = 0
 
     def add(self, out):
         eog = self.tok.eog_ids
@@ -86,8 +90,22 @@ class Choice:
         self.unsent += recs
         if out.token is not None:
             self.n_gen += 1
+            if self.counter is not None and self._thinking(out.text or ""):
+                self.n_reasoning += 1
         self.stop = out.stop or self.stop
         self.pieces.append(out.text or "")
+
+    def _thinking(self, text):
+        """Whether a generated token (its text, possibly empty while held back) is part of the
+        reasoning: it opens, continues or closes a think block, or is in an analysis message."""
+        c = self.counter
+        if isinstance(c, harmony.HarmonyStream):
+            was = c.state == "body" and c.kind == "analysis"
+            r, _ = c.push(text)
+            return bool(r) or was or (c.state == "body" and c.kind == "analysis")
+        before = c.state
+        c.push(text)
+        return before == "think" or c.state == "think" or (before == "start" and c.state == "after")
 
     def stream_delta(self, text):
         """(reasoning delta, content delta) of newly generated text."""
@@ -344,10 +362,12 @@ class Generation:
             pass
 
     def usage(self):
-        """Tokens of the request: "prompt", "completion", and "cached" (prompt tokens found in
+        """Tokens of the request: "prompt", "completion" ("reasoning" of them in think blocks or
+        analysis messages), and "cached" (prompt tokens found in
         the slot's KV cache) when the engine reported it."""
         u = {"prompt": sum(len(ids) for ids in self.prep.prompts),
-             "completion": sum(c.n_gen for c in self.choices)}
+             "completion": sum(c.n_gen for c in self.choices),
+             "reasoning": sum(c.n_reasoning for c in self.choices)}
         if "cached" in self.prefill:
             u["cached"] = self.prefill["cached"]
         return u

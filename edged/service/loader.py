@@ -23,13 +23,14 @@ class LoadedModel:
     """A verified, mapped engine Model plus the per-daemon state the registry keeps for it."""
 
     def __init__(self, name, path, model, signer, size, timings, n_ctx, max_sessions=1,
-                 content_specials=False, speculation=None):
+                 content_specials=False, speculation=None, spm_infill=False):
         self.name, self.path, self.model = name, path, model
         # config speculative / draft_model: how its generations draft (None: off); a draft model
         # is closed with it
         self.speculation = speculation
         # config content_special_tokens lists this model: control-token text in messages counts
         self.content_specials = content_specials
+        self.spm_infill = spm_infill    # config spm_infill lists it: FIM prompts suffix first
         self.signer = signer            # fingerprint of the key that signed it, None if unsigned
         self.size = size                # bytes it needs: the engine's memory plan (weights, KV, scratch)
         self.max_sessions = max_sessions    # the sessions (KV cache + scratch) `size` counts
@@ -222,7 +223,7 @@ class Loader:
         lm = LoadedModel(name, path, model, model.signer, size, {"verify": t_verify, "map": t2 - t0 - t_verify},
                          cfg.ctx_size, max_sessions=cfg.n_parallel,
                          content_specials=bool({name, "*"} & set(cfg.content_special_tokens)),
-                         speculation=speculation)
+                         speculation=speculation, spm_infill=bool({name, "*"} & set(cfg.spm_infill)))
         if model.encoder is None and self.store is not None:
             lm.store = self.store
             statefile.model_digest(model)   # here, not on the decode thread (unsigned: hashed)

@@ -245,7 +245,8 @@ class _Render:
     def _usage(self):
         u = self.gen.usage()
         out = {"prompt_tokens": u["prompt"], "completion_tokens": u["completion"],
-               "total_tokens": u["prompt"] + u["completion"]}
+               "total_tokens": u["prompt"] + u["completion"],
+               "completion_tokens_details": {"reasoning_tokens": u["reasoning"]}}
         if "cached" in u:
             # prompt tokens found in the slot's KV cache (a follow-up turn evaluates only the new ones)
             out["prompt_tokens_details"] = {"cached_tokens": u["cached"]}

@@ -59,12 +59,18 @@ def prepare(lm, request):
                     messages = [dict(messages[0], content=messages[0]["content"] + "\n\n" + note)] + messages[1:]
                 else:
                     messages = [{"role": "system", "content": note}] + messages
+            args_style = tools.mistral_args_style(template)
             if choice != "auto":
                 # a named function is called once; "required" may call several unless told not to
                 parallel = request.tools.parallel and choice == "required"
                 spec = ConstraintSpec("lark", tools.call_grammar(
-                    prep.family, use, parallel=parallel,
-                    args_style=tools.mistral_args_style(template), token=special_token(tok)), "tools")
+                    prep.family, use, parallel=parallel, args_style=args_style, token=special_token(tok)), "tools")
+            elif spec is None and (trigger := call_trigger(tok, prep.family)) is not None:
+                # "auto": text, or calls whose arguments follow their schemas from the call's
+                # opening token on (llama.cpp's lazy grammar)
+                spec = ConstraintSpec("lark", tools.call_grammar(
+                    prep.family, use, parallel=request.tools.parallel, args_style=args_style,
+                    token=special_token(tok)), "tools", trigger)
         ids = lm.encode_chat(messages, **kwargs)
         prep.prompts.append(ids)
         tags = reasoning.tags_of(template)
@@ -73,26 +79,40 @@ def prepare(lm, request):
             prep.think_tags = tags
             prep.think_inside = reasoning.starts_inside(tok.decode(ids[-8:], special=True), tags)
     elif request.infill is not None:
-        prep.prompts.append(infill_ids(tok, request.infill, lm.n_ctx, request.output.max_tokens))
+        prep.prompts.append(infill_ids(tok, request.infill, lm.n_ctx, request.output.max_tokens, lm.spm_infill))
     else:
         for prompt in request.prompts:
             prep.prompts.append(prompt if isinstance(prompt, list)
                                 else lm.encode_text(prompt, add_special=True, parse_special=False))
     if spec is not None:
         try:
-            prep.constraint = grammar.constraint(spec.kind, spec.source, spec.what, tok, lm.model.n_vocab)
+            prep.constraint = grammar.constraint(spec.kind, spec.source, spec.what, tok, lm.model.n_vocab,
+                                                 spec.trigger)
         except RequestError as e:       # the field's name as OpenAI's error.param too
             e.param = e.param or spec.what
             raise
     return prep
 
 
-def infill_ids(tok, fill, n_ctx, max_tokens):
+def infill_ids(tok, fill, n_ctx, max_tokens, spm_infill=False):
     """llama-server's /infill prompt (text/infill.py) within a context of n_ctx: the prefix and
     suffix within half of it (llama-server: n_batch, 2048), room kept for the reply (max_tokens,
     or an eighth of the context), the extra context in what is left."""
     return infill.prompt_ids(tok, fill, n_ctx, n_batch=min(infill.N_BATCH, n_ctx // 2),
-                             n_predict=max_tokens or n_ctx // 8)
+                             n_predict=max_tokens or n_ctx // 8, spm_infill=spm_infill)
+
+
+def call_trigger(tok, family):
+    """The token that opens a tool call of `family` when it is one token of the vocabulary
+    (Hermes/Qwen's <tool_call>, Mistral's [TOOL_CALLS], Phi-4's <|tool_call|>), else None:
+    families whose calls start as text (Llama 3's JSON, the generic one) or share their opening
+    with other messages (harmony) stay unconstrained under tool_choice "auto"."""
+    mark = {"hermes": "<tool_call>", "qwen3coder": "<tool_call>", "mistral": "[TOOL_CALLS]",
+            "phi4": "<|tool_call|>"}.get(family)
+    if mark is None:
+        return None
+    ids = tok.encode(mark, add_special=False, parse_special=True)
+    return ids[0] if len(ids) == 1 else None
 
 
 def special_token(tok):

@@ -42,10 +42,12 @@ class Output:
 @dataclasses.dataclass(frozen=True)
 class ConstraintSpec:
     """Structured output as asked: kind "json_schema" (source: a schema), "grammar" (GBNF or
-    Lark text), "regex" or "lark"; `what` is the request field it came from (errors name it)."""
+    Lark text), "regex" or "lark"; `what` is the request field it came from (errors name it);
+    `trigger`: the grammar is lazy (text/grammar.py LazyConstraint)."""
     kind: str
     source: object
     what: str
+    trigger: int | None = None      # a token the grammar starts with: it holds from there on
 
 
 @dataclasses.dataclass(frozen=True)

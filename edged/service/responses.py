@@ -37,7 +37,8 @@ SAMPLING_DEFAULTS = {"temperature": 1.0}
 def routes(api):
     """((method, path) -> handler, (method, path prefix) -> handler of PREFIX{id}) for Api."""
     r = Responses(api)
-    return {("POST", PATH): r.create}, {("GET", PATH + "/"): r.retrieve, ("DELETE", PATH + "/"): r.delete}
+    return {("POST", PATH): r.create}, {("GET", PATH + "/"): r.retrieve, ("DELETE", PATH + "/"): r.delete,
+                                        ("GET", PATH + "/*/input_items"): r.input_items}
 
 
 def owner(req):
@@ -59,6 +60,7 @@ class Entry:
     t: float                    # time.monotonic() when stored
     messages: tuple             # the conversation so far (input and output), without instructions
     response: dict              # the response object, as GET returns it
+    input_items: tuple = ()     # this request's input as items with ids (GET .../input_items)
 
 
 class Store:
@@ -100,6 +102,25 @@ def not_found(rid, param=None):
                   code="not_found")
     e.param = param
     return e
+
+
+def input_items(r):
+    """The request's input as the items GET /v1/responses/{id}/input_items lists: each with an
+    id (the one sent, or a new one) and a status; message content as parts."""
+    items = [schema.Message(role="user", content=r.input)] if isinstance(r.input, str) else r.input
+    out = []
+    for x in items:
+        d = x.model_dump(by_alias=True, exclude_none=True)
+        d.setdefault("status", "completed")
+        if isinstance(x, schema.Message):
+            d.pop("phase", None)
+            if isinstance(x.content, str):
+                d["content"] = [{"type": "output_text" if x.role == "assistant" else "input_text",
+                                 "text": x.content}]
+        prefix = {"message": "msg", "function_call": "fc", "function_call_output": "fco"}.get(d["type"], "rs")
+        d.setdefault("id", _id(prefix))
+        out.append(d)
+    return tuple(out)
 
 
 # --- request bodies -> GenerateRequest -----------------------------------------------------
@@ -282,7 +303,7 @@ class _Render:
     def usage(self):
         u = self.gen.usage()
         return {"input_tokens": u["prompt"], "input_tokens_details": {"cached_tokens": u.get("cached", 0)},
-                "output_tokens": u["completion"], "output_tokens_details": {"reasoning_tokens": 0},
+                "output_tokens": u["completion"], "output_tokens_details": {"reasoning_tokens": u["reasoning"]},
                 "total_tokens": u["prompt"] + u["completion"]}
 
     def final(self, choice, output, reasoning, content, calls):
@@ -297,7 +318,8 @@ class _Render:
             if calls:
                 reply["tool_calls"] = calls
             convo = tuple(self.history) + tuple(self.new) + (reply,)
-            self.responses.store.put(self.responses.cfg, self.id, Entry(self.who, time.monotonic(), convo, obj))
+            self.responses.store.put(self.responses.cfg, self.id,
+                                     Entry(self.who, time.monotonic(), convo, obj, input_items(self.r)))
         return obj
 
     async def whole(self, req):
@@ -446,6 +468,33 @@ class Responses:
         if e is None:
             raise not_found(rid)
         return Reply(200, e.response)
+
+    async def input_items(self, req):
+        """GET /v1/responses/{id}/input_items: the response's input items, a page at a time
+        (`limit` 1-100, default 20; `order` asc or desc, default desc; `after` an item id)."""
+        rid = self._rid(req).removesuffix("/input_items")
+        e = self.store.get(self.cfg, rid, owner(req))
+        if e is None:
+            raise not_found(rid)
+        q = req.query
+        try:
+            limit = int(q.get("limit", 20))
+        except ValueError:
+            limit = 0
+        if not 1 <= limit <= 100:
+            raise RequestError(f"'limit' must be an integer from 1 to 100, got {q.get('limit')!r}", param="limit")
+        order = q.get("order", "desc")
+        if order not in ("asc", "desc"):
+            raise RequestError(f"'order' must be 'asc' or 'desc', got {order!r}", param="order")
+        items = list(e.input_items if order == "asc" else reversed(e.input_items))
+        if "after" in q:
+            ids = [x["id"] for x in items]
+            if q["after"] not in ids:
+                raise RequestError(f"'after' names no input item of {rid!r}: {q['after']!r}", param="after")
+            items = items[ids.index(q["after"]) + 1:]
+        page = items[:limit]
+        return Reply(200, {"object": "list", "data": page, "first_id": page[0]["id"] if page else None,
+                           "last_id": page[-1]["id"] if page else None, "has_more": len(items) > limit})
 
     async def delete(self, req):
         rid = self._rid(req)

@@ -228,7 +228,8 @@ def make_app(daemon):
             return t is None or t.is_closing()
 
         areq = ApiRequest(request.method, request.path, body, peer, gone,
-                          tcp=sock is not None and sock.family != socket.AF_UNIX, api_key=key)
+                          tcp=sock is not None and sock.family != socket.AF_UNIX, api_key=key,
+                          query=dict(request.query))
         reply = await api.handle(areq)
         if isinstance(reply, Reply):
             ct, _, charset = reply.content_type.partition("; ")

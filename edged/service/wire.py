@@ -37,6 +37,7 @@ class ApiRequest:
     info: dict = dataclasses.field(default_factory=dict)   # filled by handlers for the request log line
     tcp: bool = False                         # over the opt-in TCP listener (an API key admitted it)
     api_key: str | None = None                # over TCP: apikeys.key_id of the key that admitted it
+    query: dict = dataclasses.field(default_factory=dict)  # the URL's query parameters (last value of each)
 
 
 @dataclasses.dataclass

@@ -133,17 +133,27 @@ def lltokenizer(tok, n_vocab=None):
 
 # --- grammar sources -> llguidance grammars ------------------------------------------------
 
-def constraint(kind, source, what, tok, n_vocab=None):
+def constraint(kind, source, what, tok, n_vocab=None, trigger=None):
     """The Constraint (in its start state) of a request's grammar: kind "json_schema" (a schema),
     "grammar" (llama-server's field: GBNF or Lark text), "regex" (the whole reply matches it) or
     "lark" (llguidance's Lark, e.g. tools.call_grammar). Checked, then compiled on a thread of
-    its own with COMPILE_STACK bytes of stack; GrammarError names `what` and the problem."""
+    its own with COMPILE_STACK bytes of stack; GrammarError names `what` and the problem.
+    trigger: a token id the grammar starts with; the constraint is then lazy (LazyConstraint)."""
     make = {"json_schema": from_json_schema, "grammar": from_grammar, "regex": from_regex,
             "lark": from_lark}[kind]
     lltokenizer(tok, n_vocab)
     with _panics(what):
-        return _on_compile_thread(
+        c = _on_compile_thread(
             lambda: Constraint(check(make(source, what), tok, n_vocab, what), tok, n_vocab, what))
+    if trigger is None:
+        return c
+    # a trigger the grammar does not start with (a vocabulary whose marker is a plain token):
+    # no constraint, as without one
+    return LazyConstraint(c, trigger) if _allows(c.mask(), trigger) else None
+
+
+def _allows(mask, token):
+    return bool(mask[token >> 5] & (1 << (token & 31)))
 
 
 @contextlib.contextmanager
@@ -466,3 +476,34 @@ class Constraint:
         c._mask = np.zeros_like(self._mask)
         return c
 
+
+class LazyConstraint:
+    """A grammar that holds from a trigger token on, as llama.cpp's lazy grammars: until the
+    model writes `trigger` any token goes (tool_choice "auto": it may answer in text), the
+    trigger starts `start` (a Constraint whose grammar begins with it) and the rest of the reply
+    follows that grammar (the call's arguments match their schema)."""
+
+    def __init__(self, start, trigger):
+        self.start, self.trigger = start, int(trigger)
+        self.active = None          # the Constraint once triggered
+        self.what = start.what
+
+    def mask(self):
+        """None (no restriction) until triggered, then the grammar's mask."""
+        return None if self.active is None else self.active.mask()
+
+    def consume(self, token):
+        if self.active is None:
+            if token != self.trigger:
+                return
+            self.active = self.start.copy()
+        self.active.consume(token)
+
+    def is_accepting(self):
+        return self.active is None or self.active.is_accepting()
+
+    def copy(self):
+        c = object.__new__(LazyConstraint)
+        c.start, c.trigger, c.what = self.start, self.trigger, self.what
+        c.active = None if self.active is None else self.active.copy()
+        return c

@@ -114,14 +114,26 @@ def test_fork_and_decode_batch_of_sessions(core):
     assert np.array_equal(forked, alone[0])
 
 
-def test_prompt_cache_files_are_refused_clearly(core, tmp_path):
-    """The prompt-cache format holds K/V rows only: saving or restoring an lfm2 session is
-    refused naming why, instead of restoring a state without its convolution cache."""
+def test_prompt_cache_file_holds_the_convolution_cache(core, tmp_path):
+    """A prompt-cache file carries the convolution rows after the K/V rows: a session restored
+    from it continues with the bits of the session that wrote it, and a file whose convolution
+    rows were altered fails its MAC."""
+    key = b"k" * 32
     with Model.load(LFM2, n_threads=2) as m:
         s = m.session(n_ctx=64)
-        s.eval(TOKENS[:8])
-        with pytest.raises(StateFileError, match="convolution"):
-            s.save(tmp_path / "x.edkv", key=b"k" * 32)
+        s.eval(TOKENS[:12])
+        path = tmp_path / "x.edkv"
+        s.save(path, key=key)
+        want = _last(s, TOKENS[12:14])
+        r = type(s).load(m, path, key=key)
+        assert r.n_past == 12 and np.array_equal(_last(r, TOKENS[12:14]), want)
+        conv = m.backend.conv_cache(s._buf)
+        assert os.path.getsize(path) > 12 * conv.shape[0] * conv.shape[2]
+        raw = bytearray(path.read_bytes())
+        raw[-40] ^= 1                          # inside the last convolution row
+        path.write_bytes(bytes(raw))
+        with pytest.raises(StateFileError, match="HMAC"):
+            type(s).load(m, path, key=key)
 
 
 def test_memory_plan_counts_the_convolution_cache(core):
@@ -155,3 +167,32 @@ def test_info_names_the_convolution_layers(capsys):
     from edged.cli import main
     main(["info", "-m", LFM2, "-c", "512"])
     assert "short convolutions (3 taps) on layers [0, 1, 3, 4]" in capsys.readouterr().out
+
+
+def test_synth_shape_writes_lfm2_as_the_converter_does(core, tmp_path, monkeypatch):
+    """`edged synth --shape lfm2-350m`'s layout at a small size: per-layer head_count_kv with 0
+    on the convolution layers, shortconv.l_cache, F32 taps of llama.cpp's shape, the output norm
+    as token_embd_norm, tied embeddings; read back by the PyPI gguf reader, and the compiled
+    forward agrees with the NumPy reference on it. (The full-size Q4_K_M file loads in llama.cpp
+    0.3.36, whose teacher-forced logits edged's match within the quantized tolerances.)"""
+    import gguf
+    from edged.format import synth
+    small = dict(synth.SHAPES["lfm2-350m"], n_embd=64, n_head=4, n_head_kv=2, n_ff=128, n_layer=6,
+                 n_vocab=512, attn_layers=(2, 5))
+    monkeypatch.setitem(synth.SHAPES, "test-lfm2", small)
+    path = str(tmp_path / "lfm2.gguf")
+    synth.synth("test-lfm2", "Q8_0", path)
+    r = gguf.GGUFReader(path)
+    assert list(r.fields["lfm2.attention.head_count_kv"].contents()) == [0, 0, 2, 0, 0, 2]
+    assert r.fields["lfm2.shortconv.l_cache"].contents() == 3
+    names = {t.name: t for t in r.tensors}
+    assert list(names["blk.0.shortconv.conv.weight"].shape) == [3, 64]
+    assert names["blk.0.shortconv.conv.weight"].tensor_type == gguf.GGMLQuantizationType.F32
+    assert "token_embd_norm.weight" in names and "output.weight" not in names
+    assert "blk.0.attn_q.weight" not in names and "blk.2.attn_q_norm.weight" in names
+    ids = [1, 40, 41, 42, 43, 44, 45, 46]
+    with Model.load(path, n_threads=2) as m, Model.load(path, backend="reference") as ref:
+        assert m.hp.n_conv_layers == 4
+        got = np.asarray(m.session(n_ctx=32).eval(ids, logits="all"))
+        want = np.asarray(ref.session(n_ctx=32).eval(ids, logits="all"))
+    assert np.abs(got - want).max() < 0.05 * np.abs(want).max()

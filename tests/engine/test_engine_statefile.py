@@ -91,7 +91,7 @@ def test_flipped_bits_anywhere_are_refused(tmp_path):
     path = saved(tmp_path)
     good = path.read_bytes()
     size, H = len(good), statefile.HEADER.size
-    cases = [(3, "magic"), (40, "model_sha256"), (H - 8, "truncated or padded"),  # n_tokens
+    cases = [(3, "magic"), (40, "model_sha256"), (H - 16, "truncated or padded"),  # n_tokens
              (H + 5, "HMAC"), (H + 4 * len(PROMPT) + 7, "HMAC"), (size // 2, "HMAC"),
              (size - 40, "HMAC"), (size - 1, "HMAC")]               # tokens, K, V, the MAC
     for offset, match in cases:
@@ -237,7 +237,7 @@ def test_a_signed_model_files_carry_its_digest_and_signer(tmp_path):
 def test_load_checks_the_header_before_allocating_its_context(tmp_path):
     path = saved(tmp_path)
     data = bytearray(path.read_bytes())
-    n_ctx_at = statefile.HEADER.size - 20              # n_ctx: the fifth u32 from the end
+    n_ctx_at = statefile.HEADER.size - 28              # n_ctx: the seventh u32 from the end
     data[n_ctx_at:n_ctx_at + 4] = (1 << 31).to_bytes(4, "little")
     path.write_bytes(bytes(data))
     with load("q8_0", "f16") as m:                      # another cache type: refused first

@@ -24,6 +24,7 @@ from edged.engine import encoder as enc_mod
 from edged.errors import UnsupportedModelError
 from edged.format.gguf import GGUFFile, Key
 
+from family_goldens import regenerated
 from gguf_clone import clone
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -44,6 +45,7 @@ FILES = {
     "smollm3": os.path.join(GOLD, "synthetic-smollm3.gguf"),
     "gpt-oss": os.path.join(GOLD, "synthetic-gpt-oss.gguf"),
     "lfm2": os.path.join(GOLD, "synthetic-lfm2.gguf"),
+    "gemma3n": None,   # written again from tools/make_goldens.py (family_goldens.regenerated)
     "bert": os.path.join(SHARED, "all-MiniLM-L6-v2.Q8_0.gguf"),
     "nomic-bert": os.path.join(GOLD, "embed-nomic-bert.gguf"),
 }
@@ -96,8 +98,9 @@ CONVENTIONS = [
      lambda md, a: _k(md, a, "context_length")),
     ("rope.freq_base_swa", ("gemma2", "gpt-oss"), "rope.freq_base", "rope_freq_base_swa",
      lambda md, a: md.get(f"{a}.rope.freq_base", 10000.0)),
-    ("rope.freq_base_swa", ("gemma3",), "10000", "rope_freq_base_swa", lambda md, a: 10000.0),
-    ("attention.sliding_window", ("gpt-oss",), "required", "n_swa", None),
+    ("rope.freq_base_swa", ("gemma3", "gemma3n"), "10000", "rope_freq_base_swa",
+     lambda md, a: 10000.0),
+    ("attention.sliding_window", ("gpt-oss", "gemma3n"), "required", "n_swa", None),
     ("attention.sliding_window", ("gemma2",), "4096", "n_swa", lambda md, a: 4096),
     ("attention.sliding_window", ("gemma3",), "0 (no sliding window)", "n_swa", lambda md, a: 0),
     ("attention.sliding_window", ("lfm2",), "0 (no sliding window; else on every attention layer)",
@@ -107,9 +110,22 @@ CONVENTIONS = [
      lambda md, a: tuple(il % 2 < 1 for il in range(_k(md, a, "block_count")))),
     ("attention.sliding_window_pattern", ("gemma3",), "6 (or a per-layer bool array)",
      "swa_layers", lambda md, a: tuple(il % 6 < 5 for il in range(_k(md, a, "block_count")))),
+    ("attention.sliding_window_pattern", ("gemma3n",), "5 (or a per-layer bool array)",
+     "swa_layers", lambda md, a: tuple(il % 5 < 4 for il in range(_k(md, a, "block_count")))),
     ("attn_logit_softcapping", ("gemma2",), "50", "attn_softcap", lambda md, a: 50.0),
     ("final_logit_softcapping", ("gemma2",), "30", "final_logit_softcap", lambda md, a: 30.0),
     ("final_logit_softcapping", ("gemma3",), "0 (off)", "final_logit_softcap", lambda md, a: 0.0),
+    # gemma3n: llama.cpp ignores these keys and runs every file with the values below; another
+    # value in the file is refused (tests/engine/test_engine_gemma3n.py)
+    ("final_logit_softcapping", ("gemma3n",), "30 (llama.cpp ignores the key; another value: "
+     "refused)", "final_logit_softcap", lambda md, a: 30.0),
+    ("altup.num_inputs", ("gemma3n",), "4 (as above)", None, None),
+    ("altup.active_idx", ("gemma3n",), "0 (as above)", None, None),
+    ("embedding_length_per_layer_input", ("gemma3n",), "256 (as above)", None, None),
+    ("attention.shared_kv_layers", ("gemma3n",), "block_count - 20, at least 0 (as above)",
+     None, None),
+    ("activation_sparsity_scale", ("gemma3n",),
+     "1.6448533 on the first 10 layers, none after (as above)", None, None),
     ("expert_count", MOE, "required", "n_expert", None),
     ("expert_used_count", MOE, "required", "n_expert_used", None),
     ("expert_feed_forward_length", MOE,
@@ -154,8 +170,10 @@ def _rows(a):
 
 
 @pytest.fixture(scope="module", params=sorted(FILES))
-def arch_file(request):
+def arch_file(request, tmp_path_factory):
     a = request.param
+    if FILES[a] is None:
+        FILES[a] = regenerated(a, tmp_path_factory.mktemp(a))
     if not os.path.exists(FILES[a]):
         pytest.skip(f"{FILES[a]} not present")
     md, tensors = _load(FILES[a])

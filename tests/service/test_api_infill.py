@@ -61,9 +61,11 @@ def coder(tmp_path_factory):
 def srv(tmp_path_factory, coder):
     key, trusted = signing_key(tmp_path_factory)
     tmp = tmp_path_factory.mktemp("api-infill")
-    models = model_dir(tmp, key, {"coder": str(coder), "stories": testdata("models", "stories260K.gguf")})
+    models = model_dir(tmp, key, {"coder": str(coder), "coder-spm": str(coder),
+                                  "stories": testdata("models", "stories260K.gguf")})
     s = Server(tmp, models, trusted, default_model="coder",
-               extra={"n_parallel": 2, "ctx_size": 512, "threads": 2, "auto_load": True})
+               extra={"n_parallel": 2, "ctx_size": 512, "threads": 2, "auto_load": True,
+                      "spm_infill": ["coder-spm"]})
     yield s
     assert s.stop() == 0, s.logtext()
 
@@ -74,11 +76,11 @@ def tok(coder):
     return Tokenizer.from_gguf(str(coder))
 
 
-def expected_ids(tok, prefix, suffix, extra=(), prompt=""):
+def expected_ids(tok, prefix, suffix, extra=(), prompt="", spm_infill=False):
     from edged.service.prepare import infill_ids
     from edged.text.infill import Infill
     return infill_ids(tok, Infill(prefix, suffix, tuple((e.get("filename"), e["text"]) for e in extra),
-                                  prompt), 512, None)
+                                  prompt), 512, None, spm_infill)
 
 
 def test_llama_vim_request(srv, tok):
@@ -127,6 +129,20 @@ def test_completions_suffix_is_infill(srv, tok):
     assert r["usage"]["prompt_tokens"] == len(expected_ids(tok, PREFIX, SUFFIX))
     st, _, r = request(srv.socket, "POST", "/v1/completions", dict(body, prompt=[PREFIX, "x"]))
     assert st == 400 and r["error"]["param"] == "suffix"
+
+
+def test_spm_infill_model_puts_the_suffix_first(srv, tok):
+    """config spm_infill (llama-server's --spm-infill): the listed model's FIM prompt is
+    suffix-prefix-middle; the same file under another name keeps prefix-suffix-middle."""
+    spm, psm = expected_ids(tok, PREFIX, SUFFIX, spm_infill=True), expected_ids(tok, PREFIX, SUFFIX)
+    assert spm != psm and sorted(spm) == sorted(psm)
+    fim = {"input_prefix": PREFIX, "input_suffix": SUFFIX, "n_predict": 12, "temperature": 0}
+    for model, ids in (("coder-spm", spm), ("coder", psm)):
+        st, _, a = request(srv.socket, "POST", "/infill", dict(fim, model=model))
+        st2, _, b = request(srv.socket, "POST", "/v1/completions",
+                            {"model": model, "prompt": ids, "max_tokens": 12, "temperature": 0})
+        assert st == st2 == 200, (a, b)
+        assert a["content"] == b["choices"][0]["text"] and a["tokens_evaluated"] == len(ids)
 
 
 def test_ollama_generate_with_suffix_is_infill(srv):

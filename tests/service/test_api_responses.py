@@ -278,6 +278,32 @@ def test_previous_response_id_store_false_retrieve_delete(client):
         client.responses.delete("resp_unknown")
 
 
+def test_input_items_listed_paged_and_owned(client):
+    """GET /v1/responses/{id}/input_items through the SDK: the request's input items with ids,
+    newest first by default, `order`, `limit` and `after` paging; 404 once deleted."""
+    items = [{"role": "developer", "content": "Answer briefly."},
+             {"type": "message", "role": "user", "id": "msg_mine", "content": [{"type": "input_text", "text": "Hi"}]},
+             {"role": "assistant", "content": "Hello!"}, {"role": "user", "content": "Name a colour."}]
+    r = client.responses.create(model="smol", input=items, **GREEDY)
+    page = client.responses.input_items.list(r.id)
+    assert [x.role for x in page.data] == ["user", "assistant", "user", "developer"]
+    assert page.data[2].id == "msg_mine" and page.data[0].content[0].text == "Name a colour."
+    assert page.data[1].content[0].type == "output_text" and page.has_more is False
+    asc = client.responses.input_items.list(r.id, order="asc", limit=2)
+    assert [x.id for x in asc.data] == [page.data[3].id, "msg_mine"] and asc.has_more is True
+    rest = client.responses.input_items.list(r.id, order="asc", after="msg_mine")
+    assert [x.id for x in rest.data] == [page.data[1].id, page.data[0].id]
+    assert [x.id for x in client.responses.input_items.list(r.id, order="asc")] == [x.id for x in reversed(page.data)]
+    with pytest.raises(openai.BadRequestError) as e:
+        client.responses.input_items.list(r.id, limit=101)
+    assert "limit" in str(e.value)
+    one = client.responses.create(model="smol", input="Hi", **GREEDY)
+    assert [x.content[0].text for x in client.responses.input_items.list(one.id).data] == ["Hi"]
+    client.responses.delete(r.id)
+    with pytest.raises(openai.NotFoundError):
+        client.responses.input_items.list(r.id)
+
+
 def test_logprobs_whole_and_streamed(client):
     ask = dict(model="smol", input="Say hello.", temperature=0, max_output_tokens=6,
                include=["message.output_text.logprobs"], top_logprobs=2)
@@ -520,6 +546,7 @@ def test_reasoning_items_whole_streamed_and_sent_back(tiny):
     async def main():
         r = (await handle(tiny, "POST", "/v1/responses", body)).body
         [item] = r["output"]            # all of it inside <think>: one reasoning item
+        assert r["usage"]["output_tokens_details"]["reasoning_tokens"] == r["usage"]["output_tokens"] == 8
         assert item["type"] == "reasoning" and item["id"].startswith("rs_") and item["summary"] == []
         thought = item["content"][0]["text"]
         assert item["content"][0]["type"] == "reasoning_text" and thought
@@ -543,9 +570,35 @@ def test_reasoning_items_whole_streamed_and_sent_back(tiny):
         # reasoning effort "none": the template is asked not to think, the reply is a message
         off = (await handle(tiny, "POST", "/v1/responses", {**body, "reasoning": {"effort": "none"}})).body
         assert [x["type"] for x in off["output"]] == ["message"] and off["output"][0]["content"][0]["text"]
+        assert off["usage"]["output_tokens_details"]["reasoning_tokens"] == 0
+        chat = (await handle(tiny, "POST", "/v1/chat/completions", {
+            "messages": [{"role": "user", "content": "Once upon a time"}], "temperature": 0, "max_tokens": 5})).body
+        assert chat["usage"]["completion_tokens_details"] == {"reasoning_tokens": 5}
         await tiny.registry.close_all()
 
     asyncio.run(main())
+
+
+def test_reasoning_tokens_counted_as_generated():
+    """A token is reasoning when it opens, continues or closes a think block (or is in a
+    harmony analysis message), whatever pieces the tags arrive in."""
+    from types import SimpleNamespace
+    from edged.service.jobs import Choice
+    tok = SimpleNamespace(eog_ids=())
+
+    def count(pieces, **prep):
+        base = dict(think=True, think_inside=False, harmony=False, family=None, tools=())
+        c = Choice(0, [], None, SimpleNamespace(**{**base, **prep}), tok)
+        for i, text in enumerate(pieces):
+            c.add(SimpleNamespace(text=text, token=i, records=(), stop=None))
+        return c.n_reasoning
+
+    assert count(["<think>", "a", " b", "</", "think>", "\n\n", "Hi", " there"]) == 5
+    assert count(["Hi", " <think>", "x"]) == 0                       # no think block at the start
+    assert count(["a", "</think>", "b"], think_inside=True) == 2      # the template opened it
+    assert count(["a", "b"], think=False) == 0
+    assert count(["<|channel|>analysis<|message|>", "mm", "<|end|>", "<|start|>assistant<|channel|>final<|message|>",
+                  "Hi"], harmony=True) == 3
 
 
 def test_a_stored_response_belongs_to_its_peer(tiny):

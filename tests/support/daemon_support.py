@@ -466,3 +466,42 @@ def smol_daemon(tmp_path_factory, label, **extra):
     tmp, models, trusted = smol_models(tmp_path_factory, label)
     with running(tmp, models, trusted, default_model="smol", extra=extra) as srv:
         yield srv
+
+
+PASSAGE = ("the little bird sat on the old wall and looked at the garden where the children "
+           "played every morning before school, and the sun was warm")
+ENDINGS = [" and then", " but the cat", " so they ran", " when it rained"]
+
+
+def _complete(sock, bodies):
+    """(texts of its choices, usage) of each request, all sent at once, each streamed."""
+    out = []
+    for events, usage in streamed(sock, bodies):
+        texts = {}
+        for e in events:
+            for c in e.get("choices", []):
+                texts[c["index"]] = texts.get(c["index"], "") + c["text"]
+        out.append(([texts[i] for i in sorted(texts)], usage))
+    return out
+
+
+def same_text_cold_cached_batched_forked(srv):
+    """A model whose sessions keep more than K/V rows per layer (lfm2's convolution cache,
+    gemma3n's shared K/V layers) through the daemon (n_parallel 4): the same greedy request
+    gives the same text on a cold start, after a prefix-cache hit (the prompt's prefix taken
+    from another request's session), while other streams decode in the same steps, and as
+    each of n=2 choices (forked sessions)."""
+    bodies = [{"prompt": PASSAGE + e, "max_tokens": 24, "temperature": 0} for e in ENDINGS]
+    a = bodies[0]
+    (cold, u0), = _complete(srv.socket, [a])               # nothing cached yet
+    assert u0.get("prompt_tokens_details", {}).get("cached_tokens", 0) == 0, u0
+    (other, u1), = _complete(srv.socket, [bodies[1]])      # the passage comes from a's session
+    assert u1["prompt_tokens_details"]["cached_tokens"] > 20, u1
+    (hit, u2), = _complete(srv.socket, [a])                # a's prefix from b's session
+    assert u2["prompt_tokens_details"]["cached_tokens"] > 20, u2
+    assert hit == cold
+    together = _complete(srv.socket, bodies)               # four streams in the same steps
+    assert together[0][0] == cold and together[1][0] == other
+    (two, _), = _complete(srv.socket, [dict(a, n=2)])      # two forks of one prefilled prompt
+    assert two == cold * 2
+    assert len(cold[0]) > 10

@@ -1,6 +1,8 @@
 """llama.cpp's recorded logits for the small files in tests/data/goldens
 (tools/make_goldens.py), beside edged's: teacher forcing and the tolerances of
 ../shared/testdata/README.md (test_engine_families and the per-family test modules use it)."""
+import hashlib
+import importlib.util
 import os
 
 import numpy as np
@@ -19,6 +21,26 @@ Q_MAX_ABS, Q_MEAN_ABS = 0.35, 0.06   # testdata/README.md, any quantized type
 # llama.cpp applies: max 3.5, mean 0.51). The compiled path stores llama.cpp's values and meets
 # MAX_ABS/MEAN_ABS.
 KVQ_REF_MAX_ABS, KVQ_REF_MEAN_ABS = 0.65, 0.045
+
+
+def regenerated(name, directory):
+    """The model of a golden too large to commit (make_goldens.REGENERATED), written again by
+    tools/make_goldens.py into directory; its SHA-256 must be the one llama.cpp ran."""
+    spec = importlib.util.spec_from_file_location("make_goldens",
+                                                  os.path.join(ROOT, "tools", "make_goldens.py"))
+    mg = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mg)
+    case = dict(mg.CASES[name])
+    seed = case.pop("seed")
+    for k in ("prompt_seed", "n_prompt", "cache"):
+        case.pop(k, None)
+    path = os.path.join(str(directory), f"synthetic-{name}.gguf")
+    mg.write_gguf(name, case, path, seed=seed)
+    with open(path, "rb") as f:
+        sha = hashlib.sha256(f.read()).hexdigest()
+    want = str(np.load(os.path.join(GOLDENS, f"synthetic-{name}.golden.npz"))["gguf_sha256"])
+    assert sha == want, f"synthetic-{name}.gguf written again differs from the one llama.cpp ran"
+    return path
 
 
 def teacher_forced(path, backend, batch=True, golden=None):
@@ -43,9 +65,11 @@ def tolerances(path):
     return (Q_MAX_ABS, Q_MEAN_ABS) if quantized else (MAX_ABS, MEAN_ABS)
 
 
-def check(name, backend):
-    path = os.path.join(GOLDENS, name + ".gguf")
-    got, ref, _ = teacher_forced(path, backend)
+def check(name, backend, path=None):
+    """path: the model when it is not in GOLDENS (regenerated())."""
+    golden = os.path.join(GOLDENS, name + ".golden.npz")
+    path = path or os.path.join(GOLDENS, name + ".gguf")
+    got, ref, _ = teacher_forced(path, backend, golden=golden)
     assert got.shape == ref.shape
     max_abs, mean_abs = tolerances(path)
     d = np.abs(got - ref)

@@ -1,0 +1,224 @@
+"""engine/vision.py: mmproj files, llama.cpp's image preprocessing, the SigLIP encoder with the
+gemma3 projector, and image rows in a session's prompt, against llama.cpp's libmtmd
+(tests/data/goldens/vision-gemma3.*, tools/make_vision_goldens.py)."""
+import os
+
+import gguf
+import numpy as np
+import pytest
+
+from edged.engine.model import Model
+from edged.engine.vision import (MAX_PATCHES, ImageEmbedding, Projector, fit_padded,
+                                 resize_bilinear)
+from edged.errors import MetadataValueError, RequestError, UnsupportedModelError
+from tests.support.gguf_clone import clone
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+GOLDENS = os.path.join(HERE, "..", "data", "goldens")
+MODELS = os.path.join(HERE, "..", "..", "..", "shared", "testdata", "models")
+MMPROJ = os.path.join(GOLDENS, "vision-gemma3.mmproj.gguf")
+GOLDEN = os.path.join(GOLDENS, "vision-gemma3.golden.npz")
+
+# ../shared/testdata/README.md's tolerances for F32/F16 files (logits), used for the image rows
+# too: the encoder's products are F16 x F16 as llama.cpp's
+MAX_DIFF, MEAN_DIFF = 0.05, 0.01
+
+
+@pytest.fixture(scope="module")
+def golden():
+    g = np.load(GOLDEN)
+    return {k: g[k] for k in g.files}
+
+
+@pytest.fixture(scope="module")
+def proj():
+    with Projector.load(MMPROJ, n_threads=2) as p:
+        yield p
+
+
+@pytest.fixture(scope="module")
+def text_model(golden):
+    m = Model.load(os.path.join(MODELS, str(golden["model"])), n_threads=2)
+    yield m
+    m.close()
+
+
+def close_to(got, want):
+    d = np.abs(np.asarray(got, np.float64) - want)
+    assert d.max() <= MAX_DIFF and d.mean() <= MEAN_DIFF, (d.max(), d.mean())
+
+
+@pytest.mark.parametrize("src,dst", [((150, 200), (112, 84)), ((31, 33), (112, 112)),
+                                     ((7, 300), (3, 112)), ((257, 129), (64, 255))])
+def test_resize_is_pillows_bilinear(src, dst):
+    Image = pytest.importorskip("PIL.Image")
+    rng = np.random.default_rng(sum(src))
+    img = rng.integers(0, 256, src + (3,), dtype=np.uint8)
+    want = np.asarray(Image.fromarray(img).resize(dst, Image.Resampling.BILINEAR))
+    assert np.array_equal(resize_bilinear(img, *dst), want)
+
+
+def test_fit_padded_keeps_aspect_and_centres():
+    img = np.full((50, 100, 3), 200, np.uint8)
+    out = fit_padded(img, 112)
+    assert out.shape == (112, 112, 3)
+    assert (out[:28] == 0).all() and (out[84:] == 0).all() and (out[28:84] == 200).all()
+    assert fit_padded(out, 112) is out
+
+
+def test_describe_and_shapes(proj):
+    d = proj.describe()
+    assert d["projector_type"] == "gemma3" and d["tokens_per_image"] == 16
+    assert d["image_size"] == 112 and d["n_embd"] == 256
+    assert proj.markers == ("<start_of_image>", "<end_of_image>")
+    assert proj.memory_bytes > proj.weights_bytes > 0
+
+
+def test_embeddings_match_llama_cpp(proj, golden):
+    emb = proj.encode(golden["image"])
+    assert emb.embeddings.shape == golden["embd"].shape == (emb.n_tokens, proj.n_embd)
+    close_to(emb.embeddings, golden["embd"])
+
+
+def test_compiled_encoder_matches_its_numpy_twin(proj, golden):
+    x = proj.preprocess(golden["image"])
+    close_to(proj._compiled(x), proj._reference(x))
+
+
+def test_digest_names_the_pixels(proj, golden):
+    img = golden["image"]
+    a = proj.encode(img)
+    assert proj.encode(img.copy()).digest == a.digest
+    b = img.copy()
+    b[0, 0, 0] ^= 1
+    assert proj.encode(b).digest != a.digest
+    assert min(a.token_ids(512)) >= 512
+
+
+def test_bad_pixels_are_a_request_error(proj):
+    for bad in (np.zeros((4, 4), np.uint8), np.zeros((4, 4, 3), np.float32),
+                np.zeros((0, 4, 3), np.uint8), np.zeros((4, 4, 4), np.uint8)):
+        with pytest.raises(RequestError, match="uint8"):
+            proj.encode(bad)
+
+
+def image_prompt(proj, model, golden):
+    emb = proj.encode(golden["image"])
+    ids = proj.prompt_ids(model, str(golden["prompt"]), [emb])
+    want = golden["ids"]
+    got = np.array([-1 if t >= model.hp.n_vocab else t for t in ids])
+    assert np.array_equal(got, want), "tokens around the image differ from mtmd_tokenize's"
+    return emb, ids
+
+
+def test_logits_after_the_image_match_llama_cpp(proj, text_model, golden):
+    from edged.engine.model import Session
+    emb, ids = image_prompt(proj, text_model, golden)
+    s = Session(text_model, n_ctx=128)
+    s.add_image(emb)
+    close_to(s.eval(ids)[0], golden["logits"])
+
+
+def test_the_numpy_twins_match_llama_cpp_too(golden):
+    """The reference backends (EDGED_BACKEND=reference): encoder and text model in NumPy."""
+    from edged.engine.model import Session
+    with Projector.load(MMPROJ, n_threads=1, backend="reference") as p:
+        m = Model.load(os.path.join(MODELS, str(golden["model"])), n_threads=1,
+                       backend="reference")
+        try:
+            emb, ids = image_prompt(p, m, golden)
+            close_to(emb.embeddings, golden["embd"])
+            s = Session(m, n_ctx=128)
+            s.add_image(emb)
+            close_to(s.eval(ids)[0], golden["logits"])
+        finally:
+            m.close()
+
+
+def test_image_prompt_same_bits_in_any_chunking(proj, text_model, golden):
+    from edged.engine.model import Session
+    emb, ids = image_prompt(proj, text_model, golden)
+    whole = Session(text_model, n_ctx=128)
+    whole.add_image(emb)
+    want = whole.eval(ids)[0]
+    small = Session(text_model, n_ctx=128, n_batch=emb.n_tokens)   # the image fills a batch
+    small.add_image(emb)
+    assert np.array_equal(small.eval(ids)[0], want)
+    # a follow-up turn about the same picture: the prefix (image included) is reused
+    g = whole.start(ids + [263])
+    assert len(g._pending) == 1
+
+
+def test_image_bigger_than_a_batch_is_refused_before_running(proj, text_model, golden):
+    from edged.engine.model import Session
+    emb, ids = image_prompt(proj, text_model, golden)
+    s = Session(text_model, n_ctx=128, n_batch=8)
+    s.add_image(emb)
+    with pytest.raises(RequestError, match="n_batch"):
+        s.eval(ids)
+    assert s.n_past == 0
+
+
+def test_unknown_image_rows_are_refused(text_model):
+    from edged.engine.model import Session
+    s = Session(text_model, n_ctx=32)
+    fake = ImageEmbedding(np.zeros((4, text_model.hp.n_embd), np.float32), "ab" * 32)
+    with pytest.raises(RequestError, match="out of range"):
+        s.eval([1] + fake.token_ids(text_model.hp.n_vocab))
+    s.add_image(fake)
+    assert s.eval([1] + fake.token_ids(text_model.hp.n_vocab)).shape == (1, text_model.hp.n_vocab)
+    with pytest.raises(RequestError, match="n_embd"):
+        s.add_image(ImageEmbedding(np.zeros((4, 8), np.float32), "cd" * 32))
+
+
+def test_check_model_names_both_widths(proj):
+    other = Model.load(os.path.join(MODELS, "stories260K.gguf"), n_threads=1)
+    try:
+        with pytest.raises(UnsupportedModelError, match="n_embd 256.*n_embd 64"):
+            proj.check_model(other)
+    finally:
+        other.close()
+
+
+F32 = gguf.GGUFValueType.FLOAT32
+U32 = gguf.GGUFValueType.UINT32
+STR = gguf.GGUFValueType.STRING
+
+
+@pytest.mark.parametrize("change,error,match", [
+    (dict(meta={"clip.vision.image_size": (1 << 20, U32)}), MetadataValueError,
+     "clip.vision.image_size"),
+    (dict(meta={"clip.vision.image_size": (112 * 64, U32), "clip.vision.patch_size": (1, U32)}),
+     MetadataValueError, "at most"),
+    (dict(meta={"clip.vision.patch_size": (5, U32)}), MetadataValueError, "multiple"),
+    (dict(meta={"clip.vision.projector.scale_factor": (3, U32)}), MetadataValueError,
+     "scale_factor"),
+    (dict(meta={"clip.projector_type": ("resampler", STR)}), UnsupportedModelError,
+     "'resampler'"),
+    (dict(drop_meta=("clip.vision.attention.head_count",)), UnsupportedModelError,
+     "head_count"),
+    (dict(meta={"clip.vision.image_std": ([0.5, 0.0, 0.5], gguf.GGUFValueType.ARRAY, F32)}),
+     MetadataValueError, "image_std"),
+    (dict(drop=("v.blk.1.attn_k.weight",)), UnsupportedModelError, "v.blk.1.attn_k.weight"),
+    (dict(reshape={"v.blk.0.ffn_up.weight": (64, 64)}), UnsupportedModelError,
+     "v.blk.0.ffn_up.weight"),
+    (dict(reshape={"v.position_embd.weight": (255, 64)}), UnsupportedModelError,
+     "v.position_embd.weight"),
+])
+def test_malformed_mmproj_is_refused_naming_the_key(tmp_path, change, error, match):
+    bad = clone(MMPROJ, tmp_path / "bad.mmproj.gguf", **change)
+    with pytest.raises(error, match=match):
+        Projector.load(bad, n_threads=1)
+
+
+def test_a_text_model_is_not_an_mmproj():
+    with pytest.raises(UnsupportedModelError, match="clip"):
+        Projector.load(os.path.join(MODELS, "stories260K.gguf"), n_threads=1)
+
+
+def test_synth_mmproj_cli(tmp_path):
+    from edged.cli import main
+    out = str(tmp_path / "t.mmproj.gguf")
+    assert main(["synth", "--mmproj", "gemma3-tiny", "--type", "F32", out]) == 0
+    with Projector.load(out, n_threads=1) as p:
+        assert p.encode(np.zeros((10, 20, 3), np.uint8)).embeddings.shape == (16, 256)
