@@ -9,11 +9,11 @@ import os
 import pytest
 
 from conftest import testdata
+from grammar_support import TOOLS, smol_tokenizer  # noqa: F401  (smol_tokenizer: a fixture)
 from grammar_support import feed as run
 from edged.format.gguf import GGUFFile, Key
 from edged.text import gemma4, reasoning, tools
 from edged.text.chat import render
-from test_tools import TOOLS, smol_tokenizer  # noqa: F401  (smol_tokenizer: a fixture)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 VOCAB = os.path.join(HERE, "..", "data", "vocab", "ggml-vocab-gemma-4.gguf")

@@ -35,14 +35,19 @@ def byte_level(name):
     return ranks, ids
 
 
-def reference_bpe(word, ranks, ids):
-    syms = [bytes((b,)) for b in word]
+def merge_by_rank(syms, ranks):
+    """Merge the adjacent pair of lowest rank (leftmost among equals) until none is left."""
     while len(syms) > 1:
         best = min(((ranks.get((syms[i], syms[i + 1]), 1 << 60), i) for i in range(len(syms) - 1)))
         if best[0] == 1 << 60:
             break
         i = best[1]
         syms[i:i + 2] = [syms[i] + syms[i + 1]]
+    return syms
+
+
+def reference_bpe(word, ranks, ids):
+    syms = merge_by_rank([bytes((b,)) for b in word], ranks)
     out = []
     for s in syms:
         out += [ids[s]] if s in ids else [ids[bytes((b,))] for b in s if bytes((b,)) in ids]
@@ -112,13 +117,7 @@ def reference_gemma4(tok, ranks, word):
     equals; a newline-only word that is a token stays whole; no token: <0xXX> bytes."""
     if set(word) == {"\n"} and word in tok._id:
         return [tok._id[word]]
-    syms = list(word)
-    while len(syms) > 1:
-        best = min(((ranks.get((syms[i], syms[i + 1]), 1 << 60), i) for i in range(len(syms) - 1)))
-        if best[0] == 1 << 60:
-            break
-        i = best[1]
-        syms[i:i + 2] = [syms[i] + syms[i + 1]]
+    syms = merge_by_rank(list(word), ranks)
     out = []
     for s in syms:
         out += [tok._id[s]] if s in tok._id else [tok._id[f"<0x{b:02X}>"] for b in s.encode()]
