@@ -197,16 +197,24 @@ def parse_calls(text):
 
 def call_grammar(tools, parallel, mark):
     """Lark (llguidance) for a reply of calls to `tools`: `<|tool_call>call:NAME{...}<tool_call|>`,
-    one or (parallel) more. As llama.cpp's: the names are fixed, the arguments any well-formed
-    Gemma 4 dict (its grammar does not follow the JSON schema either). `mark(text)` gives the
-    token or literal of a marker."""
+    one or (parallel) more. The names are fixed, and the argument keys where the tool's schema
+    lists properties; the values are any well-formed Gemma 4 values (llama.cpp's grammar does
+    not follow the schema either). `mark(text)` gives the token or literal of a marker."""
     q = mark(QUOTE)
-    names = " | ".join(json.dumps(t["function"]["name"]) for t in tools)
+    alts, rules = [], []
+    for n, t in enumerate(tools):
+        fn = t["function"]
+        props = list(((fn.get("parameters") or {}).get("properties") or {}))
+        key = "(" + " | ".join(json.dumps(k) for k in props) + ")" if props else "KEY"
+        rules += [f'd{n}: "{{" WS? (k{n} ("," WS? k{n})* WS?)? "}}"', f'k{n}: {key} ":" WS? value']
+        alts.append(f"{json.dumps(fn['name'])} d{n}")
     rules = [
         f"start: call{'+' if parallel else ''}",
-        f"call: {mark(CALL_OPEN)} \"call:\" ({names}) dict {mark(CALL_CLOSE)}",
+        f"call: {mark(CALL_OPEN)} \"call:\" ({' | '.join(alts)}) {mark(CALL_CLOSE)}",
+        *rules,
         'dict: "{" WS? (kv ("," WS? kv)* WS?)? "}"',
-        r'kv: /[^:}<]+/ ":" WS? value',
+        'kv: KEY ":" WS? value',
+        r"KEY: /[^:}<]+/",
         'list: "[" WS? (value ("," WS? value)* WS?)? "]"',
         "value: string | dict | list | NUMBER | \"true\" | \"false\" | \"null\"",
         f"string: {q} string_rest",

@@ -124,9 +124,11 @@ def test_reasoning_split_on_the_thought_channel():
 
 
 @pytest.mark.parametrize("parallel, good, bad", [
-    (True, '<|tool_call>call:get_weather{city:<|"|>Paris<|"|>}<tool_call|>'
-           '<|tool_call>call:get_time{tz:<|"|>CET<|"|>,n:[1, 2.5]}<tool_call|>',
+    (True, '<|tool_call>call:get_weather{city:{name:<|"|>Paris<|"|>,at:[1, 2.5]}}<tool_call|>'
+           '<|tool_call>call:get_time{tz:<|"|>CET<|"|>}<tool_call|>',
      '<|tool_call>call:get_wether{city:<|"|>Paris<|"|>}<tool_call|>'),
+    (True, '<|tool_call>call:get_time{tz:<|"|>CET<|"|>,tz:null}<tool_call|>',
+     '<|tool_call>call:get_time{zone:<|"|>CET<|"|>}<tool_call|>'),          # keys of the schema
     (False, '<|tool_call>call:get_time{tz:<|"|>CET<|"|>}<tool_call|>',
      '<|tool_call>call:get_time{tz:CET}<tool_call|>'),
     (False, '<|tool_call>call:get_time{}<tool_call|>',
