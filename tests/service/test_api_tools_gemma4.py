@@ -38,6 +38,7 @@ def srv(tmp_path_factory):
         (models / "g4.jinja").write_text(f.metadata[Key.CHAT_TEMPLATE], encoding="utf-8")
     s = Server(tmp, str(models), trusted, default_model="g4",
                extra={"n_parallel": 1, "ctx_size": 2048, "threads": 2})
+    s.template_path = str(models / "g4.jinja")
     yield s
     assert s.stop() == 0, s.logtext()
 
@@ -59,6 +60,9 @@ def test_forced_call_is_parsed_and_streamed(srv, http):
     assert call["function"]["name"] == "get_weather"
     args = json.loads(call["function"]["arguments"])
     assert isinstance(args, dict)
+    r = http.post("/v1/chat/completions", json={**body, "logprobs": True})
+    written = "".join(t["token"] for t in r.json()["choices"][0]["logprobs"]["content"])
+    assert written.startswith("<|tool_call>call:get_weather{") and written.endswith("}<tool_call|>")
     events = sse_events(http.post("/v1/chat/completions", json={**body, "stream": True}).text)
     got = [tc for e in events if e["choices"] for tc in e["choices"][0]["delta"].get("tool_calls") or ()]
     assert [c["function"] for c in got] == [call["function"]]
@@ -68,7 +72,11 @@ def test_forced_call_is_parsed_and_streamed(srv, http):
     assert json.loads(r2.choices[0].message.tool_calls[0].function.arguments) == args
 
 
-def test_conversation_with_a_tool_result_is_answered(http):
+def test_conversation_with_a_tool_result_is_answered(srv, http):
+    """The prompt is the older template's rendering of the folded conversation (the tool
+    result inside the model's turn, `response:get_weather{temp:18}`), not of a `tool` turn."""
+    from edged import Model
+    from edged.text import gemma4, tools
     conv = ASK + [
         {"role": "assistant", "content": "", "tool_calls": [{"id": "c1", "type": "function", "function": {
             "name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]},
@@ -76,4 +84,12 @@ def test_conversation_with_a_tool_result_is_answered(http):
     r = http.post("/v1/chat/completions", json={"messages": conv, "tools": [TOOL], "temperature": 0,
                                                 "max_tokens": 8})
     assert r.status_code == 200, r.text
-    assert r.json()["usage"]["prompt_tokens"] > 40
+    with GGUFFile.open(VOCAB) as f:
+        source = f.metadata[Key.CHAT_TEMPLATE]
+    msgs = gemma4.messages_for_template(tools.messages_for_template(conv), source)
+    with Model.load(testdata("models", "SmolLM2-135M-Instruct.Q4_1.gguf")) as m:
+        prompt = m.chat_prompt(msgs, tools=[TOOL], template_file=srv.template_path)
+        folded = len(m.encode_chat(msgs, tools=[TOOL], template_file=srv.template_path))
+    assert "<|tool_response>response:get_weather{temp:18}<tool_response|>" in prompt
+    assert r.json()["usage"]["prompt_tokens"] == folded
+
