@@ -104,6 +104,18 @@ def _caches(session):
     return (k, v) if conv is None else (k, v, conv)
 
 
+def supported(model):
+    """Whether this format can hold `model`'s state: K/V rows and lfm2's convolution rows,
+    not the recurrent state of Gated DeltaNet layers (qwen35)."""
+    return not getattr(model.hp, "n_recr_layers", 0)
+
+
+def _check_supported(model):
+    if not supported(model):
+        raise StateFileError(f"prompt-cache files hold K/V and convolution rows; {model.arch}'s "
+                             f"{model.hp.n_recr_layers} recurrent layers keep state they cannot hold")
+
+
 def _header(session, n_tokens):
     """The header fields a file of `session`'s first n_tokens would carry (a dict)."""
     caches = _caches(session)
@@ -188,6 +200,7 @@ def save(session, path, key, n_tokens=None):
     if not 0 < n <= session.n_past:
         raise StateFileError(f"cannot save {n} tokens of a session holding {session.n_past}")
     _check_key(key)
+    _check_supported(session.model)
     h = _header(session, n)
     path = os.fspath(path)
     d, base = os.path.split(path)
@@ -288,6 +301,7 @@ def restore(session, path, key, n_tokens=None):
 
 
 def _restore(session, path, key, n_tokens):
+    _check_supported(session.model)
     with _open(path) as f:
         size = os.fstat(f.fileno()).st_size
         h = _read_header(f, size)

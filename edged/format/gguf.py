@@ -263,6 +263,14 @@ class Key:
     CLIP_IMAGE_MEAN = "clip.vision.image_mean"
     CLIP_IMAGE_STD = "clip.vision.image_std"
     CLIP_SCALE_FACTOR = "clip.vision.projector.scale_factor"
+    ROPE_DIMENSION_SECTIONS = "{arch}.rope.dimension_sections"
+    FULL_ATTENTION_INTERVAL = "{arch}.full_attention_interval"
+    ATTENTION_RECURRENT_LAYERS = "{arch}.attention.recurrent_layers"
+    SSM_CONV_KERNEL = "{arch}.ssm.conv_kernel"
+    SSM_INNER_SIZE = "{arch}.ssm.inner_size"
+    SSM_STATE_SIZE = "{arch}.ssm.state_size"
+    SSM_TIME_STEP_RANK = "{arch}.ssm.time_step_rank"
+    SSM_GROUP_COUNT = "{arch}.ssm.group_count"
 
     # tokenizer
     TOKENIZER_MODEL = "tokenizer.ggml.model"
