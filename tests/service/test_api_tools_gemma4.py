@@ -1,18 +1,16 @@
 """Gemma 4 tool calls end to end: a real daemon serves the real SmolLM2-135M with the Gemma 4
 chat template the converter stored in llama.cpp's gemma-4 vocabulary file as the operator's
-template file (MODELS_DIR/NAME.jinja; the compiled backend does not run gemma4 files yet), so
+template file (MODELS_DIR/smol.jinja; the compiled backend does not run gemma4 files yet), so
 the daemon finds the gemma4 family from the template, the forced call is written as
 `<|tool_call>call:NAME{...}<tool_call|>` under its grammar and comes back as OpenAI
 tool_calls, streamed and not; a conversation with an earlier call and its result renders
 through the older template (tool results folded into the model's turn) and is answered."""
-import json
 import os
-import shutil
 
 import pytest
 
 from conftest import ROOT, testdata
-from daemon_support import Server, openai_client, signing_key, sse_events, uds_httpx
+from daemon_support import Server, forced_call, smol_models, uds_httpx
 from edged.format.gguf import GGUFFile, Key
 
 pytest.importorskip("llguidance")
@@ -27,18 +25,13 @@ ASK = [{"role": "user", "content": "Weather in Paris?"}]
 
 @pytest.fixture(scope="module")
 def srv(tmp_path_factory):
-    from edged.trust.sign import sign_file
-    key, trusted = signing_key(tmp_path_factory)
-    tmp = tmp_path_factory.mktemp("api-gemma4")
-    models = tmp / "models"
-    models.mkdir()
-    shutil.copyfile(testdata("models", "SmolLM2-135M-Instruct.Q4_1.gguf"), models / "g4.gguf")
-    sign_file(str(models / "g4.gguf"), key)
-    with GGUFFile.open(VOCAB) as f:
-        (models / "g4.jinja").write_text(f.metadata[Key.CHAT_TEMPLATE], encoding="utf-8")
-    s = Server(tmp, str(models), trusted, default_model="g4",
+    tmp, models, trusted = smol_models(tmp_path_factory, "api-gemma4")
+    path = os.path.join(models, "smol.jinja")
+    with GGUFFile.open(VOCAB) as f, open(path, "w", encoding="utf-8") as fh:
+        fh.write(f.metadata[Key.CHAT_TEMPLATE])
+    s = Server(tmp, models, trusted, default_model="smol",
                extra={"n_parallel": 1, "ctx_size": 2048, "threads": 2})
-    s.template_path = str(models / "g4.jinja")
+    s.template_path = path
     yield s
     assert s.stop() == 0, s.logtext()
 
@@ -52,24 +45,11 @@ def http(srv):
 def test_forced_call_is_parsed_and_streamed(srv, http):
     body = {"messages": ASK, "tools": [TOOL], "temperature": 0, "max_tokens": 60,
             "tool_choice": {"type": "function", "function": {"name": "get_weather"}}}
-    r = http.post("/v1/chat/completions", json=body)
-    assert r.status_code == 200, r.text
-    ch = r.json()["choices"][0]
-    assert ch["finish_reason"] == "tool_calls", ch
-    (call,) = ch["message"]["tool_calls"]
-    assert call["function"]["name"] == "get_weather"
-    args = json.loads(call["function"]["arguments"])
-    assert isinstance(args, dict)
+    call, args = forced_call(srv.socket, http, body, "smol", "<|tool_call>")
+    assert call["function"]["name"] == "get_weather" and isinstance(args, dict)
     r = http.post("/v1/chat/completions", json={**body, "logprobs": True})
     written = "".join(t["token"] for t in r.json()["choices"][0]["logprobs"]["content"])
     assert written.startswith("<|tool_call>call:get_weather{") and written.endswith("}<tool_call|>")
-    events = sse_events(http.post("/v1/chat/completions", json={**body, "stream": True}).text)
-    got = [tc for e in events if e["choices"] for tc in e["choices"][0]["delta"].get("tool_calls") or ()]
-    assert [c["function"] for c in got] == [call["function"]]
-    assert "<|tool_call>" not in "".join(e["choices"][0]["delta"].get("content") or ""
-                                         for e in events if e["choices"])
-    r2 = openai_client(srv.socket).chat.completions.create(model="g4", **body)
-    assert json.loads(r2.choices[0].message.tool_calls[0].function.arguments) == args
 
 
 def test_conversation_with_a_tool_result_is_answered(srv, http):
