@@ -110,6 +110,9 @@ ARCHS = {
     # which is NeoX RoPE over rope.dimension_count dims
     "qwen35": Arch("qwen35", ROPE_NEOX, qk_norm=True, deltanet=True,
                    ffn_norm_tensor="post_attention_norm"),
+    # qwen35 with routed experts (softmax, the top k renormalised) and a gated shared expert
+    "qwen35moe": Arch("qwen35moe", ROPE_NEOX, qk_norm=True, deltanet=True, moe=True,
+                      moe_norm_w=True, shared_expert=True, ffn_norm_tensor="post_attention_norm"),
 }
 # llama.cpp's YaRN defaults (ggml_rope_yarn_corr_dims); it reads no beta keys for these archs
 YARN_BETA_FAST, YARN_BETA_SLOW = 32.0, 1.0

@@ -36,6 +36,7 @@ import weakref
 
 import numpy as np
 
+from .vision import id_limit
 from ..errors import ConfigError, StateFileError
 from ..format.gguf import GGMLType
 
@@ -325,8 +326,9 @@ def _restore(session, path, key, n_tokens):
             raise StateFileError("HMAC does not verify (the file was altered, or written with "
                                  "another key)")
     nv = session.model.hp.n_vocab
-    if int(tokens.max()) >= nv:
-        raise StateFileError(f"token id {int(tokens.max())} out of range [0, {nv})")
+    if int(tokens.max()) >= id_limit(nv):   # image rows are ids >= n_vocab (engine/vision.py)
+        raise StateFileError(f"token id {int(tokens.max())} out of range [0, {nv}) and not an "
+                             "image row")
     keep = n if n_tokens is None else max(0, min(int(n_tokens), n))
     session.tokens = tokens[:keep].tolist()
     return keep

@@ -263,6 +263,8 @@ class Key:
     CLIP_IMAGE_MEAN = "clip.vision.image_mean"
     CLIP_IMAGE_STD = "clip.vision.image_std"
     CLIP_SCALE_FACTOR = "clip.vision.projector.scale_factor"
+    CLIP_PREPROC_IMAGE_SIZE = "clip.vision.preproc_image_size"  # idefics3: the longest edge
+    CLIP_IMAGE_GRID_PINPOINTS = "clip.vision.image_grid_pinpoints"  # LLaVA-1.6 tiling
     ROPE_DIMENSION_SECTIONS = "{arch}.rope.dimension_sections"
     FULL_ATTENTION_INTERVAL = "{arch}.full_attention_interval"
     ATTENTION_RECURRENT_LAYERS = "{arch}.attention.recurrent_layers"

@@ -23,6 +23,8 @@ from family_goldens import GOLDENS, alone_batched_forked, check_every_kernel_pat
 from gguf_clone import clone
 
 QWEN35 = os.path.join(GOLDENS, "synthetic-qwen35.gguf")
+# the same shape with 8 routed experts (2 per token) and a gated shared expert in every layer
+QWEN35MOE = os.path.join(GOLDENS, "synthetic-qwen35moe.gguf")
 GOLDEN = np.load(os.path.join(GOLDENS, "synthetic-qwen35.golden.npz"))
 TOKENS, N_PROMPT = GOLDEN["tokens"].tolist(), int(GOLDEN["n_prompt"])
 
@@ -36,10 +38,11 @@ def _last(s, ids):
     return s.eval(ids)[0]
 
 
-def test_golden_every_kernel_path(core):
+@pytest.mark.parametrize("name", ["synthetic-qwen35", "synthetic-qwen35moe"])
+def test_golden_every_kernel_path(core, name):
     """Teacher-forced logits within the F16 tolerances on generic, avx2 and avx512 (every
     path this CPU has)."""
-    check_every_kernel_path(core, "synthetic-qwen35")
+    check_every_kernel_path(core, name)
 
 
 @pytest.mark.parametrize("backend", ["cpu", "reference"])
@@ -57,7 +60,7 @@ def test_batch_chunks_and_single_tokens_agree(backend):
     if backend == "cpu":
         pytest.importorskip("edged._core")
     p = TOKENS[:N_PROMPT]
-    with Model.load(QWEN35, backend=backend, n_threads=2) as m:
+    with Model.load(QWEN35MOE, backend=backend, n_threads=2) as m:
         whole = _last(m.session(n_ctx=128), p)
         chunks = _last(m.session(n_ctx=128, n_batch=7), p)
         s = m.session(n_ctx=128)
