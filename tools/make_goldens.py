@@ -98,6 +98,13 @@ CASES = {
     # 40-token prompt
     "lfm2": dict(arch="lfm2", seed=1011, prompt_seed=11, n_layer=6, l_cache=3,
                  attn_layers=(2, 5), qk_norm=True, n_prompt=40),
+    # a scaled-down Gemma 4 E2B (text): sliding layers 0, 1, 3 (head dim 16, 16 rotated, base
+    # 1e4, window 8) and full layers 2, 4 (head dim 32, proportional RoPE through rope_freqs,
+    # base 1e6); KV heads per layer; layers 3 and 4 reuse the KV of layers 1 and 2
+    # (shared_kv_layers 2) and have a double-wide FFN; layer 2 has no attn_v (V = K); V is
+    # RMS-normed, attention unscaled; per-layer embeddings 8 wide; a scalar per layer output;
+    # logits soft-capped at 30; a 40-token prompt. Written by write_gemma4_gguf.
+    "gemma4": dict(arch="gemma4", seed=1012, prompt_seed=12, n_prompt=40),
     # a scaled-down Gemma 3n E2B: 22 layers (the first 10 with the FFN gate's Gaussian top-k,
     # layers 20 (sliding) and 21 (global) attending to layers 18's and 19's K/V), AltUp's 4
     # streams, LAuReL of rank 64 and per-layer inputs 256 wide (llama.cpp's fixed sizes), a
@@ -186,6 +193,32 @@ def vocab():
     return synth_vocab(N_VOCAB)
 
 
+def add_vocab(w):
+    toks, scores, types = vocab()
+    w.add_tokenizer_model("llama")
+    w.add_token_list(toks)
+    w.add_token_scores(scores.tolist())
+    w.add_token_types(types.tolist())
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    w.add_unk_token_id(0)
+    w.add_add_bos_token(True)
+
+
+def random_writers(w, rng):
+    """mat(name, *shape): F16 normal values (scale 1/sqrt(row length) unless given); vec(name,
+    n): F32 uniform in lo..hi."""
+    def mat(tname, *shape, scale=None):
+        # shape in numpy order (rows..., row length). F16: this llama.cpp build's quantized
+        # CPU kernels stop with SIGILL on this machine (AMX/VNNI under the sandbox)
+        s = scale if scale is not None else 1.0 / np.sqrt(shape[-1])
+        w.add_tensor(tname, (rng.standard_normal(shape) * s).astype(np.float16))
+
+    def vec(tname, n, lo=0.8, hi=1.2):
+        w.add_tensor(tname, rng.uniform(lo, hi, n).astype(np.float32))
+    return mat, vec
+
+
 def write_gguf(name, c, path, seed):
     import gguf
     rng = np.random.default_rng(seed)
@@ -251,30 +284,15 @@ def write_gguf(name, c, path, seed):
         w.add_expert_feed_forward_length(c["n_ff_exp"])
     if "n_ff_shexp" in c:
         w.add_expert_shared_feed_forward_length(c["n_ff_shexp"])
-    toks, scores, types = vocab()
-    w.add_tokenizer_model("llama")
-    w.add_token_list(toks)
-    w.add_token_scores(scores.tolist())
-    w.add_token_types(types.tolist())
-    w.add_bos_token_id(1)
-    w.add_eos_token_id(2)
-    w.add_unk_token_id(0)
-    w.add_add_bos_token(True)
+    add_vocab(w)
 
-    def mat(tname, *shape, scale=None):
-        # shape in numpy order (rows..., row length). F16: this llama.cpp build's quantized
-        # CPU kernels stop with SIGILL on this machine (AMX/VNNI under the sandbox)
-        s = scale if scale is not None else 1.0 / np.sqrt(shape[-1])
-        w.add_tensor(tname, (rng.standard_normal(shape) * s).astype(np.float16))
+    mat, vec = random_writers(w, rng)
 
     def mxfp4(tname, *shape):
         # the same random draw as mat(), quantized to MXFP4 by gguf-py (not by edged)
         data = (rng.standard_normal(shape) / np.sqrt(shape[-1])).astype(np.float32)
         q = gguf.quants.quantize(data, gguf.GGMLQuantizationType.MXFP4)
         w.add_tensor(tname, q, raw_dtype=gguf.GGMLQuantizationType.MXFP4)
-
-    def vec(tname, n, lo=0.8, hi=1.2):
-        w.add_tensor(tname, rng.uniform(lo, hi, n).astype(np.float32))
 
     mat("token_embd.weight", N_VOCAB, E, scale=1.0)
     vec("token_embd_norm.weight" if arch == "lfm2" else "output_norm.weight", E)
@@ -390,6 +408,75 @@ def write_gguf(name, c, path, seed):
     w.close()
 
 
+def write_gemma4_gguf(name, path, seed):
+    """The gemma4 case: per-layer head sizes, KV heads, FFN widths and KV sharing, which the
+    shared shape of write_gguf has no room for (keys and tensors as llama.cpp's gemma4 loader
+    reads them)."""
+    import gguf
+    rng = np.random.default_rng(seed)
+    E, H, L, P = 64, 4, 5, 8
+    swa = [True, True, False, True, False]
+    kv = [2, 2, 1, 2, 1]
+    ff = [32, 32, 32, 64, 64]
+    D, Dswa, n_shared = 32, 16, 2
+    w = gguf.GGUFWriter(path, "gemma4")
+    w.add_name(f"edged-golden-{name}")
+    w.add_context_length(4096)
+    w.add_embedding_length(E)
+    w.add_block_count(L)
+    w.add_array("gemma4.feed_forward_length", ff)
+    w.add_head_count(H)
+    w.add_array("gemma4.attention.head_count_kv", kv)
+    w.add_key_length(D)
+    w.add_value_length(D)
+    w.add_uint32("gemma4.attention.key_length_swa", Dswa)
+    w.add_uint32("gemma4.attention.value_length_swa", Dswa)
+    w.add_rope_dimension_count(D)
+    w.add_uint32("gemma4.rope.dimension_count_swa", Dswa)
+    w.add_rope_freq_base(1e6)
+    w.add_float32("gemma4.rope.freq_base_swa", 1e4)
+    w.add_layer_norm_rms_eps(1e-6)
+    w.add_sliding_window(8)
+    w.add_array("gemma4.attention.sliding_window_pattern", swa)
+    w.add_uint32("gemma4.attention.shared_kv_layers", n_shared)
+    w.add_uint32("gemma4.embedding_length_per_layer_input", P)
+    w.add_final_logit_softcapping(30.0)
+    add_vocab(w)
+
+    mat, vec = random_writers(w, rng)
+    mat("token_embd.weight", N_VOCAB, E, scale=1.0)
+    vec("output_norm.weight", E)
+    w.add_tensor("rope_freqs.weight", rng.uniform(1.0, 4.0, D // 2).astype(np.float32))
+    mat("per_layer_token_embd.weight", N_VOCAB, P * L, scale=1.0)
+    mat("per_layer_model_proj.weight", P * L, E)
+    vec("per_layer_proj_norm.weight", P)
+    for il in range(L):
+        p, hd = f"blk.{il}.", Dswa if swa[il] else D
+        vec(p + "attn_norm.weight", E)
+        mat(p + "attn_q.weight", H * hd, E)
+        vec(p + "attn_q_norm.weight", hd)
+        if il < L - n_shared:
+            mat(p + "attn_k.weight", kv[il] * hd, E)
+            vec(p + "attn_k_norm.weight", hd)
+            if il != 2:
+                mat(p + "attn_v.weight", kv[il] * hd, E)
+        mat(p + "attn_output.weight", E, H * hd)
+        vec(p + "post_attention_norm.weight", E)
+        vec(p + "ffn_norm.weight", E)
+        mat(p + "ffn_gate.weight", ff[il], E)
+        mat(p + "ffn_up.weight", ff[il], E)
+        mat(p + "ffn_down.weight", E, ff[il])
+        vec(p + "post_ffw_norm.weight", E)
+        mat(p + "inp_gate.weight", P, E)
+        mat(p + "proj.weight", E, P)
+        vec(p + "post_norm.weight", E)
+        vec(p + "layer_output_scale.weight", 1, 0.5, 1.5)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--llama-python", default=os.environ.get("EDGED_LLAMA_PYTHON"),
@@ -421,7 +508,9 @@ def main():
         seed, i = case.pop("seed", 1000 + i), case.pop("prompt_seed", i)
         n_prompt = case.pop("n_prompt", N_PROMPT)
         ck, cv = case.pop("cache", ("f16", "f16"))
-        if mix is None:
+        if case.get("arch") == "gemma4":
+            write_gemma4_gguf(name, model, seed=seed)
+        elif mix is None:
             write_gguf(name, case, model, seed=seed)
         else:
             if not a.llama_bin:

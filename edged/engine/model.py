@@ -569,13 +569,17 @@ class Model:
         `tokenizer.chat_template.NAME`), or with an operator's template file, which takes
         precedence. A model with neither raises TemplateError; plain completion still works."""
         from ..text.chat import render, template_for   # jinja2: only when a chat is rendered
+        from ..text import gemma4
         tmpl = template_for(self.file, name=template_name, template_file=template_file)
-        return render(tmpl, messages, add_generation_prompt=add_generation_prompt,
-                      bos_token=self.tokenizer.token_piece(self.tokenizer.bos_id).decode(
-                          "utf-8", "replace") if self.tokenizer.bos_id is not None else "",
-                      eos_token=self.tokenizer.token_piece(self.tokenizer.eos_id).decode(
-                          "utf-8", "replace") if self.tokenizer.eos_id is not None else "",
-                      **extra)
+        prompt = render(tmpl, messages, add_generation_prompt=add_generation_prompt,
+                        bos_token=self.tokenizer.token_piece(self.tokenizer.bos_id).decode(
+                            "utf-8", "replace") if self.tokenizer.bos_id is not None else "",
+                        eos_token=self.tokenizer.token_piece(self.tokenizer.eos_id).decode(
+                            "utf-8", "replace") if self.tokenizer.eos_id is not None else "",
+                        **extra)
+        if add_generation_prompt and gemma4.is_gemma4(tmpl):
+            prompt = gemma4.generation_prompt(prompt)
+        return prompt
 
     def encode_chat(self, messages, add_generation_prompt=True, template_file=None,
                     template_name=None, content_specials=False, **extra):

@@ -234,6 +234,10 @@ class Key:
     ROPE_SCALING_FINETUNED = "{arch}.rope.scaling.finetuned"
     NEXTN_PREDICT_LAYERS = "{arch}.nextn_predict_layers"
     SHORTCONV_L_CACHE = "{arch}.shortconv.l_cache"
+    # Gemma 4: the sliding layers' head and rotary sizes (with gemma3n's keys below)
+    KEY_LENGTH_SWA = "{arch}.attention.key_length_swa"
+    VALUE_LENGTH_SWA = "{arch}.attention.value_length_swa"
+    ROPE_DIMENSION_COUNT_SWA = "{arch}.rope.dimension_count_swa"
     # gemma3n
     ALTUP_ACTIVE_IDX = "{arch}.altup.active_idx"
     ALTUP_NUM_INPUTS = "{arch}.altup.num_inputs"

@@ -76,7 +76,7 @@ class Choice:
         self.done = False
         self.prep = prep
         self.harmony = harmony.HarmonyStream(prep.think, bool(prep.family)) if prep.harmony else None
-        self.think = reasoning.ThinkSplitter(prep.think_inside) if prep.think and not self.harmony else None
+        self.think = reasoning.ThinkSplitter(prep.think_inside, prep.think_tags) if prep.think and not self.harmony else None
         self.calls = tools.StreamSplitter(prep.family, prep.tools) if prep.family and not self.harmony else None
         # a splitter of its own that sees each generated token once, to count reasoning tokens
         self.counter = (harmony.HarmonyStream(prep.think, False) if prep.harmony else
@@ -135,7 +135,7 @@ class Choice:
         if self.harmony:
             r, c, pairs = harmony.parse(text, self.prep.think, bool(self.prep.family))
             return r, c, [tools.make_call(name, args) for name, args in pairs]
-        r, c = reasoning.split(text, self.prep.think_inside) if self.think else (None, text)
+        r, c = reasoning.split(text, self.prep.think_inside, self.prep.think_tags) if self.think else (None, text)
         calls = []
         if self.calls:
             c, calls = tools.parse(self.prep.family, c, self.prep.tools)

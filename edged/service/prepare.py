@@ -7,7 +7,7 @@ reads a GenerateRequest (service/request.py).
 import dataclasses
 
 from ..errors import RequestError
-from ..text import grammar, harmony, infill, reasoning, tools
+from ..text import gemma4, grammar, harmony, infill, reasoning, tools
 from .request import ConstraintSpec
 
 
@@ -18,6 +18,7 @@ class Prepared:
     tools: list = dataclasses.field(default_factory=list)   # the tools offered (their schemas)
     think: bool = False             # split <think> reasoning out
     think_inside: bool = False      # the prompt opened the think block
+    think_tags: tuple = (reasoning.OPEN, reasoning.CLOSE)   # how the model opens and closes it
     harmony: bool = False           # gpt-oss's channels: analysis / final / calls (text/harmony.py)
     constraint: object = None       # grammar.Constraint in its start state (each choice a copy)
     images: list = dataclasses.field(default_factory=list)  # ImageEmbedding of each image in the prompt
@@ -42,6 +43,8 @@ def prepare(lm, request):
         prep.harmony = harmony.is_harmony(template)
         if prep.harmony:
             messages = harmony.messages_for_template(messages)
+        elif gemma4.is_gemma4(template):
+            messages = gemma4.messages_for_template(messages, template)
         kwargs = request.template_kwargs
         bad = sorted(k for k in kwargs if k in RESERVED_TEMPLATE_VARS or not k.isidentifier())
         if bad:
@@ -75,9 +78,11 @@ def prepare(lm, request):
         ids = lm.encode_chat_images(messages, prep.images, **kwargs) if prep.images else \
             lm.encode_chat(messages, **kwargs)
         prep.prompts.append(ids)
-        prep.think = request.output.reasoning and (prep.harmony or reasoning.OPEN in template)
+        tags = reasoning.tags_of(template)
+        prep.think = request.output.reasoning and (prep.harmony or tags is not None)
         if prep.think and not prep.harmony:
-            prep.think_inside = reasoning.starts_inside(tok.decode(ids[-8:], special=True))
+            prep.think_tags = tags
+            prep.think_inside = reasoning.starts_inside(tok.decode(ids[-8:], special=True), tags)
     elif request.infill is not None:
         prep.prompts.append(infill_ids(tok, request.infill, lm.n_ctx, request.output.max_tokens, lm.spm_infill))
     else:

@@ -16,6 +16,8 @@ Families (the marker that identifies each in a template, and the call format):
            `[TOOL_CALLS]N[ARGS]{...}` per call (Small 3.2, Devstral, Ministral 3)
 - phi4     `<|tool_call|>`: Phi-4-mini, Granite 3.x: `<|tool_call|>[{"name": N, "arguments": {...}}]`
            (Phi closes with `<|/tool_call|>`)
+- gemma4   `'<|tool_call>call:'` (Gemma 4): `<|tool_call>call:N{key:<|"|>text<|"|>,n:5}<tool_call|>`
+           per call, in Gemma 4's own value syntax; edged/text/gemma4.py parses it
 - harmony  `<|channel|>` (gpt-oss): `<|channel|>commentary to=functions.N <|constrain|>json<|message|>{...}`;
            edged/text/harmony.py parses it along with the reasoning
 - generic  any other template: the tools are described in a system message and the model
@@ -29,10 +31,10 @@ import json
 import re
 import secrets
 
-from . import harmony
+from . import gemma4, harmony
 from .grammar import JSON_LAYOUT, llama_like
 
-FAMILIES = ("hermes", "qwen3coder", "llama3", "mistral", "phi4", "harmony", "generic")
+FAMILIES = ("hermes", "qwen3coder", "llama3", "mistral", "phi4", "gemma4", "harmony", "generic")
 
 _HERMES_OPEN, _HERMES_CLOSE = "<tool_call>", "</tool_call>"
 _PYTHON_TAG = "<|python_tag|>"
@@ -49,6 +51,8 @@ def family_of(template):
     t = template or ""
     if harmony.is_harmony(t):
         return "harmony"
+    if gemma4.is_gemma4(t):
+        return "gemma4"
     # llama.cpp's test, including its exclusion of templates without newlines between tags
     if _HERMES_OPEN in t and _XML_FUNCTION in t and _XML_PARAM in t and \
             "'<tool_call><function=' ~ tool_call.name ~ '>'" not in t:
@@ -312,13 +316,18 @@ def _qwen3coder(text, tools=None):
     return text[:start], calls
 
 
+def _gemma4(text):
+    content, pairs = gemma4.parse_calls(text)
+    return content, [make_call(name, args) for name, args in pairs]
+
+
 def _harmony(text):
     _, content, pairs = harmony.parse(text, reasoning=False)
     return content, [make_call(name, args) for name, args in pairs]
 
 
 _PARSERS = {"hermes": _hermes, "llama3": _llama3, "mistral": _mistral, "phi4": _phi4,
-            "harmony": _harmony, "generic": _generic}
+            "gemma4": _gemma4, "harmony": _harmony, "generic": _generic}
 
 
 def parse(family, text, tools=None):
@@ -341,7 +350,7 @@ def markers(family):
     back from there on); the generic family's whole reply is JSON, so it starts with `{`."""
     return {"hermes": (_HERMES_OPEN,), "qwen3coder": (_HERMES_OPEN, _XML_FUNCTION),
             "llama3": (_PYTHON_TAG, '{"name"', '{"type"'), "mistral": (_MISTRAL,), "phi4": (_PHI_OPEN,),
-            "harmony": (harmony.CHANNEL,), "generic": ()}[family]
+            "gemma4": (gemma4.CALL_OPEN,), "harmony": (harmony.CHANNEL,), "generic": ()}[family]
 
 
 class StreamSplitter:
@@ -425,6 +434,8 @@ def call_grammar(family, tools, parallel=True, args_style=False, token=None):
     many = "+" if parallel else ""
     if family == "qwen3coder":
         return _xml_call_grammar(tools, parallel, mark)
+    if family == "gemma4":
+        return gemma4.call_grammar(tools, parallel, mark)
     if family == "hermes":
         body = f'{mark(_HERMES_OPEN)} "\\n" {_json(_call_schema(tools))} "\\n" {mark(_HERMES_CLOSE)}'
         return f"start: call ({_lit(chr(10))} call)*\ncall: {body}\n" if parallel else f"start: {body}\n"

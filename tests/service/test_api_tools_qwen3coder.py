@@ -3,13 +3,12 @@ Qwen3-Coder chat template as the operator's template file (MODELS_DIR/NAME.jinja
 daemon finds the qwen3coder family from the template, the forced call is written in the XML
 format under its grammar, and the reply is parsed into OpenAI tool_calls with values typed by
 the schema, streamed and not; the openai SDK reads both."""
-import json
 import shutil
 
 import pytest
 
 from conftest import testdata
-from daemon_support import Server, openai_client, signing_key, sse_events, uds_httpx
+from daemon_support import Server, forced_call, signing_key, uds_httpx
 
 pytest.importorskip("llguidance")
 pytest.importorskip("httpx")
@@ -47,19 +46,7 @@ def http(srv):
 def test_forced_xml_call_is_parsed_typed_and_streamed(srv, http):
     body = {"messages": ASK, "tools": [TOOL], "temperature": 0, "max_tokens": 120,
             "tool_choice": {"type": "function", "function": {"name": "set_alarm"}}}
-    r = http.post("/v1/chat/completions", json=body)
-    assert r.status_code == 200, r.text
-    ch = r.json()["choices"][0]
-    assert ch["finish_reason"] == "tool_calls", ch
-    (call,) = ch["message"]["tool_calls"]
-    args = json.loads(call["function"]["arguments"])
+    call, args = forced_call(srv.socket, http, body, "coder", "<function=")
     assert call["function"]["name"] == "set_alarm"
     assert isinstance(args["label"], str) and isinstance(args["repeat"], bool)
     assert isinstance(args["hour"], int) and 0 <= args["hour"] <= 23      # typed, not "7"
-    events = sse_events(http.post("/v1/chat/completions", json={**body, "stream": True}).text)
-    got = [tc for e in events if e["choices"] for tc in e["choices"][0]["delta"].get("tool_calls") or ()]
-    assert [c["function"] for c in got] == [call["function"]]
-    assert "<function=" not in "".join(e["choices"][0]["delta"].get("content") or ""
-                                       for e in events if e["choices"])
-    r2 = openai_client(srv.socket).chat.completions.create(model="coder", **body)
-    assert json.loads(r2.choices[0].message.tool_calls[0].function.arguments) == args

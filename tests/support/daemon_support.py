@@ -519,3 +519,24 @@ def family_server(tmp_path_factory, name, path, chat=False):
     d = model_dir(tmp, key, {name: path})
     return Server(tmp_path_factory.mktemp("daemon"), d, trusted, default_model=name,
                   extra={"n_parallel": 4, "max_queue": 8, "pin_default_model": True})
+
+
+def forced_call(sock_path, client, body, model, marker):
+    """A forced tool call answered whole, streamed and through the openai SDK: (the call, its
+    arguments) of the whole reply, after checking that it ends the choice with "tool_calls",
+    that the stream carries the same call and no content with `marker` (the call's opening
+    text), and that the SDK reads the same arguments."""
+    r = client.post("/v1/chat/completions", json=body)
+    assert r.status_code == 200, r.text
+    ch = r.json()["choices"][0]
+    assert ch["finish_reason"] == "tool_calls", ch
+    (call,) = ch["message"]["tool_calls"]
+    args = json.loads(call["function"]["arguments"])
+    events = sse_events(client.post("/v1/chat/completions", json={**body, "stream": True}).text)
+    got = [tc for e in events if e["choices"] for tc in e["choices"][0]["delta"].get("tool_calls") or ()]
+    assert [c["function"] for c in got] == [call["function"]]
+    assert marker not in "".join(e["choices"][0]["delta"].get("content") or ""
+                                 for e in events if e["choices"])
+    r2 = openai_client(sock_path).chat.completions.create(model=model, **body)
+    assert json.loads(r2.choices[0].message.tool_calls[0].function.arguments) == args
+    return call, args

@@ -2,6 +2,7 @@
 adjacent pair (leftmost first) until none is left; SentencePiece merges the adjacent pair
 whose concatenation is the best-scoring token (leftmost first)."""
 import functools
+import re
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -34,14 +35,19 @@ def byte_level(name):
     return ranks, ids
 
 
-def reference_bpe(word, ranks, ids):
-    syms = [bytes((b,)) for b in word]
+def merge_by_rank(syms, ranks):
+    """Merge the adjacent pair of lowest rank (leftmost among equals) until none is left."""
     while len(syms) > 1:
         best = min(((ranks.get((syms[i], syms[i + 1]), 1 << 60), i) for i in range(len(syms) - 1)))
         if best[0] == 1 << 60:
             break
         i = best[1]
         syms[i:i + 2] = [syms[i] + syms[i + 1]]
+    return syms
+
+
+def reference_bpe(word, ranks, ids):
+    syms = merge_by_rank([bytes((b,)) for b in word], ranks)
     out = []
     for s in syms:
         out += [ids[s]] if s in ids else [ids[bytes((b,))] for b in s if bytes((b,)) in ids]
@@ -88,3 +94,44 @@ def reference_spm(tok, text):
 def test_spm_merge_loop_equals_reference(name, text):
     tok = vocab(name)
     assert tok.encode(text, add_special=False) == reference_spm(tok, ("\u2581" + text).replace(" ", "\u2581"))
+
+
+@functools.lru_cache(maxsize=None)
+def gemma4_vocab():
+    """Gemma 4's tokenizer, its merge ranks over UTF-8 strings and its token ids by text."""
+    import os
+    from edged.format.gguf import GGUFFile, Key
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "data", "vocab",
+                        "ggml-vocab-gemma-4.gguf")
+    with GGUFFile.open(path) as f:
+        merges = f.metadata[Key.MERGES]
+    ranks = {}
+    for i, m in enumerate(merges):
+        ranks.setdefault(tuple(m.split(" ", 1)), i)
+    tok = Tokenizer.from_gguf(path)
+    return tok, ranks
+
+
+def reference_gemma4(tok, ranks, word):
+    """llama.cpp's BPE over characters of plain text: lowest rank first, leftmost among
+    equals; a newline-only word that is a token stays whole; no token: <0xXX> bytes."""
+    if set(word) == {"\n"} and word in tok._id:
+        return [tok._id[word]]
+    syms = merge_by_rank(list(word), ranks)
+    out = []
+    for s in syms:
+        out += [tok._id[s]] if s in tok._id else [tok._id[f"<0x{b:02X}>"] for b in s.encode()]
+    return out
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(text=st.text(alphabet="abcdeilnorstu THE'\n\u00e9\u4e2d\U0001F999\u0378", min_size=1,
+                    max_size=16))
+def test_gemma4_merge_loop_equals_reference(text):
+    """The compiled plain-text BPE (raw=True) against the Python twin, word by word (runs of
+    newlines and of the rest), spaces as U+2581; U+0378 (unassigned) has no token."""
+    tok, ranks = gemma4_vocab()
+    expect = []
+    for word in re.findall(r"\n+|[^\n]+", text.replace(" ", "\u2581")):
+        expect += reference_gemma4(tok, ranks, word)
+    assert tok.encode(text, add_special=False) == expect

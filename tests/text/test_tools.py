@@ -7,16 +7,11 @@ import json
 import pytest
 
 from conftest import testdata
+from grammar_support import TOOLS, smol_tokenizer  # noqa: F401  (smol_tokenizer: a fixture)
 from grammar_support import feed as run
 from edged.text import tools
 from edged.text.chat import render
 
-TOOLS = [{"type": "function", "function": {
-    "name": "get_weather", "description": "Weather in a city",
-    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}},
-    {"type": "function", "function": {
-        "name": "get_time", "description": "Local time",
-        "parameters": {"type": "object", "properties": {"tz": {"type": "string"}}, "required": ["tz"]}}}]
 CONVERSATION = [
     {"role": "user", "content": "Weather in Paris?"},
     {"role": "assistant", "content": "", "tool_calls": [{"id": "call00001", "type": "function", "function": {
@@ -186,15 +181,6 @@ def test_generic_system_prompt_lists_the_tools():
 
 
 # --- grammars that force a call, on a real vocabulary --------------------------------------
-
-@pytest.fixture(scope="module")
-def smol_tokenizer():
-    pytest.importorskip("llguidance")
-    from edged.text.tokenizer import Tokenizer
-    return Tokenizer.from_gguf(testdata("models", "SmolLM2-135M-Instruct.Q4_1.gguf"))
-
-
-
 
 @pytest.mark.parametrize("family, parallel, good, bad", [
     ("hermes", True, '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>\n'

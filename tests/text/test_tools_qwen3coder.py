@@ -7,6 +7,7 @@ import json
 import pytest
 
 from conftest import testdata
+from grammar_support import smol_tokenizer  # noqa: F401  (a fixture)
 from grammar_support import feed as run
 from edged.text import tools
 from edged.text.chat import render
@@ -119,14 +120,6 @@ def test_stream_splitter_holds_back_calls(text, content, calls):
     assert (out + rest).rstrip() == content
     assert [args(c) for c in got] == calls
     assert "<tool_call>" not in out and "<function=" not in out
-
-
-@pytest.fixture(scope="module")
-def smol_tokenizer():
-    pytest.importorskip("llguidance")
-    from edged.text.tokenizer import Tokenizer
-    return Tokenizer.from_gguf(testdata("models", "SmolLM2-135M-Instruct.Q4_1.gguf"))
-
 
 
 
