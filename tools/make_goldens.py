@@ -106,6 +106,14 @@ CASES = {
     # again with write_gguf and checks its SHA-256 against the golden's `gguf_sha256`
     "gemma3n": dict(arch="gemma3n", seed=1012, prompt_seed=12, n_layer=22, n_ff=512, n_swa=8,
                     qk_norm=True, q_norm=(0.25, 0.35), sandwich=True, n_prompt=40),
+    # a scaled-down Granite 4.0-H: 5 layers, attention on 1 and 4 and Mamba-2 elsewhere
+    # (d_inner 128 = 2 * n_embd, 8 SSM heads of 16, state 16, 2 groups, 4 conv taps, conv
+    # bias), granite's multipliers, tied embeddings; a 40-token prompt. Written again by the
+    # test (REGENERATED) like gemma3n
+    "granitehybrid": dict(arch="granitehybrid", seed=1013, prompt_seed=13, n_layer=5,
+                          attn_layers=(1, 4), ssm=dict(d_conv=4, d_state=16, n_head=8, n_group=2),
+                          embedding_scale=2.0, residual_scale=0.5, attention_scale=0.125,
+                          logit_scale=0.5, tied=True, n_prompt=40),
 }
 # gpt-oss as it ships: the same file with its experts in MXFP4, quantized by the PyPI gguf
 # package (llama-quantize's MXFP4_MOE would also make the rest Q8_0, which this machine's
@@ -114,7 +122,7 @@ CASES["gpt-oss-mxfp4"] = dict(CASES["gpt-oss"], mxfp4=True, prompt_seed=8)
 
 # cases whose model is too large to commit: written to a temporary directory, the golden records
 # its SHA-256 (`gguf_sha256`) and the test writes it again with write_gguf
-REGENERATED = {"gemma3n"}
+REGENERATED = {"gemma3n", "granitehybrid"}
 
 GGML_TYPE = {"f16": 1, "q4_0": 2, "q8_0": 8}  # the ggml type ids llama.cpp's type_k/type_v take
 
@@ -188,6 +196,16 @@ def write_gguf(name, c, path, seed):
     if arch == "lfm2":      # per layer: 0 on the convolution layers
         w.add_head_count_kv([KV if il in c["attn_layers"] else 0 for il in range(L)])
         w.add_shortconv_l_cache(c["l_cache"])
+    elif arch == "granitehybrid":  # per layer: 0 on the Mamba-2 layers
+        w.add_head_count_kv([KV if il in c["attn_layers"] else 0 for il in range(L)])
+        S = c["ssm"]
+        DI, DS, SH, SG = 2 * E, S["d_state"], S["n_head"], S["n_group"]
+        CH = DI + 2 * SG * DS
+        w.add_ssm_conv_kernel(S["d_conv"])
+        w.add_ssm_inner_size(DI)
+        w.add_ssm_state_size(DS)
+        w.add_ssm_time_step_rank(SH)
+        w.add_ssm_group_count(SG)
     else:
         w.add_head_count_kv(KV)
     w.add_key_length(D)
@@ -284,6 +302,23 @@ def write_gguf(name, c, path, seed):
             mat(p + "laurel_r.weight", E, R)
             vec(p + "laurel_post_norm.weight", E)
         vec(p + "attn_norm.weight", E)
+        if arch == "granitehybrid" and il not in c["attn_layers"]:
+            def f32(tname, *shape, scale=1.0, lo=None):
+                a = rng.standard_normal(shape) * scale if lo is None else rng.uniform(lo, scale, shape)
+                w.add_tensor(tname, a.astype(np.float32))
+            mat(p + "ssm_in.weight", DI + CH + SH, E)
+            f32(p + "ssm_conv1d.weight", CH, S["d_conv"], scale=0.5)
+            f32(p + "ssm_conv1d.bias", CH, scale=0.1)
+            f32(p + "ssm_dt.bias", SH, scale=-1.0, lo=-4.0)     # softplus -> 0.02..0.3
+            w.add_tensor(p + "ssm_a", -np.exp(rng.uniform(0.0, 2.0, (SH, 1))).astype(np.float32))
+            f32(p + "ssm_d", SH, 1, scale=1.0, lo=0.5)
+            vec(p + "ssm_norm.weight", (SG, DI // SG))
+            mat(p + "ssm_out.weight", E, DI)
+            vec(p + "ffn_norm.weight", E)
+            mat(p + "ffn_gate.weight", F, E)
+            mat(p + "ffn_up.weight", F, E)
+            mat(p + "ffn_down.weight", E, F)
+            continue
         if arch == "lfm2" and il not in c["attn_layers"]:
             mat(p + "shortconv.in_proj.weight", 3 * E, E)
             w.add_tensor(p + "shortconv.conv.weight",

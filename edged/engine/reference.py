@@ -125,6 +125,8 @@ class _Session:
         # a convolution layer's input B * x at each position (lfm2), in float32 as llama.cpp's
         # conv state; a row per position like K/V, so a rewind needs no rollback
         self.conv = np.zeros((hp.n_conv_layers, n_ctx, hp.n_embd), np.float32)
+        # a Mamba-2 layer's convolution inputs and SSM states per position (reference_granite)
+        self.recurrent = ()
         self.n_ctx = n_ctx
         self.tokens = None
         self.logits = None
@@ -162,12 +164,19 @@ class ReferenceBackend(Backend):
         kv = hp.n_layer * n_ctx * hp.n_head_kv * hp.head_dim * (
             (2 if cache.k == GGMLType.F16 else 4) + (2 if cache.v == GGMLType.F16 else 4)) \
             + hp.n_conv_layers * n_ctx * 4 * hp.n_embd
+        if spec.granitehybrid:
+            from .reference_granite import state_shapes
+            kv += sum(4 * math.prod(s) for s in state_shapes(spec, n_ctx))
         scratch = 8 * n_batch * (4 * hp.n_embd + 3 * hp.n_ff + hp.n_vocab) \
             + 8 * n_batch * hp.n_head * n_ctx
         return BufferPlan(kv, scratch)
 
     def alloc(self, n_ctx, n_batch):
-        return _Session(self.spec.hp, n_ctx, self.cache)
+        buf = _Session(self.spec.hp, n_ctx, self.cache)
+        if self.spec.granitehybrid:
+            from .reference_granite import alloc
+            buf.recurrent = alloc(self.spec, n_ctx)
+        return buf
 
     def free(self, buf):
         buf.k = buf.v = None
@@ -182,6 +191,8 @@ class ReferenceBackend(Backend):
         dst.k[:, :n] = src.k[:, :n]
         dst.v[:, :n] = src.v[:, :n]
         dst.conv[:, :n] = src.conv[:, :n]
+        for d, s in zip(dst.recurrent, src.recurrent):
+            d[:, :n] = s[:, :n]
 
     def copy_in(self, buf, tokens, pos, rows=None):
         buf.tokens = np.asarray(tokens, dtype=np.int64)
@@ -228,6 +239,9 @@ class ReferenceBackend(Backend):
             if L.shortconv_in_proj:
                 x = x + self._shortconv(buf, conv_slot, h, L, pos) * hp.residual_scale
                 conv_slot += 1
+            elif hp.ssm_layers and hp.ssm_layers[il]:
+                from .reference_granite import mamba2
+                x = x + mamba2(self, buf, il, h, pos) * hp.residual_scale
             else:
                 x = self._attention_block(buf, il, L, x, h, pos, positions, factors, neox, group)
             h = rms_norm(x, self._w[L.ffn_norm], hp.rms_eps)

@@ -240,6 +240,12 @@ class Key:
     EMBD_LENGTH_PER_LAYER_INP = "{arch}.embedding_length_per_layer_input"
     SHARED_KV_LAYERS = "{arch}.attention.shared_kv_layers"
     ACTIVATION_SPARSITY_SCALE = "{arch}.activation_sparsity_scale"
+    # Mamba-2 (granitehybrid)
+    SSM_CONV_KERNEL = "{arch}.ssm.conv_kernel"
+    SSM_INNER_SIZE = "{arch}.ssm.inner_size"
+    SSM_STATE_SIZE = "{arch}.ssm.state_size"
+    SSM_TIME_STEP_RANK = "{arch}.ssm.time_step_rank"
+    SSM_GROUP_COUNT = "{arch}.ssm.group_count"
 
     # mmproj files (general.architecture = "clip"; llama.cpp's tools/mtmd/clip-impl.h)
     CLIP_PROJECTOR_TYPE = "clip.projector_type"
