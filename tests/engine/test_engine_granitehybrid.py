@@ -136,3 +136,18 @@ def test_batch_chunks_and_single_tokens_agree(model_path):
         for t in p:
             one = s.eval([t])[0]
     assert np.array_equal(whole, chunks) and np.array_equal(whole, one)
+
+
+def test_fork_carries_the_recurrent_state(model_path):
+    """A fork holds a copy of the SSM states and convolution inputs: the next token's logits
+    are the same bits in the fork as in the parent, and evaluating in the fork leaves the
+    parent's state alone."""
+    p = TOKENS[:N_PROMPT]
+    with Model.load(model_path, backend="reference") as m:
+        s = m.session(n_ctx=128)
+        s.eval(p[:-1])
+        f = s.fork()
+        forked = f.eval(p[-1:])[0]
+        f.eval(p[:3])
+        parent = s.eval(p[-1:])[0]
+    assert np.array_equal(forked, parent)
