@@ -11,6 +11,7 @@ that). Selected with EDGED_BACKEND=reference.
 """
 from __future__ import annotations
 
+import errno
 import math
 
 import numpy as np
@@ -182,6 +183,9 @@ class ReferenceBackend(Backend):
         buf.k = buf.v = None
 
     def kv_cache(self, buf):
+        if buf.recurrent:  # prompt-cache files hold K/V and conv rows only (engine/statefile.py)
+            raise OSError(errno.EOPNOTSUPP, "prompt-cache files do not hold granitehybrid's "
+                          "Mamba-2 states yet; nothing written")
         return tuple(a.view(np.uint8).reshape(a.shape[0], a.shape[1], -1) for a in (buf.k, buf.v))
 
     def conv_cache(self, buf):

@@ -151,3 +151,14 @@ def test_fork_carries_the_recurrent_state(model_path):
         f.eval(p[:3])
         parent = s.eval(p[-1:])[0]
     assert np.array_equal(forked, parent)
+
+
+def test_prompt_cache_file_is_not_written_without_the_ssm_state(model_path, tmp_path):
+    """A prompt-cache file would restore K/V rows but not the Mamba-2 states (wrong text after
+    a restore): saving fails with an OSError, which the daemon's prompt store logs and skips."""
+    with Model.load(model_path, backend="reference") as m:
+        s = m.session(n_ctx=128)
+        s.eval(TOKENS[:8])
+        with pytest.raises(OSError, match="Mamba-2 states"):
+            s.save(str(tmp_path / "p.cache"), key=b"k" * 32)
+    assert not list(tmp_path.iterdir())
