@@ -81,6 +81,7 @@ setup(
         "httpx-sse>=0.4,<0.5",                       # its SSE stream parser (edged chat)
         "pydantic>=2.5,<3",                          # config and request validation
         "llguidance>=0.7,<2",                        # structured output (text/grammar.py)
+        "pillow>=10,<14",                            # image decoding, in a bounded child (service/images.py)
     ],
     extras_require={
         "test": ["pytest>=7", "hypothesis>=6", "gguf>=0.10", "openai>=1.30",

@@ -114,6 +114,20 @@ CASES = {
                           attn_layers=(1, 4), ssm=dict(d_conv=4, d_state=16, n_head=8, n_group=2),
                           embedding_scale=2.0, residual_scale=0.5, attention_scale=0.125,
                           logit_scale=0.5, tied=True, n_prompt=40),
+    # a scaled-down Qwen3.5: Gated DeltaNet on layers 0-2 (full_attention_interval 4), gated
+    # attention with q/k norms on layer 3; DeltaNet heads of 16 (ssm.state_size), 2 key heads
+    # and 4 value heads (value head h reads key head h % 2), a 4-tap convolution; attention
+    # heads of 32 with 16 rotated dims in interleaved M-RoPE sections (3, 3, 2, 0); the FFN
+    # norm stored as post_attention_norm; a 40-token prompt
+    "qwen35": dict(arch="qwen35", seed=1012, prompt_seed=12, n_layer=4, head_dim=32, n_rot=16,
+                   qk_norm=True, ssm=dict(d_conv=4, d_state=16, n_group=2, dt_rank=4),
+                   sections=(3, 3, 2, 0), n_prompt=40),
+    # the same shape as qwen35moe: 8 experts of 16, 2 per token (weights renormalised), a
+    # shared expert 32 wide behind a sigmoid gate, in every layer
+    "qwen35moe": dict(arch="qwen35moe", seed=1013, prompt_seed=13, n_layer=4, head_dim=32,
+                      n_rot=16, qk_norm=True, ssm=dict(d_conv=4, d_state=16, n_group=2, dt_rank=4),
+                      sections=(3, 3, 2, 0), n_prompt=40, n_expert=8, n_expert_used=2,
+                      n_ff_exp=16, n_ff_shexp=32),
 }
 # gpt-oss as it ships: the same file with its experts in MXFP4, quantized by the PyPI gguf
 # package (llama-quantize's MXFP4_MOE would also make the rest Q8_0, which this machine's
@@ -208,6 +222,15 @@ def write_gguf(name, c, path, seed):
         w.add_ssm_group_count(SG)
     else:
         w.add_head_count_kv(KV)
+    if arch.startswith("qwen35"):
+        ssm = c["ssm"]
+        w.add_ssm_conv_kernel(ssm["d_conv"])
+        w.add_ssm_state_size(ssm["d_state"])
+        w.add_ssm_group_count(ssm["n_group"])
+        w.add_ssm_time_step_rank(ssm["dt_rank"])
+        w.add_ssm_inner_size(ssm["d_state"] * ssm["dt_rank"])
+        w.add_full_attention_interval(4)
+        w.add_rope_dimension_sections(list(c["sections"]))
     w.add_key_length(D)
     w.add_value_length(D)
     w.add_rope_dimension_count(c.get("n_rot", D))
@@ -329,28 +352,45 @@ def write_gguf(name, c, path, seed):
             mat(p + "ffn_up.weight", F, E)
             mat(p + "ffn_down.weight", E, F)
             continue
-        if arch == "phi3":
+        recr = arch in ("qwen35", "qwen35moe") and (il + 1) % 4
+        if recr:   # a Gated DeltaNet layer
+            ssm = c["ssm"]
+            S, Hk, Hv = ssm["d_state"], ssm["n_group"], ssm["dt_rank"]
+            C = S * (2 * Hk + Hv)
+            mat(p + "attn_qkv.weight", C, E)
+            mat(p + "attn_gate.weight", S * Hv, E)
+            w.add_tensor(p + "ssm_conv1d.weight",
+                         (rng.standard_normal((C, ssm["d_conv"])) * 0.5).astype(np.float32))
+            vec(p + "ssm_dt.bias", Hv, -1.0, 1.0)
+            vec(p + "ssm_a", Hv, -2.0, -0.2)       # -exp(A_log)
+            mat(p + "ssm_beta.weight", Hv, E)
+            mat(p + "ssm_alpha.weight", Hv, E)
+            vec(p + "ssm_norm.weight", S)
+            mat(p + "ssm_out.weight", E, S * Hv)
+        elif arch == "phi3":
             mat(p + "attn_qkv.weight", H * D + 2 * KV * D, E)
         else:
-            mat(p + "attn_q.weight", H * D, E)
+            mat(p + "attn_q.weight", (2 if arch.startswith("qwen35") else 1) * H * D, E)  # qwen35: q | gate
             mat(p + "attn_k.weight", KV * D, E)
             mat(p + "attn_v.weight", KV * D, E)
-        if c.get("qkv_bias"):
-            vec(p + "attn_q.bias", H * D, -0.1, 0.1)
-            vec(p + "attn_k.bias", KV * D, -0.1, 0.1)
-            vec(p + "attn_v.bias", KV * D, -0.1, 0.1)
-        if c.get("qk_norm"):
-            vec(p + "attn_q_norm.weight", D, *c.get("q_norm", (0.8, 1.2)))
-            vec(p + "attn_k_norm.weight", D)
-        mat(p + "attn_output.weight", E, H * D)
-        if c.get("gptoss"):
-            w.add_tensor(p + "attn_output.bias", rng.uniform(-0.1, 0.1, E).astype(np.float32))
-            w.add_tensor(p + "attn_sinks.weight", rng.uniform(-1.0, 3.0, H).astype(np.float32))
-        if c.get("sandwich"):
-            vec(p + "post_attention_norm.weight", E)
-            vec(p + "post_ffw_norm.weight", E)
+        if not recr:
+            if c.get("qkv_bias"):
+                vec(p + "attn_q.bias", H * D, -0.1, 0.1)
+                vec(p + "attn_k.bias", KV * D, -0.1, 0.1)
+                vec(p + "attn_v.bias", KV * D, -0.1, 0.1)
+            if c.get("qk_norm"):
+                vec(p + "attn_q_norm.weight", D, *c.get("q_norm", (0.8, 1.2)))
+                vec(p + "attn_k_norm.weight", D)
+            mat(p + "attn_output.weight", E, H * D)
+            if c.get("gptoss"):
+                w.add_tensor(p + "attn_output.bias", rng.uniform(-0.1, 0.1, E).astype(np.float32))
+                w.add_tensor(p + "attn_sinks.weight", rng.uniform(-1.0, 3.0, H).astype(np.float32))
+            if c.get("sandwich"):
+                vec(p + "post_attention_norm.weight", E)
+                vec(p + "post_ffw_norm.weight", E)
         # gpt-oss names the FFN's input norm post_attention_norm
-        vec(p + ("post_attention_norm.weight" if c.get("gptoss") else "ffn_norm.weight"), E)
+        vec(p + ("post_attention_norm.weight" if c.get("gptoss") or arch.startswith("qwen35")
+                 else "ffn_norm.weight"), E)
         if "n_expert" in c:
             X, Fe = c["n_expert"], c["n_ff_exp"]
             w.add_tensor(p + "ffn_gate_inp.weight",

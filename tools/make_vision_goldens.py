@@ -30,6 +30,9 @@ sys.path.insert(0, ROOT)
 # name -> (mmproj shape, text model under ../shared/testdata/models, prompt)
 CASES = {
     "gemma3": ("gemma3-tiny", "synthetic-gemma3-f32.gguf", "Look: <__media__> what is it?"),
+    # the synthetic llama vocabulary has no <fake_token_around_image>: embeddings only
+    "idefics3": ("idefics3-tiny", "synthetic-llama-f32.gguf", "<__media__>"),
+    "mlp": ("llava-tiny", "synthetic-llama-f32.gguf", "USER: <__media__>\nwhat is it? ASSISTANT:"),
 }
 
 

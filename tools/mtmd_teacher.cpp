@@ -9,7 +9,8 @@
 // usage: mtmd_teacher MMPROJ MODEL IMAGE.rgb WIDTH HEIGHT OUT.bin PROMPT
 //   PROMPT holds mtmd's default marker <__media__> once. OUT.bin: int32 n_img_tokens, n_embd,
 //   n_prompt, n_vocab; float32 image embeddings (n_img_tokens, n_embd); int32 prompt token ids
-//   (-1 at the image's rows); float32 logits after the last prompt token (n_vocab).
+//   (-1 at the image's rows); float32 logits after the last prompt token (n_vocab; zeros when
+//   the text model lacks a token the projector's layout needs: embeddings only).
 #include "llama.h"
 #include "mtmd.h"
 #include "mtmd-helper.h"
@@ -48,23 +49,37 @@ int main(int argc, char **argv) {
     int n_embd = llama_model_n_embd(m), nv = llama_vocab_n_tokens(llama_model_get_vocab(m));
     std::vector<int> ids;
     std::vector<float> embd;
-    int n_img = 0;
+    int n_img = 0;  // rows of every image chunk (idefics3: the tiles, then the overview)
     for (size_t i = 0; i < mtmd_input_chunks_size(chunks); i++) {
         const mtmd_input_chunk *c = mtmd_input_chunks_get(chunks, i);
         if (mtmd_input_chunk_get_type(c) == MTMD_INPUT_CHUNK_TYPE_TEXT) {
             size_t n; const llama_token *t = mtmd_input_chunk_get_tokens_text(c, &n);
             ids.insert(ids.end(), t, t + n);
         } else {
-            n_img = mtmd_input_chunk_get_n_tokens(c);
+            int n = mtmd_input_chunk_get_n_tokens(c);
             if (mtmd_encode_chunk(ctx, c)) return 6;
             float *e = mtmd_get_output_embd(ctx);
-            embd.assign(e, e + (size_t)n_img * n_embd);
-            ids.insert(ids.end(), n_img, -1);
+            embd.insert(embd.end(), e, e + (size_t)n * n_embd);
+            ids.insert(ids.end(), n, -1);
+            n_img += n;
         }
     }
+    // a text model without the projector's special tokens (mtmd's lookup_token gives
+    // LLAMA_TOKEN_NULL): image embeddings only, logits left zero
+    bool usable = true;
+    for (size_t i = 0; i < mtmd_input_chunks_size(chunks); i++) {
+        const mtmd_input_chunk *c = mtmd_input_chunks_get(chunks, i);
+        size_t n; const llama_token *t = mtmd_input_chunk_get_type(c) == MTMD_INPUT_CHUNK_TYPE_TEXT
+            ? mtmd_input_chunk_get_tokens_text(c, &n) : nullptr;
+        for (size_t j = 0; t && j < n; j++) if (t[j] < 0 || t[j] >= nv) usable = false;
+    }
+    std::vector<float> zeros(nv, 0.0f);
+    float *l = zeros.data();
     llama_pos n_past = 0;
-    if (mtmd_helper_eval_chunks(ctx, lctx, chunks, 0, 0, 512, true, &n_past)) return 7;
-    float *l = llama_get_logits_ith(lctx, -1);
+    if (usable) {
+        if (mtmd_helper_eval_chunks(ctx, lctx, chunks, 0, 0, 512, true, &n_past)) return 7;
+        l = llama_get_logits_ith(lctx, -1);
+    }
     FILE *f = fopen(argv[6], "wb");
     int hdr[4] = {n_img, n_embd, (int)ids.size(), nv};
     fwrite(hdr, 4, 4, f); fwrite(embd.data(), 4, embd.size(), f);

@@ -53,7 +53,11 @@ typedef struct {
     /* a gated short convolution layer (lfm2) instead of attention: in_proj (ne0 n_embd, \
        ne1 3 n_embd: B | C | x), the depthwise kernel (F32, l_cache taps per channel, the \
        current input's last), out_proj (n_embd, n_embd) */ \
-    X(shortconv_in_proj) X(shortconv_conv) X(shortconv_out_proj)
+    X(shortconv_in_proj) X(shortconv_conv) X(shortconv_out_proj) \
+    /* a Gated DeltaNet layer (qwen35; deltanet.h): attn_qkv gives q|k|v before the \
+       convolution, attn_gate z, ssm_beta / ssm_alpha (ne1 H_v); vectors ssm_conv1d (F32, \
+       d_conv taps per channel), ssm_dt, ssm_a (H_v), ssm_norm (S); ssm_out (ne0 S H_v) */ \
+    X(attn_gate) X(ssm_conv1d) X(ssm_dt) X(ssm_a) X(ssm_beta) X(ssm_alpha) X(ssm_norm) X(ssm_out)
 
 typedef struct {
 #define ED_LT_MEMBER(name) ed_tensor name;
@@ -62,6 +66,7 @@ typedef struct {
     int swa;               /* this layer uses the sliding window (and the local RoPE base) */
     int rope;              /* this layer rotates q and k (smollm3: not every fourth) */
     int conv;              /* a convolution layer: 1 + its slot in the convolution cache; 0: attention */
+    int recr;              /* a DeltaNet layer: 1 + its slot in the recurrent state; 0: not */
 } ed_layer;
 
 /* The model's scalar hyperparameters, one X(C type, name) each: the field of the same name of
@@ -91,7 +96,10 @@ typedef struct {
     X(int, expert_softmax_topk)   /* top k of the router logits, then softmax over those k (gpt-oss) */ \
     X(int, act_oai)               /* gpt-oss's clamped SwiGLU instead of silu/gelu */ \
     X(int, n_shortconv_l_cache)   /* taps of the short convolutions (lfm2; 0: none) */ \
-    X(int, n_conv_layers)         /* how many layers are convolutions (slots of the conv cache) */
+    X(int, n_conv_layers)         /* how many layers are convolutions (slots of the conv cache) */ \
+    X(int, ssm_d_conv) X(int, ssm_d_state) X(int, ssm_n_group) X(int, ssm_dt_rank) /* DeltaNet */ \
+    X(int, n_recr_layers)         /* how many layers are DeltaNet (slots of the recurrent state) */ \
+    X(int, attn_gated_q)          /* attn_q gives q | gate per head; output times sigmoid(gate) */
 
 typedef struct {
 #define ED_HP_MEMBER(T, name) T name;
@@ -178,6 +186,9 @@ typedef struct {
     int32_t *row_pos, *row_nctx;   /* (n_batch) */
     uint8_t **row_k, **row_v;      /* (n_batch) */
     float **row_c;                 /* (n_batch) their convolution caches */
+    float **row_r;                 /* (n_batch) their recurrent states */
+    float *rstate;       /* (recurrent state floats) the DeltaNet layers' live state (deltanet.h) */
+    float *gate;         /* (n_batch, n_head * head_dim) gated attention's gates (qwen35) */
     const ed_model *m;
     struct ed_pool *pool;
     /* profiling: nanoseconds per op kind, summed by thread 0 */
@@ -653,6 +664,8 @@ static void ed_shortconv(ed_state *s, ed_pool *p, const ed_model *m, const ed_la
     ed_barrier(p);
 }
 
+#include "deltanet.h"
+
 /* ---------------------------------------------------------------- the KV cache types --- */
 /* As llama.cpp's --cache-type-k/-v: a cache row (one position, all KV heads) is stored as a
  * row of the type, so a q8_0/q4_0 block of 32 never straddles two heads (head_dim % 32 == 0,
@@ -986,7 +999,8 @@ static void ed_forward_worker(void *arg, int ith, int nth) {
     ed_pool *p = s->pool;
     int n = s->n_tokens;
     const int E = m->n_embd, F = m->n_ff, hd = m->head_dim;
-    const int Qd = m->n_head * hd, KVd = m->n_head_kv * hd, QKV = Qd + 2 * KVd;
+    const int Qd = m->n_head * hd, KVd = m->n_head_kv * hd;
+    const int Qw = m->attn_gated_q ? 2 * Qd : Qd, QKV = Qw + 2 * KVd;  /* q (| gate), k, v */
     const float eps = m->rms_eps, rs = m->residual_scale;
     const int rot_k = ed_kv_rot_n(s->type_k, hd, 1), rot_v = ed_kv_rot_n(s->type_v, hd, 0);
     int64_t a, b;
@@ -1002,28 +1016,32 @@ static void ed_forward_worker(void *arg, int ith, int nth) {
             ed_barrier(p);
             ED_MARK(prof_ns, ED_PROF_NORM);
         }
-        const int ldo = L->conv ? E : Qd;  /* the output projection's input rows (xb) */
+        /* the output projection's input rows (xb) */
+        const int ldo = L->conv ? E : L->recr ? m->ssm_d_state * m->ssm_dt_rank : Qd;
         if (L->conv) {
             ed_shortconv(s, p, m, L, n, a, b, ith, nth);
+        } else if (L->recr) {
+            ed_deltanet(s, p, m, L, n, a, b, ith, nth);
         } else {
         if (L->attn_qkv.data) {
             ed_matmul(s, p, s->qkv, QKV, &L->attn_qkv, s->xb, E, n, 0, ith, nth);
         } else if (ed_same_act(&L->attn_q, &L->attn_k) && ed_same_act(&L->attn_q, &L->attn_v)) {
             const ed_tensor *W3[3] = {&L->attn_q, &L->attn_k, &L->attn_v};
-            float *O3[3] = {s->qkv, s->qkv + Qd, s->qkv + Qd + KVd};
+            float *O3[3] = {s->qkv, s->qkv + Qw, s->qkv + Qw + KVd};
             ed_matmul3(s, p, W3, O3, QKV, s->xb, E, n, ith, nth);
         } else {
             ed_matmul(s, p, s->qkv, QKV, &L->attn_q, s->xb, E, n, 0, ith, nth);
-            ed_matmul(s, p, s->qkv + Qd, QKV, &L->attn_k, s->xb, E, n,
+            ed_matmul(s, p, s->qkv + Qw, QKV, &L->attn_k, s->xb, E, n,
                       L->attn_k.type == L->attn_q.type && !(ed_reads_info(&L->attn_k) & ~ed_reads_info(&L->attn_q)), ith, nth);
-            ed_matmul(s, p, s->qkv + Qd + KVd, QKV, &L->attn_v, s->xb, E, n,
+            ed_matmul(s, p, s->qkv + Qw + KVd, QKV, &L->attn_v, s->xb, E, n,
                       L->attn_v.type == L->attn_k.type && !(ed_reads_info(&L->attn_v) & ~ed_reads_info(&L->attn_k)), ith, nth);
         }
         ED_MARK(prof_mm, L->attn_qkv.data ? L->attn_qkv.type : L->attn_q.type);
         const float base = L->swa ? m->rope_freq_base_swa : m->rope_freq_base;
         const float fscale = L->swa ? m->rope_freq_scale_swa : m->rope_freq_scale;
         for (int64_t t = a; t < b; t++) {
-            float *q = s->qkv + t * QKV, *k = q + Qd, *v = k + KVd;
+            float *q = s->qkv + t * QKV, *k = q + Qw, *v = k + KVd;
+            if (m->attn_gated_q) ed_split_gate(s, m, q, t);
             if (L->attn_q_bias.data) {
                 const float *bq = ed_vec(&L->attn_q_bias), *bk = ed_vec(&L->attn_k_bias), *bv = ed_vec(&L->attn_v_bias);
                 for (int i = 0; i < Qd; i++) q[i] += bq[i];
@@ -1056,6 +1074,10 @@ static void ed_forward_worker(void *arg, int ith, int nth) {
             for (int64_t t = a; t < b; t++) ed_fwht(s->xb + (size_t)t * Qd, Qd, rot_v);
             ed_barrier(p);
         }
+        if (m->attn_gated_q) {
+            ed_apply_gate(s, m, a, b);
+            ed_barrier(p);
+        }
         }
         if (il == m->n_layer - 1) {
             rows = ed_last_rows(s, n, ldo, E, ith);
@@ -1067,7 +1089,7 @@ static void ed_forward_worker(void *arg, int ith, int nth) {
             }
         }
         ED_MARK(prof_ns, ED_PROF_ATTN);
-        const ed_tensor *Wo = L->conv ? &L->shortconv_out_proj : &L->attn_output;
+        const ed_tensor *Wo = L->conv ? &L->shortconv_out_proj : L->recr ? &L->ssm_out : &L->attn_output;
         ed_matmul(s, p, s->xb2, E, Wo, s->xb, ldo, n, 0, ith, nth);
         ED_MARK(prof_mm, Wo->type);
         for (int64_t t = a; t < b; t++) {
@@ -1135,7 +1157,8 @@ static size_t ed_state_layout(ed_state *s, const ed_model *m, int n_ctx, int n_b
     const int E = m->n_embd, hd = m->head_dim, Qd = m->n_head * hd, KVd = m->n_head_kv * hd;
     const int F = m->n_ff > m->n_ff_exp ? (m->n_ff > m->n_ff_shexp ? m->n_ff : m->n_ff_shexp)
                 : (m->n_ff_exp > m->n_ff_shexp ? m->n_ff_exp : m->n_ff_shexp);
-    const int XB = E > Qd ? E : Qd;
+    const int Vd = m->ssm_d_state * m->ssm_dt_rank;  /* a DeltaNet layer's output */
+    const int XB = E > Qd ? (E > Vd ? E : Vd) : (Qd > Vd ? Qd : Vd);
     /* widest activation row that gets quantized: n_embd, Qd or n_ff inputs, any type */
     size_t xq_row = 0;
     for (int t = 0; t < ED_NTYPES; t++) {
@@ -1155,9 +1178,13 @@ static size_t ed_state_layout(ed_state *s, const ed_model *m, int n_ctx, int n_b
     CARVE(x, float, (size_t)n_batch * E);
     CARVE(xb, float, (size_t)n_batch * XB);
     CARVE(xb2, float, (size_t)n_batch * E);
-    const int QKVW = m->n_conv_layers && 3 * E > Qd + 2 * KVd ? 3 * E : Qd + 2 * KVd;
+    int QKVW = (m->attn_gated_q ? 2 * Qd : Qd) + 2 * KVd;
+    if (m->n_conv_layers && 3 * E > QKVW) QKVW = 3 * E;
+    if (m->n_recr_layers && ed_recr_row(m) > QKVW) QKVW = ed_recr_row(m);
     CARVE(conv_cache, float, (size_t)m->n_conv_layers * n_ctx * E);
-    CARVE(qkv, float, (size_t)n_batch * QKVW);  /* q|k|v, or a convolution's B|C|x */
+    CARVE(qkv, float, (size_t)n_batch * QKVW);  /* q|k|v, a convolution's B|C|x, DeltaNet's rows */
+    CARVE(rstate, float, (size_t)m->n_recr_layers * ed_recr_layer_floats(m));
+    CARVE(gate, float, m->attn_gated_q ? (size_t)n_batch * Qd : 0);
     CARVE(hb, float, (size_t)n_batch * 2 * F);
     const size_t att_stride = ED_ALIGN(sizeof(float) * (ed_attn_ws_floats(hd, n_ctx) > (size_t)n_ctx
                                                         ? ed_attn_ws_floats(hd, n_ctx) : (size_t)n_ctx)) / sizeof(float);
@@ -1178,6 +1205,7 @@ static size_t ed_state_layout(ed_state *s, const ed_model *m, int n_ctx, int n_b
     CARVE(row_k, uint8_t *, n_batch);
     CARVE(row_v, uint8_t *, n_batch);
     CARVE(row_c, float *, n_batch);
+    CARVE(row_r, float *, n_batch);
     if (m->n_expert) {
         const size_t nk = (size_t)n_batch * m->n_expert_used;
         CARVE(probs, float, (size_t)n_batch * m->n_expert);
@@ -1221,6 +1249,7 @@ static void ed_forward_rows(ed_state *s, ed_pool *p, int n, ed_state *const *row
         s->row_k[t] = rows[t]->k_cache;
         s->row_v[t] = rows[t]->v_cache;
         s->row_c[t] = rows[t]->conv_cache;
+        s->row_r[t] = rows[t]->rstate;
     }
     for (int i = 0; i < n_out; i++) s->out_rows[i] = out[i];
     s->n_tokens = n; s->pos = 0; s->pool = p; s->n_out = n_out; s->all_rows = 0;

@@ -22,6 +22,7 @@ cdef extern from "forward.h" nogil:
         int swa
         int rope
         int conv
+        int recr
     ctypedef struct ed_layer_role:
         const char *name
         size_t offset
@@ -30,6 +31,7 @@ cdef extern from "forward.h" nogil:
         # the hyperparameters are set by name (ED_HPARAM_LIST); declared here: those Cython reads
         int n_vocab, n_embd, n_layer, n_head, n_head_kv, head_dim, n_rot, n_swa
         int n_expert, n_expert_used, n_conv_layers
+        int n_recr_layers, ssm_d_conv, ssm_d_state, ssm_n_group, ssm_dt_rank
         float attn_scale
         ed_tensor token_embd, output_norm, output
         const float *rope_factors
@@ -55,6 +57,7 @@ cdef extern from "forward.h" nogil:
         uint8_t *k_cache
         uint8_t *v_cache
         float *conv_cache
+        float *rstate
         float *x
         float *xb
         float *qkv
@@ -324,8 +327,9 @@ cdef class ForwardModel:
     def setup(self, hp, list layers, dict globals_):
         """hp: the model's hyperparameters (HParams: every ED_HPARAMS name read from it by name);
         layers: per layer a dict role -> (uint8 array, type, shape, row_bytes[, layout]) or None,
-        plus 'swa', 'rope' and 'conv' (1 + the layer's slot in the convolution cache, 0 for
-        attention); globals_: token_embd/output_norm/output/rope."""
+        plus 'swa', 'rope', 'conv' (1 + the layer's slot in the convolution cache, 0 for
+        attention) and 'recr' (1 + its slot in the recurrent state: a DeltaNet layer);
+        globals_: token_embd/output_norm/output/rope."""
         cdef int i
         m = &self.m
         _set_hparams(m, hp)
@@ -360,9 +364,12 @@ cdef class ForwardModel:
             l.conv = L.get("conv", 0)
             if not 0 <= l.conv <= m.n_conv_layers:
                 raise ValueError(f"layer {i}: convolution slot {l.conv - 1} of {m.n_conv_layers}")
-            _check_roles(set(L) - {"swa", "rope", "conv"}, f"layer {i}: ")
+            l.recr = L.get("recr", 0)
+            if not 0 <= l.recr <= m.n_recr_layers:
+                raise ValueError(f"layer {i}: recurrent slot {l.recr - 1} of {m.n_recr_layers}")
+            _check_roles(set(L) - {"swa", "rope", "conv", "recr"}, f"layer {i}: ")
             for role, spec in L.items():
-                if role in ("swa", "rope", "conv") or spec is None:
+                if role in ("swa", "rope", "conv", "recr") or spec is None:
                     continue
                 self._set(<ed_tensor *>(<char *>l + <size_t>_ROLE_OFFSET[role]), spec)
 
@@ -448,6 +455,17 @@ cdef class ForwardState:
             return np.zeros((0, self.s.n_ctx, 4 * m.n_embd), np.uint8)
         c = np.asarray(<uint8_t[:m.n_conv_layers * self.s.n_ctx * 4 * m.n_embd]> <uint8_t *>self.s.conv_cache)
         return c.reshape(m.n_conv_layers, self.s.n_ctx, 4 * m.n_embd)
+
+    def recurrent_state(self):
+        """float32 view of the DeltaNet layers' live state (qwen35; edged/engine/recurrent.py
+        has the layout), empty without such layers."""
+        m = &self.model.m
+        S = m.ssm_d_state
+        cdef size_t n = m.n_recr_layers * ((m.ssm_d_conv - 1) * S * (2 * m.ssm_n_group + m.ssm_dt_rank)
+                                           + m.ssm_dt_rank * S * S)
+        if n == 0:
+            return np.zeros(0, np.float32)
+        return np.asarray(<float[:n]> self.s.rstate)
 
     def set_profile(self, bint on):
         """Start (and zero) or stop per-op timing by thread 0."""

@@ -8,6 +8,8 @@ the line; Ctrl-D or /bye quits. A line starting with "/" is a command, never sen
 ("//" sends the rest with one "/"); a message between triple quotes spans several lines.
 Sampling parameters set with /set are checked against the daemon's own bounds (SamplingParams)
 before any request."""
+import base64
+import mimetypes
 import os
 import sys
 
@@ -17,6 +19,7 @@ from .loadargs import add_socket_arg
 HISTORY_LINES = 1000
 PROMPT, MORE = ">>> ", "... "
 QUOTES = '"""'
+MAX_IMAGE_FILE = 64 << 20     # /image reads at most this (the daemon's image_max_bytes decides)
 # /set NAME: SamplingParams field, or a request field ("max_tokens") checked here
 PARAMS = {"temperature": "temperature", "top_k": "top_k", "top_p": "top_p", "min_p": "min_p",
           "repeat_penalty": "repeat_penalty", "repeat_last_n": "penalty_last_n",
@@ -26,6 +29,8 @@ HELP = f"""Available commands:
   /set NAME VALUE   set a sampling parameter: {", ".join(sorted(PARAMS))}
   /set NAME         reset it to the daemon's default
   /system TEXT      set the system message (/system alone removes it)
+  /image FILE       attach an image (PNG, JPEG, WebP, GIF) to the next message; the model
+                    needs its mmproj
   /show             the model, system message, parameters and conversation length
   /clear            forget the conversation (the system message stays)
   /bye              exit (also Ctrl-D)
@@ -82,6 +87,7 @@ class Session:
             if value is not None:
                 self.set_param(name, str(value))
         self.messages = []
+        self.images = []                     # /image: data URLs for the next message
         self.pending = None                  # lines of a multi-line message, or None
         self.done = False
 
@@ -128,10 +134,28 @@ class Session:
             else:
                 self.set_param(args[0], " ".join(args[1:]) or None)
                 self.say(f"Set {args[0]} to {' '.join(args[1:])}." if args[1:] else f"Reset {args[0]}.")
+        elif cmd == "/image":
+            self.attach(rest)
         elif cmd == "/show":
             self.show()
         else:
             self.say(f"Unknown command {cmd!r}. Type /? for help.")
+
+    def attach(self, path):
+        """/image FILE: read here (the daemon may not see this file) and sent inline."""
+        if not path:
+            raise EdgedError("/image needs a file name")
+        path = os.path.expanduser(path)
+        try:
+            with open(path, "rb") as fh:
+                data = fh.read(MAX_IMAGE_FILE + 1)
+        except OSError as e:
+            raise EdgedError(f"/image {path}: {e.strerror}") from None
+        if len(data) > MAX_IMAGE_FILE:
+            raise EdgedError(f"/image {path}: larger than {MAX_IMAGE_FILE >> 20} MiB")
+        mime = mimetypes.guess_type(path)[0] or "application/octet-stream"
+        self.images.append(f"data:{mime};base64," + base64.b64encode(data).decode())
+        self.say(f"Added image {path} ({len(data)} bytes) to the next message.")
 
     def show(self):
         from ..service.client import Daemon
@@ -190,7 +214,11 @@ class Session:
         A refusal or a missing daemon is printed (raised when `once`: `edged chat -p`)."""
         if not text.strip():
             return
-        self.messages.append({"role": "user", "content": text})
+        content = text
+        if self.images:
+            content = [{"type": "image_url", "image_url": {"url": u}} for u in self.images] + \
+                [{"type": "text", "text": text}]
+        self.messages.append({"role": "user", "content": content})
         try:
             reply = stream_chat(self.socket, self.request_body(), self.out)
         except KeyboardInterrupt:
@@ -203,6 +231,7 @@ class Session:
             self.say(f"\nerror: {e}")
             return
         self.say("")
+        self.images = []
         self.messages.append({"role": "assistant", "content": reply})
 
 

@@ -41,6 +41,12 @@ def configure(p):
                         "$EDGED_STATE_DIR (default ~/.local/state/edged)")
     p.add_argument("--json", action="store_true",
                    help="print one JSON object (text, tokens, finish_reason, timings) at the end")
+    p.add_argument("--image", action="append", default=[], metavar="FILE",
+                   help="an image (PNG, JPEG, WebP, GIF) for the prompt, repeatable: each goes where "
+                        "the prompt says <__media__>, else before it (with --chat: in the user message)")
+    p.add_argument("--mmproj", metavar="FILE", default=None,
+                   help="the model's image projector (llama.cpp's mmproj GGUF; default: "
+                        "mmproj-NAME.gguf beside -m NAME.gguf), verified like -m")
     add_speculation_args(p)
     p.set_defaults(func=run)
 
@@ -48,10 +54,13 @@ def configure(p):
 def run(args):
     t_start = time.perf_counter()
     m = load_model(args)
-    draft = None
+    draft = proj = None
     try:
         tok = m.tokenizer
-        if args.chat:
+        if args.image:
+            proj = load_projector(args, m)
+            prompt, embeddings = image_prompt(m, proj, args.prompt, args.image, args.chat)
+        elif args.chat:
             prompt = m.encode_chat([{"role": "user", "content": args.prompt}])
         else:
             prompt = tok.encode(args.prompt, add_special=True)
@@ -61,6 +70,8 @@ def run(args):
             s, key = _open_prompt_cache(m, args, prompt, n_ctx)
         else:
             s = m.session(n_ctx=n_ctx)
+        for emb in embeddings if args.image else ():
+            s.add_image(emb)
         stats = {}
         pieces, tokens, finish = [], [], None
         params = SamplingParams(temperature=args.temp, top_k=args.top_k, top_p=args.top_p,
@@ -95,8 +106,51 @@ def run(args):
     finally:
         if draft is not None:
             draft.close()
+        if proj is not None:
+            proj.close()
         m.close()
     return 0
+
+
+def load_projector(args, m):
+    """The Projector of --mmproj (or mmproj-NAME.gguf beside -m), verified as -m is."""
+    from ..errors import ConfigError
+    from ..service.images import mmproj_beside
+    path = args.mmproj or mmproj_beside(args.model)
+    if path is None:
+        raise ConfigError(f"--image needs the model's image projector: --mmproj FILE, or "
+                          f"mmproj-NAME.gguf beside {args.model}")
+    from ..engine.vision import Projector
+    verified = None
+    if args.trusted_keys is not None or args.require_signature:
+        from ..trust import verify
+        verified = verify.open_verified(path, args.trusted_keys, args.require_signature)
+    proj = Projector.load(path, n_threads=args.threads, verified=verified)
+    try:
+        proj.check_model(m)
+    except BaseException:
+        proj.close()
+        raise
+    return proj
+
+
+def image_prompt(m, proj, text, files, chat):
+    """(prompt ids, ImageEmbeddings) of `text` with the image files (decoded here, with the
+    daemon's limits) where it says MARKER, else before it."""
+    from ..errors import RequestError
+    from ..service import images
+    embeddings = []
+    for f in files:
+        with open(f, "rb") as fh:
+            data = images.ImageInput(fh.read(images.MAX_BYTES + 1), f)
+        if len(data.data) > images.MAX_BYTES:
+            raise RequestError(f"{f}: larger than {images.MAX_BYTES} bytes")
+        embeddings.append(proj.encode(images.decode(data).rgb))
+    if images.MARKER not in text:
+        text = images.MARKER * len(files) + text
+    if chat:
+        text = m.chat_prompt([{"role": "user", "content": text}])
+    return proj.prompt_ids(m, text, embeddings), embeddings
 
 
 def _open_prompt_cache(m, args, prompt, n_ctx):

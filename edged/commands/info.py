@@ -36,6 +36,8 @@ def model_info(path, ctx_sizes=None, cache=None):
 
     cache = DEFAULT_CACHE if cache is None else cache
     with GGUFFile.open(path) as f:
+        if f.metadata.get(Key.ARCHITECTURE) == "clip":      # llama.cpp's mmproj: no tokenizer
+            return projector_info(path)
         tok = Tokenizer.from_gguf_file(f)
         if f.metadata.get(Key.ARCHITECTURE) in _encoder.ENCODERS:
             spec = _encoder.validate(f.metadata, f.tensors, tok.n_vocab)
@@ -70,6 +72,7 @@ def model_info(path, ctx_sizes=None, cache=None):
             "hparams": {k: (list(v) if isinstance(v, tuple) else v)
                         for k, v in vars(hp).items() if k != "swa_layers"},
             "swa_layers": [i for i, s in enumerate(hp.swa_layers) if s],
+            "recurrent_state_bytes": 4 * hp.recurrent_state_floats(),
             "tied_embeddings": spec.tied_embeddings, "parameters": params,
             "weight_types": {k: {"tensors": types[k], "bytes": type_bytes[k]} for k in types},
             "vocabulary": tok.n_vocab, "bos_id": tok.bos_id, "eos_id": tok.eos_id,
@@ -85,6 +88,13 @@ def _gemma3n(spec, cls):
             "per_layer_token_embd_bytes": spec.tensors[g.per_layer_token_embd].nbytes,
             "shared_kv_layers": shared, "kv_sources": [hp.kv_layers[il] for il in shared],
             "backend": cls.name, "backend_weight_copies_bytes": cls.extra_weight_bytes(spec)}
+
+
+def projector_info(path):
+    """Dict of facts about an mmproj file (an image projector), loaded as the daemon would."""
+    from ..engine.vision import Projector
+    with Projector.load(path, n_threads=1) as p:
+        return {"file": path, "architecture": "clip", "projector": p.describe()}
 
 
 def machine_info():
@@ -126,14 +136,22 @@ def run(args):
         print("numa nodes:   " + ", ".join(f"node {n}: {len(c)} cpus" for n, c in nodes.items()))
         return 0
     from ..engine.kvcache import CacheTypes
+    from ..engine.recurrent import N_CHECKPOINTS
     info = model_info(args.model, args.ctx_size, CacheTypes.parse(args.cache_type_k, args.cache_type_v))
     info["machine"] = machine_info()
     if args.json:
         json.dump(info, sys.stdout, indent=1, default=str)
         print()
         return 0
-    hp = info["hparams"]
     mib = lambda n: f"{n / 2**20:.1f} MiB"  # noqa: E731
+    if "projector" in info:
+        d = info["projector"]
+        print(f"mmproj:       {info['file']}")
+        print(f"projector:    {d['projector_type']}, images {d['image_size']}x{d['image_size']} "
+              f"pixels -> {d['tokens_per_image']} tokens of width {d['n_embd']} (a text model of "
+              f"that n_embd), memory {mib(d['memory_bytes'])}")
+        return 0
+    hp = info["hparams"]
     print(f"model:        {info['file']}")
     if info.get("encoder"):
         print(f"architecture: {info['architecture']} encoder, embeddings only ({info['parameters'] / 1e6:.2f} M "
@@ -167,6 +185,12 @@ def run(args):
               f"a token reads one row of it); layers {g['shared_kv_layers']} attend to "
               f"layers {g['kv_sources']}'s K/V; runs on the {g['backend']} backend only (float32 "
               f"copies of the weights: {mib(g['backend_weight_copies_bytes'])} more)")
+    if hp.get("n_recr_layers"):
+        recr = [i for i, r in enumerate(hp["recr_layers"]) if r]
+        print(f"Gated DeltaNet on layers {recr} ({hp['ssm_dt_rank']} value heads of "
+              f"{hp['ssm_d_state']}, {hp['ssm_d_conv']}-tap convolution); their recurrent state "
+              f"of {mib(info['recurrent_state_bytes'])} per sequence, with {N_CHECKPOINTS} "
+              "checkpoints, counts with the KV cache")
     if not all(hp["rope_layers"]):
         print(f"layers without RoPE: {[i for i, r in enumerate(hp['rope_layers']) if not r]}")
     if hp["n_expert"]:

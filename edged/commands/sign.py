@@ -17,7 +17,7 @@ def configure(p):
     mode.add_argument("--append", dest="detached", action="store_false", help="append a signature block (default)")
     mode.add_argument("--detached", dest="detached", action="store_true", help="write MODEL.gguf.sig beside the model instead")
     p.add_argument("--pss", action="store_true", help="RSA-PSS padding instead of PKCS#1 v1.5")
-    p.add_argument("model", metavar="MODEL.gguf", help="model file to sign")
+    p.add_argument("model", metavar="MODEL.gguf", help="model file (or its mmproj image projector) to sign")
     p.set_defaults(func=run, detached=False)
 
 

@@ -15,7 +15,7 @@ def configure(p):
     p.add_argument("--revoked-keys", "--revoked", dest="revoked", default=store.DEFAULT_REVOKED_FILE,
                    metavar="FILE", help=f"revoked fingerprints, one a line (default {store.DEFAULT_REVOKED_FILE} "
                    "if it exists, as the daemon's revoked_keys; \"\" for none; --revoked is the old name)")
-    p.add_argument("model", metavar="MODEL.gguf", help="model file to verify")
+    p.add_argument("model", metavar="MODEL.gguf", help="model file (or its mmproj image projector) to verify")
     p.set_defaults(func=run)
 
 

@@ -80,6 +80,11 @@ class Arch:
     # granitehybrid: the layers whose head_count_kv entry is 0 are Mamba-2 layers
     # (edged/engine/granitehybrid.py)
     mamba2: bool = False
+    # qwen35: the layers attention.recurrent_layers marks (default: all but every
+    # full_attention_interval-th) are Gated DeltaNet linear attention (ssm.* keys, one
+    # recurrent state per sequence); the others are gated attention: attn_q gives each head's
+    # query and a gate (q | gate per head), the output is multiplied by sigmoid(gate)
+    deltanet: bool = False
 
 
 ARCHS = {
@@ -106,6 +111,13 @@ ARCHS = {
                     act="gelu", swa_pattern=5, scale_q=True, altup=True),
     "granitehybrid": Arch("granitehybrid", ROPE_NORM, qkv_bias=True, multipliers=True,
                           rope_n_rot_must_equal_head=True, mamba2=True),
+    # interleaved M-RoPE: for text every section rotates by the token's position (checked),
+    # which is NeoX RoPE over rope.dimension_count dims
+    "qwen35": Arch("qwen35", ROPE_NEOX, qk_norm=True, deltanet=True,
+                   ffn_norm_tensor="post_attention_norm"),
+    # qwen35 with routed experts (softmax, the top k renormalised) and a gated shared expert
+    "qwen35moe": Arch("qwen35moe", ROPE_NEOX, qk_norm=True, deltanet=True, moe=True,
+                      moe_norm_w=True, shared_expert=True, ffn_norm_tensor="post_attention_norm"),
 }
 # llama.cpp's YaRN defaults (ggml_rope_yarn_corr_dims); it reads no beta keys for these archs
 YARN_BETA_FAST, YARN_BETA_SLOW = 32.0, 1.0
@@ -175,6 +187,29 @@ class HParams:
     kv_layers: tuple = field(default=(), metadata=NOT_COMPILED)
     # per layer: True on a Mamba-2 layer (granitehybrid)
     ssm_layers: tuple = field(default=(), metadata=NOT_COMPILED)
+    # Gated DeltaNet layers (qwen35; llama.cpp's ssm_* names): the causal convolution's taps
+    # (ssm.conv_kernel) over q|k|v, the key/value head size S (ssm.state_size), the key heads
+    # (ssm.group_count) and value heads (ssm.time_step_rank); each value head keeps an S x S
+    # state. recr_layers: which layers; attn_gated_q: attention's q carries a sigmoid gate
+    ssm_d_conv: int = 0
+    ssm_d_state: int = 0
+    ssm_n_group: int = 0
+    ssm_dt_rank: int = 0
+    n_recr_layers: int = 0
+    recr_layers: tuple = field(default=(), metadata=NOT_COMPILED)
+    attn_gated_q: bool = False
+
+    @property
+    def ssm_conv_dim(self):
+        """Channels of a DeltaNet layer's convolution: q | k | v."""
+        return self.ssm_d_state * (2 * self.ssm_n_group + self.ssm_dt_rank)
+
+    def recurrent_state_floats(self):
+        """float32 values of one sequence's recurrent state: per DeltaNet layer the last
+        ssm_d_conv - 1 convolution inputs and an S x S matrix per value head."""
+        S = self.ssm_d_state
+        return self.n_recr_layers * ((self.ssm_d_conv - 1) * self.ssm_conv_dim
+                                     + self.ssm_dt_rank * S * S)
 
     @property
     def n_embd_q(self):
@@ -228,6 +263,19 @@ class LayerTensors:
     shortconv_in_proj: str | None = None
     shortconv_conv: str | None = None
     shortconv_out_proj: str | None = None
+    # a Gated DeltaNet layer (qwen35) instead of attention: attn_qkv (n_embd, conv_dim) -> q|k|v
+    # before the convolution, attn_gate (n_embd, value dim) the output norm's gate z, the
+    # depthwise kernel (ssm_d_conv taps per channel, the current input's last), per value
+    # head ssm_dt (bias of alpha), ssm_a (-exp(A_log)), ssm_beta / ssm_alpha (n_embd, H_v),
+    # ssm_norm (S) the gated RMSNorm's weight, ssm_out (value dim, n_embd)
+    attn_gate: str | None = None
+    ssm_conv1d: str | None = None
+    ssm_dt: str | None = None
+    ssm_a: str | None = None
+    ssm_beta: str | None = None
+    ssm_alpha: str | None = None
+    ssm_norm: str | None = None
+    ssm_out: str | None = None
 
 
 @dataclass(frozen=True)
@@ -309,6 +357,9 @@ HPARAM_KEYS = {
     Key.ROPE_SCALING_TYPE: Bound(str), Key.CAUSAL: Bound(bool),
     Key.ROPE_SCALING_FINETUNED: Bound(bool), Key.NEXTN_PREDICT_LAYERS: Bound(int),
     Key.SHORTCONV_L_CACHE: Bound(int, lo=2),
+    Key.SSM_CONV_KERNEL: Bound(int, lo=1, hi=64), Key.SSM_INNER_SIZE: _POS_INT,
+    Key.SSM_STATE_SIZE: Bound(int, lo=1, hi=1024), Key.SSM_TIME_STEP_RANK: _POS_INT,
+    Key.SSM_GROUP_COUNT: _POS_INT, Key.FULL_ATTENTION_INTERVAL: _POS_INT,
 }
 
 
@@ -372,6 +423,54 @@ def _conv_layers(m, n_layer, n_head):
     if len(kv) > 1:
         _refuse(f"{name} differs between attention layers ({sorted(kv)}); not supported")
     return (kv.pop() if kv else n_head), conv
+
+
+def _int_array(m, key, n, what):
+    """An array key of n integers (bools allowed) as a tuple of ints; None when absent."""
+    name = m.name(key)
+    v = m.md.get(name)
+    if v is None:
+        return None
+    arr = np.asarray(v) if isinstance(v, (list, tuple, np.ndarray)) else None
+    if arr is None or arr.dtype.kind not in "iub" or arr.ndim != 1 or len(arr) != n:
+        raise MetadataValueError(f"{name} must be an array of {n} {what}, got {v!r}")
+    return tuple(int(x) for x in arr)
+
+
+def _deltanet(m, n_layer, n_embd, n_rot):
+    """qwen35's Gated DeltaNet keys as llama.cpp reads them: (ssm fields for HParams, which
+    layers are recurrent). Refusals name the key."""
+    f = {k: m.get(key, required=True) for k, key in (
+        ("ssm_d_conv", Key.SSM_CONV_KERNEL), ("ssm_d_state", Key.SSM_STATE_SIZE),
+        ("ssm_n_group", Key.SSM_GROUP_COUNT), ("ssm_dt_rank", Key.SSM_TIME_STEP_RANK))}
+    d_inner = m.get(Key.SSM_INNER_SIZE, required=True)
+    if d_inner != f["ssm_d_state"] * f["ssm_dt_rank"]:
+        _refuse(f"{m.name(Key.SSM_INNER_SIZE)} = {d_inner} is not {m.name(Key.SSM_STATE_SIZE)} "
+                f"x {m.name(Key.SSM_TIME_STEP_RANK)} = {f['ssm_d_state'] * f['ssm_dt_rank']}")
+    if f["ssm_dt_rank"] % f["ssm_n_group"]:
+        _refuse(f"{m.name(Key.SSM_TIME_STEP_RANK)} = {f['ssm_dt_rank']} is not a multiple of "
+                f"{m.name(Key.SSM_GROUP_COUNT)} = {f['ssm_n_group']}")
+    # interleaved M-RoPE (ggml's imrope): for text tokens, sections t, h and w carry the
+    # position and e carries 0; a pair in e (or past the sections) would not rotate at all
+    sec = _int_array(m, Key.ROPE_DIMENSION_SECTIONS, 4, "integers (t, h, w, e)")
+    if sec is None:
+        _refuse(f"missing required key {m.name(Key.ROPE_DIMENSION_SECTIONS)!r} for architecture "
+                f"{m.arch!r}")
+    total = sum(sec)
+    if min(sec) < 0 or total <= 0 or total > n_rot // 2:
+        raise MetadataValueError(f"{m.name(Key.ROPE_DIMENSION_SECTIONS)} = {list(sec)}: must be "
+                                 f"non-negative with a sum in 1..{n_rot // 2} (rope pairs)")
+    for i in range(n_rot // 2):
+        j = i % total
+        if not any(j % 3 == r and j < 3 * sec[r] for r in range(3)):
+            _refuse(f"{m.name(Key.ROPE_DIMENSION_SECTIONS)} = {list(sec)}: rope pair {i} takes "
+                    "the e section's position; not supported for text")
+    recr = _int_array(m, Key.ATTENTION_RECURRENT_LAYERS, n_layer, "0/1 flags (one per layer)")
+    if recr is None:
+        every = m.get(Key.FULL_ATTENTION_INTERVAL, default=4)
+        recr = tuple(int((i + 1) % every != 0) for i in range(n_layer))
+    recr = tuple(bool(x) for x in recr)
+    return f, recr
 
 
 def hparams(metadata, arch_name, n_vocab):
@@ -474,6 +573,7 @@ def hparams(metadata, arch_name, n_vocab):
         _refuse(f"{m.name(Key.CAUSAL)} = false (a bidirectional LFM2 embedding model) is not "
                 "supported")
     l_cache = m.get(Key.SHORTCONV_L_CACHE, required=True) if a.shortconv else 0
+    ssm, recr = ({}, ()) if not a.deltanet else _deltanet(m, n_layer, n_embd, n_rot)
     n_expert = n_used = n_ff_exp = 0
     if a.moe:
         n_expert = m.get(Key.EXPERT_COUNT, required=True)
@@ -506,6 +606,7 @@ def hparams(metadata, arch_name, n_vocab):
         n_shortconv_l_cache=l_cache, n_conv_layers=sum(conv_layers), conv_layers=conv_layers,
         kv_layers=gemma3n.kv_layers(n_layer, swa) if a.altup else tuple(range(n_layer)),
         ssm_layers=ssm_layers,
+        **ssm, n_recr_layers=sum(recr), recr_layers=recr, attn_gated_q=a.deltanet,
     )
 
 
@@ -538,6 +639,21 @@ class _Tensors:
         if self.log:
             self.log(t)
         return name
+
+
+def _deltanet_tensors(T, p, hp):
+    """A Gated DeltaNet layer's tensors (qwen35), shapes as llama.cpp creates them."""
+    E, S, Hv = hp.n_embd, hp.ssm_d_state, hp.ssm_dt_rank
+    return dict(
+        attn_qkv=T.get(p + "attn_qkv.weight", (E, hp.ssm_conv_dim)),
+        attn_gate=T.get(p + "attn_gate.weight", (E, S * Hv)),
+        ssm_conv1d=T.get(p + "ssm_conv1d.weight", (hp.ssm_d_conv, hp.ssm_conv_dim), vector=True),
+        ssm_dt=T.get(p + "ssm_dt.bias", (Hv,), vector=True),
+        ssm_a=T.get(p + "ssm_a", (Hv,), vector=True),
+        ssm_beta=T.get(p + "ssm_beta.weight", (E, Hv)),
+        ssm_alpha=T.get(p + "ssm_alpha.weight", (E, Hv)),
+        ssm_norm=T.get(p + "ssm_norm.weight", (S,), vector=True),
+        ssm_out=T.get(p + "ssm_out.weight", (S * Hv, E)))
 
 
 def validate(metadata, tensors, n_vocab_tokenizer=None, log=None):
@@ -591,13 +707,16 @@ def validate(metadata, tensors, n_vocab_tokenizer=None, log=None):
         has = lambda n: (p + n) in tensors  # noqa: E731
         conv = hp.conv_layers[i] if hp.conv_layers else False
         ssm = hp.ssm_layers[i] if hp.ssm_layers else False
+        recr = _deltanet_tensors(T, p, hp) if hp.recr_layers and hp.recr_layers[i] else {}
         qkv = q = k = v = None
         if conv or ssm:
             pass
+        elif recr:
+            qkv = recr.pop("attn_qkv")    # q | k | v of the DeltaNet, before its convolution
         elif a.fused_qkv and has("attn_qkv.weight"):
             qkv = T.get(p + "attn_qkv.weight", (E, Q + K + Vv))
         else:
-            q = T.get(p + "attn_q.weight", (E, Q))
+            q = T.get(p + "attn_q.weight", (E, 2 * Q if hp.attn_gated_q else Q))
             k = T.get(p + "attn_k.weight", (E, K))
             v = T.get(p + "attn_v.weight", (E, Vv))
         bias = (None, None, None)
@@ -606,7 +725,7 @@ def validate(metadata, tensors, n_vocab_tokenizer=None, log=None):
                     T.get(p + "attn_k.bias", (K,), required=arch_name == "qwen2", vector=True),
                     T.get(p + "attn_v.bias", (Vv,), required=arch_name == "qwen2", vector=True))
         qn = kn = None
-        if a.qk_norm and not conv:
+        if a.qk_norm and not conv and not recr:
             qn = T.get(p + "attn_q_norm.weight", (D,), vector=True)
             kn = T.get(p + "attn_k_norm.weight", (D,), vector=True)
         down = ginp = gexp = uexp = dexp = None
@@ -642,7 +761,7 @@ def validate(metadata, tensors, n_vocab_tokenizer=None, log=None):
             attn_q=q, attn_k=k, attn_v=v, attn_qkv=qkv,
             attn_q_bias=bias[0], attn_k_bias=bias[1], attn_v_bias=bias[2],
             attn_q_norm=qn, attn_k_norm=kn,
-            attn_output=None if conv or ssm else T.get(p + "attn_output.weight", (Q, E)),
+            attn_output=None if conv or ssm or recr else T.get(p + "attn_output.weight", (Q, E)),
             shortconv_in_proj=T.get(p + "shortconv.in_proj.weight", (E, 3 * E)) if conv else None,
             shortconv_conv=T.get(p + "shortconv.conv.weight", (hp.n_shortconv_l_cache, E),
                                  vector=True) if conv else None,
@@ -662,6 +781,7 @@ def validate(metadata, tensors, n_vocab_tokenizer=None, log=None):
             if a.out_bias else None,
             ffn_gate_inp_bias=moe_bias[0], ffn_gate_exps_bias=moe_bias[1],
             ffn_up_exps_bias=moe_bias[2], ffn_down_exps_bias=moe_bias[3],
+            **recr,
         ))
     extra = [n for n in tensors if n.startswith(f"blk.{hp.n_layer}.")]
     if extra:

@@ -142,6 +142,11 @@ class Backend:
         Session.fork."""
         raise NotImplementedError
 
+    def recurrent(self, buf):
+        """A session's recurrent state (engine/recurrent.py RecurrentState), or None for a
+        model without recurrent layers."""
+        return None
+
     def close(self) -> None:
         pass
 

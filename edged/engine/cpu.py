@@ -16,6 +16,7 @@ from .arch import LayerTensors, VECTOR_TYPES
 from . import repack
 from .backend import Backend, BufferPlan
 from .kvcache import DEFAULT as DEFAULT_CACHE
+from .recurrent import N_CHECKPOINTS, RecurrentState
 from .reference import rms_norm
 from .threads import address_ranges, memory_policy, pin_workers, place_memory, read_topology
 from ..errors import UnsupportedModelError
@@ -45,6 +46,8 @@ class _Buffers:
     def __init__(self, state):
         self.state = state
         self.inp = state.input_rows()  # (n_batch, n_embd) float32 view into the arena
+        live = state.recurrent_state()  # the DeltaNet layers' state in the arena (qwen35)
+        self.recurrent = RecurrentState(live) if live.size else None
 
 
 class CPUBackend(Backend):
@@ -113,13 +116,15 @@ class CPUBackend(Backend):
 
         layers = []
         conv_slots = iter(range(1, hp.n_conv_layers + 1))
+        recr_slots = iter(range(1, hp.n_recr_layers + 1))
         for il, L in enumerate(spec.layers):
             d = {"swa": int(hp.swa_layers[il]), "rope": int(hp.rope_layers[il]),
-                 "conv": next(conv_slots) if hp.conv_layers and hp.conv_layers[il] else 0}
+                 "conv": next(conv_slots) if hp.conv_layers and hp.conv_layers[il] else 0,
+                 "recr": next(recr_slots) if hp.recr_layers and hp.recr_layers[il] else 0}
             for role in _ROLES:
                 name = getattr(L, role)
                 d[role] = (vector(name) if role.endswith(("norm", "bias", "sinks", "conv"))
-                           else matrix(name))
+                           or role in ("ssm_conv1d", "ssm_dt", "ssm_a") else matrix(name))
             layers.append(d)
         self._factors_ctx = {}
         g = {"token_embd": matrix(spec.token_embd), "output_norm": vector(spec.output_norm),
@@ -164,12 +169,18 @@ class CPUBackend(Backend):
         kv = cache.nbytes(hp, n_ctx)
         F = max(F, hp.n_ff_exp, hp.n_ff_shexp)
         widest = max(E, Qd, F)
-        qkv = max(Qd + 2 * KVd, 3 * E if hp.n_conv_layers else 0)  # or a convolution's B|C|x
-        per_tok = 4 * (E + max(E, Qd) + E + qkv + 2 * F) + 4 * widest + 16
+        Vd = hp.ssm_d_state * hp.ssm_dt_rank   # a DeltaNet layer's output
+        widest = max(widest, Vd)
+        # q (| gate) | k | v, a convolution's B|C|x, or a DeltaNet row (q|k|v, z, beta, alpha,
+        # the convolution's output); the gates of gated attention
+        qkv = max((2 if hp.attn_gated_q else 1) * Qd + 2 * KVd, 3 * E if hp.n_conv_layers else 0,
+                  2 * hp.ssm_conv_dim + Vd + 2 * hp.ssm_dt_rank if hp.n_recr_layers else 0)
+        qkv += Qd if hp.attn_gated_q else 0
+        per_tok = 4 * (E + max(E, Qd, Vd) + E + qkv + 2 * F) + 4 * widest + 16
         if hp.n_expert:  # router probabilities, choices, gathered inputs, expert outputs
             per_tok += 4 * (hp.n_expert + 4 * hp.n_expert_used + E + hp.n_expert_used * E)
         logits = 4 * min(n_batch, 32) * hp.n_vocab  # ED_MAX_LOGIT_ROWS rows
-        per_tok += 32  # the row's position, context and cache pointers (a batch of sessions)
+        per_tok += 40  # the row's position, context, cache and state pointers (a batch of sessions)
         # attention scratch per thread: every key's score for a block of 32 query rows
         # (ed_attn_ws_floats), the queries, the lane rows of the V sums
         att = 4 * (32 * (n_ctx + 32 + hp.head_dim) + 4 * hp.head_dim + 80 * hp.head_dim + 64)
@@ -180,7 +191,8 @@ class CPUBackend(Backend):
         kv = self.cache.nbytes(self.spec.hp, n_ctx)
         total = self._model_for(n_ctx).arena_bytes(n_ctx, n_batch, self.n_threads,
                                                    int(self.cache.k), int(self.cache.v))
-        return BufferPlan(kv, total - kv)
+        # kv counts a recurrent state's checkpoints, which live outside the arena
+        return BufferPlan(kv, total + N_CHECKPOINTS * 4 * self.spec.hp.recurrent_state_floats() - kv)
 
     def alloc(self, n_ctx, n_batch):
         state = _core.ForwardState(self._model_for(n_ctx), self.pool, n_ctx, n_batch,
@@ -251,6 +263,11 @@ class CPUBackend(Backend):
         for d, s in zip((*dst.state.kv_cache(), dst.state.conv_cache()),
                         (*src.state.kv_cache(), src.state.conv_cache())):
             d[:, :n] = s[:, :n]     # (layers, n_ctx, row bytes): the first n positions
+        if src.recurrent:
+            dst.recurrent.copy_from(src.recurrent)
+
+    def recurrent(self, buf):
+        return buf.recurrent
 
     def profile(self, n_prompt=512):
         """Time per op kind for one prompt batch and for one token after it (ms)."""

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from ..errors import ConfigError
 from ..format.gguf import GGMLType
 from ..format.quants import row_bytes
+from .recurrent import state_bytes
 
 CACHE_TYPES = {"f16": GGMLType.F16, "q8_0": GGMLType.Q8_0, "q4_0": GGMLType.Q4_0}
 
@@ -59,10 +60,11 @@ class CacheTypes:
     def nbytes(self, hp, n_ctx):
         """Bytes of the K and V cache of n_ctx positions of a model with hyperparameters hp,
         with the convolution cache of its convolution layers (lfm2: n_embd float32 per
-        position each)."""
+        position each), and the recurrent state of its DeltaNet layers (qwen35: constant per
+        sequence, with its checkpoints)."""
         kvd = hp.n_head_kv * hp.head_dim
         return hp.n_layer * n_ctx * (row_bytes(self.k, kvd) + row_bytes(self.v, kvd)) + \
-            hp.n_conv_layers * n_ctx * 4 * hp.n_embd
+            hp.n_conv_layers * n_ctx * 4 * hp.n_embd + state_bytes(hp)
 
     def rotation(self, head_dim):
         """(n_k, n_v): the Hadamard sizes q/k and v/output are rotated with, 0 for none."""

@@ -468,6 +468,7 @@ class Model:
             for s, ids, pos, _ in runs:
                 if pos < s.n_past:
                     s.truncate(pos)         # forget the cache from pos on
+                s._sync_recurrent()
             imaged = {i for i, r in enumerate(runs) if max(r[1]) >= self.hp.n_vocab}
             if len(runs) > 1 and not imaged and self._one_pass(runs):
                 return self._decode_rows(runs)
@@ -516,6 +517,8 @@ class Model:
         """Whether the entries fit one pass: their rows in the scratch of the session with the
         longest context (the backend lends it to the batch), their logit rows in its buffer."""
         lead = max((r[0] for r in runs), key=lambda s: (s.n_ctx, s.n_batch))
+        if self.hp.n_recr_layers and any(len(r[1]) > 1 for r in runs):
+            return False    # a recurrent model's prompt chunks run as their session's batches
         return (sum(len(r[1]) for r in runs) <= lead.n_batch
                 and sum(self._logit_rows(r[1], r[3]) for r in runs)
                 <= self.backend.max_logit_rows(lead._buf)
@@ -536,6 +539,7 @@ class Model:
         out, k = [], 0
         for s, ids, _, want in runs:
             s.tokens.extend(ids)
+            s._advance_recurrent(len(ids) > 1)
             s.t_eval_ms += ms * len(ids)    # the pass's time, shared by rows
             s.n_eval += len(ids)
             n = self._logit_rows(ids, want)
@@ -691,7 +695,8 @@ class Session:
         self.tokens = []
 
     def truncate(self, n):
-        """Forget everything after the first n tokens (the cache beyond is overwritten)."""
+        """Forget everything after the first n tokens (the cache beyond is overwritten; a
+        recurrent state is rewound before the next evaluation, _sync_recurrent)."""
         del self.tokens[n:]
 
     def add_image(self, emb):
@@ -704,6 +709,28 @@ class Session:
         if self.images is None:
             self.images = ImageTable(self.model.hp.n_vocab)
         self.images.add(emb)
+
+    def _sync_recurrent(self):
+        """Bring a recurrent state (engine/recurrent.py) back to n_past after a truncate:
+        restore the newest checkpoint at or before it and replay the tokens since, through the
+        same forward pass (the rows give the bits they gave the first time)."""
+        rs = self.model.backend.recurrent(self._buf)
+        if rs is None or rs.pos == self.n_past:
+            return
+        p = rs.rewind(self.n_past)
+        replay = self.tokens[p:]
+        del self.tokens[p:]
+        if replay:
+            self._run(replay, None)
+
+    def _advance_recurrent(self, checkpoint):
+        """After a pass: the recurrent state is at n_past; the batches of a prompt (checkpoint)
+        end in a checkpoint."""
+        rs = self.model.backend.recurrent(self._buf)
+        if rs is not None:
+            rs.pos = self.n_past
+            if checkpoint:
+                rs.checkpoint()
 
     def common_prefix(self, ids):
         """How many leading tokens of ids this session's KV cache already holds: the one home
@@ -769,19 +796,13 @@ class Session:
         rows = []
         want_all = logits == "all"
         step = min(self.n_batch, be.max_logit_rows(buf)) if want_all else self.n_batch
-        i = 0
-        while i < len(ids):
-            n = min(step, len(ids) - i)
-            if self.images is not None:     # never split an image decoded non-causally
-                n = self.images.cut(ids[i:], n)
-            chunk = ids[i:i + n]
-            i += n
-            last = i >= len(ids)
+        for chunk, last in self._chunks(ids, step):
             span = self._stage(chunk)
             be.forward(buf, len(chunk), self.n_past, want_all)
             if span:
                 be.set_noncausal(buf, 0, -1)
             self.tokens.extend(chunk)
+            self._advance_recurrent(len(ids) > 1)
             if want_all:
                 rows.append(be.copy_out(buf, len(chunk)))
             elif last and logits:
@@ -809,6 +830,22 @@ class Session:
         a, b = spans[0]
         be.set_noncausal(buf, self.n_past + a, self.n_past + b - 1)
         return True
+
+    def _chunks(self, ids, step):
+        """(chunk, is_last) batches of at most step tokens, never splitting an image decoded
+        non-causally. With recurrent layers a batch's last token runs alone, so that
+        checkpoints hold the state before and after it (a prompt evaluated again for its last
+        token's logits, n > 1 forks, restores the first)."""
+        cut, i = [0], 0
+        while i < len(ids):
+            n = min(step, len(ids) - i)
+            if self.images is not None:
+                n = self.images.cut(ids[i:], n)
+            i += n
+            cut.append(i)
+        if self.model.backend.recurrent(self._buf) is not None and len(ids) - cut[-2] > 1:
+            cut.insert(-1, len(ids) - 1)
+        return [(ids[a:b], b == len(ids)) for a, b in zip(cut, cut[1:])]
 
     def start(self, prompt, params=SamplingParams(), max_tokens=128, stop=(), sampler=None,
               add_special=True, parse_special=False, speculative=None):

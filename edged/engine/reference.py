@@ -19,6 +19,7 @@ import numpy as np
 from .arch import EXPERT_WEIGHTS_SUM_MIN, ROPE_NEOX, SWIGLU_OAI_ALPHA, SWIGLU_OAI_LIMIT
 from .backend import Backend, BufferPlan
 from .kvcache import DEFAULT as DEFAULT_CACHE
+from .recurrent import RecurrentState, layer_views, state_bytes
 from ..format.gguf import GGMLType
 from ..format.quants import dequantize, quantize
 
@@ -126,8 +127,11 @@ class _Session:
         # a convolution layer's input B * x at each position (lfm2), in float32 as llama.cpp's
         # conv state; a row per position like K/V, so a rewind needs no rollback
         self.conv = np.zeros((hp.n_conv_layers, n_ctx, hp.n_embd), np.float32)
+        # the Gated DeltaNet layers' state (qwen35): one per sequence, with checkpoints
+        self.recurrent = RecurrentState(np.zeros(hp.recurrent_state_floats(), np.float32)) \
+            if hp.n_recr_layers else None
         # a Mamba-2 layer's convolution inputs and SSM states per position (reference_granite)
-        self.recurrent = ()
+        self.mamba2 = ()
         self.n_ctx = n_ctx
         self.tokens = None
         self.logits = None
@@ -164,7 +168,7 @@ class ReferenceBackend(Backend):
         hp = spec.hp
         kv = hp.n_layer * n_ctx * hp.n_head_kv * hp.head_dim * (
             (2 if cache.k == GGMLType.F16 else 4) + (2 if cache.v == GGMLType.F16 else 4)) \
-            + hp.n_conv_layers * n_ctx * 4 * hp.n_embd
+            + hp.n_conv_layers * n_ctx * 4 * hp.n_embd + state_bytes(hp)
         if spec.granitehybrid:
             from .reference_granite import state_shapes
             kv += sum(4 * math.prod(s) for s in state_shapes(spec, n_ctx))
@@ -176,14 +180,14 @@ class ReferenceBackend(Backend):
         buf = _Session(self.spec.hp, n_ctx, self.cache)
         if self.spec.granitehybrid:
             from .reference_granite import alloc
-            buf.recurrent = alloc(self.spec, n_ctx)
+            buf.mamba2 = alloc(self.spec, n_ctx)
         return buf
 
     def free(self, buf):
         buf.k = buf.v = None
 
     def kv_cache(self, buf):
-        if buf.recurrent:  # prompt-cache files hold K/V and conv rows only (engine/statefile.py)
+        if buf.mamba2:  # prompt-cache files hold K/V and conv rows only (engine/statefile.py)
             raise OSError(errno.EOPNOTSUPP, "prompt-cache files do not hold granitehybrid's "
                           "Mamba-2 states yet; nothing written")
         return tuple(a.view(np.uint8).reshape(a.shape[0], a.shape[1], -1) for a in (buf.k, buf.v))
@@ -195,8 +199,13 @@ class ReferenceBackend(Backend):
         dst.k[:, :n] = src.k[:, :n]
         dst.v[:, :n] = src.v[:, :n]
         dst.conv[:, :n] = src.conv[:, :n]
-        for d, s in zip(dst.recurrent, src.recurrent):
+        for d, s in zip(dst.mamba2, src.mamba2):
             d[:, :n] = s[:, :n]
+        if src.recurrent:
+            dst.recurrent.copy_from(src.recurrent)
+
+    def recurrent(self, buf):
+        return buf.recurrent
 
     def copy_in(self, buf, tokens, pos, rows=None):
         buf.tokens = np.asarray(tokens, dtype=np.int64)
@@ -237,10 +246,13 @@ class ReferenceBackend(Backend):
         factors_name = sp.rope_factors(buf.n_ctx)
         factors = self._w[factors_name].astype(np.float64) if factors_name else None
         group = hp.n_head // hp.n_head_kv
-        conv_slot = 0
+        conv_slot = recr_slot = 0
         for il, L in enumerate(sp.layers):
             h = rms_norm(x, self._w[L.attn_norm], hp.rms_eps)
-            if L.shortconv_in_proj:
+            if L.ssm_out:
+                x = x + self._deltanet(buf, recr_slot, h, L)
+                recr_slot += 1
+            elif L.shortconv_in_proj:
                 x = x + self._shortconv(buf, conv_slot, h, L, pos) * hp.residual_scale
                 conv_slot += 1
             elif hp.ssm_layers and hp.ssm_layers[il]:
@@ -288,11 +300,54 @@ class ReferenceBackend(Backend):
         y = np.stack([(hist[pos + t:pos + t + taps].T * w).sum(1) for t in range(n)])
         return self._mm(C * y, L.shortconv_out_proj)
 
+    def _deltanet(self, buf, slot, h, L):
+        """qwen35's Gated DeltaNet for the rows h, token by token against the sequence's state
+        (the canonical order: a prompt in one batch, in chunks or token by token gives the same
+        bits). q|k|v through the causal convolution (the last ssm_d_conv - 1 inputs kept) and
+        SiLU; q and k L2-normed; per value head h (key head h % n_group) the gated delta rule
+        M *= exp(g); d = beta (v - M k); M += d k^T; o = M q / sqrt(S), the state rounded to
+        float32 after each token as the compiled pass keeps it; o RMS-normed times silu(z)."""
+        hp = self.spec.hp
+        n, S, Hk, Hv, eps = len(h), hp.ssm_d_state, hp.ssm_n_group, hp.ssm_dt_rank, hp.rms_eps
+        conv, M = layer_views(buf.recurrent.live, hp, slot)
+        qkv = self._mm(h, L.attn_qkv)                                 # (n, conv_dim)
+        z = self._mm(h, L.attn_gate).reshape(n, Hv, S)
+        beta = 1.0 / (1.0 + np.exp(-self._mm(h, L.ssm_beta)))        # (n, Hv)
+        alpha = self._mm(h, L.ssm_alpha) + self._w[L.ssm_dt]
+        g = np.logaddexp(0.0, alpha) * self._w[L.ssm_a]               # softplus * -exp(A_log)
+        win = np.concatenate([conv.astype(np.float64), qkv])          # (d_conv - 1 + n, C)
+        w = self._w[L.ssm_conv1d].astype(np.float64)                  # (C, d_conv)
+        taps = hp.ssm_d_conv
+        c = silu(np.stack([(win[t:t + taps].T * w).sum(1) for t in range(n)]))
+        conv[:] = win[n:].astype(np.float32)
+
+        def l2(x):   # ggml: rms_norm(x, eps / S) / sqrt(S)
+            return x / np.sqrt((x * x).mean(-1, keepdims=True) + eps / S) / math.sqrt(S)
+        q = l2(c[:, :S * Hk].reshape(n, Hk, S))
+        k = l2(c[:, S * Hk:2 * S * Hk].reshape(n, Hk, S))
+        v = c[:, 2 * S * Hk:].reshape(n, Hv, S)
+        o = np.empty((n, Hv, S))
+        for t in range(n):
+            for hh in range(Hv):
+                m = M[hh].astype(np.float64) * math.exp(g[t, hh])
+                kk, qq = k[t, hh % Hk], q[t, hh % Hk]
+                d = (v[t, hh] - m @ kk) * beta[t, hh]
+                m = (m + d[:, None] * kk[None, :]).astype(np.float32)
+                M[hh] = m
+                o[t, hh] = (m.astype(np.float64) @ qq) / math.sqrt(S)
+        o = rms_norm(o, self._w[L.ssm_norm], eps) * silu(z)
+        return self._mm(o.reshape(n, Hv * S), L.ssm_out)
+
     def _attention_block(self, buf, il, L, x, h, pos, positions, factors, neox, group):
         """x plus the attention block's output for the rows h (the normed x)."""
         hp, a = self.spec.hp, self.spec.arch
         n = len(h)
-        if L.attn_qkv:
+        gate = None
+        if hp.attn_gated_q:   # qwen35: each head's query, then its output gate
+            qg = self._mm(h, L.attn_q).reshape(n, hp.n_head, 2, hp.head_dim)
+            q, gate = qg[:, :, 0].reshape(n, -1), qg[:, :, 1]
+            k, v = self._mm(h, L.attn_k), self._mm(h, L.attn_v)
+        elif L.attn_qkv:
             qkv = self._mm(h, L.attn_qkv)
             q, k, v = np.split(qkv, [hp.n_embd_q, hp.n_embd_q + hp.n_embd_k_gqa], axis=1)
         else:
@@ -356,7 +411,10 @@ class ReferenceBackend(Backend):
                 s = s.astype(np.float16).astype(np.float64)
             # else flash attention (llama.cpp's only way with a quantized V): float weights
             out[:, hh, :] = s @ V[:, kv, :]
-        o = self._mm(_rotate(out, rot_v).reshape(n, -1), L.attn_output)
+        out = _rotate(out, rot_v)
+        if gate is not None:
+            out = out / (1.0 + np.exp(-gate))
+        o = self._mm(out.reshape(n, -1), L.attn_output)
         if L.attn_output_bias:
             o = o + self._w[L.attn_output_bias]
         if L.post_attention_norm:

@@ -42,7 +42,7 @@ def mamba2(b, buf, il, h, pos):
     g = b.spec.granitehybrid
     prm, T, W, eps = g.params, g.layers[il], b._w, b.spec.hp.rms_eps
     slot = sum(prm.ssm_layers[:il])
-    conv_in, states = buf.recurrent
+    conv_in, states = buf.mamba2
     n, di, ch, taps = len(h), prm.d_inner, prm.n_conv_ch, prm.d_conv
     H, hd, N, G = prm.n_head, prm.head_dim, prm.d_state, prm.n_group
     zxbcdt = b._mm(h, T.ssm_in)                                        # (n, d_in_proj)

@@ -36,6 +36,7 @@ import weakref
 
 import numpy as np
 
+from .vision import id_limit
 from ..errors import ConfigError, StateFileError
 from ..format.gguf import GGMLType
 
@@ -102,6 +103,18 @@ def _caches(session):
     k, v = be.kv_cache(session._buf)
     conv = be.conv_cache(session._buf) if session.model.hp.n_conv_layers else None
     return (k, v) if conv is None else (k, v, conv)
+
+
+def supported(model):
+    """Whether this format can hold `model`'s state: K/V rows and lfm2's convolution rows,
+    not the recurrent state of Gated DeltaNet layers (qwen35)."""
+    return not getattr(model.hp, "n_recr_layers", 0)
+
+
+def _check_supported(model):
+    if not supported(model):
+        raise StateFileError(f"prompt-cache files hold K/V and convolution rows; {model.arch}'s "
+                             f"{model.hp.n_recr_layers} recurrent layers keep state they cannot hold")
 
 
 def _header(session, n_tokens):
@@ -188,6 +201,7 @@ def save(session, path, key, n_tokens=None):
     if not 0 < n <= session.n_past:
         raise StateFileError(f"cannot save {n} tokens of a session holding {session.n_past}")
     _check_key(key)
+    _check_supported(session.model)
     h = _header(session, n)
     path = os.fspath(path)
     d, base = os.path.split(path)
@@ -288,6 +302,7 @@ def restore(session, path, key, n_tokens=None):
 
 
 def _restore(session, path, key, n_tokens):
+    _check_supported(session.model)
     with _open(path) as f:
         size = os.fstat(f.fileno()).st_size
         h = _read_header(f, size)
@@ -311,8 +326,9 @@ def _restore(session, path, key, n_tokens):
             raise StateFileError("HMAC does not verify (the file was altered, or written with "
                                  "another key)")
     nv = session.model.hp.n_vocab
-    if int(tokens.max()) >= nv:
-        raise StateFileError(f"token id {int(tokens.max())} out of range [0, {nv})")
+    if int(tokens.max()) >= id_limit(nv):   # image rows are ids >= n_vocab (engine/vision.py)
+        raise StateFileError(f"token id {int(tokens.max())} out of range [0, {nv}) and not an "
+                             "image row")
     keep = n if n_tokens is None else max(0, min(int(n_tokens), n))
     session.tokens = tokens[:keep].tolist()
     return keep

@@ -8,13 +8,15 @@ Interface (the service half, edged/service/..., calls only this):
         # an mmproj GGUF, validated as strictly as a model (UnsupportedModelError /
         # MetadataValueError naming the key or tensor); verified: as Model.load's (the trust
         # layer's open file, mapped up to the signed length; the projector owns it from here)
-    proj.projector_type   # "gemma3", ...
-    proj.image_size       # the square the picture is resized/padded to (pixels)
-    proj.n_tokens         # rows (tokens) one image becomes (gemma3: 256 for the real files)
+    proj.projector_type   # "gemma3", "idefics3" (SmolVLM) or "mlp" (LLaVA-1.5 style)
+    proj.image_size       # the square (gemma3) or tile (idefics3) the encoder sees (pixels)
+    proj.n_tokens         # rows (tokens) per square (gemma3: 256 for the real files; idefics3
+                          # images are up to max_squares squares: tiles plus an overview)
     proj.n_embd           # width of those rows: must equal the text model's n_embd
     proj.memory_bytes     # weights (mapped) + the copies and scratch the encoder holds
     proj.markers          # (before, after): text around an image's rows, e.g. gemma3's
-                          # ("<start_of_image>", "<end_of_image>") as llama.cpp's mtmd.cpp
+                          # ("<start_of_image>", "<end_of_image>") as llama.cpp's mtmd.cpp;
+                          # () for idefics3, whose tiles prompt_ids lays out as mtmd does
     proj.describe()       # dict for `edged info`
     proj.check_model(model)   # UnsupportedModelError when the text model does not fit
     emb = proj.encode(rgb)    # rgb: numpy uint8 (H, W, 3), already decoded -> ImageEmbedding
@@ -40,7 +42,17 @@ Numerics follow llama.cpp's libmtmd (tools/mtmd: clip.cpp, mtmd-image.cpp, model
   v.patch_embd plus its bias and v.position_embd; pre-norm blocks x += attn(LN1(x)),
   x += ffn(LN2(x)) with biases, non-causal attention, GELU through ggml's F16 table; v.post_ln;
 - gemma3 projector: average pooling of n_merge x n_merge patches, RMSNorm * mm.soft_emb_norm,
-  then x @ mm.input_projection.
+  then x @ mm.input_projection;
+- idefics3: the longer side resized to clip.vision.preproc_image_size (Pillow's Lanczos), then
+  up to whole tiles of image_size, cut row by row, plus the whole picture as an overview tile
+  (every tile and the overview through the ViT together); per tile a pixel shuffle of
+  n_merge x n_merge patches into one row, then mm.model.fc. In the prompt each tile follows
+  "<fake_token_around_image><row_Y_col_X>", rows of tiles end in "\n", the overview comes last
+  between "\n\n" <fake_token_around_image> <global-img> and <fake_token_around_image>;
+- mlp (LLaVA-1.5): fitted into image_size squared on (122, 116, 104) with Pillow's bicubic;
+  CLIP ViT: the class token appended after the patches, pre-norm, quick GELU (ggml's F16
+  table), all layers but the last; then, as clip.cpp's llava graph does, rows 1..n_patches
+  (the class token in, patch 0 out) through mm.0, GELU, mm.2; no text around the rows.
 The matrix products, LayerNorm, GELU and attention run in the compiled core on the
 projector's thread pool (edged._core: matmul, enc_norm, enc_act, enc_attention, the same
 kernels as the BERT encoders); `_reference` is the slow NumPy twin the tests hold it to.
@@ -66,7 +78,13 @@ MEDIA_MARKER = "<__media__>"        # where a rendered prompt holds an image (ll
 MAX_IMAGE_SIZE = 4096               # pixels per side of the encoder's square (real files: 224..1024)
 MAX_PATCHES = 65536                 # patches per image: attention is quadratic in them
 MAX_LAYERS = 256
+MAX_TILES_SIDE = 8                  # idefics3: tiles per side (real files: up to 4)
 PSEUDO_SPAN = 1 << 30               # pseudo ids live in [n_vocab, n_vocab + 2^30 + n_tokens)
+
+
+def id_limit(n_vocab):
+    """Every token or image-row id of a session is below this (prompt-cache files check it)."""
+    return n_vocab + PSEUDO_SPAN + MAX_TILES_SIDE ** 2 * MAX_PATCHES
 
 # Bilinear as Pillow's (and mtmd-image.cpp's) fixed-point resampler
 _PRECISION_BITS = 32 - 8 - 2
@@ -75,13 +93,21 @@ _PRECISION_BITS = 32 - 8 - 2
 @dataclass(frozen=True)
 class ProjectorKind:
     name: str
-    markers: tuple          # text before and after an image's rows (mtmd.cpp)
+    markers: tuple          # text before and after an image's rows (mtmd.cpp); () when tiled
     non_causal: bool        # llama.cpp decodes the image's rows with bidirectional attention
+    resize: str             # the resampling filter (mtmd's image_resize_algo)
+    tiled: bool             # tiles of image_size plus an overview (idefics3), else one square
 
 
 PROJECTORS = {
-    "gemma3": ProjectorKind("gemma3", ("<start_of_image>", "<end_of_image>"), non_causal=True),
+    "gemma3": ProjectorKind("gemma3", ("<start_of_image>", "<end_of_image>"), non_causal=True,
+                            resize="bilinear", tiled=False),
+    "idefics3": ProjectorKind("idefics3", (), non_causal=False, resize="lanczos", tiled=True),
+    # LLaVA-1.5 style: CLIP ViT (class token, pre-norm), its second-to-last layer, a 2-layer
+    # GELU MLP; the picture fitted on llava's grey (122, 116, 104), no text around its rows
+    "mlp": ProjectorKind("mlp", ("", ""), non_causal=False, resize="bicubic", tiled=False),
 }
+PAD_COLOR = {"mlp": (122, 116, 104)}
 
 
 @dataclass(frozen=True)
@@ -94,10 +120,13 @@ class VisionHParams:
     eps: float
     image_size: int
     patch_size: int
-    n_merge: int            # gemma3: patches per side pooled into one token
+    n_merge: int            # patches per side pooled (gemma3) or shuffled (idefics3) into one token
+    longest_edge: int       # idefics3: the picture's longer side before tiling (0: gemma3)
     image_mean: tuple
     image_std: tuple
     n_embd_text: int        # the projector's output width
+    act: str = "gelu"       # the ViT's FFN activation: "gelu" (SigLIP) or "gelu_quick" (CLIP)
+    n_layer_run: int = 0    # layers run (mlp: all but the last, llama.cpp's feature layer)
 
     @property
     def n_patches_side(self):
@@ -107,12 +136,19 @@ class VisionHParams:
     def n_tokens(self):
         return (self.n_patches_side // self.n_merge) ** 2
 
+    @property
+    def n_pos(self):
+        """Position rows: the patches, and the class token where the file has one (mlp)."""
+        return self.n_patches_side ** 2 + (self.act == "gelu_quick")
+
 
 @dataclass(frozen=True)
 class ImageEmbedding:
     embeddings: np.ndarray  # float32 (n_tokens, n_embd)
     digest: str             # sha256 hex of the image's shape and pixels
     non_causal: bool = False    # its rows attend to each other (llama.cpp: gemma3)
+    grid: tuple = ()        # tiled (idefics3): (rows, columns) of tiles; the rows are the
+                            # tiles' row by row, then the overview's
 
     @property
     def n_tokens(self):
@@ -140,12 +176,32 @@ def _refuse(msg):
 
 # --- preprocessing (mtmd-image.cpp) ----------------------------------------------------------
 
-def _bilinear_coeffs(n_in, n_out):
-    """Pillow's precompute_coeffs for the bilinear filter: per output pixel the first input
-    pixel and fixed-point weights (n_out, ksize) int64 (zero past each pixel's count)."""
+def _sinc(x):
+    return 1.0 if x == 0.0 else math.sin(math.pi * x) / (math.pi * x)
+
+
+# Pillow's filters: (support, weight of a distance)
+def _bicubic(x, a=-0.5):     # Pillow's a (ggml and PyTorch use -0.75)
+    x = abs(x)
+    if x < 1.0:
+        return ((a + 2.0) * x - (a + 3.0)) * x * x + 1
+    return (((x - 5) * x + 8) * x - 4) * a if x < 2.0 else 0.0
+
+
+FILTERS = {
+    "bilinear": (1.0, lambda x: max(0.0, 1.0 - abs(x))),
+    "bicubic": (2.0, _bicubic),
+    "lanczos": (3.0, lambda x: _sinc(x) * _sinc(x / 3.0) if -3.0 <= x < 3.0 else 0.0),
+}
+
+
+def _coeffs(n_in, n_out, kind):
+    """Pillow's precompute_coeffs: per output pixel the first input pixel and fixed-point
+    weights (n_out, ksize) int64 (zero past each pixel's count)."""
+    fsupport, fw = FILTERS[kind]
     scale = n_in / n_out
     filterscale = max(scale, 1.0)
-    support = 1.0 * filterscale
+    support = fsupport * filterscale
     ksize = int(math.ceil(support)) * 2 + 1
     xmin = np.empty(n_out, np.int64)
     k = np.zeros((n_out, ksize), np.int64)
@@ -153,7 +209,7 @@ def _bilinear_coeffs(n_in, n_out):
         center = (xx + 0.5) * scale
         lo = max(int(center - support + 0.5), 0)
         hi = min(int(center + support + 0.5), n_in) - lo
-        w = [max(0.0, 1.0 - abs((x + lo - center + 0.5) / filterscale)) for x in range(hi)]
+        w = [fw((x + lo - center + 0.5) / filterscale) for x in range(hi)]
         ww = sum(w)
         w = [v / ww if ww != 0.0 else v for v in w]
         xmin[xx] = lo
@@ -163,30 +219,59 @@ def _bilinear_coeffs(n_in, n_out):
     return xmin, k
 
 
-def _resample(img, n_out, axis):
-    """One pass of the separable filter along axis (1: width, 0: height) of (H, W, 3) uint8."""
+def _resample(img, n_out, axis, kind):
+    """One pass of the separable filter along axis (1: width, 0: height) of (H, W, 3) uint8,
+    in int32 as Pillow (|sum| < 2^31: 255 x 2^22 x at most 1.3 of weights), a block of lines
+    at a time so that a big picture costs a few MiB beyond its own bytes."""
     n_in = img.shape[axis]
-    xmin, k = _bilinear_coeffs(n_in, n_out)
-    src = np.moveaxis(img, axis, 0).astype(np.int64)          # (n_in, other, 3)
-    acc = np.full((n_out,) + src.shape[1:], 1 << (_PRECISION_BITS - 1), np.int64)
-    for j in range(k.shape[1]):
-        idx = np.minimum(xmin + j, n_in - 1)
-        acc += src[idx] * k[:, j][:, None, None]
-    out = np.clip(acc >> _PRECISION_BITS, 0, 255).astype(np.uint8)
+    xmin, k = _coeffs(n_in, n_out, kind)
+    k = k.astype(np.int32)
+    src = np.moveaxis(img, axis, 0)                              # (n_in, lines, 3) view
+    out = np.empty((n_out,) + src.shape[1:], np.uint8)
+    block = max(1, (1 << 20) // max(1, n_out + n_in))            # lines per pass
+    idx = [np.minimum(xmin + j, n_in - 1) for j in range(k.shape[1])]
+    for a in range(0, src.shape[1], block):
+        part = src[:, a:a + block].astype(np.int32)
+        acc = np.full((n_out,) + part.shape[1:], 1 << (_PRECISION_BITS - 1), np.int32)
+        for j in range(k.shape[1]):
+            acc += part[idx[j]] * k[:, j][:, None, None]
+        out[:, a:a + block] = np.clip(acc >> _PRECISION_BITS, 0, 255)
     return np.ascontiguousarray(np.moveaxis(out, 0, axis))
 
 
-def resize_bilinear(img, width, height):
-    """(H, W, 3) uint8 -> (height, width, 3): Pillow's Image.resize(BILINEAR) bits, width
-    first, as mtmd-image.cpp's resize_pillow."""
+def resize(img, width, height, kind="bilinear"):
+    """(H, W, 3) uint8 -> (height, width, 3): Pillow's Image.resize bits (BILINEAR or
+    LANCZOS), width first, as mtmd-image.cpp's resize_pillow."""
     if img.shape[1] != width:
-        img = _resample(img, width, 1)
+        img = _resample(img, width, 1, kind)
     if img.shape[0] != height:
-        img = _resample(img, height, 0)
+        img = _resample(img, height, 0, kind)
     return img
 
 
-def fit_padded(img, size, pad=(0, 0, 0)):
+def tiles(img, tile, longest_edge, kind="lanczos"):
+    """mtmd's idefics3 preprocessing: the longer side to longest_edge (the other by the
+    aspect ratio, truncated, made even), then up to whole tiles, cut into tile x tile squares
+    row by row; the overview is the whole picture resized to one tile. Returns (tiles list,
+    overview, (rows, columns))."""
+    h, w = img.shape[:2]
+    ar = w / h
+    if w >= h:
+        rw, rh = longest_edge, int(longest_edge / ar)
+        rh += rh % 2
+    else:
+        rw, rh = int(longest_edge * ar), longest_edge
+        rw += rw % 2
+    rw, rh = max(rw, 1), max(rh, 1)
+    gx, gy = -(-rw // tile), -(-rh // tile)
+    refined = resize(resize(img, rw, rh, kind), gx * tile, gy * tile, kind)
+    overview = resize(refined, tile, tile, kind)
+    cut = [refined[y * tile:(y + 1) * tile, x * tile:(x + 1) * tile]
+           for y in range(gy) for x in range(gx)]
+    return cut, overview, (gy, gx)
+
+
+def fit_padded(img, size, pad=(0, 0, 0), kind="bilinear"):
     """mtmd's resize with PAD_CEIL: scale to fit a size x size square keeping the aspect
     ratio (float32 arithmetic, sides rounded up), centred on `pad`."""
     h, w = img.shape[:2]
@@ -198,7 +283,7 @@ def fit_padded(img, size, pad=(0, 0, 0)):
     out = np.empty((size, size, 3), np.uint8)
     out[:] = np.asarray(pad, np.uint8)
     ox, oy = (size - nw) // 2, (size - nh) // 2
-    out[oy:oy + nh, ox:ox + nw] = resize_bilinear(img, nw, nh)
+    out[oy:oy + nh, ox:ox + nw] = resize(img, nw, nh, kind)
     return out
 
 
@@ -207,6 +292,28 @@ def normalize(img, mean, std):
     x = img.astype(np.float32) / np.float32(255.0)
     x = (x - np.asarray(mean, np.float32)) / np.asarray(std, np.float32)
     return np.ascontiguousarray(x.transpose(2, 0, 1))
+
+
+_GELU_QUICK = []
+
+
+def gelu_quick_table():
+    """ggml's table: gelu_quick(x) = x / (1 + expf(-1.702 x)) in float over every F16 x,
+    rounded to F16; as float32 (65536,)."""
+    if not _GELU_QUICK:
+        x = np.arange(1 << 16, dtype=np.uint16).view(np.float16).astype(np.float32)
+        with np.errstate(over="ignore", invalid="ignore"):
+            y = x * (np.float32(1.0) / (np.float32(1.0) + np.exp(np.float32(-1.702) * x)))
+        _GELU_QUICK.append(y.astype(np.float16).astype(np.float32))
+    return _GELU_QUICK[0]
+
+
+def pixel_shuffle(h, side, s):
+    """idefics3's merge (clip.cpp's build_patch_merge_permute): (side^2, E) patch rows ->
+    ((side/s)^2, s*s*E), each row the s x s block's patches row by row."""
+    E = h.shape[1]
+    x = h.reshape(side // s, s, side // s, s, E).transpose(0, 2, 1, 3, 4)
+    return np.ascontiguousarray(x.reshape(-1, s * s * E))
 
 
 def patches(planes, p):
@@ -270,12 +377,25 @@ def validate(md, tensors):
     if side * side > MAX_PATCHES:
         raise MetadataValueError(f"{Key.CLIP_IMAGE_SIZE} {size} / {Key.CLIP_PATCH_SIZE} {p}: "
                                  f"{side * side} patches per image, at most {MAX_PATCHES}")
-    merge = _num(md, Key.CLIP_SCALE_FACTOR, required=False, default=4, lo=1, hi=side)
+    if kind.name == "mlp":
+        merge, longest = 1, 0
+        if md.get(Key.CLIP_IMAGE_GRID_PINPOINTS) is not None:
+            _refuse(f"mmproj: {Key.CLIP_IMAGE_GRID_PINPOINTS} (LLaVA-1.6 tiling) is not supported")
+    elif kind.tiled:      # pixel shuffle: llama.cpp asserts a factor above 1
+        merge = _num(md, Key.CLIP_SCALE_FACTOR, lo=2, hi=side)
+        longest = _num(md, Key.CLIP_PREPROC_IMAGE_SIZE, lo=1, hi=MAX_TILES_SIDE * size)
+    else:
+        merge = _num(md, Key.CLIP_SCALE_FACTOR, required=False, default=4, lo=1, hi=side)
+        longest = 0
     if side % merge:
         raise MetadataValueError(f"{Key.CLIP_SCALE_FACTOR} {merge} does not divide the "
                                  f"{side} patches per side")
-    if md.get(Key.CLIP_USE_GELU) is not True or md.get(Key.CLIP_USE_SILU):
-        _refuse(f"mmproj: {ptype} needs {Key.CLIP_USE_GELU} = true (SigLIP's GELU)")
+    if md.get(Key.CLIP_USE_SILU):
+        _refuse(f"mmproj: {Key.CLIP_USE_SILU} = true: edged runs GELU vision encoders")
+    act = "gelu" if md.get(Key.CLIP_USE_GELU) is True else "gelu_quick"   # clip.cpp's default
+    if (act == "gelu_quick") != (kind.name == "mlp"):
+        _refuse(f"mmproj: {ptype} with {Key.CLIP_USE_GELU} = {md.get(Key.CLIP_USE_GELU)!r}: "
+                "edged runs SigLIP (GELU) for gemma3/idefics3 and CLIP (quick GELU) for mlp")
     mean, std = _floats3(md, Key.CLIP_IMAGE_MEAN), _floats3(md, Key.CLIP_IMAGE_STD)
     if not all(s > 0 for s in std):
         raise MetadataValueError(f"{Key.CLIP_IMAGE_STD} must be positive, got {std}")
@@ -293,7 +413,12 @@ def validate(md, tensors):
     get("patch_embd", "v.patch_embd.weight", (p, p, 3, E), plain)
     get("patch_bias", "v.patch_embd.bias", (E,), VECTOR_TYPES, required=False)
     # added to the patches by ggml_add, which takes F32 only (llama.cpp's converter keeps it so)
-    get("position_embd", "v.position_embd.weight", (E, side * side), frozenset({GGMLType.F32}))
+    n_pos = side * side + (kind.name == "mlp")
+    get("position_embd", "v.position_embd.weight", (E, n_pos), frozenset({GGMLType.F32}))
+    if kind.name == "mlp":
+        get("class_embd", "v.class_embd", (E,), VECTOR_TYPES)
+        get("pre_ln", "v.pre_ln.weight", (E,), VECTOR_TYPES)
+        get("pre_ln_b", "v.pre_ln.bias", (E,), VECTOR_TYPES)
     for i in range(L):
         b = f"v.blk.{i}."
         for r in ("attn_q", "attn_k", "attn_v", "attn_out"):
@@ -313,16 +438,29 @@ def validate(md, tensors):
         get(b + "ffn_down_b", b + down_name + ".bias", (E,), VECTOR_TYPES, required=False)
     get("post_ln", "v.post_ln.weight", (E,), VECTOR_TYPES, required=False)
     get("post_ln_b", "v.post_ln.bias", (E,), VECTOR_TYPES, required=roles["post_ln"] is not None)
-    proj = tensors.get("mm.input_projection.weight")
+    # the projector: its output width is the text model's n_embd
+    pname, pin = {"idefics3": ("mm.model.fc.weight", E * merge * merge),
+                  "mlp": ("mm.2.weight", None)}.get(kind.name, ("mm.input_projection.weight", None))
+    proj = tensors.get(pname)
     if proj is None or len(proj.shape) != 2:
-        _refuse("mmproj: missing tensor 'mm.input_projection.weight' (n_embd_text, n_embd)")
-    n_text = int(proj.shape[0])
-    check_number("mm.input_projection.weight rows", n_text, int, lo=1, hi=1 << 17)
-    get("input_projection", "mm.input_projection.weight", (n_text, E), plain)
-    get("soft_emb_norm", "mm.soft_emb_norm.weight", (E,), VECTOR_TYPES)
+        _refuse(f"mmproj: missing tensor {pname!r}")
+    n_text = int(proj.shape[0] if kind.name == "gemma3" else proj.shape[1])
+    check_number(f"{pname} output width", n_text, int, lo=1, hi=1 << 17)
+    if kind.name == "mlp":
+        mid = int(proj.shape[0])
+        get("mm0", "mm.0.weight", (E, mid))
+        get("mm0_b", "mm.0.bias", (mid,), VECTOR_TYPES)
+        get("mm2", "mm.2.weight", (mid, n_text))
+        get("mm2_b", "mm.2.bias", (n_text,), VECTOR_TYPES)
+    elif kind.tiled:
+        get("fc", pname, (pin, n_text))
+    else:
+        get("input_projection", pname, (n_text, E), plain)
+        get("soft_emb_norm", "mm.soft_emb_norm.weight", (E,), VECTOR_TYPES)
     hp = VisionHParams(n_embd=E, n_ff=F, n_layer=L, n_head=H, head_dim=E // H, eps=eps,
-                       image_size=size, patch_size=p, n_merge=merge, image_mean=mean,
-                       image_std=std, n_embd_text=n_text)
+                       image_size=size, patch_size=p, n_merge=merge, longest_edge=longest,
+                       image_mean=mean, image_std=std, n_embd_text=n_text, act=act,
+                       n_layer_run=L - 1 if kind.name == "mlp" else L)
     return kind, hp, roles
 
 
@@ -370,13 +508,15 @@ class Projector:
         used = [n for n in self._roles.values() if n]
         self.weights_bytes = sum(f.tensors[n].nbytes for n in used)
         hp = self.hp
-        n_p = hp.n_patches_side ** 2
-        # float32 activations of one image (a few (n_patches, n_embd|n_ff) buffers) and the
-        # attention scratch per thread, plus the transposed projection the encoder keeps
-        self.scratch_bytes = 4 * (n_p * (6 * hp.n_embd + hp.n_ff + 3 * hp.patch_size ** 2)
-                                  + self.n_threads * (n_p * n_p + hp.head_dim * n_p))
-        self.memory_bytes = self.weights_bytes + self.scratch_bytes + \
-            f.tensors[self._roles["input_projection"]].nbytes
+        # float32 activations of every square of one image (they run together: a few
+        # (n_patches, n_embd | n_ff) buffers each) and the attention scratch per thread, plus
+        # the transposed projection gemma3 keeps
+        self.scratch_bytes = 4 * (self.max_squares * hp.n_pos * (6 * hp.n_embd + hp.n_ff
+                                                                 + 3 * hp.patch_size ** 2)
+                                  + self.n_threads * (hp.n_pos ** 2 + hp.head_dim * hp.n_pos))
+        proj = self._roles.get("input_projection")     # gemma3 keeps a transposed copy
+        self.memory_bytes = self.weights_bytes + self.scratch_bytes + (
+            f.tensors[proj].nbytes if proj else 0)
         budget = int(max_memory) if max_memory else available_memory()
         if self.memory_bytes > budget:
             raise UnsupportedModelError(
@@ -423,21 +563,31 @@ class Projector:
     markers = property(lambda self: self.kind.markers)
     non_causal = property(lambda self: self.kind.non_causal)
 
+    @property
+    def max_squares(self):
+        """Squares the encoder runs per image: 1, or the most tiles plus the overview."""
+        hp = self.hp
+        return (-(-hp.longest_edge // hp.image_size)) ** 2 + 1 if self.kind.tiled else 1
+
     def describe(self):
         hp = self.hp
         return {"projector_type": self.kind.name, "image_size": hp.image_size,
-                "patch_size": hp.patch_size, "tokens_per_image": hp.n_tokens,
+                "patch_size": hp.patch_size, "tokens_per_image": hp.n_tokens * self.max_squares,
                 "n_embd": hp.n_embd_text, "vision_n_embd": hp.n_embd,
                 "vision_layers": hp.n_layer, "memory_bytes": self.memory_bytes,
                 "weights_bytes": self.weights_bytes, "signer": self.signer}
 
     def check_model(self, model):
-        """The text model must read rows of this projector's width."""
+        """The text model must read rows of this projector's width (and, for idefics3, have
+        the tokens its tile layout names): UnsupportedModelError otherwise."""
         n = int(model.hp.n_embd)
         if n != self.hp.n_embd_text:
             raise UnsupportedModelError(
                 f"mmproj {os.path.basename(self.path)} projects to n_embd {self.hp.n_embd_text}, "
                 f"model {os.path.basename(getattr(model, 'path', '?'))} has n_embd {n}")
+        if self.kind.tiled:     # the tokens its prompt layout looks up
+            for piece in ("<fake_token_around_image>", "<global-img>", "\n", "\n\n"):
+                self._token(model.tokenizer, piece)
 
     def close(self):
         if getattr(self, "file", None) is not None:
@@ -456,23 +606,78 @@ class Projector:
 
     # --- encode -----------------------------------------------------------------------------
     def preprocess(self, rgb):
-        """uint8 (H, W, 3) -> float32 (n_patches, 3 * patch^2) patch rows."""
+        """uint8 (H, W, 3) -> (list of float32 (n_patches, 3 * patch^2) patch rows, one per
+        square the encoder sees: the tiles row by row then the overview when tiled; the grid
+        (rows, columns) of tiles or ())."""
         rgb = np.asarray(rgb)
         if rgb.dtype != np.uint8 or rgb.ndim != 3 or rgb.shape[2] != 3 or min(rgb.shape[:2]) < 1:
             raise RequestError(f"image: expected uint8 (height, width, 3) pixels, got "
                                f"{rgb.dtype} {tuple(rgb.shape)}")
         hp = self.hp
-        img = fit_padded(rgb, hp.image_size)
-        return patches(normalize(img, hp.image_mean, hp.image_std), hp.patch_size)
+        if self.kind.tiled:
+            cut, overview, grid = tiles(rgb, hp.image_size, hp.longest_edge, self.kind.resize)
+            squares = cut + [overview]
+        else:
+            squares = [fit_padded(rgb, hp.image_size, PAD_COLOR.get(self.kind.name, (0, 0, 0)),
+                                  self.kind.resize)]
+            grid = ()
+        return [patches(normalize(q, hp.image_mean, hp.image_std), hp.patch_size)
+                for q in squares], grid
 
     def encode(self, rgb):
         """A decoded picture -> ImageEmbedding (n_tokens rows of the text model's width)."""
         if self.file is None:
             raise RequestError("mmproj is closed")
-        x = self.preprocess(rgb)
-        run = self._reference if self._core is None else self._compiled
-        return ImageEmbedding(embeddings=run(x), digest=image_digest(np.asarray(rgb)),
-                              non_causal=self.kind.non_causal)
+        xs, grid = self.preprocess(rgb)
+        return ImageEmbedding(embeddings=self._embed(xs, twin=self._core is None),
+                              digest=image_digest(np.asarray(rgb)),
+                              non_causal=self.kind.non_causal, grid=grid)
+
+    def _embed(self, xs, twin=False):
+        """Patch rows of each square -> the projected rows of all, in order. twin: NumPy."""
+        x = np.concatenate(xs)
+        h = (self._vit_reference if twin else self._vit)(x, len(xs))
+        n = h.shape[0] // len(xs)
+        return np.concatenate([self._project(h[i * n:(i + 1) * n], twin)
+                               for i in range(len(xs))])
+
+    def _project(self, h, twin):
+        """One square's ViT output (n_pos, n_embd) -> its rows for the text model."""
+        mm = self._ref_mm if twin else self._mm
+        if self.kind.tiled:     # idefics3: pixel shuffle, then mm.model.fc
+            return mm(pixel_shuffle(h, self.hp.n_patches_side, self.hp.n_merge), "fc")
+        if self.kind.name == "mlp":
+            # llama.cpp appends the class token after the patches and then takes rows
+            # 1..n_patches (clip.cpp's "patches" input): patch 0 out, the class token in
+            y = mm(h[1:], "mm0", "mm0_b")
+            if twin:
+                y = gelu_ggml(y.astype(np.float64)).astype(np.float32)
+            else:
+                self._core.enc_act(y, None, None, self._pool)
+            return mm(y, "mm2", "mm2_b")
+        return mm(self._pool_norm(h), "input_projection")
+
+    def _inputs(self, x, n_seq, mm):
+        """Patch rows -> the first layer's input: patch embeddings (+ the class token after
+        each square's patches, mlp) + positions, pre-normed (mlp)."""
+        v = self._vec
+        x = mm(x, "patch_embd", "patch_bias")
+        if "class_embd" in v:
+            n = x.shape[0] // n_seq
+            x = np.concatenate([r for i in range(n_seq)
+                                for r in (x[i * n:(i + 1) * n], v["class_embd"][None])])
+        return np.ascontiguousarray(x + np.tile(v["position_embd"], (n_seq, 1)), np.float32)
+
+    def _ffn_act(self, h, bias, twin):
+        """In place: the ViT FFN's activation after its up product's bias."""
+        if self.hp.act == "gelu_quick":     # ggml's F16 table of x * sigmoid(1.702 x)
+            if bias is not None:
+                h += bias
+            h[...] = gelu_quick_table()[h.astype(np.float16).view(np.uint16)]
+        elif twin:
+            h[...] = gelu_ggml((h + (0 if bias is None else bias)).astype(np.float64))
+        else:
+            self._core.enc_act(h, bias, None, self._pool)
 
     def _mm(self, x, role, bias=None):
         raw, qtype, (k, n) = self._mat[role]
@@ -483,14 +688,17 @@ class Projector:
             y += b
         return y
 
-    def _compiled(self, x):
+    def _vit(self, x, n_seq):
+        """SigLIP over n_seq squares' patch rows (n_seq * n_patches, K), all in each product;
+        attention per square."""
         hp, core, pool, v = self.hp, self._core, self._pool, self._vec
-        x = self._mm(x, "patch_embd", "patch_bias")
-        x += v["position_embd"]
-        n = x.shape[0]
-        starts = np.array([0, n], np.int64)
+        x = self._inputs(x, n_seq, self._mm)
+        n = x.shape[0] // n_seq
+        if "pre_ln" in v:
+            core.enc_norm(x, v["pre_ln"], v["pre_ln_b"], hp.eps, None, None, pool)
+        starts = np.arange(n_seq + 1, dtype=np.int64) * n
         scale = 1.0 / math.sqrt(hp.head_dim)
-        for il in range(hp.n_layer):
+        for il in range(hp.n_layer_run):
             b = f"v.blk.{il}."
             cur = x.copy()
             core.enc_norm(cur, v[b + "ln1"], v[b + "ln1_b"], hp.eps, None, None, pool)
@@ -502,11 +710,11 @@ class Projector:
             cur = x.copy()
             core.enc_norm(cur, v[b + "ln2"], v[b + "ln2_b"], hp.eps, None, None, pool)
             h = self._mm(cur, b + "ffn_up")
-            core.enc_act(h, v.get(b + "ffn_up_b"), None, pool)
+            self._ffn_act(h, v.get(b + "ffn_up_b"), False)
             x += self._mm(h, b + "ffn_down", b + "ffn_down_b")
         if "post_ln" in v:
             core.enc_norm(x, v["post_ln"], v["post_ln_b"], hp.eps, None, None, pool)
-        return self._mm(self._pool_norm(x), "input_projection")
+        return x
 
     def _pool_norm(self, x):
         """gemma3: n_merge x n_merge average pooling (ggml_pool_2d: a float sum in row, column
@@ -537,30 +745,78 @@ class Projector:
         b = self._vec.get(bias) if bias else None
         return y + b if b is not None else y
 
-    def _reference(self, x):
+    def _vit_reference(self, x, n_seq):
         from .encoder import layer_norm
         hp, v = self.hp, self._vec
         H, D = hp.n_head, hp.head_dim
-        x = self._ref_mm(x, "patch_embd", "patch_bias") + v["position_embd"]
-        for il in range(hp.n_layer):
+        x = self._inputs(x, n_seq, self._ref_mm)
+        if "pre_ln" in v:
+            x = layer_norm(x, v["pre_ln"], v["pre_ln_b"], hp.eps)
+        for il in range(hp.n_layer_run):
             b = f"v.blk.{il}."
             cur = layer_norm(x, v[b + "ln1"], v[b + "ln1_b"], hp.eps)
-            q, k, vv = (self._ref_mm(cur, b + r, b + r + "_b").reshape(-1, H, D).transpose(1, 0, 2)
-                        for r in ("attn_q", "attn_k", "attn_v"))
-            sc = (q.astype(np.float64) @ k.transpose(0, 2, 1)) / math.sqrt(D)
+            q, k, vv = (self._ref_mm(cur, b + r, b + r + "_b").reshape(n_seq, -1, H, D)
+                        .transpose(0, 2, 1, 3) for r in ("attn_q", "attn_k", "attn_v"))
+            sc = (q.astype(np.float64) @ k.transpose(0, 1, 3, 2)) / math.sqrt(D)
             sc = np.exp(sc - sc.max(-1, keepdims=True))
-            sc /= sc.sum(-1, keepdims=True)
-            att = (sc @ vv).transpose(1, 0, 2).reshape(x.shape).astype(np.float32)
+            sc /= sc.sum(-1, keepdims=True)     # (n_seq, H, n, n): each square on its own
+            att = (sc @ vv).transpose(0, 2, 1, 3).reshape(x.shape).astype(np.float32)
             x = x + self._ref_mm(att, b + "attn_out", b + "attn_out_b")
             cur = layer_norm(x, v[b + "ln2"], v[b + "ln2_b"], hp.eps)
-            h = self._ref_mm(cur, b + "ffn_up", b + "ffn_up_b")
-            h = gelu_ggml(h.astype(np.float64)).astype(np.float32)
+            h = self._ref_mm(cur, b + "ffn_up")
+            self._ffn_act(h, v.get(b + "ffn_up_b"), True)
             x = x + self._ref_mm(h, b + "ffn_down", b + "ffn_down_b")
         if "post_ln" in v:
             x = layer_norm(x, v["post_ln"], v["post_ln_b"], hp.eps)
-        return self._ref_mm(self._pool_norm(x), "input_projection")
+        return x
 
     # --- prompts ----------------------------------------------------------------------------
+    def _layout(self, emb, rows, add, add_id, tok):
+        """One image's place in the prompt as mtmd.cpp lays it out: add(text) tokenizes a
+        piece (special tokens parsed), add_id(id) appends one id."""
+        if not self.kind.tiled:
+            before, after = self.kind.markers
+            add(before)
+            for r in rows:
+                add_id(r)
+            add(after)
+            return
+        # idefics3: each tile after "<fake_token_around_image><row_Y_col_X>", "\n" between
+        # rows of tiles; then "\n\n" <fake_token_around_image> <global-img> (tokens found by
+        # their exact text, as mtmd's lookup_token) and the overview, closed by
+        # <fake_token_around_image>
+        gy, gx = emb.grid
+        n = len(rows) // (gy * gx + 1)
+        if n * (gy * gx + 1) != len(rows):
+            raise RequestError(f"image of {len(rows)} rows does not split into {gy}x{gx} tiles "
+                               "and an overview")
+        for y in range(gy):
+            for x in range(gx):
+                add(f"<fake_token_around_image><row_{y + 1}_col_{x + 1}>")
+                k = (y * gx + x) * n
+                for r in rows[k:k + n]:
+                    add_id(r)
+            if y != gy - 1:
+                add_id(self._token(tok, "\n"))
+        for piece in ("\n\n", "<fake_token_around_image>", "<global-img>"):
+            add_id(self._token(tok, piece))
+        for r in rows[gy * gx * n:]:
+            add_id(r)
+        add_id(self._token(tok, "<fake_token_around_image>"))
+
+    def _token(self, tok, text):
+        """The id of the token whose text is exactly `text` (llama.cpp's lookup_token)."""
+        cache = self.__dict__.setdefault("_tokens", {})
+        key = (id(tok), text)
+        if key not in cache:
+            want = text.encode()
+            hit = next((i for i in range(tok.n_vocab) if tok.token_piece(i) == want), None)
+            if hit is None:
+                raise UnsupportedModelError(f"the text model has no token {text!r}, which "
+                                            f"{self.kind.name} images need")
+            cache[key] = hit
+        return cache[key]
+
     def prompt_ids(self, model, text, images, add_special=True, marker=MEDIA_MARKER,
                    marked=False):
         """A rendered prompt holding `marker` once per image -> token ids, as mtmd_tokenize
@@ -573,7 +829,6 @@ class Projector:
             raise RequestError(f"prompt holds {len(parts) - 1} image markers for "
                                f"{len(images)} images")
         tok, nv = model.tokenizer, model.hp.n_vocab
-        before, after = self.kind.markers
         ids = []
 
         def add(piece, mk=False):
@@ -583,9 +838,7 @@ class Projector:
         for i, part in enumerate(parts):
             add(part, marked)
             if i < len(images):
-                add(before)
-                ids.extend(images[i].token_ids(nv))
-                add(after)
+                self._layout(images[i], images[i].token_ids(nv), add, ids.append, tok)
         if add_special:     # what encode(add_special=True) puts before and after a text
             ids = list(tok._first) + ids + list(tok._last)
         return ids

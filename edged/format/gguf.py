@@ -240,12 +240,6 @@ class Key:
     EMBD_LENGTH_PER_LAYER_INP = "{arch}.embedding_length_per_layer_input"
     SHARED_KV_LAYERS = "{arch}.attention.shared_kv_layers"
     ACTIVATION_SPARSITY_SCALE = "{arch}.activation_sparsity_scale"
-    # Mamba-2 (granitehybrid)
-    SSM_CONV_KERNEL = "{arch}.ssm.conv_kernel"
-    SSM_INNER_SIZE = "{arch}.ssm.inner_size"
-    SSM_STATE_SIZE = "{arch}.ssm.state_size"
-    SSM_TIME_STEP_RANK = "{arch}.ssm.time_step_rank"
-    SSM_GROUP_COUNT = "{arch}.ssm.group_count"
 
     # mmproj files (general.architecture = "clip"; llama.cpp's tools/mtmd/clip-impl.h)
     CLIP_PROJECTOR_TYPE = "clip.projector_type"
@@ -265,6 +259,16 @@ class Key:
     CLIP_IMAGE_MEAN = "clip.vision.image_mean"
     CLIP_IMAGE_STD = "clip.vision.image_std"
     CLIP_SCALE_FACTOR = "clip.vision.projector.scale_factor"
+    CLIP_PREPROC_IMAGE_SIZE = "clip.vision.preproc_image_size"  # idefics3: the longest edge
+    CLIP_IMAGE_GRID_PINPOINTS = "clip.vision.image_grid_pinpoints"  # LLaVA-1.6 tiling
+    ROPE_DIMENSION_SECTIONS = "{arch}.rope.dimension_sections"
+    FULL_ATTENTION_INTERVAL = "{arch}.full_attention_interval"
+    ATTENTION_RECURRENT_LAYERS = "{arch}.attention.recurrent_layers"
+    SSM_CONV_KERNEL = "{arch}.ssm.conv_kernel"
+    SSM_INNER_SIZE = "{arch}.ssm.inner_size"
+    SSM_STATE_SIZE = "{arch}.ssm.state_size"
+    SSM_TIME_STEP_RANK = "{arch}.ssm.time_step_rank"
+    SSM_GROUP_COUNT = "{arch}.ssm.group_count"
 
     # tokenizer
     TOKENIZER_MODEL = "tokenizer.ggml.model"

@@ -405,6 +405,19 @@ MMPROJ_SHAPES = {
     # (tests/data/goldens' synthetic gemma3 text model's width)
     "gemma3-tiny": dict(projector="gemma3", n_embd=64, n_ff=96, n_layer=2, n_head=4,
                         image_size=112, patch_size=7, n_merge=4, n_embd_text=256),
+    "smolvlm": dict(projector="idefics3", n_embd=768, n_ff=3072, n_layer=12, n_head=12,
+                    image_size=512, patch_size=16, n_merge=4, n_embd_text=576,
+                    longest_edge=1536),                      # SmolVLM-256M-Instruct
+    # 8 x 8 patches per tile shuffled 2 x 2 into 16 tokens; up to 2 x 2 tiles and an overview
+    "llava-1.5": dict(projector="mlp", n_embd=1024, n_ff=4096, n_layer=23, n_head=16,
+                      image_size=336, patch_size=14, n_merge=1, n_embd_text=4096,
+                      n_mid=4096),                            # llava-v1.5-7b
+    # CLIP with a class token, 4 x 4 patches -> 16 tokens through a 2-layer MLP
+    "llava-tiny": dict(projector="mlp", n_embd=64, n_ff=96, n_layer=3, n_head=4,
+                       image_size=28, patch_size=7, n_merge=1, n_embd_text=256, n_mid=128),
+    "idefics3-tiny": dict(projector="idefics3", n_embd=64, n_ff=96, n_layer=2, n_head=4,
+                          image_size=32, patch_size=4, n_merge=2, n_embd_text=256,
+                          longest_edge=64),
 }
 
 
@@ -418,13 +431,14 @@ def synth_mmproj(shape, out, ftype="F16", seed=0):
         raise ConfigError(f"--type {ftype!r} for an mmproj: F32 or F16")
     s = MMPROJ_SHAPES[shape]
     E, F, L, p = s["n_embd"], s["n_ff"], s["n_layer"], s["patch_size"]
-    n_pos = (s["image_size"] // p) ** 2
+    n_pos = (s["image_size"] // p) ** 2 + (s["projector"] == "mlp")
     w = GGUFWriter()
     w.add(Key.ARCHITECTURE, "clip")
     w.add(Key.NAME, f"edged-synth-mmproj-{shape}-{ftype}")
     w.add(Key.CLIP_PROJECTOR_TYPE, s["projector"])
     w.add(Key.CLIP_HAS_VISION, True)
-    w.add(Key.CLIP_USE_GELU, True)
+    clip = s["projector"] == "mlp"        # CLIP ViT (quick GELU, class token, pre-norm)
+    w.add(Key.CLIP_USE_GELU, not clip)
     w.add(Key.CLIP_EMBEDDING_LENGTH, E)
     w.add(Key.CLIP_FEED_FORWARD_LENGTH, F)
     w.add(Key.CLIP_BLOCK_COUNT, L)
@@ -433,9 +447,14 @@ def synth_mmproj(shape, out, ftype="F16", seed=0):
     w.add(Key.CLIP_LAYERNORM_EPS, 1e-6)
     w.add(Key.CLIP_IMAGE_SIZE, s["image_size"])
     w.add(Key.CLIP_PATCH_SIZE, p)
-    w.add(Key.CLIP_IMAGE_MEAN, [0.5, 0.5, 0.5], ValueType.ARRAY, ValueType.FLOAT32)
-    w.add(Key.CLIP_IMAGE_STD, [0.5, 0.5, 0.5], ValueType.ARRAY, ValueType.FLOAT32)
-    w.add(Key.CLIP_SCALE_FACTOR, s["n_merge"])
+    mean, std = ([0.4815, 0.4578, 0.4082], [0.2686, 0.2613, 0.2758]) if clip else \
+        ([0.5] * 3, [0.5] * 3)
+    w.add(Key.CLIP_IMAGE_MEAN, mean, ValueType.ARRAY, ValueType.FLOAT32)
+    w.add(Key.CLIP_IMAGE_STD, std, ValueType.ARRAY, ValueType.FLOAT32)
+    if not clip:
+        w.add(Key.CLIP_SCALE_FACTOR, s["n_merge"])
+    if "longest_edge" in s:
+        w.add(Key.CLIP_PREPROC_IMAGE_SIZE, s["longest_edge"])
     rng = np.random.default_rng(seed)
     mtype = GGMLType.F16 if ftype == "F16" else GGMLType.F32
     data, n_params = {}, 0
@@ -450,6 +469,10 @@ def synth_mmproj(shape, out, ftype="F16", seed=0):
     tensor("v.patch_embd.weight", (p, p, 3, E), 1.0 / p, t=mtype)
     tensor("v.patch_embd.bias", (E,), 0.05)
     tensor("v.position_embd.weight", (E, n_pos), 0.3)   # ggml adds F32 only
+    if clip:
+        tensor("v.class_embd", (E,), 0.3)
+        tensor("v.pre_ln.weight", (E,), 0.1, 1.0)
+        tensor("v.pre_ln.bias", (E,), 0.05)
     for il in range(L):
         b = f"v.blk.{il}."
         for r in ("attn_q", "attn_k", "attn_v", "attn_out"):
@@ -462,9 +485,19 @@ def synth_mmproj(shape, out, ftype="F16", seed=0):
         tensor(b + "ffn_up.bias", (F,), 0.05)
         tensor(b + "ffn_down.weight", (F, E), 1.0 / np.sqrt(F), t=mtype)
         tensor(b + "ffn_down.bias", (E,), 0.05)
-    tensor("v.post_ln.weight", (E,), 0.1, 1.0)
-    tensor("v.post_ln.bias", (E,), 0.05)
-    tensor("mm.soft_emb_norm.weight", (E,), 0.1, 1.0)
-    tensor("mm.input_projection.weight", (s["n_embd_text"], E), 1.0 / np.sqrt(E), t=mtype)
+    if not clip:
+        tensor("v.post_ln.weight", (E,), 0.1, 1.0)
+        tensor("v.post_ln.bias", (E,), 0.05)
+    if clip:
+        tensor("mm.0.weight", (E, s["n_mid"]), 1.0 / np.sqrt(E), t=mtype)
+        tensor("mm.0.bias", (s["n_mid"],), 0.05)
+        tensor("mm.2.weight", (s["n_mid"], s["n_embd_text"]), 1.0 / np.sqrt(s["n_mid"]), t=mtype)
+        tensor("mm.2.bias", (s["n_embd_text"],), 0.05)
+    elif s["projector"] == "idefics3":
+        k = E * s["n_merge"] ** 2
+        tensor("mm.model.fc.weight", (k, s["n_embd_text"]), 1.0 / np.sqrt(k), t=mtype)
+    else:
+        tensor("mm.soft_emb_norm.weight", (E,), 0.1, 1.0)
+        tensor("mm.input_projection.weight", (s["n_embd_text"], E), 1.0 / np.sqrt(E), t=mtype)
     _write(w, data, out)
     return n_params

@@ -17,7 +17,7 @@ import json
 import secrets
 
 from ..text.sampling import SamplingParams
-from . import anthropic_schema as schema, openai
+from . import anthropic_schema as schema, images, openai
 from .prepare import prepare
 from .request import ConstraintSpec, GenerateRequest, Output, ToolUse
 from .wire import Reply, error_for, errors_as, json_body
@@ -70,10 +70,12 @@ def _joined(content):
 
 
 def _messages(r):
-    """The chat turns (OpenAI-shaped, as templates see them) of a validated body."""
+    """(The chat turns (OpenAI-shaped, as templates see them) of a validated body, the
+    ImageRefs of its image blocks: each an image marker in its turn's text)."""
     out = [{"role": "system", "content": _joined(r.system)}] if r.system else []
+    refs = []
     names = {}                  # tool_use id -> tool name, for the tool turns that answer it
-    for m in r.messages:
+    for i, m in enumerate(r.messages):
         if isinstance(m.content, str):
             out.append({"role": m.role, "content": m.content})
         elif m.role == "assistant":
@@ -90,9 +92,13 @@ def _messages(r):
             out.append(msg)
         else:                   # user (or system) blocks in order: text runs and tool results
             texts = []
-            for b in m.content + [None]:
+            for j, b in enumerate(m.content + [None]):
                 if isinstance(b, schema.TextBlock):
                     texts.append(b.text)
+                    continue
+                if isinstance(b, schema.ImageBlock):
+                    refs.append(images.base64_ref(b.source.data, f"messages[{i}].content[{j}].source.data"))
+                    texts.append(images.MARKER)
                     continue
                 if texts:
                     out.append({"role": m.role, "content": JOIN.join(texts)})
@@ -102,7 +108,7 @@ def _messages(r):
                     if b.tool_use_id in names:
                         msg["name"] = names[b.tool_use_id]
                     out.append(msg)
-    return tuple(out)
+    return tuple(out), tuple(refs)
 
 
 def _tools(r):
@@ -125,7 +131,8 @@ def parse(body, count=False):
     # Whatever the model thinks comes back as thinking blocks.
     kwargs = {"enable_thinking": t.type == "enabled"} if t is not None and t.type in ("enabled", "disabled") else {}
     fmt = r.output_config.format if r.output_config else None
-    common = dict(model=r.model, messages=_messages(r), tools=_tools(r), template_kwargs=kwargs,
+    messages, refs = _messages(r)
+    common = dict(model=r.model, messages=messages, images=refs, tools=_tools(r), template_kwargs=kwargs,
                   constraint=None if fmt is None else ConstraintSpec("json_schema", fmt.schema_,
                                                                      "output_config.format.schema"))
     if count:

@@ -5,8 +5,8 @@ that names it ("'messages[0].content[1].type' ...").
 Fields that Anthropic's clients send but that change nothing here (prompt-cache marks,
 metadata, service tier, citations, a tool call's caller, ...) are accepted and ignored
 (IGNORED and the `Ignored` fields of each block, listed in docs/api.md); any other unknown
-field is refused. Blocks that need what edged does not have (images, documents, Anthropic's
-server tools) are refused with a 400 that names them.
+field is refused. Blocks that need what edged does not have (documents, images in tool results
+or from a URL, Anthropic's server tools) are refused with a 400 that names them.
 """
 from typing import Annotated, Any, Literal, Union
 
@@ -42,8 +42,19 @@ class _Refused(BaseModel):
     model_config = ConfigDict(extra="allow")
 
 
-class ImageBlock(_Refused):
+class ImageSource(_Strict):
+    """base64 is read (service/images.py); url and file are refused by _check (no fetch here)."""
+    type: Literal["base64", "url", "file"]
+    media_type: str | None = None       # accepted; the decoder reads the format from the bytes
+    data: str | None = None
+    url: str | None = None
+    file_id: str | None = None
+
+
+class ImageBlock(_Strict):
     type: Literal["image"]
+    source: ImageSource
+    cache_control: Ignored = None
 
 
 class DocumentBlock(_Refused):
@@ -233,9 +244,13 @@ def _check(r):
             parts = b.content if isinstance(b, ToolResultBlock) and isinstance(b.content, list) else [b]
             for k, p in enumerate(parts):
                 at = where if p is b else f"{where}.content[{k}]"
-                if isinstance(p, (ImageBlock, DocumentBlock)):
-                    raise RequestError(f"'{at}': {p.type} blocks are not supported: no model here takes "
-                                       f"{p.type}s (send text)", param=at)
+                if isinstance(p, ImageBlock) and p is b and m.role == "user":
+                    if p.source.type != "base64" or p.source.data is None:
+                        raise RequestError(f"'{at}.source': only base64 image sources are read (edged "
+                                           "fetches no URL and keeps no files)", param=f"{at}.source")
+                elif isinstance(p, (ImageBlock, DocumentBlock)):
+                    raise RequestError(f"'{at}': {p.type} blocks are not supported here: images go in "
+                                       "user messages, documents nowhere (send text)", param=at)
             if isinstance(b, (ToolUseBlock, ThinkingBlock, RedactedThinkingBlock)) and m.role != "assistant":
                 raise RequestError(f"'{where}': a {b.type} block belongs in an assistant message", param=where)
             if isinstance(b, ToolResultBlock) and m.role != "user":

@@ -314,7 +314,8 @@ class Api:
                         raise RequestError(f"prompt of {len(ids)} tokens exceeds the limit of "
                                            f"{limit} (max_prompt_tokens / ctx_size / num_ctx)")
                 bad = [t for t in [k for k, _ in request.sampling.logit_bias] +
-                       [t for ids in prep.prompts for t in ids] if not 0 <= t < lm.n_vocab]
+                       [t for ids in prep.prompts for t in ids]
+                       if not 0 <= t < lm.n_vocab and t not in prep.image_ids]
                 if bad:
                     raise RequestError(f"token id {bad[0]} out of range (vocabulary of {lm.n_vocab})")
                 room = n_ctx - max(len(ids) for ids in prep.prompts)

@@ -24,6 +24,7 @@ from ..engine.kvcache import CACHE_TYPES
 from ..engine.speculative import DRAFT_MAX, DRAFT_MAX_LIMIT, MODES as SPECULATIVE_MODES
 from ..errors import ConfigError, RequestError
 from ..trust.store import DEFAULT_REVOKED_FILE
+from .images import MAX_BYTES as IMAGE_MAX_BYTES, MAX_PIXELS as IMAGE_MAX_PIXELS
 from .names import check_model_name
 from .scheduler import DECODE_LATENCY_BUDGET, PREFILL_CHUNK, PROMPT_SLOWDOWN
 
@@ -36,7 +37,8 @@ class KeySpec:
     default: object
     kind: str          # "str", "path", "int", "float", "bool", "mode", "size", "ids", "listen", "enum", "acl",
                        # "models" (model names or "*"), "speculative" (model -> mode), "drafts"
-                       # (model -> model), "draft_max"
+                       # (model -> model), "draft_max", "paths" (absolute paths), "mmproj"
+                       # (model -> file name in models_dir)
     doc: str
     choices: tuple = ()
     minimum: float | None = None
@@ -134,6 +136,19 @@ KEYS = [
             "Models (names, or \"*\" for all) whose fill-in-the-middle prompts (/infill, a "
             "completion with a suffix) put the suffix before the prefix, suffix-prefix-middle, "
             "as llama-server's --spm-infill; by default prefix-suffix-middle."),
+    KeySpec("mmproj", {}, "mmproj",
+            "Per model, its image projector (llama.cpp's mmproj GGUF, a file name in models_dir, "
+            "signed like a model): {NAME = \"mmproj-NAME.gguf\"}. Without an entry, "
+            "mmproj-NAME.gguf beside NAME.gguf is used when it exists."),
+    KeySpec("image_dirs", [], "paths",
+            "Directories whose images a request may name as file:// URLs (symbolic links resolved "
+            "first); [] refuses file URLs. Images otherwise come inline (data: URLs, base64); edged "
+            "never fetches a URL."),
+    KeySpec("image_max_bytes", IMAGE_MAX_BYTES, "size",
+            "Largest encoded image in a request (max_body_bytes bounds the whole body).", minimum=1),
+    KeySpec("image_max_pixels", IMAGE_MAX_PIXELS, "int",
+            "Most pixels (width x height, read from the header before decoding) of a request's image.",
+            minimum=1),
     KeySpec("mlock", False, "bool", "Lock model weights in memory (needs CAP_IPC_LOCK or a large LimitMEMLOCK)."),
     KeySpec("warmup", True, "bool", "Run one token through a freshly loaded model before serving it."),
     KeySpec("content_special_tokens", [], "models",
@@ -283,6 +298,12 @@ def _principal(value):
     return value
 
 
+def _file_name(value):
+    if not value.endswith(".gguf") or "/" in value or value.startswith("."):
+        raise ValueError(f"expected a .gguf file name in models_dir, got {value!r}")
+    return value
+
+
 def _model_list(value):
     _model_names([n for n in value if n != "*"])
     return value
@@ -312,6 +333,9 @@ _KINDS = {
     "draft_max": lambda k: Annotated[StrictInt, Field(ge=k.minimum, le=DRAFT_MAX_LIMIT)],
     "speculative": lambda k: Annotated[dict[StrictStr, Literal[SPECULATIVE_MODES]], AfterValidator(_model_list)],
     "drafts": lambda k: Annotated[dict[StrictStr, Annotated[StrictStr, AfterValidator(lambda v: _model_names([v])[0])]],
+                                  AfterValidator(_model_names)],
+    "paths": lambda k: list[Annotated[StrictStr, AfterValidator(_abs_path)]],
+    "mmproj": lambda k: Annotated[dict[StrictStr, Annotated[StrictStr, AfterValidator(_file_name)]],
                                   AfterValidator(_model_names)],
     "acl": lambda k: Annotated[dict[StrictStr, list[Annotated[StrictStr, AfterValidator(_principal)]]],
                                AfterValidator(_model_names)],

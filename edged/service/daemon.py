@@ -139,6 +139,7 @@ class Daemon:
         # list created for a key rotation is read on the next SIGHUP.
         reread = [sandbox.reloadable(p) for p in (cfg.revoked_keys, self.config_path) if p]
         read_only = [cfg.models_dir, cfg.trusted_keys] + [p for p in reread if os.path.exists(p)]
+        read_only += [d for d in cfg.image_dirs if os.path.isdir(d)]      # file:// images
         sock_dir = os.path.dirname(cfg.socket) if self.how == "bound" else None
         others = sandbox.other_threads()
         if others and cfg.sandbox == "enforce" and sandbox.landlock_abi() < 8:

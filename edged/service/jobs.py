@@ -196,7 +196,8 @@ class Generation:
         job.session = session           # the decode loop batches it with the other streams
         gen = self.lm.steps(session, self.prep.prompts[choice.prompt], info,
                             max_tokens=self.max_tokens, stop=self.request.output.stop,
-                            sampler=choice.sampler, speculative=self.request.speculative)
+                            sampler=choice.sampler, speculative=self.request.speculative,
+                            images=self.prep.images)
         return Steps(gen, choice.sampler)
 
     async def start(self, req):
@@ -249,7 +250,7 @@ class Generation:
         def make_gen():
             s = lm.take_session(ids)
             box.append(s)
-            gens.append(lm.steps(s, ids, info, max_tokens=0))
+            gens.append(lm.steps(s, ids, info, max_tokens=0, images=self.prep.images))
             return gens[0]
 
         def finish():           # decode thread: the job let go of box[0]

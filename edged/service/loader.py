@@ -15,8 +15,11 @@ from ..engine.speculative import Speculation, check_vocab
 from ..errors import ConfigError, EdgedError, RequestError
 from ..text.chat import template_for
 from ..trust import verify
-from . import prompt_store
+from . import images, prompt_store
 from .scheduler import Busy
+
+
+KEEP_EMBEDDINGS = 4     # image embeddings a model keeps for follow-up turns (gemma3: 2.6 MB each)
 
 
 class LoadedModel:
@@ -32,6 +35,9 @@ class LoadedModel:
         self.content_specials = content_specials
         self.spm_infill = spm_infill    # config spm_infill lists it: FIM prompts suffix first
         self.signer = signer            # fingerprint of the key that signed it, None if unsigned
+        self.projector = None           # engine.vision.Projector: its mmproj (config mmproj), None: no images
+        self.image_limits = images.Limits()     # config image_max_bytes, image_max_pixels, image_dirs
+        self._embeddings = {}           # sha256 of an image's bytes -> its ImageEmbedding (recent few)
         self.size = size                # bytes it needs: the engine's memory plan (weights, KV, scratch)
         self.max_sessions = max_sessions    # the sessions (KV cache + scratch) `size` counts
         self.timings = dict(timings)    # phase -> seconds
@@ -89,6 +95,39 @@ class LoadedModel:
 
     def encode_text(self, text, add_special=True, parse_special=False):
         return list(self.tokenizer.encode(text, add_special=add_special, parse_special=parse_special))
+
+    # --- images -------------------------------------------------------------------------
+    def image_embeddings(self, refs):
+        """The ImageEmbedding of each images.ImageRef: read within image_limits, decoded in the
+        render worker's child, encoded by the projector. The same bytes again (a follow-up turn
+        about the same picture) reuse the embedding, and with it the same prompt ids, so the
+        KV prefix that holds the image is reused too."""
+        if refs and self.projector is None:
+            raise RequestError(f"'{refs[0].where}': model {self.name!r} takes no images: no mmproj is paired with it "
+                               f"(config mmproj, or mmproj-{self.name}.gguf beside it in models_dir)",
+                               param=refs[0].where)
+        out = []
+        for ref in refs:
+            data = ref.read(self.image_limits)
+            key = data.sha256
+            emb = self._embeddings.get(key)
+            if emb is None:
+                emb = self.projector.encode(images.decode(data, self.image_limits.max_pixels).rgb)
+                with self._lock:
+                    self._embeddings[key] = emb
+                    while len(self._embeddings) > KEEP_EMBEDDINGS:
+                        del self._embeddings[next(iter(self._embeddings))]
+            out.append(emb)
+        return out
+
+    def encode_chat_images(self, messages, embeddings, **template_vars):
+        """encode_chat() of messages whose text holds images.MARKER once per image: each marker
+        becomes its embedding's ids (the projector's prompt_ids)."""
+        text = self.model.chat_prompt(messages, template_file=self.template_file, **template_vars)
+        ids = self.projector.prompt_ids(self.model, text, embeddings)
+        if len(ids) >= 2 and self.tokenizer.bos_id is not None and ids[0] == ids[1] == self.tokenizer.bos_id:
+            del ids[0]      # the template wrote {{ bos_token }} and the tokenizer added one too
+        return ids
 
     # --- sessions -----------------------------------------------------------------------
     # A model holds at most max_sessions sessions, idle (the prompt cache) or in use, as its
@@ -151,13 +190,15 @@ class LoadedModel:
                     self._open -= k - len(forks)
         return forks
 
-    def steps(self, session, ids, info, max_tokens, stop=(), sampler=None, speculative=True):
+    def steps(self, session, ids, info, max_tokens, stop=(), sampler=None, speculative=True, images=()):
         """The request as steps for the decode loop: the engine Generation on `session` (its
         prompt, then one token per step, or several with the model's speculation unless the
         request opted out; service/scheduler.py drives it). The prompt prefix
         already in the session's KV cache is not evaluated again: info["cached"] gets its
         length, info["evaluated"] the prompt tokens to evaluate."""
         spec = self.speculation if speculative and max_tokens != 0 else None
+        for emb in images:              # the rows its prompt's image ids stand for
+            session.add_image(emb)
         g = session.start(ids, max_tokens=max_tokens, stop=stop, sampler=sampler, speculative=spec)
         info["cached"] = g.n_cached
         info["evaluated"] = g.n_pending
@@ -187,6 +228,8 @@ class LoadedModel:
         draft = self.speculation.draft_model if self.speculation else None
         if draft is not None:
             draft.close()
+        if self.projector is not None:
+            self.projector.close()
 
 
 class Loader:
@@ -216,7 +259,12 @@ class Loader:
             elif mode == "draft" and model.encoder is None:
                 speculation = self._draft(name, model, size)
                 size += self._size(speculation.draft_model)
+            projector = self._projector(name, path, model)
+            if projector is not None:
+                size += projector.memory_bytes
         except BaseException:
+            if speculation is not None and speculation.draft_model is not None:
+                speculation.draft_model.close()
             model.close()
             raise
         t2 = time.monotonic()
@@ -224,6 +272,7 @@ class Loader:
                          cfg.ctx_size, max_sessions=cfg.n_parallel,
                          content_specials=bool({name, "*"} & set(cfg.content_special_tokens)),
                          speculation=speculation, spm_infill=bool({name, "*"} & set(cfg.spm_infill)))
+        lm.projector, lm.image_limits = projector, images.Limits.of(cfg)
         if model.encoder is None and self.store is not None:
             lm.store = self.store
             statefile.model_digest(model)   # here, not on the decode thread (unsigned: hashed)
@@ -246,6 +295,34 @@ class Loader:
                            verified=vf, max_memory=max_memory, n_ctx_plan=cfg.ctx_size,
                            cache_type_k=cfg.cache_type_k, cache_type_v=cfg.cache_type_v)
         return model, t1 - t0
+
+    def mmproj_path(self, name, path):
+        """The mmproj file paired with model `name` (at `path`): config mmproj, else
+        mmproj-NAME.gguf beside it when that exists, else None."""
+        given = self.cfg.mmproj.get(name)
+        return os.path.join(self.cfg.models_dir, given) if given else images.mmproj_beside(path)
+
+    def _projector(self, name, path, model):
+        """The Projector of model `name`'s mmproj, verified like a model (same trust store),
+        checked against the model; None without one."""
+        mmproj = self.mmproj_path(name, path)
+        if mmproj is None:
+            return None
+        try:
+            vf = verify.open_verified(mmproj, self.trust, self.cfg.require_signature)
+        except FileNotFoundError:
+            raise ConfigError(f"model {name!r}: its mmproj {mmproj} does not exist") from None
+        except OSError as e:
+            raise EdgedError(f"model {name!r}: its mmproj {mmproj} cannot be opened: {e.strerror}") from None
+        from ..engine.vision import Projector
+        proj = Projector.load(mmproj, n_threads=self.cfg.threads or None, verified=vf,
+                              max_memory=self.cfg.memory_budget or None)
+        try:
+            proj.check_model(model)
+        except BaseException:
+            proj.close()
+            raise
+        return proj
 
     def _size(self, model):
         """Bytes a model needs: its weights once, a session (KV cache and scratch) per slot."""

@@ -22,14 +22,15 @@ def model_path(models_dir, name):
 
 
 def list_models(models_dir):
-    """Names of the *.gguf files in models_dir (sorted); missing directory -> []."""
+    """Names of the *.gguf files in models_dir (sorted), but mmproj-*.gguf (a model's image
+    projector, llama.cpp's naming); missing directory -> []."""
     try:
         entries = os.listdir(models_dir)
     except FileNotFoundError:
         return []
     out = []
     for e in entries:
-        if e.endswith(".gguf") and not e.startswith("."):
+        if e.endswith(".gguf") and not e.startswith((".", "mmproj-")):
             name = e[:-5]
             if _NAME.fullmatch(name) and ".." not in name:
                 out.append(name)

@@ -26,7 +26,7 @@ from ..format.gguf import FileType, Key
 from ..text import harmony, reasoning
 from ..text.infill import Infill
 from ..text.sampling import SamplingParams
-from . import ollama_schema as schema
+from . import images, ollama_schema as schema
 from .log import log
 from .names import model_path
 from .openai import _tool, chat_logprobs
@@ -146,10 +146,15 @@ def _logprobs(r):
     return r.top_logprobs if r.logprobs else None
 
 
-def _message(m, i, model):
-    if m.images:
-        schema.no_images(model, f"messages[{i}].images")
-    out = {"role": m.role, "content": m.content}
+def _images(given, where, refs):
+    """Ollama's `images` (base64) as ImageRefs appended to refs; the markers that stand for them
+    before the text, as Ollama puts them."""
+    refs.extend(images.base64_ref(b, f"{where}[{j}]") for j, b in enumerate(given or ()))
+    return images.MARKER * len(given or ())
+
+
+def _message(m, i, refs):
+    out = {"role": m.role, "content": _images(m.images, f"messages[{i}].images", refs) + m.content}
     if m.thinking:
         out["reasoning_content"] = m.thinking
     if m.tool_name:
@@ -170,11 +175,13 @@ def parse_chat(body):
     sampling, out = _options(r.options, "/api/chat")
     kwargs, split = _think(r.think)
     tools = tuple(_tool(t) for t in r.tools or ())
+    refs = []
     request = GenerateRequest(
         model=r.model, sampling=sampling, constraint=_constraint(r.format),
         output=Output(**out, reasoning=split, stream=r.stream, logprobs=_logprobs(r)),
         tools=ToolUse(tools, "auto" if tools else "none"),
-        messages=tuple(_message(m, i, r.model) for i, m in enumerate(r.messages)), template_kwargs=kwargs)
+        messages=tuple(_message(m, i, refs) for i, m in enumerate(r.messages)), template_kwargs=kwargs,
+        images=tuple(refs))
     return request, schema.keep_alive(r.keep_alive), not r.messages
 
 
@@ -187,6 +194,8 @@ def parse_generate(body):
     kwargs, split = _think(r.think)
     common = dict(model=r.model, sampling=sampling, constraint=_constraint(r.format))
     out["logprobs"] = _logprobs(r)
+    if r.images and (r.suffix or r.raw):
+        raise RequestError("'images' go through the chat template: not with 'raw' or 'suffix'", param="images")
     if r.suffix:    # fill-in-the-middle with the file's FIM tokens, as Ollama's code models
         request = GenerateRequest(**common, output=Output(**out, reasoning=False, stream=r.stream),
                                   prompts=(r.prompt,), infill=Infill(prefix=r.prompt, suffix=r.suffix))
@@ -194,10 +203,11 @@ def parse_generate(body):
         request = GenerateRequest(**common, output=Output(**out, reasoning=False, stream=r.stream),
                                   prompts=(r.prompt,))
     else:
+        refs = []
         messages = ([{"role": "system", "content": r.system}] if r.system else []) + \
-            [{"role": "user", "content": r.prompt}]
+            [{"role": "user", "content": _images(r.images, "images", refs) + r.prompt}]
         request = GenerateRequest(**common, output=Output(**out, reasoning=split, stream=r.stream),
-                                  messages=tuple(messages), template_kwargs=kwargs)
+                                  messages=tuple(messages), template_kwargs=kwargs, images=tuple(refs))
     return request, schema.keep_alive(r.keep_alive), not r.prompt
 
 

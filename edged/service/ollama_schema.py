@@ -1,7 +1,7 @@
 """Request bodies of Ollama's routes, validated by pydantic (v2) models: a field of the wrong
 type or unknown gets a RequestError that names it. `options` takes any key, as Ollama does:
 the ones edged maps become sampling and output parameters (service/ollama.py), the others are
-ignored with a log line. Fields that need what edged does not have (images, a Go `template`,
+ignored with a log line. Fields that need what edged does not have (a Go `template`,
 a `context` of token ids) are refused with a 400 that names them.
 """
 import re
@@ -137,20 +137,12 @@ def validate(cls, body):
     for field, instead in UNSUPPORTED.items():
         if getattr(r, field, None):
             raise RequestError(f"'{field}' is not supported: {instead}", param=field)
-    if getattr(r, "images", None):
-        no_images(r.model, "images")
     if not 0 <= getattr(r, "top_logprobs", 0) <= MAX_TOP_LOGPROBS:
         raise RequestError(f"'top_logprobs' must be between 0 and {MAX_TOP_LOGPROBS}", param="top_logprobs")
     for field in ("model", "name"):
         if getattr(r, field, None) is not None:
             check_model_name(getattr(r, field))
     return r
-
-
-def no_images(model, where):
-    """Images need a vision model, and edged runs none yet: a 400 naming the field."""
-    raise RequestError(f"'{where}': model {model!r} has no image support (edged runs no vision "
-                       "models yet); send text only", param=where)
 
 
 _DURATION = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)")

@@ -17,7 +17,7 @@ import numpy as np
 from ..errors import RequestError
 from ..text.infill import Infill
 from ..text.sampling import SamplingParams
-from . import openai_schema as schema
+from . import images, openai_schema as schema
 from .log import log
 from .request import MAX_N, ConstraintSpec, GenerateRequest, Output, ToolUse
 from .wire import Reply, StreamReply, error_for, serialised, sse
@@ -64,6 +64,7 @@ def parse(body, chat):
         choice = tc.function.name if isinstance(tc, schema.NamedToolChoice) else \
             tc.name if isinstance(tc, schema.NamedFunction) else tc or ("auto" if tools else "none")
         kwargs = dict(r.chat_template_kwargs or {})
+        refs = []                       # the images of the messages, in order
         if r.reasoning_effort is not None:
             kwargs.setdefault("reasoning_effort", r.reasoning_effort)
         output = Output(max_tokens=max_tokens, n=r.n, stop=stop,
@@ -72,8 +73,8 @@ def parse(body, chat):
                         include_usage=include_usage)
         return GenerateRequest(**common, output=output,
                                tools=ToolUse(tools, choice, r.parallel_tool_calls and not legacy, legacy),
-                               messages=tuple(_message(m) for m in r.messages),
-                               template_kwargs=kwargs)
+                               messages=tuple(_message(m, i, refs) for i, m in enumerate(r.messages)),
+                               template_kwargs=kwargs, images=tuple(refs))
     prompts = r.prompt
     if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
         prompts = [prompts]
@@ -160,12 +161,13 @@ def _constraint(r):
     return None
 
 
-def _message(m):
-    """A validated message as the chat template gets it: text and refusal parts joined, a
-    legacy `function` message as a tool message, a legacy `function_call` as a tool call."""
+def _message(m, i, refs):
+    """A validated message (the i-th) as the chat template gets it: text and refusal parts
+    joined, each image part as the image marker (its ImageRef appended to `refs`), a legacy
+    `function` message as a tool message, a legacy `function_call` as a tool call."""
     content = m.content
     if isinstance(content, list):
-        content = "".join(p.text if isinstance(p, schema.TextPart) else p.refusal for p in content)
+        content = "".join(_part(p, f"messages[{i}].content[{j}]", refs) for j, p in enumerate(content))
     role = {"developer": "system", "function": "tool"}.get(m.role, m.role)
     out = {"role": role, "content": "" if content is None else content}
     for key in ("name", "tool_call_id", "reasoning_content"):
@@ -176,6 +178,13 @@ def _message(m):
     elif m.function_call is not None:
         out["tool_calls"] = [{"type": "function", "function": m.function_call.model_dump()}]
     return out
+
+
+def _part(p, where, refs):
+    if isinstance(p, schema.ImagePart):
+        refs.append(images.url_ref(p.image_url.url, where + ".image_url.url"))
+        return images.MARKER
+    return p.text if isinstance(p, schema.TextPart) else p.refusal
 
 
 # --- generation events -> OpenAI replies ---------------------------------------------------

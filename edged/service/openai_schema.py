@@ -63,7 +63,7 @@ COMPLETION_REFUSED = {
     "echo": "the prompt is not echoed: prepend it to the text yourself",
 }
 # A content part of these types asks for what no model here takes.
-PART_REFUSED = {"image_url": "no model here takes images", "input_audio": "no model here takes audio",
+PART_REFUSED = {"input_audio": "no model here takes audio",
                 "file": "no model here takes files: send their text as a text part"}
 
 
@@ -88,7 +88,18 @@ class RefusalPart(_Strict):
     refusal: str
 
 
-Part = Annotated[Union[TextPart, RefusalPart], Field(discriminator="type")]
+class ImageUrl(_Strict):
+    url: str
+    detail: Literal["auto", "low", "high"] | None = None     # accepted; the projector sets the size
+
+
+class ImagePart(_Strict):
+    """An image (service/images.py: a data: URL, or file:// under image_dirs)."""
+    type: Literal["image_url"]
+    image_url: ImageUrl
+
+
+Part = Annotated[Union[TextPart, RefusalPart, ImagePart], Field(discriminator="type")]
 
 
 class FunctionCall(_Strict):
@@ -242,11 +253,16 @@ CONSTRAINTS = ("response_format", "grammar", "json_schema", "guided_json", "guid
 
 # --- errors -------------------------------------------------------------------------------
 
+PART_TAGS = frozenset({"text", "refusal", "image_url"})     # the `type` of each content part
+
+
 def _where(loc):
     out = ""
-    for part in loc:
+    for i, part in enumerate(loc):
         if isinstance(part, int):
             out += f"[{part}]"
+        elif part in PART_TAGS and i and isinstance(loc[i - 1], int):
+            continue                               # the tagged union's member (its `type`)
         elif part in ("str", "list[TextPart]", "list[str]", "list[int]", "list[list[int]]",
                       "function-after", "constrained-str", "int", "float", "dict[str,any]",
                       "literal['none','auto','required']", "NamedToolChoice", "JsonSchemaSpec",

@@ -20,6 +20,8 @@ class Prepared:
     think_inside: bool = False      # the prompt opened the think block
     harmony: bool = False           # gpt-oss's channels: analysis / final / calls (text/harmony.py)
     constraint: object = None       # grammar.Constraint in its start state (each choice a copy)
+    images: list = dataclasses.field(default_factory=list)  # ImageEmbedding of each image in the prompt
+    image_ids: frozenset = frozenset()      # their pseudo ids in prompts (>= n_vocab, engine/vision.py)
 
 
 RESERVED_TEMPLATE_VARS = {"messages", "tools", "add_generation_prompt", "bos_token", "eos_token",
@@ -32,6 +34,8 @@ def prepare(lm, request):
     tok = lm.tokenizer
     prep = Prepared([])
     spec = request.constraint
+    prep.images = lm.image_embeddings(request.images)      # 400 when the model takes none
+    prep.image_ids = frozenset(t for e in prep.images for t in e.token_ids(lm.model.hp.n_vocab))
     if request.chat:
         template = lm.template_source()
         messages = tools.messages_for_template(list(request.messages))
@@ -68,7 +72,8 @@ def prepare(lm, request):
                 spec = ConstraintSpec("lark", tools.call_grammar(
                     prep.family, use, parallel=request.tools.parallel, args_style=args_style,
                     token=special_token(tok)), "tools", trigger)
-        ids = lm.encode_chat(messages, **kwargs)
+        ids = lm.encode_chat_images(messages, prep.images, **kwargs) if prep.images else \
+            lm.encode_chat(messages, **kwargs)
         prep.prompts.append(ids)
         prep.think = request.output.reasoning and (prep.harmony or reasoning.OPEN in template)
         if prep.think and not prep.harmony:

@@ -28,6 +28,7 @@ is bounded here, by the operating system:
   never render in the daemon's own process: without a worker (the zygote gone too) chat
   requests answer 503 saying so.
 """
+import base64
 import json
 import os
 import resource
@@ -40,7 +41,7 @@ import time
 
 from ..errors import NotReady, RequestError, TemplateError, TemplateRaised
 from ..text import chat
-from . import sandbox
+from . import images, sandbox
 from .log import log
 
 RENDER_MEMORY = 256 << 20       # address space a render may add to the worker's, bytes
@@ -105,6 +106,7 @@ class RenderWorker:
         self._lock = threading.Lock()
 
     def start(self):
+        images.preload()                # the children cannot import Pillow's plugins later
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         pid = os.fork()
         if pid == 0:                                         # the zygote
@@ -120,6 +122,7 @@ class RenderWorker:
         parent.set_inheritable(False)
         self.ctl, self.zygote = parent, pid
         chat.use_renderer(self.render)
+        images.use_decoder(self.decode_image)
         try:
             self._spawn()
         except NotReady:                # logged; chat requests say so, the rest is served
@@ -176,14 +179,37 @@ class RenderWorker:
             raise RequestError("the conversation is nested too deeply to render") from None
         except (TypeError, ValueError) as e:                 # not JSON-serialisable
             raise TemplateError(f"chat template request cannot go to the render worker: {e}") from None
-        header = _encode({"op": op, "max_seconds": max_seconds, "max_chars": max_chars})
+        reply = self._call({"op": op, "max_seconds": max_seconds, "max_chars": max_chars}, payload,
+                           8 * max_chars + 65536)
+        if isinstance(reply.get("text"), str):
+            return reply["text"]
+        error = TemplateRaised if reply.get("raised") is True else \
+            RequestError if reply.get("request") is True else TemplateError
+        raise error(str(reply.get("error")))
+
+    def decode_image(self, data, max_pixels):
+        """(height, width, RGB bytes) of encoded image `data` (images.decode_here), decoded in
+        a fresh bounded child; RequestError when it is not an image it may decode."""
+        max_bytes = (max_pixels * 3 + 2) // 3 * 4 + 4096            # the RGB, base64, in JSON
+        reply = self._call({"op": "image", "max_seconds": images.DECODE_SECONDS, "max_bytes": max_bytes},
+                           _encode({"op": "image", "data": base64.b64encode(data).decode(),
+                                    "max_pixels": max_pixels}), max_bytes + 65536)
+        shape = reply.get("shape")
+        if isinstance(reply.get("text"), str) and isinstance(shape, list) and len(shape) == 2:
+            return int(shape[0]), int(shape[1]), base64.b64decode(reply["text"])
+        raise RequestError(str(reply.get("error") or "the image decoder sent a malformed reply"))
+
+    def _call(self, header, payload, max_reply):
+        """One request to the worker: its reply (a dict), from a fresh bounded child."""
+        header = _encode(header)
+        max_seconds = json.loads(header)["max_seconds"]
         with self._lock:
             for attempt in (1, 2):
                 sock = self._worker()
                 try:
                     sock.settimeout(max_seconds + 30)
                     _send(sock, header, payload)
-                    reply = _decode(_recv(sock, 8 * max_chars + 65536))
+                    reply = _decode(_recv(sock, max_reply))
                     break
                 except (EOFError, ConnectionError) as e:
                     # closed before it answered: killed from outside, maybe just before this
@@ -200,11 +226,7 @@ class RenderWorker:
                                    "(a new one serves the next)") from None
         if not isinstance(reply, dict):
             raise TemplateError("the chat-template render worker sent a malformed reply")
-        if isinstance(reply.get("text"), str):
-            return reply["text"]
-        error = TemplateRaised if reply.get("raised") is True else \
-            RequestError if reply.get("request") is True else TemplateError
-        raise error(str(reply.get("error")))
+        return reply
 
     def _drop(self):
         """Forget the current worker (the zygote kills it, if alive, when it starts the next)."""
@@ -220,6 +242,7 @@ class RenderWorker:
                 self.ctl.close()
                 self.ctl = None
             chat.use_renderer(None)
+            images.use_decoder(None)
         if self.zygote is not None:
             deadline = time.monotonic() + 2.0
             while time.monotonic() < deadline:
@@ -329,7 +352,8 @@ class _Worker:
     def _one(self, req, payload):
         max_seconds = float(req.get("max_seconds", chat.MAX_SECONDS))
         max_chars = int(req.get("max_chars", chat.MAX_OUTPUT_CHARS))
-        max_bytes = 8 * max_chars + 4096
+        max_bytes = int(req.get("max_bytes", 8 * max_chars + 4096))
+        what = "image decoding" if req.get("op") == "image" else "chat template"
         limit = self._limit(payload)
         r, w = os.pipe()
         pid = os.fork()
@@ -361,21 +385,20 @@ class _Worker:
                 os.kill(pid, signal.SIGKILL)
             _, status = os.waitpid(pid, 0)
         if killed == "time":
-            return {"error": f"chat template took longer than {max_seconds:g} s to render "
-                             "(render process killed)"}
+            return {"error": f"{what} took longer than {max_seconds:g} s (render process killed)"}
         if killed == "size":
-            return {"error": f"chat template output exceeds {max_chars} characters"}
+            return {"error": f"{what} output exceeds {max_bytes} bytes"}
         if not os.WIFEXITED(status) or os.WEXITSTATUS(status) != 0:
             how = (f"killed by {signal.Signals(os.WTERMSIG(status)).name}" if os.WIFSIGNALED(status)
                    else f"exit status {os.WEXITSTATUS(status)}")
-            return {"error": f"chat template render process failed ({how}); limits "
+            return {"error": f"{what} process failed ({how}); limits "
                              f"{self.max_memory >> 20} MiB, {max_seconds:g} s"}
         try:
             reply = _decode(b"".join(chunks))
         except (ValueError, RecursionError):
             reply = None
         if isinstance(reply, dict) and isinstance(reply.get("text"), str):
-            return {"text": reply["text"]}
+            return {"text": reply["text"], "shape": reply.get("shape")}
         if isinstance(reply, dict) and isinstance(reply.get("error"), str):
             return {"error": reply["error"], "raised": reply.get("raised") is True,
                     "request": reply.get("request") is True}
@@ -393,12 +416,16 @@ def _child(payload, w, limit, max_seconds, confine):
         resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu))
         if confine:
             sandbox.deny_new_tasks()
+        req = {}
         try:
             try:
                 req = _decode(payload)
             except RecursionError:
                 raise RequestError("the conversation is nested too deeply to render") from None
-            if req["op"] == "compile":
+            if req["op"] == "image":
+                height, width, rgb = images.decode_here(base64.b64decode(req["data"]), req["max_pixels"])
+                out = {"text": base64.b64encode(rgb).decode(), "shape": [height, width]}
+            elif req["op"] == "compile":
                 chat.compile_template(req["source"])
                 out = {"text": ""}
             else:
@@ -413,7 +440,8 @@ def _child(payload, w, limit, max_seconds, confine):
         except RequestError as e:
             out = {"error": str(e), "request": True}
         except MemoryError:
-            out = {"error": f"chat template needed more memory than a render may use ({RENDER_MEMORY >> 20} MiB)"}
+            what = "image decoding" if req.get("op") == "image" else "chat template"
+            out = {"error": f"{what} needed more memory than a render may use ({RENDER_MEMORY >> 20} MiB)"}
         except RecursionError:
             out = {"error": "chat template or conversation nested too deeply to render"}
         data = _encode(out)

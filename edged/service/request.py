@@ -12,6 +12,7 @@ validated. Scheduling, limits, authorization and logging see only this, never th
       messages    chat turns, as templates see them (chat) | prompts: texts or id lists
       speculative False: no speculative decoding for this request (it never changes the tokens)
       infill      text.infill.Infill | None     fill-in-the-middle (its prompt replaces prompts)
+      images      images.ImageRef, in the order of the image markers in messages (chat)
 """
 from __future__ import annotations
 
@@ -83,6 +84,7 @@ class GenerateRequest:
     template_kwargs: dict = dataclasses.field(default_factory=dict)
     speculative: bool = True
     infill: object = None
+    images: tuple = ()
 
     @property
     def chat(self):

@@ -23,7 +23,7 @@ import time
 
 from ..errors import HTTPError, RequestError
 from ..text.sampling import SamplingParams
-from . import openai, responses_schema as schema
+from . import images, openai, responses_schema as schema
 from .openai import _tool, chat_logprobs
 from .openai_schema import FunctionDef, Tool
 from .request import ConstraintSpec, GenerateRequest, Output, ToolUse
@@ -125,17 +125,28 @@ def input_items(r):
 
 # --- request bodies -> GenerateRequest -----------------------------------------------------
 
-def _text(content):
-    """The text of a message's content: a string, or its parts (text or refusal) joined."""
+def _text(content, refs=None, where=""):
+    """The text of a message's content: a string, or its parts (text or refusal) joined; an
+    input_image part the image marker, its ImageRef appended to `refs`."""
     if isinstance(content, str):
         return content
-    return "".join(p.refusal if p.type == "refusal" else p.text for p in content)
+    out = []
+    for j, p in enumerate(content):
+        if p.type == "input_image":
+            if refs is None:
+                raise RequestError(f"'{where}.content[{j}]': images go in input messages", param=where)
+            refs.append(images.url_ref(p.image_url, f"{where}.content[{j}].image_url"))
+            out.append(images.MARKER)
+        else:
+            out.append(p.refusal if p.type == "refusal" else p.text)
+    return "".join(out)
 
 
-def messages(items, history=()):
+def messages(items, history=(), refs=None):
     """Input items -> chat messages as templates see them (service/openai.py _message). The
     items of one assistant turn (reasoning, message, function calls, as a response's output
-    lists them) become one assistant message."""
+    lists them) become one assistant message. Images of input messages: their markers in the
+    text, their ImageRefs appended to `refs`."""
     names = {c["id"]: c["function"]["name"] for m in history for c in m.get("tool_calls", ())}
     out = []
 
@@ -143,14 +154,15 @@ def messages(items, history=()):
         """The assistant message items may still add to, or None."""
         return out[-1] if out and out[-1]["role"] == "assistant" else None
 
-    for x in items:
+    for i, x in enumerate(items):
         last = turn()
         if isinstance(x, schema.Message):
             role = "system" if x.role == "developer" else x.role
             if role == "assistant" and last is not None and not last["content"] and "tool_calls" not in last:
                 last["content"] = _text(x.content)
             else:
-                out.append({"role": role, "content": _text(x.content)})
+                out.append({"role": role, "content": _text(x.content, refs if role == "user" else None,
+                                                           f"input[{i}]")})
         elif isinstance(x, schema.FunctionCallItem):
             names[x.call_id] = x.name
             call = {"id": x.call_id, "type": "function", "function": {"name": x.name, "arguments": x.arguments}}
@@ -202,9 +214,12 @@ def parse(r, history=()):
     given = {f.name: getattr(r, f.name) for f in dataclasses.fields(SamplingParams)
              if getattr(r, f.name, None) is not None}
     sampling = SamplingParams(**{**SAMPLING_DEFAULTS, **given})
+    refs = []
     new = messages([schema.Message(role="user", content=r.input)] if isinstance(r.input, str) else r.input,
-                   history)
-    convo = list(history) + new
+                   history, refs)
+    # a stored turn's images are not kept: the conversation goes on without them
+    convo = [dict(m, content=m["content"].replace(images.MARKER, "")) if isinstance(m.get("content"), str)
+             else m for m in history] + new
     if r.instructions:
         convo.insert(0, {"role": "system", "content": r.instructions})
     if not convo:
@@ -223,7 +238,7 @@ def parse(r, history=()):
         model=r.model, sampling=sampling, constraint=_constraint(r),
         output=Output(max_tokens=r.max_output_tokens, stop=stop, stream=bool(r.stream), logprobs=logprobs),
         tools=ToolUse(tuple(tools), choice, r.parallel_tool_calls is not False),
-        messages=tuple(convo), template_kwargs=kwargs)
+        messages=tuple(convo), template_kwargs=kwargs, images=tuple(refs))
     return request, new
 
 

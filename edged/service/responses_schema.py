@@ -51,6 +51,14 @@ class InputText(_Strict):
     prompt_cache_breakpoint: dict[str, Any] | None = None   # the prompt cache needs no marks here
 
 
+class InputImage(_Strict):
+    """An image (service/images.py: a data: URL, or file:// under image_dirs); file ids are refused."""
+    type: Literal["input_image"]
+    image_url: str | None = None
+    file_id: str | None = None
+    detail: Literal["auto", "low", "high"] | None = None     # accepted; the projector sets the size
+
+
 class OutputText(_Strict):
     type: Literal["output_text"]
     text: str
@@ -68,7 +76,8 @@ class Message(_Strict):
     sent back."""
     type: Literal["message"] = "message"
     role: Literal["user", "system", "developer", "assistant"]
-    content: Union[str, list[Annotated[Union[InputText, OutputText, RefusalPart], Field(discriminator="type")]]]
+    content: Union[str, list[Annotated[Union[InputText, InputImage, OutputText, RefusalPart],
+                                       Field(discriminator="type")]]]
     id: str | None = None
     status: str | None = None
     phase: str | None = None
@@ -211,7 +220,7 @@ FIELDS = frozenset(ResponsesRequest.model_fields) | IGNORED
 
 def _loc(loc):
     """pydantic's location without the discriminated unions' tags ('message', 'input_text'...)."""
-    tags = set(ITEM_TYPES) | {"input_text", "output_text", "refusal", "NamedFunction", "AllowedTools", "str"}
+    tags = set(ITEM_TYPES) | {"input_text", "input_image", "output_text", "refusal", "NamedFunction", "AllowedTools", "str"}
     # the first is a field of the body ('reasoning' is one, and an item's tag)
     return loc[:1] + tuple(p for p in loc[1:] if not (isinstance(p, str) and (p in tags or "[" in p)))
 
@@ -306,7 +315,11 @@ def _check_item_types(body):
         parts = x.get("content")
         for j, p in enumerate(parts if isinstance(parts, list) and kind != "reasoning" else ()):
             t = p.get("type") if isinstance(p, dict) else None
-            if t in ("input_image", "input_file", "input_audio"):
+            if t == "input_image" and not (p.get("image_url") and p.get("file_id") is None):
+                raise RequestError(f"'input[{i}].content[{j}].image_url': an input_image needs an "
+                                   "image_url (a data: URL; file ids are not kept here)",
+                                   param=f"input[{i}].content[{j}].image_url")
+            if t in ("input_file", "input_audio"):
                 raise RequestError(f"'input[{i}].content[{j}]': no model here takes {t[6:]}s: send "
                                    "'input_text' parts", param=f"input[{i}].content[{j}].type")
     tools = body.get("tools")

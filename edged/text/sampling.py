@@ -187,9 +187,12 @@ class Sampler:
             self.history.append(int(token))
 
     def accept_many(self, tokens):
+        """A prompt's tokens into the penalty window; ids past the vocabulary (an image's rows,
+        engine/vision.py) are no text and take no penalty, as in llama.cpp's mtmd."""
         n = self.params.penalty_last_n
         for t in tokens[-n:] if n else ():
-            self.history.append(int(t))
+            if t < self.n_vocab:
+                self.history.append(int(t))
 
     def _penalties(self):
         p = self.params

@@ -28,7 +28,8 @@ from edged import Model  # noqa: E402
 from edged.errors import UnsupportedModelError  # noqa: E402
 from gguf_clone import clone  # noqa: E402
 from kernel_paths import kernels  # noqa: E402,F401  (fixture: best and generic paths)
-from family_goldens import GOLDENS, MAX_ABS, check, teacher_forced  # noqa: E402
+from family_goldens import (GOLDENS, MAX_ABS, alone_batched_forked, check,  # noqa: E402
+                            check_every_kernel_path, teacher_forced)
 
 # text models' goldens (synthetic-*; a golden whose model is written again by its own test
 # module, gguf_sha256, is checked there; vision-* are test_vision's)
@@ -176,15 +177,7 @@ def test_moe_decode_batch_of_sessions():
     pytest.importorskip("edged._core")
     with Model.load(MOE, n_threads=2) as m:
         prompts = [[1, 40, 41, 42], [1, 300, 7], [1, 99, 98, 97, 96, 95]]
-        alone, batched = [], []
-        for p in prompts:
-            s = m.session(n_ctx=64)
-            s.eval(p[:-1])
-            alone.append(s.eval(p[-1:])[0])
-        ss = [m.session(n_ctx=64) for _ in prompts]
-        for s, p in zip(ss, prompts):
-            s.eval(p[:-1])
-        batched = m.decode_batch(ss, [p[-1] for p in prompts])
+        alone, batched, _, _ = alone_batched_forked(m, prompts)
         assert np.abs(np.array(alone) - batched).max() < 1e-4
 
 
@@ -285,11 +278,4 @@ def test_gpt_oss_info_reports_active_weights(capsys):
 def test_gpt_oss_every_kernel_path(name):
     """gpt-oss on every path this CPU has (generic, avx2, avx512; NEON runs the same C for
     sinks, biases, routing and the clamped SwiGLU), not only the best and generic ones."""
-    core = pytest.importorskip("edged._core")
-    before = core.kernel_path()
-    try:
-        for path in core.available_paths():
-            core.set_path(path)
-            check(name, "cpu")
-    finally:
-        core.set_path(before)
+    check_every_kernel_path(pytest.importorskip("edged._core"), name)

@@ -36,8 +36,8 @@ def test_a_field_on_one_side_only_fails_with_its_name():
         core.ForwardModel().setup(missing(**hp), [], GLOBALS)
     with pytest.raises(TypeError, match="rope_yarn_log_mul of Extra: not read by the compiled forward pass"):
         core.ForwardModel().setup(Extra(**vars(_hparams())), [], GLOBALS)
-    layer = {"swa": 0, "attn_gate": None, **{r: None for r in core.layer_roles()}}
-    with pytest.raises(TypeError, match=r"layer 0: tensor roles \['attn_gate'\]"):
+    layer = {"swa": 0, "attn_out_gate": None, **{r: None for r in core.layer_roles()}}
+    with pytest.raises(TypeError, match=r"layer 0: tensor roles \['attn_out_gate'\]"):
         core.ForwardModel().setup(_hparams(), [layer], GLOBALS)
     with pytest.raises(TypeError, match=r"tensor roles \['ffn_down'\]"):
         core.check_fields(_hparams(), [r for r in core.layer_roles() if r != "ffn_down"])

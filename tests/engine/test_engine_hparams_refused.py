@@ -68,6 +68,8 @@ FILES = {   # golden file -> keys its architecture reads
                           Key.LOGIT_SCALE, Key.ROPE_SCALING_FINETUNED],
     "synthetic-qwen2moe": [Key.EXPERT_SHARED_FEED_FORWARD_LENGTH],
     "synthetic-lfm2": [Key.SHORTCONV_L_CACHE, Key.HEAD_COUNT_KV],   # an array per layer there
+    "synthetic-qwen35": [Key.SSM_CONV_KERNEL, Key.SSM_INNER_SIZE, Key.SSM_STATE_SIZE,
+                         Key.SSM_TIME_STEP_RANK, Key.SSM_GROUP_COUNT, Key.FULL_ATTENTION_INTERVAL],
     "embed-bert": [Key.LAYERNORM_EPS, Key.TOKEN_TYPE_COUNT, Key.CAUSAL, Key.EMBEDDING_LENGTH,
                    Key.BLOCK_COUNT, Key.HEAD_COUNT, Key.HEAD_COUNT_KV, Key.FEED_FORWARD_LENGTH,
                    Key.CONTEXT_LENGTH, Key.ROPE_FREQ_BASE],

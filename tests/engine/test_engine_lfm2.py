@@ -14,9 +14,8 @@ import pytest
 from edged import Model
 from edged.engine.speculative import Speculation
 from edged.errors import StateFileError
-from edged.text.sampling import SamplingParams
 
-from family_goldens import GOLDENS, check
+from family_goldens import GOLDENS, alone_batched_forked, check_every_kernel_path, greedy
 
 LFM2 = os.path.join(GOLDENS, "synthetic-lfm2.gguf")
 GOLDEN = np.load(os.path.join(GOLDENS, "synthetic-lfm2.golden.npz"))
@@ -31,13 +30,7 @@ def core():
 def test_golden_every_kernel_path(core):
     """Teacher-forced logits within the F16 tolerances on generic, avx2 and avx512 (every
     path this CPU has)."""
-    before = core.kernel_path()
-    try:
-        for path in core.available_paths():
-            core.set_path(path)
-            check("synthetic-lfm2", "cpu")
-    finally:
-        core.set_path(before)
+    check_every_kernel_path(core, "synthetic-lfm2")
 
 
 @pytest.mark.parametrize("backend", ["cpu", "reference"])
@@ -45,11 +38,7 @@ def test_greedy_16_tokens_as_llama_cpp(backend):
     """Greedy generation from the prompt gives llama.cpp's 16 next tokens."""
     if backend == "cpu":
         pytest.importorskip("edged._core")
-    with Model.load(LFM2, backend=backend, n_threads=2) as m:
-        s = m.session(n_ctx=128)
-        out = [o.token for o in s.generate(TOKENS[:N_PROMPT], SamplingParams(temperature=0.0),
-                                           max_tokens=16) if o.token is not None]
-    assert out == TOKENS[N_PROMPT:N_PROMPT + 16]
+    assert greedy(LFM2, backend, TOKENS[:N_PROMPT], 16) == TOKENS[N_PROMPT:N_PROMPT + 16]
 
 
 def _last(s, ids):
@@ -96,20 +85,7 @@ def test_fork_and_decode_batch_of_sessions(core):
     each session's own cache."""
     prompts = [TOKENS[:12], TOKENS[5:9], [1, 300, 301, 302, 303, 304, 305]]
     with Model.load(LFM2, n_threads=2) as m:
-        alone = []
-        for p in prompts:
-            s = m.session(n_ctx=64)
-            s.eval(p[:-1])
-            alone.append(_last(s, p[-1:]))
-        ss = [m.session(n_ctx=64) for _ in prompts]
-        for s, p in zip(ss, prompts):
-            s.eval(p[:-1])
-        batched = m.decode_batch(ss, [p[-1] for p in prompts])
-        base = m.session(n_ctx=64)
-        base.eval(prompts[0][:-1])
-        fork = base.fork()
-        base.eval([5, 6, 7])  # the original moves on; the fork keeps its own state
-        forked = _last(fork, prompts[0][-1:])
+        alone, batched, forked, _ = alone_batched_forked(m, prompts)
     assert np.abs(np.array(alone) - batched).max() < 1e-4
     assert np.array_equal(forked, alone[0])
 
@@ -152,13 +128,9 @@ def test_memory_plan_counts_the_convolution_cache(core):
 def test_lookup_speculation_gives_the_same_tokens(core):
     """n-gram drafts (1-grams: many, mostly rejected) rewind the session inside convolution
     windows: the tokens are those of plain greedy decoding."""
-    with Model.load(LFM2, n_threads=2) as m:
-        plain = [o.token for o in m.session(n_ctx=128).generate(
-            TOKENS, SamplingParams(temperature=0.0), max_tokens=32) if o.token is not None]
-        stats = {}
-        spec = [o.token for o in m.session(n_ctx=128).generate(
-            TOKENS, SamplingParams(temperature=0.0), max_tokens=32,
-            speculative=Speculation("lookup", ngram_min=1), stats=stats) if o.token is not None]
+    plain = greedy(LFM2, "cpu", TOKENS, 32)
+    stats = {}
+    spec = greedy(LFM2, "cpu", TOKENS, 32, Speculation("lookup", ngram_min=1), stats)
     assert spec == plain and len(plain) == 32
     assert stats["n_drafted"] > stats["n_accepted"]   # rejected drafts: rewinds
 

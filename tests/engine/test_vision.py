@@ -8,8 +8,7 @@ import numpy as np
 import pytest
 
 from edged.engine.model import Model
-from edged.engine.vision import (MAX_PATCHES, ImageEmbedding, Projector, fit_padded,
-                                 resize_bilinear)
+from edged.engine.vision import ImageEmbedding, Projector, fit_padded, resize
 from edged.errors import MetadataValueError, RequestError, UnsupportedModelError
 from tests.support.gguf_clone import clone
 
@@ -48,14 +47,18 @@ def close_to(got, want):
     assert d.max() <= MAX_DIFF and d.mean() <= MEAN_DIFF, (d.max(), d.mean())
 
 
-@pytest.mark.parametrize("src,dst", [((150, 200), (112, 84)), ((31, 33), (112, 112)),
-                                     ((7, 300), (3, 112)), ((257, 129), (64, 255))])
-def test_resize_is_pillows_bilinear(src, dst):
+@pytest.mark.parametrize("kind,src,dst", [
+    ("bilinear", (150, 200), (112, 84)), ("bilinear", (31, 33), (112, 112)),
+    ("bilinear", (7, 300), (3, 112)), ("bilinear", (257, 129), (64, 255)),
+    ("lanczos", (150, 200), (64, 48)), ("lanczos", (48, 64), (64, 64)),
+    ("lanczos", (64, 64), (32, 32)), ("lanczos", (9, 301), (300, 10)),
+    ("bicubic", (150, 200), (28, 21)), ("bicubic", (20, 21), (28, 28))])
+def test_resize_is_pillows(kind, src, dst):
+    """mtmd-image.cpp reimplements Pillow's fixed-point resampler: Pillow is the oracle."""
     Image = pytest.importorskip("PIL.Image")
-    rng = np.random.default_rng(sum(src))
-    img = rng.integers(0, 256, src + (3,), dtype=np.uint8)
-    want = np.asarray(Image.fromarray(img).resize(dst, Image.Resampling.BILINEAR))
-    assert np.array_equal(resize_bilinear(img, *dst), want)
+    img = np.random.default_rng(sum(src) + sum(dst)).integers(0, 256, src + (3,), dtype=np.uint8)
+    want = np.asarray(Image.fromarray(img).resize(dst, getattr(Image.Resampling, kind.upper())))
+    assert np.array_equal(resize(img, *dst, kind), want)
 
 
 def test_fit_padded_keeps_aspect_and_centres():
@@ -81,8 +84,8 @@ def test_embeddings_match_llama_cpp(proj, golden):
 
 
 def test_compiled_encoder_matches_its_numpy_twin(proj, golden):
-    x = proj.preprocess(golden["image"])
-    close_to(proj._compiled(x), proj._reference(x))
+    xs, _ = proj.preprocess(golden["image"])
+    close_to(proj._embed(xs), proj._embed(xs, twin=True))
 
 
 def test_digest_names_the_pixels(proj, golden):
@@ -119,12 +122,12 @@ def test_logits_after_the_image_match_llama_cpp(proj, text_model, golden):
     close_to(s.eval(ids)[0], golden["logits"])
 
 
-def test_the_numpy_twins_match_llama_cpp_too(golden):
-    """The reference backends (EDGED_BACKEND=reference): encoder and text model in NumPy."""
+def rows_and_logits(mmproj, golden, backend):
+    """A projector and its golden's text model on `backend`: image rows and the logits after
+    the golden's prompt, both held to llama.cpp's."""
     from edged.engine.model import Session
-    with Projector.load(MMPROJ, n_threads=1, backend="reference") as p:
-        m = Model.load(os.path.join(MODELS, str(golden["model"])), n_threads=1,
-                       backend="reference")
+    with Projector.load(mmproj, n_threads=2, backend=backend) as p:
+        m = Model.load(os.path.join(MODELS, str(golden["model"])), n_threads=2, backend=backend)
         try:
             emb, ids = image_prompt(p, m, golden)
             close_to(emb.embeddings, golden["embd"])
@@ -133,6 +136,11 @@ def test_the_numpy_twins_match_llama_cpp_too(golden):
             close_to(s.eval(ids)[0], golden["logits"])
         finally:
             m.close()
+
+
+def test_the_numpy_twins_match_llama_cpp_too(golden):
+    """The reference backends (EDGED_BACKEND=reference): encoder and text model in NumPy."""
+    rows_and_logits(MMPROJ, golden, "reference")
 
 
 def test_image_prompt_same_bits_in_any_chunking(proj, text_model, golden):
@@ -222,3 +230,94 @@ def test_synth_mmproj_cli(tmp_path):
     assert main(["synth", "--mmproj", "gemma3-tiny", "--type", "F32", out]) == 0
     with Projector.load(out, n_threads=1) as p:
         assert p.encode(np.zeros((10, 20, 3), np.uint8)).embeddings.shape == (16, 256)
+
+
+# --- idefics3 (SmolVLM): tiles and an overview ------------------------------------------------
+IDEFICS3 = os.path.join(GOLDENS, "vision-idefics3.mmproj.gguf")
+
+
+@pytest.fixture(scope="module")
+def idefics3():
+    g = np.load(os.path.join(GOLDENS, "vision-idefics3.golden.npz"))
+    return {k: g[k] for k in g.files}
+
+
+@pytest.mark.parametrize("backend", ["cpu", "reference"])
+def test_idefics3_embeddings_match_llama_cpp(idefics3, backend):
+    with Projector.load(IDEFICS3, n_threads=2, backend=backend) as p:
+        emb = p.encode(idefics3["image"])
+        assert emb.grid == (2, 2) and emb.n_tokens == 5 * 16 == p.describe()["tokens_per_image"]
+        close_to(emb.embeddings, idefics3["embd"])
+
+
+def test_idefics3_prompt_layout_is_mtmds(idefics3, monkeypatch):
+    """Tiles row by row behind their <row_Y_col_X> text, the overview last. The synthetic
+    llama vocabulary lacks <fake_token_around_image> and "\n\n": mtmd's lookup gave -1 there,
+    and so does the lookup patched here (a real SmolVLM vocabulary has them)."""
+    m = Model.load(os.path.join(MODELS, str(idefics3["model"])), n_threads=1)
+    try:
+        with Projector.load(IDEFICS3, n_threads=1) as p:
+            with pytest.raises(UnsupportedModelError, match="fake_token_around_image"):
+                p.check_model(m)
+            lookup = p._token
+
+            def or_null(tok, text):
+                try:
+                    return lookup(tok, text)
+                except UnsupportedModelError:
+                    return -1
+            monkeypatch.setattr(p, "_token", or_null)
+            emb = p.encode(idefics3["image"])
+            ids = p.prompt_ids(m, str(idefics3["prompt"]), [emb])
+        got = [-1 if t >= m.hp.n_vocab else t for t in ids]
+        assert got == idefics3["ids"].tolist()
+    finally:
+        m.close()
+
+
+# --- LLaVA-style mlp: CLIP with a class token, its second-to-last layer, a GELU MLP ----------
+@pytest.mark.parametrize("backend", ["cpu", "reference"])
+def test_mlp_rows_and_logits_match_llama_cpp(backend):
+    g = np.load(os.path.join(GOLDENS, "vision-mlp.golden.npz"))
+    rows_and_logits(os.path.join(GOLDENS, "vision-mlp.mmproj.gguf"), {k: g[k] for k in g.files},
+                    backend)
+
+
+def test_a_prompt_cache_file_keeps_the_image_rows(proj, text_model, golden, tmp_path):
+    """Saved and restored, a session with a picture reuses its KV rows for the same picture."""
+    from edged.engine.model import Session
+    emb, ids = image_prompt(proj, text_model, golden)
+    s = Session(text_model, n_ctx=128)
+    s.add_image(emb)
+    want = s.eval(ids)[0]
+    key = bytes(range(32))
+    s.save(tmp_path / "p.state", key=key)
+    r = Session.load(text_model, tmp_path / "p.state", key=key)
+    assert r.tokens == s.tokens and r.common_prefix(ids) == len(ids)
+    r.truncate(len(ids) - 1)
+    r.add_image(emb)
+    assert np.array_equal(r.eval(ids[-1:])[0], want)
+
+
+def test_a_scheduler_budget_never_splits_an_image(proj, text_model, golden):
+    """Prompt chunks of a generation (the daemon's budget per step) keep a non-causal image
+    whole, so the first sampled token sees the same logits as one batch."""
+    from edged.engine.model import Session
+    from edged.text.sampling import SamplingParams
+    emb, ids = image_prompt(proj, text_model, golden)
+    first = int(np.argmax(golden["logits"]))
+    s = Session(text_model, n_ctx=128)
+    s.add_image(emb)
+    g = s.start(ids, SamplingParams(temperature=0.0), max_tokens=1)
+    out, sizes = None, []
+    while out is None:
+        e = g.entry(budget=7)
+        sizes.append(len(e.tokens))
+        out = g.accept(text_model.decode([e])[0])
+    assert emb.n_tokens in sizes     # cut before the image, then the image alone
+    assert out.token == first
+
+
+def test_an_mmproj_over_the_memory_budget_is_refused_with_the_numbers():
+    with pytest.raises(UnsupportedModelError, match=r"needs .* MiB .* budget 0\.1 MiB"):
+        Projector.load(MMPROJ, n_threads=1, max_memory=100_000)

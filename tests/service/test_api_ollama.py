@@ -448,11 +448,11 @@ def test_open_webui_tool_round_trip_and_format(http):
     assert set(v) == {"city", "population"} and isinstance(v["population"], int)
 
 
-def test_open_webui_images_refused(http):
+def test_open_webui_images_to_a_model_without_mmproj(http):
     r = send(http, "owui_chat_image.json")
     assert r.status_code == 400
     err = r.json()["error"]         # send_request raises HTTPException(detail=res["error"])
-    assert "messages[0].images" in err and "no image support" in err
+    assert "messages[0].images[0]" in err and "takes no images: no mmproj is paired" in err
 
 
 def test_open_webui_generate_and_unload(client, http):

@@ -1,11 +1,11 @@
 """A gemma3n model through the daemon, on the NumPy reference backend (the compiled pass does
 not run gemma3n yet): a streamed chat reply, and the same greedy text on a cold start, after a
 prefix-cache hit, beside three other streams and as each of n=2 forks, with layers 20 and 21
-reading layers 18's and 19's K/V rows (daemon_support.same_text_cold_cached_batched_forked)."""
+reading layers 18's and 19's K/V rows (daemon_support.check_cold_hit_streams_forks)."""
 import pytest
 
 from daemon_support import (Server, add_chat_template, model_dir, open_stream,
-                            same_text_cold_cached_batched_forked, signing_key, sse_events)
+                            check_cold_hit_streams_forks, signing_key, sse_events)
 from family_goldens import regenerated
 
 
@@ -25,7 +25,7 @@ def srv(tmp_path_factory):
 
 
 def test_same_text_cold_after_prefix_hit_with_other_streams_and_forked(srv):
-    same_text_cold_cached_batched_forked(srv)
+    check_cold_hit_streams_forks(srv)
 
 
 def test_streamed_chat(srv):

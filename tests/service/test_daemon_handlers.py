@@ -61,7 +61,10 @@ CHAT = {"messages": [{"role": "user", "content": "hi"}]}
     ({"messages": []}, "'messages' must be a non-empty list"),
     ({"messages": [{"role": "wizard", "content": "x"}]}, "role"),
     ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
-     "'messages[0].content[0]' of type 'image_url' is not supported: no model here takes images"),
+     "'messages[0].content[0].image_url' is required"),
+    ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "https://x/a.png"}}]}]},
+     "'messages[0].content[0].image_url.url': only data: URLs and file:// paths under image_dirs are read; "
+     "edged does not fetch https URLs"),
     ({**CHAT, "model": "../../etc/passwd"}, "invalid model name"),
     ({**CHAT, "model": ".hidden"}, "invalid model name"),
     ({**CHAT, "model": "a/b"}, "invalid model name"),

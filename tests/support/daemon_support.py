@@ -468,15 +468,16 @@ def smol_daemon(tmp_path_factory, label, **extra):
         yield srv
 
 
+# A passage and four endings: the requests family daemon tests send (lfm2, qwen35, gemma3n)
 PASSAGE = ("the little bird sat on the old wall and looked at the garden where the children "
            "played every morning before school, and the sun was warm")
 ENDINGS = [" and then", " but the cat", " so they ran", " when it rained"]
 
 
-def _complete(sock, bodies):
+def complete_texts(sock_path, bodies):
     """(texts of its choices, usage) of each request, all sent at once, each streamed."""
     out = []
-    for events, usage in streamed(sock, bodies):
+    for events, usage in streamed(sock_path, bodies):
         texts = {}
         for e in events:
             for c in e.get("choices", []):
@@ -485,23 +486,36 @@ def _complete(sock, bodies):
     return out
 
 
-def same_text_cold_cached_batched_forked(srv):
+def check_cold_hit_streams_forks(srv):
     """A model whose sessions keep more than K/V rows per layer (lfm2's convolution cache,
-    gemma3n's shared K/V layers) through the daemon (n_parallel 4): the same greedy request
-    gives the same text on a cold start, after a prefix-cache hit (the prompt's prefix taken
-    from another request's session), while other streams decode in the same steps, and as
-    each of n=2 choices (forked sessions)."""
+    qwen35's recurrent state, gemma3n's shared K/V layers) through the daemon (n_parallel 4):
+    the same greedy request gives the same text on a cold start, after a prefix-cache hit
+    (its prefix from another request's session), with three other streams in the same steps,
+    and as each of n=2 choices (forked sessions)."""
     bodies = [{"prompt": PASSAGE + e, "max_tokens": 24, "temperature": 0} for e in ENDINGS]
     a = bodies[0]
-    (cold, u0), = _complete(srv.socket, [a])               # nothing cached yet
+    (cold, u0), = complete_texts(srv.socket, [a])       # nothing cached yet
     assert u0.get("prompt_tokens_details", {}).get("cached_tokens", 0) == 0, u0
-    (other, u1), = _complete(srv.socket, [bodies[1]])      # the passage comes from a's session
+    (other, u1), = complete_texts(srv.socket, [bodies[1]])  # the passage from a's session
     assert u1["prompt_tokens_details"]["cached_tokens"] > 20, u1
-    (hit, u2), = _complete(srv.socket, [a])                # a's prefix from b's session
+    (hit, u2), = complete_texts(srv.socket, [a])        # a's prefix from b's session
     assert u2["prompt_tokens_details"]["cached_tokens"] > 20, u2
     assert hit == cold
-    together = _complete(srv.socket, bodies)               # four streams in the same steps
+    together = complete_texts(srv.socket, bodies)       # four streams in the same steps
     assert together[0][0] == cold and together[1][0] == other
-    (two, _), = _complete(srv.socket, [dict(a, n=2)])      # two forks of one prefilled prompt
+    (two, _), = complete_texts(srv.socket, [dict(a, n=2)])  # two forks of one prefilled prompt
     assert two == cold * 2
     assert len(cold[0]) > 10
+
+
+def family_server(tmp_path_factory, name, path, chat=False):
+    """A daemon serving one model file as `name` (4 parallel sessions, pinned); chat: with
+    the test chat template added."""
+    key, trusted = signing_key(tmp_path_factory)
+    tmp = tmp_path_factory.mktemp(name)
+    if chat:
+        add_chat_template(path, str(tmp / (name + "-chat.gguf")))
+        path = str(tmp / (name + "-chat.gguf"))
+    d = model_dir(tmp, key, {name: path})
+    return Server(tmp_path_factory.mktemp("daemon"), d, trusted, default_model=name,
+                  extra={"n_parallel": 4, "max_queue": 8, "pin_default_model": True})

@@ -21,6 +21,11 @@ Q_MAX_ABS, Q_MEAN_ABS = 0.35, 0.06   # testdata/README.md, any quantized type
 # llama.cpp applies: max 3.5, mean 0.51). The compiled path stores llama.cpp's values and meets
 # MAX_ABS/MEAN_ABS.
 KVQ_REF_MAX_ABS, KVQ_REF_MEAN_ABS = 0.65, 0.045
+# The NumPy reference against the qwen35 golden: llama.cpp's F16 matrix products round their
+# input rows to F16 and the reference does not; through the DeltaNet's L2 norms and exp gates
+# one logit of 64 rows lands 0.064 away (max 0.005 with the rows rounded as llama.cpp does,
+# mean 0.0011 either way). The compiled path rounds them and meets MAX_ABS/MEAN_ABS.
+DELTANET_REF_MAX_ABS = 0.08
 
 
 def regenerated(name, directory):
@@ -78,5 +83,47 @@ def check(name, backend, path=None):
     misses = int((decided & (got.argmax(1) != ref.argmax(1))).sum())
     if backend == "reference" and name.startswith("synthetic-kv-"):
         max_abs, mean_abs = KVQ_REF_MAX_ABS, KVQ_REF_MEAN_ABS
+    if backend == "reference" and name == "synthetic-qwen35":
+        max_abs = DELTANET_REF_MAX_ABS
     assert d.max() <= max_abs and d.mean() <= mean_abs and misses == 0, \
         f"{name}/{backend}: max {d.max():.4f} mean {d.mean():.5f} top-1 misses {misses}"
+
+
+def check_every_kernel_path(core, name):
+    """check(name, "cpu") on generic, avx2 and avx512 (every path this CPU has)."""
+    before = core.kernel_path()
+    try:
+        for path in core.available_paths():
+            core.set_path(path)
+            check(name, "cpu")
+    finally:
+        core.set_path(before)
+
+
+def greedy(path, backend, prompt, n, speculative=None, stats=None):
+    """The n greedy tokens after prompt (n_ctx 128)."""
+    from edged.text.sampling import SamplingParams
+    with Model.load(path, backend=backend, n_threads=2) as m:
+        return [o.token for o in m.session(n_ctx=128).generate(
+            prompt, SamplingParams(temperature=0.0), max_tokens=n, speculative=speculative,
+            stats=stats) if o.token is not None]
+
+
+def alone_batched_forked(m, prompts):
+    """Each prompt's last-token logits (n_ctx 64): (evaluated alone, as one decode batch of all
+    the sessions, in a fork of the first session taken before its last token while the
+    original moves on, and the sessions of the decode batch and their list)."""
+    alone = []
+    for p in prompts:
+        s = m.session(n_ctx=64)
+        s.eval(p[:-1])
+        alone.append(s.eval(p[-1:])[0])
+    ss = [m.session(n_ctx=64) for _ in prompts]
+    for s, p in zip(ss, prompts):
+        s.eval(p[:-1])
+    batched = m.decode_batch(ss, [p[-1] for p in prompts])
+    base = m.session(n_ctx=64)
+    base.eval(prompts[0][:-1])
+    fork = base.fork()
+    base.eval([5, 6, 7])  # the original moves on; the fork keeps its own state
+    return alone, batched, fork.eval(prompts[0][-1:])[0], ss

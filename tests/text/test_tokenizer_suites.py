@@ -1,5 +1,5 @@
 """llama.cpp's own tokenizer suites (../shared/testdata/vocab, and tests/data/vocab for the
-WordPiece `bert-bge` and Gemma 4 `gemma-4` suites) through edged.Tokenizer, and the round trip
+WordPiece `bert-bge`, Gemma 4 `gemma-4` and Qwen3.5 `qwen35` suites) through edged.Tokenizer, and the round trip
 decode(encode(t)) == t on the same inputs (not for WordPiece, which lowercases and drops accents
 by design)."""
 import functools
@@ -13,7 +13,8 @@ from edged import Tokenizer
 HERE = os.path.dirname(os.path.abspath(__file__))
 BERT_BGE = os.path.join(HERE, "..", "data", "vocab", "ggml-vocab-bert-bge.gguf")
 GEMMA4 = os.path.join(HERE, "..", "data", "vocab", "ggml-vocab-gemma-4.gguf")
-LOSSLESS = [p for p in testdata_files("vocab", ".gguf") if os.path.exists(p + ".inp")] + [GEMMA4]
+QWEN35 = os.path.join(HERE, "..", "data", "vocab", "ggml-vocab-qwen35.gguf")  # 50 cases
+LOSSLESS = [p for p in testdata_files("vocab", ".gguf") if os.path.exists(p + ".inp")] + [GEMMA4, QWEN35]
 VOCABS = LOSSLESS + [BERT_BGE]
 
 
@@ -37,8 +38,9 @@ def test_llama_cpp_suite_passes_completely(path):
     tok = tokenizer(path)
     got = [(text, tok.encode(text, add_special=False, parse_special=False)) for text, _ in cases(path)]
     bad = [(text, ids, want) for (text, ids), (_, want) in zip(got, cases(path)) if ids != want]
-    assert len(cases(path)) == 46
-    assert not bad, f"{len(bad)} of 46 differ, first: {bad[0]!r}"
+    n = 50 if path == QWEN35 else 46
+    assert len(cases(path)) == n
+    assert not bad, f"{len(bad)} of {n} differ, first: {bad[0]!r}"
 
 
 @pytest.mark.parametrize("path", LOSSLESS, ids=os.path.basename)

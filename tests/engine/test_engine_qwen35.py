@@ -1,0 +1,191 @@
+"""Qwen3.5 (`qwen35`): Gated DeltaNet layers beside gated attention, against llama.cpp.
+
+tests/data/goldens/synthetic-qwen35 is a scaled-down Qwen3.5 (n_embd 64; layers 0-2 DeltaNet
+with heads of 16, 2 key and 4 value heads, a 4-tap convolution; layer 3 gated attention with
+q/k norms and interleaved M-RoPE sections; tools/make_goldens.py qwen35) with llama.cpp's
+teacher-forced logits: a 40-token prompt, then its greedy continuation of 24. A DeltaNet layer
+folds every token into one state per sequence (engine/recurrent.py): a rewind restores a
+checkpoint and replays, a fork copies it, and every way a session is rewound, forked, chunked
+or batched must give the bits a cold start gives.
+"""
+import os
+
+import numpy as np
+import pytest
+
+from edged import Model
+from edged.engine import recurrent
+from edged.engine.speculative import Speculation
+from edged.errors import MetadataValueError, StateFileError, UnsupportedModelError
+from edged.format.gguf import Key
+
+from family_goldens import GOLDENS, alone_batched_forked, check_every_kernel_path, greedy
+from gguf_clone import clone
+
+QWEN35 = os.path.join(GOLDENS, "synthetic-qwen35.gguf")
+# the same shape with 8 routed experts (2 per token) and a gated shared expert in every layer
+QWEN35MOE = os.path.join(GOLDENS, "synthetic-qwen35moe.gguf")
+GOLDEN = np.load(os.path.join(GOLDENS, "synthetic-qwen35.golden.npz"))
+TOKENS, N_PROMPT = GOLDEN["tokens"].tolist(), int(GOLDEN["n_prompt"])
+
+
+@pytest.fixture
+def core():
+    return pytest.importorskip("edged._core")
+
+
+def _last(s, ids):
+    return s.eval(ids)[0]
+
+
+@pytest.mark.parametrize("name", ["synthetic-qwen35", "synthetic-qwen35moe"])
+def test_golden_every_kernel_path(core, name):
+    """Teacher-forced logits within the F16 tolerances on generic, avx2 and avx512 (every
+    path this CPU has)."""
+    check_every_kernel_path(core, name)
+
+
+@pytest.mark.parametrize("backend", ["cpu", "reference"])
+def test_greedy_16_tokens_as_llama_cpp(backend):
+    """Greedy generation from the prompt gives llama.cpp's 16 next tokens."""
+    if backend == "cpu":
+        pytest.importorskip("edged._core")
+    assert greedy(QWEN35, backend, TOKENS[:N_PROMPT], 16) == TOKENS[N_PROMPT:N_PROMPT + 16]
+
+
+@pytest.mark.parametrize("backend", ["cpu", "reference"])
+def test_batch_chunks_and_single_tokens_agree(backend):
+    """The prompt in one batch, in chunks of 7 and one token at a time: the same bits (the
+    recurrence runs token by token whatever the batch)."""
+    if backend == "cpu":
+        pytest.importorskip("edged._core")
+    p = TOKENS[:N_PROMPT]
+    with Model.load(QWEN35MOE, backend=backend, n_threads=2) as m:
+        whole = _last(m.session(n_ctx=128), p)
+        chunks = _last(m.session(n_ctx=128, n_batch=7), p)
+        s = m.session(n_ctx=128)
+        for t in p:
+            one = _last(s, [t])
+    assert np.array_equal(whole, chunks) and np.array_equal(whole, one)
+
+
+@pytest.mark.parametrize("backend", ["cpu", "reference"])
+def test_rewind_restores_a_checkpoint_and_gives_a_cold_start(backend):
+    """A session rewound into its history (prefix reuse, truncate, the last prompt token again)
+    restores the newest checkpoint at or before the point, replays, and then gives what a fresh
+    session gives for the same ids."""
+    if backend == "cpu":
+        pytest.importorskip("edged._core")
+    a, b = TOKENS[:30], TOKENS[:20] + [7, 8, 9, 10, 11]
+    with Model.load(QWEN35, backend=backend, n_threads=2) as m:
+        s = m.session(n_ctx=128, n_batch=8)
+        s.eval(a)
+        rs = m.backend.recurrent(s._buf)
+        # chunks of 8 and the last token alone: checkpoints at 8, 16, 24, 29 and 30, the newest 4 kept
+        assert [c[0] for c in rs.checkpoints] == [16, 24, 29, 30]
+        s.truncate(s.common_prefix(b))
+        warm = _last(s, b[s.n_past:])
+        cold = _last(m.session(n_ctx=128), b)
+        s.truncate(len(b) - 1)            # the last token again (Session.start's prefix reuse)
+        again_last = _last(s, b[-1:])
+        s.truncate(3)                     # before every checkpoint: from the empty state
+        again = _last(s, a[3:])
+        first = _last(m.session(n_ctx=128), a)
+    assert np.array_equal(warm, cold) and np.array_equal(again_last, cold)
+    assert np.array_equal(again, first)
+
+
+def test_fork_and_decode_batch_of_sessions(core):
+    """A fork carries the recurrent state; several sessions' decode step in one pass updates
+    each session's own state."""
+    prompts = [TOKENS[:12], TOKENS[5:9], [1, 300, 301, 302, 303, 304, 305]]
+    with Model.load(QWEN35, n_threads=2) as m:
+        alone, batched, forked, ss = alone_batched_forked(m, prompts)
+        again = m.decode_batch(ss, [5, 6, 7])   # a second step from the states the first left
+        s = m.session(n_ctx=64)
+        s.eval(prompts[0])
+        second = _last(s, [5])
+    assert np.array_equal(np.array(alone), batched)
+    assert np.array_equal(forked, alone[0]) and np.array_equal(again[0], second)
+
+
+def test_lookup_speculation_gives_the_same_tokens(core):
+    """n-gram drafts (many, mostly rejected) rewind the recurrent state to checkpoints: the
+    tokens are those of plain greedy decoding."""
+    plain = greedy(QWEN35, "cpu", TOKENS, 24)
+    stats = {}
+    spec = greedy(QWEN35, "cpu", TOKENS, 24, Speculation("lookup", ngram_min=1), stats)
+    assert spec == plain and len(plain) == 24
+    assert stats["n_drafted"] > stats["n_accepted"]   # rejected drafts: rewinds
+
+
+def test_memory_plan_counts_the_state_once_per_sequence(core):
+    """The memory plan's cache (`edged info`) holds the K/V rows per position plus the
+    recurrent state and its checkpoints, constant per sequence; the arena holds the live one."""
+    with Model.load(QWEN35, n_threads=2) as m:
+        hp = m.hp
+        per_seq = (1 + recurrent.N_CHECKPOINTS) * 4 * hp.recurrent_state_floats()
+        # 3 DeltaNet layers: conv (3, 16 * 8) and 4 heads of 16 x 16
+        assert hp.recurrent_state_floats() == 3 * (3 * 128 + 4 * 256)
+        rows = hp.n_layer * 2 * (2 * hp.n_head_kv * hp.head_dim)   # F16 K and V per position
+        for n_ctx in (64, 256):
+            assert m.backend.plan(n_ctx, 8).kv_cache == n_ctx * rows + per_seq
+            assert type(m.backend).plan_for(m.spec, n_ctx, 8).kv_cache == n_ctx * rows + per_seq
+        s = m.session(n_ctx=64)
+        assert m.backend.recurrent(s._buf).live.size == hp.recurrent_state_floats()
+
+
+def test_prompt_cache_files_are_refused_clearly(core, tmp_path):
+    with Model.load(QWEN35, n_threads=2) as m:
+        s = m.session(n_ctx=64)
+        s.eval(TOKENS[:8])
+        with pytest.raises(StateFileError, match="3 recurrent layers"):
+            s.save(tmp_path / "x.edkv", key=b"k" * 32)
+
+
+def _meta(name):
+    return Key.arch(name, "qwen35")
+
+
+@pytest.mark.parametrize("meta,drop,err,match", [
+    ({}, [Key.SSM_STATE_SIZE], UnsupportedModelError, r"missing required key 'qwen35\.ssm\.state_size'"),
+    ({Key.SSM_INNER_SIZE: (48, 4)}, [], UnsupportedModelError, r"qwen35\.ssm\.inner_size = 48"),
+    ({Key.SSM_TIME_STEP_RANK: (3, 4), Key.SSM_INNER_SIZE: (48, 4)}, [], UnsupportedModelError,
+     r"time_step_rank = 3 is not a multiple"),
+    ({}, [Key.ROPE_DIMENSION_SECTIONS], UnsupportedModelError,
+     r"missing required key 'qwen35\.rope\.dimension_sections'"),
+    ({Key.ROPE_DIMENSION_SECTIONS: ([2, 2, 2, 2], 9, 5)}, [Key.ROPE_DIMENSION_SECTIONS],
+     UnsupportedModelError, r"rope pair 6 takes the e section"),
+    ({Key.ROPE_DIMENSION_SECTIONS: ([3, 3, 2], 9, 5)}, [Key.ROPE_DIMENSION_SECTIONS],
+     MetadataValueError, r"dimension_sections must be an array of 4"),
+    ({Key.ATTENTION_RECURRENT_LAYERS: ([1, 1], 9, 7)}, [], MetadataValueError,
+     r"recurrent_layers must be an array of 4"),
+])
+def test_malformed_keys_are_refused_naming_the_key(tmp_path, meta, drop, err, match):
+    """A key llama.cpp requires missing, or values no Qwen3.5 has, fail the load naming it
+    (gguf types: 4 uint32, 5 int32, 7 bool, 9 array)."""
+    import gguf
+    T = gguf.GGUFValueType
+    kv = {_meta(k): (v[0], *(T(x) for x in v[1:])) for k, v in meta.items()}
+    path = clone(QWEN35, tmp_path / "x.gguf", meta=kv, drop_meta=[_meta(k) for k in drop + list(meta)])
+    with pytest.raises(err, match=match):
+        Model.load(str(path), backend="reference")
+
+
+def test_recurrent_layers_key_overrides_the_interval(tmp_path):
+    """attention.recurrent_layers (per layer) wins over full_attention_interval, as llama.cpp
+    reads them: a file marking layer 3 recurrent has no attention layer, and then lacks the
+    DeltaNet tensors of layer 3 (refused naming the tensor)."""
+    import gguf
+    T = gguf.GGUFValueType
+    kv = {_meta(Key.ATTENTION_RECURRENT_LAYERS): ([True] * 4, T.ARRAY, T.BOOL)}
+    path = clone(QWEN35, tmp_path / "x.gguf", meta=kv)
+    with pytest.raises(UnsupportedModelError, match=r"missing tensor 'blk\.3\.attn_qkv\.weight'"):
+        Model.load(str(path), backend="reference")
+
+
+def test_info_names_the_recurrent_layers(capsys):
+    from edged.cli import main
+    main(["info", "-m", QWEN35, "-c", "512"])
+    out = capsys.readouterr().out
+    assert "Gated DeltaNet on layers [0, 1, 2]" in out and "per sequence" in out
