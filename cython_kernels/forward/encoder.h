@@ -71,8 +71,7 @@ static void ed_enc_act_task(void *arg, int ith, int nth) {
             ed_pm_silu_mul(ED_PM, F, h, a->up + t * F);
             continue;
         }
-        if (a->bias) for (int i = 0; i < F; i++) h[i] = ed_pm_gelu(h[i] + a->bias[i]);
-        else         for (int i = 0; i < F; i++) h[i] = ed_pm_gelu(h[i]);
+        ed_pm_gelu_row(ED_PM, F, h, a->bias);
     }
 }
 

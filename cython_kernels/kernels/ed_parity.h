@@ -207,6 +207,20 @@ static void ED_PM_X86 ed_pm_round_scale_x86(int n, float *x, float s) {
                                                                 _MM_FROUND_TO_NEAREST_INT)));
     for (; i < n; i++) x[i] = ED_PM_F(ed_fp32_to_fp16(x[i] * s));
 }
+
+/* y[i] = ed_fp32_to_fp16(x[i]) by F16C (round to nearest even, as the scalar code); 8 values
+ * holding a NaN take the scalar code, which makes every NaN the one quiet NaN */
+static void ED_PM_X86 ed_pm_f16_row_x86(int n, const float *x, ed_half *y) {
+    int i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m256 v = _mm256_loadu_ps(x + i);
+        if (_mm256_movemask_ps(_mm256_cmp_ps(v, v, _CMP_UNORD_Q)))
+            for (int k = 0; k < 8; k++) y[i + k] = ed_fp32_to_fp16(x[i + k]);
+        else
+            _mm_storeu_si128((__m128i *)(y + i), _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    }
+    for (; i < n; i++) y[i] = ed_fp32_to_fp16(x[i]);
+}
 #endif
 
 /* The softmax's expf and the SiLU step with NEON (every aarch64 CPU has it), lane for lane the scalar code's operations
@@ -372,7 +386,8 @@ static float ED_PM_X86 ed_pm_dot_f16_row_x86(int n, const ed_half *x, const ed_h
     return ed_pm_dot_f16_x86(n, x, y, 0);
 }
 #define ED_PM_FNS_X86 {.dot_f16 = ed_pm_dot_f16_row_x86, .expf_sub = ed_pm_expf_sub_x86, \
-                       .silu_mul = ed_pm_silu_mul_x86, .round_scale = ed_pm_round_scale_x86}
+                       .f16_row = ed_pm_f16_row_x86, .silu_mul = ed_pm_silu_mul_x86, \
+                       .round_scale = ed_pm_round_scale_x86}
 #elif defined(__aarch64__)
 static float ed_pm_dot_f16_row_neon(int n, const ed_half *x, const ed_half *y) {
     return ed_pm_dot_f16_neon(n, x, y, 0);
@@ -399,6 +414,22 @@ static inline void ed_pm_expf_sub(const ed_pm_fns *pm, int n, const float *x, fl
 static inline void ed_pm_f16_row(const ed_pm_fns *pm, int n, const float *x, ed_half *y) {
     if (pm->f16_row) { pm->f16_row(n, x, y); return; }
     for (int i = 0; i < n; i++) y[i] = ed_fp32_to_fp16(x[i]);
+}
+
+/* x[i] = ed_pm_gelu(x[i] + b[i]) for i < n (b NULL: no bias), the F16 rounding of the table's
+ * index by pm's row, 256 values at a time */
+static inline void ed_pm_gelu_row(const ed_pm_fns *pm, int n, float *x, const float *b) {
+    ed_half hx[256];
+    for (int i0 = 0; i0 < n; i0 += 256) {
+        const int m = n - i0 < 256 ? n - i0 : 256;
+        float *xi = x + i0;
+        if (b) for (int i = 0; i < m; i++) xi[i] = xi[i] + b[i0 + i];
+        ed_pm_f16_row(pm, m, xi, hx);
+        for (int i = 0; i < m; i++) {
+            const float v = xi[i];
+            xi[i] = v <= -10.0f ? 0.0f : v >= 10.0f ? v : ED_PM_F(ED_PM_GELU[hx[i]]);
+        }
+    }
 }
 
 static inline void ed_pm_silu_mul(const ed_pm_fns *pm, int n, float *g, const float *u) {

@@ -32,7 +32,7 @@ HELP = f"""Available commands:
   /image FILE       attach an image (PNG, JPEG, WebP, GIF) to the next message; the model
                     needs its mmproj
   /show             the model, system message, parameters and conversation length
-  /clear            forget the conversation (the system message stays)
+  /clear            forget the conversation and the images not yet sent (the system message stays)
   /bye              exit (also Ctrl-D)
   /?, /help         this help
 
@@ -121,7 +121,7 @@ class Session:
         elif cmd in ("/help", "/?"):
             self.say(HELP)
         elif cmd == "/clear":
-            self.messages = []
+            self.messages, self.images = [], []
             self.say("Cleared the conversation.")
         elif cmd == "/system" or cmd == "/set" and words[1:2] == ["system"]:
             text = rest if cmd == "/system" else rest[len("system"):].strip()

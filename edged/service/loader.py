@@ -13,7 +13,7 @@ from ..engine import statefile
 from ..engine.model import Model
 from ..engine.speculative import Speculation, check_vocab
 from ..errors import ConfigError, EdgedError, RequestError
-from ..text.chat import template_for
+from ..text.chat import map_strings, template_for
 from ..trust import verify
 from . import images, prompt_store
 from .scheduler import Busy
@@ -122,9 +122,13 @@ class LoadedModel:
 
     def encode_chat_images(self, messages, embeddings, **template_vars):
         """encode_chat() of messages whose text holds images.MARKER once per image: each marker
-        becomes its embedding's ids (the projector's prompt_ids)."""
+        becomes its embedding's ids (the projector's prompt_ids). Control-token text in the
+        messages stays plain text as in encode_chat (unless content_special_tokens lists it)."""
+        if not self.content_specials:
+            messages, template_vars = map_strings([messages, template_vars], self.tokenizer.defuse)
         text = self.model.chat_prompt(messages, template_file=self.template_file, **template_vars)
-        ids = self.projector.prompt_ids(self.model, text, embeddings)
+        ids = self.projector.prompt_ids(self.model, text, embeddings, marker=images.MARKER,
+                                        marked=not self.content_specials)
         if len(ids) >= 2 and self.tokenizer.bos_id is not None and ids[0] == ids[1] == self.tokenizer.bos_id:
             del ids[0]      # the template wrote {{ bos_token }} and the tokenizer added one too
         return ids

@@ -369,6 +369,8 @@ def capabilities(lm):
         template = _template(lm)
         if reasoning.OPEN in template or harmony.is_harmony(template):
             caps.append("thinking")
+        if lm.projector is not None:            # its mmproj: takes images
+            caps.append("vision")
     if not decoder or m.pooling not in (None, "none"):
         caps.append("embedding")
     return caps

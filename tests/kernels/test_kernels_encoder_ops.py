@@ -64,6 +64,31 @@ def test_enc_act(n, F, pool, every_path):
     np.testing.assert_allclose(got, silu(h.astype(np.float64)) * up, rtol=TOL_ACT * 4, atol=TOL_ACT)
 
 
+def test_enc_act_gelu_same_bits_on_every_path():
+    """GELU rounds its table index to F16 per path (F16C on x86, 8 at a time, 256 values per
+    pass): the bits of the generic path's scalar rounding, over ties, the table's ends, the
+    remainders of 8 and 256 and NaN."""
+    rng = np.random.default_rng(23)
+    h = (rng.standard_normal((3, 771)) * 6).astype(np.float32)
+    h[0, :40] = (np.arange(40, dtype=np.float32) + 0.5) / 1024           # F16 ties near 0
+    h[1, :6] = [-10.0, -9.999, 10.0, 9.999, np.inf, -np.inf]
+    h[2, 300], h[2, 769] = np.nan, -np.nan
+    bias = rng.standard_normal(771).astype(np.float32)
+    before = core.kernel_path()
+    outs = {}
+    try:
+        for p in paths():
+            core.set_path(p)
+            for b in (None, bias):
+                got = h.copy()
+                core.enc_act(got, b, None, core.Pool(2))
+                outs[p, b is None] = got.view(np.uint32)
+    finally:
+        core.set_path(before)
+    for (p, nob), got in outs.items():
+        assert np.array_equal(got, outs["generic", nob]), p
+
+
 def attention_ref(q, k, v, lens, H, scale, base):
     """Per sequence and head, softmax(scale q k^T) v in float64; NeoX RoPE when base > 0."""
     T, Qd = q.shape

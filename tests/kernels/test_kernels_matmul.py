@@ -53,6 +53,41 @@ def test_matmul_threads_equal_single(path, n_tok):
     assert np.array_equal(a, b)
 
 
+@pytest.mark.parametrize("t", [GGMLType.F16, GGMLType.BF16, GGMLType.F32], ids=lambda t: t.name)
+def test_float_weights_in_cache_blocks_give_each_token_alone(path, t):
+    """More tokens than a tile takes run in blocks of (tokens, 64 rows) claimed by whichever
+    thread is free (kernels.pxi _mm_blocks; K = 4096 F16: 16 tokens a block): every output is
+    the bits of its token multiplied alone, on one thread or three."""
+    rng = np.random.default_rng(int(t) + 3)
+    k, n_rows, n_tok = 4096, 150, 37                # 3 token blocks x 3 row blocks, remainders
+    raw, _ = random_weights(t, n_rows, k, rng)
+    x = rng.standard_normal((n_tok, k)).astype(np.float32)
+    alone = np.stack([core.matmul(np.zeros((1, n_rows), np.float32), raw, int(t), x[i:i + 1])[0]
+                      for i in range(n_tok)])
+    for pool in (None, core.Pool(3)):
+        got = np.zeros((n_tok, n_rows), np.float32)
+        core.matmul(got, raw, int(t), x, pool=pool)
+        assert np.array_equal(got, alone)
+
+
+def test_f16_activations_round_as_the_scalar_code(path):
+    """The x86 paths round activations to F16 with F16C: the bits of the scalar code (numpy's
+    float16, round to nearest even) for ties, subnormals, overflow and infinities; a NaN
+    becomes the one quiet NaN 0x7e00 (keeping its sign) as there."""
+    rng = np.random.default_rng(17)
+    x = (rng.standard_normal((2, 1027)) * np.logspace(-9, 5, 1027)).astype(np.float32)
+    ties = (np.arange(1, 65, dtype=np.float32) + 0.5) * np.float32(2.0 ** -14) / 1024  # halfway
+    x[0, :64] = ties
+    x[0, 64:72] = [65504, 65519.996, 65520, -65520, np.inf, -np.inf, 6e-8, -3e-8]
+    x[1, 5], x[1, 1000], x[1, 1026] = np.nan, -np.nan, np.nan
+    got = core.quantize_act(x, int(GGMLType.F16)).view(np.uint16).reshape(2, -1)
+    with np.errstate(over="ignore"):             # 65520 and above: inf, as the kernels
+        want = x.astype(np.float16).view(np.uint16)
+    nan = np.isnan(x)
+    assert np.array_equal(got[~nan], want[~nan])
+    assert set(got[nan].tolist()) == {0x7e00, 0xfe00} and (got[nan] & 0x7fff == 0x7e00).all()
+
+
 def test_quantize_act_matches_reference():
     rng = np.random.default_rng(11)
     x = rng.standard_normal((3, 512)).astype(np.float32)

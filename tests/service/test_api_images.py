@@ -195,6 +195,8 @@ def test_ollama_client_images(srv):
     assert r.message.role == "assistant" and r.prompt_eval_count >= 16
     g = client.generate(model="vlm", prompt="what is it?", images=[PICTURE], options={"num_predict": 2})
     assert g.done and g.prompt_eval_count >= 16
+    assert "vision" in client.show("vlm").capabilities          # Open WebUI looks for it
+    assert "vision" not in client.show("text").capabilities
 
 
 def rss(pid):
@@ -274,9 +276,37 @@ def test_chat_image_command(srv, tmp_path):
     assert f"Added image {srv.cam}/ok.png" in out.getvalue()
     s.handle("What is it?")         # the text model takes none: refused, nothing kept
     assert "takes no images" in out.getvalue() and s.messages == []
+    s.handle("/clear")
+    assert s.images == []
+    s.handle(f"/image {srv.cam}/ok.png")
     if vision_missing():
         return
     s.model = "vlm"
     s.handle("What is it?")
     assert [m["role"] for m in s.messages] == ["user", "assistant"] and s.images == []
     assert s.messages[0]["content"][0]["type"] == "image_url"
+
+
+def test_control_token_text_next_to_an_image_stays_text(srv):
+    """As for text chats: "</s>" written in a message with an image is tokenized as plain text
+    (no forged end of turn) unless content_special_tokens lists the model."""
+    needs_vision()
+    from edged.engine.model import Model
+    from edged.engine.vision import Projector
+    from edged.service.images import MARKER
+    from edged.service.loader import LoadedModel
+    path = str(srv.models / "vlm.gguf")
+    m = Model.load(path, n_threads=1)
+    try:
+        with Projector.load(MMPROJ, n_threads=1) as proj:
+            emb = proj.encode(np.zeros((20, 30, 3), np.uint8))
+            eos = m.tokenizer.encode("</s>", add_special=False, parse_special=True)
+            assert len(eos) == 1
+            for specials in (False, True):
+                lm = LoadedModel("vlm", path, m, None, 0, {}, 256, content_specials=specials)
+                lm.projector = proj
+                ids = lm.encode_chat_images([{"role": "user", "content": MARKER + "x</s>y"}], [emb])
+                assert (eos[0] in ids) == specials, (specials, ids)
+                assert set(emb.token_ids(m.hp.n_vocab)) <= set(ids)
+    finally:
+        m.close()
