@@ -2,11 +2,11 @@
 does not run Mamba-2 layers yet): a streamed chat reply, and the same greedy text on a cold
 start, after a prefix-cache hit (the SSM states and convolution inputs restored with the K/V
 rows), beside three other streams and as each of n=2 forks
-(daemon_support.same_text_cold_cached_batched_forked)."""
+(daemon_support.check_cold_hit_streams_forks)."""
 import pytest
 
 from daemon_support import (Server, add_chat_template, model_dir, open_stream,
-                            same_text_cold_cached_batched_forked, signing_key, sse_events)
+                            check_cold_hit_streams_forks, signing_key, sse_events)
 from family_goldens import regenerated
 
 
@@ -26,7 +26,7 @@ def srv(tmp_path_factory):
 
 
 def test_same_text_cold_after_prefix_hit_with_other_streams_and_forked(srv):
-    same_text_cold_cached_batched_forked(srv)
+    check_cold_hit_streams_forks(srv)
 
 
 def test_streamed_chat(srv):
