@@ -294,6 +294,12 @@ def write_gguf(name, c, path, seed):
     def vec(tname, n, lo=0.8, hi=1.2):
         w.add_tensor(tname, rng.uniform(lo, hi, n).astype(np.float32))
 
+    def dense_ffn(p):   # the FFN after a convolution / Mamba-2 layer (lfm2, granitehybrid)
+        vec(p + "ffn_norm.weight", E)
+        mat(p + "ffn_gate.weight", F, E)
+        mat(p + "ffn_up.weight", F, E)
+        mat(p + "ffn_down.weight", E, F)
+
     mat("token_embd.weight", N_VOCAB, E, scale=1.0)
     vec("token_embd_norm.weight" if arch == "lfm2" else "output_norm.weight", E)
     if not c.get("tied"):
@@ -337,20 +343,14 @@ def write_gguf(name, c, path, seed):
             f32(p + "ssm_d", SH, 1, scale=1.0, lo=0.5)
             vec(p + "ssm_norm.weight", (SG, DI // SG))
             mat(p + "ssm_out.weight", E, DI)
-            vec(p + "ffn_norm.weight", E)
-            mat(p + "ffn_gate.weight", F, E)
-            mat(p + "ffn_up.weight", F, E)
-            mat(p + "ffn_down.weight", E, F)
+            dense_ffn(p)
             continue
         if arch == "lfm2" and il not in c["attn_layers"]:
             mat(p + "shortconv.in_proj.weight", 3 * E, E)
             w.add_tensor(p + "shortconv.conv.weight",
                          (rng.standard_normal((E, c["l_cache"])) * 0.5).astype(np.float32))
             mat(p + "shortconv.out_proj.weight", E, E)
-            vec(p + "ffn_norm.weight", E)
-            mat(p + "ffn_gate.weight", F, E)
-            mat(p + "ffn_up.weight", F, E)
-            mat(p + "ffn_down.weight", E, F)
+            dense_ffn(p)
             continue
         recr = arch in ("qwen35", "qwen35moe") and (il + 1) % 4
         if recr:   # a Gated DeltaNet layer
