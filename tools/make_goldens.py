@@ -333,7 +333,8 @@ def write_gguf(name, c, path, seed):
         vec(p + "attn_norm.weight", E)
         if arch == "granitehybrid" and il not in c["attn_layers"]:
             def f32(tname, *shape, scale=1.0, lo=None):
-                a = rng.standard_normal(shape) * scale if lo is None else rng.uniform(lo, scale, shape)
+                a = rng.standard_normal(shape) * scale if lo is None else \
+                    rng.uniform(lo, scale, shape)
                 w.add_tensor(tname, a.astype(np.float32))
             mat(p + "ssm_in.weight", DI + CH + SH, E)
             f32(p + "ssm_conv1d.weight", CH, S["d_conv"], scale=0.5)

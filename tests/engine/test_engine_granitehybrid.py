@@ -16,9 +16,8 @@ from edged import Model
 from edged.engine import arch
 from edged.errors import MetadataValueError, UnsupportedModelError
 from edged.format.gguf import GGUFFile, Key
-from edged.text.sampling import SamplingParams
 
-from family_goldens import GOLDENS, check, regenerated
+from family_goldens import GOLDENS, check, greedy, regenerated
 
 GOLDEN = np.load(f"{GOLDENS}/synthetic-granitehybrid.golden.npz")
 TOKENS, N_PROMPT = GOLDEN["tokens"].tolist(), int(GOLDEN["n_prompt"])
@@ -42,11 +41,7 @@ def test_golden_reference(model_path):
 
 
 def test_greedy_16_tokens_as_llama_cpp(model_path):
-    with Model.load(model_path, backend="reference") as m:
-        s = m.session(n_ctx=128)
-        out = [o.token for o in s.generate(TOKENS[:N_PROMPT], SamplingParams(temperature=0.0),
-                                           max_tokens=16) if o.token is not None]
-    assert out == TOKENS[N_PROMPT:N_PROMPT + 16]
+    assert greedy(model_path, "reference", TOKENS[:N_PROMPT], 16) == TOKENS[N_PROMPT:N_PROMPT + 16]
 
 
 def test_layers_and_ssm_params_as_llama_cpp_reads_them(file_tables):
