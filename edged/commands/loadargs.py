@@ -67,7 +67,7 @@ def load_model(args, n_ctx_plan=None, path=None, max_memory=None):
 
 
 def add_speculation_args(p):
-    """--lookup | --draft FILE, --draft-max, --lookup-ngram (engine/speculative.py)."""
+    """--lookup | --draft FILE, --draft-max, --draft-fixed, --lookup-ngram (engine/speculative.py)."""
     from ..engine.speculative import DRAFT_MAX, NGRAM_MAX, NGRAM_MIN
     g = p.add_mutually_exclusive_group()
     g.add_argument("--lookup", action="store_true",
@@ -77,7 +77,10 @@ def add_speculation_args(p):
                    help="speculative decoding with this draft model (same vocabulary; signed and "
                         "verified like -m, loaded within what -m leaves of the memory budget)")
     p.add_argument("--draft-max", type=int, default=DRAFT_MAX, metavar="K",
-                   help=f"tokens drafted per step (default {DRAFT_MAX})")
+                   help=f"most tokens drafted per step (default {DRAFT_MAX})")
+    p.add_argument("--draft-fixed", action="store_true",
+                   help="draft --draft-max tokens every step (default: fewer after a rejected "
+                        "draft, more after accepted ones)")
     p.add_argument("--lookup-ngram", default=f"{NGRAM_MIN}:{NGRAM_MAX}", metavar="MIN:MAX",
                    help=f"n-gram sizes prompt lookup matches, longest first (default {NGRAM_MIN}:{NGRAM_MAX})")
 
@@ -93,13 +96,13 @@ def load_speculation(args, m, n_ctx):
     except ValueError:
         raise ConfigError(f"--lookup-ngram {args.lookup_ngram!r}: expected MIN:MAX, e.g. 1:3") from None
     if args.lookup:
-        return Speculation("lookup", args.draft_max, *ngram), None
+        return Speculation("lookup", args.draft_max, *ngram, adapt=not args.draft_fixed), None
     left = m.budget - m.plan(n_ctx).total       # what the target leaves of the budget
     if left <= 0:
         raise ConfigError(f"--draft {args.draft}: {m.path} leaves nothing of the memory budget")
     d = load_model(args, n_ctx_plan=n_ctx, path=args.draft, max_memory=left)
     try:
-        return Speculation("draft", args.draft_max, *ngram, draft_model=d), d
+        return Speculation("draft", args.draft_max, *ngram, draft_model=d, adapt=not args.draft_fixed), d
     except BaseException:
         d.close()
         raise

@@ -16,7 +16,8 @@ of all its slots into one Model.decode call per step (engine/model.py, service/s
 With a drafter (engine/speculative.py) the entry of a decoding step is the last sampled token
 plus up to k drafted tokens (logits "all"), and `accept_all` returns every token the step
 accepted: each row is sampled as plain decoding samples that position, the drafts are kept up to
-the first that differs from the sampled token, and the KV cache forgets the rest. `accept` is
+the first that differs from the sampled token, and the KV cache forgets the rest (how many it
+drafts next follows how many were accepted: the drafter's `k`). `accept` is
 the one-output form for generations without a drafter.
 """
 from __future__ import annotations
@@ -107,7 +108,7 @@ class Generation:
         if self.drafter is None:
             return ()
         s = self.session
-        k = min(self.drafter.draft_max, s.n_ctx - s.n_past - 1)
+        k = min(self.drafter.k, s.n_ctx - s.n_past - 1)
         # k + 1 rows below the kernel path's packed-panel threshold: from there a pass unpacks
         # every weight into panels, a fixed cost of several decode passes (docs/kernels.md)
         panels = getattr(s.model.backend, "gemm_min_cols", 0)
@@ -149,8 +150,11 @@ class Generation:
             if out.finish_reason or i == k or out.token != drafts[i]:
                 break
         s.truncate(base + i)                    # forget the drafts after the accepted ones
+        accepted = i + (i < k and outs[-1].token == drafts[i])   # a draft that ended it counts
+        if k:
+            self.drafter.verified(k, accepted)  # the next step's draft length
         self.n_drafted += k
-        self.n_accepted += i + (i < k and outs[-1].token == drafts[i])   # a draft that ended it
+        self.n_accepted += accepted
         return outs
 
     def _sample(self, row, n_past):

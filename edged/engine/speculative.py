@@ -18,6 +18,13 @@ Two drafters:
   drafts greedily on its own session (its own KV cache, kept on the target session and reused
   with prefix reuse between steps and requests).
 
+The draft length adapts (`adapt`, the default): a step drafts DRAFT_START tokens at first,
+DRAFT_GROW times more after a step whose drafts were all accepted (up to draft_max), and one after
+a step with a rejected draft. A verify row is not free (on SmolLM2-135M Q4_1, 1 thread, each row
+after the first costs about 0.4 of a one-token pass: BENCHMARKS.md "Speculative decoding"), so a
+long draft pays only inside a run of copied text and a short one probes for the next run.
+`adapt=False` drafts draft_max tokens every step.
+
 Speculation(...) is the typed knob (frozen; checked once): the CLI, Python API and daemon all
 build one.
 """
@@ -33,18 +40,21 @@ from ..errors import ConfigError
 MODES = ("off", "lookup", "draft")
 DRAFT_MAX = 10          # default draft length (tokens guessed per step)
 DRAFT_MAX_LIMIT = 64    # most draft tokens of a step: a verify entry is k + 1 rows of one pass
-NGRAM_MIN, NGRAM_MAX = 2, 4   # a 1-gram match guesses too often wrong to pay for its rows
+NGRAM_MIN, NGRAM_MAX = 2, 6   # a 1-gram match guesses too often wrong to pay for its rows
+DRAFT_START, DRAFT_GROW = 4, 3  # adaptive draft length: first k, factor after a fully accepted step
 
 
 @dataclass(frozen=True)
 class Speculation:
-    """How a generation drafts: mode "lookup" or "draft" ("off": never), draft_max tokens per
-    step, lookup n-gram sizes ngram_max down to ngram_min, and the draft Model for "draft"."""
+    """How a generation drafts: mode "lookup" or "draft" ("off": never), at most draft_max
+    tokens per step (adapt: fewer after rejections, module docstring; False: always draft_max),
+    lookup n-gram sizes ngram_max down to ngram_min, and the draft Model for "draft"."""
     mode: str = "lookup"
     draft_max: int = DRAFT_MAX
     ngram_min: int = NGRAM_MIN
     ngram_max: int = NGRAM_MAX
     draft_model: object = None          # engine.model.Model, same vocabulary as the target
+    adapt: bool = True
 
     def __post_init__(self):
         if self.mode not in MODES:
@@ -64,20 +74,39 @@ class Speculation:
     def drafter(self, session):
         """A new drafter for one generation on `session` (None when off)."""
         if self.mode == "lookup":
-            return LookupDrafter(self.draft_max, self.ngram_min, self.ngram_max)
+            return LookupDrafter(self.draft_max, self.ngram_min, self.ngram_max, self.adapt)
         if self.mode == "draft":
             check_vocab(session.model, self.draft_model)
-            return ModelDrafter(session, self.draft_model, self.draft_max)
+            return ModelDrafter(session, self.draft_model, self.draft_max, self.adapt)
         return None
 
 
-class LookupDrafter:
+class Drafter:
+    """What every drafter has: `k`, how many tokens the next step drafts (at most draft_max),
+    and verified(k, accepted), which the generation calls after each step that drafted k > 0: with
+    adapt, k grows DRAFT_GROW-fold after a step that accepted all of its k drafts and falls to 1
+    after one that rejected a draft. Only how many tokens are guessed depends on it, never
+    which tokens are accepted."""
+
+    def __init__(self, draft_max=DRAFT_MAX, adapt=True):
+        self.draft_max, self.adapt = draft_max, adapt
+        self.k = min(DRAFT_START, draft_max) if adapt else draft_max
+
+    def verified(self, k, accepted):
+        if self.adapt:
+            self.k = min(self.draft_max, self.k * DRAFT_GROW) if accepted == k else 1
+
+    def close(self):
+        pass
+
+
+class LookupDrafter(Drafter):
     """Prompt lookup: for n from ngram_max to ngram_min, the tokens that followed the latest
     earlier occurrence of the context's last n tokens. The index of n-grams grows with the
     context (which only ever grows: it holds accepted tokens only)."""
 
-    def __init__(self, draft_max=DRAFT_MAX, ngram_min=NGRAM_MIN, ngram_max=NGRAM_MAX):
-        self.draft_max = draft_max
+    def __init__(self, draft_max=DRAFT_MAX, ngram_min=NGRAM_MIN, ngram_max=NGRAM_MAX, adapt=True):
+        super().__init__(draft_max, adapt)
         self.sizes = range(ngram_max, ngram_min - 1, -1)
         self._index = {n: {} for n in self.sizes}   # n-gram -> where its latest continuation starts
         self._done = 0                  # n-grams ending before this position are indexed
@@ -98,17 +127,14 @@ class LookupDrafter:
                     return list(context[start:start + k])
         return []
 
-    def close(self):
-        pass
 
-
-class ModelDrafter:
+class ModelDrafter(Drafter):
     """Greedy drafts of a smaller model of the same vocabulary, on its own session: kept on the
     target session (`session.draft_session`, closed with it) so that its KV cache is reused
     between steps and requests (prefix reuse)."""
 
-    def __init__(self, session, model, draft_max=DRAFT_MAX):
-        self.draft_max = draft_max
+    def __init__(self, session, model, draft_max=DRAFT_MAX, adapt=True):
+        super().__init__(draft_max, adapt)
         ds = getattr(session, "draft_session", None)
         if ds is None or ds.model is not model or ds._buf is None:
             if ds is not None:
@@ -131,9 +157,6 @@ class ModelDrafter:
             if len(out) >= k or t in self._eog:
                 return out
             logits = s.model.decode([BatchEntry(s, (t,), None, "last")])[0]
-
-    def close(self):
-        pass
 
 
 def check_vocab(target, draft):

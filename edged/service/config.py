@@ -131,7 +131,10 @@ KEYS = [
             "vocabulary) that drafts for it when speculative = \"draft\"; loaded with it and counted "
             "in its memory (its weights and a KV cache per slot)."),
     KeySpec("draft_max", DRAFT_MAX, "draft_max",
-            f"Tokens drafted per step and stream (at most {DRAFT_MAX_LIMIT}).", minimum=1),
+            f"Most tokens drafted per step and stream (at most {DRAFT_MAX_LIMIT}).", minimum=1),
+    KeySpec("draft_adapt", True, "bool",
+            "Draft fewer tokens after a rejected draft and more after accepted ones (up to "
+            "draft_max); false: draft_max every step."),
     KeySpec("spm_infill", [], "models",
             "Models (names, or \"*\" for all) whose fill-in-the-middle prompts (/infill, a "
             "completion with a suffix) put the suffix before the prefix, suffix-prefix-middle, "

@@ -259,7 +259,7 @@ class Loader:
         try:
             mode = cfg.speculative.get(name, cfg.speculative.get("*", "off"))
             if mode == "lookup":
-                speculation = Speculation("lookup", cfg.draft_max)
+                speculation = Speculation("lookup", cfg.draft_max, adapt=cfg.draft_adapt)
             elif mode == "draft" and model.encoder is None:
                 speculation = self._draft(name, model, size)
                 size += self._size(speculation.draft_model)
@@ -346,7 +346,7 @@ class Loader:
         draft, _ = self._open(dname, os.path.join(cfg.models_dir, dname + ".gguf"), budget)
         try:
             check_vocab(model, draft)
-            return Speculation("draft", cfg.draft_max, draft_model=draft)
+            return Speculation("draft", cfg.draft_max, draft_model=draft, adapt=cfg.draft_adapt)
         except BaseException:
             draft.close()
             raise

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from conftest import testdata
-from edged.engine.speculative import LookupDrafter, Speculation, check_vocab
+from edged.engine.speculative import DRAFT_GROW, DRAFT_START, Drafter, LookupDrafter, Speculation, check_vocab
 from edged.errors import ConfigError, RequestError
 from edged.text.sampling import Sampler, SamplingParams
 
@@ -47,21 +47,24 @@ def prompts(m):
     return out
 
 
-class Oracle:
+class Oracle(Drafter):
     """A drafter that knows the plain reply `ref` of a prompt: right (its next tokens) or wrong
-    (each of them + 1) every time."""
-    draft_max = 5
+    (each of them + 1) every time, or wrong at the reply's positions in `wrong_at`; the k of each
+    step in `ks`."""
 
-    def __init__(self, n_prompt, ref, n_vocab, wrong):
+    def __init__(self, n_prompt, ref, n_vocab, wrong, draft_max=5, adapt=True, wrong_at=()):
+        super().__init__(draft_max, adapt)
         self.n_prompt, self.ref, self.n_vocab, self.wrong = n_prompt, ref, n_vocab, wrong
+        self.wrong_at, self.ks = set(wrong_at), []
 
     def drafter(self, session):
         return self
 
     def draft(self, context, k):
+        self.ks.append(k)
         j = len(context) - self.n_prompt        # tokens generated so far
-        out = self.ref[j:j + k]
-        return [(t + 1) % self.n_vocab for t in out] if self.wrong else out
+        return [(t + 1) % self.n_vocab if self.wrong or j + i in self.wrong_at else t
+                for i, t in enumerate(self.ref[j:j + k])]
 
 
 def plain(m, prompt, params, **kw):
@@ -102,6 +105,7 @@ def specs(m, prompt, ref, other=None):
     toks = [t for t, _, _ in ref if t is not None]
     extra = {"draft-other": Speculation("draft", draft_model=other, draft_max=4)} if other else {}
     return {**extra, "lookup": Speculation("lookup", draft_max=6, ngram_min=1), "lookup-default": Speculation("lookup"),
+            "lookup-fixed": Speculation("lookup", draft_max=8, adapt=False),
             "lookup-1": Speculation("lookup", draft_max=1, ngram_min=1, ngram_max=1),
             "draft-self": Speculation("draft", draft_model=m, draft_max=4),
             "right": Oracle(len(prompt), toks, m.n_vocab, wrong=False),
@@ -202,6 +206,30 @@ def test_lookup_drafts_the_continuation_of_the_longest_recent_ngram():
     assert d.draft(ctx + [4, 5, 9, 2, 3], 2) == [7, 8]   # the latest [9, 2, 3]... is the only one
     assert LookupDrafter(ngram_min=2, ngram_max=2).draft([1, 2, 9, 5, 2], 3) == []   # no 1-grams
     assert d.draft([5, 6], 3) == [] and LookupDrafter().draft([], 3) == []
+
+
+def test_draft_length_grows_on_accepted_drafts_and_falls_on_a_rejection(m):
+    """With adapt a step drafts DRAFT_START tokens, DRAFT_GROW times more after a step whose
+    drafts were all accepted (up to draft_max), 1 after a rejection; the tokens stay plain's."""
+    prompt = prompts(m)[0]
+    ref = plain(m, prompt, PARAMS[0], max_tokens=40)
+    toks = [t for t, _, _ in ref if t is not None]
+    if len(toks) < 40:
+        pytest.skip("the reply ends before 40 tokens")
+    right = Oracle(len(prompt), toks, m.n_vocab, False, draft_max=10)
+    assert speculated(m, prompt, PARAMS[0], right, max_tokens=40)[0] == ref
+    grown = min(10, DRAFT_START * DRAFT_GROW)
+    assert right.ks[:3] == [DRAFT_START, grown, min(10, grown * DRAFT_GROW)]
+    # wrong at reply positions 3 and 6: drafts 1..4 (2 accepted: k 1), 4 (right: k 3), 6..8
+    # (none: k 1), 7 (right: k 3)
+    mixed = Oracle(len(prompt), toks, m.n_vocab, False, draft_max=10, wrong_at=(3, 6))
+    assert speculated(m, prompt, PARAMS[0], mixed, max_tokens=40)[0] == ref
+    assert mixed.ks[:5] == [DRAFT_START, 1, DRAFT_GROW, 1, DRAFT_GROW]
+    fixed = Oracle(len(prompt), toks, m.n_vocab, True, draft_max=7, adapt=False)
+    assert speculated(m, prompt, PARAMS[0], fixed, max_tokens=40)[0] == ref
+    assert set(fixed.ks[:-6]) == {7}                                # the last ones: max_tokens
+    lookup = Speculation("lookup", draft_max=6).drafter(None)
+    assert lookup.k == min(DRAFT_START, 6) and Speculation("lookup", adapt=False).drafter(None).k == 10
 
 
 def test_accept_without_accept_all_and_bad_settings_are_refused(m):

@@ -36,9 +36,10 @@ def test_native_paths_match_generic(tmp_path):
         assert any(l in r.stdout.splitlines() for l in ("parity simd expf silu ok", "parity scalar expf silu ok")), r.stdout
         assert any(l in r.stdout.splitlines() for l in ("parity simd dot ok", "parity scalar dot ok")), r.stdout
         assert any(l in r.stdout.splitlines() for l in ("parity simd f16 lanes ok", "parity scalar f16 lanes ok")), r.stdout
-    # every path's Q8_0 activation quantizer gives the generic bytes (ties, zeros, huge values)
+    # every path's Q8_0 and Q8_1 activation quantizers give the generic bytes (ties, zeros, huge values)
     aq = [l for l in r.stdout.splitlines() if l.startswith("actquant ")]
     assert aq and all(l.endswith(" same-bytes ok") for l in aq), r.stdout
+    assert {l.split()[2] for l in aq} == {"Q8_0", "Q8_1"}, r.stdout
     # every type has a tile (ED_TILE: a prompt's tokens, a decode batch's sessions) equal to the
     # one-token path on the x86 SIMD paths (the generic path runs its dot per column)
     digests = [l.split() for l in r.stdout.splitlines() if l.startswith("digest ")]

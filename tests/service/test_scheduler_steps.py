@@ -326,12 +326,13 @@ def test_cost_model_counts_verify_rows(monkeypatch):
     costs), not one row per stream, or it would size prompt chunks for a cheaper pass."""
     from edged import Model
     from edged.service import scheduler
+    from edged.engine.speculative import Drafter
     from edged.service.scheduler import Decoder, Job, StepCosts
 
-    class Guess:
+    class Guess(Drafter):
         """Drafts `k` tokens every step (mostly wrong: the rows are what counts here)."""
         def __init__(self, k):
-            self.draft_max = k
+            super().__init__(k, adapt=False)
 
         def drafter(self, session):
             return self

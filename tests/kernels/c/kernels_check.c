@@ -501,10 +501,10 @@ int main(void) {
         printf("parity %s f16 lanes %s\n", simd ? "simd" : "scalar", lok ? "ok" : "FAIL");
         failures += !lok;
     }
-    {   /* each path's Q8_0 activation quantizer (ED_QUANT) gives ed_quant_q8_0's bytes: random
-           rows, an all-zero block, halves at the rounding boundary (amax 127: the multiplier is
-           1, so 2.5 and -3.5 are ties to even), +-0 and a block past the int8 range of a plain
-           cast: "actquant PATH Q8_0 same-bytes ok" */
+    {   /* each path's Q8_0 and Q8_1 activation quantizers (ED_QUANT) give ed_quant_q8_0's and
+           ed_quant_q8_1's bytes: random rows, an all-zero block, halves at the rounding boundary
+           (amax 127: the multiplier is 1, so 2.5 and -3.5 are ties to even), +-0 and a block past
+           the int8 range of a plain cast: "actquant PATH Q8_0 same-bytes ok", "... Q8_1 ..." */
         enum { NQ = 64 * QK };
         static float qx[NQ];
         static uint8_t q1[NQ * 2], q2[NQ * 2];
@@ -514,15 +514,19 @@ int main(void) {
         for (int i = 0; i < QK; i++) qx[QK + i] = i == 0 ? 127.0f : (float)(i % 9) - 4.5f + (i & 1 ? 0.0f : 1.0f);
         qx[2 * QK] = -0.0f; qx[2 * QK + 1] = 2.5f; qx[2 * QK + 2] = -127.0f;
         for (int i = 0; i < QK; i++) qx[3 * QK + i] = i == 5 ? -3e38f : 1e37f * (float)(i - 16);
-        ed_quant_q8_0(qx, q2, NQ);
-        for (int p = 0; p < 7; p++) {
-            if (!ed_path_supported(force[p])) continue;
-            ed_types_init(force[p]);
-            memset(q1, 0xA5, sizeof q1);
-            ED_QUANT[ED_Q8_0](qx, q1, NQ);
-            const int qok = !memcmp(q1, q2, (size_t)NQ / QK * sizeof(blk_q8_0));
-            printf("actquant %s Q8_0 same-bytes %s\n", paths[p], qok ? "ok" : "FAIL");
-            failures += !qok;
+        static const struct { int type; const char *name; size_t blk; void (*ref)(const float *, void *, int); } aq[] = {
+            {ED_Q8_0, "Q8_0", sizeof(blk_q8_0), ed_quant_q8_0}, {ED_Q8_1, "Q8_1", sizeof(blk_q8_1), ed_quant_q8_1}};
+        for (int a = 0; a < 2; a++) {
+            aq[a].ref(qx, q2, NQ);
+            for (int p = 0; p < 7; p++) {
+                if (!ed_path_supported(force[p])) continue;
+                ed_types_init(force[p]);
+                memset(q1, 0xA5, sizeof q1);
+                ED_QUANT[aq[a].type](qx, q1, NQ);
+                const int qok = !memcmp(q1, q2, (size_t)NQ / QK * aq[a].blk);
+                printf("actquant %s %s same-bytes %s\n", paths[p], aq[a].name, qok ? "ok" : "FAIL");
+                failures += !qok;
+            }
         }
     }
     return failures ? 1 : 0;
