@@ -113,6 +113,14 @@ CASES = {
     # again with write_gguf and checks its SHA-256 against the golden's `gguf_sha256`
     "gemma3n": dict(arch="gemma3n", seed=1012, prompt_seed=12, n_layer=22, n_ff=512, n_swa=8,
                     qk_norm=True, q_norm=(0.25, 0.35), sandwich=True, n_prompt=40),
+    # a scaled-down Granite 4.0-H: 5 layers, attention on 1 and 4 and Mamba-2 elsewhere
+    # (d_inner 128 = 2 * n_embd, 8 SSM heads of 16, state 16, 2 groups, 4 conv taps, conv
+    # bias), granite's multipliers, tied embeddings; a 40-token prompt. Written again by the
+    # test (REGENERATED) like gemma3n
+    "granitehybrid": dict(arch="granitehybrid", seed=1013, prompt_seed=13, n_layer=5,
+                          attn_layers=(1, 4), ssm=dict(d_conv=4, d_state=16, n_head=8, n_group=2),
+                          embedding_scale=2.0, residual_scale=0.5, attention_scale=0.125,
+                          logit_scale=0.5, tied=True, n_prompt=40),
     # a scaled-down Qwen3.5: Gated DeltaNet on layers 0-2 (full_attention_interval 4), gated
     # attention with q/k norms on layer 3; DeltaNet heads of 16 (ssm.state_size), 2 key heads
     # and 4 value heads (value head h reads key head h % 2), a 4-tap convolution; attention
@@ -135,7 +143,7 @@ CASES["gpt-oss-mxfp4"] = dict(CASES["gpt-oss"], mxfp4=True, prompt_seed=8)
 
 # cases whose model is too large to commit: written to a temporary directory, the golden records
 # its SHA-256 (`gguf_sha256`) and the test writes it again with write_gguf
-REGENERATED = {"gemma3n"}
+REGENERATED = {"gemma3n", "granitehybrid"}
 
 GGML_TYPE = {"f16": 1, "q4_0": 2, "q8_0": 8}  # the ggml type ids llama.cpp's type_k/type_v take
 
@@ -235,6 +243,16 @@ def write_gguf(name, c, path, seed):
     if arch == "lfm2":      # per layer: 0 on the convolution layers
         w.add_head_count_kv([KV if il in c["attn_layers"] else 0 for il in range(L)])
         w.add_shortconv_l_cache(c["l_cache"])
+    elif arch == "granitehybrid":  # per layer: 0 on the Mamba-2 layers
+        w.add_head_count_kv([KV if il in c["attn_layers"] else 0 for il in range(L)])
+        S = c["ssm"]
+        DI, DS, SH, SG = 2 * E, S["d_state"], S["n_head"], S["n_group"]
+        CH = DI + 2 * SG * DS
+        w.add_ssm_conv_kernel(S["d_conv"])
+        w.add_ssm_inner_size(DI)
+        w.add_ssm_state_size(DS)
+        w.add_ssm_time_step_rank(SH)
+        w.add_ssm_group_count(SG)
     else:
         w.add_head_count_kv(KV)
     if arch.startswith("qwen35"):
@@ -294,6 +312,12 @@ def write_gguf(name, c, path, seed):
         q = gguf.quants.quantize(data, gguf.GGMLQuantizationType.MXFP4)
         w.add_tensor(tname, q, raw_dtype=gguf.GGMLQuantizationType.MXFP4)
 
+    def dense_ffn(p):   # the FFN after a convolution / Mamba-2 layer (lfm2, granitehybrid)
+        vec(p + "ffn_norm.weight", E)
+        mat(p + "ffn_gate.weight", F, E)
+        mat(p + "ffn_up.weight", F, E)
+        mat(p + "ffn_down.weight", E, F)
+
     mat("token_embd.weight", N_VOCAB, E, scale=1.0)
     vec("token_embd_norm.weight" if arch == "lfm2" else "output_norm.weight", E)
     if not c.get("tied"):
@@ -325,15 +349,27 @@ def write_gguf(name, c, path, seed):
             mat(p + "laurel_r.weight", E, R)
             vec(p + "laurel_post_norm.weight", E)
         vec(p + "attn_norm.weight", E)
+        if arch == "granitehybrid" and il not in c["attn_layers"]:
+            def f32(tname, *shape, scale=1.0, lo=None):
+                a = rng.standard_normal(shape) * scale if lo is None else \
+                    rng.uniform(lo, scale, shape)
+                w.add_tensor(tname, a.astype(np.float32))
+            mat(p + "ssm_in.weight", DI + CH + SH, E)
+            f32(p + "ssm_conv1d.weight", CH, S["d_conv"], scale=0.5)
+            f32(p + "ssm_conv1d.bias", CH, scale=0.1)
+            f32(p + "ssm_dt.bias", SH, scale=-1.0, lo=-4.0)     # softplus -> 0.02..0.3
+            w.add_tensor(p + "ssm_a", -np.exp(rng.uniform(0.0, 2.0, (SH, 1))).astype(np.float32))
+            f32(p + "ssm_d", SH, 1, scale=1.0, lo=0.5)
+            vec(p + "ssm_norm.weight", (SG, DI // SG))
+            mat(p + "ssm_out.weight", E, DI)
+            dense_ffn(p)
+            continue
         if arch == "lfm2" and il not in c["attn_layers"]:
             mat(p + "shortconv.in_proj.weight", 3 * E, E)
             w.add_tensor(p + "shortconv.conv.weight",
                          (rng.standard_normal((E, c["l_cache"])) * 0.5).astype(np.float32))
             mat(p + "shortconv.out_proj.weight", E, E)
-            vec(p + "ffn_norm.weight", E)
-            mat(p + "ffn_gate.weight", F, E)
-            mat(p + "ffn_up.weight", F, E)
-            mat(p + "ffn_down.weight", E, F)
+            dense_ffn(p)
             continue
         recr = arch in ("qwen35", "qwen35moe") and (il + 1) % 4
         if recr:   # a Gated DeltaNet layer

@@ -22,7 +22,7 @@ import numpy as np
 from ..errors import MetadataValueError, UnsupportedModelError
 from ..format.gguf import GGMLType, Key, TYPE_INFO, check_number
 from ..format.quants import SUPPORTED
-from . import gemma3n
+from . import gemma3n, granitehybrid
 
 # Weight types the engine runs: the format layer's table of block layouts (edged.format.quants;
 # the compiled kernels' list, core.supported_types(), is checked against it by the tests).
@@ -77,6 +77,9 @@ class Arch:
     # gemma3n: AltUp streams, LAuReL, per-layer inputs, activation sparsity and K/V shared by
     # the last layers (edged/engine/gemma3n.py); v is RMS-normed without a weight, q.k unscaled
     altup: bool = False
+    # granitehybrid: the layers whose head_count_kv entry is 0 are Mamba-2 layers
+    # (edged/engine/granitehybrid.py)
+    mamba2: bool = False
     # qwen35: the layers attention.recurrent_layers marks (default: all but every
     # full_attention_interval-th) are Gated DeltaNet linear attention (ssm.* keys, one
     # recurrent state per sequence); the others are gated attention: attn_q gives each head's
@@ -106,6 +109,8 @@ ARCHS = {
                  output_norm_tensor="token_embd_norm"),
     "gemma3n": Arch("gemma3n", ROPE_NEOX, qk_norm=True, sandwich_norm=True, embd_scale=True,
                     act="gelu", swa_pattern=5, scale_q=True, altup=True),
+    "granitehybrid": Arch("granitehybrid", ROPE_NORM, qkv_bias=True, multipliers=True,
+                          rope_n_rot_must_equal_head=True, mamba2=True),
     # interleaved M-RoPE: for text every section rotates by the token's position (checked),
     # which is NeoX RoPE over rope.dimension_count dims
     "qwen35": Arch("qwen35", ROPE_NEOX, qk_norm=True, deltanet=True,
@@ -180,6 +185,8 @@ class HParams:
     conv_layers: tuple = field(default=(), metadata=NOT_COMPILED)
     # per layer: the layer whose K/V cache it attends to (itself, but for gemma3n's last layers)
     kv_layers: tuple = field(default=(), metadata=NOT_COMPILED)
+    # per layer: True on a Mamba-2 layer (granitehybrid)
+    ssm_layers: tuple = field(default=(), metadata=NOT_COMPILED)
     # Gated DeltaNet layers (qwen35; llama.cpp's ssm_* names): the causal convolution's taps
     # (ssm.conv_kernel) over q|k|v, the key/value head size S (ssm.state_size), the key heads
     # (ssm.group_count) and value heads (ssm.time_step_rank); each value head keeps an S x S
@@ -284,6 +291,7 @@ class Spec:
     layers: tuple                 # LayerTensors per block
     tensors: dict = field(repr=False)  # name -> TensorInfo of every tensor the model uses
     gemma3n: gemma3n.Tensors | None = None  # AltUp / LAuReL / per-layer inputs (gemma3n)
+    granitehybrid: granitehybrid.Tensors | None = None  # Mamba-2 layers (granitehybrid)
 
     @property
     def tied_embeddings(self):
@@ -479,9 +487,11 @@ def hparams(metadata, arch_name, n_vocab):
     n_ff = m.get(Key.FEED_FORWARD_LENGTH, required=not a.moe, default=None)
     if n_ff is None:
         n_ff = m.get(Key.EXPERT_FEED_FORWARD_LENGTH, default=0)
-    conv_layers = (False,) * n_layer
+    conv_layers = ssm_layers = (False,) * n_layer
     if a.shortconv:
         n_head_kv, conv_layers = _conv_layers(m, n_layer, n_head)
+    elif a.mamba2:
+        n_head_kv, ssm_layers = _conv_layers(m, n_layer, n_head)
     else:
         n_head_kv = m.get(Key.HEAD_COUNT_KV, default=n_head)
     if n_ff <= 0:
@@ -595,6 +605,7 @@ def hparams(metadata, arch_name, n_vocab):
         if a.shared_expert else 0,
         n_shortconv_l_cache=l_cache, n_conv_layers=sum(conv_layers), conv_layers=conv_layers,
         kv_layers=gemma3n.kv_layers(n_layer, swa) if a.altup else tuple(range(n_layer)),
+        ssm_layers=ssm_layers,
         **ssm, n_recr_layers=sum(recr), recr_layers=recr, attn_gated_q=a.deltanet,
     )
 
@@ -695,9 +706,10 @@ def validate(metadata, tensors, n_vocab_tokenizer=None, log=None):
         p = f"blk.{i}."
         has = lambda n: (p + n) in tensors  # noqa: E731
         conv = hp.conv_layers[i] if hp.conv_layers else False
+        ssm = hp.ssm_layers[i] if hp.ssm_layers else False
         recr = _deltanet_tensors(T, p, hp) if hp.recr_layers and hp.recr_layers[i] else {}
         qkv = q = k = v = None
-        if conv:
+        if conv or ssm:
             pass
         elif recr:
             qkv = recr.pop("attn_qkv")    # q | k | v of the DeltaNet, before its convolution
@@ -749,7 +761,7 @@ def validate(metadata, tensors, n_vocab_tokenizer=None, log=None):
             attn_q=q, attn_k=k, attn_v=v, attn_qkv=qkv,
             attn_q_bias=bias[0], attn_k_bias=bias[1], attn_v_bias=bias[2],
             attn_q_norm=qn, attn_k_norm=kn,
-            attn_output=None if conv or recr else T.get(p + "attn_output.weight", (Q, E)),
+            attn_output=None if conv or ssm or recr else T.get(p + "attn_output.weight", (Q, E)),
             shortconv_in_proj=T.get(p + "shortconv.in_proj.weight", (E, 3 * E)) if conv else None,
             shortconv_conv=T.get(p + "shortconv.conv.weight", (hp.n_shortconv_l_cache, E),
                                  vector=True) if conv else None,
@@ -776,6 +788,8 @@ def validate(metadata, tensors, n_vocab_tokenizer=None, log=None):
         _refuse(f"tensor {extra[0]!r} belongs to a block beyond {Key.arch(Key.BLOCK_COUNT, arch_name)}"
                 f" = {hp.n_layer}")
     g3n = gemma3n.tensors(T.get, hp, gemma3n.params(metadata, hp.n_layer)) if a.altup else None
+    mamba2 = granitehybrid.tensors(T.get, hp, granitehybrid.params(
+        metadata, hp.n_embd, hp.ssm_layers)) if a.mamba2 else None
     return Spec(arch=a, hp=hp, token_embd=token_embd, output_norm=output_norm, output=output,
                 rope_freqs=rope_freqs, rope_long=rope_long, rope_short=rope_short,
-                layers=tuple(layers), tensors=dict(T.used), gemma3n=g3n)
+                layers=tuple(layers), tensors=dict(T.used), gemma3n=g3n, granitehybrid=mamba2)

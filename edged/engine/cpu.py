@@ -80,6 +80,10 @@ class CPUBackend(Backend):
             raise UnsupportedModelError(
                 "gemma3n (AltUp, LAuReL, per-layer inputs) is not in the compiled forward pass "
                 "yet; EDGED_BACKEND=reference runs it (slowly)")
+        if spec.granitehybrid:
+            raise UnsupportedModelError(
+                "granitehybrid (Mamba-2 layers) is not in the compiled forward pass yet; "
+                "EDGED_BACKEND=reference runs it (slowly)")
         cache.check(spec.hp.head_dim)
         core = _require_core()
         core.check_fields(spec.hp, _ROLES)  # the C model takes both by name: a mismatch fails the load

@@ -46,6 +46,7 @@ FILES = {
     "gpt-oss": os.path.join(GOLD, "synthetic-gpt-oss.gguf"),
     "lfm2": os.path.join(GOLD, "synthetic-lfm2.gguf"),
     "gemma3n": None,   # written again from tools/make_goldens.py (family_goldens.regenerated)
+    "granitehybrid": None,   # the same
     "bert": os.path.join(SHARED, "all-MiniLM-L6-v2.Q8_0.gguf"),
     "nomic-bert": os.path.join(GOLD, "embed-nomic-bert.gguf"),
 }
@@ -54,7 +55,8 @@ MOE = ("qwen3moe", "qwen2moe", "gpt-oss")
 DECODERS = tuple(a for a in FILES if a not in ENCODERS)
 DENSE = tuple(a for a in DECODERS if a not in MOE)
 ALL = DECODERS + ENCODERS
-ATTENTION_ONLY = tuple(a for a in DECODERS if a != "lfm2")
+ATTENTION_ONLY = tuple(a for a in DECODERS if a not in ("lfm2", "granitehybrid"))
+GRANITE = ("granite", "granitehybrid")
 
 
 def _k(md, arch, key):
@@ -85,6 +87,14 @@ CONVENTIONS = [
     ("attention.head_count_kv", ("lfm2",),
      "required (per layer; 0 marks a convolution layer)", "n_head_kv", None),
     ("shortconv.l_cache", ("lfm2",), "required", "n_shortconv_l_cache", None),
+    ("attention.head_count_kv", ("granitehybrid",),
+     "required (per layer; 0 marks a Mamba-2 layer)", "n_head_kv", None),
+    # Mamba-2 (edged/engine/granitehybrid.py; refusals in tests/engine/test_engine_granitehybrid.py)
+    ("ssm.conv_kernel", ("granitehybrid",), "required", None, None),
+    ("ssm.inner_size", ("granitehybrid",), "required (must be 2 * embedding_length)", None, None),
+    ("ssm.state_size", ("granitehybrid",), "required", None, None),
+    ("ssm.time_step_rank", ("granitehybrid",), "required", None, None),
+    ("ssm.group_count", ("granitehybrid",), "required", None, None),
     ("attention.key_length", DECODERS, "embedding_length / head_count", "head_dim", _head),
     ("attention.value_length", DECODERS, "embedding_length / head_count", "head_dim_v", _head),
     ("rope.dimension_count", DECODERS, "key_length", "n_rot", _key_len),
@@ -132,12 +142,12 @@ CONVENTIONS = [
      "required (llama.cpp: its tensors' shapes then fail)", "n_ff_exp", None),
     ("expert_shared_feed_forward_length", ("qwen2moe",), "feed_forward_length", "n_ff_shexp",
      lambda md, a: _k(md, a, "feed_forward_length")),
-    ("logit_scale", ("granite",), "required", "logit_mul", None),
-    ("residual_scale", ("granite",), "1", "residual_scale", lambda md, a: 1.0),
-    ("embedding_scale", ("granite",), "1", "embd_scale", lambda md, a: 1.0),
-    ("attention.scale", ("granite",), "1 / sqrt(key_length)", "attn_scale",
+    ("logit_scale", GRANITE, "required", "logit_mul", None),
+    ("residual_scale", GRANITE, "1", "residual_scale", lambda md, a: 1.0),
+    ("embedding_scale", GRANITE, "1", "embd_scale", lambda md, a: 1.0),
+    ("attention.scale", GRANITE, "1 / sqrt(key_length)", "attn_scale",
      lambda md, a: 1.0 / math.sqrt(_key_len(md, a))),
-    ("rope.scaling.finetuned", ("granite",), "true (false: no RoPE in any layer)", "rope_layers",
+    ("rope.scaling.finetuned", GRANITE, "true (false: no RoPE in any layer)", "rope_layers",
      lambda md, a: (True,) * _k(md, a, "block_count")),
     ("nextn_predict_layers", DECODERS, "0 (more: refused)", None, None),
     ("attention.causal", ENCODERS, "true, which is refused (converters write false)", None, None),
@@ -305,7 +315,7 @@ def docs_table():
         if set(archs) == set(DECODERS):
             return "every decoder"
         if set(archs) == set(ATTENTION_ONLY):
-            return "every decoder but `lfm2`"
+            return "every decoder but `lfm2`, `granitehybrid`"
         if set(archs) == set(DENSE + ENCODERS):
             return "every dense decoder, the encoders"
         if set(archs) == set(DECODERS + ("nomic-bert",)):

@@ -508,9 +508,9 @@ def check_cold_hit_streams_forks(srv):
     assert len(cold[0]) > 10
 
 
-def family_server(tmp_path_factory, name, path, chat=False):
+def family_server(tmp_path_factory, name, path, chat=False, env=None):
     """A daemon serving one model file as `name` (4 parallel sessions, pinned); chat: with
-    the test chat template added."""
+    the test chat template added; env: its extra environment (EDGED_BACKEND)."""
     key, trusted = signing_key(tmp_path_factory)
     tmp = tmp_path_factory.mktemp(name)
     if chat:
@@ -518,7 +518,7 @@ def family_server(tmp_path_factory, name, path, chat=False):
         path = str(tmp / (name + "-chat.gguf"))
     d = model_dir(tmp, key, {name: path})
     return Server(tmp_path_factory.mktemp("daemon"), d, trusted, default_model=name,
-                  extra={"n_parallel": 4, "max_queue": 8, "pin_default_model": True})
+                  extra={"n_parallel": 4, "max_queue": 8, "pin_default_model": True}, env=env)
 
 
 def forced_call(sock_path, client, body, model, marker):
@@ -540,3 +540,15 @@ def forced_call(sock_path, client, body, model, marker):
     r2 = openai_client(sock_path).chat.completions.create(model=model, **body)
     assert json.loads(r2.choices[0].message.tool_calls[0].function.arguments) == args
     return call, args
+
+
+def streamed_chat(sock_path, content, max_tokens=12):
+    """A greedy chat request streamed as SSE: (its text, the last choice's finish_reason)."""
+    body = {"messages": [{"role": "user", "content": content}], "max_tokens": max_tokens,
+            "temperature": 0, "stream": True}
+    c, r = open_stream(sock_path, body, path="/v1/chat/completions")
+    assert r.status == 200
+    events = sse_events(r.read().decode())
+    c.close()
+    text = "".join(e["choices"][0]["delta"].get("content") or "" for e in events if e["choices"])
+    return text, events[-1]["choices"][0]["finish_reason"]

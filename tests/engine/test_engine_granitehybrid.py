@@ -1,0 +1,159 @@
+"""Granite 4 hybrid (`granitehybrid`: Mamba-2 layers + granite attention) against llama.cpp, and
+its metadata as llama.cpp reads it.
+
+tests/data/goldens/synthetic-granitehybrid.golden.npz holds llama.cpp's teacher-forced logits
+for a scaled-down Granite 4.0-H (tools/make_goldens.py granitehybrid: n_embd 64, 5 layers with
+attention on 1 and 4 and Mamba-2 on 0, 2, 3: d_inner 128, 8 SSM heads, state 16, 2 groups, 4
+conv taps; granite's multipliers): a 40-token prompt, then its greedy continuation of 24. The
+model is written again here and checked by its SHA-256.
+"""
+import dataclasses
+
+import numpy as np
+import pytest
+
+from edged import Model
+from edged.engine import arch
+from edged.errors import MetadataValueError, UnsupportedModelError
+from edged.format.gguf import GGUFFile, Key
+
+from family_goldens import GOLDENS, check, greedy, regenerated
+
+GOLDEN = np.load(f"{GOLDENS}/synthetic-granitehybrid.golden.npz")
+TOKENS, N_PROMPT = GOLDEN["tokens"].tolist(), int(GOLDEN["n_prompt"])
+ARCH = "granitehybrid"
+
+
+@pytest.fixture(scope="module")
+def model_path(tmp_path_factory):
+    return regenerated(ARCH, tmp_path_factory.mktemp(ARCH))
+
+
+@pytest.fixture(scope="module")
+def file_tables(model_path):
+    with GGUFFile.open(model_path) as f:
+        return dict(f.metadata), dict(f.tensors)
+
+
+def test_golden_reference(model_path):
+    """Teacher-forced logits within the F16 tolerances of ../shared/testdata/README.md."""
+    check("synthetic-granitehybrid", "reference", path=model_path)
+
+
+def test_greedy_16_tokens_as_llama_cpp(model_path):
+    assert greedy(model_path, "reference", TOKENS[:N_PROMPT], 16) == TOKENS[N_PROMPT:N_PROMPT + 16]
+
+
+def test_layers_and_ssm_params_as_llama_cpp_reads_them(file_tables):
+    md, tensors = file_tables
+    spec = arch.validate(md, tensors)
+    hp, prm = spec.hp, spec.granitehybrid.params
+    assert hp.ssm_layers == (True, False, True, True, False) == prm.ssm_layers
+    assert (prm.d_conv, prm.d_inner, prm.d_state, prm.n_head, prm.n_group) == (4, 128, 16, 8, 2)
+    assert (prm.head_dim, prm.n_conv_ch, prm.d_in_proj) == (16, 192, 328)
+    assert hp.n_head_kv == 2 and hp.n_conv_layers == 0
+    assert (hp.embd_scale, hp.residual_scale, hp.attn_scale, hp.logit_mul) == (2.0, 0.5, 0.125, 2.0)
+    assert spec.layers[0].attn_q is None and spec.layers[1].attn_q is not None
+    assert spec.granitehybrid.layers[1] is None
+
+
+def _validate(md, tensors, set_=None, drop=(), drop_tensor=None):
+    md = {k: v for k, v in md.items() if k not in drop}
+    md.update(set_ or {})
+    tensors = {k: v for k, v in tensors.items() if k != drop_tensor}
+    return arch.validate(md, tensors)
+
+
+@pytest.mark.parametrize("key", [Key.SSM_CONV_KERNEL, Key.SSM_INNER_SIZE, Key.SSM_STATE_SIZE,
+                                 Key.SSM_TIME_STEP_RANK, Key.SSM_GROUP_COUNT,
+                                 Key.HEAD_COUNT_KV, Key.LOGIT_SCALE])
+def test_required_key_missing_is_refused(file_tables, key):
+    name = Key.arch(key, ARCH)
+    with pytest.raises(UnsupportedModelError, match=name.replace(".", r"\.")):
+        _validate(*file_tables, drop=[name])
+
+
+@pytest.mark.parametrize("key,value", [
+    (Key.SSM_INNER_SIZE, 96),            # llama.cpp: only d_inner = 2 * n_embd
+    (Key.SSM_TIME_STEP_RANK, 6),         # 128 not a multiple of 6
+    (Key.SSM_GROUP_COUNT, 3),            # 8 heads not a multiple of 3 groups
+    (Key.EXPERT_COUNT, 8),               # the MoE variant: not yet
+])
+def test_unsupported_value_is_refused_naming_the_key(file_tables, key, value):
+    name = Key.arch(key, ARCH)
+    with pytest.raises(UnsupportedModelError, match=name.replace(".", r"\.")):
+        _validate(*file_tables, set_={name: value})
+
+
+@pytest.mark.parametrize("value", [-1, 2.5, "4"])
+def test_malformed_ssm_key_is_refused(file_tables, value):
+    name = Key.arch(Key.SSM_STATE_SIZE, ARCH)
+    with pytest.raises((MetadataValueError, UnsupportedModelError), match=name.replace(".", r"\.")):
+        _validate(*file_tables, set_={name: value})
+
+
+@pytest.mark.parametrize("tensor", ["blk.0.ssm_in.weight", "blk.2.ssm_conv1d.weight",
+                                    "blk.3.ssm_a", "blk.3.ssm_d", "blk.0.ssm_dt.bias",
+                                    "blk.2.ssm_norm.weight", "blk.3.ssm_out.weight",
+                                    "blk.4.attn_k.weight"])
+def test_missing_tensor_is_refused_naming_it(file_tables, tensor):
+    with pytest.raises(UnsupportedModelError, match=tensor.replace(".", r"\.")):
+        _validate(*file_tables, drop_tensor=tensor)
+
+
+def test_conv_bias_is_optional(file_tables):
+    spec = _validate(*file_tables, drop_tensor="blk.0.ssm_conv1d.bias")
+    assert spec.granitehybrid.layers[0].ssm_conv1d_b is None
+
+
+def test_wrong_shape_is_refused(file_tables):
+    md, tensors = file_tables
+    t = tensors["blk.0.ssm_norm.weight"]
+    tensors = dict(tensors, **{t.name: dataclasses.replace(t, shape=(128, 1))})
+    with pytest.raises(UnsupportedModelError, match=r"blk\.0\.ssm_norm\.weight"):
+        arch.validate(md, tensors)
+
+
+def test_compiled_backend_refuses_clearly(model_path):
+    pytest.importorskip("edged._core")
+    with pytest.raises(UnsupportedModelError, match=ARCH):
+        Model.load(model_path, backend="cpu")
+
+
+def test_batch_chunks_and_single_tokens_agree(model_path):
+    """The prompt in one batch, in chunks of 7 and token by token: the same bits (each chunk
+    starts from the SSM state and convolution inputs the previous one stored)."""
+    p = TOKENS[:N_PROMPT]
+    with Model.load(model_path, backend="reference") as m:
+        whole = m.session(n_ctx=128).eval(p)[0]
+        chunks = m.session(n_ctx=128, n_batch=7).eval(p)[0]
+        s = m.session(n_ctx=128)
+        for t in p:
+            one = s.eval([t])[0]
+    assert np.array_equal(whole, chunks) and np.array_equal(whole, one)
+
+
+def test_fork_carries_the_recurrent_state(model_path):
+    """A fork holds a copy of the SSM states and convolution inputs: the next token's logits
+    are the same bits in the fork as in the parent, and evaluating in the fork leaves the
+    parent's state alone."""
+    p = TOKENS[:N_PROMPT]
+    with Model.load(model_path, backend="reference") as m:
+        s = m.session(n_ctx=128)
+        s.eval(p[:-1])
+        f = s.fork()
+        forked = f.eval(p[-1:])[0]
+        f.eval(p[:3])
+        parent = s.eval(p[-1:])[0]
+    assert np.array_equal(forked, parent)
+
+
+def test_prompt_cache_file_is_not_written_without_the_ssm_state(model_path, tmp_path):
+    """A prompt-cache file would restore K/V rows but not the Mamba-2 states (wrong text after
+    a restore): saving fails with an OSError, which the daemon's prompt store logs and skips."""
+    with Model.load(model_path, backend="reference") as m:
+        s = m.session(n_ctx=128)
+        s.eval(TOKENS[:8])
+        with pytest.raises(OSError, match="Mamba-2 states"):
+            s.save(str(tmp_path / "p.cache"), key=b"k" * 32)
+    assert not list(tmp_path.iterdir())
