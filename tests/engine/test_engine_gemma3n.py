@@ -14,24 +14,16 @@ import pytest
 from edged import Model
 from edged.engine import arch, gemma3n
 from edged.errors import MetadataValueError, UnsupportedModelError
-from edged.format.gguf import GGUFFile, Key
+from edged.format.gguf import Key
 from edged.text.sampling import SamplingParams
 
-from family_goldens import GOLDENS, check, regenerated
+from family_goldens import GOLDENS, check, regenerated_fixtures, validate_changed
 
 GOLDEN = np.load(f"{GOLDENS}/synthetic-gemma3n.golden.npz")
 TOKENS, N_PROMPT = GOLDEN["tokens"].tolist(), int(GOLDEN["n_prompt"])
 
 
-@pytest.fixture(scope="module")
-def model_path(tmp_path_factory):
-    return regenerated("gemma3n", tmp_path_factory.mktemp("gemma3n"))
-
-
-@pytest.fixture(scope="module")
-def file_tables(model_path):
-    with GGUFFile.open(model_path) as f:
-        return dict(f.metadata), dict(f.tensors)
+model_path, file_tables = regenerated_fixtures("gemma3n")
 
 
 def test_golden_reference(model_path):
@@ -64,13 +56,6 @@ def test_layers_from_20_share_kv_and_the_first_10_are_sparse(file_tables):
     assert spec.active_weight_bytes() == sum(t.nbytes for t in spec.tensors.values()) - rows
 
 
-def _validate(md, tensors, set_=None, drop=(), drop_tensor=None):
-    md = {k: v for k, v in md.items() if k not in drop}
-    md.update(set_ or {})
-    tensors = {k: v for k, v in tensors.items() if k != drop_tensor}
-    return arch.validate(md, tensors)
-
-
 @pytest.mark.parametrize("key,value", [
     (Key.ALTUP_NUM_INPUTS, 3), (Key.ALTUP_ACTIVE_IDX, 1), (Key.EMBD_LENGTH_PER_LAYER_INP, 128),
     (Key.SHARED_KV_LAYERS, 4), (Key.FINAL_LOGIT_SOFTCAPPING, 20.0),
@@ -81,14 +66,14 @@ def test_a_value_llama_cpp_would_not_honour_is_refused_naming_the_key(file_table
     ignores these keys: a file that says otherwise is refused rather than run unlike itself."""
     name = Key.arch(key, "gemma3n")
     with pytest.raises(UnsupportedModelError, match=name.replace(".", r"\.")):
-        _validate(*file_tables, set_={name: value})
+        validate_changed(*file_tables, set_={name: value})
 
 
 @pytest.mark.parametrize("value", [np.array([1.0, 2.0]), ["a"] * 22, 1.6448533535003662])
 def test_malformed_sparsity_array_is_refused(file_tables, value):
     name = Key.arch(Key.ACTIVATION_SPARSITY_SCALE, "gemma3n")
     with pytest.raises(MetadataValueError, match=name.replace(".", r"\.")):
-        _validate(*file_tables, set_={name: value})
+        validate_changed(*file_tables, set_={name: value})
 
 
 def test_absent_optional_keys_take_llama_cpps_values(file_tables):
@@ -96,14 +81,14 @@ def test_absent_optional_keys_take_llama_cpps_values(file_tables):
     keys = [Key.arch(k, "gemma3n") for k in (
         Key.ALTUP_NUM_INPUTS, Key.ALTUP_ACTIVE_IDX, Key.EMBD_LENGTH_PER_LAYER_INP,
         Key.SHARED_KV_LAYERS, Key.ACTIVATION_SPARSITY_SCALE, Key.FINAL_LOGIT_SOFTCAPPING)]
-    base, bare = arch.validate(md, tensors), _validate(md, tensors, drop=keys)
+    base, bare = arch.validate(md, tensors), validate_changed(md, tensors, drop=keys)
     assert bare.gemma3n == base.gemma3n and bare.hp == base.hp
 
 
 def test_integer_window_pattern_defaults_to_5(file_tables):
     """Without the per-layer array llama.cpp's period is 5: every fifth layer global."""
     name = Key.arch(Key.SLIDING_WINDOW_PATTERN, "gemma3n")
-    spec = _validate(*file_tables, drop=[name])
+    spec = validate_changed(*file_tables, drop=[name])
     assert spec.hp.swa_layers == tuple(il % 5 < 4 for il in range(22))
     assert spec.hp.kv_layers[20:] == (18, 18)
 
@@ -112,7 +97,7 @@ def test_integer_window_pattern_defaults_to_5(file_tables):
 def test_required_key_missing_is_refused(file_tables, drop_key):
     name = Key.arch(drop_key, "gemma3n")
     with pytest.raises(UnsupportedModelError, match=name.replace(".", r"\.")):
-        _validate(*file_tables, drop=[name])
+        validate_changed(*file_tables, drop=[name])
 
 
 @pytest.mark.parametrize("tensor", ["per_layer_token_embd.weight", "altup_proj.weight",
@@ -120,7 +105,7 @@ def test_required_key_missing_is_refused(file_tables, drop_key):
                                     "blk.21.attn_k.weight"])
 def test_missing_tensor_is_refused_naming_it(file_tables, tensor):
     with pytest.raises(UnsupportedModelError, match=tensor.replace(".", r"\.")):
-        _validate(*file_tables, drop_tensor=tensor)
+        validate_changed(*file_tables, drop_tensor=tensor)
 
 
 def test_wrong_shape_is_refused(file_tables):

@@ -15,24 +15,16 @@ import pytest
 from edged import Model
 from edged.engine import arch
 from edged.errors import MetadataValueError, UnsupportedModelError
-from edged.format.gguf import GGUFFile, Key
+from edged.format.gguf import Key
 
-from family_goldens import GOLDENS, check, greedy, regenerated
+from family_goldens import GOLDENS, check, greedy, regenerated_fixtures, validate_changed
 
 GOLDEN = np.load(f"{GOLDENS}/synthetic-granitehybrid.golden.npz")
 TOKENS, N_PROMPT = GOLDEN["tokens"].tolist(), int(GOLDEN["n_prompt"])
 ARCH = "granitehybrid"
 
 
-@pytest.fixture(scope="module")
-def model_path(tmp_path_factory):
-    return regenerated(ARCH, tmp_path_factory.mktemp(ARCH))
-
-
-@pytest.fixture(scope="module")
-def file_tables(model_path):
-    with GGUFFile.open(model_path) as f:
-        return dict(f.metadata), dict(f.tensors)
+model_path, file_tables = regenerated_fixtures(ARCH)
 
 
 def test_golden_reference(model_path):
@@ -57,20 +49,13 @@ def test_layers_and_ssm_params_as_llama_cpp_reads_them(file_tables):
     assert spec.granitehybrid.layers[1] is None
 
 
-def _validate(md, tensors, set_=None, drop=(), drop_tensor=None):
-    md = {k: v for k, v in md.items() if k not in drop}
-    md.update(set_ or {})
-    tensors = {k: v for k, v in tensors.items() if k != drop_tensor}
-    return arch.validate(md, tensors)
-
-
 @pytest.mark.parametrize("key", [Key.SSM_CONV_KERNEL, Key.SSM_INNER_SIZE, Key.SSM_STATE_SIZE,
                                  Key.SSM_TIME_STEP_RANK, Key.SSM_GROUP_COUNT,
                                  Key.HEAD_COUNT_KV, Key.LOGIT_SCALE])
 def test_required_key_missing_is_refused(file_tables, key):
     name = Key.arch(key, ARCH)
     with pytest.raises(UnsupportedModelError, match=name.replace(".", r"\.")):
-        _validate(*file_tables, drop=[name])
+        validate_changed(*file_tables, drop=[name])
 
 
 @pytest.mark.parametrize("key,value", [
@@ -82,14 +67,14 @@ def test_required_key_missing_is_refused(file_tables, key):
 def test_unsupported_value_is_refused_naming_the_key(file_tables, key, value):
     name = Key.arch(key, ARCH)
     with pytest.raises(UnsupportedModelError, match=name.replace(".", r"\.")):
-        _validate(*file_tables, set_={name: value})
+        validate_changed(*file_tables, set_={name: value})
 
 
 @pytest.mark.parametrize("value", [-1, 2.5, "4"])
 def test_malformed_ssm_key_is_refused(file_tables, value):
     name = Key.arch(Key.SSM_STATE_SIZE, ARCH)
     with pytest.raises((MetadataValueError, UnsupportedModelError), match=name.replace(".", r"\.")):
-        _validate(*file_tables, set_={name: value})
+        validate_changed(*file_tables, set_={name: value})
 
 
 @pytest.mark.parametrize("tensor", ["blk.0.ssm_in.weight", "blk.2.ssm_conv1d.weight",
@@ -98,11 +83,11 @@ def test_malformed_ssm_key_is_refused(file_tables, value):
                                     "blk.4.attn_k.weight"])
 def test_missing_tensor_is_refused_naming_it(file_tables, tensor):
     with pytest.raises(UnsupportedModelError, match=tensor.replace(".", r"\.")):
-        _validate(*file_tables, drop_tensor=tensor)
+        validate_changed(*file_tables, drop_tensor=tensor)
 
 
 def test_conv_bias_is_optional(file_tables):
-    spec = _validate(*file_tables, drop_tensor="blk.0.ssm_conv1d.bias")
+    spec = validate_changed(*file_tables, drop_tensor="blk.0.ssm_conv1d.bias")
     assert spec.granitehybrid.layers[0].ssm_conv1d_b is None
 
 

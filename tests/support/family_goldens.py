@@ -127,3 +127,28 @@ def alone_batched_forked(m, prompts):
     fork = base.fork()
     base.eval([5, 6, 7])  # the original moves on; the fork keeps its own state
     return alone, batched, fork.eval(prompts[0][-1:])[0], ss
+
+
+def regenerated_fixtures(name):
+    """(model_path, file_tables): module fixtures of a golden whose model its test writes
+    again (regenerated): the file's path, and its (metadata, tensors) tables."""
+    import pytest
+
+    @pytest.fixture(scope="module")
+    def model_path(tmp_path_factory):
+        return regenerated(name, tmp_path_factory.mktemp(name))
+
+    @pytest.fixture(scope="module")
+    def file_tables(model_path):
+        with GGUFFile.open(model_path) as f:
+            return dict(f.metadata), dict(f.tensors)
+    return model_path, file_tables
+
+
+def validate_changed(md, tensors, set_=None, drop=(), drop_tensor=None):
+    """arch.validate of a file's tables with keys set or dropped, or a tensor dropped."""
+    from edged.engine import arch
+    md = {k: v for k, v in md.items() if k not in drop}
+    md.update(set_ or {})
+    tensors = {k: v for k, v in tensors.items() if k != drop_tensor}
+    return arch.validate(md, tensors)
