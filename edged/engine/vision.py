@@ -896,8 +896,11 @@ class ImageTable:
 
     def cut(self, ids, n):
         """n, or the nearest cut that splits no non-causal image of ids[:...] (back to the
-        image's start when it does not start ids, else past its end)."""
-        for a, b in self.spans(ids):
+        image's start when it does not start ids, else past its end) and leaves at most one
+        in the batch (a second image starts the next one: a pass has one non-causal span)."""
+        for k, (a, b) in enumerate(s for s in self.spans(ids) if s[0] < n):
+            if k == 1:
+                return a
             if a < n < b:
                 return a if a > 0 else b
         return n

@@ -180,8 +180,6 @@ def test_two_images_in_one_message(srv, http):
             {"type": "image_url", "image_url": {"url": data_url(PICTURE)}},
             {"type": "text", "text": "and"},
             {"type": "image_url", "image_url": {"url": f"file://{srv.cam}/ok.png"}}]}]})
-    if r.status_code == 400 and "two non-causal images in one batch" in r.text:
-        pytest.skip("engine: two non-causal images in one batch (engine/vision.py) not supported yet")
     assert r.status_code == 200, r.text
     assert r.json()["usage"]["prompt_tokens"] >= 2 * (16 + 2)
 
@@ -253,8 +251,6 @@ def test_generate_with_images_and_info_of_the_mmproj(srv):
     needs_vision()
     r = edged("generate", "-m", str(srv.models / "vlm.gguf"), "-p", "<__media__> and <__media__>?", "-n", "2",
               "--image", str(srv.cam / "ok.png"), "--image", str(srv.cam / "ok.png"), "--json")
-    if "two non-causal images in one batch" in r.stderr:
-        pytest.skip("engine: two non-causal images in one batch (engine/vision.py) not supported yet")
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["n_prompt"] >= 2 * 16
     r = edged("generate", "-m", str(srv.models / "vlm.gguf"), "-p", "what?", "-n", "2", "--chat",
