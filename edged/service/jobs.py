@@ -80,7 +80,7 @@ class Choice:
         self.calls = tools.StreamSplitter(prep.family, prep.tools) if prep.family and not self.harmony else None
         # a splitter of its own that sees each generated token once, to count reasoning tokens
         self.counter = (harmony.HarmonyStream(prep.think, False) if prep.harmony else
-                        reasoning.ThinkSplitter(prep.think_inside) if prep.think else None)
+                        reasoning.ThinkSplitter(prep.think_inside, prep.think_tags) if prep.think else None)
         self.n_reasoning = 0
 
     def add(self, out):

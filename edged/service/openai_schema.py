@@ -261,7 +261,7 @@ def _where(loc):
     for i, part in enumerate(loc):
         if isinstance(part, int):
             out += f"[{part}]"
-        elif part in PART_TAGS and i and isinstance(loc[i - 1], int):
+        elif part in PART_TAGS and i and isinstance(loc[i - 1], int) and i + 1 < len(loc):
             continue                               # the tagged union's member (its `type`)
         elif part in ("str", "list[TextPart]", "list[str]", "list[int]", "list[list[int]]",
                       "function-after", "constrained-str", "int", "float", "dict[str,any]",

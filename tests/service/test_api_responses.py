@@ -589,7 +589,8 @@ def test_reasoning_tokens_counted_as_generated():
     tok = SimpleNamespace(eog_ids=())
 
     def count(pieces, **prep):
-        base = dict(think=True, think_inside=False, harmony=False, family=None, tools=())
+        base = dict(think=True, think_inside=False, think_tags=("<think>", "</think>"), harmony=False,
+                    family=None, tools=())
         c = Choice(0, [], None, SimpleNamespace(**{**base, **prep}), tok)
         for i, text in enumerate(pieces):
             c.add(SimpleNamespace(text=text, token=i, records=(), stop=None))
