@@ -19,7 +19,7 @@ ACCEL = os.environ.get("EDGED_VM_ACCEL", "tcg")
 # seconds a boot may take before it counts as hung (a loaded host can need more than 20 min)
 TIMEOUT = int(os.environ.get("EDGED_VM_TIMEOUT", "1200"))
 RUNTIME_DISTS = ("numpy", "aiohttp", "jinja2", "cryptography", "pyseccomp", "pydantic", "llguidance", "prometheus_client",
-                 "tqdm", "httpx", "httpx-sse")
+                 "tqdm", "httpx", "httpx-sse", "pillow")
 
 
 def why_skip():
