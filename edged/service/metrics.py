@@ -17,6 +17,7 @@ import time
 from prometheus_client import CollectorRegistry, Histogram, ProcessCollector, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+from ..text import grammar
 from .prompt_store import metric_families
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -157,6 +158,9 @@ class Metrics:
                "max_connections_per_uid, accept_EMFILE, ...).",
                [({"reason": k}, v) for k, v in sorted(self.connections_refused.items())])
         metric("edged_connections_open", "gauge", "Open client connections.", [({}, self.connections_open)])
+        metric("edged_grammar_compiles_abandoned_total", "counter",
+               "Grammar compiles given up after grammar.COMPILE_SECONDS (their threads run on).",
+               [({}, grammar.ABANDONED[0])])
         for family in metric_families(self.prompt_cache):
             metric(*family)
         metric("edged_uptime_seconds", "gauge", "Seconds since start.", [({}, time.time() - self.started)])

@@ -16,11 +16,16 @@ the daemon down (a crash or a hang there is one of the whole process):
   (a chain of 20 rules of 28 nested groups each needs 1 MiB), so a 64 KiB grammar can need
   ~50 MB of stack; a 3,600-rule chain overflowed a thread's 8 MiB. Compilation runs on a fresh
   thread with COMPILE_STACK bytes of stack (address space: a compile uses the pages it
-  touches, which glibc gives back when the thread ends), one compile at a time.
+  touches, which glibc gives back when the thread ends).
 - What no stack holds is refused before llguidance sees it (_check_schema): an integer range
   at -2**63 recursed forever, and bounds beyond 64-bit floats were silently clamped, so the
   numbers of a schema must lie within +-MAX_EXACT; nesting deeper than MAX_JSON_DEPTH
-  (llguidance's JSON parser stops at 128).
+  (llguidance's JSON parser stops at 128); `multipleOf` values whose significant digits add
+  up to more than MAX_MULTIPLE (llguidance spends time and memory in proportion to them before
+  its own limits apply: 2**31 ran on past 20 s and 1.3 GB).
+- A compile still running after COMPILE_SECONDS is given up: the request gets a GrammarError
+  and the next compile goes ahead (native code cannot be stopped, so its thread runs on in the
+  background, releasing the GIL; edged_grammar_compiles_abandoned_total in /metrics counts them).
 - mask() and consume() on the decode thread do not recurse with the grammar's depth (the
   deepest grammars under the size cap step on a 256 KiB stack); grammars from clients compile
   without byte forcing, which looped forever in mask() (from_lark); a Rust panic becomes a
@@ -31,6 +36,7 @@ A Constraint is per choice (mutable parser state); the compiled grammar and the 
 are shared per model.
 """
 import contextlib
+import decimal
 import json
 import os
 import re
@@ -54,7 +60,9 @@ except ImportError:  # an install without the structured-output dependency
 
 MAX_GRAMMAR_BYTES = 64 * 1024       # schema / grammar text of one request
 COMPILE_STACK = 256 << 20           # stack of the compiling thread: 4x the most a 64 KiB grammar took
+COMPILE_SECONDS = 30                # a compile takes milliseconds to a second on x86 (the fuzz's cases)
 MAX_JSON_DEPTH = 100                # lists/objects in lists/objects, in a schema or a tool call
+MAX_MULTIPLE = 100_000              # a schema's multipleOf values, significant digits summed (see _multiple_cost)
 MAX_EXACT = 2 ** 53                 # numbers in a schema: llguidance holds them as 64-bit floats
 # llguidance's parser limits (its defaults are 5-10x larger): building the lexer and each
 # mask step have a fuel budget; the grammar a bounded number of symbols.
@@ -143,7 +151,7 @@ def constraint(kind, source, what, tok, n_vocab=None, trigger=None):
             "lark": from_lark}[kind]
     lltokenizer(tok, n_vocab)
     with _panics(what):
-        c = _on_compile_thread(
+        c = _on_compile_thread(what,
             lambda: Constraint(check(make(source, what), tok, n_vocab, what), tok, n_vocab, what))
     if trigger is None:
         return c
@@ -172,10 +180,12 @@ def _panics(what):
 
 
 _COMPILE_LOCK = threading.Lock()
+ABANDONED = [0]                     # compiles given up after COMPILE_SECONDS (their threads run on)
 
 
-def _on_compile_thread(fn):
-    """fn() on a new thread with COMPILE_STACK bytes of stack; its result or its exception."""
+def _on_compile_thread(what, fn):
+    """fn() on a new thread with COMPILE_STACK bytes of stack; its result or its exception.
+    GrammarError if it runs past COMPILE_SECONDS (the thread is left to finish on its own)."""
     out = {}
 
     def run():
@@ -184,7 +194,7 @@ def _on_compile_thread(fn):
         except BaseException as e:  # noqa: BLE001 - handed to the caller's thread
             out["error"] = e
 
-    with _COMPILE_LOCK:         # one compile at a time; threading.stack_size is process-wide
+    with _COMPILE_LOCK:         # threading.stack_size is process-wide
         old = threading.stack_size(COMPILE_STACK)
         try:
             t = threading.Thread(target=run, name="edged-grammar", daemon=True)
@@ -194,7 +204,11 @@ def _on_compile_thread(fn):
                                 f"({COMPILE_STACK >> 20} MiB of stack): {e}") from None
         finally:
             threading.stack_size(old)
-        t.join()
+    t.join(COMPILE_SECONDS)
+    if t.is_alive():
+        ABANDONED[0] += 1
+        raise GrammarError(f"{what} did not compile within {COMPILE_SECONDS} s; simplify it "
+                           f"(fewer rules, alternatives or counted repetitions)")
     if "error" in out:
         raise out.pop("error")
     return out["value"]
@@ -239,6 +253,7 @@ def _check_schema(schema, what):
     if path is not None:
         raise GrammarError(f"{what}: nested too deeply (more than {MAX_JSON_DEPTH} levels, "
                            f"at '...{path[-60:]}')")
+    cost = 0
     for path, _, v in _nodes(schema):
         if isinstance(v, (int, float)) and not isinstance(v, bool) and \
                 not (-MAX_EXACT <= v <= MAX_EXACT):      # NaN too; an int is compared exactly
@@ -246,6 +261,26 @@ def _check_schema(schema, what):
             shown = shown if len(shown) <= 40 else shown[:30] + f"... ({len(shown)} digits)"
             raise GrammarError(f"{what}: '{key}' is {shown} (at '{path}'); numbers in a JSON schema must "
                                f"lie within +-{MAX_EXACT} (2**53), which 64-bit floats hold exactly")
+        if path.endswith(".multipleOf") and isinstance(v, (int, float)) and not isinstance(v, bool):
+            cost += _multiple_cost(v, path, what)
+            if cost > MAX_MULTIPLE:
+                raise GrammarError(f"{what}: its 'multipleOf' values add up to more than edged compiles "
+                                   f"(at '{path}'): their significant digits (0.25 -> 25, 15000 -> 15) "
+                                   f"may add up to {MAX_MULTIPLE}")
+
+
+def _multiple_cost(v, path, what):
+    """What a `multipleOf` costs llguidance's lexer: the value's significant digits read as a
+    number (0.25 -> 25, 15000 -> 15). It builds one in time and memory that grow with that
+    before its expression limit can refuse it: 999983 took 2 s and 180 MB to be refused,
+    2**24 and 2**31 ran on past 20 s and 1.3 GB, twenty 5-digit primes took 8 s and 490 MB.
+    Trailing zeros cost nothing (10**9 is quick)."""
+    sign, digits, _ = decimal.Decimal(repr(v) if isinstance(v, float) else v).normalize().as_tuple()
+    cost = int("".join(map(str, digits)))
+    if sign or not cost or cost > MAX_MULTIPLE:
+        raise GrammarError(f"{what}: 'multipleOf' is {v} (at '{path}'); it must be positive, and its "
+                           f"significant digits (0.25 -> 25, 15000 -> 15) at most {MAX_MULTIPLE}")
+    return cost
 
 
 _JSON_BLOCK = re.compile(r"%json\s*")

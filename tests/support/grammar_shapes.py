@@ -154,11 +154,18 @@ CASES = {
     "regex_panic": lambda: ("grammar", "start: /((\\p{L}|(\\p{L}|\u00e9)))/"),
     "forced_forever": lambda: ("grammar", 'start: /z+/ "z"'),
     "forced_forever_gbnf": lambda: ("grammar", 'root ::= t0 "z" t0 "z"\nt0 ::= ("z")*'),
+    # found by the fuzz: llguidance's lexer spends time and memory in proportion to a
+    # multipleOf before its limits apply (2**31: past 20 s and 1.3 GB)
+    "multiple_of_2_31": lambda: ("json_schema", {"type": "array", "items": {
+        "multipleOf": 2147483648, "type": "integer"}, "x-guidance": {}}),
+    "multiple_of_5_digit_primes": lambda: ("json_schema", {"type": "object", "properties": {
+        f"p{i}": {"type": "integer", "multipleOf": p} for i, p in enumerate((99991, 99989, 99971))}}),
 }
 REPRODUCTIONS = ["lark_chain_3600", "gbnf_chain_cap", "schema_items_150", "schema_any_of_150",
                  "lark_groups_40", "gbnf_groups_500", "wide_alternation_5000", "regex_groups_5000",
                  "integer_beyond_int64", "integer_at_int64_min", "const_int64_min",
-                 "lark_json_const_int64_min", "regex_panic", "forced_forever", "forced_forever_gbnf"]
+                 "lark_json_const_int64_min", "regex_panic", "forced_forever", "forced_forever_gbnf",
+                 "multiple_of_2_31", "multiple_of_5_digit_primes"]
 DEEPEST = [name for name in CASES if name.endswith("_cap")]
 # a compile that fails at the end of a long chain (one error per level on the way back)
 CASES["bad_chain_2000"] = lambda: ("grammar", lark_chain(2000)[1].rsplit("\n", 1)[0] + "\nT2000: UNDEFINED")

@@ -56,6 +56,7 @@ def test_reproductions_compile_or_are_refused_and_the_process_lives():
     results = {o["name"]: o["result"] for o in out}
     assert results["lark_chain_3600"] == results["gbnf_chain_cap"] == "compiled"
     assert results["schema_items_150"] == results["const_int64_min"] == "GrammarError"
+    assert results["multiple_of_2_31"] == results["multiple_of_5_digit_primes"] == "GrammarError"
 
 
 def test_deepest_grammars_fit_a_quarter_of_the_compile_stack():
@@ -166,6 +167,56 @@ def test_schemas_inside_a_lark_grammar_are_checked():
         grammar.from_grammar('start: %json {"const": -9223372036854775808}')
     with pytest.raises(GrammarError, match=r"nested too deeply \(more than 100 levels"):
         grammar.from_lark("start: %json " + '{"items": ' * 101 + "{}" + "}" * 101, "tools")
+
+
+# --- multipleOf, and compiles that run too long -------------------------------------------
+
+@pytest.mark.parametrize("schema, shown", [
+    ({"type": "array", "items": {"type": "integer", "multipleOf": 2**31}}, "'multipleOf' is 2147483648 (at '.items.multipleOf')"),
+    ({"type": "integer", "multipleOf": 999983}, "'multipleOf' is 999983"),
+    ({"type": "number", "multipleOf": 12.3456}, "'multipleOf' is 12.3456"),
+    ({"type": "integer", "multipleOf": 0}, "'multipleOf' is 0"),
+    ({"type": "number", "multipleOf": -0.5}, "'multipleOf' is -0.5"),
+    ({"type": "object", "properties": {f"p{i}": {"type": "integer", "multipleOf": 99991 - 2 * i} for i in range(3)}},
+     "'multipleOf' values add up to more than edged compiles (at '.properties.p1.multipleOf')"),
+])
+def test_costly_multiple_of_is_refused_naming_it(schema, shown):
+    """llguidance's lexer spends time and memory in proportion to a multipleOf's significant
+    digits before its own limits refuse it (2**31 ran on past 20 s and 1.3 GB; found by the fuzz)."""
+    with pytest.raises(GrammarError, match=re.escape(shown)):
+        grammar.from_json_schema(schema, "response_format.json_schema.schema")
+
+
+@pytest.mark.parametrize("schema, good, bad", [
+    # llguidance writes a fraction with multipleOf's decimals or none: 2.5 is "2.50"
+    ({"type": "number", "multipleOf": 0.25, "minimum": 0, "maximum": 10}, ["0.75", "2.50", "10"], ["0.3", "2.55", "10.25"]),
+    ({"type": "integer", "multipleOf": 1024, "minimum": 0}, ["0", "1024", "3072"], ["1000", "1025"]),
+    ({"type": "integer", "multipleOf": 15000, "minimum": 0}, ["45000", "0"], ["1500", "15001"]),
+])
+def test_multiple_of_within_the_bound_is_exact(tok, schema, good, bad):
+    from grammar_support import feed
+    g = grammar.check(grammar.from_json_schema(schema), tok)
+    for text in good:
+        assert feed(grammar.Constraint(g, tok), tok, text), text
+    for text in bad:
+        assert not feed(grammar.Constraint(g, tok), tok, text), text
+
+
+def test_a_compile_past_the_deadline_is_a_grammar_error_and_the_next_one_goes_ahead(monkeypatch):
+    """llguidance's native code cannot be stopped: a compile still running after COMPILE_SECONDS
+    is given up (counted), and it holds nothing the next compile needs."""
+    import threading
+    monkeypatch.setattr(grammar, "COMPILE_SECONDS", 0.3)
+    release = threading.Event()
+    before = grammar.ABANDONED[0]
+    t0 = time.monotonic()
+    with pytest.raises(GrammarError, match=r"response_format did not compile within 0.3 s"):
+        grammar._on_compile_thread("response_format", lambda: release.wait(30))
+    assert time.monotonic() - t0 < 5 and grammar.ABANDONED[0] == before + 1
+    try:
+        assert grammar._on_compile_thread("response_format", lambda: 42) == 42     # not blocked by the first
+    finally:
+        release.set()
 
 
 # --- JSON nested too deep for Python (issue 41.12) -----------------------------------------
