@@ -19,7 +19,7 @@ import os
 import sys
 import time
 
-from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import HealthCheck, Phase, given, seed, settings
 from hypothesis import strategies as st
 
 import grammar_shapes
@@ -176,6 +176,9 @@ INPUTS = st.one_of(rule_grammar(), chain(), WIDE, schema_with_defs(), ref_chain(
 def main(argv):
     ap = argparse.ArgumentParser()
     ap.add_argument("--seconds", type=float, default=30)
+    ap.add_argument("--random", action="store_true",
+                    help="fresh random inputs; without it batch i draws from seed i, so a run "
+                         "repeats the inputs of any shorter run (what CI finds, you can replay)")
     args = ap.parse_args(argv)
     tok = grammar_shapes._tokenizer()
     counts = {"examples": 0, "compiled": 0, "refused": 0}
@@ -186,7 +189,7 @@ def main(argv):
               suppress_health_check=list(HealthCheck),
               phases=[Phase.generate, Phase.target, Phase.shrink])
     @given(INPUTS)
-    def one(case):
+    def batch(case):
         kind, source = case
         text = source if isinstance(source, str) else json.dumps(source)
         print(f"input {kind} ({len(text)} chars): {text[:2500]!r}", file=sys.stderr, flush=True)
@@ -202,9 +205,11 @@ def main(argv):
         else:
             raise AssertionError(f"{out['result']}: {out['message']}")
 
+    n = 0
     while time.monotonic() < deadline:
-        one()
-    print(json.dumps(counts), flush=True)
+        (batch if args.random else seed(n)(batch))()
+        n += 1
+    print(json.dumps(dict(counts, batches=n)), flush=True)
 
 
 if __name__ == "__main__":

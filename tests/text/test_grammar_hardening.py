@@ -270,7 +270,8 @@ def test_fuzz_grammars_and_schemas():
     odd unicode) for FUZZ_SECONDS in a process of its own: each compiles, and steps on a 256 KiB
     stack, or raises GrammarError; nothing else, and the process lives."""
     seconds = float(os.environ.get("EDGED_GRAMMAR_FUZZ_SECONDS", "30"))
-    code, out, err = isolated(FUZZ, "--seconds", str(seconds), timeout=seconds + 120)
+    fresh = ["--random"] if os.environ.get("EDGED_FUZZ_RANDOM") else []
+    code, out, err = isolated(FUZZ, "--seconds", str(seconds), *fresh, timeout=seconds + 120)
     assert code == 0, f"the fuzzing process died ({code}); last input:\n{err[-3000:]}"
     summary = out[-1]
     assert summary["examples"] >= 50 and summary["compiled"] and summary["refused"], summary
