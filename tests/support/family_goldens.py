@@ -89,13 +89,14 @@ def check(name, backend, path=None):
         f"{name}/{backend}: max {d.max():.4f} mean {d.mean():.5f} top-1 misses {misses}"
 
 
-def check_every_kernel_path(core, name):
-    """check(name, "cpu") on generic, avx2 and avx512 (every path this CPU has)."""
+def check_every_kernel_path(core, name, path=None):
+    """check(name, "cpu") on generic, avx2 and avx512 (every path this CPU has); path: the
+    model when it is not in GOLDENS (regenerated())."""
     before = core.kernel_path()
     try:
-        for path in core.available_paths():
-            core.set_path(path)
-            check(name, "cpu")
+        for kernels in core.available_paths():
+            core.set_path(kernels)
+            check(name, "cpu", path=path)
     finally:
         core.set_path(before)
 
