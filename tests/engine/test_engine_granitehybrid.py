@@ -204,3 +204,11 @@ def test_prompt_cache_file_is_not_written_without_the_ssm_state(model_path, tmp_
         with pytest.raises(StateFileError, match="3 recurrent layers"):
             s.save(str(tmp_path / "p.cache"), key=b"k" * 32)
     assert not list(tmp_path.iterdir())
+
+
+def test_info_names_the_mamba2_layers(model_path, capsys):
+    from edged.cli import main
+    main(["info", "-m", model_path, "-c", "512"])
+    out = capsys.readouterr().out
+    assert "Mamba-2 on layers [0, 2, 3] (8 heads of 16 x state 16, 2 groups, 4-tap" in out
+    assert "per sequence" in out
