@@ -596,16 +596,17 @@ static void ed_moe_ffn(ed_state *s, ed_pool *p, const ed_model *m, const ed_laye
     ed_barrier(p);
     if (L->ffn_up_shexp.data) {
         /* the shared expert for every token, times sigmoid(x . gate_inp_shexp) computed as
-           llama.cpp does: silu(g) / g; added after the routed experts */
-        const int Fs = m->n_ff_shexp;
-        ed_matmul(s, p, s->probs, X, &L->ffn_gate_inp_shexp, s->xb, E, n, 0, ith, nth);
+           llama.cpp does: silu(g) / g (granitehybrid: no gate); added after the routed experts */
+        const int Fs = m->n_ff_shexp, gated = L->ffn_gate_inp_shexp.data != NULL;
+        if (gated) ed_matmul(s, p, s->probs, X, &L->ffn_gate_inp_shexp, s->xb, E, n, 0, ith, nth);
         ed_gate_up(s, p, m, &L->ffn_gate_shexp, &L->ffn_up_shexp, 0, Fs, s->xb, n, NULL, NULL, ith, nth);
         ed_matmul(s, p, s->ye, E, &L->ffn_down_shexp, s->hb, 2 * Fs, n, 0, ith, nth);
         ed_range(n, ith, nth, &a, &b);
         for (int64_t t = a; t < b; t++) {
-            const float g = s->probs[t * X], gate = ed_silu(g) / g;
             float *o = s->xb2 + t * E;
             const float *y = s->ye + (size_t)t * E;
+            if (!gated) { for (int i = 0; i < E; i++) o[i] = o[i] + y[i]; continue; }
+            const float g = s->probs[t * X], gate = ed_silu(g) / g;
             for (int i = 0; i < E; i++) o[i] = o[i] + y[i] * gate;
         }
         ed_barrier(p);

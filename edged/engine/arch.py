@@ -586,11 +586,15 @@ def hparams(metadata, arch_name, n_vocab):
     ssm = _deltanet(m, n_layer, n_embd, n_rot) if a.deltanet else \
         granitehybrid.hparams(granitehybrid.params(metadata, n_embd, ssm_layers)) if a.mamba2 \
         else dict(n_recr_layers=0, recr_layers=())
-    n_expert = n_used = n_ff_exp = 0
-    if a.moe:
+    n_expert = n_used = n_ff_exp = n_ff_shexp = 0
+    # granitehybrid: experts when expert_count > 0, feed_forward_length wide, the top k
+    # renormalised, and a shared expert without a gate when its width is given (llama.cpp's
+    # granite MoE FFN)
+    granite_moe = a.mamba2 and m.get(Key.EXPERT_COUNT, default=0) > 0
+    if a.moe or granite_moe:
         n_expert = m.get(Key.EXPERT_COUNT, required=True)
         n_used = m.get(Key.EXPERT_USED_COUNT, required=True)
-        n_ff_exp = m.get(Key.EXPERT_FEED_FORWARD_LENGTH, required=True)
+        n_ff_exp = n_ff if granite_moe else m.get(Key.EXPERT_FEED_FORWARD_LENGTH, required=True)
         if not 0 < n_used <= n_expert <= MAX_EXPERTS or n_ff_exp <= 0:
             _refuse(f"{arch_name}: expert_used_count {n_used} / expert_count {n_expert} / "
                     f"expert_feed_forward_length {n_ff_exp} invalid")
@@ -610,11 +614,12 @@ def hparams(metadata, arch_name, n_vocab):
         attn_softcap=m.get(Key.ATTN_LOGIT_SOFTCAPPING, default=50.0) if a.softcap else 0.0,
         residual_scale=residual_scale, logit_mul=logit_mul, rope_layers=rope_layers,
         n_expert=n_expert, n_expert_used=n_used, n_ff_exp=n_ff_exp,
-        expert_weights_norm=a.moe_norm_w, expert_softmax_topk=a.moe_softmax_topk,
+        expert_weights_norm=a.moe_norm_w or granite_moe, expert_softmax_topk=a.moe_softmax_topk,
         rope_neox=a.rope_type == ROPE_NEOX, act_gelu=a.act == "gelu", act_oai=a.act == "swiglu_oai",
         scale_q=a.scale_q,
         n_ff_shexp=m.get(Key.EXPERT_SHARED_FEED_FORWARD_LENGTH, default=0) or n_ff
-        if a.shared_expert else 0,
+        if a.shared_expert else m.get(Key.EXPERT_SHARED_FEED_FORWARD_LENGTH, default=0)
+        if granite_moe else 0,
         n_shortconv_l_cache=l_cache, n_conv_layers=sum(conv_layers), conv_layers=conv_layers,
         kv_layers=gemma3n.kv_layers(n_layer, swa) if a.altup else tuple(range(n_layer)),
         ssm_layers=ssm_layers,
@@ -745,7 +750,7 @@ def validate(metadata, tensors, n_vocab_tokenizer=None, log=None):
         down = ginp = gexp = uexp = dexp = None
         shexp = (None,) * 4
         moe_bias = (None,) * 4
-        if a.moe:
+        if hp.n_expert:
             X, Fe = hp.n_expert, hp.n_ff_exp
             gate = up = None
             ginp = T.get(p + "ffn_gate_inp.weight", (E, X))
@@ -757,9 +762,9 @@ def validate(metadata, tensors, n_vocab_tokenizer=None, log=None):
                             T.get(p + "ffn_gate_exps.bias", (Fe, X), vector=True),
                             T.get(p + "ffn_up_exps.bias", (Fe, X), vector=True),
                             T.get(p + "ffn_down_exps.bias", (E, X), vector=True))
-            if a.shared_expert:
+            if hp.n_ff_shexp:     # gated but for granitehybrid's
                 Fs = hp.n_ff_shexp
-                shexp = (T.get(p + "ffn_gate_inp_shexp.weight", (E,)),
+                shexp = (T.get(p + "ffn_gate_inp_shexp.weight", (E,)) if a.shared_expert else None,
                          T.get(p + "ffn_gate_shexp.weight", (E, Fs)),
                          T.get(p + "ffn_up_shexp.weight", (E, Fs)),
                          T.get(p + "ffn_down_shexp.weight", (Fs, E)))
@@ -768,7 +773,7 @@ def validate(metadata, tensors, n_vocab_tokenizer=None, log=None):
         else:
             gate = T.get(p + "ffn_gate.weight", (E, hp.n_ff))
             up = T.get(p + "ffn_up.weight", (E, hp.n_ff))
-        if not a.moe:
+        if not hp.n_expert:
             down = T.get(p + "ffn_down.weight", (hp.n_ff, E))
         layers.append(LayerTensors(
             attn_norm=T.get(p + "attn_norm.weight", (E,), vector=True),

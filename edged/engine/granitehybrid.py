@@ -60,10 +60,6 @@ def _key(md, key, lo=1):
 
 
 def params(md, n_embd, ssm_layers):
-    experts = Key.arch(Key.EXPERT_COUNT, ARCH)
-    if md.get(experts):
-        _refuse(f"{experts} = {md[experts]}: the MoE variant of {ARCH} is not supported yet "
-                "(dense FFN only)")
     d_conv = _key(md, Key.SSM_CONV_KERNEL)
     d_inner = _key(md, Key.SSM_INNER_SIZE)
     d_state = _key(md, Key.SSM_STATE_SIZE)

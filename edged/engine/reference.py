@@ -440,7 +440,8 @@ class ReferenceBackend(Backend):
                 d = (D[e] @ act.astype(np.float32)).astype(np.float64) + db[e]
                 out[t] += we * d
         if L.ffn_up_shexp:  # the shared expert, gated by sigmoid(x . gate_inp_shexp)
-            gate = 1.0 / (1.0 + np.exp(-self._mm(h, L.ffn_gate_inp_shexp)))   # (n, 1)
+            gate = 1.0 / (1.0 + np.exp(-self._mm(h, L.ffn_gate_inp_shexp))) \
+                if L.ffn_gate_inp_shexp else 1.0     # (n, 1); granitehybrid's has no gate
             g, u = self._mm(h, L.ffn_gate_shexp), self._mm(h, L.ffn_up_shexp)
             out += self._mm(silu(g) * u, L.ffn_down_shexp) * gate
         return out

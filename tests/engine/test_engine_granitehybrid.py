@@ -23,10 +23,14 @@ from family_goldens import (GOLDENS, alone_batched_forked, check, check_every_ke
 
 GOLDEN = np.load(f"{GOLDENS}/synthetic-granitehybrid.golden.npz")
 TOKENS, N_PROMPT = GOLDEN["tokens"].tolist(), int(GOLDEN["n_prompt"])
+MOE_TOKENS = np.load(f"{GOLDENS}/synthetic-granitehybrid-moe.golden.npz")["tokens"].tolist()
 ARCH = "granitehybrid"
 
 
 model_path, file_tables = regenerated_fixtures(ARCH)
+# the MoE variant: the same shape with 8 experts of 32 (2 per token) and an ungated shared
+# expert of 32 in every layer (llama.cpp's granite MoE FFN)
+moe_path, moe_tables = regenerated_fixtures(ARCH + "-moe", ("moe_path", "moe_tables"))
 BACKENDS = ["cpu", "reference"]
 
 
@@ -75,7 +79,6 @@ def test_required_key_missing_is_refused(file_tables, key):
     (Key.SSM_INNER_SIZE, 96),            # llama.cpp: only d_inner = 2 * n_embd
     (Key.SSM_TIME_STEP_RANK, 6),         # 128 not a multiple of 6
     (Key.SSM_GROUP_COUNT, 3),            # 8 heads not a multiple of 3 groups
-    (Key.EXPERT_COUNT, 8),               # the MoE variant: not yet
 ])
 def test_unsupported_value_is_refused_naming_the_key(file_tables, key, value):
     name = Key.arch(key, ARCH)
@@ -212,3 +215,38 @@ def test_info_names_the_mamba2_layers(model_path, capsys):
     out = capsys.readouterr().out
     assert "Mamba-2 on layers [0, 2, 3] (8 heads of 16 x state 16, 2 groups, 4-tap" in out
     assert "per sequence" in out
+
+
+def test_moe_experts_as_llama_cpp_reads_them(moe_tables):
+    """Experts are feed_forward_length wide, the top k renormalised; the shared expert has no
+    gate tensor."""
+    spec = arch.validate(*moe_tables)
+    hp, L = spec.hp, spec.layers[0]
+    assert (hp.n_expert, hp.n_expert_used, hp.n_ff_exp, hp.n_ff_shexp) == (8, 2, 32, 32)
+    assert hp.expert_weights_norm and L.ffn_up is None and L.ffn_gate_inp_shexp is None
+    assert L.ffn_up_shexp == "blk.0.ffn_up_shexp.weight" and L.ssm_in is not None
+
+
+def test_moe_expert_used_count_is_required(moe_tables):
+    name = Key.arch(Key.EXPERT_USED_COUNT, ARCH)
+    with pytest.raises(UnsupportedModelError, match=name.replace(".", r"\.")):
+        validate_changed(*moe_tables, drop=[name])
+
+
+def test_moe_golden_reference(moe_path):
+    check("synthetic-granitehybrid-moe", "reference", path=moe_path)
+
+
+def test_moe_golden_every_kernel_path(core, moe_path):
+    check_every_kernel_path(core, "synthetic-granitehybrid-moe", path=moe_path)
+
+
+def test_moe_batch_chunks_and_single_tokens_agree(core, moe_path):
+    p = MOE_TOKENS[:N_PROMPT]
+    with Model.load(moe_path, n_threads=2) as m:
+        whole = m.session(n_ctx=128).eval(p)[0]
+        chunks = m.session(n_ctx=128, n_batch=7).eval(p)[0]
+        s = m.session(n_ctx=128)
+        for t in p:
+            one = s.eval([t])[0]
+    assert np.array_equal(whole, chunks) and np.array_equal(whole, one)

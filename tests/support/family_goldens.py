@@ -130,18 +130,19 @@ def alone_batched_forked(m, prompts):
     return alone, batched, fork.eval(prompts[0][-1:])[0], ss
 
 
-def regenerated_fixtures(name):
+def regenerated_fixtures(name, names=("model_path", "file_tables")):
     """(model_path, file_tables): module fixtures of a golden whose model its test writes
-    again (regenerated): the file's path, and its (metadata, tensors) tables."""
+    again (regenerated): the file's path, and its (metadata, tensors) tables; `names`: the
+    fixtures' names (two models in one module)."""
     import pytest
 
-    @pytest.fixture(scope="module")
+    @pytest.fixture(scope="module", name=names[0])
     def model_path(tmp_path_factory):
         return regenerated(name, tmp_path_factory.mktemp(name))
 
-    @pytest.fixture(scope="module")
-    def file_tables(model_path):
-        with GGUFFile.open(model_path) as f:
+    @pytest.fixture(scope="module", name=names[1])
+    def file_tables(request):
+        with GGUFFile.open(request.getfixturevalue(names[0])) as f:
             return dict(f.metadata), dict(f.tensors)
     return model_path, file_tables
 
