@@ -250,3 +250,35 @@ def test_moe_batch_chunks_and_single_tokens_agree(core, moe_path):
         for t in p:
             one = s.eval([t])[0]
     assert np.array_equal(whole, chunks) and np.array_equal(whole, one)
+
+
+def test_synth_shape_layout(core, tmp_path, monkeypatch):
+    """`edged synth --shape granite-4.0-h-350m`'s layout at a small size: per-layer
+    head_count_kv with 0 on the Mamba-2 layers, the ssm.* keys, granite's multipliers, RoPE
+    off, F32 vectors in the converter's shapes (ssm_norm 2-D even for one group); read back by
+    the PyPI gguf reader, and the compiled forward agrees with the NumPy reference on it. (The
+    full-size Q4_K_M file loads in llama.cpp 0.3.36, whose teacher-forced logits edged's match
+    within the quantized tolerances: docs/models.md.)"""
+    import gguf
+    from edged.format import synth
+    small = dict(synth.SHAPES["granite-4.0-h-350m"], n_embd=64, n_head=4, n_head_kv=2,
+                 n_ff=128, n_layer=4, n_vocab=512, attn_layers=(2,),
+                 mamba2=dict(d_conv=4, d_state=16, n_head=8, n_group=1))
+    monkeypatch.setitem(synth.SHAPES, "test-granite", small)
+    path = str(tmp_path / "g.gguf")
+    synth.synth("test-granite", "Q8_0", path)
+    r = gguf.GGUFReader(path)
+    assert list(r.fields["granitehybrid.attention.head_count_kv"].contents()) == [0, 0, 2, 0]
+    assert r.fields["granitehybrid.ssm.inner_size"].contents() == 128
+    assert r.fields["granitehybrid.rope.scaling.finetuned"].contents() is False
+    names = {t.name: t for t in r.tensors}
+    assert list(names["blk.0.ssm_norm.weight"].shape) == [128, 1]
+    assert names["blk.0.ssm_in.weight"].tensor_type == gguf.GGMLQuantizationType.Q8_0
+    assert names["blk.0.ssm_conv1d.weight"].tensor_type == gguf.GGMLQuantizationType.F32
+    assert "blk.0.attn_q.weight" not in names and "blk.2.ssm_in.weight" not in names
+    ids = [1, 40, 41, 42, 43, 44, 45, 46]
+    with Model.load(path, n_threads=2) as m, Model.load(path, backend="reference") as ref:
+        assert m.hp.n_recr_layers == 3 and m.hp.embd_scale == 12.0
+        got = np.asarray(m.session(n_ctx=32).eval(ids, logits="all"))
+        want = np.asarray(ref.session(n_ctx=32).eval(ids, logits="all"))
+    assert np.abs(got - want).max() < 0.05 * np.abs(want).max()
