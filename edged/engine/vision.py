@@ -864,6 +864,12 @@ class ImageTable:
             self._by_base[b] = emb
             self._bases = sorted(self._by_base)
 
+    def copy(self):
+        """A table of its own holding the same (immutable) embeddings: Session.fork."""
+        t = ImageTable(self.n_vocab)
+        t._by_base, t._bases = dict(self._by_base), list(self._bases)
+        return t
+
     def lookup(self, t):
         """(ImageEmbedding, row) of pseudo id t, or None."""
         import bisect

@@ -157,6 +157,20 @@ def test_image_prompt_same_bits_in_any_chunking(proj, text_model, golden):
     assert len(g._pending) == 1
 
 
+def test_a_fork_keeps_the_images_of_its_prompt(proj, text_model, golden):
+    """n > 1 choices fork a session: a fork that goes back into the image (a truncate, then the
+    same ids again) still finds its rows, and gives the same bits."""
+    from edged.engine.model import Session
+    emb, ids = image_prompt(proj, text_model, golden)
+    s = Session(text_model, n_ctx=128)
+    s.add_image(emb)
+    want = s.eval(ids)[0]
+    f = s.fork()
+    start = next(i for i, t in enumerate(ids) if t >= text_model.hp.n_vocab)
+    f.truncate(start)
+    assert np.array_equal(f.eval(ids[start:])[0], want)
+
+
 def test_image_bigger_than_a_batch_is_refused_before_running(proj, text_model, golden):
     from edged.engine.model import Session
     emb, ids = image_prompt(proj, text_model, golden)
