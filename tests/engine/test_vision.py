@@ -264,6 +264,18 @@ def test_idefics3_embeddings_match_llama_cpp(idefics3, backend):
         close_to(emb.embeddings, idefics3["embd"])
 
 
+def test_idefics3_tiles_in_passes_of_any_size_give_the_same_bits(idefics3, monkeypatch):
+    """The encoder runs SQUARES_PER_PASS tiles together (its scratch is sized for that, not
+    for every tile of a picture); the rows do not depend on it."""
+    from edged.engine import vision
+    got = {}
+    with Projector.load(IDEFICS3, n_threads=2) as p:
+        for k in (1, 4, 5):
+            monkeypatch.setattr(vision, "SQUARES_PER_PASS", k)
+            got[k] = p.encode(idefics3["image"]).embeddings
+    assert np.array_equal(got[1], got[4]) and np.array_equal(got[4], got[5])
+
+
 def test_idefics3_prompt_layout_is_mtmds(idefics3, monkeypatch):
     """Tiles row by row behind their <row_Y_col_X> text, the overview last. The synthetic
     llama vocabulary lacks <fake_token_around_image> and "\n\n": mtmd's lookup gave -1 there,
