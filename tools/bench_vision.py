@@ -57,9 +57,10 @@ def text_model(n_embd, out):
     """A one-layer llama of width n_embd (libmtmd checks the projector's output width)."""
     from edged.format import synth
     name = f"bench-text-{n_embd}"
-    synth.SHAPES[name] = dict(arch="llama", n_embd=n_embd, n_head=n_embd // 128, n_head_kv=n_embd // 128,
-                              n_ff=256, n_layer=1, n_vocab=4096, rope_freq_base=10000.0, rms_eps=1e-5,
-                              n_ctx_train=2048, tied=True, qkv_bias=False)
+    synth.SHAPES[name] = {"arch": "llama", "n_embd": n_embd, "n_head": n_embd // 128,
+                          "n_head_kv": n_embd // 128, "n_ff": 256, "n_layer": 1, "n_vocab": 4096,
+                          "rope_freq_base": 10000.0, "rms_eps": 1e-5, "n_ctx_train": 2048,
+                          "tied": True, "qkv_bias": False}
     synth.synth(name, "F16", out)
 
 
