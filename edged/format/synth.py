@@ -203,6 +203,8 @@ def synth(shape, ftype, out, seed=0, progress=None):
         w.add(A(Key.EXPERT_FEED_FORWARD_LENGTH), s["n_ff_exp"])
     w.add(A(Key.LAYERNORM_RMS_EPS), float(s["rms_eps"]))
     toks, scores, types = synth_vocab(V)
+    for i, (text, kind) in enumerate(s.get("extra_tokens", ()), V - len(s.get("extra_tokens", ()))):
+        toks[i], scores[i], types[i] = text, 0.0, kind      # e.g. a projector's markers (type 4)
     w.add(Key.TOKENIZER_MODEL, "llama")
     w.add(Key.TOKENS, toks)
     w.add(Key.SCORES, scores)
