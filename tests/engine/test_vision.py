@@ -65,6 +65,7 @@ def test_resize_is_pillows(kind, src, dst):
     Image = pytest.importorskip("PIL.Image")
     img = np.random.default_rng(sum(src) + sum(dst)).integers(0, 256, src + (3,), dtype=np.uint8)
     want = np.asarray(Image.fromarray(img).resize(dst, getattr(Image.Resampling, kind.upper())))
+    assert np.array_equal(resize(img, *dst, kind, pillow=False), want)       # the NumPy twin
     assert np.array_equal(resize(img, *dst, kind), want)
 
 
