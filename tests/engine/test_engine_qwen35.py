@@ -119,28 +119,77 @@ def test_lookup_speculation_gives_the_same_tokens(core):
     assert stats["n_drafted"] > stats["n_accepted"]   # rejected drafts: rewinds
 
 
-def test_memory_plan_counts_the_state_once_per_sequence(core):
-    """The memory plan's cache (`edged info`) holds the K/V rows per position plus the
-    recurrent state and its checkpoints, constant per sequence; the arena holds the live one."""
-    with Model.load(QWEN35, n_threads=2) as m:
+@pytest.mark.parametrize("backend", ["cpu", "reference"])
+def test_memory_plan_counts_the_state_once_per_sequence(backend):
+    """The memory plan's cache (`edged info`) holds the K/V rows per position of the one
+    attention layer (not of the three DeltaNet layers) plus the recurrent state and its
+    checkpoints, constant per sequence; the arena holds the live one."""
+    if backend == "cpu":
+        pytest.importorskip("edged._core")
+    with Model.load(QWEN35, backend=backend, n_threads=2) as m:
         hp = m.hp
         per_seq = (1 + recurrent.N_CHECKPOINTS) * 4 * hp.recurrent_state_floats()
         # 3 DeltaNet layers: conv (3, 16 * 8) and 4 heads of 16 x 16
         assert hp.recurrent_state_floats() == 3 * (3 * 128 + 4 * 256)
-        rows = hp.n_layer * 2 * (2 * hp.n_head_kv * hp.head_dim)   # F16 K and V per position
+        assert hp.kv_slots == (None, None, None, 0)
+        rows = 1 * 2 * (2 * hp.n_head_kv * hp.head_dim)   # F16 K and V per position
         for n_ctx in (64, 256):
             assert m.backend.plan(n_ctx, 8).kv_cache == n_ctx * rows + per_seq
             assert type(m.backend).plan_for(m.spec, n_ctx, 8).kv_cache == n_ctx * rows + per_seq
         s = m.session(n_ctx=64)
         assert m.backend.recurrent(s._buf).live.size == hp.recurrent_state_floats()
+        k, v = m.backend.kv_cache(s._buf)
+        assert k.shape[:2] == v.shape[:2] == (1, 64)
+        assert s.memory_plan.kv_cache == m.backend.plan(64, s.n_batch).kv_cache
 
 
-def test_prompt_cache_files_are_refused_clearly(core, tmp_path):
+@pytest.mark.parametrize("backend", ["cpu", "reference"])
+def test_prompt_cache_file_holds_the_recurrent_state(backend, tmp_path):
+    """A prompt-cache file carries the live recurrent state and its checkpoints: a session
+    restored from it continues with the bits of the session that wrote it (nothing replayed);
+    restored to fewer tokens it takes the newest checkpoint before them, replays the rest and
+    gives a cold start's bits; a file whose state was altered fails its MAC."""
+    from edged.engine import statefile
+    if backend == "cpu":
+        pytest.importorskip("edged._core")
+    key = b"k" * 32
+    path = tmp_path / "x.edkv"
+    with Model.load(QWEN35, backend=backend, n_threads=2) as m:
+        s = m.session(n_ctx=64, n_batch=8)
+        s.eval(TOKENS[:20])           # checkpoints at 8, 16, 19 and 20
+        s.save(path, key=key)
+        h, _, size = statefile.read_header(path)
+        assert h["n_states"] == 4 and h["state_floats"] == m.hp.recurrent_state_floats()
+        want = _last(s, TOKENS[20:22])
+        r = type(s).load(m, path, key=key)
+        rs = m.backend.recurrent(r._buf)
+        assert r.n_past == 20 and rs.pos == 20 and [c[0] for c in rs.checkpoints] == [8, 16, 19, 20]
+        assert np.array_equal(_last(r, TOKENS[20:22]), want)
+        cold = _last(m.session(n_ctx=64), TOKENS[:14] + [7, 8])
+        p = m.session(n_ctx=64)
+        assert statefile.restore(p, path, key, n_tokens=14) == 14
+        assert np.array_equal(_last(p, [7, 8]), cold)     # from the checkpoint at 8
+        raw = bytearray(path.read_bytes())
+        raw[-40] ^= 1                 # inside the live state, the file's last part
+        path.write_bytes(bytes(raw))
+        with pytest.raises(StateFileError, match="HMAC"):
+            type(s).load(m, path, key=key)
+
+
+def test_prompt_cache_files_of_the_previous_version_are_refused(core, tmp_path):
+    """Version 2 files (K/V rows of every layer, no recurrent state) are refused naming the
+    versions (the daemon deletes them and recomputes)."""
+    from edged.engine import statefile
     with Model.load(QWEN35, n_threads=2) as m:
         s = m.session(n_ctx=64)
         s.eval(TOKENS[:8])
-        with pytest.raises(StateFileError, match="3 recurrent layers"):
-            s.save(tmp_path / "x.edkv", key=b"k" * 32)
+        path = tmp_path / "x.edkv"
+        s.save(path, key=b"k" * 32)
+        raw = bytearray(path.read_bytes())
+        raw[8:12] = (2).to_bytes(4, "little")
+        path.write_bytes(bytes(raw))
+        with pytest.raises(StateFileError, match="format version 2 .*reads version 3"):
+            type(s).load(m, path, key=b"k" * 32)
 
 
 def _meta(name):
