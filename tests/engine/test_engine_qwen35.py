@@ -238,3 +238,36 @@ def test_info_names_the_recurrent_layers(capsys):
     main(["info", "-m", QWEN35, "-c", "512"])
     out = capsys.readouterr().out
     assert "Gated DeltaNet on layers [0, 1, 2]" in out and "per sequence" in out
+
+
+def test_synth_shape_writes_qwen35_as_the_converter_does(core, tmp_path, monkeypatch):
+    """`edged synth --shape qwen3.5-0.8b`'s layout at a small size: the ssm.* keys, interleaved
+    M-RoPE sections, full_attention_interval 4, DeltaNet tensors of llama.cpp's shapes (F32
+    taps), q | gate in attn_q, the FFN norm as post_attention_norm, tied embeddings; read back
+    by the PyPI gguf reader, and the compiled forward agrees with the NumPy reference on it.
+    (The full-size file loads in llama.cpp 0.3.36, whose teacher-forced logits edged's match:
+    docs/models.md.)"""
+    import gguf
+    from edged.format import synth
+    small = dict(synth.SHAPES["qwen3.5-0.8b"], n_embd=64, n_head=4, n_head_kv=2, head_dim=32,
+                 n_ff=128, n_layer=8, n_vocab=512, n_rot=16, sections=(3, 3, 2, 0),
+                 attn_layers=(3, 7), ssm=dict(d_conv=4, d_state=16, n_group=2, dt_rank=4))
+    monkeypatch.setitem(synth.SHAPES, "test-qwen35", small)
+    path = str(tmp_path / "qwen35.gguf")
+    synth.synth("test-qwen35", "Q8_0", path)
+    r = gguf.GGUFReader(path)
+    assert r.fields["qwen35.ssm.inner_size"].contents() == 64
+    assert r.fields["qwen35.full_attention_interval"].contents() == 4
+    assert list(r.fields["qwen35.rope.dimension_sections"].contents()) == [3, 3, 2, 0]
+    names = {t.name: t for t in r.tensors}
+    assert list(names["blk.0.ssm_conv1d.weight"].shape) == [4, 16 * 8]
+    assert names["blk.0.ssm_conv1d.weight"].tensor_type == gguf.GGMLQuantizationType.F32
+    assert list(names["blk.3.attn_q.weight"].shape) == [64, 2 * 4 * 32]
+    assert "blk.3.post_attention_norm.weight" in names and "output.weight" not in names
+    assert "blk.3.attn_qkv.weight" not in names and "blk.4.attn_qkv.weight" in names
+    ids = [1, 40, 41, 42, 43, 44, 45, 46]
+    with Model.load(path, n_threads=2) as m, Model.load(path, backend="reference") as ref:
+        assert m.hp.recr_layers == (True, True, True, False) * 2 and m.hp.n_kv_layers == 2
+        got = np.asarray(m.session(n_ctx=32).eval(ids, logits="all"))
+        want = np.asarray(ref.session(n_ctx=32).eval(ids, logits="all"))
+    assert np.abs(got - want).max() < 0.05 * np.abs(want).max()
