@@ -10,6 +10,7 @@ import re
 import pytest
 
 from conftest import ROOT
+from edged import Model
 from daemon_support import (PASSAGE, Server, add_chat_template, check_cold_hit_streams_forks,
                             family_server, model_dir, request, signing_key)
 
@@ -82,6 +83,13 @@ def test_prefix_survives_a_restart_with_the_same_answer(tmp_path_factory):
         assert u2["prompt_tokens_details"]["cached_tokens"] == n - 1, u2
         assert re.search(rf"prompt_tokens={n} cached_tokens={n - 1} prompt_eval=1 ", srv.logtext())
         assert "restored" in srv.logtext()
+        # /metrics: one slot's cache is the attention layer's K/V rows and the recurrent state
+        from edged.engine.recurrent import state_bytes
+        with Model.load(QWEN35, backend="reference") as m:
+            want = 256 * 2 * (2 * m.hp.n_head_kv * m.hp.head_dim) + state_bytes(m.hp)
+        _, _, text = srv.request("GET", "/metrics")
+        got = re.search(r'^edged_model_kv_cache_bytes\{model="qwen35".*\} (\S+)$', text, re.M)
+        assert got and float(got.group(1)) == want, (want, got and got.group(0))
     finally:
         assert srv.stop() == 0, srv.logtext()
     assert again == first and len(first) > 5
