@@ -248,6 +248,13 @@ def synth(shape, ftype, out, seed=0, progress=None):
         data[name] = np.full(n * rows, value, np.float32)
         n_params += n * rows
 
+    def taps(name, k, n):
+        # a depthwise convolution's k taps per channel, F32 as llama.cpp keeps them
+        nonlocal n_params
+        w.add_tensor(name, (k, n), GGMLType.F32)
+        data[name] = rng.standard_normal(k * n, np.float32) * 0.3
+        n_params += k * n
+
     mat("token_embd.weight", "output" if s["tied"] else "token_embd", E, V)
     vec("token_embd_norm.weight" if arch == "lfm2" else "output_norm.weight", E)
     if not s["tied"]:
@@ -255,34 +262,24 @@ def synth(shape, ftype, out, seed=0, progress=None):
     for il in range(L):
         p = f"blk.{il}."
         vec(p + "attn_norm.weight", E)
-        if ssm and il not in attn_layers:   # a Gated DeltaNet layer; the vectors stay F32
-            Sd, Hk, Hv = ssm["d_state"], ssm["n_group"], ssm["dt_rank"]
-            C = Sd * (2 * Hk + Hv)
-            mat(p + "attn_qkv.weight", "attn_q", E, C, il)
-            mat(p + "attn_gate.weight", "attn_q", E, Sd * Hv, il)
-            w.add_tensor(p + "ssm_conv1d.weight", (ssm["d_conv"], C), GGMLType.F32)
-            data[p + "ssm_conv1d.weight"] = rng.standard_normal(ssm["d_conv"] * C, np.float32) * 0.3
-            n_params += ssm["d_conv"] * C
-            vec(p + "ssm_dt.bias", Hv, 0.0)
-            vec(p + "ssm_a", Hv, -1.0)           # -exp(A_log)
-            mat(p + "ssm_beta.weight", "attn_q", E, Hv, il)
-            mat(p + "ssm_alpha.weight", "attn_q", E, Hv, il)
-            vec(p + "ssm_norm.weight", Sd)
-            mat(p + "ssm_out.weight", "attn_output", Sd * Hv, E, il)
-            vec(p + "post_attention_norm.weight", E)
-            mat(p + "ffn_gate.weight", "ffn_gate", E, F, il)
-            mat(p + "ffn_up.weight", "ffn_up", E, F, il)
-            mat(p + "ffn_down.weight", "ffn_down", F, E, il)
-            if progress:
-                progress(il + 1, L)
-            continue
-        if il not in attn_layers:   # a gated short convolution; its taps stay F32 as llama.cpp's
-            mat(p + "shortconv.in_proj.weight", "attn_q", E, 3 * E, il)
-            w.add_tensor(p + "shortconv.conv.weight", (s["l_cache"], E), GGMLType.F32)
-            data[p + "shortconv.conv.weight"] = rng.standard_normal(s["l_cache"] * E, np.float32) * 0.3
-            n_params += s["l_cache"] * E
-            mat(p + "shortconv.out_proj.weight", "attn_output", E, E, il)
-            vec(p + "ffn_norm.weight", E)
+        if il not in attn_layers:
+            if ssm:     # a Gated DeltaNet layer; its vectors stay F32
+                Sd, Hk, Hv = ssm["d_state"], ssm["n_group"], ssm["dt_rank"]
+                C = Sd * (2 * Hk + Hv)
+                mat(p + "attn_qkv.weight", "attn_q", E, C, il)
+                mat(p + "attn_gate.weight", "attn_q", E, Sd * Hv, il)
+                taps(p + "ssm_conv1d.weight", ssm["d_conv"], C)
+                vec(p + "ssm_dt.bias", Hv, 0.0)
+                vec(p + "ssm_a", Hv, -1.0)           # -exp(A_log)
+                mat(p + "ssm_beta.weight", "attn_q", E, Hv, il)
+                mat(p + "ssm_alpha.weight", "attn_q", E, Hv, il)
+                vec(p + "ssm_norm.weight", Sd)
+                mat(p + "ssm_out.weight", "attn_output", Sd * Hv, E, il)
+            else:       # a gated short convolution
+                mat(p + "shortconv.in_proj.weight", "attn_q", E, 3 * E, il)
+                taps(p + "shortconv.conv.weight", s["l_cache"], E)
+                mat(p + "shortconv.out_proj.weight", "attn_output", E, E, il)
+            vec(p + ("post_attention_norm.weight" if ssm else "ffn_norm.weight"), E)
             mat(p + "ffn_gate.weight", "ffn_gate", E, F, il)
             mat(p + "ffn_up.weight", "ffn_up", E, F, il)
             mat(p + "ffn_down.weight", "ffn_down", F, E, il)
