@@ -10,9 +10,9 @@ import re
 import pytest
 
 from conftest import ROOT
-from edged import Model
 from daemon_support import (PASSAGE, Server, add_chat_template, check_cold_hit_streams_forks,
                             family_server, model_dir, request, signing_key)
+from edged import Model
 
 QWEN35 = os.path.join(ROOT, "tests", "data", "goldens", "synthetic-qwen35.gguf")
 
