@@ -157,6 +157,20 @@ def test_image_prompt_same_bits_in_any_chunking(proj, text_model, golden):
     assert len(g._pending) == 1
 
 
+def test_a_fork_keeps_the_images_of_its_prompt(proj, text_model, golden):
+    """n > 1 choices fork a session: a fork that goes back into the image (a truncate, then the
+    same ids again) still finds its rows, and gives the same bits."""
+    from edged.engine.model import Session
+    emb, ids = image_prompt(proj, text_model, golden)
+    s = Session(text_model, n_ctx=128)
+    s.add_image(emb)
+    want = s.eval(ids)[0]
+    f = s.fork()
+    start = next(i for i, t in enumerate(ids) if t >= text_model.hp.n_vocab)
+    f.truncate(start)
+    assert np.array_equal(f.eval(ids[start:])[0], want)
+
+
 def test_image_bigger_than_a_batch_is_refused_before_running(proj, text_model, golden):
     from edged.engine.model import Session
     emb, ids = image_prompt(proj, text_model, golden)
@@ -248,6 +262,18 @@ def test_idefics3_embeddings_match_llama_cpp(idefics3, backend):
         emb = p.encode(idefics3["image"])
         assert emb.grid == (2, 2) and emb.n_tokens == 5 * 16 == p.describe()["tokens_per_image"]
         close_to(emb.embeddings, idefics3["embd"])
+
+
+def test_idefics3_tiles_in_passes_of_any_size_give_the_same_bits(idefics3, monkeypatch):
+    """The encoder runs SQUARES_PER_PASS tiles together (its scratch is sized for that, not
+    for every tile of a picture); the rows do not depend on it."""
+    from edged.engine import vision
+    got = {}
+    with Projector.load(IDEFICS3, n_threads=2) as p:
+        for k in (1, 4, 5):
+            monkeypatch.setattr(vision, "SQUARES_PER_PASS", k)
+            got[k] = p.encode(idefics3["image"]).embeddings
+    assert np.array_equal(got[1], got[4]) and np.array_equal(got[4], got[5])
 
 
 def test_idefics3_prompt_layout_is_mtmds(idefics3, monkeypatch):

@@ -173,6 +173,23 @@ def test_openai_sdk_image_message_and_the_follow_up_reuses_the_image_prefix(srv)
     assert one.usage.prompt_tokens - text_only.usage.prompt_tokens >= 16 + 2
 
 
+def test_a_responses_follow_up_keeps_the_image_of_the_stored_turn(srv):
+    """previous_response_id continues a conversation with its images: the follow-up's prompt
+    holds the earlier image (its 16 rows, a prefix-cache hit) and adds only the new turn."""
+    needs_vision()
+    client = openai_client(srv.socket)
+    first = client.responses.create(model="vlm", max_output_tokens=2, temperature=0, input=[
+        {"role": "user", "content": [{"type": "input_text", "text": "What is in the picture?"},
+                                     {"type": "input_image", "image_url": data_url(PICTURE)}]}])
+    follow = client.responses.create(model="vlm", max_output_tokens=2, temperature=0,
+                                     previous_response_id=first.id, input="And its colour?")
+    alone = client.responses.create(model="vlm", max_output_tokens=2, temperature=0, store=False, input=[
+        {"role": "user", "content": "What is in the picture?"}, {"role": "assistant", "content": first.output_text},
+        {"role": "user", "content": "And its colour?"}])
+    assert follow.usage.input_tokens - alone.usage.input_tokens >= 16 + 2
+    assert follow.usage.input_tokens_details.cached_tokens >= first.usage.input_tokens - 1
+
+
 def test_two_images_in_one_message(srv, http):
     needs_vision()
     r = http.post("/v1/chat/completions", json={"model": "vlm", "max_tokens": 1, "messages": [
