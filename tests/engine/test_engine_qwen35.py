@@ -179,7 +179,6 @@ def test_prompt_cache_file_holds_the_recurrent_state(backend, tmp_path):
 def test_prompt_cache_files_of_the_previous_version_are_refused(core, tmp_path):
     """Version 2 files (K/V rows of every layer, no recurrent state) are refused naming the
     versions (the daemon deletes them and recomputes)."""
-    from edged.engine import statefile
     with Model.load(QWEN35, n_threads=2) as m:
         s = m.session(n_ctx=64)
         s.eval(TOKENS[:8])
