@@ -12,7 +12,9 @@ that). Selected with EDGED_BACKEND=reference.
 from __future__ import annotations
 
 import errno
+import glob
 import math
+import os
 
 import numpy as np
 
@@ -139,6 +141,12 @@ class _Session:
 
 class ReferenceBackend(Backend):
     name = "reference"
+
+    @property
+    def code_files(self):
+        """Every module of the engine: the families' reference passes are spread over several
+        (reference_gemma3n.py, reference_granite.py, recurrent.py, ...)."""
+        return tuple(sorted(glob.glob(os.path.join(os.path.dirname(os.path.abspath(__file__)), "*.py"))))
 
     def __init__(self, spec, weights, n_threads=1, numa="none", cache=DEFAULT_CACHE,
                  resident_experts=False):
