@@ -14,7 +14,7 @@ import pytest
 
 from edged import Model
 from edged.engine import arch
-from edged.errors import MetadataValueError, StateFileError, UnsupportedModelError
+from edged.errors import MetadataValueError, UnsupportedModelError
 from edged.format.gguf import Key
 
 from edged.engine import recurrent
@@ -190,23 +190,27 @@ def test_memory_plan_counts_the_state_once_per_sequence(core, model_path):
     with Model.load(model_path, n_threads=2) as m:
         hp = m.hp
         per_seq = (1 + recurrent.N_CHECKPOINTS) * 4 * hp.recurrent_state_floats()
-        rows = hp.n_layer * 2 * (2 * hp.n_head_kv * hp.head_dim)
+        assert hp.kv_slots == (None, 0, None, None, 1)
+        rows = 2 * 2 * (2 * hp.n_head_kv * hp.head_dim)      # F16 K and V of 2 layers
         for n_ctx in (64, 256):
             assert m.backend.plan(n_ctx, 8).kv_cache == n_ctx * rows + per_seq
         assert m.backend.recurrent(m.session(n_ctx=64)._buf).live.size == \
             hp.recurrent_state_floats()
 
 
-def test_prompt_cache_file_is_not_written_without_the_ssm_state(model_path, tmp_path):
-    """A prompt-cache file would restore K/V rows but not the Mamba-2 states (wrong text after
-    a restore): saving fails with a StateFileError naming them (the daemon's prompt store
-    does not try: statefile.supported)."""
-    with Model.load(model_path, backend="reference") as m:
-        s = m.session(n_ctx=128)
-        s.eval(TOKENS[:8])
-        with pytest.raises(StateFileError, match="3 recurrent layers"):
-            s.save(str(tmp_path / "p.cache"), key=b"k" * 32)
-    assert not list(tmp_path.iterdir())
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_prompt_cache_file_holds_the_mamba2_state(model_path, backend, tmp_path):
+    """A prompt-cache file carries the Mamba-2 state and its checkpoints: a session restored
+    from it continues with the bits of the session that wrote it."""
+    key, path = b"k" * 32, tmp_path / "p.edkv"
+    with Model.load(model_path, backend=backend, n_threads=2) as m:
+        s = m.session(n_ctx=64, n_batch=8)
+        s.eval(TOKENS[:20])
+        s.save(path, key=key)
+        want = s.eval(TOKENS[20:22])[0]
+        r = type(s).load(m, path, key=key)
+        assert r.n_past == 20 and m.backend.recurrent(r._buf).pos == 20
+        assert np.array_equal(r.eval(TOKENS[20:22])[0], want)
 
 
 def test_info_names_the_mamba2_layers(model_path, capsys):
