@@ -37,6 +37,23 @@ static inline int ed_recr_row(const ed_model *m) {
     return 2 * ed_recr_conv_dim(m) + m->ssm_d_inner + 2 * m->ssm_dt_rank;
 }
 
+/* One row of a recurrent layer's causal depthwise convolution over channels c0..c1 (DeltaNet,
+   Mamba-2): out[c] = silu(the last taps - 1 inputs in the state st (taps - 1, C) and this row's
+   raw[c], dotted with the channel's taps w[c], + bias[c] if any); then raw[c] joins the state,
+   the oldest input leaves. Rows of a sequence must run in order. */
+static void ed_recr_conv_row(float *st, const float *raw, float *out, const float *w,
+                             const float *bias, int C, int taps, int64_t c0, int64_t c1) {
+    for (int64_t c = c0; c < c1; c++) {
+        const float *wc = w + (size_t)c * taps;
+        float sum = 0.0f;
+        for (int k = 0; k < taps - 1; k++) sum += st[(size_t)k * C + c] * wc[k];
+        sum += raw[c] * wc[taps - 1];
+        for (int k = 0; k + 1 < taps - 1; k++) st[(size_t)k * C + c] = st[(size_t)(k + 1) * C + c];
+        if (taps > 1) st[(size_t)(taps - 2) * C + c] = raw[c];
+        out[c] = ed_silu(bias ? sum + bias[c] : sum);
+    }
+}
+
 static inline float ed_dn_dot(int n, const float *a, const float *b) {
     float l[8] = {0, 0, 0, 0, 0, 0, 0, 0};
     int i = 0;
@@ -73,20 +90,9 @@ static void ed_deltanet(ed_state *s, ed_pool *p, const ed_model *m, const ed_lay
     const float *w = ed_vec(&L->ssm_conv1d);  /* (C, taps) */
     int64_t c0, c1;
     ed_range(C, ith, nth, &c0, &c1);
-    for (int t = 0; t < n; t++) {
-        float *st = ed_recr_state(s, m, L, t);  /* conv (taps - 1, C) */
-        const float *raw = r + (size_t)t * W;
-        float *out = r + (size_t)t * W + C + Vd + 2 * Hv;
-        for (int64_t c = c0; c < c1; c++) {
-            const float *wc = w + (size_t)c * taps;
-            float sum = 0.0f;
-            for (int k = 0; k < taps - 1; k++) sum += st[(size_t)k * C + c] * wc[k];
-            sum += raw[c] * wc[taps - 1];
-            for (int k = 0; k + 1 < taps - 1; k++) st[(size_t)k * C + c] = st[(size_t)(k + 1) * C + c];
-            if (taps > 1) st[(size_t)(taps - 2) * C + c] = raw[c];
-            out[c] = ed_silu(sum);
-        }
-    }
+    for (int t = 0; t < n; t++)   /* the state's conv block (taps - 1, C) first */
+        ed_recr_conv_row(ed_recr_state(s, m, L, t), r + (size_t)t * W,
+                         r + (size_t)t * W + C + Vd + 2 * Hv, w, NULL, C, taps, c0, c1);
     ed_barrier(p);
     /* q and k L2-normed per head as llama.cpp: rms_norm(x, eps / S) / sqrt(S) */
     const float isq = 1.0f / sqrtf((float)S);

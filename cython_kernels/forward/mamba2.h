@@ -38,20 +38,9 @@ static void ed_mamba2(ed_state *s, ed_pool *p, const ed_model *m, const ed_layer
     const float *cb = L->ssm_conv1d_b.data ? ed_vec(&L->ssm_conv1d_b) : NULL;
     int64_t c0, c1;
     ed_range(ch, ith, nth, &c0, &c1);
-    for (int t = 0; t < n; t++) {
-        float *st = ed_recr_state(s, m, L, t);  /* conv (taps - 1, ch) */
-        const float *raw = r + (size_t)t * W + di;
-        float *out = r + (size_t)t * W + dproj;
-        for (int64_t c = c0; c < c1; c++) {
-            const float *wc = w + (size_t)c * taps;
-            float sum = 0.0f;
-            for (int k = 0; k < taps - 1; k++) sum += st[(size_t)k * ch + c] * wc[k];
-            sum += raw[c] * wc[taps - 1];
-            for (int k = 0; k + 1 < taps - 1; k++) st[(size_t)k * ch + c] = st[(size_t)(k + 1) * ch + c];
-            if (taps > 1) st[(size_t)(taps - 2) * ch + c] = raw[c];
-            out[c] = ed_silu(cb ? sum + cb[c] : sum);
-        }
-    }
+    for (int t = 0; t < n; t++)   /* the state's conv block (taps - 1, ch) first */
+        ed_recr_conv_row(ed_recr_state(s, m, L, t), r + (size_t)t * W + di,
+                         r + (size_t)t * W + dproj, w, cb, ch, taps, c0, c1);
     ed_barrier(p);
     /* the selective scan, heads split over threads; rows in order. y = (s . C + D x) silu(z) */
     const float *A = ed_vec(&L->ssm_a), *D = ed_vec(&L->ssm_d);

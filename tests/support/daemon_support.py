@@ -508,6 +508,30 @@ def check_cold_hit_streams_forks(srv):
     assert len(cold[0]) > 10
 
 
+def check_conversation_sent_again(srv, tmp_path_factory, name, path, follow_up, max_tokens=16):
+    """Turn 2 repeats turn 1 and its answer: the daemon reuses the session (a model with
+    recurrent layers restores a checkpoint and replays the rest) and answers what a daemon
+    that never saw turn 1 (a fresh family_server of `path`) answers."""
+    def chat(sock, messages):
+        st, _, r = request(sock, "POST", "/v1/chat/completions",
+                           {"messages": messages, "max_tokens": max_tokens, "temperature": 0})
+        assert st == 200, r
+        return r["choices"][0]["message"]["content"], r["usage"]
+    turn1 = [{"role": "user", "content": PASSAGE}]
+    answer, u1 = chat(srv.socket, turn1)
+    turn2 = turn1 + [{"role": "assistant", "content": answer},
+                     {"role": "user", "content": follow_up}]
+    warm, u2 = chat(srv.socket, turn2)
+    assert u2["prompt_tokens_details"]["cached_tokens"] >= u1["prompt_tokens"], (u1, u2)
+    fresh = family_server(tmp_path_factory, name + "-cold", path, chat=True)
+    try:
+        cold, u3 = chat(fresh.socket, turn2)
+    finally:
+        assert fresh.stop() == 0, fresh.logtext()
+    assert u3.get("prompt_tokens_details", {}).get("cached_tokens", 0) == 0, u3
+    assert warm == cold and len(warm) > 5
+
+
 def family_server(tmp_path_factory, name, path, chat=False, env=None):
     """A daemon serving one model file as `name` (4 parallel sessions, pinned); chat: with
     the test chat template added; env: its extra environment (EDGED_BACKEND)."""
