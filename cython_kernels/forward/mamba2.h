@@ -16,6 +16,28 @@
 #ifndef EDGED_MAMBA2_H
 #define EDGED_MAMBA2_H
 
+/* One row p of a head's state (N values): s = s dA + B xdt, returns s . C summed in 8 lanes
+   then a fixed tree. Its own function with restrict pointers and size_t indices so that the
+   compiler vectorizes it (it did not inlined, nor with int indices under -fwrapv). */
+__attribute__((noinline))
+static float ed_m2_state_row(float *restrict sr, const float *restrict B, const float *restrict C,
+                             float dA, float xdt, int N) {
+    float l[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    size_t j = 0;   /* unsigned indices: Python's -fwrapv keeps int ones from vectorizing */
+    for (; j + 8 <= (size_t)N; j += 8)
+        for (size_t k = 0; k < 8; k++) {
+            const float v = sr[j + k] * dA + B[j + k] * xdt;
+            sr[j + k] = v;
+            l[k] += v * C[j + k];
+        }
+    for (; j < (size_t)N; j++) {
+        const float v = sr[j] * dA + B[j] * xdt;
+        sr[j] = v;
+        l[j & 7] += v * C[j];
+    }
+    return ((l[0] + l[4]) + (l[2] + l[6])) + ((l[1] + l[5]) + (l[3] + l[7]));
+}
+
 /* The Mamba-2 block for the n rows normed in xb; output (n, d_inner) in xb. Ends in a barrier. */
 static void ed_mamba2(ed_state *s, ed_pool *p, const ed_model *m, const ed_layer *L, int n,
                       int64_t a, int64_t b, int ith, int nth) {
@@ -56,22 +78,7 @@ static void ed_mamba2(ed_state *s, ed_pool *p, const ed_model *m, const ed_layer
             const float dt = row[di + ch + h], dA = expf(dt * A[h]);
             for (int i = 0; i < hd; i++) {   /* hot loop: one row of the head's state */
                 const size_t ii = (size_t)h * hd + i;
-                const float xdt = x[ii] * dt;
-                float *sr = st + ii * N;
-                float l[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-                int j = 0;
-                for (; j + 8 <= N; j += 8)
-                    for (int k = 0; k < 8; k++) {
-                        const float v = sr[j + k] * dA + B[j + k] * xdt;
-                        sr[j + k] = v;
-                        l[k] += v * C[j + k];
-                    }
-                for (; j < N; j++) {
-                    const float v = sr[j] * dA + B[j] * xdt;
-                    sr[j] = v;
-                    l[j & 7] += v * C[j];
-                }
-                const float sum = ((l[0] + l[4]) + (l[2] + l[6])) + ((l[1] + l[5]) + (l[3] + l[7]));
+                const float sum = ed_m2_state_row(st + ii * N, B, C, dA, x[ii] * dt, N);
                 y[ii] = (sum + x[ii] * D[h]) * ed_silu(row[ii]);
             }
         }
