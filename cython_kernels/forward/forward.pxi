@@ -52,6 +52,7 @@ cdef extern from "forward.h" nogil:
         long long n_waits, n_parks, park_ns, n_nudges
         long long wake_hist[16]
     ctypedef struct ed_state:
+        const ed_model *m
         int n_ctx, n_batch, n_tokens, pos
         int type_k, type_v
         size_t k_row, v_row

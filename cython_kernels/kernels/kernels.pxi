@@ -524,7 +524,8 @@ def attention(float[:, ::1] out, float[:, ::1] q, uint16_t[:, ::1] k_cache,
     cdef uint16_t[::1] qhv = qh
     cdef float[::1] vaccv = vacc
     m.head_dim = hd; m.n_head = n_head; m.n_head_kv = n_head_kv; m.attn_scale = scale
-    m.n_swa = n_swa; m.n_layer = 1; layer.swa = n_swa > 0; m.layers = &layer
+    m.n_swa = n_swa; m.n_layer = 1; layer.swa = n_swa > 0; layer.kv = 1; m.layers = &layer
+    s.m = &m  # the layer's K/V slot is read through the state (ed_layer_cache)
     if sinks is not None:
         layer.attn_sinks.data = <const uint8_t *>&sinks[0]
     s.n_ctx = n_ctx; s.n_tokens = n; s.pos = pos

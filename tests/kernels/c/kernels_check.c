@@ -374,7 +374,7 @@ int main(void) {
         ed_layer layer; ed_model m; ed_state s;
         memset(&layer, 0, sizeof layer); memset(&m, 0, sizeof m); memset(&s, 0, sizeof s);
         m.head_dim = HD; m.n_head = NH; m.n_head_kv = NKV; m.attn_scale = 0.125f; m.n_layer = 1;
-        m.layers = &layer;
+        m.layers = &layer; layer.kv = 1; s.m = &m;     /* K/V slot 0, read through the state */
         s.n_ctx = NCTX; s.n_tokens = NT; s.pos = NCTX - NT; s.qkv = q; s.xb = out; s.att = att;
         s.att_stride = NCTX; s.qh = qh; s.vacc = vacc; s.k_cache = kc; s.v_cache = vc;
         for (int p = 0; p < 7; p++) {
