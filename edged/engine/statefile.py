@@ -106,15 +106,18 @@ def _caches(session):
 
 
 def supported(model):
-    """Whether this format can hold `model`'s state: K/V rows and lfm2's convolution rows,
-    not the recurrent state of Gated DeltaNet layers (qwen35)."""
-    return not getattr(model.hp, "n_recr_layers", 0)
+    """Whether this format can hold `model`'s state: K/V rows of one size and lfm2's
+    convolution rows, not the recurrent state of Gated DeltaNet layers (qwen35) nor K/V rows
+    of a size per layer (gemma4)."""
+    return not getattr(model.hp, "n_recr_layers", 0) and not getattr(model.hp, "head_dim_layers", ())
 
 
 def _check_supported(model):
     if not supported(model):
-        raise StateFileError(f"prompt-cache files hold K/V and convolution rows; {model.arch}'s "
-                             f"{model.hp.n_recr_layers} recurrent layers keep state they cannot hold")
+        what = (f"{model.hp.n_recr_layers} recurrent layers keep state" if model.hp.n_recr_layers
+                else "layers have K/V rows of their own sizes, which")
+        raise StateFileError(f"prompt-cache files hold K/V and convolution rows of one size; "
+                             f"{model.arch}'s {what} they cannot hold")
 
 
 def _header(session, n_tokens):
