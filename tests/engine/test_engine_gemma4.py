@@ -1,28 +1,32 @@
 """Gemma 4 (`gemma4`, text): hyperparameters as llama.cpp reads them, refusals naming the key or
-tensor, and the NumPy reference forward pass (edged/engine/gemma4.py) against llama.cpp.
+tensor, the NumPy reference forward pass (edged/engine/gemma4.py) and the compiled pass against
+llama.cpp.
 
-tests/data/goldens/reference-only/synthetic-gemma4 is a scaled-down Gemma 4 E2B (n_embd 64;
-sliding layers 0, 1, 3 with head size 16, full layers 2 and 4 with head size 32 and
-proportional RoPE; KV heads per layer; layers 3 and 4 reuse the KV of layers 1 and 2; layer 2
-without attn_v; per-layer embeddings 8 wide; a scalar per layer; logits soft-capped at 30) with
-llama.cpp's teacher-forced logits (a 40-token prompt past the window of 8, then 24 greedy
-tokens), made by `tools/make_goldens.py --llama-teacher BIN --out
-tests/data/goldens/reference-only gemma4`. It sits apart from the other goldens because the
-compiled backend does not load gemma4 yet (test_engine_families runs those on it).
+tests/data/goldens/synthetic-gemma4 is a scaled-down Gemma 4 E2B (n_embd 64; sliding layers
+0, 1, 3 with head size 16, full layers 2 and 4 with head size 32 and proportional RoPE; KV heads
+per layer; layers 3 and 4 reuse the KV of layers 1 and 2; layer 2 without attn_v; per-layer
+embeddings 8 wide; a scalar per layer; logits soft-capped at 30) with llama.cpp's
+teacher-forced logits (a 40-token prompt past the window of 8, then 24 greedy tokens), made by
+`tools/make_goldens.py --llama-teacher BIN gemma4`. test_engine_families runs it on the
+compiled backend like the other goldens; the reference backend does not run gemma4 (the NumPy
+forward below is its slow twin).
 """
 import os
 
 import numpy as np
 import pytest
 
-from conftest import ROOT
+from edged import Model
 from edged.engine import gemma4
 from edged.engine.arch import validate
-from edged.errors import MetadataValueError, UnsupportedModelError
+from edged.errors import MetadataValueError, StateFileError, UnsupportedModelError
 from edged.format.gguf import GGUFFile
-from family_goldens import MAX_ABS, MEAN_ABS
+from family_goldens import (GOLDENS, MAX_ABS, MEAN_ABS, alone_batched_forked,
+                            check_every_kernel_path, greedy)
 
-BASE = os.path.join(ROOT, "tests", "data", "goldens", "reference-only", "synthetic-gemma4")
+BASE = os.path.join(GOLDENS, "synthetic-gemma4")
+GOLDEN = np.load(BASE + ".golden.npz")
+TOKENS, N_PROMPT = GOLDEN["tokens"].tolist(), int(GOLDEN["n_prompt"])
 
 
 @pytest.fixture(scope="module")
@@ -98,7 +102,78 @@ def test_missing_or_misshapen_tensor_is_refused(gguf):
         gemma4.Weights(f, hp)
 
 
-def test_model_load_still_refuses_gemma4(gguf):
-    """Until the compiled pass runs it, loading names the architecture instead of failing later."""
-    with pytest.raises(UnsupportedModelError, match="unknown architecture 'gemma4'"):
-        validate(gguf.metadata, gguf.tensors, 512)
+def test_validate_gives_each_layer_its_sizes(gguf):
+    """arch.validate (Model.load) carries the per-layer tables the compiled pass reads."""
+    hp = validate(gguf.metadata, gguf.tensors, 512).hp
+    assert [hp.layer_dims(il) for il in range(5)] == [
+        (16, 2, 16, 32), (16, 2, 16, 32), (32, 1, 32, 32), (16, 2, 16, 64), (32, 1, 32, 64)]
+    assert hp.kv_layers == (0, 1, 2, 1, 2) and hp.kv_dims() == (32, 32, 32, 0, 0)
+    assert (hp.attn_scale, hp.n_embd_per_layer, hp.v_norm) == (1.0, 8, True)
+
+
+@pytest.fixture
+def core():
+    return pytest.importorskip("edged._core")
+
+
+def test_golden_every_kernel_path(core):
+    """Teacher-forced logits within the F16 tolerances on generic, avx2 and avx512 (every
+    path this CPU has)."""
+    check_every_kernel_path(core, "synthetic-gemma4")
+
+
+def test_greedy_16_tokens_as_llama_cpp(core):
+    assert greedy(BASE + ".gguf", "cpu", TOKENS[:N_PROMPT], 16) == TOKENS[N_PROMPT:N_PROMPT + 16]
+
+
+def _last(s, ids):
+    return s.eval(ids)[0]
+
+
+def test_batch_chunks_and_single_tokens_agree(core):
+    """The prompt in one batch, in chunks of 7 (past the window of 8, across the shared KV
+    layers), and one token at a time: the same bits."""
+    p = TOKENS[:N_PROMPT]
+    with Model.load(BASE + ".gguf", n_threads=2) as m:
+        whole = _last(m.session(n_ctx=128), p)
+        chunks = _last(m.session(n_ctx=128, n_batch=7), p)
+        s = m.session(n_ctx=128)
+        for t in p:
+            one = _last(s, [t])
+    assert np.array_equal(whole, chunks) and np.array_equal(whole, one)
+
+
+def test_fork_and_decode_batch_of_sessions(core):
+    """A fork copies every layer's rows at their sizes; a decode batch of several sessions
+    reads each session's own cache (and per-layer inputs of its own token)."""
+    prompts = [TOKENS[:12], TOKENS[5:9], [1, 300, 301, 302, 303, 304, 305]]
+    with Model.load(BASE + ".gguf", n_threads=2) as m:
+        alone, batched, forked, _ = alone_batched_forked(m, prompts)
+    assert np.abs(np.array(alone) - batched).max() < 1e-4
+    assert np.array_equal(forked, alone[0])
+
+
+def test_memory_plan_counts_each_layers_rows(core):
+    """The K/V cache of the memory plan (`edged info`) holds each layer's rows at its own size
+    (16 x 2 heads on the sliding layers, 32 x 1 on the full one) and none for the two layers
+    that read an earlier layer's cache; the arena's views are those rows."""
+    with Model.load(BASE + ".gguf", n_threads=2) as m:
+        s = m.session(n_ctx=64)
+        views = s._buf.state.kv_layers()
+        assert [k.shape for k, _ in views] == [(64, 64), (64, 64), (64, 64)]   # F16 bytes
+        kv = 64 * 2 * 2 * (32 + 32 + 32)
+        assert m.backend.plan(64, 8).kv_cache == kv
+        assert type(m.backend).plan_for(m.spec, 64, 8).kv_cache == kv
+
+
+def test_prompt_cache_file_is_refused_by_name(core, tmp_path):
+    with Model.load(BASE + ".gguf", n_threads=2) as m:
+        s = m.session(n_ctx=64)
+        s.eval(TOKENS[:4])
+        with pytest.raises(StateFileError, match="gemma4's layers have K/V rows of their own sizes"):
+            s.save(tmp_path / "x.edkv", key=b"k" * 32)
+
+
+def test_reference_backend_refuses_by_name():
+    with pytest.raises(UnsupportedModelError, match="gemma4: the reference backend"):
+        Model.load(BASE + ".gguf", backend="reference")
