@@ -365,8 +365,6 @@ cdef class ForwardModel:
                 self._set(&m.output, g)
         self._set(&m.per_layer_model_proj, globals_.get("per_layer_model_proj"))
         self._set(&m.per_layer_proj_norm, globals_.get("per_layer_proj_norm"))
-        if m.n_embd_per_layer and (m.per_layer_model_proj.data == NULL or m.per_layer_proj_norm.data == NULL):
-            raise ValueError("n_embd_per_layer without per_layer_model_proj / per_layer_proj_norm")
         cdef const float[::1] rf
         if globals_.get("rope_factors") is not None:
             rf = globals_["rope_factors"]
@@ -401,6 +399,8 @@ cdef class ForwardModel:
                 if role in _LAYER_KEYS or spec is None:
                     continue
                 self._set(<ed_tensor *>(<char *>l + <size_t>_ROLE_OFFSET[role]), spec)
+        if m.n_embd_per_layer and (m.per_layer_model_proj.data == NULL or m.per_layer_proj_norm.data == NULL):
+            raise ValueError("n_embd_per_layer without per_layer_model_proj / per_layer_proj_norm")
 
     cdef void _check_cache(self, int type_k, int type_v) except *:
         for name, t in (("cache_type_k", type_k), ("cache_type_v", type_v)):
