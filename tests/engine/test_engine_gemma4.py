@@ -177,3 +177,12 @@ def test_prompt_cache_file_is_refused_by_name(core, tmp_path):
 def test_reference_backend_refuses_by_name():
     with pytest.raises(UnsupportedModelError, match="gemma4: the reference backend"):
         Model.load(BASE + ".gguf", backend="reference")
+
+
+def test_info_shows_each_layers_sizes(capsys):
+    from edged.cli import main
+    main(["info", "-m", BASE + ".gguf", "-c", "4096"])
+    out = capsys.readouterr().out
+    assert "head_dim [16, 16, 32, 16, 32], kv heads [2, 2, 1, 2, 1]" in out
+    assert "none for layers [3, 4] (they attend to layers [1, 2]'s)" in out
+    assert "KV cache (f16/f16) 1.5 MiB" in out     # 4096 x (32 + 32 + 32) x 2 x 2 bytes
