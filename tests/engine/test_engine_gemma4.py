@@ -186,3 +186,32 @@ def test_info_shows_each_layers_sizes(capsys):
     assert "head_dim [16, 16, 32, 16, 32], kv heads [2, 2, 1, 2, 1]" in out
     assert "none for layers [3, 4] (they attend to layers [1, 2]'s)" in out
     assert "KV cache (f16/f16) 1.5 MiB" in out     # 4096 x (32 + 32 + 32) x 2 x 2 bytes
+
+
+def test_synth_shape_writes_gemma4_as_the_converter_does(core, tmp_path, monkeypatch):
+    """`edged synth --shape gemma4-e2b`'s layout at a small size: per-layer KV heads and FFN
+    widths (double-wide on the shared KV layers), the sliding pattern as booleans, rope_freqs of
+    1 then 1e30; read back by the PyPI gguf reader, and the compiled pass agrees with the NumPy
+    reference on it. (The full-size file loads in llama.cpp 0.3.36, whose teacher-forced logits
+    edged's match.)"""
+    gguf_py = pytest.importorskip("gguf")
+    from edged.format import synth
+    small = dict(synth.SHAPES["gemma4-e2b"], n_embd=64, n_head=4, head_dim=32, head_dim_full=64,
+                 n_ff=96, n_layer=10, n_vocab=512, n_swa=4, n_kv_shared=5, n_embd_per_layer=32)
+    monkeypatch.setitem(synth.SHAPES, "test-gemma4", small)
+    path = str(tmp_path / "gemma4.gguf")
+    synth.synth("test-gemma4", "F16", path)
+    r = gguf_py.GGUFReader(path)
+    assert list(r.fields["gemma4.feed_forward_length"].contents()) == [96] * 5 + [192] * 5
+    assert list(r.fields["gemma4.attention.sliding_window_pattern"].contents()) == [
+        True, True, True, True, False] * 2
+    names = {t.name: t for t in r.tensors}
+    assert list(names["rope_freqs.weight"].data[:9]) == [1.0] * 8 + [1e30]
+    assert "blk.4.attn_k.weight" in names and "blk.5.attn_k.weight" not in names
+    ids = [1] + list(range(40, 60))
+    with Model.load(path, n_threads=2) as m:
+        assert m.hp.kv_layers == tuple(range(5)) + (3, 3, 3, 3, 4)
+        got = np.asarray(m.session(n_ctx=32).eval(ids, logits="all"))
+    with GGUFFile.open(path) as f:
+        want = gemma4.forward(gemma4.Weights(f, gemma4.hparams(f.metadata, 512)), ids)
+    assert np.abs(got - want).max() < 0.02 * np.abs(want).max()
