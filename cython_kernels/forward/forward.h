@@ -75,6 +75,8 @@ typedef struct {
     int kv_src;            /* the layer whose K/V cache it attends over: itself, or an earlier
                               one (gemma4's shared KV layers, which store none) */
     int rope_ff;           /* the model's rope_factors apply to this layer (gemma4: full ones) */
+    int kv;                /* an attention layer: 1 + its slot in the K/V cache; 0: none (a
+                              convolution or DeltaNet layer keeps other state) */
 } ed_layer;
 
 /* The model's scalar hyperparameters, one X(C type, name) each: the field of the same name of
@@ -622,6 +624,11 @@ static void ed_moe_ffn(ed_state *s, ed_pool *p, const ed_model *m, const ed_laye
     }
 }
 
+
+/* Layers holding K/V rows: the attention layers (ed_layer.kv), not the convolution or DeltaNet ones. */
+static inline int ed_n_kv_layers(const ed_model *m) {
+    return m->n_layer - m->n_conv_layers - m->n_recr_layers;
+}
 
 /* Position of batch row t, and the start of layer il in the K (kv 0) or V (kv 1) cache it uses. */
 static inline int ed_row_pos(const ed_state *s, int64_t t) {

@@ -24,6 +24,7 @@ cdef extern from "forward.h" nogil:
         int conv
         int recr
         int head_dim, n_head_kv, n_rot, n_ff, kv_src, rope_ff
+        int kv
     ctypedef struct ed_layer_role:
         const char *name
         size_t offset
@@ -87,6 +88,7 @@ cdef extern from "forward.h" nogil:
     size_t ed_state_layout(ed_state *s, const ed_model *m, int n_ctx, int n_batch, int n_threads,
                            int type_k, int type_v, uint8_t *arena)
     int ed_kv_type_ok(int type)
+    int ed_n_kv_layers(const ed_model *m)
     void ed_forward(ed_state *s, ed_pool *p, int n_tokens, int pos, int all_logits, int all_rows)
     void ed_forward_rows(ed_state *s, ed_pool *p, int n, ed_state **rows, const int *pos,
                          int n_out, const int *out)
@@ -338,12 +340,13 @@ cdef class ForwardModel:
         """hp: the model's hyperparameters (HParams: every ED_HPARAMS name read from it by name);
         layers: per layer a dict role -> (uint8 array, type, shape, row_bytes[, layout]) or None,
         plus 'swa', 'rope', 'conv' (1 + the layer's slot in the convolution cache, 0 for
-        attention) and 'recr' (1 + its slot in the recurrent state: a DeltaNet layer), and
-        optionally the layer's own sizes 'head_dim', 'n_head_kv', 'n_rot', 'n_ff' (default: the
-        model's), 'kv_src' (the layer whose KV cache it reads; default itself) and 'rope_ff'
-        (the rope factors apply; default 1); globals_: token_embd/output_norm/output/rope, and
-        gemma4's per_layer_model_proj/per_layer_proj_norm."""
-        cdef int i
+        attention) and 'recr' (1 + its slot in the recurrent state: a DeltaNet layer); the other
+        layers get the K/V cache's slots in order; optionally the layer's own sizes 'head_dim',
+        'n_head_kv', 'n_rot', 'n_ff' (default: the model's), 'kv_src' (the layer whose KV cache
+        it reads; default itself) and 'rope_ff' (the rope factors apply; default 1);
+        globals_: token_embd/output_norm/output/rope, and gemma4's
+        per_layer_model_proj/per_layer_proj_norm."""
+        cdef int i, n_kv = 0
         m = &self.m
         _set_hparams(m, hp)
         if m.head_dim > 1024 or m.n_rot > 1024:
@@ -382,6 +385,9 @@ cdef class ForwardModel:
             l.recr = L.get("recr", 0)
             if not 0 <= l.recr <= m.n_recr_layers:
                 raise ValueError(f"layer {i}: recurrent slot {l.recr - 1} of {m.n_recr_layers}")
+            if not l.conv and not l.recr:  # the K/V cache holds the attention layers only
+                n_kv += 1
+                l.kv = n_kv
             l.head_dim, l.n_head_kv = L.get("head_dim", m.head_dim), L.get("n_head_kv", m.n_head_kv)
             l.n_rot, l.n_ff = L.get("n_rot", m.n_rot), L.get("n_ff", m.n_ff)
             l.kv_src, l.rope_ff = L.get("kv_src", i), L.get("rope_ff", 1)
@@ -391,9 +397,10 @@ cdef class ForwardModel:
                 raise ValueError(f"layer {i}: head_dim {l.head_dim}, n_head_kv {l.n_head_kv}, "
                                  f"n_rot {l.n_rot}, n_ff {l.n_ff} outside the model's largest")
             if not 0 <= l.kv_src <= i or (l.kv_src < i and (
-                    self.layers[l.kv_src].kv_src != l.kv_src or self.layers[l.kv_src].head_dim != l.head_dim)):
-                raise ValueError(f"layer {i}: KV source layer {l.kv_src} is not an earlier layer "
-                                 "with its own cache and the same head size")
+                    not l.kv or not self.layers[l.kv_src].kv or self.layers[l.kv_src].kv_src != l.kv_src
+                    or self.layers[l.kv_src].head_dim != l.head_dim)):
+                raise ValueError(f"layer {i}: KV source layer {l.kv_src} is not an earlier "
+                                 "attention layer with its own cache and the same head size")
             _check_roles(set(L) - _LAYER_KEYS, f"layer {i}: ")
             for role, spec in L.items():
                 if role in _LAYER_KEYS or spec is None:
@@ -401,6 +408,9 @@ cdef class ForwardModel:
                 self._set(<ed_tensor *>(<char *>l + <size_t>_ROLE_OFFSET[role]), spec)
         if m.n_embd_per_layer and (m.per_layer_model_proj.data == NULL or m.per_layer_proj_norm.data == NULL):
             raise ValueError("n_embd_per_layer without per_layer_model_proj / per_layer_proj_norm")
+        if len(layers) == m.n_layer and n_kv != ed_n_kv_layers(m):
+            raise ValueError(f"{n_kv} attention layers, but {m.n_layer} layers less "
+                             f"{m.n_conv_layers} convolution and {m.n_recr_layers} recurrent ones")
 
     cdef void _check_cache(self, int type_k, int type_v) except *:
         for name, t in (("cache_type_k", type_k), ("cache_type_v", type_v)):
@@ -470,12 +480,13 @@ cdef class ForwardState:
 
     def kv_layers(self):
         """[(k, v)] uint8 views (n_ctx, bytes of the layer's row) of each layer that stores
-        K/V, in layer order (a layer attending over an earlier one's cache has none)."""
+        K/V, in layer order (a layer without attention, or attending over an earlier one's
+        cache, has none)."""
         m = &self.model.m
         cdef size_t nc = self.s.n_ctx, kr, vr
         out = []
         for il in range(m.n_layer):
-            if m.layers[il].kv_src != il:
+            if not m.layers[il].kv or m.layers[il].kv_src != il:
                 continue
             d = m.layers[il].n_head_kv * m.layers[il].head_dim
             kr = d // ED_TRAITS[self.s.type_k].block * ED_TRAITS[self.s.type_k].type_size
@@ -493,16 +504,21 @@ cdef class ForwardState:
         return np.asarray(<float[:self.s.n_batch, :m.n_layer * m.n_embd_per_layer]> self.s.ple)
 
     def kv_cache(self):
-        """(k, v) uint8 views (n_layer, n_ctx, bytes of a row) of the cache: a row is one
-        position's n_head_kv * head_dim values as f16 or as q8_0/q4_0 blocks (cache_types).
-        Only for a model whose layers' rows are alike (else kv_layers())."""
+        """(k, v) uint8 views (attention layers, n_ctx, bytes of a row) of the cache: a row is
+        one position's n_head_kv * head_dim values as f16 or as q8_0/q4_0 blocks (cache_types).
+        Only for a model whose attention layers' rows are alike (else kv_layers())."""
         m = &self.model.m
-        if self.s.kv_off[m.n_layer - 1] != (m.n_layer - 1) * self.s.k_row:
-            raise ValueError("the layers' K/V rows differ in size; kv_layers() views them")
-        k = np.asarray(<uint8_t[:m.n_layer * self.s.n_ctx * self.s.k_row]> self.s.k_cache)
-        v = np.asarray(<uint8_t[:m.n_layer * self.s.n_ctx * self.s.v_row]> self.s.v_cache)
-        return (k.reshape(m.n_layer, self.s.n_ctx, self.s.k_row),
-                v.reshape(m.n_layer, self.s.n_ctx, self.s.v_row))
+        for il in range(m.n_layer):
+            l = &m.layers[il]
+            if l.kv and (l.kv_src != il or l.head_dim != m.head_dim or l.n_head_kv != m.n_head_kv):
+                raise ValueError("the layers' K/V rows differ in size; kv_layers() views them")
+        cdef size_t L = ed_n_kv_layers(m)
+        if L == 0:
+            return (np.zeros((0, self.s.n_ctx, self.s.k_row), np.uint8),
+                    np.zeros((0, self.s.n_ctx, self.s.v_row), np.uint8))
+        k = np.asarray(<uint8_t[:L * self.s.n_ctx * self.s.k_row]> self.s.k_cache)
+        v = np.asarray(<uint8_t[:L * self.s.n_ctx * self.s.v_row]> self.s.v_cache)
+        return (k.reshape(L, self.s.n_ctx, self.s.k_row), v.reshape(L, self.s.n_ctx, self.s.v_row))
 
     def conv_cache(self):
         """uint8 view (n_conv_layers, n_ctx, 4 * n_embd) of the convolution layers' inputs

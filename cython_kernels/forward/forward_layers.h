@@ -21,14 +21,14 @@ static inline size_t ed_layer_row(const ed_state *s, int kv, const ed_layer *C) 
 }
 
 /* off (2, n_layer), unless NULL: bytes of one position's K (V) rows of the layers before il
-   that store K/V; tot: bytes of one position's K rows and V rows of every layer */
+   that store K/V (attention layers, ed_layer.kv, on their own cache); tot: bytes of one position's K rows and V rows of every layer */
 static void ed_kv_offsets(const ed_model *m, int type_k, int type_v, size_t *off, size_t tot[2]) {
     for (int kv = 0; kv < 2; kv++) {
         tot[kv] = 0;
         for (int il = 0; il < m->n_layer; il++) {
             const ed_layer *L = &m->layers[il];
             if (off) off[kv * m->n_layer + il] = tot[kv];
-            if (L->kv_src == il)
+            if (L->kv && L->kv_src == il)  /* attention, on its own cache */
                 tot[kv] += ed_kv_bytes(kv ? type_v : type_k, (int64_t)L->n_head_kv * L->head_dim);
         }
     }

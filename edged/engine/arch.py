@@ -220,16 +220,33 @@ class HParams:
         return self.head_dim, self.n_head_kv, self.n_rot, self.n_ff
 
     def kv_dims(self):
-        """Values of one position's K (and V) row per layer; 0 for a layer that attends over
-        an earlier layer's cache and stores none (gemma4's shared KV layers)."""
-        own = self.kv_layers or range(self.n_layer)
-        return tuple(0 if src != il else self.layer_dims(il)[0] * self.layer_dims(il)[1]
-                     for il, src in enumerate(own))
+        """Values of one position's K (and V) row per layer; 0 for a layer without attention
+        (kv_slots) or one that attends over an earlier layer's cache (gemma4's shared KV
+        layers)."""
+        src = self.kv_layers or range(self.n_layer)
+        return tuple(0 if slot is None or src[il] != il else
+                     self.layer_dims(il)[0] * self.layer_dims(il)[1]
+                     for il, slot in enumerate(self.kv_slots))
 
     @property
     def ssm_conv_dim(self):
         """Channels of a DeltaNet layer's convolution: q | k | v."""
         return self.ssm_d_state * (2 * self.ssm_n_group + self.ssm_dt_rank)
+
+    @property
+    def kv_slots(self):
+        """Per layer: its block of rows in the K/V cache, None for a layer without attention
+        (lfm2's convolutions, Mamba-2 and DeltaNet layers keep other state), numbered in layer
+        order as the compiled pass numbers them (forward.pxi, ForwardModel.setup)."""
+        no_kv = [any(t and t[il] for t in (self.conv_layers, self.ssm_layers, self.recr_layers))
+                 for il in range(self.n_layer)]
+        slots = iter(range(self.n_layer))
+        return tuple(None if no else next(slots) for no in no_kv)
+
+    @property
+    def n_kv_layers(self):
+        """Layers holding K/V rows: the attention layers."""
+        return sum(s is not None for s in self.kv_slots)
 
     def recurrent_state_floats(self):
         """float32 values of one sequence's recurrent state: per DeltaNet layer the last

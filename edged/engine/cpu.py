@@ -264,8 +264,8 @@ class CPUBackend(Backend):
         return np.array(lead.state.logits(n_out))
 
     @property
-    def code_file(self):
-        return _core.__file__
+    def code_files(self):
+        return (_core.__file__,)
 
     def kv_cache(self, buf):
         if self.spec.hp.head_dim_layers:  # prompt-cache files hold rows of one size (statefile.py)

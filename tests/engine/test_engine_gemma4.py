@@ -19,7 +19,7 @@ import pytest
 from edged import Model
 from edged.engine import gemma4
 from edged.engine.arch import validate
-from edged.errors import MetadataValueError, StateFileError, UnsupportedModelError
+from edged.errors import MetadataValueError, UnsupportedModelError
 from edged.format.gguf import GGUFFile
 from family_goldens import (GOLDENS, MAX_ABS, MEAN_ABS, alone_batched_forked,
                             check_every_kernel_path, greedy)
@@ -170,7 +170,7 @@ def test_prompt_cache_file_is_refused_by_name(core, tmp_path):
     with Model.load(BASE + ".gguf", n_threads=2) as m:
         s = m.session(n_ctx=64)
         s.eval(TOKENS[:4])
-        with pytest.raises(StateFileError, match="gemma4's layers have K/V rows of their own sizes"):
+        with pytest.raises(OSError, match="prompt-cache files do not hold gemma4's per-layer K/V row"):
             s.save(tmp_path / "x.edkv", key=b"k" * 32)
 
 
