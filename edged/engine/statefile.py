@@ -88,14 +88,16 @@ def model_digest(model):
 
 def build_id(backend):
     """SHA-256 of the code that computes the rows: the compiled core for the cpu backend, the
-    backend's module otherwise. Another build gives another id, and its files are recomputed."""
+    engine's Python modules for the reference backend (its families' passes live in several).
+    Another build gives another id, and its files are recomputed."""
     cls = type(backend)
     d = _builds.get(cls)
     if d is None:
-        path = backend.code_file
-        with open(path, "rb") as f:
-            d = hashlib.sha256(f.read()).digest()
-        _builds[cls] = d
+        h = hashlib.sha256()
+        for path in backend.code_files:
+            with open(path, "rb") as f:
+                h.update(hashlib.sha256(f.read()).digest())
+        d = _builds[cls] = h.digest()
     return d
 
 

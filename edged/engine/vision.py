@@ -240,9 +240,31 @@ def _resample(img, n_out, axis, kind):
     return np.ascontiguousarray(np.moveaxis(out, 0, axis))
 
 
-def resize(img, width, height, kind="bilinear"):
-    """(H, W, 3) uint8 -> (height, width, 3): Pillow's Image.resize bits (BILINEAR or
-    LANCZOS), width first, as mtmd-image.cpp's resize_pillow."""
+def _pil():
+    """PIL.Image, or None where Pillow cannot be imported (the NumPy twin resizes then)."""
+    if not _PIL:
+        try:
+            from PIL import Image
+        except Exception:  # noqa: BLE001 - missing, or a sandbox that refuses its library
+            Image = None
+        _PIL.append(Image)
+    return _PIL[0]
+
+
+_PIL = []
+
+
+def resize(img, width, height, kind="bilinear", pillow=True):
+    """(H, W, 3) uint8 -> (height, width, 3): Pillow's Image.resize bits (BILINEAR, BICUBIC or
+    LANCZOS), width first, as mtmd-image.cpp's resize_pillow. Pillow itself when installed (8x
+    faster than the NumPy twin below: a 4000 x 3000 photo to 896 x 672 took 0.11 s against
+    0.87 s; pixels in memory, no image bytes parsed), else the twin (pillow=False)."""
+    if (img.shape[1], img.shape[0]) == (width, height):
+        return img
+    if pillow and _pil() is not None:
+        Image = _pil()
+        return np.asarray(Image.fromarray(np.ascontiguousarray(img)).resize(
+            (width, height), getattr(Image.Resampling, kind.upper())))
     if img.shape[1] != width:
         img = _resample(img, width, 1, kind)
     if img.shape[0] != height:

@@ -253,6 +253,23 @@ def test_load_checks_the_header_before_allocating_its_context(tmp_path):
             Session.load(m, path, KEY)
 
 
+def test_the_reference_build_id_covers_every_family_pass(tmp_path, monkeypatch):
+    """The reference backend's rows come from several modules (gemma3n's and granitehybrid's
+    passes live beside reference.py): a change in any of them is another build."""
+    from edged.engine.reference import ReferenceBackend
+    paths = ReferenceBackend.code_files.fget(None)
+    files = {os.path.basename(f) for f in paths}
+    assert {"reference.py", "reference_gemma3n.py", "reference_granite.py", "recurrent.py"} <= files
+    with Model.load(KVQ, backend="reference") as m:
+        before = statefile.build_id(m.backend)
+        changed = tmp_path / "reference_granite.py"
+        changed.write_text("# another version\n")
+        other = tuple(str(changed) if os.path.basename(f) == "reference_granite.py" else f for f in paths)
+        monkeypatch.setattr(ReferenceBackend, "code_files", property(lambda self: other))
+        monkeypatch.setattr(statefile, "_builds", {})
+        assert statefile.build_id(m.backend) != before
+
+
 @pytest.mark.parametrize("ck", ["f16", "q8_0"])
 def test_reference_backend_files_round_trip_and_are_not_the_cpu_backends(tmp_path, ck):
     path = tmp_path / "p.edkv"

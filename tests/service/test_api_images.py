@@ -228,10 +228,10 @@ def test_hostile_images_through_the_daemon(http, srv):
             (png(100_000, 100_000), 400, "100000x100000 pixels, more than image_max_pixels"),
             (jpeg[:len(jpeg) // 2], 400, "cannot be decoded"),
             (b"not an image at all", 400, "not an image edged decodes"),
-            (gif_frames(100_000), 200, None)]:        # its first frame only: 1x1
+            (gif_frames(100_000), 400, "the GIF has more than 10000 frames")]:
         t0 = time.monotonic()
         r = http.post("/v1/chat/completions", json=chat("vlm", data_url(data)))
-        assert time.monotonic() - t0 < 1.0 + (status == 200) * 10   # a 200 also runs the model
+        assert time.monotonic() - t0 < 1.0
         assert r.status_code == status, r.text
         if needle:
             assert "messages[0].content[1].image_url.url" in r.text and needle in r.text, r.text
