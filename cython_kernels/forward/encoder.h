@@ -9,6 +9,8 @@
  *   (ed_pm_gelu); softmax(scale * q.k) with ggml's vector expf (ed_pm_expf_sub: the same bits on
  *   every path); the products q.k and p.v are the selected
  *   path's F32 row kernels (ed_mdot_rows, ED_F32).
+ *   The Q8_0 weight products run in llama.cpp's x86 order (ed_enc_mm_q8_0_task, ed_parity.h's
+ *   ed_pm_dot_q8_0), not the forward pass's canonical one: see ed_parity.h for why.
  *
  * All functions are task bodies for ed_pool_run (or plain calls with ith 0, nth 1); every
  * buffer belongs to the caller. */
@@ -144,6 +146,38 @@ static void ed_enc_attn_task(void *arg, int ith, int nth) {
                          (const uint8_t *)sc, (size_t)n * sizeof(float), n,
                          a->out + s0 * Qd + h * D, Qd);
         }
+    }
+}
+
+/* out[t, r] = W[r] . x[t] for a Q8_0 weight W (N rows of K) in llama.cpp's x86 order.
+ * Phase 1 (tokens split over threads): x rows to Q8_0 (ed_quant_q8_0's bits on every path).
+ * Phase 2 (rows split): for chunks of ED_ENC_MM_COLS tokens, each weight row against the
+ * chunk, so a row is read once per chunk from L1. */
+#define ED_ENC_MM_COLS 64
+typedef struct {
+    float *out;             /* (T, N) */
+    const uint8_t *w;       /* N rows of K / 32 blk_q8_0 */
+    const float *x;         /* (T, K) */
+    uint8_t *xq;            /* (T, K / 32) blk_q8_0 scratch */
+    int64_t T;
+    int N, K;
+    ed_pool *pool;
+} ed_enc_mm_args;
+
+static void ed_enc_mm_q8_0_task(void *arg, int ith, int nth) {
+    const ed_enc_mm_args *a = (const ed_enc_mm_args *)arg;
+    const size_t rb = (size_t)(a->K / QK) * sizeof(blk_q8_0);
+    int64_t t0, t1, r0, r1;
+    ed_range(a->T, ith, nth, &t0, &t1);
+    for (int64_t t = t0; t < t1; t++) ED_QUANT[ED_Q8_0](a->x + t * a->K, a->xq + t * rb, a->K);
+    if (nth > 1) ed_barrier(a->pool);
+    const ed_pm_fns pm = *ED_PM;
+    ed_range(a->N, ith, nth, &r0, &r1);
+    for (int64_t c0 = 0; c0 < a->T; c0 += ED_ENC_MM_COLS) {
+        const int64_t c1 = c0 + ED_ENC_MM_COLS < a->T ? c0 + ED_ENC_MM_COLS : a->T;
+        for (int64_t r = r0; r < r1; r++)  /* hot loop */
+            for (int64_t t = c0; t < c1; t++)
+                a->out[t * a->N + r] = ed_pm_dot_q8(&pm, a->K, a->w + r * rb, a->xq + t * rb);
     }
 }
 

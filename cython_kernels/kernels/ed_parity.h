@@ -18,6 +18,12 @@
  *  - RoPE's rotation and the GELU table use the FMAs GCC forms from ggml's a*c - b*s,
  *    a*s + b*c and 1 + k*x*x (checked: the other pairing breaks the exact files);
  *  - RMSNorm squares in float and sums in double (forward.h).
+ *  - an encoder's Q8_0 x Q8_0 products (engine/encoder.py) in llama.cpp's x86 order
+ *    (ggml_vec_dot_q8_0_q8_0 and tinyBLAS alike): per block 8 integer lane sums of 4 products,
+ *    each FMA'd with the block's dw*dy into its own float lane, then the 8-lane tree. The
+ *    forward pass keeps edged's canonical order (docs/kernels.md); an embedding is compared
+ *    with llama.cpp's at cosine 1e-4, and there one differently rounded product flips an
+ *    activation block's F16 scale downstream (all-MiniLM-L6-v2 on "hello world": 0.9998).
  *
  * Products of two F16 values are exact in float, so an FMA and a multiply-then-add agree there;
  * the FMAs whose fusion changes results (expf, RoPE, the GELU table) are explicit fmaf() calls,
@@ -107,6 +113,28 @@ static inline float ed_pm_dot_f16(int n, const ed_half *x, const ed_half *y, int
     return (float)s;
 }
 
+/* the reduction tree of an 8-lane float register (ggml's hsum_float_8, tinyBLAS's hsum) */
+static inline float ed_pm_hsum8(const float *l) {
+    return ((l[0] + l[4]) + (l[2] + l[6])) + ((l[1] + l[5]) + (l[3] + l[7]));
+}
+
+/* W row . y over n values, both Q8_0 (y: the activations as ed_quant_q8_0 makes them), in
+ * llama.cpp's x86 order: lane l of a block sums the 4 products 4l..4l+3 exactly, then
+ * acc[l] = fma(dw * dy, lane, acc[l]) block by block, then ed_pm_hsum8 */
+static inline float ed_pm_dot_q8_0(int n, const void *vw, const void *vy) {
+    const blk_q8_0 *w = (const blk_q8_0 *)vw, *y = (const blk_q8_0 *)vy;
+    float acc[8] = {0};
+    for (int b = 0; b < n / QK; b++) {
+        const float d = ED_PM_F(w[b].d) * ED_PM_F(y[b].d);
+        for (int l = 0; l < 8; l++) {
+            int s = 0;
+            for (int j = 4 * l; j < 4 * l + 4; j++) s += w[b].qs[j] * y[b].qs[j];
+            acc[l] = fmaf(d, (float)s, acc[l]);
+        }
+    }
+    return ed_pm_hsum8(acc);
+}
+
 /* The same three steps with AVX2/FMA/F16C, for the x86 kernel paths. Lane for lane they do
  * the scalar code's operations (F16 -> float conversions are exact, the products of two F16
  * values are exact so fused and unfused multiply-adds agree, the reduction trees run on the
@@ -125,6 +153,23 @@ static inline float ED_PM_X86 ed_pm_hsum16_x86(__m256 lo, __m256 hi) {
     const __m128 b = _mm_add_ps(_mm256_extractf128_ps(a, 1), _mm256_castps256_ps128(a)); /* a[i+4] + a[i] */
     const __m128 c = _mm_add_ps(b, _mm_movehl_ps(b, b));                      /* b0+b2, b1+b3 */
     return _mm_cvtss_f32(_mm_add_ss(c, _mm_movehdup_ps(c)));
+}
+
+/* ed_pm_dot_q8_0 with llama.cpp's own instructions: |w| . sign(y, w) by maddubs, pairs by
+ * madd (exact integers), one FMA per block, its 8-lane tree */
+static float ED_PM_X86 ed_pm_dot_q8_0_x86(int n, const void *vw, const void *vy) {
+    const blk_q8_0 *w = (const blk_q8_0 *)vw, *y = (const blk_q8_0 *)vy;
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256 acc = _mm256_setzero_ps();
+    for (int b = 0; b < n / QK; b++) {
+        const __m256i qw = _mm256_loadu_si256((const __m256i *)w[b].qs);
+        const __m256i qy = _mm256_loadu_si256((const __m256i *)y[b].qs);
+        const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(qw, qw), _mm256_sign_epi8(qy, qw)), ones);
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(ED_PM_F(w[b].d) * ED_PM_F(y[b].d)), _mm256_cvtepi32_ps(p), acc);
+    }
+    __m128 r = _mm_add_ps(_mm256_extractf128_ps(acc, 1), _mm256_castps256_ps128(acc));
+    r = _mm_add_ps(r, _mm_movehl_ps(r, r));
+    return _mm_cvtss_f32(_mm_add_ss(r, _mm_movehdup_ps(r)));
 }
 
 static float ED_PM_X86 ed_pm_dot_f16_x86(int n, const ed_half *x, const ed_half *y, int batch) {
@@ -387,7 +432,7 @@ static float ED_PM_X86 ed_pm_dot_f16_row_x86(int n, const ed_half *x, const ed_h
 }
 #define ED_PM_FNS_X86 {.dot_f16 = ed_pm_dot_f16_row_x86, .expf_sub = ed_pm_expf_sub_x86, \
                        .f16_row = ed_pm_f16_row_x86, .silu_mul = ed_pm_silu_mul_x86, \
-                       .round_scale = ed_pm_round_scale_x86}
+                       .round_scale = ed_pm_round_scale_x86, .dot_q8_0 = ed_pm_dot_q8_0_x86}
 #elif defined(__aarch64__)
 static float ed_pm_dot_f16_row_neon(int n, const ed_half *x, const ed_half *y) {
     return ed_pm_dot_f16_neon(n, x, y, 0);
@@ -435,6 +480,11 @@ static inline void ed_pm_gelu_row(const ed_pm_fns *pm, int n, float *x, const fl
 static inline void ed_pm_silu_mul(const ed_pm_fns *pm, int n, float *g, const float *u) {
     if (pm->silu_mul) { pm->silu_mul(n, g, u); return; }
     for (int i = 0; i < n; i++) g[i] = ed_pm_silu(g[i]) * u[i];
+}
+
+static inline float ed_pm_dot_q8(const ed_pm_fns *pm, int n, const void *w, const void *y) {
+    if (pm->dot_q8_0) return pm->dot_q8_0(n, w, y);
+    return ed_pm_dot_q8_0(n, w, y);
 }
 
 static inline void ed_pm_round_scale(const ed_pm_fns *pm, int n, float *x, float s) {

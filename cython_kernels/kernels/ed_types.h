@@ -597,6 +597,7 @@ typedef struct {
     void (*f16_row)(int n, const float *x, ed_half *y);                     /* rounding to F16 */
     void (*silu_mul)(int n, float *g, const float *u);                      /* SwiGLU */
     void (*round_scale)(int n, float *x, float s);                          /* the F16 softmax row */
+    float (*dot_q8_0)(int n, const void *w, const void *y);                 /* an encoder's Q8_0 product */
 } ed_pm_fns;
 struct ed_sample_fns;  /* the sampler's passes over the vocabulary (ed_sample.h) */
 

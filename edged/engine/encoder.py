@@ -15,7 +15,12 @@ once (the compiled quantized kernels, edged._core.matmul, on the model's thread 
 attention runs per sequence. With the compiled core the rest of a layer is compiled too
 (cython_kernels/forward/encoder.h, on the same pool): LayerNorm with the residual and the
 product's bias folded in, GELU through llama.cpp's F16 table or the SiLU gate, RoPE, and the
-non-causal attention; Python makes about ten calls per layer. Without the compiled core
+non-causal attention; Python makes about ten calls per layer. Q8_0 weights multiply in llama.cpp's x86
+order (per block 8 lanes of 4 integer products, one FMA each, then the 8-lane tree) instead of
+the forward pass's canonical one (docs/kernels.md), on every kernel path: embeddings are
+compared with llama.cpp's at cosine 1e-4, and a product rounded 1 ulp apart can flip an
+activation block's F16 scale downstream, which all-MiniLM-L6-v2 amplifies to cosine 0.9998
+on "hello world". Without the compiled core
 (EDGED_BACKEND=reference, only when asked) the same pass runs in NumPy over dequantized
 weights: `_layer_reference`, the slow twin the tests hold the compiled path to.
 """
@@ -29,7 +34,7 @@ import numpy as np
 from .arch import SUPPORTED_TYPES, VECTOR_TYPES, _Meta
 from .reference import gelu_ggml, rope, silu
 from ..errors import RequestError, UnsupportedModelError
-from ..format.gguf import TYPE_INFO, Key
+from ..format.gguf import TYPE_INFO, GGMLType, Key
 from ..format.quants import dequantize
 
 # llama.cpp's llama_pooling_type values as GGUF `<arch>.pooling_type` stores them
@@ -235,7 +240,10 @@ class Encoder:
         else:
             raw, qtype, shape = w
             y = np.empty((x.shape[0], shape[1]), np.float32)
-            self._core.matmul(y, raw, qtype, np.ascontiguousarray(x), self._pool)
+            if qtype == GGMLType.Q8_0:      # llama.cpp's order: see the module docstring
+                self._core.enc_matmul_q8_0(y, raw, np.ascontiguousarray(x), self._pool)
+            else:
+                self._core.matmul(y, raw, qtype, np.ascontiguousarray(x), self._pool)
         b = self._vec.get(bias) if bias else None
         return y + b if b is not None else y
 
