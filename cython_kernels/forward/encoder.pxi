@@ -44,6 +44,9 @@ cdef extern from "encoder.h" nogil:
         const uint8_t *w
         const float *x
         uint8_t *xq
+        uint8_t *al
+        float *dy
+        uint8_t *strips
         int64_t T
         int N, K
         ed_pool *pool
@@ -167,10 +170,16 @@ def enc_matmul_q8_0(float[:, ::1] out, const uint8_t[::1] w, const float[:, ::1]
                          f"for {N} Q8_0 rows of {K}")
     if T == 0 or N == 0:
         return out
+    cdef int nth = pool.p.n_threads if pool is not None else 1
     xq = np.empty(T * rb, np.uint8)
-    cdef uint8_t[::1] xqv = xq
+    al = np.empty(T * K, np.uint8)
+    dy = np.empty(T * (K // 32), np.float32)
+    strips = np.empty(nth * (K // 32) * 1088, np.uint8)      # ED_STRIP_BLOCK per block
+    cdef uint8_t[::1] xqv = xq, alv = al, sv = strips
+    cdef float[::1] dyv = dy
     cdef ed_enc_mm_args a
     a.out = &out[0, 0]; a.w = &w[0]; a.x = &x[0, 0]; a.xq = &xqv[0]
+    a.al = &alv[0]; a.dy = &dyv[0]; a.strips = &sv[0]
     a.T = T; a.N = N; a.K = K; a.pool = pool.p if pool is not None else NULL
     with nogil:
         _enc_run(pool, ed_enc_mm_q8_0_task, &a)
