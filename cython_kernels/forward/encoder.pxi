@@ -51,6 +51,7 @@ cdef extern from "encoder.h" nogil:
         int N, K
         ed_pool *pool
     void ed_enc_mm_q8_0_task(void *arg, int ith, int nth) noexcept
+    enum: ED_STRIP_BLOCK
     void ed_enc_norm_task(void *arg, int ith, int nth) noexcept
     void ed_enc_act_task(void *arg, int ith, int nth) noexcept
     void ed_enc_attn_task(void *arg, int ith, int nth) noexcept
@@ -174,7 +175,7 @@ def enc_matmul_q8_0(float[:, ::1] out, const uint8_t[::1] w, const float[:, ::1]
     xq = np.empty(T * rb, np.uint8)
     al = np.empty(T * K, np.uint8)
     dy = np.empty(T * (K // 32), np.float32)
-    strips = np.empty(nth * (K // 32) * 1088, np.uint8)      # ED_STRIP_BLOCK per block
+    strips = np.empty(nth * (K // 32) * ED_STRIP_BLOCK, np.uint8)
     cdef uint8_t[::1] xqv = xq, alv = al, sv = strips
     cdef float[::1] dyv = dy
     cdef ed_enc_mm_args a

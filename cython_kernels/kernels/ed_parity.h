@@ -113,6 +113,10 @@ static inline float ed_pm_dot_f16(int n, const ed_half *x, const ed_half *y, int
     return (float)s;
 }
 
+/* bytes per block of a strip of 16 Q8_0 rows (the avx512+vnni products below, packed by
+ * ed_enc_pack_strip in encoder.h): 16 float scales, int32 [8][16], int8 [8][16][4] */
+#define ED_STRIP_BLOCK (16 * 4 + 8 * 16 * 4 + 8 * 16 * 4)
+
 /* the reduction tree of an 8-lane float register (ggml's hsum_float_8, tinyBLAS's hsum) */
 static inline float ed_pm_hsum8(const float *l) {
     return ((l[0] + l[4]) + (l[2] + l[6])) + ((l[1] + l[5]) + (l[3] + l[7]));
@@ -214,7 +218,6 @@ static void ED_PM_X86 ed_pm_tile_q8_0_x86(int n, const uint8_t *w, size_t ws, co
  * float, -128 x each lane's weight sum (int32 [8][16]), the weights (int8 [8][16][4]); the
  * activations come lifted to unsigned (q + 128, the weight sums take the 128 back out, so the
  * integer sums are exact) with their scales as float. */
-#define ED_STRIP_BLOCK (16 * 4 + 8 * 16 * 4 + 8 * 16 * 4)
 #define ED_PM_Z __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,fma,f16c")))
 
 static inline void ED_PM_Z ed_pm_strip_nc_z(const int nc, int nb, const uint8_t *strip, const uint8_t *a, size_t as,

@@ -15,14 +15,16 @@ once (the compiled quantized kernels, edged._core.matmul, on the model's thread 
 attention runs per sequence. With the compiled core the rest of a layer is compiled too
 (cython_kernels/forward/encoder.h, on the same pool): LayerNorm with the residual and the
 product's bias folded in, GELU through llama.cpp's F16 table or the SiLU gate, RoPE, and the
-non-causal attention; Python makes about ten calls per layer. Q8_0 weights multiply in llama.cpp's x86
-order (per block 8 lanes of 4 integer products, one FMA each, then the 8-lane tree) instead of
-the forward pass's canonical one (docs/kernels.md), on every kernel path: embeddings are
-compared with llama.cpp's at cosine 1e-4, and a product rounded 1 ulp apart can flip an
-activation block's F16 scale downstream, which all-MiniLM-L6-v2 amplifies to cosine 0.9998
-on "hello world". Without the compiled core
+non-causal attention; Python makes about ten calls per layer. Without the compiled core
 (EDGED_BACKEND=reference, only when asked) the same pass runs in NumPy over dequantized
 weights: `_layer_reference`, the slow twin the tests hold the compiled path to.
+
+Q8_0 weights multiply in llama.cpp's x86 order (edged._core.enc_matmul_q8_0: per block 8 lanes
+of 4 integer products, one FMA each, then the 8-lane tree), not the forward pass's canonical
+order (docs/kernels.md), on every kernel path. Embeddings are compared with llama.cpp's at
+cosine 1e-4, and there one product rounded 1 ulp apart can flip the F16 scale of an activation
+block downstream: all-MiniLM-L6-v2 amplified one such flip in layer 0 to cosine 0.9998 on
+"hello world" (0.99996 in llama.cpp's order, as close as llama.cpp itself comes).
 """
 from __future__ import annotations
 
