@@ -27,13 +27,26 @@ OUT = os.path.join(ROOT, "tests", "data", "goldens")
 MODELS = os.path.join(ROOT, "..", "shared", "testdata", "models")
 sys.path.insert(0, ROOT)
 
-# name -> (mmproj shape, text model under ../shared/testdata/models, prompt)
+# name -> (mmproj shape, text model under ../shared/testdata/models or tests/data/goldens, prompt)
 CASES = {
     "gemma3": ("gemma3-tiny", "synthetic-gemma3-f32.gguf", "Look: <__media__> what is it?"),
-    # the synthetic llama vocabulary has no <fake_token_around_image>: embeddings only
-    "idefics3": ("idefics3-tiny", "synthetic-llama-f32.gguf", "<__media__>"),
+    # a small llama whose vocabulary has SmolVLM's image tokens (idefics3_text)
+    "idefics3": ("idefics3-tiny", "vision-idefics3-text.gguf", "User: <__media__> what is it?"),
     "mlp": ("llava-tiny", "synthetic-llama-f32.gguf", "USER: <__media__>\nwhat is it? ASSISTANT:"),
 }
+
+
+def idefics3_text(out):
+    """A 2-layer llama of the idefics3-tiny projector's width (256) whose vocabulary holds the
+    tokens mtmd's idefics3 layout looks up: "\n\n" and SmolVLM's added tokens (user-defined),
+    for tiles of up to 2 x 2."""
+    from edged.format import synth
+    extra = [("\n\n", 1), ("<fake_token_around_image>", 4), ("<global-img>", 4), ("<image>", 4)]
+    extra += [(f"<row_{y}_col_{x}>", 4) for y in (1, 2) for x in (1, 2)]
+    synth.SHAPES["idefics3-text"] = dict(arch="llama", n_embd=256, n_head=4, n_head_kv=2, n_ff=256,
+                                         n_layer=2, n_vocab=1024, rope_freq_base=10000.0, rms_eps=1e-5,
+                                         n_ctx_train=2048, tied=True, qkv_bias=False, extra_tokens=extra)
+    synth.synth("idefics3-text", "F16", out, seed=0)
 
 
 def picture(h=150, w=200):
@@ -53,11 +66,14 @@ def main():
         shape, model, prompt = CASES[name]
         mmproj = os.path.join(OUT, f"vision-{name}.mmproj.gguf")
         synth_mmproj(shape, mmproj, "F16", seed=0)
+        if name == "idefics3":
+            idefics3_text(os.path.join(OUT, model))
+        model = os.path.join(OUT, model) if os.path.exists(os.path.join(OUT, model)) else os.path.join(MODELS, model)
         img = picture()
         with tempfile.TemporaryDirectory() as tmp:
             raw, out = os.path.join(tmp, "img.rgb"), os.path.join(tmp, "out.bin")
             img.tofile(raw)
-            subprocess.run([a.teacher, mmproj, os.path.join(MODELS, model), raw,
+            subprocess.run([a.teacher, mmproj, model, raw,
                             str(img.shape[1]), str(img.shape[0]), out, prompt],
                            check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             d = np.fromfile(out, np.uint8)
@@ -68,7 +84,7 @@ def main():
         ids = d[o:o + 4 * n_p].view(np.int32)
         logits = d[o + 4 * n_p:o + 4 * n_p + 4 * n_vocab].view(np.float32)
         np.savez_compressed(os.path.join(OUT, f"vision-{name}.golden.npz"), image=img,
-                            prompt=np.array(prompt), model=np.array(model), embd=embd,
+                            prompt=np.array(prompt), model=np.array(os.path.basename(model)), embd=embd,
                             ids=ids, logits=logits)
         print(f"vision-{name}: {n_img} image rows of {n_embd}, {n_p} prompt tokens")
 

@@ -67,6 +67,8 @@ typedef struct {
     int rope;              /* this layer rotates q and k (smollm3: not every fourth) */
     int conv;              /* a convolution layer: 1 + its slot in the convolution cache; 0: attention */
     int recr;              /* a DeltaNet layer: 1 + its slot in the recurrent state; 0: not */
+    int kv;                /* an attention layer: 1 + its slot in the K/V cache; 0: none (a
+                              convolution or DeltaNet layer keeps other state) */
 } ed_layer;
 
 /* The model's scalar hyperparameters, one X(C type, name) each: the field of the same name of
@@ -607,6 +609,11 @@ static void ed_moe_ffn(ed_state *s, ed_pool *p, const ed_model *m, const ed_laye
 }
 
 
+/* Layers holding K/V rows: the attention layers (ed_layer.kv), not the convolution or DeltaNet ones. */
+static inline int ed_n_kv_layers(const ed_model *m) {
+    return m->n_layer - m->n_conv_layers - m->n_recr_layers;
+}
+
 /* Position of batch row t, and the start of layer il in the K (kv 0) or V (kv 1) cache it uses. */
 static inline int ed_row_pos(const ed_state *s, int64_t t) {
     return s->batched ? s->row_pos[t] : s->pos + (int)t;
@@ -618,10 +625,10 @@ static inline int ed_row_hi(const ed_state *s, int pt) {
 }
 
 static inline uint8_t *ed_layer_cache(const ed_state *s, int kv, int64_t t, int il) {
-    const size_t row = kv ? s->v_row : s->k_row;
+    const size_t row = kv ? s->v_row : s->k_row, slot = (size_t)(s->m->layers[il].kv - 1);
     if (s->batched)
-        return (kv ? s->row_v[t] : s->row_k[t]) + (size_t)il * s->row_nctx[t] * row;
-    return (kv ? s->v_cache : s->k_cache) + (size_t)il * s->n_ctx * row;
+        return (kv ? s->row_v[t] : s->row_k[t]) + slot * s->row_nctx[t] * row;
+    return (kv ? s->v_cache : s->k_cache) + slot * s->n_ctx * row;
 }
 
 /* The convolution cache of layer L that batch row t uses: (n_ctx, n_embd) floats. */
@@ -1173,8 +1180,8 @@ static size_t ed_state_layout(ed_state *s, const ed_model *m, int n_ctx, int n_b
         if (arena) s->field = (type *)(arena + off); \
         off += ED_ALIGN(sizeof(type) * (size_t)(count)); } while (0)
     const size_t k_row = ed_kv_bytes(type_k, KVd), v_row = ed_kv_bytes(type_v, KVd);
-    CARVE(k_cache, uint8_t, (size_t)m->n_layer * n_ctx * k_row);
-    CARVE(v_cache, uint8_t, (size_t)m->n_layer * n_ctx * v_row);
+    CARVE(k_cache, uint8_t, (size_t)ed_n_kv_layers(m) * n_ctx * k_row);
+    CARVE(v_cache, uint8_t, (size_t)ed_n_kv_layers(m) * n_ctx * v_row);
     CARVE(x, float, (size_t)n_batch * E);
     CARVE(xb, float, (size_t)n_batch * XB);
     CARVE(xb2, float, (size_t)n_batch * E);

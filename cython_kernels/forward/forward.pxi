@@ -23,6 +23,7 @@ cdef extern from "forward.h" nogil:
         int rope
         int conv
         int recr
+        int kv
     ctypedef struct ed_layer_role:
         const char *name
         size_t offset
@@ -82,6 +83,7 @@ cdef extern from "forward.h" nogil:
     size_t ed_state_layout(ed_state *s, const ed_model *m, int n_ctx, int n_batch, int n_threads,
                            int type_k, int type_v, uint8_t *arena)
     int ed_kv_type_ok(int type)
+    int ed_n_kv_layers(const ed_model *m)
     void ed_forward(ed_state *s, ed_pool *p, int n_tokens, int pos, int all_logits, int all_rows)
     void ed_forward_rows(ed_state *s, ed_pool *p, int n, ed_state **rows, const int *pos,
                          int n_out, const int *out)
@@ -328,9 +330,10 @@ cdef class ForwardModel:
         """hp: the model's hyperparameters (HParams: every ED_HPARAMS name read from it by name);
         layers: per layer a dict role -> (uint8 array, type, shape, row_bytes[, layout]) or None,
         plus 'swa', 'rope', 'conv' (1 + the layer's slot in the convolution cache, 0 for
-        attention) and 'recr' (1 + its slot in the recurrent state: a DeltaNet layer);
+        attention) and 'recr' (1 + its slot in the recurrent state: a DeltaNet layer); the other
+        layers get the K/V cache's slots in order;
         globals_: token_embd/output_norm/output/rope."""
-        cdef int i
+        cdef int i, n_kv = 0
         m = &self.m
         _set_hparams(m, hp)
         if m.head_dim > 1024 or m.n_rot > 1024:
@@ -367,11 +370,17 @@ cdef class ForwardModel:
             l.recr = L.get("recr", 0)
             if not 0 <= l.recr <= m.n_recr_layers:
                 raise ValueError(f"layer {i}: recurrent slot {l.recr - 1} of {m.n_recr_layers}")
+            if not l.conv and not l.recr:  # the K/V cache holds the attention layers only
+                n_kv += 1
+                l.kv = n_kv
             _check_roles(set(L) - {"swa", "rope", "conv", "recr"}, f"layer {i}: ")
             for role, spec in L.items():
                 if role in ("swa", "rope", "conv", "recr") or spec is None:
                     continue
                 self._set(<ed_tensor *>(<char *>l + <size_t>_ROLE_OFFSET[role]), spec)
+        if len(layers) == m.n_layer and n_kv != ed_n_kv_layers(m):
+            raise ValueError(f"{n_kv} attention layers, but {m.n_layer} layers less "
+                             f"{m.n_conv_layers} convolution and {m.n_recr_layers} recurrent ones")
 
     cdef void _check_cache(self, int type_k, int type_v) except *:
         for name, t in (("cache_type_k", type_k), ("cache_type_v", type_v)):
@@ -439,13 +448,15 @@ cdef class ForwardState:
         return self.s.type_k, self.s.type_v
 
     def kv_cache(self):
-        """(k, v) uint8 views (n_layer, n_ctx, bytes of a row) of the cache: a row is one
-        position's n_head_kv * head_dim values as f16 or as q8_0/q4_0 blocks (cache_types)."""
-        m = &self.model.m
-        k = np.asarray(<uint8_t[:m.n_layer * self.s.n_ctx * self.s.k_row]> self.s.k_cache)
-        v = np.asarray(<uint8_t[:m.n_layer * self.s.n_ctx * self.s.v_row]> self.s.v_cache)
-        return (k.reshape(m.n_layer, self.s.n_ctx, self.s.k_row),
-                v.reshape(m.n_layer, self.s.n_ctx, self.s.v_row))
+        """(k, v) uint8 views (attention layers, n_ctx, bytes of a row) of the cache: a row is
+        one position's n_head_kv * head_dim values as f16 or as q8_0/q4_0 blocks (cache_types)."""
+        cdef size_t L = ed_n_kv_layers(&self.model.m)
+        if L == 0:
+            return (np.zeros((0, self.s.n_ctx, self.s.k_row), np.uint8),
+                    np.zeros((0, self.s.n_ctx, self.s.v_row), np.uint8))
+        k = np.asarray(<uint8_t[:L * self.s.n_ctx * self.s.k_row]> self.s.k_cache)
+        v = np.asarray(<uint8_t[:L * self.s.n_ctx * self.s.v_row]> self.s.v_cache)
+        return (k.reshape(L, self.s.n_ctx, self.s.k_row), v.reshape(L, self.s.n_ctx, self.s.v_row))
 
     def conv_cache(self):
         """uint8 view (n_conv_layers, n_ctx, 4 * n_embd) of the convolution layers' inputs

@@ -204,6 +204,21 @@ class HParams:
         """Channels of a DeltaNet layer's convolution: q | k | v."""
         return self.ssm_d_state * (2 * self.ssm_n_group + self.ssm_dt_rank)
 
+    @property
+    def kv_slots(self):
+        """Per layer: its block of rows in the K/V cache, None for a layer without attention
+        (lfm2's convolutions, Mamba-2 and DeltaNet layers keep other state), numbered in layer
+        order as the compiled pass numbers them (forward.pxi, ForwardModel.setup)."""
+        no_kv = [any(t and t[il] for t in (self.conv_layers, self.ssm_layers, self.recr_layers))
+                 for il in range(self.n_layer)]
+        slots = iter(range(self.n_layer))
+        return tuple(None if no else next(slots) for no in no_kv)
+
+    @property
+    def n_kv_layers(self):
+        """Layers holding K/V rows: the attention layers."""
+        return sum(s is not None for s in self.kv_slots)
+
     def recurrent_state_floats(self):
         """float32 values of one sequence's recurrent state: per DeltaNet layer the last
         ssm_d_conv - 1 convolution inputs and an S x S matrix per value head."""

@@ -126,11 +126,11 @@ class Backend:
         return np.concatenate(rows) if rows else np.zeros((0, self.spec.hp.n_vocab), np.float32)
 
     @property
-    def code_file(self) -> str:
-        """The file holding the code that computes the logits (its hash is the build id
+    def code_files(self) -> tuple:
+        """The files holding the code that computes the logits (their hash is the build id
         prompt-cache files carry, engine/statefile.py)."""
         import sys
-        return sys.modules[type(self).__module__].__file__
+        return (sys.modules[type(self).__module__].__file__,)
 
     def kv_cache(self, buf):
         """(k, v): uint8 views (n_layer, n_ctx, bytes of a row) of a session's KV cache, one

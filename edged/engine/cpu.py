@@ -250,8 +250,8 @@ class CPUBackend(Backend):
         return np.array(lead.state.logits(n_out))
 
     @property
-    def code_file(self):
-        return _core.__file__
+    def code_files(self):
+        return (_core.__file__,)
 
     def kv_cache(self, buf):
         return buf.state.kv_cache()

@@ -58,12 +58,12 @@ class CacheTypes:
                                   "is not a multiple of the type's block of 32 (use f16)")
 
     def nbytes(self, hp, n_ctx):
-        """Bytes of the K and V cache of n_ctx positions of a model with hyperparameters hp,
-        with the convolution cache of its convolution layers (lfm2: n_embd float32 per
-        position each), and the recurrent state of its DeltaNet layers (qwen35: constant per
-        sequence, with its checkpoints)."""
+        """Bytes of the K and V cache of n_ctx positions of a model with hyperparameters hp
+        (its attention layers), with the convolution cache of its convolution layers (lfm2:
+        n_embd float32 per position each), and the recurrent state of its DeltaNet layers
+        (qwen35: constant per sequence, with its checkpoints)."""
         kvd = hp.n_head_kv * hp.head_dim
-        return hp.n_layer * n_ctx * (row_bytes(self.k, kvd) + row_bytes(self.v, kvd)) + \
+        return hp.n_kv_layers * n_ctx * (row_bytes(self.k, kvd) + row_bytes(self.v, kvd)) + \
             hp.n_conv_layers * n_ctx * 4 * hp.n_embd + state_bytes(hp)
 
     def rotation(self, head_dim):

@@ -756,6 +756,8 @@ class Session:
         with _COMPUTE:
             self.model.backend.copy_kv(s._buf, self._buf, self.n_past)
         s.tokens = list(self.tokens)
+        if self.images is not None:         # its KV rows of images keep their pseudo ids
+            s.images = self.images.copy()
         return s
 
     def save(self, path, key=None, n_tokens=None):

@@ -12,7 +12,9 @@ that). Selected with EDGED_BACKEND=reference.
 from __future__ import annotations
 
 import errno
+import glob
 import math
+import os
 
 import numpy as np
 
@@ -119,9 +121,9 @@ def _stored(x, qtype):
 
 class _Session:
     def __init__(self, hp, n_ctx, cache):
-        # k, v: (n_layer, n_ctx, n_head_kv, head_dim) float16, like llama.cpp's F16 cache, or
-        # float32 holding what a q8_0/q4_0 row stores (kvcache.CacheTypes)
-        shape = (hp.n_layer, n_ctx, hp.n_head_kv, hp.head_dim)
+        # k, v: (attention layers, n_ctx, n_head_kv, head_dim) float16, like llama.cpp's F16
+        # cache, or float32 holding what a q8_0/q4_0 row stores (kvcache.CacheTypes)
+        shape = (hp.n_kv_layers, n_ctx, hp.n_head_kv, hp.head_dim)
         self.k = np.zeros(shape, np.float16 if cache.k == GGMLType.F16 else np.float32)
         self.v = np.zeros(shape, np.float16 if cache.v == GGMLType.F16 else np.float32)
         # a convolution layer's input B * x at each position (lfm2), in float32 as llama.cpp's
@@ -139,6 +141,12 @@ class _Session:
 
 class ReferenceBackend(Backend):
     name = "reference"
+
+    @property
+    def code_files(self):
+        """Every module of the engine: the families' reference passes are spread over several
+        (reference_gemma3n.py, reference_granite.py, recurrent.py, ...)."""
+        return tuple(sorted(glob.glob(os.path.join(os.path.dirname(os.path.abspath(__file__)), "*.py"))))
 
     def __init__(self, spec, weights, n_threads=1, numa="none", cache=DEFAULT_CACHE,
                  resident_experts=False):
@@ -166,7 +174,7 @@ class ReferenceBackend(Backend):
     @classmethod
     def plan_for(cls, spec, n_ctx, n_batch, cache=DEFAULT_CACHE):
         hp = spec.hp
-        kv = hp.n_layer * n_ctx * hp.n_head_kv * hp.head_dim * (
+        kv = hp.n_kv_layers * n_ctx * hp.n_head_kv * hp.head_dim * (
             (2 if cache.k == GGMLType.F16 else 4) + (2 if cache.v == GGMLType.F16 else 4)) \
             + hp.n_conv_layers * n_ctx * 4 * hp.n_embd + state_bytes(hp)
         if spec.granitehybrid:
@@ -375,10 +383,10 @@ class ReferenceBackend(Backend):
         ck, cv = self.cache.k, self.cache.v
         rot_k, rot_v = self.cache.rotation(hp.head_dim)
         q, k, v = _rotate(q, rot_k), _rotate(k, rot_k), _rotate(v, rot_v)
-        src = hp.kv_layers[il]   # gemma3n's last layers attend to an earlier layer's cache
-        if src == il:
-            buf.k[il, pos:pos + n] = k if ck == GGMLType.F16 else _stored(k, ck)
-            buf.v[il, pos:pos + n] = v if cv == GGMLType.F16 else _stored(v, cv)
+        src = hp.kv_slots[hp.kv_layers[il]]  # gemma3n's last layers read an earlier layer's
+        if hp.kv_layers[il] == il:
+            buf.k[src, pos:pos + n] = k if ck == GGMLType.F16 else _stored(k, ck)
+            buf.v[src, pos:pos + n] = v if cv == GGMLType.F16 else _stored(v, cv)
         K = buf.k[src, :pos + n].astype(np.float64)  # (n_kv, n_head_kv, hd)
         V = buf.v[src, :pos + n].astype(np.float64)
         # mask (n, n_kv): causal, and the sliding window on SWA layers

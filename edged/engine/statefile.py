@@ -1,4 +1,5 @@
-"""Prompt-cache files: a session's tokens and KV cache rows on disk, bound to what computed them.
+"""Prompt-cache files: a session's tokens, KV cache rows and recurrent states on disk, bound to
+what computed them.
 
     key = statefile.load_key(state_dir)          # 32 random bytes, made on first use, 0600
     statefile.save(session, path, key)           # atomic: temp file, fsync, rename, fsync dir
@@ -6,14 +7,20 @@
 
 Layout (little-endian; docs/daemon.md, "Prompt cache on disk"):
 
-    header   HEADER (240 bytes): magic, version, header size, model SHA-256, signer, architecture,
-             backend, kernel path, build id, K/V cache types, n_layer, n_ctx, K/V row bytes,
-             n_tokens, convolution layers and their row bytes
+    header   HEADER (248 bytes): magic, version, header size, model SHA-256, signer, architecture,
+             backend, kernel path, build id, K/V cache types, attention layers, n_ctx, K/V row
+             bytes, n_tokens, convolution layers and their row bytes, recurrent states and
+             their floats
     tokens   n_tokens x uint32
-    K rows   per layer: n_tokens rows of row_bytes_k (the used rows only, position order)
-    V rows   per layer: n_tokens rows of row_bytes_v
+    K rows   per attention layer: n_tokens rows of row_bytes_k (the used rows only, position order)
+    V rows   per attention layer: n_tokens rows of row_bytes_v
     conv     per convolution layer (lfm2; none for other models): n_tokens rows of
              row_bytes_conv, the convolution cache kept per position beside the K/V rows
+    states   per recurrent state (qwen35's DeltaNet layers; none for other models), ascending
+             positions, at most the live state and its checkpoints: uint32 position, then
+             state_floats float32 (engine/recurrent.py's layout). A state cannot be cut back
+             to an earlier position: a session restored to fewer tokens than the newest state's
+             restores the newest one at or before them and replays the rest
     mac      HMAC-SHA256 with the installation's key over every byte before it
 
 A file is used only when every header field equals the session's (model bytes, signer, cache
@@ -36,20 +43,25 @@ import weakref
 
 import numpy as np
 
+from .recurrent import N_CHECKPOINTS
 from .vision import id_limit
 from ..errors import ConfigError, StateFileError
 from ..format.gguf import GGMLType
 
 MAGIC = b"EDGEDKV\x00"
-VERSION = 2
+VERSION = 3     # 3: K/V rows of the attention layers only, recurrent states
 KEY_BYTES = 32
 MAC_BYTES = 32
 KEY_FILE = "cache.key"
 SUFFIX = ".edkv"
 # magic, version, header bytes, model sha256, signer, arch, backend, kernel path, build id,
-# type_k, type_v, n_layer, n_ctx, row_bytes_k, row_bytes_v, n_tokens, n_conv, row_bytes_conv,
-# reserved
-HEADER = struct.Struct("<8sII32s64s24s16s16s32sIIIIIIIIII")
+# type_k, type_v, n_kv_layers, n_ctx, row_bytes_k, row_bytes_v, n_tokens, n_conv, row_bytes_conv,
+# n_states, state_floats, reserved
+HEADER = struct.Struct("<8sII32s64s24s16s16s32sIIIIIIIIIIII")
+_NAMES = ("magic", "version", "header_bytes", "model_sha256", "signer", "arch", "backend",
+          "kernel_path", "build_id", "type_k", "type_v", "n_kv_layers", "n_ctx", "row_bytes_k",
+          "row_bytes_v", "n_tokens", "n_conv", "row_bytes_conv", "n_states", "state_floats",
+          "reserved")
 _TEXT = {"signer": 64, "arch": 24, "backend": 16, "kernel_path": 16}
 _CHUNK = 1 << 22
 
@@ -76,14 +88,16 @@ def model_digest(model):
 
 def build_id(backend):
     """SHA-256 of the code that computes the rows: the compiled core for the cpu backend, the
-    backend's module otherwise. Another build gives another id, and its files are recomputed."""
+    engine's Python modules for the reference backend (its families' passes live in several).
+    Another build gives another id, and its files are recomputed."""
     cls = type(backend)
     d = _builds.get(cls)
     if d is None:
-        path = backend.code_file
-        with open(path, "rb") as f:
-            d = hashlib.sha256(f.read()).digest()
-        _builds[cls] = d
+        h = hashlib.sha256()
+        for path in backend.code_files:
+            with open(path, "rb") as f:
+                h.update(hashlib.sha256(f.read()).digest())
+        d = _builds[cls] = h.digest()
     return d
 
 
@@ -92,8 +106,8 @@ def _model_fields(m):
     be = m.backend
     return {"model_sha256": model_digest(m), "signer": m.signer or "", "arch": m.arch,
             "backend": be.name, "kernel_path": be.kernel_path, "build_id": build_id(be),
-            "type_k": int(m.cache.k), "type_v": int(m.cache.v), "n_layer": m.hp.n_layer,
-            "n_conv": getattr(m.hp, "n_conv_layers", 0)}
+            "type_k": int(m.cache.k), "type_v": int(m.cache.v), "n_kv_layers": m.hp.n_kv_layers,
+            "n_conv": m.hp.n_conv_layers, "state_floats": m.hp.recurrent_state_floats()}
 
 
 def _caches(session):
@@ -105,25 +119,27 @@ def _caches(session):
     return (k, v) if conv is None else (k, v, conv)
 
 
-def supported(model):
-    """Whether this format can hold `model`'s state: K/V rows and lfm2's convolution rows,
-    not the recurrent state of Gated DeltaNet layers (qwen35)."""
-    return not getattr(model.hp, "n_recr_layers", 0)
+def _states(session, n):
+    """The recurrent states a file of `session`'s first n tokens carries, [(position, float32
+    array)] ascending: the checkpoints at or before n and the live state when it is there too
+    (a session truncated and not yet evaluated again holds a live state past its tokens)."""
+    rs = session.model.backend.recurrent(session._buf)
+    if rs is None:
+        return []
+    states = [(p, c) for p, c in rs.checkpoints if p <= n]
+    if 0 < rs.pos <= min(n, session.n_past) and (not states or states[-1][0] < rs.pos):
+        states.append((rs.pos, rs.live))
+    return states
 
 
-def _check_supported(model):
-    if not supported(model):
-        raise StateFileError(f"prompt-cache files hold K/V and convolution rows; {model.arch}'s "
-                             f"{model.hp.n_recr_layers} recurrent layers keep state they cannot hold")
-
-
-def _header(session, n_tokens):
+def _header(session, n_tokens, n_states=0):
     """The header fields a file of `session`'s first n_tokens would carry (a dict)."""
     caches = _caches(session)
     return {"magic": MAGIC, "version": VERSION, "header_bytes": HEADER.size,
             **_model_fields(session.model), "n_ctx": session.n_ctx, "row_bytes_k": caches[0].shape[2],
             "row_bytes_v": caches[1].shape[2], "n_tokens": n_tokens,
-            "row_bytes_conv": caches[2].shape[2] if len(caches) > 2 else 0, "reserved": 0}
+            "row_bytes_conv": caches[2].shape[2] if len(caches) > 2 else 0, "n_states": n_states,
+            "reserved": 0}
 
 
 def _compare(h, want):
@@ -149,15 +165,11 @@ def _pack(h):
             raise StateFileError(f"{f} {h[f]!r} is longer than the header's {n} bytes")
     return HEADER.pack(h["magic"], h["version"], h["header_bytes"], h["model_sha256"],
                        t["signer"], t["arch"], t["backend"], t["kernel_path"], h["build_id"],
-                       h["type_k"], h["type_v"], h["n_layer"], h["n_ctx"], h["row_bytes_k"],
-                       h["row_bytes_v"], h["n_tokens"], h["n_conv"], h["row_bytes_conv"], h["reserved"])
+                       *(h[f] for f in _NAMES[9:]))
 
 
 def _unpack(raw):
-    names = ("magic", "version", "header_bytes", "model_sha256", "signer", "arch", "backend",
-             "kernel_path", "build_id", "type_k", "type_v", "n_layer", "n_ctx", "row_bytes_k",
-             "row_bytes_v", "n_tokens", "n_conv", "row_bytes_conv", "reserved")
-    h = dict(zip(names, HEADER.unpack(raw)))
+    h = dict(zip(_NAMES, HEADER.unpack(raw)))
     for f in _TEXT:
         b = h[f].rstrip(b"\x00")
         try:
@@ -178,8 +190,9 @@ def _describe(f, value):
 def file_size(h):
     """Bytes of the file header h describes: the format's one size formula."""
     n = h["n_tokens"]
-    return HEADER.size + 4 * n + h["n_layer"] * n * (h["row_bytes_k"] + h["row_bytes_v"]) + \
-        h["n_conv"] * n * h["row_bytes_conv"] + MAC_BYTES
+    return HEADER.size + 4 * n + h["n_kv_layers"] * n * (h["row_bytes_k"] + h["row_bytes_v"]) + \
+        h["n_conv"] * n * h["row_bytes_conv"] + h["n_states"] * 4 * (1 + h["state_floats"]) + \
+        MAC_BYTES
 
 
 # --- writing ------------------------------------------------------------------------------
@@ -201,8 +214,8 @@ def save(session, path, key, n_tokens=None):
     if not 0 < n <= session.n_past:
         raise StateFileError(f"cannot save {n} tokens of a session holding {session.n_past}")
     _check_key(key)
-    _check_supported(session.model)
-    h = _header(session, n)
+    states = _states(session, n)
+    h = _header(session, n, len(states))
     path = os.fspath(path)
     d, base = os.path.split(path)
     tmp = os.path.join(d, f".{base}.{secrets.token_hex(4)}.tmp")
@@ -218,6 +231,9 @@ def save(session, path, key, n_tokens=None):
             for rows in _caches(session):         # uint8 (layers, n_ctx, row bytes)
                 for layer in rows:
                     put(layer[:n])        # (n, row bytes): contiguous, written without a copy
+            for pos, state in states:
+                put(struct.pack("<I", pos))
+                put(np.ascontiguousarray(state, "<f4"))
             f.write(mac.digest())
         os.fsync(fd)
         os.close(fd)
@@ -279,6 +295,9 @@ def _read_header(f, size):
     if h["version"] != VERSION or h["header_bytes"] != HEADER.size or h["reserved"]:
         raise StateFileError(f"format version {h['version']} (header {h['header_bytes']} bytes): "
                              f"this build reads version {VERSION} ({HEADER.size} bytes)")
+    if h["n_states"] > 1 + N_CHECKPOINTS:
+        raise StateFileError(f"{h['n_states']} recurrent states: a session keeps at most "
+                             f"{1 + N_CHECKPOINTS}")
     want = file_size(h)
     if want != size:
         raise StateFileError(f"file is {size} bytes, its header describes {want} "
@@ -302,11 +321,10 @@ def restore(session, path, key, n_tokens=None):
 
 
 def _restore(session, path, key, n_tokens):
-    _check_supported(session.model)
     with _open(path) as f:
         size = os.fstat(f.fileno()).st_size
         h = _read_header(f, size)
-        _compare(h, _header(session, h["n_tokens"]))
+        _compare(h, _header(session, h["n_tokens"], h["n_states"]))
         n = h["n_tokens"]
         if not 0 < n <= session.n_ctx:
             raise StateFileError(f"{n} tokens for a context of {session.n_ctx}")
@@ -320,6 +338,13 @@ def _restore(session, path, key, n_tokens):
                 dst = layer[:n]
                 _read_exact(f, dst, what)
                 mac.update(dst)
+        states = []
+        for _ in range(h["n_states"]):   # read aside: the live state changes after the MAC
+            pos, state = np.empty(1, "<u4"), np.empty(h["state_floats"], "<f4")
+            for what, a in (("state position", pos), ("recurrent state", state)):
+                _read_exact(f, a, what)
+                mac.update(a)
+            states.append((int(pos[0]), state))
         tag = bytearray(MAC_BYTES)
         _read_exact(f, tag, "MAC")
         if not hmac.compare_digest(mac.digest(), bytes(tag)):
@@ -329,6 +354,16 @@ def _restore(session, path, key, n_tokens):
     if int(tokens.max()) >= id_limit(nv):   # image rows are ids >= n_vocab (engine/vision.py)
         raise StateFileError(f"token id {int(tokens.max())} out of range [0, {nv}) and not an "
                              "image row")
+    where = [p for p, _ in states]
+    if where != sorted(set(where)) or not all(0 < p <= n for p in where):
+        raise StateFileError(f"recurrent states at positions {where}: not ascending within "
+                             f"the file's {n} tokens")
+    rs = session.model.backend.recurrent(session._buf)
+    if rs is not None:
+        rs.rewind(0)
+        if states:       # Session replays from the newest state at or before what it keeps
+            rs.pos, rs.live[:] = states[-1][0], states[-1][1]
+            rs.checkpoints = states[-N_CHECKPOINTS:]
     keep = n if n_tokens is None else max(0, min(int(n_tokens), n))
     session.tokens = tokens[:keep].tolist()
     return keep

@@ -47,6 +47,15 @@ SHAPES = {
                       n_vocab=65536, rope_freq_base=1e6, rms_eps=1e-5, n_ctx_train=128000,
                       tied=True, qkv_bias=False, qk_norm=True, l_cache=3,
                       attn_layers=(2, 5, 8, 10, 12, 14)),
+    # Qwen3.5-0.8B (its config.json's text_config): Gated DeltaNet on 18 layers (16 key and 16
+    # value heads of 128, a 4-tap convolution), gated attention with q/k norms on every fourth
+    # (8 heads of 256, 2 KV heads, 64 of them rotated in interleaved M-RoPE sections 11/11/10),
+    # the FFN norm stored as post_attention_norm, tied embeddings, a 248k vocabulary
+    "qwen3.5-0.8b": dict(arch="qwen35", n_embd=1024, n_head=8, n_head_kv=2, head_dim=256,
+                         n_ff=3584, n_layer=24, n_vocab=248320, rope_freq_base=1e7, rms_eps=1e-6,
+                         n_ctx_train=262144, tied=True, qkv_bias=False, qk_norm=True, n_rot=64,
+                         sections=(11, 11, 10, 0), attn_layers=(3, 7, 11, 15, 19, 23),
+                         ssm=dict(d_conv=4, d_state=128, n_group=16, dt_rank=16)),
     # a small model for demos and tests (seconds to make, milliseconds per token)
     "tiny": dict(arch="llama", n_embd=256, n_head=4, n_head_kv=2, n_ff=768, n_layer=4,
                  n_vocab=4096, rope_freq_base=10000.0, rms_eps=1e-5, n_ctx_train=2048,
@@ -186,6 +195,16 @@ def synth(shape, ftype, out, seed=0, progress=None):
         w.add(A(Key.SHORTCONV_L_CACHE), s["l_cache"])
     else:
         w.add(A(Key.HEAD_COUNT_KV), KV)
+    ssm = s.get("ssm")              # qwen35: Gated DeltaNet on the layers not in attn_layers
+    if ssm:
+        w.add(A(Key.SSM_CONV_KERNEL), ssm["d_conv"])
+        w.add(A(Key.SSM_STATE_SIZE), ssm["d_state"])
+        w.add(A(Key.SSM_GROUP_COUNT), ssm["n_group"])
+        w.add(A(Key.SSM_TIME_STEP_RANK), ssm["dt_rank"])
+        w.add(A(Key.SSM_INNER_SIZE), ssm["d_state"] * ssm["dt_rank"])
+        w.add(A(Key.FULL_ATTENTION_INTERVAL), 4)
+        w.add(A(Key.ROPE_DIMENSION_SECTIONS), np.array(s["sections"], np.int32))
+        w.add(A(Key.ROPE_DIMENSION_COUNT), s["n_rot"])
     w.add(A(Key.ROPE_FREQ_BASE), float(s["rope_freq_base"]))
     if hd != E // H:
         w.add(A(Key.KEY_LENGTH), hd)
@@ -203,6 +222,8 @@ def synth(shape, ftype, out, seed=0, progress=None):
         w.add(A(Key.EXPERT_FEED_FORWARD_LENGTH), s["n_ff_exp"])
     w.add(A(Key.LAYERNORM_RMS_EPS), float(s["rms_eps"]))
     toks, scores, types = synth_vocab(V)
+    for i, (text, kind) in enumerate(s.get("extra_tokens", ()), V - len(s.get("extra_tokens", ()))):
+        toks[i], scores[i], types[i] = text, 0.0, kind      # e.g. a projector's markers (type 4)
     w.add(Key.TOKENIZER_MODEL, "llama")
     w.add(Key.TOKENS, toks)
     w.add(Key.SCORES, scores)
@@ -229,6 +250,13 @@ def synth(shape, ftype, out, seed=0, progress=None):
         data[name] = np.full(n * rows, value, np.float32)
         n_params += n * rows
 
+    def taps(name, k, n):
+        # a depthwise convolution's k taps per channel, F32 as llama.cpp keeps them
+        nonlocal n_params
+        w.add_tensor(name, (k, n), GGMLType.F32)
+        data[name] = rng.standard_normal(k * n, np.float32) * 0.3
+        n_params += k * n
+
     mat("token_embd.weight", "output" if s["tied"] else "token_embd", E, V)
     vec("token_embd_norm.weight" if arch == "lfm2" else "output_norm.weight", E)
     if not s["tied"]:
@@ -236,20 +264,31 @@ def synth(shape, ftype, out, seed=0, progress=None):
     for il in range(L):
         p = f"blk.{il}."
         vec(p + "attn_norm.weight", E)
-        if il not in attn_layers:   # a gated short convolution; its taps stay F32 as llama.cpp's
-            mat(p + "shortconv.in_proj.weight", "attn_q", E, 3 * E, il)
-            w.add_tensor(p + "shortconv.conv.weight", (s["l_cache"], E), GGMLType.F32)
-            data[p + "shortconv.conv.weight"] = rng.standard_normal(s["l_cache"] * E, np.float32) * 0.3
-            n_params += s["l_cache"] * E
-            mat(p + "shortconv.out_proj.weight", "attn_output", E, E, il)
-            vec(p + "ffn_norm.weight", E)
+        if il not in attn_layers:
+            if ssm:     # a Gated DeltaNet layer; its vectors stay F32
+                Sd, Hk, Hv = ssm["d_state"], ssm["n_group"], ssm["dt_rank"]
+                C = Sd * (2 * Hk + Hv)
+                mat(p + "attn_qkv.weight", "attn_q", E, C, il)
+                mat(p + "attn_gate.weight", "attn_q", E, Sd * Hv, il)
+                taps(p + "ssm_conv1d.weight", ssm["d_conv"], C)
+                vec(p + "ssm_dt.bias", Hv, 0.0)
+                vec(p + "ssm_a", Hv, -1.0)           # -exp(A_log)
+                mat(p + "ssm_beta.weight", "attn_q", E, Hv, il)
+                mat(p + "ssm_alpha.weight", "attn_q", E, Hv, il)
+                vec(p + "ssm_norm.weight", Sd)
+                mat(p + "ssm_out.weight", "attn_output", Sd * Hv, E, il)
+            else:       # a gated short convolution
+                mat(p + "shortconv.in_proj.weight", "attn_q", E, 3 * E, il)
+                taps(p + "shortconv.conv.weight", s["l_cache"], E)
+                mat(p + "shortconv.out_proj.weight", "attn_output", E, E, il)
+            vec(p + ("post_attention_norm.weight" if ssm else "ffn_norm.weight"), E)
             mat(p + "ffn_gate.weight", "ffn_gate", E, F, il)
             mat(p + "ffn_up.weight", "ffn_up", E, F, il)
             mat(p + "ffn_down.weight", "ffn_down", F, E, il)
             if progress:
                 progress(il + 1, L)
             continue
-        mat(p + "attn_q.weight", "attn_q", E, H * hd, il)
+        mat(p + "attn_q.weight", "attn_q", E, (2 if ssm else 1) * H * hd, il)  # qwen35: q | gate
         mat(p + "attn_k.weight", "attn_k", E, KV * hd, il)
         mat(p + "attn_v.weight", "attn_v", E, KV * hd, il)
         if s["qkv_bias"]:
@@ -263,7 +302,7 @@ def synth(shape, ftype, out, seed=0, progress=None):
         if oss:  # the output bias, a sink logit per head; the FFN norm's gpt-oss name
             vec(p + "attn_output.bias", E, 0.0)
             vec(p + "attn_sinks.weight", H, 0.0)
-        vec(p + ("post_attention_norm.weight" if oss else "ffn_norm.weight"), E)
+        vec(p + ("post_attention_norm.weight" if oss or ssm else "ffn_norm.weight"), E)
         if X:  # the router stays F32 (llama-quantize leaves ffn_gate_inp alone)
             w.add_tensor(p + "ffn_gate_inp.weight", (E, X), GGMLType.F32)
             data[p + "ffn_gate_inp.weight"] = rng.standard_normal((X, E), np.float32) * 0.05

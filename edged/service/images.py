@@ -31,6 +31,7 @@ FORMATS = ("PNG", "JPEG", "WEBP", "GIF")
 MAX_PIXELS = 1 << 23            # default image_max_pixels: a 4K frame (3840 x 2160) fits
 MAX_BYTES = 16 << 20            # default image_max_bytes: an image's encoded size
 DECODE_SECONDS = 5.0            # CPU time a decode may take in the render worker's child
+MAX_FRAMES = 10_000             # an animated GIF: more frames than this is refused (only the first is read)
 MARKER = "<__media__>"          # where an image goes in a message's text (llama.cpp's mtmd marker)
 
 
@@ -206,6 +207,32 @@ def decode(image, max_pixels=MAX_PIXELS):
     return DecodedImage(np.frombuffer(rgb, np.uint8).reshape(h, w, 3), image.sha256)
 
 
+def gif_frames(data, limit):
+    """The frames (image descriptors) of GIF `data`, counted up to limit + 1 by walking its
+    blocks (no pixel is decoded): header and screen descriptor, colour tables, extensions and
+    image data as chains of length-prefixed sub-blocks. Stops at the trailer or at the end of
+    the bytes (Pillow judges a truncated file)."""
+    n, i, end = 0, 13, len(data)
+    if end >= 13 and data[10] & 0x80:                       # global colour table
+        i += 3 << ((data[10] & 7) + 1)
+    while i < end and n <= limit:
+        block = data[i]
+        if block == 0x2C:                                   # image descriptor
+            n += 1
+            if i + 10 > end:
+                break
+            flags = data[i + 9]
+            i += 10 + ((3 << ((flags & 7) + 1)) if flags & 0x80 else 0) + 1    # + LZW code size
+        elif block == 0x21:                                 # extension: label, then sub-blocks
+            i += 2
+        else:                                               # trailer, or not a GIF block
+            break
+        while i < end and data[i]:                          # sub-blocks up to a zero length
+            i += data[i] + 1
+        i += 1
+    return n
+
+
 def decode_here(data, max_pixels):
     """(height, width, RGB bytes) of the first frame of encoded image `data`, in this process
     (the render worker's child runs this). RequestError for anything but a whole PNG, JPEG,
@@ -223,8 +250,11 @@ def decode_here(data, max_pixels):
             if w <= 0 or h <= 0 or w * h > max_pixels:
                 raise RequestError(f"the image is {w}x{h} pixels, more than image_max_pixels={max_pixels} "
                                    "(decompression bombs are refused from the header)")
-            # a fresh image is at its first frame; an animation's others are never read
-            # (n_frames would scan them all)
+            # a fresh image is at its first frame; an animation's others are never decoded
+            # (n_frames would decode them all to count them)
+            if im.format == "GIF" and gif_frames(data, MAX_FRAMES) > MAX_FRAMES:
+                raise RequestError(f"the GIF has more than {MAX_FRAMES} frames (only its first would "
+                                   "be read; an animation that long is refused)")
             rgb = im.convert("RGB")
             return h, w, rgb.tobytes()
     except UnidentifiedImageError:

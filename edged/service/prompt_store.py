@@ -219,8 +219,6 @@ class PromptStore:
         that fails (a full disk) is logged and leaves no file. Returns the path or None."""
         if session.n_past < (1 if name else SPILL_MIN_TOKENS):
             return None
-        if not statefile.supported(session.model):  # qwen35: the files hold no recurrent state
-            return None
         m = session.model
         fname = NAMED + name + statefile.SUFFIX if name else \
             self.file_name(m, session.n_ctx, session.tokens)

@@ -11,7 +11,7 @@ back as a `response` object, or streamed as Responses' semantic server-sent even
 
 `previous_response_id` continues a stored response: a bounded in-memory store (Store) keeps
 each response's conversation (its input and output, not its instructions, as OpenAI) and
-object for at most `responses_store_max_age` seconds, `responses_store_max` of them; a response
+object (and the images its messages hold) for at most `responses_store_max_age` seconds, `responses_store_max` of them; a response
 made with `store: false` is not kept. An entry belongs to the peer that made it (its uid on the
 Unix socket, its API key over TCP): to any other peer it does not exist (404).
 """
@@ -61,6 +61,7 @@ class Entry:
     messages: tuple             # the conversation so far (input and output), without instructions
     response: dict              # the response object, as GET returns it
     input_items: tuple = ()     # this request's input as items with ids (GET .../input_items)
+    images: tuple = ()          # the conversation's ImageRefs, in the order of its markers
 
 
 class Store:
@@ -208,18 +209,16 @@ def _constraint(r):
     return ConstraintSpec("json_schema", fmt.schema_, "text.format.schema")
 
 
-def parse(r, history=()):
-    """A validated ResponsesRequest (and the stored conversation it continues) ->
-    (GenerateRequest, this request's input as chat messages)."""
+def parse(r, history=(), history_images=()):
+    """A validated ResponsesRequest (and the stored conversation it continues, with its images)
+    -> (GenerateRequest, this request's input as chat messages)."""
     given = {f.name: getattr(r, f.name) for f in dataclasses.fields(SamplingParams)
              if getattr(r, f.name, None) is not None}
     sampling = SamplingParams(**{**SAMPLING_DEFAULTS, **given})
-    refs = []
+    refs = list(history_images)
     new = messages([schema.Message(role="user", content=r.input)] if isinstance(r.input, str) else r.input,
                    history, refs)
-    # a stored turn's images are not kept: the conversation goes on without them
-    convo = [dict(m, content=m["content"].replace(images.MARKER, "")) if isinstance(m.get("content"), str)
-             else m for m in history] + new
+    convo = list(history) + new                 # a stored turn's images go on with it
     if r.instructions:
         convo.insert(0, {"role": "system", "content": r.instructions})
     if not convo:
@@ -286,8 +285,9 @@ class _Render:
     """One generation as a `response` object, whole or as semantic events; stores it at the end
     unless `store` is false."""
 
-    def __init__(self, responses, gen, r, new, history, who):
+    def __init__(self, responses, gen, r, new, history, who, images=()):
         self.r, self.gen, self.new, self.history, self.who = r, gen, new, history, who
+        self.images = images
         self.responses = responses
         self.id = _id("resp")
         self.created = int(time.time())
@@ -327,14 +327,16 @@ class _Render:
         status = "incomplete" if choice.finish == "length" else "completed"
         obj = self.response(status, output, self.usage())
         if self.r.store is not False:
-            reply = {"role": "assistant", "content": content}
+            # the model's text never stands for an image of the conversation
+            reply = {"role": "assistant", "content": content.replace(images.MARKER, "") if content else content}
             if reasoning:
                 reply["reasoning_content"] = reasoning
             if calls:
                 reply["tool_calls"] = calls
             convo = tuple(self.history) + tuple(self.new) + (reply,)
             self.responses.store.put(self.responses.cfg, self.id,
-                                     Entry(self.who, time.monotonic(), convo, obj, input_items(self.r)))
+                                     Entry(self.who, time.monotonic(), convo, obj, input_items(self.r),
+                                           self.images))
         return obj
 
     async def whole(self, req):
@@ -464,15 +466,15 @@ class Responses:
     async def create(self, req):
         r = schema.validate(json_body(req, self.cfg.max_body_bytes))
         who = owner(req)
-        history = ()
+        history, history_images = (), ()
         if r.previous_response_id is not None:
             e = self.store.get(self.cfg, r.previous_response_id, who)
             if e is None:
                 raise not_found(r.previous_response_id, "previous_response_id")
-            history = e.messages
-        request, new = parse(r, history)
+            history, history_images = e.messages, e.images
+        request, new = parse(r, history, history_images)
         gen = await self.api.generate(req, request)
-        return await openai.reply(gen, req, _Render(self, gen, r, new, history, who))
+        return await openai.reply(gen, req, _Render(self, gen, r, new, history, who, request.images))
 
     def _rid(self, req):
         return req.path[len(PATH) + 1:]

@@ -78,7 +78,8 @@ JSON_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separa
 # exactly) and of a number's fraction (16 there; 10 here, the most llguidance's `multipleOf`
 # takes as a decimal).
 INT_LIMIT = MAX_EXACT
-FRACTION = 1e-10
+MAX_DECIMALS = 10
+FRACTION = 10.0 ** -MAX_DECIMALS
 
 _TOKENIZERS = weakref.WeakKeyDictionary()       # edged Tokenizer -> llguidance LLTokenizer
 _TOKENIZERS_LOCK = threading.Lock()
@@ -275,11 +276,14 @@ def _multiple_cost(v, path, what):
     before its expression limit can refuse it: 999983 took 2 s and 180 MB to be refused,
     2**24 and 2**31 ran on past 20 s and 1.3 GB, twenty 5-digit primes took 8 s and 490 MB.
     Trailing zeros cost nothing (10**9 is quick)."""
-    sign, digits, _ = decimal.Decimal(repr(v) if isinstance(v, float) else v).normalize().as_tuple()
+    sign, digits, exponent = decimal.Decimal(repr(v) if isinstance(v, float) else v).normalize().as_tuple()
     cost = int("".join(map(str, digits)))
     if sign or not cost or cost > MAX_MULTIPLE:
         raise GrammarError(f"{what}: 'multipleOf' is {v} (at '{path}'); it must be positive, and its "
                            f"significant digits (0.25 -> 25, 15000 -> 15) at most {MAX_MULTIPLE}")
+    if exponent < -MAX_DECIMALS:        # llguidance reads 1e-11 as 9999999999999998e-27
+        raise GrammarError(f"{what}: 'multipleOf' is {v} (at '{path}'); it may have at most "
+                           f"{MAX_DECIMALS} decimals")
     return cost
 
 

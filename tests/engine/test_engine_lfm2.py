@@ -120,7 +120,10 @@ def test_memory_plan_counts_the_convolution_cache(core):
         s = m.session(n_ctx=64)
         c = m.backend.conv_cache(s._buf)
         assert c.shape == (hp.n_conv_layers, 64, 4 * hp.n_embd)
-        kv = hp.n_layer * 64 * 2 * (2 * hp.n_head_kv * hp.head_dim)
+        # K/V rows for the attention layers only
+        assert hp.n_kv_layers == hp.n_layer - hp.n_conv_layers
+        assert m.backend.kv_cache(s._buf)[0].shape[0] == hp.n_kv_layers
+        kv = hp.n_kv_layers * 64 * 2 * (2 * hp.n_head_kv * hp.head_dim)
         assert m.backend.plan(64, 8).kv_cache == kv + c.nbytes
         assert type(m.backend).plan_for(m.spec, 64, 8).kv_cache == kv + c.nbytes
 

@@ -119,28 +119,76 @@ def test_lookup_speculation_gives_the_same_tokens(core):
     assert stats["n_drafted"] > stats["n_accepted"]   # rejected drafts: rewinds
 
 
-def test_memory_plan_counts_the_state_once_per_sequence(core):
-    """The memory plan's cache (`edged info`) holds the K/V rows per position plus the
-    recurrent state and its checkpoints, constant per sequence; the arena holds the live one."""
-    with Model.load(QWEN35, n_threads=2) as m:
+@pytest.mark.parametrize("backend", ["cpu", "reference"])
+def test_memory_plan_counts_the_state_once_per_sequence(backend):
+    """The memory plan's cache (`edged info`) holds the K/V rows per position of the one
+    attention layer (not of the three DeltaNet layers) plus the recurrent state and its
+    checkpoints, constant per sequence; the arena holds the live one."""
+    if backend == "cpu":
+        pytest.importorskip("edged._core")
+    with Model.load(QWEN35, backend=backend, n_threads=2) as m:
         hp = m.hp
         per_seq = (1 + recurrent.N_CHECKPOINTS) * 4 * hp.recurrent_state_floats()
         # 3 DeltaNet layers: conv (3, 16 * 8) and 4 heads of 16 x 16
         assert hp.recurrent_state_floats() == 3 * (3 * 128 + 4 * 256)
-        rows = hp.n_layer * 2 * (2 * hp.n_head_kv * hp.head_dim)   # F16 K and V per position
+        assert hp.kv_slots == (None, None, None, 0)
+        rows = 1 * 2 * (2 * hp.n_head_kv * hp.head_dim)   # F16 K and V per position
         for n_ctx in (64, 256):
             assert m.backend.plan(n_ctx, 8).kv_cache == n_ctx * rows + per_seq
             assert type(m.backend).plan_for(m.spec, n_ctx, 8).kv_cache == n_ctx * rows + per_seq
         s = m.session(n_ctx=64)
         assert m.backend.recurrent(s._buf).live.size == hp.recurrent_state_floats()
+        k, v = m.backend.kv_cache(s._buf)
+        assert k.shape[:2] == v.shape[:2] == (1, 64)
+        assert s.memory_plan.kv_cache == m.backend.plan(64, s.n_batch).kv_cache
 
 
-def test_prompt_cache_files_are_refused_clearly(core, tmp_path):
+@pytest.mark.parametrize("backend", ["cpu", "reference"])
+def test_prompt_cache_file_holds_the_recurrent_state(backend, tmp_path):
+    """A prompt-cache file carries the live recurrent state and its checkpoints: a session
+    restored from it continues with the bits of the session that wrote it (nothing replayed);
+    restored to fewer tokens it takes the newest checkpoint before them, replays the rest and
+    gives a cold start's bits; a file whose state was altered fails its MAC."""
+    from edged.engine import statefile
+    if backend == "cpu":
+        pytest.importorskip("edged._core")
+    key = b"k" * 32
+    path = tmp_path / "x.edkv"
+    with Model.load(QWEN35, backend=backend, n_threads=2) as m:
+        s = m.session(n_ctx=64, n_batch=8)
+        s.eval(TOKENS[:20])           # checkpoints at 8, 16, 19 and 20
+        s.save(path, key=key)
+        h, _, size = statefile.read_header(path)
+        assert h["n_states"] == 4 and h["state_floats"] == m.hp.recurrent_state_floats()
+        want = _last(s, TOKENS[20:22])
+        r = type(s).load(m, path, key=key)
+        rs = m.backend.recurrent(r._buf)
+        assert r.n_past == 20 and rs.pos == 20 and [c[0] for c in rs.checkpoints] == [8, 16, 19, 20]
+        assert np.array_equal(_last(r, TOKENS[20:22]), want)
+        cold = _last(m.session(n_ctx=64), TOKENS[:14] + [7, 8])
+        p = m.session(n_ctx=64)
+        assert statefile.restore(p, path, key, n_tokens=14) == 14
+        assert np.array_equal(_last(p, [7, 8]), cold)     # from the checkpoint at 8
+        raw = bytearray(path.read_bytes())
+        raw[-40] ^= 1                 # inside the live state, the file's last part
+        path.write_bytes(bytes(raw))
+        with pytest.raises(StateFileError, match="HMAC"):
+            type(s).load(m, path, key=key)
+
+
+def test_prompt_cache_files_of_the_previous_version_are_refused(core, tmp_path):
+    """Version 2 files (K/V rows of every layer, no recurrent state) are refused naming the
+    versions (the daemon deletes them and recomputes)."""
     with Model.load(QWEN35, n_threads=2) as m:
         s = m.session(n_ctx=64)
         s.eval(TOKENS[:8])
-        with pytest.raises(StateFileError, match="3 recurrent layers"):
-            s.save(tmp_path / "x.edkv", key=b"k" * 32)
+        path = tmp_path / "x.edkv"
+        s.save(path, key=b"k" * 32)
+        raw = bytearray(path.read_bytes())
+        raw[8:12] = (2).to_bytes(4, "little")
+        path.write_bytes(bytes(raw))
+        with pytest.raises(StateFileError, match="format version 2 .*reads version 3"):
+            type(s).load(m, path, key=b"k" * 32)
 
 
 def _meta(name):
@@ -189,3 +237,36 @@ def test_info_names_the_recurrent_layers(capsys):
     main(["info", "-m", QWEN35, "-c", "512"])
     out = capsys.readouterr().out
     assert "Gated DeltaNet on layers [0, 1, 2]" in out and "per sequence" in out
+
+
+def test_synth_shape_writes_qwen35_as_the_converter_does(core, tmp_path, monkeypatch):
+    """`edged synth --shape qwen3.5-0.8b`'s layout at a small size: the ssm.* keys, interleaved
+    M-RoPE sections, full_attention_interval 4, DeltaNet tensors of llama.cpp's shapes (F32
+    taps), q | gate in attn_q, the FFN norm as post_attention_norm, tied embeddings; read back
+    by the PyPI gguf reader, and the compiled forward agrees with the NumPy reference on it.
+    (The full-size file loads in llama.cpp 0.3.36, whose teacher-forced logits edged's match:
+    docs/models.md.)"""
+    import gguf
+    from edged.format import synth
+    small = dict(synth.SHAPES["qwen3.5-0.8b"], n_embd=64, n_head=4, n_head_kv=2, head_dim=32,
+                 n_ff=128, n_layer=8, n_vocab=512, n_rot=16, sections=(3, 3, 2, 0),
+                 attn_layers=(3, 7), ssm=dict(d_conv=4, d_state=16, n_group=2, dt_rank=4))
+    monkeypatch.setitem(synth.SHAPES, "test-qwen35", small)
+    path = str(tmp_path / "qwen35.gguf")
+    synth.synth("test-qwen35", "Q8_0", path)
+    r = gguf.GGUFReader(path)
+    assert r.fields["qwen35.ssm.inner_size"].contents() == 64
+    assert r.fields["qwen35.full_attention_interval"].contents() == 4
+    assert list(r.fields["qwen35.rope.dimension_sections"].contents()) == [3, 3, 2, 0]
+    names = {t.name: t for t in r.tensors}
+    assert list(names["blk.0.ssm_conv1d.weight"].shape) == [4, 16 * 8]
+    assert names["blk.0.ssm_conv1d.weight"].tensor_type == gguf.GGMLQuantizationType.F32
+    assert list(names["blk.3.attn_q.weight"].shape) == [64, 2 * 4 * 32]
+    assert "blk.3.post_attention_norm.weight" in names and "output.weight" not in names
+    assert "blk.3.attn_qkv.weight" not in names and "blk.4.attn_qkv.weight" in names
+    ids = [1, 40, 41, 42, 43, 44, 45, 46]
+    with Model.load(path, n_threads=2) as m, Model.load(path, backend="reference") as ref:
+        assert m.hp.recr_layers == (True, True, True, False) * 2 and m.hp.n_kv_layers == 2
+        got = np.asarray(m.session(n_ctx=32).eval(ids, logits="all"))
+        want = np.asarray(ref.session(n_ctx=32).eval(ids, logits="all"))
+    assert np.abs(got - want).max() < 0.05 * np.abs(want).max()

@@ -69,7 +69,7 @@ def test_file_holds_the_used_rows_only(tmp_path):
     with load("q8_0", "q8_0") as m:
         hp = m.hp
         row = hp.n_head_kv * hp.head_dim // 32 * 34          # q8_0: 34 bytes per 32 values
-        assert os.path.getsize(path) == (statefile.HEADER.size + 4 * len(PROMPT) + hp.n_layer
+        assert os.path.getsize(path) == (statefile.HEADER.size + 4 * len(PROMPT) + hp.n_kv_layers
                                          * len(PROMPT) * 2 * row + statefile.MAC_BYTES)
 
 
@@ -79,6 +79,11 @@ def _refused(path, match, ck="f16", cv="f16", n_ctx=64, key=KEY, model=KVQ):
         with pytest.raises(StateFileError, match=match):
             statefile.restore(s, path, key)
         assert s.n_past == 0        # nothing of the file, nothing of before: recomputed
+
+
+def _at(field):
+    """Offset of a u32 header field (the last ones of the header are u32)."""
+    return statefile.HEADER.size - 4 * (len(statefile._NAMES) - statefile._NAMES.index(field))
 
 
 def _flip(path, offset):
@@ -91,7 +96,7 @@ def test_flipped_bits_anywhere_are_refused(tmp_path):
     path = saved(tmp_path)
     good = path.read_bytes()
     size, H = len(good), statefile.HEADER.size
-    cases = [(3, "magic"), (40, "model_sha256"), (H - 16, "truncated or padded"),  # n_tokens
+    cases = [(3, "magic"), (40, "model_sha256"), (_at("n_tokens"), "truncated or padded"),
              (H + 5, "HMAC"), (H + 4 * len(PROMPT) + 7, "HMAC"), (size // 2, "HMAC"),
              (size - 40, "HMAC"), (size - 1, "HMAC")]               # tokens, K, V, the MAC
     for offset, match in cases:
@@ -237,7 +242,7 @@ def test_a_signed_model_files_carry_its_digest_and_signer(tmp_path):
 def test_load_checks_the_header_before_allocating_its_context(tmp_path):
     path = saved(tmp_path)
     data = bytearray(path.read_bytes())
-    n_ctx_at = statefile.HEADER.size - 28              # n_ctx: the seventh u32 from the end
+    n_ctx_at = _at("n_ctx")
     data[n_ctx_at:n_ctx_at + 4] = (1 << 31).to_bytes(4, "little")
     path.write_bytes(bytes(data))
     with load("q8_0", "f16") as m:                      # another cache type: refused first
@@ -246,6 +251,23 @@ def test_load_checks_the_header_before_allocating_its_context(tmp_path):
     with load() as m:           # the model's file, for a context of 2^31 tokens
         with pytest.raises(StateFileError, match="20 tokens for a context of 2147483648"):
             Session.load(m, path, KEY)
+
+
+def test_the_reference_build_id_covers_every_family_pass(tmp_path, monkeypatch):
+    """The reference backend's rows come from several modules (gemma3n's and granitehybrid's
+    passes live beside reference.py): a change in any of them is another build."""
+    from edged.engine.reference import ReferenceBackend
+    paths = ReferenceBackend.code_files.fget(None)
+    files = {os.path.basename(f) for f in paths}
+    assert {"reference.py", "reference_gemma3n.py", "reference_granite.py", "recurrent.py"} <= files
+    with Model.load(KVQ, backend="reference") as m:
+        before = statefile.build_id(m.backend)
+        changed = tmp_path / "reference_granite.py"
+        changed.write_text("# another version\n")
+        other = tuple(str(changed) if os.path.basename(f) == "reference_granite.py" else f for f in paths)
+        monkeypatch.setattr(ReferenceBackend, "code_files", property(lambda self: other))
+        monkeypatch.setattr(statefile, "_builds", {})
+        assert statefile.build_id(m.backend) != before
 
 
 @pytest.mark.parametrize("ck", ["f16", "q8_0"])

@@ -15,6 +15,13 @@ from tests.support.gguf_clone import clone
 HERE = os.path.dirname(os.path.abspath(__file__))
 GOLDENS = os.path.join(HERE, "..", "data", "goldens")
 MODELS = os.path.join(HERE, "..", "..", "..", "shared", "testdata", "models")
+
+
+def text_model_path(golden):
+    """The path of a vision golden's text model: beside the goldens (idefics3's small llama
+    with SmolVLM's image tokens) or among the shared synthetic models."""
+    name = str(golden["model"])
+    return os.path.join(GOLDENS, name) if os.path.exists(os.path.join(GOLDENS, name)) else os.path.join(MODELS, name)
 MMPROJ = os.path.join(GOLDENS, "vision-gemma3.mmproj.gguf")
 GOLDEN = os.path.join(GOLDENS, "vision-gemma3.golden.npz")
 
@@ -37,7 +44,7 @@ def proj():
 
 @pytest.fixture(scope="module")
 def text_model(golden):
-    m = Model.load(os.path.join(MODELS, str(golden["model"])), n_threads=2)
+    m = Model.load(text_model_path(golden), n_threads=2)
     yield m
     m.close()
 
@@ -58,6 +65,7 @@ def test_resize_is_pillows(kind, src, dst):
     Image = pytest.importorskip("PIL.Image")
     img = np.random.default_rng(sum(src) + sum(dst)).integers(0, 256, src + (3,), dtype=np.uint8)
     want = np.asarray(Image.fromarray(img).resize(dst, getattr(Image.Resampling, kind.upper())))
+    assert np.array_equal(resize(img, *dst, kind, pillow=False), want)       # the NumPy twin
     assert np.array_equal(resize(img, *dst, kind), want)
 
 
@@ -127,7 +135,7 @@ def rows_and_logits(mmproj, golden, backend):
     the golden's prompt, both held to llama.cpp's."""
     from edged.engine.model import Session
     with Projector.load(mmproj, n_threads=2, backend=backend) as p:
-        m = Model.load(os.path.join(MODELS, str(golden["model"])), n_threads=2, backend=backend)
+        m = Model.load(text_model_path(golden), n_threads=2, backend=backend)
         try:
             emb, ids = image_prompt(p, m, golden)
             close_to(emb.embeddings, golden["embd"])
@@ -155,6 +163,20 @@ def test_image_prompt_same_bits_in_any_chunking(proj, text_model, golden):
     # a follow-up turn about the same picture: the prefix (image included) is reused
     g = whole.start(ids + [263])
     assert len(g._pending) == 1
+
+
+def test_a_fork_keeps_the_images_of_its_prompt(proj, text_model, golden):
+    """n > 1 choices fork a session: a fork that goes back into the image (a truncate, then the
+    same ids again) still finds its rows, and gives the same bits."""
+    from edged.engine.model import Session
+    emb, ids = image_prompt(proj, text_model, golden)
+    s = Session(text_model, n_ctx=128)
+    s.add_image(emb)
+    want = s.eval(ids)[0]
+    f = s.fork()
+    start = next(i for i, t in enumerate(ids) if t >= text_model.hp.n_vocab)
+    f.truncate(start)
+    assert np.array_equal(f.eval(ids[start:])[0], want)
 
 
 def test_image_bigger_than_a_batch_is_refused_before_running(proj, text_model, golden):
@@ -250,27 +272,45 @@ def test_idefics3_embeddings_match_llama_cpp(idefics3, backend):
         close_to(emb.embeddings, idefics3["embd"])
 
 
-def test_idefics3_prompt_layout_is_mtmds(idefics3, monkeypatch):
-    """Tiles row by row behind their <row_Y_col_X> text, the overview last. The synthetic
-    llama vocabulary lacks <fake_token_around_image> and "\n\n": mtmd's lookup gave -1 there,
-    and so does the lookup patched here (a real SmolVLM vocabulary has them)."""
-    m = Model.load(os.path.join(MODELS, str(idefics3["model"])), n_threads=1)
+def test_idefics3_tiles_in_passes_of_any_size_give_the_same_bits(idefics3, monkeypatch):
+    """The encoder runs SQUARES_PER_PASS tiles together (its scratch is sized for that, not
+    for every tile of a picture); the rows do not depend on it."""
+    from edged.engine import vision
+    got = {}
+    with Projector.load(IDEFICS3, n_threads=2) as p:
+        for k in (1, 4, 5):
+            monkeypatch.setattr(vision, "SQUARES_PER_PASS", k)
+            got[k] = p.encode(idefics3["image"]).embeddings
+    assert np.array_equal(got[1], got[4]) and np.array_equal(got[4], got[5])
+
+
+def test_idefics3_prompt_layout_is_mtmds(idefics3):
+    """Tiles row by row behind their <fake_token_around_image><row_Y_col_X> text, "\n" after
+    each row, the overview last between "\n\n" <fake_token_around_image> <global-img> and
+    <fake_token_around_image>: the ids mtmd_tokenize gave, on a vocabulary that has them."""
+    m = Model.load(text_model_path(idefics3), n_threads=1)
     try:
         with Projector.load(IDEFICS3, n_threads=1) as p:
-            with pytest.raises(UnsupportedModelError, match="fake_token_around_image"):
-                p.check_model(m)
-            lookup = p._token
-
-            def or_null(tok, text):
-                try:
-                    return lookup(tok, text)
-                except UnsupportedModelError:
-                    return -1
-            monkeypatch.setattr(p, "_token", or_null)
+            p.check_model(m)
             emb = p.encode(idefics3["image"])
             ids = p.prompt_ids(m, str(idefics3["prompt"]), [emb])
-        got = [-1 if t >= m.hp.n_vocab else t for t in ids]
-        assert got == idefics3["ids"].tolist()
+        assert [-1 if t >= m.hp.n_vocab else t for t in ids] == idefics3["ids"].tolist()
+    finally:
+        m.close()
+
+
+@pytest.mark.parametrize("backend", ["cpu", "reference"])
+def test_idefics3_rows_and_logits_match_llama_cpp(idefics3, backend):
+    """The first logits after a tiled image (4 tiles and the overview, 108 prompt tokens)."""
+    rows_and_logits(IDEFICS3, idefics3, backend)
+
+
+def test_a_text_model_without_the_idefics3_tokens_is_refused_naming_one():
+    m = Model.load(os.path.join(MODELS, "synthetic-llama-f32.gguf"), n_threads=1)
+    try:
+        with Projector.load(IDEFICS3, n_threads=1) as p, \
+                pytest.raises(UnsupportedModelError, match="fake_token_around_image"):
+            p.check_model(m)
     finally:
         m.close()
 

@@ -173,6 +173,23 @@ def test_openai_sdk_image_message_and_the_follow_up_reuses_the_image_prefix(srv)
     assert one.usage.prompt_tokens - text_only.usage.prompt_tokens >= 16 + 2
 
 
+def test_a_responses_follow_up_keeps_the_image_of_the_stored_turn(srv):
+    """previous_response_id continues a conversation with its images: the follow-up's prompt
+    holds the earlier image (its 16 rows, a prefix-cache hit) and adds only the new turn."""
+    needs_vision()
+    client = openai_client(srv.socket)
+    first = client.responses.create(model="vlm", max_output_tokens=2, temperature=0, input=[
+        {"role": "user", "content": [{"type": "input_text", "text": "What is in the picture?"},
+                                     {"type": "input_image", "image_url": data_url(PICTURE)}]}])
+    follow = client.responses.create(model="vlm", max_output_tokens=2, temperature=0,
+                                     previous_response_id=first.id, input="And its colour?")
+    alone = client.responses.create(model="vlm", max_output_tokens=2, temperature=0, store=False, input=[
+        {"role": "user", "content": "What is in the picture?"}, {"role": "assistant", "content": first.output_text},
+        {"role": "user", "content": "And its colour?"}])
+    assert follow.usage.input_tokens - alone.usage.input_tokens >= 16 + 2
+    assert follow.usage.input_tokens_details.cached_tokens >= first.usage.input_tokens - 1
+
+
 def test_two_images_in_one_message(srv, http):
     needs_vision()
     r = http.post("/v1/chat/completions", json={"model": "vlm", "max_tokens": 1, "messages": [
@@ -211,10 +228,10 @@ def test_hostile_images_through_the_daemon(http, srv):
             (png(100_000, 100_000), 400, "100000x100000 pixels, more than image_max_pixels"),
             (jpeg[:len(jpeg) // 2], 400, "cannot be decoded"),
             (b"not an image at all", 400, "not an image edged decodes"),
-            (gif_frames(100_000), 200, None)]:        # its first frame only: 1x1
+            (gif_frames(100_000), 400, "the GIF has more than 10000 frames")]:
         t0 = time.monotonic()
         r = http.post("/v1/chat/completions", json=chat("vlm", data_url(data)))
-        assert time.monotonic() - t0 < 1.0 + (status == 200) * 10   # a 200 also runs the model
+        assert time.monotonic() - t0 < 1.0
         assert r.status_code == status, r.text
         if needle:
             assert "messages[0].content[1].image_url.url" in r.text and needle in r.text, r.text

@@ -2,7 +2,8 @@
 answered within seconds, with a 400 naming the problem or a reply the grammar allows, and the
 daemon still answers /health afterwards. Before: the Lark chain and the -2**63 schema killed the
 daemon (SIGSEGV), `/z+/ "z"` froze its decode thread for good, a 5,000-rule GBNF chain took
-seconds to convert, deep tool-call arguments were a 500."""
+seconds to convert, deep tool-call arguments were a 500, a multipleOf of 2**31 held the compile
+thread past 20 s and 1.3 GB (and every later grammar request behind it)."""
 import time
 
 import pytest
@@ -36,6 +37,8 @@ ATTACKS = {
                                                         "maximum": 2**63 + 5}), 400, "2**53"),
     "forced_forever": (completion("grammar", 'start: /z+/ "z"'), 200, "z"),
     "regex_panic": (completion("grammar", "start: /((\\p{L}|(\\p{L}|\u00e9)))/"), 400, "llguidance failed"),
+    "multiple_of_2_31": (completion("json_schema", {"type": "array", "items": {"type": "integer", "multipleOf": 2**31}}),
+                         400, "'multipleOf' is 2147483648"),
     "deep_tool_arguments": (deep_tool_call(), 400, f"'{ARGS}' is nested too deeply (more than 100 levels)"),
 }
 

@@ -177,6 +177,7 @@ def test_schemas_inside_a_lark_grammar_are_checked():
     ({"type": "number", "multipleOf": 12.3456}, "'multipleOf' is 12.3456"),
     ({"type": "integer", "multipleOf": 0}, "'multipleOf' is 0"),
     ({"type": "number", "multipleOf": -0.5}, "'multipleOf' is -0.5"),
+    ({"type": "number", "multipleOf": 1e-11}, "'multipleOf' is 1e-11 (at '.multipleOf'); it may have at most 10 decimals"),
     ({"type": "object", "properties": {f"p{i}": {"type": "integer", "multipleOf": 99991 - 2 * i} for i in range(3)}},
      "'multipleOf' values add up to more than edged compiles (at '.properties.p1.multipleOf')"),
 ])
