@@ -121,6 +121,13 @@ CASES = {
                           attn_layers=(1, 4), ssm=dict(d_conv=4, d_state=16, n_head=8, n_group=2),
                           embedding_scale=2.0, residual_scale=0.5, attention_scale=0.125,
                           logit_scale=0.5, tied=True, n_prompt=40),
+    # the same shape with llama.cpp's granite MoE FFN in every layer: 8 experts of 32
+    # (feed_forward_length), 2 per token (weights renormalised), an ungated shared expert of 32
+    "granitehybrid-moe": dict(arch="granitehybrid", seed=1014, prompt_seed=14, n_layer=5,
+                              attn_layers=(1, 4), ssm=dict(d_conv=4, d_state=16, n_head=8, n_group=2),
+                              embedding_scale=2.0, residual_scale=0.5, attention_scale=0.125,
+                              logit_scale=0.5, tied=True, n_prompt=40, n_ff=32, n_expert=8,
+                              n_expert_used=2, n_ff_exp=32, n_ff_shexp=32),
     # a scaled-down Qwen3.5: Gated DeltaNet on layers 0-2 (full_attention_interval 4), gated
     # attention with q/k norms on layer 3; DeltaNet heads of 16 (ssm.state_size), 2 key heads
     # and 4 value heads (value head h reads key head h % 2), a 4-tap convolution; attention
@@ -143,7 +150,7 @@ CASES["gpt-oss-mxfp4"] = dict(CASES["gpt-oss"], mxfp4=True, prompt_seed=8)
 
 # cases whose model is too large to commit: written to a temporary directory, the golden records
 # its SHA-256 (`gguf_sha256`) and the test writes it again with write_gguf
-REGENERATED = {"gemma3n", "granitehybrid"}
+REGENERATED = {"gemma3n", "granitehybrid", "granitehybrid-moe"}
 
 GGML_TYPE = {"f16": 1, "q4_0": 2, "q8_0": 8}  # the ggml type ids llama.cpp's type_k/type_v take
 
@@ -312,6 +319,8 @@ def write_gguf(name, c, path, seed):
         q = gguf.quants.quantize(data, gguf.GGMLQuantizationType.MXFP4)
         w.add_tensor(tname, q, raw_dtype=gguf.GGMLQuantizationType.MXFP4)
 
+    experts = _experts_writer(w, c, rng, mat, mxfp4)
+
     def dense_ffn(p):   # the FFN after a convolution / Mamba-2 layer (lfm2, granitehybrid)
         vec(p + "ffn_norm.weight", E)
         mat(p + "ffn_gate.weight", F, E)
@@ -362,7 +371,11 @@ def write_gguf(name, c, path, seed):
             f32(p + "ssm_d", SH, 1, scale=1.0, lo=0.5)
             vec(p + "ssm_norm.weight", (SG, DI // SG))
             mat(p + "ssm_out.weight", E, DI)
-            dense_ffn(p)
+            if "n_expert" in c:
+                vec(p + "ffn_norm.weight", E)
+                experts(p)
+            else:
+                dense_ffn(p)
             continue
         if arch == "lfm2" and il not in c["attn_layers"]:
             mat(p + "shortconv.in_proj.weight", 3 * E, E)
@@ -411,26 +424,7 @@ def write_gguf(name, c, path, seed):
         vec(p + ("post_attention_norm.weight" if c.get("gptoss") or arch.startswith("qwen35")
                  else "ffn_norm.weight"), E)
         if "n_expert" in c:
-            X, Fe = c["n_expert"], c["n_ff_exp"]
-            w.add_tensor(p + "ffn_gate_inp.weight",
-                         (rng.standard_normal((X, E)) / np.sqrt(E)).astype(np.float32))
-            emat = mxfp4 if c.get("mxfp4") else mat
-            emat(p + "ffn_gate_exps.weight", X, Fe, E)
-            emat(p + "ffn_up_exps.weight", X, Fe, E)
-            emat(p + "ffn_down_exps.weight", X, E, Fe)
-            if c.get("gptoss"):
-                for tname, shape, sd in (("ffn_gate_inp.bias", (X,), 0.5),
-                                         ("ffn_gate_exps.bias", (X, Fe), 4.0),
-                                         ("ffn_up_exps.bias", (X, Fe), 4.0),
-                                         ("ffn_down_exps.bias", (X, E), 0.1)):
-                    w.add_tensor(p + tname, (rng.standard_normal(shape) * sd).astype(np.float32))
-            if "n_ff_shexp" in c:
-                Fs = c["n_ff_shexp"]
-                w.add_tensor(p + "ffn_gate_inp_shexp.weight",
-                             (rng.standard_normal(E) / np.sqrt(E)).astype(np.float32))
-                mat(p + "ffn_gate_shexp.weight", Fs, E)
-                mat(p + "ffn_up_shexp.weight", Fs, E)
-                mat(p + "ffn_down_shexp.weight", E, Fs)
+            experts(p)
         elif arch == "phi3":
             mat(p + "ffn_up.weight", 2 * F, E)
             mat(p + "ffn_down.weight", E, F)
@@ -442,6 +436,33 @@ def write_gguf(name, c, path, seed):
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
+
+
+def _experts_writer(w, c, rng, mat, mxfp4):
+    def experts(p):   # router, routed experts (gpt-oss: biases), shared expert
+        E = c["n_embd"]
+        X, Fe = c["n_expert"], c["n_ff_exp"]
+        w.add_tensor(p + "ffn_gate_inp.weight",
+                     (rng.standard_normal((X, E)) / np.sqrt(E)).astype(np.float32))
+        emat = mxfp4 if c.get("mxfp4") else mat
+        emat(p + "ffn_gate_exps.weight", X, Fe, E)
+        emat(p + "ffn_up_exps.weight", X, Fe, E)
+        emat(p + "ffn_down_exps.weight", X, E, Fe)
+        if c.get("gptoss"):
+            for tname, shape, sd in (("ffn_gate_inp.bias", (X,), 0.5),
+                                     ("ffn_gate_exps.bias", (X, Fe), 4.0),
+                                     ("ffn_up_exps.bias", (X, Fe), 4.0),
+                                     ("ffn_down_exps.bias", (X, E), 0.1)):
+                w.add_tensor(p + tname, (rng.standard_normal(shape) * sd).astype(np.float32))
+        if "n_ff_shexp" in c:
+            Fs = c["n_ff_shexp"]
+            if c["arch"] != "granitehybrid":   # granite's shared expert has no gate
+                w.add_tensor(p + "ffn_gate_inp_shexp.weight",
+                             (rng.standard_normal(E) / np.sqrt(E)).astype(np.float32))
+            mat(p + "ffn_gate_shexp.weight", Fs, E)
+            mat(p + "ffn_up_shexp.weight", Fs, E)
+            mat(p + "ffn_down_shexp.weight", E, Fs)
+    return experts
 
 
 def write_gemma4_gguf(name, path, seed):

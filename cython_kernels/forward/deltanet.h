@@ -14,10 +14,15 @@
 #ifndef EDGED_DELTANET_H
 #define EDGED_DELTANET_H
 
-/* floats of one DeltaNet layer's state (its slot's block in the live state) */
+/* channels of a recurrent layer's convolution: DeltaNet q | k | v, Mamba-2 x | B | C */
+static inline int ed_recr_conv_dim(const ed_model *m) {
+    return m->ssm_d_inner + 2 * m->ssm_n_group * m->ssm_d_state;
+}
+
+/* floats of one recurrent layer's state (its slot's block in the live state): the conv
+   inputs, then per head a (ssm_d_inner / ssm_dt_rank) x ssm_d_state matrix */
 static inline size_t ed_recr_layer_floats(const ed_model *m) {
-    const size_t C = (size_t)m->ssm_d_state * (2 * m->ssm_n_group + m->ssm_dt_rank);
-    return (size_t)(m->ssm_d_conv - 1) * C + (size_t)m->ssm_dt_rank * m->ssm_d_state * m->ssm_d_state;
+    return (size_t)(m->ssm_d_conv - 1) * ed_recr_conv_dim(m) + (size_t)m->ssm_d_inner * m->ssm_d_state;
 }
 
 /* the live state of layer L that batch row t updates */
@@ -25,11 +30,11 @@ static inline float *ed_recr_state(const ed_state *s, const ed_model *m, const e
     return (s->batched ? s->row_r[t] : s->rstate) + (size_t)(L->recr - 1) * ed_recr_layer_floats(m);
 }
 
-/* width of a row of the DeltaNet scratch (s->qkv): raw q|k|v (C), z (Vd), beta and alpha
-   (H_v each), then the convolution's output (C) */
+/* width of a row of the recurrent scratch (s->qkv): DeltaNet raw q|k|v (C), z (Vd), beta and
+   alpha (H_v each), then the convolution's output (C); Mamba-2's z | xBC | dt, conv output
+   (one H fewer) fits too */
 static inline int ed_recr_row(const ed_model *m) {
-    const int C = m->ssm_d_state * (2 * m->ssm_n_group + m->ssm_dt_rank);
-    return 2 * C + m->ssm_d_state * m->ssm_dt_rank + 2 * m->ssm_dt_rank;
+    return 2 * ed_recr_conv_dim(m) + m->ssm_d_inner + 2 * m->ssm_dt_rank;
 }
 
 static inline float ed_dn_dot(int n, const float *a, const float *b) {

@@ -57,7 +57,11 @@ typedef struct {
     /* a Gated DeltaNet layer (qwen35; deltanet.h): attn_qkv gives q|k|v before the \
        convolution, attn_gate z, ssm_beta / ssm_alpha (ne1 H_v); vectors ssm_conv1d (F32, \
        d_conv taps per channel), ssm_dt, ssm_a (H_v), ssm_norm (S); ssm_out (ne0 S H_v) */ \
-    X(attn_gate) X(ssm_conv1d) X(ssm_dt) X(ssm_a) X(ssm_beta) X(ssm_alpha) X(ssm_norm) X(ssm_out)
+    X(attn_gate) X(ssm_conv1d) X(ssm_dt) X(ssm_a) X(ssm_beta) X(ssm_alpha) X(ssm_norm) X(ssm_out) \
+    /* a Mamba-2 layer (granitehybrid; mamba2.h): ssm_in (ne1 d_inner + conv channels + heads: \
+       z | xBC | dt), ssm_conv1d and its bias, ssm_dt (the dt bias), ssm_a, ssm_d (n_head), \
+       ssm_norm (d_inner), ssm_out (ne0 d_inner) */ \
+    X(ssm_in) X(ssm_conv1d_b) X(ssm_d)
 
 typedef struct {
 #define ED_LT_MEMBER(name) ed_tensor name;
@@ -66,9 +70,10 @@ typedef struct {
     int swa;               /* this layer uses the sliding window (and the local RoPE base) */
     int rope;              /* this layer rotates q and k (smollm3: not every fourth) */
     int conv;              /* a convolution layer: 1 + its slot in the convolution cache; 0: attention */
-    int recr;              /* a DeltaNet layer: 1 + its slot in the recurrent state; 0: not */
+    int recr;              /* a DeltaNet or Mamba-2 (ssm_in set) layer: 1 + its slot in the
+                              recurrent state; 0: not */
     int kv;                /* an attention layer: 1 + its slot in the K/V cache; 0: none (a
-                              convolution or DeltaNet layer keeps other state) */
+                              convolution or recurrent layer keeps other state) */
 } ed_layer;
 
 /* The model's scalar hyperparameters, one X(C type, name) each: the field of the same name of
@@ -99,8 +104,9 @@ typedef struct {
     X(int, act_oai)               /* gpt-oss's clamped SwiGLU instead of silu/gelu */ \
     X(int, n_shortconv_l_cache)   /* taps of the short convolutions (lfm2; 0: none) */ \
     X(int, n_conv_layers)         /* how many layers are convolutions (slots of the conv cache) */ \
-    X(int, ssm_d_conv) X(int, ssm_d_state) X(int, ssm_n_group) X(int, ssm_dt_rank) /* DeltaNet */ \
-    X(int, n_recr_layers)         /* how many layers are DeltaNet (slots of the recurrent state) */ \
+    X(int, ssm_d_conv) X(int, ssm_d_state) X(int, ssm_n_group) X(int, ssm_dt_rank) /* DeltaNet, Mamba-2 */ \
+    X(int, ssm_d_inner)           /* a recurrent layer's output width (DeltaNet S * H_v) */ \
+    X(int, n_recr_layers)         /* how many layers are recurrent (slots of the recurrent state) */ \
     X(int, attn_gated_q)          /* attn_q gives q | gate per head; output times sigmoid(gate) */
 
 typedef struct {
@@ -189,7 +195,7 @@ typedef struct {
     uint8_t **row_k, **row_v;      /* (n_batch) */
     float **row_c;                 /* (n_batch) their convolution caches */
     float **row_r;                 /* (n_batch) their recurrent states */
-    float *rstate;       /* (recurrent state floats) the DeltaNet layers' live state (deltanet.h) */
+    float *rstate;       /* (recurrent state floats) the recurrent layers' live state (deltanet.h) */
     float *gate;         /* (n_batch, n_head * head_dim) gated attention's gates (qwen35) */
     const ed_model *m;
     struct ed_pool *pool;
@@ -592,16 +598,17 @@ static void ed_moe_ffn(ed_state *s, ed_pool *p, const ed_model *m, const ed_laye
     ed_barrier(p);
     if (L->ffn_up_shexp.data) {
         /* the shared expert for every token, times sigmoid(x . gate_inp_shexp) computed as
-           llama.cpp does: silu(g) / g; added after the routed experts */
-        const int Fs = m->n_ff_shexp;
-        ed_matmul(s, p, s->probs, X, &L->ffn_gate_inp_shexp, s->xb, E, n, 0, ith, nth);
+           llama.cpp does: silu(g) / g (granitehybrid: no gate); added after the routed experts */
+        const int Fs = m->n_ff_shexp, gated = L->ffn_gate_inp_shexp.data != NULL;
+        if (gated) ed_matmul(s, p, s->probs, X, &L->ffn_gate_inp_shexp, s->xb, E, n, 0, ith, nth);
         ed_gate_up(s, p, m, &L->ffn_gate_shexp, &L->ffn_up_shexp, 0, Fs, s->xb, n, NULL, NULL, ith, nth);
         ed_matmul(s, p, s->ye, E, &L->ffn_down_shexp, s->hb, 2 * Fs, n, 0, ith, nth);
         ed_range(n, ith, nth, &a, &b);
         for (int64_t t = a; t < b; t++) {
-            const float g = s->probs[t * X], gate = ed_silu(g) / g;
             float *o = s->xb2 + t * E;
             const float *y = s->ye + (size_t)t * E;
+            if (!gated) { for (int i = 0; i < E; i++) o[i] = o[i] + y[i]; continue; }
+            const float g = s->probs[t * X], gate = ed_silu(g) / g;
             for (int i = 0; i < E; i++) o[i] = o[i] + y[i] * gate;
         }
         ed_barrier(p);
@@ -672,6 +679,7 @@ static void ed_shortconv(ed_state *s, ed_pool *p, const ed_model *m, const ed_la
 }
 
 #include "deltanet.h"
+#include "mamba2.h"
 
 /* ---------------------------------------------------------------- the KV cache types --- */
 /* As llama.cpp's --cache-type-k/-v: a cache row (one position, all KV heads) is stored as a
@@ -1024,9 +1032,11 @@ static void ed_forward_worker(void *arg, int ith, int nth) {
             ED_MARK(prof_ns, ED_PROF_NORM);
         }
         /* the output projection's input rows (xb) */
-        const int ldo = L->conv ? E : L->recr ? m->ssm_d_state * m->ssm_dt_rank : Qd;
+        const int ldo = L->conv ? E : L->recr ? m->ssm_d_inner : Qd;
         if (L->conv) {
             ed_shortconv(s, p, m, L, n, a, b, ith, nth);
+        } else if (L->recr && L->ssm_in.data) {
+            ed_mamba2(s, p, m, L, n, a, b, ith, nth);
         } else if (L->recr) {
             ed_deltanet(s, p, m, L, n, a, b, ith, nth);
         } else {
@@ -1164,7 +1174,7 @@ static size_t ed_state_layout(ed_state *s, const ed_model *m, int n_ctx, int n_b
     const int E = m->n_embd, hd = m->head_dim, Qd = m->n_head * hd, KVd = m->n_head_kv * hd;
     const int F = m->n_ff > m->n_ff_exp ? (m->n_ff > m->n_ff_shexp ? m->n_ff : m->n_ff_shexp)
                 : (m->n_ff_exp > m->n_ff_shexp ? m->n_ff_exp : m->n_ff_shexp);
-    const int Vd = m->ssm_d_state * m->ssm_dt_rank;  /* a DeltaNet layer's output */
+    const int Vd = m->ssm_d_inner;  /* a recurrent layer's output */
     const int XB = E > Qd ? (E > Vd ? E : Vd) : (Qd > Vd ? Qd : Vd);
     /* widest activation row that gets quantized: n_embd, Qd or n_ff inputs, any type */
     size_t xq_row = 0;

@@ -32,7 +32,7 @@ cdef extern from "forward.h" nogil:
         # the hyperparameters are set by name (ED_HPARAM_LIST); declared here: those Cython reads
         int n_vocab, n_embd, n_layer, n_head, n_head_kv, head_dim, n_rot, n_swa
         int n_expert, n_expert_used, n_conv_layers
-        int n_recr_layers, ssm_d_conv, ssm_d_state, ssm_n_group, ssm_dt_rank
+        int n_recr_layers, ssm_d_conv, ssm_d_state, ssm_n_group, ssm_dt_rank, ssm_d_inner
         float attn_scale
         ed_tensor token_embd, output_norm, output
         const float *rope_factors
@@ -468,12 +468,11 @@ cdef class ForwardState:
         return c.reshape(m.n_conv_layers, self.s.n_ctx, 4 * m.n_embd)
 
     def recurrent_state(self):
-        """float32 view of the DeltaNet layers' live state (qwen35; edged/engine/recurrent.py
-        has the layout), empty without such layers."""
+        """float32 view of the recurrent layers' live state (qwen35, granitehybrid;
+        edged/engine/recurrent.py has the layout), empty without such layers."""
         m = &self.model.m
-        S = m.ssm_d_state
-        cdef size_t n = m.n_recr_layers * ((m.ssm_d_conv - 1) * S * (2 * m.ssm_n_group + m.ssm_dt_rank)
-                                           + m.ssm_dt_rank * S * S)
+        cdef size_t n = m.n_recr_layers * ((m.ssm_d_conv - 1) * (m.ssm_d_inner + 2 * m.ssm_n_group * m.ssm_d_state)
+                                           + m.ssm_d_inner * m.ssm_d_state)
         if n == 0:
             return np.zeros(0, np.float32)
         return np.asarray(<float[:n]> self.s.rstate)

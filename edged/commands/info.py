@@ -187,8 +187,12 @@ def run(args):
               f"copies of the weights: {mib(g['backend_weight_copies_bytes'])} more)")
     if hp.get("n_recr_layers"):
         recr = [i for i, r in enumerate(hp["recr_layers"]) if r]
-        print(f"Gated DeltaNet on layers {recr} ({hp['ssm_dt_rank']} value heads of "
-              f"{hp['ssm_d_state']}, {hp['ssm_d_conv']}-tap convolution); their recurrent state "
+        kind = (f"Mamba-2 on layers {recr} ({hp['ssm_dt_rank']} heads of "
+                f"{hp['ssm_d_inner'] // hp['ssm_dt_rank']} x state {hp['ssm_d_state']}, "
+                f"{hp['ssm_n_group']} groups" if hp["ssm_layers"] and any(hp["ssm_layers"]) else
+                f"Gated DeltaNet on layers {recr} ({hp['ssm_dt_rank']} value heads of "
+                f"{hp['ssm_d_state']}")
+        print(f"{kind}, {hp['ssm_d_conv']}-tap convolution); their recurrent state "
               f"of {mib(info['recurrent_state_bytes'])} per sequence, with {N_CHECKPOINTS} "
               "checkpoints, counts with the KV cache")
     if not all(hp["rope_layers"]):

@@ -195,14 +195,17 @@ class HParams:
     ssm_d_state: int = 0
     ssm_n_group: int = 0
     ssm_dt_rank: int = 0
+    # the width of the values a recurrent layer's state holds per key entry: DeltaNet S * H_v,
+    # Mamba-2 ssm.inner_size (granitehybrid: heads of d_inner / ssm_dt_rank, state d_state)
+    ssm_d_inner: int = 0
     n_recr_layers: int = 0
     recr_layers: tuple = field(default=(), metadata=NOT_COMPILED)
     attn_gated_q: bool = False
 
     @property
     def ssm_conv_dim(self):
-        """Channels of a DeltaNet layer's convolution: q | k | v."""
-        return self.ssm_d_state * (2 * self.ssm_n_group + self.ssm_dt_rank)
+        """Channels of a recurrent layer's convolution: DeltaNet q | k | v, Mamba-2 x | B | C."""
+        return self.ssm_d_inner + 2 * self.ssm_n_group * self.ssm_d_state
 
     @property
     def kv_slots(self):
@@ -220,11 +223,11 @@ class HParams:
         return sum(s is not None for s in self.kv_slots)
 
     def recurrent_state_floats(self):
-        """float32 values of one sequence's recurrent state: per DeltaNet layer the last
-        ssm_d_conv - 1 convolution inputs and an S x S matrix per value head."""
-        S = self.ssm_d_state
+        """float32 values of one sequence's recurrent state: per recurrent layer the last
+        ssm_d_conv - 1 convolution inputs and per head a (ssm_d_inner / ssm_dt_rank) x
+        ssm_d_state matrix (DeltaNet: S x S per value head)."""
         return self.n_recr_layers * ((self.ssm_d_conv - 1) * self.ssm_conv_dim
-                                     + self.ssm_dt_rank * S * S)
+                                     + self.ssm_d_inner * self.ssm_d_state)
 
     @property
     def n_embd_q(self):
@@ -291,6 +294,12 @@ class LayerTensors:
     ssm_alpha: str | None = None
     ssm_norm: str | None = None
     ssm_out: str | None = None
+    # a Mamba-2 layer (granitehybrid; engine/granitehybrid.py) also has ssm_conv1d, ssm_dt (the
+    # dt bias), ssm_a, ssm_norm ((d_inner / n_group, n_group)) and ssm_out (d_inner, n_embd):
+    # ssm_in (n_embd, d_in_proj) -> z | xBC | dt, the convolution's bias, ssm_d (1, n_head)
+    ssm_in: str | None = None
+    ssm_conv1d_b: str | None = None
+    ssm_d: str | None = None
 
 
 @dataclass(frozen=True)
@@ -306,7 +315,7 @@ class Spec:
     layers: tuple                 # LayerTensors per block
     tensors: dict = field(repr=False)  # name -> TensorInfo of every tensor the model uses
     gemma3n: gemma3n.Tensors | None = None  # AltUp / LAuReL / per-layer inputs (gemma3n)
-    granitehybrid: granitehybrid.Tensors | None = None  # Mamba-2 layers (granitehybrid)
+    granitehybrid: granitehybrid.Params | None = None  # Mamba-2 layers' shape (granitehybrid)
 
     @property
     def tied_embeddings(self):
@@ -453,8 +462,8 @@ def _int_array(m, key, n, what):
 
 
 def _deltanet(m, n_layer, n_embd, n_rot):
-    """qwen35's Gated DeltaNet keys as llama.cpp reads them: (ssm fields for HParams, which
-    layers are recurrent). Refusals name the key."""
+    """qwen35's Gated DeltaNet keys as llama.cpp reads them: HParams' ssm fields and which
+    layers are recurrent. Refusals name the key."""
     f = {k: m.get(key, required=True) for k, key in (
         ("ssm_d_conv", Key.SSM_CONV_KERNEL), ("ssm_d_state", Key.SSM_STATE_SIZE),
         ("ssm_n_group", Key.SSM_GROUP_COUNT), ("ssm_dt_rank", Key.SSM_TIME_STEP_RANK))}
@@ -465,6 +474,7 @@ def _deltanet(m, n_layer, n_embd, n_rot):
     if f["ssm_dt_rank"] % f["ssm_n_group"]:
         _refuse(f"{m.name(Key.SSM_TIME_STEP_RANK)} = {f['ssm_dt_rank']} is not a multiple of "
                 f"{m.name(Key.SSM_GROUP_COUNT)} = {f['ssm_n_group']}")
+    f["ssm_d_inner"] = d_inner
     # interleaved M-RoPE (ggml's imrope): for text tokens, sections t, h and w carry the
     # position and e carries 0; a pair in e (or past the sections) would not rotate at all
     sec = _int_array(m, Key.ROPE_DIMENSION_SECTIONS, 4, "integers (t, h, w, e)")
@@ -485,7 +495,7 @@ def _deltanet(m, n_layer, n_embd, n_rot):
         every = m.get(Key.FULL_ATTENTION_INTERVAL, default=4)
         recr = tuple(int((i + 1) % every != 0) for i in range(n_layer))
     recr = tuple(bool(x) for x in recr)
-    return f, recr
+    return dict(f, n_recr_layers=sum(recr), recr_layers=recr)
 
 
 def hparams(metadata, arch_name, n_vocab):
@@ -588,12 +598,18 @@ def hparams(metadata, arch_name, n_vocab):
         _refuse(f"{m.name(Key.CAUSAL)} = false (a bidirectional LFM2 embedding model) is not "
                 "supported")
     l_cache = m.get(Key.SHORTCONV_L_CACHE, required=True) if a.shortconv else 0
-    ssm, recr = ({}, ()) if not a.deltanet else _deltanet(m, n_layer, n_embd, n_rot)
-    n_expert = n_used = n_ff_exp = 0
-    if a.moe:
+    ssm = _deltanet(m, n_layer, n_embd, n_rot) if a.deltanet else \
+        granitehybrid.hparams(granitehybrid.params(metadata, n_embd, ssm_layers)) if a.mamba2 \
+        else dict(n_recr_layers=0, recr_layers=())
+    n_expert = n_used = n_ff_exp = n_ff_shexp = 0
+    # granitehybrid: experts when expert_count > 0, feed_forward_length wide, the top k
+    # renormalised, and a shared expert without a gate when its width is given (llama.cpp's
+    # granite MoE FFN)
+    granite_moe = a.mamba2 and m.get(Key.EXPERT_COUNT, default=0) > 0
+    if a.moe or granite_moe:
         n_expert = m.get(Key.EXPERT_COUNT, required=True)
         n_used = m.get(Key.EXPERT_USED_COUNT, required=True)
-        n_ff_exp = m.get(Key.EXPERT_FEED_FORWARD_LENGTH, required=True)
+        n_ff_exp = n_ff if granite_moe else m.get(Key.EXPERT_FEED_FORWARD_LENGTH, required=True)
         if not 0 < n_used <= n_expert <= MAX_EXPERTS or n_ff_exp <= 0:
             _refuse(f"{arch_name}: expert_used_count {n_used} / expert_count {n_expert} / "
                     f"expert_feed_forward_length {n_ff_exp} invalid")
@@ -613,15 +629,16 @@ def hparams(metadata, arch_name, n_vocab):
         attn_softcap=m.get(Key.ATTN_LOGIT_SOFTCAPPING, default=50.0) if a.softcap else 0.0,
         residual_scale=residual_scale, logit_mul=logit_mul, rope_layers=rope_layers,
         n_expert=n_expert, n_expert_used=n_used, n_ff_exp=n_ff_exp,
-        expert_weights_norm=a.moe_norm_w, expert_softmax_topk=a.moe_softmax_topk,
+        expert_weights_norm=a.moe_norm_w or granite_moe, expert_softmax_topk=a.moe_softmax_topk,
         rope_neox=a.rope_type == ROPE_NEOX, act_gelu=a.act == "gelu", act_oai=a.act == "swiglu_oai",
         scale_q=a.scale_q,
         n_ff_shexp=m.get(Key.EXPERT_SHARED_FEED_FORWARD_LENGTH, default=0) or n_ff
-        if a.shared_expert else 0,
+        if a.shared_expert else m.get(Key.EXPERT_SHARED_FEED_FORWARD_LENGTH, default=0)
+        if granite_moe else 0,
         n_shortconv_l_cache=l_cache, n_conv_layers=sum(conv_layers), conv_layers=conv_layers,
         kv_layers=gemma3n.kv_layers(n_layer, swa) if a.altup else tuple(range(n_layer)),
         ssm_layers=ssm_layers,
-        **ssm, n_recr_layers=sum(recr), recr_layers=recr, attn_gated_q=a.deltanet,
+        **ssm, attn_gated_q=a.deltanet,
     )
 
 
@@ -702,6 +719,7 @@ def validate(metadata, tensors, n_vocab_tokenizer=None, log=None):
         _refuse(f"{vocab_key} = {metadata[vocab_key]} contradicts token_embd.weight rows {n_vocab}")
 
     T = _Tensors(tensors, log)
+    prm = granitehybrid.params(metadata, hp.n_embd, hp.ssm_layers) if a.mamba2 else None
     E, V = hp.n_embd, n_vocab
     token_embd = T.get("token_embd.weight", (E, V))
     output_norm = T.get(a.output_norm_tensor + ".weight", (E,), vector=True)
@@ -722,7 +740,8 @@ def validate(metadata, tensors, n_vocab_tokenizer=None, log=None):
         has = lambda n: (p + n) in tensors  # noqa: E731
         conv = hp.conv_layers[i] if hp.conv_layers else False
         ssm = hp.ssm_layers[i] if hp.ssm_layers else False
-        recr = _deltanet_tensors(T, p, hp) if hp.recr_layers and hp.recr_layers[i] else {}
+        recr = _deltanet_tensors(T, p, hp) if a.deltanet and hp.recr_layers[i] else {}
+        mamba2 = granitehybrid.tensors(T.get, p, hp, prm) if ssm else {}
         qkv = q = k = v = None
         if conv or ssm:
             pass
@@ -746,7 +765,7 @@ def validate(metadata, tensors, n_vocab_tokenizer=None, log=None):
         down = ginp = gexp = uexp = dexp = None
         shexp = (None,) * 4
         moe_bias = (None,) * 4
-        if a.moe:
+        if hp.n_expert:
             X, Fe = hp.n_expert, hp.n_ff_exp
             gate = up = None
             ginp = T.get(p + "ffn_gate_inp.weight", (E, X))
@@ -758,9 +777,9 @@ def validate(metadata, tensors, n_vocab_tokenizer=None, log=None):
                             T.get(p + "ffn_gate_exps.bias", (Fe, X), vector=True),
                             T.get(p + "ffn_up_exps.bias", (Fe, X), vector=True),
                             T.get(p + "ffn_down_exps.bias", (E, X), vector=True))
-            if a.shared_expert:
+            if hp.n_ff_shexp:     # gated but for granitehybrid's
                 Fs = hp.n_ff_shexp
-                shexp = (T.get(p + "ffn_gate_inp_shexp.weight", (E,)),
+                shexp = (T.get(p + "ffn_gate_inp_shexp.weight", (E,)) if a.shared_expert else None,
                          T.get(p + "ffn_gate_shexp.weight", (E, Fs)),
                          T.get(p + "ffn_up_shexp.weight", (E, Fs)),
                          T.get(p + "ffn_down_shexp.weight", (Fs, E)))
@@ -769,7 +788,7 @@ def validate(metadata, tensors, n_vocab_tokenizer=None, log=None):
         else:
             gate = T.get(p + "ffn_gate.weight", (E, hp.n_ff))
             up = T.get(p + "ffn_up.weight", (E, hp.n_ff))
-        if not a.moe:
+        if not hp.n_expert:
             down = T.get(p + "ffn_down.weight", (hp.n_ff, E))
         layers.append(LayerTensors(
             attn_norm=T.get(p + "attn_norm.weight", (E,), vector=True),
@@ -796,15 +815,13 @@ def validate(metadata, tensors, n_vocab_tokenizer=None, log=None):
             if a.out_bias else None,
             ffn_gate_inp_bias=moe_bias[0], ffn_gate_exps_bias=moe_bias[1],
             ffn_up_exps_bias=moe_bias[2], ffn_down_exps_bias=moe_bias[3],
-            **recr,
+            **recr, **mamba2,
         ))
     extra = [n for n in tensors if n.startswith(f"blk.{hp.n_layer}.")]
     if extra:
         _refuse(f"tensor {extra[0]!r} belongs to a block beyond {Key.arch(Key.BLOCK_COUNT, arch_name)}"
                 f" = {hp.n_layer}")
     g3n = gemma3n.tensors(T.get, hp, gemma3n.params(metadata, hp.n_layer)) if a.altup else None
-    mamba2 = granitehybrid.tensors(T.get, hp, granitehybrid.params(
-        metadata, hp.n_embd, hp.ssm_layers)) if a.mamba2 else None
     return Spec(arch=a, hp=hp, token_embd=token_embd, output_norm=output_norm, output=output,
                 rope_freqs=rope_freqs, rope_long=rope_long, rope_short=rope_short,
-                layers=tuple(layers), tensors=dict(T.used), gemma3n=g3n, granitehybrid=mamba2)
+                layers=tuple(layers), tensors=dict(T.used), gemma3n=g3n, granitehybrid=prm)

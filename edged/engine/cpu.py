@@ -46,7 +46,7 @@ class _Buffers:
     def __init__(self, state):
         self.state = state
         self.inp = state.input_rows()  # (n_batch, n_embd) float32 view into the arena
-        live = state.recurrent_state()  # the DeltaNet layers' state in the arena (qwen35)
+        live = state.recurrent_state()  # the recurrent layers' state in the arena
         self.recurrent = RecurrentState(live) if live.size else None
 
 
@@ -80,10 +80,6 @@ class CPUBackend(Backend):
             raise UnsupportedModelError(
                 "gemma3n (AltUp, LAuReL, per-layer inputs) is not in the compiled forward pass "
                 "yet; EDGED_BACKEND=reference runs it (slowly)")
-        if spec.granitehybrid:
-            raise UnsupportedModelError(
-                "granitehybrid (Mamba-2 layers) is not in the compiled forward pass yet; "
-                "EDGED_BACKEND=reference runs it (slowly)")
         cache.check(spec.hp.head_dim)
         core = _require_core()
         core.check_fields(spec.hp, _ROLES)  # the C model takes both by name: a mismatch fails the load
@@ -124,7 +120,8 @@ class CPUBackend(Backend):
             for role in _ROLES:
                 name = getattr(L, role)
                 d[role] = (vector(name) if role.endswith(("norm", "bias", "sinks", "conv"))
-                           or role in ("ssm_conv1d", "ssm_dt", "ssm_a") else matrix(name))
+                           or role in ("ssm_conv1d", "ssm_conv1d_b", "ssm_dt", "ssm_a", "ssm_d")
+                           else matrix(name))
             layers.append(d)
         self._factors_ctx = {}
         g = {"token_embd": matrix(spec.token_embd), "output_norm": vector(spec.output_norm),
@@ -169,10 +166,10 @@ class CPUBackend(Backend):
         kv = cache.nbytes(hp, n_ctx)
         F = max(F, hp.n_ff_exp, hp.n_ff_shexp)
         widest = max(E, Qd, F)
-        Vd = hp.ssm_d_state * hp.ssm_dt_rank   # a DeltaNet layer's output
+        Vd = hp.ssm_d_inner   # a recurrent layer's output
         widest = max(widest, Vd)
-        # q (| gate) | k | v, a convolution's B|C|x, or a DeltaNet row (q|k|v, z, beta, alpha,
-        # the convolution's output); the gates of gated attention
+        # q (| gate) | k | v, a convolution's B|C|x, or a recurrent row (DeltaNet: q|k|v, z,
+        # beta, alpha, the convolution's output; Mamba-2 fits); the gates of gated attention
         qkv = max((2 if hp.attn_gated_q else 1) * Qd + 2 * KVd, 3 * E if hp.n_conv_layers else 0,
                   2 * hp.ssm_conv_dim + Vd + 2 * hp.ssm_dt_rank if hp.n_recr_layers else 0)
         qkv += Qd if hp.attn_gated_q else 0

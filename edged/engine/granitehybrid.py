@@ -10,8 +10,11 @@ of the gated RMS norm). Its tensors: ssm_in (n_embd -> z | xBC | dt), ssm_conv1d
 bias), ssm_dt.bias, ssm_a, ssm_d (one value per head), ssm_norm, ssm_out.
 
 `params(metadata, n_embd, ssm_layers)` checks the keys; `tensors(get, hp, params)` finds the
-tensors of the recurrent layers with arch.validate's checked lookup. The computation is in
-reference_granite.py (the compiled backend refuses the architecture by name).
+tensors of a Mamba-2 layer with arch.validate's checked lookup, under the LayerTensors roles
+the compiled pass reads (ssm_dt is the dt bias). The layers run in the compiled pass
+(cython_kernels/forward/mamba2.h) with one recurrent state per sequence (engine/recurrent.py:
+the conv inputs, then per head a head_dim x d_state matrix); reference_granite.py is the slow
+twin. hparams() maps the keys onto HParams' ssm_* fields, shared with qwen35's DeltaNet.
 """
 from __future__ import annotations
 
@@ -45,25 +48,6 @@ class Params:
         return self.d_inner + self.n_conv_ch + self.n_head
 
 
-@dataclass(frozen=True)
-class LayerTensors:
-    """A Mamba-2 layer's tensors (GGUF shapes)."""
-    ssm_in: str                      # (n_embd, d_in_proj)
-    ssm_conv1d: str                  # (d_conv, n_conv_ch)
-    ssm_conv1d_b: str | None         # (n_conv_ch,)
-    ssm_dt_b: str                    # (n_head,)
-    ssm_a: str                       # (1, n_head): -exp(A_log), as the converter writes it
-    ssm_d: str                       # (1, n_head)
-    ssm_norm: str                    # (d_inner / n_group, n_group)
-    ssm_out: str                     # (d_inner, n_embd)
-
-
-@dataclass(frozen=True)
-class Tensors:
-    params: Params
-    layers: tuple                    # LayerTensors, or None on an attention layer
-
-
 def _refuse(msg):
     raise UnsupportedModelError(msg)
 
@@ -76,10 +60,6 @@ def _key(md, key, lo=1):
 
 
 def params(md, n_embd, ssm_layers):
-    experts = Key.arch(Key.EXPERT_COUNT, ARCH)
-    if md.get(experts):
-        _refuse(f"{experts} = {md[experts]}: the MoE variant of {ARCH} is not supported yet "
-                "(dense FFN only)")
     d_conv = _key(md, Key.SSM_CONV_KERNEL)
     d_inner = _key(md, Key.SSM_INNER_SIZE)
     d_state = _key(md, Key.SSM_STATE_SIZE)
@@ -97,24 +77,23 @@ def params(md, n_embd, ssm_layers):
                   n_group=n_group, ssm_layers=tuple(ssm_layers))
 
 
-def tensors(get, hp, prm):
-    """The Mamba-2 layers' tensors through arch.validate's get(name, shape, required, vector)."""
+def hparams(prm):
+    """HParams' recurrent fields for the Mamba-2 layers (the names llama.cpp's hparams use)."""
+    return dict(ssm_d_conv=prm.d_conv, ssm_d_inner=prm.d_inner, ssm_d_state=prm.d_state,
+                ssm_dt_rank=prm.n_head, ssm_n_group=prm.n_group,
+                n_recr_layers=sum(prm.ssm_layers), recr_layers=prm.ssm_layers)
+
+
+def tensors(get, p, hp, prm):
+    """Mamba-2 layer p's tensors ("blk.N.") through arch.validate's get(name, shape, required,
+    vector), by their LayerTensors role."""
     E, H, G = hp.n_embd, prm.n_head, prm.n_group
-    layers = []
-    for il, ssm in enumerate(prm.ssm_layers):
-        if not ssm:
-            layers.append(None)
-            continue
-        p = f"blk.{il}."
-        layers.append(LayerTensors(
-            ssm_in=get(p + "ssm_in.weight", (E, prm.d_in_proj)),
-            ssm_conv1d=get(p + "ssm_conv1d.weight", (prm.d_conv, prm.n_conv_ch), vector=True),
-            ssm_conv1d_b=get(p + "ssm_conv1d.bias", (prm.n_conv_ch,), required=False,
-                             vector=True),
-            ssm_dt_b=get(p + "ssm_dt.bias", (H,), vector=True),
-            ssm_a=get(p + "ssm_a", (1, H), vector=True),
-            ssm_d=get(p + "ssm_d", (1, H), vector=True),
-            ssm_norm=get(p + "ssm_norm.weight", (prm.d_inner // G, G), vector=True),
-            ssm_out=get(p + "ssm_out.weight", (prm.d_inner, E)),
-        ))
-    return Tensors(params=prm, layers=tuple(layers))
+    return dict(
+        ssm_in=get(p + "ssm_in.weight", (E, prm.d_in_proj)),                    # z | xBC | dt
+        ssm_conv1d=get(p + "ssm_conv1d.weight", (prm.d_conv, prm.n_conv_ch), vector=True),
+        ssm_conv1d_b=get(p + "ssm_conv1d.bias", (prm.n_conv_ch,), required=False, vector=True),
+        ssm_dt=get(p + "ssm_dt.bias", (H,), vector=True),
+        ssm_a=get(p + "ssm_a", (1, H), vector=True),        # -exp(A_log), as the converter writes it
+        ssm_d=get(p + "ssm_d", (1, H), vector=True),
+        ssm_norm=get(p + "ssm_norm.weight", (prm.d_inner // G, G), vector=True),
+        ssm_out=get(p + "ssm_out.weight", (prm.d_inner, E)))

@@ -1,7 +1,8 @@
 """Recurrent state beside the KV cache: one live state per sequence plus a few checkpoints.
 
-A recurrent layer (qwen35's Gated DeltaNet) folds every token into a state of constant size
-(per layer: the convolution's last ssm_d_conv - 1 inputs and an S x S matrix per value head),
+A recurrent layer (qwen35's Gated DeltaNet, granitehybrid's Mamba-2) folds every token into a
+state of constant size (per layer: the convolution's last ssm_d_conv - 1 inputs and a matrix
+per head: S x S per DeltaNet value head, head_dim x d_state per Mamba-2 head),
 so unlike K/V rows (or lfm2's per-position convolution rows) it cannot be cut back to an
 earlier position. A session keeps the live state (where the forward pass reads and writes it:
 the reference backend's array, the compiled backend's arena) and copies of it at chunk
@@ -10,9 +11,10 @@ Session.truncate, a rejected draft) restores the newest checkpoint at or before 
 session replays the tokens between; a fork copies the live state and the checkpoints.
 
 The layout, one block per recurrent layer in layer order, is the compiled pass's too
-(cython_kernels/forward/deltanet.h): conv (ssm_d_conv - 1, conv_dim) float32, oldest input
-first, then ssm (ssm_dt_rank, S, S) float32 where ssm[h, j, i] is the state's S[i][j]
-(llama.cpp's transposed layout: row j is what key i's weights read).
+(cython_kernels/forward/deltanet.h, mamba2.h): conv (ssm_d_conv - 1, conv_dim) float32, oldest
+input first, then ssm (ssm_dt_rank, ssm_d_inner / ssm_dt_rank, ssm_d_state) float32. DeltaNet:
+ssm[h, j, i] is the state's S[i][j] (llama.cpp's transposed layout: row j is what key i's
+weights read); Mamba-2: ssm[h, p, n] as llama.cpp's (d_state, head_dim, n_head) tensor.
 """
 from __future__ import annotations
 
@@ -28,10 +30,10 @@ def state_bytes(hp):
 def layer_views(live, hp, slot):
     """(conv, ssm) views of recurrent layer `slot` in a live state array."""
     C, S, H = hp.ssm_conv_dim, hp.ssm_d_state, hp.ssm_dt_rank
-    nc, ns = (hp.ssm_d_conv - 1) * C, H * S * S
+    nc, ns = (hp.ssm_d_conv - 1) * C, hp.ssm_d_inner * S
     base = slot * (nc + ns)
     return (live[base:base + nc].reshape(hp.ssm_d_conv - 1, C),
-            live[base + nc:base + nc + ns].reshape(H, S, S))
+            live[base + nc:base + nc + ns].reshape(H, hp.ssm_d_inner // H, S))
 
 
 class RecurrentState:

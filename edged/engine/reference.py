@@ -11,7 +11,6 @@ that). Selected with EDGED_BACKEND=reference.
 """
 from __future__ import annotations
 
-import errno
 import glob
 import math
 import os
@@ -129,11 +128,10 @@ class _Session:
         # a convolution layer's input B * x at each position (lfm2), in float32 as llama.cpp's
         # conv state; a row per position like K/V, so a rewind needs no rollback
         self.conv = np.zeros((hp.n_conv_layers, n_ctx, hp.n_embd), np.float32)
-        # the Gated DeltaNet layers' state (qwen35): one per sequence, with checkpoints
+        # the recurrent layers' state (qwen35's DeltaNet, granitehybrid's Mamba-2): one per
+        # sequence, with checkpoints
         self.recurrent = RecurrentState(np.zeros(hp.recurrent_state_floats(), np.float32)) \
             if hp.n_recr_layers else None
-        # a Mamba-2 layer's convolution inputs and SSM states per position (reference_granite)
-        self.mamba2 = ()
         self.n_ctx = n_ctx
         self.tokens = None
         self.logits = None
@@ -177,27 +175,17 @@ class ReferenceBackend(Backend):
         kv = hp.n_kv_layers * n_ctx * hp.n_head_kv * hp.head_dim * (
             (2 if cache.k == GGMLType.F16 else 4) + (2 if cache.v == GGMLType.F16 else 4)) \
             + hp.n_conv_layers * n_ctx * 4 * hp.n_embd + state_bytes(hp)
-        if spec.granitehybrid:
-            from .reference_granite import state_shapes
-            kv += sum(4 * math.prod(s) for s in state_shapes(spec, n_ctx))
         scratch = 8 * n_batch * (4 * hp.n_embd + 3 * hp.n_ff + hp.n_vocab) \
             + 8 * n_batch * hp.n_head * n_ctx
         return BufferPlan(kv, scratch)
 
     def alloc(self, n_ctx, n_batch):
-        buf = _Session(self.spec.hp, n_ctx, self.cache)
-        if self.spec.granitehybrid:
-            from .reference_granite import alloc
-            buf.mamba2 = alloc(self.spec, n_ctx)
-        return buf
+        return _Session(self.spec.hp, n_ctx, self.cache)
 
     def free(self, buf):
         buf.k = buf.v = None
 
     def kv_cache(self, buf):
-        if buf.mamba2:  # prompt-cache files hold K/V and conv rows only (engine/statefile.py)
-            raise OSError(errno.EOPNOTSUPP, "prompt-cache files do not hold granitehybrid's "
-                          "Mamba-2 states yet; nothing written")
         return tuple(a.view(np.uint8).reshape(a.shape[0], a.shape[1], -1) for a in (buf.k, buf.v))
 
     def conv_cache(self, buf):
@@ -207,8 +195,6 @@ class ReferenceBackend(Backend):
         dst.k[:, :n] = src.k[:, :n]
         dst.v[:, :n] = src.v[:, :n]
         dst.conv[:, :n] = src.conv[:, :n]
-        for d, s in zip(dst.mamba2, src.mamba2):
-            d[:, :n] = s[:, :n]
         if src.recurrent:
             dst.recurrent.copy_from(src.recurrent)
 
@@ -257,15 +243,16 @@ class ReferenceBackend(Backend):
         conv_slot = recr_slot = 0
         for il, L in enumerate(sp.layers):
             h = rms_norm(x, self._w[L.attn_norm], hp.rms_eps)
-            if L.ssm_out:
+            if L.ssm_in:
+                from .reference_granite import mamba2   # it imports this module's helpers
+                x = x + mamba2(self, buf, recr_slot, h, L) * hp.residual_scale
+                recr_slot += 1
+            elif L.ssm_out:
                 x = x + self._deltanet(buf, recr_slot, h, L)
                 recr_slot += 1
             elif L.shortconv_in_proj:
                 x = x + self._shortconv(buf, conv_slot, h, L, pos) * hp.residual_scale
                 conv_slot += 1
-            elif hp.ssm_layers and hp.ssm_layers[il]:
-                from .reference_granite import mamba2
-                x = x + mamba2(self, buf, il, h, pos) * hp.residual_scale
             else:
                 x = self._attention_block(buf, il, L, x, h, pos, positions, factors, neox, group)
             h = rms_norm(x, self._w[L.ffn_norm], hp.rms_eps)
@@ -461,7 +448,8 @@ class ReferenceBackend(Backend):
                 d = (D[e] @ act.astype(np.float32)).astype(np.float64) + db[e]
                 out[t] += we * d
         if L.ffn_up_shexp:  # the shared expert, gated by sigmoid(x . gate_inp_shexp)
-            gate = 1.0 / (1.0 + np.exp(-self._mm(h, L.ffn_gate_inp_shexp)))   # (n, 1)
+            gate = 1.0 / (1.0 + np.exp(-self._mm(h, L.ffn_gate_inp_shexp))) \
+                if L.ffn_gate_inp_shexp else 1.0     # (n, 1); granitehybrid's has no gate
             g, u = self._mm(h, L.ffn_gate_shexp), self._mm(h, L.ffn_up_shexp)
             out += self._mm(silu(g) * u, L.ffn_down_shexp) * gate
         return out

@@ -47,6 +47,15 @@ SHAPES = {
                       n_vocab=65536, rope_freq_base=1e6, rms_eps=1e-5, n_ctx_train=128000,
                       tied=True, qkv_bias=False, qk_norm=True, l_cache=3,
                       attn_layers=(2, 5, 8, 10, 12, 14)),
+    # IBM Granite-4.0-H-350M (its published config.json): Mamba-2 on 28 of 32 layers (48 heads
+    # of 32, state 128, 1 group, 4 taps, conv bias), grouped-query attention without RoPE on
+    # layers 10, 13, 17 and 27, granite's multipliers, a dense FFN, tied embeddings
+    "granite-4.0-h-350m": dict(arch="granitehybrid", n_embd=768, n_head=12, n_head_kv=4,
+                               n_ff=2048, n_layer=32, n_vocab=100352, rope_freq_base=10000.0,
+                               rms_eps=1e-5, n_ctx_train=32768, tied=True, qkv_bias=False,
+                               attn_layers=(10, 13, 17, 27),
+                               mamba2=dict(d_conv=4, d_state=128, n_head=48, n_group=1),
+                               granite=(12.0, 0.246, 0.015625, 3.0)),
     # Qwen3.5-0.8B (its config.json's text_config): Gated DeltaNet on 18 layers (16 key and 16
     # value heads of 128, a 4-tap convolution), gated attention with q/k norms on every fourth
     # (8 heads of 256, 2 KV heads, 64 of them rotated in interleaved M-RoPE sections 11/11/10),
@@ -190,10 +199,24 @@ def synth(shape, ftype, out, seed=0, progress=None):
     data = {}  # name -> bytes, written after the header in declaration order
     A = lambda k: Key.arch(k, arch)  # noqa: E731
     attn_layers = s.get("attn_layers", range(L))      # lfm2: the others are convolutions
-    if "l_cache" in s:              # lfm2: a KV head count per layer, 0 on convolution layers
+    mamba = s.get("mamba2")         # granitehybrid: the others are Mamba-2 layers
+    if "l_cache" in s or mamba:     # a KV head count per layer, 0 on the other layers
         w.add(A(Key.HEAD_COUNT_KV), np.array([KV if il in attn_layers else 0 for il in range(L)], np.uint32))
+    if "l_cache" in s:
         w.add(A(Key.SHORTCONV_L_CACHE), s["l_cache"])
-    else:
+    if mamba:
+        DI = 2 * E                  # ssm.inner_size (llama.cpp's only expansion)
+        CH = DI + 2 * mamba["n_group"] * mamba["d_state"]
+        for k, v in ((Key.SSM_CONV_KERNEL, mamba["d_conv"]), (Key.SSM_INNER_SIZE, DI),
+                     (Key.SSM_STATE_SIZE, mamba["d_state"]), (Key.SSM_TIME_STEP_RANK, mamba["n_head"]),
+                     (Key.SSM_GROUP_COUNT, mamba["n_group"])):
+            w.add(A(k), v)
+    if "granite" in s:              # embedding, residual, attention multipliers, logit scale
+        for k, v in zip((Key.EMBEDDING_SCALE, Key.RESIDUAL_SCALE, Key.ATTENTION_SCALE,
+                         Key.LOGIT_SCALE), s["granite"]):
+            w.add(A(k), float(v))
+        w.add(A(Key.ROPE_SCALING_FINETUNED), False)   # Granite 4: no RoPE
+    if "l_cache" not in s and not mamba:
         w.add(A(Key.HEAD_COUNT_KV), KV)
     ssm = s.get("ssm")              # qwen35: Gated DeltaNet on the layers not in attn_layers
     if ssm:
@@ -265,7 +288,20 @@ def synth(shape, ftype, out, seed=0, progress=None):
         p = f"blk.{il}."
         vec(p + "attn_norm.weight", E)
         if il not in attn_layers:
-            if ssm:     # a Gated DeltaNet layer; its vectors stay F32
+            if mamba:   # a Mamba-2 layer; its vectors stay F32
+                SH, G = mamba["n_head"], mamba["n_group"]
+                mat(p + "ssm_in.weight", "attn_q", E, DI + CH + SH, il)
+                taps(p + "ssm_conv1d.weight", mamba["d_conv"], CH)
+                vec(p + "ssm_conv1d.bias", CH, 0.0)
+                vec(p + "ssm_dt.bias", SH, -2.0)
+                vec(p + "ssm_a", 1, -1.0, rows=SH)
+                vec(p + "ssm_d", 1, 1.0, rows=SH)
+                # (d_inner / G, G) even for one group, as the converter writes it
+                w.add_tensor(p + "ssm_norm.weight", (DI // G, G), GGMLType.F32)
+                data[p + "ssm_norm.weight"] = np.ones(DI, np.float32)
+                n_params += DI
+                mat(p + "ssm_out.weight", "attn_output", DI, E, il)
+            elif ssm:   # a Gated DeltaNet layer; its vectors stay F32
                 Sd, Hk, Hv = ssm["d_state"], ssm["n_group"], ssm["dt_rank"]
                 C = Sd * (2 * Hk + Hv)
                 mat(p + "attn_qkv.weight", "attn_q", E, C, il)

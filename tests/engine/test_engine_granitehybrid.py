@@ -17,14 +17,26 @@ from edged.engine import arch
 from edged.errors import MetadataValueError, UnsupportedModelError
 from edged.format.gguf import Key
 
-from family_goldens import GOLDENS, check, greedy, regenerated_fixtures, validate_changed
+from edged.engine import recurrent
+from family_goldens import (GOLDENS, alone_batched_forked, check, check_every_kernel_path, greedy,
+                            regenerated_fixtures, validate_changed)
 
 GOLDEN = np.load(f"{GOLDENS}/synthetic-granitehybrid.golden.npz")
 TOKENS, N_PROMPT = GOLDEN["tokens"].tolist(), int(GOLDEN["n_prompt"])
+MOE_TOKENS = np.load(f"{GOLDENS}/synthetic-granitehybrid-moe.golden.npz")["tokens"].tolist()
 ARCH = "granitehybrid"
 
 
 model_path, file_tables = regenerated_fixtures(ARCH)
+# the MoE variant: the same shape with 8 experts of 32 (2 per token) and an ungated shared
+# expert of 32 in every layer (llama.cpp's granite MoE FFN)
+moe_path, moe_tables = regenerated_fixtures(ARCH + "-moe", ("moe_path", "moe_tables"))
+BACKENDS = ["cpu", "reference"]
+
+
+@pytest.fixture
+def core():
+    return pytest.importorskip("edged._core")
 
 
 def test_golden_reference(model_path):
@@ -32,21 +44,26 @@ def test_golden_reference(model_path):
     check("synthetic-granitehybrid", "reference", path=model_path)
 
 
-def test_greedy_16_tokens_as_llama_cpp(model_path):
-    assert greedy(model_path, "reference", TOKENS[:N_PROMPT], 16) == TOKENS[N_PROMPT:N_PROMPT + 16]
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_greedy_16_tokens_as_llama_cpp(model_path, backend):
+    assert greedy(model_path, backend, TOKENS[:N_PROMPT], 16) == TOKENS[N_PROMPT:N_PROMPT + 16]
 
 
 def test_layers_and_ssm_params_as_llama_cpp_reads_them(file_tables):
     md, tensors = file_tables
     spec = arch.validate(md, tensors)
-    hp, prm = spec.hp, spec.granitehybrid.params
+    hp, prm = spec.hp, spec.granitehybrid
     assert hp.ssm_layers == (True, False, True, True, False) == prm.ssm_layers
     assert (prm.d_conv, prm.d_inner, prm.d_state, prm.n_head, prm.n_group) == (4, 128, 16, 8, 2)
     assert (prm.head_dim, prm.n_conv_ch, prm.d_in_proj) == (16, 192, 328)
     assert hp.n_head_kv == 2 and hp.n_conv_layers == 0
     assert (hp.embd_scale, hp.residual_scale, hp.attn_scale, hp.logit_mul) == (2.0, 0.5, 0.125, 2.0)
     assert spec.layers[0].attn_q is None and spec.layers[1].attn_q is not None
-    assert spec.granitehybrid.layers[1] is None
+    assert spec.layers[1].ssm_in is None and spec.layers[0].ssm_in == "blk.0.ssm_in.weight"
+    # the recurrent state HParams plans: per Mamba-2 layer 3 conv inputs of 192 channels and
+    # 8 heads of (16 x 16)
+    assert (hp.n_recr_layers, hp.ssm_d_inner, hp.ssm_conv_dim) == (3, 128, 192)
+    assert hp.recurrent_state_floats() == 3 * (3 * 192 + 128 * 16)
 
 
 @pytest.mark.parametrize("key", [Key.SSM_CONV_KERNEL, Key.SSM_INNER_SIZE, Key.SSM_STATE_SIZE,
@@ -62,7 +79,6 @@ def test_required_key_missing_is_refused(file_tables, key):
     (Key.SSM_INNER_SIZE, 96),            # llama.cpp: only d_inner = 2 * n_embd
     (Key.SSM_TIME_STEP_RANK, 6),         # 128 not a multiple of 6
     (Key.SSM_GROUP_COUNT, 3),            # 8 heads not a multiple of 3 groups
-    (Key.EXPERT_COUNT, 8),               # the MoE variant: not yet
 ])
 def test_unsupported_value_is_refused_naming_the_key(file_tables, key, value):
     name = Key.arch(key, ARCH)
@@ -88,7 +104,7 @@ def test_missing_tensor_is_refused_naming_it(file_tables, tensor):
 
 def test_conv_bias_is_optional(file_tables):
     spec = validate_changed(*file_tables, drop_tensor="blk.0.ssm_conv1d.bias")
-    assert spec.granitehybrid.layers[0].ssm_conv1d_b is None
+    assert spec.layers[0].ssm_conv1d_b is None
 
 
 def test_wrong_shape_is_refused(file_tables):
@@ -99,17 +115,19 @@ def test_wrong_shape_is_refused(file_tables):
         arch.validate(md, tensors)
 
 
-def test_compiled_backend_refuses_clearly(model_path):
-    pytest.importorskip("edged._core")
-    with pytest.raises(UnsupportedModelError, match=ARCH):
-        Model.load(model_path, backend="cpu")
+def test_golden_every_kernel_path(core, model_path):
+    """Teacher-forced logits within the F16 tolerances on generic, avx2 and avx512 (every path
+    this CPU has)."""
+    check_every_kernel_path(core, "synthetic-granitehybrid", path=model_path)
 
 
-def test_batch_chunks_and_single_tokens_agree(model_path):
-    """The prompt in one batch, in chunks of 7 and token by token: the same bits (each chunk
-    starts from the SSM state and convolution inputs the previous one stored)."""
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_batch_chunks_and_single_tokens_agree(model_path, backend):
+    """The prompt in one batch, in chunks of 7 and token by token: the same bits (the
+    recurrence runs token by token whatever the batch; each chunk starts from the SSM state
+    and convolution inputs the previous one left)."""
     p = TOKENS[:N_PROMPT]
-    with Model.load(model_path, backend="reference") as m:
+    with Model.load(model_path, backend=backend, n_threads=2) as m:
         whole = m.session(n_ctx=128).eval(p)[0]
         chunks = m.session(n_ctx=128, n_batch=7).eval(p)[0]
         s = m.session(n_ctx=128)
@@ -118,12 +136,13 @@ def test_batch_chunks_and_single_tokens_agree(model_path):
     assert np.array_equal(whole, chunks) and np.array_equal(whole, one)
 
 
-def test_fork_carries_the_recurrent_state(model_path):
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_fork_carries_the_recurrent_state(model_path, backend):
     """A fork holds a copy of the SSM states and convolution inputs: the next token's logits
     are the same bits in the fork as in the parent, and evaluating in the fork leaves the
     parent's state alone."""
     p = TOKENS[:N_PROMPT]
-    with Model.load(model_path, backend="reference") as m:
+    with Model.load(model_path, backend=backend, n_threads=2) as m:
         s = m.session(n_ctx=128)
         s.eval(p[:-1])
         f = s.fork()
@@ -133,12 +152,137 @@ def test_fork_carries_the_recurrent_state(model_path):
     assert np.array_equal(forked, parent)
 
 
-def test_prompt_cache_file_is_not_written_without_the_ssm_state(model_path, tmp_path):
-    """A prompt-cache file would restore K/V rows but not the Mamba-2 states (wrong text after
-    a restore): saving fails with an OSError, which the daemon's prompt store logs and skips."""
-    with Model.load(model_path, backend="reference") as m:
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_rewind_restores_a_checkpoint_and_gives_a_cold_start(model_path, backend):
+    """A session rewound into its history (prefix reuse, truncate) restores the newest
+    checkpoint at or before the point, replays, and gives what a fresh session gives."""
+    a, b = TOKENS[:30], TOKENS[:20] + [7, 8, 9, 10, 11]
+    with Model.load(model_path, backend=backend, n_threads=2) as m:
+        s = m.session(n_ctx=128, n_batch=8)
+        s.eval(a)
+        assert [c[0] for c in m.backend.recurrent(s._buf).checkpoints] == [16, 24, 29, 30]
+        s.truncate(s.common_prefix(b))
+        warm = s.eval(b[s.n_past:])[0]
+        cold = m.session(n_ctx=128).eval(b)[0]
+        s.truncate(3)                     # before every checkpoint: from the empty state
+        again = s.eval(a[3:])[0]
+        first = m.session(n_ctx=128).eval(a)[0]
+    assert np.array_equal(warm, cold) and np.array_equal(again, first)
+
+
+def test_fork_and_decode_batch_of_sessions(core, model_path):
+    """Several sessions' decode step in one compiled pass updates each session's own state:
+    the bits of each session alone, and of a second step."""
+    prompts = [TOKENS[:12], TOKENS[5:9], [1, 300, 301, 302, 303, 304, 305]]
+    with Model.load(model_path, n_threads=2) as m:
+        alone, batched, forked, ss = alone_batched_forked(m, prompts)
+        again = m.decode_batch(ss, [5, 6, 7])
+        s = m.session(n_ctx=64)
+        s.eval(prompts[0])
+        second = s.eval([5])[0]
+    assert np.array_equal(np.array(alone), batched)
+    assert np.array_equal(forked, alone[0]) and np.array_equal(again[0], second)
+
+
+def test_memory_plan_counts_the_state_once_per_sequence(core, model_path):
+    """The memory plan (`edged info`) holds the K/V rows of the 2 attention layers per position
+    plus the Mamba-2 state and its checkpoints, constant per sequence."""
+    with Model.load(model_path, n_threads=2) as m:
+        hp = m.hp
+        per_seq = (1 + recurrent.N_CHECKPOINTS) * 4 * hp.recurrent_state_floats()
+        assert hp.kv_slots == (None, 0, None, None, 1)
+        rows = 2 * 2 * (2 * hp.n_head_kv * hp.head_dim)      # F16 K and V of 2 layers
+        for n_ctx in (64, 256):
+            assert m.backend.plan(n_ctx, 8).kv_cache == n_ctx * rows + per_seq
+        assert m.backend.recurrent(m.session(n_ctx=64)._buf).live.size == \
+            hp.recurrent_state_floats()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_prompt_cache_file_holds_the_mamba2_state(model_path, backend, tmp_path):
+    """A prompt-cache file carries the Mamba-2 state and its checkpoints: a session restored
+    from it continues with the bits of the session that wrote it."""
+    key, path = b"k" * 32, tmp_path / "p.edkv"
+    with Model.load(model_path, backend=backend, n_threads=2) as m:
+        s = m.session(n_ctx=64, n_batch=8)
+        s.eval(TOKENS[:20])
+        s.save(path, key=key)
+        want = s.eval(TOKENS[20:22])[0]
+        r = type(s).load(m, path, key=key)
+        assert r.n_past == 20 and m.backend.recurrent(r._buf).pos == 20
+        assert np.array_equal(r.eval(TOKENS[20:22])[0], want)
+
+
+def test_info_names_the_mamba2_layers(model_path, capsys):
+    from edged.cli import main
+    main(["info", "-m", model_path, "-c", "512"])
+    out = capsys.readouterr().out
+    assert "Mamba-2 on layers [0, 2, 3] (8 heads of 16 x state 16, 2 groups, 4-tap" in out
+    assert "per sequence" in out
+
+
+def test_moe_experts_as_llama_cpp_reads_them(moe_tables):
+    """Experts are feed_forward_length wide, the top k renormalised; the shared expert has no
+    gate tensor."""
+    spec = arch.validate(*moe_tables)
+    hp, L = spec.hp, spec.layers[0]
+    assert (hp.n_expert, hp.n_expert_used, hp.n_ff_exp, hp.n_ff_shexp) == (8, 2, 32, 32)
+    assert hp.expert_weights_norm and L.ffn_up is None and L.ffn_gate_inp_shexp is None
+    assert L.ffn_up_shexp == "blk.0.ffn_up_shexp.weight" and L.ssm_in is not None
+
+
+def test_moe_expert_used_count_is_required(moe_tables):
+    name = Key.arch(Key.EXPERT_USED_COUNT, ARCH)
+    with pytest.raises(UnsupportedModelError, match=name.replace(".", r"\.")):
+        validate_changed(*moe_tables, drop=[name])
+
+
+def test_moe_golden_reference(moe_path):
+    check("synthetic-granitehybrid-moe", "reference", path=moe_path)
+
+
+def test_moe_golden_every_kernel_path(core, moe_path):
+    check_every_kernel_path(core, "synthetic-granitehybrid-moe", path=moe_path)
+
+
+def test_moe_batch_chunks_and_single_tokens_agree(core, moe_path):
+    p = MOE_TOKENS[:N_PROMPT]
+    with Model.load(moe_path, n_threads=2) as m:
+        whole = m.session(n_ctx=128).eval(p)[0]
+        chunks = m.session(n_ctx=128, n_batch=7).eval(p)[0]
         s = m.session(n_ctx=128)
-        s.eval(TOKENS[:8])
-        with pytest.raises(OSError, match="Mamba-2 states"):
-            s.save(str(tmp_path / "p.cache"), key=b"k" * 32)
-    assert not list(tmp_path.iterdir())
+        for t in p:
+            one = s.eval([t])[0]
+    assert np.array_equal(whole, chunks) and np.array_equal(whole, one)
+
+
+def test_synth_shape_layout(core, tmp_path, monkeypatch):
+    """`edged synth --shape granite-4.0-h-350m`'s layout at a small size: per-layer
+    head_count_kv with 0 on the Mamba-2 layers, the ssm.* keys, granite's multipliers, RoPE
+    off, F32 vectors in the converter's shapes (ssm_norm 2-D even for one group); read back by
+    the PyPI gguf reader, and the compiled forward agrees with the NumPy reference on it. (The
+    full-size Q4_K_M file loads in llama.cpp 0.3.36, whose teacher-forced logits edged's match
+    within the quantized tolerances: docs/models.md.)"""
+    import gguf
+    from edged.format import synth
+    small = dict(synth.SHAPES["granite-4.0-h-350m"], n_embd=64, n_head=4, n_head_kv=2,
+                 n_ff=128, n_layer=4, n_vocab=512, attn_layers=(2,),
+                 mamba2=dict(d_conv=4, d_state=16, n_head=8, n_group=1))
+    monkeypatch.setitem(synth.SHAPES, "test-granite", small)
+    path = str(tmp_path / "g.gguf")
+    synth.synth("test-granite", "Q8_0", path)
+    r = gguf.GGUFReader(path)
+    assert list(r.fields["granitehybrid.attention.head_count_kv"].contents()) == [0, 0, 2, 0]
+    assert r.fields["granitehybrid.ssm.inner_size"].contents() == 128
+    assert r.fields["granitehybrid.rope.scaling.finetuned"].contents() is False
+    names = {t.name: t for t in r.tensors}
+    assert list(names["blk.0.ssm_norm.weight"].shape) == [128, 1]
+    assert names["blk.0.ssm_in.weight"].tensor_type == gguf.GGMLQuantizationType.Q8_0
+    assert names["blk.0.ssm_conv1d.weight"].tensor_type == gguf.GGMLQuantizationType.F32
+    assert "blk.0.attn_q.weight" not in names and "blk.2.ssm_in.weight" not in names
+    ids = [1, 40, 41, 42, 43, 44, 45, 46]
+    with Model.load(path, n_threads=2) as m, Model.load(path, backend="reference") as ref:
+        assert m.hp.n_recr_layers == 3 and m.hp.embd_scale == 12.0
+        got = np.asarray(m.session(n_ctx=32).eval(ids, logits="all"))
+        want = np.asarray(ref.session(n_ctx=32).eval(ids, logits="all"))
+    assert np.abs(got - want).max() < 0.05 * np.abs(want).max()

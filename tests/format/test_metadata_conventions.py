@@ -142,6 +142,12 @@ CONVENTIONS = [
      "required (llama.cpp: its tensors' shapes then fail)", "n_ff_exp", None),
     ("expert_shared_feed_forward_length", ("qwen2moe",), "feed_forward_length", "n_ff_shexp",
      lambda md, a: _k(md, a, "feed_forward_length")),
+    # granitehybrid's experts are optional (tests/engine/test_engine_granitehybrid.py, MoE)
+    ("expert_count", ("granitehybrid",), "0 (dense FFN)", "n_expert", lambda md, a: 0),
+    ("expert_used_count", ("granitehybrid",), "0 (required when expert_count > 0)",
+     "n_expert_used", lambda md, a: 0),
+    ("expert_shared_feed_forward_length", ("granitehybrid",), "0 (no shared expert)",
+     "n_ff_shexp", lambda md, a: 0),
     ("logit_scale", GRANITE, "required", "logit_mul", None),
     ("residual_scale", GRANITE, "1", "residual_scale", lambda md, a: 1.0),
     ("embedding_scale", GRANITE, "1", "embd_scale", lambda md, a: 1.0),

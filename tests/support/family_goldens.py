@@ -89,13 +89,14 @@ def check(name, backend, path=None):
         f"{name}/{backend}: max {d.max():.4f} mean {d.mean():.5f} top-1 misses {misses}"
 
 
-def check_every_kernel_path(core, name):
-    """check(name, "cpu") on generic, avx2 and avx512 (every path this CPU has)."""
+def check_every_kernel_path(core, name, path=None):
+    """check(name, "cpu") on generic, avx2 and avx512 (every path this CPU has); path: the
+    model when it is not in GOLDENS (regenerated())."""
     before = core.kernel_path()
     try:
-        for path in core.available_paths():
-            core.set_path(path)
-            check(name, "cpu")
+        for kernels in core.available_paths():
+            core.set_path(kernels)
+            check(name, "cpu", path=path)
     finally:
         core.set_path(before)
 
@@ -129,18 +130,19 @@ def alone_batched_forked(m, prompts):
     return alone, batched, fork.eval(prompts[0][-1:])[0], ss
 
 
-def regenerated_fixtures(name):
+def regenerated_fixtures(name, names=("model_path", "file_tables")):
     """(model_path, file_tables): module fixtures of a golden whose model its test writes
-    again (regenerated): the file's path, and its (metadata, tensors) tables."""
+    again (regenerated): the file's path, and its (metadata, tensors) tables; `names`: the
+    fixtures' names (two models in one module)."""
     import pytest
 
-    @pytest.fixture(scope="module")
+    @pytest.fixture(scope="module", name=names[0])
     def model_path(tmp_path_factory):
         return regenerated(name, tmp_path_factory.mktemp(name))
 
-    @pytest.fixture(scope="module")
-    def file_tables(model_path):
-        with GGUFFile.open(model_path) as f:
+    @pytest.fixture(scope="module", name=names[1])
+    def file_tables(request):
+        with GGUFFile.open(request.getfixturevalue(names[0])) as f:
             return dict(f.metadata), dict(f.tensors)
     return model_path, file_tables
 

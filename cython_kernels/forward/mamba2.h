@@ -1,0 +1,102 @@
+/* Mamba-2 (granitehybrid's recurrent layers), included by forward.h after deltanet.h, whose
+ * state helpers it shares (ed_recr_state, ed_recr_conv_dim, ed_recr_row).
+ *
+ * As llama.cpp's build_mamba2_layer with ggml's ssm_conv and ssm_scan: ssm_in gives z (d_inner),
+ * xBC (d_inner + 2 G N: x, then B and C of the G groups) and dt (H heads). xBC runs through the
+ * causal depthwise convolution (the sequence's last d_conv - 1 inputs kept in its state), its
+ * bias and SiLU. Per token and head h (group g = h / (H / G)), dt = softplus(dt + dt_bias),
+ * dA = exp(dt A); per row p of the head's (head_dim, N) state
+ *   s_p = s_p dA + B_g x_p dt;  y_p = s_p . C_g + D x_p
+ * then y times silu(z), an RMS norm per group of d_inner / G values (ssm_norm), and ssm_out
+ * (the caller). The state is float32 per sequence (edged/engine/recurrent.py has the layout).
+ * Every token runs the recurrence (llama.cpp's CPU order; the chunked "SSD" form sums in another
+ * order and is not used), so one batch, chunks and one token at a time give the same bits; the
+ * dot products sum in 8 lanes then a fixed tree, in the generic C every path compiles.
+ * Numpy twin: edged/engine/reference_granite.py. */
+#ifndef EDGED_MAMBA2_H
+#define EDGED_MAMBA2_H
+
+/* The Mamba-2 block for the n rows normed in xb; output (n, d_inner) in xb. Ends in a barrier. */
+static void ed_mamba2(ed_state *s, ed_pool *p, const ed_model *m, const ed_layer *L, int n,
+                      int64_t a, int64_t b, int ith, int nth) {
+    const int E = m->n_embd, di = m->ssm_d_inner, N = m->ssm_d_state, G = m->ssm_n_group;
+    const int H = m->ssm_dt_rank, hd = di / H, taps = m->ssm_d_conv, ch = ed_recr_conv_dim(m);
+    const int W = ed_recr_row(m), dproj = di + ch + H;
+    float *r = s->qkv;  /* (n, W): z | xBC | dt (ssm_in), then the convolution's output (ch) */
+    ed_matmul(s, p, r, W, &L->ssm_in, s->xb, E, n, 0, ith, nth);
+    const float *dtb = ed_vec(&L->ssm_dt);
+    for (int64_t t = a; t < b; t++) {  /* dt = softplus(dt + dt_bias), as ggml in float */
+        float *dt = r + (size_t)t * W + di + ch;
+        for (int h = 0; h < H; h++) {
+            const float x = dt[h] + dtb[h];
+            dt[h] = x > 20.0f ? x : logf(1.0f + expf(x));
+        }
+    }
+    /* the causal convolution, channel by channel; the rows in order (a row's window holds the
+       inputs before it: its sequence's state, then the rows of the batch before it) */
+    const float *w = ed_vec(&L->ssm_conv1d);  /* (ch, taps) */
+    const float *cb = L->ssm_conv1d_b.data ? ed_vec(&L->ssm_conv1d_b) : NULL;
+    int64_t c0, c1;
+    ed_range(ch, ith, nth, &c0, &c1);
+    for (int t = 0; t < n; t++) {
+        float *st = ed_recr_state(s, m, L, t);  /* conv (taps - 1, ch) */
+        const float *raw = r + (size_t)t * W + di;
+        float *out = r + (size_t)t * W + dproj;
+        for (int64_t c = c0; c < c1; c++) {
+            const float *wc = w + (size_t)c * taps;
+            float sum = 0.0f;
+            for (int k = 0; k < taps - 1; k++) sum += st[(size_t)k * ch + c] * wc[k];
+            sum += raw[c] * wc[taps - 1];
+            for (int k = 0; k + 1 < taps - 1; k++) st[(size_t)k * ch + c] = st[(size_t)(k + 1) * ch + c];
+            if (taps > 1) st[(size_t)(taps - 2) * ch + c] = raw[c];
+            out[c] = ed_silu(cb ? sum + cb[c] : sum);
+        }
+    }
+    ed_barrier(p);
+    /* the selective scan, heads split over threads; rows in order. y = (s . C + D x) silu(z) */
+    const float *A = ed_vec(&L->ssm_a), *D = ed_vec(&L->ssm_d);
+    int64_t h0, h1;
+    ed_range(H, ith, nth, &h0, &h1);
+    for (int t = 0; t < n; t++) {
+        float *st = ed_recr_state(s, m, L, t) + (size_t)(taps - 1) * ch;  /* (H, hd, N) */
+        const float *row = r + (size_t)t * W, *x = row + dproj;
+        float *y = s->xb + (size_t)t * di;
+        for (int64_t h = h0; h < h1; h++) {
+            const int g = (int)(h / (H / G));
+            const float *B = x + di + (size_t)g * N, *C = x + di + (size_t)(G + g) * N;
+            const float dt = row[di + ch + h], dA = expf(dt * A[h]);
+            for (int i = 0; i < hd; i++) {   /* hot loop: one row of the head's state */
+                const size_t ii = (size_t)h * hd + i;
+                const float xdt = x[ii] * dt;
+                float *sr = st + ii * N;
+                float l[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+                int j = 0;
+                for (; j + 8 <= N; j += 8)
+                    for (int k = 0; k < 8; k++) {
+                        const float v = sr[j + k] * dA + B[j + k] * xdt;
+                        sr[j + k] = v;
+                        l[k] += v * C[j + k];
+                    }
+                for (; j < N; j++) {
+                    const float v = sr[j] * dA + B[j] * xdt;
+                    sr[j] = v;
+                    l[j & 7] += v * C[j];
+                }
+                const float sum = ((l[0] + l[4]) + (l[2] + l[6])) + ((l[1] + l[5]) + (l[3] + l[7]));
+                y[ii] = (sum + x[ii] * D[h]) * ed_silu(row[ii]);
+            }
+        }
+    }
+    ed_barrier(p);
+    /* the gated RMS norm: groups of d_inner / G values (ssm_norm) */
+    const float *nw = ed_vec(&L->ssm_norm);
+    const int gs = di / G;
+    for (int64_t t = a; t < b; t++)
+        for (int g = 0; g < G; g++) {
+            float *o = s->xb + (size_t)t * di + (size_t)g * gs;
+            ed_rms_norm(o, o, nw + (size_t)g * gs, gs, m->rms_eps);
+        }
+    ed_barrier(p);
+}
+
+#endif
