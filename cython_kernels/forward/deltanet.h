@@ -37,31 +37,59 @@ static inline int ed_recr_row(const ed_model *m) {
     return 2 * ed_recr_conv_dim(m) + m->ssm_d_inner + 2 * m->ssm_dt_rank;
 }
 
-/* One row of a recurrent layer's causal depthwise convolution over channels c0..c1 (DeltaNet,
-   Mamba-2): out[c] = silu(the last taps - 1 inputs in the state st (taps - 1, C) and this row's
-   raw[c], dotted with the channel's taps w[c], + bias[c] if any); then raw[c] joins the state,
-   the oldest input leaves. Rows of a sequence must run in order. */
-static void ed_recr_conv_row(float *st, const float *raw, float *out, const float *w,
-                             const float *bias, int C, int taps, int64_t c0, int64_t c1) {
-    for (int64_t c = c0; c < c1; c++) {
-        const float *wc = w + (size_t)c * taps;
-        float sum = 0.0f;
-        for (int k = 0; k < taps - 1; k++) sum += st[(size_t)k * C + c] * wc[k];
-        sum += raw[c] * wc[taps - 1];
-        for (int k = 0; k + 1 < taps - 1; k++) st[(size_t)k * C + c] = st[(size_t)(k + 1) * C + c];
-        if (taps > 1) st[(size_t)(taps - 2) * C + c] = raw[c];
-        out[c] = ed_silu(bias ? sum + bias[c] : sum);
-    }
+/* The state's row products sum in 8 lanes (element i in lane i % 8), then a fixed tree. The
+   lanes are two GCC vectors of 4 (an SSE or NEON register each on every path: vectorized
+   however the loops are inlined); the short tail adds into its lanes one by one. */
+typedef float ed_dn_v4 __attribute__((vector_size(16)));
+
+static inline ed_dn_v4 ed_dn_load(const float *p) {
+    ed_dn_v4 v;
+    memcpy(&v, p, sizeof v);
+    return v;
 }
 
-static inline float ed_dn_dot(int n, const float *a, const float *b) {
-    float l[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-    int i = 0;
-    for (; i + 8 <= n; i += 8)
-        for (int k = 0; k < 8; k++) l[k] += a[i + k] * b[i + k];
-    for (; i < n; i++) l[i & 7] += a[i] * b[i];
-    return ((l[0] + l[4]) + (l[2] + l[6])) + ((l[1] + l[5]) + (l[3] + l[7]));
+/* the tail's products (at most one per lane) into the lanes lo = l0..3, hi = l4..7, then
+   ((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 + l7)) */
+static inline float ed_dn_sum(ed_dn_v4 lo, ed_dn_v4 hi, const float *tail) {
+    const ed_dn_v4 t = (lo + ed_dn_load(tail)) + (hi + ed_dn_load(tail + 4));
+    return (t[0] + t[2]) + (t[1] + t[3]);
 }
+
+/* a *= decay, then a . b: one pass */
+static inline float ed_dn_decay_dot(int n, float *restrict a, float decay, const float *restrict b) {
+    ed_dn_v4 lo = {0, 0, 0, 0}, hi = {0, 0, 0, 0};
+    int i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const ed_dn_v4 x0 = ed_dn_load(a + i) * decay, x1 = ed_dn_load(a + i + 4) * decay;
+        memcpy(a + i, &x0, sizeof x0);
+        memcpy(a + i + 4, &x1, sizeof x1);
+        lo += x0 * ed_dn_load(b + i);
+        hi += x1 * ed_dn_load(b + i + 4);
+    }
+    float tail[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    for (; i < n; i++) { a[i] *= decay; tail[i & 7] = a[i] * b[i]; }
+    return ed_dn_sum(lo, hi, tail);
+}
+
+/* a += x * d, then a . q: one pass */
+static inline float ed_dn_axpy_dot(int n, float *restrict a, float d, const float *restrict x,
+                                   const float *restrict q) {
+    ed_dn_v4 lo = {0, 0, 0, 0}, hi = {0, 0, 0, 0};
+    int i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const ed_dn_v4 y0 = ed_dn_load(a + i) + ed_dn_load(x + i) * d;
+        const ed_dn_v4 y1 = ed_dn_load(a + i + 4) + ed_dn_load(x + i + 4) * d;
+        memcpy(a + i, &y0, sizeof y0);
+        memcpy(a + i + 4, &y1, sizeof y1);
+        lo += y0 * ed_dn_load(q + i);
+        hi += y1 * ed_dn_load(q + i + 4);
+    }
+    float tail[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    for (; i < n; i++) { a[i] += x[i] * d; tail[i & 7] = a[i] * q[i]; }
+    return ed_dn_sum(lo, hi, tail);
+}
+
+static const float ED_DN_ONES[256] = {[0 ... 255] = 1.0f};
 
 /* The DeltaNet block for the n rows normed in xb; output (n, S * H_v) in xb. Ends in a barrier. */
 static void ed_deltanet(ed_state *s, ed_pool *p, const ed_model *m, const ed_layer *L, int n,
@@ -90,9 +118,22 @@ static void ed_deltanet(ed_state *s, ed_pool *p, const ed_model *m, const ed_lay
     const float *w = ed_vec(&L->ssm_conv1d);  /* (C, taps) */
     int64_t c0, c1;
     ed_range(C, ith, nth, &c0, &c1);
-    for (int t = 0; t < n; t++)   /* the state's conv block (taps - 1, C) first */
-        ed_recr_conv_row(ed_recr_state(s, m, L, t), r + (size_t)t * W,
-                         r + (size_t)t * W + C + Vd + 2 * Hv, w, NULL, C, taps, c0, c1);
+    for (int t = 0; t < n; t++) {
+        float *st = ed_recr_state(s, m, L, t);  /* conv (taps - 1, C) */
+        const float *raw = r + (size_t)t * W;
+        float *out = r + (size_t)t * W + C + Vd + 2 * Hv;
+        for (int64_t c = c0; c < c1; c++) {
+            const float *wc = w + (size_t)c * taps;
+            float sum = 0.0f;
+            for (int k = 0; k < taps - 1; k++) sum += st[(size_t)k * C + c] * wc[k];
+            sum += raw[c] * wc[taps - 1];
+            for (int k = 0; k + 1 < taps - 1; k++) st[(size_t)k * C + c] = st[(size_t)(k + 1) * C + c];
+            if (taps > 1) st[(size_t)(taps - 2) * C + c] = raw[c];
+            out[c] = sum;
+        }
+        for (int64_t c = c0; c < c1; c += 256)   /* silu(sum) * 1: the path's vector silu */
+            ed_pm_silu_mul(ED_PM, (int)(c1 - c < 256 ? c1 - c : 256), out + c, ED_DN_ONES);
+    }
     ed_barrier(p);
     /* q and k L2-normed per head as llama.cpp: rms_norm(x, eps / S) / sqrt(S) */
     const float isq = 1.0f / sqrtf((float)S);
@@ -105,23 +146,22 @@ static void ed_deltanet(ed_state *s, ed_pool *p, const ed_model *m, const ed_lay
         }
     }
     ed_barrier(p);
-    /* the gated delta rule, value heads split over threads; rows in order */
+    /* the gated delta rule, value heads split over threads; each head's rows in order, so its
+       S x S state stays in the cache through a prompt batch; two passes over a state row */
     int64_t h0, h1;
     ed_range(Hv, ith, nth, &h0, &h1);
-    for (int t = 0; t < n; t++) {
-        float *st = ed_recr_state(s, m, L, t) + (size_t)(taps - 1) * C;
-        const float *row = r + (size_t)t * W, *cv = row + C + Vd + 2 * Hv;
-        for (int64_t h = h0; h < h1; h++) {
+    for (int64_t h = h0; h < h1; h++) {
+        for (int t = 0; t < n; t++) {
+            float *M = ed_recr_state(s, m, L, t) + (size_t)(taps - 1) * C + (size_t)h * S * S;
+            const float *row = r + (size_t)t * W, *cv = row + C + Vd + 2 * Hv;
             const float *q = cv + (size_t)(h % Hk) * S, *k = cv + (size_t)(Hk + h % Hk) * S;
             const float *v = cv + (size_t)(2 * Hk + h) * S;
             const float beta = row[C + Vd + h], decay = expf(row[C + Vd + Hv + h]);
-            float *M = st + (size_t)h * S * S, *o = s->xb + (size_t)t * Vd + (size_t)h * S;
+            float *o = s->xb + (size_t)t * Vd + (size_t)h * S;
             for (int j = 0; j < S; j++) {
                 float *Mj = M + (size_t)j * S;
-                for (int i = 0; i < S; i++) Mj[i] *= decay;
-                const float d = (v[j] - ed_dn_dot(S, Mj, k)) * beta;
-                for (int i = 0; i < S; i++) Mj[i] += k[i] * d;
-                o[j] = ed_dn_dot(S, Mj, q) * scale;
+                const float d = (v[j] - ed_dn_decay_dot(S, Mj, decay, k)) * beta;
+                o[j] = ed_dn_axpy_dot(S, Mj, d, k, q) * scale;
             }
         }
     }
@@ -129,10 +169,11 @@ static void ed_deltanet(ed_state *s, ed_pool *p, const ed_model *m, const ed_lay
     /* RMSNorm per head (ssm_norm) times silu(z) */
     const float *nw = ed_vec(&L->ssm_norm);
     for (int64_t t = a; t < b; t++) {
-        const float *z = r + (size_t)t * W + C;
+        float *z = r + (size_t)t * W + C;
         float *o = s->xb + (size_t)t * Vd;
         for (int h = 0; h < Hv; h++) ed_rms_norm(o + (size_t)h * S, o + (size_t)h * S, nw, S, eps);
-        for (int i = 0; i < Vd; i++) o[i] *= ed_silu(z[i]);
+        ed_pm_silu_mul(ED_PM, Vd, z, o);    /* z = silu(z) * o, the path's vector silu */
+        memcpy(o, z, sizeof(float) * Vd);
     }
     ed_barrier(p);
 }

@@ -9,6 +9,8 @@
  *   (ed_pm_gelu); softmax(scale * q.k) with ggml's vector expf (ed_pm_expf_sub: the same bits on
  *   every path); the products q.k and p.v are the selected
  *   path's F32 row kernels (ed_mdot_rows, ED_F32).
+ *   The Q8_0 weight products run in llama.cpp's x86 order (ed_enc_mm_q8_0_task, ed_parity.h's
+ *   ed_pm_dot_q8_0), not the forward pass's canonical one: see ed_parity.h for why.
  *
  * All functions are task bodies for ed_pool_run (or plain calls with ith 0, nth 1); every
  * buffer belongs to the caller. */
@@ -143,6 +145,96 @@ static void ed_enc_attn_task(void *arg, int ith, int nth) {
             ed_mdot_rows(ED_F32, n, (const uint8_t *)vt, (size_t)n * sizeof(float), D,
                          (const uint8_t *)sc, (size_t)n * sizeof(float), n,
                          a->out + s0 * Qd + h * D, Qd);
+        }
+    }
+}
+
+/* out[t, r] = W[r] . x[t] for a Q8_0 weight W (N rows of K) in llama.cpp's x86 order.
+ * Phase 1 (tokens split over threads): x rows to Q8_0 (ed_quant_q8_0's bits on every path);
+ * for the strip kernel also lifted to unsigned, with their scales as float.
+ * Phase 2 (rows split): with the path's strip kernel (avx512+vnni), 16 rows at a time packed
+ * into the thread's scratch, then every token against them; else tiles of 4 rows x 2 tokens
+ * over chunks of ED_ENC_MM_COLS tokens (a row read once per chunk from L1). */
+#define ED_ENC_MM_COLS 64
+typedef struct {
+    float *out;             /* (T, N) */
+    const uint8_t *w;       /* N rows of K / 32 blk_q8_0 */
+    const float *x;         /* (T, K) */
+    uint8_t *xq;            /* (T, K / 32) blk_q8_0 scratch */
+    uint8_t *al;            /* (T, K) lifted quants scratch */
+    float *dy;              /* (T, K / 32) activation scales scratch */
+    uint8_t *strips;        /* nth * (K / 32) * ED_STRIP_BLOCK scratch */
+    int64_t T;
+    int N, K;
+    ed_pool *pool;
+} ed_enc_mm_args;
+
+/* rows r0.. (up to 16; past N: zero rows) of W into the strip layout of ed_parity.h */
+static void ed_enc_pack_strip(const uint8_t *w, size_t rb, int64_t r0, int64_t N, int nb, uint8_t *strip) {
+    for (int b = 0; b < nb; b++) {
+        uint8_t *sb = strip + (size_t)b * ED_STRIP_BLOCK;
+        float *dw = (float *)sb;
+        int32_t *nws = (int32_t *)(sb + 64);
+        int8_t *wq = (int8_t *)(sb + 576);
+        for (int r = 0; r < 16; r++) {
+            const blk_q8_0 *blk = r0 + r < N ? (const blk_q8_0 *)(w + (size_t)(r0 + r) * rb) + b : NULL;
+            dw[r] = blk ? ED_PM_F(blk->d) : 0.0f;
+            for (int g = 0; g < 8; g++) {
+                int s = 0;
+                for (int j = 0; j < 4; j++) {
+                    const int8_t v = blk ? blk->qs[4 * g + j] : 0;
+                    wq[g * 64 + r * 4 + j] = v;
+                    s += v;
+                }
+                nws[g * 16 + r] = -128 * s;
+            }
+        }
+    }
+}
+
+static void ed_enc_mm_q8_0_task(void *arg, int ith, int nth) {
+    const ed_enc_mm_args *a = (const ed_enc_mm_args *)arg;
+    const int nb = a->K / QK;
+    const size_t rb = (size_t)nb * sizeof(blk_q8_0);
+    const ed_pm_fns pm = *ED_PM;
+    int64_t t0, t1, r0, r1;
+    ed_range(a->T, ith, nth, &t0, &t1);
+    for (int64_t t = t0; t < t1; t++) {
+        ED_QUANT[ED_Q8_0](a->x + t * a->K, a->xq + t * rb, a->K);
+        if (!pm.strip_q8_0) continue;
+        const blk_q8_0 *q = (const blk_q8_0 *)(a->xq + t * rb);
+        for (int b = 0; b < nb; b++) {
+            a->dy[t * nb + b] = ED_PM_F(q[b].d);
+            for (int j = 0; j < QK; j++) a->al[t * a->K + b * QK + j] = (uint8_t)q[b].qs[j] ^ 0x80;
+        }
+    }
+    if (nth > 1) ed_barrier(a->pool);
+    if (pm.strip_q8_0) {
+        uint8_t *strip = a->strips + (size_t)ith * nb * ED_STRIP_BLOCK;
+        ed_range((a->N + 15) / 16, ith, nth, &r0, &r1);
+        for (int64_t s = r0; s < r1; s++) {
+            const int nr = a->N - s * 16 < 16 ? (int)(a->N - s * 16) : 16;
+            ed_enc_pack_strip(a->w, rb, s * 16, a->N, nb, strip);
+            for (int64_t c0 = 0; c0 < a->T; c0 += ED_ENC_MM_COLS) {
+                const int nc = a->T - c0 < ED_ENC_MM_COLS ? (int)(a->T - c0) : ED_ENC_MM_COLS;
+                pm.strip_q8_0(nb, strip, a->al + c0 * a->K, (size_t)a->K, a->dy + c0 * nb, (size_t)nb, nc,
+                              a->out + c0 * a->N + s * 16, (size_t)a->N, nr);
+            }
+        }
+        return;
+    }
+    ed_range((a->N + 3) / 4, ith, nth, &r0, &r1);   /* groups of 4 rows */
+    r0 *= 4; r1 = r1 * 4 < a->N ? r1 * 4 : a->N;
+    for (int64_t c0 = 0; c0 < a->T; c0 += ED_ENC_MM_COLS) {
+        const int64_t c1 = c0 + ED_ENC_MM_COLS < a->T ? c0 + ED_ENC_MM_COLS : a->T;
+        for (int64_t r = r0; r < r1; r += 4) {  /* hot loop: tiles of 4 rows x 2 tokens */
+            int64_t t = c0;
+            if (r + 4 <= r1)
+                for (; t + 2 <= c1; t += 2)
+                    ed_pm_tile_q8(&pm, a->K, a->w + r * rb, rb, a->xq + t * rb, rb, a->out + t * a->N + r, (size_t)a->N);
+            for (; t < c1; t++)
+                for (int64_t i = r; i < r + 4 && i < r1; i++)
+                    a->out[t * a->N + i] = ed_pm_dot_q8(&pm, a->K, a->w + i * rb, a->xq + t * rb);
         }
     }
 }

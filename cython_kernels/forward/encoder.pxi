@@ -4,6 +4,7 @@
 #   enc_norm(x, w, b, eps, res=None, bias=None, pool=None)   x = LN(x + bias + res) * w + b
 #   enc_act(h, bias=None, up=None, pool=None)                h = GELU(h + bias) | SiLU(h) * up
 #   enc_attention(out, q, k, v, starts, n_head, scale, ...)  non-causal attention per sequence
+#   enc_matmul_q8_0(out, w, x, pool=None)                   out = x W^T in llama.cpp's x86 order
 
 cdef extern from "encoder.h" nogil:
     ctypedef struct ed_enc_norm_args:
@@ -38,6 +39,19 @@ cdef extern from "encoder.h" nogil:
         int n_seq, H, D
         float scale, rope_base
         ed_pool *pool
+    ctypedef struct ed_enc_mm_args:
+        float *out
+        const uint8_t *w
+        const float *x
+        uint8_t *xq
+        uint8_t *al
+        float *dy
+        uint8_t *strips
+        int64_t T
+        int N, K
+        ed_pool *pool
+    void ed_enc_mm_q8_0_task(void *arg, int ith, int nth) noexcept
+    enum: ED_STRIP_BLOCK
     void ed_enc_norm_task(void *arg, int ith, int nth) noexcept
     void ed_enc_act_task(void *arg, int ith, int nth) noexcept
     void ed_enc_attn_task(void *arg, int ith, int nth) noexcept
@@ -138,4 +152,36 @@ def enc_attention(float[:, ::1] out, float[:, :] q, float[:, :] k, float[:, :] v
     a.scale = scale; a.rope_base = rope_base; a.pool = pool.p if pool is not None else NULL
     with nogil:
         _enc_run(pool, ed_enc_attn_task, &a)
+    return out
+
+
+def enc_matmul_q8_0(float[:, ::1] out, const uint8_t[::1] w, const float[:, ::1] x, Pool pool=None):
+    """out[t, r] = W[r] . x[t] for a Q8_0 weight W (out.shape[1] rows of x.shape[1] values),
+    x quantized to Q8_0 first, each product in llama.cpp's x86 order (ed_parity.h) on every
+    kernel path: an encoder's products, which embeddings compare with llama.cpp's closely."""
+    cdef int64_t T = x.shape[0]
+    cdef int K = x.shape[1], N = out.shape[1]
+    if out.shape[0] != T:
+        raise ValueError(f"enc_matmul_q8_0: out has {out.shape[0]} rows, x has {T}")
+    if K % 32 or K == 0:
+        raise ValueError(f"enc_matmul_q8_0: row length {K} is not a multiple of 32")
+    cdef size_t rb = <size_t>(K // 32) * 34
+    if <size_t>w.shape[0] != rb * N:
+        raise ValueError(f"enc_matmul_q8_0: {w.shape[0]} weight bytes, expected {rb * N} "
+                         f"for {N} Q8_0 rows of {K}")
+    if T == 0 or N == 0:
+        return out
+    cdef int nth = pool.p.n_threads if pool is not None else 1
+    xq = np.empty(T * rb, np.uint8)
+    al = np.empty(T * K, np.uint8)
+    dy = np.empty(T * (K // 32), np.float32)
+    strips = np.empty(nth * (K // 32) * ED_STRIP_BLOCK, np.uint8)
+    cdef uint8_t[::1] xqv = xq, alv = al, sv = strips
+    cdef float[::1] dyv = dy
+    cdef ed_enc_mm_args a
+    a.out = &out[0, 0]; a.w = &w[0]; a.x = &x[0, 0]; a.xq = &xqv[0]
+    a.al = &alv[0]; a.dy = &dyv[0]; a.strips = &sv[0]
+    a.T = T; a.N = N; a.K = K; a.pool = pool.p if pool is not None else NULL
+    with nogil:
+        _enc_run(pool, ed_enc_mm_q8_0_task, &a)
     return out

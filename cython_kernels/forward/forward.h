@@ -61,7 +61,10 @@ typedef struct {
     /* a Mamba-2 layer (granitehybrid; mamba2.h): ssm_in (ne1 d_inner + conv channels + heads: \
        z | xBC | dt), ssm_conv1d and its bias, ssm_dt (the dt bias), ssm_a, ssm_d (n_head), \
        ssm_norm (d_inner), ssm_out (ne0 d_inner) */ \
-    X(ssm_in) X(ssm_conv1d_b) X(ssm_d)
+    X(ssm_in) X(ssm_conv1d_b) X(ssm_d) \
+    /* gemma4 (forward_layers.h): per-layer embeddings' gate (ne0 n_embd, ne1 P), projection \
+       (ne0 P, ne1 n_embd) and its norm; a scalar (F32, one value) times the layer's output */ \
+    X(per_layer_inp_gate) X(per_layer_proj) X(per_layer_post_norm) X(layer_output_scale)
 
 typedef struct {
 #define ED_LT_MEMBER(name) ed_tensor name;
@@ -72,6 +75,11 @@ typedef struct {
     int conv;              /* a convolution layer: 1 + its slot in the convolution cache; 0: attention */
     int recr;              /* a DeltaNet or Mamba-2 (ssm_in set) layer: 1 + its slot in the
                               recurrent state; 0: not */
+    /* this layer's sizes: the model's, or its own (gemma4); the scratch is sized by the largest */
+    int head_dim, n_head_kv, n_rot, n_ff;
+    int kv_src;            /* the layer whose K/V cache it attends over: itself, or an earlier
+                              one (gemma4's shared KV layers, which store none) */
+    int rope_ff;           /* the model's rope_factors apply to this layer (gemma4: full ones) */
     int kv;                /* an attention layer: 1 + its slot in the K/V cache; 0: none (a
                               convolution or recurrent layer keeps other state) */
 } ed_layer;
@@ -107,13 +115,16 @@ typedef struct {
     X(int, ssm_d_conv) X(int, ssm_d_state) X(int, ssm_n_group) X(int, ssm_dt_rank) /* DeltaNet, Mamba-2 */ \
     X(int, ssm_d_inner)           /* a recurrent layer's output width (DeltaNet S * H_v) */ \
     X(int, n_recr_layers)         /* how many layers are recurrent (slots of the recurrent state) */ \
-    X(int, attn_gated_q)          /* attn_q gives q | gate per head; output times sigmoid(gate) */
+    X(int, attn_gated_q)          /* attn_q gives q | gate per head; output times sigmoid(gate) */ \
+    X(int, n_embd_per_layer)      /* per-layer embeddings' width P (gemma4; 0: none) */ \
+    X(int, v_norm)                /* V RMS-normed without a weight (gemma4) */
 
 typedef struct {
 #define ED_HP_MEMBER(T, name) T name;
     ED_HPARAMS(ED_HP_MEMBER)
 #undef ED_HP_MEMBER
     ed_tensor token_embd, output_norm, output;
+    ed_tensor per_layer_model_proj, per_layer_proj_norm;  /* gemma4's per-layer inputs, or zero */
     const float *rope_factors;   /* (n_rot/2) or NULL */
     ed_layer *layers;            /* (n_layer) */
 } ed_model;
@@ -139,9 +150,14 @@ static const ed_layer_role ED_LAYER_ROLES[] = {ED_LAYER_TENSORS(ED_LT_ROW) {NULL
 typedef struct {
     int n_ctx, n_batch;
     int type_k, type_v;  /* cache types: ED_F16 (default), ED_Q8_0 or ED_Q4_0 (ed_kv_type_ok) */
-    size_t k_row, v_row; /* bytes of one cache row (one position, n_head_kv * head_dim values) */
-    uint8_t *k_cache;    /* (n_layer, n_ctx, k_row) rows of type_k */
-    uint8_t *v_cache;    /* (n_layer, n_ctx, v_row) rows of type_v */
+    size_t k_row, v_row; /* bytes of one cache row (one position, n_head_kv * head_dim values);
+                            per layer when the layers' sizes differ: ed_layer_row */
+    uint8_t *k_cache;    /* (n_layer, n_ctx, k_row) rows of type_k: layer il's (n_ctx, its row)
+                            start at n_ctx * kv_off[il] */
+    uint8_t *v_cache;    /* (n_layer, n_ctx, v_row) rows of type_v, from n_ctx * kv_off[n_layer + il] */
+    size_t *kv_off;      /* (2, n_layer) bytes of one position's K (V) rows of the layers before */
+    float *ple;          /* (n_batch, n_layer * P) gemma4's per-layer inputs (forward_layers.h) */
+    float *ple_proj;     /* (n_batch, n_layer * P) their projection of the embeddings */
     float *conv_cache;   /* (n_conv_layers, n_ctx, n_embd): a convolution layer's input B * x at
                             each position. Kept per position like a K/V row, so the kernel's
                             window at any position is in the cache and a session rewound to an
@@ -480,8 +496,8 @@ static void ed_gate_up(ed_state *s, ed_pool *p, const ed_model *m, const ed_tens
 
 static void ed_ffn_gate_up(ed_state *s, ed_pool *p, const ed_model *m, const ed_layer *L,
                            int n, int ith, int nth) {
-    const int64_t uofs = L->ffn_gate.data ? 0 : m->n_ff;  /* up rows inside U */
-    ed_gate_up(s, p, m, L->ffn_gate.data ? &L->ffn_gate : &L->ffn_up, &L->ffn_up, uofs, m->n_ff,
+    const int64_t uofs = L->ffn_gate.data ? 0 : L->n_ff;  /* up rows inside U */
+    ed_gate_up(s, p, m, L->ffn_gate.data ? &L->ffn_gate : &L->ffn_up, &L->ffn_up, uofs, L->n_ff,
                s->xb, n, NULL, NULL, ith, nth);
 }
 
@@ -632,10 +648,10 @@ static inline int ed_row_hi(const ed_state *s, int pt) {
 }
 
 static inline uint8_t *ed_layer_cache(const ed_state *s, int kv, int64_t t, int il) {
-    const size_t row = kv ? s->v_row : s->k_row, slot = (size_t)(s->m->layers[il].kv - 1);
+    const size_t off = s->kv_off[kv * s->m->n_layer + s->m->layers[il].kv_src];
     if (s->batched)
-        return (kv ? s->row_v[t] : s->row_k[t]) + slot * s->row_nctx[t] * row;
-    return (kv ? s->v_cache : s->k_cache) + slot * s->n_ctx * row;
+        return (kv ? s->row_v[t] : s->row_k[t]) + off * s->row_nctx[t];
+    return (kv ? s->v_cache : s->k_cache) + off * s->n_ctx;
 }
 
 /* The convolution cache of layer L that batch row t uses: (n_ctx, n_embd) floats. */
@@ -720,6 +736,8 @@ static inline int ed_kv_rot_n(int type, int hd, int is_k) {
     if (is_k) while (hd % (2 * n) == 0) n *= 2;
     return n;
 }
+
+#include "forward_layers.h"
 
 /* x (len, a multiple of n) <- each n-value chunk times the n x n Hadamard matrix / sqrt(n):
  * scaled first, then the butterflies (u + v, u - v) with spans 1, 2, 4, ..., n/2, ggml's fast
@@ -844,8 +862,10 @@ static const float ED_ZERO_ROW[1024];
 #define ED_ATTN_LANES 64
 
 static void ed_attention_exact(ed_state *s, const ed_model *m, int il, int ith, int nth, int ldqkv) {
-    const int n = s->n_tokens, hd = m->head_dim, group = m->n_head / m->n_head_kv;
-    const int kvd = m->n_head_kv * hd, Qd = m->n_head * hd, lanes = ED_ATTN_LANES;
+    const ed_layer *C = &m->layers[m->layers[il].kv_src];  /* the layer whose cache it reads */
+    const int n = s->n_tokens, hd = C->head_dim, group = m->n_head / C->n_head_kv;
+    const int kvd = C->n_head_kv * hd, Qd = m->n_head * hd, lanes = ED_ATTN_LANES;
+    const size_t k_row = ed_layer_row(s, 0, C), v_row = ed_layer_row(s, 1, C);
     const ed_pm_fns pm = *ED_PM;  /* the path's (ed_parity.h), copied once for the loops */
     const float kqscale = m->scale_q ? 1.0f : m->attn_scale;
     const float cap = m->attn_softcap;
@@ -868,9 +888,9 @@ static void ed_attention_exact(ed_state *s, const ed_model *m, int il, int ith, 
         const int nj = hi - j0 + 1;
         if (s->type_v != ED_F16) {  /* a quantized V: flash attention, as llama.cpp requires */
             ed_attn_flash_row(s, hd, q, kqscale, cap, sink ? sink[h] : -INFINITY,
-                              kl + (size_t)j0 * s->k_row + koff, s->k_row,
-                              vl + (size_t)j0 * s->v_row + ed_kv_bytes(s->type_v, (int64_t)kvh * hd),
-                              s->v_row, nj, q16, acc, s->xb + (size_t)t * Qd + (size_t)h * hd);
+                              kl + (size_t)j0 * k_row + koff, k_row,
+                              vl + (size_t)j0 * v_row + ed_kv_bytes(s->type_v, (int64_t)kvh * hd),
+                              v_row, nj, q16, acc, s->xb + (size_t)t * Qd + (size_t)h * hd);
             continue;
         }
         const uint16_t *vc = (const uint16_t *)vl;
@@ -880,7 +900,7 @@ static void ed_attention_exact(ed_state *s, const ed_model *m, int il, int ith, 
         for (int j = j0; j <= hi; j++) {
             float d = s->type_k == ED_F16
                 ? ed_pm_dot(&pm, hd, (const uint16_t *)kl + (size_t)j * kvd + (size_t)kvh * hd, q16)
-                : ed_kq_dot_quant(s->type_k, hd, kl + (size_t)j * s->k_row + koff, q16);
+                : ed_kq_dot_quant(s->type_k, hd, kl + (size_t)j * k_row + koff, q16);
             if (cap != 0.0f) d = tanhf(d * (1.0f / cap)) * cap;  /* llama.cpp: before the scale */
             d *= kqscale;
             sc[j] = d;
@@ -920,7 +940,8 @@ static void ed_attention_exact(ed_state *s, const ed_model *m, int il, int ith, 
  * unequal work. In a batch of several sessions a block stops where the cache changes.
  * s->attn_next is reset by thread 0 before the barrier that precedes. */
 static void ed_attention_blocked(ed_state *s, const ed_model *m, int il, int ith, int nth, int ldqkv) {
-    const int n = s->n_tokens, hd = m->head_dim, n_kv = m->n_head_kv, group = m->n_head / n_kv;
+    const ed_layer *C = &m->layers[m->layers[il].kv_src];  /* the layer whose cache it reads */
+    const int n = s->n_tokens, hd = C->head_dim, n_kv = C->n_head_kv, group = m->n_head / n_kv;
     const int kvd = n_kv * hd, Qd = m->n_head * hd;
     const int swa = m->layers[il].swa && m->n_swa > 0;
     const float kqscale = m->scale_q ? 1.0f : m->attn_scale;
@@ -972,7 +993,7 @@ static void ed_attention_blocked(ed_state *s, const ed_model *m, int il, int ith
  * keys as lanes for small blocks: decode) are faster from one row on. They cover head dims
  * that are multiples of 64 without soft-capping (gemma2). */
 static void ed_attention(ed_state *s, const ed_model *m, int il, int ith, int nth, int ldqkv) {
-    if (ed_attn != ed_attn_rowwise && m->head_dim % ED_ATTN_LANES == 0 &&
+    if (ed_attn != ed_attn_rowwise && m->layers[il].head_dim % ED_ATTN_LANES == 0 &&
         m->attn_softcap == 0.0f &&  /* the blocked kernel has no soft-capping */
         s->type_k == ED_F16 && s->type_v == ED_F16)  /* nor a quantized cache: the row path reads it */
         ed_attention_blocked(s, m, il, ith, nth, ldqkv);
@@ -1013,11 +1034,8 @@ static void ed_forward_worker(void *arg, int ith, int nth) {
     const ed_model *m = s->m;
     ed_pool *p = s->pool;
     int n = s->n_tokens;
-    const int E = m->n_embd, F = m->n_ff, hd = m->head_dim;
-    const int Qd = m->n_head * hd, KVd = m->n_head_kv * hd;
-    const int Qw = m->attn_gated_q ? 2 * Qd : Qd, QKV = Qw + 2 * KVd;  /* q (| gate), k, v */
+    const int E = m->n_embd;
     const float eps = m->rms_eps, rs = m->residual_scale;
-    const int rot_k = ed_kv_rot_n(s->type_k, hd, 1), rot_v = ed_kv_rot_n(s->type_v, hd, 0);
     int64_t a, b;
     int rows = n;  /* the rows the last layer runs: out_rows moved to the front, or all */
     ed_range(n, ith, nth, &a, &b);  /* this thread's tokens for per-row ops */
@@ -1026,7 +1044,15 @@ static void ed_forward_worker(void *arg, int ith, int nth) {
 
     for (int il = 0; il < m->n_layer; il++) {
         const ed_layer *L = &m->layers[il];
+        const int F = L->n_ff, hd = L->head_dim, n_kv = L->n_head_kv;  /* this layer's sizes */
+        const int Qd = m->n_head * hd, KVd = n_kv * hd;
+        const int Qw = m->attn_gated_q ? 2 * Qd : Qd, QKV = Qw + 2 * KVd;  /* q (| gate), k, v */
+        const int rot_k = ed_kv_rot_n(s->type_k, hd, 1), rot_v = ed_kv_rot_n(s->type_v, hd, 0);
+        const int own_kv = L->kv_src == il;  /* else it attends over an earlier layer's K/V */
+        /* gemma4: per-layer inputs and output scale after the residual (forward_layers.h) */
+        const int ends = m->n_embd_per_layer || L->layer_output_scale.data;
         if (il == 0) {  /* later layers get their attn_norm from the previous residual step */
+            if (m->n_embd_per_layer) ed_ple_inputs(s, p, m, n, ith, nth);
             for (int64_t t = a; t < b; t++) ed_rms_norm(s->xb + t * E, s->x + t * E, ed_vec(&L->attn_norm), E, eps);
             ed_barrier(p);
             ED_MARK(prof_ns, ED_PROF_NORM);
@@ -1042,6 +1068,11 @@ static void ed_forward_worker(void *arg, int ith, int nth) {
         } else {
         if (L->attn_qkv.data) {
             ed_matmul(s, p, s->qkv, QKV, &L->attn_qkv, s->xb, E, n, 0, ith, nth);
+        } else if (!own_kv || !L->attn_v.data) {  /* gemma4: q alone, or q and k (V = K) */
+            ed_matmul(s, p, s->qkv, QKV, &L->attn_q, s->xb, E, n, 0, ith, nth);
+            if (own_kv)
+                ed_matmul(s, p, s->qkv + Qw, QKV, &L->attn_k, s->xb, E, n,
+                          L->attn_k.type == L->attn_q.type && !(ed_reads_info(&L->attn_k) & ~ed_reads_info(&L->attn_q)), ith, nth);
         } else if (ed_same_act(&L->attn_q, &L->attn_k) && ed_same_act(&L->attn_q, &L->attn_v)) {
             const ed_tensor *W3[3] = {&L->attn_q, &L->attn_k, &L->attn_v};
             float *O3[3] = {s->qkv, s->qkv + Qw, s->qkv + Qw + KVd};
@@ -1064,23 +1095,30 @@ static void ed_forward_worker(void *arg, int ith, int nth) {
                 for (int i = 0; i < Qd; i++) q[i] += bq[i];
                 for (int i = 0; i < KVd; i++) { k[i] += bk[i]; v[i] += bv[i]; }
             }
-            if (L->attn_q_norm.data) {
+            if (own_kv && !L->attn_v.data && !L->attn_qkv.data)  /* gemma4: V is K's projection */
+                memcpy(v, k, sizeof(float) * KVd);
+            if (L->attn_q_norm.data)
                 for (int h = 0; h < m->n_head; h++) ed_rms_norm(q + h * hd, q + h * hd, ed_vec(&L->attn_q_norm), hd, eps);
-                for (int h = 0; h < m->n_head_kv; h++) ed_rms_norm(k + h * hd, k + h * hd, ed_vec(&L->attn_k_norm), hd, eps);
-            }
+            if (L->attn_k_norm.data)
+                for (int h = 0; h < n_kv; h++) ed_rms_norm(k + h * hd, k + h * hd, ed_vec(&L->attn_k_norm), hd, eps);
+            if (m->v_norm && own_kv)
+                for (int h = 0; h < n_kv; h++) ed_rms_norm(v + h * hd, v + h * hd, NULL, hd, eps);
             const int pt = ed_row_pos(s, t);
+            const float *ff = L->rope_ff ? m->rope_factors : NULL;
             if (L->rope) {
-                ed_rope_ext(q, m->n_head, hd, m->n_rot, pt, base, fscale, m->rope_factors, m->rope_attn_factor,
+                ed_rope_ext(q, m->n_head, hd, L->n_rot, pt, base, fscale, ff, m->rope_attn_factor,
                             m->rope_neox, m->rope_ext_factor, m->n_ctx_orig, m->yarn_beta_fast, m->yarn_beta_slow);
-                ed_rope_ext(k, m->n_head_kv, hd, m->n_rot, pt, base, fscale, m->rope_factors, m->rope_attn_factor,
-                            m->rope_neox, m->rope_ext_factor, m->n_ctx_orig, m->yarn_beta_fast, m->yarn_beta_slow);
+                if (own_kv)
+                    ed_rope_ext(k, n_kv, hd, L->n_rot, pt, base, fscale, ff, m->rope_attn_factor,
+                                m->rope_neox, m->rope_ext_factor, m->n_ctx_orig, m->yarn_beta_fast, m->yarn_beta_slow);
             }
-            if (rot_k) { ed_fwht(q, Qd, rot_k); ed_fwht(k, KVd, rot_k); }
-            if (rot_v) ed_fwht(v, KVd, rot_v);
+            if (rot_k) { ed_fwht(q, Qd, rot_k); if (own_kv) ed_fwht(k, KVd, rot_k); }
+            if (rot_v && own_kv) ed_fwht(v, KVd, rot_v);
             if (m->scale_q)  /* gemma3: q times attn_scale before it is rounded (F16 or q8_0) */
                 for (int i = 0; i < Qd; i++) q[i] *= m->attn_scale;
-            ed_kv_store(s->type_k, k, ed_layer_cache(s, 0, t, il) + (size_t)pt * s->k_row, KVd);
-            ed_kv_store(s->type_v, v, ed_layer_cache(s, 1, t, il) + (size_t)pt * s->v_row, KVd);
+            if (!own_kv) continue;
+            ed_kv_store(s->type_k, k, ed_layer_cache(s, 0, t, il) + (size_t)pt * ed_layer_row(s, 0, L), KVd);
+            ed_kv_store(s->type_v, v, ed_layer_cache(s, 1, t, il) + (size_t)pt * ed_layer_row(s, 1, L), KVd);
         }
         if (ith == 0) atomic_store_explicit(&s->attn_next, 0, memory_order_relaxed);
         ed_barrier(p);
@@ -1134,10 +1172,11 @@ static void ed_forward_worker(void *arg, int ith, int nth) {
             float *o = s->xb2 + t * E, *x = s->x + t * E;
             if (L->post_ffw_norm.data) ed_rms_norm(o, o, ed_vec(&L->post_ffw_norm), E, eps);
             for (int i = 0; i < E; i++) x[i] += o[i] * rs;
-            if (il + 1 < m->n_layer)  /* the next layer's attn_norm, while x is in cache */
+            if (il + 1 < m->n_layer && !ends)  /* the next layer's attn_norm, while x is in cache */
                 ed_rms_norm(s->xb + t * E, x, ed_vec(&m->layers[il + 1].attn_norm), E, eps);
         }
         ed_barrier(p);
+        if (ends) ed_layer_end(s, p, m, L, il, n, ith, nth);
         ED_MARK(prof_ns, ED_PROF_NORM);
     }
     const int compact = rows < s->n_tokens;  /* the wanted rows are at the front already */
@@ -1190,8 +1229,12 @@ static size_t ed_state_layout(ed_state *s, const ed_model *m, int n_ctx, int n_b
         if (arena) s->field = (type *)(arena + off); \
         off += ED_ALIGN(sizeof(type) * (size_t)(count)); } while (0)
     const size_t k_row = ed_kv_bytes(type_k, KVd), v_row = ed_kv_bytes(type_v, KVd);
-    CARVE(k_cache, uint8_t, (size_t)ed_n_kv_layers(m) * n_ctx * k_row);
-    CARVE(v_cache, uint8_t, (size_t)ed_n_kv_layers(m) * n_ctx * v_row);
+    /* each layer's rows at its own size, none for a layer reading another's (forward_layers.h) */
+    CARVE(kv_off, size_t, 2 * (size_t)m->n_layer);
+    size_t kv_rows[2];  /* bytes of one position's K rows and V rows, all layers */
+    ed_kv_offsets(m, type_k, type_v, arena ? s->kv_off : NULL, kv_rows);
+    CARVE(k_cache, uint8_t, (size_t)n_ctx * kv_rows[0]);
+    CARVE(v_cache, uint8_t, (size_t)n_ctx * kv_rows[1]);
     CARVE(x, float, (size_t)n_batch * E);
     CARVE(xb, float, (size_t)n_batch * XB);
     CARVE(xb2, float, (size_t)n_batch * E);
@@ -1202,7 +1245,10 @@ static size_t ed_state_layout(ed_state *s, const ed_model *m, int n_ctx, int n_b
     CARVE(qkv, float, (size_t)n_batch * QKVW);  /* q|k|v, a convolution's B|C|x, DeltaNet's rows */
     CARVE(rstate, float, (size_t)m->n_recr_layers * ed_recr_layer_floats(m));
     CARVE(gate, float, m->attn_gated_q ? (size_t)n_batch * Qd : 0);
-    CARVE(hb, float, (size_t)n_batch * 2 * F);
+    const int P = m->n_embd_per_layer;  /* gemma4's per-layer inputs: P-wide rows in hb too */
+    CARVE(hb, float, (size_t)n_batch * (2 * F > P ? 2 * F : P));
+    CARVE(ple, float, (size_t)n_batch * m->n_layer * P);
+    CARVE(ple_proj, float, (size_t)n_batch * m->n_layer * P);
     const size_t att_stride = ED_ALIGN(sizeof(float) * (ed_attn_ws_floats(hd, n_ctx) > (size_t)n_ctx
                                                         ? ed_attn_ws_floats(hd, n_ctx) : (size_t)n_ctx)) / sizeof(float);
     CARVE(att, float, (size_t)n_threads * att_stride);

@@ -23,6 +23,7 @@ cdef extern from "forward.h" nogil:
         int rope
         int conv
         int recr
+        int head_dim, n_head_kv, n_rot, n_ff, kv_src, rope_ff
         int kv
     ctypedef struct ed_layer_role:
         const char *name
@@ -33,8 +34,10 @@ cdef extern from "forward.h" nogil:
         int n_vocab, n_embd, n_layer, n_head, n_head_kv, head_dim, n_rot, n_swa
         int n_expert, n_expert_used, n_conv_layers
         int n_recr_layers, ssm_d_conv, ssm_d_state, ssm_n_group, ssm_dt_rank, ssm_d_inner
+        int n_embd_per_layer, n_ff
         float attn_scale
         ed_tensor token_embd, output_norm, output
+        ed_tensor per_layer_model_proj, per_layer_proj_norm
         const float *rope_factors
         ed_layer *layers
     ctypedef struct ed_hparam:
@@ -52,6 +55,7 @@ cdef extern from "forward.h" nogil:
         long long n_waits, n_parks, park_ns, n_nudges
         long long wake_hist[16]
     ctypedef struct ed_state:
+        const ed_model *m
         int n_ctx, n_batch, n_tokens, pos
         int type_k, type_v
         size_t k_row, v_row
@@ -59,6 +63,8 @@ cdef extern from "forward.h" nogil:
         uint8_t *v_cache
         float *conv_cache
         float *rstate
+        float *ple
+        size_t *kv_off
         float *x
         float *xb
         float *qkv
@@ -298,6 +304,11 @@ cdef class Pool:
             self.p = NULL
 
 
+# a layer dict's keys that are not tensor roles (ForwardModel.setup)
+_LAYER_KEYS = frozenset({"swa", "rope", "conv", "recr", "head_dim", "n_head_kv", "n_rot", "n_ff",
+                         "kv_src", "rope_ff"})
+
+
 cdef class ForwardModel:
     """C view of a validated model. Holds references to every array it points into."""
     cdef ed_model m
@@ -331,8 +342,11 @@ cdef class ForwardModel:
         layers: per layer a dict role -> (uint8 array, type, shape, row_bytes[, layout]) or None,
         plus 'swa', 'rope', 'conv' (1 + the layer's slot in the convolution cache, 0 for
         attention) and 'recr' (1 + its slot in the recurrent state: a DeltaNet layer); the other
-        layers get the K/V cache's slots in order;
-        globals_: token_embd/output_norm/output/rope."""
+        layers get the K/V cache's slots in order; optionally the layer's own sizes 'head_dim',
+        'n_head_kv', 'n_rot', 'n_ff' (default: the model's), 'kv_src' (the layer whose KV cache
+        it reads; default itself) and 'rope_ff' (the rope factors apply; default 1);
+        globals_: token_embd/output_norm/output/rope, and gemma4's
+        per_layer_model_proj/per_layer_proj_norm."""
         cdef int i, n_kv = 0
         m = &self.m
         _set_hparams(m, hp)
@@ -353,6 +367,8 @@ cdef class ForwardModel:
                 self._set(&m.output_norm, g)
             else:
                 self._set(&m.output, g)
+        self._set(&m.per_layer_model_proj, globals_.get("per_layer_model_proj"))
+        self._set(&m.per_layer_proj_norm, globals_.get("per_layer_proj_norm"))
         cdef const float[::1] rf
         if globals_.get("rope_factors") is not None:
             rf = globals_["rope_factors"]
@@ -373,11 +389,26 @@ cdef class ForwardModel:
             if not l.conv and not l.recr:  # the K/V cache holds the attention layers only
                 n_kv += 1
                 l.kv = n_kv
-            _check_roles(set(L) - {"swa", "rope", "conv", "recr"}, f"layer {i}: ")
+            l.head_dim, l.n_head_kv = L.get("head_dim", m.head_dim), L.get("n_head_kv", m.n_head_kv)
+            l.n_rot, l.n_ff = L.get("n_rot", m.n_rot), L.get("n_ff", m.n_ff)
+            l.kv_src, l.rope_ff = L.get("kv_src", i), L.get("rope_ff", 1)
+            if not (0 < l.head_dim <= m.head_dim and 0 < l.n_head_kv <= m.n_head_kv
+                    and m.n_head % l.n_head_kv == 0 and 0 <= l.n_rot <= min(l.head_dim, m.n_rot)
+                    and 0 <= l.n_ff <= m.n_ff):
+                raise ValueError(f"layer {i}: head_dim {l.head_dim}, n_head_kv {l.n_head_kv}, "
+                                 f"n_rot {l.n_rot}, n_ff {l.n_ff} outside the model's largest")
+            if not 0 <= l.kv_src <= i or (l.kv_src < i and (
+                    not l.kv or not self.layers[l.kv_src].kv or self.layers[l.kv_src].kv_src != l.kv_src
+                    or self.layers[l.kv_src].head_dim != l.head_dim)):
+                raise ValueError(f"layer {i}: KV source layer {l.kv_src} is not an earlier "
+                                 "attention layer with its own cache and the same head size")
+            _check_roles(set(L) - _LAYER_KEYS, f"layer {i}: ")
             for role, spec in L.items():
-                if role in ("swa", "rope", "conv", "recr") or spec is None:
+                if role in _LAYER_KEYS or spec is None:
                     continue
                 self._set(<ed_tensor *>(<char *>l + <size_t>_ROLE_OFFSET[role]), spec)
+        if m.n_embd_per_layer and (m.per_layer_model_proj.data == NULL or m.per_layer_proj_norm.data == NULL):
+            raise ValueError("n_embd_per_layer without per_layer_model_proj / per_layer_proj_norm")
         if len(layers) == m.n_layer and n_kv != ed_n_kv_layers(m):
             raise ValueError(f"{n_kv} attention layers, but {m.n_layer} layers less "
                              f"{m.n_conv_layers} convolution and {m.n_recr_layers} recurrent ones")
@@ -386,9 +417,10 @@ cdef class ForwardModel:
         for name, t in (("cache_type_k", type_k), ("cache_type_v", type_v)):
             if not 0 <= t < ED_NTYPES or not ed_kv_type_ok(t):
                 raise ValueError(f"{name}: ggml type {t} is not a KV cache type (f16, q8_0, q4_0)")
-            if t != 1 and self.m.head_dim % ED_TRAITS[t].block:
-                raise ValueError(f"{name}: head_dim {self.m.head_dim} is not a multiple of the "
-                                 f"type's block of {ED_TRAITS[t].block}")
+            for i in range(self.m.n_layer):
+                if t != 1 and self.m.layers[i].head_dim % ED_TRAITS[t].block:
+                    raise ValueError(f"{name}: head_dim {self.m.layers[i].head_dim} is not a "
+                                     f"multiple of the type's block of {ED_TRAITS[t].block}")
 
     def arena_bytes(self, int n_ctx, int n_batch, int n_threads, int type_k=1, int type_v=1):
         """Bytes of one session's arena; type_k/type_v: ggml type ids of the KV cache (1: f16)."""
@@ -447,10 +479,41 @@ cdef class ForwardState:
         """(type_k, type_v): ggml type ids of the KV cache."""
         return self.s.type_k, self.s.type_v
 
+    def kv_layers(self):
+        """[(k, v)] uint8 views (n_ctx, bytes of the layer's row) of each layer that stores
+        K/V, in layer order (a layer without attention, or attending over an earlier one's
+        cache, has none)."""
+        m = &self.model.m
+        cdef size_t nc = self.s.n_ctx, kr, vr
+        out = []
+        for il in range(m.n_layer):
+            if not m.layers[il].kv or m.layers[il].kv_src != il:
+                continue
+            d = m.layers[il].n_head_kv * m.layers[il].head_dim
+            kr = d // ED_TRAITS[self.s.type_k].block * ED_TRAITS[self.s.type_k].type_size
+            vr = d // ED_TRAITS[self.s.type_v].block * ED_TRAITS[self.s.type_v].type_size
+            out.append((np.asarray(<uint8_t[:nc * kr]> (self.s.k_cache + nc * self.s.kv_off[il])).reshape(nc, kr),
+                        np.asarray(<uint8_t[:nc * vr]> (self.s.v_cache + nc * self.s.kv_off[m.n_layer + il])).reshape(nc, vr)))
+        return out
+
+    def ple_rows(self):
+        """float32 (n_batch, n_layer * n_embd_per_layer) view: the per-layer token embedding
+        rows of the staged tokens go here (gemma4), empty without per-layer inputs."""
+        m = &self.model.m
+        if m.n_embd_per_layer == 0:
+            return np.zeros((self.s.n_batch, 0), np.float32)
+        return np.asarray(<float[:self.s.n_batch, :m.n_layer * m.n_embd_per_layer]> self.s.ple)
+
     def kv_cache(self):
         """(k, v) uint8 views (attention layers, n_ctx, bytes of a row) of the cache: a row is
-        one position's n_head_kv * head_dim values as f16 or as q8_0/q4_0 blocks (cache_types)."""
-        cdef size_t L = ed_n_kv_layers(&self.model.m)
+        one position's n_head_kv * head_dim values as f16 or as q8_0/q4_0 blocks (cache_types).
+        Only for a model whose attention layers' rows are alike (else kv_layers())."""
+        m = &self.model.m
+        for il in range(m.n_layer):
+            l = &m.layers[il]
+            if l.kv and (l.kv_src != il or l.head_dim != m.head_dim or l.n_head_kv != m.n_head_kv):
+                raise ValueError("the layers' K/V rows differ in size; kv_layers() views them")
+        cdef size_t L = ed_n_kv_layers(m)
         if L == 0:
             return (np.zeros((0, self.s.n_ctx, self.s.k_row), np.uint8),
                     np.zeros((0, self.s.n_ctx, self.s.v_row), np.uint8))

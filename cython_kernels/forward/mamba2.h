@@ -16,6 +16,23 @@
 #ifndef EDGED_MAMBA2_H
 #define EDGED_MAMBA2_H
 
+/* One row of the causal depthwise convolution over channels c0..c1: out[c] = silu(the last
+   taps - 1 inputs in the state st (taps - 1, C) and this row's raw[c], dotted with the
+   channel's taps w[c], + bias[c] if any); then raw[c] joins the state, the oldest input
+   leaves. Rows of a sequence must run in order. */
+static void ed_m2_conv_row(float *st, const float *raw, float *out, const float *w,
+                           const float *bias, int C, int taps, int64_t c0, int64_t c1) {
+    for (int64_t c = c0; c < c1; c++) {
+        const float *wc = w + (size_t)c * taps;
+        float sum = 0.0f;
+        for (int k = 0; k < taps - 1; k++) sum += st[(size_t)k * C + c] * wc[k];
+        sum += raw[c] * wc[taps - 1];
+        for (int k = 0; k + 1 < taps - 1; k++) st[(size_t)k * C + c] = st[(size_t)(k + 1) * C + c];
+        if (taps > 1) st[(size_t)(taps - 2) * C + c] = raw[c];
+        out[c] = ed_silu(bias ? sum + bias[c] : sum);
+    }
+}
+
 /* One row p of a head's state (N values): s = s dA + B xdt, returns s . C summed in 8 lanes
    then a fixed tree. Its own function with restrict pointers and size_t indices so that the
    compiler vectorizes it (it did not inlined, nor with int indices under -fwrapv). */
@@ -61,7 +78,7 @@ static void ed_mamba2(ed_state *s, ed_pool *p, const ed_model *m, const ed_layer
     int64_t c0, c1;
     ed_range(ch, ith, nth, &c0, &c1);
     for (int t = 0; t < n; t++)   /* the state's conv block (taps - 1, ch) first */
-        ed_recr_conv_row(ed_recr_state(s, m, L, t), r + (size_t)t * W + di,
+        ed_m2_conv_row(ed_recr_state(s, m, L, t), r + (size_t)t * W + di,
                          r + (size_t)t * W + dproj, w, cb, ch, taps, c0, c1);
     ed_barrier(p);
     /* the selective scan, heads split over threads; rows in order. y = (s . C + D x) silu(z) */

@@ -18,6 +18,12 @@
  *  - RoPE's rotation and the GELU table use the FMAs GCC forms from ggml's a*c - b*s,
  *    a*s + b*c and 1 + k*x*x (checked: the other pairing breaks the exact files);
  *  - RMSNorm squares in float and sums in double (forward.h).
+ *  - an encoder's Q8_0 x Q8_0 products (engine/encoder.py) in llama.cpp's x86 order
+ *    (ggml_vec_dot_q8_0_q8_0 and tinyBLAS alike): per block 8 integer lane sums of 4 products,
+ *    each FMA'd with the block's dw*dy into its own float lane, then the 8-lane tree. The
+ *    forward pass keeps edged's canonical order (docs/kernels.md); an embedding is compared
+ *    with llama.cpp's at cosine 1e-4, and there one differently rounded product flips an
+ *    activation block's F16 scale downstream (all-MiniLM-L6-v2 on "hello world": 0.9998).
  *
  * Products of two F16 values are exact in float, so an FMA and a multiply-then-add agree there;
  * the FMAs whose fusion changes results (expf, RoPE, the GELU table) are explicit fmaf() calls,
@@ -107,6 +113,32 @@ static inline float ed_pm_dot_f16(int n, const ed_half *x, const ed_half *y, int
     return (float)s;
 }
 
+/* bytes per block of a strip of 16 Q8_0 rows (the avx512+vnni products below, packed by
+ * ed_enc_pack_strip in encoder.h): 16 float scales, int32 [8][16], int8 [8][16][4] */
+#define ED_STRIP_BLOCK (16 * 4 + 8 * 16 * 4 + 8 * 16 * 4)
+
+/* the reduction tree of an 8-lane float register (ggml's hsum_float_8, tinyBLAS's hsum) */
+static inline float ed_pm_hsum8(const float *l) {
+    return ((l[0] + l[4]) + (l[2] + l[6])) + ((l[1] + l[5]) + (l[3] + l[7]));
+}
+
+/* W row . y over n values, both Q8_0 (y: the activations as ed_quant_q8_0 makes them), in
+ * llama.cpp's x86 order: lane l of a block sums the 4 products 4l..4l+3 exactly, then
+ * acc[l] = fma(dw * dy, lane, acc[l]) block by block, then ed_pm_hsum8 */
+static inline float ed_pm_dot_q8_0(int n, const void *vw, const void *vy) {
+    const blk_q8_0 *w = (const blk_q8_0 *)vw, *y = (const blk_q8_0 *)vy;
+    float acc[8] = {0};
+    for (int b = 0; b < n / QK; b++) {
+        const float d = ED_PM_F(w[b].d) * ED_PM_F(y[b].d);
+        for (int l = 0; l < 8; l++) {
+            int s = 0;
+            for (int j = 4 * l; j < 4 * l + 4; j++) s += w[b].qs[j] * y[b].qs[j];
+            acc[l] = fmaf(d, (float)s, acc[l]);
+        }
+    }
+    return ed_pm_hsum8(acc);
+}
+
 /* The same three steps with AVX2/FMA/F16C, for the x86 kernel paths. Lane for lane they do
  * the scalar code's operations (F16 -> float conversions are exact, the products of two F16
  * values are exact so fused and unfused multiply-adds agree, the reduction trees run on the
@@ -125,6 +157,101 @@ static inline float ED_PM_X86 ed_pm_hsum16_x86(__m256 lo, __m256 hi) {
     const __m128 b = _mm_add_ps(_mm256_extractf128_ps(a, 1), _mm256_castps256_ps128(a)); /* a[i+4] + a[i] */
     const __m128 c = _mm_add_ps(b, _mm_movehl_ps(b, b));                      /* b0+b2, b1+b3 */
     return _mm_cvtss_f32(_mm_add_ss(c, _mm_movehdup_ps(c)));
+}
+
+/* ed_pm_dot_q8_0 with llama.cpp's own instructions: |w| . sign(y, w) by maddubs, pairs by
+ * madd (exact integers), one FMA per block, its 8-lane tree */
+static float ED_PM_X86 ed_pm_dot_q8_0_x86(int n, const void *vw, const void *vy) {
+    const blk_q8_0 *w = (const blk_q8_0 *)vw, *y = (const blk_q8_0 *)vy;
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256 acc = _mm256_setzero_ps();
+    for (int b = 0; b < n / QK; b++) {
+        const __m256i qw = _mm256_loadu_si256((const __m256i *)w[b].qs);
+        const __m256i qy = _mm256_loadu_si256((const __m256i *)y[b].qs);
+        const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(qw, qw), _mm256_sign_epi8(qy, qw)), ones);
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(ED_PM_F(w[b].d) * ED_PM_F(y[b].d)), _mm256_cvtepi32_ps(p), acc);
+    }
+    __m128 r = _mm_add_ps(_mm256_extractf128_ps(acc, 1), _mm256_castps256_ps128(acc));
+    r = _mm_add_ps(r, _mm_movehl_ps(r, r));
+    return _mm_cvtss_f32(_mm_add_ss(r, _mm_movehdup_ps(r)));
+}
+
+/* out[c * ldo + r] = W[r] . Y[c] (ed_pm_dot_q8_0's bits) for 4 weight rows (w, stride ws
+ * bytes) and 2 activation rows (y, stride ys): 8 independent FMA chains, so the FMA latency
+ * does not bound one dot's chain of blocks. */
+static void ED_PM_X86 ed_pm_tile_q8_0_x86(int n, const uint8_t *w, size_t ws, const uint8_t *y, size_t ys,
+                                          float *out, size_t ldo) {
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256 acc[2][4];
+    for (int c = 0; c < 2; c++) for (int r = 0; r < 4; r++) acc[c][r] = _mm256_setzero_ps();
+    for (int b = 0; b < n / QK; b++) {
+        __m256i qw[4];
+        float dw[4];
+        for (int r = 0; r < 4; r++) {
+            const blk_q8_0 *wb = (const blk_q8_0 *)(w + r * ws) + b;
+            qw[r] = _mm256_loadu_si256((const __m256i *)wb->qs);
+            dw[r] = ED_PM_F(wb->d);
+        }
+        for (int c = 0; c < 2; c++) {
+            const blk_q8_0 *yb = (const blk_q8_0 *)(y + c * ys) + b;
+            const __m256i qy = _mm256_loadu_si256((const __m256i *)yb->qs);
+            const float dy = ED_PM_F(yb->d);
+            for (int r = 0; r < 4; r++) {
+                const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(qw[r], qw[r]),
+                                                                         _mm256_sign_epi8(qy, qw[r])), ones);
+                acc[c][r] = _mm256_fmadd_ps(_mm256_set1_ps(dw[r] * dy), _mm256_cvtepi32_ps(p), acc[c][r]);
+            }
+        }
+    }
+    for (int c = 0; c < 2; c++)
+        for (int r = 0; r < 4; r++) {
+            __m128 h = _mm_add_ps(_mm256_extractf128_ps(acc[c][r], 1), _mm256_castps256_ps128(acc[c][r]));
+            h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+            out[c * ldo + r] = _mm_cvtss_f32(_mm_add_ss(h, _mm_movehdup_ps(h)));
+        }
+}
+
+/* The same products with 16 weight rows as the lanes of AVX-512 registers (avx512+vnni):
+ * llama.cpp's lane l of a row is one dpbusd of 4 bytes per row, so a strip of 16 rows keeps
+ * 8 accumulators, one per lane, and the 8-lane tree runs across them at the end. A strip
+ * (ed_enc_pack_strip, encoder.h) holds per block ED_STRIP_BLOCK bytes: the 16 rows' scales as
+ * float, -128 x each lane's weight sum (int32 [8][16]), the weights (int8 [8][16][4]); the
+ * activations come lifted to unsigned (q + 128, the weight sums take the 128 back out, so the
+ * integer sums are exact) with their scales as float. */
+#define ED_PM_Z __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,fma,f16c")))
+
+static inline void ED_PM_Z ed_pm_strip_nc_z(const int nc, int nb, const uint8_t *strip, const uint8_t *a, size_t as,
+                                            const float *dy, size_t ds, float *out, size_t ldo, int nr) {
+    __m512 acc[2][8];
+    for (int c = 0; c < nc; c++) for (int g = 0; g < 8; g++) acc[c][g] = _mm512_setzero_ps();
+    for (int b = 0; b < nb; b++) {  /* hot loop */
+        const uint8_t *sb = strip + (size_t)b * ED_STRIP_BLOCK;
+        const __m512 dw = _mm512_loadu_ps((const float *)sb);
+        for (int c = 0; c < nc; c++) {
+            const __m512 d = _mm512_mul_ps(dw, _mm512_set1_ps(dy[c * ds + b]));
+            const uint8_t *ab = a + c * as + (size_t)b * QK;
+            for (int g = 0; g < 8; g++) {
+                int32_t a4; memcpy(&a4, ab + 4 * g, 4);
+                const __m512i p = _mm512_dpbusd_epi32(_mm512_loadu_si512(sb + 64 + 64 * g), _mm512_set1_epi32(a4),
+                                                      _mm512_loadu_si512(sb + 576 + 64 * g));
+                acc[c][g] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(p), acc[c][g]);
+            }
+        }
+    }
+    const __mmask16 m = (__mmask16)((1u << nr) - 1);
+    for (int c = 0; c < nc; c++) {
+        const __m512 r = _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(acc[c][0], acc[c][4]), _mm512_add_ps(acc[c][2], acc[c][6])),
+                                       _mm512_add_ps(_mm512_add_ps(acc[c][1], acc[c][5]), _mm512_add_ps(acc[c][3], acc[c][7])));
+        _mm512_mask_storeu_ps(out + c * ldo, m, r);
+    }
+}
+
+/* out[c * ldo + r] for the strip's first nr rows and nc tokens (a + c * as, dy + c * ds) */
+static void ED_PM_Z ed_pm_strip_q8_0_z(int nb, const uint8_t *strip, const uint8_t *a, size_t as, const float *dy,
+                                       size_t ds, int nc, float *out, size_t ldo, int nr) {
+    int c = 0;
+    for (; c + 2 <= nc; c += 2) ed_pm_strip_nc_z(2, nb, strip, a + c * as, as, dy + c * ds, ds, out + c * ldo, ldo, nr);
+    if (c < nc) ed_pm_strip_nc_z(1, nb, strip, a + c * as, as, dy + c * ds, ds, out + c * ldo, ldo, nr);
 }
 
 static float ED_PM_X86 ed_pm_dot_f16_x86(int n, const ed_half *x, const ed_half *y, int batch) {
@@ -387,7 +514,13 @@ static float ED_PM_X86 ed_pm_dot_f16_row_x86(int n, const ed_half *x, const ed_h
 }
 #define ED_PM_FNS_X86 {.dot_f16 = ed_pm_dot_f16_row_x86, .expf_sub = ed_pm_expf_sub_x86, \
                        .f16_row = ed_pm_f16_row_x86, .silu_mul = ed_pm_silu_mul_x86, \
-                       .round_scale = ed_pm_round_scale_x86}
+                       .round_scale = ed_pm_round_scale_x86, .dot_q8_0 = ed_pm_dot_q8_0_x86, \
+                       .tile_q8_0 = ed_pm_tile_q8_0_x86}
+/* avx512+vnni: the same and the strips of 16 rows */
+#define ED_PM_FNS_X86_Z {.dot_f16 = ed_pm_dot_f16_row_x86, .expf_sub = ed_pm_expf_sub_x86, \
+                         .f16_row = ed_pm_f16_row_x86, .silu_mul = ed_pm_silu_mul_x86, \
+                         .round_scale = ed_pm_round_scale_x86, .dot_q8_0 = ed_pm_dot_q8_0_x86, \
+                         .tile_q8_0 = ed_pm_tile_q8_0_x86, .strip_q8_0 = ed_pm_strip_q8_0_z}
 #elif defined(__aarch64__)
 static float ed_pm_dot_f16_row_neon(int n, const ed_half *x, const ed_half *y) {
     return ed_pm_dot_f16_neon(n, x, y, 0);
@@ -435,6 +568,19 @@ static inline void ed_pm_gelu_row(const ed_pm_fns *pm, int n, float *x, const fl
 static inline void ed_pm_silu_mul(const ed_pm_fns *pm, int n, float *g, const float *u) {
     if (pm->silu_mul) { pm->silu_mul(n, g, u); return; }
     for (int i = 0; i < n; i++) g[i] = ed_pm_silu(g[i]) * u[i];
+}
+
+static inline float ed_pm_dot_q8(const ed_pm_fns *pm, int n, const void *w, const void *y) {
+    if (pm->dot_q8_0) return pm->dot_q8_0(n, w, y);
+    return ed_pm_dot_q8_0(n, w, y);
+}
+
+/* ed_pm_dot_q8 of 4 weight rows x 2 activation rows: out[c * ldo + r] */
+static inline void ed_pm_tile_q8(const ed_pm_fns *pm, int n, const uint8_t *w, size_t ws, const uint8_t *y,
+                                 size_t ys, float *out, size_t ldo) {
+    if (pm->tile_q8_0) { pm->tile_q8_0(n, w, ws, y, ys, out, ldo); return; }
+    for (int c = 0; c < 2; c++)
+        for (int r = 0; r < 4; r++) out[c * ldo + r] = ed_pm_dot_q8(pm, n, w + r * ws, y + c * ys);
 }
 
 static inline void ed_pm_round_scale(const ed_pm_fns *pm, int n, float *x, float s) {

@@ -364,19 +364,19 @@ static const ed_rows_fn ED_NO_ROWS[ED_NTYPES] = {NULL};
 /* the paths this build knows, best first (ed_types_init takes the first the CPU runs) */
 #if defined(__x86_64__)
 /* the rows one x86 build of ed_simd_x86.inc made (its prefix P) */
-#define ED_X86_BUILD(P) .dot = ed_##P##_dot, .quant = ed_##P##_quant, .tile = ed_##P##_tile, \
+#define ED_X86_BUILD(P, PM) .dot = ed_##P##_dot, .quant = ed_##P##_quant, .tile = ed_##P##_tile, \
     .rows = ed_##P##_rows, .rows_r4 = ed_##P##_rows_r4, .axpy_f16 = ed_##P##_axpy_f16, \
-    .rows_n = ED_X86_ROWS_N, .pm = ED_PM_FNS_X86
+    .rows_n = ED_X86_ROWS_N, .pm = PM
 #endif
 static const ed_kernels ED_PATHS[] = {
 #if defined(__x86_64__)
-    {.family = "avx512", .name = "avx512+vnni", .need = ED_NEED_AVX512 | ED_CPU_AVX512VNNI, ED_X86_BUILD(avx512),
+    {.family = "avx512", .name = "avx512+vnni", .need = ED_NEED_AVX512 | ED_CPU_AVX512VNNI, ED_X86_BUILD(avx512, ED_PM_FNS_X86_Z),
      .gemm = &ED_AVX512V_GEMM, .attn = ed_z_attn, .sample = &ED_SAMPLE_AVX512},
-    {.family = "avx512", .name = "avx512", .need = ED_NEED_AVX512, ED_X86_BUILD(avx512nv),
+    {.family = "avx512", .name = "avx512", .need = ED_NEED_AVX512, ED_X86_BUILD(avx512nv, ED_PM_FNS_X86),
      .gemm = &ed_avx512nv_gemm_path, .attn = ed_z_attn, .sample = &ED_SAMPLE_AVX512},
-    {.family = "avx2", .name = "avx2+vnni", .need = ED_NEED_AVX2 | ED_CPU_AVXVNNI, ED_X86_BUILD(avx2vnni),
+    {.family = "avx2", .name = "avx2+vnni", .need = ED_NEED_AVX2 | ED_CPU_AVXVNNI, ED_X86_BUILD(avx2vnni, ED_PM_FNS_X86),
      .gemm = &ed_avx2vnni_gemm_path, .attn = ed_avx2_attn, .sample = &ED_SAMPLE_AVX2},
-    {.family = "avx2", .name = "avx2", .need = ED_NEED_AVX2, ED_X86_BUILD(avx2),
+    {.family = "avx2", .name = "avx2", .need = ED_NEED_AVX2, ED_X86_BUILD(avx2, ED_PM_FNS_X86),
      .gemm = &ed_avx2_gemm_path, .attn = ed_avx2_attn, .sample = &ED_SAMPLE_AVX2},
 #elif defined(__aarch64__)
     {.family = "neon", .name = "neon+dotprod", .need = ED_CPU_NEON | ED_CPU_DOTPROD,

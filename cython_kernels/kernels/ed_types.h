@@ -597,6 +597,11 @@ typedef struct {
     void (*f16_row)(int n, const float *x, ed_half *y);                     /* rounding to F16 */
     void (*silu_mul)(int n, float *g, const float *u);                      /* SwiGLU */
     void (*round_scale)(int n, float *x, float s);                          /* the F16 softmax row */
+    float (*dot_q8_0)(int n, const void *w, const void *y);                 /* an encoder's Q8_0 product */
+    void (*tile_q8_0)(int n, const uint8_t *w, size_t ws, const uint8_t *y, size_t ys,
+                      float *out, size_t ldo);                          /* 4 rows x 2 of them */
+    void (*strip_q8_0)(int nb, const uint8_t *strip, const uint8_t *a, size_t as, const float *dy,
+                       size_t ds, int nc, float *out, size_t ldo, int nr);  /* 16 rows as lanes */
 } ed_pm_fns;
 struct ed_sample_fns;  /* the sampler's passes over the vocabulary (ed_sample.h) */
 

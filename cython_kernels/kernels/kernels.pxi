@@ -516,6 +516,7 @@ def attention(float[:, ::1] out, float[:, ::1] q, uint16_t[:, ::1] k_cache,
     cdef ed_model m
     cdef ed_layer layer
     cdef ed_state s
+    cdef size_t kv_off[2]
     memset(&m, 0, sizeof(m)); memset(&layer, 0, sizeof(layer)); memset(&s, 0, sizeof(s))
     att = aligned_empty(max(ed_attn_ws_floats(hd, n_ctx), <size_t>n_ctx), np.float32)
     qh = np.empty(hd, np.uint16)
@@ -524,7 +525,10 @@ def attention(float[:, ::1] out, float[:, ::1] q, uint16_t[:, ::1] k_cache,
     cdef uint16_t[::1] qhv = qh
     cdef float[::1] vaccv = vacc
     m.head_dim = hd; m.n_head = n_head; m.n_head_kv = n_head_kv; m.attn_scale = scale
-    m.n_swa = n_swa; m.n_layer = 1; layer.swa = n_swa > 0; m.layers = &layer
+    m.n_swa = n_swa; m.n_layer = 1; layer.swa = n_swa > 0; layer.kv = 1; m.layers = &layer
+    layer.head_dim = hd; layer.n_head_kv = n_head_kv; layer.kv_src = 0  # the layer's own sizes
+    kv_off[0] = kv_off[1] = 0   # one layer: its K and V rows start at 0
+    s.m = &m; s.kv_off = kv_off  # read through the state (ed_layer_cache)
     if sinks is not None:
         layer.attn_sinks.data = <const uint8_t *>&sinks[0]
     s.n_ctx = n_ctx; s.n_tokens = n; s.pos = pos

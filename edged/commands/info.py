@@ -58,7 +58,7 @@ def model_info(path, ctx_sizes=None, cache=None):
         # gemma3n runs on the reference backend only (the compiled pass refuses it)
         cls = backend_class("reference" if spec.gemma3n else None)
         ctxs = ctx_sizes or sorted({512, 4096, hp.n_ctx_train})
-        cache.check(hp.head_dim)
+        cache.check(hp.head_dim_layers or hp.head_dim)
         mem = []
         for n in ctxs:
             bp = cls.plan_for(spec, n, min(512, n), cache)
@@ -185,6 +185,15 @@ def run(args):
               f"a token reads one row of it); layers {g['shared_kv_layers']} attend to "
               f"layers {g['kv_sources']}'s K/V; runs on the {g['backend']} backend only (float32 "
               f"copies of the weights: {mib(g['backend_weight_copies_bytes'])} more)")
+    if hp.get("head_dim_layers"):
+        shared = [il for il, src in enumerate(hp["kv_layers"]) if src != il]
+        print(f"per layer: head_dim {hp['head_dim_layers']}, kv heads {hp['n_head_kv_layers']}, "
+              f"n_rot {hp['n_rot_layers']}, n_ff {hp['n_ff_layers']}; the KV cache holds each "
+              f"layer's rows at its size" + (f", none for layers {shared} (they attend to layers "
+              f"{[hp['kv_layers'][il] for il in shared]}'s)" if shared else ""))
+    if hp.get("n_embd_per_layer"):
+        print(f"per-layer inputs {hp['n_embd_per_layer']} wide per layer (a token reads one row "
+              "of per_layer_token_embd)")
     if hp.get("n_recr_layers"):
         recr = [i for i, r in enumerate(hp["recr_layers"]) if r]
         kind = (f"Mamba-2 on layers {recr} ({hp['ssm_dt_rank']} heads of "

@@ -22,7 +22,7 @@ import numpy as np
 from ..errors import MetadataValueError, UnsupportedModelError
 from ..format.gguf import GGMLType, Key, TYPE_INFO, check_number
 from ..format.quants import SUPPORTED
-from . import gemma3n, granitehybrid
+from . import gemma3n, gemma4, granitehybrid
 
 # Weight types the engine runs: the format layer's table of block layouts (edged.format.quants;
 # the compiled kernels' list, core.supported_types(), is checked against it by the tests).
@@ -85,6 +85,9 @@ class Arch:
     # recurrent state per sequence); the others are gated attention: attn_q gives each head's
     # query and a gate (q | gate per head), the output is multiplied by sigmoid(gate)
     deltanet: bool = False
+    # gemma4: head size, KV heads, rotary dims and FFN width per layer, shared KV layers,
+    # per-layer embeddings (edged/engine/gemma4.py reads its keys and tensors)
+    per_layer_dims: bool = False
 
 
 ARCHS = {
@@ -118,6 +121,8 @@ ARCHS = {
     # qwen35 with routed experts (softmax, the top k renormalised) and a gated shared expert
     "qwen35moe": Arch("qwen35moe", ROPE_NEOX, qk_norm=True, deltanet=True, moe=True,
                       moe_norm_w=True, shared_expert=True, ffn_norm_tensor="post_attention_norm"),
+    "gemma4": Arch("gemma4", ROPE_NEOX, qk_norm=True, sandwich_norm=True, embd_scale=True,
+                   act="gelu", per_layer_dims=True),
 }
 # llama.cpp's YaRN defaults (ggml_rope_yarn_corr_dims); it reads no beta keys for these archs
 YARN_BETA_FAST, YARN_BETA_SLOW = 32.0, 1.0
@@ -201,6 +206,30 @@ class HParams:
     n_recr_layers: int = 0
     recr_layers: tuple = field(default=(), metadata=NOT_COMPILED)
     attn_gated_q: bool = False
+    # per layer (gemma4): head size, KV heads, rotary dims, FFN width; () when every layer has
+    # the model's (head_dim, n_head_kv, n_rot, n_ff are then the largest, for scratch sizes)
+    head_dim_layers: tuple = field(default=(), metadata=NOT_COMPILED)
+    n_head_kv_layers: tuple = field(default=(), metadata=NOT_COMPILED)
+    n_rot_layers: tuple = field(default=(), metadata=NOT_COMPILED)
+    n_ff_layers: tuple = field(default=(), metadata=NOT_COMPILED)
+    n_embd_per_layer: int = 0     # per-layer embeddings' width (gemma4 E2B/E4B; 0: none)
+    v_norm: bool = False          # V is RMS-normed without a weight (gemma4)
+
+    def layer_dims(self, il):
+        """(head_dim, n_head_kv, n_rot, n_ff) of layer il."""
+        if self.head_dim_layers:
+            return (self.head_dim_layers[il], self.n_head_kv_layers[il], self.n_rot_layers[il],
+                    self.n_ff_layers[il])
+        return self.head_dim, self.n_head_kv, self.n_rot, self.n_ff
+
+    def kv_dims(self):
+        """Values of one position's K (and V) row per layer; 0 for a layer without attention
+        (kv_slots) or one that attends over an earlier layer's cache (gemma4's shared KV
+        layers)."""
+        src = self.kv_layers or range(self.n_layer)
+        return tuple(0 if slot is None or src[il] != il else
+                     self.layer_dims(il)[0] * self.layer_dims(il)[1]
+                     for il, slot in enumerate(self.kv_slots))
 
     @property
     def ssm_conv_dim(self):
@@ -300,6 +329,12 @@ class LayerTensors:
     ssm_in: str | None = None
     ssm_conv1d_b: str | None = None
     ssm_d: str | None = None
+    # gemma4: per-layer embeddings' gate (n_embd, P), projection (P, n_embd) and its norm;
+    # a scalar multiplying the layer's output
+    per_layer_inp_gate: str | None = None
+    per_layer_proj: str | None = None
+    per_layer_post_norm: str | None = None
+    layer_output_scale: str | None = None
 
 
 @dataclass(frozen=True)
@@ -316,6 +351,7 @@ class Spec:
     tensors: dict = field(repr=False)  # name -> TensorInfo of every tensor the model uses
     gemma3n: gemma3n.Tensors | None = None  # AltUp / LAuReL / per-layer inputs (gemma3n)
     granitehybrid: granitehybrid.Params | None = None  # Mamba-2 layers' shape (granitehybrid)
+    per_layer_inputs: gemma4.PerLayerInputs | None = None  # gemma4's per-layer embeddings
 
     @property
     def tied_embeddings(self):
@@ -327,7 +363,8 @@ class Spec:
         hp, total = self.hp, 0
         for name, t in self.tensors.items():
             if name == self.token_embd and not self.tied_embeddings or (
-                    self.gemma3n and name == self.gemma3n.per_layer_token_embd):
+                    self.gemma3n and name == self.gemma3n.per_layer_token_embd) or (
+                    self.per_layer_inputs and name == self.per_layer_inputs.token_embd):
                 total += t.nbytes // hp.n_vocab
             elif name.endswith(("_exps.weight", "_exps.bias")):
                 total += t.nbytes * hp.n_expert_used // hp.n_expert
@@ -500,6 +537,8 @@ def _deltanet(m, n_layer, n_embd, n_rot):
 
 def hparams(metadata, arch_name, n_vocab):
     a = ARCHS[arch_name]
+    if a.per_layer_dims:
+        return HParams(**gemma4.hparam_fields(metadata, n_vocab))
     m = _Meta(metadata, arch_name)
     n_embd = m.get(Key.EMBEDDING_LENGTH, required=True)
     n_layer = m.get(Key.BLOCK_COUNT, required=True)
@@ -725,6 +764,11 @@ def validate(metadata, tensors, n_vocab_tokenizer=None, log=None):
     output_norm = T.get(a.output_norm_tensor + ".weight", (E,), vector=True)
     output = T.get("output.weight", (E, V), required=False) or token_embd
 
+    if a.per_layer_dims:
+        rope_freqs, layers, ple = gemma4.tensors(T.get, hp, LayerTensors)
+        return Spec(arch=a, hp=hp, token_embd=token_embd, output_norm=output_norm, output=output,
+                    rope_freqs=rope_freqs, rope_long=None, rope_short=None, layers=layers,
+                    tensors=dict(T.used), per_layer_inputs=ple)
     R = (hp.n_rot // 2,)
     rope_freqs = T.get("rope_freqs.weight", R, required=False, vector=True)
     rope_long = rope_short = None

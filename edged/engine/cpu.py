@@ -8,6 +8,7 @@ activations, logits).
 from __future__ import annotations
 
 import dataclasses
+import errno
 import time
 
 import numpy as np
@@ -80,7 +81,7 @@ class CPUBackend(Backend):
             raise UnsupportedModelError(
                 "gemma3n (AltUp, LAuReL, per-layer inputs) is not in the compiled forward pass "
                 "yet; EDGED_BACKEND=reference runs it (slowly)")
-        cache.check(spec.hp.head_dim)
+        cache.check(spec.hp.head_dim_layers or spec.hp.head_dim)
         core = _require_core()
         core.check_fields(spec.hp, _ROLES)  # the C model takes both by name: a mismatch fails the load
         self._dequantize = dequantize
@@ -117,15 +118,24 @@ class CPUBackend(Backend):
             d = {"swa": int(hp.swa_layers[il]), "rope": int(hp.rope_layers[il]),
                  "conv": next(conv_slots) if hp.conv_layers and hp.conv_layers[il] else 0,
                  "recr": next(recr_slots) if hp.recr_layers and hp.recr_layers[il] else 0}
+            if hp.head_dim_layers:  # gemma4: the layer's own sizes, KV source, rope factors
+                d.update(zip(("head_dim", "n_head_kv", "n_rot", "n_ff"), hp.layer_dims(il)),
+                         kv_src=hp.kv_layers[il], rope_ff=int(not hp.swa_layers[il]))
             for role in _ROLES:
                 name = getattr(L, role)
-                d[role] = (vector(name) if role.endswith(("norm", "bias", "sinks", "conv"))
+                d[role] = (vector(name) if role.endswith(("norm", "bias", "sinks", "conv", "scale"))
                            or role in ("ssm_conv1d", "ssm_conv1d_b", "ssm_dt", "ssm_a", "ssm_d")
                            else matrix(name))
             layers.append(d)
         self._factors_ctx = {}
         g = {"token_embd": matrix(spec.token_embd), "output_norm": vector(spec.output_norm),
              "output": matrix(spec.output), "rope_factors": None}
+        ple = spec.per_layer_inputs
+        if ple:  # gemma4: the per-layer inputs' projection and norm; their embedding rows below
+            g.update(per_layer_model_proj=matrix(ple.model_proj),
+                     per_layer_proj_norm=vector(ple.proj_norm))
+            self._ple_type = int(spec.tensors[ple.token_embd].type)
+            self._ple_bytes = np.asarray(weights[ple.token_embd]).reshape(-1)
         # the matrices the path's kernels read in another layout: copied once, mapping released
         self.repacked = repack.apply(core, spec, layers, g, repack.mode_from_env(),
                                      experts=resident_experts)
@@ -178,6 +188,7 @@ class CPUBackend(Backend):
             per_tok += 4 * (hp.n_expert + 4 * hp.n_expert_used + E + hp.n_expert_used * E)
         logits = 4 * min(n_batch, 32) * hp.n_vocab  # ED_MAX_LOGIT_ROWS rows
         per_tok += 40  # the row's position, context, cache and state pointers (a batch of sessions)
+        per_tok += 8 * hp.n_layer * hp.n_embd_per_layer  # gemma4's per-layer inputs, projected
         # attention scratch per thread: every key's score for a block of 32 query rows
         # (ed_attn_ws_floats), the queries, the lane rows of the V sums
         att = 4 * (32 * (n_ctx + 32 + hp.head_dim) + 4 * hp.head_dim + 80 * hp.head_dim + 64)
@@ -211,6 +222,9 @@ class CPUBackend(Backend):
         _core.dequantize_rows(inp, self._embd_bytes, self._embd_type, toks)
         if self.spec.hp.embd_scale != 1.0:
             inp *= np.float32(self.spec.hp.embd_scale)
+        if self.spec.per_layer_inputs:  # (n, n_layer * P): scaled and combined in the pass
+            _core.dequantize_rows(buf.state.ple_rows()[:len(toks)], self._ple_bytes,
+                                  self._ple_type, toks)
         if rows is not None:
             inp[rows[0]] = rows[1]
 
@@ -251,15 +265,18 @@ class CPUBackend(Backend):
         return (_core.__file__,)
 
     def kv_cache(self, buf):
+        if self.spec.hp.head_dim_layers:  # prompt-cache files hold rows of one size (statefile.py)
+            raise OSError(errno.EOPNOTSUPP, f"prompt-cache files do not hold {self.spec.arch.name}'s "
+                          "per-layer K/V row sizes yet; nothing written")
         return buf.state.kv_cache()
 
     def conv_cache(self, buf):
         return buf.state.conv_cache()
 
     def copy_kv(self, dst, src, n):
-        for d, s in zip((*dst.state.kv_cache(), dst.state.conv_cache()),
-                        (*src.state.kv_cache(), src.state.conv_cache())):
-            d[:, :n] = s[:, :n]     # (layers, n_ctx, row bytes): the first n positions
+        for d, s in zip(dst.state.kv_layers(), src.state.kv_layers()):
+            d[0][:n], d[1][:n] = s[0][:n], s[1][:n]  # (n_ctx, row bytes): the first n positions
+        dst.state.conv_cache()[:, :n] = src.state.conv_cache()[:, :n]
         if src.recurrent:
             dst.recurrent.copy_from(src.recurrent)
 

@@ -18,6 +18,13 @@ product's bias folded in, GELU through llama.cpp's F16 table or the SiLU gate, R
 non-causal attention; Python makes about ten calls per layer. Without the compiled core
 (EDGED_BACKEND=reference, only when asked) the same pass runs in NumPy over dequantized
 weights: `_layer_reference`, the slow twin the tests hold the compiled path to.
+
+Q8_0 weights multiply in llama.cpp's x86 order (edged._core.enc_matmul_q8_0: per block 8 lanes
+of 4 integer products, one FMA each, then the 8-lane tree), not the forward pass's canonical
+order (docs/kernels.md), on every kernel path. Embeddings are compared with llama.cpp's at
+cosine 1e-4, and there one product rounded 1 ulp apart can flip the F16 scale of an activation
+block downstream: all-MiniLM-L6-v2 amplified one such flip in layer 0 to cosine 0.9998 on
+"hello world" (0.99996 in llama.cpp's order, as close as llama.cpp itself comes).
 """
 from __future__ import annotations
 
@@ -29,7 +36,7 @@ import numpy as np
 from .arch import SUPPORTED_TYPES, VECTOR_TYPES, _Meta
 from .reference import gelu_ggml, rope, silu
 from ..errors import RequestError, UnsupportedModelError
-from ..format.gguf import TYPE_INFO, Key
+from ..format.gguf import TYPE_INFO, GGMLType, Key
 from ..format.quants import dequantize
 
 # llama.cpp's llama_pooling_type values as GGUF `<arch>.pooling_type` stores them
@@ -235,7 +242,10 @@ class Encoder:
         else:
             raw, qtype, shape = w
             y = np.empty((x.shape[0], shape[1]), np.float32)
-            self._core.matmul(y, raw, qtype, np.ascontiguousarray(x), self._pool)
+            if qtype == GGMLType.Q8_0:      # llama.cpp's order: see the module docstring
+                self._core.enc_matmul_q8_0(y, raw, np.ascontiguousarray(x), self._pool)
+            else:
+                self._core.matmul(y, raw, qtype, np.ascontiguousarray(x), self._pool)
         b = self._vec.get(bias) if bias else None
         return y + b if b is not None else y
 

@@ -16,10 +16,10 @@ What sets it apart from Gemma 3, all per layer:
   + per_layer_token_embd[token] * sqrt(P)) / sqrt(2), split into n_layer slices of P;
 - `layer_output_scale` (one value) multiplies each layer's output; the logits are soft-capped.
 
-The compiled backend does not run this architecture yet (its cache and attention kernels take
-one head size for all layers), so arch.validate still refuses `gemma4`; this module is the
-reference the compiled pass will be checked against. Mixture-of-experts files (26B-A4B) are
-refused by name.
+arch.validate reads a file through `hparam_fields` and `tensors` below; the compiled pass
+(cython_kernels/forward/forward.h, forward_layers.h) takes the per-layer sizes from its layer
+descriptors. `forward` is the NumPy reference it is checked against (the reference backend does
+not run gemma4). Mixture-of-experts files (26B-A4B) are refused by name.
 """
 from __future__ import annotations
 
@@ -31,7 +31,6 @@ import numpy as np
 from ..errors import MetadataValueError, UnsupportedModelError
 from ..format.gguf import Key, check_number
 from ..format.quants import dequantize
-from .reference import gelu_ggml, rms_norm, rope, softmax
 
 ARCH = "gemma4"
 
@@ -201,10 +200,82 @@ def _mm(x, w):
     return (x.astype(np.float32) @ w.T).astype(np.float64)
 
 
+@dataclass(frozen=True)
+class PerLayerInputs:
+    """The per-layer embeddings' global tensors (names): per_layer_token_embd (P * n_layer,
+    n_vocab), per_layer_model_proj (n_embd, P * n_layer), per_layer_proj_norm (P)."""
+    token_embd: str
+    model_proj: str
+    proj_norm: str
+
+
+def hparam_fields(md, n_vocab):
+    """arch.HParams's fields for a gemma4 file: the per-layer tables, and the largest head,
+    KV head count, rotary size and FFN width as the model's (the compiled pass sizes its
+    scratch by them)."""
+    hp = hparams(md, n_vocab)
+    L = hp.n_layer
+    heads = tuple(hp.head(il) for il in range(L))
+    rots = tuple(hp.n_rot_swa if hp.swa_layers[il] else hp.n_rot for il in range(L))
+    return dict(
+        n_vocab=n_vocab, n_ctx_train=_key(md, Key.CONTEXT_LENGTH, int, lo=1), n_embd=hp.n_embd,
+        n_ff=max(hp.n_ff), n_layer=L, n_head=hp.n_head, n_head_kv=max(hp.n_head_kv),
+        head_dim=max(heads), head_dim_v=max(heads), n_rot=max(rots),
+        rope_freq_base=hp.rope_freq_base, rope_freq_scale=1.0,
+        rope_freq_base_swa=hp.rope_freq_base_swa, rope_freq_scale_swa=1.0,
+        rope_ext_factor=0.0, yarn_beta_fast=32.0, yarn_beta_slow=1.0, rope_attn_factor=1.0,
+        n_ctx_orig=_key(md, Key.CONTEXT_LENGTH, int, lo=1), rms_eps=hp.rms_eps,
+        n_swa=hp.n_swa, swa_layers=hp.swa_layers, attn_scale=1.0,
+        embd_scale=math.sqrt(hp.n_embd), final_logit_softcap=hp.final_logit_softcap,
+        rope_layers=(True,) * L, kv_layers=tuple(hp.kv_layer(il) for il in range(L)),
+        rope_neox=True, act_gelu=True,
+        head_dim_layers=heads, n_head_kv_layers=hp.n_head_kv, n_rot_layers=rots,
+        n_ff_layers=hp.n_ff, n_embd_per_layer=hp.n_embd_per_layer, v_norm=True)
+
+
+def tensors(get, hp, layer_tensors):
+    """(rope_freqs, LayerTensors per layer, PerLayerInputs or None) of a gemma4 file, each
+    tensor looked up with arch's checked `get(name, shape, required, vector)`."""
+    E, P, L = hp.n_embd, hp.n_embd_per_layer, hp.n_layer
+    rope_freqs = None
+    if not all(hp.swa_layers):   # the full layers' proportional RoPE (llama.cpp: required)
+        full = hp.swa_layers.index(False)
+        rope_freqs = get("rope_freqs.weight", (hp.head_dim_layers[full] // 2,), vector=True)
+    ple = None
+    if P:
+        ple = PerLayerInputs(get("per_layer_token_embd.weight", (P * L, hp.n_vocab)),
+                             get("per_layer_model_proj.weight", (E, P * L)),
+                             get("per_layer_proj_norm.weight", (P,), vector=True))
+    layers = []
+    for il in range(L):
+        p = f"blk.{il}."
+        hd, kv, _, ff = hp.layer_dims(il)
+        own = hp.kv_layers[il] == il
+        vec = lambda n, shape=(E,), required=True: get(p + n, shape, required, True)  # noqa: E731
+        layers.append(layer_tensors(
+            attn_norm=vec("attn_norm.weight"), attn_q=get(p + "attn_q.weight", (E, hp.n_head * hd)),
+            attn_k=get(p + "attn_k.weight", (E, kv * hd)) if own else None,
+            attn_v=get(p + "attn_v.weight", (E, kv * hd), required=False) if own else None,
+            attn_qkv=None, attn_q_bias=None, attn_k_bias=None, attn_v_bias=None,
+            attn_q_norm=vec("attn_q_norm.weight", (hd,)),
+            attn_k_norm=vec("attn_k_norm.weight", (hd,)) if own else None,
+            attn_output=get(p + "attn_output.weight", (hp.n_head * hd, E)),
+            post_attention_norm=vec("post_attention_norm.weight"),
+            ffn_norm=vec("ffn_norm.weight"), ffn_gate=get(p + "ffn_gate.weight", (E, ff)),
+            ffn_up=get(p + "ffn_up.weight", (E, ff)), ffn_down=get(p + "ffn_down.weight", (ff, E)),
+            post_ffw_norm=vec("post_ffw_norm.weight"),
+            per_layer_inp_gate=get(p + "inp_gate.weight", (E, P)) if P else None,
+            per_layer_proj=get(p + "proj.weight", (P, E)) if P else None,
+            per_layer_post_norm=vec("post_norm.weight") if P else None,
+            layer_output_scale=vec("layer_output_scale.weight", (1,), False)))
+    return rope_freqs, tuple(layers), ple
+
+
 def forward(w, tokens):
     """Logits (len(tokens), n_vocab) of `tokens` at positions 0.. in one causal pass. K and V
     are held in float16, the query and softmax rows rounded to float16 for their products
     with them, as llama.cpp's F16 cache without flash attention."""
+    from .reference import gelu_ggml, rms_norm, rope, softmax   # reference imports arch, arch this
     hp = w.hp
     tokens = np.asarray(tokens, dtype=np.int64)
     n, E, L, P, H = len(tokens), hp.n_embd, hp.n_layer, hp.n_embd_per_layer, hp.n_head

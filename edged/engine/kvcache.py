@@ -51,20 +51,23 @@ class CacheTypes:
         return self.k.name.lower(), self.v.name.lower()
 
     def check(self, head_dim):
-        """ConfigError when a quantized type's 32-value blocks would span two heads."""
+        """ConfigError when a quantized type's 32-value blocks would span two heads (head_dim:
+        one size, or every layer's)."""
+        sizes = head_dim if isinstance(head_dim, tuple) else (head_dim,)
         for option, t in (("cache_type_k", self.k), ("cache_type_v", self.v)):
-            if t != GGMLType.F16 and head_dim % 32:
-                raise ConfigError(f"{option}={t.name.lower()}: head_dim {head_dim} of this model "
-                                  "is not a multiple of the type's block of 32 (use f16)")
+            for d in sizes:
+                if t != GGMLType.F16 and d % 32:
+                    raise ConfigError(f"{option}={t.name.lower()}: head_dim {d} of this "
+                                      "model is not a multiple of the type's block of 32 (use f16)")
 
     def nbytes(self, hp, n_ctx):
-        """Bytes of the K and V cache of n_ctx positions of a model with hyperparameters hp
-        (its attention layers), with the convolution cache of its convolution layers (lfm2:
-        n_embd float32 per position each), and the recurrent state of its DeltaNet layers
-        (qwen35: constant per sequence, with its checkpoints)."""
-        kvd = hp.n_head_kv * hp.head_dim
-        return hp.n_kv_layers * n_ctx * (row_bytes(self.k, kvd) + row_bytes(self.v, kvd)) + \
-            hp.n_conv_layers * n_ctx * 4 * hp.n_embd + state_bytes(hp)
+        """Bytes of the K and V cache of n_ctx positions of a model with hyperparameters hp,
+        with the convolution cache of its convolution layers (lfm2: n_embd float32 per
+        position each), and the recurrent state of its DeltaNet layers (qwen35: constant per
+        sequence, with its checkpoints). Each layer's rows are its own size (gemma4: head
+        size and KV heads per layer; none for a layer that reads an earlier layer's cache)."""
+        rows = sum(row_bytes(self.k, d) + row_bytes(self.v, d) for d in hp.kv_dims())
+        return n_ctx * rows + hp.n_conv_layers * n_ctx * 4 * hp.n_embd + state_bytes(hp)
 
     def rotation(self, head_dim):
         """(n_k, n_v): the Hadamard sizes q/k and v/output are rotated with, 0 for none."""

@@ -21,6 +21,7 @@ from .arch import EXPERT_WEIGHTS_SUM_MIN, ROPE_NEOX, SWIGLU_OAI_ALPHA, SWIGLU_OA
 from .backend import Backend, BufferPlan
 from .kvcache import DEFAULT as DEFAULT_CACHE
 from .recurrent import RecurrentState, layer_views, state_bytes
+from ..errors import UnsupportedModelError
 from ..format.gguf import GGMLType
 from ..format.quants import dequantize, quantize
 
@@ -149,6 +150,10 @@ class ReferenceBackend(Backend):
     def __init__(self, spec, weights, n_threads=1, numa="none", cache=DEFAULT_CACHE,
                  resident_experts=False):
         super().__init__(spec, weights, n_threads, numa, cache, resident_experts)
+        if spec.hp.head_dim_layers:
+            raise UnsupportedModelError(
+                f"{spec.arch.name}: the reference backend does not run layers of their own sizes; "
+                "its NumPy reference is edged.engine.gemma4.forward (the compiled backend runs it)")
         cache.check(spec.hp.head_dim)
 
         self._w = {}

@@ -47,6 +47,16 @@ SHAPES = {
                       n_vocab=65536, rope_freq_base=1e6, rms_eps=1e-5, n_ctx_train=128000,
                       tied=True, qkv_bias=False, qk_norm=True, l_cache=3,
                       attn_layers=(2, 5, 8, 10, 12, 14)),
+    # Google Gemma 4 E2B (text): 35 layers, every fifth full attention (head 512, proportional
+    # RoPE on a quarter of it, base 1e6), the others sliding (window 512, head 256, base 1e4);
+    # one KV head; the last 20 layers read layer 13's or 14's K/V and have a double-wide FFN;
+    # per-layer embeddings 256 wide; tied embeddings; logits soft-capped at 30
+    "gemma4-e2b": dict(arch="gemma4", n_embd=1536, n_head=8, n_head_kv=1, head_dim=256,
+                       head_dim_full=512, n_ff=6144, n_layer=35, n_vocab=262144,
+                       rope_freq_base=1e6, rope_freq_base_swa=1e4, rms_eps=1e-6,
+                       n_ctx_train=131072, tied=True, qkv_bias=False, n_swa=512, full_every=5,
+                       n_kv_shared=20, double_wide=True, n_embd_per_layer=256,
+                       rotary_full=0.25, softcap=30.0),
     # IBM Granite-4.0-H-350M (its published config.json): Mamba-2 on 28 of 32 layers (48 heads
     # of 32, state 128, 1 group, 4 taps, conv bias), grouped-query attention without RoPE on
     # layers 10, 13, 17 and 27, granite's multipliers, a dense FFN, tied embeddings
@@ -191,6 +201,8 @@ def synth(shape, ftype, out, seed=0, progress=None):
     if ftype not in MIXES:
         raise ConfigError(f"--type {ftype!r}: one of {', '.join(MIXES)}")
     s = SHAPES[shape]
+    if s["arch"] == "gemma4":
+        return _synth_gemma4(shape, ftype, out, s, seed, progress)
     arch, E, F, L, V = s["arch"], s["n_embd"], s["n_ff"], s["n_layer"], s["n_vocab"]
     H, KV = s["n_head"], s["n_head_kv"]
     hd = s.get("head_dim", E // H)
@@ -356,6 +368,85 @@ def synth(shape, ftype, out, seed=0, progress=None):
             mat(p + "ffn_gate.weight", "ffn_gate", E, F, il)
             mat(p + "ffn_up.weight", "ffn_up", E, F, il)
             mat(p + "ffn_down.weight", "ffn_down", F, E, il)
+        if progress:
+            progress(il + 1, L)
+    _write(w, data, out)
+    return n_params
+
+
+def _synth_gemma4(shape, ftype, out, s, seed, progress):
+    """A gemma4 file as llama.cpp's converter writes one (conversion/gemma.py, Gemma4Model):
+    per-layer arrays of KV heads and FFN widths, the sliding pattern as booleans, the full
+    layers' head size as key_length and the sliding one's as key_length_swa, rope_freqs of 1
+    for the rotated quarter and 1e30 for the rest."""
+    arch, E, L, V, H = s["arch"], s["n_embd"], s["n_layer"], s["n_vocab"], s["n_head"]
+    D, Df, P = s["head_dim"], s["head_dim_full"], s["n_embd_per_layer"]
+    swa = [(il + 1) % s["full_every"] != 0 for il in range(L)]
+    n_kv = L - s["n_kv_shared"]
+    ff = [s["n_ff"] * (2 if s["double_wide"] and il >= n_kv else 1) for il in range(L)]
+    w = _header(shape, ftype, s)
+    A = lambda k: Key.arch(k, arch)  # noqa: E731
+    w.add(A(Key.FEED_FORWARD_LENGTH), np.array(ff, np.uint32))
+    w.add(A(Key.HEAD_COUNT_KV), np.array([s["n_head_kv"]] * L, np.uint32))
+    for k, v in ((Key.KEY_LENGTH, Df), (Key.VALUE_LENGTH, Df), (Key.KEY_LENGTH_SWA, D),
+                 (Key.VALUE_LENGTH_SWA, D), (Key.ROPE_DIMENSION_COUNT, Df),
+                 (Key.ROPE_DIMENSION_COUNT_SWA, D), (Key.SLIDING_WINDOW, s["n_swa"]),
+                 (Key.SHARED_KV_LAYERS, s["n_kv_shared"]), (Key.EMBD_LENGTH_PER_LAYER_INP, P)):
+        w.add(A(k), v)
+    w.add(A(Key.SLIDING_WINDOW_PATTERN), np.array(swa, np.bool_))
+    w.add(A(Key.ROPE_FREQ_BASE), float(s["rope_freq_base"]))
+    w.add(A(Key.ROPE_FREQ_BASE_SWA), float(s["rope_freq_base_swa"]))
+    w.add(A(Key.LAYERNORM_RMS_EPS), float(s["rms_eps"]))
+    w.add(A(Key.FINAL_LOGIT_SOFTCAPPING), float(s["softcap"]))
+    toks, scores, types = synth_vocab(V)
+    for k, v in ((Key.TOKENIZER_MODEL, "llama"), (Key.TOKENS, toks), (Key.SCORES, scores),
+                 (Key.TOKEN_TYPE, types), (Key.BOS_ID, 1), (Key.EOS_ID, 2), (Key.UNK_ID, 0),
+                 (Key.ADD_BOS, True)):
+        w.add(k, v)
+    pool = _Pool(np.random.default_rng(seed))
+    data, n_params = {}, 0
+
+    def mat(name, role, n_in, n_out, il=0):
+        nonlocal n_params
+        t = tensor_type(role, n_in, ftype, il, L)
+        w.add_tensor(name, (n_in, n_out), t)
+        data[name] = pool.rows(t, n_in, n_out)
+        n_params += n_in * n_out
+
+    def vec(name, values):
+        nonlocal n_params
+        values = np.asarray(values, np.float32)
+        w.add_tensor(name, (len(values),), GGMLType.F32)
+        data[name] = values
+        n_params += len(values)
+
+    n_rot = int(Df * s["rotary_full"] / 2)
+    mat("token_embd.weight", "output", E, V)
+    vec("output_norm.weight", np.ones(E))
+    vec("rope_freqs.weight", [1.0] * n_rot + [1e30] * (Df // 2 - n_rot))
+    mat("per_layer_token_embd.weight", "token_embd", P * L, V)
+    mat("per_layer_model_proj.weight", "attn_q", E, P * L)
+    vec("per_layer_proj_norm.weight", np.ones(P))
+    for il in range(L):
+        p, hd, kv = f"blk.{il}.", D if swa[il] else Df, s["n_head_kv"]
+        vec(p + "attn_norm.weight", np.ones(E))
+        mat(p + "attn_q.weight", "attn_q", E, H * hd, il)
+        vec(p + "attn_q_norm.weight", np.ones(hd))
+        if il < n_kv:
+            mat(p + "attn_k.weight", "attn_k", E, kv * hd, il)
+            mat(p + "attn_v.weight", "attn_v", E, kv * hd, il)
+            vec(p + "attn_k_norm.weight", np.ones(hd))
+        mat(p + "attn_output.weight", "attn_output", H * hd, E, il)
+        vec(p + "post_attention_norm.weight", np.ones(E))
+        vec(p + "ffn_norm.weight", np.ones(E))
+        mat(p + "ffn_gate.weight", "ffn_gate", E, ff[il], il)
+        mat(p + "ffn_up.weight", "ffn_up", E, ff[il], il)
+        mat(p + "ffn_down.weight", "ffn_down", ff[il], E, il)
+        vec(p + "post_ffw_norm.weight", np.ones(E))
+        mat(p + "inp_gate.weight", "attn_q", E, P, il)
+        mat(p + "proj.weight", "attn_output", P, E, il)
+        vec(p + "post_norm.weight", np.ones(E))
+        vec(p + "layer_output_scale.weight", [1.0])
         if progress:
             progress(il + 1, L)
     _write(w, data, out)

@@ -54,7 +54,12 @@ def test_golden_compiled(name, kernels):
     check(name, "cpu")
 
 
-@pytest.mark.parametrize("name", [n for n in NAMES if n not in QUANTIZED])
+# the reference backend does not run gemma4 (layers of their own sizes): test_engine_gemma4
+# checks its NumPy reference against the golden
+NO_REFERENCE_BACKEND = {"synthetic-gemma4"}
+
+
+@pytest.mark.parametrize("name", [n for n in NAMES if n not in QUANTIZED and n not in NO_REFERENCE_BACKEND])
 def test_golden_reference(name):
     check(name, "reference")
 

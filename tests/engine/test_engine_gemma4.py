@@ -1,28 +1,32 @@
 """Gemma 4 (`gemma4`, text): hyperparameters as llama.cpp reads them, refusals naming the key or
-tensor, and the NumPy reference forward pass (edged/engine/gemma4.py) against llama.cpp.
+tensor, the NumPy reference forward pass (edged/engine/gemma4.py) and the compiled pass against
+llama.cpp.
 
-tests/data/goldens/reference-only/synthetic-gemma4 is a scaled-down Gemma 4 E2B (n_embd 64;
-sliding layers 0, 1, 3 with head size 16, full layers 2 and 4 with head size 32 and
-proportional RoPE; KV heads per layer; layers 3 and 4 reuse the KV of layers 1 and 2; layer 2
-without attn_v; per-layer embeddings 8 wide; a scalar per layer; logits soft-capped at 30) with
-llama.cpp's teacher-forced logits (a 40-token prompt past the window of 8, then 24 greedy
-tokens), made by `tools/make_goldens.py --llama-teacher BIN --out
-tests/data/goldens/reference-only gemma4`. It sits apart from the other goldens because the
-compiled backend does not load gemma4 yet (test_engine_families runs those on it).
+tests/data/goldens/synthetic-gemma4 is a scaled-down Gemma 4 E2B (n_embd 64; sliding layers
+0, 1, 3 with head size 16, full layers 2 and 4 with head size 32 and proportional RoPE; KV heads
+per layer; layers 3 and 4 reuse the KV of layers 1 and 2; layer 2 without attn_v; per-layer
+embeddings 8 wide; a scalar per layer; logits soft-capped at 30) with llama.cpp's
+teacher-forced logits (a 40-token prompt past the window of 8, then 24 greedy tokens), made by
+`tools/make_goldens.py --llama-teacher BIN gemma4`. test_engine_families runs it on the
+compiled backend like the other goldens; the reference backend does not run gemma4 (the NumPy
+forward below is its slow twin).
 """
 import os
 
 import numpy as np
 import pytest
 
-from conftest import ROOT
+from edged import Model
 from edged.engine import gemma4
 from edged.engine.arch import validate
 from edged.errors import MetadataValueError, UnsupportedModelError
 from edged.format.gguf import GGUFFile
-from family_goldens import MAX_ABS, MEAN_ABS
+from family_goldens import (GOLDENS, MAX_ABS, MEAN_ABS, alone_batched_forked,
+                            check_every_kernel_path, greedy)
 
-BASE = os.path.join(ROOT, "tests", "data", "goldens", "reference-only", "synthetic-gemma4")
+BASE = os.path.join(GOLDENS, "synthetic-gemma4")
+GOLDEN = np.load(BASE + ".golden.npz")
+TOKENS, N_PROMPT = GOLDEN["tokens"].tolist(), int(GOLDEN["n_prompt"])
 
 
 @pytest.fixture(scope="module")
@@ -98,7 +102,116 @@ def test_missing_or_misshapen_tensor_is_refused(gguf):
         gemma4.Weights(f, hp)
 
 
-def test_model_load_still_refuses_gemma4(gguf):
-    """Until the compiled pass runs it, loading names the architecture instead of failing later."""
-    with pytest.raises(UnsupportedModelError, match="unknown architecture 'gemma4'"):
-        validate(gguf.metadata, gguf.tensors, 512)
+def test_validate_gives_each_layer_its_sizes(gguf):
+    """arch.validate (Model.load) carries the per-layer tables the compiled pass reads."""
+    hp = validate(gguf.metadata, gguf.tensors, 512).hp
+    assert [hp.layer_dims(il) for il in range(5)] == [
+        (16, 2, 16, 32), (16, 2, 16, 32), (32, 1, 32, 32), (16, 2, 16, 64), (32, 1, 32, 64)]
+    assert hp.kv_layers == (0, 1, 2, 1, 2) and hp.kv_dims() == (32, 32, 32, 0, 0)
+    assert (hp.attn_scale, hp.n_embd_per_layer, hp.v_norm) == (1.0, 8, True)
+
+
+@pytest.fixture
+def core():
+    return pytest.importorskip("edged._core")
+
+
+def test_golden_every_kernel_path(core):
+    """Teacher-forced logits within the F16 tolerances on generic, avx2 and avx512 (every
+    path this CPU has)."""
+    check_every_kernel_path(core, "synthetic-gemma4")
+
+
+def test_greedy_16_tokens_as_llama_cpp(core):
+    assert greedy(BASE + ".gguf", "cpu", TOKENS[:N_PROMPT], 16) == TOKENS[N_PROMPT:N_PROMPT + 16]
+
+
+def _last(s, ids):
+    return s.eval(ids)[0]
+
+
+def test_batch_chunks_and_single_tokens_agree(core):
+    """The prompt in one batch, in chunks of 7 (past the window of 8, across the shared KV
+    layers), and one token at a time: the same bits."""
+    p = TOKENS[:N_PROMPT]
+    with Model.load(BASE + ".gguf", n_threads=2) as m:
+        whole = _last(m.session(n_ctx=128), p)
+        chunks = _last(m.session(n_ctx=128, n_batch=7), p)
+        s = m.session(n_ctx=128)
+        for t in p:
+            one = _last(s, [t])
+    assert np.array_equal(whole, chunks) and np.array_equal(whole, one)
+
+
+def test_fork_and_decode_batch_of_sessions(core):
+    """A fork copies every layer's rows at their sizes; a decode batch of several sessions
+    reads each session's own cache (and per-layer inputs of its own token)."""
+    prompts = [TOKENS[:12], TOKENS[5:9], [1, 300, 301, 302, 303, 304, 305]]
+    with Model.load(BASE + ".gguf", n_threads=2) as m:
+        alone, batched, forked, _ = alone_batched_forked(m, prompts)
+    assert np.abs(np.array(alone) - batched).max() < 1e-4
+    assert np.array_equal(forked, alone[0])
+
+
+def test_memory_plan_counts_each_layers_rows(core):
+    """The K/V cache of the memory plan (`edged info`) holds each layer's rows at its own size
+    (16 x 2 heads on the sliding layers, 32 x 1 on the full one) and none for the two layers
+    that read an earlier layer's cache; the arena's views are those rows."""
+    with Model.load(BASE + ".gguf", n_threads=2) as m:
+        s = m.session(n_ctx=64)
+        views = s._buf.state.kv_layers()
+        assert [k.shape for k, _ in views] == [(64, 64), (64, 64), (64, 64)]   # F16 bytes
+        kv = 64 * 2 * 2 * (32 + 32 + 32)
+        assert m.backend.plan(64, 8).kv_cache == kv
+        assert type(m.backend).plan_for(m.spec, 64, 8).kv_cache == kv
+
+
+def test_prompt_cache_file_is_refused_by_name(core, tmp_path):
+    with Model.load(BASE + ".gguf", n_threads=2) as m:
+        s = m.session(n_ctx=64)
+        s.eval(TOKENS[:4])
+        with pytest.raises(OSError, match="prompt-cache files do not hold gemma4's per-layer K/V row"):
+            s.save(tmp_path / "x.edkv", key=b"k" * 32)
+
+
+def test_reference_backend_refuses_by_name():
+    with pytest.raises(UnsupportedModelError, match="gemma4: the reference backend"):
+        Model.load(BASE + ".gguf", backend="reference")
+
+
+def test_info_shows_each_layers_sizes(capsys):
+    from edged.cli import main
+    main(["info", "-m", BASE + ".gguf", "-c", "4096"])
+    out = capsys.readouterr().out
+    assert "head_dim [16, 16, 32, 16, 32], kv heads [2, 2, 1, 2, 1]" in out
+    assert "none for layers [3, 4] (they attend to layers [1, 2]'s)" in out
+    assert "KV cache (f16/f16) 1.5 MiB" in out     # 4096 x (32 + 32 + 32) x 2 x 2 bytes
+
+
+def test_synth_shape_writes_gemma4_as_the_converter_does(core, tmp_path, monkeypatch):
+    """`edged synth --shape gemma4-e2b`'s layout at a small size: per-layer KV heads and FFN
+    widths (double-wide on the shared KV layers), the sliding pattern as booleans, rope_freqs of
+    1 then 1e30; read back by the PyPI gguf reader, and the compiled pass agrees with the NumPy
+    reference on it. (The full-size file loads in llama.cpp 0.3.36, whose teacher-forced logits
+    edged's match.)"""
+    gguf_py = pytest.importorskip("gguf")
+    from edged.format import synth
+    small = dict(synth.SHAPES["gemma4-e2b"], n_embd=64, n_head=4, head_dim=32, head_dim_full=64,
+                 n_ff=96, n_layer=10, n_vocab=512, n_swa=4, n_kv_shared=5, n_embd_per_layer=32)
+    monkeypatch.setitem(synth.SHAPES, "test-gemma4", small)
+    path = str(tmp_path / "gemma4.gguf")
+    synth.synth("test-gemma4", "F16", path)
+    r = gguf_py.GGUFReader(path)
+    assert list(r.fields["gemma4.feed_forward_length"].contents()) == [96] * 5 + [192] * 5
+    assert list(r.fields["gemma4.attention.sliding_window_pattern"].contents()) == [
+        True, True, True, True, False] * 2
+    names = {t.name: t for t in r.tensors}
+    assert list(names["rope_freqs.weight"].data[:9]) == [1.0] * 8 + [1e30]
+    assert "blk.4.attn_k.weight" in names and "blk.5.attn_k.weight" not in names
+    ids = [1] + list(range(40, 60))
+    with Model.load(path, n_threads=2) as m:
+        assert m.hp.kv_layers == tuple(range(5)) + (3, 3, 3, 3, 4)
+        got = np.asarray(m.session(n_ctx=32).eval(ids, logits="all"))
+    with GGUFFile.open(path) as f:
+        want = gemma4.forward(gemma4.Weights(f, gemma4.hparams(f.metadata, 512)), ids)
+    assert np.abs(got - want).max() < 0.02 * np.abs(want).max()

@@ -151,3 +151,59 @@ def test_enc_attention_refuses_bad_shapes():
     wide = np.zeros((4, 16), np.float32)
     with pytest.raises(ValueError, match="row stride"):
         core.enc_attention(out, wide[:, :8], x, x, np.array([0, 4], np.int64), 2, 0.5)
+
+
+def q8_0_act(x):
+    """Activations to Q8_0 as llama.cpp's x86 build (and ed_quant_q8_0) quantizes them: the
+    multiplier 127 / amax in float, halves to even, the scale amax / 127 stored as F16."""
+    b = x.reshape(x.shape[0], -1, 32)
+    amax = np.abs(b).max(-1)
+    with np.errstate(divide="ignore"):
+        mul = np.where(amax != 0, np.float32(127) / amax, np.float32(0)).astype(np.float32)
+    q = np.rint((b * mul[..., None]).astype(np.float32)).astype(np.int64)
+    return q, (amax / np.float32(127)).astype(np.float16).astype(np.float32)
+
+
+def llama_order_q8_0(x, wq, wd):
+    """x (T, K) times Q8_0 rows (wq (N, K/32, 32) int, wd (N, K/32) F16 scales) in llama.cpp's
+    x86 order (ggml_vec_dot_q8_0_q8_0, tinyBLAS): per block 8 exact lane sums of 4 products,
+    lane = fma(dw * dy, sum, lane) (float64 holds dw*dy*sum exactly; one rounding to float32
+    after the add), then ((l0+l4)+(l2+l6))+((l1+l5)+(l3+l7)) in float32."""
+    q, dy = q8_0_act(x)
+    T, N, nb = x.shape[0], wq.shape[0], wq.shape[1]
+    out = np.empty((T, N), np.float32)
+    for t in range(T):
+        lanes = (wq * q[t][None]).reshape(N, nb, 8, 4).sum(-1).astype(np.float64)
+        d = (wd * dy[t][None]).astype(np.float32).astype(np.float64)
+        acc = np.zeros((N, 8), np.float32)
+        for b in range(nb):
+            acc = (d[:, b:b + 1] * lanes[:, b] + acc).astype(np.float32)
+        out[t] = ((acc[:, 0] + acc[:, 4]) + (acc[:, 2] + acc[:, 6])) + \
+                 ((acc[:, 1] + acc[:, 5]) + (acc[:, 3] + acc[:, 7]))
+    return out
+
+
+@pytest.mark.parametrize("T,K,N", [(1, 32, 1), (3, 96, 7), (65, 384, 33), (4, 1536, 5)])
+@pytest.mark.parametrize("every_path", paths(), indirect=True)
+def test_enc_matmul_q8_0_in_llama_cpp_order(T, K, N, pool, every_path):
+    """An encoder's Q8_0 products give llama.cpp's bits on every path (65 tokens: past one
+    64-token chunk); the canonical order (core.matmul) does not, which is what moved
+    all-MiniLM-L6-v2's "hello world" to cosine 0.9998 from llama.cpp's vector."""
+    rng = np.random.default_rng(T * K + N)
+    wq = rng.integers(-127, 128, (N, K // 32, 32))
+    wd = (rng.random((N, K // 32)) * 0.02 + 1e-4).astype(np.float16)
+    raw = np.empty((N, K // 32, 34), np.uint8)
+    raw[..., :2] = wd.view(np.uint8).reshape(N, K // 32, 2)
+    raw[..., 2:] = wq.astype(np.int8).view(np.uint8)
+    x = (rng.standard_normal((T, K)) * np.where(rng.random(K) < 0.02, 40, 1)).astype(np.float32)
+    x[0, :32] = 0                                    # an all-zero block: scale 0
+    got = np.empty((T, N), np.float32)
+    core.enc_matmul_q8_0(got, raw.reshape(-1), x, pool)
+    np.testing.assert_array_equal(got, llama_order_q8_0(x, wq, wd.astype(np.float32)))
+    if K >= 384:
+        canonical = np.empty_like(got)
+        core.matmul(canonical, raw.reshape(-1), 8, x, pool)
+        assert not np.array_equal(canonical, got)
+        np.testing.assert_allclose(canonical, got, rtol=0, atol=1e-5 * np.abs(got).max())
+    with pytest.raises(ValueError, match="enc_matmul_q8_0"):
+        core.enc_matmul_q8_0(got, raw.reshape(-1)[:-1], x, pool)

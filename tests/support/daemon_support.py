@@ -508,24 +508,26 @@ def check_cold_hit_streams_forks(srv):
     assert len(cold[0]) > 10
 
 
-def check_conversation_sent_again(srv, tmp_path_factory, name, path, follow_up, max_tokens=16):
-    """Turn 2 repeats turn 1 and its answer: the daemon reuses the session (a model with
-    recurrent layers restores a checkpoint and replays the rest) and answers what a daemon
-    that never saw turn 1 (a fresh family_server of `path`) answers."""
-    def chat(sock, messages):
-        st, _, r = request(sock, "POST", "/v1/chat/completions",
-                           {"messages": messages, "max_tokens": max_tokens, "temperature": 0})
-        assert st == 200, r
-        return r["choices"][0]["message"]["content"], r["usage"]
+def _chat16(sock, messages):
+    st, _, r = request(sock, "POST", "/v1/chat/completions",
+                       {"messages": messages, "max_tokens": 16, "temperature": 0})
+    assert st == 200, r
+    return r["choices"][0]["message"]["content"], r["usage"]
+
+
+def check_conversation_sent_again(srv, tmp_path_factory, name, path):
+    """Turn 2 repeats turn 1 and its answer: the daemon serving `path` reuses the session (its
+    rows, and any state restored from a checkpoint) and answers what a daemon that never saw
+    turn 1 answers."""
     turn1 = [{"role": "user", "content": PASSAGE}]
-    answer, u1 = chat(srv.socket, turn1)
+    answer, u1 = _chat16(srv.socket, turn1)
     turn2 = turn1 + [{"role": "assistant", "content": answer},
-                     {"role": "user", "content": follow_up}]
-    warm, u2 = chat(srv.socket, turn2)
+                     {"role": "user", "content": "and what did the bird do then"}]
+    warm, u2 = _chat16(srv.socket, turn2)
     assert u2["prompt_tokens_details"]["cached_tokens"] >= u1["prompt_tokens"], (u1, u2)
     fresh = family_server(tmp_path_factory, name + "-cold", path, chat=True)
     try:
-        cold, u3 = chat(fresh.socket, turn2)
+        cold, u3 = _chat16(fresh.socket, turn2)
     finally:
         assert fresh.stop() == 0, fresh.logtext()
     assert u3.get("prompt_tokens_details", {}).get("cached_tokens", 0) == 0, u3

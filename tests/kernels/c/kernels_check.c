@@ -375,6 +375,9 @@ int main(void) {
         memset(&layer, 0, sizeof layer); memset(&m, 0, sizeof m); memset(&s, 0, sizeof s);
         m.head_dim = HD; m.n_head = NH; m.n_head_kv = NKV; m.attn_scale = 0.125f; m.n_layer = 1;
         m.layers = &layer;
+        layer.head_dim = HD; layer.n_head_kv = NKV; layer.kv_src = 0;  /* the layer's own sizes */
+        static size_t kv_off[2];  /* one layer: its K and V rows start at 0 */
+        s.m = &m; s.kv_off = kv_off;
         s.n_ctx = NCTX; s.n_tokens = NT; s.pos = NCTX - NT; s.qkv = q; s.xb = out; s.att = att;
         s.att_stride = NCTX; s.qh = qh; s.vacc = vacc; s.k_cache = kc; s.v_cache = vc;
         for (int p = 0; p < 7; p++) {

@@ -1,0 +1,30 @@
+"""A gemma4 model (layers of their own head sizes and KV heads, the last layers reading earlier
+layers' K/V, per-layer inputs) through the daemon on the compiled backend: the same greedy
+request gives the same text on a cold start, after a prefix-cache hit (every layer's rows at
+its size copied from another request's session), while other streams decode in the same
+steps, and as each of n=2 choices (forked sessions); a chat conversation sent again with one
+more turn hits the cache and answers as a cold daemon would."""
+import os
+
+import pytest
+
+from conftest import ROOT
+from daemon_support import check_cold_hit_streams_forks, check_conversation_sent_again, family_server
+
+GEMMA4 = os.path.join(ROOT, "tests", "data", "goldens", "synthetic-gemma4.gguf")
+
+
+@pytest.fixture(scope="module")
+def srv(tmp_path_factory):
+    pytest.importorskip("edged._core")
+    s = family_server(tmp_path_factory, "gemma4", GEMMA4, chat=True)
+    yield s
+    assert s.stop() == 0, s.logtext()
+
+
+def test_same_text_cold_after_prefix_hit_with_other_streams_and_forked(srv):
+    check_cold_hit_streams_forks(srv)
+
+
+def test_a_conversation_sent_again_hits_the_cache(srv, tmp_path_factory):
+    check_conversation_sent_again(srv, tmp_path_factory, "gemma4", GEMMA4)
