@@ -10,8 +10,8 @@ import re
 import pytest
 
 from conftest import ROOT
-from daemon_support import (PASSAGE, Server, add_chat_template, check_cold_hit_streams_forks,
-                            family_server, model_dir, request, signing_key)
+from daemon_support import (PASSAGE, Server, add_chat_template, chat16, check_cold_hit_streams_forks,
+                            check_conversation_sent_again, family_server, model_dir, signing_key)
 from edged import Model
 
 QWEN35 = os.path.join(ROOT, "tests", "data", "goldens", "synthetic-qwen35.gguf")
@@ -29,30 +29,11 @@ def test_same_text_cold_after_prefix_hit_with_other_streams_and_forked(srv):
     check_cold_hit_streams_forks(srv)
 
 
-def _chat(sock, messages):
-    st, _, r = request(sock, "POST", "/v1/chat/completions",
-                       {"messages": messages, "max_tokens": 16, "temperature": 0})
-    assert st == 200, r
-    return r["choices"][0]["message"]["content"], r["usage"]
-
-
 def test_a_conversation_sent_again_hits_the_cache(srv, tmp_path_factory):
     """Turn 2 repeats turn 1 and its answer: the daemon reuses the session (its state restored
     from the checkpoint at the end of turn 1's prompt, the answer replayed) and answers what a
     daemon that never saw turn 1 answers."""
-    turn1 = [{"role": "user", "content": PASSAGE}]
-    answer, u1 = _chat(srv.socket, turn1)
-    turn2 = turn1 + [{"role": "assistant", "content": answer},
-                     {"role": "user", "content": "and what did the bird do then"}]
-    warm, u2 = _chat(srv.socket, turn2)
-    assert u2["prompt_tokens_details"]["cached_tokens"] >= u1["prompt_tokens"], (u1, u2)
-    fresh = family_server(tmp_path_factory, "qwen35-cold", QWEN35, chat=True)
-    try:
-        cold, u3 = _chat(fresh.socket, turn2)
-    finally:
-        assert fresh.stop() == 0, fresh.logtext()
-    assert u3.get("prompt_tokens_details", {}).get("cached_tokens", 0) == 0, u3
-    assert warm == cold and len(warm) > 5
+    check_conversation_sent_again(srv, tmp_path_factory, "qwen35", QWEN35)
 
 
 def test_prefix_survives_a_restart_with_the_same_answer(tmp_path_factory):
@@ -72,13 +53,13 @@ def test_prefix_survives_a_restart_with_the_same_answer(tmp_path_factory):
                       extra={"cache_dir": str(cache)})
     srv = serve()
     try:
-        first, u1 = _chat(srv.socket, conv)
+        first, u1 = chat16(srv.socket, conv)
     finally:
         assert srv.stop() == 0, srv.logtext()
     assert [f for f in os.listdir(cache) if f.endswith(".edkv")]
     srv = serve()
     try:
-        again, u2 = _chat(srv.socket, conv)
+        again, u2 = chat16(srv.socket, conv)
         n = u2["prompt_tokens"]
         assert u2["prompt_tokens_details"]["cached_tokens"] == n - 1, u2
         assert re.search(rf"prompt_tokens={n} cached_tokens={n - 1} prompt_eval=1 ", srv.logtext())

@@ -508,7 +508,7 @@ def check_cold_hit_streams_forks(srv):
     assert len(cold[0]) > 10
 
 
-def _chat16(sock, messages):
+def chat16(sock, messages):
     st, _, r = request(sock, "POST", "/v1/chat/completions",
                        {"messages": messages, "max_tokens": 16, "temperature": 0})
     assert st == 200, r
@@ -520,14 +520,14 @@ def check_conversation_sent_again(srv, tmp_path_factory, name, path):
     rows, and any state restored from a checkpoint) and answers what a daemon that never saw
     turn 1 answers."""
     turn1 = [{"role": "user", "content": PASSAGE}]
-    answer, u1 = _chat16(srv.socket, turn1)
+    answer, u1 = chat16(srv.socket, turn1)
     turn2 = turn1 + [{"role": "assistant", "content": answer},
                      {"role": "user", "content": "and what did the bird do then"}]
-    warm, u2 = _chat16(srv.socket, turn2)
+    warm, u2 = chat16(srv.socket, turn2)
     assert u2["prompt_tokens_details"]["cached_tokens"] >= u1["prompt_tokens"], (u1, u2)
     fresh = family_server(tmp_path_factory, name + "-cold", path, chat=True)
     try:
-        cold, u3 = _chat16(fresh.socket, turn2)
+        cold, u3 = chat16(fresh.socket, turn2)
     finally:
         assert fresh.stop() == 0, fresh.logtext()
     assert u3.get("prompt_tokens_details", {}).get("cached_tokens", 0) == 0, u3
