@@ -22,7 +22,7 @@ from edged.engine.arch import validate
 from edged.errors import MetadataValueError, UnsupportedModelError
 from edged.format.gguf import GGUFFile
 from family_goldens import (GOLDENS, MAX_ABS, MEAN_ABS, alone_batched_forked,
-                            check_every_kernel_path, greedy)
+                            assert_batch_chunks_single_agree, check_every_kernel_path, greedy)
 
 BASE = os.path.join(GOLDENS, "synthetic-gemma4")
 GOLDEN = np.load(BASE + ".golden.npz")
@@ -126,21 +126,12 @@ def test_greedy_16_tokens_as_llama_cpp(core):
     assert greedy(BASE + ".gguf", "cpu", TOKENS[:N_PROMPT], 16) == TOKENS[N_PROMPT:N_PROMPT + 16]
 
 
-def _last(s, ids):
-    return s.eval(ids)[0]
-
-
 def test_batch_chunks_and_single_tokens_agree(core):
     """The prompt in one batch, in chunks of 7 (past the window of 8, across the shared KV
     layers), and one token at a time: the same bits."""
     p = TOKENS[:N_PROMPT]
     with Model.load(BASE + ".gguf", n_threads=2) as m:
-        whole = _last(m.session(n_ctx=128), p)
-        chunks = _last(m.session(n_ctx=128, n_batch=7), p)
-        s = m.session(n_ctx=128)
-        for t in p:
-            one = _last(s, [t])
-    assert np.array_equal(whole, chunks) and np.array_equal(whole, one)
+        assert_batch_chunks_single_agree(m, p)
 
 
 def test_fork_and_decode_batch_of_sessions(core):

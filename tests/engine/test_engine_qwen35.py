@@ -19,7 +19,8 @@ from edged.engine.speculative import Speculation
 from edged.errors import MetadataValueError, StateFileError, UnsupportedModelError
 from edged.format.gguf import Key
 
-from family_goldens import GOLDENS, alone_batched_forked, check_every_kernel_path, greedy
+from family_goldens import (GOLDENS, alone_batched_forked, assert_batch_chunks_single_agree,
+                            check_every_kernel_path, greedy)
 from gguf_clone import clone
 
 QWEN35 = os.path.join(GOLDENS, "synthetic-qwen35.gguf")
@@ -61,12 +62,7 @@ def test_batch_chunks_and_single_tokens_agree(backend):
         pytest.importorskip("edged._core")
     p = TOKENS[:N_PROMPT]
     with Model.load(QWEN35MOE, backend=backend, n_threads=2) as m:
-        whole = _last(m.session(n_ctx=128), p)
-        chunks = _last(m.session(n_ctx=128, n_batch=7), p)
-        s = m.session(n_ctx=128)
-        for t in p:
-            one = _last(s, [t])
-    assert np.array_equal(whole, chunks) and np.array_equal(whole, one)
+        assert_batch_chunks_single_agree(m, p)
 
 
 @pytest.mark.parametrize("backend", ["cpu", "reference"])

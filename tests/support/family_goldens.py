@@ -110,6 +110,17 @@ def greedy(path, backend, prompt, n, speculative=None, stats=None):
             stats=stats) if o.token is not None]
 
 
+def assert_batch_chunks_single_agree(m, prompt, n_ctx=128, chunk=7):
+    """The last logits of `prompt` in one batch, in chunks of `chunk` and one token at a time
+    are the same bits."""
+    whole = m.session(n_ctx=n_ctx).eval(prompt)[0]
+    chunks = m.session(n_ctx=n_ctx, n_batch=chunk).eval(prompt)[0]
+    s = m.session(n_ctx=n_ctx)
+    for t in prompt:
+        one = s.eval([t])[0]
+    assert np.array_equal(whole, chunks) and np.array_equal(whole, one)
+
+
 def alone_batched_forked(m, prompts):
     """Each prompt's last-token logits (n_ctx 64): (evaluated alone, as one decode batch of all
     the sessions, in a fork of the first session taken before its last token while the
