@@ -30,6 +30,23 @@ static inline float *ed_recr_state(const ed_state *s, const ed_model *m, const e
     return (s->batched ? s->row_r[t] : s->rstate) + (size_t)(L->recr - 1) * ed_recr_layer_floats(m);
 }
 
+/* One row of a causal depthwise convolution over channels c0..c1, before its activation:
+   out[c] = the last taps - 1 inputs in the state st (taps - 1, C) and this row's raw[c],
+   dotted with the channel's taps w[c] (+ bias[c] if any); then raw[c] joins the state and the
+   oldest input leaves. Rows of a sequence must run in order. DeltaNet and Mamba-2 share it. */
+static void ed_conv_row(float *st, const float *raw, float *out, const float *w,
+                        const float *bias, int C, int taps, int64_t c0, int64_t c1) {
+    for (int64_t c = c0; c < c1; c++) {
+        const float *wc = w + (size_t)c * taps;
+        float sum = 0.0f;
+        for (int k = 0; k < taps - 1; k++) sum += st[(size_t)k * C + c] * wc[k];
+        sum += raw[c] * wc[taps - 1];
+        for (int k = 0; k + 1 < taps - 1; k++) st[(size_t)k * C + c] = st[(size_t)(k + 1) * C + c];
+        if (taps > 1) st[(size_t)(taps - 2) * C + c] = raw[c];
+        out[c] = bias ? sum + bias[c] : sum;
+    }
+}
+
 /* width of a row of the recurrent scratch (s->qkv): DeltaNet raw q|k|v (C), z (Vd), beta and
    alpha (H_v each), then the convolution's output (C); Mamba-2's z | xBC | dt, conv output
    (one H fewer) fits too */
@@ -122,15 +139,7 @@ static void ed_deltanet(ed_state *s, ed_pool *p, const ed_model *m, const ed_lay
         float *st = ed_recr_state(s, m, L, t);  /* conv (taps - 1, C) */
         const float *raw = r + (size_t)t * W;
         float *out = r + (size_t)t * W + C + Vd + 2 * Hv;
-        for (int64_t c = c0; c < c1; c++) {
-            const float *wc = w + (size_t)c * taps;
-            float sum = 0.0f;
-            for (int k = 0; k < taps - 1; k++) sum += st[(size_t)k * C + c] * wc[k];
-            sum += raw[c] * wc[taps - 1];
-            for (int k = 0; k + 1 < taps - 1; k++) st[(size_t)k * C + c] = st[(size_t)(k + 1) * C + c];
-            if (taps > 1) st[(size_t)(taps - 2) * C + c] = raw[c];
-            out[c] = sum;
-        }
+        ed_conv_row(st, raw, out, w, NULL, C, taps, c0, c1);
         for (int64_t c = c0; c < c1; c += 256)   /* silu(sum) * 1: the path's vector silu */
             ed_pm_silu_mul(ED_PM, (int)(c1 - c < 256 ? c1 - c : 256), out + c, ED_DN_ONES);
     }

@@ -16,21 +16,12 @@
 #ifndef EDGED_MAMBA2_H
 #define EDGED_MAMBA2_H
 
-/* One row of the causal depthwise convolution over channels c0..c1: out[c] = silu(the last
-   taps - 1 inputs in the state st (taps - 1, C) and this row's raw[c], dotted with the
-   channel's taps w[c], + bias[c] if any); then raw[c] joins the state, the oldest input
-   leaves. Rows of a sequence must run in order. */
+/* One row of the causal depthwise convolution (deltanet.h's ed_conv_row, with the bias) and
+   its SiLU, over channels c0..c1. */
 static void ed_m2_conv_row(float *st, const float *raw, float *out, const float *w,
                            const float *bias, int C, int taps, int64_t c0, int64_t c1) {
-    for (int64_t c = c0; c < c1; c++) {
-        const float *wc = w + (size_t)c * taps;
-        float sum = 0.0f;
-        for (int k = 0; k < taps - 1; k++) sum += st[(size_t)k * C + c] * wc[k];
-        sum += raw[c] * wc[taps - 1];
-        for (int k = 0; k + 1 < taps - 1; k++) st[(size_t)k * C + c] = st[(size_t)(k + 1) * C + c];
-        if (taps > 1) st[(size_t)(taps - 2) * C + c] = raw[c];
-        out[c] = ed_silu(bias ? sum + bias[c] : sum);
-    }
+    ed_conv_row(st, raw, out, w, bias, C, taps, c0, c1);
+    for (int64_t c = c0; c < c1; c++) out[c] = ed_silu(out[c]);
 }
 
 /* One row p of a head's state (N values): s = s dA + B xdt, returns s . C summed in 8 lanes
