@@ -102,7 +102,9 @@ def test_chat_commands_ctrl_c_and_history_in_a_terminal(srv, tmp_path):
         child.send("\x1b[A\x1b[A")                            # Up twice: "/clear" from the last session
         child.sendline("")
         child.expect_exact("Cleared the conversation.")
+        child.expect_exact(">>> ")
         child.send("Hello")
+        child.expect_exact("Hello")                             # in readline's buffer, not the tty's
         child.sendintr()                                        # Ctrl-C clears the line
         child.expect_exact(">>> ")
         child.sendline("/show")
