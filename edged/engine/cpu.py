@@ -8,7 +8,6 @@ activations, logits).
 from __future__ import annotations
 
 import dataclasses
-import errno
 import time
 
 import numpy as np
@@ -265,10 +264,10 @@ class CPUBackend(Backend):
         return (_core.__file__,)
 
     def kv_cache(self, buf):
-        if self.spec.hp.head_dim_layers:  # prompt-cache files hold rows of one size (statefile.py)
-            raise OSError(errno.EOPNOTSUPP, f"prompt-cache files do not hold {self.spec.arch.name}'s "
-                          "per-layer K/V row sizes yet; nothing written")
         return buf.state.kv_cache()
+
+    def kv_layers(self, buf):
+        return buf.state.kv_layers()
 
     def conv_cache(self, buf):
         return buf.state.conv_cache()

@@ -157,12 +157,52 @@ def test_memory_plan_counts_each_layers_rows(core):
         assert type(m.backend).plan_for(m.spec, 64, 8).kv_cache == kv
 
 
-def test_prompt_cache_file_is_refused_by_name(core, tmp_path):
+def test_prompt_cache_file_round_trip_gives_the_same_bits(core, tmp_path):
+    """Session.save holds each layer's K/V rows at its own size (16 x 2 heads on the sliding
+    layers, 32 x 1 on the full one; none for the shared-KV layers 3 and 4); a new model's
+    Session.load gives the next logits of recomputation bit for bit, also for a prefix of the
+    file (past the window of 8) with the rest evaluated again."""
+    from edged.engine import statefile
+    from edged.engine.model import Session
+    key, path, nxt = b"k" * 32, tmp_path / "g.edkv", TOKENS[N_PROMPT:N_PROMPT + 3]
+    prompt = TOKENS[:N_PROMPT]
     with Model.load(BASE + ".gguf", n_threads=2) as m:
         s = m.session(n_ctx=64)
-        s.eval(TOKENS[:4])
-        with pytest.raises(OSError, match="prompt-cache files do not hold gemma4's per-layer K/V row"):
-            s.save(tmp_path / "x.edkv", key=b"k" * 32)
+        s.eval(prompt)
+        size = s.save(path, key)
+        fresh = m.session(n_ctx=64)
+        fresh.eval(prompt)
+        want = np.asarray(fresh.eval(nxt, logits="all"))
+    rows = 2 * 2 * (32 + 32 + 32)          # f16 K and V rows of layers 0, 1 and 2
+    assert size == os.path.getsize(path) == (statefile.HEADER.size + 4 * N_PROMPT
+                                             + N_PROMPT * rows + statefile.MAC_BYTES)
+    with Model.load(BASE + ".gguf", n_threads=2) as m:
+        with Session.load(m, path, key) as s2:
+            assert s2.tokens == prompt
+            assert np.array_equal(s2.eval(nxt, logits="all"), want)
+        with m.session(n_ctx=64) as s3:
+            assert statefile.restore(s3, path, key, n_tokens=21) == 21
+            s3.eval(prompt[21:])
+            assert np.array_equal(s3.eval(nxt, logits="all"), want)
+
+
+def test_prompt_cache_file_of_another_model_is_refused_whole(core, tmp_path):
+    """A gemma4 file restored into a model of another layout (and the reverse) is refused
+    naming the model, and the session holds nothing of it."""
+    from edged.engine import statefile
+    from edged.errors import StateFileError
+    other = os.path.join(GOLDENS, "synthetic-kv-q8_0.gguf")
+    key = b"k" * 32
+    for src, dst in ((BASE + ".gguf", other), (other, BASE + ".gguf")):
+        path = tmp_path / "x.edkv"
+        with Model.load(src, n_threads=2) as m, m.session(n_ctx=64) as s:
+            s.eval(TOKENS[:12])
+            s.save(path, key)
+        with Model.load(dst, n_threads=2) as m, m.session(n_ctx=64) as s:
+            s.eval([4, 4, 4])
+            with pytest.raises(StateFileError, match="model_sha256"):
+                statefile.restore(s, path, key)
+            assert s.n_past == 0
 
 
 def test_reference_backend_refuses_by_name():
