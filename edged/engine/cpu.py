@@ -122,7 +122,8 @@ class CPUBackend(Backend):
                          kv_src=hp.kv_layers[il], rope_ff=int(not hp.swa_layers[il]))
             for role in _ROLES:
                 name = getattr(L, role)
-                d[role] = (vector(name) if role.endswith(("norm", "bias", "sinks", "conv", "scale"))
+                d[role] = (vector(name) if role.endswith(("norm", "norm_1", "norm_2", "bias", "sinks",
+                                                          "conv", "scale"))
                            or role in ("ssm_conv1d", "ssm_conv1d_b", "ssm_dt", "ssm_a", "ssm_d")
                            else matrix(name))
             layers.append(d)

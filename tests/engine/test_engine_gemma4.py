@@ -66,7 +66,7 @@ def test_reference_forward_matches_llama_cpp(gguf):
     ({"gemma4.attention.value_length_swa": 8}, "must be equal"),
     ({"gemma4.rope.dimension_count_swa": 18}, "rope.dimension_count_swa 18 invalid"),
     ({"gemma4.attention.shared_kv_layers": 4}, "shared_kv_layers = 4"),
-    ({"gemma4.expert_count": 8}, "mixture-of-experts"),
+    ({"gemma4.expert_count": 8}, "missing required key 'gemma4.expert_used_count'"),
 ])
 def test_bad_metadata_is_refused_naming_the_key(gguf, change, message):
     md = dict(gguf.metadata)
