@@ -7,9 +7,13 @@ tests/data/goldens/synthetic-gemma4 is a scaled-down Gemma 4 E2B (n_embd 64; sli
 per layer; layers 3 and 4 reuse the KV of layers 1 and 2; layer 2 without attn_v; per-layer
 embeddings 8 wide; a scalar per layer; logits soft-capped at 30) with llama.cpp's
 teacher-forced logits (a 40-token prompt past the window of 8, then 24 greedy tokens), made by
-`tools/make_goldens.py --llama-teacher BIN gemma4`. test_engine_families runs it on the
-compiled backend like the other goldens; the reference backend does not run gemma4 (the NumPy
-forward below is its slow twin).
+`tools/make_goldens.py --llama-teacher BIN gemma4`. synthetic-gemma4-moe is a scaled-down
+26B-A4B (the same attention layers without shared KV or per-layer embeddings, full layers
+without attn_v; every layer a dense FFN 32 wide beside 8 routed experts 16 wide, 3 per token;
+layer 0 with separate gate and up experts, the others fused; each expert's output scaled),
+made by `... gemma4-moe`. test_engine_families runs both on the compiled backend like the
+other goldens; the reference backend does not run gemma4 (the NumPy forward below is its slow
+twin).
 """
 import os
 
@@ -25,13 +29,27 @@ from family_goldens import (GOLDENS, MAX_ABS, MEAN_ABS, alone_batched_forked,
                             assert_batch_chunks_single_agree, check_every_kernel_path, greedy)
 
 BASE = os.path.join(GOLDENS, "synthetic-gemma4")
+MOE = os.path.join(GOLDENS, "synthetic-gemma4-moe")
 GOLDEN = np.load(BASE + ".golden.npz")
 TOKENS, N_PROMPT = GOLDEN["tokens"].tolist(), int(GOLDEN["n_prompt"])
+BOTH = pytest.mark.parametrize("base", [BASE, MOE], ids=["dense", "moe"])
+
+
+def golden(base):
+    """(tokens, n_prompt, logits) of a golden"""
+    z = np.load(base + ".golden.npz")
+    return z["tokens"].tolist(), int(z["n_prompt"]), z["logits"]
 
 
 @pytest.fixture(scope="module")
 def gguf():
     with GGUFFile.open(BASE + ".gguf") as f:
+        yield f
+
+
+@pytest.fixture(scope="module")
+def moe():
+    with GGUFFile.open(MOE + ".gguf") as f:
         yield f
 
 
@@ -42,13 +60,22 @@ def test_hparams_as_llama_cpp_reads_them(gguf):
     assert hp.n_head_kv == (2, 2, 1, 2, 1) and hp.n_ff == (32, 32, 32, 64, 64)
     assert [hp.kv_layer(il) for il in range(5)] == [0, 1, 2, 1, 2]
     assert (hp.n_embd_per_layer, hp.final_logit_softcap, hp.n_swa) == (8, 30.0, 8)
+    assert hp.n_expert == 0
 
 
-def test_reference_forward_matches_llama_cpp(gguf):
-    z = np.load(BASE + ".golden.npz")
-    ref = z["logits"]
-    w = gemma4.Weights(gguf, gemma4.hparams(gguf.metadata, 512))
-    got = gemma4.forward(w, z["tokens"])
+def test_moe_hparams_as_llama_cpp_reads_them(moe):
+    hp = gemma4.hparams(moe.metadata, 512)
+    h = validate(moe.metadata, moe.tensors, 512).hp
+    assert (hp.n_expert, hp.n_expert_used, hp.n_ff_exp, hp.n_ff, hp.n_kv_shared) == \
+        (h.n_expert, h.n_expert_used, h.n_ff_exp, h.n_ff_layers, 0) == (8, 3, 16, (32,) * 5, 0)
+    assert h.expert_weights_norm and hp.n_embd_per_layer == 0
+
+
+@BOTH
+def test_reference_forward_matches_llama_cpp(base):
+    tokens, _, ref = golden(base)
+    with GGUFFile.open(base + ".gguf") as f:
+        got = gemma4.forward(gemma4.Weights(f, gemma4.hparams(f.metadata, 512)), tokens)
     d = np.abs(got - ref)
     top = np.sort(ref, 1)
     decided = top[:, -1] - top[:, -2] > 0.6
@@ -116,29 +143,35 @@ def core():
     return pytest.importorskip("edged._core")
 
 
-def test_golden_every_kernel_path(core):
+@BOTH
+def test_golden_every_kernel_path(core, base):
     """Teacher-forced logits within the F16 tolerances on generic, avx2 and avx512 (every
     path this CPU has)."""
-    check_every_kernel_path(core, "synthetic-gemma4")
+    check_every_kernel_path(core, os.path.basename(base))
 
 
-def test_greedy_16_tokens_as_llama_cpp(core):
-    assert greedy(BASE + ".gguf", "cpu", TOKENS[:N_PROMPT], 16) == TOKENS[N_PROMPT:N_PROMPT + 16]
+@BOTH
+def test_greedy_16_tokens_as_llama_cpp(core, base):
+    tokens, n, _ = golden(base)
+    assert greedy(base + ".gguf", "cpu", tokens[:n], 16) == tokens[n:n + 16]
 
 
-def test_batch_chunks_and_single_tokens_agree(core):
+@BOTH
+def test_batch_chunks_and_single_tokens_agree(core, base):
     """The prompt in one batch, in chunks of 7 (past the window of 8, across the shared KV
-    layers), and one token at a time: the same bits."""
-    p = TOKENS[:N_PROMPT]
-    with Model.load(BASE + ".gguf", n_threads=2) as m:
-        assert_batch_chunks_single_agree(m, p)
+    layers; a MoE layer's tokens grouped by expert), and one token at a time: the same bits."""
+    tokens, n, _ = golden(base)
+    with Model.load(base + ".gguf", n_threads=2) as m:
+        assert_batch_chunks_single_agree(m, tokens[:n])
 
 
-def test_fork_and_decode_batch_of_sessions(core):
+@BOTH
+def test_fork_and_decode_batch_of_sessions(core, base):
     """A fork copies every layer's rows at their sizes; a decode batch of several sessions
     reads each session's own cache (and per-layer inputs of its own token)."""
-    prompts = [TOKENS[:12], TOKENS[5:9], [1, 300, 301, 302, 303, 304, 305]]
-    with Model.load(BASE + ".gguf", n_threads=2) as m:
+    tokens, _, _ = golden(base)
+    prompts = [tokens[:12], tokens[5:9], [1, 300, 301, 302, 303, 304, 305]]
+    with Model.load(base + ".gguf", n_threads=2) as m:
         alone, batched, forked, _ = alone_batched_forked(m, prompts)
     assert np.abs(np.array(alone) - batched).max() < 1e-4
     assert np.array_equal(forked, alone[0])
@@ -246,3 +279,69 @@ def test_synth_shape_writes_gemma4_as_the_converter_does(core, tmp_path, monkeyp
     with GGUFFile.open(path) as f:
         want = gemma4.forward(gemma4.Weights(f, gemma4.hparams(f.metadata, 512)), ids)
     assert np.abs(got - want).max() < 0.02 * np.abs(want).max()
+
+
+# --- mixture of experts (26B-A4B layout) ----------------------------------------------------
+
+def test_moe_both_expert_layouts_are_read(moe):
+    """Layer 0 holds ffn_gate_exps and ffn_up_exps, the others ffn_gate_up_exps (what the
+    converter writes now); every layer its router scale, expert scales and three norms."""
+    layers = validate(moe.metadata, moe.tensors, 512).layers
+    assert layers[0].ffn_gate_exps and layers[0].ffn_up_exps and not layers[0].ffn_gate_up_exps
+    assert all(L.ffn_gate_up_exps and not L.ffn_gate_exps for L in layers[1:])
+    assert all(L.ffn_gate_inp_scale and L.ffn_down_exps_scale and L.pre_ffw_norm_2
+               and L.post_ffw_norm_1 and L.post_ffw_norm_2 and L.ffn_gate for L in layers)
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"gemma4.expert_feed_forward_length": None},
+     "missing required key 'gemma4.expert_feed_forward_length'"),
+    ({"gemma4.expert_used_count": 9}, "expert_used_count 9 / expert_count 8 invalid"),
+    ({"gemma4.expert_count": 513}, "at most 512 experts"),
+])
+def test_moe_bad_metadata_is_refused_naming_the_key(moe, change, message):
+    md = {k: v for k, v in moe.metadata.items() if change.get(k, 0) is not None}
+    md.update({k: v for k, v in change.items() if v is not None})
+    with pytest.raises(UnsupportedModelError, match=message):
+        gemma4.hparams(md, 512)
+
+
+@pytest.mark.parametrize("drop, message", [
+    ("blk.1.ffn_gate_up_exps.weight", "missing tensor 'blk.1.ffn_gate_exps.weight'"),
+    ("blk.2.ffn_gate_inp.scale", "missing tensor 'blk.2.ffn_gate_inp.scale'"),
+    ("blk.3.post_ffw_norm_2.weight", "missing tensor 'blk.3.post_ffw_norm_2.weight'"),
+])
+def test_moe_missing_tensor_is_refused_by_both_readers(moe, drop, message):
+    tensors = {k: v for k, v in moe.tensors.items() if k != drop}
+
+    class Fake:
+        pass
+    f = Fake()
+    f.tensors = tensors
+    with pytest.raises(UnsupportedModelError, match=message):
+        gemma4.Weights(f, gemma4.hparams(moe.metadata, 512))
+    with pytest.raises(UnsupportedModelError, match=message):
+        validate(moe.metadata, tensors, 512)
+
+
+def test_moe_misshapen_expert_tensor_is_refused(moe):
+    tensors = dict(moe.tensors)
+    tensors["blk.2.ffn_down_exps.weight"] = tensors["blk.1.ffn_gate_up_exps.weight"]
+    with pytest.raises(UnsupportedModelError, match="blk.2.ffn_down_exps.weight"):
+        validate(moe.metadata, tensors, 512)
+
+
+def test_moe_expert_output_scale_takes_part(core, tmp_path):
+    """ffn_down_exps.scale multiplies each expert's output: a file without it (llama.cpp: the
+    tensor is optional) gives other logits, and the NumPy reference agrees on both."""
+    pytest.importorskip("gguf")
+    from gguf_clone import clone
+    path = str(tmp_path / "noscale.gguf")
+    clone(MOE + ".gguf", path, drop={f"blk.{il}.ffn_down_exps.scale" for il in range(5)})
+    tokens, _, ref = golden(MOE)
+    with Model.load(path, n_threads=2) as m:
+        got = np.asarray(m.session(n_ctx=64).eval(tokens[:20], logits="all"))
+    with GGUFFile.open(path) as f:
+        want = gemma4.forward(gemma4.Weights(f, gemma4.hparams(f.metadata, 512)), tokens[:20])
+    assert np.abs(got - want).max() < MAX_ABS
+    assert np.abs(got - ref[:20]).max() > 0.1
