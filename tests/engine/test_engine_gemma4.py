@@ -252,33 +252,68 @@ def test_info_shows_each_layers_sizes(capsys):
     assert "KV cache (f16/f16) 1.5 MiB" in out     # 4096 x (32 + 32 + 32) x 2 x 2 bytes
 
 
+def _synth_small(tmp_path, monkeypatch, shape, **sizes):
+    """`edged synth --shape SHAPE`'s layout at the given sizes, in F16: (path, the PyPI gguf
+    reader's view of it)."""
+    gguf_py = pytest.importorskip("gguf")
+    from edged.format import synth
+    monkeypatch.setitem(synth.SHAPES, "test-gemma4", dict(synth.SHAPES[shape], **sizes))
+    path = str(tmp_path / "gemma4.gguf")
+    synth.synth("test-gemma4", "F16", path)
+    return path, gguf_py.GGUFReader(path)
+
+
+def _compiled_agrees_with_reference(path):
+    """The compiled pass's logits of 21 tokens against the NumPy reference's; the hparams."""
+    ids = [1] + list(range(40, 60))
+    with Model.load(path, n_threads=2) as m:
+        got = np.asarray(m.session(n_ctx=32).eval(ids, logits="all"))
+        hp = m.hp
+    with GGUFFile.open(path) as f:
+        want = gemma4.forward(gemma4.Weights(f, gemma4.hparams(f.metadata, 512)), ids)
+    assert np.abs(got - want).max() < 0.02 * np.abs(want).max()
+    return hp
+
+
 def test_synth_shape_writes_gemma4_as_the_converter_does(core, tmp_path, monkeypatch):
     """`edged synth --shape gemma4-e2b`'s layout at a small size: per-layer KV heads and FFN
     widths (double-wide on the shared KV layers), the sliding pattern as booleans, rope_freqs of
     1 then 1e30; read back by the PyPI gguf reader, and the compiled pass agrees with the NumPy
     reference on it. (The full-size file loads in llama.cpp 0.3.36, whose teacher-forced logits
     edged's match.)"""
-    gguf_py = pytest.importorskip("gguf")
-    from edged.format import synth
-    small = dict(synth.SHAPES["gemma4-e2b"], n_embd=64, n_head=4, head_dim=32, head_dim_full=64,
-                 n_ff=96, n_layer=10, n_vocab=512, n_swa=4, n_kv_shared=5, n_embd_per_layer=32)
-    monkeypatch.setitem(synth.SHAPES, "test-gemma4", small)
-    path = str(tmp_path / "gemma4.gguf")
-    synth.synth("test-gemma4", "F16", path)
-    r = gguf_py.GGUFReader(path)
+    path, r = _synth_small(tmp_path, monkeypatch, "gemma4-e2b", n_embd=64, n_head=4, head_dim=32,
+                           head_dim_full=64, n_ff=96, n_layer=10, n_vocab=512, n_swa=4,
+                           n_kv_shared=5, n_embd_per_layer=32)
     assert list(r.fields["gemma4.feed_forward_length"].contents()) == [96] * 5 + [192] * 5
     assert list(r.fields["gemma4.attention.sliding_window_pattern"].contents()) == [
         True, True, True, True, False] * 2
     names = {t.name: t for t in r.tensors}
     assert list(names["rope_freqs.weight"].data[:9]) == [1.0] * 8 + [1e30]
     assert "blk.4.attn_k.weight" in names and "blk.5.attn_k.weight" not in names
-    ids = [1] + list(range(40, 60))
-    with Model.load(path, n_threads=2) as m:
-        assert m.hp.kv_layers == tuple(range(5)) + (3, 3, 3, 3, 4)
-        got = np.asarray(m.session(n_ctx=32).eval(ids, logits="all"))
-    with GGUFFile.open(path) as f:
-        want = gemma4.forward(gemma4.Weights(f, gemma4.hparams(f.metadata, 512)), ids)
-    assert np.abs(got - want).max() < 0.02 * np.abs(want).max()
+    hp = _compiled_agrees_with_reference(path)
+    assert hp.kv_layers == tuple(range(5)) + (3, 3, 3, 3, 4)
+
+
+def test_synth_shape_writes_gemma4_moe_as_the_converter_does(core, tmp_path, monkeypatch):
+    """`edged synth --shape gemma4-26b-a4b`'s layout at a small size: every sixth layer full
+    with its own KV head count and no attn_v, expert keys, in every layer the router (F32), its
+    scale, the fused gate|up and down experts, their scales and the three extra norms, no
+    per-layer inputs; the compiled pass agrees with the NumPy reference on it."""
+    path, r = _synth_small(tmp_path, monkeypatch, "gemma4-26b-a4b", n_embd=64, n_head=4,
+                           n_head_kv=2, n_head_kv_full=1, head_dim=16, head_dim_full=32, n_ff=32,
+                           n_layer=6, n_vocab=512, n_swa=4, n_expert=8, n_expert_used=2,
+                           n_ff_exp=16)
+    assert list(r.fields["gemma4.attention.head_count_kv"].contents()) == [2] * 5 + [1]
+    assert [r.fields["gemma4." + k].contents() for k in (
+        "expert_count", "expert_used_count", "expert_feed_forward_length",
+        "embedding_length_per_layer_input", "attention.shared_kv_layers")] == [8, 2, 16, 0, 0]
+    names = {t.name: t for t in r.tensors}
+    assert "blk.4.attn_v.weight" in names and "blk.5.attn_v.weight" not in names
+    assert list(names["blk.5.ffn_gate_up_exps.weight"].shape) == [64, 32, 8]
+    assert names["blk.0.ffn_gate_inp.weight"].tensor_type == 0          # F32
+    assert "blk.0.ffn_down_exps.scale" in names and "per_layer_token_embd.weight" not in names
+    hp = _compiled_agrees_with_reference(path)
+    assert (hp.n_expert, hp.n_expert_used, hp.n_ff_exp) == (8, 2, 16)
 
 
 # --- mixture of experts (26B-A4B layout) ----------------------------------------------------
