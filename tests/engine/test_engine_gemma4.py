@@ -380,3 +380,30 @@ def test_moe_expert_output_scale_takes_part(core, tmp_path):
         want = gemma4.forward(gemma4.Weights(f, gemma4.hparams(f.metadata, 512)), tokens[:20])
     assert np.abs(got - want).max() < MAX_ABS
     assert np.abs(got - ref[:20]).max() > 0.1
+
+
+def test_moe_fused_experts_repacked_give_the_same_bits(core, tmp_path, monkeypatch):
+    """Q8_0 experts with gate|up fused, repacked at load (every expert resident): one token, a
+    prompt grouped by expert and a decode batch give the mapped layout's bits."""
+    path, _ = _synth_small(tmp_path, monkeypatch, "gemma4-26b-a4b", n_embd=64, n_head=4,
+                           n_head_kv=2, n_head_kv_full=1, head_dim=32, head_dim_full=64, n_ff=64,
+                           n_layer=6, n_vocab=512, n_swa=4, n_expert=8, n_expert_used=2,
+                           n_ff_exp=32)
+    from edged.format import synth
+    synth.synth("test-gemma4", "Q8_0", path)
+
+    def logits(m):
+        s, a, b = m.session(n_ctx=64), m.session(n_ctx=16), m.session(n_ctx=16)
+        prompt = np.asarray(s.eval([(5 * i + 1) % 512 for i in range(40)], logits="all"))
+        a.eval([5, 6])
+        b.eval([9])
+        batch = np.asarray(m.decode_batch([a, b], [11, 12]), np.float32).reshape(-1)
+        return np.concatenate([prompt.reshape(-1), np.asarray(s.eval([7])).reshape(-1), batch])
+    monkeypatch.setenv("EDGED_REPACK", "off")
+    with Model.load(path, n_threads=2) as m:
+        want = logits(m)
+    monkeypatch.setenv("EDGED_REPACK", "r4")
+    with Model.load(path, n_threads=2) as m:
+        assert sum("ffn_gate_up_exps" in n for n in m.backend.repacked.tensors) == 6
+        got = logits(m)
+    assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
