@@ -252,6 +252,11 @@ def test_info_shows_each_layers_sizes(capsys):
     assert "KV cache (f16/f16) 1.5 MiB" in out     # 4096 x (32 + 32 + 32) x 2 x 2 bytes
 
 
+# the 26B-A4B layout at a size whose rows take q8_0 / q4_0 blocks and R4 groups
+MOE_Q8 = dict(n_embd=64, n_head=4, n_head_kv=2, head_dim=32, head_dim_full=64, n_ff=64,
+              n_layer=6, n_vocab=512, n_swa=4, n_expert=8, n_expert_used=2, n_ff_exp=32)
+
+
 def _synth_small(tmp_path, monkeypatch, shape, **sizes):
     """`edged synth --shape SHAPE`'s layout at the given sizes, in F16: (path, the PyPI gguf
     reader's view of it)."""
@@ -385,10 +390,7 @@ def test_moe_expert_output_scale_takes_part(core, tmp_path):
 def test_moe_fused_experts_repacked_give_the_same_bits(core, tmp_path, monkeypatch):
     """Q8_0 experts with gate|up fused, repacked at load (every expert resident): one token, a
     prompt grouped by expert and a decode batch give the mapped layout's bits."""
-    path, _ = _synth_small(tmp_path, monkeypatch, "gemma4-26b-a4b", n_embd=64, n_head=4,
-                           n_head_kv=2, n_head_kv_full=1, head_dim=32, head_dim_full=64, n_ff=64,
-                           n_layer=6, n_vocab=512, n_swa=4, n_expert=8, n_expert_used=2,
-                           n_ff_exp=32)
+    path, _ = _synth_small(tmp_path, monkeypatch, "gemma4-26b-a4b", **MOE_Q8, n_head_kv_full=1)
     from edged.format import synth
     synth.synth("test-gemma4", "Q8_0", path)
 
@@ -407,3 +409,22 @@ def test_moe_fused_experts_repacked_give_the_same_bits(core, tmp_path, monkeypat
         assert sum("ffn_gate_up_exps" in n for n in m.backend.repacked.tensors) == 6
         got = logits(m)
     assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
+
+
+def test_prompt_cache_file_of_quantized_rows_round_trip(core, tmp_path, monkeypatch):
+    """q8_0 K and q4_0 V rows of each layer's own size (2 KV heads of 32 on the sliding layers,
+    2 of 64 on the full one, rotated as llama.cpp does) saved and loaded: the next logits of
+    recomputation, bit for bit."""
+    from edged.engine import statefile
+    from edged.engine.model import Session
+    path, _ = _synth_small(tmp_path, monkeypatch, "gemma4-26b-a4b", **MOE_Q8, n_head_kv_full=2)
+    key, f, prompt = b"k" * 32, tmp_path / "q.edkv", [(7 * i + 3) % 512 for i in range(30)]
+    with Model.load(path, n_threads=2, cache_type_k="q8_0", cache_type_v="q4_0") as m:
+        s = m.session(n_ctx=64)
+        s.eval(prompt)
+        size = s.save(f, key)
+        want = np.asarray(s.eval([5, 6], logits="all"))
+        with Session.load(m, f, key) as s2:
+            assert np.array_equal(s2.eval([5, 6], logits="all"), want)
+    rows = 5 * (64 // 32 * 34 + 64 // 32 * 18) + (128 // 32 * 34 + 128 // 32 * 18)  # q8_0 K, q4_0 V
+    assert size == statefile.HEADER.size + 4 * 30 + 30 * rows + statefile.MAC_BYTES
