@@ -4,7 +4,8 @@ request gives the same text on a cold start, after a prefix-cache hit (every lay
 its size copied from another request's session), while other streams decode in the same
 steps, and as each of n=2 choices (forked sessions); a chat conversation sent again with one
 more turn hits the cache and answers as a cold daemon would; the conversation's prefix
-survives a daemon restart (each layer's rows spilled to the prompt cache on disk)."""
+survives a daemon restart (each layer's rows spilled to the prompt cache on disk). The
+mixture-of-experts layout (26B-A4B) serves the same way."""
 import os
 
 import pytest
@@ -14,6 +15,7 @@ from daemon_support import (check_cold_hit_streams_forks, check_conversation_sen
                             check_prefix_survives_restart, family_server)
 
 GEMMA4 = os.path.join(ROOT, "tests", "data", "goldens", "synthetic-gemma4.gguf")
+GEMMA4_MOE = os.path.join(ROOT, "tests", "data", "goldens", "synthetic-gemma4-moe.gguf")
 
 
 @pytest.fixture(scope="module")
@@ -38,3 +40,13 @@ def test_prefix_survives_a_restart_with_the_same_answer(tmp_path_factory):
     token and answers what the first daemon answered."""
     pytest.importorskip("edged._core")
     check_prefix_survives_restart(tmp_path_factory, "gemma4", GEMMA4)
+
+
+def test_moe_same_text_cold_after_prefix_hit_with_other_streams_and_forked(tmp_path_factory):
+    """The 26B-A4B layout: decode steps of several streams route each row to its own experts."""
+    pytest.importorskip("edged._core")
+    srv = family_server(tmp_path_factory, "gemma4-moe", GEMMA4_MOE, chat=True)
+    try:
+        check_cold_hit_streams_forks(srv)
+    finally:
+        assert srv.stop() == 0, srv.logtext()
