@@ -16,18 +16,19 @@ What sets it apart from Gemma 3, all per layer:
   + per_layer_token_embd[token] * sqrt(P)) / sqrt(2), split into n_layer slices of P;
 - `layer_output_scale` (one value) multiplies each layer's output; the logits are soft-capped;
 - mixture-of-experts files (26B-A4B: `expert_count`, `expert_used_count`,
-  `expert_feed_forward_length`) keep the dense FFN as a shared expert beside the routed ones,
-  in a layer that has a router (`ffn_gate_inp`): mlp = post_ffw_norm_1(FFN(ffn_norm(x))); the
-  router reads rms_norm(x) / sqrt(E) * ffn_gate_inp.scale, softmax over the experts, the top k
-  renormalised to sum 1; each chosen expert's gelu(gate) * up (ffn_gate_up_exps fused, gate
-  rows first, or ffn_gate_exps and ffn_up_exps) then down, times ffn_down_exps.scale[e] when
-  present, of pre_ffw_norm_2(x); moe = post_ffw_norm_2(the weighted sum); the FFN output is
-  post_ffw_norm(mlp + moe).
+  `expert_feed_forward_length`) keep the dense FFN as a shared expert beside the routed ones:
+  mlp = post_ffw_norm_1(FFN(ffn_norm(x))); the router reads rms_norm(x) / sqrt(E) *
+  ffn_gate_inp.scale, softmax over the experts, the top k renormalised to sum 1; each chosen
+  expert's gelu(gate) * up (ffn_gate_up_exps fused, gate rows first, or ffn_gate_exps and
+  ffn_up_exps) then down, times ffn_down_exps.scale[e] when present, of pre_ffw_norm_2(x);
+  moe = post_ffw_norm_2(the weighted sum); the FFN output is post_ffw_norm(mlp + moe). Every
+  layer must have its router (llama.cpp would run a layer without `ffn_gate_inp` as dense;
+  edged refuses it, naming the tensor).
 
 arch.validate reads a file through `hparam_fields` and `tensors` below; the compiled pass
-(cython_kernels/forward/forward.h, forward_layers.h) takes the per-layer sizes from its layer
-descriptors. `forward` is the NumPy reference it is checked against (the reference backend does
-not run gemma4).
+(cython_kernels/forward/forward.h, forward_layers.h, forward_moe_gemma4.h) takes the per-layer
+sizes from its layer descriptors. `forward` is the NumPy reference it is checked against (the
+reference backend does not run gemma4).
 """
 from __future__ import annotations
 
