@@ -428,3 +428,18 @@ def test_prompt_cache_file_of_quantized_rows_round_trip(core, tmp_path, monkeypa
             assert np.array_equal(s2.eval([5, 6], logits="all"), want)
     rows = 5 * (64 // 32 * 34 + 64 // 32 * 18) + (128 // 32 * 34 + 128 // 32 * 18)  # q8_0 K, q4_0 V
     assert size == statefile.HEADER.size + 4 * 30 + 30 * rows + statefile.MAC_BYTES
+
+
+def test_moe_quantize_picks_llama_cpps_ffn_down_types(tmp_path, monkeypatch):
+    """`edged quantize` Q4_K_M on a layout with two ffn_down tensors per layer (the dense FFN's
+    and the experts'): like llama-quantize (its layer_info reads the layer from the name when
+    there are experts), both get Q6_K on use_more_bits layers (2 and 5 of 6), Q4_K elsewhere."""
+    from edged.format.quantize import FileType, choose_types
+    path, _ = _synth_small(tmp_path, monkeypatch, "gemma4-26b-a4b", **dict(
+        MOE_Q8, n_embd=256, n_ff=256, n_ff_exp=256, n_head_kv_full=1))
+    with GGUFFile.open(path) as f:
+        types = choose_types(f, FileType.MOSTLY_Q4_K_M)
+    for il in range(6):
+        want = "Q6_K" if il in (2, 5) else "Q4_K"
+        assert [types[f"blk.{il}.{n}.weight"].name for n in ("ffn_down", "ffn_down_exps")] == \
+            [want, want], il
