@@ -1236,11 +1236,14 @@ static size_t ed_state_layout(ed_state *s, const ed_model *m, int n_ctx, int n_b
                 : (m->n_ff_exp > m->n_ff_shexp ? m->n_ff_exp : m->n_ff_shexp);
     const int Vd = m->ssm_d_inner;  /* a recurrent layer's output */
     const int XB = E > Qd ? (E > Vd ? E : Vd) : (Qd > Vd ? Qd : Vd);
-    /* widest activation row that gets quantized: n_embd, Qd or n_ff inputs, any type */
+    /* the longest row a product reads: n_ff, xb's, or per-layer inputs' P (gemma4, gemma3n) */
+    const int KX = F > XB ? (F > m->n_embd_per_layer ? F : m->n_embd_per_layer)
+                          : (XB > m->n_embd_per_layer ? XB : m->n_embd_per_layer);
+    /* widest activation row that gets quantized: n_embd, Qd, n_ff or P inputs, any type */
     size_t xq_row = 0;
     for (int t = 0; t < ED_NTYPES; t++) {
         if (!ED_TRAITS[t].ref) continue;
-        size_t r = ed_act_row_bytes(t, (F > XB ? F : XB));
+        size_t r = ed_act_row_bytes(t, KX);
         if (r > xq_row) xq_row = r;
     }
     xq_row = xq_row + 4 * sizeof(float);  /* any type: <= 4 bytes/elem + block headers */
@@ -1279,11 +1282,11 @@ static size_t ed_state_layout(ed_state *s, const ed_model *m, int n_ctx, int n_b
     CARVE(qh, uint16_t, (size_t)n_threads * hd);
     CARVE(vacc, float, (size_t)n_threads * 80 * hd);
     CARVE(xq, uint8_t, xq_bytes);
-    const size_t gemm_bytes = n_batch > 1 ? ed_gemm_scratch(F > XB ? F : XB) : 0;
-    const size_t xinfo_row = ed_gemm_info_len(F > XB ? F : XB);
+    const size_t gemm_bytes = n_batch > 1 ? ed_gemm_scratch(KX) : 0;
+    const size_t xinfo_row = ed_gemm_info_len(KX);
     CARVE(gemm, uint8_t, (size_t)n_threads * gemm_bytes);
     CARVE(xinfo, ed_ginfo, (size_t)(n_batch > 1 ? n_batch : 0) * xinfo_row);
-    CARVE(xdy, float, n_batch > 1 ? ed_gemm_dy_len(n_batch, F > XB ? F : XB) : 0);
+    CARVE(xdy, float, n_batch > 1 ? ed_gemm_dy_len(n_batch, KX) : 0);
     CARVE(logits, float, (size_t)(n_batch < ED_MAX_LOGIT_ROWS ? n_batch : ED_MAX_LOGIT_ROWS) * m->n_vocab);
     CARVE(tokens, int32_t, n_batch);
     CARVE(out_rows, int32_t, ED_MAX_LOGIT_ROWS);
