@@ -188,3 +188,40 @@ def test_fork_and_decode_batch_of_sessions(core, model_path):
         alone, batched, forked, _ = alone_batched_forked(m, prompts)
     assert np.abs(np.array(alone) - batched).max() < 1e-4
     assert np.array_equal(forked, alone[0])
+
+
+def test_synth_shape_writes_gemma3n_as_the_converter_does(core, tmp_path, monkeypatch):
+    """`edged synth --shape gemma-3n-e2b`'s layout at a small size: the AltUp and sparsity
+    keys, K/V tensors in every layer, AltUp / LAuReL / per_layer_model_proj left unquantized
+    (llama-quantize's rule) with the router and coefficients in F32; read back by the PyPI gguf
+    reader. The compiled pass runs it (its per-layer inputs, 256 wide, are wider than n_ff 96:
+    the arena's quantized rows and panels are sized for them) with the same bits in one batch,
+    in chunks and token by token, and near the NumPy reference (float64 activations: on this
+    random model the Q8 activations of the quantized matrices move logits of max 0.67 by
+    0.07). (The full-size file loads in llama.cpp 0.3.36, whose logits edged's match.)"""
+    gguf_py = pytest.importorskip("gguf")
+    from edged.format import synth
+    small = dict(synth.SHAPES["gemma-3n-e2b"], n_embd=64, n_head=4, head_dim=32, n_ff=96,
+                 n_layer=22, n_vocab=512, n_swa=4, n_kv_shared=2)
+    monkeypatch.setitem(synth.SHAPES, "test-gemma3n", small)
+    path = str(tmp_path / "gemma3n.gguf")
+    synth.synth("test-gemma3n", "Q4_K_M", path)
+    r = gguf_py.GGUFReader(path)
+    assert list(r.fields["gemma3n.activation_sparsity_scale"].contents()) == pytest.approx(
+        [gemma3n.SPARSITY_STD_MUL] * 10 + [-np.inf] * 12)
+    names = {t.name: t.tensor_type.name for t in r.tensors}
+    assert "blk.21.attn_k.weight" in names and "output.weight" not in names
+    assert names["blk.3.laurel_l.weight"] == names["altup_proj.weight"] == "F16"
+    assert names["per_layer_model_proj.weight"] == "F16"
+    assert names["blk.3.altup_router.weight"] == names["blk.3.altup_predict_coef.weight"] == "F32"
+    ids = [1] + list(range(40, 60))
+    got = {}
+    for backend in ("cpu", "reference"):
+        with Model.load(path, backend=backend, n_threads=2) as m:
+            assert m.hp.kv_layers[20:] == (18, 18)
+            got[backend] = np.asarray(m.session(n_ctx=32).eval(ids, logits="all"))
+    want = got["reference"]
+    assert np.abs(got["cpu"] - want).max() < 0.15 * np.abs(want).max()
+    assert (got["cpu"].argmax(1) == want.argmax(1)).mean() > 0.9
+    with Model.load(path, n_threads=2) as m:
+        assert_batch_chunks_single_agree(m, ids, n_ctx=32)
