@@ -163,14 +163,12 @@ static void ed_sparse_gate_up(ed_state *s, ed_pool *p, const ed_model *m, const 
 
 /* A layer's end (x: its output): every stream corrected by the innovation x - prediction
    times (1 + the router's coefficient), then the active one times altup_correct_scale through
-   the per-layer input gate (row t's slice il of s->ple) and projection, RMS-normed, added to
-   the other streams. Rows t < n; on the last layer they may have been compacted (ed_last_rows:
-   row t is then batch row out_rows[t]). All threads; ends in a barrier. */
+   the per-layer input gate and projection (ed_ple_gate), RMS-normed, added to the other
+   streams. Rows t < n (compacted on the last layer: ed_last_rows). All threads; ends in a
+   barrier. */
 static void ed_altup_layer_end(ed_state *s, ed_pool *p, const ed_model *m, const ed_layer *L,
                                int il, int n, int ith, int nth) {
     const int E = m->n_embd, A = m->n_altup, W = A * (A + 1);
-    const int P = m->n_embd_per_layer, LP = P * m->n_layer;
-    const int compact = n < s->n_tokens;
     int64_t a, b;
     ed_range(n, ith, nth, &a, &b);
     ed_altup_router(s, p, m, L, s->x, E, n, ith, nth);
@@ -188,14 +186,7 @@ static void ed_altup_layer_end(ed_state *s, ed_pool *p, const ed_model *m, const
         }
     }
     ed_barrier(p);
-    ed_matmul(s, p, s->hb, P, &L->per_layer_inp_gate, s->xb2, E, n, 0, ith, nth);
-    for (int64_t t = a; t < b; t++) {
-        float *g = s->hb + t * P;
-        const float *e = s->ple + (size_t)(compact ? s->out_rows[t] : t) * LP + (size_t)il * P;
-        for (int i = 0; i < P; i++) g[i] = ed_gelu(g[i]) * e[i];
-    }
-    ed_barrier(p);
-    ed_matmul(s, p, s->xb2, E, &L->per_layer_proj, s->hb, P, n, 0, ith, nth);
+    ed_ple_gate(s, p, m, L, il, s->xb2, n, ith, nth);
     for (int64_t t = a; t < b; t++) {
         float *o = s->xb2 + t * E;
         ed_rms_norm(o, o, ed_vec(&L->per_layer_post_norm), E, m->rms_eps);
