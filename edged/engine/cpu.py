@@ -8,7 +8,6 @@ activations, logits).
 from __future__ import annotations
 
 import dataclasses
-import errno
 import time
 
 import numpy as np
@@ -114,7 +113,8 @@ class CPUBackend(Backend):
             return (v.view(np.uint8), int(GGMLType.F32), shape, 4 * shape[0])
 
         def tensor(role, name):
-            return (vector(name) if role.endswith(("norm", "bias", "sinks", "conv", "scale"))
+            return (vector(name) if role.endswith(("norm", "norm_1", "norm_2", "bias", "sinks",
+                                                   "conv", "scale"))
                     or role in ("ssm_conv1d", "ssm_conv1d_b", "ssm_dt", "ssm_a", "ssm_d")
                     else matrix(name))
 
@@ -283,13 +283,10 @@ class CPUBackend(Backend):
         return (_core.__file__,)
 
     def kv_cache(self, buf):
-        hp = self.spec.hp
-        if hp.head_dim_layers or any(src != il for il, src in enumerate(hp.kv_layers)):
-            # prompt-cache files hold rows of one size per layer (statefile.py)
-            raise OSError(errno.EOPNOTSUPP, f"prompt-cache files do not hold {self.spec.arch.name}'s "
-                          "per-layer K/V rows (of their own sizes, or an earlier layer's) yet; "
-                          "nothing written")
         return buf.state.kv_cache()
+
+    def kv_layers(self, buf):
+        return buf.state.kv_layers()
 
     def conv_cache(self, buf):
         return buf.state.conv_cache()

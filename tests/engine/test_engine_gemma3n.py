@@ -162,12 +162,26 @@ def test_compiled_matches_the_reference_on_hidden_rows(core, model_path):
     assert np.abs(got["cpu"] - got["reference"]).max() < 2e-2
 
 
-def test_prompt_cache_file_is_refused_by_name(core, model_path, tmp_path):
+def test_prompt_cache_file_round_trip_gives_the_same_bits(core, model_path, tmp_path):
+    """Session.save holds the K/V rows of layers 0-19 (none for 20 and 21); a new model's
+    Session.load gives the next logits of recomputation bit for bit."""
+    from edged.engine import statefile
+    from edged.engine.model import Session
+    key, path, nxt = b"k" * 32, tmp_path / "g.edkv", TOKENS[N_PROMPT:N_PROMPT + 3]
+    prompt = TOKENS[:N_PROMPT]
     with Model.load(model_path, n_threads=2) as m:
         s = m.session(n_ctx=64)
-        s.eval(TOKENS[:4])
-        with pytest.raises(OSError, match="prompt-cache files do not hold gemma3n's per-layer K/V"):
-            s.save(tmp_path / "x.edkv", key=b"k" * 32)
+        s.eval(prompt)
+        size = s.save(path, key)
+        fresh = m.session(n_ctx=64)
+        fresh.eval(prompt)
+        want = np.asarray(fresh.eval(nxt, logits="all"))
+        rows = 20 * 2 * m.hp.n_head_kv * m.hp.head_dim * 2     # f16 K and V rows of 20 layers
+    assert size == (statefile.HEADER.size + 4 * N_PROMPT + N_PROMPT * rows + statefile.MAC_BYTES)
+    with Model.load(model_path, n_threads=2) as m:
+        with Session.load(m, path, key) as s2:
+            assert s2.tokens == prompt
+            assert np.array_equal(s2.eval(nxt, logits="all"), want)
 
 
 @pytest.mark.parametrize("backend,threads", [("reference", 1), ("cpu", 1), ("cpu", 2)])
