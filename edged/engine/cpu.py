@@ -147,7 +147,7 @@ class CPUBackend(Backend):
             g.update(altup_proj=matrix(g3n.altup_proj),
                      altup_unembd_proj=matrix(g3n.altup_unembd_proj))
         self._ple_bytes = None
-        if ple:  # gemma4: the per-layer inputs' projection and norm; their embedding rows below
+        if ple:  # gemma4, gemma3n: the per-layer inputs' projection and norm; their rows below
             g.update(per_layer_model_proj=matrix(ple.model_proj),
                      per_layer_proj_norm=vector(ple.proj_norm))
             self._ple_type = int(spec.tensors[ple.token_embd].type)
