@@ -17,11 +17,10 @@ from edged import Model
 from edged.engine import arch, gemma3n
 from edged.errors import MetadataValueError, UnsupportedModelError
 from edged.format.gguf import Key
-from edged.text.sampling import SamplingParams
 
 from family_goldens import (GOLDENS, alone_batched_forked, assert_batch_chunks_single_agree,
                             check, check_every_kernel_path, greedy, regenerated_fixtures,
-                            validate_changed)
+                            saved_and_recomputed, validate_changed)
 
 GOLDEN = np.load(f"{GOLDENS}/synthetic-gemma3n.golden.npz")
 TOKENS, N_PROMPT = GOLDEN["tokens"].tolist(), int(GOLDEN["n_prompt"])
@@ -170,12 +169,7 @@ def test_prompt_cache_file_round_trip_gives_the_same_bits(core, model_path, tmp_
     key, path, nxt = b"k" * 32, tmp_path / "g.edkv", TOKENS[N_PROMPT:N_PROMPT + 3]
     prompt = TOKENS[:N_PROMPT]
     with Model.load(model_path, n_threads=2) as m:
-        s = m.session(n_ctx=64)
-        s.eval(prompt)
-        size = s.save(path, key)
-        fresh = m.session(n_ctx=64)
-        fresh.eval(prompt)
-        want = np.asarray(fresh.eval(nxt, logits="all"))
+        size, want = saved_and_recomputed(m, prompt, nxt, path, key)
         rows = 20 * 2 * m.hp.n_head_kv * m.hp.head_dim * 2     # f16 K and V rows of 20 layers
     assert size == (statefile.HEADER.size + 4 * N_PROMPT + N_PROMPT * rows + statefile.MAC_BYTES)
     with Model.load(model_path, n_threads=2) as m:
