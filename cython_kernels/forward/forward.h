@@ -64,7 +64,12 @@ typedef struct {
     X(ssm_in) X(ssm_conv1d_b) X(ssm_d) \
     /* gemma4 (forward_layers.h): per-layer embeddings' gate (ne0 n_embd, ne1 P), projection \
        (ne0 P, ne1 n_embd) and its norm; a scalar (F32, one value) times the layer's output */ \
-    X(per_layer_inp_gate) X(per_layer_proj) X(per_layer_post_norm) X(layer_output_scale)
+    X(per_layer_inp_gate) X(per_layer_proj) X(per_layer_post_norm) X(layer_output_scale) \
+    /* gemma4 mixture of experts (forward_moe_gemma4.h): gate|up of every expert fused (ne1 \
+       2 n_ff_exp), a scale per expert's output (n_expert), the router input's scale (n_embd), \
+       the experts' input norm and the output norms of the dense FFN and of the experts */ \
+    X(ffn_gate_up_exps) X(ffn_down_exps_scale) X(ffn_gate_inp_scale) \
+    X(pre_ffw_norm_2) X(post_ffw_norm_1) X(post_ffw_norm_2)
 
 typedef struct {
 #define ED_LT_MEMBER(name) ed_tensor name;
@@ -523,17 +528,18 @@ static inline ed_tensor ed_expert(const ed_tensor *W, int e) {
     return t;
 }
 
-/* The routed FFN as llama.cpp's build_moe_ffn (softmax gating): router logits, softmax over
- * the experts, the top k (best first), optionally their weights renormalised to sum 1; each
- * selected expert's silu(gate) * up then down; the k outputs times their weights summed in
- * slot order. Tokens are grouped by expert, so each selected expert's weights are read once
- * per batch (llama.cpp's mul_mat_id) and one token reads only its k experts. Output in xb2. */
-static void ed_moe_ffn(ed_state *s, ed_pool *p, const ed_model *m, const ed_layer *L, int n,
-                       int ith, int nth) {
+/* The routed FFN as llama.cpp's build_moe_ffn (softmax gating): router logits of xr (n,
+ * n_embd), softmax over the experts, the top k (best first), optionally their weights
+ * renormalised to sum 1; each selected expert's act(gate) * up of xb then down (times the
+ * expert's scale, gemma4); the k outputs times their weights summed in slot order. Tokens are
+ * grouped by expert, so each selected expert's weights are read once per batch (llama.cpp's
+ * mul_mat_id) and one token reads only its k experts. Output in xb2. */
+static void ed_moe_ffn(ed_state *s, ed_pool *p, const ed_model *m, const ed_layer *L,
+                       const float *xr, int n, int ith, int nth) {
     const int E = m->n_embd, X = m->n_expert, k = m->n_expert_used, Fe = m->n_ff_exp;
     const ed_pm_fns pm = *ED_PM;  /* the path's (ed_parity.h), copied once for the loops */
     int64_t a, b;
-    ed_matmul(s, p, s->probs, X, &L->ffn_gate_inp, s->xb, E, n, 0, ith, nth);
+    ed_matmul(s, p, s->probs, X, &L->ffn_gate_inp, xr, E, n, 0, ith, nth);
     ed_range(n, ith, nth, &a, &b);
     const float *rb = L->ffn_gate_inp_bias.data ? ed_vec(&L->ffn_gate_inp_bias) : NULL;
     for (int64_t t = a; t < b; t++) {
@@ -586,18 +592,21 @@ static void ed_moe_ffn(ed_state *s, ed_pool *p, const ed_model *m, const ed_laye
             ed_barrier(p);
             xin = s->xe;
         }
-        const ed_tensor G = ed_expert(&L->ffn_gate_exps, e), U = ed_expert(&L->ffn_up_exps, e);
+        const int fused = L->ffn_gate_up_exps.data != NULL;  /* gemma4: gate rows, then up */
+        const ed_tensor G = ed_expert(fused ? &L->ffn_gate_up_exps : &L->ffn_gate_exps, e);
+        const ed_tensor U = fused ? G : ed_expert(&L->ffn_up_exps, e);
         const ed_tensor D = ed_expert(&L->ffn_down_exps, e);
         const float *gb = NULL, *ub = NULL;  /* gpt-oss: the expert's own bias rows */
         if (L->ffn_gate_exps_bias.data) {
             gb = ed_vec(&L->ffn_gate_exps_bias) + (size_t)e * Fe;
             ub = ed_vec(&L->ffn_up_exps_bias) + (size_t)e * Fe;
         }
-        ed_gate_up(s, p, m, &G, &U, 0, Fe, xin, cnt, gb, ub, ith, nth);
+        ed_gate_up(s, p, m, &G, &U, fused ? Fe : 0, Fe, xin, cnt, gb, ub, ith, nth);
         ed_matmul(s, p, s->ye + (size_t)c0 * E, E, &D, s->hb, 2 * Fe, cnt, 0, ith, nth);
     }
     ed_range(n, ith, nth, &a, &b);
     const float *db = L->ffn_down_exps_bias.data ? ed_vec(&L->ffn_down_exps_bias) : NULL;
+    const float *ds = L->ffn_down_exps_scale.data ? ed_vec(&L->ffn_down_exps_scale) : NULL;
     for (int64_t t = a; t < b; t++) {  /* llama.cpp: weighted outputs added in slot order */
         float *o = s->xb2 + t * E;
         const float *w = s->selw + t * k;
@@ -606,6 +615,10 @@ static void ed_moe_ffn(ed_state *s, ed_pool *p, const ed_model *m, const ed_laye
             if (db) {  /* gpt-oss: the expert's down bias, before its weight */
                 const float *bias = db + (size_t)s->sel[t * k + j] * E;
                 for (int i = 0; i < E; i++) y[i] += bias[i];
+            }
+            if (ds) {  /* gemma4: the expert's output scale, before its weight */
+                const float sc = ds[s->sel[t * k + j]];
+                for (int i = 0; i < E; i++) y[i] *= sc;
             }
             if (j == 0) for (int i = 0; i < E; i++) o[i] = y[i] * w[0];
             else        for (int i = 0; i < E; i++) o[i] = o[i] + y[i] * w[j];
@@ -738,6 +751,7 @@ static inline int ed_kv_rot_n(int type, int hd, int is_k) {
 }
 
 #include "forward_layers.h"
+#include "forward_moe_gemma4.h"
 
 /* x (len, a multiple of n) <- each n-value chunk times the n x n Hadamard matrix / sqrt(n):
  * scaled first, then the butterflies (u + v, u - v) with spans 1, 2, 4, ..., n/2, ggml's fast
@@ -1159,8 +1173,11 @@ static void ed_forward_worker(void *arg, int ith, int nth) {
         }
         ed_barrier(p);
         ED_MARK(prof_ns, ED_PROF_NORM);
-        if (m->n_expert) {
-            ed_moe_ffn(s, p, m, L, n, ith, nth);
+        if (L->pre_ffw_norm_2.data) {  /* gemma4: the dense FFN beside the routed experts */
+            ed_gemma4_moe_ffn(s, p, m, L, n, ith, nth);
+            ED_MARK(prof_mm, L->ffn_down_exps.type);
+        } else if (m->n_expert) {
+            ed_moe_ffn(s, p, m, L, s->xb, n, ith, nth);
             ED_MARK(prof_mm, L->ffn_up_exps.type);
         } else {
             ed_ffn_gate_up(s, p, m, L, n, ith, nth);

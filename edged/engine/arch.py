@@ -335,6 +335,15 @@ class LayerTensors:
     per_layer_proj: str | None = None
     per_layer_post_norm: str | None = None
     layer_output_scale: str | None = None
+    # gemma4 mixture of experts (edged/engine/gemma4.py): every expert's gate|up fused (n_embd,
+    # 2 n_ff_exp, n_expert), each expert's output scale (n_expert), the router input's scale
+    # (n_embd), the experts' input norm, the dense FFN's and the experts' output norms
+    ffn_gate_up_exps: str | None = None
+    ffn_down_exps_scale: str | None = None
+    ffn_gate_inp_scale: str | None = None
+    pre_ffw_norm_2: str | None = None
+    post_ffw_norm_1: str | None = None
+    post_ffw_norm_2: str | None = None
 
 
 @dataclass(frozen=True)

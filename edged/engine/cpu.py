@@ -8,7 +8,6 @@ activations, logits).
 from __future__ import annotations
 
 import dataclasses
-import errno
 import time
 
 import numpy as np
@@ -123,7 +122,8 @@ class CPUBackend(Backend):
                          kv_src=hp.kv_layers[il], rope_ff=int(not hp.swa_layers[il]))
             for role in _ROLES:
                 name = getattr(L, role)
-                d[role] = (vector(name) if role.endswith(("norm", "bias", "sinks", "conv", "scale"))
+                d[role] = (vector(name) if role.endswith(("norm", "norm_1", "norm_2", "bias", "sinks",
+                                                          "conv", "scale"))
                            or role in ("ssm_conv1d", "ssm_conv1d_b", "ssm_dt", "ssm_a", "ssm_d")
                            else matrix(name))
             layers.append(d)
@@ -265,10 +265,10 @@ class CPUBackend(Backend):
         return (_core.__file__,)
 
     def kv_cache(self, buf):
-        if self.spec.hp.head_dim_layers:  # prompt-cache files hold rows of one size (statefile.py)
-            raise OSError(errno.EOPNOTSUPP, f"prompt-cache files do not hold {self.spec.arch.name}'s "
-                          "per-layer K/V row sizes yet; nothing written")
         return buf.state.kv_cache()
+
+    def kv_layers(self, buf):
+        return buf.state.kv_layers()
 
     def conv_cache(self, buf):
         return buf.state.conv_cache()

@@ -148,7 +148,11 @@ def choose_types(f, ftype, has_imatrix=False):
                 if n_expert == 8:
                     t = G.Q8_0
             elif cat == "ffn_down":
-                t = _ffn_down_type(t, ftype, i_ffn_down, n_layer, falcon, has_imatrix)
+                # llama.cpp's layer_info: with experts the layer is the name's (a layer may hold
+                # several ffn_down tensors: gemma4's dense FFN and experts, shared experts)
+                i = int(_LAYER.match(name).group(1)) if n_expert > 1 and _LAYER.match(name) \
+                    else i_ffn_down
+                t = _ffn_down_type(t, ftype, i, n_layer, falcon, has_imatrix)
                 i_ffn_down += 1
             elif cat == "attn_output":
                 if not falcon:
