@@ -92,8 +92,8 @@ def test_embeddings_match_llama_cpp(proj, golden):
 
 
 def test_compiled_encoder_matches_its_numpy_twin(proj, golden):
-    xs, _ = proj.preprocess(golden["image"])
-    close_to(proj._embed(xs), proj._embed(xs, twin=True))
+    squares, _ = proj.squares(golden["image"])
+    close_to(proj._embed(squares), proj._embed(squares, twin=True))
 
 
 def test_digest_names_the_pixels(proj, golden):
