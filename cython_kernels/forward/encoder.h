@@ -22,6 +22,7 @@
 #include <string.h>
 
 #include "forward.h"
+#include "encoder_x86.h"
 
 /* x[t] = LN(x[t] + bias + res[t]) * w + b for rows t of (n, E); bias, res may be NULL */
 typedef struct {
@@ -77,12 +78,46 @@ static void ed_enc_act_task(void *arg, int ith, int nth) {
     }
 }
 
+/* sc[i * ldsc + j] = scale * (K_j . Q_i) for keys j < nk and queries i < nq (rows ld floats
+ * apart): the path's F32 row kernel's dots (ed_mdot_rows); on x86 the blocks of
+ * encoder_x86.h for heads of a multiple of 16 values, which give the same bits faster. */
+static void ed_enc_scores(int D, const float *k, const float *q, size_t ld, int nk, int nq,
+                          float scale, float *sc, size_t ldsc) {
+    int nkb = 0, nqb = 0;   /* [0, nqb) x [0, nkb): done by a block kernel */
+#if defined(__x86_64__)
+    if (D % 16 == 0 && nq >= 4 && nk >= 4) {
+        nqb = nq & ~3;
+        if (!strcmp(ed_kern->family, "avx512")) {
+            nkb = nk & ~3;
+            ed_enc_scores_avx512(D, k, q, ld, nkb, nqb, scale, sc, ldsc);
+        } else if (!strcmp(ed_kern->family, "avx2")) {
+            nkb = nk & ~1;
+            ed_enc_scores_avx2(D, k, q, ld, nkb, nqb, scale, sc, ldsc);
+        } else {
+            nqb = 0;
+        }
+    }
+#endif
+    const size_t row = ld * sizeof(float);
+    if (nqb && nk > nkb)
+        ed_mdot_rows(ED_F32, D, (const uint8_t *)(k + (size_t)nkb * ld), row, nk - nkb,
+                     (const uint8_t *)q, row, nqb, sc + nkb, ldsc);
+    if (nq > nqb)
+        ed_mdot_rows(ED_F32, D, (const uint8_t *)k, row, nk,
+                     (const uint8_t *)(q + (size_t)nqb * ld), row, nq - nqb, sc + (size_t)nqb * ldsc, ldsc);
+    for (int i = 0; i < nq; i++)
+        for (int j = i < nqb ? nkb : 0; j < nk; j++) sc[(size_t)i * ldsc + j] *= scale;
+}
+
 /* Non-causal attention of a batch of sequences. q, k, v rows of token t start at
  * q + t * ld (likewise k, v; a fused qkv product or three separate ones), the matmul biases
  * not yet added (qb, kb, vb: (H*D) or NULL; added here, in place). RoPE (NeoX pairs, the
  * sequence's own positions 0..n-1) when rope_base > 0. out: (n_tokens, H*D).
- * Phase 1 (per token, split over threads): biases and RoPE. Phase 2 (per sequence and head):
- * scores = scale * K Q^T, softmax, out = P V, with V transposed into the thread's scratch. */
+ * Phase 1 (per token, split over threads): biases and RoPE. Phase 2 (per sequence and head,
+ * with V transposed into the thread's scratch), ED_ENC_QROWS queries at a time: their scores
+ * scale * K Q^T, softmax row by row (the rows' max and double sums interleaved: independent
+ * chains, each row's own order), out = P V. */
+#define ED_ENC_QROWS 8
 typedef struct {
     float *out;
     float *q, *k, *v;
@@ -90,7 +125,7 @@ typedef struct {
     const int64_t *starts;  /* n_seq + 1 row offsets */
     const int32_t *pos;     /* (n_tokens) position of each row in its sequence */
     float *ws;              /* nth * ws_floats scratch */
-    size_t ws_floats;       /* >= n_max * n_max + D * n_max */
+    size_t ws_floats;       /* >= (ED_ENC_QROWS + D) * n_max */
     size_t ld;              /* floats between token rows of q, k, v */
     int64_t n_tokens;
     int n_seq, H, D;
@@ -118,33 +153,40 @@ static void ed_enc_attn_task(void *arg, int ith, int nth) {
     if (nth > 1) ed_barrier(a->pool);
     float *sc = a->ws + (size_t)ith * a->ws_floats;
     const ed_pm_fns pm = *ED_PM;
-    const size_t row = a->ld * sizeof(float);
     int64_t task = 0;
     for (int s = 0; s < a->n_seq; s++) {
         const int64_t s0 = a->starts[s];
         const int n = (int)(a->starts[s + 1] - s0);
         for (int h = 0; h < H; h++, task++) {
             if (task % nth != ith) continue;
-            float *vt = sc + (size_t)n * n;                        /* (D, n) V^T of this head */
+            float *vt = sc + (size_t)ED_ENC_QROWS * n;             /* (D, n) V^T of this head */
             const float *vh = a->v + s0 * a->ld + h * D;
             for (int j = 0; j < n; j++)
                 for (int d = 0; d < D; d++) vt[(size_t)d * n + j] = vh[j * a->ld + d];
-            /* sc[i * n + j] = K_j . Q_i */
-            ed_mdot_rows(ED_F32, D, (const uint8_t *)(a->k + s0 * a->ld + h * D), row, n,
-                         (const uint8_t *)(a->q + s0 * a->ld + h * D), row, n, sc, n);
-            for (int i = 0; i < n; i++) {
-                float *p = sc + (size_t)i * n, mx = -INFINITY;
-                for (int j = 0; j < n; j++) { p[j] *= a->scale; if (p[j] > mx) mx = p[j]; }
-                ed_pm_expf_sub(&pm, n, p, mx, p);   /* ggml's vector expf, the path's SIMD form */
-                double sum = 0.0;
-                for (int j = 0; j < n; j++) sum += (double)p[j];
-                const float inv = (float)(1.0 / sum);
-                for (int j = 0; j < n; j++) p[j] *= inv;
+            for (int i0 = 0; i0 < n; i0 += ED_ENC_QROWS) {
+                const int nq = n - i0 < ED_ENC_QROWS ? n - i0 : ED_ENC_QROWS;
+                /* sc[i * n + j] = scale * K_j . Q_(i0 + i) */
+                ed_enc_scores(D, a->k + s0 * a->ld + h * D, a->q + (s0 + i0) * a->ld + h * D,
+                              a->ld, n, nq, a->scale, sc, n);
+                float mx[ED_ENC_QROWS];
+                double sum[ED_ENC_QROWS];
+                for (int i = 0; i < nq; i++) { mx[i] = -INFINITY; sum[i] = 0.0; }
+                for (int j = 0; j < n; j++)
+                    for (int i = 0; i < nq; i++) if (sc[(size_t)i * n + j] > mx[i]) mx[i] = sc[(size_t)i * n + j];
+                for (int i = 0; i < nq; i++)     /* ggml's vector expf, the path's SIMD form */
+                    ed_pm_expf_sub(&pm, n, sc + (size_t)i * n, mx[i], sc + (size_t)i * n);
+                for (int j = 0; j < n; j++)
+                    for (int i = 0; i < nq; i++) sum[i] += (double)sc[(size_t)i * n + j];
+                for (int i = 0; i < nq; i++) {
+                    float *p = sc + (size_t)i * n;
+                    const float inv = (float)(1.0 / sum[i]);
+                    for (int j = 0; j < n; j++) p[j] *= inv;
+                }
+                /* out[i0 + i, h*D + d] = V^T_d . P_i */
+                ed_mdot_rows(ED_F32, n, (const uint8_t *)vt, (size_t)n * sizeof(float), D,
+                             (const uint8_t *)sc, (size_t)n * sizeof(float), nq,
+                             a->out + (s0 + i0) * Qd + h * D, Qd);
             }
-            /* out[i, h*D + d] = V^T_d . P_i */
-            ed_mdot_rows(ED_F32, n, (const uint8_t *)vt, (size_t)n * sizeof(float), D,
-                         (const uint8_t *)sc, (size_t)n * sizeof(float), n,
-                         a->out + s0 * Qd + h * D, Qd);
         }
     }
 }

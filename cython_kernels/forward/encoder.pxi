@@ -52,6 +52,7 @@ cdef extern from "encoder.h" nogil:
         ed_pool *pool
     void ed_enc_mm_q8_0_task(void *arg, int ith, int nth) noexcept
     enum: ED_STRIP_BLOCK
+    enum: ED_ENC_QROWS
     void ed_enc_norm_task(void *arg, int ith, int nth) noexcept
     void ed_enc_act_task(void *arg, int ith, int nth) noexcept
     void ed_enc_attn_task(void *arg, int ith, int nth) noexcept
@@ -139,7 +140,7 @@ def enc_attention(float[:, ::1] out, float[:, :] q, float[:, :] k, float[:, :] v
     pos = np.concatenate([np.arange(starts[s + 1] - starts[s], dtype=np.int32) for s in range(ns)])
     cdef const int32_t[::1] posv = pos
     cdef int nth = pool.p.n_threads if pool is not None else 1
-    cdef size_t wsf = <size_t>(nmax * nmax + D * nmax)
+    cdef size_t wsf = <size_t>((ED_ENC_QROWS + D) * nmax)      # a block's scores, V^T
     ws = np.empty(nth * wsf, np.float32)
     cdef float[::1] wsv = ws
     cdef ed_enc_attn_args a
