@@ -78,9 +78,10 @@ static void ed_enc_act_task(void *arg, int ith, int nth) {
     }
 }
 
-/* sc[i * ldsc + j] = scale * (K_j . Q_i) for keys j < nk and queries i < nq (rows ld floats
- * apart): the path's F32 row kernel's dots (ed_mdot_rows); on x86 the blocks of
- * encoder_x86.h for heads of a multiple of 16 values, which give the same bits faster. */
+/* sc[i * ldsc + j] = scale * (K_j . Q_i) for keys j < nk (rows D floats apart: the head's
+ * keys packed) and queries i < nq (rows ld floats apart): the path's F32 row kernel's dots
+ * (ed_mdot_rows); on x86 the blocks of encoder_x86.h for heads of a multiple of 16 values,
+ * which give the same bits faster. */
 static void ed_enc_scores(int D, const float *k, const float *q, size_t ld, int nk, int nq,
                           float scale, float *sc, size_t ldsc) {
     int nkb = 0, nqb = 0;   /* [0, nqb) x [0, nkb): done by a block kernel */
@@ -98,15 +99,26 @@ static void ed_enc_scores(int D, const float *k, const float *q, size_t ld, int 
         }
     }
 #endif
-    const size_t row = ld * sizeof(float);
+    const size_t row = ld * sizeof(float), krow = (size_t)D * sizeof(float);
     if (nqb && nk > nkb)
-        ed_mdot_rows(ED_F32, D, (const uint8_t *)(k + (size_t)nkb * ld), row, nk - nkb,
+        ed_mdot_rows(ED_F32, D, (const uint8_t *)(k + (size_t)nkb * D), krow, nk - nkb,
                      (const uint8_t *)q, row, nqb, sc + nkb, ldsc);
     if (nq > nqb)
-        ed_mdot_rows(ED_F32, D, (const uint8_t *)k, row, nk,
+        ed_mdot_rows(ED_F32, D, (const uint8_t *)k, krow, nk,
                      (const uint8_t *)(q + (size_t)nqb * ld), row, nq - nqb, sc + (size_t)nqb * ldsc, ldsc);
     for (int i = 0; i < nq; i++)
         for (int j = i < nqb ? nkb : 0; j < nk; j++) sc[(size_t)i * ldsc + j] *= scale;
+}
+
+/* mx[i] = max of row i of (nq, n) scores: SIMD on x86, else nq interleaved scalar chains */
+static void ed_enc_rows_max(int nq, int n, const float *sc, float *mx) {
+#if defined(__x86_64__)
+    if (!strcmp(ed_kern->family, "avx512")) { ed_enc_rows_max_avx512(nq, n, sc, mx); return; }
+    if (!strcmp(ed_kern->family, "avx2")) { ed_enc_rows_max_avx2(nq, n, sc, mx); return; }
+#endif
+    for (int i = 0; i < nq; i++) mx[i] = -INFINITY;
+    for (int j = 0; j < n; j++)
+        for (int i = 0; i < nq; i++) if (sc[(size_t)i * n + j] > mx[i]) mx[i] = sc[(size_t)i * n + j];
 }
 
 /* Non-causal attention of a batch of sequences. q, k, v rows of token t start at
@@ -117,7 +129,7 @@ static void ed_enc_scores(int D, const float *k, const float *q, size_t ld, int 
  * with V transposed into the thread's scratch), ED_ENC_QROWS queries at a time: their scores
  * scale * K Q^T, softmax row by row (the rows' max and double sums interleaved: independent
  * chains, each row's own order), out = P V. */
-#define ED_ENC_QROWS 8
+#define ED_ENC_QROWS 16
 typedef struct {
     float *out;
     float *q, *k, *v;
@@ -125,7 +137,7 @@ typedef struct {
     const int64_t *starts;  /* n_seq + 1 row offsets */
     const int32_t *pos;     /* (n_tokens) position of each row in its sequence */
     float *ws;              /* nth * ws_floats scratch */
-    size_t ws_floats;       /* >= (ED_ENC_QROWS + D) * n_max */
+    size_t ws_floats;       /* >= (ED_ENC_QROWS + 2 * D) * n_max */
     size_t ld;              /* floats between token rows of q, k, v */
     int64_t n_tokens;
     int n_seq, H, D;
@@ -160,19 +172,20 @@ static void ed_enc_attn_task(void *arg, int ith, int nth) {
         for (int h = 0; h < H; h++, task++) {
             if (task % nth != ith) continue;
             float *vt = sc + (size_t)ED_ENC_QROWS * n;             /* (D, n) V^T of this head */
+            float *kp = vt + (size_t)D * n;                         /* (n, D) its keys, packed */
             const float *vh = a->v + s0 * a->ld + h * D;
             for (int j = 0; j < n; j++)
                 for (int d = 0; d < D; d++) vt[(size_t)d * n + j] = vh[j * a->ld + d];
+            for (int j = 0; j < n; j++)
+                memcpy(kp + (size_t)j * D, a->k + (s0 + j) * a->ld + h * D, sizeof(float) * D);
             for (int i0 = 0; i0 < n; i0 += ED_ENC_QROWS) {
                 const int nq = n - i0 < ED_ENC_QROWS ? n - i0 : ED_ENC_QROWS;
                 /* sc[i * n + j] = scale * K_j . Q_(i0 + i) */
-                ed_enc_scores(D, a->k + s0 * a->ld + h * D, a->q + (s0 + i0) * a->ld + h * D,
-                              a->ld, n, nq, a->scale, sc, n);
+                ed_enc_scores(D, kp, a->q + (s0 + i0) * a->ld + h * D, a->ld, n, nq, a->scale, sc, n);
                 float mx[ED_ENC_QROWS];
                 double sum[ED_ENC_QROWS];
-                for (int i = 0; i < nq; i++) { mx[i] = -INFINITY; sum[i] = 0.0; }
-                for (int j = 0; j < n; j++)
-                    for (int i = 0; i < nq; i++) if (sc[(size_t)i * n + j] > mx[i]) mx[i] = sc[(size_t)i * n + j];
+                ed_enc_rows_max(nq, n, sc, mx);
+                for (int i = 0; i < nq; i++) sum[i] = 0.0;
                 for (int i = 0; i < nq; i++)     /* ggml's vector expf, the path's SIMD form */
                     ed_pm_expf_sub(&pm, n, sc + (size_t)i * n, mx[i], sc + (size_t)i * n);
                 for (int j = 0; j < n; j++)

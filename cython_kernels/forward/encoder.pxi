@@ -140,7 +140,7 @@ def enc_attention(float[:, ::1] out, float[:, :] q, float[:, :] k, float[:, :] v
     pos = np.concatenate([np.arange(starts[s + 1] - starts[s], dtype=np.int32) for s in range(ns)])
     cdef const int32_t[::1] posv = pos
     cdef int nth = pool.p.n_threads if pool is not None else 1
-    cdef size_t wsf = <size_t>((ED_ENC_QROWS + D) * nmax)      # a block's scores, V^T
+    cdef size_t wsf = <size_t>((ED_ENC_QROWS + 2 * D) * nmax)  # a block's scores, V^T, K
     ws = np.empty(nth * wsf, np.float32)
     cdef float[::1] wsv = ws
     cdef ed_enc_attn_args a

@@ -34,19 +34,20 @@ static inline __attribute__((always_inline)) __m512 ED_ENC_T512 ed_enc_tree16(co
                          _mm512_shuffle_ps(s3[0], s3[1], _MM_SHUFFLE(3, 1, 3, 1)));
 }
 
-/* the 4 x 4 blocks of keys j < nk4 and queries i < nq4 (multiples of 4); D % 16 == 0 */
+/* the 4 x 4 blocks of keys j < nk4 (rows D apart) and queries i < nq4 (rows ld apart),
+ * multiples of 4; D % 16 == 0. Keys outer: 4 keys read once for all the queries. */
 static void ED_ENC_T512 ed_enc_scores_avx512(int D, const float *k, const float *q, size_t ld,
                                              int nk4, int nq4, float scale, float *sc, size_t ldsc) {
     const __m512 vs = _mm512_set1_ps(scale);
-    for (int i = 0; i < nq4; i += 4)
-        for (int j = 0; j < nk4; j += 4) {
+    for (int j = 0; j < nk4; j += 4)
+        for (int i = 0; i < nq4; i += 4) {
             __m512 a[16];
             for (int t = 0; t < 16; t++) a[t] = _mm512_setzero_ps();
             for (int d = 0; d < D; d += 16) {   /* hot loop: 8 loads, 16 FMAs */
                 __m512 qv[4];
                 for (int c = 0; c < 4; c++) qv[c] = _mm512_loadu_ps(q + (size_t)(i + c) * ld + d);
                 for (int r = 0; r < 4; r++) {
-                    const __m512 kv = _mm512_loadu_ps(k + (size_t)(j + r) * ld + d);
+                    const __m512 kv = _mm512_loadu_ps(k + (size_t)(j + r) * D + d);
                     for (int c = 0; c < 4; c++) a[4 * r + c] = _mm512_fmadd_ps(kv, qv[c], a[4 * r + c]);
                 }
             }
@@ -80,15 +81,15 @@ static inline __attribute__((always_inline)) __m256 ED_ENC_T256 ed_enc_tree8(con
 static void ED_ENC_T256 ed_enc_scores_avx2(int D, const float *k, const float *q, size_t ld,
                                            int nk2, int nq4, float scale, float *sc, size_t ldsc) {
     const __m256 vs = _mm256_set1_ps(scale);
-    for (int i = 0; i < nq4; i += 4)
-        for (int j = 0; j < nk2; j += 2) {
+    for (int j = 0; j < nk2; j += 2)
+        for (int i = 0; i < nq4; i += 4) {
             __m256 s[8];
             for (int c0 = 0; c0 < 4; c0 += 2) {
                 __m256 a0[4], a1[4];    /* [2 r + c] */
                 for (int t = 0; t < 4; t++) a0[t] = a1[t] = _mm256_setzero_ps();
                 for (int d = 0; d < D; d += 16) {
                     const float *q0 = q + (size_t)(i + c0) * ld + d, *q1 = q0 + ld;
-                    const float *k0 = k + (size_t)j * ld + d, *k1 = k0 + ld;
+                    const float *k0 = k + (size_t)j * D + d, *k1 = k0 + D;
                     const __m256 x0 = _mm256_loadu_ps(q0), x1 = _mm256_loadu_ps(q1);
                     const __m256 w0 = _mm256_loadu_ps(k0), w1 = _mm256_loadu_ps(k1);
                     a0[0] = _mm256_fmadd_ps(w0, x0, a0[0]); a0[1] = _mm256_fmadd_ps(w0, x1, a0[1]);
@@ -109,6 +110,35 @@ static void ED_ENC_T256 ed_enc_scores_avx2(int D, const float *k, const float *q
                 sc[(size_t)(i + c) * ldsc + j + 1] = o[2 * c + 1];
             }
         }
+}
+
+/* mx[i] = the largest of row i's n scores (rows n apart), i < nq: lane-wise max_ps(x, m) keeps m
+ * where x > m is false (a NaN score: as the scalar `if (x > m) m = x`); a max is exact in any
+ * order (a signed zero that differs subtracts to the same exp argument) */
+static void ED_ENC_T512 ed_enc_rows_max_avx512(int nq, int n, const float *sc, float *mx) {
+    for (int i = 0; i < nq; i++) {
+        const float *p = sc + (size_t)i * n;
+        __m512 m = _mm512_set1_ps(-INFINITY);
+        int j = 0;
+        for (; j + 16 <= n; j += 16) m = _mm512_max_ps(_mm512_loadu_ps(p + j), m);
+        float r = _mm512_reduce_max_ps(m);
+        for (; j < n; j++) if (p[j] > r) r = p[j];
+        mx[i] = r;
+    }
+}
+
+static void ED_ENC_T256 ed_enc_rows_max_avx2(int nq, int n, const float *sc, float *mx) {
+    for (int i = 0; i < nq; i++) {
+        const float *p = sc + (size_t)i * n;
+        __m256 m = _mm256_set1_ps(-INFINITY);
+        int j = 0;
+        for (; j + 8 <= n; j += 8) m = _mm256_max_ps(_mm256_loadu_ps(p + j), m);
+        float l[8], r = -INFINITY;
+        _mm256_storeu_ps(l, m);
+        for (int k = 0; k < 8; k++) if (l[k] > r) r = l[k];
+        for (; j < n; j++) if (p[j] > r) r = p[j];
+        mx[i] = r;
+    }
 }
 
 #endif

@@ -493,6 +493,9 @@ def validate(md, tensors):
 
 # --- the encoder's memory ---------------------------------------------------------------------
 
+ATTN_QUERY_ROWS = 16                # queries per block of enc_attention (encoder.h's ED_ENC_QROWS)
+
+
 def max_squares(kind, hp):
     """Squares the encoder runs per image: 1, or the most tiles plus the overview."""
     return (-(-hp.longest_edge // hp.image_size)) ** 2 + 1 if kind.tiled else 1
@@ -510,7 +513,7 @@ def work_bytes(kind, hp, n_threads):
     rows of all (float32), and one pass at its peak: its patch rows, x and the four (rows,
     n_embd) and one (rows, n_ff) float32 buffers of _vit, a product's activations in the
     weight's partner format (at most float32, the longest rows), the attention's scratch per
-    thread (a square's scores and V^T of a head) and its positions."""
+    thread (a block of queries' scores, a head's V^T and keys) and its positions."""
     rows = squares_per_pass(kind, hp) * hp.n_pos
     p2, side = 3 * hp.patch_size ** 2, hp.image_size
     if kind.tiled:      # the picture resized to its longest edge and to whole tiles, the overview
@@ -520,7 +523,7 @@ def work_bytes(kind, hp, n_threads):
         pictures = 3 * side * side
     floats = (max_squares(kind, hp) * hp.n_tokens * hp.n_embd_text
               + rows * (p2 + 5 * hp.n_embd + hp.n_ff + max(p2, hp.n_embd, hp.n_ff))
-              + n_threads * (hp.n_pos ** 2 + hp.head_dim * hp.n_pos) + rows)
+              + n_threads * (ATTN_QUERY_ROWS + 2 * hp.head_dim) * hp.n_pos + rows)
     return pictures + 4 * floats
 
 
