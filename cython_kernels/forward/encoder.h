@@ -78,6 +78,10 @@ static void ed_enc_act_task(void *arg, int ith, int nth) {
     }
 }
 
+/* 0: the block kernels of encoder_x86.h are left out (tests compare their bits with the row
+ * kernels': edged._core.enc_blocks) */
+static int ED_ENC_BLOCKS = 1;
+
 /* sc[i * ldsc + j] = scale * (K_j . Q_i) for keys j < nk (rows D floats apart: the head's
  * keys packed) and queries i < nq (rows ld floats apart): the path's F32 row kernel's dots
  * (ed_mdot_rows); on x86 the blocks of encoder_x86.h for heads of a multiple of 16 values,
@@ -86,7 +90,7 @@ static void ed_enc_scores(int D, const float *k, const float *q, size_t ld, int 
                           float scale, float *sc, size_t ldsc) {
     int nkb = 0, nqb = 0;   /* [0, nqb) x [0, nkb): done by a block kernel */
 #if defined(__x86_64__)
-    if (D % 16 == 0 && nq >= 4 && nk >= 4) {
+    if (ED_ENC_BLOCKS && D % 16 == 0 && nq >= 4 && nk >= 4) {
         nqb = nq & ~3;
         if (!strcmp(ed_kern->family, "avx512")) {
             nkb = nk & ~3;
@@ -113,8 +117,8 @@ static void ed_enc_scores(int D, const float *k, const float *q, size_t ld, int 
 /* mx[i] = max of row i of (nq, n) scores: SIMD on x86, else nq interleaved scalar chains */
 static void ed_enc_rows_max(int nq, int n, const float *sc, float *mx) {
 #if defined(__x86_64__)
-    if (!strcmp(ed_kern->family, "avx512")) { ed_enc_rows_max_avx512(nq, n, sc, mx); return; }
-    if (!strcmp(ed_kern->family, "avx2")) { ed_enc_rows_max_avx2(nq, n, sc, mx); return; }
+    if (ED_ENC_BLOCKS && !strcmp(ed_kern->family, "avx512")) { ed_enc_rows_max_avx512(nq, n, sc, mx); return; }
+    if (ED_ENC_BLOCKS && !strcmp(ed_kern->family, "avx2")) { ed_enc_rows_max_avx2(nq, n, sc, mx); return; }
 #endif
     for (int i = 0; i < nq; i++) mx[i] = -INFINITY;
     for (int j = 0; j < n; j++)
@@ -291,6 +295,62 @@ static void ed_enc_mm_q8_0_task(void *arg, int ith, int nth) {
                 for (int64_t i = r; i < r + 4 && i < r1; i++)
                     a->out[t * a->N + i] = ed_pm_dot_q8(&pm, a->K, a->w + i * rb, a->xq + t * rb);
         }
+    }
+}
+
+/* out[t, r] = W[r] . x[t] for an F16 weight W (N rows of K), x rounded to F16 first: the bits
+ * of edged._core.matmul's F16 product (the path's rows_f16), faster where encoder_x86.h has a
+ * block kernel (ed_enc_mm_f16_ok). Phase 1 (tokens split over threads): x rows to F16 (the path's
+ * conversion) and back to float. Phase 2: cache blocks of ED_ENC_F16_ROWS rows split over
+ * threads, each passed by every token (4 at a time); the edges by the row kernel itself. */
+#define ED_ENC_F16_ROWS 64
+typedef struct {
+    float *out;             /* (T, N) */
+    const uint8_t *w;       /* N rows of K halves */
+    const float *x;         /* (T, K) */
+    uint8_t *xq;            /* (T, K) halves scratch */
+    float *xf;              /* (T, K) floats scratch */
+    int64_t T;
+    int N, K;
+    ed_pool *pool;
+} ed_enc_mm_f16_args;
+
+static int ed_enc_mm_f16_ok(int K) {
+#if defined(__x86_64__)
+    return ED_ENC_BLOCKS && K % 16 == 0 && !strcmp(ed_kern->family, "avx512");
+#else
+    (void)K;
+    return 0;
+#endif
+}
+
+static void ed_enc_mm_f16_task(void *arg, int ith, int nth) {
+    const ed_enc_mm_f16_args *a = (const ed_enc_mm_f16_args *)arg;
+    const int K = a->K, N = a->N;
+    const size_t rb = (size_t)K * sizeof(ed_half);
+    int64_t t0, t1, b0, b1;
+    ed_range(a->T, ith, nth, &t0, &t1);
+    for (int64_t t = t0; t < t1; t++) {
+        ED_QUANT[ED_TRAITS[ED_F16].vec_type](a->x + t * K, a->xq + t * rb, K);
+        const ed_half *h = (const ed_half *)(a->xq + t * rb);
+        for (int i = 0; i < K; i++) a->xf[t * K + i] = ED_PM_F(h[i]);
+    }
+    if (nth > 1) ed_barrier(a->pool);
+    const int64_t T4 = a->T & ~(int64_t)3;
+    ed_range((N + ED_ENC_F16_ROWS - 1) / ED_ENC_F16_ROWS, ith, nth, &b0, &b1);
+    for (int64_t b = b0; b < b1; b++) {
+        const int r0 = (int)(b * ED_ENC_F16_ROWS);
+        const int nr = N - r0 < ED_ENC_F16_ROWS ? N - r0 : ED_ENC_F16_ROWS, nr4 = nr & ~3;
+#if defined(__x86_64__)
+        ed_enc_mm_f16_avx512(K, (const ed_half *)(a->w + r0 * rb), (size_t)K, nr4, a->xf, (size_t)K,
+                             (int)T4, a->out + r0, (size_t)N);
+#endif
+        if (nr > nr4 && T4)     /* the last rows of the block, every token of the blocks */
+            ed_mdot_rows(ED_F16, K, a->w + (size_t)(r0 + nr4) * rb, rb, nr - nr4, a->xq, rb, (int)T4,
+                         a->out + r0 + nr4, (size_t)N);
+        if (a->T > T4)          /* the last tokens, every row of the block */
+            ed_mdot_rows(ED_F16, K, a->w + (size_t)r0 * rb, rb, nr, a->xq + T4 * rb, rb, (int)(a->T - T4),
+                         a->out + T4 * N + r0, (size_t)N);
     }
 }
 

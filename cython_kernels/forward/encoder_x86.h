@@ -112,6 +112,35 @@ static void ED_ENC_T256 ed_enc_scores_avx2(int D, const float *k, const float *q
         }
 }
 
+/* out[t * ldo + r] = W_r . x_t for the 4 x 4 blocks of rows r < nr4 of an F16 weight (rows
+ * ws halves apart) and tokens t < nt4 (float rows of F16 values, xs floats apart), K % 16 == 0:
+ * each product in the bits of the path's F16 row kernel (ed_simd_x86.inc's rows_f16: the same
+ * lanes and tree as the F32 one above), the activations converted once (ed_enc_mm_f16_task)
+ * instead of once per row tile, and 16 trees at a time. Tokens outer: their 4 rows stay in L1
+ * while the rows (a cache block of the caller's) pass them. */
+static void ED_ENC_T512 ed_enc_mm_f16_avx512(int K, const ed_half *w, size_t ws, int nr4,
+                                             const float *x, size_t xs, int nt4, float *out, size_t ldo) {
+    for (int t = 0; t < nt4; t += 4)
+        for (int r = 0; r < nr4; r += 4) {
+            __m512 a[16];
+            for (int i = 0; i < 16; i++) a[i] = _mm512_setzero_ps();
+            for (int d = 0; d < K; d += 16) {   /* hot loop: 4 conversions, 4 loads, 16 FMAs */
+                __m512 xv[4];
+                for (int c = 0; c < 4; c++) xv[c] = _mm512_loadu_ps(x + (size_t)(t + c) * xs + d);
+                for (int rr = 0; rr < 4; rr++) {
+                    const __m512 wv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(w + (size_t)(r + rr) * ws + d)));
+                    for (int c = 0; c < 4; c++) a[4 * rr + c] = _mm512_fmadd_ps(wv, xv[c], a[4 * rr + c]);
+                }
+            }
+            const __m512 v = ed_enc_tree16(a);
+            float *o = out + (size_t)t * ldo + r;
+            _mm_storeu_ps(o, _mm512_castps512_ps128(v));
+            _mm_storeu_ps(o + ldo, _mm512_extractf32x4_ps(v, 1));
+            _mm_storeu_ps(o + 2 * ldo, _mm512_extractf32x4_ps(v, 2));
+            _mm_storeu_ps(o + 3 * ldo, _mm512_extractf32x4_ps(v, 3));
+        }
+}
+
 /* mx[i] = the largest of row i's n scores (rows n apart), i < nq: lane-wise max_ps(x, m) keeps m
  * where x > m is false (a NaN score: as the scalar `if (x > m) m = x`); a max is exact in any
  * order (a signed zero that differs subtracts to the same exp argument) */

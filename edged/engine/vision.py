@@ -512,7 +512,8 @@ def work_bytes(kind, hp, n_threads):
     and _vit keep to; test_vision holds an encode to it): the uint8 squares of the picture, the
     rows of all (float32), and one pass at its peak: its patch rows, x and the four (rows,
     n_embd) and one (rows, n_ff) float32 buffers of _vit, a product's activations in the
-    weight's partner format (at most float32, the longest rows), the attention's scratch per
+    weight's partner format (the longest rows: at most float32, or F16 and its float32 values
+    for enc_matmul_f16), the attention's scratch per
     thread (a block of queries' scores, a head's V^T and keys) and its positions."""
     rows = squares_per_pass(kind, hp) * hp.n_pos
     p2, side = 3 * hp.patch_size ** 2, hp.image_size
@@ -522,7 +523,7 @@ def work_bytes(kind, hp, n_threads):
     else:
         pictures = 3 * side * side
     floats = (max_squares(kind, hp) * hp.n_tokens * hp.n_embd_text
-              + rows * (p2 + 5 * hp.n_embd + hp.n_ff + max(p2, hp.n_embd, hp.n_ff))
+              + rows * (p2 + 5 * hp.n_embd + hp.n_ff) + rows * max(p2, hp.n_embd, hp.n_ff) * 3 // 2
               + n_threads * (ATTN_QUERY_ROWS + 2 * hp.head_dim) * hp.n_pos + rows)
     return pictures + 4 * floats
 
@@ -753,7 +754,9 @@ class Projector:
     def _mm(self, x, role, bias=None, out=None):
         raw, qtype, (k, n) = self._mat[role]
         y = np.empty((x.shape[0], n), np.float32) if out is None else out
-        self._core.matmul(y, raw, qtype, np.ascontiguousarray(x, np.float32), self._pool)
+        x = np.ascontiguousarray(x, np.float32)
+        if qtype != GGMLType.F16 or self._core.enc_matmul_f16(y, raw, x, self._pool) is None:
+            self._core.matmul(y, raw, qtype, x, self._pool)
         b = self._vec.get(bias) if bias else None
         if b is not None:
             y += b

@@ -405,4 +405,4 @@ def test_smolvlm_encodes_one_tile_at_a_time():
     kind = vision.PROJECTORS["idefics3"]
     assert vision.max_squares(kind, hp) == 10 and vision.squares_per_pass(kind, hp) == 1
     assert n_pos == vision.ROWS_PER_PASS
-    assert vision.work_bytes(kind, hp, n_threads=1) < 64 << 20
+    assert vision.work_bytes(kind, hp, n_threads=1) < 80 << 20
