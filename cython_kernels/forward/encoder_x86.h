@@ -34,30 +34,39 @@ static inline __attribute__((always_inline)) __m512 ED_ENC_T512 ed_enc_tree16(co
                          _mm512_shuffle_ps(s3[0], s3[1], _MM_SHUFFLE(3, 1, 3, 1)));
 }
 
+/* o[c * ldo + r] = scale * (W_r . x_c) for 4 rows W_r (ws values apart: float, or F16 when
+ * w16) and 4 tokens x_c (floats, xs apart), K % 16 == 0: 16 dots, their trees together */
+static inline __attribute__((always_inline)) void ED_ENC_T512
+ed_enc_tile16(int K, const void *w, size_t ws, const int w16, const float *x, size_t xs, __m512 vs,
+              float *o, size_t ldo) {
+    __m512 a[16];
+    for (int t = 0; t < 16; t++) a[t] = _mm512_setzero_ps();
+    for (int d = 0; d < K; d += 16) {   /* hot loop: 8 loads (4 converted for F16), 16 FMAs */
+        __m512 xv[4];
+        for (int c = 0; c < 4; c++) xv[c] = _mm512_loadu_ps(x + (size_t)c * xs + d);
+        for (int r = 0; r < 4; r++) {
+            const __m512 wv = w16
+                ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const ed_half *)w + (size_t)r * ws + d)))
+                : _mm512_loadu_ps((const float *)w + (size_t)r * ws + d);
+            for (int c = 0; c < 4; c++) a[4 * r + c] = _mm512_fmadd_ps(wv, xv[c], a[4 * r + c]);
+        }
+    }
+    const __m512 v = _mm512_mul_ps(ed_enc_tree16(a), vs);
+    _mm_storeu_ps(o, _mm512_castps512_ps128(v));
+    _mm_storeu_ps(o + ldo, _mm512_extractf32x4_ps(v, 1));
+    _mm_storeu_ps(o + 2 * ldo, _mm512_extractf32x4_ps(v, 2));
+    _mm_storeu_ps(o + 3 * ldo, _mm512_extractf32x4_ps(v, 3));
+}
+
 /* the 4 x 4 blocks of keys j < nk4 (rows D apart) and queries i < nq4 (rows ld apart),
  * multiples of 4; D % 16 == 0. Keys outer: 4 keys read once for all the queries. */
 static void ED_ENC_T512 ed_enc_scores_avx512(int D, const float *k, const float *q, size_t ld,
                                              int nk4, int nq4, float scale, float *sc, size_t ldsc) {
     const __m512 vs = _mm512_set1_ps(scale);
     for (int j = 0; j < nk4; j += 4)
-        for (int i = 0; i < nq4; i += 4) {
-            __m512 a[16];
-            for (int t = 0; t < 16; t++) a[t] = _mm512_setzero_ps();
-            for (int d = 0; d < D; d += 16) {   /* hot loop: 8 loads, 16 FMAs */
-                __m512 qv[4];
-                for (int c = 0; c < 4; c++) qv[c] = _mm512_loadu_ps(q + (size_t)(i + c) * ld + d);
-                for (int r = 0; r < 4; r++) {
-                    const __m512 kv = _mm512_loadu_ps(k + (size_t)(j + r) * D + d);
-                    for (int c = 0; c < 4; c++) a[4 * r + c] = _mm512_fmadd_ps(kv, qv[c], a[4 * r + c]);
-                }
-            }
-            const __m512 v = _mm512_mul_ps(ed_enc_tree16(a), vs);
-            float *o = sc + (size_t)i * ldsc + j;
-            _mm_storeu_ps(o, _mm512_castps512_ps128(v));
-            _mm_storeu_ps(o + ldsc, _mm512_extractf32x4_ps(v, 1));
-            _mm_storeu_ps(o + 2 * ldsc, _mm512_extractf32x4_ps(v, 2));
-            _mm_storeu_ps(o + 3 * ldsc, _mm512_extractf32x4_ps(v, 3));
-        }
+        for (int i = 0; i < nq4; i += 4)
+            ed_enc_tile16(D, k + (size_t)j * D, (size_t)D, 0, q + (size_t)i * ld, ld, vs,
+                          sc + (size_t)i * ldsc + j, ldsc);
 }
 
 /* The same on 256-bit registers: a dot's lanes are two registers (a0: k mod 16 < 8, a1: the
@@ -120,25 +129,11 @@ static void ED_ENC_T256 ed_enc_scores_avx2(int D, const float *k, const float *q
  * while the rows (a cache block of the caller's) pass them. */
 static void ED_ENC_T512 ed_enc_mm_f16_avx512(int K, const ed_half *w, size_t ws, int nr4,
                                              const float *x, size_t xs, int nt4, float *out, size_t ldo) {
+    const __m512 one = _mm512_set1_ps(1.0f);
     for (int t = 0; t < nt4; t += 4)
-        for (int r = 0; r < nr4; r += 4) {
-            __m512 a[16];
-            for (int i = 0; i < 16; i++) a[i] = _mm512_setzero_ps();
-            for (int d = 0; d < K; d += 16) {   /* hot loop: 4 conversions, 4 loads, 16 FMAs */
-                __m512 xv[4];
-                for (int c = 0; c < 4; c++) xv[c] = _mm512_loadu_ps(x + (size_t)(t + c) * xs + d);
-                for (int rr = 0; rr < 4; rr++) {
-                    const __m512 wv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(w + (size_t)(r + rr) * ws + d)));
-                    for (int c = 0; c < 4; c++) a[4 * rr + c] = _mm512_fmadd_ps(wv, xv[c], a[4 * rr + c]);
-                }
-            }
-            const __m512 v = ed_enc_tree16(a);
-            float *o = out + (size_t)t * ldo + r;
-            _mm_storeu_ps(o, _mm512_castps512_ps128(v));
-            _mm_storeu_ps(o + ldo, _mm512_extractf32x4_ps(v, 1));
-            _mm_storeu_ps(o + 2 * ldo, _mm512_extractf32x4_ps(v, 2));
-            _mm_storeu_ps(o + 3 * ldo, _mm512_extractf32x4_ps(v, 3));
-        }
+        for (int r = 0; r < nr4; r += 4)
+            ed_enc_tile16(K, w + (size_t)r * ws, ws, 1, x + (size_t)t * xs, xs, one,
+                          out + (size_t)t * ldo + r, ldo);
 }
 
 /* mx[i] = the largest of row i's n scores (rows n apart), i < nq: lane-wise max_ps(x, m) keeps m
