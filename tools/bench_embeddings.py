@@ -17,8 +17,11 @@ llama-cpp-python, --llama-embedding BIN runs llama.cpp's own `llama-embedding` o
 batch) and takes the time between its log's first "batch_decode" line and its performance print
 (the model's load and warm-up are before it; its printed "prompt eval time" is 0 for encoders);
 edged then embeds with mean pooling too. --serve 32,256 adds the request path: one
-/v1/embeddings request of 32 (256) short texts to a real daemon, against llama-embedding's
-end-to-end run (process start and model load included; llama-server is not measured).
+/v1/embeddings request of 32 (256) short texts to a real daemon (Unix socket), against
+llama-embedding's end-to-end run (process start and model load included) or, with
+--llama-server BIN, against the same request to llama-server on a loopback TCP port
+(`--embedding --pooling mean -t N -c 8192 -b 8192 -ub 8192`, its other settings at their
+defaults; started once, one warm-up request, then timed alternately with edged's).
 """
 import argparse
 import json
@@ -106,14 +109,73 @@ def llama_embedding(binary, model, threads, texts):
     return _stamp(end) - _stamp(start), tokens, wall
 
 
-def serve_rounds(model, threads, sets, reps, llama_bin):
+class LlamaServer:
+    """llama.cpp's llama-server serving `model` for embeddings on a free loopback port."""
+
+    def __init__(self, binary, model, threads):
+        import socket
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.log = tempfile.TemporaryFile("w+")           # its log: a pipe nobody reads would fill
+        self.proc = subprocess.Popen(
+            [binary, "-m", model, "--embedding", "--pooling", "mean", "-t", str(threads),
+             "-tb", str(threads), "-c", "8192", "-b", "8192", "-ub", "8192",
+             "--host", "127.0.0.1", "--port", str(self.port)],
+            stdout=subprocess.DEVNULL, stderr=self.log, text=True)
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                self.log.seek(0)
+                sys.exit(f"llama-server exited ({self.proc.returncode}): {self.log.read()[-2000:]}")
+            try:
+                if self.request("/health", None)[0] == 200:
+                    return
+            except OSError:
+                pass
+            time.sleep(0.2)
+        self.close()
+        sys.exit("llama-server did not become ready in 120 s")
+
+    def request(self, path, body):
+        import http.client
+        c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=600)
+        try:
+            if body is None:
+                c.request("GET", path)
+            else:
+                c.request("POST", path, json.dumps(body), {"Content-Type": "application/json"})
+            r = c.getresponse()
+            return r.status, json.loads(r.read() or b"null")
+        finally:
+            c.close()
+
+    def embed(self, texts):
+        """Seconds from sending one /v1/embeddings request to its whole JSON reply."""
+        t0 = time.perf_counter()
+        st, body = self.request("/v1/embeddings", {"input": texts})
+        took = time.perf_counter() - t0
+        assert st == 200 and len(body["data"]) == len(texts), (st, str(body)[:300])
+        return took
+
+    def close(self):
+        self.proc.terminate()
+        self.proc.wait()
+        self.log.close()
+
+
+def serve_rounds(model, threads, sets, reps, llama_bin, server_bin=None):
     """The request path: POST /v1/embeddings with each set's texts in one request to a real
     daemon (tools/bench_daemon.py's signed temporary one), from sending to the whole JSON reply,
-    after one warm-up request; alternated with llama-embedding's end-to-end run (load
-    included; llama-server is not measured here). Returns {set: ([ours], [its wall])}."""
+    after one warm-up request; alternated with the same request to llama-server (server_bin) or
+    else llama-embedding's end-to-end run (load included). Returns {set: ([ours], [theirs])}."""
     import asyncio
     from bench_daemon import post, signed_models, start
     out = {k: ([], []) for k in sets}
+    server = LlamaServer(server_bin, model, threads) if server_bin else None
+    if server:
+        for texts in sets.values():
+            server.embed(texts)                        # warm-up
     with tempfile.TemporaryDirectory() as tmp:
         models_dir, keys = signed_models(tmp, {"m": model})
         proc, sock = start(tmp, models_dir, keys, {"default_model": "m", "threads": threads,
@@ -128,11 +190,15 @@ def serve_rounds(model, threads, sets, reps, llama_bin):
                     st, body = asyncio.run(post(sock, "/v1/embeddings", {"model": "m", "input": texts}))
                     out[name][0].append(time.perf_counter() - t0)
                     assert st == 200 and len(body["data"]) == len(texts), st
-                    if llama_bin:
+                    if server:
+                        out[name][1].append(server.embed(texts))
+                    elif llama_bin:
                         out[name][1].append(llama_embedding(llama_bin, model, threads, texts)[2])
         finally:
             proc.terminate()
             proc.wait()
+            if server:
+                server.close()
     return out
 
 
@@ -150,6 +216,8 @@ def main():
     ap.add_argument("--serve", metavar="N,N", help="also the request path: /v1/embeddings with N short "
                     "texts in one request to a real daemon (e.g. 32,256), against llama-embedding's "
                     "end-to-end time")
+    ap.add_argument("--llama-server", metavar="BIN", help="with --serve: time the same request "
+                    "against llama.cpp's llama-server instead of llama-embedding's end-to-end run")
     a = ap.parse_args()
     m = Model.load(a.model, n_threads=a.threads)
     makers = {"short": lambda: sentences(10, 1), "medium": lambda: sentences(120, 2),
@@ -201,13 +269,15 @@ def main():
     if a.serve:
         m.close()
         reqs = {f"req{n}": sentences(10, 4, int(n)) for n in a.serve.split(",")}
-        for name, (e, ll) in serve_rounds(a.model, a.threads, reqs, a.reps, a.llama_embedding).items():
+        other = "llama-server" if a.llama_server else "llama-embedding end to end"
+        for name, (e, ll) in serve_rounds(a.model, a.threads, reqs, a.reps, a.llama_embedding,
+                                          a.llama_server).items():
             line = f"{name:>7}: /v1/embeddings, {len(reqs[name])} texts in one request: {statistics.median(e) * 1000:.0f} ms"
             if ll:
-                line += (f", llama-embedding end to end {statistics.median(ll) * 1000:.0f} ms, "
+                line += (f", {other} {statistics.median(ll) * 1000:.0f} ms, "
                          f"ratio {statistics.median(ll) / statistics.median(e):.2f}")
             print(line)
-            print(f"         edged runs {[round(t, 3) for t in e]} llama-embedding runs {[round(t, 3) for t in ll]}")
+            print(f"         edged runs {[round(t, 3) for t in e]} {other} runs {[round(t, 3) for t in ll]}")
 
 
 if __name__ == "__main__":

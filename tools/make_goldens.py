@@ -105,6 +105,13 @@ CASES = {
     # RMS-normed, attention unscaled; per-layer embeddings 8 wide; a scalar per layer output;
     # logits soft-capped at 30; a 40-token prompt. Written by write_gemma4_gguf.
     "gemma4": dict(arch="gemma4", seed=1012, prompt_seed=12, n_prompt=40),
+    # a scaled-down Gemma 4 26B-A4B: the sliding/full layers and head sizes above, no shared KV
+    # layers and no per-layer embeddings, full layers without attn_v; every layer a dense FFN
+    # 32 wide (the shared expert) beside 8 routed experts 16 wide, 3 per token, the router on
+    # its own norm and scale, each expert's output scaled (ffn_down_exps.scale); layer 0 with
+    # ffn_gate_exps and ffn_up_exps, the others with them fused (ffn_gate_up_exps, as the
+    # converter writes them now). Written by write_gemma4_gguf.
+    "gemma4-moe": dict(arch="gemma4", moe=True, seed=1013, prompt_seed=13, n_prompt=40),
     # a scaled-down Gemma 3n E2B: 22 layers (the first 10 with the FFN gate's Gaussian top-k,
     # layers 20 (sliding) and 21 (global) attending to layers 18's and 19's K/V), AltUp's 4
     # streams, LAuReL of rank 64 and per-layer inputs 256 wide (llama.cpp's fixed sizes), a
@@ -465,17 +472,18 @@ def _experts_writer(w, c, rng, mat, mxfp4):
     return experts
 
 
-def write_gemma4_gguf(name, path, seed):
-    """The gemma4 case: per-layer head sizes, KV heads, FFN widths and KV sharing, which the
+def write_gemma4_gguf(name, path, seed, moe=False):
+    """The gemma4 cases: per-layer head sizes, KV heads, FFN widths and KV sharing, which the
     shared shape of write_gguf has no room for (keys and tensors as llama.cpp's gemma4 loader
-    reads them)."""
+    reads them); moe: the 26B-A4B layout (routed experts beside the dense FFN)."""
     import gguf
     rng = np.random.default_rng(seed)
-    E, H, L, P = 64, 4, 5, 8
+    E, H, L, P = 64, 4, 5, (0 if moe else 8)
     swa = [True, True, False, True, False]
     kv = [2, 2, 1, 2, 1]
-    ff = [32, 32, 32, 64, 64]
-    D, Dswa, n_shared = 32, 16, 2
+    ff = [32] * L if moe else [32, 32, 32, 64, 64]
+    D, Dswa, n_shared = 32, 16, (0 if moe else 2)
+    X, K, Fe = 8, 3, 16
     w = gguf.GGUFWriter(path, "gemma4")
     w.add_name(f"edged-golden-{name}")
     w.add_context_length(4096)
@@ -498,15 +506,20 @@ def write_gemma4_gguf(name, path, seed):
     w.add_uint32("gemma4.attention.shared_kv_layers", n_shared)
     w.add_uint32("gemma4.embedding_length_per_layer_input", P)
     w.add_final_logit_softcapping(30.0)
+    if moe:
+        w.add_expert_count(X)
+        w.add_expert_used_count(K)
+        w.add_expert_feed_forward_length(Fe)
     add_vocab(w)
 
     mat, vec = random_writers(w, rng)
     mat("token_embd.weight", N_VOCAB, E, scale=1.0)
     vec("output_norm.weight", E)
     w.add_tensor("rope_freqs.weight", rng.uniform(1.0, 4.0, D // 2).astype(np.float32))
-    mat("per_layer_token_embd.weight", N_VOCAB, P * L, scale=1.0)
-    mat("per_layer_model_proj.weight", P * L, E)
-    vec("per_layer_proj_norm.weight", P)
+    if P:
+        mat("per_layer_token_embd.weight", N_VOCAB, P * L, scale=1.0)
+        mat("per_layer_model_proj.weight", P * L, E)
+        vec("per_layer_proj_norm.weight", P)
     for il in range(L):
         p, hd = f"blk.{il}.", Dswa if swa[il] else D
         vec(p + "attn_norm.weight", E)
@@ -515,7 +528,7 @@ def write_gemma4_gguf(name, path, seed):
         if il < L - n_shared:
             mat(p + "attn_k.weight", kv[il] * hd, E)
             vec(p + "attn_k_norm.weight", hd)
-            if il != 2:
+            if swa[il] if moe else il != 2:
                 mat(p + "attn_v.weight", kv[il] * hd, E)
         mat(p + "attn_output.weight", E, H * hd)
         vec(p + "post_attention_norm.weight", E)
@@ -524,9 +537,23 @@ def write_gemma4_gguf(name, path, seed):
         mat(p + "ffn_up.weight", ff[il], E)
         mat(p + "ffn_down.weight", E, ff[il])
         vec(p + "post_ffw_norm.weight", E)
-        mat(p + "inp_gate.weight", P, E)
-        mat(p + "proj.weight", E, P)
-        vec(p + "post_norm.weight", E)
+        if moe:   # the router's logits spread wide (routing decided, as trained ones are)
+            w.add_tensor(p + "ffn_gate_inp.weight",
+                         (rng.standard_normal((X, E)) * 8.0).astype(np.float32))
+            vec(p + "ffn_gate_inp.scale", E)
+            for norm in ("pre_ffw_norm_2", "post_ffw_norm_1", "post_ffw_norm_2"):
+                vec(p + norm + ".weight", E)
+            if il == 0:
+                mat(p + "ffn_gate_exps.weight", X, Fe, E)
+                mat(p + "ffn_up_exps.weight", X, Fe, E)
+            else:
+                mat(p + "ffn_gate_up_exps.weight", X, 2 * Fe, E)
+            mat(p + "ffn_down_exps.weight", X, E, Fe)
+            vec(p + "ffn_down_exps.scale", X, 0.5, 1.5)
+        if P:
+            mat(p + "inp_gate.weight", P, E)
+            mat(p + "proj.weight", E, P)
+            vec(p + "post_norm.weight", E)
         vec(p + "layer_output_scale.weight", 1, 0.5, 1.5)
     w.write_header_to_file()
     w.write_kv_data_to_file()
@@ -566,7 +593,7 @@ def main():
         n_prompt = case.pop("n_prompt", N_PROMPT)
         ck, cv = case.pop("cache", ("f16", "f16"))
         if case.get("arch") == "gemma4":
-            write_gemma4_gguf(name, model, seed=seed)
+            write_gemma4_gguf(name, model, seed=seed, moe=case.get("moe", False))
         elif mix is None:
             write_gguf(name, case, model, seed=seed)
         else:

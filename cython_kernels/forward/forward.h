@@ -64,7 +64,17 @@ typedef struct {
     X(ssm_in) X(ssm_conv1d_b) X(ssm_d) \
     /* gemma4 (forward_layers.h): per-layer embeddings' gate (ne0 n_embd, ne1 P), projection \
        (ne0 P, ne1 n_embd) and its norm; a scalar (F32, one value) times the layer's output */ \
-    X(per_layer_inp_gate) X(per_layer_proj) X(per_layer_post_norm) X(layer_output_scale)
+    X(per_layer_inp_gate) X(per_layer_proj) X(per_layer_post_norm) X(layer_output_scale) \
+    /* gemma4 mixture of experts (forward_moe_gemma4.h): gate|up of every expert fused (ne1 \
+       2 n_ff_exp), a scale per expert's output (n_expert), the router input's scale (n_embd), \
+       the experts' input norm and the output norms of the dense FFN and of the experts */ \
+    X(ffn_gate_up_exps) X(ffn_down_exps_scale) X(ffn_gate_inp_scale) \
+    X(pre_ffw_norm_2) X(post_ffw_norm_1) X(post_ffw_norm_2) \
+    /* gemma3n (gemma3n.h; per-layer inputs as gemma4's): AltUp's router (ne0 n_embd, ne1 \
+       n_altup) and its norm, predict (ne0 n_altup, ne1 n_altup^2) and correct (n_altup square) \
+       coefficients, correct scale (n_embd); LAuReL's l (ne0 n_embd, ne1 rank), r, post norm */ \
+    X(altup_router) X(altup_router_norm) X(altup_predict_coef) X(altup_correct_coef) \
+    X(altup_correct_scale) X(laurel_l) X(laurel_r) X(laurel_post_norm)
 
 typedef struct {
 #define ED_LT_MEMBER(name) ed_tensor name;
@@ -82,6 +92,7 @@ typedef struct {
     int rope_ff;           /* the model's rope_factors apply to this layer (gemma4: full ones) */
     int kv;                /* an attention layer: 1 + its slot in the K/V cache; 0: none (a
                               convolution or recurrent layer keeps other state) */
+    float sparsity;        /* gemma3n: the FFN gate's cut at mean + sparsity * std; 0: none */
 } ed_layer;
 
 /* The model's scalar hyperparameters, one X(C type, name) each: the field of the same name of
@@ -117,7 +128,8 @@ typedef struct {
     X(int, n_recr_layers)         /* how many layers are recurrent (slots of the recurrent state) */ \
     X(int, attn_gated_q)          /* attn_q gives q | gate per head; output times sigmoid(gate) */ \
     X(int, n_embd_per_layer)      /* per-layer embeddings' width P (gemma4; 0: none) */ \
-    X(int, v_norm)                /* V RMS-normed without a weight (gemma4) */
+    X(int, v_norm)                /* V RMS-normed without a weight (gemma4) */ \
+    X(int, n_altup)               /* AltUp streams (gemma3n; 0: none) */
 
 typedef struct {
 #define ED_HP_MEMBER(T, name) T name;
@@ -125,6 +137,7 @@ typedef struct {
 #undef ED_HP_MEMBER
     ed_tensor token_embd, output_norm, output;
     ed_tensor per_layer_model_proj, per_layer_proj_norm;  /* gemma4's per-layer inputs, or zero */
+    ed_tensor altup_proj, altup_unembd_proj;  /* gemma3n: (n_embd, n_embd, n_altup - 1) */
     const float *rope_factors;   /* (n_rot/2) or NULL */
     ed_layer *layers;            /* (n_layer) */
 } ed_model;
@@ -213,6 +226,9 @@ typedef struct {
     float **row_r;                 /* (n_batch) their recurrent states */
     float *rstate;       /* (recurrent state floats) the recurrent layers' live state (deltanet.h) */
     float *gate;         /* (n_batch, n_head * head_dim) gated attention's gates (qwen35) */
+    float *alt;          /* (n_batch, n_altup, n_embd) gemma3n's AltUp streams (gemma3n.h) */
+    float *laurel;       /* (n_batch, n_embd) its LAuReL rows */
+    float *altc;         /* (n_batch, n_altup * (n_altup + 1)) its router outputs, coefficients */
     const ed_model *m;
     struct ed_pool *pool;
     /* profiling: nanoseconds per op kind, summed by thread 0 */
@@ -523,17 +539,18 @@ static inline ed_tensor ed_expert(const ed_tensor *W, int e) {
     return t;
 }
 
-/* The routed FFN as llama.cpp's build_moe_ffn (softmax gating): router logits, softmax over
- * the experts, the top k (best first), optionally their weights renormalised to sum 1; each
- * selected expert's silu(gate) * up then down; the k outputs times their weights summed in
- * slot order. Tokens are grouped by expert, so each selected expert's weights are read once
- * per batch (llama.cpp's mul_mat_id) and one token reads only its k experts. Output in xb2. */
-static void ed_moe_ffn(ed_state *s, ed_pool *p, const ed_model *m, const ed_layer *L, int n,
-                       int ith, int nth) {
+/* The routed FFN as llama.cpp's build_moe_ffn (softmax gating): router logits of xr (n,
+ * n_embd), softmax over the experts, the top k (best first), optionally their weights
+ * renormalised to sum 1; each selected expert's act(gate) * up of xb then down (times the
+ * expert's scale, gemma4); the k outputs times their weights summed in slot order. Tokens are
+ * grouped by expert, so each selected expert's weights are read once per batch (llama.cpp's
+ * mul_mat_id) and one token reads only its k experts. Output in xb2. */
+static void ed_moe_ffn(ed_state *s, ed_pool *p, const ed_model *m, const ed_layer *L,
+                       const float *xr, int n, int ith, int nth) {
     const int E = m->n_embd, X = m->n_expert, k = m->n_expert_used, Fe = m->n_ff_exp;
     const ed_pm_fns pm = *ED_PM;  /* the path's (ed_parity.h), copied once for the loops */
     int64_t a, b;
-    ed_matmul(s, p, s->probs, X, &L->ffn_gate_inp, s->xb, E, n, 0, ith, nth);
+    ed_matmul(s, p, s->probs, X, &L->ffn_gate_inp, xr, E, n, 0, ith, nth);
     ed_range(n, ith, nth, &a, &b);
     const float *rb = L->ffn_gate_inp_bias.data ? ed_vec(&L->ffn_gate_inp_bias) : NULL;
     for (int64_t t = a; t < b; t++) {
@@ -586,18 +603,21 @@ static void ed_moe_ffn(ed_state *s, ed_pool *p, const ed_model *m, const ed_laye
             ed_barrier(p);
             xin = s->xe;
         }
-        const ed_tensor G = ed_expert(&L->ffn_gate_exps, e), U = ed_expert(&L->ffn_up_exps, e);
+        const int fused = L->ffn_gate_up_exps.data != NULL;  /* gemma4: gate rows, then up */
+        const ed_tensor G = ed_expert(fused ? &L->ffn_gate_up_exps : &L->ffn_gate_exps, e);
+        const ed_tensor U = fused ? G : ed_expert(&L->ffn_up_exps, e);
         const ed_tensor D = ed_expert(&L->ffn_down_exps, e);
         const float *gb = NULL, *ub = NULL;  /* gpt-oss: the expert's own bias rows */
         if (L->ffn_gate_exps_bias.data) {
             gb = ed_vec(&L->ffn_gate_exps_bias) + (size_t)e * Fe;
             ub = ed_vec(&L->ffn_up_exps_bias) + (size_t)e * Fe;
         }
-        ed_gate_up(s, p, m, &G, &U, 0, Fe, xin, cnt, gb, ub, ith, nth);
+        ed_gate_up(s, p, m, &G, &U, fused ? Fe : 0, Fe, xin, cnt, gb, ub, ith, nth);
         ed_matmul(s, p, s->ye + (size_t)c0 * E, E, &D, s->hb, 2 * Fe, cnt, 0, ith, nth);
     }
     ed_range(n, ith, nth, &a, &b);
     const float *db = L->ffn_down_exps_bias.data ? ed_vec(&L->ffn_down_exps_bias) : NULL;
+    const float *ds = L->ffn_down_exps_scale.data ? ed_vec(&L->ffn_down_exps_scale) : NULL;
     for (int64_t t = a; t < b; t++) {  /* llama.cpp: weighted outputs added in slot order */
         float *o = s->xb2 + t * E;
         const float *w = s->selw + t * k;
@@ -606,6 +626,10 @@ static void ed_moe_ffn(ed_state *s, ed_pool *p, const ed_model *m, const ed_laye
             if (db) {  /* gpt-oss: the expert's down bias, before its weight */
                 const float *bias = db + (size_t)s->sel[t * k + j] * E;
                 for (int i = 0; i < E; i++) y[i] += bias[i];
+            }
+            if (ds) {  /* gemma4: the expert's output scale, before its weight */
+                const float sc = ds[s->sel[t * k + j]];
+                for (int i = 0; i < E; i++) y[i] *= sc;
             }
             if (j == 0) for (int i = 0; i < E; i++) o[i] = y[i] * w[0];
             else        for (int i = 0; i < E; i++) o[i] = o[i] + y[i] * w[j];
@@ -738,6 +762,8 @@ static inline int ed_kv_rot_n(int type, int hd, int is_k) {
 }
 
 #include "forward_layers.h"
+#include "forward_moe_gemma4.h"
+#include "gemma3n.h"
 
 /* x (len, a multiple of n) <- each n-value chunk times the n x n Hadamard matrix / sqrt(n):
  * scaled first, then the butterflies (u + v, u - v) with spans 1, 2, 4, ..., n/2, ggml's fast
@@ -1025,6 +1051,7 @@ static int ed_last_rows(ed_state *s, int n, int Qd, int E, int ith) {
             if (r == i) continue;
             memcpy(s->xb + (size_t)i * Qd, s->xb + (size_t)r * Qd, sizeof(float) * Qd);
             memcpy(s->x + (size_t)i * E, s->x + (size_t)r * E, sizeof(float) * E);
+            if (s->m->n_altup) ed_altup_move_row(s, i, r);
         }
     return s->n_out;
 }
@@ -1051,12 +1078,16 @@ static void ed_forward_worker(void *arg, int ith, int nth) {
         const int own_kv = L->kv_src == il;  /* else it attends over an earlier layer's K/V */
         /* gemma4: per-layer inputs and output scale after the residual (forward_layers.h) */
         const int ends = m->n_embd_per_layer || L->layer_output_scale.data;
-        if (il == 0) {  /* later layers get their attn_norm from the previous residual step */
+        if (m->n_altup) {  /* gemma3n: x and its attn_norm from the streams */
+            ed_altup_predict(s, p, m, L, il, n, ith, nth);
+            ED_MARK(prof_ns, ED_PROF_NORM);
+        } else if (il == 0) {  /* later layers get their attn_norm from the previous residual step */
             if (m->n_embd_per_layer) ed_ple_inputs(s, p, m, n, ith, nth);
             for (int64_t t = a; t < b; t++) ed_rms_norm(s->xb + t * E, s->x + t * E, ed_vec(&L->attn_norm), E, eps);
             ed_barrier(p);
             ED_MARK(prof_ns, ED_PROF_NORM);
         }
+        if (L->laurel_l.data) ed_laurel(s, p, m, L, n, ith, nth);  /* gemma3n, from xb */
         /* the output projection's input rows (xb) */
         const int ldo = L->conv ? E : L->recr ? m->ssm_d_inner : Qd;
         if (L->conv) {
@@ -1155,15 +1186,20 @@ static void ed_forward_worker(void *arg, int ith, int nth) {
             }
             if (L->post_attention_norm.data) ed_rms_norm(o, o, ed_vec(&L->post_attention_norm), E, eps);
             for (int i = 0; i < E; i++) x[i] += o[i] * rs;
+            if (L->laurel_l.data) ed_laurel_join(s, x, t, E);
             ed_rms_norm(s->xb + t * E, x, ed_vec(&L->ffn_norm), E, eps);
         }
         ed_barrier(p);
         ED_MARK(prof_ns, ED_PROF_NORM);
-        if (m->n_expert) {
-            ed_moe_ffn(s, p, m, L, n, ith, nth);
+        if (L->pre_ffw_norm_2.data) {  /* gemma4: the dense FFN beside the routed experts */
+            ed_gemma4_moe_ffn(s, p, m, L, n, ith, nth);
+            ED_MARK(prof_mm, L->ffn_down_exps.type);
+        } else if (m->n_expert) {
+            ed_moe_ffn(s, p, m, L, s->xb, n, ith, nth);
             ED_MARK(prof_mm, L->ffn_up_exps.type);
         } else {
-            ed_ffn_gate_up(s, p, m, L, n, ith, nth);
+            if (L->sparsity != 0.0f) ed_sparse_gate_up(s, p, m, L, n, ith, nth);  /* gemma3n */
+            else ed_ffn_gate_up(s, p, m, L, n, ith, nth);
             ED_MARK(prof_mm, L->ffn_up.type);
             ed_matmul(s, p, s->xb2, E, &L->ffn_down, s->hb, 2 * F, n, 0, ith, nth);
             ED_MARK(prof_mm, L->ffn_down.type);
@@ -1176,9 +1212,11 @@ static void ed_forward_worker(void *arg, int ith, int nth) {
                 ed_rms_norm(s->xb + t * E, x, ed_vec(&m->layers[il + 1].attn_norm), E, eps);
         }
         ed_barrier(p);
-        if (ends) ed_layer_end(s, p, m, L, il, n, ith, nth);
+        if (m->n_altup) ed_altup_layer_end(s, p, m, L, il, n, ith, nth);
+        else if (ends) ed_layer_end(s, p, m, L, il, n, ith, nth);
         ED_MARK(prof_ns, ED_PROF_NORM);
     }
+    if (m->n_altup && n) ed_altup_end(s, p, m, n, ith, nth);  /* gemma3n: the streams into x */
     const int compact = rows < s->n_tokens;  /* the wanted rows are at the front already */
     rows = s->n_out;
     ed_range(rows, ith, nth, &a, &b);
@@ -1215,11 +1253,14 @@ static size_t ed_state_layout(ed_state *s, const ed_model *m, int n_ctx, int n_b
                 : (m->n_ff_exp > m->n_ff_shexp ? m->n_ff_exp : m->n_ff_shexp);
     const int Vd = m->ssm_d_inner;  /* a recurrent layer's output */
     const int XB = E > Qd ? (E > Vd ? E : Vd) : (Qd > Vd ? Qd : Vd);
-    /* widest activation row that gets quantized: n_embd, Qd or n_ff inputs, any type */
+    /* the longest row a product reads: n_ff, xb's, or per-layer inputs' P (gemma4, gemma3n) */
+    const int KX = F > XB ? (F > m->n_embd_per_layer ? F : m->n_embd_per_layer)
+                          : (XB > m->n_embd_per_layer ? XB : m->n_embd_per_layer);
+    /* widest activation row that gets quantized: n_embd, Qd, n_ff or P inputs, any type */
     size_t xq_row = 0;
     for (int t = 0; t < ED_NTYPES; t++) {
         if (!ED_TRAITS[t].ref) continue;
-        size_t r = ed_act_row_bytes(t, (F > XB ? F : XB));
+        size_t r = ed_act_row_bytes(t, KX);
         if (r > xq_row) xq_row = r;
     }
     xq_row = xq_row + 4 * sizeof(float);  /* any type: <= 4 bytes/elem + block headers */
@@ -1245,6 +1286,9 @@ static size_t ed_state_layout(ed_state *s, const ed_model *m, int n_ctx, int n_b
     CARVE(qkv, float, (size_t)n_batch * QKVW);  /* q|k|v, a convolution's B|C|x, DeltaNet's rows */
     CARVE(rstate, float, (size_t)m->n_recr_layers * ed_recr_layer_floats(m));
     CARVE(gate, float, m->attn_gated_q ? (size_t)n_batch * Qd : 0);
+    CARVE(alt, float, (size_t)n_batch * m->n_altup * E);  /* gemma3n.h */
+    CARVE(laurel, float, m->n_altup ? (size_t)n_batch * E : 0);
+    CARVE(altc, float, (size_t)n_batch * m->n_altup * (m->n_altup + 1));
     const int P = m->n_embd_per_layer;  /* gemma4's per-layer inputs: P-wide rows in hb too */
     CARVE(hb, float, (size_t)n_batch * (2 * F > P ? 2 * F : P));
     CARVE(ple, float, (size_t)n_batch * m->n_layer * P);
@@ -1255,11 +1299,11 @@ static size_t ed_state_layout(ed_state *s, const ed_model *m, int n_ctx, int n_b
     CARVE(qh, uint16_t, (size_t)n_threads * hd);
     CARVE(vacc, float, (size_t)n_threads * 80 * hd);
     CARVE(xq, uint8_t, xq_bytes);
-    const size_t gemm_bytes = n_batch > 1 ? ed_gemm_scratch(F > XB ? F : XB) : 0;
-    const size_t xinfo_row = ed_gemm_info_len(F > XB ? F : XB);
+    const size_t gemm_bytes = n_batch > 1 ? ed_gemm_scratch(KX) : 0;
+    const size_t xinfo_row = ed_gemm_info_len(KX);
     CARVE(gemm, uint8_t, (size_t)n_threads * gemm_bytes);
     CARVE(xinfo, ed_ginfo, (size_t)(n_batch > 1 ? n_batch : 0) * xinfo_row);
-    CARVE(xdy, float, n_batch > 1 ? ed_gemm_dy_len(n_batch, F > XB ? F : XB) : 0);
+    CARVE(xdy, float, n_batch > 1 ? ed_gemm_dy_len(n_batch, KX) : 0);
     CARVE(logits, float, (size_t)(n_batch < ED_MAX_LOGIT_ROWS ? n_batch : ED_MAX_LOGIT_ROWS) * m->n_vocab);
     CARVE(tokens, int32_t, n_batch);
     CARVE(out_rows, int32_t, ED_MAX_LOGIT_ROWS);

@@ -25,6 +25,7 @@ cdef extern from "forward.h" nogil:
         int recr
         int head_dim, n_head_kv, n_rot, n_ff, kv_src, rope_ff
         int kv
+        float sparsity
     ctypedef struct ed_layer_role:
         const char *name
         size_t offset
@@ -34,10 +35,11 @@ cdef extern from "forward.h" nogil:
         int n_vocab, n_embd, n_layer, n_head, n_head_kv, head_dim, n_rot, n_swa
         int n_expert, n_expert_used, n_conv_layers
         int n_recr_layers, ssm_d_conv, ssm_d_state, ssm_n_group, ssm_dt_rank, ssm_d_inner
-        int n_embd_per_layer, n_ff
+        int n_embd_per_layer, n_ff, n_altup
         float attn_scale
         ed_tensor token_embd, output_norm, output
         ed_tensor per_layer_model_proj, per_layer_proj_norm
+        ed_tensor altup_proj, altup_unembd_proj
         const float *rope_factors
         ed_layer *layers
     ctypedef struct ed_hparam:
@@ -306,7 +308,7 @@ cdef class Pool:
 
 # a layer dict's keys that are not tensor roles (ForwardModel.setup)
 _LAYER_KEYS = frozenset({"swa", "rope", "conv", "recr", "head_dim", "n_head_kv", "n_rot", "n_ff",
-                         "kv_src", "rope_ff"})
+                         "kv_src", "rope_ff", "sparsity"})
 
 
 cdef class ForwardModel:
@@ -344,9 +346,10 @@ cdef class ForwardModel:
         attention) and 'recr' (1 + its slot in the recurrent state: a DeltaNet layer); the other
         layers get the K/V cache's slots in order; optionally the layer's own sizes 'head_dim',
         'n_head_kv', 'n_rot', 'n_ff' (default: the model's), 'kv_src' (the layer whose KV cache
-        it reads; default itself) and 'rope_ff' (the rope factors apply; default 1);
-        globals_: token_embd/output_norm/output/rope, and gemma4's
-        per_layer_model_proj/per_layer_proj_norm."""
+        it reads; default itself), 'rope_ff' (the rope factors apply; default 1) and
+        'sparsity' (gemma3n's FFN gate cut; default 0: none);
+        globals_: token_embd/output_norm/output/rope, gemma4's and gemma3n's
+        per_layer_model_proj/per_layer_proj_norm, gemma3n's altup_proj/altup_unembd_proj."""
         cdef int i, n_kv = 0
         m = &self.m
         _set_hparams(m, hp)
@@ -369,6 +372,8 @@ cdef class ForwardModel:
                 self._set(&m.output, g)
         self._set(&m.per_layer_model_proj, globals_.get("per_layer_model_proj"))
         self._set(&m.per_layer_proj_norm, globals_.get("per_layer_proj_norm"))
+        self._set(&m.altup_proj, globals_.get("altup_proj"))  # gemma3n
+        self._set(&m.altup_unembd_proj, globals_.get("altup_unembd_proj"))
         cdef const float[::1] rf
         if globals_.get("rope_factors") is not None:
             rf = globals_["rope_factors"]
@@ -392,6 +397,7 @@ cdef class ForwardModel:
             l.head_dim, l.n_head_kv = L.get("head_dim", m.head_dim), L.get("n_head_kv", m.n_head_kv)
             l.n_rot, l.n_ff = L.get("n_rot", m.n_rot), L.get("n_ff", m.n_ff)
             l.kv_src, l.rope_ff = L.get("kv_src", i), L.get("rope_ff", 1)
+            l.sparsity = L.get("sparsity", 0.0)
             if not (0 < l.head_dim <= m.head_dim and 0 < l.n_head_kv <= m.n_head_kv
                     and m.n_head % l.n_head_kv == 0 and 0 <= l.n_rot <= min(l.head_dim, m.n_rot)
                     and 0 <= l.n_ff <= m.n_ff):
@@ -409,6 +415,10 @@ cdef class ForwardModel:
                 self._set(<ed_tensor *>(<char *>l + <size_t>_ROLE_OFFSET[role]), spec)
         if m.n_embd_per_layer and (m.per_layer_model_proj.data == NULL or m.per_layer_proj_norm.data == NULL):
             raise ValueError("n_embd_per_layer without per_layer_model_proj / per_layer_proj_norm")
+        if m.n_altup and (m.n_altup > 8 or not m.n_embd_per_layer or m.altup_proj.data == NULL
+                          or m.altup_unembd_proj.data == NULL):
+            raise ValueError(f"n_altup {m.n_altup}: at most 8 streams (gemma3n.h), with per-layer "
+                             "inputs, altup_proj and altup_unembd_proj")
         if len(layers) == m.n_layer and n_kv != ed_n_kv_layers(m):
             raise ValueError(f"{n_kv} attention layers, but {m.n_layer} layers less "
                              f"{m.n_conv_layers} convolution and {m.n_recr_layers} recurrent ones")

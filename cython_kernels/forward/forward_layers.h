@@ -54,25 +54,34 @@ static void ed_ple_inputs(ed_state *s, ed_pool *p, const ed_model *m, int n, int
     ed_barrier(p);
 }
 
+/* xb2 rows (n, n_embd) = per_layer_proj(gelu(per_layer_inp_gate(x)) * row t's slice il of
+   s->ple), before the post norm; x rows of n_embd (rows compacted as in ed_layer_end). All
+   threads; ends in a barrier. */
+static void ed_ple_gate(ed_state *s, ed_pool *p, const ed_model *m, const ed_layer *L, int il,
+                        const float *x, int n, int ith, int nth) {
+    const int E = m->n_embd, P = m->n_embd_per_layer, LP = P * m->n_layer;
+    const int compact = n < s->n_tokens;
+    int64_t a, b;
+    ed_range(n, ith, nth, &a, &b);
+    ed_matmul(s, p, s->hb, P, &L->per_layer_inp_gate, x, E, n, 0, ith, nth);
+    for (int64_t t = a; t < b; t++) {
+        float *g = s->hb + t * P;
+        const float *e = s->ple + (size_t)(compact ? s->out_rows[t] : t) * LP + (size_t)il * P;
+        for (int i = 0; i < P; i++) g[i] = ed_gelu(g[i]) * e[i];
+    }
+    ed_barrier(p);
+    ed_matmul(s, p, s->xb2, E, &L->per_layer_proj, s->hb, P, n, 0, ith, nth);
+}
+
 /* After layer il's residual: its per-layer input and output scale, then the next layer's
    attn_norm into xb. Rows t < n of x; on the last layer the rows may have been compacted
    (ed_last_rows): row t is then batch row out_rows[t]. All threads; ends in a barrier. */
 static void ed_layer_end(ed_state *s, ed_pool *p, const ed_model *m, const ed_layer *L, int il,
                          int n, int ith, int nth) {
-    const int E = m->n_embd, P = m->n_embd_per_layer, LP = P * m->n_layer;
-    const int compact = n < s->n_tokens;
+    const int E = m->n_embd, P = m->n_embd_per_layer;
     int64_t a, b;
     ed_range(n, ith, nth, &a, &b);
-    if (P) {
-        ed_matmul(s, p, s->hb, P, &L->per_layer_inp_gate, s->x, E, n, 0, ith, nth);
-        for (int64_t t = a; t < b; t++) {
-            float *g = s->hb + t * P;
-            const float *e = s->ple + (size_t)(compact ? s->out_rows[t] : t) * LP + (size_t)il * P;
-            for (int i = 0; i < P; i++) g[i] = ed_gelu(g[i]) * e[i];
-        }
-        ed_barrier(p);
-        ed_matmul(s, p, s->xb2, E, &L->per_layer_proj, s->hb, P, n, 0, ith, nth);
-    }
+    if (P) ed_ple_gate(s, p, m, L, il, s->x, n, ith, nth);
     const float scale = L->layer_output_scale.data ? ed_vec(&L->layer_output_scale)[0] : 1.0f;
     for (int64_t t = a; t < b; t++) {
         float *x = s->x + t * E;

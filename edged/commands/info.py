@@ -55,8 +55,7 @@ def model_info(path, ctx_sizes=None, cache=None):
             types[n] += 1
             type_bytes[n] += t.nbytes
         weights = sum(t.nbytes for t in spec.tensors.values())
-        # gemma3n runs on the reference backend only (the compiled pass refuses it)
-        cls = backend_class("reference" if spec.gemma3n else None)
+        cls = backend_class(None)
         ctxs = ctx_sizes or sorted({512, 4096, hp.n_ctx_train})
         cache.check(hp.head_dim_layers or hp.head_dim)
         mem = []
@@ -77,17 +76,16 @@ def model_info(path, ctx_sizes=None, cache=None):
             "weight_types": {k: {"tensors": types[k], "bytes": type_bytes[k]} for k in types},
             "vocabulary": tok.n_vocab, "bos_id": tok.bos_id, "eos_id": tok.eos_id,
             "memory": mem, "weights_bytes": weights, "active_weights_bytes": active,
-            **({"gemma3n": _gemma3n(spec, cls)} if spec.gemma3n else {}),
+            **({"gemma3n": _gemma3n(spec)} if spec.gemma3n else {}),
         }
 
 
-def _gemma3n(spec, cls):
+def _gemma3n(spec):
     g, hp = spec.gemma3n, spec.hp
     shared = [il for il, src in enumerate(hp.kv_layers) if src != il]
     return {"n_altup": g.params.n_altup, "n_embd_altup": g.params.n_embd_altup,
             "per_layer_token_embd_bytes": spec.tensors[g.per_layer_token_embd].nbytes,
-            "shared_kv_layers": shared, "kv_sources": [hp.kv_layers[il] for il in shared],
-            "backend": cls.name, "backend_weight_copies_bytes": cls.extra_weight_bytes(spec)}
+            "shared_kv_layers": shared, "kv_sources": [hp.kv_layers[il] for il in shared]}
 
 
 def projector_info(path):
@@ -183,15 +181,14 @@ def run(args):
         print(f"gemma3n: {g['n_altup']} AltUp streams; per-layer inputs {g['n_embd_altup']} wide "
               f"per layer (per_layer_token_embd {mib(g['per_layer_token_embd_bytes'])}: "
               f"a token reads one row of it); layers {g['shared_kv_layers']} attend to "
-              f"layers {g['kv_sources']}'s K/V; runs on the {g['backend']} backend only (float32 "
-              f"copies of the weights: {mib(g['backend_weight_copies_bytes'])} more)")
+              f"layers {g['kv_sources']}'s K/V (the KV cache holds none for them)")
     if hp.get("head_dim_layers"):
         shared = [il for il, src in enumerate(hp["kv_layers"]) if src != il]
         print(f"per layer: head_dim {hp['head_dim_layers']}, kv heads {hp['n_head_kv_layers']}, "
               f"n_rot {hp['n_rot_layers']}, n_ff {hp['n_ff_layers']}; the KV cache holds each "
               f"layer's rows at its size" + (f", none for layers {shared} (they attend to layers "
               f"{[hp['kv_layers'][il] for il in shared]}'s)" if shared else ""))
-    if hp.get("n_embd_per_layer"):
+    if hp.get("n_embd_per_layer") and "gemma3n" not in info:
         print(f"per-layer inputs {hp['n_embd_per_layer']} wide per layer (a token reads one row "
               "of per_layer_token_embd)")
     if hp.get("n_recr_layers"):

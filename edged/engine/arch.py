@@ -213,7 +213,8 @@ class HParams:
     n_rot_layers: tuple = field(default=(), metadata=NOT_COMPILED)
     n_ff_layers: tuple = field(default=(), metadata=NOT_COMPILED)
     n_embd_per_layer: int = 0     # per-layer embeddings' width (gemma4 E2B/E4B; 0: none)
-    v_norm: bool = False          # V is RMS-normed without a weight (gemma4)
+    v_norm: bool = False          # V is RMS-normed without a weight (gemma4, gemma3n)
+    n_altup: int = 0              # AltUp streams (gemma3n; 0: none)
 
     def layer_dims(self, il):
         """(head_dim, n_head_kv, n_rot, n_ff) of layer il."""
@@ -335,6 +336,26 @@ class LayerTensors:
     per_layer_proj: str | None = None
     per_layer_post_norm: str | None = None
     layer_output_scale: str | None = None
+    # gemma4 mixture of experts (edged/engine/gemma4.py): every expert's gate|up fused (n_embd,
+    # 2 n_ff_exp, n_expert), each expert's output scale (n_expert), the router input's scale
+    # (n_embd), the experts' input norm, the dense FFN's and the experts' output norms
+    ffn_gate_up_exps: str | None = None
+    ffn_down_exps_scale: str | None = None
+    ffn_gate_inp_scale: str | None = None
+    pre_ffw_norm_2: str | None = None
+    post_ffw_norm_1: str | None = None
+    post_ffw_norm_2: str | None = None
+    # gemma3n: the compiled pass's names for gemma3n.LayerTensors' AltUp and LAuReL tensors
+    # (CPUBackend fills them; arch.validate leaves them None), its per-layer input tensors
+    # taking the three per_layer_* roles above
+    altup_router: str | None = None
+    altup_router_norm: str | None = None
+    altup_predict_coef: str | None = None
+    altup_correct_coef: str | None = None
+    altup_correct_scale: str | None = None
+    laurel_l: str | None = None
+    laurel_r: str | None = None
+    laurel_post_norm: str | None = None
 
 
 @dataclass(frozen=True)
@@ -678,6 +699,9 @@ def hparams(metadata, arch_name, n_vocab):
         kv_layers=gemma3n.kv_layers(n_layer, swa) if a.altup else tuple(range(n_layer)),
         ssm_layers=ssm_layers,
         **ssm, attn_gated_q=a.deltanet,
+        # gemma3n: V RMS-normed, AltUp streams and per-layer inputs (edged/engine/gemma3n.py)
+        **(dict(v_norm=True, n_altup=gemma3n.N_ALTUP, n_embd_per_layer=gemma3n.N_EMBD_ALTUP)
+           if a.altup else {}),
     )
 
 

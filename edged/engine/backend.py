@@ -137,6 +137,13 @@ class Backend:
         position's row after another (prompt-cache files read and write them in place)."""
         raise NotImplementedError
 
+    def kv_layers(self, buf):
+        """[(k, v)]: uint8 views (n_ctx, bytes of the layer's row) of each attention layer's
+        cache that holds rows, in layer order; a layer's rows are its own size (gemma4).
+        Prompt-cache files read and write them in place."""
+        k, v = self.kv_cache(buf)
+        return list(zip(k, v))
+
     def copy_kv(self, dst, src, n: int) -> None:
         """Copy the KV cache of positions [0, n) from session buffer src to dst (same n_ctx):
         Session.fork."""

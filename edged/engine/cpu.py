@@ -8,13 +8,12 @@ activations, logits).
 from __future__ import annotations
 
 import dataclasses
-import errno
 import time
 
 import numpy as np
 
 from .arch import LayerTensors, VECTOR_TYPES
-from . import repack
+from . import gemma4, repack
 from .backend import Backend, BufferPlan
 from .kvcache import DEFAULT as DEFAULT_CACHE
 from .recurrent import N_CHECKPOINTS, RecurrentState
@@ -33,6 +32,12 @@ except ImportError as e:  # the service must not fall back silently to the refer
 
 # a layer's tensor roles: LayerTensors's fields, the C layer's by name (forward.h ED_LAYER_TENSORS)
 _ROLES = tuple(f.name for f in dataclasses.fields(LayerTensors))
+# gemma3n: the roles of gemma3n.LayerTensors' fields (gemma3n.h)
+_G3N_ROLES = {"per_layer_inp_gate": "inp_gate", "per_layer_proj": "proj",
+              "per_layer_post_norm": "post_norm",
+              **{r: r for r in ("altup_router", "altup_router_norm", "altup_predict_coef",
+                                "altup_correct_coef", "altup_correct_scale", "laurel_l",
+                                "laurel_r", "laurel_post_norm")}}
 
 
 def _require_core():
@@ -77,10 +82,6 @@ class CPUBackend(Backend):
     def __init__(self, spec, weights, n_threads=1, numa="none", cache=DEFAULT_CACHE,
                  resident_experts=False):
         super().__init__(spec, weights, n_threads, numa, cache, resident_experts)
-        if spec.gemma3n:
-            raise UnsupportedModelError(
-                "gemma3n (AltUp, LAuReL, per-layer inputs) is not in the compiled forward pass "
-                "yet; EDGED_BACKEND=reference runs it (slowly)")
         cache.check(spec.hp.head_dim_layers or spec.hp.head_dim)
         core = _require_core()
         core.check_fields(spec.hp, _ROLES)  # the C model takes both by name: a mismatch fails the load
@@ -111,6 +112,13 @@ class CPUBackend(Backend):
             self._vectors[name] = v
             return (v.view(np.uint8), int(GGMLType.F32), shape, 4 * shape[0])
 
+        def tensor(role, name):
+            return (vector(name) if role.endswith(("norm", "norm_1", "norm_2", "bias", "sinks",
+                                                   "conv", "scale"))
+                    or role in ("ssm_conv1d", "ssm_conv1d_b", "ssm_dt", "ssm_a", "ssm_d")
+                    else matrix(name))
+
+        g3n = spec.gemma3n
         layers = []
         conv_slots = iter(range(1, hp.n_conv_layers + 1))
         recr_slots = iter(range(1, hp.n_recr_layers + 1))
@@ -122,16 +130,24 @@ class CPUBackend(Backend):
                 d.update(zip(("head_dim", "n_head_kv", "n_rot", "n_ff"), hp.layer_dims(il)),
                          kv_src=hp.kv_layers[il], rope_ff=int(not hp.swa_layers[il]))
             for role in _ROLES:
-                name = getattr(L, role)
-                d[role] = (vector(name) if role.endswith(("norm", "bias", "sinks", "conv", "scale"))
-                           or role in ("ssm_conv1d", "ssm_conv1d_b", "ssm_dt", "ssm_a", "ssm_d")
-                           else matrix(name))
+                d[role] = tensor(role, getattr(L, role))
+            if g3n:  # AltUp, LAuReL, per-layer inputs, the FFN gate's cut, shared KV layers
+                G = g3n.layers[il]
+                d.update({role: tensor(role, getattr(G, f)) for role, f in _G3N_ROLES.items()},
+                         sparsity=g3n.params.sparsity[il], kv_src=hp.kv_layers[il])
             layers.append(d)
         self._factors_ctx = {}
         g = {"token_embd": matrix(spec.token_embd), "output_norm": vector(spec.output_norm),
              "output": matrix(spec.output), "rope_factors": None}
         ple = spec.per_layer_inputs
-        if ple:  # gemma4: the per-layer inputs' projection and norm; their embedding rows below
+        if g3n:  # the same three tensors under gemma3n's names, and AltUp's projections
+            ple = gemma4.PerLayerInputs(token_embd=g3n.per_layer_token_embd,
+                                        model_proj=g3n.per_layer_model_proj,
+                                        proj_norm=g3n.per_layer_proj_norm)
+            g.update(altup_proj=matrix(g3n.altup_proj),
+                     altup_unembd_proj=matrix(g3n.altup_unembd_proj))
+        self._ple_bytes = None
+        if ple:  # gemma4, gemma3n: the per-layer inputs' projection and norm; their rows below
             g.update(per_layer_model_proj=matrix(ple.model_proj),
                      per_layer_proj_norm=vector(ple.proj_norm))
             self._ple_type = int(spec.tensors[ple.token_embd].type)
@@ -189,6 +205,8 @@ class CPUBackend(Backend):
         logits = 4 * min(n_batch, 32) * hp.n_vocab  # ED_MAX_LOGIT_ROWS rows
         per_tok += 40  # the row's position, context, cache and state pointers (a batch of sessions)
         per_tok += 8 * hp.n_layer * hp.n_embd_per_layer  # gemma4's per-layer inputs, projected
+        if hp.n_altup:  # gemma3n's streams, LAuReL row, router outputs and coefficients
+            per_tok += 4 * (hp.n_altup * E + E + hp.n_altup * (hp.n_altup + 1))
         # attention scratch per thread: every key's score for a block of 32 query rows
         # (ed_attn_ws_floats), the queries, the lane rows of the V sums
         att = 4 * (32 * (n_ctx + 32 + hp.head_dim) + 4 * hp.head_dim + 80 * hp.head_dim + 64)
@@ -222,7 +240,7 @@ class CPUBackend(Backend):
         _core.dequantize_rows(inp, self._embd_bytes, self._embd_type, toks)
         if self.spec.hp.embd_scale != 1.0:
             inp *= np.float32(self.spec.hp.embd_scale)
-        if self.spec.per_layer_inputs:  # (n, n_layer * P): scaled and combined in the pass
+        if self._ple_bytes is not None:  # (n, n_layer * P): scaled and combined in the pass
             _core.dequantize_rows(buf.state.ple_rows()[:len(toks)], self._ple_bytes,
                                   self._ple_type, toks)
         if rows is not None:
@@ -265,10 +283,10 @@ class CPUBackend(Backend):
         return (_core.__file__,)
 
     def kv_cache(self, buf):
-        if self.spec.hp.head_dim_layers:  # prompt-cache files hold rows of one size (statefile.py)
-            raise OSError(errno.EOPNOTSUPP, f"prompt-cache files do not hold {self.spec.arch.name}'s "
-                          "per-layer K/V row sizes yet; nothing written")
         return buf.state.kv_cache()
+
+    def kv_layers(self, buf):
+        return buf.state.kv_layers()
 
     def conv_cache(self, buf):
         return buf.state.conv_cache()

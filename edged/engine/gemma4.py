@@ -1,4 +1,4 @@
-"""Gemma 4 (text, dense): hyperparameters and tensors as llama.cpp reads them
+"""Gemma 4 (text, dense and mixture-of-experts): hyperparameters and tensors as llama.cpp reads them
 (src/models/gemma4.cpp, llama-model.cpp, llama-hparams.cpp), and a NumPy reference forward pass.
 
 What sets it apart from Gemma 3, all per layer:
@@ -14,12 +14,21 @@ What sets it apart from Gemma 3, all per layer:
 - per-layer embeddings (`embedding_length_per_layer_input` P > 0, the E2B/E4B models): each
   layer adds proj(gelu(inp_gate(x)) * e_il) after its FFN, where e = (rms_norm(x0 Wp / sqrt(E))
   + per_layer_token_embd[token] * sqrt(P)) / sqrt(2), split into n_layer slices of P;
-- `layer_output_scale` (one value) multiplies each layer's output; the logits are soft-capped.
+- `layer_output_scale` (one value) multiplies each layer's output; the logits are soft-capped;
+- mixture-of-experts files (26B-A4B: `expert_count`, `expert_used_count`,
+  `expert_feed_forward_length`) keep the dense FFN as a shared expert beside the routed ones:
+  mlp = post_ffw_norm_1(FFN(ffn_norm(x))); the router reads rms_norm(x) / sqrt(E) *
+  ffn_gate_inp.scale, softmax over the experts, the top k renormalised to sum 1; each chosen
+  expert's gelu(gate) * up (ffn_gate_up_exps fused, gate rows first, or ffn_gate_exps and
+  ffn_up_exps) then down, times ffn_down_exps.scale[e] when present, of pre_ffw_norm_2(x);
+  moe = post_ffw_norm_2(the weighted sum); the FFN output is post_ffw_norm(mlp + moe). Every
+  layer must have its router (llama.cpp would run a layer without `ffn_gate_inp` as dense;
+  edged refuses it, naming the tensor).
 
 arch.validate reads a file through `hparam_fields` and `tensors` below; the compiled pass
-(cython_kernels/forward/forward.h, forward_layers.h) takes the per-layer sizes from its layer
-descriptors. `forward` is the NumPy reference it is checked against (the reference backend does
-not run gemma4). Mixture-of-experts files (26B-A4B) are refused by name.
+(cython_kernels/forward/forward.h, forward_layers.h, forward_moe_gemma4.h) takes the per-layer
+sizes from its layer descriptors. `forward` is the NumPy reference it is checked against (the
+reference backend does not run gemma4).
 """
 from __future__ import annotations
 
@@ -33,6 +42,7 @@ from ..format.gguf import Key, check_number
 from ..format.quants import dequantize
 
 ARCH = "gemma4"
+MAX_EXPERTS = 512  # llama.cpp's LLAMA_MAX_EXPERTS; the compiled router's limit too
 
 
 @dataclass(frozen=True)
@@ -55,6 +65,9 @@ class HParams:
     n_kv_shared: int              # the last n layers reuse earlier layers' KV
     n_embd_per_layer: int         # 0: no per-layer embeddings
     final_logit_softcap: float    # 0: off
+    n_expert: int = 0             # routed experts (0: dense)
+    n_expert_used: int = 0        # experts per token
+    n_ff_exp: int = 0             # rows of one expert's gate (and up)
 
     def head(self, il):
         return self.head_dim_swa if self.swa_layers[il] else self.head_dim
@@ -99,8 +112,14 @@ def hparams(md, n_vocab):
     E = _key(md, Key.EMBEDDING_LENGTH, int, lo=1)
     L = _key(md, Key.BLOCK_COUNT, int, lo=1)
     H = _key(md, Key.HEAD_COUNT, int, lo=1)
-    if _key(md, Key.EXPERT_COUNT, int, required=False, default=0):
-        _refuse("mixture-of-experts files (expert_count) are not supported")
+    n_expert = _key(md, Key.EXPERT_COUNT, int, required=False, default=0)
+    n_used = n_ff_exp = 0
+    if n_expert:
+        n_used = _key(md, Key.EXPERT_USED_COUNT, int, lo=1)
+        n_ff_exp = _key(md, Key.EXPERT_FEED_FORWARD_LENGTH, int, lo=1)
+        if not n_used <= n_expert <= MAX_EXPERTS:
+            _refuse(f"expert_used_count {n_used} / expert_count {n_expert} invalid (at most "
+                    f"{MAX_EXPERTS} experts)")
     kv = _per_layer(md, Key.HEAD_COUNT_KV, L)
     ff = _per_layer(md, Key.FEED_FORWARD_LENGTH, L)
     for il, k in enumerate(kv):
@@ -140,7 +159,8 @@ def hparams(md, n_vocab):
         n_swa=_key(md, Key.SLIDING_WINDOW, int), swa_layers=swa, n_kv_shared=shared,
         n_embd_per_layer=_key(md, Key.EMBD_LENGTH_PER_LAYER_INP, int),
         final_logit_softcap=_key(md, Key.FINAL_LOGIT_SOFTCAPPING, float, required=False,
-                                 default=0.0))
+                                 default=0.0),
+        n_expert=n_expert, n_expert_used=n_used, n_ff_exp=n_ff_exp)
 
 
 class Weights:
@@ -175,6 +195,8 @@ class Weights:
             if P:
                 want.update({p + "inp_gate.weight": (E, P), p + "proj.weight": (P, E),
                              p + "post_norm.weight": (E,)})
+            if hp.n_expert:
+                want.update(_expert_shapes(f, p, hp))
         for name, shape in want.items():
             t = f.tensors.get(name)
             if t is None:
@@ -193,6 +215,46 @@ class Weights:
             shape = tuple(int(x) for x in t.shape)[::-1]
             a = self._w[name] = dequantize(self.f.tensor_bytes(name), t.type, shape).reshape(shape)
         return a
+
+
+def _expert_shapes(f, p, hp):
+    """{name: GGUF shape} of layer prefix p's router and experts (llama.cpp: every layer of a
+    mixture-of-experts file has them), gate|up fused or not as the file holds them."""
+    E, X, Fe = hp.n_embd, hp.n_expert, hp.n_ff_exp
+    want = {p + "ffn_gate_inp.weight": (E, X), p + "ffn_gate_inp.scale": (E,),
+            p + "pre_ffw_norm_2.weight": (E,), p + "post_ffw_norm_1.weight": (E,),
+            p + "post_ffw_norm_2.weight": (E,), p + "ffn_down_exps.weight": (Fe, E, X)}
+    if p + "ffn_gate_up_exps.weight" in f.tensors:
+        want[p + "ffn_gate_up_exps.weight"] = (E, 2 * Fe, X)
+    else:
+        want.update({p + "ffn_gate_exps.weight": (E, Fe, X), p + "ffn_up_exps.weight": (E, Fe, X)})
+    if p + "ffn_down_exps.scale" in f.tensors:
+        want[p + "ffn_down_exps.scale"] = (X,)
+    return want
+
+
+def _moe(w, p, x):
+    """The routed experts' output (n, E) of layer prefix p for its input x (the residual
+    after attention), as llama.cpp's gemma4 graph and build_moe_ffn compute it."""
+    from .reference import gelu_ggml, rms_norm, softmax
+    hp = w.hp
+    k, Fe = hp.n_expert_used, hp.n_ff_exp
+    r = rms_norm(x, 1.0, hp.rms_eps).astype(np.float32) * np.float32(1.0 / math.sqrt(hp.n_embd))
+    probs = softmax(_mm(r * w.W(p + "ffn_gate_inp.scale"), w.W(p + "ffn_gate_inp.weight")))
+    sel = np.argsort(-probs, axis=1, kind="stable")[:, :k]             # (n, k) best first
+    wts = np.take_along_axis(probs, sel, 1)
+    wts = wts / np.maximum(wts.sum(1, keepdims=True), 6.103515625e-5)
+    h = rms_norm(x, w.W(p + "pre_ffw_norm_2.weight"), hp.rms_eps)
+    gu = w.W(p + "ffn_gate_up_exps.weight")                             # (X, 2 Fe, E) or None
+    gate, up = (gu[:, :Fe], gu[:, Fe:]) if gu is not None else \
+        (w.W(p + "ffn_gate_exps.weight"), w.W(p + "ffn_up_exps.weight"))
+    down, scale = w.W(p + "ffn_down_exps.weight"), w.W(p + "ffn_down_exps.scale")
+    out = np.zeros_like(x)
+    for t in range(len(x)):
+        for j, e in enumerate(sel[t]):
+            y = _mm(gelu_ggml(_mm(h[t:t + 1], gate[e])) * _mm(h[t:t + 1], up[e]), down[e])
+            out[t] += y[0] * (1.0 if scale is None else float(scale[e])) * wts[t, j]
+    return out
 
 
 def _mm(x, w):
@@ -230,7 +292,9 @@ def hparam_fields(md, n_vocab):
         rope_layers=(True,) * L, kv_layers=tuple(hp.kv_layer(il) for il in range(L)),
         rope_neox=True, act_gelu=True,
         head_dim_layers=heads, n_head_kv_layers=hp.n_head_kv, n_rot_layers=rots,
-        n_ff_layers=hp.n_ff, n_embd_per_layer=hp.n_embd_per_layer, v_norm=True)
+        n_ff_layers=hp.n_ff, n_embd_per_layer=hp.n_embd_per_layer, v_norm=True,
+        n_expert=hp.n_expert, n_expert_used=hp.n_expert_used, n_ff_exp=hp.n_ff_exp,
+        expert_weights_norm=bool(hp.n_expert))
 
 
 def tensors(get, hp, layer_tensors):
@@ -267,8 +331,25 @@ def tensors(get, hp, layer_tensors):
             per_layer_inp_gate=get(p + "inp_gate.weight", (E, P)) if P else None,
             per_layer_proj=get(p + "proj.weight", (P, E)) if P else None,
             per_layer_post_norm=vec("post_norm.weight") if P else None,
-            layer_output_scale=vec("layer_output_scale.weight", (1,), False)))
+            layer_output_scale=vec("layer_output_scale.weight", (1,), False),
+            **(_expert_tensors(get, p, hp) if hp.n_expert else {})))
     return rope_freqs, tuple(layers), ple
+
+
+def _expert_tensors(get, p, hp):
+    """LayerTensors's expert fields of layer prefix p (the shapes of _expert_shapes)."""
+    E, X, Fe = hp.n_embd, hp.n_expert, hp.n_ff_exp
+    vec = lambda n, shape=(E,), required=True: get(p + n, shape, required, True)  # noqa: E731
+    fused = get(p + "ffn_gate_up_exps.weight", (E, 2 * Fe, X), required=False)
+    return dict(
+        ffn_gate_inp=get(p + "ffn_gate_inp.weight", (E, X)),
+        ffn_gate_inp_scale=vec("ffn_gate_inp.scale"), pre_ffw_norm_2=vec("pre_ffw_norm_2.weight"),
+        post_ffw_norm_1=vec("post_ffw_norm_1.weight"), post_ffw_norm_2=vec("post_ffw_norm_2.weight"),
+        ffn_gate_up_exps=fused,
+        ffn_gate_exps=None if fused else get(p + "ffn_gate_exps.weight", (E, Fe, X)),
+        ffn_up_exps=None if fused else get(p + "ffn_up_exps.weight", (E, Fe, X)),
+        ffn_down_exps=get(p + "ffn_down_exps.weight", (Fe, E, X)),
+        ffn_down_exps_scale=vec("ffn_down_exps.scale", (X,), False))
 
 
 def forward(w, tokens):
@@ -323,8 +404,12 @@ def forward(w, tokens):
         a = _mm(out.reshape(n, H * hd), w.W(p + "attn_output.weight"))
         attn_out = rms_norm(a, w.W(p + "post_attention_norm.weight"), hp.rms_eps) + x
         f = rms_norm(attn_out, w.W(p + "ffn_norm.weight"), hp.rms_eps)
-        f = gelu_ggml(_mm(f, w.W(p + "ffn_gate.weight"))) * _mm(f, w.W(p + "ffn_up.weight"))
-        f = rms_norm(_mm(f, w.W(p + "ffn_down.weight")), w.W(p + "post_ffw_norm.weight"), hp.rms_eps)
+        f = _mm(gelu_ggml(_mm(f, w.W(p + "ffn_gate.weight"))) * _mm(f, w.W(p + "ffn_up.weight")),
+                w.W(p + "ffn_down.weight"))
+        if hp.n_expert:      # the dense FFN is the shared expert beside the routed ones
+            f = rms_norm(f, w.W(p + "post_ffw_norm_1.weight"), hp.rms_eps) + \
+                rms_norm(_moe(w, p, attn_out), w.W(p + "post_ffw_norm_2.weight"), hp.rms_eps)
+        f = rms_norm(f, w.W(p + "post_ffw_norm.weight"), hp.rms_eps)
         x = f + attn_out
         if P:
             g = gelu_ggml(_mm(x, w.W(p + "inp_gate.weight"))) * ple[:, il]

@@ -37,7 +37,7 @@ MODES = ("auto", "off", "r4")
 _SLICE = 8 << 20  # bytes repacked between two releases of mapped pages
 ROLES = ("attn_q", "attn_k", "attn_v", "attn_qkv", "attn_output", "ffn_gate", "ffn_up",
          "ffn_down", "ffn_gate_shexp", "ffn_up_shexp", "ffn_down_shexp")
-EXPERT_ROLES = ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")
+EXPERT_ROLES = ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps", "ffn_gate_up_exps")
 
 
 def mode_from_env() -> str:
@@ -85,6 +85,15 @@ def _takes(core, types, gtype, shape):
     return gtype in types and len(shape) in (2, 3) and core.r4_ok(gtype, shape[0], shape[1])
 
 
+def _split_group(core, hp, L, role) -> bool:
+    """Whether a fused gate|up matrix's up rows start inside a group of R4 rows: phi3's ffn_up
+    (up from n_ff) or gemma4's ffn_gate_up_exps (each expert's up from n_ff_exp); it then
+    stays in the mapped layout."""
+    if role == "ffn_up" and L.ffn_gate is None:
+        return hp.n_ff % core.R4_ROWS != 0
+    return role == "ffn_gate_up_exps" and hp.n_ff_exp % core.R4_ROWS != 0
+
+
 def expert_bytes(core, spec, mode="auto") -> int:
     """Bytes of the expert tensors apply(experts=True) would repack (0: none, e.g. on a path
     that repacks nothing, or experts of a type or row count the layout does not take)."""
@@ -93,7 +102,7 @@ def expert_bytes(core, spec, mode="auto") -> int:
     for L in spec.layers:
         for role in EXPERT_ROLES:
             name = getattr(L, role, None)
-            if name is not None:
+            if name is not None and not _split_group(core, spec.hp, L, role):
                 t = spec.tensors[name]
                 if _takes(core, types, int(t.type), tuple(int(x) for x in t.shape)):
                     total += t.nbytes
@@ -115,8 +124,8 @@ def apply(core, spec, layers, globals_, mode="auto", experts=False) -> Repacked:
             name = getattr(L, role, None)
             if name is None or layers[il].get(role) is None:
                 continue
-            if role == "ffn_up" and L.ffn_gate is None and hp.n_ff % core.R4_ROWS:
-                continue  # gate|up fused (phi3): up's rows start at n_ff
+            if _split_group(core, hp, L, role):
+                continue
             slots.append((layers[il], role, name))
     if globals_.get("output") is not None:
         slots.append((globals_, "output", spec.output))

@@ -8,12 +8,14 @@ what computed them.
 Layout (little-endian; docs/daemon.md, "Prompt cache on disk"):
 
     header   HEADER (248 bytes): magic, version, header size, model SHA-256, signer, architecture,
-             backend, kernel path, build id, K/V cache types, attention layers, n_ctx, K/V row
-             bytes, n_tokens, convolution layers and their row bytes, recurrent states and
-             their floats
+             backend, kernel path, build id, K/V cache types, attention layers, n_ctx, bytes of
+             one position's K and V rows over every attention layer, n_tokens, convolution
+             layers and their row bytes, recurrent states and their floats
     tokens   n_tokens x uint32
-    K rows   per attention layer: n_tokens rows of row_bytes_k (the used rows only, position order)
-    V rows   per attention layer: n_tokens rows of row_bytes_v
+    K rows   per attention layer: n_tokens rows of the layer's K row bytes (the used rows only,
+             position order). A layer's row is its own size (gemma4: head size and KV heads
+             per layer); a layer that reads an earlier layer's cache has none
+    V rows   per attention layer: n_tokens rows of the layer's V row bytes
     conv     per convolution layer (lfm2; none for other models): n_tokens rows of
              row_bytes_conv, the convolution cache kept per position beside the K/V rows
     states   per recurrent state (qwen35's DeltaNet layers; none for other models), ascending
@@ -49,7 +51,8 @@ from ..errors import ConfigError, StateFileError
 from ..format.gguf import GGMLType
 
 MAGIC = b"EDGEDKV\x00"
-VERSION = 3     # 3: K/V rows of the attention layers only, recurrent states
+VERSION = 4     # 3: K/V rows of the attention layers only, recurrent states; 4: rows of each
+                # layer's own size (row_bytes_k/v: one position's over every attention layer)
 KEY_BYTES = 32
 MAC_BYTES = 32
 KEY_FILE = "cache.key"
@@ -111,12 +114,13 @@ def _model_fields(m):
 
 
 def _caches(session):
-    """The session's row caches in file order: K, V and the convolution cache, each uint8
-    (layers, n_ctx, row bytes)."""
+    """The session's row caches in file order, each a uint8 view (n_ctx, row bytes): the K rows
+    of each attention layer, then their V rows, then each convolution layer's rows."""
     be = session.model.backend
-    k, v = be.kv_cache(session._buf)
-    conv = be.conv_cache(session._buf) if session.model.hp.n_conv_layers else None
-    return (k, v) if conv is None else (k, v, conv)
+    kv = be.kv_layers(session._buf)
+    conv = be.conv_cache(session._buf) if session.model.hp.n_conv_layers else ()
+    return [("K rows", k) for k, _ in kv] + [("V rows", v) for _, v in kv] + \
+        [("convolution rows", c) for c in conv]
 
 
 def _states(session, n):
@@ -134,12 +138,13 @@ def _states(session, n):
 
 def _header(session, n_tokens, n_states=0):
     """The header fields a file of `session`'s first n_tokens would carry (a dict)."""
-    caches = _caches(session)
+    row = {"K rows": 0, "V rows": 0, "convolution rows": 0}
+    for what, rows in _caches(session):
+        row[what] = rows.shape[1] if what == "convolution rows" else row[what] + rows.shape[1]
     return {"magic": MAGIC, "version": VERSION, "header_bytes": HEADER.size,
-            **_model_fields(session.model), "n_ctx": session.n_ctx, "row_bytes_k": caches[0].shape[2],
-            "row_bytes_v": caches[1].shape[2], "n_tokens": n_tokens,
-            "row_bytes_conv": caches[2].shape[2] if len(caches) > 2 else 0, "n_states": n_states,
-            "reserved": 0}
+            **_model_fields(session.model), "n_ctx": session.n_ctx, "row_bytes_k": row["K rows"],
+            "row_bytes_v": row["V rows"], "n_tokens": n_tokens,
+            "row_bytes_conv": row["convolution rows"], "n_states": n_states, "reserved": 0}
 
 
 def _compare(h, want):
@@ -190,7 +195,7 @@ def _describe(f, value):
 def file_size(h):
     """Bytes of the file header h describes: the format's one size formula."""
     n = h["n_tokens"]
-    return HEADER.size + 4 * n + h["n_kv_layers"] * n * (h["row_bytes_k"] + h["row_bytes_v"]) + \
+    return HEADER.size + 4 * n + n * (h["row_bytes_k"] + h["row_bytes_v"]) + \
         h["n_conv"] * n * h["row_bytes_conv"] + h["n_states"] * 4 * (1 + h["state_floats"]) + \
         MAC_BYTES
 
@@ -228,9 +233,8 @@ def save(session, path, key, n_tokens=None):
                 f.write(b)
             put(_pack(h))
             put(np.asarray(session.tokens[:n], dtype="<u4").tobytes())
-            for rows in _caches(session):         # uint8 (layers, n_ctx, row bytes)
-                for layer in rows:
-                    put(layer[:n])        # (n, row bytes): contiguous, written without a copy
+            for _, rows in _caches(session):      # uint8 (n_ctx, row bytes) per layer
+                put(rows[:n])             # (n, row bytes): contiguous, written without a copy
             for pos, state in states:
                 put(struct.pack("<I", pos))
                 put(np.ascontiguousarray(state, "<f4"))
@@ -333,11 +337,10 @@ def _restore(session, path, key, n_tokens):
         _read_exact(f, tokens, "tokens")
         mac.update(tokens)
         session.tokens = []         # from here the cache rows are overwritten: nothing is held
-        for what, rows in zip(("K rows", "V rows", "convolution rows"), _caches(session)):
-            for layer in rows:
-                dst = layer[:n]
-                _read_exact(f, dst, what)
-                mac.update(dst)
+        for what, rows in _caches(session):
+            dst = rows[:n]
+            _read_exact(f, dst, what)
+            mac.update(dst)
         states = []
         for _ in range(h["n_states"]):   # read aside: the live state changes after the MAC
             pos, state = np.empty(1, "<u4"), np.empty(h["state_floats"], "<f4")

@@ -82,9 +82,25 @@ def _category(name):
     return "other"
 
 
+# Tensors llama.cpp keeps at their type whatever the target (llama-quant.cpp,
+# tensor_allows_quantization): names containing one of these, and two exact names (BERT).
+_KEEP_PARTS = ("_norm.weight", "ffn_gate_inp.weight", "ffn_gate_tid2eid.weight", "altup", "laurel",
+               "per_layer_model_proj", "ssm_conv1d", "shortconv.conv.weight",
+               "indexer.k_proj.weight", "indexer.q_proj.weight", "attn_rel_b.weight",
+               "time_mix_first.weight", "time_mix_w0.weight", "time_mix_w1.weight",
+               "time_mix_w2.weight", "time_mix_v0.weight", "time_mix_v1.weight",
+               "time_mix_v2.weight", "time_mix_a0.weight", "time_mix_a1.weight",
+               "time_mix_a2.weight", "time_mix_g1.weight", "time_mix_g2.weight",
+               "time_mix_decay_w1.weight", "time_mix_decay_w2.weight",
+               "time_mix_lerp_fused.weight", ".position_embd", "sam.pos_embd", "sam.neck.",
+               "sam.net_", ".rel_pos", ".patch_embd", ".patch_merger", "a.rvq.codebook",
+               "mm.a.code_embd")
+_KEEP_NAMES = ("position_embd.weight", "token_types.weight")
+
+
 def _quantizable(name, shape):
-    return (len(shape) >= 2 and name.endswith("weight") and "_norm.weight" not in name
-            and "ffn_gate_inp.weight" not in name)
+    return (len(shape) >= 2 and name.endswith("weight") and name not in _KEEP_NAMES
+            and not any(part in name for part in _KEEP_PARTS))
 
 
 def tensor_order(names):
@@ -148,7 +164,11 @@ def choose_types(f, ftype, has_imatrix=False):
                 if n_expert == 8:
                     t = G.Q8_0
             elif cat == "ffn_down":
-                t = _ffn_down_type(t, ftype, i_ffn_down, n_layer, falcon, has_imatrix)
+                # llama.cpp's layer_info: with experts the layer is the name's (a layer may hold
+                # several ffn_down tensors: gemma4's dense FFN and experts, shared experts)
+                i = int(_LAYER.match(name).group(1)) if n_expert > 1 and _LAYER.match(name) \
+                    else i_ffn_down
+                t = _ffn_down_type(t, ftype, i, n_layer, falcon, has_imatrix)
                 i_ffn_down += 1
             elif cat == "attn_output":
                 if not falcon:

@@ -57,6 +57,28 @@ SHAPES = {
                        n_ctx_train=131072, tied=True, qkv_bias=False, n_swa=512, full_every=5,
                        n_kv_shared=20, double_wide=True, n_embd_per_layer=256,
                        rotary_full=0.25, softcap=30.0),
+    # Google Gemma 4 26B-A4B (text): 30 layers, every sixth full attention (head 512, 2 KV heads,
+    # V = K: no attn_v), the others sliding (window 1024, head 256, 8 KV heads); in every layer
+    # a dense FFN 2112 wide beside 128 routed experts 704 wide, 8 per token, gate|up fused;
+    # tied embeddings. (llama.cpp 0.3.36 confirms 30 layers, 16 heads, 2 KV heads of 512 on the
+    # full layers and the experts' 704; the other sizes are the published config.json's.)
+    "gemma4-26b-a4b": dict(arch="gemma4", n_embd=2816, n_head=16, n_head_kv=8, n_head_kv_full=2,
+                           head_dim=256, head_dim_full=512, n_ff=2112, n_layer=30,
+                           n_vocab=262144, rope_freq_base=1e6, rope_freq_base_swa=1e4,
+                           rms_eps=1e-6, n_ctx_train=262144, tied=True, qkv_bias=False,
+                           n_swa=1024, full_every=6, n_kv_shared=0, double_wide=False,
+                           n_embd_per_layer=0, rotary_full=0.25, softcap=30.0, k_eq_v=True,
+                           n_expert=128, n_expert_used=8, n_ff_exp=704),
+    # Google Gemma 3n E2B (text): 30 layers, every fifth global (window 512 elsewhere), 8 heads
+    # of 256 with 2 KV heads; the last 10 layers read layer 18's or 19's K/V; AltUp's 4
+    # streams, LAuReL of rank 64, per-layer inputs 256 wide, the FFN gate of the first 10
+    # layers cut at its 0.95 quantile; tied embeddings; logits soft-capped at 30
+    "gemma-3n-e2b": dict(arch="gemma3n", n_embd=2048, n_head=8, n_head_kv=2, head_dim=256,
+                         n_ff=8192, n_layer=30, n_vocab=262144, rope_freq_base=1e6,
+                         rope_freq_base_swa=1e4, rms_eps=1e-6, n_ctx_train=32768, tied=True,
+                         qkv_bias=False, n_swa=512, full_every=5, n_kv_shared=10,
+                         n_embd_per_layer=256, softcap=30.0, altup=4, laurel_rank=64,
+                         sparse_layers=10),
     # IBM Granite-4.0-H-350M (its published config.json): Mamba-2 on 28 of 32 layers (48 heads
     # of 32, state 128, 1 group, 4 taps, conv bias), grouped-query attention without RoPE on
     # layers 10, 13, 17 and 27, granite's multipliers, a dense FFN, tied embeddings
@@ -201,8 +223,8 @@ def synth(shape, ftype, out, seed=0, progress=None):
     if ftype not in MIXES:
         raise ConfigError(f"--type {ftype!r}: one of {', '.join(MIXES)}")
     s = SHAPES[shape]
-    if s["arch"] == "gemma4":
-        return _synth_gemma4(shape, ftype, out, s, seed, progress)
+    if s["arch"] in ("gemma4", "gemma3n"):
+        return _synth_gemma(shape, ftype, out, s, seed, progress)
     arch, E, F, L, V = s["arch"], s["n_embd"], s["n_ff"], s["n_layer"], s["n_vocab"]
     H, KV = s["n_head"], s["n_head_kv"]
     hd = s.get("head_dim", E // H)
@@ -374,24 +396,47 @@ def synth(shape, ftype, out, seed=0, progress=None):
     return n_params
 
 
-def _synth_gemma4(shape, ftype, out, s, seed, progress):
+def _synth_gemma(shape, ftype, out, s, seed, progress):
     """A gemma4 file as llama.cpp's converter writes one (conversion/gemma.py, Gemma4Model):
     per-layer arrays of KV heads and FFN widths, the sliding pattern as booleans, the full
     layers' head size as key_length and the sliding one's as key_length_swa, rope_freqs of 1
-    for the rotated quarter and 1e30 for the rest."""
+    for the rotated quarter and 1e30 for the rest; with experts (26B-A4B) the router, its scale,
+    the fused gate|up and down experts, their output scales and the three extra norms. Or a gemma3n one (Gemma3NModel):
+    one head size, K/V tensors in every layer (llama.cpp ignores the shared layers'), the AltUp
+    and per-layer input keys, and the tensors llama-quantize leaves alone (altup*, laurel*,
+    per_layer_model_proj) in F16, AltUp's router and coefficients in F32."""
     arch, E, L, V, H = s["arch"], s["n_embd"], s["n_layer"], s["n_vocab"], s["n_head"]
-    D, Df, P = s["head_dim"], s["head_dim_full"], s["n_embd_per_layer"]
+    g3n = arch == "gemma3n"
+    D, P = s["head_dim"], s["n_embd_per_layer"]
+    Df = D if g3n else s["head_dim_full"]
     swa = [(il + 1) % s["full_every"] != 0 for il in range(L)]
     n_kv = L - s["n_kv_shared"]
-    ff = [s["n_ff"] * (2 if s["double_wide"] and il >= n_kv else 1) for il in range(L)]
+    ff = [s["n_ff"] * (2 if s.get("double_wide") and il >= n_kv else 1) for il in range(L)]
+    kv_heads = [s["n_head_kv"] if swa[il] else s.get("n_head_kv_full", s["n_head_kv"])
+                for il in range(L)]
+    X, Fe = s.get("n_expert", 0), s.get("n_ff_exp", 0)
     w = _header(shape, ftype, s)
     A = lambda k: Key.arch(k, arch)  # noqa: E731
-    w.add(A(Key.FEED_FORWARD_LENGTH), np.array(ff, np.uint32))
-    w.add(A(Key.HEAD_COUNT_KV), np.array([s["n_head_kv"]] * L, np.uint32))
-    for k, v in ((Key.KEY_LENGTH, Df), (Key.VALUE_LENGTH, Df), (Key.KEY_LENGTH_SWA, D),
-                 (Key.VALUE_LENGTH_SWA, D), (Key.ROPE_DIMENSION_COUNT, Df),
-                 (Key.ROPE_DIMENSION_COUNT_SWA, D), (Key.SLIDING_WINDOW, s["n_swa"]),
-                 (Key.SHARED_KV_LAYERS, s["n_kv_shared"]), (Key.EMBD_LENGTH_PER_LAYER_INP, P)):
+    if g3n:
+        w.add(A(Key.HEAD_COUNT_KV), s["n_head_kv"])
+        for k, v in ((Key.ALTUP_ACTIVE_IDX, 0), (Key.ALTUP_NUM_INPUTS, s["altup"])):
+            w.add(A(k), v)
+        w.add(A(Key.ACTIVATION_SPARSITY_SCALE), np.array(
+            [1.6448533535003662] * s["sparse_layers"] + [-np.inf] * (L - s["sparse_layers"]),
+            np.float32))   # the converter's icdf(0.95) and icdf(0)
+    else:
+        w.add(A(Key.FEED_FORWARD_LENGTH), np.array(ff, np.uint32))
+        w.add(A(Key.HEAD_COUNT_KV), np.array(kv_heads, np.uint32))
+        if X:
+            for k, v in ((Key.EXPERT_COUNT, X), (Key.EXPERT_USED_COUNT, s["n_expert_used"]),
+                         (Key.EXPERT_FEED_FORWARD_LENGTH, Fe)):
+                w.add(A(k), v)
+        for k, v in ((Key.KEY_LENGTH_SWA, D), (Key.VALUE_LENGTH_SWA, D),
+                     (Key.ROPE_DIMENSION_COUNT_SWA, D)):
+            w.add(A(k), v)
+    for k, v in ((Key.KEY_LENGTH, Df), (Key.VALUE_LENGTH, Df), (Key.ROPE_DIMENSION_COUNT, Df),
+                 (Key.SLIDING_WINDOW, s["n_swa"]), (Key.SHARED_KV_LAYERS, s["n_kv_shared"]),
+                 (Key.EMBD_LENGTH_PER_LAYER_INP, P)):
         w.add(A(k), v)
     w.add(A(Key.SLIDING_WINDOW_PATTERN), np.array(swa, np.bool_))
     w.add(A(Key.ROPE_FREQ_BASE), float(s["rope_freq_base"]))
@@ -406,12 +451,13 @@ def _synth_gemma4(shape, ftype, out, s, seed, progress):
     pool = _Pool(np.random.default_rng(seed))
     data, n_params = {}, 0
 
-    def mat(name, role, n_in, n_out, il=0):
+    def mat(name, role, n_in, n_out, il=0, n_mat=1):
+        # n_mat > 1: a 3-D (n_in, n_out, n_mat) stack of experts
         nonlocal n_params
-        t = tensor_type(role, n_in, ftype, il, L)
-        w.add_tensor(name, (n_in, n_out), t)
-        data[name] = pool.rows(t, n_in, n_out)
-        n_params += n_in * n_out
+        t = tensor_type(role, n_in, ftype, il, L, expert=n_mat > 1)
+        w.add_tensor(name, (n_in, n_out, n_mat) if n_mat > 1 else (n_in, n_out), t)
+        data[name] = pool.rows(t, n_in, n_out * n_mat)
+        n_params += n_in * n_out * n_mat
 
     def vec(name, values):
         nonlocal n_params
@@ -420,21 +466,47 @@ def _synth_gemma4(shape, ftype, out, s, seed, progress):
         data[name] = values
         n_params += len(values)
 
-    n_rot = int(Df * s["rotary_full"] / 2)
+    def unquantized(name, n_in, n_out, n_mat=1, t=GGMLType.F16):
+        # gemma3n: AltUp / LAuReL / per_layer_model_proj, as llama-quantize leaves them
+        nonlocal n_params
+        w.add_tensor(name, (n_in, n_out, n_mat) if n_mat > 1 else (n_in, n_out), t)
+        data[name] = pool.rows(t, n_in, n_out * n_mat)
+        n_params += n_in * n_out * n_mat
+
     mat("token_embd.weight", "output", E, V)
     vec("output_norm.weight", np.ones(E))
-    vec("rope_freqs.weight", [1.0] * n_rot + [1e30] * (Df // 2 - n_rot))
-    mat("per_layer_token_embd.weight", "token_embd", P * L, V)
-    mat("per_layer_model_proj.weight", "attn_q", E, P * L)
-    vec("per_layer_proj_norm.weight", np.ones(P))
+    if g3n:
+        unquantized("altup_proj.weight", E, E, s["altup"] - 1)
+        unquantized("altup_unembd_proj.weight", E, E, s["altup"] - 1)
+    else:
+        n_rot = int(Df * s["rotary_full"] / 2)
+        vec("rope_freqs.weight", [1.0] * n_rot + [1e30] * (Df // 2 - n_rot))
+    if P:
+        mat("per_layer_token_embd.weight", "token_embd", P * L, V)
+        if g3n:
+            unquantized("per_layer_model_proj.weight", E, P * L)
+        else:
+            mat("per_layer_model_proj.weight", "attn_q", E, P * L)
+        vec("per_layer_proj_norm.weight", np.ones(P))
     for il in range(L):
-        p, hd, kv = f"blk.{il}.", D if swa[il] else Df, s["n_head_kv"]
+        p, hd, kv = f"blk.{il}.", D if swa[il] else Df, kv_heads[il]
         vec(p + "attn_norm.weight", np.ones(E))
         mat(p + "attn_q.weight", "attn_q", E, H * hd, il)
         vec(p + "attn_q_norm.weight", np.ones(hd))
-        if il < n_kv:
+        if g3n:
+            na, r = s["altup"], s["laurel_rank"]
+            unquantized(p + "altup_router.weight", E, na, t=GGMLType.F32)
+            vec(p + "altup_router_norm.weight", np.ones(E))
+            unquantized(p + "altup_predict_coef.weight", na, na * na, t=GGMLType.F32)
+            unquantized(p + "altup_correct_coef.weight", na, na, t=GGMLType.F32)
+            vec(p + "altup_correct_scale.weight", np.ones(E))
+            unquantized(p + "laurel_l.weight", E, r)
+            unquantized(p + "laurel_r.weight", r, E)
+            vec(p + "laurel_post_norm.weight", np.ones(E))
+        if il < n_kv or g3n:
             mat(p + "attn_k.weight", "attn_k", E, kv * hd, il)
-            mat(p + "attn_v.weight", "attn_v", E, kv * hd, il)
+            if swa[il] or not s.get("k_eq_v"):
+                mat(p + "attn_v.weight", "attn_v", E, kv * hd, il)
             vec(p + "attn_k_norm.weight", np.ones(hd))
         mat(p + "attn_output.weight", "attn_output", H * hd, E, il)
         vec(p + "post_attention_norm.weight", np.ones(E))
@@ -443,10 +515,22 @@ def _synth_gemma4(shape, ftype, out, s, seed, progress):
         mat(p + "ffn_up.weight", "ffn_up", E, ff[il], il)
         mat(p + "ffn_down.weight", "ffn_down", ff[il], E, il)
         vec(p + "post_ffw_norm.weight", np.ones(E))
-        mat(p + "inp_gate.weight", "attn_q", E, P, il)
-        mat(p + "proj.weight", "attn_output", P, E, il)
-        vec(p + "post_norm.weight", np.ones(E))
-        vec(p + "layer_output_scale.weight", [1.0])
+        if X:  # the router stays F32 (llama-quantize leaves ffn_gate_inp alone)
+            w.add_tensor(p + "ffn_gate_inp.weight", (E, X), GGMLType.F32)
+            data[p + "ffn_gate_inp.weight"] = pool.rng.standard_normal((X, E), np.float32)
+            n_params += E * X
+            for name, n in (("ffn_gate_inp.scale", E), ("pre_ffw_norm_2.weight", E),
+                            ("post_ffw_norm_1.weight", E), ("post_ffw_norm_2.weight", E),
+                            ("ffn_down_exps.scale", X)):
+                vec(p + name, np.ones(n))
+            mat(p + "ffn_gate_up_exps.weight", "ffn_up", E, 2 * Fe, il, X)
+            mat(p + "ffn_down_exps.weight", "ffn_down", Fe, E, il, X)
+        if P:
+            mat(p + "inp_gate.weight", "attn_q", E, P, il)
+            mat(p + "proj.weight", "attn_output", P, E, il)
+            vec(p + "post_norm.weight", np.ones(E))
+        if not g3n:
+            vec(p + "layer_output_scale.weight", [1.0])
         if progress:
             progress(il + 1, L)
     _write(w, data, out)

@@ -173,18 +173,21 @@ def test_prompt_cache_file_holds_the_recurrent_state(backend, tmp_path):
 
 
 def test_prompt_cache_files_of_the_previous_version_are_refused(core, tmp_path):
-    """Version 2 files (K/V rows of every layer, no recurrent state) are refused naming the
-    versions (the daemon deletes them and recomputes)."""
+    """Version 2 files (K/V rows of every layer, no recurrent state) and version 3 files (one
+    K/V row size for every layer) are refused naming the versions (the daemon deletes them and
+    recomputes)."""
     with Model.load(QWEN35, n_threads=2) as m:
         s = m.session(n_ctx=64)
         s.eval(TOKENS[:8])
         path = tmp_path / "x.edkv"
         s.save(path, key=b"k" * 32)
-        raw = bytearray(path.read_bytes())
-        raw[8:12] = (2).to_bytes(4, "little")
-        path.write_bytes(bytes(raw))
-        with pytest.raises(StateFileError, match="format version 2 .*reads version 3"):
-            type(s).load(m, path, key=b"k" * 32)
+        good = path.read_bytes()
+        for old in (2, 3):
+            raw = bytearray(good)
+            raw[8:12] = old.to_bytes(4, "little")
+            path.write_bytes(bytes(raw))
+            with pytest.raises(StateFileError, match=f"format version {old} .*reads version 4"):
+                type(s).load(m, path, key=b"k" * 32)
 
 
 def _meta(name):

@@ -27,11 +27,12 @@ SYNTHETIC = ["synthetic-llama-Q8_0.gguf", "synthetic-llama-Q4_0.gguf", "syntheti
 GOLDENS = os.path.join(ROOT, "tests", "data", "goldens")
 # the repository's own small files: soft-capping and sliding windows (gemma2), mixture of
 # experts (the router's top-k must see the same logits), YaRN, granite's scales, gpt-oss's
-# attention sinks with alternating sliding windows (and its MXFP4 experts)
+# attention sinks with alternating sliding windows (and its MXFP4 experts), gemma4's layers of
+# their own sizes (and its experts beside a dense FFN)
 FAMILIES = ["synthetic-gemma2.gguf", "synthetic-qwen3moe.gguf", "synthetic-qwen2moe.gguf",
             "synthetic-qwen2-yarn.gguf", "synthetic-granite.gguf", "synthetic-smollm3.gguf",
             "synthetic-phi4mini.gguf", "synthetic-gpt-oss.gguf", "synthetic-gpt-oss-mxfp4.gguf",
-            "synthetic-kv-q8_0.gguf"]
+            "synthetic-kv-q8_0.gguf", "synthetic-gemma4.gguf", "synthetic-gemma4-moe.gguf"]
 # quantized KV caches (llama.cpp's -ctk/-ctv): SmolLM2 (head_dim 64, the width the blocked
 # F16 kernel takes) and the kv golden file (head_dim 32); the synthetic gpt-oss's head_dim 16
 # holds no 32-value block (its sinks over a quantized cache: test_engine_kvcache.py)

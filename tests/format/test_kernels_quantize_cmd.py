@@ -130,3 +130,28 @@ def test_quantized_stories_loads_and_tracks_f32(mix, tmp_path):
     agree = np.mean(logits["f32"].argmax(1) == logits["q"].argmax(1))
     assert agree >= 0.9, agree
     assert np.abs(logits["f32"] - logits["q"]).max() < (0.5 if mix == "Q8_0" else 3.0)
+
+
+@pytest.mark.parametrize("name, mix, kept", [
+    ("embed-bert.gguf", "F16", ("token_types.weight", "position_embd.weight")),
+    ("embed-bert.gguf", "Q8_0", ("token_types.weight", "position_embd.weight")),
+    ("synthetic-lfm2.gguf", "Q8_0", ("blk.0.shortconv.conv.weight", "blk.4.shortconv.conv.weight")),
+])
+def test_tensors_llama_quantize_keeps_stay_at_their_type(name, mix, kept, tmp_path):
+    # llama-quant.cpp's tensor_allows_quantization keeps BERT's position and token-type
+    # embeddings and the short convolutions' weights (also Mamba's ssm_conv1d, gemma3n's altup,
+    # laurel and per_layer_model_proj) at their type; checked byte for byte against
+    # llama-quantize on a bert-base file at BF16, Q8_0 and Q4_K_M.
+    from edged.format.quantize import _quantizable, quantize_file
+    src = GGUFFile.open(os.path.join(ROOT, "tests", "data", "goldens", name))
+    out = tmp_path / "out.gguf"
+    quantize_file(src.name, str(out), mix)
+    got = GGUFFile.open(str(out))
+    for n in kept:
+        assert got.tensors[n].type == src.tensors[n].type == GGMLType.F32, n
+        assert np.array_equal(got.tensor_bytes(n), src.tensor_bytes(n)), n
+    assert got.tensors["blk.0.ffn_up.weight"].type == GGMLType[mix]
+    for n in ("blk.0.ssm_conv1d.weight", "blk.0.altup_proj.weight", "blk.0.laurel_l.weight",
+              "per_layer_model_proj.weight", "v.patch_embd.weight", "blk.0.ffn_gate_inp.weight"):
+        assert not _quantizable(n, (64, 64)), n
+    assert _quantizable("blk.0.ssm_in.weight", (64, 64))

@@ -12,7 +12,7 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SRC = os.path.join(ROOT, "tests", "kernels", "c", "kernels_check.c")
 INCLUDES = ["-I" + d for d in [os.path.join(ROOT, "cython_kernels")] + sorted(glob.glob(os.path.join(ROOT, "cython_kernels", "*/")))]
-FLOAT_TYPES = {"F32", "F16", "BF16"}  # the unquantized types: no canonical order to check
+FLOAT_TYPES = {"F32", "F16", "BF16"}  # the unquantized types: one order on the SIMD paths, not generic's
 FLAGS = ["-O2", "-std=gnu11", "-pthread", *INCLUDES, SRC, "-lm"]
 
 
@@ -52,10 +52,14 @@ def test_native_paths_match_generic(tmp_path):
     assert len({d[2] for d in quantized}) == 13 and all(d[-1] == "canon-ok" for d in quantized), r.stdout
     for name in {d[2] for d in quantized}:
         assert len({d[3] for d in quantized if d[2] == name}) == 1, (name, r.stdout)
+    # the float types on every SIMD path in llama.cpp's order (16 FMA lanes, the 16-lane tree)
+    simd = {d[1] for d in digests} - {"generic"}
+    assert {l for l in r.stdout.splitlines() if l.startswith("floatorder ")} == {
+        f"floatorder {p} {t} ok" for p in simd for t in FLOAT_TYPES}, r.stdout
     # attention over a quantized KV cache: 4 cache type pairs on every path that ran, the same
     # stored bytes and outputs within float rounding of the generic path's
     kv = [l for l in r.stdout.splitlines() if l.startswith("kvcache ")]
-    ran = {l.split()[0] for l in r.stdout.splitlines() if l.endswith(" ok") and not l.startswith(("kvcache", "digest", "extreme", "long", "parity", "repack", "actquant", "tables"))}
+    ran = {l.split()[0] for l in r.stdout.splitlines() if l.endswith(" ok") and not l.startswith(("kvcache", "digest", "extreme", "long", "parity", "repack", "actquant", "tables", "floatorder"))}
     assert len(kv) == 4 * len(ran) and all(l.endswith(" same-bytes ok") for l in kv), r.stdout
     if "x86" in os.uname().machine:  # Q4_0 / Q5_0 row kernels over rows too long for their per-call column sums
         long_rows = {l for l in r.stdout.splitlines() if l.startswith("long ")}
@@ -129,6 +133,11 @@ def test_neon_path_matches_generic_under_qemu(tmp_path):
     # forcing "neon-dotprod" on a dotprod CPU selects the table a CPU without dotprod runs
     nd = lambda out: [l for l in out.splitlines() if l.startswith("digest neonnd ")]  # noqa: E731
     assert len(nd(r.stdout)) == 16 and nd(r.stdout) == nd(a72.stdout), (r.stdout, a72.stdout)
+    # the float dots in the x86 paths' order, so F16 weights give llama.cpp's bits (a reduction
+    # in NEON's pairwise order moved a q4_0 KV cache value: the kv-q4_0 golden, 0.167 away)
+    for out in (r.stdout, a72.stdout):
+        assert {l for l in out.splitlines() if l.startswith("floatorder ")} == {
+            f"floatorder {v} {t} ok" for v in ("neon", "neonnd") for t in FLOAT_TYPES}, out
     # attention over quantized KV caches on both NEON variants (and generic) under emulation
     for out in (r.stdout, a72.stdout):
         kv = [l for l in out.splitlines() if l.startswith("kvcache ")]

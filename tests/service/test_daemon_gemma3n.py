@@ -1,31 +1,35 @@
-"""A gemma3n model through the daemon, on the NumPy reference backend (the compiled pass does
-not run gemma3n yet): a streamed chat reply, and the same greedy text on a cold start, after a
-prefix-cache hit, beside three other streams and as each of n=2 forks, with layers 20 and 21
-reading layers 18's and 19's K/V rows (daemon_support.check_cold_hit_streams_forks)."""
+"""A gemma3n model (AltUp streams, LAuReL, per-layer inputs, layers 20 and 21 reading layers
+18's and 19's K/V) through the daemon on the compiled backend: a streamed chat reply; the same
+greedy request gives the same text on a cold start, after a prefix-cache hit, while three
+other streams decode in the same steps, and as each of n=2 choices (forked sessions); a chat
+conversation sent again with one more turn hits the cache and answers as a cold daemon would."""
 import pytest
 
-from daemon_support import (Server, add_chat_template, model_dir, open_stream,
-                            check_cold_hit_streams_forks, signing_key, sse_events)
+from daemon_support import (check_cold_hit_streams_forks, check_conversation_sent_again,
+                            family_server, open_stream, sse_events)
 from family_goldens import regenerated
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    return regenerated("gemma3n", tmp_path_factory.mktemp("gemma3n-model"))
 
 
 # the cache-hit test first: it needs a cold start
 @pytest.fixture(scope="module")
-def srv(tmp_path_factory):
-    key, trusted = signing_key(tmp_path_factory)
-    tmp = tmp_path_factory.mktemp("gemma3n")
-    chat = tmp / "gemma3n-chat.gguf"
-    add_chat_template(regenerated("gemma3n", tmp), str(chat))
-    d = model_dir(tmp, key, {"gemma3n": str(chat)})
-    s = Server(tmp_path_factory.mktemp("daemon"), d, trusted, default_model="gemma3n",
-               extra={"n_parallel": 4, "max_queue": 8, "pin_default_model": True},
-               env={"EDGED_BACKEND": "reference"})
+def srv(tmp_path_factory, model):
+    pytest.importorskip("edged._core")
+    s = family_server(tmp_path_factory, "gemma3n", model, chat=True)
     yield s
     assert s.stop() == 0, s.logtext()
 
 
 def test_same_text_cold_after_prefix_hit_with_other_streams_and_forked(srv):
     check_cold_hit_streams_forks(srv)
+
+
+def test_a_conversation_sent_again_hits_the_cache(srv, tmp_path_factory, model):
+    check_conversation_sent_again(srv, tmp_path_factory, "gemma3n", model)
 
 
 def test_streamed_chat(srv):

@@ -10,8 +10,8 @@ import re
 import pytest
 
 from conftest import ROOT
-from daemon_support import (PASSAGE, Server, add_chat_template, chat16, check_cold_hit_streams_forks,
-                            check_conversation_sent_again, family_server, model_dir, signing_key)
+from daemon_support import (check_cold_hit_streams_forks, check_conversation_sent_again,
+                            check_prefix_survives_restart, family_server)
 from edged import Model
 
 QWEN35 = os.path.join(ROOT, "tests", "data", "goldens", "synthetic-qwen35.gguf")
@@ -41,36 +41,12 @@ def test_prefix_survives_a_restart_with_the_same_answer(tmp_path_factory):
     and its checkpoints) to cache_dir; a new daemon restores it for the same conversation,
     evaluates only the last prompt token and answers what the first daemon answered."""
     pytest.importorskip("edged._core")
-    key, trusted = signing_key(tmp_path_factory)
-    tmp = tmp_path_factory.mktemp("qwen35-restart")
-    add_chat_template(QWEN35, str(tmp / "q.gguf"))
-    models = model_dir(tmp, key, {"qwen35": str(tmp / "q.gguf")})
-    cache = tmp / "cache"
-    conv = [{"role": "user", "content": PASSAGE + ", " + PASSAGE}]   # > SPILL_MIN_TOKENS
 
-    def serve():
-        return Server(tmp_path_factory.mktemp("daemon"), models, trusted, default_model="qwen35",
-                      extra={"cache_dir": str(cache)})
-    srv = serve()
-    try:
-        first, u1 = chat16(srv.socket, conv)
-    finally:
-        assert srv.stop() == 0, srv.logtext()
-    assert [f for f in os.listdir(cache) if f.endswith(".edkv")]
-    srv = serve()
-    try:
-        again, u2 = chat16(srv.socket, conv)
-        n = u2["prompt_tokens"]
-        assert u2["prompt_tokens_details"]["cached_tokens"] == n - 1, u2
-        assert re.search(rf"prompt_tokens={n} cached_tokens={n - 1} prompt_eval=1 ", srv.logtext())
-        assert "restored" in srv.logtext()
-        # /metrics: one slot's cache is the attention layer's K/V rows and the recurrent state
+    def metrics(srv):   # one slot's cache is the attention layer's K/V rows and the state
         from edged.engine.recurrent import state_bytes
         with Model.load(QWEN35, backend="reference") as m:
             want = 256 * 2 * (2 * m.hp.n_head_kv * m.hp.head_dim) + state_bytes(m.hp)
         _, _, text = srv.request("GET", "/metrics")
         got = re.search(r'^edged_model_kv_cache_bytes\{model="qwen35".*\} (\S+)$', text, re.M)
         assert got and float(got.group(1)) == want, (want, got and got.group(0))
-    finally:
-        assert srv.stop() == 0, srv.logtext()
-    assert again == first and len(first) > 5
+    check_prefix_survives_restart(tmp_path_factory, "qwen35", QWEN35, metrics)

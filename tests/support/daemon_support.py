@@ -534,6 +534,40 @@ def check_conversation_sent_again(srv, tmp_path_factory, name, path):
     assert warm == cold and len(warm) > 5
 
 
+def check_prefix_survives_restart(tmp_path_factory, name, path, check=None):
+    """SIGTERM spills the idle session serving `path` to cache_dir; a new daemon restores it
+    for the same conversation, evaluates only the last prompt token and answers what the first
+    daemon answered. check(srv): further checks on the second daemon."""
+    key, trusted = signing_key(tmp_path_factory)
+    tmp = tmp_path_factory.mktemp(name + "-restart")
+    add_chat_template(path, str(tmp / "m.gguf"))
+    models = model_dir(tmp, key, {name: str(tmp / "m.gguf")})
+    cache = tmp / "cache"
+    conv = [{"role": "user", "content": PASSAGE + ", " + PASSAGE}]   # > SPILL_MIN_TOKENS
+
+    def serve():
+        return Server(tmp_path_factory.mktemp("daemon"), models, trusted, default_model=name,
+                      extra={"cache_dir": str(cache)})
+    srv = serve()
+    try:
+        first, _ = chat16(srv.socket, conv)
+    finally:
+        assert srv.stop() == 0, srv.logtext()
+    assert [f for f in os.listdir(cache) if f.endswith(".edkv")]
+    srv = serve()
+    try:
+        again, u2 = chat16(srv.socket, conv)
+        n = u2["prompt_tokens"]
+        assert u2["prompt_tokens_details"]["cached_tokens"] == n - 1, u2
+        assert re.search(rf"prompt_tokens={n} cached_tokens={n - 1} prompt_eval=1 ", srv.logtext())
+        assert "restored" in srv.logtext()
+        if check:
+            check(srv)
+    finally:
+        assert srv.stop() == 0, srv.logtext()
+    assert again == first and len(first) > 5
+
+
 def family_server(tmp_path_factory, name, path, chat=False, env=None):
     """A daemon serving one model file as `name` (4 parallel sessions, pinned); chat: with
     the test chat template added; env: its extra environment (EDGED_BACKEND)."""

@@ -165,3 +165,14 @@ def validate_changed(md, tensors, set_=None, drop=(), drop_tensor=None):
     md.update(set_ or {})
     tensors = {k: v for k, v in tensors.items() if k != drop_tensor}
     return arch.validate(md, tensors)
+
+
+def saved_and_recomputed(m, prompt, nxt, path, key, n_ctx=64):
+    """(bytes Session.save wrote to path after `prompt`, the logits of every token of `nxt`
+    after `prompt` recomputed in a fresh session): what Session.load of path must give."""
+    s = m.session(n_ctx=n_ctx)
+    s.eval(prompt)
+    size = s.save(path, key)
+    fresh = m.session(n_ctx=n_ctx)
+    fresh.eval(prompt)
+    return size, np.asarray(fresh.eval(nxt, logits="all"))

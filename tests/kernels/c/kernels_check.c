@@ -10,6 +10,8 @@
  * The quantized types follow one canonical summation order (ed_types.h, ED_STEP) on every
  * path: their dots, tiles, row kernels and packed panels must equal the plain C dot bit for
  * bit ("canon-ok"), so every batch shape, chunking and thread split gives the same bits.
+ * The float types (F32, F16, BF16) follow llama.cpp's order on every SIMD path ("floatorder");
+ * the generic C dot sums them in double.
  */
 #define _GNU_SOURCE
 #include <stdio.h>
@@ -52,6 +54,23 @@ static float pm_dot(const ed_pm_fns *pm, int batch, int n, const ed_half *x, con
     if (pm->dot_f16) return ed_pm_dot_f16_neon(n, x, y, 1);
 #endif
     return ed_pm_dot_f16(n, x, y, 1);
+}
+
+/* The float types' order on the SIMD paths (llama.cpp's tinyBLAS, as ed_simd_x86.inc's and
+   ed_simd_neon.inc's float bodies run it): lane j of 16 sums the products k = j mod 16 by FMA,
+   the 16-lane tree (ed_pm_hsum16), then the tail k >= n - n % 16 by FMA */
+static float fval(int t, const void *p, int i) {
+    return t == ED_F32 ? ((const float *)p)[i] : t == ED_F16 ? ed_fp16_to_fp32(((const ed_half *)p)[i])
+                                                           : ed_bf16_to_fp32(((const uint16_t *)p)[i]);
+}
+static float float_order_dot(int t, int n, const void *x, const void *y) {
+    float acc[16] = {0};
+    int i = 0;
+    for (; i + 16 <= n; i += 16)
+        for (int l = 0; l < 16; l++) acc[l] = fmaf(fval(t, x, i + l), fval(t, y, i + l), acc[l]);
+    float s = ed_pm_hsum16(acc);
+    for (; i < n; i++) s = fmaf(fval(t, x, i), fval(t, y, i), s);
+    return s;
 }
 
 int main(void) {
@@ -177,6 +196,18 @@ int main(void) {
                 }
             }
             failures += !same_ok;
+            if (!canon && p > 0) {  /* a SIMD path's float dot in the order above, for K and a tail */
+                int fo_ok = 1;
+                for (int k = K; k >= K - 8; k -= 8)
+                    for (int c = 0; c < COLS; c++)
+                        for (int r = 0; r < ROWS; r++) {
+                            const float a = ED_DOT[t](k, w + r * rb, xq + c * xr);
+                            const float b = float_order_dot(t, k, w + r * rb, xq + c * xr);
+                            fo_ok &= !memcmp(&a, &b, sizeof a);
+                        }
+                printf("floatorder %s %s %s\n", paths[p], names[ti], fo_ok ? "ok" : "FAIL");
+                failures += !fo_ok;
+            }
             if (ed_gemm_ok(t)) {  /* packed panels, as a prompt batch uses them */
                 static ed_ginfo info[COLS * (K / 32 + K / 16)];
                 static uint8_t scratch[K * 64 + 4096] __attribute__((aligned(64)));
