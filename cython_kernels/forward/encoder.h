@@ -22,6 +22,7 @@
 #include <string.h>
 
 #include "forward.h"
+#include "encoder_x86.h"
 
 /* x[t] = LN(x[t] + bias + res[t]) * w + b for rows t of (n, E); bias, res may be NULL */
 typedef struct {
@@ -77,12 +78,62 @@ static void ed_enc_act_task(void *arg, int ith, int nth) {
     }
 }
 
+/* 0: the block kernels of encoder_x86.h are left out (tests compare their bits with the row
+ * kernels': edged._core.enc_blocks) */
+static int ED_ENC_BLOCKS = 1;
+
+/* sc[i * ldsc + j] = scale * (K_j . Q_i) for keys j < nk (rows D floats apart: the head's
+ * keys packed) and queries i < nq (rows ld floats apart): the path's F32 row kernel's dots
+ * (ed_mdot_rows); on x86 the blocks of encoder_x86.h for heads of a multiple of 16 values,
+ * which give the same bits faster. */
+static void ed_enc_scores(int D, const float *k, const float *q, size_t ld, int nk, int nq,
+                          float scale, float *sc, size_t ldsc) {
+    int nkb = 0, nqb = 0;   /* [0, nqb) x [0, nkb): done by a block kernel */
+#if defined(__x86_64__)
+    if (ED_ENC_BLOCKS && D % 16 == 0 && nq >= 4 && nk >= 4) {
+        nqb = nq & ~3;
+        if (!strcmp(ed_kern->family, "avx512")) {
+            nkb = nk & ~3;
+            ed_enc_scores_avx512(D, k, q, ld, nkb, nqb, scale, sc, ldsc);
+        } else if (!strcmp(ed_kern->family, "avx2")) {
+            nkb = nk & ~1;
+            ed_enc_scores_avx2(D, k, q, ld, nkb, nqb, scale, sc, ldsc);
+        } else {
+            nqb = 0;
+        }
+    }
+#endif
+    const size_t row = ld * sizeof(float), krow = (size_t)D * sizeof(float);
+    if (nqb && nk > nkb)
+        ed_mdot_rows(ED_F32, D, (const uint8_t *)(k + (size_t)nkb * D), krow, nk - nkb,
+                     (const uint8_t *)q, row, nqb, sc + nkb, ldsc);
+    if (nq > nqb)
+        ed_mdot_rows(ED_F32, D, (const uint8_t *)k, krow, nk,
+                     (const uint8_t *)(q + (size_t)nqb * ld), row, nq - nqb, sc + (size_t)nqb * ldsc, ldsc);
+    for (int i = 0; i < nq; i++)
+        for (int j = i < nqb ? nkb : 0; j < nk; j++) sc[(size_t)i * ldsc + j] *= scale;
+}
+
+/* mx[i] = max of row i of (nq, n) scores: SIMD on x86, else nq interleaved scalar chains */
+static void ed_enc_rows_max(int nq, int n, const float *sc, float *mx) {
+#if defined(__x86_64__)
+    if (ED_ENC_BLOCKS && !strcmp(ed_kern->family, "avx512")) { ed_enc_rows_max_avx512(nq, n, sc, mx); return; }
+    if (ED_ENC_BLOCKS && !strcmp(ed_kern->family, "avx2")) { ed_enc_rows_max_avx2(nq, n, sc, mx); return; }
+#endif
+    for (int i = 0; i < nq; i++) mx[i] = -INFINITY;
+    for (int j = 0; j < n; j++)
+        for (int i = 0; i < nq; i++) if (sc[(size_t)i * n + j] > mx[i]) mx[i] = sc[(size_t)i * n + j];
+}
+
 /* Non-causal attention of a batch of sequences. q, k, v rows of token t start at
  * q + t * ld (likewise k, v; a fused qkv product or three separate ones), the matmul biases
  * not yet added (qb, kb, vb: (H*D) or NULL; added here, in place). RoPE (NeoX pairs, the
  * sequence's own positions 0..n-1) when rope_base > 0. out: (n_tokens, H*D).
- * Phase 1 (per token, split over threads): biases and RoPE. Phase 2 (per sequence and head):
- * scores = scale * K Q^T, softmax, out = P V, with V transposed into the thread's scratch. */
+ * Phase 1 (per token, split over threads): biases and RoPE. Phase 2 (per sequence and head,
+ * with V transposed into the thread's scratch), ED_ENC_QROWS queries at a time: their scores
+ * scale * K Q^T, softmax row by row (the rows' max and double sums interleaved: independent
+ * chains, each row's own order), out = P V. */
+#define ED_ENC_QROWS 16
 typedef struct {
     float *out;
     float *q, *k, *v;
@@ -90,7 +141,7 @@ typedef struct {
     const int64_t *starts;  /* n_seq + 1 row offsets */
     const int32_t *pos;     /* (n_tokens) position of each row in its sequence */
     float *ws;              /* nth * ws_floats scratch */
-    size_t ws_floats;       /* >= n_max * n_max + D * n_max */
+    size_t ws_floats;       /* >= (ED_ENC_QROWS + 2 * D) * n_max */
     size_t ld;              /* floats between token rows of q, k, v */
     int64_t n_tokens;
     int n_seq, H, D;
@@ -118,33 +169,41 @@ static void ed_enc_attn_task(void *arg, int ith, int nth) {
     if (nth > 1) ed_barrier(a->pool);
     float *sc = a->ws + (size_t)ith * a->ws_floats;
     const ed_pm_fns pm = *ED_PM;
-    const size_t row = a->ld * sizeof(float);
     int64_t task = 0;
     for (int s = 0; s < a->n_seq; s++) {
         const int64_t s0 = a->starts[s];
         const int n = (int)(a->starts[s + 1] - s0);
         for (int h = 0; h < H; h++, task++) {
             if (task % nth != ith) continue;
-            float *vt = sc + (size_t)n * n;                        /* (D, n) V^T of this head */
+            float *vt = sc + (size_t)ED_ENC_QROWS * n;             /* (D, n) V^T of this head */
+            float *kp = vt + (size_t)D * n;                         /* (n, D) its keys, packed */
             const float *vh = a->v + s0 * a->ld + h * D;
             for (int j = 0; j < n; j++)
                 for (int d = 0; d < D; d++) vt[(size_t)d * n + j] = vh[j * a->ld + d];
-            /* sc[i * n + j] = K_j . Q_i */
-            ed_mdot_rows(ED_F32, D, (const uint8_t *)(a->k + s0 * a->ld + h * D), row, n,
-                         (const uint8_t *)(a->q + s0 * a->ld + h * D), row, n, sc, n);
-            for (int i = 0; i < n; i++) {
-                float *p = sc + (size_t)i * n, mx = -INFINITY;
-                for (int j = 0; j < n; j++) { p[j] *= a->scale; if (p[j] > mx) mx = p[j]; }
-                ed_pm_expf_sub(&pm, n, p, mx, p);   /* ggml's vector expf, the path's SIMD form */
-                double sum = 0.0;
-                for (int j = 0; j < n; j++) sum += (double)p[j];
-                const float inv = (float)(1.0 / sum);
-                for (int j = 0; j < n; j++) p[j] *= inv;
+            for (int j = 0; j < n; j++)
+                memcpy(kp + (size_t)j * D, a->k + (s0 + j) * a->ld + h * D, sizeof(float) * D);
+            for (int i0 = 0; i0 < n; i0 += ED_ENC_QROWS) {
+                const int nq = n - i0 < ED_ENC_QROWS ? n - i0 : ED_ENC_QROWS;
+                /* sc[i * n + j] = scale * K_j . Q_(i0 + i) */
+                ed_enc_scores(D, kp, a->q + (s0 + i0) * a->ld + h * D, a->ld, n, nq, a->scale, sc, n);
+                float mx[ED_ENC_QROWS];
+                double sum[ED_ENC_QROWS];
+                ed_enc_rows_max(nq, n, sc, mx);
+                for (int i = 0; i < nq; i++) sum[i] = 0.0;
+                for (int i = 0; i < nq; i++)     /* ggml's vector expf, the path's SIMD form */
+                    ed_pm_expf_sub(&pm, n, sc + (size_t)i * n, mx[i], sc + (size_t)i * n);
+                for (int j = 0; j < n; j++)
+                    for (int i = 0; i < nq; i++) sum[i] += (double)sc[(size_t)i * n + j];
+                for (int i = 0; i < nq; i++) {
+                    float *p = sc + (size_t)i * n;
+                    const float inv = (float)(1.0 / sum[i]);
+                    for (int j = 0; j < n; j++) p[j] *= inv;
+                }
+                /* out[i0 + i, h*D + d] = V^T_d . P_i */
+                ed_mdot_rows(ED_F32, n, (const uint8_t *)vt, (size_t)n * sizeof(float), D,
+                             (const uint8_t *)sc, (size_t)n * sizeof(float), nq,
+                             a->out + (s0 + i0) * Qd + h * D, Qd);
             }
-            /* out[i, h*D + d] = V^T_d . P_i */
-            ed_mdot_rows(ED_F32, n, (const uint8_t *)vt, (size_t)n * sizeof(float), D,
-                         (const uint8_t *)sc, (size_t)n * sizeof(float), n,
-                         a->out + s0 * Qd + h * D, Qd);
         }
     }
 }
@@ -236,6 +295,62 @@ static void ed_enc_mm_q8_0_task(void *arg, int ith, int nth) {
                 for (int64_t i = r; i < r + 4 && i < r1; i++)
                     a->out[t * a->N + i] = ed_pm_dot_q8(&pm, a->K, a->w + i * rb, a->xq + t * rb);
         }
+    }
+}
+
+/* out[t, r] = W[r] . x[t] for an F16 weight W (N rows of K), x rounded to F16 first: the bits
+ * of edged._core.matmul's F16 product (the path's rows_f16), faster where encoder_x86.h has a
+ * block kernel (ed_enc_mm_f16_ok). Phase 1 (tokens split over threads): x rows to F16 (the path's
+ * conversion) and back to float. Phase 2: cache blocks of ED_ENC_F16_ROWS rows split over
+ * threads, each passed by every token (4 at a time); the edges by the row kernel itself. */
+#define ED_ENC_F16_ROWS 64
+typedef struct {
+    float *out;             /* (T, N) */
+    const uint8_t *w;       /* N rows of K halves */
+    const float *x;         /* (T, K) */
+    uint8_t *xq;            /* (T, K) halves scratch */
+    float *xf;              /* (T, K) floats scratch */
+    int64_t T;
+    int N, K;
+    ed_pool *pool;
+} ed_enc_mm_f16_args;
+
+static int ed_enc_mm_f16_ok(int K) {
+#if defined(__x86_64__)
+    return ED_ENC_BLOCKS && K % 16 == 0 && !strcmp(ed_kern->family, "avx512");
+#else
+    (void)K;
+    return 0;
+#endif
+}
+
+static void ed_enc_mm_f16_task(void *arg, int ith, int nth) {
+    const ed_enc_mm_f16_args *a = (const ed_enc_mm_f16_args *)arg;
+    const int K = a->K, N = a->N;
+    const size_t rb = (size_t)K * sizeof(ed_half);
+    int64_t t0, t1, b0, b1;
+    ed_range(a->T, ith, nth, &t0, &t1);
+    for (int64_t t = t0; t < t1; t++) {
+        ED_QUANT[ED_TRAITS[ED_F16].vec_type](a->x + t * K, a->xq + t * rb, K);
+        const ed_half *h = (const ed_half *)(a->xq + t * rb);
+        for (int i = 0; i < K; i++) a->xf[t * K + i] = ED_PM_F(h[i]);
+    }
+    if (nth > 1) ed_barrier(a->pool);
+    const int64_t T4 = a->T & ~(int64_t)3;
+    ed_range((N + ED_ENC_F16_ROWS - 1) / ED_ENC_F16_ROWS, ith, nth, &b0, &b1);
+    for (int64_t b = b0; b < b1; b++) {
+        const int r0 = (int)(b * ED_ENC_F16_ROWS);
+        const int nr = N - r0 < ED_ENC_F16_ROWS ? N - r0 : ED_ENC_F16_ROWS, nr4 = nr & ~3;
+#if defined(__x86_64__)
+        ed_enc_mm_f16_avx512(K, (const ed_half *)(a->w + r0 * rb), (size_t)K, nr4, a->xf, (size_t)K,
+                             (int)T4, a->out + r0, (size_t)N);
+#endif
+        if (nr > nr4 && T4)     /* the last rows of the block, every token of the blocks */
+            ed_mdot_rows(ED_F16, K, a->w + (size_t)(r0 + nr4) * rb, rb, nr - nr4, a->xq, rb, (int)T4,
+                         a->out + r0 + nr4, (size_t)N);
+        if (a->T > T4)          /* the last tokens, every row of the block */
+            ed_mdot_rows(ED_F16, K, a->w + (size_t)r0 * rb, rb, nr, a->xq + T4 * rb, rb, (int)(a->T - T4),
+                         a->out + T4 * N + r0, (size_t)N);
     }
 }
 

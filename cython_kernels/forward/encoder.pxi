@@ -5,6 +5,7 @@
 #   enc_act(h, bias=None, up=None, pool=None)                h = GELU(h + bias) | SiLU(h) * up
 #   enc_attention(out, q, k, v, starts, n_head, scale, ...)  non-causal attention per sequence
 #   enc_matmul_q8_0(out, w, x, pool=None)                   out = x W^T in llama.cpp's x86 order
+#   enc_matmul_f16(out, w, x, pool=None)                    out = x W^T, matmul's bits, or None
 
 cdef extern from "encoder.h" nogil:
     ctypedef struct ed_enc_norm_args:
@@ -50,8 +51,21 @@ cdef extern from "encoder.h" nogil:
         int64_t T
         int N, K
         ed_pool *pool
+    ctypedef struct ed_enc_mm_f16_args:
+        float *out
+        const uint8_t *w
+        const float *x
+        uint8_t *xq
+        float *xf
+        int64_t T
+        int N, K
+        ed_pool *pool
+    int ed_enc_mm_f16_ok(int K)
+    int ED_ENC_BLOCKS
+    void ed_enc_mm_f16_task(void *arg, int ith, int nth) noexcept
     void ed_enc_mm_q8_0_task(void *arg, int ith, int nth) noexcept
     enum: ED_STRIP_BLOCK
+    enum: ED_ENC_QROWS
     void ed_enc_norm_task(void *arg, int ith, int nth) noexcept
     void ed_enc_act_task(void *arg, int ith, int nth) noexcept
     void ed_enc_attn_task(void *arg, int ith, int nth) noexcept
@@ -139,7 +153,7 @@ def enc_attention(float[:, ::1] out, float[:, :] q, float[:, :] k, float[:, :] v
     pos = np.concatenate([np.arange(starts[s + 1] - starts[s], dtype=np.int32) for s in range(ns)])
     cdef const int32_t[::1] posv = pos
     cdef int nth = pool.p.n_threads if pool is not None else 1
-    cdef size_t wsf = <size_t>(nmax * nmax + D * nmax)
+    cdef size_t wsf = <size_t>((ED_ENC_QROWS + 2 * D) * nmax)  # a block's scores, V^T, K
     ws = np.empty(nth * wsf, np.float32)
     cdef float[::1] wsv = ws
     cdef ed_enc_attn_args a
@@ -185,3 +199,39 @@ def enc_matmul_q8_0(float[:, ::1] out, const uint8_t[::1] w, const float[:, ::1]
     with nogil:
         _enc_run(pool, ed_enc_mm_q8_0_task, &a)
     return out
+
+
+def enc_matmul_f16(float[:, ::1] out, const uint8_t[::1] w, const float[:, ::1] x, Pool pool=None):
+    """out[t, r] = W[r] . x[t] for an F16 weight W (out.shape[1] rows of x.shape[1] values), x
+    rounded to F16: matmul's bits (the path's F16 row kernel), faster for a batch of tokens
+    (an image's patches). Returns out, or None where the path has no block kernel for it (then
+    call matmul)."""
+    cdef int64_t T = x.shape[0]
+    cdef int K = x.shape[1], N = out.shape[1]
+    if out.shape[0] != T:
+        raise ValueError(f"enc_matmul_f16: out has {out.shape[0]} rows, x has {T}")
+    if <size_t>w.shape[0] != <size_t>K * 2 * N:
+        raise ValueError(f"enc_matmul_f16: {w.shape[0]} weight bytes, expected {K * 2 * N} "
+                         f"for {N} F16 rows of {K}")
+    if T < 4 or N == 0 or not ed_enc_mm_f16_ok(K):
+        return None
+    xq = np.empty(T * K * 2, np.uint8)
+    xf = np.empty(T * K, np.float32)
+    cdef uint8_t[::1] xqv = xq
+    cdef float[::1] xfv = xf
+    cdef ed_enc_mm_f16_args a
+    a.out = &out[0, 0]; a.w = &w[0]; a.x = &x[0, 0]; a.xq = &xqv[0]; a.xf = &xfv[0]
+    a.T = T; a.N = N; a.K = K; a.pool = pool.p if pool is not None else NULL
+    with nogil:
+        _enc_run(pool, ed_enc_mm_f16_task, &a)
+    return out
+
+
+def enc_blocks(on=None):
+    """Whether enc_attention and enc_matmul_f16 use the block kernels of encoder_x86.h (the
+    default); with on, set it (tests compare the two) and return the old setting."""
+    global ED_ENC_BLOCKS
+    old = bool(ED_ENC_BLOCKS)
+    if on is not None:
+        ED_ENC_BLOCKS = 1 if on else 0
+    return old

@@ -78,7 +78,9 @@ MEDIA_MARKER = "<__media__>"        # where a rendered prompt holds an image (ll
 MAX_IMAGE_SIZE = 4096               # pixels per side of the encoder's square (real files: 224..1024)
 MAX_PATCHES = 65536                 # patches per image: attention is quadratic in them
 MAX_LAYERS = 256
-SQUARES_PER_PASS = 4                # idefics3: tiles the encoder runs together (bounds its scratch)
+SQUARES_PER_PASS = 4                # idefics3: tiles the encoder runs together, at most, and
+ROWS_PER_PASS = 1024                # at most this many patch rows (one SmolVLM tile): a pass's
+                                    # buffers, not the picture's tiles, make the encoder's memory
 MAX_TILES_SIDE = 8                  # idefics3: tiles per side (real files: up to 4)
 PSEUDO_SPAN = 1 << 30               # pseudo ids live in [n_vocab, n_vocab + 2^30 + n_tokens)
 
@@ -312,8 +314,10 @@ def fit_padded(img, size, pad=(0, 0, 0), kind="bilinear"):
 
 def normalize(img, mean, std):
     """uint8 (H, W, 3) -> float32 (3, H, W): x / 255 then (x - mean) / std, channel planes."""
-    x = img.astype(np.float32) / np.float32(255.0)
-    x = (x - np.asarray(mean, np.float32)) / np.asarray(std, np.float32)
+    x = img.astype(np.float32)
+    x /= np.float32(255.0)
+    x -= np.asarray(mean, np.float32)
+    x /= np.asarray(std, np.float32)
     return np.ascontiguousarray(x.transpose(2, 0, 1))
 
 
@@ -487,6 +491,43 @@ def validate(md, tensors):
     return kind, hp, roles
 
 
+# --- the encoder's memory ---------------------------------------------------------------------
+
+ATTN_QUERY_ROWS = 16                # queries per block of enc_attention (encoder.h's ED_ENC_QROWS)
+
+
+def max_squares(kind, hp):
+    """Squares the encoder runs per image: 1, or the most tiles plus the overview."""
+    return (-(-hp.longest_edge // hp.image_size)) ** 2 + 1 if kind.tiled else 1
+
+
+def squares_per_pass(kind, hp):
+    """Squares through the encoder together: up to SQUARES_PER_PASS of them and ROWS_PER_PASS
+    patch rows (at least one square)."""
+    return max(1, min(SQUARES_PER_PASS, max_squares(kind, hp), ROWS_PER_PASS // hp.n_pos))
+
+
+def work_bytes(kind, hp, n_threads):
+    """The most memory one encode allocates besides the weights (the plan Projector._embed
+    and _vit keep to; test_vision holds an encode to it): the uint8 squares of the picture, the
+    rows of all (float32), and one pass at its peak: its patch rows, x and the four (rows,
+    n_embd) and one (rows, n_ff) float32 buffers of _vit, a product's activations in the
+    weight's partner format (the longest rows: at most float32, or F16 and its float32 values
+    for enc_matmul_f16), the attention's scratch per
+    thread (a block of queries' scores, a head's V^T and keys) and its positions."""
+    rows = squares_per_pass(kind, hp) * hp.n_pos
+    p2, side = 3 * hp.patch_size ** 2, hp.image_size
+    if kind.tiled:      # the picture resized to its longest edge and to whole tiles, the overview
+        big = -(-hp.longest_edge // side) * side
+        pictures = 3 * (hp.longest_edge ** 2 + big * big + side * side)
+    else:
+        pictures = 3 * side * side
+    floats = (max_squares(kind, hp) * hp.n_tokens * hp.n_embd_text
+              + rows * (p2 + 5 * hp.n_embd + hp.n_ff) + rows * max(p2, hp.n_embd, hp.n_ff) * 3 // 2
+              + n_threads * (ATTN_QUERY_ROWS + 2 * hp.head_dim) * hp.n_pos + rows)
+    return pictures + 4 * floats
+
+
 # --- the projector ----------------------------------------------------------------------------
 
 class Projector:
@@ -530,14 +571,7 @@ class Projector:
             raise ConfigError(f"n_threads={n_threads}: must be >= 1")
         used = [n for n in self._roles.values() if n]
         self.weights_bytes = sum(f.tensors[n].nbytes for n in used)
-        hp = self.hp
-        # float32 activations of the squares of one pass (SQUARES_PER_PASS run together: a
-        # few (n_patches, n_embd | n_ff) buffers each), the rows of all, and the attention
-        # scratch per thread, plus the transposed projection gemma3 keeps
-        together = min(self.max_squares, SQUARES_PER_PASS)
-        self.scratch_bytes = 4 * (together * hp.n_pos * (6 * hp.n_embd + hp.n_ff + 3 * hp.patch_size ** 2)
-                                  + self.max_squares * hp.n_tokens * hp.n_embd_text
-                                  + self.n_threads * (hp.n_pos ** 2 + hp.head_dim * hp.n_pos))
+        self.scratch_bytes = work_bytes(self.kind, self.hp, self.n_threads)
         proj = self._roles.get("input_projection")     # gemma3 keeps a transposed copy
         self.memory_bytes = self.weights_bytes + self.scratch_bytes + (
             f.tensors[proj].nbytes if proj else 0)
@@ -587,11 +621,7 @@ class Projector:
     markers = property(lambda self: self.kind.markers)
     non_causal = property(lambda self: self.kind.non_causal)
 
-    @property
-    def max_squares(self):
-        """Squares the encoder runs per image: 1, or the most tiles plus the overview."""
-        hp = self.hp
-        return (-(-hp.longest_edge // hp.image_size)) ** 2 + 1 if self.kind.tiled else 1
+    max_squares = property(lambda self: max_squares(self.kind, self.hp))
 
     def describe(self):
         hp = self.hp
@@ -629,10 +659,13 @@ class Projector:
         self.close()
 
     # --- encode -----------------------------------------------------------------------------
-    def preprocess(self, rgb):
-        """uint8 (H, W, 3) -> (list of float32 (n_patches, 3 * patch^2) patch rows, one per
-        square the encoder sees: the tiles row by row then the overview when tiled; the grid
-        (rows, columns) of tiles or ())."""
+    def _patch_rows(self, square):
+        """uint8 (image_size, image_size, 3) -> float32 (n_patches, 3 * patch^2) patch rows"""
+        return patches(normalize(square, self.hp.image_mean, self.hp.image_std), self.hp.patch_size)
+
+    def squares(self, rgb):
+        """uint8 (H, W, 3) -> (list of the uint8 squares the encoder sees, resized as mtmd
+        does: the tiles row by row then the overview when tiled; the grid of tiles or ())."""
         rgb = np.asarray(rgb)
         if rgb.dtype != np.uint8 or rgb.ndim != 3 or rgb.shape[2] != 3 or min(rgb.shape[:2]) < 1:
             raise RequestError(f"image: expected uint8 (height, width, 3) pixels, got "
@@ -645,28 +678,37 @@ class Projector:
             squares = [fit_padded(rgb, hp.image_size, PAD_COLOR.get(self.kind.name, (0, 0, 0)),
                                   self.kind.resize)]
             grid = ()
-        return [patches(normalize(q, hp.image_mean, hp.image_std), hp.patch_size)
-                for q in squares], grid
+        return squares, grid
 
     def encode(self, rgb):
         """A decoded picture -> ImageEmbedding (n_tokens rows of the text model's width)."""
         if self.file is None:
             raise RequestError("mmproj is closed")
-        xs, grid = self.preprocess(rgb)
-        return ImageEmbedding(embeddings=self._embed(xs, twin=self._core is None),
+        squares, grid = self.squares(rgb)
+        return ImageEmbedding(embeddings=self._embed(squares, twin=self._core is None),
                               digest=image_digest(np.asarray(rgb)),
                               non_causal=self.kind.non_causal, grid=grid)
 
-    def _embed(self, xs, twin=False):
-        """Patch rows of each square -> the projected rows of all, in order, SQUARES_PER_PASS
-        squares per encoder pass (a row's bits do not depend on its batch). twin: NumPy."""
-        vit, out = self._vit_reference if twin else self._vit, []
-        for i in range(0, len(xs), SQUARES_PER_PASS):
-            group = xs[i:i + SQUARES_PER_PASS]
-            h = vit(np.concatenate(group), len(group))
-            n = h.shape[0] // len(group)
-            out += [self._project(h[j * n:(j + 1) * n], twin) for j in range(len(group))]
-        return np.concatenate(out)
+    @property
+    def squares_per_pass(self):
+        """Squares the encoder runs together: up to SQUARES_PER_PASS, ROWS_PER_PASS rows."""
+        return squares_per_pass(self.kind, self.hp)
+
+    def _embed(self, squares, twin=False):
+        """uint8 squares -> the projected rows of all, in order, squares_per_pass squares per
+        encoder pass, each square's patch rows made when its pass starts (a row's bits do not
+        depend on its batch). twin: NumPy. The memory this takes: work_bytes."""
+        vit, k = self._vit_reference if twin else self._vit, self.squares_per_pass
+        out = np.empty((len(squares) * self.hp.n_tokens, self.hp.n_embd_text), np.float32)
+        for i in range(0, len(squares), k):
+            n_seq = len(squares[i:i + k])
+            h = vit(np.concatenate([self._patch_rows(q) for q in squares[i:i + k]]), n_seq)
+            n = h.shape[0] // n_seq
+            for j in range(n_seq):
+                t = (i + j) * self.hp.n_tokens
+                out[t:t + self.hp.n_tokens] = self._project(h[j * n:(j + 1) * n], twin)
+            del h
+        return out
 
     def _project(self, h, twin):
         """One square's ViT output (n_pos, n_embd) -> its rows for the text model."""
@@ -693,23 +735,28 @@ class Projector:
             n = x.shape[0] // n_seq
             x = np.concatenate([r for i in range(n_seq)
                                 for r in (x[i * n:(i + 1) * n], v["class_embd"][None])])
-        return np.ascontiguousarray(x + np.tile(v["position_embd"], (n_seq, 1)), np.float32)
+        pos = v["position_embd"]
+        for i in range(n_seq):
+            x[i * len(pos):(i + 1) * len(pos)] += pos
+        return x
 
     def _ffn_act(self, h, bias, twin):
         """In place: the ViT FFN's activation after its up product's bias."""
         if self.hp.act == "gelu_quick":     # ggml's F16 table of x * sigmoid(1.702 x)
             if bias is not None:
                 h += bias
-            h[...] = gelu_quick_table()[h.astype(np.float16).view(np.uint16)]
+            np.take(gelu_quick_table(), h.astype(np.float16).view(np.uint16), out=h)
         elif twin:
             h[...] = gelu_ggml((h + (0 if bias is None else bias)).astype(np.float64))
         else:
             self._core.enc_act(h, bias, None, self._pool)
 
-    def _mm(self, x, role, bias=None):
+    def _mm(self, x, role, bias=None, out=None):
         raw, qtype, (k, n) = self._mat[role]
-        y = np.empty((x.shape[0], n), np.float32)
-        self._core.matmul(y, raw, qtype, np.ascontiguousarray(x, np.float32), self._pool)
+        y = np.empty((x.shape[0], n), np.float32) if out is None else out
+        x = np.ascontiguousarray(x, np.float32)
+        if qtype != GGMLType.F16 or self._core.enc_matmul_f16(y, raw, x, self._pool) is None:
+            self._core.matmul(y, raw, qtype, x, self._pool)
         b = self._vec.get(bias) if bias else None
         if b is not None:
             y += b
@@ -717,7 +764,8 @@ class Projector:
 
     def _vit(self, x, n_seq):
         """SigLIP over n_seq squares' patch rows (n_seq * n_patches, K), all in each product;
-        attention per square."""
+        attention per square. Besides x, four (rows, n_embd) buffers and one (rows, n_ff),
+        reused by every layer (work_bytes)."""
         hp, core, pool, v = self.hp, self._core, self._pool, self._vec
         x = self._inputs(x, n_seq, self._mm)
         n = x.shape[0] // n_seq
@@ -725,20 +773,22 @@ class Projector:
             core.enc_norm(x, v["pre_ln"], v["pre_ln_b"], hp.eps, None, None, pool)
         starts = np.arange(n_seq + 1, dtype=np.int64) * n
         scale = 1.0 / math.sqrt(hp.head_dim)
+        cur, q, k, vv = (np.empty_like(x) for _ in range(4))
+        h = np.empty((x.shape[0], hp.n_ff), np.float32)
         for il in range(hp.n_layer_run):
             b = f"v.blk.{il}."
-            cur = x.copy()
+            np.copyto(cur, x)
             core.enc_norm(cur, v[b + "ln1"], v[b + "ln1_b"], hp.eps, None, None, pool)
-            q, k, vv = (self._mm(cur, b + r) for r in ("attn_q", "attn_k", "attn_v"))
-            att = np.empty_like(cur)
-            core.enc_attention(att, q, k, vv, starts, hp.n_head, scale, v.get(b + "attn_q_b"),
+            for r, out in (("attn_q", q), ("attn_k", k), ("attn_v", vv)):
+                self._mm(cur, b + r, out=out)
+            core.enc_attention(cur, q, k, vv, starts, hp.n_head, scale, v.get(b + "attn_q_b"),
                                v.get(b + "attn_k_b"), v.get(b + "attn_v_b"), 0.0, pool)
-            x += self._mm(att, b + "attn_out", b + "attn_out_b")
-            cur = x.copy()
+            x += self._mm(cur, b + "attn_out", b + "attn_out_b", out=q)
+            np.copyto(cur, x)
             core.enc_norm(cur, v[b + "ln2"], v[b + "ln2_b"], hp.eps, None, None, pool)
-            h = self._mm(cur, b + "ffn_up")
+            self._mm(cur, b + "ffn_up", out=h)
             self._ffn_act(h, v.get(b + "ffn_up_b"), False)
-            x += self._mm(h, b + "ffn_down", b + "ffn_down_b")
+            x += self._mm(h, b + "ffn_down", b + "ffn_down_b", out=q)
         if "post_ln" in v:
             core.enc_norm(x, v["post_ln"], v["post_ln_b"], hp.eps, None, None, pool)
         return x

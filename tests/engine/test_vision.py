@@ -92,8 +92,8 @@ def test_embeddings_match_llama_cpp(proj, golden):
 
 
 def test_compiled_encoder_matches_its_numpy_twin(proj, golden):
-    xs, _ = proj.preprocess(golden["image"])
-    close_to(proj._embed(xs), proj._embed(xs, twin=True))
+    squares, _ = proj.squares(golden["image"])
+    close_to(proj._embed(squares), proj._embed(squares, twin=True))
 
 
 def test_digest_names_the_pixels(proj, golden):
@@ -361,3 +361,48 @@ def test_a_scheduler_budget_never_splits_an_image(proj, text_model, golden):
 def test_an_mmproj_over_the_memory_budget_is_refused_with_the_numbers():
     with pytest.raises(UnsupportedModelError, match=r"needs .* MiB .* budget 0\.1 MiB"):
         Projector.load(MMPROJ, n_threads=1, max_memory=100_000)
+
+
+@pytest.mark.parametrize("name,rows_per_pass", [("gemma3", None), ("idefics3", None),
+                                                ("idefics3", 64), ("mlp", None)])
+def test_an_encode_stays_within_its_memory_plan(name, rows_per_pass, monkeypatch):
+    """The encoder's working memory is planned from the file (vision.work_bytes: the picture's
+    squares, the rows, and one pass's buffers, whatever the number of tiles) and counted in
+    memory_bytes; an encode's allocations (numpy's, as tracemalloc sees them) stay within it.
+    rows_per_pass 64: one tile of the idefics3 file per pass."""
+    import tracemalloc
+    from edged.engine import vision
+    if rows_per_pass:
+        monkeypatch.setattr(vision, "ROWS_PER_PASS", rows_per_pass)
+    g = np.load(os.path.join(GOLDENS, f"vision-{name}.golden.npz"))
+    image = g["image"]
+    with Projector.load(os.path.join(GOLDENS, f"vision-{name}.mmproj.gguf"), n_threads=2) as p:
+        p.encode(image)                     # caches (GELU tables, Pillow) before counting
+        tracemalloc.start()
+        try:
+            base = tracemalloc.get_traced_memory()[0]
+            p.encode(image)
+            peak = tracemalloc.get_traced_memory()[1] - base
+        finally:
+            tracemalloc.stop()
+        # + Pillow's copy of the picture while it resizes, and Python's own small objects
+        assert 0 < peak <= p.scratch_bytes + image.nbytes + (32 << 10), (peak, p.scratch_bytes)
+
+
+def test_smolvlm_encodes_one_tile_at_a_time():
+    """SmolVLM-256M's SigLIP (tiles of 32 x 32 patches, up to 9 tiles and the overview): its
+    plan holds one tile's pass, not four or ten (137 MiB before), which kept the process's peak
+    above libmtmd's (BENCHMARKS.md)."""
+    from edged.engine import vision
+    from edged.format.synth import MMPROJ_SHAPES
+    s = MMPROJ_SHAPES["smolvlm"]
+    E, n_pos = s["n_embd"], (s["image_size"] // s["patch_size"]) ** 2
+    hp = vision.VisionHParams(
+        n_embd=E, n_ff=s["n_ff"], n_layer=s["n_layer"], n_head=s["n_head"],
+        head_dim=E // s["n_head"], eps=1e-6, image_size=s["image_size"],
+        patch_size=s["patch_size"], n_merge=s["n_merge"], longest_edge=s["longest_edge"],
+        image_mean=(0.5,) * 3, image_std=(0.5,) * 3, n_embd_text=s["n_embd_text"])
+    kind = vision.PROJECTORS["idefics3"]
+    assert vision.max_squares(kind, hp) == 10 and vision.squares_per_pass(kind, hp) == 1
+    assert n_pos == vision.ROWS_PER_PASS
+    assert vision.work_bytes(kind, hp, n_threads=1) < 80 << 20

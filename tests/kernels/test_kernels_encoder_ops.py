@@ -207,3 +207,46 @@ def test_enc_matmul_q8_0_in_llama_cpp_order(T, K, N, pool, every_path):
         np.testing.assert_allclose(canonical, got, rtol=0, atol=1e-5 * np.abs(got).max())
     with pytest.raises(ValueError, match="enc_matmul_q8_0"):
         core.enc_matmul_q8_0(got, raw.reshape(-1)[:-1], x, pool)
+
+
+@pytest.mark.parametrize("lens,H,D", [([37, 9, 4, 3], 2, 64), ([21], 3, 48), ([1024], 1, 64),
+                                      ([18], 2, 72)])
+@pytest.mark.parametrize("every_path", paths(), indirect=True)
+def test_enc_attention_blocks_keep_the_row_kernels_bits(lens, H, D, pool, every_path):
+    """The scores in 4 x 4 blocks of dots with their reduction trees run together (avx512,
+    avx2), the rows' maxima in SIMD: the bits of one dot at a time (edges of 1..3 keys or
+    queries, 16-query blocks, a head size that is no multiple of 16)."""
+    rng = np.random.default_rng(sum(lens) * D)
+    T, Qd = sum(lens), H * D
+    starts = np.cumsum([0] + lens).astype(np.int64)
+    qkv = (rng.standard_normal((T, 3 * Qd)) * 2).astype(np.float32)
+    outs = []
+    for blocks in (True, False):
+        old = core.enc_blocks(blocks)
+        try:
+            q, k, v = (np.ascontiguousarray(qkv[:, i * Qd:(i + 1) * Qd]) for i in range(3))
+            out = np.empty((T, Qd), np.float32)
+            core.enc_attention(out, q, k, v, starts, H, 1 / math.sqrt(D), None, None, None, 0.0, pool)
+            outs.append(out)
+        finally:
+            core.enc_blocks(old)
+    np.testing.assert_array_equal(outs[0], outs[1])
+
+
+@pytest.mark.parametrize("T,K,N", [(1, 16, 1), (4, 48, 4), (7, 768, 67), (64, 160, 131)])
+@pytest.mark.parametrize("every_path", paths(), indirect=True)
+def test_enc_matmul_f16_is_matmuls_product(T, K, N, pool, every_path):
+    """An F16 weight's product in 4 x 4 blocks (avx512; elsewhere None: matmul) gives
+    edged._core.matmul's bits (the same lanes and trees), past the block's edges."""
+    rng = np.random.default_rng(T * K + N)
+    w = (rng.standard_normal((N, K)) * 0.1).astype(np.float16)
+    x = rng.standard_normal((T, K)).astype(np.float32)
+    want = np.empty((T, N), np.float32)
+    core.matmul(want, w.view(np.uint8).reshape(-1), 1, x, pool)
+    got = np.full((T, N), np.nan, np.float32)
+    if core.enc_matmul_f16(got, w.view(np.uint8).reshape(-1), x, pool) is None:
+        assert not every_path.startswith("avx512") or T < 4
+        return
+    np.testing.assert_array_equal(got, want)
+    with pytest.raises(ValueError, match="enc_matmul_f16"):
+        core.enc_matmul_f16(got, w.view(np.uint8).reshape(-1)[:-2], x, pool)
