@@ -166,8 +166,8 @@ def choose_types(f, ftype, has_imatrix=False):
             elif cat == "ffn_down":
                 # llama.cpp's layer_info: with experts the layer is the name's (a layer may hold
                 # several ffn_down tensors: gemma4's dense FFN and experts, shared experts)
-                i = int(_LAYER.match(name).group(1)) if n_expert > 1 and _LAYER.match(name) \
-                    else i_ffn_down
+                m = _LAYER.match(name)
+                i = int(m.group(1)) if n_expert > 1 and m else i_ffn_down
                 t = _ffn_down_type(t, ftype, i, n_layer, falcon, has_imatrix)
                 i_ffn_down += 1
             elif cat == "attn_output":
