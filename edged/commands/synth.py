@@ -3,6 +3,7 @@ import os
 import sys
 import time
 
+from ..errors import ConfigError
 from ..format.synth import (ENCODER_SHAPES, MIXES, MMPROJ_SHAPES, SHAPES, synth, synth_encoder,
                             synth_mmproj)
 from .progress import bar
@@ -23,12 +24,17 @@ def configure(p):
     p.add_argument("--type", default=None, choices=list(MIXES),
                    help="quantization mix of the weights (default Q4_K_M; encoders F16)")
     p.add_argument("--seed", type=int, default=0, help="random seed of the weights (default 0)")
+    p.add_argument("--layers", type=int, default=None, metavar="N",
+                   help="only the shape's first N layers, of their real shapes (for a model too "
+                   "large for the machine; default: all)")
     p.add_argument("out", metavar="OUT.gguf", help="file to write")
     p.set_defaults(func=run)
 
 
 def run(args):
     t0 = time.perf_counter()
+    if args.layers is not None and (args.mmproj or args.shape in ENCODER_SHAPES):
+        raise ConfigError("--layers applies to the decoder shapes only")
     if args.mmproj:
         args.type = args.type or "F16"
         n = synth_mmproj(args.mmproj, args.out, args.type, seed=args.seed)
@@ -48,7 +54,8 @@ def run(args):
             b.total = n
             b.update(i - b.n)
 
-        n = synth(args.shape, args.type, args.out, seed=args.seed, progress=progress)
+        n = synth(args.shape, args.type, args.out, seed=args.seed, progress=progress,
+                  n_layer=args.layers)
     size = os.path.getsize(args.out)
     print(f"edged synth: wrote {args.out}: {args.shape} {args.type}, {n / 1e6:.1f} M parameters, "
           f"{size / 2**20:.1f} MiB in {time.perf_counter() - t0:.1f} s", file=sys.stderr)

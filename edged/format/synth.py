@@ -97,6 +97,28 @@ SHAPES = {
                          n_ctx_train=262144, tied=True, qkv_bias=False, qk_norm=True, n_rot=64,
                          sections=(11, 11, 10, 0), attn_layers=(3, 7, 11, 15, 19, 23),
                          ssm=dict(d_conv=4, d_state=128, n_group=16, dt_rank=16)),
+    # IBM Granite-4.0-H-Tiny (its published config.json): the 350M's Mamba-2 layers (48 heads,
+    # now of 64, state 128, 1 group, 4 taps) on 36 of 40 layers, attention without RoPE on
+    # layers 5, 15, 25 and 35, 12 heads of 128 with 4 KV heads; in every layer 64 experts of 512
+    # (feed_forward_length), 6 per token, and an ungated shared expert of 1024; tied embeddings
+    "granite-4.0-h-tiny": dict(arch="granitehybrid", n_embd=1536, n_head=12, n_head_kv=4,
+                               n_ff=512, n_layer=40, n_vocab=100352, rope_freq_base=10000.0,
+                               rms_eps=1e-5, n_ctx_train=131072, tied=True, qkv_bias=False,
+                               attn_layers=(5, 15, 25, 35),
+                               mamba2=dict(d_conv=4, d_state=128, n_head=48, n_group=1),
+                               granite=(12.0, 0.22, 0.0078125, 6.0),
+                               n_expert=64, n_expert_used=6, n_ff_exp=512, n_ff_shexp=1024),
+    # Qwen3.5-35B-A3B (its config.json's text_config): Gated DeltaNet on 30 of 40 layers (16 key
+    # and 32 value heads of 128), gated attention on every fourth (16 heads of 256, 2 KV heads,
+    # 64 rotated); in every layer 256 experts of 512, 8 per token, and a gated shared expert of
+    # 512; its own output matrix
+    "qwen3.5-35b-a3b": dict(arch="qwen35moe", n_embd=2048, n_head=16, n_head_kv=2, head_dim=256,
+                            n_ff=512, n_layer=40, n_vocab=248320, rope_freq_base=1e7,
+                            rms_eps=1e-6, n_ctx_train=262144, tied=False, qkv_bias=False,
+                            qk_norm=True, n_rot=64, sections=(11, 11, 10, 0),
+                            attn_layers=tuple(range(3, 40, 4)),
+                            ssm=dict(d_conv=4, d_state=128, n_group=16, dt_rank=32),
+                            n_expert=256, n_expert_used=8, n_ff_exp=512, n_ff_shexp=512),
     # a small model for demos and tests (seconds to make, milliseconds per token)
     "tiny": dict(arch="llama", n_embd=256, n_head=4, n_head_kv=2, n_ff=768, n_layer=4,
                  n_vocab=4096, rope_freq_base=10000.0, rms_eps=1e-5, n_ctx_train=2048,
@@ -216,13 +238,22 @@ class _Pool:
         return pool[self.rng.integers(0, self.n_rows, n)]
 
 
-def synth(shape, ftype, out, seed=0, progress=None):
-    """Write a random-weight GGUF model of a known shape; returns the number of parameters."""
+def synth(shape, ftype, out, seed=0, progress=None, n_layer=None):
+    """Write a random-weight GGUF model of a known shape; returns the number of parameters.
+    n_layer: only the shape's first n_layer layers (the real layer shapes and pattern, for a
+    model too large to benchmark whole); None: all of them."""
     if shape not in SHAPES:
         raise ConfigError(f"--shape {shape!r}: one of {', '.join(SHAPES)}")
     if ftype not in MIXES:
         raise ConfigError(f"--type {ftype!r}: one of {', '.join(MIXES)}")
     s = SHAPES[shape]
+    if n_layer is not None:
+        if s.get("n_kv_shared"):   # its last layers read earlier layers' K/V: all or nothing
+            raise ConfigError(f"--layers: {shape}'s last {s['n_kv_shared']} layers reuse "
+                              "earlier layers' K/V; it is written whole only")
+        if not 1 <= n_layer <= s["n_layer"]:
+            raise ConfigError(f"--layers {n_layer}: 1 to {shape}'s {s['n_layer']}")
+        s, shape = dict(s, n_layer=n_layer), f"{shape}-{n_layer}-layers"   # general.name says so
     if s["arch"] in ("gemma4", "gemma3n"):
         return _synth_gemma(shape, ftype, out, s, seed, progress)
     arch, E, F, L, V = s["arch"], s["n_embd"], s["n_ff"], s["n_layer"], s["n_vocab"]
@@ -276,7 +307,11 @@ def synth(shape, ftype, out, seed=0, progress=None):
     if X:
         w.add(A(Key.EXPERT_COUNT), X)
         w.add(A(Key.EXPERT_USED_COUNT), s["n_expert_used"])
-        w.add(A(Key.EXPERT_FEED_FORWARD_LENGTH), s["n_ff_exp"])
+        if not mamba:               # granite's experts are feed_forward_length wide
+            w.add(A(Key.EXPERT_FEED_FORWARD_LENGTH), s["n_ff_exp"])
+    Fs = s.get("n_ff_shexp", 0)     # a shared expert beside the routed ones
+    if Fs:
+        w.add(A(Key.EXPERT_SHARED_FEED_FORWARD_LENGTH), Fs)
     w.add(A(Key.LAYERNORM_RMS_EPS), float(s["rms_eps"]))
     toks, scores, types = synth_vocab(V)
     for i, (text, kind) in enumerate(s.get("extra_tokens", ()), V - len(s.get("extra_tokens", ()))):
@@ -313,6 +348,36 @@ def synth(shape, ftype, out, seed=0, progress=None):
         w.add_tensor(name, (k, n), GGMLType.F32)
         data[name] = rng.standard_normal(k * n, np.float32) * 0.3
         n_params += k * n
+
+    def ffn(p, il):
+        # a dense FFN, or the router (F32: llama-quantize leaves ffn_gate_inp alone), the
+        # routed experts and a shared expert (gated by a sigmoid but for granite's)
+        if not X:
+            mat(p + "ffn_gate.weight", "ffn_gate", E, F, il)
+            mat(p + "ffn_up.weight", "ffn_up", E, F, il)
+            mat(p + "ffn_down.weight", "ffn_down", F, E, il)
+            return
+        nonlocal n_params
+        w.add_tensor(p + "ffn_gate_inp.weight", (E, X), GGMLType.F32)
+        data[p + "ffn_gate_inp.weight"] = rng.standard_normal((X, E), np.float32) * 0.05
+        n_params += E * X
+        Fe = s["n_ff_exp"]
+        mat(p + "ffn_gate_exps.weight", "ffn_gate", E, Fe, il, X)
+        mat(p + "ffn_up_exps.weight", "ffn_up", E, Fe, il, X)
+        mat(p + "ffn_down_exps.weight", "ffn_down", Fe, E, il, X)
+        if oss:
+            vec(p + "ffn_gate_inp.bias", X, 0.0)
+            vec(p + "ffn_gate_exps.bias", Fe, 0.0, rows=X)
+            vec(p + "ffn_up_exps.bias", Fe, 0.0, rows=X)
+            vec(p + "ffn_down_exps.bias", E, 0.0, rows=X)
+        if Fs:
+            if not mamba:   # random: a gate logit of exactly 0 is 0 / 0 in llama.cpp's qwen2moe
+                w.add_tensor(p + "ffn_gate_inp_shexp.weight", (E,), GGMLType.F32)
+                data[p + "ffn_gate_inp_shexp.weight"] = rng.standard_normal(E, np.float32) * 0.05
+                n_params += E
+            mat(p + "ffn_gate_shexp.weight", "ffn_gate", E, Fs, il)
+            mat(p + "ffn_up_shexp.weight", "ffn_up", E, Fs, il)
+            mat(p + "ffn_down_shexp.weight", "ffn_down", Fs, E, il)
 
     mat("token_embd.weight", "output" if s["tied"] else "token_embd", E, V)
     vec("token_embd_norm.weight" if arch == "lfm2" else "output_norm.weight", E)
@@ -352,9 +417,7 @@ def synth(shape, ftype, out, seed=0, progress=None):
                 taps(p + "shortconv.conv.weight", s["l_cache"], E)
                 mat(p + "shortconv.out_proj.weight", "attn_output", E, E, il)
             vec(p + ("post_attention_norm.weight" if ssm else "ffn_norm.weight"), E)
-            mat(p + "ffn_gate.weight", "ffn_gate", E, F, il)
-            mat(p + "ffn_up.weight", "ffn_up", E, F, il)
-            mat(p + "ffn_down.weight", "ffn_down", F, E, il)
+            ffn(p, il)
             if progress:
                 progress(il + 1, L)
             continue
@@ -373,23 +436,7 @@ def synth(shape, ftype, out, seed=0, progress=None):
             vec(p + "attn_output.bias", E, 0.0)
             vec(p + "attn_sinks.weight", H, 0.0)
         vec(p + ("post_attention_norm.weight" if oss or ssm else "ffn_norm.weight"), E)
-        if X:  # the router stays F32 (llama-quantize leaves ffn_gate_inp alone)
-            w.add_tensor(p + "ffn_gate_inp.weight", (E, X), GGMLType.F32)
-            data[p + "ffn_gate_inp.weight"] = rng.standard_normal((X, E), np.float32) * 0.05
-            n_params += E * X
-            Fe = s["n_ff_exp"]
-            mat(p + "ffn_gate_exps.weight", "ffn_gate", E, Fe, il, X)
-            mat(p + "ffn_up_exps.weight", "ffn_up", E, Fe, il, X)
-            mat(p + "ffn_down_exps.weight", "ffn_down", Fe, E, il, X)
-            if oss:
-                vec(p + "ffn_gate_inp.bias", X, 0.0)
-                vec(p + "ffn_gate_exps.bias", Fe, 0.0, rows=X)
-                vec(p + "ffn_up_exps.bias", Fe, 0.0, rows=X)
-                vec(p + "ffn_down_exps.bias", E, 0.0, rows=X)
-        else:
-            mat(p + "ffn_gate.weight", "ffn_gate", E, F, il)
-            mat(p + "ffn_up.weight", "ffn_up", E, F, il)
-            mat(p + "ffn_down.weight", "ffn_down", F, E, il)
+        ffn(p, il)
         if progress:
             progress(il + 1, L)
     _write(w, data, out)

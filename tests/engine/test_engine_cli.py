@@ -109,3 +109,21 @@ def test_bench_lookup_json_reports_acceptance_and_speedup():
     assert plain["test"] == "tg16 plain" and spec["test"] == "tg16 lookup"
     assert spec["same_tokens"] is True and spec["drafted"] > 0 and 0 <= spec["acceptance"] <= 1
     assert spec["speedup"] > 0
+
+
+def test_synth_layers_writes_the_first_layers_of_a_shape(tmp_path):
+    """`--layers N`: the shape's first N layers of their real sizes and pattern (LFM2-350M: two
+    convolutions, then attention), named as such; refused past the real count and for a shape
+    whose last layers reuse earlier layers' K/V."""
+    out = str(tmp_path / "l.gguf")
+    edged("synth", "--shape", "lfm2-350m", "--type", "Q4_0", "--layers", "3", out)
+    info = json.loads(edged("info", "-m", out, "--json").stdout)
+    assert info["hparams"]["n_layer"] == 3 and info["hparams"]["n_embd"] == 1024
+    assert info["hparams"]["conv_layers"] == [True, True, False]
+    from edged.format.gguf import GGUFFile
+    with GGUFFile.open(out) as f:
+        assert f.metadata["general.name"] == "edged-synth-lfm2-350m-3-layers-Q4_0"
+    r = edged("synth", "--shape", "lfm2-350m", "--layers", "17", out, check=False)
+    assert r.returncode != 0 and "--layers 17: 1 to lfm2-350m's 16" in r.stderr
+    r = edged("synth", "--shape", "gemma4-e2b", "--layers", "10", out, check=False)
+    assert r.returncode != 0 and "reuse earlier layers' K/V" in r.stderr

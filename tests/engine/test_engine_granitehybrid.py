@@ -286,3 +286,37 @@ def test_synth_shape_layout(core, tmp_path, monkeypatch):
         got = np.asarray(m.session(n_ctx=32).eval(ids, logits="all"))
         want = np.asarray(ref.session(n_ctx=32).eval(ids, logits="all"))
     assert np.abs(got - want).max() < 0.05 * np.abs(want).max()
+
+
+def test_synth_shape_writes_granite_moe_as_the_converter_does(core, tmp_path, monkeypatch):
+    """`edged synth --shape granite-4.0-h-tiny`'s layout at a small size: experts in every layer
+    (Mamba-2 and attention), feed_forward_length wide with no expert_feed_forward_length key,
+    the shared expert's width and its ungated tensors, the router F32; the compiled forward
+    agrees with the NumPy reference on it."""
+    import gguf
+    from edged.format import synth
+    small = dict(synth.SHAPES["granite-4.0-h-tiny"], n_embd=64, n_head=4, n_head_kv=2,
+                 n_ff=32, n_layer=4, n_vocab=512, attn_layers=(1,),
+                 mamba2=dict(d_conv=4, d_state=16, n_head=8, n_group=1), n_expert=8,
+                 n_expert_used=3, n_ff_exp=32, n_ff_shexp=48)
+    monkeypatch.setitem(synth.SHAPES, "test-granite", small)
+    path = str(tmp_path / "g.gguf")
+    synth.synth("test-granite", "Q8_0", path)
+    r = gguf.GGUFReader(path)
+    assert [r.fields["granitehybrid." + k].contents() for k in (
+        "expert_count", "expert_used_count", "expert_shared_feed_forward_length",
+        "feed_forward_length")] == [8, 3, 48, 32]
+    assert "granitehybrid.expert_feed_forward_length" not in r.fields
+    names = {t.name: t for t in r.tensors}
+    for il in range(4):
+        assert list(names[f"blk.{il}.ffn_up_exps.weight"].shape) == [64, 32, 8]
+        assert list(names[f"blk.{il}.ffn_down_shexp.weight"].shape) == [48, 64]
+        assert names[f"blk.{il}.ffn_gate_inp.weight"].tensor_type == gguf.GGMLQuantizationType.F32
+        assert f"blk.{il}.ffn_gate_inp_shexp.weight" not in names
+        assert f"blk.{il}.ffn_up.weight" not in names
+    ids = [1, 40, 41, 42, 43, 44, 45, 46]
+    with Model.load(path, n_threads=2) as m, Model.load(path, backend="reference") as ref:
+        assert (m.hp.n_expert, m.hp.n_expert_used, m.hp.n_ff_exp, m.hp.n_ff_shexp) == (8, 3, 32, 48)
+        got = np.asarray(m.session(n_ctx=32).eval(ids, logits="all"))
+        want = np.asarray(ref.session(n_ctx=32).eval(ids, logits="all"))
+    assert np.abs(got - want).max() < 0.05 * np.abs(want).max()

@@ -269,3 +269,38 @@ def test_synth_shape_writes_qwen35_as_the_converter_does(core, tmp_path, monkeyp
         got = np.asarray(m.session(n_ctx=32).eval(ids, logits="all"))
         want = np.asarray(ref.session(n_ctx=32).eval(ids, logits="all"))
     assert np.abs(got - want).max() < 0.05 * np.abs(want).max()
+
+
+def test_synth_shape_writes_qwen35moe_as_the_converter_does(core, tmp_path, monkeypatch):
+    """`edged synth --shape qwen3.5-35b-a3b`'s layout at a small size: experts and a gated
+    shared expert in every layer (DeltaNet and attention), their keys, the router and the shared
+    expert's gate F32, its own output matrix; the compiled forward agrees with the NumPy
+    reference on it."""
+    import gguf
+    from edged.format import synth
+    small = dict(synth.SHAPES["qwen3.5-35b-a3b"], n_embd=64, n_head=4, n_head_kv=2, head_dim=32,
+                 n_ff=32, n_layer=4, n_vocab=512, n_rot=16, sections=(3, 3, 2, 0),
+                 attn_layers=(3,), ssm=dict(d_conv=4, d_state=16, n_group=2, dt_rank=4),
+                 n_expert=8, n_expert_used=2, n_ff_exp=32, n_ff_shexp=64)
+    monkeypatch.setitem(synth.SHAPES, "test-qwen35moe", small)
+    path = str(tmp_path / "qwen35moe.gguf")
+    synth.synth("test-qwen35moe", "Q8_0", path)
+    r = gguf.GGUFReader(path)
+    assert [r.fields["qwen35moe." + k].contents() for k in (
+        "expert_count", "expert_used_count", "expert_feed_forward_length",
+        "expert_shared_feed_forward_length")] == [8, 2, 32, 64]
+    names = {t.name: t for t in r.tensors}
+    F32 = gguf.GGMLQuantizationType.F32
+    for il in range(4):
+        assert list(names[f"blk.{il}.ffn_gate_exps.weight"].shape) == [64, 32, 8]
+        assert list(names[f"blk.{il}.ffn_up_shexp.weight"].shape) == [64, 64]
+        assert list(names[f"blk.{il}.ffn_gate_inp_shexp.weight"].shape) == [64]
+        assert names[f"blk.{il}.ffn_gate_inp.weight"].tensor_type == F32
+        assert f"blk.{il}.ffn_gate.weight" not in names
+    assert "output.weight" in names and "blk.0.attn_qkv.weight" in names
+    ids = [1, 40, 41, 42, 43, 44, 45, 46]
+    with Model.load(path, n_threads=2) as m, Model.load(path, backend="reference") as ref:
+        assert m.hp.recr_layers == (True, True, True, False) and m.hp.n_ff_shexp == 64
+        got = np.asarray(m.session(n_ctx=32).eval(ids, logits="all"))
+        want = np.asarray(ref.session(n_ctx=32).eval(ids, logits="all"))
+    assert np.abs(got - want).max() < 0.05 * np.abs(want).max()
