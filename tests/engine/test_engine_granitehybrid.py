@@ -320,3 +320,39 @@ def test_synth_shape_writes_granite_moe_as_the_converter_does(core, tmp_path, mo
         got = np.asarray(m.session(n_ctx=32).eval(ids, logits="all"))
         want = np.asarray(ref.session(n_ctx=32).eval(ids, logits="all"))
     assert np.abs(got - want).max() < 0.05 * np.abs(want).max()
+
+
+@pytest.mark.parametrize("shape, arch_sizes", [
+    ("granite-4.0-h-tiny", dict(n_head_kv=2, attn_layers=(1,), n_ff_shexp=64,
+                                mamba2=dict(d_conv=4, d_state=16, n_head=8, n_group=1))),
+    ("qwen3.5-35b-a3b", dict(n_head_kv=2, head_dim=32, n_rot=16, sections=(3, 3, 2, 0),
+                             attn_layers=(3,), n_ff_shexp=64,
+                             ssm=dict(d_conv=4, d_state=16, n_group=2, dt_rank=8))),
+])
+def test_recurrent_projections_repacked_give_the_same_bits(core, tmp_path, monkeypatch, shape,
+                                                            arch_sizes):
+    """The Mamba-2 layers' ssm_in / ssm_out and the DeltaNet layers' attn_gate, ssm_beta,
+    ssm_alpha and ssm_out are repacked at load like the other projections (their rows read by
+    the path's fastest kernels): a prompt and single tokens give the mapped layout's bits."""
+    from edged.format import synth
+    monkeypatch.setitem(synth.SHAPES, "test-recr", dict(
+        synth.SHAPES[shape], n_embd=256, n_head=4, n_ff=64, n_layer=4, n_vocab=512, n_expert=8,
+        n_expert_used=2, n_ff_exp=64, **arch_sizes))
+    path = str(tmp_path / "r.gguf")
+    synth.synth("test-recr", "Q4_K_M", path)
+
+    def logits(m):
+        s = m.session(n_ctx=64)
+        prompt = np.asarray(s.eval([(5 * i + 1) % 512 for i in range(20)], logits="all"))
+        return np.concatenate([prompt.reshape(-1), np.asarray(s.eval([7])).reshape(-1)])
+    monkeypatch.setenv("EDGED_REPACK", "off")
+    with Model.load(path, n_threads=2) as m:
+        want = logits(m)
+    monkeypatch.delenv("EDGED_REPACK")
+    with Model.load(path, n_threads=2) as m:
+        repacked = set(m.backend.repacked.tensors)
+        got = logits(m)
+    roles = ("ssm_in", "ssm_out") if "mamba2" in arch_sizes else (
+        "attn_gate", "ssm_beta", "ssm_alpha", "ssm_out")
+    assert {f"blk.0.{r}.weight" for r in roles} <= repacked
+    assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
