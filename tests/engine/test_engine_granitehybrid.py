@@ -19,7 +19,7 @@ from edged.format.gguf import Key
 
 from edged.engine import recurrent
 from family_goldens import (GOLDENS, alone_batched_forked, check, check_every_kernel_path, greedy,
-                            regenerated_fixtures, validate_changed)
+                            regenerated_fixtures, synth_small, validate_changed)
 
 GOLDEN = np.load(f"{GOLDENS}/synthetic-granitehybrid.golden.npz")
 TOKENS, N_PROMPT = GOLDEN["tokens"].tolist(), int(GOLDEN["n_prompt"])
@@ -294,15 +294,10 @@ def test_synth_shape_writes_granite_moe_as_the_converter_does(core, tmp_path, mo
     the shared expert's width and its ungated tensors, the router F32; the compiled forward
     agrees with the NumPy reference on it."""
     import gguf
-    from edged.format import synth
-    small = dict(synth.SHAPES["granite-4.0-h-tiny"], n_embd=64, n_head=4, n_head_kv=2,
-                 n_ff=32, n_layer=4, n_vocab=512, attn_layers=(1,),
-                 mamba2=dict(d_conv=4, d_state=16, n_head=8, n_group=1), n_expert=8,
-                 n_expert_used=3, n_ff_exp=32, n_ff_shexp=48)
-    monkeypatch.setitem(synth.SHAPES, "test-granite", small)
-    path = str(tmp_path / "g.gguf")
-    synth.synth("test-granite", "Q8_0", path)
-    r = gguf.GGUFReader(path)
+    path, r = synth_small(tmp_path, monkeypatch, "granite-4.0-h-tiny", "Q8_0", n_embd=64,
+                          n_head=4, n_head_kv=2, n_ff=32, n_layer=4, n_vocab=512,
+                          attn_layers=(1,), mamba2=dict(d_conv=4, d_state=16, n_head=8, n_group=1),
+                          n_expert=8, n_expert_used=3, n_ff_exp=32, n_ff_shexp=48)
     assert [r.fields["granitehybrid." + k].contents() for k in (
         "expert_count", "expert_used_count", "expert_shared_feed_forward_length",
         "feed_forward_length")] == [8, 3, 48, 32]
@@ -334,12 +329,9 @@ def test_recurrent_projections_repacked_give_the_same_bits(core, tmp_path, monke
     """The Mamba-2 layers' ssm_in / ssm_out and the DeltaNet layers' attn_gate, ssm_beta,
     ssm_alpha and ssm_out are repacked at load like the other projections (their rows read by
     the path's fastest kernels): a prompt and single tokens give the mapped layout's bits."""
-    from edged.format import synth
-    monkeypatch.setitem(synth.SHAPES, "test-recr", dict(
-        synth.SHAPES[shape], n_embd=256, n_head=4, n_ff=64, n_layer=4, n_vocab=512, n_expert=8,
-        n_expert_used=2, n_ff_exp=64, **arch_sizes))
-    path = str(tmp_path / "r.gguf")
-    synth.synth("test-recr", "Q4_K_M", path)
+    path, _ = synth_small(tmp_path, monkeypatch, shape, "Q4_K_M", n_embd=256, n_head=4, n_ff=64,
+                          n_layer=4, n_vocab=512, n_expert=8, n_expert_used=2, n_ff_exp=64,
+                          reader=False, **arch_sizes)
 
     def logits(m):
         s = m.session(n_ctx=64)

@@ -20,7 +20,7 @@ from edged.errors import MetadataValueError, StateFileError, UnsupportedModelErr
 from edged.format.gguf import Key
 
 from family_goldens import (GOLDENS, alone_batched_forked, assert_batch_chunks_single_agree,
-                            check_every_kernel_path, greedy)
+                            check_every_kernel_path, greedy, synth_small)
 from gguf_clone import clone
 
 QWEN35 = os.path.join(GOLDENS, "synthetic-qwen35.gguf")
@@ -277,15 +277,11 @@ def test_synth_shape_writes_qwen35moe_as_the_converter_does(core, tmp_path, monk
     expert's gate F32, its own output matrix; the compiled forward agrees with the NumPy
     reference on it."""
     import gguf
-    from edged.format import synth
-    small = dict(synth.SHAPES["qwen3.5-35b-a3b"], n_embd=64, n_head=4, n_head_kv=2, head_dim=32,
-                 n_ff=32, n_layer=4, n_vocab=512, n_rot=16, sections=(3, 3, 2, 0),
-                 attn_layers=(3,), ssm=dict(d_conv=4, d_state=16, n_group=2, dt_rank=4),
-                 n_expert=8, n_expert_used=2, n_ff_exp=32, n_ff_shexp=64)
-    monkeypatch.setitem(synth.SHAPES, "test-qwen35moe", small)
-    path = str(tmp_path / "qwen35moe.gguf")
-    synth.synth("test-qwen35moe", "Q8_0", path)
-    r = gguf.GGUFReader(path)
+    path, r = synth_small(tmp_path, monkeypatch, "qwen3.5-35b-a3b", "Q8_0", n_embd=64, n_head=4,
+                          n_head_kv=2, head_dim=32, n_ff=32, n_layer=4, n_vocab=512, n_rot=16,
+                          sections=(3, 3, 2, 0), attn_layers=(3,),
+                          ssm=dict(d_conv=4, d_state=16, n_group=2, dt_rank=4), n_expert=8,
+                          n_expert_used=2, n_ff_exp=32, n_ff_shexp=64)
     assert [r.fields["qwen35moe." + k].contents() for k in (
         "expert_count", "expert_used_count", "expert_feed_forward_length",
         "expert_shared_feed_forward_length")] == [8, 2, 32, 64]

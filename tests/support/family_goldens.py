@@ -176,3 +176,17 @@ def saved_and_recomputed(m, prompt, nxt, path, key, n_ctx=64):
     fresh = m.session(n_ctx=n_ctx)
     fresh.eval(prompt)
     return size, np.asarray(fresh.eval(nxt, logits="all"))
+
+
+def synth_small(tmp_path, monkeypatch, shape, ftype, **sizes):
+    """`edged synth --shape SHAPE`'s layout at the given sizes: (path, the PyPI gguf reader's
+    view of it, or None when only the path is wanted: reader=False)."""
+    from edged.format import synth
+    reader = sizes.pop("reader", True)
+    monkeypatch.setitem(synth.SHAPES, "test-small", dict(synth.SHAPES[shape], **sizes))
+    path = str(tmp_path / "small.gguf")
+    synth.synth("test-small", ftype, path)
+    if not reader:
+        return path, None
+    import gguf
+    return path, gguf.GGUFReader(path)
