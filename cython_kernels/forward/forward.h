@@ -648,7 +648,8 @@ static void ed_moe_ffn(ed_state *s, ed_pool *p, const ed_model *m, const ed_laye
             float *o = s->xb2 + t * E;
             const float *y = s->ye + (size_t)t * E;
             if (!gated) { for (int i = 0; i < E; i++) o[i] = o[i] + y[i]; continue; }
-            const float g = s->probs[t * X], gate = ed_silu(g) / g;
+            const float g = s->probs[t * X];  /* at g = 0 silu(g) / g is 0 / 0: sigmoid(0) */
+            const float gate = g == 0.0f ? 0.5f : ed_silu(g) / g;
             for (int i = 0; i < E; i++) o[i] = o[i] + y[i] * gate;
         }
         ed_barrier(p);

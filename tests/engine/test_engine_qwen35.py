@@ -271,17 +271,18 @@ def test_synth_shape_writes_qwen35_as_the_converter_does(core, tmp_path, monkeyp
     assert np.abs(got - want).max() < 0.05 * np.abs(want).max()
 
 
+# `--shape qwen3.5-35b-a3b`'s layout at a small size: 3 DeltaNet layers then attention, 8 experts
+MOE_SMALL = dict(n_embd=64, n_head=4, n_head_kv=2, head_dim=32, n_ff=32, n_layer=4, n_vocab=512,
+                 n_rot=16, sections=(3, 3, 2, 0), attn_layers=(3,),
+                 ssm=dict(d_conv=4, d_state=16, n_group=2, dt_rank=4), n_expert=8, n_expert_used=2,
+                 n_ff_exp=32, n_ff_shexp=64)
 def test_synth_shape_writes_qwen35moe_as_the_converter_does(core, tmp_path, monkeypatch):
     """`edged synth --shape qwen3.5-35b-a3b`'s layout at a small size: experts and a gated
     shared expert in every layer (DeltaNet and attention), their keys, the router and the shared
     expert's gate F32, its own output matrix; the compiled forward agrees with the NumPy
     reference on it."""
     import gguf
-    path, r = synth_small(tmp_path, monkeypatch, "qwen3.5-35b-a3b", "Q8_0", n_embd=64, n_head=4,
-                          n_head_kv=2, head_dim=32, n_ff=32, n_layer=4, n_vocab=512, n_rot=16,
-                          sections=(3, 3, 2, 0), attn_layers=(3,),
-                          ssm=dict(d_conv=4, d_state=16, n_group=2, dt_rank=4), n_expert=8,
-                          n_expert_used=2, n_ff_exp=32, n_ff_shexp=64)
+    path, r = synth_small(tmp_path, monkeypatch, "qwen3.5-35b-a3b", "Q8_0", **MOE_SMALL)
     assert [r.fields["qwen35moe." + k].contents() for k in (
         "expert_count", "expert_used_count", "expert_feed_forward_length",
         "expert_shared_feed_forward_length")] == [8, 2, 32, 64]
@@ -299,4 +300,25 @@ def test_synth_shape_writes_qwen35moe_as_the_converter_does(core, tmp_path, monk
         assert m.hp.recr_layers == (True, True, True, False) and m.hp.n_ff_shexp == 64
         got = np.asarray(m.session(n_ctx=32).eval(ids, logits="all"))
         want = np.asarray(ref.session(n_ctx=32).eval(ids, logits="all"))
+    assert np.abs(got - want).max() < 0.05 * np.abs(want).max()
+
+
+def test_shared_expert_gate_of_zero_is_one_half(core, tmp_path, monkeypatch):
+    """A shared-expert gate logit of exactly 0 (here: a zero ffn_gate_inp_shexp) weighs the
+    shared expert by sigmoid(0) = 0.5, as llama.cpp's qwen35moe does; silu(g) / g would be
+    0 / 0 and turn every logit into NaN."""
+    path, r = synth_small(tmp_path, monkeypatch, "qwen3.5-35b-a3b", "Q8_0", **MOE_SMALL)
+    del r
+    import gguf
+    w = gguf.GGUFReader(path, "r+")
+    for t in w.tensors:
+        if t.name.endswith("ffn_gate_inp_shexp.weight"):
+            t.data[...] = 0.0
+    w.data.flush()
+    del w
+    ids = [1, 40, 41, 42, 43, 44, 45, 46]
+    with Model.load(path, n_threads=2) as m, Model.load(path, backend="reference") as ref:
+        got = np.asarray(m.session(n_ctx=32).eval(ids, logits="all"))
+        want = np.asarray(ref.session(n_ctx=32).eval(ids, logits="all"))
+    assert np.isfinite(got).all()
     assert np.abs(got - want).max() < 0.05 * np.abs(want).max()
