@@ -71,7 +71,7 @@ def parse_mix(name):
 def _category(name):
     if name == "output.weight":
         return "output"
-    if name == "token_embd.weight":
+    if name in ("token_embd.weight", "per_layer_token_embd.weight"):   # llama.cpp's rule
         return "token_embd"
     for part, cat in (("attn_qkv.weight", "attn_qkv"), ("attn_kv_b.weight", "attn_v"),
                       ("attn_v.weight", "attn_v"), ("attn_k.weight", "attn_k"),

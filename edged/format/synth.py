@@ -497,6 +497,12 @@ def _synth_gemma(shape, ftype, out, s, seed, progress):
         w.add(k, v)
     pool = _Pool(np.random.default_rng(seed))
     data, n_params = {}, 0
+    # gemma3n scales q.k by 1 (llama.cpp's f_attention_scale), so 1/sqrt(head_dim) goes into
+    # the q and k norms, and its sandwich norms (after attention, LAuReL, the FFN and the
+    # per-layer input) are 0.1: a layer adds a small update to the residual stream, as in a
+    # trained model. With all norms 1 the random net is chaotic under Q8 activations (llama.cpp's
+    # own logits move by up to 3.9 between a batched prompt and token by token: docs/models.md)
+    qk_norm, post_norm = (D ** -0.25, 0.1) if g3n else (1.0, 1.0)
 
     def mat(name, role, n_in, n_out, il=0, n_mat=1):
         # n_mat > 1: a 3-D (n_in, n_out, n_mat) stack of experts
@@ -529,7 +535,8 @@ def _synth_gemma(shape, ftype, out, s, seed, progress):
         n_rot = int(Df * s["rotary_full"] / 2)
         vec("rope_freqs.weight", [1.0] * n_rot + [1e30] * (Df // 2 - n_rot))
     if P:
-        mat("per_layer_token_embd.weight", "token_embd", P * L, V)
+        # llama-quantize gives it the output type when embeddings are tied, as token_embd
+        mat("per_layer_token_embd.weight", "output" if s["tied"] else "token_embd", P * L, V)
         if g3n:
             unquantized("per_layer_model_proj.weight", E, P * L)
         else:
@@ -539,7 +546,7 @@ def _synth_gemma(shape, ftype, out, s, seed, progress):
         p, hd, kv = f"blk.{il}.", D if swa[il] else Df, kv_heads[il]
         vec(p + "attn_norm.weight", np.ones(E))
         mat(p + "attn_q.weight", "attn_q", E, H * hd, il)
-        vec(p + "attn_q_norm.weight", np.ones(hd))
+        vec(p + "attn_q_norm.weight", np.full(hd, qk_norm))
         if g3n:
             na, r = s["altup"], s["laurel_rank"]
             unquantized(p + "altup_router.weight", E, na, t=GGMLType.F32)
@@ -549,19 +556,19 @@ def _synth_gemma(shape, ftype, out, s, seed, progress):
             vec(p + "altup_correct_scale.weight", np.ones(E))
             unquantized(p + "laurel_l.weight", E, r)
             unquantized(p + "laurel_r.weight", r, E)
-            vec(p + "laurel_post_norm.weight", np.ones(E))
+            vec(p + "laurel_post_norm.weight", np.full(E, post_norm))
         if il < n_kv or g3n:
             mat(p + "attn_k.weight", "attn_k", E, kv * hd, il)
             if swa[il] or not s.get("k_eq_v"):
                 mat(p + "attn_v.weight", "attn_v", E, kv * hd, il)
-            vec(p + "attn_k_norm.weight", np.ones(hd))
+            vec(p + "attn_k_norm.weight", np.full(hd, qk_norm))
         mat(p + "attn_output.weight", "attn_output", H * hd, E, il)
-        vec(p + "post_attention_norm.weight", np.ones(E))
+        vec(p + "post_attention_norm.weight", np.full(E, post_norm))
         vec(p + "ffn_norm.weight", np.ones(E))
         mat(p + "ffn_gate.weight", "ffn_gate", E, ff[il], il)
         mat(p + "ffn_up.weight", "ffn_up", E, ff[il], il)
         mat(p + "ffn_down.weight", "ffn_down", ff[il], E, il)
-        vec(p + "post_ffw_norm.weight", np.ones(E))
+        vec(p + "post_ffw_norm.weight", np.full(E, post_norm))
         if X:  # the router stays F32 (llama-quantize leaves ffn_gate_inp alone)
             w.add_tensor(p + "ffn_gate_inp.weight", (E, X), GGMLType.F32)
             data[p + "ffn_gate_inp.weight"] = pool.rng.standard_normal((X, E), np.float32)
@@ -575,7 +582,7 @@ def _synth_gemma(shape, ftype, out, s, seed, progress):
         if P:
             mat(p + "inp_gate.weight", "attn_q", E, P, il)
             mat(p + "proj.weight", "attn_output", P, E, il)
-            vec(p + "post_norm.weight", np.ones(E))
+            vec(p + "post_norm.weight", np.full(E, post_norm))
         if not g3n:
             vec(p + "layer_output_scale.weight", [1.0])
         if progress:
