@@ -501,8 +501,10 @@ def _synth_gemma(shape, ftype, out, s, seed, progress):
     # the q and k norms, and its sandwich norms (after attention, LAuReL, the FFN and the
     # per-layer input) are 0.1: a layer adds a small update to the residual stream, as in a
     # trained model. With all norms 1 the random net is chaotic under Q8 activations (llama.cpp's
-    # own logits move by up to 3.9 between a batched prompt and token by token: docs/models.md)
-    qk_norm, post_norm = (D ** -0.25, 0.1) if g3n else (1.0, 1.0)
+    # own logits move by up to 3.9 between a batched prompt and token by token: docs/models.md).
+    # gemma4 scales q.k by 1 too: its q/k norms carry 1/sqrt of each layer's head size, and
+    # its router scale is 10, so the top 8 of 128 experts are not picked among near ties
+    post_norm = 0.1 if g3n else 1.0
 
     def mat(name, role, n_in, n_out, il=0, n_mat=1):
         # n_mat > 1: a 3-D (n_in, n_out, n_mat) stack of experts
@@ -546,7 +548,7 @@ def _synth_gemma(shape, ftype, out, s, seed, progress):
         p, hd, kv = f"blk.{il}.", D if swa[il] else Df, kv_heads[il]
         vec(p + "attn_norm.weight", np.ones(E))
         mat(p + "attn_q.weight", "attn_q", E, H * hd, il)
-        vec(p + "attn_q_norm.weight", np.full(hd, qk_norm))
+        vec(p + "attn_q_norm.weight", np.full(hd, hd ** -0.25))
         if g3n:
             na, r = s["altup"], s["laurel_rank"]
             unquantized(p + "altup_router.weight", E, na, t=GGMLType.F32)
@@ -561,7 +563,7 @@ def _synth_gemma(shape, ftype, out, s, seed, progress):
             mat(p + "attn_k.weight", "attn_k", E, kv * hd, il)
             if swa[il] or not s.get("k_eq_v"):
                 mat(p + "attn_v.weight", "attn_v", E, kv * hd, il)
-            vec(p + "attn_k_norm.weight", np.full(hd, qk_norm))
+            vec(p + "attn_k_norm.weight", np.full(hd, hd ** -0.25))
         mat(p + "attn_output.weight", "attn_output", H * hd, E, il)
         vec(p + "post_attention_norm.weight", np.full(E, post_norm))
         vec(p + "ffn_norm.weight", np.ones(E))
@@ -573,9 +575,9 @@ def _synth_gemma(shape, ftype, out, s, seed, progress):
             w.add_tensor(p + "ffn_gate_inp.weight", (E, X), GGMLType.F32)
             data[p + "ffn_gate_inp.weight"] = pool.rng.standard_normal((X, E), np.float32)
             n_params += E * X
-            for name, n in (("ffn_gate_inp.scale", E), ("pre_ffw_norm_2.weight", E),
-                            ("post_ffw_norm_1.weight", E), ("post_ffw_norm_2.weight", E),
-                            ("ffn_down_exps.scale", X)):
+            vec(p + "ffn_gate_inp.scale", np.full(E, 10.0))
+            for name, n in (("pre_ffw_norm_2.weight", E), ("post_ffw_norm_1.weight", E),
+                            ("post_ffw_norm_2.weight", E), ("ffn_down_exps.scale", X)):
                 vec(p + name, np.ones(n))
             mat(p + "ffn_gate_up_exps.weight", "ffn_up", E, 2 * Fe, il, X)
             mat(p + "ffn_down_exps.weight", "ffn_down", Fe, E, il, X)
