@@ -280,6 +280,19 @@ def _compiled_agrees_with_reference(path):
     return hp
 
 
+def _assert_qk_norms_scale_attention(r, head_dim, head_dim_full):
+    """gemma4 scales q.k by 1: synth's q and k norm weights carry head_dim ** -0.25 each (so
+    q.k carries 1 / sqrt(head_dim), as a trained model's norms do); at 1 the random file's
+    attention over heads of 256 and 512 is nearly one-hot and amplifies every rounding."""
+    names = {t.name: t for t in r.tensors}
+    swa = r.fields["gemma4.attention.sliding_window_pattern"].contents()
+    for il, sliding in enumerate(swa):
+        hd = head_dim if sliding else head_dim_full
+        for n in ("attn_q_norm", "attn_k_norm"):
+            if f"blk.{il}.{n}.weight" in names:
+                assert np.allclose(names[f"blk.{il}.{n}.weight"].data, hd ** -0.25), (il, n)
+
+
 def test_synth_shape_writes_gemma4_as_the_converter_does(core, tmp_path, monkeypatch):
     """`edged synth --shape gemma4-e2b`'s layout at a small size: per-layer KV heads and FFN
     widths (double-wide on the shared KV layers), the sliding pattern as booleans, rope_freqs of
@@ -295,6 +308,7 @@ def test_synth_shape_writes_gemma4_as_the_converter_does(core, tmp_path, monkeyp
     names = {t.name: t for t in r.tensors}
     assert list(names["rope_freqs.weight"].data[:9]) == [1.0] * 8 + [1e30]
     assert "blk.4.attn_k.weight" in names and "blk.5.attn_k.weight" not in names
+    _assert_qk_norms_scale_attention(r, 32, 64)
     hp = _compiled_agrees_with_reference(path)
     assert hp.kv_layers == tuple(range(5)) + (3, 3, 3, 3, 4)
 
@@ -317,6 +331,9 @@ def test_synth_shape_writes_gemma4_moe_as_the_converter_does(core, tmp_path, mon
     assert list(names["blk.5.ffn_gate_up_exps.weight"].shape) == [64, 32, 8]
     assert names["blk.0.ffn_gate_inp.weight"].tensor_type == 0          # F32
     assert "blk.0.ffn_down_exps.scale" in names and "per_layer_token_embd.weight" not in names
+    _assert_qk_norms_scale_attention(r, 16, 32)
+    # the router's logits spread wide, so the top k of 128 random experts are not near ties
+    assert all(list(names[f"blk.{il}.ffn_gate_inp.scale"].data) == [10.0] * 64 for il in range(6))
     hp = _compiled_agrees_with_reference(path)
     assert (hp.n_expert, hp.n_expert_used, hp.n_ff_exp) == (8, 2, 16)
 
