@@ -35,12 +35,12 @@
 enum {
     ED_CPU_AVX2 = 1, ED_CPU_FMA = 2, ED_CPU_F16C = 4, ED_CPU_AVX512F = 8, ED_CPU_AVX512BW = 16,
     ED_CPU_AVX512VL = 32, ED_CPU_AVX512VNNI = 64, ED_CPU_AVX512DQ = 128, ED_CPU_AVXVNNI = 256,
-    ED_CPU_NEON = 512, ED_CPU_DOTPROD = 1024
+    ED_CPU_NEON = 512, ED_CPU_DOTPROD = 1024, ED_CPU_AVX512BF16 = 2048
 };
 
 static const char *const ED_CPU_FEATURE_NAMES[] = {
     "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512vnni", "avx512dq",
-    "avxvnni", "neon", "dotprod", NULL
+    "avxvnni", "neon", "dotprod", "avx512bf16", NULL
 };
 
 static void ed_axpy_f16_generic(int n, float a, const ed_half *x, float *y) {
@@ -139,8 +139,15 @@ static unsigned ed_cpu_features(void) {
     return (c.avx2 ? ED_CPU_AVX2 : 0) | (c.fma ? ED_CPU_FMA : 0) | (c.f16c ? ED_CPU_F16C : 0) |
            (c.avx512f ? ED_CPU_AVX512F : 0) | (c.avx512bw ? ED_CPU_AVX512BW : 0) |
            (c.avx512vl ? ED_CPU_AVX512VL : 0) | (c.avx512vnni ? ED_CPU_AVX512VNNI : 0) |
-           (c.avx512dq ? ED_CPU_AVX512DQ : 0) | (c.avxvnni ? ED_CPU_AVXVNNI : 0);
+           (c.avx512dq ? ED_CPU_AVX512DQ : 0) | (c.avxvnni ? ED_CPU_AVXVNNI : 0) |
+           (c.avx512bf16 ? ED_CPU_AVX512BF16 : 0);
 }
+
+/* BF16 products on the AVX-512 paths (ed_simd_x86.inc, ED_BF16_ROWS): VDPBF16PS where the CPU
+ * has AVX512_BF16 and ED_BF16_DP allows it (edged._core.bf16_dp: tests compare the two), else
+ * its exact emulation by FMAs */
+static int ED_BF16_DP = 1;
+static int ed_cpu_bf16 = 0;     /* set by ed_types_init */
 
 #define ED_TARGET __attribute__((target("avx2,fma,f16c")))
 #define ED_FN(name) ed_avx2_##name
@@ -153,11 +160,13 @@ static unsigned ed_cpu_features(void) {
 #undef ED_W512
 
 #define ED_TARGET __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")))
+#define ED_TARGET_BF16 __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx512bf16")))
 #define ED_FN(name) ed_avx512_##name
 #define ED_W512 1
 #define ED_VNNI 1
 #include "ed_simd_x86.inc"
 #undef ED_TARGET
+#undef ED_TARGET_BF16
 #undef ED_FN
 #undef ED_VNNI
 #undef ED_W512
@@ -174,11 +183,13 @@ static unsigned ed_cpu_features(void) {
 #undef ED_W512
 /* AVX-512 without VNNI (Skylake-SP, Cascade Lake has it): maddubs + madd instead of dpbusd */
 #define ED_TARGET __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq")))
+#define ED_TARGET_BF16 __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512bf16")))
 #define ED_FN(name) ed_avx512nv_##name
 #define ED_W512 1
 #define ED_VNNI 0
 #include "ed_simd_x86.inc"
 #undef ED_TARGET
+#undef ED_TARGET_BF16
 #undef ED_FN
 #undef ED_VNNI
 #undef ED_W512
@@ -426,6 +437,9 @@ static int ed_types_init(const char *force) {
         for (int i = 0; i < 65536; i++) ED_H2F_TABLE[i] = ed_fp16_to_fp32((ed_half)i);
     const ed_kernels *k = ed_path_find(force);
     ed_kern = k ? k : &ED_PATHS[ED_NPATHS - 1];
+#if defined(__x86_64__)
+    ed_cpu_bf16 = (ed_cpu_features() & ED_CPU_AVX512BF16) != 0;
+#endif
     return k ? 0 : -1;
 }
 
