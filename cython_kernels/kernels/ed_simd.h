@@ -143,6 +143,29 @@ static unsigned ed_cpu_features(void) {
            (c.avx512bf16 ? ED_CPU_AVX512BF16 : 0);
 }
 
+#define ED_T512 __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq")))
+
+/* The reduction trees of 16 dots' 16-lane sums at once (the AVX-512 BF16 row kernel and
+ * encoder_x86.h's blocks): each add adds the same two partial sums as ed_pm_hsum16 (l + l + 8,
+ * l + l + 4, 0 + 2 and 1 + 3, the last two), 16 trees in 15 shuffles and 15 adds.
+ * 16 dots' lanes a[4 r + c] -> one register: lanes 4c .. 4c + 3 = dots (r = 0..3, c) */
+static inline __attribute__((always_inline)) __m512 ED_T512 ed_z_tree16(const __m512 *a) {
+    __m512 s1[8], s2[4], s3[2];
+    for (int m = 0; m < 8; m++)     /* halves: lane l + lane l + 8 */
+        s1[m] = _mm512_add_ps(_mm512_shuffle_f32x4(a[2 * m], a[2 * m + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                              _mm512_shuffle_f32x4(a[2 * m], a[2 * m + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+    for (int p = 0; p < 4; p++)     /* quarters: l + l + 4 */
+        s2[p] = _mm512_add_ps(_mm512_shuffle_f32x4(s1[2 * p], s1[2 * p + 1], _MM_SHUFFLE(2, 0, 2, 0)),
+                              _mm512_shuffle_f32x4(s1[2 * p], s1[2 * p + 1], _MM_SHUFFLE(3, 1, 3, 1)));
+    for (int u = 0; u < 2; u++) {   /* 0 + 2, 1 + 3 */
+        const __m512d e = _mm512_castps_pd(s2[2 * u]), f = _mm512_castps_pd(s2[2 * u + 1]);
+        s3[u] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(e, f)),
+                              _mm512_castpd_ps(_mm512_unpackhi_pd(e, f)));
+    }
+    return _mm512_add_ps(_mm512_shuffle_ps(s3[0], s3[1], _MM_SHUFFLE(2, 0, 2, 0)),   /* last two */
+                         _mm512_shuffle_ps(s3[0], s3[1], _MM_SHUFFLE(3, 1, 3, 1)));
+}
+
 /* BF16 products on the AVX-512 paths (ed_simd_x86.inc, ED_BF16_ROWS): VDPBF16PS where the CPU
  * has AVX512_BF16 and ED_BF16_DP allows it (edged._core.bf16_dp: tests compare the two), else
  * its exact emulation by FMAs */
@@ -194,7 +217,6 @@ static int ed_cpu_bf16 = 0;     /* set by ed_types_init */
 #undef ED_VNNI
 #undef ED_W512
 
-#define ED_T512 __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq")))
 #define ED_T512V __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")))
 
 /* The packed-panel kernel (ed_gemm.h) with AVX-512 VNNI: a 16-row panel is one zmm per 4
