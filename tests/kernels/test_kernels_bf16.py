@@ -9,19 +9,12 @@ import numpy as np
 import pytest
 
 from edged.format.gguf import GGMLType
+from kernel_paths import every_path  # noqa: F401  (fixture: the paths named by parametrize)
 
 core = pytest.importorskip("edged._core")
 
 AVX512 = [p for p in ("avx512", "avx512-vnni") if "avx512" in core.available_paths()]
 HAS_DP = "avx512bf16" in core.cpu_features()
-
-
-@pytest.fixture(params=AVX512)
-def avx512(request):
-    old = core.kernel_path()
-    core.set_path(request.param)
-    yield request.param
-    core.set_path(old)
 
 
 def to_bf16(x):
@@ -59,7 +52,8 @@ def matmul(w, x, pool=None):
 
 @pytest.mark.parametrize("T,K,N", [(1, 32, 1), (3, 31, 5), (1, 768, 67), (5, 800, 19), (37, 96, 131)])
 @pytest.mark.parametrize("dp", [True, False])
-def test_bf16_products_in_the_instructions_order(T, K, N, dp, avx512):
+@pytest.mark.parametrize("every_path", AVX512, indirect=True)
+def test_bf16_products_in_the_instructions_order(T, K, N, dp, every_path):
     """Every shape (a tail of 1..31 values, one token's dot, tiles, cache blocks of many tokens)
     equals the model exactly, with the instruction and with its emulation."""
     if dp and not HAS_DP:
@@ -76,7 +70,8 @@ def test_bf16_products_in_the_instructions_order(T, K, N, dp, avx512):
 
 
 @pytest.mark.skipif(not HAS_DP, reason="compares VDPBF16PS with its emulation: needs AVX512_BF16")
-def test_emulation_gives_the_instructions_bits(avx512):
+@pytest.mark.parametrize("every_path", AVX512, indirect=True)
+def test_emulation_gives_the_instructions_bits(every_path):
     """Random BF16 values from denormals to 2^123 (products that underflow float32 or overflow
     it, zeros of both signs) and pairs that cancel exactly, so that sums pass through zero and
     denormals: the FMA emulation and the instruction agree on every bit, and the model without
