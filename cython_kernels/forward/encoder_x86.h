@@ -13,26 +13,8 @@
 #if defined(__x86_64__)
 #include <immintrin.h>
 
-#define ED_ENC_T512 __attribute__((target("avx2,fma,avx512f,avx512dq")))
+#define ED_ENC_T512 ED_T512
 #define ED_ENC_T256 __attribute__((target("avx2,fma")))
-
-/* 16 dots' lanes a[4 r + c] -> one register: lanes 4c .. 4c + 3 = dots (r = 0..3, c) */
-static inline __attribute__((always_inline)) __m512 ED_ENC_T512 ed_enc_tree16(const __m512 *a) {
-    __m512 s1[8], s2[4], s3[2];
-    for (int m = 0; m < 8; m++)     /* halves: lane l + lane l + 8 */
-        s1[m] = _mm512_add_ps(_mm512_shuffle_f32x4(a[2 * m], a[2 * m + 1], _MM_SHUFFLE(1, 0, 1, 0)),
-                              _mm512_shuffle_f32x4(a[2 * m], a[2 * m + 1], _MM_SHUFFLE(3, 2, 3, 2)));
-    for (int p = 0; p < 4; p++)     /* quarters: l + l + 4 */
-        s2[p] = _mm512_add_ps(_mm512_shuffle_f32x4(s1[2 * p], s1[2 * p + 1], _MM_SHUFFLE(2, 0, 2, 0)),
-                              _mm512_shuffle_f32x4(s1[2 * p], s1[2 * p + 1], _MM_SHUFFLE(3, 1, 3, 1)));
-    for (int u = 0; u < 2; u++) {   /* 0 + 2, 1 + 3 */
-        const __m512d e = _mm512_castps_pd(s2[2 * u]), f = _mm512_castps_pd(s2[2 * u + 1]);
-        s3[u] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(e, f)),
-                              _mm512_castpd_ps(_mm512_unpackhi_pd(e, f)));
-    }
-    return _mm512_add_ps(_mm512_shuffle_ps(s3[0], s3[1], _MM_SHUFFLE(2, 0, 2, 0)),   /* last two */
-                         _mm512_shuffle_ps(s3[0], s3[1], _MM_SHUFFLE(3, 1, 3, 1)));
-}
 
 /* o[c * ldo + r] = scale * (W_r . x_c) for 4 rows W_r (ws values apart: float, or F16 when
  * w16) and 4 tokens x_c (floats, xs apart), K % 16 == 0: 16 dots, their trees together */
@@ -51,7 +33,7 @@ ed_enc_tile16(int K, const void *w, size_t ws, const int w16, const float *x, si
             for (int c = 0; c < 4; c++) a[4 * r + c] = _mm512_fmadd_ps(wv, xv[c], a[4 * r + c]);
         }
     }
-    const __m512 v = _mm512_mul_ps(ed_enc_tree16(a), vs);
+    const __m512 v = _mm512_mul_ps(ed_z_tree16(a), vs);
     _mm_storeu_ps(o, _mm512_castps512_ps128(v));
     _mm_storeu_ps(o + ldo, _mm512_extractf32x4_ps(v, 1));
     _mm_storeu_ps(o + 2 * ldo, _mm512_extractf32x4_ps(v, 2));

@@ -14,7 +14,7 @@
 #include <cpuid.h>
 
 typedef struct {
-    int avx2, fma, f16c, avx512f, avx512bw, avx512vl, avx512dq, avx512vnni, avxvnni;
+    int avx2, fma, f16c, avx512f, avx512bw, avx512vl, avx512dq, avx512vnni, avxvnni, avx512bf16;
 } ed_x86_cpu;
 
 static ed_x86_cpu ed_x86_cpu_detect(void) {
@@ -46,6 +46,7 @@ static ed_x86_cpu ed_x86_cpu_detect(void) {
     if (max_sub7 >= 1) {
         __cpuid_count(7, 1, a, b, cx, d);
         c.avxvnni = (a >> 4) & 1;
+        if (os_avx512) c.avx512bf16 = (a >> 5) & 1;
     }
     return c;
 }

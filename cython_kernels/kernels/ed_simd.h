@@ -35,12 +35,12 @@
 enum {
     ED_CPU_AVX2 = 1, ED_CPU_FMA = 2, ED_CPU_F16C = 4, ED_CPU_AVX512F = 8, ED_CPU_AVX512BW = 16,
     ED_CPU_AVX512VL = 32, ED_CPU_AVX512VNNI = 64, ED_CPU_AVX512DQ = 128, ED_CPU_AVXVNNI = 256,
-    ED_CPU_NEON = 512, ED_CPU_DOTPROD = 1024
+    ED_CPU_NEON = 512, ED_CPU_DOTPROD = 1024, ED_CPU_AVX512BF16 = 2048
 };
 
 static const char *const ED_CPU_FEATURE_NAMES[] = {
     "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512vnni", "avx512dq",
-    "avxvnni", "neon", "dotprod", NULL
+    "avxvnni", "neon", "dotprod", "avx512bf16", NULL
 };
 
 static void ed_axpy_f16_generic(int n, float a, const ed_half *x, float *y) {
@@ -139,8 +139,38 @@ static unsigned ed_cpu_features(void) {
     return (c.avx2 ? ED_CPU_AVX2 : 0) | (c.fma ? ED_CPU_FMA : 0) | (c.f16c ? ED_CPU_F16C : 0) |
            (c.avx512f ? ED_CPU_AVX512F : 0) | (c.avx512bw ? ED_CPU_AVX512BW : 0) |
            (c.avx512vl ? ED_CPU_AVX512VL : 0) | (c.avx512vnni ? ED_CPU_AVX512VNNI : 0) |
-           (c.avx512dq ? ED_CPU_AVX512DQ : 0) | (c.avxvnni ? ED_CPU_AVXVNNI : 0);
+           (c.avx512dq ? ED_CPU_AVX512DQ : 0) | (c.avxvnni ? ED_CPU_AVXVNNI : 0) |
+           (c.avx512bf16 ? ED_CPU_AVX512BF16 : 0);
 }
+
+#define ED_T512 __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq")))
+
+/* The reduction trees of 16 dots' 16-lane sums at once (the AVX-512 BF16 row kernel and
+ * encoder_x86.h's blocks): each add adds the same two partial sums as ed_pm_hsum16 (l + l + 8,
+ * l + l + 4, 0 + 2 and 1 + 3, the last two), 16 trees in 15 shuffles and 15 adds.
+ * 16 dots' lanes a[4 r + c] -> one register: lanes 4c .. 4c + 3 = dots (r = 0..3, c) */
+static inline __attribute__((always_inline)) __m512 ED_T512 ed_z_tree16(const __m512 *a) {
+    __m512 s1[8], s2[4], s3[2];
+    for (int m = 0; m < 8; m++)     /* halves: lane l + lane l + 8 */
+        s1[m] = _mm512_add_ps(_mm512_shuffle_f32x4(a[2 * m], a[2 * m + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                              _mm512_shuffle_f32x4(a[2 * m], a[2 * m + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+    for (int p = 0; p < 4; p++)     /* quarters: l + l + 4 */
+        s2[p] = _mm512_add_ps(_mm512_shuffle_f32x4(s1[2 * p], s1[2 * p + 1], _MM_SHUFFLE(2, 0, 2, 0)),
+                              _mm512_shuffle_f32x4(s1[2 * p], s1[2 * p + 1], _MM_SHUFFLE(3, 1, 3, 1)));
+    for (int u = 0; u < 2; u++) {   /* 0 + 2, 1 + 3 */
+        const __m512d e = _mm512_castps_pd(s2[2 * u]), f = _mm512_castps_pd(s2[2 * u + 1]);
+        s3[u] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(e, f)),
+                              _mm512_castpd_ps(_mm512_unpackhi_pd(e, f)));
+    }
+    return _mm512_add_ps(_mm512_shuffle_ps(s3[0], s3[1], _MM_SHUFFLE(2, 0, 2, 0)),   /* last two */
+                         _mm512_shuffle_ps(s3[0], s3[1], _MM_SHUFFLE(3, 1, 3, 1)));
+}
+
+/* BF16 products on the AVX-512 paths (ed_simd_x86.inc, ED_BF16_ROWS): VDPBF16PS where the CPU
+ * has AVX512_BF16 and ED_BF16_DP allows it (edged._core.bf16_dp: tests compare the two), else
+ * its exact emulation by FMAs */
+static int ED_BF16_DP = 1;
+static int ed_cpu_bf16 = 0;     /* set by ed_types_init */
 
 #define ED_TARGET __attribute__((target("avx2,fma,f16c")))
 #define ED_FN(name) ed_avx2_##name
@@ -153,11 +183,13 @@ static unsigned ed_cpu_features(void) {
 #undef ED_W512
 
 #define ED_TARGET __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")))
+#define ED_TARGET_BF16 __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx512bf16")))
 #define ED_FN(name) ed_avx512_##name
 #define ED_W512 1
 #define ED_VNNI 1
 #include "ed_simd_x86.inc"
 #undef ED_TARGET
+#undef ED_TARGET_BF16
 #undef ED_FN
 #undef ED_VNNI
 #undef ED_W512
@@ -174,16 +206,17 @@ static unsigned ed_cpu_features(void) {
 #undef ED_W512
 /* AVX-512 without VNNI (Skylake-SP, Cascade Lake has it): maddubs + madd instead of dpbusd */
 #define ED_TARGET __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq")))
+#define ED_TARGET_BF16 __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512bf16")))
 #define ED_FN(name) ed_avx512nv_##name
 #define ED_W512 1
 #define ED_VNNI 0
 #include "ed_simd_x86.inc"
 #undef ED_TARGET
+#undef ED_TARGET_BF16
 #undef ED_FN
 #undef ED_VNNI
 #undef ED_W512
 
-#define ED_T512 __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq")))
 #define ED_T512V __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")))
 
 /* The packed-panel kernel (ed_gemm.h) with AVX-512 VNNI: a 16-row panel is one zmm per 4
@@ -426,6 +459,9 @@ static int ed_types_init(const char *force) {
         for (int i = 0; i < 65536; i++) ED_H2F_TABLE[i] = ed_fp16_to_fp32((ed_half)i);
     const ed_kernels *k = ed_path_find(force);
     ed_kern = k ? k : &ED_PATHS[ED_NPATHS - 1];
+#if defined(__x86_64__)
+    ed_cpu_bf16 = (ed_cpu_features() & ED_CPU_AVX512BF16) != 0;
+#endif
     return k ? 0 : -1;
 }
 

@@ -28,7 +28,7 @@
 #
 # The path is chosen once at import from $EDGED_KERNELS (forward.pxi's select_kernels()).
 # Python surface (checks first, then `with nogil:`): kernel_path() (forward.pxi), cpu_features(),
-# available_paths(), set_path(name), act_row_bytes(qtype, k), quantize_act(x, qtype),
+# available_paths(), set_path(name), bf16_dp(on), act_row_bytes(qtype, k), quantize_act(x, qtype),
 # matmul(out, w, qtype, x, pool=None), quantize_rows(x, qtype, pool=None),
 # dequantize_rows(out, w, qtype, rows=None), pin_pool(pool, cpus),
 # default_threads(), aligned_empty(shape, dtype), read_bandwidth_pass(buf, pool=None),
@@ -45,6 +45,7 @@ cdef extern from "ed_simd.h" nogil:
     unsigned ed_cpu_features()
     int ed_path_supported(const char *name)
     const char *ED_CPU_FEATURE_NAMES[]
+    int ED_BF16_DP
     ctypedef void (*ed_quant_fn)(const float *x, void *y, int k) noexcept nogil
     ctypedef float (*ed_dot_fn)(int n, const void *w, const void *xq) noexcept nogil
     ctypedef struct ed_act_traits:
@@ -164,6 +165,17 @@ def kernel_tables():
 def kernel_variant():
     """The table the selected path runs: "avx2+vnni", "avx2", "neon+dotprod", ..."""
     return ed_kern.name.decode()
+
+
+def bf16_dp(on=None):
+    """Whether the AVX-512 paths' BF16 products may use VDPBF16PS where the CPU has it (the
+    default; else its emulation by FMAs, the same bits: tests compare the two); with on, set it
+    and return the old setting."""
+    global ED_BF16_DP
+    old = bool(ED_BF16_DP)
+    if on is not None:
+        ED_BF16_DP = 1 if on else 0
+    return old
 
 
 def set_path(name=None):

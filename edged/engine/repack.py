@@ -37,8 +37,10 @@ MODES = ("auto", "off", "r4")
 _SLICE = 8 << 20  # bytes repacked between two releases of mapped pages
 ROLES = ("attn_q", "attn_k", "attn_v", "attn_qkv", "attn_output", "ffn_gate", "ffn_up",
          "ffn_down", "ffn_gate_shexp", "ffn_up_shexp", "ffn_down_shexp",
-         # the recurrent layers' projections: DeltaNet (qwen35) and Mamba-2 (granitehybrid)
-         "attn_gate", "ssm_beta", "ssm_alpha", "ssm_in", "ssm_out")
+         # the recurrent layers' projections: DeltaNet (qwen35) and Mamba-2 (granitehybrid);
+         # the short convolutions' (lfm2)
+         "attn_gate", "ssm_beta", "ssm_alpha", "ssm_in", "ssm_out",
+         "shortconv_in_proj", "shortconv_out_proj")
 EXPERT_ROLES = ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps", "ffn_gate_up_exps")
 
 

@@ -171,3 +171,32 @@ def test_synth_shape_writes_lfm2_as_the_converter_does(core, tmp_path, monkeypat
         got = np.asarray(m.session(n_ctx=32).eval(ids, logits="all"))
         want = np.asarray(ref.session(n_ctx=32).eval(ids, logits="all"))
     assert np.abs(got - want).max() < 0.05 * np.abs(want).max()
+
+
+def test_convolution_projections_repacked_give_the_same_bits(core, tmp_path, monkeypatch):
+    """The convolution layers' shortconv in/out projections are repacked at load like the other
+    projections (read by the path's fastest kernels, not row by row from the mapping): a prompt
+    and single tokens give the mapped layout's bits."""
+    from edged.format import synth
+    monkeypatch.setitem(synth.SHAPES, "test-lfm2-r4", dict(
+        synth.SHAPES["lfm2-350m"], n_embd=256, n_head=4, n_head_kv=2, n_ff=256, n_layer=3,
+        n_vocab=512, attn_layers=(1,)))
+    path = str(tmp_path / "lfm2.gguf")
+    synth.synth("test-lfm2-r4", "Q4_K_M", path)
+
+    def logits(m):
+        s = m.session(n_ctx=64)
+        prompt = np.asarray(s.eval([(5 * i + 1) % 512 for i in range(20)], logits="all"))
+        return np.concatenate([prompt.reshape(-1), np.asarray(s.eval([7])).reshape(-1)])
+    monkeypatch.setenv("EDGED_REPACK", "off")
+    with Model.load(path, n_threads=2) as m:
+        want = logits(m)
+    monkeypatch.delenv("EDGED_REPACK")
+    with Model.load(path, n_threads=2) as m:
+        repacked = set(m.backend.repacked.tensors)
+        generic = m.backend.kernel_path == "generic"
+        got = logits(m)
+    if generic:
+        pytest.skip("the generic path reads no matrix repacked")
+    assert {"blk.0.shortconv.in_proj.weight", "blk.0.shortconv.out_proj.weight"} <= repacked
+    assert np.array_equal(got.view(np.uint32), want.view(np.uint32))

@@ -11,7 +11,7 @@ core = pytest.importorskip("edged._core")
 # /proc/cpuinfo flag -> the name edged's core reports
 CPUINFO_NAMES = {"avx2": "avx2", "fma": "fma", "f16c": "f16c", "avx512f": "avx512f", "avx512bw": "avx512bw",
                  "avx512vl": "avx512vl", "avx512dq": "avx512dq", "avx512_vnni": "avx512vnni",
-                 "avx_vnni": "avxvnni"}
+                 "avx_vnni": "avxvnni", "avx512_bf16": "avx512bf16"}
 
 
 def cpuinfo_flags():

@@ -10,8 +10,9 @@
  * The quantized types follow one canonical summation order (ed_types.h, ED_STEP) on every
  * path: their dots, tiles, row kernels and packed panels must equal the plain C dot bit for
  * bit ("canon-ok"), so every batch shape, chunking and thread split gives the same bits.
- * The float types (F32, F16, BF16) follow llama.cpp's order on every SIMD path ("floatorder");
- * the generic C dot sums them in double.
+ * The float types (F32, F16, BF16) follow llama.cpp's order on every SIMD path ("floatorder";
+ * BF16 on the AVX-512 paths: VDPBF16PS's, with the instruction and its emulation); the
+ * generic C dot sums them in double.
  */
 #define _GNU_SOURCE
 #include <stdio.h>
@@ -63,7 +64,19 @@ static float fval(int t, const void *p, int i) {
     return t == ED_F32 ? ((const float *)p)[i] : t == ED_F16 ? ed_fp16_to_fp32(((const ed_half *)p)[i])
                                                            : ed_bf16_to_fp32(((const uint16_t *)p)[i]);
 }
+/* BF16 on the AVX-512 paths: VDPBF16PS's order (ed_simd_x86.inc, ED_BF16_ROWS): 32 values at a
+   time (zero-padded), lane j adding the products k = 2j + 1, then 2j, then the 16-lane tree */
+static float bf16_pair_order_dot(int n, const uint16_t *x, const uint16_t *y) {
+    float acc[16] = {0};
+    for (int i = 0; i < n; i += 32)
+        for (int l = 0; l < 16; l++)
+            for (int k = i + 2 * l + 1; k >= i + 2 * l; k--)
+                if (k < n) acc[l] = fmaf(ed_bf16_to_fp32(x[k]), ed_bf16_to_fp32(y[k]), acc[l]);
+                else acc[l] = fmaf(0.0f, 0.0f, acc[l]);
+    return ed_pm_hsum16(acc);
+}
 static float float_order_dot(int t, int n, const void *x, const void *y) {
+    if (t == ED_BF16 && !strcmp(ed_kern->family, "avx512")) return bf16_pair_order_dot(n, x, y);
     float acc[16] = {0};
     int i = 0;
     for (; i + 16 <= n; i += 16)
@@ -205,6 +218,21 @@ int main(void) {
                             const float b = float_order_dot(t, k, w + r * rb, xq + c * xr);
                             fo_ok &= !memcmp(&a, &b, sizeof a);
                         }
+#if defined(__x86_64__)
+                if (t == ED_BF16 && !strcmp(ed_kern->family, "avx512")) {  /* and by the FMA emulation */
+                    const int dp = ED_BF16_DP;
+                    ED_BF16_DP = 0;
+                    for (int k = K; k >= K - 8; k -= 8)
+                        for (int c = 0; c < COLS; c++)
+                            for (int r = 0; r < ROWS; r++) {
+                                const float a = ED_DOT[t](k, w + r * rb, xq + c * xr);
+                                const float b = bf16_pair_order_dot(k, (const uint16_t *)(w + r * rb),
+                                                                    (const uint16_t *)(xq + c * xr));
+                                fo_ok &= !memcmp(&a, &b, sizeof a);
+                            }
+                    ED_BF16_DP = dp;
+                }
+#endif
                 printf("floatorder %s %s %s\n", paths[p], names[ti], fo_ok ? "ok" : "FAIL");
                 failures += !fo_ok;
             }
