@@ -506,10 +506,14 @@ def _synth_gemma(shape, ftype, out, s, seed, progress):
     # its router scale is 10, so the top 8 of 128 experts are not picked among near ties
     post_norm = 0.1 if g3n else 1.0
 
-    def mat(name, role, n_in, n_out, il=0, n_mat=1):
-        # n_mat > 1: a 3-D (n_in, n_out, n_mat) stack of experts
+    # llama-quantize's use_more_bits for attn_v counts the attn_v tensors, not the layers
+    v_layers = [il for il in range(L) if (il < n_kv or g3n) and (swa[il] or not s.get("k_eq_v"))]
+    n_v = len(v_layers)
+
+    def mat(name, role, n_in, n_out, il=0, n_mat=1, n_of=L):
+        # n_mat > 1: a 3-D (n_in, n_out, n_mat) stack of experts; il of n_of for use_more_bits
         nonlocal n_params
-        t = tensor_type(role, n_in, ftype, il, L, expert=n_mat > 1)
+        t = tensor_type(role, n_in, ftype, il, n_of, expert=n_mat > 1)
         w.add_tensor(name, (n_in, n_out, n_mat) if n_mat > 1 else (n_in, n_out), t)
         data[name] = pool.rows(t, n_in, n_out * n_mat)
         n_params += n_in * n_out * n_mat
@@ -561,8 +565,8 @@ def _synth_gemma(shape, ftype, out, s, seed, progress):
             vec(p + "laurel_post_norm.weight", np.full(E, post_norm))
         if il < n_kv or g3n:
             mat(p + "attn_k.weight", "attn_k", E, kv * hd, il)
-            if swa[il] or not s.get("k_eq_v"):
-                mat(p + "attn_v.weight", "attn_v", E, kv * hd, il)
+            if il in v_layers:
+                mat(p + "attn_v.weight", "attn_v", E, kv * hd, v_layers.index(il), n_of=n_v)
             vec(p + "attn_k_norm.weight", np.full(hd, hd ** -0.25))
         mat(p + "attn_output.weight", "attn_output", H * hd, E, il)
         vec(p + "post_attention_norm.weight", np.full(E, post_norm))
