@@ -537,7 +537,7 @@ def _synth_gemma(shape, ftype, out, s, seed, progress):
     if g3n:
         unquantized("altup_proj.weight", E, E, s["altup"] - 1)
         unquantized("altup_unembd_proj.weight", E, E, s["altup"] - 1)
-    else:
+    elif not all(swa):   # only full layers read it; llama.cpp refuses a file with a tensor unread
         n_rot = int(Df * s["rotary_full"] / 2)
         vec("rope_freqs.weight", [1.0] * n_rot + [1e30] * (Df // 2 - n_rot))
     if P:

@@ -487,3 +487,13 @@ def test_synth_q4_k_m_gives_attn_v_llama_quantizes_types(tmp_path, monkeypatch, 
     if shape == "gemma4-26b-a4b":
         assert [n for n, t in got.items() if t == "Q6_K"] == ["blk.2.attn_v.weight",
                                                                "blk.4.attn_v.weight"]
+
+
+def test_synth_without_full_layers_writes_no_rope_freqs(core, tmp_path, monkeypatch):
+    """`edged synth --shape gemma4-26b-a4b --layers 3` keeps only sliding layers: no layer reads
+    rope_freqs, and llama.cpp refuses a file with a tensor it does not read ("wrong number of
+    tensors"), so synth leaves it out; edged loads the file and agrees with its reference."""
+    path, r = _synth_small(tmp_path, monkeypatch, "gemma4-26b-a4b",
+                           **dict(MOE_Q8, n_layer=3, n_head_kv_full=1))
+    assert "rope_freqs.weight" not in {t.name for t in r.tensors}
+    _compiled_agrees_with_reference(path)
