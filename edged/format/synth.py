@@ -526,7 +526,7 @@ def _synth_gemma(shape, ftype, out, s, seed, progress):
         n_params += len(values)
 
     def unquantized(name, n_in, n_out, n_mat=1, t=GGMLType.F16):
-        # gemma3n: AltUp / LAuReL / per_layer_model_proj, as llama-quantize leaves them
+        # AltUp / LAuReL (gemma3n), per_layer_model_proj: llama-quantize leaves them
         nonlocal n_params
         w.add_tensor(name, (n_in, n_out, n_mat) if n_mat > 1 else (n_in, n_out), t)
         data[name] = pool.rows(t, n_in, n_out * n_mat)
@@ -543,10 +543,7 @@ def _synth_gemma(shape, ftype, out, s, seed, progress):
     if P:
         # llama-quantize gives it the output type when embeddings are tied, as token_embd
         mat("per_layer_token_embd.weight", "output" if s["tied"] else "token_embd", P * L, V)
-        if g3n:
-            unquantized("per_layer_model_proj.weight", E, P * L)
-        else:
-            mat("per_layer_model_proj.weight", "attn_q", E, P * L)
+        unquantized("per_layer_model_proj.weight", E, P * L)   # llama-quantize leaves it
         vec("per_layer_proj_norm.weight", np.ones(P))
     for il in range(L):
         p, hd, kv = f"blk.{il}.", D if swa[il] else Df, kv_heads[il]

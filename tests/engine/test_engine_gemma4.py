@@ -467,26 +467,25 @@ def test_moe_quantize_picks_llama_cpps_ffn_down_types(tmp_path, monkeypatch):
                             n_expert=16)),   # 8 experts would make every attn_v Q8_0
     ("gemma4-e2b", dict(n_embd=256, n_head=4, head_dim=32, head_dim_full=64, n_ff=256,
                         n_layer=10, n_vocab=512, n_swa=4, n_kv_shared=5, n_embd_per_layer=32))])
-def test_synth_q4_k_m_gives_attn_v_llama_quantizes_types(tmp_path, monkeypatch, shape, sizes):
-    """llama-quantize's use_more_bits for attn_v counts the attn_v tensors, not the layers:
-    26B-A4B's full layers (V = K) and E2B's shared-KV layers have none. synth's Q4_K_M file
-    gives each attn_v the type `edged quantize` (llama-quantize's mix) picks from its F16 twin:
-    on the 26B-A4B layout Q6_K on the 3rd and 5th of the 5 attn_v (layers 2 and 4), not on
-    layers 2 and 5 of 6."""
+def test_synth_q4_k_m_gives_llama_quantizes_types(tmp_path, monkeypatch, shape, sizes):
+    """synth's Q4_K_M file gives each tensor the type `edged quantize` (llama-quantize's mix)
+    picks from its F16 twin. llama-quantize's use_more_bits for attn_v counts the attn_v
+    tensors, not the layers (26B-A4B's full layers, V = K, and E2B's shared-KV layers have
+    none): on the 26B-A4B layout Q6_K on the 3rd and 5th of 5 (layers 2 and 4), not on layers 2
+    and 5 of 6; and it never quantizes per_layer_model_proj (E2B)."""
     from edged.format import synth
     from edged.format.quantize import FileType, choose_types
     path, _ = _synth_small(tmp_path, monkeypatch, shape, **sizes)
     q4 = str(tmp_path / "q4.gguf")
     synth.synth("test-gemma4", "Q4_K_M", q4)
     with GGUFFile.open(path) as f:
-        want = {n: t.name for n, t in choose_types(f, FileType.MOSTLY_Q4_K_M).items()
-                if n.endswith("attn_v.weight")}
+        want = {n: t.name for n, t in choose_types(f, FileType.MOSTLY_Q4_K_M).items()}
     with GGUFFile.open(q4) as f:
-        got = {n: t.type.name for n, t in f.tensors.items() if n.endswith("attn_v.weight")}
+        got = {n: t.type.name for n, t in f.tensors.items() if n in want}
     assert got == want
     if shape == "gemma4-26b-a4b":
-        assert [n for n, t in got.items() if t == "Q6_K"] == ["blk.2.attn_v.weight",
-                                                               "blk.4.attn_v.weight"]
+        assert [n for n, t in got.items() if n.endswith("attn_v.weight") and t == "Q6_K"] == [
+            "blk.2.attn_v.weight", "blk.4.attn_v.weight"]
 
 
 def test_synth_without_full_layers_writes_no_rope_freqs(core, tmp_path, monkeypatch):
