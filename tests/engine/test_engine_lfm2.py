@@ -15,7 +15,7 @@ from edged import Model
 from edged.engine.speculative import Speculation
 from edged.errors import StateFileError
 
-from family_goldens import GOLDENS, alone_batched_forked, check_every_kernel_path, greedy
+from family_goldens import GOLDENS, alone_batched_forked, check_every_kernel_path, greedy, mapped_and_repacked
 
 LFM2 = os.path.join(GOLDENS, "synthetic-lfm2.gguf")
 GOLDEN = np.load(os.path.join(GOLDENS, "synthetic-lfm2.golden.npz"))
@@ -184,19 +184,8 @@ def test_convolution_projections_repacked_give_the_same_bits(core, tmp_path, mon
     path = str(tmp_path / "lfm2.gguf")
     synth.synth("test-lfm2-r4", "Q4_K_M", path)
 
-    def logits(m):
-        s = m.session(n_ctx=64)
-        prompt = np.asarray(s.eval([(5 * i + 1) % 512 for i in range(20)], logits="all"))
-        return np.concatenate([prompt.reshape(-1), np.asarray(s.eval([7])).reshape(-1)])
-    monkeypatch.setenv("EDGED_REPACK", "off")
-    with Model.load(path, n_threads=2) as m:
-        want = logits(m)
-    monkeypatch.delenv("EDGED_REPACK")
-    with Model.load(path, n_threads=2) as m:
-        repacked = set(m.backend.repacked.tensors)
-        generic = m.backend.kernel_path == "generic"
-        got = logits(m)
-    if generic:
+    want, got, repacked, kernel_path = mapped_and_repacked(path, monkeypatch)
+    if kernel_path == "generic":
         pytest.skip("the generic path reads no matrix repacked")
     assert {"blk.0.shortconv.in_proj.weight", "blk.0.shortconv.out_proj.weight"} <= repacked
     assert np.array_equal(got.view(np.uint32), want.view(np.uint32))

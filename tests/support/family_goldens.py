@@ -190,3 +190,20 @@ def synth_small(tmp_path, monkeypatch, shape, ftype, **sizes):
         return path, None
     import gguf
     return path, gguf.GGUFReader(path)
+
+
+def mapped_and_repacked(path, monkeypatch, n_vocab=512):
+    """A 20-token prompt's and one more token's logits read from the mapping (EDGED_REPACK=off)
+    and as loaded by default; with the names the default load repacked and its kernel path."""
+    def logits(m):
+        s = m.session(n_ctx=64)
+        prompt = np.asarray(s.eval([(5 * i + 1) % n_vocab for i in range(20)], logits="all"))
+        return np.concatenate([prompt.reshape(-1), np.asarray(s.eval([7])).reshape(-1)])
+    monkeypatch.setenv("EDGED_REPACK", "off")
+    with Model.load(path, n_threads=2) as m:
+        want = logits(m)
+    monkeypatch.delenv("EDGED_REPACK")
+    with Model.load(path, n_threads=2) as m:
+        repacked, kernel_path = set(m.backend.repacked.tensors), m.backend.kernel_path
+        got = logits(m)
+    return want, got, repacked, kernel_path
