@@ -33,11 +33,7 @@ ed_enc_tile16(int K, const void *w, size_t ws, const int w16, const float *x, si
             for (int c = 0; c < 4; c++) a[4 * r + c] = _mm512_fmadd_ps(wv, xv[c], a[4 * r + c]);
         }
     }
-    const __m512 v = _mm512_mul_ps(ed_z_tree16(a), vs);
-    _mm_storeu_ps(o, _mm512_castps512_ps128(v));
-    _mm_storeu_ps(o + ldo, _mm512_extractf32x4_ps(v, 1));
-    _mm_storeu_ps(o + 2 * ldo, _mm512_extractf32x4_ps(v, 2));
-    _mm_storeu_ps(o + 3 * ldo, _mm512_extractf32x4_ps(v, 3));
+    ed_z_store4x4(_mm512_mul_ps(ed_z_tree16(a), vs), o, ldo);
 }
 
 /* the 4 x 4 blocks of keys j < nk4 (rows D apart) and queries i < nq4 (rows ld apart),

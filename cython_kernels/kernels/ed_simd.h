@@ -166,6 +166,14 @@ static inline __attribute__((always_inline)) __m512 ED_T512 ed_z_tree16(const __
                          _mm512_shuffle_ps(s3[0], s3[1], _MM_SHUFFLE(3, 1, 3, 1)));
 }
 
+/* Store ed_z_tree16's register as a 4 x 4 block: lanes 4c .. 4c + 3 to o + c * ldo */
+static inline __attribute__((always_inline)) void ED_T512 ed_z_store4x4(__m512 v, float *o, size_t ldo) {
+    _mm_storeu_ps(o, _mm512_castps512_ps128(v));
+    _mm_storeu_ps(o + ldo, _mm512_extractf32x4_ps(v, 1));
+    _mm_storeu_ps(o + 2 * ldo, _mm512_extractf32x4_ps(v, 2));
+    _mm_storeu_ps(o + 3 * ldo, _mm512_extractf32x4_ps(v, 3));
+}
+
 /* BF16 products on the AVX-512 paths (ed_simd_x86.inc, ED_BF16_ROWS): VDPBF16PS where the CPU
  * has AVX512_BF16 and ED_BF16_DP allows it (edged._core.bf16_dp: tests compare the two), else
  * its exact emulation by FMAs */
